@@ -1,0 +1,126 @@
+# kiln — one Makefile for the library, the trainers, the tests, the data and the benchmarks.
+#
+#   make                 library + trainers + tests (CPU; CUDA kernels run on the emulator)
+#   make run             set-up in one command: packages, MNIST, build, train the latest chapter
+#   make test            all tests          make test T='[conv]'   a subset (Catch2 tags)
+#   make test SAN=1      the same under AddressSanitizer + UndefinedBehaviorSanitizer
+#   make data            fetch and verify MNIST (and CIFAR-10 where a chapter needs it)
+#   make lesson-02       build and run chapter 02's trainer (ARGS='--epochs 1' passes flags)
+#   make bench           speed figures, one line each: "bench <name>: <value> <unit>"
+#   make CUDA=1          the same with nvcc for a real GPU   make gpu-check   on a GPU machine
+#
+# Objects go to build/ (build-san/ with SAN=1, build-cuda/ with CUDA=1).
+
+CXX      ?= g++
+NVCC     ?= /usr/local/cuda/bin/nvcc
+SAN      ?= 0
+CUDA     ?= 0
+T        ?=
+ARGS     ?=
+
+WARN     := -Wall -Wextra -Werror
+CXXFLAGS := -std=c++17 -fopenmp $(WARN) -Isrc -Icuda -MMD -MP
+LDLIBS   := -lz -fopenmp -lpthread
+
+ifeq ($(SAN),1)
+  BUILD    := build-san
+  CXXFLAGS += -O1 -g -fno-omit-frame-pointer -fsanitize=address,undefined -fno-sanitize-recover=undefined
+  LDLIBS   += -fsanitize=address,undefined
+else ifeq ($(CUDA),1)
+  BUILD    := build-cuda
+  CXXFLAGS += -O2 -march=native -DKILN_CUDA=1 -I/usr/local/cuda/include
+  LDLIBS   += -L/usr/local/cuda/lib64 -lcudart
+else
+  BUILD    := build
+  CXXFLAGS += -O2 -march=native
+endif
+
+NVFLAGS := -std=c++17 -O2 -Isrc -Icuda -DKILN_CUDA=1 --Werror all-warnings \
+           -Xcompiler -Wall,-Wextra,-Werror,-fopenmp \
+           -gencode arch=compute_80,code=sm_80 -gencode arch=compute_90,code=sm_90 \
+           -gencode arch=compute_90,code=compute_90
+
+# --- sources -----------------------------------------------------------------------------
+LIB_SRCS  := $(shell find src -name '*.cpp' | sort)
+CU_SRCS   := $(shell find cuda -name '*.cu' -not -path 'cuda/lab/*' | sort)
+EMU_SRCS  := $(shell find cuda/emu -name '*.cpp' 2>/dev/null | sort)
+TEST_SRCS := $(shell find tests -name '*.cpp' | sort)
+LESSONS   := $(sort $(wildcard lessons/[0-9][0-9]-*/train.cpp))
+BENCH_SRCS:= $(shell find bench -name '*.cpp' | sort)
+
+LIB_OBJS  := $(LIB_SRCS:%.cpp=$(BUILD)/%.o) $(CU_SRCS:%.cu=$(BUILD)/%.cu.o)
+ifneq ($(CUDA),1)
+  LIB_OBJS += $(EMU_SRCS:%.cpp=$(BUILD)/%.o)
+endif
+TEST_OBJS := $(TEST_SRCS:%.cpp=$(BUILD)/%.o)
+LIB       := $(BUILD)/libkiln.a
+TEST_BIN  := $(BUILD)/tests/kiln_tests
+# lessons/02-backprop/train.cpp -> build/bin/lesson-02
+lesson_bin = $(BUILD)/bin/lesson-$(shell echo $(1) | sed -E 's|lessons/([0-9]+)-.*|\1|')
+LESSON_BINS := $(foreach l,$(LESSONS),$(call lesson_bin,$(l)))
+BENCH_BINS  := $(BENCH_SRCS:bench/%.cpp=$(BUILD)/bench/%)
+
+.PHONY: all test data run bench gpu-check clean $(addprefix lesson-,01 02 03 04 05 06 07 08 09 10 11 12 13)
+all: $(LIB) $(LESSON_BINS) $(TEST_BIN)
+
+# --- compile -----------------------------------------------------------------------------
+$(BUILD)/%.o: %.cpp
+	@mkdir -p $(dir $@)
+	$(CXX) $(CXXFLAGS) -c $< -o $@
+
+ifeq ($(CUDA),1)
+$(BUILD)/%.cu.o: %.cu
+	@mkdir -p $(dir $@)
+	$(NVCC) $(NVFLAGS) -c $< -o $@
+else
+# Without a GPU the same .cu source is plain C++ run by the kernel emulator (cuda/emu/).
+$(BUILD)/%.cu.o: %.cu
+	@mkdir -p $(dir $@)
+	$(CXX) $(CXXFLAGS) -x c++ -c $< -o $@
+endif
+
+$(LIB): $(LIB_OBJS)
+	@mkdir -p $(dir $@)
+	rm -f $@ && ar rcs $@ $^
+
+$(TEST_BIN): $(TEST_OBJS) $(LIB)
+	@mkdir -p $(dir $@)
+	$(CXX) $(CXXFLAGS) $(TEST_OBJS) $(LIB) -o $@ $(LDLIBS)
+
+define LESSON_RULE
+$(call lesson_bin,$(1)): $(BUILD)/$(1:.cpp=.o) $(LIB)
+	@mkdir -p $$(dir $$@)
+	$(CXX) $(CXXFLAGS) $$< $(LIB) -o $$@ $(LDLIBS)
+endef
+$(foreach l,$(LESSONS),$(eval $(call LESSON_RULE,$(l))))
+
+$(BUILD)/bench/%: $(BUILD)/bench/%.o $(LIB)
+	@mkdir -p $(dir $@)
+	$(CXX) $(CXXFLAGS) $< $(LIB) -o $@ $(LDLIBS) $(BENCH_LIBS_$*)
+
+# The GEMM benchmark compares with OpenBLAS; OpenBLAS is linked into that benchmark only.
+BENCH_LIBS_bench_gemm := -lopenblas
+
+# --- run ---------------------------------------------------------------------------------
+test: $(TEST_BIN) data
+	@bash tests/run.sh $(TEST_BIN) $(T)
+
+data:
+	@bash data/fetch.sh mnist
+
+lesson-%: data
+	@$(MAKE) --no-print-directory $(BUILD)/bin/lesson-$*
+	$(BUILD)/bin/lesson-$* $(ARGS)
+
+run:
+	@bash data/setup.sh
+	@$(MAKE) --no-print-directory data all
+	$(BUILD)/bin/lesson-$(lastword $(sort $(patsubst lessons/%/train.cpp,%,$(LESSONS))) | cut -c1-2)
+
+bench: $(BENCH_BINS) $(LESSON_BINS) data
+	@bash bench/run.sh $(BUILD)
+
+clean:
+	rm -rf build build-san build-cuda
+
+-include $(shell find $(BUILD) -name '*.d' 2>/dev/null)
