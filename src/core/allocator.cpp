@@ -1,0 +1,389 @@
+// allocator.cpp — the pool and bump allocators, their statistics, the memory limit and the
+// memory report. See allocator.h for the design.
+#include "core/allocator.h"
+
+#include <algorithm>
+#include <atomic>
+#include <cinttypes>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <sstream>
+
+#include "core/cuda_memory.h"
+#include "core/error.h"
+
+namespace kiln {
+
+const char* category_name(Category c) {
+    static const char* names[kNumCategories] = {"parameter", "gradient", "optimizer state",
+                                                "activation", "workspace", "data", "other"};
+    return names[int(c)];
+}
+
+static constexpr size_t kAlign = 256;
+static size_t round_up(size_t n, size_t to) { return (n + to - 1) / to * to; }
+
+// ---- the registry of live allocators, per device, and the limit -------------------------
+namespace {
+struct Registry {
+    std::mutex mu;
+    std::vector<Allocator*> allocators[2];
+    std::atomic<int64_t> limit[2] = {0, 0};
+    std::atomic<int64_t> reserved[2] = {0, 0};  // by every allocator of the device
+    static Registry& get() { static Registry r; return r; }
+};
+}  // namespace
+
+Allocator::Allocator(std::string name, Device device) : name_(std::move(name)), device_(device) {
+    auto& r = Registry::get();
+    std::lock_guard<std::mutex> g(r.mu);
+    r.allocators[int(device)].push_back(this);
+}
+
+Allocator::~Allocator() {
+    auto& r = Registry::get();
+    std::lock_guard<std::mutex> g(r.mu);
+    auto& v = r.allocators[int(device_)];
+    v.erase(std::remove(v.begin(), v.end(), this), v.end());
+}
+
+MemoryStats Allocator::stats() const {
+    std::lock_guard<std::mutex> g(mu_);
+    return stats_;
+}
+
+void Allocator::reset_peak() {
+    std::lock_guard<std::mutex> g(mu_);
+    stats_.peak_use = stats_.in_use;
+    stats_.peak_allocated = stats_.allocated;
+    stats_.peak_reserved = stats_.reserved;
+}
+
+void Allocator::note_alloc(int64_t bytes, Category c) {
+    int i = int(c);
+    stats_.in_use[i] += bytes;
+    stats_.peak_use[i] = std::max(stats_.peak_use[i], stats_.in_use[i]);
+    stats_.allocated += bytes;
+    stats_.peak_allocated = std::max(stats_.peak_allocated, stats_.allocated);
+    stats_.num_allocs++;
+}
+
+void Allocator::note_free(int64_t bytes, Category c) {
+    stats_.in_use[int(c)] -= bytes;
+    stats_.allocated -= bytes;
+    stats_.num_frees++;
+}
+
+void Allocator::note_reserve(int64_t bytes) {
+    Registry::get().reserved[int(device_)] += bytes;
+    stats_.reserved += bytes;
+    stats_.peak_reserved = std::max(stats_.peak_reserved, stats_.reserved);
+}
+
+MemoryStats device_memory_stats(Device device) {
+    auto& r = Registry::get();
+    std::lock_guard<std::mutex> g(r.mu);
+    MemoryStats total;
+    for (Allocator* a : r.allocators[int(device)]) {
+        MemoryStats s = a->stats();
+        for (int i = 0; i < kNumCategories; i++) {
+            total.in_use[i] += s.in_use[i];
+            total.peak_use[i] += s.peak_use[i];
+        }
+        total.allocated += s.allocated;
+        total.peak_allocated += s.peak_allocated;
+        total.reserved += s.reserved;
+        total.peak_reserved += s.peak_reserved;
+        total.num_allocs += s.num_allocs;
+        total.num_frees += s.num_frees;
+        total.cache_hits += s.cache_hits;
+        total.cache_misses += s.cache_misses;
+    }
+    return total;
+}
+
+void set_memory_limit(Device device, int64_t bytes) {
+    KILN_CHECK(bytes >= 0, "memory limit must be ≥ 0 bytes, got ", bytes);
+    Registry::get().limit[int(device)] = bytes;
+}
+
+int64_t memory_limit(Device device) { return Registry::get().limit[int(device)]; }
+
+// In use per category on the device: `mine` for the allocator asking (its mutex is held),
+// the others' read under their own locks.
+static MemoryStats usage_with(Device device, const Allocator* self, const MemoryStats& mine) {
+    auto& r = Registry::get();
+    std::lock_guard<std::mutex> g(r.mu);
+    MemoryStats all = mine;
+    for (Allocator* a : r.allocators[int(device)]) {
+        if (a == self) continue;
+        MemoryStats s = a->stats();
+        for (int i = 0; i < kNumCategories; i++) all.in_use[i] += s.in_use[i];
+    }
+    return all;
+}
+
+static std::string oom_message(const std::string& who, Device device, size_t request, size_t rounded,
+                               Category c, int64_t limit, int64_t reserved, const MemoryStats& all) {
+    std::ostringstream os;
+    os << "out of memory on " << device_name(device) << ": '" << who << "' asked for "
+       << format_bytes(int64_t(request)) << " (" << category_name(c) << ", " << format_bytes(int64_t(rounded))
+       << " with rounding)";
+    if (limit > 0)
+        os << " but the limit is " << format_bytes(limit) << " and " << format_bytes(reserved)
+           << " is already reserved";
+    else
+        os << " and the system refused it";
+    os << ".\n  in use by category:";
+    for (int i = 0; i < kNumCategories; i++)
+        if (all.in_use[i] > 0) os << " " << category_name(Category(i)) << " " << format_bytes(all.in_use[i]) << ";";
+    os << "\n  try: a smaller --batch-size (activations grow with it), a smaller model, "
+          "recomputing activations instead of keeping them, f16 activations";
+    if (limit > 0) os << ", or a larger --mem-limit";
+    return os.str();
+}
+
+void* Allocator::system_alloc(size_t bytes, Category c, size_t request) {
+    int64_t limit = memory_limit(device_);
+    int64_t reserved = Registry::get().reserved[int(device_)];
+    if (limit > 0 && reserved + int64_t(bytes) > limit)
+        throw OutOfMemory(oom_message(name_, device_, request, bytes, c, limit, reserved,
+                                      usage_with(device_, this, stats_)));
+    void* p = device_ == Device::CPU ? std::aligned_alloc(kAlign, bytes) : cuda::malloc_device(bytes);
+    if (!p)
+        throw OutOfMemory(oom_message(name_, device_, request, bytes, c, 0, reserved, usage_with(device_, this, stats_)));
+    note_reserve(int64_t(bytes));
+    return p;
+}
+
+void Allocator::system_free(void* ptr, size_t bytes) {
+    if (device_ == Device::CPU) std::free(ptr);
+    else cuda::free_device(ptr);
+    note_reserve(-int64_t(bytes));
+}
+
+// ---- PoolAllocator ------------------------------------------------------------------------
+size_t PoolAllocator::round_size(size_t bytes) {
+    if (bytes == 0) bytes = 1;
+    return bytes <= kSmallMax ? round_up(bytes, kRound) : round_up(bytes, kLargeRound);
+}
+
+PoolAllocator::~PoolAllocator() {
+    std::lock_guard<std::mutex> g(mu_);
+    release_all_cached();
+}
+
+// A cached block for `size` bytes, or nullptr on a miss; *block gets the block's real size.
+void* PoolAllocator::take_cached(size_t size, size_t* block) {
+    auto& pool = size <= kSmallMax ? small_free_ : large_free_;
+    auto it = pool.lower_bound(size);
+    // small pool: exactly this size class; large pool: the smallest block that fits, if it
+    // wastes less than half of itself
+    bool fits = it != pool.end() && (size <= kSmallMax ? it->first == size : it->first <= 2 * size);
+    if (!fits) return nullptr;
+    void* p = it->second;
+    *block = it->first;
+    pool.erase(it);
+    return p;
+}
+
+void* PoolAllocator::allocate(size_t bytes, Category category) {
+    std::lock_guard<std::mutex> g(mu_);
+    size_t size = round_size(bytes), block = size;
+    void* p = take_cached(size, &block);
+    if (p) {
+        stats_.cache_hits++;
+    } else {
+        stats_.cache_misses++;
+        try {
+            p = system_alloc(size, category, bytes);
+        } catch (const OutOfMemory&) {
+            release_all_cached();  // like PyTorch: give the cache back, then try once more
+            p = system_alloc(size, category, bytes);
+        }
+    }
+    live_[p] = Block{block, category};
+    note_alloc(int64_t(block), category);
+    return p;
+}
+
+void PoolAllocator::deallocate(void* ptr) {
+    std::lock_guard<std::mutex> g(mu_);
+    auto it = live_.find(ptr);
+    KILN_CHECK(it != live_.end(), "pool '", name(), "': deallocate of a pointer it did not hand out");
+    Block b = it->second;
+    live_.erase(it);
+    note_free(int64_t(b.size), b.category);
+    (b.size <= kSmallMax ? small_free_ : large_free_).emplace(b.size, ptr);
+}
+
+void PoolAllocator::release_all_cached() {
+    for (auto* pool : {&small_free_, &large_free_}) {
+        for (auto& [size, ptr] : *pool) system_free(ptr, size);
+        pool->clear();
+    }
+}
+
+void PoolAllocator::empty_cache() {
+    std::lock_guard<std::mutex> g(mu_);
+    release_all_cached();
+}
+
+int64_t PoolAllocator::cached_bytes() const {
+    std::lock_guard<std::mutex> g(mu_);
+    int64_t sum = 0;
+    for (auto* pool : {&small_free_, &large_free_})
+        for (auto& kv : *pool) sum += int64_t(kv.first);
+    return sum;
+}
+
+// ---- BumpAllocator ------------------------------------------------------------------------
+BumpAllocator::BumpAllocator(std::string name, Device device, size_t capacity)
+    : Allocator(std::move(name), device), capacity_(round_up(std::max<size_t>(capacity, 1), kAlign)) {
+    std::lock_guard<std::mutex> g(mu_);
+    slab_ = static_cast<char*>(system_alloc(capacity_, Category::Workspace, capacity_));
+}
+
+BumpAllocator::~BumpAllocator() {
+    std::lock_guard<std::mutex> g(mu_);
+    system_free(slab_, capacity_);
+}
+
+// ptr = slab + offset; offset += round_up(bytes, 256). Nothing is searched, nothing is freed.
+void* BumpAllocator::allocate(size_t bytes, Category category) {
+    std::lock_guard<std::mutex> g(mu_);
+    size_t size = round_up(std::max<size_t>(bytes, 1), kAlign);
+    if (offset_ + size > capacity_) {
+        std::ostringstream os;
+        os << "out of memory in arena '" << name() << "' (" << device_name(device()) << "): asked for "
+           << format_bytes(int64_t(bytes)) << " (" << category_name(category) << ") with "
+           << format_bytes(int64_t(offset_)) << " of " << format_bytes(int64_t(capacity_))
+           << " already used this step.\n  try: a larger arena, a smaller --batch-size, or fewer "
+              "tensors kept alive until the step ends";
+        throw OutOfMemory(os.str());
+    }
+    void* p = slab_ + offset_;
+    offset_ += size;
+    high_water_ = std::max(high_water_, offset_);
+    live_[p] = {size, category};
+    note_alloc(int64_t(size), category);
+    stats_.cache_hits++;  // an arena never goes to the system after its slab
+    return p;
+}
+
+void BumpAllocator::deallocate(void* ptr) {
+    std::lock_guard<std::mutex> g(mu_);
+    auto it = live_.find(ptr);
+    KILN_CHECK(it != live_.end(), "arena '", name(), "': deallocate of a pointer it did not hand out");
+    note_free(int64_t(it->second.first), it->second.second);
+    live_.erase(it);
+}
+
+void BumpAllocator::reset() {
+    std::lock_guard<std::mutex> g(mu_);
+    KILN_CHECK(live_.empty(), "arena '", name(), "': reset() while ", live_.size(),
+               " tensor(s) from this step are still alive (first: ", format_bytes(int64_t(live_.begin()->second.first)),
+               " of ", category_name(live_.begin()->second.second),
+               "). Let every tensor made inside the AllocatorScope go out of scope before reset().");
+    offset_ = 0;
+}
+
+size_t BumpAllocator::used() const {
+    std::lock_guard<std::mutex> g(mu_);
+    return offset_;
+}
+
+size_t BumpAllocator::high_water() const {
+    std::lock_guard<std::mutex> g(mu_);
+    return high_water_;
+}
+
+// ---- which allocator new tensors use --------------------------------------------------------
+PoolAllocator& pool_allocator(Device device) {
+    // Created on first use and never destroyed: tensors in static storage may outlive main().
+    static PoolAllocator* pools[2] = {nullptr, nullptr};
+    static std::once_flag once[2];
+    std::call_once(once[int(device)], [device] {
+        pools[int(device)] = new PoolAllocator(device == Device::CPU ? "cpu pool" : "cuda pool", device);
+    });
+    return *pools[int(device)];
+}
+
+static thread_local Allocator* t_current[2] = {nullptr, nullptr};
+
+Allocator& current_allocator(Device device) {
+    Allocator* a = t_current[int(device)];
+    return a ? *a : pool_allocator(device);
+}
+
+AllocatorScope::AllocatorScope(Allocator& a) : previous_(t_current[int(a.device())]), device_(a.device()) {
+    t_current[int(device_)] = &a;
+}
+
+AllocatorScope::~AllocatorScope() { t_current[int(device_)] = previous_; }
+
+// ---- text --------------------------------------------------------------------------------
+int64_t parse_bytes(const std::string& text) {
+    char* end = nullptr;
+    double v = std::strtod(text.c_str(), &end);
+    std::string unit = end ? std::string(end) : "";
+    static const std::pair<const char*, double> units[] = {
+        {"", 1}, {"B", 1}, {"KiB", 1024.0}, {"MiB", 1024.0 * 1024}, {"GiB", 1024.0 * 1024 * 1024},
+        {"KB", 1e3}, {"MB", 1e6}, {"GB", 1e9}, {"K", 1024.0}, {"M", 1024.0 * 1024}, {"G", 1024.0 * 1024 * 1024}};
+    for (auto& [name, scale] : units)
+        if (unit == name && end != text.c_str() && v >= 0 && std::isfinite(v)) return int64_t(v * scale);
+    KILN_FAIL("cannot read '", text, "' as a memory size; write it like 64MiB, 2GiB, 512KiB or 1000000");
+}
+
+std::string format_bytes(int64_t bytes) {
+    static const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+    double v = double(bytes);
+    int u = 0;
+    while (std::fabs(v) >= 1024 && u < 4) { v /= 1024; u++; }
+    char buf[32];
+    std::snprintf(buf, sizeof buf, u == 0 ? "%.0f%s" : "%.1f%s", v, units[u]);
+    return buf;
+}
+
+std::string memory_summary(Device device) {
+    std::vector<std::pair<std::string, MemoryStats>> each;
+    {
+        auto& r = Registry::get();
+        std::lock_guard<std::mutex> g(r.mu);
+        for (Allocator* a : r.allocators[int(device)]) each.emplace_back(a->name(), a->stats());
+    }
+    MemoryStats all = device_memory_stats(device);
+    std::ostringstream os;
+    char line[160];
+    const char* rule = "|===============================================================|\n";
+    os << rule;
+    std::snprintf(line, sizeof line, "| %-61s |\n", ("kiln memory summary (" + std::string(device_name(device)) + ")").c_str());
+    os << line << "|---------------------------------------------------------------|\n";
+    std::snprintf(line, sizeof line, "| %-24s | %16s | %16s |\n", "category", "in use", "peak");
+    os << line << "|---------------------------------------------------------------|\n";
+    for (int i = 0; i < kNumCategories; i++) {
+        std::snprintf(line, sizeof line, "| %-24s | %16s | %16s |\n", category_name(Category(i)),
+                      format_bytes(all.in_use[i]).c_str(), format_bytes(all.peak_use[i]).c_str());
+        os << line;
+    }
+    std::snprintf(line, sizeof line, "| %-24s | %16s | %16s |\n", "all allocated", format_bytes(all.allocated).c_str(),
+                  format_bytes(all.peak_allocated).c_str());
+    os << line << "|---------------------------------------------------------------|\n";
+    std::snprintf(line, sizeof line, "| %-14s | %9s | %9s | %6s | %6s | %6s |\n", "allocator", "reserved", "peak res",
+                  "allocs", "hits", "misses");
+    os << line;
+    for (auto& [name, s] : each) {
+        std::snprintf(line, sizeof line, "| %-14.14s | %9s | %9s | %6" PRId64 " | %6" PRId64 " | %6" PRId64 " |\n",
+                      name.c_str(), format_bytes(s.reserved).c_str(), format_bytes(s.peak_reserved).c_str(),
+                      s.num_allocs, s.cache_hits, s.cache_misses);
+        os << line;
+    }
+    int64_t limit = memory_limit(device);
+    std::snprintf(line, sizeof line, "| %-61s |\n",
+                  ("limit: " + (limit > 0 ? format_bytes(limit) : std::string("none"))).c_str());
+    os << line << rule;
+    return os.str();
+}
+
+}  // namespace kiln

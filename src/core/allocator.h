@@ -1,0 +1,157 @@
+// allocator.h — where every byte of a tensor comes from (DESIGN.md decision 4).
+//
+// Two allocators, one interface:
+//   PoolAllocator  caching: a freed block goes to a free list and is handed out again to the
+//                  next request of the same size class, so a training loop stops calling the
+//                  system after its first step (PyTorch's CUDA caching allocator in miniature).
+//                    small pool: requests ≤ 1 MiB, rounded up to a multiple of 512 bytes,
+//                                reused only for exactly the same rounded size;
+//                    large pool: requests > 1 MiB, rounded up to a multiple of 2 MiB, reused
+//                                best-fit by any request at least half the block's size.
+//                  empty_cache() returns the cached blocks to the system.
+//   BumpAllocator  an arena: one slab, allocation = bump a pointer, free = nothing; reset()
+//                  once per training step makes the whole slab free again in O(1).
+//
+// Every allocation carries a Category, so a report can say what the memory is for. Both keep
+// MemoryStats; memory_summary() prints them. A limit per device (set_memory_limit, the
+// trainers' --mem-limit) makes a small GPU reproducible anywhere: a request that would push
+// the memory reserved from the system past it throws OutOfMemory with a report.
+#pragma once
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <map>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "core/device.h"
+
+namespace kiln {
+
+enum class Category : uint8_t { Parameter, Gradient, OptimizerState, Activation, Workspace, Data, Other };
+constexpr int kNumCategories = 7;
+const char* category_name(Category c);
+
+struct MemoryStats {
+    std::array<int64_t, kNumCategories> in_use{};    // bytes handed out now, per category
+    std::array<int64_t, kNumCategories> peak_use{};  // the most each category ever held
+    int64_t allocated = 0;       // bytes handed out now (sum of in_use)
+    int64_t peak_allocated = 0;  // the most ever handed out at once
+    int64_t reserved = 0;        // bytes taken from the system (handed out + cached / slab)
+    int64_t peak_reserved = 0;
+    int64_t num_allocs = 0, num_frees = 0;
+    int64_t cache_hits = 0, cache_misses = 0;  // pool: served from a free list / from the system
+};
+
+class Allocator {
+public:
+    Allocator(std::string name, Device device);
+    virtual ~Allocator();
+    Allocator(const Allocator&) = delete;
+    Allocator& operator=(const Allocator&) = delete;
+
+    // Returns memory aligned to 256 bytes (a GPU's cudaMalloc alignment; enough for AVX-512).
+    virtual void* allocate(size_t bytes, Category category) = 0;
+    virtual void deallocate(void* ptr) = 0;
+
+    MemoryStats stats() const;
+    void reset_peak();  // peaks := current values, to measure one phase
+    const std::string& name() const { return name_; }
+    Device device() const { return device_; }
+
+protected:
+    // Book-keeping shared by both allocators (called with mu_ held).
+    void note_alloc(int64_t bytes, Category c);
+    void note_free(int64_t bytes, Category c);
+    void note_reserve(int64_t bytes);  // negative to release
+    // Takes `bytes` from the system for this device, honouring the device's limit.
+    void* system_alloc(size_t bytes, Category c, size_t request);
+    void system_free(void* ptr, size_t bytes);
+
+    mutable std::mutex mu_;
+    MemoryStats stats_;
+
+private:
+    std::string name_;
+    Device device_;
+};
+
+class PoolAllocator : public Allocator {
+public:
+    static constexpr size_t kRound = 512;                 // every size is a multiple of this
+    static constexpr size_t kSmallMax = size_t(1) << 20;  // ≤ 1 MiB: small pool
+    static constexpr size_t kLargeRound = size_t(2) << 20;
+
+    PoolAllocator(std::string name, Device device) : Allocator(std::move(name), device) {}
+    ~PoolAllocator() override;
+
+    void* allocate(size_t bytes, Category category) override;
+    void deallocate(void* ptr) override;
+    void empty_cache();  // give every cached (free) block back to the system
+    int64_t cached_bytes() const;
+
+    static size_t round_size(size_t bytes);  // the size class a request falls into
+
+private:
+    struct Block { size_t size; Category category; };
+    void* take_cached(size_t size, size_t* block);
+    void release_all_cached();
+
+    std::map<void*, Block> live_;                 // handed-out blocks
+    std::multimap<size_t, void*> small_free_;     // size -> cached block
+    std::multimap<size_t, void*> large_free_;
+};
+
+class BumpAllocator : public Allocator {
+public:
+    // Reserves the whole slab now (capacity bytes) from `device`'s system memory.
+    BumpAllocator(std::string name, Device device, size_t capacity);
+    ~BumpAllocator() override;
+
+    void* allocate(size_t bytes, Category category) override;
+    void deallocate(void* ptr) override;  // bookkeeping only: space returns at reset()
+    // Frees the whole slab for the next step. Throws if a tensor from it is still alive.
+    void reset();
+    size_t capacity() const { return capacity_; }
+    size_t used() const;            // bytes bumped since the last reset
+    size_t high_water() const;      // the most ever used between two resets
+
+private:
+    char* slab_ = nullptr;
+    size_t capacity_ = 0, offset_ = 0, high_water_ = 0;
+    std::map<void*, std::pair<size_t, Category>> live_;
+};
+
+// ---- the allocator tensors use -----------------------------------------------------------
+// Each device has one PoolAllocator; an AllocatorScope redirects new tensors on its device to
+// another allocator (e.g. a BumpAllocator for one step's activations) until it ends.
+PoolAllocator& pool_allocator(Device device);
+Allocator& current_allocator(Device device);
+
+class AllocatorScope {
+public:
+    explicit AllocatorScope(Allocator& a);
+    ~AllocatorScope();
+    AllocatorScope(const AllocatorScope&) = delete;
+    AllocatorScope& operator=(const AllocatorScope&) = delete;
+
+private:
+    Allocator* previous_;
+    Device device_;
+};
+
+// ---- limits and reports ------------------------------------------------------------------
+void set_memory_limit(Device device, int64_t bytes);  // 0 = no limit
+int64_t memory_limit(Device device);
+// The sum of every live allocator's stats on a device (pool + arenas).
+MemoryStats device_memory_stats(Device device);
+// A table like PyTorch's torch.cuda.memory_summary(): per category in use and peak, then
+// reserved, allocation count and cache hits/misses of each allocator.
+std::string memory_summary(Device device);
+
+// "64MiB", "2GiB", "512KiB", "1000" (bytes) -> bytes; throws kiln::Error on anything else.
+int64_t parse_bytes(const std::string& text);
+std::string format_bytes(int64_t bytes);  // 13212057 -> "12.6MiB"
+
+}  // namespace kiln

@@ -1,0 +1,86 @@
+// layers.h — the layers of chapters 01–02: Linear, ReLU, Flatten, and the Sequential container.
+#pragma once
+#include <memory>
+#include <vector>
+
+#include "core/rng.h"
+#include "nn/module.h"
+
+namespace kiln {
+
+// y = x · Wᵀ + b          x: [N, in]   W: [out, in]   b: [out]   y: [N, out]
+// backward:  dW += dyᵀ · x     db += Σ_n dy[n, :]     dx = dy · W
+// Initialized like PyTorch: W, b ~ U(−1/√in, 1/√in).
+class Linear : public Module {
+public:
+    Linear(int64_t in, int64_t out, Rng& rng, bool bias = true, std::string name = "linear");
+    Tensor forward(const Tensor& x) override;
+    Tensor backward(const Tensor& dy) override;
+    std::vector<Parameter*> parameters() override;
+
+    Parameter weight, bias;  // bias undefined when built without one
+    int64_t in_features, out_features;
+
+private:
+    Tensor x_;  // the input, kept for dW
+};
+
+// y = max(x, 0);  dx = dy · [y > 0]
+class ReLU : public Module {
+public:
+    explicit ReLU(std::string name = "relu") : Module(std::move(name)) {}
+    Tensor forward(const Tensor& x) override;
+    Tensor backward(const Tensor& dy) override;
+
+private:
+    Tensor y_;  // the output: its sign is all backward needs
+};
+
+// [N, C, H, W] -> [N, C·H·W]: a view, no copy; backward reshapes dy back.
+class Flatten : public Module {
+public:
+    explicit Flatten(std::string name = "flatten") : Module(std::move(name)) {}
+    Tensor forward(const Tensor& x) override;
+    Tensor backward(const Tensor& dy) override;
+
+private:
+    Shape in_shape_;
+};
+
+// Runs its children in order; backward runs them in reverse. Names children "<i>.<name>"
+// unless they were given a name.
+class Sequential : public Module {
+public:
+    explicit Sequential(std::string name = "sequential") : Module(std::move(name)) {}
+    template <typename M> M& add(std::unique_ptr<M> m) {
+        M& ref = *m;
+        children_.push_back(std::move(m));
+        return ref;
+    }
+    template <typename M, typename... Args> M& emplace(Args&&... args) {
+        return add(std::make_unique<M>(std::forward<Args>(args)...));
+    }
+    Tensor forward(const Tensor& x) override;
+    Tensor backward(const Tensor& dy) override;
+    std::vector<Parameter*> parameters() override;
+    std::vector<std::pair<std::string, Tensor*>> buffers() override;
+    void train(bool on = true) override;
+    size_t size() const { return children_.size(); }
+    Module& operator[](size_t i) { return *children_[i]; }
+
+private:
+    std::vector<std::unique_ptr<Module>> children_;
+};
+
+// Softmax cross-entropy, averaged over the batch.
+//   loss = 1/N Σ_n [ log Σ_c exp(z[n,c]) − z[n, y_n] ]      dz = (softmax(z) − onehot(y)) / N
+class CrossEntropyLoss {
+public:
+    float forward(const Tensor& logits, const Tensor& labels);  // keeps dz for backward
+    Tensor backward();                                           // dL/dlogits (and releases it)
+
+private:
+    Tensor dz_;
+};
+
+}  // namespace kiln

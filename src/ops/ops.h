@@ -1,0 +1,37 @@
+// ops.h — kiln's operations on tensors. Each checks its arguments (shapes, dtypes, devices:
+// the error names the op and the tensor) and runs the CPU kernel (ops/cpu/) or the CUDA
+// kernel (cuda/) according to the tensors' device. New tensors come from the current
+// allocator with the category given (activation by default).
+#pragma once
+#include "core/tensor.h"
+
+namespace kiln {
+
+// ---- elementwise -------------------------------------------------------------------------
+void fill_(Tensor& x, float value);
+Tensor add(const Tensor& a, const Tensor& b);              // a + b, same shapes
+void axpy_(Tensor& y, float alpha, const Tensor& x);       // y += alpha·x
+void scale_(Tensor& x, float s);                           // x *= s
+Tensor relu(const Tensor& x);                              // max(x, 0)
+Tensor relu_backward(const Tensor& y, const Tensor& dy);   // dy · [y > 0], y = relu's output
+
+// ---- matrices ------------------------------------------------------------------------------
+// c = alpha · op(a) · op(b) + beta · c; all 2-D f32; op transposes when asked.
+void matmul_into(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, Tensor& c,
+                 float alpha = 1.0f, float beta = 0.0f);
+Tensor matmul(const Tensor& a, const Tensor& b, bool trans_a = false, bool trans_b = false);
+void add_bias_(Tensor& y, const Tensor& bias);             // y[N,C] += bias[C] on each row
+void sum_rows_into(const Tensor& dy, Tensor& db, float beta = 0.0f);  // db[C] = Σ_n dy[n,:] + beta·db
+Tensor argmax_rows(const Tensor& x);                       // x[N,C] -> i32[N]
+
+// ---- reductions (deterministic on any thread count) ----------------------------------------
+double sum(const Tensor& x);
+double mean(const Tensor& x);
+float max(const Tensor& x);
+
+// ---- loss ------------------------------------------------------------------------------------
+// Mean softmax cross-entropy of logits[N,C] (f32) against labels[N] (i32, each in [0, C)).
+// If dlogits is given it is filled with the gradient: (softmax − onehot) / N.
+float softmax_cross_entropy(const Tensor& logits, const Tensor& labels, Tensor* dlogits = nullptr);
+
+}  // namespace kiln

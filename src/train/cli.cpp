@@ -1,0 +1,118 @@
+// cli.cpp — a small flag parser: "--name value" or "--name=value", switches without a value.
+#include "train/cli.h"
+
+#include <omp.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <sstream>
+
+#include "core/allocator.h"
+#include "core/error.h"
+
+namespace kiln {
+
+Cli::Cli(std::string program, std::string description)
+    : program_(std::move(program)), description_(std::move(description)) {}
+
+void Cli::add_flag(const std::string& flag, const std::string& help, std::string default_text, bool takes_value,
+                   std::function<void(const std::string&)> set) {
+    flags_.push_back({flag, help, std::move(default_text), takes_value, std::move(set)});
+}
+
+// Parses all of `text` as a number, or throws naming the flag.
+template <typename T> static T parse_number(const std::string& flag, const std::string& text) {
+    std::istringstream in(text);
+    T v{};
+    in >> v;
+    KILN_CHECK(!in.fail() && in.eof(), "flag ", flag, ": '", text, "' is not a valid number");
+    return v;
+}
+
+template <typename T> static std::string to_text(T v) {
+    std::ostringstream os;
+    os << v;
+    return os.str();
+}
+
+void Cli::add(const std::string& flag, int* t, const std::string& help) {
+    add_flag(flag, help, to_text(*t), true, [t, flag](const std::string& s) { *t = parse_number<int>(flag, s); });
+}
+void Cli::add(const std::string& flag, int64_t* t, const std::string& help) {
+    add_flag(flag, help, to_text(*t), true, [t, flag](const std::string& s) { *t = parse_number<int64_t>(flag, s); });
+}
+void Cli::add(const std::string& flag, uint64_t* t, const std::string& help) {
+    add_flag(flag, help, to_text(*t), true, [t, flag](const std::string& s) { *t = parse_number<uint64_t>(flag, s); });
+}
+void Cli::add(const std::string& flag, float* t, const std::string& help) {
+    add_flag(flag, help, to_text(*t), true, [t, flag](const std::string& s) { *t = parse_number<float>(flag, s); });
+}
+void Cli::add(const std::string& flag, std::string* t, const std::string& help) {
+    add_flag(flag, help, t->empty() ? "none" : *t, true, [t](const std::string& s) { *t = s; });
+}
+void Cli::add(const std::string& flag, bool* t, const std::string& help) {
+    add_flag(flag, help, *t ? "on" : "off", false, [t](const std::string&) { *t = true; });
+}
+
+std::string Cli::usage() const {
+    std::ostringstream os;
+    os << "usage: " << program_ << " [flags]\n" << description_ << "\n\nflags:\n";
+    for (const Flag& f : flags_) {
+        std::string left = f.name + (f.takes_value ? " V" : "");
+        char line[256];
+        std::snprintf(line, sizeof line, "  %-18s %s (default: %s)\n", left.c_str(), f.help.c_str(),
+                      f.default_text.c_str());
+        os << line;
+    }
+    os << "  --help             print this and exit\n";
+    return os.str();
+}
+
+void Cli::parse(int argc, char** argv) {
+    for (int i = 1; i < argc; i++) {
+        std::string arg = argv[i], value;
+        if (arg == "--help" || arg == "-h") {
+            std::fputs(usage().c_str(), stdout);
+            std::exit(0);
+        }
+        size_t eq = arg.find('=');
+        bool inline_value = eq != std::string::npos;
+        if (inline_value) {
+            value = arg.substr(eq + 1);
+            arg = arg.substr(0, eq);
+        }
+        const Flag* flag = nullptr;
+        for (const Flag& f : flags_)
+            if (f.name == arg) flag = &f;
+        KILN_CHECK(flag, "unknown flag '", arg, "'\n", usage());
+        if (flag->takes_value && !inline_value) {
+            KILN_CHECK(i + 1 < argc, "flag ", arg, " needs a value\n", usage());
+            value = argv[++i];
+        }
+        flag->set(value);
+    }
+}
+
+void CommonFlags::add_to(Cli& cli) {
+    cli.add("--epochs", &epochs, "passes over the training set");
+    cli.add("--batch-size", &batch_size, "images per step");
+    cli.add("--lr", &lr, "learning rate");
+    cli.add("--seed", &seed, "seed of the weights and the data order");
+    cli.add("--threads", &threads, "CPU threads, 0 = all cores");
+    cli.add("--data", &data, "folder of the data set (make data puts it there)");
+    cli.add("--limit", &limit, "train on the first N images only, for a quick look (0 = all)");
+    cli.add("--device", &device, "cpu, or cuda (a GPU, or the kernel emulator without one)");
+    cli.add("--mem-limit", &mem_limit, "fail past this much memory per device, e.g. 64MiB");
+}
+
+Device CommonFlags::apply() const {
+    KILN_CHECK(epochs > 0 && batch_size > 0, "--epochs and --batch-size must be positive");
+    KILN_CHECK(threads >= 0, "--threads must be ≥ 0");
+    if (threads > 0) omp_set_num_threads(threads);
+    KILN_CHECK(device == "cpu" || device == "cuda", "--device must be cpu or cuda, got '", device, "'");
+    Device d = device == "cuda" ? Device::CUDA : Device::CPU;
+    if (!mem_limit.empty()) set_memory_limit(d, parse_bytes(mem_limit));
+    return d;
+}
+
+}  // namespace kiln

@@ -1,0 +1,44 @@
+// progress.h — what a trainer prints: a progress bar per epoch, and the result line.
+//
+// On a terminal the bar redraws in place:
+//   epoch 2/10 [#########.........]  412/938  loss 0.2143  acc 93.81%  18234 img/s  ETA 3s
+// When stdout is a file or a pipe (CI, `| tee`), it prints plain lines at 25%, 50%, 75% and
+// the end of each epoch instead, so logs stay readable.
+#pragma once
+#include <chrono>
+#include <cstdint>
+#include <string>
+
+#include "core/device.h"
+
+namespace kiln {
+
+class Progress {
+public:
+    Progress(int epoch, int epochs, int64_t steps);
+    // After each step: the batch's loss and the number of correct predictions in it.
+    void step(int64_t batch_size, float loss, int64_t correct);
+    // Ends the epoch's line; returns the epoch's mean loss.
+    float finish();
+    double images_per_second() const;
+
+private:
+    void draw(bool final_line);
+    int epoch_, epochs_;
+    int64_t steps_, done_ = 0, images_ = 0, correct_ = 0;
+    double loss_sum_ = 0;
+    int last_quarter_ = 0;
+    bool tty_;
+    std::chrono::steady_clock::time_point start_, last_draw_;
+};
+
+// Seconds since `start`.
+double seconds_since(std::chrono::steady_clock::time_point start);
+
+// Peak memory handed out to tensors on the device (pool and arenas), for the result line.
+int64_t peak_memory(Device device);
+
+// The last line of every trainer, exactly:   result: test_acc=98.42% time=41.3s peak_mem=12.6MiB
+std::string result_line(double test_accuracy, double seconds, int64_t peak_bytes);
+
+}  // namespace kiln
