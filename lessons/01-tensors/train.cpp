@@ -13,7 +13,7 @@
 #include "core/allocator.h"       // defines: BumpAllocator, memory_summary, format_bytes
 #include "data/idx.h"             // defines: load_mnist
 #include "data/loader.h"          // defines: DataLoader
-#include "nn/layers.h"            // defines: Linear, Flatten, Sequential
+#include "nn/models.h"            // defines: softmax_regression (Flatten, Linear)
 #include "optim/optimizer.h"      // defines: SGD
 #include "train/cli.h"            // defines: Cli, CommonFlags
 #include "train/evaluate.h"       // defines: evaluate
@@ -41,9 +41,8 @@ int main(int argc, char** argv) try {
     DataLoader test_loader(test_set, opt);
 
     Rng rng(flags.seed);
-    Sequential model("softmax-regression");
-    model.emplace<Flatten>();
-    Linear& fc = model.emplace<Linear>(784, 10, rng, true, "fc");
+    std::unique_ptr<Sequential> net = softmax_regression(rng);  // see src/nn/models.cpp
+    Sequential& model = *net;
     model.to(device);
     SGD sgd(model.parameters(), flags.lr);
 
@@ -54,7 +53,7 @@ int main(int argc, char** argv) try {
         std::printf("  %-10s %-18s %8s (+ the same again for its gradient)\n", p->name.c_str(), p->value.desc().c_str(),
                     format_bytes(int64_t(p->value.nbytes())).c_str());
     std::printf("  as f16 the weight would take %s: %s\n",
-                format_bytes(int64_t(fc.weight.value.to(Device::CPU).to(DType::F16).nbytes())).c_str(),
+                format_bytes(int64_t(model.parameters()[0]->value.to(Device::CPU).to(DType::F16).nbytes())).c_str(),
                 "half the bytes, 11 bits of precision instead of 24");
 
     BumpAllocator arena("step arena", device, size_t(16) << 20);

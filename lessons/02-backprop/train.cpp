@@ -12,7 +12,7 @@
 #include "core/allocator.h"       // defines: BumpAllocator, memory_summary
 #include "data/idx.h"             // defines: load_mnist
 #include "data/loader.h"          // defines: DataLoader
-#include "nn/layers.h"            // defines: Linear, ReLU, Flatten, Sequential
+#include "nn/models.h"            // defines: mlp (Linear, ReLU, Flatten, Sequential)
 #include "optim/optimizer.h"      // defines: SGD
 #include "train/cli.h"            // defines: Cli, CommonFlags
 #include "train/evaluate.h"       // defines: evaluate
@@ -47,13 +47,8 @@ int main(int argc, char** argv) try {
 
     // Model: weights drawn from the seed, so a run can be repeated exactly.
     Rng rng(flags.seed);
-    Sequential model("mlp");
-    model.emplace<Flatten>();
-    model.emplace<Linear>(784, hidden1, rng, true, "fc1");
-    model.emplace<ReLU>();
-    model.emplace<Linear>(hidden1, hidden2, rng, true, "fc2");
-    model.emplace<ReLU>();
-    model.emplace<Linear>(hidden2, 10, rng, true, "fc3");
+    std::unique_ptr<Sequential> net = mlp(rng, hidden1, hidden2);  // see src/nn/models.cpp
+    Sequential& model = *net;
     model.to(device);
     SGD sgd(model.parameters(), flags.lr, {momentum, 0.0f, 0.0f, false});
     std::printf("lesson-02: MLP 784-%lld-%lld-10, %lld parameters, %lld training images, device %s\n",

@@ -164,6 +164,7 @@ double Tensor::get(std::initializer_list<int64_t> index) const { return load(raw
 void Tensor::set(std::initializer_list<int64_t> index, double value) { store(raw(), dtype_, flat_index(index), value); }
 
 double Tensor::item() const {
+    KILN_CHECK(defined(), "item() of an undefined tensor");
     KILN_CHECK(numel() == 1, "item() needs a one-element tensor, got ", desc());
     Tensor c = to(Device::CPU);
     return load(c.raw(), dtype_, 0);

@@ -1,0 +1,141 @@
+// test_tensor.cpp — tensors: creation, views, element access, printing, dtype conversion edge
+// cases (f16/bf16 rounding, inf, NaN, subnormals), the counter-based RNG.
+#include <omp.h>
+
+#include <catch2/catch.hpp>
+#include <cmath>
+#include <cstring>
+#include <limits>
+
+#include "core/rng.h"
+#include "core/tensor.h"
+
+using namespace kiln;
+
+static uint32_t bits(float x) { uint32_t u; std::memcpy(&u, &x, 4); return u; }
+static float from_bits(uint32_t u) { float x; std::memcpy(&x, &u, 4); return x; }
+
+TEST_CASE("creation fills shape, dtype and values", "[tensor][cpu][lesson01]") {
+    Tensor z = Tensor::zeros({2, 3});
+    REQUIRE(z.shape() == Shape({2, 3}));
+    REQUIRE(z.numel() == 6);
+    REQUIRE(z.dtype() == DType::F32);
+    REQUIRE(z.nbytes() == 24);
+    REQUIRE(z.get({1, 2}) == 0.0);
+    Tensor o = Tensor::ones({4}, DType::I32);
+    REQUIRE(o.data<int32_t>()[3] == 1);
+    Tensor f = Tensor::full({2, 2}, 2.5, DType::BF16);
+    REQUIRE(f.get({1, 1}) == 2.5);
+    Tensor a = Tensor::arange(5, DType::U8);
+    REQUIRE(a.get({4}) == 4);
+    Tensor five = Tensor::zeros({1, 2, 3, 4, 5});
+    REQUIRE(five.ndim() == 5);
+    REQUIRE(five.size(-1) == 5);
+    REQUIRE_THROWS_WITH(Tensor::zeros({1, 2, 3, 4, 5, 6}), Catch::Contains("at most 5 dims"));
+}
+
+TEST_CASE("reshape is a view; -1 infers a dim; bad shapes are named", "[tensor][cpu][lesson01]") {
+    Tensor x = Tensor::arange(12);
+    Tensor v = x.reshape({3, -1});
+    REQUIRE(v.shape() == Shape({3, 4}));
+    v.set({2, 3}, 100);
+    REQUIRE(x.get({11}) == 100);  // same bytes
+    Tensor c = x.clone();
+    c.set({0}, -1);
+    REQUIRE(x.get({0}) == 0);     // clone has its own
+    REQUIRE_THROWS_WITH(x.reshape({5, -1}), Catch::Contains("f32[12]"));
+    REQUIRE_THROWS_WITH(x.reshape({-1, -1}), Catch::Contains("only one dim may be -1"));
+}
+
+TEST_CASE("typed access checks dtype and bounds", "[tensor][cpu][lesson01]") {
+    Tensor x = Tensor::zeros({2, 2}, DType::I32);
+    REQUIRE_THROWS_WITH(x.data<float>(), Catch::Contains("i32[2, 2]"));
+    REQUIRE_THROWS_WITH(x.get({2, 0}), Catch::Contains("out of range"));
+    REQUIRE_THROWS_WITH(x.get({0}), Catch::Contains("1 indices"));
+    Tensor h = Tensor::zeros({3}, DType::F16);
+    REQUIRE_NOTHROW(h.data<uint16_t>());
+    REQUIRE_THROWS(Tensor().item());
+}
+
+TEST_CASE("printing shows shape, dtype, device and elides long dims", "[tensor][cpu][lesson01]") {
+    Tensor x = Tensor::arange(6).reshape({2, 3});
+    REQUIRE(x.str() == "tensor f32[2, 3] on cpu\n[[0, 1, 2],\n [3, 4, 5]]");
+    std::string s = Tensor::arange(100).str(6);
+    REQUIRE(s.find("0, 1, 2, ..., 97, 98, 99") != std::string::npos);
+}
+
+TEST_CASE("f16 conversion rounds to nearest even and keeps specials", "[dtype][cpu][lesson01]") {
+    // exact values survive
+    for (float v : {0.0f, 1.0f, -2.0f, 0.5f, 65504.0f, 6.103515625e-05f /* 2^-14 */, 5.960464477539063e-08f /* 2^-24 */})
+        REQUIRE(f16_to_f32(f32_to_f16(v)) == v);
+    REQUIRE(f32_to_f16(1.0f) == 0x3c00);
+    REQUIRE(f32_to_f16(-0.0f) == 0x8000);
+    // 1 + 2^-11 lies halfway between 1 and 1 + 2^-10: ties go to the even mantissa (1.0)
+    REQUIRE(f32_to_f16(1.0f + 0.00048828125f) == 0x3c00);
+    // 1 + 3·2^-11 lies halfway between 1+2^-10 (odd) and 1+2^-9 (even): rounds up
+    REQUIRE(f32_to_f16(1.0f + 3 * 0.00048828125f) == 0x3c02);
+    // just above halfway rounds up
+    REQUIRE(f32_to_f16(from_bits(bits(1.0f + 0.00048828125f) + 1)) == 0x3c01);
+    // overflow: 65519 rounds to 65504, 65520 (halfway to 2^16) to inf
+    REQUIRE(f32_to_f16(65519.0f) == 0x7bff);
+    REQUIRE(f32_to_f16(65520.0f) == 0x7c00);
+    REQUIRE(f32_to_f16(-1e9f) == 0xfc00);
+    REQUIRE(std::isinf(f16_to_f32(0x7c00)));
+    REQUIRE(std::isnan(f16_to_f32(f32_to_f16(std::numeric_limits<float>::quiet_NaN()))));
+    REQUIRE(f32_to_f16(std::numeric_limits<float>::infinity()) == 0x7c00);
+    // subnormals: 2^-24 is the smallest; half of it ties to even (0); 1.5·2^-24 rounds to 2·2^-24
+    REQUIRE(f32_to_f16(5.960464477539063e-08f) == 0x0001);
+    REQUIRE(f32_to_f16(2.9802322387695312e-08f) == 0x0000);
+    REQUIRE(f32_to_f16(8.940696716308594e-08f) == 0x0002);
+    REQUIRE(f16_to_f32(0x03ff) == 0x3ff * 5.960464477539063e-08f);  // largest subnormal
+    // the largest subnormal plus a bit rounds up into the smallest normal
+    REQUIRE(f32_to_f16(1023.6f * 5.960464477539063e-08f) == 0x0400);
+}
+
+TEST_CASE("bf16 conversion rounds to nearest even and keeps specials", "[dtype][cpu][lesson01]") {
+    REQUIRE(f32_to_bf16(1.0f) == 0x3f80);
+    REQUIRE(bf16_to_f32(0x3f80) == 1.0f);
+    // 1 + 2^-8 is halfway between 1 and 1 + 2^-7: ties to even (1.0)
+    REQUIRE(f32_to_bf16(1.0f + 0.00390625f) == 0x3f80);
+    REQUIRE(f32_to_bf16(1.0f + 3 * 0.00390625f) == 0x3f82);
+    REQUIRE(f32_to_bf16(std::numeric_limits<float>::infinity()) == 0x7f80);
+    REQUIRE(std::isnan(bf16_to_f32(f32_to_bf16(std::numeric_limits<float>::quiet_NaN()))));
+    REQUIRE(f32_to_bf16(std::numeric_limits<float>::max()) == 0x7f80);  // rounds up to inf
+    float sub = std::numeric_limits<float>::denorm_min() * 65536.0f;     // a subnormal bf16 keeps
+    REQUIRE(bf16_to_f32(f32_to_bf16(sub)) == sub);
+}
+
+TEST_CASE("to(dtype) converts every element", "[dtype][cpu][lesson01]") {
+    Tensor x = Tensor::arange(5);
+    x.set({4}, 1e6);
+    Tensor h = x.to(DType::F16);
+    REQUIRE(h.dtype() == DType::F16);
+    REQUIRE(h.get({3}) == 3.0);
+    REQUIRE(std::isinf(h.get({4})));
+    Tensor i = Tensor::full({2}, 3.7).to(DType::I32);
+    REQUIRE(i.get({0}) == 3);  // truncation, like a C cast
+    REQUIRE(x.to(DType::F32).raw() == x.raw());
+}
+
+TEST_CASE("random tensors depend on the seed, not on the thread count", "[rng][cpu][lesson01]") {
+    Rng a(7);
+    omp_set_num_threads(1);
+    Tensor u1 = Tensor::uniform({1000}, -1, 1, a);
+    Tensor n1 = Tensor::normal({1000}, 0, 1, a);
+    Rng b(7);
+    omp_set_num_threads(3);
+    Tensor u2 = Tensor::uniform({1000}, -1, 1, b);
+    Tensor n2 = Tensor::normal({1000}, 0, 1, b);
+    omp_set_num_threads(2);
+    REQUIRE(std::memcmp(u1.raw(), u2.raw(), u1.nbytes()) == 0);
+    REQUIRE(std::memcmp(n1.raw(), n2.raw(), n1.nbytes()) == 0);
+    double mean = 0, var = 0;
+    const float* p = n1.data<float>();
+    for (int i = 0; i < 1000; i++) mean += p[i] / 1000.0;
+    for (int i = 0; i < 1000; i++) var += (p[i] - mean) * (p[i] - mean) / 1000.0;
+    REQUIRE(std::fabs(mean) < 0.1);
+    REQUIRE(std::fabs(var - 1) < 0.15);
+    for (int i = 0; i < 1000; i++) REQUIRE((u1.data<float>()[i] >= -1 && u1.data<float>()[i] < 1));
+    Rng c(8);
+    REQUIRE(Tensor::uniform({4}, 0, 1, c).get({0}) != u1.get({0}));
+}

@@ -1,0 +1,77 @@
+// test_trainers.cpp — the chapters' trainers on the real MNIST (data/mnist, from `make data`):
+// their first losses pinned for seed 1, and a short run whose loss falls.
+//
+// The pinned values were produced by this code; a change that alters them changes what every
+// learner sees, so it must be deliberate (update the numbers and say why in the commit).
+#include <catch2/catch.hpp>
+#include <vector>
+
+#include "data/idx.h"
+#include "data/loader.h"
+#include "nn/models.h"
+#include "optim/optimizer.h"
+#include "train/loop.h"
+
+using namespace kiln;
+
+static const ImageSet& mnist_train() {
+    static ImageSet set = load_mnist("data/mnist", true);
+    return set;
+}
+
+// The first `steps` losses of a model trained as the lesson's trainer does (batch 64, seed 1).
+static std::vector<float> first_losses(Module& model, Optimizer& opt, int steps) {
+    DataLoader loader(mnist_train(), {64, true, false, 1, {0.1307f}, {0.3081f}, Device::CPU});
+    CrossEntropyLoss criterion;
+    std::vector<float> losses;
+    Batch b;
+    for (int i = 0; i < steps && loader.next(b); i++) {
+        opt.zero_grad();
+        losses.push_back(criterion.forward(model.forward(b.x), b.y));
+        model.backward(criterion.backward());
+        opt.step();
+    }
+    return losses;
+}
+
+static void require_close(const std::vector<float>& got, const std::vector<float>& pinned) {
+    REQUIRE(got.size() == pinned.size());
+    for (size_t i = 0; i < got.size(); i++) {
+        INFO("step " << i << ": got " << got[i] << ", pinned " << pinned[i]);
+        REQUIRE(got[i] == Approx(pinned[i]).epsilon(1e-4));
+    }
+}
+
+TEST_CASE("lesson 01: softmax regression's first losses", "[trainer][cpu][lesson01]") {
+    Rng rng(1);
+    auto model = softmax_regression(rng);
+    SGD sgd(model->parameters(), 0.05f);
+    std::vector<float> losses = first_losses(*model, sgd, 8);
+    REQUIRE(losses[0] == Approx(2.3).margin(0.3));  // ≈ ln 10 for a fresh classifier
+    require_close(losses, {2.3667228f, 1.8291087f, 1.5883523f, 1.3402978f, 1.1681719f, 1.2218316f, 0.9343950f,
+                           0.9581792f});
+}
+
+TEST_CASE("lesson 02: the MLP's first losses", "[trainer][cpu][lesson02]") {
+    Rng rng(1);
+    auto model = mlp(rng);
+    SGD sgd(model->parameters(), 0.05f, {0.9f, 0, 0, false});
+    std::vector<float> losses = first_losses(*model, sgd, 8);
+    REQUIRE(losses[0] == Approx(2.3).margin(0.3));
+    require_close(losses, {2.2945447f, 2.2717242f, 2.2194564f, 2.1812530f, 2.1248631f, 2.0507360f, 1.9411154f,
+                           1.8810743f});
+}
+
+TEST_CASE("lesson 02: a short run's loss falls", "[trainer][cpu][lesson02]") {
+    ImageSet small = take_first(mnist_train(), 2000);
+    DataLoader loader(small, {64, true, false, 1, {0.1307f}, {0.3081f}, Device::CPU});
+    Rng rng(1);
+    auto model = mlp(rng, 128, 64);
+    SGD sgd(model->parameters(), 0.05f, {0.9f, 0, 0, false});
+    BumpAllocator arena("test arena", Device::CPU, size_t(16) << 20);
+    EpochResult first = train_epoch(*model, sgd, loader, 0, 3, &arena);
+    train_epoch(*model, sgd, loader, 1, 3, &arena);
+    EpochResult third = train_epoch(*model, sgd, loader, 2, 3, &arena);
+    REQUIRE(third.loss < 0.6f * first.loss);
+    REQUIRE(third.accuracy > 0.9);
+}
