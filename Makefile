@@ -19,7 +19,7 @@ T        ?=
 ARGS     ?=
 
 WARN     := -Wall -Wextra -Werror
-CXXFLAGS := -std=c++17 -fopenmp $(WARN) -Isrc -Icuda -MMD -MP
+CXXFLAGS := -std=c++17 -fopenmp $(WARN) -Isrc -Icuda -isystem /usr/local/cuda/include -MMD -MP
 LDLIBS   := -lz -fopenmp -lpthread
 
 ifeq ($(SAN),1)
@@ -112,12 +112,15 @@ lesson-%: data
 	@$(MAKE) --no-print-directory $(BUILD)/bin/lesson-$*
 	$(BUILD)/bin/lesson-$* $(ARGS)
 
+# The latest finished chapter whose trainer runs on MNIST.
+RUN_LESSON := 02
 run:
-	@bash data/setup.sh
+	@bash scripts/setup.sh
 	@$(MAKE) --no-print-directory data all
-	$(BUILD)/bin/lesson-$(lastword $(sort $(patsubst lessons/%/train.cpp,%,$(LESSONS))) | cut -c1-2)
+	$(BUILD)/bin/lesson-$(RUN_LESSON) $(ARGS)
 
 bench: $(BENCH_BINS) $(LESSON_BINS) data
+	@bash scripts/setup.sh --bench
 	@bash bench/run.sh $(BUILD)
 
 clean:
