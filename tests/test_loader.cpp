@@ -93,3 +93,77 @@ TEST_CASE("take_first keeps the first n images; seek resumes an epoch", "[loader
     REQUIRE(resumed.next(b));
     REQUIRE(b.y.data<int32_t>()[0] == all[6]);
 }
+
+// ---- transforms --------------------------------------------------------------------------
+
+// A 1×3×3 image with values 1..9:   1 2 3
+//                                   4 5 6
+//                                   7 8 9
+static std::vector<float> nine() { return {1, 2, 3, 4, 5, 6, 7, 8, 9}; }
+
+TEST_CASE("RandomCrop pads with zeros and cuts a window", "[transforms][cpu][lesson03]") {
+    RandomCrop crop(3, 1);  // 5×5 padded, window at one of 3×3 places
+    std::vector<float> in = nine(), out(9);
+    bool saw_shift = false;
+    for (uint64_t bits = 0; bits < 50; bits++) {
+        crop.apply(in.data(), {1, 3, 3}, out.data(), bits);
+        float total = 0;
+        for (float v : out) total += v;
+        // every crop is the image shifted by (dy, dx) in {-1,0,1}²: its values are a subset
+        for (float v : out) REQUIRE((v == 0 || (v >= 1 && v <= 9)));
+        if (total != 45) saw_shift = true;
+    }
+    REQUIRE(saw_shift);
+    RandomCrop same(3, 0);
+    same.apply(in.data(), {1, 3, 3}, out.data(), 7);
+    REQUIRE(out == nine());
+}
+
+TEST_CASE("RandomHorizontalFlip mirrors rows", "[transforms][cpu][lesson03]") {
+    std::vector<float> in = nine(), out(9);
+    RandomHorizontalFlip always(1.0f), never(0.0f);
+    always.apply(in.data(), {1, 3, 3}, out.data(), 0);
+    REQUIRE(out == std::vector<float>{3, 2, 1, 6, 5, 4, 9, 8, 7});
+    never.apply(in.data(), {1, 3, 3}, out.data(), 0);
+    REQUIRE(out == nine());
+}
+
+TEST_CASE("Resize is bilinear at pixel centres; CenterCrop cuts the middle", "[transforms][cpu][lesson03]") {
+    // 1×1×2 [0 4] -> 1×1×4: source x = (o + 0.5)/2 − 0.5 = −0.25 (clamped 0), 0.25, 0.75, 1.25 (clamped)
+    //                       values 0, 1, 3, 4
+    std::vector<float> in = {0, 4}, out(4);
+    Resize(1, 4).apply(in.data(), {1, 1, 2}, out.data(), 0);
+    REQUIRE(out == std::vector<float>{0, 1, 3, 4});
+    std::vector<float> img = nine(), mid(1);
+    CenterCrop(1).apply(img.data(), {1, 3, 3}, mid.data(), 0);
+    REQUIRE(mid[0] == 5);
+    REQUIRE_THROWS_WITH(CenterCrop(4).output_shape({1, 3, 3}), Catch::Contains("too small"));
+}
+
+TEST_CASE("augmented batches are repeatable, and prefetching changes nothing", "[loader][cpu][lesson03]") {
+    ImageSet s;
+    s.n = 20; s.c = 3; s.h = 4; s.w = 4;
+    for (int64_t i = 0; i < s.n * 48; i++) s.pixels.push_back(uint8_t((i * 37) % 256));
+    for (int64_t i = 0; i < s.n; i++) s.labels.push_back(int32_t(i % 10));
+    LoaderOptions o;
+    o.batch_size = 6;
+    o.seed = 5;
+    o.mean = {0.5f, 0.5f, 0.5f};
+    o.std = {0.2f, 0.2f, 0.2f};
+    o.transforms = {std::make_shared<RandomCrop>(4, 1), std::make_shared<RandomHorizontalFlip>(),
+                    std::make_shared<Resize>(6, 6)};
+    auto collect = [&](bool prefetch, int64_t epoch) {
+        o.prefetch = prefetch;
+        DataLoader l(s, o);
+        l.start_epoch(epoch);
+        std::vector<float> all;
+        Batch b;
+        while (l.next(b)) all.insert(all.end(), b.x.data<float>(), b.x.data<float>() + b.x.numel());
+        REQUIRE(l.image_shape().h == 6);
+        return all;
+    };
+    auto a = collect(true, 1), b = collect(false, 1), c = collect(true, 2);
+    REQUIRE(a.size() == size_t(20 * 3 * 36));
+    REQUIRE(a == b);
+    REQUIRE(a != c);
+}

@@ -14,18 +14,30 @@ DataLoader::DataLoader(const ImageSet& set, LoaderOptions options) : set_(set), 
                "DataLoader: mean and std need one value per channel (", set_.c, "), got ", opt_.mean.size(), " and ",
                opt_.std.size());
     for (float s : opt_.std) KILN_CHECK(s > 0.0f, "DataLoader: std must be positive, got ", s);
+    out_shape_ = {set_.c, set_.h, set_.w};
+    for (auto& t : opt_.transforms) out_shape_ = t->output_shape(out_shape_);
     start_epoch(0);
+}
+
+DataLoader::~DataLoader() { drop_prefetch(); }
+
+void DataLoader::drop_prefetch() {
+    if (pending_.valid()) pending_.wait();
+    pending_ = {};
+    pending_start_ = -1;
 }
 
 // Fisher–Yates shuffle driven by a stream seeded with (seed, epoch): every epoch has its own
 // order, and epoch e's order is the same in every run.
 void DataLoader::start_epoch(int64_t epoch) {
+    drop_prefetch();
     order_.resize(size_t(set_.n));
     std::iota(order_.begin(), order_.end(), 0);
     if (opt_.shuffle) {
         Rng rng(splitmix64(opt_.seed) ^ uint64_t(epoch));
         for (int64_t i = set_.n - 1; i > 0; i--) std::swap(order_[size_t(i)], order_[rng.next_below(uint64_t(i + 1))]);
     }
+    epoch_ = epoch;
     pos_ = 0;
 }
 
@@ -35,35 +47,69 @@ int64_t DataLoader::num_batches() const {
 
 void DataLoader::seek(int64_t position) {
     KILN_CHECK(position >= 0 && position <= set_.n, "DataLoader::seek(", position, "): outside [0, ", set_.n, "]");
+    drop_prefetch();
     pos_ = position;
 }
 
-bool DataLoader::next(Batch& batch) {
-    int64_t B = std::min(opt_.batch_size, set_.n - pos_);
-    if (B <= 0 || (opt_.drop_last && B < opt_.batch_size)) return false;
+// Images order_[start .. start+count) as one batch: Normalize, then the transforms.
+Batch DataLoader::make_batch(int64_t start, int64_t count, bool parallel) const {
     int64_t C = set_.c, HW = set_.h * set_.w;
-    Tensor x = Tensor::empty({B, C, set_.h, set_.w}, DType::F32, Device::CPU, Category::Data);
-    Tensor y = Tensor::empty({B}, DType::I32, Device::CPU, Category::Data);
+    ImageShape o = out_shape_;
+    Tensor x = Tensor::empty({count, o.c, o.h, o.w}, DType::F32, Device::CPU, Category::Data);
+    Tensor y = Tensor::empty({count}, DType::I32, Device::CPU, Category::Data);
     float* xp = x.data<float>();
     int32_t* yp = y.data<int32_t>();
-    // x = (pixel / 255 − mean[c]) / std[c]  =  pixel · a[c] + b[c]
+    // Normalize: x = (pixel / 255 − mean[c]) / std[c]  =  pixel · a[c] + b[c]
     std::vector<float> a(size_t(C), 1.0f / 255.0f), b(size_t(C), 0.0f);
     for (int64_t c = 0; c < C && !opt_.mean.empty(); c++) {
         a[size_t(c)] = 1.0f / (255.0f * opt_.std[size_t(c)]);
         b[size_t(c)] = -opt_.mean[size_t(c)] / opt_.std[size_t(c)];
     }
-#pragma omp parallel for schedule(static) if (B * C * HW > (1 << 16))
-    for (int64_t i = 0; i < B; i++) {
-        int64_t src = order_[size_t(pos_ + i)];
+    Rng augment(splitmix64(opt_.seed) + 1);  // the augmentations' stream, apart from the order's
+    bool chained = !opt_.transforms.empty();
+#pragma omp parallel for schedule(static) if (parallel && count * C * HW > (1 << 16))
+    for (int64_t i = 0; i < count; i++) {
+        int64_t src = order_[size_t(start + i)];
         const uint8_t* px = set_.pixels.data() + src * C * HW;
+        std::vector<float> cur(chained ? size_t(C * HW) : 0), next;
+        float* first = chained ? cur.data() : xp + i * C * HW;
         for (int64_t c = 0; c < C; c++)
-            for (int64_t k = 0; k < HW; k++)
-                xp[(i * C + c) * HW + k] = float(px[c * HW + k]) * a[size_t(c)] + b[size_t(c)];
+            for (int64_t k = 0; k < HW; k++) first[c * HW + k] = float(px[c * HW + k]) * a[size_t(c)] + b[size_t(c)];
+        ImageShape s{C, set_.h, set_.w};
+        uint64_t bits = augment.at(uint64_t(epoch_) * uint64_t(set_.n) + uint64_t(start + i));
+        for (size_t t = 0; t < opt_.transforms.size(); t++) {
+            ImageShape so = opt_.transforms[t]->output_shape(s);
+            bool last = t + 1 == opt_.transforms.size();
+            next.resize(last ? 0 : size_t(so.c * so.h * so.w));
+            float* dst = last ? xp + i * o.c * o.h * o.w : next.data();
+            opt_.transforms[t]->apply(cur.data(), s, dst, splitmix64(bits + t));
+            cur.swap(next);
+            s = so;
+        }
         yp[i] = set_.labels[size_t(src)];
     }
+    return {x, y};
+}
+
+bool DataLoader::next(Batch& batch) {
+    auto count_at = [this](int64_t start) {
+        int64_t B = std::min(opt_.batch_size, set_.n - start);
+        return (B <= 0 || (opt_.drop_last && B < opt_.batch_size)) ? int64_t(0) : B;
+    };
+    int64_t B = count_at(pos_);
+    if (B == 0) return false;
+    Batch host;
+    if (pending_.valid() && pending_start_ == pos_) host = pending_.get();
+    else host = make_batch(pos_, B, true);
     pos_ += B;
-    batch.x = x.to(opt_.device);
-    batch.y = y.to(opt_.device);
+    pending_ = {};
+    pending_start_ = -1;
+    if (int64_t nb = count_at(pos_); opt_.prefetch && nb > 0) {  // start on the next batch now
+        pending_start_ = pos_;
+        pending_ = std::async(std::launch::async, [this, start = pos_, nb] { return make_batch(start, nb, false); });
+    }
+    batch.x = host.x.to(opt_.device);
+    batch.y = host.y.to(opt_.device);
     return true;
 }
 

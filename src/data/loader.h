@@ -8,13 +8,20 @@
 //       while (loader.next(b)) { ... b.x: f32[B, C, H, W], b.y: i32[B] ... }
 //   }
 //
-// Each pixel becomes x = (pixel / 255 − mean[c]) / std[c]. The order depends only on the seed
-// and the epoch, so a run can be repeated exactly (and resumed from a checkpoint: position()).
+// Each pixel becomes x = (pixel / 255 − mean[c]) / std[c] (Normalize), then the image goes
+// through the transforms in order (transforms.h: RandomCrop, RandomHorizontalFlip, Resize,
+// CenterCrop). The order and the random augmentations depend only on the seed, the epoch
+// and the position, so a run can be repeated exactly (and resumed: position(), seek()).
+//
+// With prefetch on (the default) the loader prepares the next batch on a background thread
+// while the current one trains.
 #pragma once
+#include <future>
 #include <vector>
 
 #include "core/tensor.h"
 #include "data/image_set.h"
+#include "data/transforms.h"
 
 namespace kiln {
 
@@ -31,23 +38,35 @@ struct LoaderOptions {
     uint64_t seed = 0;
     std::vector<float> mean, std;     // per channel; empty = no normalization (x = pixel / 255)
     Device device = Device::CPU;      // where the batches go
+    Transforms transforms = {};       // applied in order after Normalize
+    bool prefetch = true;             // build the next batch on a background thread
 };
 
 class DataLoader {
 public:
     DataLoader(const ImageSet& set, LoaderOptions options);
+    ~DataLoader();
+    DataLoader(const DataLoader&) = delete;
+    DataLoader& operator=(const DataLoader&) = delete;
     void start_epoch(int64_t epoch);   // reorders (if shuffle) and rewinds
     bool next(Batch& batch);           // false once the epoch is over
     int64_t num_batches() const;       // per epoch
     int64_t position() const { return pos_; }  // images handed out this epoch
     void seek(int64_t position);       // continue an epoch from a checkpoint
     const ImageSet& set() const { return set_; }
+    ImageShape image_shape() const { return out_shape_; }  // after the transforms
 
 private:
+    Batch make_batch(int64_t start, int64_t count, bool parallel) const;  // on the CPU
+    void drop_prefetch();
+
     const ImageSet& set_;
     LoaderOptions opt_;
+    ImageShape out_shape_;
     std::vector<int64_t> order_;
-    int64_t pos_ = 0;
+    int64_t epoch_ = 0, pos_ = 0;
+    std::future<Batch> pending_;  // the batch that starts at pending_start_
+    int64_t pending_start_ = -1;
 };
 
 // The first n images of a set (all of them if n ≤ 0 or n ≥ N): the trainers' --limit.

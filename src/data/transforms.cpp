@@ -1,0 +1,99 @@
+// transforms.cpp — crop, flip, resize.
+#include "data/transforms.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "core/error.h"
+#include "core/rng.h"
+
+namespace kiln {
+
+// ---- RandomCrop ----------------------------------------------------------------------------
+RandomCrop::RandomCrop(int64_t size, int64_t padding) : size_(size), padding_(padding) {
+    KILN_CHECK(size > 0 && padding >= 0, "RandomCrop(", size, ", ", padding, "): size > 0 and padding ≥ 0");
+}
+
+ImageShape RandomCrop::output_shape(ImageShape in) const {
+    KILN_CHECK(in.h + 2 * padding_ >= size_ && in.w + 2 * padding_ >= size_, "RandomCrop(", size_, ") of a ", in.h,
+               "×", in.w, " image padded by ", padding_, ": the window does not fit");
+    return {in.c, size_, size_};
+}
+
+void RandomCrop::apply(const float* in, ImageShape s, float* out, uint64_t bits) const {
+    // the window's top-left corner in padded coordinates: [0, H + 2p − size]
+    int64_t top = int64_t(splitmix64(bits) % uint64_t(s.h + 2 * padding_ - size_ + 1)) - padding_;
+    int64_t left = int64_t(splitmix64(bits + 1) % uint64_t(s.w + 2 * padding_ - size_ + 1)) - padding_;
+    for (int64_t c = 0; c < s.c; c++)
+        for (int64_t y = 0; y < size_; y++) {
+            int64_t sy = top + y;
+            float* row = out + (c * size_ + y) * size_;
+            for (int64_t x = 0; x < size_; x++) {
+                int64_t sx = left + x;
+                bool inside = sy >= 0 && sy < s.h && sx >= 0 && sx < s.w;
+                row[x] = inside ? in[(c * s.h + sy) * s.w + sx] : 0.0f;
+            }
+        }
+}
+
+// ---- RandomHorizontalFlip --------------------------------------------------------------------
+RandomHorizontalFlip::RandomHorizontalFlip(float p) : p_(p) {
+    KILN_CHECK(p >= 0 && p <= 1, "RandomHorizontalFlip(", p, "): p must be in [0, 1]");
+}
+
+void RandomHorizontalFlip::apply(const float* in, ImageShape s, float* out, uint64_t bits) const {
+    bool flip = Rng::to_unit(splitmix64(bits + 2)) < p_;
+    for (int64_t row = 0; row < s.c * s.h; row++) {
+        const float* src = in + row * s.w;
+        float* dst = out + row * s.w;
+        for (int64_t x = 0; x < s.w; x++) dst[x] = flip ? src[s.w - 1 - x] : src[x];
+    }
+}
+
+// ---- Resize ----------------------------------------------------------------------------------
+Resize::Resize(int64_t h, int64_t w) : h_(h), w_(w) {
+    KILN_CHECK(h > 0 && w > 0, "Resize(", h, ", ", w, "): sizes must be positive");
+}
+
+// One axis of bilinear sampling: output index o -> two source indices and the weight of the second.
+struct Tap { int64_t i0, i1; float t; };
+static Tap tap(int64_t o, int64_t in_size, int64_t out_size) {
+    float src = (float(o) + 0.5f) * float(in_size) / float(out_size) - 0.5f;
+    src = std::max(src, 0.0f);
+    int64_t i0 = std::min(int64_t(src), in_size - 1);
+    int64_t i1 = std::min(i0 + 1, in_size - 1);
+    return {i0, i1, src - float(i0)};
+}
+
+//   out = (1−ty)·[(1−tx)·p00 + tx·p01] + ty·[(1−tx)·p10 + tx·p11]
+void Resize::apply(const float* in, ImageShape s, float* out, uint64_t) const {
+    for (int64_t y = 0; y < h_; y++) {
+        Tap ty = tap(y, s.h, h_);
+        for (int64_t x = 0; x < w_; x++) {
+            Tap tx = tap(x, s.w, w_);
+            for (int64_t c = 0; c < s.c; c++) {
+                const float* plane = in + c * s.h * s.w;
+                float top = (1 - tx.t) * plane[ty.i0 * s.w + tx.i0] + tx.t * plane[ty.i0 * s.w + tx.i1];
+                float bottom = (1 - tx.t) * plane[ty.i1 * s.w + tx.i0] + tx.t * plane[ty.i1 * s.w + tx.i1];
+                out[(c * h_ + y) * w_ + x] = (1 - ty.t) * top + ty.t * bottom;
+            }
+        }
+    }
+}
+
+// ---- CenterCrop ------------------------------------------------------------------------------
+CenterCrop::CenterCrop(int64_t size) : size_(size) { KILN_CHECK(size > 0, "CenterCrop(", size, "): size must be positive"); }
+
+ImageShape CenterCrop::output_shape(ImageShape in) const {
+    KILN_CHECK(in.h >= size_ && in.w >= size_, "CenterCrop(", size_, ") of a ", in.h, "×", in.w, " image: too small");
+    return {in.c, size_, size_};
+}
+
+void CenterCrop::apply(const float* in, ImageShape s, float* out, uint64_t) const {
+    int64_t top = (s.h - size_) / 2, left = (s.w - size_) / 2;
+    for (int64_t c = 0; c < s.c; c++)
+        for (int64_t y = 0; y < size_; y++)
+            std::copy_n(in + (c * s.h + top + y) * s.w + left, size_, out + (c * size_ + y) * size_);
+}
+
+}  // namespace kiln

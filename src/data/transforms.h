@@ -1,0 +1,72 @@
+// transforms.h — per-image transforms applied by the loader after Normalize, for data
+// augmentation (RandomCrop, RandomHorizontalFlip) and resizing (Resize, CenterCrop).
+//
+// Each works on one float image [C, H, W] and may change H and W. Random ones draw from
+// `bits`, a random 64-bit number the loader derives from (seed, epoch, position in the
+// epoch): the same run gives the same augmented images, on any number of threads.
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+namespace kiln {
+
+struct ImageShape { int64_t c, h, w; };
+
+class Transform {
+public:
+    virtual ~Transform() = default;
+    virtual ImageShape output_shape(ImageShape in) const = 0;
+    // in: [C, H, W] of shape `in`; out: output_shape(in). They never overlap.
+    virtual void apply(const float* in, ImageShape s, float* out, uint64_t bits) const = 0;
+};
+
+// Pads each side with `padding` zeros (the mean after Normalize), then cuts a size×size
+// window at a random position: the net sees the object shifted by up to `padding` pixels.
+class RandomCrop : public Transform {
+public:
+    RandomCrop(int64_t size, int64_t padding);
+    ImageShape output_shape(ImageShape in) const override;
+    void apply(const float* in, ImageShape s, float* out, uint64_t bits) const override;
+
+private:
+    int64_t size_, padding_;
+};
+
+// Mirrors the image left-right with probability p.
+class RandomHorizontalFlip : public Transform {
+public:
+    explicit RandomHorizontalFlip(float p = 0.5f);
+    ImageShape output_shape(ImageShape in) const override { return in; }
+    void apply(const float* in, ImageShape s, float* out, uint64_t bits) const override;
+
+private:
+    float p_;
+};
+
+// Bilinear resize to h×w, sampling at pixel centres (PyTorch's align_corners=False):
+//   source x = (x_out + 0.5) · W_in / W_out − 0.5, clamped to the image.
+class Resize : public Transform {
+public:
+    Resize(int64_t h, int64_t w);
+    ImageShape output_shape(ImageShape in) const override { return {in.c, h_, w_}; }
+    void apply(const float* in, ImageShape s, float* out, uint64_t bits) const override;
+
+private:
+    int64_t h_, w_;
+};
+
+// Cuts the central size×size window (the image must be at least that large).
+class CenterCrop : public Transform {
+public:
+    explicit CenterCrop(int64_t size);
+    ImageShape output_shape(ImageShape in) const override;
+    void apply(const float* in, ImageShape s, float* out, uint64_t bits) const override;
+
+private:
+    int64_t size_;
+};
+
+using Transforms = std::vector<std::shared_ptr<const Transform>>;
+
+}  // namespace kiln
