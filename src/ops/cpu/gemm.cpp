@@ -1,0 +1,496 @@
+// gemm.cpp — a fast, deterministic single-precision GEMM for the CPU (chapter 03).
+//
+//   C[M,N] = alpha * op(A)[M,K] · op(B)[K,N] + beta * C[M,N]          (row-major, see gemm.h)
+//
+// Build and test just this file:
+//   make build/src/ops/cpu/gemm.o build/tests/test_gemm.o build/tests/main.o
+//   g++ -fopenmp build/tests/main.o build/tests/test_gemm.o build/src/ops/cpu/gemm.o -o gemm_tests
+//   ./gemm_tests '[gemm]'
+// Time it against OpenBLAS:  make build/bench/bench_gemm && OMP_NUM_THREADS=2 build/bench/bench_gemm
+//
+// Versions, from the textbook to this file (the reader can write each one in turn):
+//   v1  gemm_reference: for i, for j, for k — one dot product per C element. Each B column
+//       is read with a stride of a whole row, so nearly every load misses the cache: ~1 GFLOP/s.
+//   v2  loop order i, k, j: the inner loop walks a row of B and a row of C, contiguous, and
+//       the compiler vectorizes it. Better, but every C row is loaded and stored K times.
+//   v3  this file: the GotoBLAS / BLIS scheme, ~150x v1 on one core. The rest of this comment
+//       is why.
+//
+// ---- Where the time goes ------------------------------------------------------------------
+// A core can do two vector FMAs per cycle (8 or 16 floats each), but can load only ~2
+// vectors per cycle from L1, fewer from L2, far fewer from memory. Multiplying matrices
+// does M·N·K multiply-adds on only M·K + K·N + M·N numbers, so each number can be reused
+// many times — if it is still close to the core when it is needed again. Everything
+// below arranges the computation so that it is.
+//
+// ---- The micro-kernel: registers -----------------------------------------------------------
+// The innermost piece computes a small MR×NR tile of C (6×64 with AVX-512, 6×16 with
+// AVX2) entirely in vector registers:
+//       for k in 0..kc:   acc[MR][NR] += a[k][0..MR] (outer product) b[k][0..NR]
+// Per k it loads NR/VL vectors of B and broadcasts MR numbers of A, then does MR·NR/VL
+// FMAs: 24 FMAs for 4 + 6 loads with AVX-512 (12 FMAs for 2 + 6 loads with AVX2). The
+// accumulators never leave the registers until the tile is done; that is what keeps the FMA
+// units busy. (24 independent accumulators also hide the FMA latency: 2 FMAs/cycle × 4
+// cycles needs at least 8 in flight.)
+//
+// ---- Packing: contiguous streams ----------------------------------------------------------
+// The micro-kernel wants, for each k, MR consecutive numbers of A and NR consecutive numbers
+// of B. In the user's matrices these are strided (and transposition changes which way), so
+// before computing we copy ("pack") a block of A and a block of B into buffers laid out in
+// exactly the order the micro-kernel reads them:
+//     Ap: micro-panels of MR rows:    Ap[panel][k][0..MR)     (rows past M padded with 0)
+//     Bp: micro-panels of NR columns: Bp[panel][k][0..NR)     (columns past N padded with 0)
+// Packing costs O(MK + KN) copies, paid back by O(MNK) fast reads; it also removes every
+// transpose/stride/alignment case from the micro-kernel, which sees one layout only.
+//
+// ---- Blocking: the cache levels -----------------------------------------------------------
+//   for jc over N, NC at a time          the packed B block (KC×NC) lives in L3
+//     for pc over K, KC at a time
+//       for ic over M, MC at a time          pack A[ic.., pc..]: the A block (MC×KC) lives in L2
+//         for jr over NC, NR at a time         one B micro-panel (KC×NR) lives in L1 ...
+//                                              (packed here on the first ic, kept for the next)
+//           for ir over MC, MR at a time         ... reused by every A micro-panel of the block
+//             micro-kernel: C[ir.., jr..] (+)= Ap[ir] · Bp[jr]
+// Block sizes are split evenly (K = 784 with KC ≤ 256 gives 4 blocks of 196) so that no
+// block is a sliver.
+//
+// ---- Threads, and why the result never depends on their number ------------------------------
+// C is cut into one rectangle per OpenMP thread, and each thread runs the loops above on its
+// own rectangle, with its own packing buffers: no barriers, no shared writes (an OpenMP
+// barrier costs microseconds; the 5 loops would need 2 or 3 per block). Every C element is
+// then computed by exactly one thread, summing over k in an order set by KC alone: KC-blocks
+// in order, k in order within one. No thread ever adds a partial sum of another, so 1, 2 or
+// 3 threads give bitwise the same C (tested in tests/test_gemm.cpp).
+// Small products run on the calling thread only: waking a team costs microseconds.
+#include "ops/cpu/gemm.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+
+#include <omp.h>
+
+#include "core/error.h"
+
+#if defined(__AVX512F__) || (defined(__AVX2__) && defined(__FMA__))
+#include <immintrin.h>
+#endif
+
+namespace kiln::cpu {
+namespace {
+
+// ---- SIMD: the five vector operations the micro-kernel needs --------------------------------
+// VL floats per vector. One implementation per instruction set; the portable fallback uses
+// GCC's vector extensions, which the compiler maps to whatever the target offers.
+#if defined(__AVX512F__)
+using vec = __m512;
+constexpr int VL = 16;
+constexpr int NV = 4;  // 6×4 = 24 accumulators + 4 B vectors + 1 broadcast of the 32 zmm
+inline vec vzero() { return _mm512_setzero_ps(); }
+inline vec vload(const float* p) { return _mm512_loadu_ps(p); }
+inline void vstore(float* p, vec v) { _mm512_storeu_ps(p, v); }
+inline vec vbroadcast(float x) { return _mm512_set1_ps(x); }
+inline vec vfma(vec a, vec b, vec c) { return _mm512_fmadd_ps(a, b, c); }  // a*b + c
+inline vec vmul(vec a, vec b) { return _mm512_mul_ps(a, b); }
+inline vec vadd(vec a, vec b) { return _mm512_add_ps(a, b); }
+#elif defined(__AVX2__) && defined(__FMA__)
+using vec = __m256;
+constexpr int VL = 8;
+constexpr int NV = 2;  // 6×2 = 12 accumulators + 2 B vectors + 1 broadcast of the 16 ymm
+inline vec vzero() { return _mm256_setzero_ps(); }
+inline vec vload(const float* p) { return _mm256_loadu_ps(p); }
+inline void vstore(float* p, vec v) { _mm256_storeu_ps(p, v); }
+inline vec vbroadcast(float x) { return _mm256_set1_ps(x); }
+inline vec vfma(vec a, vec b, vec c) { return _mm256_fmadd_ps(a, b, c); }
+inline vec vmul(vec a, vec b) { return _mm256_mul_ps(a, b); }
+inline vec vadd(vec a, vec b) { return _mm256_add_ps(a, b); }
+#else
+typedef float vec __attribute__((vector_size(16)));  // SSE, NEON, ...: 4 floats
+constexpr int VL = 4;
+constexpr int NV = 2;  // 6×2 = 12 accumulators: fits 16 registers
+inline vec vzero() { return vec{}; }
+inline vec vload(const float* p) {
+    vec v;
+    std::memcpy(&v, p, sizeof v);  // unaligned-safe; compiles to one vector load
+    return v;
+}
+inline void vstore(float* p, vec v) { std::memcpy(p, &v, sizeof v); }
+inline vec vbroadcast(float x) { return vec{} + x; }
+inline vec vfma(vec a, vec b, vec c) { return a * b + c; }
+inline vec vmul(vec a, vec b) { return a * b; }
+inline vec vadd(vec a, vec b) { return a + b; }
+#endif
+
+// The micro-tile: MR rows × NR columns of C, NV vectors per row; NR = 64 floats (AVX-512) or
+// 16 (8 without AVX2). Rows of C past a multiple of MR still cost a whole tile, so a small MR wastes little
+// on the channel counts of real layers: 64 rows take 11 tiles of 6, 66 rows' worth.
+constexpr int MR = 6;
+constexpr int NR = NV * VL;
+
+// ---- Block sizes (upper bounds; see split_evenly) ---------------------------------------------
+// KC: the depth of one pass. A B micro-panel is KC×NR floats: 16 KiB with AVX2, in L1; 64 KiB
+//     with AVX-512, which spills to L2, but L2 delivers the 4 B vectors per 24 FMAs in time.
+//     Longer passes mean fewer loads and stores of the C tile; shorter ones, smaller panels.
+// MC: the packed A block (MC×KC floats, 240 KiB) stays in the 1 MiB L2 while the B
+//     micro-panels stream past it.
+// NC: the packed B block (KC×NC floats, up to 4 MiB) stays in L3.
+// (Measured on a Zen 5 with AVX-512: KC from 128 to 384 and MC from 240 to 480 are all
+// within a few percent; the shape of the micro-tile matters more.)
+constexpr int64_t KC_MAX = 256;
+constexpr int64_t MC_MAX = 240;
+constexpr int64_t NC_MAX = 4096;
+// Below this many flops (2·M·N·K) the product runs on one thread: a 128³ product takes ~30 µs
+// on one core; starting an OpenMP team and waiting for it costs ~5 µs, more on a busy machine.
+constexpr double PARALLEL_MIN_FLOPS = 2.0 * 128 * 128 * 128;
+
+// Split n into the fewest blocks of at most max_block, all of (nearly) the same size,
+// rounded up to a multiple of unit: n = 784, max 256, unit 1 -> 196.
+int64_t split_evenly(int64_t n, int64_t max_block, int64_t unit) {
+    const int64_t blocks = (n + max_block - 1) / max_block;
+    const int64_t size = (n + blocks - 1) / blocks;
+    return (size + unit - 1) / unit * unit;
+}
+
+// ---- Workspace: the packing buffers ---------------------------------------------------------
+// One pair of buffers per thread (≤ 240 KiB for A, ≤ 4 MiB for B), kept between calls:
+// allocating them each time would cost more than a small product. OpenMP keeps its worker
+// threads alive between parallel regions, so their buffers live on too.
+struct AlignedFree {
+    void operator()(float* p) const { std::free(p); }
+};
+using Buffer = std::unique_ptr<float[], AlignedFree>;
+
+float* reserve(Buffer& buf, int64_t& capacity, int64_t floats) {
+    if (floats > capacity) {
+        const size_t bytes = (static_cast<size_t>(floats) * sizeof(float) + 63) / 64 * 64;
+        buf.reset(static_cast<float*>(std::aligned_alloc(64, bytes)));
+        KILN_CHECK(buf != nullptr, "gemm: cannot allocate a ", bytes, "-byte packing buffer");
+        capacity = floats;
+    }
+    return buf.get();
+}
+
+struct Workspace {
+    Buffer a, b;
+    int64_t a_cap = 0, b_cap = 0;
+};
+thread_local Workspace tls_workspace;
+
+// ---- Packing -----------------------------------------------------------------------------------
+// Pack rows [i0, i0+mr) × columns [k0, k0+kc) of op(A) as one micro-panel:
+//   Ap[k*MR + i] = op(A)[i0+i, k0+k],  rows i >= mr filled with 0.
+void pack_a_panel(bool trans_a, const float* A, int64_t lda, int64_t i0, int64_t mr,
+                  int64_t k0, int64_t kc, float* Ap) {
+    if (trans_a) {  // op(A)[i,k] = A[k*lda + i]: MR consecutive floats per k
+        for (int64_t k = 0; k < kc; ++k) {
+            const float* src = A + (k0 + k) * lda + i0;
+            float* dst = Ap + k * MR;
+            for (int64_t i = 0; i < mr; ++i) dst[i] = src[i];
+            for (int64_t i = mr; i < MR; ++i) dst[i] = 0.0f;
+        }
+    } else {  // op(A)[i,k] = A[i*lda + k]: read rows, write with stride MR
+        for (int64_t i = 0; i < mr; ++i) {
+            const float* src = A + (i0 + i) * lda + k0;
+            for (int64_t k = 0; k < kc; ++k) Ap[k * MR + i] = src[k];
+        }
+        for (int64_t i = mr; i < MR; ++i)
+            for (int64_t k = 0; k < kc; ++k) Ap[k * MR + i] = 0.0f;
+    }
+}
+
+// Pack rows [k0, k0+kc) × columns [j0, j0+nr) of op(B) as one micro-panel:
+//   Bp[k*NR + j] = op(B)[k0+k, j0+j],  columns j >= nr filled with 0.
+void pack_b_panel(bool trans_b, const float* B, int64_t ldb, int64_t k0, int64_t kc,
+                  int64_t j0, int64_t nr, float* Bp) {
+    if (trans_b) {  // op(B)[k,j] = B[j*ldb + k]: read rows of B, write with stride NR
+        for (int64_t j = 0; j < nr; ++j) {
+            const float* src = B + (j0 + j) * ldb + k0;
+            for (int64_t k = 0; k < kc; ++k) Bp[k * NR + j] = src[k];
+        }
+        for (int64_t j = nr; j < NR; ++j)
+            for (int64_t k = 0; k < kc; ++k) Bp[k * NR + j] = 0.0f;
+    } else {  // op(B)[k,j] = B[k*ldb + j]: NR consecutive floats per k
+        for (int64_t k = 0; k < kc; ++k) {
+            const float* src = B + (k0 + k) * ldb + j0;
+            float* dst = Bp + k * NR;
+            for (int64_t j = 0; j < nr; ++j) dst[j] = src[j];
+            for (int64_t j = nr; j < NR; ++j) dst[j] = 0.0f;
+        }
+    }
+}
+
+// ---- The micro-kernel ----------------------------------------------------------------------
+// acc[MR×NR] = Σ_k Ap[k][0..MR) ⊗ Bp[k][0..NR), k = 0, 1, ..., kc-1 in order.
+// The loops over i and j are unrolled completely, so acc lives in registers.
+struct Tile {
+    vec v[MR][NV];
+};
+
+inline void multiply_panels(int64_t kc, const float* __restrict Ap, const float* __restrict Bp,
+                            Tile& acc) {
+#pragma GCC unroll 16
+    for (int i = 0; i < MR; ++i)
+#pragma GCC unroll 4
+        for (int j = 0; j < NV; ++j) acc.v[i][j] = vzero();
+    for (int64_t k = 0; k < kc; ++k) {
+        vec b[NV];
+#pragma GCC unroll 4
+        for (int j = 0; j < NV; ++j) b[j] = vload(Bp + k * NR + j * VL);
+#pragma GCC unroll 16
+        for (int i = 0; i < MR; ++i) {
+            const vec a = vbroadcast(Ap[k * MR + i]);
+#pragma GCC unroll 4
+            for (int j = 0; j < NV; ++j) acc.v[i][j] = vfma(a, b[j], acc.v[i][j]);
+        }
+    }
+}
+
+// Write one row of a finished tile into C (NR floats, the full width):
+//   C = alpha*acc                 when beta == 0 (C is not read)
+//   C = alpha*acc + C             when beta == 1 (the second and later KC-blocks)
+//   C = alpha*acc + beta*C        otherwise
+inline void store_row(const vec* acc, float alpha, float beta, float* c) {
+    const vec va = vbroadcast(alpha), vb = vbroadcast(beta);
+#pragma GCC unroll 4
+    for (int j = 0; j < NV; ++j) {
+        const vec ab = vmul(va, acc[j]);
+        if (beta == 0.0f)
+            vstore(c + j * VL, ab);
+        else if (beta == 1.0f)
+            vstore(c + j * VL, vadd(ab, vload(c + j * VL)));
+        else
+            vstore(c + j * VL, vfma(vb, vload(c + j * VL), ab));
+    }
+}
+
+// The same for the first nr < NR floats of a row, one at a time, with the same arithmetic
+// (std::fma rounds once, like vfma), so a C element gets the same bits in either.
+void store_row_part(const vec* acc, int64_t nr, float alpha, float beta, float* c) {
+    alignas(64) float t[NR];
+    for (int j = 0; j < NV; ++j) vstore(t + j * VL, acc[j]);
+    for (int64_t j = 0; j < nr; ++j) {
+        const float ab = alpha * t[j];
+        if (beta == 0.0f)
+            c[j] = ab;
+        else if (beta == 1.0f)
+            c[j] = ab + c[j];
+        else
+            c[j] = std::fma(beta, c[j], ab);
+    }
+}
+
+// A full MR×NR tile: the loop is unrolled, so acc stays in registers.
+inline void store_full_tile(const Tile& acc, float alpha, float beta, float* C, int64_t ldc) {
+#pragma GCC unroll 16
+    for (int i = 0; i < MR; ++i) store_row(acc.v[i], alpha, beta, C + i * ldc);
+}
+
+// An edge tile, mr×nr < MR×NR, at the bottom or right border of C.
+void store_edge_tile(const Tile& acc, int64_t mr, int64_t nr, float alpha, float beta,
+                     float* C, int64_t ldc) {
+    for (int64_t i = 0; i < mr; ++i) {
+        if (nr == NR)
+            store_row(acc.v[i], alpha, beta, C + i * ldc);
+        else
+            store_row_part(acc.v[i], nr, alpha, beta, C + i * ldc);
+    }
+}
+
+// ---- Argument checks and the trivial cases ----------------------------------------------------
+void check_args(const char* fn, bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K,
+                const float* A, int64_t lda, const float* B, int64_t ldb, const float* C,
+                int64_t ldc) {
+    KILN_CHECK(M >= 0 && N >= 0 && K >= 0, fn, ": negative size M=", M, " N=", N, " K=", K);
+    const int64_t a_cols = trans_a ? M : K, b_cols = trans_b ? K : N;
+    KILN_CHECK(lda >= a_cols, fn, ": lda=", lda, " < ", a_cols, ", the row length of A (",
+               trans_a ? "K×M, trans_a" : "M×K", "); lda is the distance between rows");
+    KILN_CHECK(ldb >= b_cols, fn, ": ldb=", ldb, " < ", b_cols, ", the row length of B (",
+               trans_b ? "N×K, trans_b" : "K×N", "); ldb is the distance between rows");
+    KILN_CHECK(ldc >= N, fn, ": ldc=", ldc, " < N=", N, ", the row length of C");
+    KILN_CHECK(M * N == 0 || C != nullptr, fn, ": C is null for a ", M, "×", N, " result");
+    KILN_CHECK(M * N * K == 0 || (A != nullptr && B != nullptr), fn, ": A or B is null (M=", M,
+               " N=", N, " K=", K, ")");
+}
+
+// C = beta * C (C = 0 when beta == 0, whatever C held).
+void scale_c(int64_t M, int64_t N, float beta, float* C, int64_t ldc) {
+    for (int64_t i = 0; i < M; ++i) {
+        float* c = C + i * ldc;
+        if (beta == 0.0f)
+            std::fill(c, c + N, 0.0f);
+        else if (beta != 1.0f)
+            for (int64_t j = 0; j < N; ++j) c[j] *= beta;
+    }
+}
+
+// ---- The blocked product, on one thread ------------------------------------------------------
+struct Problem {
+    bool trans_a, trans_b;
+    int64_t M, N, K;
+    float alpha;
+    const float* A;
+    int64_t lda;
+    const float* B;
+    int64_t ldb;
+    float beta;
+    float* C;
+    int64_t ldc;
+};
+
+// Pack op(A)[ic:ic+mc, pc:pc+kc] into Ap, one MR-row micro-panel after another.
+void pack_a_block(const Problem& p, int64_t ic, int64_t mc, int64_t pc, int64_t kc, float* Ap) {
+    for (int64_t i0 = 0; i0 < mc; i0 += MR, Ap += kc * MR)
+        pack_a_panel(p.trans_a, p.A, p.lda, ic + i0, std::min<int64_t>(MR, mc - i0), pc, kc, Ap);
+}
+
+// C[ic:ic+mc, jc:jc+nc] (+)= alpha * Ap · Bp, one MR×NR tile at a time: for each B
+// micro-panel (held in L1), sweep all the A micro-panels of the block (held in L2).
+// beta is the caller's beta for the first KC-block and 1 for the later ones.
+// With pack_b, each B micro-panel op(B)[pc:pc+kc, jc+j0 : jc+j0+NR] is packed just before
+// its sweep (the first A block does this), so it is used while it is still in L1; the later
+// A blocks find it packed. When M fits in one A block, B is read from memory exactly once.
+void multiply_block(const Problem& p, int64_t ic, int64_t mc, int64_t jc, int64_t nc,
+                    int64_t pc, int64_t kc, float beta, const float* Ap, float* Bp,
+                    bool pack_b) {
+    for (int64_t j0 = 0; j0 < nc; j0 += NR) {
+        const int64_t nr = std::min<int64_t>(NR, nc - j0);
+        float* bp = Bp + j0 * kc;  // panel j0/NR, kc×NR floats each
+        if (pack_b) pack_b_panel(p.trans_b, p.B, p.ldb, pc, kc, jc + j0, nr, bp);
+        for (int64_t i0 = 0; i0 < mc; i0 += MR) {
+            const int64_t mr = std::min<int64_t>(MR, mc - i0);
+            Tile acc;
+            multiply_panels(kc, Ap + i0 * kc, bp, acc);
+            float* c = p.C + (ic + i0) * p.ldc + jc + j0;
+            if (mr == MR && nr == NR)
+                store_full_tile(acc, p.alpha, beta, c, p.ldc);
+            else
+                store_edge_tile(acc, mr, nr, p.alpha, beta, c, p.ldc);
+        }
+    }
+}
+
+// The five loops of the header comment. kc is the KC-block size, the same for every thread
+// (it alone fixes the order of the sums); the buffers are the calling thread's own.
+void blocked_gemm(const Problem& p, int64_t kc_block) {
+    const int64_t mc_block = split_evenly(p.M, MC_MAX, MR);
+    const int64_t nc_block = split_evenly(p.N, NC_MAX, NR);
+    Workspace& ws = tls_workspace;
+    float* Ap = reserve(ws.a, ws.a_cap, mc_block * kc_block);
+    float* Bp = reserve(ws.b, ws.b_cap, kc_block * nc_block);
+    for (int64_t jc = 0; jc < p.N; jc += nc_block) {
+        const int64_t nc = std::min(nc_block, p.N - jc);
+        for (int64_t pc = 0; pc < p.K; pc += kc_block) {
+            const int64_t kc = std::min(kc_block, p.K - pc);
+            const float beta = (pc == 0) ? p.beta : 1.0f;
+            for (int64_t ic = 0; ic < p.M; ic += mc_block) {
+                const int64_t mc = std::min(mc_block, p.M - ic);
+                pack_a_block(p, ic, mc, pc, kc, Ap);
+                multiply_block(p, ic, mc, jc, nc, pc, kc, beta, Ap, Bp, /*pack_b=*/ic == 0);
+            }
+        }
+    }
+}
+
+// ---- Threads: each one owns a rectangle of C --------------------------------------------------
+// C is cut into tm × tn rectangles on MR/NR boundaries, and each thread runs blocked_gemm
+// on its own rectangle, with its own packing buffers: no barrier, no shared writes.
+// The price: A is packed by each of the tn thread columns, B by each of the tm thread rows,
+// so we pick the grid with the least packing, tn·M·K + tm·K·N (for 2 threads: split the
+// longer side of C in two).
+struct Grid {
+    int64_t tm, tn;
+};
+
+Grid choose_grid(int64_t M, int64_t N, int threads) {
+    const int64_t m_panels = (M + MR - 1) / MR, n_panels = (N + NR - 1) / NR;
+    Grid best{1, 1};
+    double best_cost = 0;
+    for (int64_t tm = 1; tm <= threads; ++tm) {
+        const int64_t tn = threads / tm;
+        if (tm > m_panels || tn > n_panels) continue;
+        const double cost = static_cast<double>(tn) * M + static_cast<double>(tm) * N;
+        const bool more_threads = tm * tn > best.tm * best.tn;
+        if (more_threads || (tm * tn == best.tm * best.tn && cost < best_cost)) {
+            best = {tm, tn};
+            best_cost = cost;
+        }
+    }
+    return best;
+}
+
+// Part `index` of `parts` of n items that come in units of `unit`: [begin, end).
+void split_range(int64_t n, int64_t unit, int64_t parts, int64_t index, int64_t& begin,
+                 int64_t& end) {
+    const int64_t units = (n + unit - 1) / unit;
+    begin = std::min(n, units * index / parts * unit);
+    end = std::min(n, units * (index + 1) / parts * unit);
+}
+
+// The sub-problem C[i0:i1, j0:j1] = alpha op(A)[i0:i1, :] op(B)[:, j0:j1] + beta C[i0:i1, j0:j1].
+Problem sub_problem(const Problem& p, int64_t i0, int64_t i1, int64_t j0, int64_t j1) {
+    Problem s = p;
+    s.M = i1 - i0;
+    s.N = j1 - j0;
+    s.A = p.trans_a ? p.A + i0 : p.A + i0 * p.lda;
+    s.B = p.trans_b ? p.B + j0 * p.ldb : p.B + j0;
+    s.C = p.C + i0 * p.ldc + j0;
+    return s;
+}
+
+void parallel_gemm(const Problem& p, int64_t kc_block, int threads) {
+    const Grid g = choose_grid(p.M, p.N, threads);
+    const int64_t parts = g.tm * g.tn;
+#pragma omp parallel num_threads(static_cast<int>(parts))
+    {
+        // If the runtime gives fewer threads (e.g. inside another parallel region), the
+        // threads it gives take the rectangles in turn: the same rectangles, the same bits.
+        const int64_t team = omp_get_num_threads();
+        for (int64_t r = omp_get_thread_num(); r < parts; r += team) {
+            int64_t i0, i1, j0, j1;
+            split_range(p.M, MR, g.tm, r / g.tn, i0, i1);
+            split_range(p.N, NR, g.tn, r % g.tn, j0, j1);
+            if (i0 < i1 && j0 < j1) blocked_gemm(sub_problem(p, i0, i1, j0, j1), kc_block);
+        }
+    }
+}
+
+}  // namespace
+
+void gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,
+          const float* A, int64_t lda, const float* B, int64_t ldb, float beta, float* C,
+          int64_t ldc) {
+    check_args("gemm", trans_a, trans_b, M, N, K, A, lda, B, ldb, C, ldc);
+    if (M == 0 || N == 0) return;
+    if (K == 0 || alpha == 0.0f) return scale_c(M, N, beta, C, ldc);
+
+    const Problem p{trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc};
+    // KC depends on K only, never on the thread count: this is what makes C deterministic.
+    const int64_t kc_block = split_evenly(K, KC_MAX, 1);
+    const int threads = omp_in_parallel() ? 1 : omp_get_max_threads();
+    if (threads == 1 || 2.0 * M * N * K < PARALLEL_MIN_FLOPS)
+        blocked_gemm(p, kc_block);  // small: waking the team would cost more than it saves
+    else
+        parallel_gemm(p, kc_block, threads);
+}
+
+// v1 of the header comment: one dot product per C element, k in order.
+void gemm_reference(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,
+                    const float* A, int64_t lda, const float* B, int64_t ldb, float beta,
+                    float* C, int64_t ldc) {
+    check_args("gemm_reference", trans_a, trans_b, M, N, K, A, lda, B, ldb, C, ldc);
+    for (int64_t i = 0; i < M; ++i)
+        for (int64_t j = 0; j < N; ++j) {
+            float sum = 0.0f;
+            for (int64_t k = 0; k < K; ++k) {
+                const float a = trans_a ? A[k * lda + i] : A[i * lda + k];
+                const float b = trans_b ? B[j * ldb + k] : B[k * ldb + j];
+                sum += a * b;
+            }
+            float& c = C[i * ldc + j];
+            c = (beta == 0.0f) ? alpha * sum : alpha * sum + beta * c;
+        }
+}
+
+}  // namespace kiln::cpu

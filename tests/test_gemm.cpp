@@ -1,0 +1,212 @@
+// test_gemm.cpp — kiln::cpu::gemm against the textbook triple loop (gemm_reference), for odd
+// shapes, every transpose combination, padded rows, general alpha/beta; plus determinism:
+// the same bits whatever the number of OpenMP threads.
+//
+//   ./kiln_tests '[gemm]'
+#include <omp.h>
+
+#include <catch2/catch.hpp>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <random>
+#include <vector>
+
+#include "ops/cpu/gemm.h"
+
+using kiln::cpu::gemm;
+using kiln::cpu::gemm_reference;
+
+namespace {
+
+std::vector<float> random_vector(size_t n, uint32_t seed) {
+    std::mt19937 rng(seed);
+    std::uniform_real_distribution<float> dist(-1.0f, 1.0f);
+    std::vector<float> v(n);
+    for (float& x : v) x = dist(rng);
+    return v;
+}
+
+// One GEMM problem with its operands stored as the arguments say (pad = extra floats at the
+// end of each row, so that lda/ldb/ldc exceed the row length).
+struct Case {
+    bool ta, tb;
+    int64_t M, N, K;
+    float alpha, beta;
+    int64_t pad = 0;
+    int64_t lda() const { return (ta ? M : K) + pad; }
+    int64_t ldb() const { return (tb ? K : N) + pad; }
+    int64_t ldc() const { return N + pad; }
+    size_t a_size() const { return static_cast<size_t>((ta ? K : M) * lda()); }
+    size_t b_size() const { return static_cast<size_t>((tb ? N : K) * ldb()); }
+    size_t c_size() const { return static_cast<size_t>(M * ldc()); }
+};
+
+std::vector<float> abs_of(std::vector<float> v) {
+    for (float& x : v) x = std::fabs(x);
+    return v;
+}
+
+// Runs gemm and gemm_reference on the same inputs and checks each C element within the
+// rounding-error bound of a K-term dot product:
+//   |got - want| <= 2 (K+2) eps · (|alpha| Σ_k |a_ik||b_kj| + |beta||c_ij|)
+// (the bound is computed with a second reference product on absolute values).
+void check_case(const Case& c, uint32_t seed = 1) {
+    INFO("ta=" << c.ta << " tb=" << c.tb << " M=" << c.M << " N=" << c.N << " K=" << c.K
+               << " alpha=" << c.alpha << " beta=" << c.beta << " pad=" << c.pad);
+    const auto A = random_vector(c.a_size(), seed), B = random_vector(c.b_size(), seed + 1);
+    const auto C0 = random_vector(c.c_size(), seed + 2);
+    auto got = C0, want = C0, bound = abs_of(C0);
+    gemm(c.ta, c.tb, c.M, c.N, c.K, c.alpha, A.data(), c.lda(), B.data(), c.ldb(), c.beta,
+         got.data(), c.ldc());
+    gemm_reference(c.ta, c.tb, c.M, c.N, c.K, c.alpha, A.data(), c.lda(), B.data(), c.ldb(),
+                   c.beta, want.data(), c.ldc());
+    const auto absA = abs_of(A), absB = abs_of(B);
+    gemm_reference(c.ta, c.tb, c.M, c.N, c.K, std::fabs(c.alpha), absA.data(), c.lda(),
+                   absB.data(), c.ldb(), std::fabs(c.beta), bound.data(), c.ldc());
+    const float eps = std::numeric_limits<float>::epsilon();
+    int64_t bad = 0;
+    for (int64_t i = 0; i < c.M; ++i)
+        for (int64_t j = 0; j < c.N; ++j) {
+            const size_t at = static_cast<size_t>(i * c.ldc() + j);
+            const float tol = 2.0f * (c.K + 2) * eps * bound[at] + 1e-30f;
+            if (!(std::fabs(got[at] - want[at]) <= tol)) {
+                if (bad++ < 3)
+                    UNSCOPED_INFO("C[" << i << "," << j << "] = " << got[at] << ", reference "
+                                       << want[at] << ", tolerance " << tol);
+            }
+        }
+    CHECK(bad == 0);
+    // The padding at the end of each C row is not C: it must be left as it was.
+    for (int64_t i = 0; i < c.M; ++i)
+        for (int64_t j = c.N; j < c.ldc(); ++j) {
+            const size_t at = static_cast<size_t>(i * c.ldc() + j);
+            REQUIRE(got[at] == C0[at]);
+        }
+}
+
+}  // namespace
+
+TEST_CASE("gemm matches the reference for odd shapes, all transposes", "[gemm][cpu][lesson03]") {
+    const int64_t sizes[] = {1, 7, 13, 31, 65, 127, 257};
+    for (bool ta : {false, true})
+        for (bool tb : {false, true})
+            for (int64_t s : sizes) {
+                check_case({ta, tb, s, s, s, 1.0f, 0.0f});
+                check_case({ta, tb, s, 2 * s + 3, (s + 1) / 2, 1.0f, 0.0f});  // mixed
+            }
+}
+
+TEST_CASE("gemm matches the reference for mixed and layer shapes", "[gemm][cpu][lesson03]") {
+    const int64_t shapes[][3] = {
+        {1, 1, 1},     {1, 1000, 1},   {1000, 1, 1},  {1, 1, 1000},  {3, 5, 600},
+        {64, 64, 64},  {64, 100, 784}, {256, 256, 784}, {10, 576, 25}, {20, 64, 250},
+        {13, 33, 514}, {481, 37, 19},  {97, 4103, 3},  {12, 32, 256}, {24, 64, 513},
+    };
+    for (bool ta : {false, true})
+        for (bool tb : {false, true})
+            for (const auto& s : shapes) check_case({ta, tb, s[0], s[1], s[2], 1.0f, 0.0f});
+}
+
+TEST_CASE("gemm handles row strides larger than the rows", "[gemm][cpu][lesson03]") {
+    for (bool ta : {false, true})
+        for (bool tb : {false, true})
+            for (int64_t pad : {1, 5, 16, 33}) {
+                check_case({ta, tb, 37, 45, 29, 1.0f, 0.0f, pad});
+                check_case({ta, tb, 130, 70, 300, 0.5f, 2.0f, pad});
+            }
+}
+
+TEST_CASE("gemm applies alpha and beta", "[gemm][cpu][lesson03]") {
+    const float alphas[] = {1.0f, -1.0f, 0.5f, 3.25f};
+    const float betas[] = {0.0f, 1.0f, -1.0f, 0.25f};
+    for (bool ta : {false, true})
+        for (float alpha : alphas)
+            for (float beta : betas) {
+                check_case({ta, !ta, 19, 41, 67, alpha, beta});
+                check_case({ta, ta, 100, 150, 600, alpha, beta});  // several K blocks
+            }
+}
+
+TEST_CASE("gemm with alpha == 0 or K == 0 only scales C", "[gemm][cpu][lesson03]") {
+    std::vector<float> C = {1, 2, 3, 4, 5, 6};
+    const float nan = std::numeric_limits<float>::quiet_NaN();
+    std::vector<float> A(6, nan), B(6, nan);  // never read
+    gemm(false, false, 2, 3, 2, 0.0f, A.data(), 2, B.data(), 3, 2.0f, C.data(), 3);
+    CHECK(C == std::vector<float>{2, 4, 6, 8, 10, 12});
+    gemm(false, false, 2, 3, 0, 1.0f, nullptr, 0, nullptr, 3, 0.5f, C.data(), 3);
+    CHECK(C == std::vector<float>{1, 2, 3, 4, 5, 6});
+    gemm(false, false, 2, 3, 0, 1.0f, nullptr, 0, nullptr, 3, 0.0f, C.data(), 3);
+    CHECK(C == std::vector<float>(6, 0.0f));
+    gemm(false, false, 0, 0, 5, 1.0f, nullptr, 5, nullptr, 0, 0.0f, nullptr, 0);  // nothing
+}
+
+TEST_CASE("gemm with beta == 0 ignores NaN in C", "[gemm][cpu][lesson03]") {
+    const float nan = std::numeric_limits<float>::quiet_NaN();
+    for (bool ta : {false, true})
+        for (bool tb : {false, true})
+            for (int64_t s : {1, 13, 65, 200}) {
+                const int64_t M = s, N = s + 7, K = s + 3;
+                const auto A = random_vector(static_cast<size_t>(M * K), 5);
+                const auto B = random_vector(static_cast<size_t>(K * N), 6);
+                std::vector<float> C(static_cast<size_t>(M * N), nan);
+                gemm(ta, tb, M, N, K, 1.0f, A.data(), ta ? M : K, B.data(), tb ? K : N, 0.0f,
+                     C.data(), N);
+                int64_t nans = 0;
+                for (float x : C) nans += std::isnan(x) ? 1 : 0;
+                CHECK(nans == 0);
+            }
+}
+
+TEST_CASE("gemm works on unaligned pointers", "[gemm][cpu][lesson03]") {
+    // Offsetting by one float makes every row start off the 32/64-byte grid.
+    const int64_t M = 45, N = 71, K = 83;
+    const auto A = random_vector(static_cast<size_t>(M * K + 1), 7);
+    const auto B = random_vector(static_cast<size_t>(K * N + 1), 8);
+    std::vector<float> got(static_cast<size_t>(M * N + 1), 0.0f), want = got;
+    gemm(false, false, M, N, K, 1.0f, A.data() + 1, K, B.data() + 1, N, 0.0f, got.data() + 1, N);
+    gemm_reference(false, false, M, N, K, 1.0f, A.data() + 1, K, B.data() + 1, N, 0.0f,
+                   want.data() + 1, N);
+    for (size_t i = 1; i < got.size(); ++i) REQUIRE(got[i] == Approx(want[i]).margin(1e-4));
+}
+
+TEST_CASE("gemm rejects bad strides with a message", "[gemm][cpu][lesson03]") {
+    std::vector<float> A(16), B(16), C(16);
+    CHECK_THROWS_WITH(gemm(false, false, 4, 4, 4, 1, A.data(), 3, B.data(), 4, 0, C.data(), 4),
+                      Catch::Contains("lda=3"));
+    CHECK_THROWS_WITH(gemm(false, true, 4, 4, 4, 1, A.data(), 4, B.data(), 2, 0, C.data(), 4),
+                      Catch::Contains("ldb=2"));
+    CHECK_THROWS_WITH(gemm(false, false, 4, 4, 4, 1, A.data(), 4, B.data(), 4, 0, C.data(), 1),
+                      Catch::Contains("ldc=1"));
+    CHECK_THROWS(gemm(false, false, -1, 4, 4, 1, A.data(), 4, B.data(), 4, 0, C.data(), 4));
+}
+
+TEST_CASE("gemm gives the same bits with 1, 2 and 3 threads", "[gemm][cpu][lesson03]") {
+    const int saved = omp_get_max_threads();
+    const int64_t shapes[][3] = {{300, 517, 700}, {64, 4096, 576}, {256, 100, 784},
+                                 {1000, 40, 300}, {97, 97, 97}};
+    for (bool ta : {false, true})
+        for (bool tb : {false, true})
+            for (const auto& s : shapes) {
+                const int64_t M = s[0], N = s[1], K = s[2];
+                INFO("ta=" << ta << " tb=" << tb << " M=" << M << " N=" << N << " K=" << K);
+                const auto A = random_vector(static_cast<size_t>(M * K), 11);
+                const auto B = random_vector(static_cast<size_t>(K * N), 12);
+                const auto C0 = random_vector(static_cast<size_t>(M * N), 13);
+                std::vector<std::vector<float>> results;
+                for (int threads : {1, 2, 3}) {
+                    omp_set_num_threads(threads);
+                    auto C = C0;
+                    gemm(ta, tb, M, N, K, 0.75f, A.data(), ta ? M : K, B.data(), tb ? K : N,
+                         0.5f, C.data(), N);
+                    results.push_back(std::move(C));
+                }
+                // Bitwise: compare the float patterns, not with a tolerance.
+                CHECK(std::memcmp(results[0].data(), results[1].data(),
+                                  results[0].size() * sizeof(float)) == 0);
+                CHECK(std::memcmp(results[0].data(), results[2].data(),
+                                  results[0].size() * sizeof(float)) == 0);
+            }
+    omp_set_num_threads(saved);
+}
