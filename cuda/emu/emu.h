@@ -1,0 +1,400 @@
+// emu.h — the CUDA kernel emulator's device side: what a .cu kernel sees when g++ compiles it.
+//
+// Do not include this directly; include "kiln_cuda.h", which picks nvcc's CUDA or this.
+//
+// How it works (README.md beside this file says more):
+//   - The CUDA headers' host parts give the real types: dim3, uint3, cudaError_t, __half,
+//     __nv_bfloat16 and the runtime API declarations (cudaMalloc, ...). emu.cpp and
+//     runtime.cpp implement those runtime functions on the CPU.
+//   - A launch runs every thread block: blocks in parallel on OpenMP threads, and the
+//     threads of one block as fibers (small stacks, cooperative switches) on one OS thread.
+//     A kernel that never synchronises runs each thread as a plain call: no fiber at all.
+//   - threadIdx/blockIdx/blockDim/gridDim are per-OS-thread variables that the scheduler
+//     sets before it runs a thread. __shared__ is `static thread_local`: all fibers of a
+//     block run on one OS thread, so they share it, and other blocks (other OS threads)
+//     have their own copy.
+//   - __syncthreads() and the warp collectives (__shfl*_sync, __ballot_sync, ...) switch to
+//     the block's scheduler, which resumes the other threads until all have arrived.
+//   - The schedule (in order, reversed, shuffled) decides the order threads run between
+//     barriers; a missing barrier gives a different result under another schedule.
+#pragma once
+
+#if defined(__CUDACC__)
+#error "cuda/emu/emu.h is the g++ side; nvcc builds use the real CUDA runtime (include kiln_cuda.h)"
+#endif
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+#include <math.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <string>
+#include <tuple>
+#include <type_traits>
+#include <utility>
+
+// --- qualifiers ------------------------------------------------------------------------------
+// The CUDA headers define __global__, __device__, __host__, __forceinline__ and __constant__
+// for host compilers (empty or plain attributes). Shared memory needs a real meaning:
+// one copy per block, i.e. per OS thread running the block.
+#undef __shared__
+#define __shared__ static thread_local
+#ifndef __launch_bounds__
+#define __launch_bounds__(...)
+#endif
+
+// --- built-in variables ----------------------------------------------------------------------
+// __thread (not thread_local): plain TLS without an init guard, so reading threadIdx.x costs
+// one load. The scheduler rewrites them before it resumes a thread.
+extern __thread uint3 threadIdx;
+extern __thread uint3 blockIdx;
+extern __thread dim3 blockDim;
+extern __thread dim3 gridDim;
+inline constexpr int warpSize = 32;
+
+namespace kiln::emu {
+
+// The order in which the threads of a block run between two barriers.
+enum class Schedule { InOrder, Reverse, Shuffle };
+
+// Chooses the schedule for later launches (all host threads). The default comes from the
+// environment: KILN_EMU_SCHEDULE=inorder|reverse|shuffle, KILN_EMU_SEED=<n> for shuffle.
+void set_schedule(Schedule schedule, std::uint64_t seed = 1);
+Schedule schedule();
+std::uint64_t schedule_seed();
+const char* schedule_name(Schedule schedule);
+
+// Sets a schedule for one scope (a test), then puts the previous one back.
+class ScopedSchedule {
+public:
+    explicit ScopedSchedule(Schedule s, std::uint64_t seed = 1)
+        : old_(schedule()), old_seed_(schedule_seed()) {
+        set_schedule(s, seed);
+    }
+    ~ScopedSchedule() { set_schedule(old_, old_seed_); }
+    ScopedSchedule(const ScopedSchedule&) = delete;
+    ScopedSchedule& operator=(const ScopedSchedule&) = delete;
+
+private:
+    Schedule old_;
+    std::uint64_t old_seed_;
+};
+
+// The emulator's explanation of the latest failed CUDA call or launch on this host thread
+// (which kernel, block and thread, what went wrong); empty after a call that succeeded
+// without error ever having been set.
+std::string last_error_detail();
+
+// Records an error as the CUDA runtime does (cudaGetLastError returns it) with an explanation.
+cudaError_t set_error(cudaError_t code, std::string detail);
+
+// --- launch ------------------------------------------------------------------------------------
+// A kernel launch hands the emulator a type-erased "run one thread" function and the
+// argument block it reads, like CUDA's parameter buffer.
+using ThreadFn = void (*)(const void* args);
+void launch(const char* name, const void* kernel, dim3 grid, dim3 block, std::size_t shared_bytes,
+            ThreadFn run_thread, const void* args);
+
+// The dynamic shared memory of the running block (the size given at launch).
+void* dynamic_shared_memory();
+
+// What KILN_LAUNCH(kernel, grid, block, shared)(args...) builds: the arguments are converted
+// to the kernel's parameter types once, then every thread calls the kernel with a copy.
+template <typename... Params>
+class Launch {
+public:
+    Launch(const char* name, void (*kernel)(Params...), dim3 grid, dim3 block, std::size_t shared)
+        : name_(name), kernel_(kernel), grid_(grid), block_(block), shared_(shared) {}
+
+    template <typename... Args>
+    void operator()(Args&&... args) const {
+        static_assert(sizeof...(Args) == sizeof...(Params),
+                      "kernel launched with a different number of arguments than it takes");
+        const Frame frame{kernel_, std::tuple<std::decay_t<Params>...>(std::forward<Args>(args)...)};
+        launch(name_, reinterpret_cast<const void*>(kernel_), grid_, block_, shared_,
+               &run_thread, &frame);
+    }
+
+private:
+    struct Frame {
+        void (*kernel)(Params...);
+        std::tuple<std::decay_t<Params>...> params;
+    };
+    static void run_thread(const void* p) {
+        const Frame& f = *static_cast<const Frame*>(p);
+        std::apply(f.kernel, f.params);  // the kernel takes its parameters by value: a copy each
+    }
+
+    const char* name_;
+    void (*kernel_)(Params...);
+    dim3 grid_, block_;
+    std::size_t shared_;
+};
+
+template <typename... Params>
+Launch<Params...> make_launch(const char* name, void (*kernel)(Params...), dim3 grid, dim3 block,
+                              std::size_t shared_bytes, cudaStream_t /*stream*/ = nullptr) {
+    return Launch<Params...>(name, kernel, grid, block, shared_bytes);
+}
+
+// --- collectives (implemented in emu.cpp) --------------------------------------------------------
+enum class WarpOp : unsigned char {
+    SyncWarp, ShflIdx, ShflUp, ShflDown, ShflXor, Ballot, Any, All,
+    ReduceAdd, ReduceMinI, ReduceMaxI, ReduceMinU, ReduceMaxU, ReduceAnd, ReduceOr, ReduceXor,
+    MatchAny,
+};
+const char* warp_op_name(WarpOp op);
+// Every lane in `mask` must make the same call; returns this lane's result. `value` holds the
+// lane's operand bits, `arg` the source lane / delta / xor mask, `width` the shuffle width.
+std::uint64_t warp_collective(WarpOp op, unsigned mask, std::uint64_t value, int arg, int width);
+
+enum class BarrierOp : unsigned char { Sync, Count, And, Or };
+int block_barrier(BarrierOp op, int predicate);
+
+template <typename T>
+std::uint64_t to_bits(T v) {
+    static_assert(sizeof(T) <= 8 && std::is_trivially_copyable_v<T>,
+                  "warp shuffles move values of at most 8 bytes");
+    std::uint64_t bits = 0;
+    std::memcpy(&bits, &v, sizeof(T));
+    return bits;
+}
+template <typename T>
+T from_bits(std::uint64_t bits) {
+    T v;
+    std::memcpy(&v, &bits, sizeof(T));
+    return v;
+}
+template <typename T>
+T shuffle(WarpOp op, unsigned mask, T var, int arg, int width) {
+    return from_bits<T>(warp_collective(op, mask, to_bits(var), arg, width));
+}
+
+}  // namespace kiln::emu
+
+// --- runtime C++ overloads ----------------------------------------------------------------------
+// cuda_runtime.h declares these templates for nvcc only; code written for CUDA calls them.
+template <class T>
+cudaError_t cudaFuncSetAttribute(T* kernel, cudaFuncAttribute attr, int value) {
+    return ::cudaFuncSetAttribute(reinterpret_cast<const void*>(kernel), attr, value);
+}
+template <class T>
+cudaError_t cudaMemcpyToSymbol(const T& symbol, const void* src, size_t count, size_t offset = 0,
+                               cudaMemcpyKind kind = cudaMemcpyHostToDevice) {
+    return ::cudaMemcpyToSymbol(static_cast<const void*>(&symbol), src, count, offset, kind);
+}
+template <class T>
+cudaError_t cudaMemcpyFromSymbol(void* dst, const T& symbol, size_t count, size_t offset = 0,
+                                 cudaMemcpyKind kind = cudaMemcpyDeviceToHost) {
+    return ::cudaMemcpyFromSymbol(dst, static_cast<const void*>(&symbol), count, offset, kind);
+}
+
+// --- barriers and warp collectives -----------------------------------------------------------
+inline void __syncthreads() { kiln::emu::block_barrier(kiln::emu::BarrierOp::Sync, 0); }
+inline int __syncthreads_count(int p) { return kiln::emu::block_barrier(kiln::emu::BarrierOp::Count, p); }
+inline int __syncthreads_and(int p) { return kiln::emu::block_barrier(kiln::emu::BarrierOp::And, p); }
+inline int __syncthreads_or(int p) { return kiln::emu::block_barrier(kiln::emu::BarrierOp::Or, p); }
+
+inline void __syncwarp(unsigned mask = 0xffffffffu) {
+    kiln::emu::warp_collective(kiln::emu::WarpOp::SyncWarp, mask, 0, 0, warpSize);
+}
+unsigned __activemask();
+
+template <typename T>
+T __shfl_sync(unsigned mask, T var, int src_lane, int width = warpSize) {
+    return kiln::emu::shuffle(kiln::emu::WarpOp::ShflIdx, mask, var, src_lane, width);
+}
+template <typename T>
+T __shfl_up_sync(unsigned mask, T var, unsigned delta, int width = warpSize) {
+    return kiln::emu::shuffle(kiln::emu::WarpOp::ShflUp, mask, var, static_cast<int>(delta), width);
+}
+template <typename T>
+T __shfl_down_sync(unsigned mask, T var, unsigned delta, int width = warpSize) {
+    return kiln::emu::shuffle(kiln::emu::WarpOp::ShflDown, mask, var, static_cast<int>(delta), width);
+}
+template <typename T>
+T __shfl_xor_sync(unsigned mask, T var, int lane_mask, int width = warpSize) {
+    return kiln::emu::shuffle(kiln::emu::WarpOp::ShflXor, mask, var, lane_mask, width);
+}
+
+inline unsigned __ballot_sync(unsigned mask, int pred) {
+    return static_cast<unsigned>(kiln::emu::warp_collective(kiln::emu::WarpOp::Ballot, mask, pred != 0, 0, warpSize));
+}
+inline int __any_sync(unsigned mask, int pred) {
+    return static_cast<int>(kiln::emu::warp_collective(kiln::emu::WarpOp::Any, mask, pred != 0, 0, warpSize));
+}
+inline int __all_sync(unsigned mask, int pred) {
+    return static_cast<int>(kiln::emu::warp_collective(kiln::emu::WarpOp::All, mask, pred != 0, 0, warpSize));
+}
+template <typename T>
+unsigned __match_any_sync(unsigned mask, T value) {
+    return static_cast<unsigned>(kiln::emu::warp_collective(kiln::emu::WarpOp::MatchAny, mask, kiln::emu::to_bits(value), 0, warpSize));
+}
+
+// sm_80 warp reductions: the signed and unsigned min/max differ, the sum and bit operations don't.
+#define KILN_EMU_WARP_REDUCE(name, T, op)                                                      \
+    inline T name(unsigned mask, T value) {                                                    \
+        return kiln::emu::from_bits<T>(kiln::emu::warp_collective(                             \
+            kiln::emu::WarpOp::op, mask, kiln::emu::to_bits(value), 0, warpSize));             \
+    }
+KILN_EMU_WARP_REDUCE(__reduce_add_sync, unsigned, ReduceAdd)
+KILN_EMU_WARP_REDUCE(__reduce_add_sync, int, ReduceAdd)
+KILN_EMU_WARP_REDUCE(__reduce_min_sync, unsigned, ReduceMinU)
+KILN_EMU_WARP_REDUCE(__reduce_min_sync, int, ReduceMinI)
+KILN_EMU_WARP_REDUCE(__reduce_max_sync, unsigned, ReduceMaxU)
+KILN_EMU_WARP_REDUCE(__reduce_max_sync, int, ReduceMaxI)
+KILN_EMU_WARP_REDUCE(__reduce_and_sync, unsigned, ReduceAnd)
+KILN_EMU_WARP_REDUCE(__reduce_or_sync, unsigned, ReduceOr)
+KILN_EMU_WARP_REDUCE(__reduce_xor_sync, unsigned, ReduceXor)
+#undef KILN_EMU_WARP_REDUCE
+
+// Fences: blocks run on real OS threads, so a device-wide fence is a real one.
+inline void __threadfence() { __atomic_thread_fence(__ATOMIC_SEQ_CST); }
+inline void __threadfence_block() { __atomic_signal_fence(__ATOMIC_SEQ_CST); }
+inline void __threadfence_system() { __atomic_thread_fence(__ATOMIC_SEQ_CST); }
+
+// --- atomics ----------------------------------------------------------------------------------
+// Blocks run in parallel on OS threads, so these are real hardware atomics. Threads of one
+// block never interleave inside one (fibers switch only at barriers and collectives).
+#define KILN_EMU_ATOMIC(name, T, builtin)                                                      \
+    inline T name(T* address, T val) { return builtin(address, val, __ATOMIC_SEQ_CST); }
+KILN_EMU_ATOMIC(atomicAdd, int, __atomic_fetch_add)
+KILN_EMU_ATOMIC(atomicAdd, unsigned, __atomic_fetch_add)
+KILN_EMU_ATOMIC(atomicAdd, unsigned long long, __atomic_fetch_add)
+KILN_EMU_ATOMIC(atomicSub, int, __atomic_fetch_sub)
+KILN_EMU_ATOMIC(atomicSub, unsigned, __atomic_fetch_sub)
+KILN_EMU_ATOMIC(atomicAnd, int, __atomic_fetch_and)
+KILN_EMU_ATOMIC(atomicAnd, unsigned, __atomic_fetch_and)
+KILN_EMU_ATOMIC(atomicAnd, unsigned long long, __atomic_fetch_and)
+KILN_EMU_ATOMIC(atomicOr, int, __atomic_fetch_or)
+KILN_EMU_ATOMIC(atomicOr, unsigned, __atomic_fetch_or)
+KILN_EMU_ATOMIC(atomicOr, unsigned long long, __atomic_fetch_or)
+KILN_EMU_ATOMIC(atomicXor, int, __atomic_fetch_xor)
+KILN_EMU_ATOMIC(atomicXor, unsigned, __atomic_fetch_xor)
+KILN_EMU_ATOMIC(atomicXor, unsigned long long, __atomic_fetch_xor)
+KILN_EMU_ATOMIC(atomicExch, int, __atomic_exchange_n)
+KILN_EMU_ATOMIC(atomicExch, unsigned, __atomic_exchange_n)
+KILN_EMU_ATOMIC(atomicExch, unsigned long long, __atomic_exchange_n)
+#undef KILN_EMU_ATOMIC
+
+// The rest are compare-and-swap loops: new = f(old), retried until no other block interfered.
+namespace kiln::emu {
+template <typename T, typename F>
+T atomic_update(T* address, F f) {
+    T old;
+    __atomic_load(address, &old, __ATOMIC_RELAXED);
+    T desired = f(old);
+    while (!__atomic_compare_exchange(address, &old, &desired, true, __ATOMIC_SEQ_CST, __ATOMIC_RELAXED))
+        desired = f(old);
+    return old;
+}
+}  // namespace kiln::emu
+
+inline float atomicAdd(float* a, float v) { return kiln::emu::atomic_update(a, [v](float o) { return o + v; }); }
+inline double atomicAdd(double* a, double v) { return kiln::emu::atomic_update(a, [v](double o) { return o + v; }); }
+inline float atomicExch(float* a, float v) { float old; __atomic_exchange(a, &v, &old, __ATOMIC_SEQ_CST); return old; }
+
+#define KILN_EMU_ATOMIC_MINMAX(T)                                                                              \
+    inline T atomicMax(T* a, T v) { return kiln::emu::atomic_update(a, [v](T o) { return o < v ? v : o; }); } \
+    inline T atomicMin(T* a, T v) { return kiln::emu::atomic_update(a, [v](T o) { return v < o ? v : o; }); }
+KILN_EMU_ATOMIC_MINMAX(int)
+KILN_EMU_ATOMIC_MINMAX(unsigned)
+KILN_EMU_ATOMIC_MINMAX(long long)
+KILN_EMU_ATOMIC_MINMAX(unsigned long long)
+#undef KILN_EMU_ATOMIC_MINMAX
+
+// atomicInc/atomicDec wrap as CUDA's do: ((old >= limit) ? 0 : old + 1), ((old == 0 || old > limit) ? limit : old - 1).
+inline unsigned atomicInc(unsigned* a, unsigned limit) {
+    return kiln::emu::atomic_update(a, [limit](unsigned o) { return o >= limit ? 0u : o + 1; });
+}
+inline unsigned atomicDec(unsigned* a, unsigned limit) {
+    return kiln::emu::atomic_update(a, [limit](unsigned o) { return (o == 0 || o > limit) ? limit : o - 1; });
+}
+
+#define KILN_EMU_ATOMIC_CAS(T)                                                                  \
+    inline T atomicCAS(T* a, T compare, T val) {                                                \
+        __atomic_compare_exchange_n(a, &compare, val, false, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST); \
+        return compare; /* holds the old value whether or not the swap happened */              \
+    }
+KILN_EMU_ATOMIC_CAS(int)
+KILN_EMU_ATOMIC_CAS(unsigned)
+KILN_EMU_ATOMIC_CAS(unsigned long long)
+KILN_EMU_ATOMIC_CAS(unsigned short)
+#undef KILN_EMU_ATOMIC_CAS
+
+// --- math intrinsics -------------------------------------------------------------------------
+// The fast-math intrinsics are the precise host functions here (the GPU's are less accurate,
+// so compare kernels with a tolerance). glibc declares some of these names (__expf, ...)
+// without exporting them; the inline C definitions below match those declarations.
+extern "C" {
+inline float __expf(float x) noexcept { return expf(x); }
+inline float __exp10f(float x) noexcept { return powf(10.0f, x); }
+inline float __logf(float x) noexcept { return logf(x); }
+inline float __log2f(float x) noexcept { return log2f(x); }
+inline float __log10f(float x) noexcept { return log10f(x); }
+inline float __powf(float x, float y) noexcept { return powf(x, y); }
+inline float __sinf(float x) noexcept { return sinf(x); }
+inline float __cosf(float x) noexcept { return cosf(x); }
+inline float __tanf(float x) noexcept { return tanf(x); }
+}
+inline void __sincosf(float x, float* s, float* c) { *s = sinf(x); *c = cosf(x); }
+inline float __fdividef(float a, float b) { return a / b; }
+inline float __frcp_rn(float x) { return 1.0f / x; }
+inline float __fsqrt_rn(float x) { return sqrtf(x); }
+inline float __fadd_rn(float a, float b) { return a + b; }
+inline float __fmul_rn(float a, float b) { return a * b; }
+inline float __fdiv_rn(float a, float b) { return a / b; }
+inline float __fmaf_rn(float a, float b, float c) { return fmaf(a, b, c); }
+inline float rsqrtf(float x) { return 1.0f / sqrtf(x); }
+inline double rsqrt(double x) { return 1.0 / sqrt(x); }
+inline float __saturatef(float x) { return x > 0.0f ? (x < 1.0f ? x : 1.0f) : 0.0f; }  // NaN -> 0
+inline int __float2int_rn(float x) { return static_cast<int>(lrintf(x)); }
+inline int __float2int_rz(float x) { return static_cast<int>(x); }
+inline int __float2int_rd(float x) { return static_cast<int>(floorf(x)); }
+inline int __float2int_ru(float x) { return static_cast<int>(ceilf(x)); }
+inline unsigned __float2uint_rn(float x) { return static_cast<unsigned>(lrintf(x)); }
+inline float __int2float_rn(int x) { return static_cast<float>(x); }
+inline float __uint2float_rn(unsigned x) { return static_cast<float>(x); }
+inline int __float_as_int(float x) { return kiln::emu::from_bits<int>(kiln::emu::to_bits(x)); }
+inline unsigned __float_as_uint(float x) { return kiln::emu::from_bits<unsigned>(kiln::emu::to_bits(x)); }
+inline float __int_as_float(int x) { return kiln::emu::from_bits<float>(kiln::emu::to_bits(x)); }
+inline float __uint_as_float(unsigned x) { return kiln::emu::from_bits<float>(kiln::emu::to_bits(x)); }
+
+inline int __popc(unsigned x) { return __builtin_popcount(x); }
+inline int __popcll(unsigned long long x) { return __builtin_popcountll(x); }
+inline int __clz(int x) { return x == 0 ? 32 : __builtin_clz(static_cast<unsigned>(x)); }
+inline int __clzll(long long x) { return x == 0 ? 64 : __builtin_clzll(static_cast<unsigned long long>(x)); }
+inline int __ffs(int x) { return __builtin_ffs(x); }
+inline int __ffsll(long long x) { return __builtin_ffsll(x); }
+inline unsigned __brev(unsigned x) {
+    unsigned r = 0;
+    for (int i = 0; i < 32; ++i) r |= ((x >> i) & 1u) << (31 - i);
+    return r;
+}
+inline int __mulhi(int a, int b) { return static_cast<int>((static_cast<long long>(a) * b) >> 32); }
+inline unsigned __umulhi(unsigned a, unsigned b) {
+    return static_cast<unsigned>((static_cast<unsigned long long>(a) * b) >> 32);
+}
+inline int __mul24(int a, int b) { return a * b; }
+inline unsigned __umul24(unsigned a, unsigned b) { return a * b; }
+
+// Device code calls min/max unqualified, on ints and floats alike.
+#define KILN_EMU_MINMAX(T)                                    \
+    inline T min(T a, T b) { return b < a ? b : a; }          \
+    inline T max(T a, T b) { return a < b ? b : a; }
+KILN_EMU_MINMAX(int)
+KILN_EMU_MINMAX(unsigned)
+KILN_EMU_MINMAX(long long)
+KILN_EMU_MINMAX(unsigned long long)
+#undef KILN_EMU_MINMAX
+inline float min(float a, float b) { return fminf(a, b); }
+inline float max(float a, float b) { return fmaxf(a, b); }
+inline double min(double a, double b) { return fmin(a, b); }
+inline double max(double a, double b) { return fmax(a, b); }
+
+// __ldg reads through the read-only cache on a GPU; here it is a plain load.
+template <typename T>
+inline T __ldg(const T* p) { return *p; }

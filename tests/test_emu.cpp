@@ -1,0 +1,506 @@
+// test_emu.cpp — the CUDA kernel emulator (cuda/emu/): small kernels, written as CUDA, run by
+// g++ on the CPU. Each checks one thing a real kernel relies on: barriers and shared memory,
+// warp shuffles and votes, atomics across parallel blocks, launch shapes, the runtime API, and
+// that the emulator reports what a GPU would get wrong (a missing barrier, barrier divergence,
+// a bad launch) with a message naming the kernel.
+//
+// Every kernel runs under the three schedules (in order, reversed, shuffled) where it matters.
+#include <catch2/catch.hpp>
+
+#include <cstdint>
+#include <numeric>
+#include <string>
+#include <vector>
+
+#include "kiln_cuda.h"
+
+using kiln::emu::Schedule;
+using kiln::emu::ScopedSchedule;
+
+namespace {
+
+const Schedule kSchedules[] = {Schedule::InOrder, Schedule::Reverse, Schedule::Shuffle};
+
+// Device memory for a test: the vector's contents copied in, copied back by get().
+template <typename T>
+class DeviceBuffer {
+public:
+    explicit DeviceBuffer(const std::vector<T>& host) : n_(host.size()) {
+        KILN_CUDA_CHECK(cudaMalloc(&p_, n_ * sizeof(T)));
+        KILN_CUDA_CHECK(cudaMemcpy(p_, host.data(), n_ * sizeof(T), cudaMemcpyHostToDevice));
+    }
+    explicit DeviceBuffer(std::size_t n) : DeviceBuffer(std::vector<T>(n)) {}
+    ~DeviceBuffer() { cudaFree(p_); }
+    DeviceBuffer(const DeviceBuffer&) = delete;
+    DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+    T* get() const { return p_; }
+    std::vector<T> host() const {
+        std::vector<T> h(n_);
+        KILN_CUDA_CHECK(cudaMemcpy(h.data(), p_, n_ * sizeof(T), cudaMemcpyDeviceToHost));
+        return h;
+    }
+
+private:
+    std::size_t n_;
+    T* p_ = nullptr;
+};
+
+// --- kernels ---------------------------------------------------------------------------------------
+
+// Tree reduction in shared memory: out[b] = sum of block b's slice of x (n elements).
+//   s: [0 1 2 3 4 5 6 7] -> stride 4: [4 6 8 10 ...] -> stride 2: [12 16 ...] -> stride 1: [28]
+template <int BLOCK>
+__global__ void block_sum(const float* x, float* out, int n) {
+    __shared__ float s[BLOCK];
+    const int t = threadIdx.x, i = blockIdx.x * blockDim.x + t;
+    s[t] = i < n ? x[i] : 0.0f;
+    __syncthreads();
+    for (int stride = blockDim.x / 2; stride > 0; stride /= 2) {
+        if (t < stride) s[t] += s[t + stride];
+        __syncthreads();
+    }
+    if (t == 0) out[blockIdx.x] = s[0];
+}
+
+// out[i] = in[i - 1] within a block (0 for its first thread), through shared memory.
+__global__ void shift_racy(const int* in, int* out) {
+    __shared__ int s[256];
+    const int t = threadIdx.x, i = blockIdx.x * blockDim.x + t;
+    s[t] = in[i];
+    // BUG (on purpose): no __syncthreads() here, so thread t may read s[t - 1] before thread
+    // t - 1 wrote it. Running threads in order hides it; the reversed schedule exposes it.
+    out[i] = t > 0 ? s[t - 1] : 0;
+}
+__global__ void shift_fixed(const int* in, int* out) {
+    __shared__ int s[256];
+    const int t = threadIdx.x, i = blockIdx.x * blockDim.x + t;
+    s[t] = in[i];
+    __syncthreads();
+    out[i] = t > 0 ? s[t - 1] : 0;
+}
+
+// Warp sums: with __shfl_down_sync lane 0 ends with the sum; with __shfl_xor_sync every lane.
+__device__ float warp_sum_down(float v) {
+    for (int offset = 16; offset > 0; offset /= 2) v += __shfl_down_sync(0xffffffffu, v, offset);
+    return v;
+}
+__device__ int warp_sum_xor(int v) {
+    for (int mask = 16; mask > 0; mask /= 2) v += __shfl_xor_sync(0xffffffffu, v, mask);
+    return v;
+}
+__global__ void warp_sums(const float* x, const int* xi, float* down, int* xor_all) {
+    const int i = blockIdx.x * blockDim.x + threadIdx.x;
+    const float d = warp_sum_down(x[i]);
+    xor_all[i] = warp_sum_xor(xi[i]);
+    if (threadIdx.x % 32 == 0) down[i / 32] = d;
+}
+
+// __shfl_sync broadcast, and an inclusive scan over segments of 8 lanes with __shfl_up_sync.
+__global__ void shfl_idx_up(const int* x, int* bcast, int* scan8) {
+    const int i = blockIdx.x * blockDim.x + threadIdx.x;
+    bcast[i] = __shfl_sync(0xffffffffu, x[i], 5);  // every lane gets lane 5's value
+    int v = x[i];
+    for (int d = 1; d < 8; d *= 2) {
+        const int up = __shfl_up_sync(0xffffffffu, v, d, 8);
+        if ((threadIdx.x % 8) >= static_cast<unsigned>(d)) v += up;
+    }
+    scan8[i] = v;
+}
+
+__global__ void vote(const int* pred, unsigned* ballot, int* any, int* all) {
+    const int i = blockIdx.x * blockDim.x + threadIdx.x;
+    const unsigned b = __ballot_sync(0xffffffffu, pred[i]);
+    const int a = __any_sync(0xffffffffu, pred[i]);
+    const int l = __all_sync(0xffffffffu, pred[i]);
+    if (threadIdx.x % 32 == 0) ballot[i / 32] = b, any[i / 32] = a, all[i / 32] = l;
+}
+
+__global__ void barrier_votes(const int* pred, int* count, int* all, int* any) {
+    const int p = pred[blockIdx.x * blockDim.x + threadIdx.x];
+    const int c = __syncthreads_count(p);
+    const int a = __syncthreads_and(p);
+    const int o = __syncthreads_or(p);
+    if (threadIdx.x == 0) count[blockIdx.x] = c, all[blockIdx.x] = a, any[blockIdx.x] = o;
+}
+
+__global__ void atomic_sums(const int* xi, const float* xf, int n, int* isum, float* fsum, int* imax,
+                            unsigned* count) {
+    const int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n) return;
+    atomicAdd(isum, xi[i]);
+    atomicAdd(fsum, xf[i]);
+    atomicMax(imax, xi[i]);
+    atomicAdd(count, 1u);
+}
+
+// Every block tries to claim the slot; exactly one atomicCAS sees 0.
+__global__ void claim(int* slot, int* winners, int* last) {
+    if (threadIdx.x != 0) return;
+    if (atomicCAS(slot, 0, static_cast<int>(blockIdx.x) + 1) == 0) atomicAdd(winners, 1);
+    atomicExch(last, static_cast<int>(blockIdx.x));
+}
+
+// BUG (on purpose): threads past n return before the barrier the others wait at.
+__global__ void early_return(float* x, int n) {
+    __shared__ float s[64];
+    const int t = threadIdx.x;
+    if (t >= n) return;
+    s[t] = x[t];
+    __syncthreads();
+    x[t] = s[(t + 1) % n];
+}
+
+// BUG (on purpose): lanes past n leave, yet the shuffle's full mask names them.
+__global__ void early_return_shuffle(float* x, int n) {
+    const int t = threadIdx.x;
+    if (t >= n) return;
+    x[t] = __shfl_down_sync(0xffffffffu, x[t], 1);
+}
+
+// Reverses each block's slice through dynamic shared memory; a second view of the same bytes
+// (ints) checks that the dynamic arrays alias, as in CUDA.
+__global__ void reverse_block(const float* in, float* out, int* first_bits) {
+    KILN_DYNAMIC_SHARED(float, s);
+    KILN_DYNAMIC_SHARED(int, s_bits);
+    const int t = threadIdx.x, i = blockIdx.x * blockDim.x + t;
+    s[t] = in[i];
+    __syncthreads();
+    out[i] = s[blockDim.x - 1 - t];
+    if (t == 0) first_bits[blockIdx.x] = s_bits[0];
+}
+
+__global__ void big_shared(float* out) {
+    KILN_DYNAMIC_SHARED(float, s);
+    s[threadIdx.x] = 1.0f;
+    __syncthreads();
+    if (threadIdx.x == 0) out[0] = s[64 * 1024 / sizeof(float) - 1];
+}
+
+// One record per thread: its thread and block coordinates.
+__global__ void coords(uint3* thread, uint3* block) {
+    const unsigned b = blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z);
+    const unsigned t = threadIdx.x + blockDim.x * (threadIdx.y + blockDim.y * threadIdx.z);
+    const unsigned id = b * (blockDim.x * blockDim.y * blockDim.z) + t;
+    thread[id] = threadIdx;
+    block[id] = blockIdx;
+}
+
+__global__ void noop() {}
+
+std::vector<float> iota_floats(std::size_t n, float start = 0.0f) {
+    std::vector<float> v(n);
+    std::iota(v.begin(), v.end(), start);
+    return v;
+}
+
+}  // namespace
+
+// --- tests -------------------------------------------------------------------------------------------
+
+TEST_CASE("emu: shared-memory tree reduction", "[emu][cuda]") {
+    const int n = 1000;  // not a multiple of the block: the last block reads zeros past n
+    const auto x = iota_floats(n, 1.0f);
+    for (Schedule s : kSchedules) {
+        ScopedSchedule scope(s);
+        INFO("schedule " << kiln::emu::schedule_name(s));
+        DeviceBuffer<float> dx(x), dout(4);
+        KILN_LAUNCH(block_sum<256>, 4, 256, 0)(dx.get(), dout.get(), n);
+        KILN_CHECK_LAUNCH(block_sum<256>, 4, 256);
+        const auto out = dout.host();
+        for (int b = 0; b < 4; ++b) {
+            float want = 0;
+            for (int i = b * 256; i < std::min(n, (b + 1) * 256); ++i) want += x[i];
+            CHECK(out[b] == want);
+        }
+    }
+}
+
+TEST_CASE("emu: a 1024-thread block reduces too", "[emu][cuda]") {
+    const auto x = iota_floats(2048);
+    DeviceBuffer<float> dx(x), dout(2);
+    KILN_LAUNCH(block_sum<1024>, 2, 1024, 0)(dx.get(), dout.get(), 2048);
+    KILN_CHECK_LAUNCH(block_sum<1024>, 2, 1024);
+    const auto out = dout.host();
+    CHECK(out[0] == 1023.0f * 1024 / 2);
+    CHECK(out[1] == (1024.0f + 2047) * 1024 / 2);
+}
+
+TEST_CASE("emu: the reversed schedule exposes a missing __syncthreads()", "[emu][cuda]") {
+    const int blocks = 8, n = blocks * 256;
+    int salt = 0;  // new values each run, so stale shared memory cannot look right
+    auto run = [&](auto kernel, Schedule s) {
+        ScopedSchedule scope(s);
+        std::vector<int> in(n), want(n);
+        salt += 100000;
+        for (int i = 0; i < n; ++i) in[i] = salt + i;
+        for (int i = 0; i < n; ++i) want[i] = i % 256 ? in[i - 1] : 0;
+        DeviceBuffer<int> din(in), dout(n);
+        KILN_LAUNCH(kernel, blocks, 256, 0)(din.get(), dout.get());
+        KILN_CHECK_LAUNCH(kernel, blocks, 256);
+        return dout.host() == want;
+    };
+    CHECK(run(shift_racy, Schedule::InOrder));    // in order the bug hides ...
+    CHECK_FALSE(run(shift_racy, Schedule::Reverse));  // ... reversed it shows
+    CHECK_FALSE(run(shift_racy, Schedule::Shuffle));
+    for (Schedule s : kSchedules) {
+        INFO("schedule " << kiln::emu::schedule_name(s));
+        CHECK(run(shift_fixed, s));
+    }
+}
+
+TEST_CASE("emu: warp shuffle reductions (down, xor), broadcast and segmented scan", "[emu][cuda]") {
+    const int n = 256;
+    const auto x = iota_floats(n);
+    std::vector<int> xi(n);
+    for (int i = 0; i < n; ++i) xi[i] = i * 3 - 100;
+    for (Schedule s : kSchedules) {
+        ScopedSchedule scope(s);
+        INFO("schedule " << kiln::emu::schedule_name(s));
+        DeviceBuffer<float> dx(x), ddown(n / 32);
+        DeviceBuffer<int> dxi(xi), dxor(n), dbcast(n), dscan(n);
+        KILN_LAUNCH(warp_sums, 2, 128, 0)(dx.get(), dxi.get(), ddown.get(), dxor.get());
+        KILN_CHECK_LAUNCH(warp_sums, 2, 128);
+        KILN_LAUNCH(shfl_idx_up, 2, 128, 0)(dxi.get(), dbcast.get(), dscan.get());
+        KILN_CHECK_LAUNCH(shfl_idx_up, 2, 128);
+        const auto down = ddown.host();
+        const auto xr = dxor.host(), bcast = dbcast.host(), scan = dscan.host();
+        for (int w = 0; w < n / 32; ++w) {
+            float fsum = 0;
+            int isum = 0;
+            for (int l = 0; l < 32; ++l) fsum += x[w * 32 + l], isum += xi[w * 32 + l];
+            CHECK(down[w] == fsum);
+            for (int l = 0; l < 32; ++l) {
+                const int i = w * 32 + l;
+                CHECK(xr[i] == isum);
+                CHECK(bcast[i] == xi[w * 32 + 5]);
+                int want = 0;
+                for (int k = i - i % 8; k <= i; ++k) want += xi[k];
+                CHECK(scan[i] == want);
+            }
+        }
+    }
+}
+
+TEST_CASE("emu: __ballot_sync, __any_sync, __all_sync, __syncthreads_count/and/or", "[emu][cuda]") {
+    // warp 0: none; warp 1: all; warp 2: odd lanes; warp 3: lane 7 only
+    std::vector<int> pred(128, 0);
+    for (int l = 0; l < 32; ++l) pred[32 + l] = 1, pred[64 + l] = l % 2, pred[96 + l] = l == 7;
+    for (Schedule s : kSchedules) {
+        ScopedSchedule scope(s);
+        DeviceBuffer<int> dp(pred), dany(4), dall(4);
+        DeviceBuffer<unsigned> dballot(4);
+        KILN_LAUNCH(vote, 1, 128, 0)(dp.get(), dballot.get(), dany.get(), dall.get());
+        KILN_CHECK_LAUNCH(vote, 1, 128);
+        CHECK(dballot.host() == std::vector<unsigned>{0u, 0xffffffffu, 0xaaaaaaaau, 0x80u});
+        CHECK(dany.host() == std::vector<int>{0, 1, 1, 1});
+        CHECK(dall.host() == std::vector<int>{0, 1, 0, 0});
+
+        DeviceBuffer<int> dcount(2), dand(2), dor(2);  // block 0: warps 0-1; block 1: warps 2-3
+        KILN_LAUNCH(barrier_votes, 2, 64, 0)(dp.get(), dcount.get(), dand.get(), dor.get());
+        KILN_CHECK_LAUNCH(barrier_votes, 2, 64);
+        CHECK(dcount.host() == std::vector<int>{32, 17});
+        CHECK(dand.host() == std::vector<int>{0, 0});
+        CHECK(dor.host() == std::vector<int>{1, 1});
+    }
+}
+
+TEST_CASE("emu: atomics are exact across parallel blocks", "[emu][cuda]") {
+    const int n = 1 << 20;  // 4096 blocks of 256
+    std::vector<int> xi(n);
+    std::vector<float> xf(n);
+    long long want_i = 0;
+    double want_f = 0;
+    for (int i = 0; i < n; ++i) {
+        xi[i] = static_cast<int>((i * 7919LL) % 1000);
+        xf[i] = static_cast<float>((i * 31) % 100) / 100.0f;
+        want_i += xi[i];
+        want_f += xf[i];
+    }
+    DeviceBuffer<int> dxi(xi), disum(1), dimax(1);
+    DeviceBuffer<float> dxf(xf), dfsum(1);
+    DeviceBuffer<unsigned> dcount(1);
+    KILN_LAUNCH(atomic_sums, n / 256, 256, 0)(dxi.get(), dxf.get(), n, disum.get(), dfsum.get(), dimax.get(), dcount.get());
+    KILN_CHECK_LAUNCH(atomic_sums, n / 256, 256);
+    CHECK(disum.host()[0] == want_i);
+    CHECK(dimax.host()[0] == 999);
+    CHECK(dcount.host()[0] == static_cast<unsigned>(n));
+    CHECK(dfsum.host()[0] == Approx(want_f).epsilon(1e-3));
+
+    DeviceBuffer<int> dslot(1), dwinners(1), dlast(std::vector<int>{-1});
+    KILN_LAUNCH(claim, 1000, 32, 0)(dslot.get(), dwinners.get(), dlast.get());
+    KILN_CHECK_LAUNCH(claim, 1000, 32);
+    CHECK(dwinners.host()[0] == 1);
+    CHECK(dslot.host()[0] >= 1);
+    CHECK(dlast.host()[0] >= 0);
+}
+
+TEST_CASE("emu: barrier divergence fails the launch, naming the kernel", "[emu][cuda]") {
+    for (Schedule s : kSchedules) {
+        ScopedSchedule scope(s);
+        INFO("schedule " << kiln::emu::schedule_name(s));
+        DeviceBuffer<float> dx(iota_floats(64));
+        KILN_LAUNCH(early_return, 1, 64, 0)(dx.get(), 40);
+        CHECK(cudaGetLastError() == cudaErrorLaunchFailure);
+        const std::string detail = kiln::emu::last_error_detail();
+        CHECK_THAT(detail, Catch::Contains("early_return") && Catch::Contains("__syncthreads()") &&
+                               Catch::Contains("exited"));
+        CHECK(cudaGetLastError() == cudaSuccess);  // reading the error resets it
+
+        KILN_LAUNCH(early_return, 1, 64, 0)(dx.get(), 40);
+        CHECK_THROWS_WITH([&] { KILN_CHECK_LAUNCH(early_return, 1, 64); }(),
+                          Catch::Contains("kernel early_return") && Catch::Contains("block (64, 1, 1)") &&
+                              Catch::Contains("unspecified launch failure") && Catch::Contains("barrier divergence"));
+
+        KILN_LAUNCH(early_return_shuffle, 1, 32, 0)(dx.get(), 20);
+        CHECK(cudaGetLastError() == cudaErrorLaunchFailure);
+        CHECK_THAT(kiln::emu::last_error_detail(),
+                   Catch::Contains("__shfl_down_sync") && Catch::Contains("exited"));
+    }
+    // The emulator recovers: the next launch works.
+    DeviceBuffer<float> dx(iota_floats(64));
+    KILN_LAUNCH(early_return, 1, 64, 0)(dx.get(), 64);
+    KILN_CHECK_LAUNCH(early_return, 1, 64);
+    CHECK(dx.host()[0] == 1.0f);
+}
+
+TEST_CASE("emu: dynamic shared memory", "[emu][cuda]") {
+    const int block = 128, blocks = 3, n = block * blocks;
+    const auto x = iota_floats(n);
+    for (Schedule s : kSchedules) {
+        ScopedSchedule scope(s);
+        DeviceBuffer<float> din(x), dout(n);
+        DeviceBuffer<int> dbits(blocks);
+        KILN_LAUNCH(reverse_block, blocks, block, block * sizeof(float))(din.get(), dout.get(), dbits.get());
+        KILN_CHECK_LAUNCH(reverse_block, blocks, block);
+        const auto out = dout.host();
+        const auto bits = dbits.host();
+        for (int i = 0; i < n; ++i) CHECK(out[i] == x[(i / block) * block + block - 1 - i % block]);
+        for (int b = 0; b < blocks; ++b) CHECK(bits[b] == __float_as_int(x[b * block]));
+    }
+    // Above 48 KiB a kernel must opt in, as on a GPU.
+    DeviceBuffer<float> dout(1);
+    KILN_LAUNCH(big_shared, 1, 32, 64 * 1024)(dout.get());
+    CHECK(cudaGetLastError() == cudaErrorInvalidValue);
+    CHECK_THAT(kiln::emu::last_error_detail(), Catch::Contains("cudaFuncSetAttribute"));
+    KILN_CUDA_CHECK(cudaFuncSetAttribute(big_shared, cudaFuncAttributeMaxDynamicSharedMemorySize, 64 * 1024));
+    KILN_LAUNCH(big_shared, 1, 32, 64 * 1024)(dout.get());
+    KILN_CHECK_LAUNCH(big_shared, 1, 32);
+}
+
+TEST_CASE("emu: 2D and 3D grids and blocks", "[emu][cuda]") {
+    const dim3 grid(3, 2, 2), block(4, 3, 2);
+    const int total = 3 * 2 * 2 * 4 * 3 * 2;
+    DeviceBuffer<uint3> dthread(total), dblock(total);
+    KILN_LAUNCH(coords, grid, block, 0)(dthread.get(), dblock.get());
+    KILN_CHECK_LAUNCH(coords, grid, block);
+    const auto th = dthread.host(), bl = dblock.host();
+    int id = 0;
+    for (unsigned bz = 0; bz < 2; ++bz)
+        for (unsigned by = 0; by < 2; ++by)
+            for (unsigned bx = 0; bx < 3; ++bx)
+                for (unsigned tz = 0; tz < 2; ++tz)
+                    for (unsigned ty = 0; ty < 3; ++ty)
+                        for (unsigned tx = 0; tx < 4; ++tx, ++id) {
+                            INFO("record " << id);
+                            CHECK((th[id].x == tx && th[id].y == ty && th[id].z == tz));
+                            CHECK((bl[id].x == bx && bl[id].y == by && bl[id].z == bz));
+                        }
+}
+
+TEST_CASE("emu: cudaMemcpy and cudaMemset round trip, and misuse is reported", "[emu][cuda]") {
+    const std::size_t n = 1000;
+    std::vector<int> host(n), back(n, -1);
+    std::iota(host.begin(), host.end(), 7);
+    int *a = nullptr, *b = nullptr;
+    KILN_CUDA_CHECK(cudaMalloc(&a, n * sizeof(int)));
+    KILN_CUDA_CHECK(cudaMalloc(&b, n * sizeof(int)));
+    KILN_CUDA_CHECK(cudaMemset(b, 0, n * sizeof(int)));
+    KILN_CUDA_CHECK(cudaMemcpy(a, host.data(), n * sizeof(int), cudaMemcpyHostToDevice));
+    KILN_CUDA_CHECK(cudaMemcpyAsync(b, a, n * sizeof(int), cudaMemcpyDeviceToDevice, nullptr));
+    KILN_CUDA_CHECK(cudaMemcpy(back.data(), b, n * sizeof(int), cudaMemcpyDeviceToHost));
+    CHECK(back == host);
+    KILN_CUDA_CHECK(cudaMemsetAsync(a, 0xab, 8, nullptr));
+    KILN_CUDA_CHECK(cudaMemcpy(back.data(), a, 8, cudaMemcpyDeviceToHost));
+    CHECK(static_cast<unsigned>(back[0]) == 0xababababu);
+
+    // Swapped arguments: a GPU rejects them, so does the emulator, and says which pointer.
+    CHECK(cudaMemcpy(back.data(), a, 4, cudaMemcpyHostToDevice) == cudaErrorInvalidValue);
+    CHECK_THAT(kiln::emu::last_error_detail(), Catch::Contains("not device memory"));
+    CHECK(cudaGetLastError() == cudaErrorInvalidValue);
+    CHECK_THROWS_WITH([&] { KILN_CUDA_CHECK(cudaMemcpy(a, host.data(), (n + 1) * sizeof(int), cudaMemcpyHostToDevice)); }(),
+                      Catch::Contains("cudaMemcpy") && Catch::Contains("invalid argument") &&
+                          Catch::Contains("past the end"));
+
+    std::size_t free_before = 0, total = 0;
+    KILN_CUDA_CHECK(cudaMemGetInfo(&free_before, &total));
+    CHECK(total > 0);
+    KILN_CUDA_CHECK(cudaFree(a));
+    KILN_CUDA_CHECK(cudaFree(b));
+    CHECK(cudaFree(a) == cudaErrorInvalidValue);  // freed twice
+    cudaGetLastError();
+
+    int count = 0, dev = -1;
+    KILN_CUDA_CHECK(cudaGetDeviceCount(&count));
+    KILN_CUDA_CHECK(cudaSetDevice(0));
+    KILN_CUDA_CHECK(cudaGetDevice(&dev));
+    CHECK((count == 1 && dev == 0));
+    KILN_CUDA_CHECK(cudaDeviceSynchronize());
+}
+
+TEST_CASE("emu: an invalid launch shape is reported", "[emu][cuda]") {
+    KILN_LAUNCH(noop, 1, 2048, 0)();
+    CHECK(cudaPeekAtLastError() == cudaErrorInvalidConfiguration);
+    CHECK_THROWS_WITH([] { KILN_CHECK_LAUNCH(noop, 1, 2048); }(),
+                      Catch::Contains("kernel noop") && Catch::Contains("invalid configuration argument") &&
+                          Catch::Contains("2048 threads"));
+    KILN_LAUNCH(noop, 0, 32, 0)();
+    CHECK(cudaGetLastError() == cudaErrorInvalidConfiguration);
+    CHECK_THAT(kiln::emu::last_error_detail(), Catch::Contains("zero dimension"));
+    KILN_LAUNCH(noop, 1, dim3(1, 1, 65), 0)();
+    CHECK(cudaGetLastError() == cudaErrorInvalidConfiguration);
+    KILN_LAUNCH(noop, dim3(1, 70000), 32, 0)();
+    CHECK(cudaGetLastError() == cudaErrorInvalidConfiguration);
+    KILN_LAUNCH(noop, 1, dim3(32, 32), 0)();  // exactly 1024: fine
+    CHECK(cudaGetLastError() == cudaSuccess);
+}
+
+TEST_CASE("emu: streams, events and device properties", "[emu][cuda]") {
+    cudaStream_t stream;
+    cudaEvent_t start, stop;
+    KILN_CUDA_CHECK(cudaStreamCreate(&stream));
+    KILN_CUDA_CHECK(cudaEventCreate(&start));
+    KILN_CUDA_CHECK(cudaEventCreate(&stop));
+    KILN_CUDA_CHECK(cudaEventRecord(start, stream));
+    KILN_LAUNCH_STREAM(noop, 64, 64, 0, stream)();
+    KILN_CHECK_LAUNCH(noop, 64, 64);
+    KILN_CUDA_CHECK(cudaEventRecord(stop, stream));
+    KILN_CUDA_CHECK(cudaEventSynchronize(stop));
+    KILN_CUDA_CHECK(cudaStreamSynchronize(stream));
+    float ms = -1;
+    KILN_CUDA_CHECK(cudaEventElapsedTime(&ms, start, stop));
+    CHECK(ms >= 0);
+    KILN_CUDA_CHECK(cudaEventDestroy(start));
+    KILN_CUDA_CHECK(cudaEventDestroy(stop));
+    KILN_CUDA_CHECK(cudaStreamDestroy(stream));
+
+    cudaDeviceProp prop;
+    KILN_CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
+    CHECK(prop.warpSize == 32);
+    CHECK(prop.maxThreadsPerBlock == 1024);
+    CHECK(cudaGetErrorString(cudaErrorInvalidValue) == std::string("invalid argument"));
+}
+
+TEST_CASE("emu: half and bfloat16 conversions and math intrinsics", "[emu][cuda]") {
+    const __half h = __float2half(1.5f);
+    const __nv_bfloat16 b = __float2bfloat16(-2.5f);
+    CHECK(__half2float(h) == 1.5f);
+    CHECK(__bfloat162float(b) == -2.5f);
+    CHECK(__half2float(__hadd(h, h)) == 3.0f);
+    CHECK(__expf(0.0f) == 1.0f);
+    CHECK(rsqrtf(4.0f) == 0.5f);
+    CHECK(__fdividef(1.0f, 4.0f) == 0.25f);
+    CHECK(min(3, 4) == 3);
+    CHECK(max(3.0f, 4.0f) == 4.0f);
+    CHECK(__popc(0xf0u) == 4);
+    CHECK(__brev(1u) == 0x80000000u);
+}
