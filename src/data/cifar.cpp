@@ -1,0 +1,358 @@
+// cifar.cpp — load_cifar10 from the binary archive, an image-folder archive or a directory.
+// See cifar.h for the formats.
+#include "data/cifar.h"
+
+#include <algorithm>
+#include <cctype>
+#include <cstdint>
+#include <filesystem>
+#include <map>
+#include <set>
+#include <tuple>
+
+#include "core/error.h"
+#include "data/archive.h"
+
+// stb_image, compiled into this file only (STB_IMAGE_STATIC: no symbols exported, so another
+// file may include its own copy). JPEG and PNG only, from memory only. Its warnings are not ours.
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wunused-function"
+#pragma GCC diagnostic ignored "-Wunused-parameter"
+#pragma GCC diagnostic ignored "-Wunused-but-set-variable"
+#pragma GCC diagnostic ignored "-Wsign-compare"
+#pragma GCC diagnostic ignored "-Wimplicit-fallthrough"
+#pragma GCC diagnostic ignored "-Wmissing-field-initializers"
+#pragma GCC diagnostic ignored "-Wtype-limits"
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#define STB_IMAGE_IMPLEMENTATION
+#define STB_IMAGE_STATIC
+#define STBI_ONLY_JPEG
+#define STBI_ONLY_PNG
+#define STBI_NO_STDIO
+#define STBI_NO_LINEAR
+#define STBI_NO_HDR
+#include <stb/stb_image.h>
+#pragma GCC diagnostic pop
+
+namespace kiln {
+
+namespace {
+
+namespace fs = std::filesystem;
+
+constexpr int64_t kSide = 32, kChannels = 3, kImageBytes = kChannels * kSide * kSide;  // 3072
+constexpr size_t kRecord = 1 + size_t(kImageBytes);  // binary format: label byte + C×H×W pixels
+
+constexpr const char* kHint =
+    ". Run `make data` (for CIFAR-10: `bash data/fetch.sh cifar10`) to fetch the data again and verify it.";
+
+// Runs f(); a kiln::Error escaping it gets the fetch hint appended.
+template <typename F>
+auto with_hint(F f) -> decltype(f()) {
+    try {
+        return f();
+    } catch (const OutOfMemory&) {
+        throw;
+    } catch (const Error& e) {
+        throw Error(std::string(e.what()) + kHint);
+    }
+}
+
+// One file of a data set: where it is inside the data set (the archive entry path, or the
+// path relative to the directory), how to name it in messages, and its bytes — in memory
+// for an archive (a span of the decompressed tarball), read on demand for a directory.
+struct Item {
+    std::string rel;               // "train/cat/0001.jpg", "cifar-10-batches-bin/test_batch.bin"
+    std::string where;             // for messages: "'rel' in 'archive'" or "'dir/rel'"
+    const uint8_t* ptr = nullptr;  // archive: the entry's bytes ...
+    size_t size = 0;               // ... and their count
+    std::string file;              // directory: the file to read
+};
+
+// The item's bytes: a span of the archive, or the file's contents read into `buf`.
+struct Span {
+    const uint8_t* ptr;
+    size_t size;
+};
+Span item_bytes(const Item& it, std::vector<uint8_t>& buf) {
+    if (it.file.empty()) return {it.ptr, it.size};
+    buf = read_file(it.file);
+    return {buf.data(), buf.size()};
+}
+
+std::vector<std::string> split_path(const std::string& p) {
+    std::vector<std::string> parts;
+    size_t i = 0;
+    while (i <= p.size()) {
+        size_t j = p.find('/', i);
+        if (j == std::string::npos) j = p.size();
+        if (j > i) parts.push_back(p.substr(i, j - i));
+        i = j + 1;
+    }
+    return parts;
+}
+
+std::string basename_of(const std::string& p) {
+    const size_t s = p.rfind('/');
+    return s == std::string::npos ? p : p.substr(s + 1);
+}
+
+std::string lower(std::string s) {
+    for (char& ch : s) ch = char(std::tolower(static_cast<unsigned char>(ch)));
+    return s;
+}
+
+bool is_image_name(const std::string& name) {
+    if (name.empty() || name[0] == '.') return false;  // hidden files, macOS "._x.jpg" resource forks
+    const size_t dot = name.rfind('.');
+    if (dot == std::string::npos) return false;
+    const std::string ext = lower(name.substr(dot + 1));
+    return ext == "jpg" || ext == "jpeg" || ext == "png";
+}
+
+// --- (a) the binary format -----------------------------------------------------------------
+
+const Item* find_by_basename(const std::vector<Item>& items, const std::string& name) {
+    for (const Item& it : items)
+        if (basename_of(it.rel) == name) return &it;
+    return nullptr;
+}
+
+bool has_binary_batches(const std::vector<Item>& items) {
+    return find_by_basename(items, "data_batch_1.bin") || find_by_basename(items, "test_batch.bin");
+}
+
+ImageSet load_binary(const std::vector<Item>& items, const std::string& source, bool train) {
+    ImageSet set;
+    set.c = kChannels;
+    set.h = set.w = kSide;
+    if (const Item* meta = find_by_basename(items, "batches.meta.txt")) {
+        std::vector<uint8_t> buf;
+        const Span text = item_bytes(*meta, buf);
+        std::string line;
+        for (size_t i = 0; i <= text.size; ++i) {
+            if (i == text.size || text.ptr[i] == '\n') {
+                while (!line.empty() && std::isspace(static_cast<unsigned char>(line.back()))) line.pop_back();
+                if (!line.empty()) set.classes.push_back(line);
+                line.clear();
+            } else {
+                line += char(text.ptr[i]);
+            }
+        }
+        KILN_CHECK(set.classes.size() >= 2, meta->where, " lists ", set.classes.size(),
+                   " class names, expected one per line (10 for CIFAR-10)");
+    } else {
+        set.classes = {"airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck"};
+    }
+
+    std::vector<std::string> names;
+    if (train) {
+        for (int b = 1; b <= 5; ++b) names.push_back("data_batch_" + std::to_string(b) + ".bin");
+    } else {
+        names.push_back("test_batch.bin");
+    }
+    for (const std::string& name : names) {
+        const Item* it = find_by_basename(items, name);
+        KILN_CHECK(it != nullptr, "CIFAR-10 binary batch '", name, "' is missing from ", source);
+        std::vector<uint8_t> buf;
+        const Span bytes = item_bytes(*it, buf);
+        KILN_CHECK(bytes.size > 0 && bytes.size % kRecord == 0, it->where, " is ", bytes.size,
+                   " bytes, expected a whole number of ", kRecord, "-byte records (10000 records = ",
+                   10000 * kRecord, " bytes); it is truncated or not a CIFAR-10 batch");
+        const size_t records = bytes.size / kRecord;
+        const size_t base = set.labels.size();
+        set.labels.resize(base + records);
+        set.pixels.resize((base + records) * size_t(kImageBytes));
+        for (size_t r = 0; r < records; ++r) {
+            const uint8_t* rec = bytes.ptr + r * kRecord;
+            KILN_CHECK(rec[0] < set.classes.size(), it->where, ": record ", r, " has label ", int(rec[0]),
+                       ", expected 0..", set.classes.size() - 1);
+            set.labels[base + r] = rec[0];
+            std::copy(rec + 1, rec + kRecord, set.pixels.begin() + ptrdiff_t((base + r) * size_t(kImageBytes)));
+        }
+    }
+    set.n = int64_t(set.labels.size());
+    return set;
+}
+
+// --- (b), (c) image folders -------------------------------------------------------------
+
+// The stb_image that Debian ships (2.27) trusts the code counts of a JPEG Huffman table
+// (DHT segment): 16 counts summing to more than 256 make it write past its tables — a
+// damaged file could crash the loader. Such a table is invalid JPEG, so this walks the
+// file's markers the way stb does and refuses the image before stb sees it.
+bool jpeg_huffman_tables_ok(const uint8_t* p, size_t n) {
+    if (n < 2 || p[0] != 0xFF || p[1] != 0xD8) return true;  // not a JPEG: nothing to check
+    auto at = [&](size_t j) -> uint32_t { return j < n ? p[j] : 0; };  // stb reads 0 past the end
+    size_t i = 2;
+    while (i + 1 < n) {
+        // Outside segments (and inside entropy-coded data) only 0xFF <marker> matters;
+        // 0xFF 0x00 is a stuffed byte, 0xFF 0xFF a fill byte, RSTn/TEM have no length.
+        if (p[i] != 0xFF) { ++i; continue; }
+        const uint8_t m = p[i + 1];
+        if (m == 0xFF) { ++i; continue; }
+        if (m == 0x00 || m == 0x01 || (m >= 0xD0 && m <= 0xD7)) { i += 2; continue; }
+        if (m == 0xD9) break;  // EOI
+        const size_t len = at(i + 2) << 8 | at(i + 3);
+        if (m == 0xC4) {  // DHT: tables of (class/id byte, 16 counts, sum(counts) symbols)
+            int64_t left = int64_t(len) - 2;
+            size_t j = i + 4;
+            while (left > 0) {
+                const uint32_t q = at(j++);
+                if ((q >> 4) > 1 || (q & 15) > 3) break;  // stb rejects this table itself
+                uint32_t symbols = 0;
+                for (int k = 0; k < 16; ++k) symbols += at(j++);
+                if (symbols > 256) return false;
+                j += symbols;
+                left -= 17 + int64_t(symbols);
+            }
+        }
+        i += 2 + std::max<size_t>(len, 2);
+    }
+    return true;
+}
+
+// Decodes one JPEG/PNG into 3×32×32 (CHW) at out; returns "" or what went wrong.
+std::string decode_into(const Item& it, uint8_t* out) {
+    std::vector<uint8_t> buf;
+    Span bytes{nullptr, 0};
+    try {
+        bytes = item_bytes(it, buf);
+    } catch (const Error& e) {
+        return e.what();
+    }
+    if (bytes.size == 0) return "cannot decode image " + it.where + ": the file is empty";
+    if (bytes.size > size_t(INT32_MAX)) return "image " + it.where + " is too large";
+    if (!jpeg_huffman_tables_ok(bytes.ptr, bytes.size))
+        return "cannot decode image " + it.where + ": it is a corrupt JPEG (a Huffman table has more than 256 codes)";
+    int w = 0, h = 0, comp = 0;
+    stbi_uc* px = stbi_load_from_memory(bytes.ptr, int(bytes.size), &w, &h, &comp, int(kChannels));
+    if (!px) {
+        const char* why = stbi_failure_reason();
+        return "cannot decode image " + it.where + ": it is corrupt or not a JPEG/PNG (stb_image: " +
+               (why ? why : "unknown error") + ")";
+    }
+    if (w != kSide || h != kSide) {
+        stbi_image_free(px);
+        return "image " + it.where + " is " + std::to_string(w) + "x" + std::to_string(h) +
+               ", every CIFAR-10 image must be 32x32";
+    }
+    // stb gives H×W×C (interleaved RGB); kiln stores C×H×W.
+    for (int64_t y = 0; y < kSide; ++y)
+        for (int64_t x = 0; x < kSide; ++x)
+            for (int64_t c = 0; c < kChannels; ++c)
+                out[(c * kSide + y) * kSide + x] = px[(y * kSide + x) * kChannels + c];
+    stbi_image_free(px);
+    return "";
+}
+
+ImageSet load_image_folders(const std::vector<Item>& items, const std::string& source, bool train) {
+    // Keep <anything>/{train,test}/<class>/<image>; classes from both splits.
+    struct Pick {
+        std::string cls, name;
+        const Item* item;
+    };
+    std::set<std::string> class_names;
+    std::vector<Pick> picks;
+    const std::string want = train ? "train" : "test";
+    for (const Item& it : items) {
+        const std::vector<std::string> parts = split_path(it.rel);
+        if (parts.size() < 3 || !is_image_name(parts.back())) continue;
+        const std::string& split = parts[parts.size() - 3];
+        if (split != "train" && split != "test") continue;
+        const std::string& cls = parts[parts.size() - 2];
+        class_names.insert(cls);
+        if (split == want) picks.push_back({cls, parts.back(), &it});
+    }
+    KILN_CHECK(!class_names.empty(), source,
+               " holds no CIFAR-10 data: expected the binary batches (cifar-10-batches-bin/data_batch_1.bin ...) "
+               "or image folders train/<class>/*.jpg|png and test/<class>/*.jpg|png");
+    KILN_CHECK(!picks.empty(), source, " holds no ", want, "/<class>/*.jpg|png images (", class_names.size(),
+               " classes seen in the other split)");
+    std::sort(picks.begin(), picks.end(), [](const Pick& a, const Pick& b) {
+        return std::tie(a.cls, a.name, a.item->rel) < std::tie(b.cls, b.name, b.item->rel);
+    });
+
+    ImageSet set;
+    set.classes.assign(class_names.begin(), class_names.end());
+    std::map<std::string, int32_t> label_of;
+    for (size_t i = 0; i < set.classes.size(); ++i) label_of[set.classes[i]] = int32_t(i);
+    set.n = int64_t(picks.size());
+    set.c = kChannels;
+    set.h = set.w = kSide;
+    set.pixels.resize(size_t(set.n * kImageBytes));
+    set.labels.resize(size_t(set.n));
+    std::vector<std::string> errors(picks.size());
+
+    // Decode in parallel; each image writes only its own slot, so the result does not depend
+    // on the thread count or the schedule. Exceptions cannot leave an OpenMP loop: errors are
+    // collected per image and the first one (in data set order) is thrown afterwards.
+#pragma omp parallel for schedule(dynamic, 256)
+    for (int64_t i = 0; i < set.n; ++i) {
+        set.labels[size_t(i)] = label_of.at(picks[size_t(i)].cls);
+        errors[size_t(i)] = decode_into(*picks[size_t(i)].item, set.pixels.data() + i * kImageBytes);
+    }
+    size_t bad = 0;
+    const std::string* first = nullptr;
+    for (const std::string& e : errors) {
+        if (e.empty()) continue;
+        if (!first) first = &e;
+        ++bad;
+    }
+    if (first) {
+        KILN_FAIL(*first, bad > 1 ? " (and " + std::to_string(bad - 1) + " more images failed)" : std::string());
+    }
+    return set;
+}
+
+ImageSet load_items(const std::vector<Item>& items, const std::string& source, bool train) {
+    if (has_binary_batches(items)) return load_binary(items, source, train);
+    return load_image_folders(items, source, train);
+}
+
+// --- sources ------------------------------------------------------------------------------
+
+ImageSet load_archive(const std::string& path, bool train) {
+    const std::vector<uint8_t> tarball = maybe_gunzip(read_file(path), path);
+    std::vector<Item> items;
+    for (const TarMember& m : list_tar(tarball, path))
+        items.push_back({m.path, "'" + m.path + "' in '" + path + "'", tarball.data() + m.offset, m.size, ""});
+    return load_items(items, "archive '" + path + "'", train);  // items point into tarball
+}
+
+ImageSet load_directory(const std::string& dir, bool train) {
+    // A folder holding one of the archives (data/cifar10/ as `make data` leaves it).
+    for (const char* name : {"cifar-10-binary.tar.gz", "cifar10-jpg.tar.gz"}) {
+        const fs::path p = fs::path(dir) / name;
+        std::error_code ec;
+        if (fs::is_regular_file(p, ec)) return load_archive(p.string(), train);
+    }
+    std::vector<Item> items;
+    std::error_code ec;
+    fs::recursive_directory_iterator walk(dir, fs::directory_options::follow_directory_symlink, ec), end;
+    KILN_CHECK(!ec, "cannot list directory '", dir, "': ", ec.message());
+    for (; walk != end; walk.increment(ec)) {
+        KILN_CHECK(!ec, "cannot list directory '", dir, "': ", ec.message());
+        std::error_code ec2;
+        if (!walk->is_regular_file(ec2)) continue;
+        const std::string rel = fs::relative(walk->path(), dir, ec2).generic_string();
+        const std::string file = walk->path().string();
+        items.push_back({rel, "'" + file + "'", nullptr, 0, file});
+    }
+    return load_items(items, "directory '" + dir + "'", train);
+}
+
+}  // namespace
+
+ImageSet load_cifar10(const std::string& path, bool train) {
+    return with_hint([&] {
+        std::error_code ec;
+        if (fs::is_directory(path, ec)) return load_directory(path, train);
+        KILN_CHECK(fs::exists(path, ec), "CIFAR-10 not found: '", path,
+                   "' does not exist (expected cifar-10-binary.tar.gz, cifar10-jpg.tar.gz or a folder of "
+                   "train/<class>/ and test/<class>/ images)");
+        return load_archive(path, train);
+    });
+}
+
+}  // namespace kiln

@@ -1,0 +1,115 @@
+// fixtures.cpp — see fixtures.h.
+#include "fixtures.h"
+
+#include <zlib.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <stdexcept>
+
+namespace kiln::test {
+
+namespace fs = std::filesystem;
+
+TempDir::TempDir() {
+    const char* tmp = std::getenv("TMPDIR");
+    std::string tmpl = std::string(tmp && *tmp ? tmp : "/tmp") + "/kiln-test-XXXXXX";
+    std::vector<char> buf(tmpl.begin(), tmpl.end());
+    buf.push_back('\0');
+    if (!mkdtemp(buf.data())) throw std::runtime_error("mkdtemp failed for " + tmpl);
+    path = buf.data();
+}
+
+TempDir::~TempDir() {
+    std::error_code ec;
+    fs::remove_all(path, ec);
+}
+
+std::string TempDir::file(const std::string& name) const { return path + "/" + name; }
+
+void write_bytes(const std::string& path, const std::vector<uint8_t>& bytes) {
+    const fs::path p(path);
+    if (p.has_parent_path()) fs::create_directories(p.parent_path());
+    std::FILE* f = std::fopen(path.c_str(), "wb");
+    if (!f) throw std::runtime_error("cannot write " + path);
+    const size_t n = bytes.empty() ? 0 : std::fwrite(bytes.data(), 1, bytes.size(), f);
+    std::fclose(f);
+    if (n != bytes.size()) throw std::runtime_error("short write to " + path);
+}
+
+std::vector<uint8_t> gzip_bytes(const std::vector<uint8_t>& raw) {
+    z_stream zs{};
+    if (deflateInit2(&zs, 6, Z_DEFLATED, 16 + MAX_WBITS, 8, Z_DEFAULT_STRATEGY) != Z_OK)
+        throw std::runtime_error("deflateInit2 failed");
+    std::vector<uint8_t> out(deflateBound(&zs, uLong(raw.size())) + 32);
+    zs.next_in = const_cast<Bytef*>(raw.data());
+    zs.avail_in = uInt(raw.size());
+    zs.next_out = out.data();
+    zs.avail_out = uInt(out.size());
+    const int rc = deflate(&zs, Z_FINISH);
+    out.resize(zs.total_out);
+    deflateEnd(&zs);
+    if (rc != Z_STREAM_END) throw std::runtime_error("deflate failed");
+    return out;
+}
+
+namespace {
+
+void put_str(uint8_t* h, size_t off, size_t len, const std::string& s) {
+    std::memcpy(h + off, s.data(), std::min(len, s.size()));
+}
+
+void put_octal(uint8_t* h, size_t off, size_t len, uint64_t v) {
+    // len-1 octal digits, zero padded, then NUL
+    char buf[32];
+    std::snprintf(buf, sizeof buf, "%0*llo", int(len - 1), static_cast<unsigned long long>(v));
+    std::memcpy(h + off, buf, len - 1);
+    h[off + len - 1] = 0;
+}
+
+void append_entry(std::vector<uint8_t>& out, const std::string& name, char type, const std::vector<uint8_t>& data) {
+    uint8_t h[512] = {};
+    put_str(h, 0, 100, name);
+    put_octal(h, 100, 8, type == '5' ? 0755 : 0644);
+    put_octal(h, 108, 8, 0);
+    put_octal(h, 116, 8, 0);
+    put_octal(h, 124, 12, data.size());
+    put_octal(h, 136, 12, 1700000000);
+    h[156] = uint8_t(type);
+    std::memcpy(h + 257, "ustar\0" "00", 8);
+    put_str(h, 265, 32, "kiln");
+    put_str(h, 297, 32, "kiln");
+    std::memset(h + 148, ' ', 8);
+    unsigned sum = 0;
+    for (uint8_t b : h) sum += b;
+    char buf[8];
+    std::snprintf(buf, sizeof buf, "%06o", sum);  // 6 digits, NUL, space
+    std::memcpy(h + 148, buf, 6);
+    h[154] = 0;
+    h[155] = ' ';
+    out.insert(out.end(), h, h + 512);
+    out.insert(out.end(), data.begin(), data.end());
+    out.resize((out.size() + 511) / 512 * 512, 0);
+}
+
+}  // namespace
+
+std::vector<uint8_t> make_tar(const std::vector<TarFile>& files) {
+    std::vector<uint8_t> out;
+    for (const TarFile& f : files) {
+        if (f.path.size() > 99) {
+            std::vector<uint8_t> name(f.path.begin(), f.path.end());
+            name.push_back(0);
+            append_entry(out, "././@LongLink", 'L', name);
+        }
+        append_entry(out, f.path.substr(0, 99), f.type, f.data);
+    }
+    out.resize(out.size() + 1024, 0);
+    return out;
+}
+
+std::vector<uint8_t> bytes_of(const std::string& s) { return std::vector<uint8_t>(s.begin(), s.end()); }
+
+}  // namespace kiln::test
