@@ -110,9 +110,12 @@ test: $(TEST_BIN) data
 	@bash tests/run.sh $(TEST_BIN) $(T)
 
 data:
-	@bash data/fetch.sh mnist
+	@bash data/fetch.sh mnist cifar10
 
-lesson-%: data
+# The chapters that train on CIFAR-10; the others need only MNIST.
+CIFAR_LESSONS := 06 07 08 09 13
+lesson-%:
+	@bash data/fetch.sh $(if $(filter $*,$(CIFAR_LESSONS)),cifar10,mnist)
 	@$(MAKE) --no-print-directory $(BUILD)/bin/lesson-$*
 	$(BUILD)/bin/lesson-$* $(ARGS)
 
@@ -120,7 +123,8 @@ lesson-%: data
 RUN_LESSON := 02
 run:
 	@bash scripts/setup.sh
-	@$(MAKE) --no-print-directory data all
+	@bash data/fetch.sh mnist
+	@$(MAKE) --no-print-directory all
 	$(BUILD)/bin/lesson-$(RUN_LESSON) $(ARGS)
 
 bench: $(BENCH_BINS) $(LESSON_BINS) data
