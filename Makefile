@@ -4,7 +4,7 @@
 #   make run             set-up in one command: packages, MNIST, build, train the latest chapter
 #   make test            all tests          make test T='[conv]'   a subset (Catch2 tags)
 #   make test SAN=1      the same under AddressSanitizer + UndefinedBehaviorSanitizer
-#   make data            fetch and verify MNIST (and CIFAR-10 where a chapter needs it)
+#   make data            fetch and verify MNIST and CIFAR-10 (make lesson-NN fetches what it needs)
 #   make lesson-02       build and run chapter 02's trainer (ARGS='--epochs 1' passes flags)
 #   make bench           speed figures, one line each: "bench <name>: <value> <unit>"
 #   make CUDA=1          the same with nvcc for a real GPU   make gpu-check   on a GPU machine
