@@ -6,7 +6,8 @@
 //   make build/src/ops/cpu/gemm.o build/tests/test_gemm.o build/tests/main.o
 //   g++ -fopenmp build/tests/main.o build/tests/test_gemm.o build/src/ops/cpu/gemm.o -o gemm_tests
 //   ./gemm_tests '[gemm]'
-// Time it against OpenBLAS:  make build/bench/bench_gemm && OMP_NUM_THREADS=2 build/bench/bench_gemm
+// Time it against OpenBLAS:
+//   make build/bench/bench_gemm && OMP_NUM_THREADS=2 build/bench/bench_gemm
 //
 // Versions, from the textbook to this file (the reader can write each one in turn):
 //   v1  gemm_reference: for i, for j, for k — one dot product per C element. Each B column
@@ -55,8 +56,8 @@
 // block is a sliver.
 //
 // ---- Threads, and why the result never depends on their number ------------------------------
-// C is cut into one rectangle per OpenMP thread, and each thread runs the loops above on its
-// own rectangle, with its own packing buffers: no barriers, no shared writes (an OpenMP
+// C is cut into rectangles, a few per OpenMP thread, and a thread runs the loops above on one
+// rectangle at a time, with its own packing buffers: no barriers, no shared writes (an OpenMP
 // barrier costs microseconds; the 5 loops would need 2 or 3 per block). Every C element is
 // then computed by exactly one thread, summing over k in an order set by KC alone: KC-blocks
 // in order, k in order within one. No thread ever adds a partial sum of another, so 1, 2 or
@@ -123,9 +124,9 @@ inline vec vmul(vec a, vec b) { return a * b; }
 inline vec vadd(vec a, vec b) { return a + b; }
 #endif
 
-// The micro-tile: MR rows × NR columns of C, NV vectors per row; NR = 64 floats (AVX-512) or
-// 16 (8 without AVX2). Rows of C past a multiple of MR still cost a whole tile, so a small MR wastes little
-// on the channel counts of real layers: 64 rows take 11 tiles of 6, 66 rows' worth.
+// The micro-tile: MR rows × NR columns of C, NV vectors per row; NR = 64 floats (AVX-512),
+// 16 (AVX2) or 8 (neither). Rows of C past a multiple of MR still cost a whole tile, so a
+// small MR wastes little on the channel counts of real layers: 64 rows take 11 tiles of 6.
 constexpr int MR = 6;
 constexpr int NR = NV * VL;
 
@@ -393,26 +394,28 @@ void blocked_gemm(const Problem& p, int64_t kc_block) {
     }
 }
 
-// ---- Threads: each one owns a rectangle of C --------------------------------------------------
-// C is cut into tm × tn rectangles on MR/NR boundaries, and each thread runs blocked_gemm
-// on its own rectangle, with its own packing buffers: no barrier, no shared writes.
-// The price: A is packed by each of the tn thread columns, B by each of the tm thread rows,
-// so we pick the grid with the least packing, tn·M·K + tm·K·N (for 2 threads: split the
-// longer side of C in two).
+// ---- Threads: each rectangle of C is one task --------------------------------------------------
+// C is cut into tm × tn rectangles on MR/NR boundaries; a thread takes a rectangle, runs
+// blocked_gemm on it with its own packing buffers, and takes the next: no barrier, no shared
+// writes. There are up to 4 rectangles per thread, handed out dynamically, so that a thread
+// slowed down (another process on its core, the data loader) gets fewer of them.
+// The price: A is packed once per column of rectangles, B once per row, so we pick the grid
+// with the least packing, tn·M·K + tm·K·N.
 struct Grid {
     int64_t tm, tn;
 };
 
-Grid choose_grid(int64_t M, int64_t N, int threads) {
+// The grid of at most `parts` rectangles, as many as possible, with the least packing.
+Grid choose_grid(int64_t M, int64_t N, int64_t parts) {
     const int64_t m_panels = (M + MR - 1) / MR, n_panels = (N + NR - 1) / NR;
     Grid best{1, 1};
     double best_cost = 0;
-    for (int64_t tm = 1; tm <= threads; ++tm) {
-        const int64_t tn = threads / tm;
-        if (tm > m_panels || tn > n_panels) continue;
+    for (int64_t tm = 1; tm <= parts; ++tm) {
+        const int64_t tn = std::min(parts / tm, n_panels);
+        if (tm > m_panels) break;
         const double cost = static_cast<double>(tn) * M + static_cast<double>(tm) * N;
-        const bool more_threads = tm * tn > best.tm * best.tn;
-        if (more_threads || (tm * tn == best.tm * best.tn && cost < best_cost)) {
+        const bool more_parts = tm * tn > best.tm * best.tn;
+        if (more_parts || (tm * tn == best.tm * best.tn && cost < best_cost)) {
             best = {tm, tn};
             best_cost = cost;
         }
@@ -440,19 +443,19 @@ Problem sub_problem(const Problem& p, int64_t i0, int64_t i1, int64_t j0, int64_
 }
 
 void parallel_gemm(const Problem& p, int64_t kc_block, int threads) {
-    const Grid g = choose_grid(p.M, p.N, threads);
+    // 4 rectangles per thread, but none smaller than the serial threshold.
+    const double flops = 2.0 * p.M * p.N * p.K;
+    const int64_t wanted = std::max<int64_t>(
+        threads, std::min<double>(4.0 * threads, flops / PARALLEL_MIN_FLOPS));
+    const Grid g = choose_grid(p.M, p.N, wanted);
     const int64_t parts = g.tm * g.tn;
-#pragma omp parallel num_threads(static_cast<int>(parts))
-    {
-        // If the runtime gives fewer threads (e.g. inside another parallel region), the
-        // threads it gives take the rectangles in turn: the same rectangles, the same bits.
-        const int64_t team = omp_get_num_threads();
-        for (int64_t r = omp_get_thread_num(); r < parts; r += team) {
-            int64_t i0, i1, j0, j1;
-            split_range(p.M, MR, g.tm, r / g.tn, i0, i1);
-            split_range(p.N, NR, g.tn, r % g.tn, j0, j1);
-            if (i0 < i1 && j0 < j1) blocked_gemm(sub_problem(p, i0, i1, j0, j1), kc_block);
-        }
+    const int team = static_cast<int>(std::min<int64_t>(threads, parts));
+#pragma omp parallel for schedule(dynamic, 1) num_threads(team)
+    for (int64_t r = 0; r < parts; ++r) {
+        int64_t i0, i1, j0, j1;
+        split_range(p.M, MR, g.tm, r / g.tn, i0, i1);
+        split_range(p.N, NR, g.tn, r % g.tn, j0, j1);
+        if (i0 < i1 && j0 < j1) blocked_gemm(sub_problem(p, i0, i1, j0, j1), kc_block);
     }
 }
 
