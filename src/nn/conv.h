@@ -1,0 +1,54 @@
+// conv.h — the 2-D convolution layer (chapter 03). The kernels are in src/ops/cpu/conv.cpp.
+//
+// Letters: N = batch, C = input channels, H, W = input size, O = output channels,
+// K = kernel size (KH × KW when not square), P, Q = output size, G = groups.
+#pragma once
+#include <cstdint>
+#include <string>
+
+#include "core/rng.h"
+#include "nn/module.h"
+
+namespace kiln {
+
+struct ConvOptions {
+    int64_t stride = 1;
+    int64_t padding = 0;   // zeros on every side
+    int64_t dilation = 1;  // spacing between kernel taps
+    int64_t groups = 1;    // C and O split in G independent groups; G == C == O is depthwise
+    bool bias = true;
+};
+
+// The im2col workspace bound: the batch is convolved in chunks of images whose column matrices
+// (C·K·K · P·Q floats each) fit in this many bytes; at least one image per chunk, whatever
+// its size. Set per layer with Conv2d::workspace_limit.
+constexpr int64_t kDefaultConvWorkspace = int64_t(32) << 20;  // 32 MiB
+
+// y[n, o, p, q] = b[o] + Σ_{c in o's group} Σ_{kh, kw} w[o, c, kh, kw] · x[n, c, p·s − pad + kh·d, q·s − pad + kw·d]
+//   x [N, C, H, W]   w [O, C/G, KH, KW]   b [O]   y [N, O, P, Q]
+//   P = (H + 2·pad − d·(KH − 1) − 1) / s + 1        Q likewise
+// backward:  dx = conv_transpose(dy, w)   dw += Σ_n dy_n ⋆ x_n   db += Σ_{n,p,q} dy
+// Initialized like PyTorch: w, b ~ U(−1/√fan_in, 1/√fan_in), fan_in = C/G · KH · KW.
+// Computed by im2col + GEMM, or directly for 1×1 convolutions and depthwise ones (conv.cpp).
+class Conv2d : public Module {
+public:
+    Conv2d(int64_t in, int64_t out, int64_t kernel, Rng& rng, ConvOptions options = {}, std::string name = "conv");
+    Conv2d(int64_t in, int64_t out, int64_t kernel_h, int64_t kernel_w, Rng& rng, ConvOptions options = {},
+           std::string name = "conv");
+    Tensor forward(const Tensor& x) override;
+    Tensor backward(const Tensor& dy) override;
+    std::vector<Parameter*> parameters() override;
+
+    Parameter weight, bias;  // bias undefined when built without one
+    int64_t in_channels, out_channels, kernel_h, kernel_w;
+    ConvOptions options;
+    int64_t workspace_limit = kDefaultConvWorkspace;  // bytes of im2col columns at once
+
+    // The output shape for an input shape (checks it, throwing a kiln::Error naming the layer).
+    Shape output_shape(const Shape& in) const;
+
+private:
+    Tensor x_;  // the input, kept for dw
+};
+
+}  // namespace kiln

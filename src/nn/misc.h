@@ -1,0 +1,68 @@
+// misc.h — small layers of chapter 06 onwards: Dropout, GELU, Residual.
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "core/rng.h"
+#include "nn/module.h"
+
+namespace kiln {
+
+// Inverted dropout: in training each element is zeroed with probability p and the others
+// are scaled by 1/(1 − p), so the expected output equals the input and eval needs no
+// rescaling; in eval it is the identity (returns x itself, no copy).
+//   y = x · mask / (1 − p)        dx = dy · mask / (1 − p)        mask[i] ∈ {0, 1}
+// The mask comes from a counter-based Rng (core/rng.h): element i of a forward pass uses the
+// stream's value at(first + i), so it is the same on any thread count. It is kept (u8, one
+// byte per element) for backward.
+class Dropout : public Module {
+public:
+    explicit Dropout(float p = 0.5f, uint64_t seed = 0, std::string name = "dropout");
+    Tensor forward(const Tensor& x) override;
+    Tensor backward(const Tensor& dy) override;
+
+    float p;
+    Rng rng;
+    // When true every forward draws the same mask (the stream restarts at counter 0): for
+    // gradient checks, which call forward many times and need one fixed function.
+    bool fixed_mask = false;
+
+private:
+    Tensor mask_;  // u8, the shape of x
+    bool identity_ = false;  // the last forward was the identity (eval or p = 0)
+};
+
+// GELU, exact form (PyTorch's default):  y = x · Φ(x) = x/2 · (1 + erf(x/√2))
+//   dx = dy · (Φ(x) + x · φ(x)),   φ(x) = exp(−x²/2)/√(2π).   Keeps x for backward.
+class GELU : public Module {
+public:
+    explicit GELU(std::string name = "gelu") : Module(std::move(name)) {}
+    Tensor forward(const Tensor& x) override;
+    Tensor backward(const Tensor& dy) override;
+
+private:
+    Tensor x_;
+};
+
+// y = f(x) + shortcut(x)   (shortcut = identity when null; then f must keep x's shape)
+// backward: dx = f.backward(dy) + shortcut.backward(dy)   (+ dy for the identity)
+// parameters() and buffers() gather f's then the shortcut's; train()/eval() reach both.
+class Residual : public Module {
+public:
+    explicit Residual(std::unique_ptr<Module> f, std::unique_ptr<Module> shortcut = nullptr,
+                      std::string name = "residual");
+    Tensor forward(const Tensor& x) override;
+    Tensor backward(const Tensor& dy) override;
+    std::vector<Parameter*> parameters() override;
+    std::vector<std::pair<std::string, Tensor*>> buffers() override;
+    void train(bool on = true) override;
+
+    Module& body() { return *f_; }
+    Module* shortcut() { return shortcut_.get(); }
+
+private:
+    std::unique_ptr<Module> f_, shortcut_;
+};
+
+}  // namespace kiln

@@ -1,0 +1,57 @@
+// norm.h — batch normalization (chapter 06): BatchNorm2d for [N, C, H, W], BatchNorm1d for
+// [N, C] (or [N, C, L]). The kernels are in src/ops/cpu/norm.cpp.
+//
+// Letters: N = batch, C = channels, S = H·W (1 for [N, C]), M = N·S values per channel.
+#pragma once
+#include <cstdint>
+#include <string>
+
+#include "nn/module.h"
+
+namespace kiln {
+
+// Training (batch statistics, per channel over its M values):
+//   mean = Σ x / M      var = Σ (x − mean)² / M   (biased, used to normalize)
+//   y = weight · (x − mean) / sqrt(var + eps) + bias
+//   running_mean = (1 − momentum) · running_mean + momentum · mean
+//   running_var  = (1 − momentum) · running_var  + momentum · var · M / (M − 1)   (unbiased)
+// Evaluation: y = weight · (x − running_mean) / sqrt(running_var + eps) + bias
+// PyTorch's conventions: eps 1e-5, momentum 0.1, running_mean 0 and running_var 1 at the
+// start, weight 1 and bias 0. backward (training mode):
+//   dbias += Σ dy    dweight += Σ dy · x̂    dx = weight / (M·σ) · (M·dy − Σ dy − x̂ · Σ dy · x̂)
+// with x̂ = (x − mean)/σ, σ = sqrt(var + eps). The cache is the input x and the per-channel
+// mean and 1/σ (x̂ is recomputed, so no extra activation-sized tensor is kept).
+class BatchNorm : public Module {
+public:
+    Tensor forward(const Tensor& x) override;
+    Tensor backward(const Tensor& dy) override;
+    std::vector<Parameter*> parameters() override { return {&weight, &bias}; }
+    std::vector<std::pair<std::string, Tensor*>> buffers() override;
+
+    Parameter weight, bias;             // [C]: the affine scale and shift
+    Tensor running_mean, running_var;   // [C]: model state, saved in checkpoints, not learned
+    int64_t num_features;
+    float eps = 1e-5f, momentum = 0.1f;
+
+protected:
+    // ranks: the input ranks this layer accepts (4 for 2d; 2 or 3 for 1d).
+    BatchNorm(int64_t channels, int min_rank, int max_rank, std::string name);
+
+private:
+    int min_rank_, max_rank_;
+    Tensor x_, save_mean_, save_invstd_;  // the cache for backward
+};
+
+// x [N, C, H, W]
+class BatchNorm2d : public BatchNorm {
+public:
+    explicit BatchNorm2d(int64_t channels, std::string name = "bn") : BatchNorm(channels, 4, 4, std::move(name)) {}
+};
+
+// x [N, C] (or [N, C, L], like PyTorch)
+class BatchNorm1d : public BatchNorm {
+public:
+    explicit BatchNorm1d(int64_t features, std::string name = "bn") : BatchNorm(features, 2, 3, std::move(name)) {}
+};
+
+}  // namespace kiln

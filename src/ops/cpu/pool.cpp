@@ -1,0 +1,171 @@
+// pool.cpp — max, average and global average pooling on the CPU (chapter 03).
+//
+// Letters as in cnn_ops.h: x [N, C, H, W] → y [N, C, P, Q], windows KH×KW, S = H·W.
+//
+// Every (n, c) plane is independent, so planes are shared among threads and each plane is
+// done by one thread, in a fixed order: the results (including the backward sums where
+// windows overlap) never depend on the thread count.
+//
+// Window bounds are clipped once per output row and column (no test per element), so the
+// inner loop is a plain scan of a row segment.
+//
+// Max pooling saves, for each output, where its maximum came from (argmax, an index into its
+// input plane): backward is then a scatter, dx[argmax] += dy, with no comparison repeated.
+// It costs one i32 per output — the memory chapter counts it.
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+
+#include "core/error.h"
+#include "ops/cpu/cnn_ops.h"
+
+namespace kiln::cpu {
+namespace {
+
+constexpr int64_t kParallelMin = 1 << 14;  // elements; below this one thread is faster
+
+void check_params(const Pool2dParams& p, const char* op) {
+    KILN_CHECK(p.N >= 0 && p.C > 0 && p.H > 0 && p.W > 0 && p.KH > 0 && p.KW > 0 && p.stride > 0 && p.padding >= 0,
+               op, ": bad sizes N=", p.N, " C=", p.C, " H=", p.H, " W=", p.W, " K=", p.KH, "x", p.KW,
+               " stride=", p.stride, " padding=", p.padding);
+    KILN_CHECK(p.P() > 0 && p.Q() > 0, op, ": a ", p.KH, "x", p.KW, " window does not fit a ", p.H, "x", p.W,
+               " input with padding ", p.padding);
+}
+
+// Window [lo, hi) of output position o along a dimension of size n, clipped to the input.
+inline void window(int64_t o, int64_t stride, int64_t pad, int64_t k, int64_t n, int64_t& lo, int64_t& hi) {
+    const int64_t start = o * stride - pad;
+    lo = std::max<int64_t>(start, 0);
+    hi = std::min<int64_t>(start + k, n);
+}
+
+}  // namespace
+
+// ---- max --------------------------------------------------------------------------------------
+void maxpool2d_forward(const float* x, float* y, int32_t* argmax, const Pool2dParams& p) {
+    check_params(p, "maxpool2d_forward");
+    const int64_t H = p.H, W = p.W, P = p.P(), Q = p.Q();
+    KILN_CHECK(H * W <= std::numeric_limits<int32_t>::max(), "maxpool2d_forward: plane too large for i32 argmax");
+#pragma omp parallel for schedule(static) if (p.N * p.C * H * W > kParallelMin)
+    for (int64_t nc = 0; nc < p.N * p.C; nc++) {
+        const float* xp = x + nc * H * W;
+        float* yp = y + nc * P * Q;
+        int32_t* ap = argmax + nc * P * Q;
+        for (int64_t op = 0; op < P; op++) {
+            int64_t h0, h1;
+            window(op, p.stride, p.padding, p.KH, H, h0, h1);
+            for (int64_t oq = 0; oq < Q; oq++) {
+                int64_t w0, w1;
+                window(oq, p.stride, p.padding, p.KW, W, w0, w1);
+                float m = -std::numeric_limits<float>::infinity();
+                int64_t at = -1;  // stays −1 only if the window lies wholly in the padding
+                for (int64_t ih = h0; ih < h1; ih++) {
+                    const float* row = xp + ih * W;
+                    for (int64_t iw = w0; iw < w1; iw++) {
+                        const float v = row[iw];
+                        // the first value, any larger one, or a NaN (which then stays: v > NaN is false)
+                        if (at < 0 || v > m || (std::isnan(v) && !std::isnan(m))) {
+                            m = v;
+                            at = ih * W + iw;
+                        }
+                    }
+                }
+                yp[op * Q + oq] = m;
+                ap[op * Q + oq] = int32_t(at);
+            }
+        }
+    }
+}
+
+void maxpool2d_backward(const float* dy, const int32_t* argmax, float* dx, const Pool2dParams& p) {
+    check_params(p, "maxpool2d_backward");
+    const int64_t S = p.H * p.W, PQ = p.P() * p.Q();
+#pragma omp parallel for schedule(static) if (p.N * p.C * S > kParallelMin)
+    for (int64_t nc = 0; nc < p.N * p.C; nc++) {
+        float* dxp = dx + nc * S;
+        const float* dyp = dy + nc * PQ;
+        const int32_t* ap = argmax + nc * PQ;
+        std::memset(dxp, 0, size_t(S) * sizeof(float));
+        for (int64_t i = 0; i < PQ; i++)
+            if (ap[i] >= 0) dxp[ap[i]] += dyp[i];
+    }
+}
+
+// ---- average ------------------------------------------------------------------------------------
+void avgpool2d_forward(const float* x, float* y, const Pool2dParams& p) {
+    check_params(p, "avgpool2d_forward");
+    const int64_t H = p.H, W = p.W, P = p.P(), Q = p.Q();
+    const float inv = 1.0f / float(p.KH * p.KW);  // count_include_pad: always the full window
+#pragma omp parallel for schedule(static) if (p.N * p.C * H * W > kParallelMin)
+    for (int64_t nc = 0; nc < p.N * p.C; nc++) {
+        const float* xp = x + nc * H * W;
+        float* yp = y + nc * P * Q;
+        for (int64_t op = 0; op < P; op++) {
+            int64_t h0, h1;
+            window(op, p.stride, p.padding, p.KH, H, h0, h1);
+            for (int64_t oq = 0; oq < Q; oq++) {
+                int64_t w0, w1;
+                window(oq, p.stride, p.padding, p.KW, W, w0, w1);
+                float s = 0.0f;
+                for (int64_t ih = h0; ih < h1; ih++)
+                    for (int64_t iw = w0; iw < w1; iw++) s += xp[ih * W + iw];
+                yp[op * Q + oq] = s * inv;
+            }
+        }
+    }
+}
+
+void avgpool2d_backward(const float* dy, float* dx, const Pool2dParams& p) {
+    check_params(p, "avgpool2d_backward");
+    const int64_t H = p.H, W = p.W, P = p.P(), Q = p.Q();
+    const float inv = 1.0f / float(p.KH * p.KW);
+#pragma omp parallel for schedule(static) if (p.N * p.C * H * W > kParallelMin)
+    for (int64_t nc = 0; nc < p.N * p.C; nc++) {
+        float* dxp = dx + nc * H * W;
+        const float* dyp = dy + nc * P * Q;
+        std::memset(dxp, 0, size_t(H * W) * sizeof(float));
+        for (int64_t op = 0; op < P; op++) {
+            int64_t h0, h1;
+            window(op, p.stride, p.padding, p.KH, H, h0, h1);
+            for (int64_t oq = 0; oq < Q; oq++) {
+                int64_t w0, w1;
+                window(oq, p.stride, p.padding, p.KW, W, w0, w1);
+                const float g = dyp[op * Q + oq] * inv;
+                for (int64_t ih = h0; ih < h1; ih++)
+                    for (int64_t iw = w0; iw < w1; iw++) dxp[ih * W + iw] += g;
+            }
+        }
+    }
+}
+
+// ---- global average: [N·C planes of S] → [N·C] ---------------------------------------------------
+// Eight float lanes (a fixed pattern: vectorizable and the same on any thread count), then a
+// double total.
+void global_avgpool_forward(const float* x, float* y, int64_t NC, int64_t S) {
+    KILN_CHECK(NC >= 0 && S > 0, "global_avgpool_forward: bad sizes NC=", NC, " S=", S);
+#pragma omp parallel for schedule(static) if (NC * S > kParallelMin)
+    for (int64_t i = 0; i < NC; i++) {
+        const float* xp = x + i * S;
+        float lane[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+        int64_t s = 0;
+        for (; s + 8 <= S; s += 8)
+            for (int j = 0; j < 8; j++) lane[j] += xp[s + j];
+        double total = 0.0;
+        for (int j = 0; j < 8; j++) total += lane[j];
+        for (; s < S; s++) total += xp[s];
+        y[i] = float(total / double(S));
+    }
+}
+
+void global_avgpool_backward(const float* dy, float* dx, int64_t NC, int64_t S) {
+    KILN_CHECK(NC >= 0 && S > 0, "global_avgpool_backward: bad sizes NC=", NC, " S=", S);
+    const float inv = 1.0f / float(S);
+#pragma omp parallel for schedule(static) if (NC * S > kParallelMin)
+    for (int64_t i = 0; i < NC; i++) {
+        const float g = dy[i] * inv;
+        std::fill(dx + i * S, dx + (i + 1) * S, g);
+    }
+}
+
+}  // namespace kiln::cpu

@@ -1,0 +1,248 @@
+// test_conv.cpp — Conv2d (chapter 03) against a direct 7-loop convolution, finite differences,
+// the bounded workspace, thread-count determinism and error messages.
+//
+// Run: make build/tests/kiln_tests && build/tests/kiln_tests '[conv]'
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+#include <catch2/catch.hpp>
+#include <omp.h>
+
+#include "gradcheck.h"
+#include "nn/conv.h"
+#include "ops/cpu/cnn_ops.h"
+
+using namespace kiln;
+
+namespace {
+
+struct Case {
+    const char* what;
+    int64_t N, C, H, W, O, KH, KW;
+    ConvOptions opt;
+};
+
+// ---- the reference: v1 of ops/cpu/conv.cpp, the direct 7-loop convolution ---------------------
+// y[n, o, p, q] = b[o] + Σ_{c < Cg} Σ_{kh, kw} w[o, c, kh, kw] · x[n, g·Cg + c, ih, iw]  (g = o / Og)
+void naive_forward(const Case& k, const float* x, const float* w, const float* b, float* y, int64_t P, int64_t Q) {
+    const int64_t G = k.opt.groups, Cg = k.C / G, Og = k.O / G;
+    for (int64_t n = 0; n < k.N; n++)
+        for (int64_t o = 0; o < k.O; o++)
+            for (int64_t p = 0; p < P; p++)
+                for (int64_t q = 0; q < Q; q++) {
+                    double s = b ? b[o] : 0.0;
+                    for (int64_t c = 0; c < Cg; c++)
+                        for (int64_t kh = 0; kh < k.KH; kh++)
+                            for (int64_t kw = 0; kw < k.KW; kw++) {
+                                int64_t ih = p * k.opt.stride - k.opt.padding + kh * k.opt.dilation;
+                                int64_t iw = q * k.opt.stride - k.opt.padding + kw * k.opt.dilation;
+                                if (ih < 0 || ih >= k.H || iw < 0 || iw >= k.W) continue;
+                                int64_t ci = (o / Og) * Cg + c;
+                                s += double(w[((o * Cg + c) * k.KH + kh) * k.KW + kw]) *
+                                     x[((n * k.C + ci) * k.H + ih) * k.W + iw];
+                            }
+                    y[((n * k.O + o) * P + p) * Q + q] = float(s);
+                }
+}
+
+// The same loops, each multiply-add sending dy back to where it came from:
+//   dx[n, ci, ih, iw] += w · dy     dw[o, c, kh, kw] += x · dy     db[o] += dy
+void naive_backward(const Case& k, const float* x, const float* w, const float* dy, float* dx, float* dw, float* db,
+                    int64_t P, int64_t Q) {
+    const int64_t G = k.opt.groups, Cg = k.C / G, Og = k.O / G;
+    std::vector<double> dxd(size_t(k.N * k.C * k.H * k.W), 0.0), dwd(size_t(k.O * Cg * k.KH * k.KW), 0.0),
+        dbd(size_t(k.O), 0.0);
+    for (int64_t n = 0; n < k.N; n++)
+        for (int64_t o = 0; o < k.O; o++)
+            for (int64_t p = 0; p < P; p++)
+                for (int64_t q = 0; q < Q; q++) {
+                    const double g = dy[((n * k.O + o) * P + p) * Q + q];
+                    dbd[size_t(o)] += g;
+                    for (int64_t c = 0; c < Cg; c++)
+                        for (int64_t kh = 0; kh < k.KH; kh++)
+                            for (int64_t kw = 0; kw < k.KW; kw++) {
+                                int64_t ih = p * k.opt.stride - k.opt.padding + kh * k.opt.dilation;
+                                int64_t iw = q * k.opt.stride - k.opt.padding + kw * k.opt.dilation;
+                                if (ih < 0 || ih >= k.H || iw < 0 || iw >= k.W) continue;
+                                int64_t ci = (o / Og) * Cg + c;
+                                int64_t xi = ((n * k.C + ci) * k.H + ih) * k.W + iw;
+                                int64_t wi = ((o * Cg + c) * k.KH + kh) * k.KW + kw;
+                                dxd[size_t(xi)] += double(w[wi]) * g;
+                                dwd[size_t(wi)] += double(x[xi]) * g;
+                            }
+                }
+    for (size_t i = 0; i < dxd.size(); i++) dx[i] = float(dxd[i]);
+    for (size_t i = 0; i < dwd.size(); i++) dw[i] = float(dwd[i]);
+    for (size_t i = 0; i < dbd.size(); i++) db[i] = float(dbd[i]);
+}
+
+// max |a − b| / max(1, max |b|)
+double rel_diff(const float* a, const float* b, int64_t n) {
+    double d = 0.0, m = 1.0;
+    for (int64_t i = 0; i < n; i++) {
+        d = std::max(d, std::fabs(double(a[i]) - double(b[i])));
+        m = std::max(m, std::fabs(double(b[i])));
+    }
+    return d / m;
+}
+
+bool same_bits(const Tensor& a, const Tensor& b) {
+    return a.shape() == b.shape() && std::memcmp(a.raw(), b.raw(), a.nbytes()) == 0;
+}
+
+const Case kCases[] = {
+    {"stride 2, padding 1", 2, 3, 9, 8, 4, 3, 3, {2, 1, 1, 1, true}},
+    {"dilation 2, padding 2", 2, 2, 10, 11, 3, 3, 3, {1, 2, 2, 1, true}},
+    {"groups 2", 2, 4, 7, 7, 6, 3, 3, {1, 1, 1, 2, true}},
+    {"depthwise", 2, 3, 8, 9, 3, 3, 3, {1, 1, 1, 3, true}},
+    {"depthwise, stride 2, dilation 2", 2, 4, 9, 10, 4, 3, 3, {2, 2, 2, 4, true}},
+    {"1x1 (pointwise)", 3, 5, 6, 7, 4, 1, 1, {1, 0, 1, 1, true}},
+    {"1x1, groups 2", 2, 4, 5, 5, 6, 1, 1, {1, 0, 1, 2, true}},
+    {"1x1, stride 2 (im2col)", 2, 3, 7, 6, 4, 1, 1, {2, 0, 1, 1, true}},
+    {"odd sizes, 3x5 kernel, stride 3", 2, 3, 5, 13, 2, 3, 5, {3, 2, 1, 1, true}},
+    {"batch 1, no bias, 5x5", 1, 2, 6, 6, 3, 5, 5, {1, 0, 1, 1, false}},
+    {"LeNet conv2 shape", 2, 10, 12, 12, 20, 5, 5, {1, 0, 1, 1, true}},
+};
+
+}  // namespace
+
+TEST_CASE("Conv2d matches the direct 7-loop convolution, forward and backward", "[conv][cpu][lesson03]") {
+    for (const Case& k : kCases) {
+        SECTION(k.what) {
+            Rng rng(7);
+            Conv2d conv(k.C, k.O, k.KH, k.KW, rng, k.opt, "conv");
+            Tensor x = Tensor::normal({k.N, k.C, k.H, k.W}, 0.0f, 1.0f, rng);
+            Tensor y = conv.forward(x);
+            const int64_t P = y.size(2), Q = y.size(3);
+            Tensor y_ref = Tensor::zeros(y.shape());
+            naive_forward(k, x.data<float>(), conv.weight.value.data<float>(),
+                          k.opt.bias ? conv.bias.value.data<float>() : nullptr, y_ref.data<float>(), P, Q);
+            CHECK(rel_diff(y.data<float>(), y_ref.data<float>(), y.numel()) < 1e-5);
+
+            Tensor dy = Tensor::normal(y.shape(), 0.0f, 1.0f, rng);
+            Tensor dx = conv.backward(dy);
+            Tensor dx_ref = Tensor::zeros(x.shape()), dw_ref = Tensor::zeros(conv.weight.value.shape()),
+                   db_ref = Tensor::zeros({k.O});
+            naive_backward(k, x.data<float>(), conv.weight.value.data<float>(), dy.data<float>(),
+                           dx_ref.data<float>(), dw_ref.data<float>(), db_ref.data<float>(), P, Q);
+            CHECK(rel_diff(dx.data<float>(), dx_ref.data<float>(), dx.numel()) < 1e-5);
+            CHECK(rel_diff(conv.weight.grad.data<float>(), dw_ref.data<float>(), dw_ref.numel()) < 1e-5);
+            if (k.opt.bias) CHECK(rel_diff(conv.bias.grad.data<float>(), db_ref.data<float>(), k.O) < 1e-5);
+        }
+    }
+}
+
+TEST_CASE("Conv2d accumulates dw and db over backward calls", "[conv][cpu][lesson03]") {
+    Rng rng(3);
+    Conv2d conv(2, 3, 3, rng, {1, 1, 1, 1, true});
+    Tensor x = Tensor::normal({2, 2, 5, 5}, 0.0f, 1.0f, rng);
+    Tensor dy = Tensor::normal({2, 3, 5, 5}, 0.0f, 1.0f, rng);
+    conv.forward(x);
+    conv.backward(dy);
+    Tensor dw1 = conv.weight.grad.clone(), db1 = conv.bias.grad.clone();
+    conv.forward(x);
+    conv.backward(dy);
+    for (int64_t i = 0; i < dw1.numel(); i++)
+        CHECK(conv.weight.grad.data<float>()[i] == Approx(2.0 * dw1.data<float>()[i]).margin(1e-6));
+    for (int64_t i = 0; i < db1.numel(); i++)
+        CHECK(conv.bias.grad.data<float>()[i] == Approx(2.0 * db1.data<float>()[i]).margin(1e-6));
+}
+
+TEST_CASE("Conv2d gradients match finite differences", "[conv][cpu][lesson03][gradcheck]") {
+    struct G { const char* what; int64_t N, C, H, W, O, K; ConvOptions opt; };
+    const G cases[] = {
+        {"stride 2, padding 1", 2, 2, 6, 5, 3, 3, {2, 1, 1, 1, true}},
+        {"dilation 2", 1, 2, 7, 7, 2, 3, {1, 1, 2, 1, true}},
+        {"groups 2", 2, 4, 5, 5, 4, 3, {1, 1, 1, 2, true}},
+        {"depthwise", 2, 3, 5, 6, 3, 3, {1, 1, 1, 3, true}},
+        {"1x1", 2, 3, 4, 4, 2, 1, {1, 0, 1, 1, true}},
+        {"no bias, 5x5", 1, 1, 7, 7, 2, 5, {1, 0, 1, 1, false}},
+    };
+    for (const G& g : cases) {
+        SECTION(g.what) {
+            Rng rng(11);
+            Conv2d conv(g.C, g.O, g.K, rng, g.opt, "conv");
+            check_module_gradients(conv, Tensor::normal({g.N, g.C, g.H, g.W}, 0.0f, 1.0f, rng), 5);
+        }
+    }
+}
+
+TEST_CASE("Conv2d with a tiny workspace (one or two images per chunk) gives the same bits", "[conv][cpu][lesson03]") {
+    const int64_t N = 5, C = 4, H = 8, W = 8, O = 6;
+    Rng rng(5);
+    Tensor x = Tensor::normal({N, C, H, W}, 0.0f, 1.0f, rng);
+    Tensor dy = Tensor::normal({N, O, H, W}, 0.0f, 1.0f, rng);
+    auto run = [&](int64_t limit, Tensor& y, Tensor& dx, Tensor& dw, Tensor& db) {
+        Rng init(9);  // the same weights each time
+        Conv2d conv(C, O, 3, init, {1, 1, 1, 1, true});
+        conv.workspace_limit = limit;
+        y = conv.forward(x);
+        dx = conv.backward(dy);
+        dw = conv.weight.grad.clone();
+        db = conv.bias.grad.clone();
+    };
+    Tensor y0, dx0, dw0, db0, y1, dx1, dw1, db1, y2, dx2, dw2, db2;
+    run(kDefaultConvWorkspace, y0, dx0, dw0, db0);
+    run(1, y1, dx1, dw1, db1);  // below one image: one image per chunk
+    const int64_t per_image = C * 9 * H * W * int64_t(sizeof(float));
+    run(2 * per_image, y2, dx2, dw2, db2);  // chunks of 2, 2, 1
+    CHECK(same_bits(y0, y1));
+    CHECK(same_bits(dx0, dx1));
+    CHECK(same_bits(dw0, dw1));
+    CHECK(same_bits(db0, db1));
+    CHECK(same_bits(y0, y2));
+    CHECK(same_bits(dx0, dx2));
+    CHECK(same_bits(dw0, dw2));
+}
+
+TEST_CASE("Conv2d gives the same bits on 1 and 2 threads", "[conv][cpu][lesson03][threads]") {
+    struct T { const char* what; int64_t C, O, K; ConvOptions opt; };
+    const T cases[] = {
+        {"3x3 im2col", 16, 32, 3, {1, 1, 1, 1, true}},
+        {"1x1", 32, 32, 1, {1, 0, 1, 1, true}},
+        {"depthwise", 16, 16, 3, {1, 1, 1, 16, true}},
+        {"groups 2, stride 2", 16, 16, 3, {2, 1, 1, 2, true}},
+    };
+    const int saved = omp_get_max_threads();
+    for (const T& t : cases) {
+        SECTION(t.what) {
+            Rng rng(2);
+            Tensor x = Tensor::normal({8, t.C, 16, 16}, 0.0f, 1.0f, rng);
+            Tensor y[2], dx[2], dw[2], db[2];
+            for (int threads = 1; threads <= 2; threads++) {
+                omp_set_num_threads(threads);
+                Rng init(4);
+                Conv2d conv(t.C, t.O, t.K, init, t.opt);
+                conv.workspace_limit = 3 << 20;  // several chunks
+                Tensor out = conv.forward(x);
+                Rng grad_rng(8);
+                Tensor g = Tensor::normal(out.shape(), 0.0f, 1.0f, grad_rng);
+                y[threads - 1] = out;
+                dx[threads - 1] = conv.backward(g);
+                dw[threads - 1] = conv.weight.grad.clone();
+                db[threads - 1] = conv.bias.grad.clone();
+            }
+            omp_set_num_threads(saved);
+            CHECK(same_bits(y[0], y[1]));
+            CHECK(same_bits(dx[0], dx[1]));
+            CHECK(same_bits(dw[0], dw[1]));
+            CHECK(same_bits(db[0], db[1]));
+        }
+    }
+    omp_set_num_threads(saved);
+}
+
+TEST_CASE("Conv2d errors name the layer and the shapes", "[conv][cpu][lesson03]") {
+    Rng rng(1);
+    Conv2d conv(3, 4, 3, rng, {}, "conv1");
+    using Catch::Matchers::Contains;
+    REQUIRE_THROWS_AS(conv.forward(Tensor::zeros({2, 5, 8, 8})), Error);
+    REQUIRE_THROWS_WITH(conv.forward(Tensor::zeros({2, 5, 8, 8})), Contains("conv1") && Contains("[2, 5, 8, 8]"));
+    REQUIRE_THROWS_WITH(conv.forward(Tensor::zeros({3, 8, 8})), Contains("conv1") && Contains("[3, 8, 8]"));
+    REQUIRE_THROWS_WITH(conv.forward(Tensor::zeros({1, 3, 2, 2})), Contains("conv1") && Contains("does not fit"));
+    REQUIRE_THROWS_WITH(conv.backward(Tensor::zeros({2, 4, 6, 6})), Contains("conv1") && Contains("backward"));
+    conv.forward(Tensor::zeros({2, 3, 8, 8}));
+    REQUIRE_THROWS_WITH(conv.backward(Tensor::zeros({2, 4, 5, 5})), Contains("conv1") && Contains("[2, 4, 6, 6]"));
+    REQUIRE_THROWS_WITH(Conv2d(4, 6, 3, rng, {1, 0, 1, 4, true}, "conv2"), Contains("conv2") && Contains("groups"));
+}

@@ -1,0 +1,176 @@
+// test_norm.cpp — BatchNorm1d / BatchNorm2d (chapter 06): a case computed by hand, the running
+// statistics, eval mode, a double-precision reference, finite differences, threads, errors.
+//
+// Run: make build/tests/kiln_tests && build/tests/kiln_tests '[batchnorm]'
+#include <cmath>
+#include <cstring>
+#include <vector>
+
+#include <catch2/catch.hpp>
+#include <omp.h>
+
+#include "core/rng.h"
+#include "gradcheck.h"
+#include "nn/norm.h"
+
+using namespace kiln;
+
+namespace {
+
+Tensor from(const Shape& s, const std::vector<float>& v) {
+    Tensor t = Tensor::empty(s);
+    REQUIRE(int64_t(v.size()) == t.numel());
+    std::copy(v.begin(), v.end(), t.data<float>());
+    return t;
+}
+
+bool same_bits(const Tensor& a, const Tensor& b) {
+    return a.shape() == b.shape() && std::memcmp(a.raw(), b.raw(), a.nbytes()) == 0;
+}
+
+}  // namespace
+
+// BatchNorm1d(2) on x [4, 2]:
+//
+//        ch0  ch1        ch0: mean 4,  biased var (9 + 1 + 1 + 9) / 4 = 5,   unbiased 20/3
+//   x =   1   10         ch1: mean 20, biased var (100 + 100 + 0 + 400) / 4 = 150, unbiased 200
+//         3   10
+//         5   20         y[:,0] = (−3, −1, 1, 3) / √(5 + 1e-5)
+//         7   40         y[:,1] = (−10, −10, 0, 20) / √(150 + 1e-5)
+//
+// running_mean = 0.9 · 0 + 0.1 · (4, 20)      = (0.4, 2.0)
+// running_var  = 0.9 · 1 + 0.1 · (20/3, 200)  = (1.5666667, 20.9)
+TEST_CASE("BatchNorm1d train and eval on a [4, 2] batch computed by hand", "[batchnorm][cpu][lesson06]") {
+    BatchNorm1d bn(2);
+    const Tensor x = from({4, 2}, {1, 10, 3, 10, 5, 20, 7, 40});
+    Tensor y = bn.forward(x);
+    const double s0 = std::sqrt(5.0 + 1e-5), s1 = std::sqrt(150.0 + 1e-5);
+    const double want[8] = {-3 / s0, -10 / s1, -1 / s0, -10 / s1, 1 / s0, 0, 3 / s0, 20 / s1};
+    for (int i = 0; i < 8; i++) CHECK(y.data<float>()[i] == Approx(want[i]).epsilon(1e-6));
+    CHECK(bn.running_mean.data<float>()[0] == Approx(0.4).epsilon(1e-6));
+    CHECK(bn.running_mean.data<float>()[1] == Approx(2.0).epsilon(1e-6));
+    CHECK(bn.running_var.data<float>()[0] == Approx(0.9 + 0.1 * 20.0 / 3.0).epsilon(1e-6));
+    CHECK(bn.running_var.data<float>()[1] == Approx(20.9).epsilon(1e-6));
+
+    SECTION("a second step moves the running statistics again") {
+        bn.forward(x);
+        CHECK(bn.running_mean.data<float>()[0] == Approx(0.9 * 0.4 + 0.1 * 4).epsilon(1e-6));
+        CHECK(bn.running_var.data<float>()[1] == Approx(0.9 * 20.9 + 0.1 * 200).epsilon(1e-6));
+    }
+    SECTION("eval uses the running statistics and leaves them alone") {
+        bn.weight.value.data<float>()[0] = 2.0f;  // y = weight · x̂ + bias
+        bn.bias.value.data<float>()[1] = -1.0f;
+        bn.eval();
+        Tensor ye = bn.forward(x);
+        const double rv0 = 0.9 + 0.1 * 20.0 / 3.0, rv1 = 20.9;
+        for (int n = 0; n < 4; n++) {
+            CHECK(ye.data<float>()[2 * n] ==
+                  Approx(2.0 * (x.data<float>()[2 * n] - 0.4) / std::sqrt(rv0 + 1e-5)).epsilon(1e-6));
+            CHECK(ye.data<float>()[2 * n + 1] ==
+                  Approx((x.data<float>()[2 * n + 1] - 2.0) / std::sqrt(rv1 + 1e-5) - 1.0).epsilon(1e-6));
+        }
+        CHECK(bn.running_mean.data<float>()[0] == Approx(0.4).epsilon(1e-6));
+    }
+    SECTION("buffers() names the running statistics") {
+        auto b = bn.buffers();
+        REQUIRE(b.size() == 2);
+        CHECK(b[0].first == "bn.running_mean");
+        CHECK(b[1].first == "bn.running_var");
+        CHECK(b[0].second == &bn.running_mean);
+        CHECK(bn.parameters().size() == 2);
+        CHECK(bn.parameters()[0]->name == "bn.weight");
+    }
+}
+
+TEST_CASE("BatchNorm2d matches a double-precision reference, even with a large mean", "[batchnorm][cpu][lesson06]") {
+    const int64_t N = 4, C = 3, H = 5, W = 6, S = H * W;
+    Rng rng(12);
+    // channel 2 sits at 1000 with spread 0.01: Σx² − (Σx)²/M would lose every digit in f32
+    Tensor x = Tensor::normal({N, C, H, W}, 0.0f, 1.0f, rng);
+    for (int64_t n = 0; n < N; n++)
+        for (int64_t s = 0; s < S; s++) {
+            float& v = x.data<float>()[(n * C + 2) * S + s];
+            v = 1000.0f + 0.01f * v;
+        }
+    BatchNorm2d bn(C);
+    Rng prng(13);
+    bn.weight.value = Tensor::uniform({C}, 0.5f, 1.5f, prng);
+    bn.bias.value = Tensor::uniform({C}, -0.5f, 0.5f, prng);
+    Tensor y = bn.forward(x);
+    for (int64_t c = 0; c < C; c++) {
+        double mean = 0, var = 0;
+        for (int64_t n = 0; n < N; n++)
+            for (int64_t s = 0; s < S; s++) mean += x.data<float>()[(n * C + c) * S + s];
+        mean /= double(N * S);
+        for (int64_t n = 0; n < N; n++)
+            for (int64_t s = 0; s < S; s++) var += std::pow(x.data<float>()[(n * C + c) * S + s] - mean, 2);
+        var /= double(N * S);
+        const double g = bn.weight.value.data<float>()[c], b = bn.bias.value.data<float>()[c];
+        for (int64_t n = 0; n < N; n++)
+            for (int64_t s = 0; s < S; s++) {
+                const int64_t i = (n * C + c) * S + s;
+                CHECK(y.data<float>()[i] == Approx(g * (x.data<float>()[i] - mean) / std::sqrt(var + 1e-5) + b)
+                                                .epsilon(2e-3)
+                                                .margin(2e-3));
+            }
+        CHECK(bn.running_var.data<float>()[c] ==
+              Approx(0.9 + 0.1 * var * double(N * S) / double(N * S - 1)).epsilon(1e-4));
+    }
+}
+
+TEST_CASE("BatchNorm gradients match finite differences (training mode)", "[batchnorm][cpu][lesson06][gradcheck]") {
+    Rng rng(21);
+    SECTION("BatchNorm2d") {
+        BatchNorm2d bn(3);
+        bn.weight.value = Tensor::uniform({3}, 0.5f, 1.5f, rng);
+        bn.bias.value = Tensor::uniform({3}, -0.5f, 0.5f, rng);
+        check_module_gradients(bn, Tensor::normal({3, 3, 4, 3}, 0.5f, 2.0f, rng), 1);
+    }
+    SECTION("BatchNorm1d") {
+        BatchNorm1d bn(4);
+        bn.weight.value = Tensor::uniform({4}, 0.5f, 1.5f, rng);
+        check_module_gradients(bn, Tensor::normal({6, 4}, -1.0f, 1.5f, rng), 2);
+    }
+    SECTION("BatchNorm1d on [N, C, L]") {
+        BatchNorm1d bn(2);
+        check_module_gradients(bn, Tensor::normal({3, 2, 5}, 0.0f, 1.0f, rng), 3);
+    }
+}
+
+TEST_CASE("BatchNorm2d gives the same bits on 1 and 2 threads", "[batchnorm][cpu][lesson06][threads]") {
+    Rng rng(31);
+    Tensor x = Tensor::normal({16, 32, 16, 16}, 0.3f, 2.0f, rng);
+    Tensor dy = Tensor::normal(x.shape(), 0.0f, 1.0f, rng);
+    const int saved = omp_get_max_threads();
+    Tensor y[2], dx[2], dg[2], db[2], rm[2], rv[2];
+    for (int t = 1; t <= 2; t++) {
+        omp_set_num_threads(t);
+        BatchNorm2d bn(32);
+        y[t - 1] = bn.forward(x);
+        dx[t - 1] = bn.backward(dy);
+        dg[t - 1] = bn.weight.grad;
+        db[t - 1] = bn.bias.grad;
+        rm[t - 1] = bn.running_mean;
+        rv[t - 1] = bn.running_var;
+    }
+    omp_set_num_threads(saved);
+    CHECK(same_bits(y[0], y[1]));
+    CHECK(same_bits(dx[0], dx[1]));
+    CHECK(same_bits(dg[0], dg[1]));
+    CHECK(same_bits(db[0], db[1]));
+    CHECK(same_bits(rm[0], rm[1]));
+    CHECK(same_bits(rv[0], rv[1]));
+}
+
+TEST_CASE("BatchNorm errors name the layer and the shapes", "[batchnorm][cpu][lesson06]") {
+    using Catch::Matchers::Contains;
+    BatchNorm2d bn2(3, "bn1");
+    REQUIRE_THROWS_AS(bn2.forward(Tensor::zeros({2, 4, 5, 5})), Error);
+    REQUIRE_THROWS_WITH(bn2.forward(Tensor::zeros({2, 4, 5, 5})), Contains("bn1") && Contains("[2, 4, 5, 5]"));
+    REQUIRE_THROWS_WITH(bn2.forward(Tensor::zeros({2, 3})), Contains("bn1") && Contains("[2, 3]"));
+    REQUIRE_THROWS_WITH(bn2.backward(Tensor::zeros({2, 3, 5, 5})), Contains("bn1") && Contains("backward"));
+    BatchNorm1d bn1(3, "fc_bn");
+    REQUIRE_THROWS_WITH(bn1.forward(Tensor::zeros({1, 3})), Contains("fc_bn") && Contains("more than one value"));
+    bn1.eval();
+    CHECK_NOTHROW(bn1.forward(Tensor::zeros({1, 3})));  // eval needs no batch statistics
+}

@@ -1,0 +1,160 @@
+// test_pool.cpp — MaxPool2d, AvgPool2d, GlobalAvgPool (chapter 03): hand-computed cases,
+// finite differences, errors.
+//
+// Run: make build/tests/kiln_tests && build/tests/kiln_tests '[pool]'
+#include <algorithm>
+#include <vector>
+
+#include <catch2/catch.hpp>
+
+#include "core/rng.h"
+#include "gradcheck.h"
+#include "nn/pool.h"
+#include "ops/cpu/cnn_ops.h"
+
+using namespace kiln;
+
+namespace {
+
+Tensor from(const Shape& s, const std::vector<float>& v) {
+    Tensor t = Tensor::empty(s);
+    REQUIRE(int64_t(v.size()) == t.numel());
+    std::copy(v.begin(), v.end(), t.data<float>());
+    return t;
+}
+
+std::vector<float> values(const Tensor& t) { return std::vector<float>(t.data<float>(), t.data<float>() + t.numel()); }
+
+// Distinct values 0.1 apart in a scrambled order: no ties within 2ε of each other, so the
+// finite differences never cross a max-pool kink.
+Tensor spread(const Shape& s, uint64_t seed) {
+    Tensor t = Tensor::empty(s);
+    const int64_t n = t.numel();
+    std::vector<int64_t> perm(static_cast<size_t>(n));
+    for (int64_t i = 0; i < n; i++) perm[size_t(i)] = i;
+    Rng rng(seed);
+    for (int64_t i = n - 1; i > 0; i--) std::swap(perm[size_t(i)], perm[size_t(rng.next_below(uint64_t(i + 1)))]);
+    for (int64_t i = 0; i < n; i++) t.data<float>()[i] = 0.1f * float(perm[size_t(i)]) - 0.05f * float(n);
+    return t;
+}
+
+}  // namespace
+
+// One 4×4 plane, 2×2 windows, stride 2:
+//
+//   x:  1  2 | 5  3        max:   4  6        argmax (ih·4 + iw):   4   6
+//       4  0 | 6  1               10  7                            13  11
+//       -----+-----
+//       9  8 | 2  7        avg:   1.75  3.75
+//       3 10 | 4  5               7.5   4.5
+//
+// backward of max with dy = [[1, 2], [3, 4]]: dx is 0 except dx[4] = 1, dx[6] = 2, dx[13] = 3, dx[11] = 4.
+// backward of avg: each dy / 4 over its 2×2 window.
+TEST_CASE("MaxPool2d and AvgPool2d on a 4x4 plane computed by hand", "[pool][cpu][lesson03]") {
+    const Tensor x = from({1, 1, 4, 4}, {1, 2, 5, 3, 4, 0, 6, 1, 9, 8, 2, 7, 3, 10, 4, 5});
+    const Tensor dy = from({1, 1, 2, 2}, {1, 2, 3, 4});
+
+    SECTION("max: the kernel's values and argmax") {
+        cpu::Pool2dParams p;
+        p.H = p.W = 4, p.KH = p.KW = 2, p.stride = 2;
+        float y[4];
+        int32_t at[4];
+        cpu::maxpool2d_forward(x.data<float>(), y, at, p);
+        CHECK(std::vector<float>(y, y + 4) == std::vector<float>{4, 6, 10, 7});
+        CHECK(std::vector<int32_t>(at, at + 4) == std::vector<int32_t>{4, 6, 13, 11});
+    }
+    SECTION("max: the layer, forward and backward") {
+        MaxPool2d pool(2, 2);
+        Tensor y = pool.forward(x);
+        CHECK(y.shape() == Shape{1, 1, 2, 2});
+        CHECK(values(y) == std::vector<float>{4, 6, 10, 7});
+        CHECK(values(pool.backward(dy)) == std::vector<float>{0, 0, 0, 0, 1, 0, 2, 0, 0, 0, 0, 4, 0, 3, 0, 0});
+    }
+    SECTION("avg: forward and backward") {
+        AvgPool2d pool(2, 2);
+        CHECK(values(pool.forward(x)) == std::vector<float>{1.75f, 3.75f, 7.5f, 4.5f});
+        CHECK(values(pool.backward(dy)) == std::vector<float>{0.25f, 0.25f, 0.5f, 0.5f, 0.25f, 0.25f, 0.5f, 0.5f,
+                                                              0.75f, 0.75f, 1.0f, 1.0f, 0.75f, 0.75f, 1.0f, 1.0f});
+    }
+}
+
+// A 2×2 plane, 2×2 windows, stride 2, padding 1: each window holds one real value and three
+// padding cells:
+//
+//     p  p  p  p          max (padding = −inf):  1  2      avg (padding = 0, counted):  0.25  0.5
+//     p  1  2  p                                 3  4                                   0.75  1
+//     p  3  4  p
+//     p  p  p  p
+TEST_CASE("Pooling with padding: -inf for max, counted zeros for avg", "[pool][cpu][lesson03]") {
+    const Tensor x = from({1, 1, 2, 2}, {1, 2, 3, 4});
+    MaxPool2d maxpool(2, 2, 1);
+    CHECK(values(maxpool.forward(x)) == std::vector<float>{1, 2, 3, 4});
+    AvgPool2d avgpool(2, 2, 1);
+    CHECK(values(avgpool.forward(x)) == std::vector<float>{0.25f, 0.5f, 0.75f, 1.0f});
+    // negative values: the max must not be the padding's 0
+    const Tensor neg = from({1, 1, 2, 2}, {-1, -2, -3, -4});
+    CHECK(values(maxpool.forward(neg)) == std::vector<float>{-1, -2, -3, -4});
+}
+
+// Overlapping windows: a 3×3 plane, 2×2 windows at stride 1. The centre (9, the maximum) is in
+// all four windows, so it collects all four gradients:
+//
+//   x:  1 2 3      y:  9 9      dy:  1 2      dx:  0  0 0
+//       4 9 5          9 9           3 4           0 10 0
+//       6 7 8                                      0  0 0
+TEST_CASE("MaxPool2d sums the gradients of overlapping windows", "[pool][cpu][lesson03]") {
+    const Tensor x = from({1, 1, 3, 3}, {1, 2, 3, 4, 9, 5, 6, 7, 8});
+    MaxPool2d pool(2, 1);
+    CHECK(values(pool.forward(x)) == std::vector<float>{9, 9, 9, 9});
+    CHECK(values(pool.backward(from({1, 1, 2, 2}, {1, 2, 3, 4}))) == std::vector<float>{0, 0, 0, 0, 10, 0, 0, 0, 0});
+}
+
+TEST_CASE("GlobalAvgPool averages each plane", "[pool][cpu][lesson06]") {
+    const Tensor x = from({2, 2, 1, 3}, {1, 2, 3, 4, 5, 6, -1, 0, 4, 7, 8, 9});
+    GlobalAvgPool gap;
+    Tensor y = gap.forward(x);
+    CHECK(y.shape() == Shape{2, 2});
+    CHECK(values(y) == std::vector<float>{2, 5, 1, 8});
+    CHECK(values(gap.backward(from({2, 2}, {3, 6, 0, -3}))) ==
+          std::vector<float>{1, 1, 1, 2, 2, 2, 0, 0, 0, -1, -1, -1});
+}
+
+TEST_CASE("Pooling gradients match finite differences", "[pool][cpu][lesson03][gradcheck]") {
+    SECTION("max 2x2 stride 2") {
+        MaxPool2d pool(2, 2);
+        check_module_gradients(pool, spread({2, 3, 6, 6}, 1));
+    }
+    SECTION("max 3x3 stride 2 padding 1, odd size") {
+        MaxPool2d pool(3, 2, 1);
+        check_module_gradients(pool, spread({2, 2, 7, 5}, 2));
+    }
+    SECTION("avg 2x2 stride 2") {
+        AvgPool2d pool(2, 2);
+        Rng rng(3);
+        check_module_gradients(pool, Tensor::normal({2, 3, 6, 6}, 0.0f, 1.0f, rng));
+    }
+    SECTION("avg 3x3 stride 2 padding 1, odd size") {
+        AvgPool2d pool(3, 2, 1);
+        Rng rng(4);
+        check_module_gradients(pool, Tensor::normal({2, 2, 7, 5}, 0.0f, 1.0f, rng));
+    }
+    SECTION("global average") {
+        GlobalAvgPool pool;
+        Rng rng(5);
+        check_module_gradients(pool, Tensor::normal({3, 4, 5, 5}, 0.0f, 1.0f, rng));
+    }
+}
+
+TEST_CASE("Pooling errors name the layer and the shapes", "[pool][cpu][lesson03]") {
+    using Catch::Matchers::Contains;
+    MaxPool2d pool(2, 2, 0, "pool1");
+    REQUIRE_THROWS_AS(pool.forward(Tensor::zeros({3, 8, 8})), Error);
+    REQUIRE_THROWS_WITH(pool.forward(Tensor::zeros({3, 8, 8})), Contains("pool1") && Contains("[3, 8, 8]"));
+    REQUIRE_THROWS_WITH(pool.forward(Tensor::zeros({1, 1, 1, 1})), Contains("pool1") && Contains("[1, 1, 1, 1]"));
+    REQUIRE_THROWS_WITH(pool.backward(Tensor::zeros({1, 1, 2, 2})), Contains("pool1") && Contains("backward"));
+    pool.forward(Tensor::zeros({1, 2, 4, 4}));
+    REQUIRE_THROWS_WITH(pool.backward(Tensor::zeros({1, 2, 3, 3})), Contains("pool1") && Contains("[1, 2, 2, 2]"));
+    REQUIRE_THROWS_WITH(AvgPool2d(2, 2, 2, "pool2"), Contains("pool2") && Contains("padding"));
+    GlobalAvgPool gap("gap");
+    REQUIRE_THROWS_WITH(gap.forward(Tensor::zeros({4, 8})), Contains("gap") && Contains("[4, 8]"));
+}
