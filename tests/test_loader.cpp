@@ -76,11 +76,12 @@ TEST_CASE("pixels are scaled and normalized per channel", "[loader][cpu][lesson0
     REQUIRE_THROWS_WITH(DataLoader(s, o), Catch::Contains("one value per channel"));
 }
 
-TEST_CASE("take_first keeps the first n images; seek resumes an epoch", "[loader][cpu][lesson01]") {
-    ImageSet s = take_first(tiny_set(), 3);
+TEST_CASE("take_spread keeps n images spread over the set; seek resumes an epoch", "[loader][cpu][lesson01]") {
+    ImageSet s = take_spread(tiny_set(), 3);  // images 0, 3, 6 of 10
     REQUIRE(s.n == 3);
-    REQUIRE(s.labels == std::vector<int32_t>{0, 1, 2});
-    REQUIRE(take_first(s, 0).n == 3);
+    REQUIRE(s.labels == std::vector<int32_t>{0, 3, 6});
+    REQUIRE(s.pixels == std::vector<uint8_t>{0, 30, 60});
+    REQUIRE(take_spread(s, 0).n == 3);
     ImageSet t = tiny_set();
     LoaderOptions o;
     o.batch_size = 3;

@@ -63,7 +63,7 @@ TEST_CASE("lesson 02: the MLP's first losses", "[trainer][cpu][lesson02]") {
 }
 
 TEST_CASE("lesson 02: a short run's loss falls", "[trainer][cpu][lesson02]") {
-    ImageSet small = take_first(mnist_train(), 2000);
+    ImageSet small = take_spread(mnist_train(), 2000);
     DataLoader loader(small, {64, true, false, 1, {0.1307f}, {0.3081f}, Device::CPU});
     Rng rng(1);
     auto model = mlp(rng, 128, 64);

@@ -32,7 +32,7 @@ int main(int argc, char** argv) try {
     Device device = flags.apply();
     auto start = std::chrono::steady_clock::now();
 
-    ImageSet train_set = take_first(load_mnist(flags.data, true), flags.limit);
+    ImageSet train_set = take_spread(load_mnist(flags.data, true), flags.limit);
     ImageSet test_set = load_mnist(flags.data, false);
     LoaderOptions opt{flags.batch_size, true, false, flags.seed, {0.1307f}, {0.3081f}, device};
     DataLoader train_loader(train_set, opt);

@@ -37,7 +37,7 @@ int main(int argc, char** argv) try {
     auto start = std::chrono::steady_clock::now();
 
     // Data: 60,000 training and 10,000 test images, normalized with MNIST's mean and std.
-    ImageSet train_set = take_first(load_mnist(flags.data, true), flags.limit);
+    ImageSet train_set = take_spread(load_mnist(flags.data, true), flags.limit);
     ImageSet test_set = load_mnist(flags.data, false);
     LoaderOptions opt{flags.batch_size, true, false, flags.seed, {0.1307f}, {0.3081f}, device};
     DataLoader train_loader(train_set, opt);

@@ -1,6 +1,7 @@
 // loader.cpp — shuffling, batching and normalizing an ImageSet.
 #include "data/loader.h"
 
+#include <algorithm>
 #include <numeric>
 
 #include "core/rng.h"
@@ -113,16 +114,21 @@ bool DataLoader::next(Batch& batch) {
     return true;
 }
 
-ImageSet take_first(const ImageSet& set, int64_t n) {
+ImageSet take_spread(const ImageSet& set, int64_t n) {
     if (n <= 0 || n >= set.n) return set;
     ImageSet s;
     s.n = n;
     s.c = set.c;
     s.h = set.h;
     s.w = set.w;
-    s.pixels.assign(set.pixels.begin(), set.pixels.begin() + n * set.c * set.h * set.w);
-    s.labels.assign(set.labels.begin(), set.labels.begin() + n);
     s.classes = set.classes;
+    const int64_t image = set.c * set.h * set.w;
+    s.pixels.resize(size_t(n * image));
+    for (int64_t i = 0; i < n; i++) {
+        int64_t src = i * set.n / n;
+        std::copy_n(set.pixels.begin() + src * image, image, s.pixels.begin() + i * image);
+        s.labels.push_back(set.labels[size_t(src)]);
+    }
     return s;
 }
 

@@ -69,7 +69,9 @@ private:
     int64_t pending_start_ = -1;
 };
 
-// The first n images of a set (all of them if n ≤ 0 or n ≥ N): the trainers' --limit.
-ImageSet take_first(const ImageSet& set, int64_t n);
+// n images spread evenly over the set — image ⌊i·N/n⌋ for i < n — (all of them if n ≤ 0 or
+// n ≥ N): the trainers' --limit. Spread, not the first n, so that a set stored class by class
+// (CIFAR-10's image folders) keeps every class.
+ImageSet take_spread(const ImageSet& set, int64_t n);
 
 }  // namespace kiln

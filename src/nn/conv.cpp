@@ -55,13 +55,16 @@ cpu::Conv2dParams params_of(const Conv2d& m, const Shape& in) {
 }
 
 // The im2col columns for as many images as fit in `limit` bytes (at least one): a Workspace
-// tensor from the current allocator, freed when the caller's pass ends.
+// tensor freed when the caller's pass ends. It comes from the pool even inside a step's arena
+// scope: an arena would keep every layer's workspace until the step ends, while the pool hands
+// the same block to the next layer.
 Tensor column_workspace(const cpu::Conv2dParams& p, int64_t limit, int64_t* images) {
     const int64_t per_image = cpu::conv2d_col_floats_per_image(p);
     *images = 0;
     if (per_image == 0 || p.N == 0) return Tensor();
     const int64_t per_image_bytes = per_image * int64_t(sizeof(float));
     *images = std::clamp<int64_t>(limit / per_image_bytes, 1, p.N);
+    AllocatorScope from_pool(pool_allocator(Device::CPU));
     return Tensor::empty({*images * per_image}, DType::F32, Device::CPU, Category::Workspace);
 }
 

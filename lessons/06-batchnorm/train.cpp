@@ -1,0 +1,83 @@
+// lesson-06 — a convolutional net with batch normalization on CIFAR-10, on the CPU.
+//
+//   make lesson-06                        # 15 epochs, ≥ 80% test accuracy
+//   make lesson-06 ARGS='--no-bn'         # the same net without batch norm, to compare
+//   make lesson-06 ARGS='--limit 5000 --epochs 2'   # a quick look
+//
+// The network (src/nn/models.cpp, cifar_net), widths 32/64/128 by default:
+//   x [N,3,32,32] -> conv 2×2 3→24, GELU -> 3 × block(conv 3×3, max-pool 2, BN, GELU,
+//   conv 3×3, BN, GELU) -> max-pool 3 -> Flatten -> Linear 128→10
+// Augmentation: random crops (padding 4) and horizontal flips.
+#include <chrono>
+#include <cstdio>
+
+#include "core/allocator.h"       // defines: BumpAllocator, memory_summary
+#include "data/cifar.h"           // defines: load_cifar10
+#include "data/loader.h"          // defines: DataLoader, RandomCrop, RandomHorizontalFlip
+#include "nn/models.h"            // defines: cifar_net (Conv2d, BatchNorm2d, GELU, MaxPool2d, Linear)
+#include "optim/optimizer.h"      // defines: SGD
+#include "train/cli.h"            // defines: Cli, CommonFlags
+#include "train/evaluate.h"       // defines: evaluate
+#include "train/loop.h"           // defines: train_epoch
+#include "train/progress.h"       // defines: result_line
+
+using namespace kiln;
+
+int main(int argc, char** argv) try {
+    CommonFlags flags;
+    flags.epochs = 15;
+    flags.batch_size = 128;
+    flags.lr = 0.1f;
+    flags.data = "data/cifar10";
+    bool no_bn = false;
+    float weight_decay = 5e-4f;
+    CifarNetWidths widths{32, 64, 128};
+    Cli cli("lesson-06", "Trains a CNN with batch normalization on CIFAR-10 (SGD, Nesterov momentum 0.9).");
+    flags.add_to(cli);
+    cli.add("--no-bn", &no_bn, "leave the batch-norm layers out (the convolutions get biases)");
+    cli.add("--weight-decay", &weight_decay, "L2 weight decay");
+    cli.add("--width1", &widths.w1, "channels of block 1");
+    cli.add("--width2", &widths.w2, "channels of block 2");
+    cli.add("--width3", &widths.w3, "channels of block 3");
+    cli.parse(argc, argv);
+    Device device = flags.apply();
+    auto start = std::chrono::steady_clock::now();
+
+    ImageSet train_set = take_spread(load_cifar10(flags.data, true), flags.limit);
+    ImageSet test_set = load_cifar10(flags.data, false);
+    // CIFAR-10's per-channel mean and standard deviation (R, G, B) over the training set.
+    LoaderOptions opt{flags.batch_size, true, true, flags.seed, {0.4914f, 0.4822f, 0.4465f},
+                      {0.2470f, 0.2435f, 0.2616f}, device};
+    opt.transforms = {std::make_shared<RandomCrop>(32, 4), std::make_shared<RandomHorizontalFlip>()};
+    DataLoader train_loader(train_set, opt);
+    opt.shuffle = false;
+    opt.drop_last = false;
+    opt.batch_size = 500;
+    opt.transforms = {};
+    DataLoader test_loader(test_set, opt);
+
+    Rng rng(flags.seed);
+    std::unique_ptr<Sequential> net = cifar_net(rng, widths, !no_bn);
+    Sequential& model = *net;
+    model.to(device);
+    SGD sgd(model.parameters(), flags.lr, {0.9f, 0.0f, weight_decay, true});
+    std::printf("lesson-06: %s, widths %lld/%lld/%lld, %lld parameters, %lld training images, device %s\n",
+                model.name().c_str(), (long long)widths.w1, (long long)widths.w2, (long long)widths.w3,
+                (long long)model.num_parameters(), (long long)train_set.n, device_name(device));
+
+    BumpAllocator arena("step arena", device, size_t(512) << 20);
+    double test_acc = 0;
+    for (int epoch = 0; epoch < flags.epochs; epoch++) {
+        // Step decay: the last 30% of the epochs take a 10× smaller learning rate.
+        if (epoch == flags.epochs * 7 / 10 && epoch > 0) sgd.lr = flags.lr * 0.1f;
+        train_epoch(model, sgd, train_loader, epoch, flags.epochs, &arena);
+        test_acc = evaluate(model, test_loader);
+        std::printf("epoch %d: test accuracy %.2f%%\n", epoch + 1, 100 * test_acc);
+    }
+    std::printf("%s", memory_summary(device).c_str());
+    std::printf("%s\n", result_line(test_acc, seconds_since(start), peak_memory(device)).c_str());
+    return 0;
+} catch (const std::exception& e) {
+    std::fprintf(stderr, "lesson-06: %s\n", e.what());
+    return 1;
+}
