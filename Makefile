@@ -60,6 +60,7 @@ lesson_bin = $(BUILD)/bin/lesson-$(shell echo $(1) | sed -E 's|lessons/([0-9]+)-
 LESSON_BINS := $(foreach l,$(LESSONS),$(call lesson_bin,$(l)))
 BENCH_BINS  := $(BENCH_SRCS:bench/%.cpp=$(BUILD)/bench/%)
 
+.SECONDARY:
 .PHONY: all test data run bench gpu-check clean $(addprefix lesson-,01 02 03 04 05 06 07 08 09 10 11 12 13)
 all: $(LIB) $(LESSON_BINS) $(TEST_BIN)
 
@@ -130,6 +131,10 @@ run:
 bench: $(BENCH_BINS) $(LESSON_BINS) data
 	@bash scripts/setup.sh --bench
 	@bash bench/run.sh $(BUILD)
+
+# On a machine with a GPU: the CUDA build, its tests under compute-sanitizer, GEMM vs cuBLAS.
+gpu-check:
+	@bash scripts/gpu-check.sh
 
 clean:
 	rm -rf build build-san build-cuda
