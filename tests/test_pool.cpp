@@ -3,6 +3,8 @@
 //
 // Run: make build/tests/kiln_tests && build/tests/kiln_tests '[pool]'
 #include <algorithm>
+#include <cmath>
+#include <limits>
 #include <vector>
 
 #include <catch2/catch.hpp>
@@ -102,6 +104,39 @@ TEST_CASE("Pooling with padding: -inf for max, counted zeros for avg", "[pool][c
 //   x:  1 2 3      y:  9 9      dy:  1 2      dx:  0  0 0
 //       4 9 5          9 9           3 4           0 10 0
 //       6 7 8                                      0  0 0
+// The 2×2, stride-2 fast path (pool.cpp) against a plain scan of each window: odd sizes (the
+// last row and column are in no window), many ties (values from {0, 1, 2}: the first maximum
+// wins), and NaNs (a NaN in a window wins, like PyTorch).
+TEST_CASE("MaxPool2d 2x2 fast path: ties, NaN, odd sizes", "[pool][cpu][lesson03]") {
+    const int64_t N = 2, C = 3, H = 7, W = 9, P = 3, Q = 4;
+    Tensor x = Tensor::empty({N, C, H, W});
+    Rng rng(3);
+    float* xv = x.data<float>();
+    for (int64_t i = 0; i < x.numel(); i++) xv[i] = float(rng.next_below(3));
+    xv[10] = xv[50] = std::numeric_limits<float>::quiet_NaN();
+    cpu::Pool2dParams p;
+    p.N = N, p.C = C, p.H = H, p.W = W, p.KH = p.KW = 2, p.stride = 2;
+    std::vector<float> y(size_t(N * C * P * Q));
+    std::vector<int32_t> at(y.size());
+    cpu::maxpool2d_forward(xv, y.data(), at.data(), p);
+    for (int64_t nc = 0; nc < N * C; nc++)
+        for (int64_t op = 0; op < P; op++)
+            for (int64_t oq = 0; oq < Q; oq++) {
+                const float* plane = xv + nc * H * W;
+                int64_t want = (2 * op) * W + 2 * oq;  // scan the window in row order
+                for (int64_t i : {want + 1, want + W, want + W + 1}) {
+                    const float v = plane[i], m = plane[want];
+                    if (v > m || (std::isnan(v) && !std::isnan(m))) want = i;
+                }
+                const size_t o = size_t((nc * P + op) * Q + oq);
+                CHECK(at[o] == want);
+                if (std::isnan(plane[want]))
+                    CHECK(std::isnan(y[o]));
+                else
+                    CHECK(y[o] == plane[want]);
+            }
+}
+
 TEST_CASE("MaxPool2d sums the gradients of overlapping windows", "[pool][cpu][lesson03]") {
     const Tensor x = from({1, 1, 3, 3}, {1, 2, 3, 4, 9, 5, 6, 7, 8});
     MaxPool2d pool(2, 1);
