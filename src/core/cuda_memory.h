@@ -17,5 +17,9 @@ void memset_device(void* dst, int value, size_t bytes);
 void memory_info(size_t* free_bytes, size_t* total_bytes);
 bool is_emulated();  // true when kernels run on the CPU emulator
 void synchronize();
+// "note: no GPU build — CUDA kernels run on kiln's emulator (slow, exact)" on the emulator,
+// nullptr on a GPU build; a trainer run with --device cuda prints it once (first call only).
+const char* emulator_note();
+void print_emulator_note_once();
 
 }  // namespace kiln::cuda

@@ -1,0 +1,278 @@
+// gemm.cu — single-precision matrix multiply on the GPU: the twin of cpu::gemm
+// (src/ops/cpu/gemm.h), same arguments, every pointer device memory.
+//
+//   C[M,N] = alpha · op(A)[M,K] · op(B)[K,N] + beta · C[M,N]          all row-major
+//   op(A) = A (M×K, row stride lda) or Aᵀ (A stored K×M);  op(B) = B (K×N) or Bᵀ (B stored N×K)
+//   beta == 0: C is overwritten, never read.  alpha == 0 or K == 0: C = beta·C, A and B unread.
+//
+// Three versions, from naive to tuned (declared in gemm_versions.h; the chapter,
+// lessons/04-cuda-kernels/README.md, walks through them):
+//
+//   version 1  gemm_naive_kernel   block (16, 16), grid (ceil(N/16), ceil(M/16)): one thread per
+//              C element, a K-long dot product from global memory. Each element of A is read by
+//              N threads and each element of B by M threads: memory-bound at any size.
+//   version 2  gemm_smem_kernel    same shape; the block walks K in 16-wide steps, each step
+//              loading a 16×16 tile of op(A) and one of op(B) into shared memory (one element
+//              per thread, coalesced), a barrier, 16 multiply-adds from shared memory, a barrier.
+//              Global reads drop 16×.
+//   version 3  gemm_tiled          (the engine's) a BM×BN tile of C per
+//              block, a TM×TN patch of it per thread held in registers. Per BK-wide step the
+//              block stages a BM×BK tile of op(A) and a BK×BN tile of op(B) in shared memory;
+//              each thread then loads TM values of A and TN values of B into registers and does
+//              TM·TN multiply-adds with them: TM·TN/(TM+TN) FMAs per shared-memory load
+//              instead of 1/2 in version 2. Two shapes:
+//                128×128 tiles, BK 8, 8×8 per thread, 256 threads   when there are ≥ 256 such
+//                                                                   tiles (big GEMMs)
+//                 64×64 tiles, BK 32, 8×4 per thread, 128 threads   otherwise (the MLP's
+//                                                                   64×512: more blocks)
+//              (BK 32 and 128 threads also halve, twice, the barriers the emulator must run.)
+//              grid = (ceil(N/BN), min(ceil(M/BM), 65535)); blocks loop over row tiles beyond.
+//
+// Every version handles any M, N, K (partial tiles are padded with zeros in shared memory and
+// masked on the store) and all four transpose combinations (a template parameter each, so
+// the inner loops carry no branches). Loads are arranged so that consecutive threads read
+// consecutive addresses whichever way A and B are stored.
+//
+// Build and run: part of the engine; `make test T='[cuda][gemm]'` checks all three versions
+// against the CPU; on a GPU, scripts/gpu-check.sh times version 3 against cuBLAS.
+#include "common.cuh"
+#include "gemm_versions.h"
+#include "ops/cuda_ops.h"
+
+namespace kiln::cuda {
+
+// op(A)[m,k] and op(B)[k,n], or 0 outside the matrix (the padding of partial tiles).
+template <bool TA>
+__device__ __forceinline__ float load_a(const float* A, int64_t lda, int64_t M, int64_t K, int64_t m, int64_t k) {
+    if (m >= M || k >= K) return 0.0f;
+    return TA ? A[k * lda + m] : A[m * lda + k];
+}
+template <bool TB>
+__device__ __forceinline__ float load_b(const float* B, int64_t ldb, int64_t K, int64_t N, int64_t k, int64_t n) {
+    if (k >= K || n >= N) return 0.0f;
+    return TB ? B[n * ldb + k] : B[k * ldb + n];
+}
+
+// c = alpha·acc + beta·c, reading c only when beta ≠ 0
+__device__ __forceinline__ void store_c(float* c, float alpha, float acc, float beta) {
+    *c = beta == 0.0f ? alpha * acc : alpha * acc + beta * *c;
+}
+
+// ---- version 1: one thread per C element --------------------------------------------------------
+//   C[m,n] = alpha · Σ_k op(A)[m,k]·op(B)[k,n] + beta · C[m,n]      m = row, n = col of this thread
+template <bool TA, bool TB>
+__global__ void gemm_naive_kernel(int64_t M, int64_t N, int64_t K, float alpha, const float* A, int64_t lda,
+                                  const float* B, int64_t ldb, float beta, float* C, int64_t ldc) {
+    const int64_t n = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+    for (int64_t m = int64_t(blockIdx.y) * blockDim.y + threadIdx.y; m < M; m += int64_t(gridDim.y) * blockDim.y) {
+        if (n >= N) continue;
+        float acc = 0.0f;
+        for (int64_t k = 0; k < K; k++) acc += load_a<TA>(A, lda, M, K, m, k) * load_b<TB>(B, ldb, K, N, k, n);
+        store_c(&C[m * ldc + n], alpha, acc, beta);
+    }
+}
+
+// ---- version 2: shared-memory tiles ---------------------------------------------------------------
+constexpr int kTile = 16;
+
+//   for each k0 = 0, 16, 32, ...:   As = op(A)[rows of the block, k0..k0+15]
+//                                   Bs = op(B)[k0..k0+15, cols of the block]      barrier
+//                                   acc += Σ_kk As[ty][kk]·Bs[kk][tx]              barrier
+template <bool TA, bool TB>
+__global__ void gemm_smem_kernel(int64_t M, int64_t N, int64_t K, float alpha, const float* A, int64_t lda,
+                                 const float* B, int64_t ldb, float beta, float* C, int64_t ldc) {
+    __shared__ float As[kTile][kTile + 1];  // As[m][k]; +1 column: a column read hits 16 banks, not 1
+    __shared__ float Bs[kTile][kTile + 1];  // Bs[k][n]
+    const int tx = threadIdx.x, ty = threadIdx.y;
+    const int64_t col0 = int64_t(blockIdx.x) * kTile;
+    const int64_t tiles_m = (M + kTile - 1) / kTile;
+    for (int64_t tile = blockIdx.y; tile < tiles_m; tile += gridDim.y) {
+        const int64_t row0 = tile * kTile;
+        float acc = 0.0f;
+        for (int64_t k0 = 0; k0 < K; k0 += kTile) {
+            // Coalesced: threadIdx.x walks the dimension that is contiguous in memory.
+            if (TA) As[tx][ty] = load_a<TA>(A, lda, M, K, row0 + tx, k0 + ty);  // A stored K×M
+            else As[ty][tx] = load_a<TA>(A, lda, M, K, row0 + ty, k0 + tx);     // A stored M×K
+            if (TB) Bs[tx][ty] = load_b<TB>(B, ldb, K, N, k0 + tx, col0 + ty);  // B stored N×K
+            else Bs[ty][tx] = load_b<TB>(B, ldb, K, N, k0 + ty, col0 + tx);     // B stored K×N
+            __syncthreads();  // the tiles are complete
+            KILN_UNROLL
+            for (int kk = 0; kk < kTile; kk++) acc += As[ty][kk] * Bs[kk][tx];
+            __syncthreads();  // everyone is done with them before the next step overwrites them
+        }
+        const int64_t m = row0 + ty, n = col0 + tx;
+        if (m < M && n < N) store_c(&C[m * ldc + n], alpha, acc, beta);
+    }
+}
+
+// ---- version 3: register blocking ------------------------------------------------------------------
+// Thread (tx, ty) owns the TM×TN patch of the block's C tile at rows ty + i·(BM/TM) (strided:
+// the warp's threads share a few rows, so an As read is a broadcast) and columns tx·TN + j
+// (contiguous: its TN values of Bs are neighbours, which the GPU reads as one 16-byte load and
+// g++ turns into one SIMD multiply-add per row on the emulator).
+//
+//   for each k0 = 0, BK, 2·BK, ...:
+//       As[k][m] = op(A)[row0 + m, k0 + k]     BM·BK values, BM·BK/threads per thread
+//       Bs[k][n] = op(B)[k0 + k, col0 + n]     BK·BN values                              barrier
+//       for k in 0..BK-1:   a[i] = As[k][ty + i·BM/TM],  b[j] = Bs[k][tx·TN + j]
+//                           acc[i][j] += a[i]·b[j]          (TM·TN FMAs from TM + TN loads)  barrier
+//   C[row0 + ty + i·BM/TM, col0 + tx·TN + j] = alpha·acc[i][j] + beta·C[...]
+template <int BM, int BN, int BK, int TM, int TN, bool TA, bool TB>
+__global__ void __launch_bounds__((BM / TM) * (BN / TN))
+    gemm_tiled(int64_t M, int64_t N, int64_t K, float alpha, const float* A, int64_t lda, const float* B,
+               int64_t ldb, float beta, float* C, int64_t ldc) {
+    constexpr int kThreadsX = BN / TN, kThreadsY = BM / TM, kThreads = kThreadsX * kThreadsY;
+    static_assert((BM * BK) % kThreads == 0 && (BN * BK) % kThreads == 0, "tile loads must divide evenly");
+    // Stored k-major, so a thread's TM (or TN) values for one k are in one row. The +4 padding
+    // spreads the stores of the k-contiguous layouts over different banks.
+    __shared__ float As[BK][BM + 4];
+    __shared__ float Bs[BK][BN + 4];
+    const int tid = threadIdx.x;
+    const int tx = tid % kThreadsX, ty = tid / kThreadsX;
+    const int64_t col0 = int64_t(blockIdx.x) * BN;
+    const int64_t tiles_m = (M + BM - 1) / BM;
+    for (int64_t tile = blockIdx.y; tile < tiles_m; tile += gridDim.y) {
+        const int64_t row0 = tile * BM;
+        float acc[TM][TN];
+        KILN_UNROLL
+        for (int i = 0; i < TM; i++) {
+            KILN_UNROLL
+            for (int j = 0; j < TN; j++) acc[i][j] = 0.0f;
+        }
+        for (int64_t k0 = 0; k0 < K; k0 += BK) {
+            // (Not unrolled: each load carries 64-bit index arithmetic, and unrolling them all
+            // costs registers that the accumulators need.)
+            for (int r = 0; r < BM * BK / kThreads; r++) {
+                const int e = tid + r * kThreads;
+                // Consecutive threads take consecutive addresses of A as it is stored.
+                const int m = TA ? e % BM : e / BK, k = TA ? e / BM : e % BK;
+                As[k][m] = load_a<TA>(A, lda, M, K, row0 + m, k0 + k);
+            }
+            for (int r = 0; r < BN * BK / kThreads; r++) {
+                const int e = tid + r * kThreads;
+                const int n = TB ? e / BK : e % BN, k = TB ? e % BK : e / BN;
+                Bs[k][n] = load_b<TB>(B, ldb, K, N, k0 + k, col0 + n);
+            }
+            __syncthreads();
+            KILN_UNROLL
+            for (int k = 0; k < BK; k++) {
+                float a[TM], b[TN];
+                KILN_UNROLL
+                for (int i = 0; i < TM; i++) a[i] = As[k][ty + i * kThreadsY];
+                KILN_UNROLL
+                for (int j = 0; j < TN; j++) b[j] = Bs[k][tx * TN + j];
+                KILN_UNROLL
+                for (int i = 0; i < TM; i++) {
+                    KILN_UNROLL
+                    for (int j = 0; j < TN; j++) acc[i][j] += a[i] * b[j];
+                }
+            }
+            __syncthreads();
+        }
+        KILN_UNROLL
+        for (int i = 0; i < TM; i++) {
+            const int64_t m = row0 + ty + i * kThreadsY;
+            KILN_UNROLL
+            for (int j = 0; j < TN; j++) {
+                const int64_t n = col0 + tx * TN + j;
+                if (m < M && n < N) store_c(&C[m * ldc + n], alpha, acc[i][j], beta);
+            }
+        }
+    }
+}
+
+// C = beta·C (0 when beta == 0, even where C held NaN): the alpha == 0 or K == 0 case.
+__global__ void gemm_scale_c_kernel(int64_t M, int64_t N, float beta, float* C, int64_t ldc) {
+    const int64_t total = M * N;
+    for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < total; i += int64_t(gridDim.x) * blockDim.x) {
+        float* c = &C[(i / N) * ldc + i % N];
+        *c = beta == 0.0f ? 0.0f : beta * *c;
+    }
+}
+
+// ---- launchers ------------------------------------------------------------------------------------
+namespace {
+
+// Handles the cases that launch no GEMM kernel; returns true when nothing is left to do.
+bool gemm_trivial(int64_t M, int64_t N, int64_t K, float alpha, float beta, float* C, int64_t ldc) {
+    if (M == 0 || N == 0) return true;
+    if (alpha != 0.0f && K != 0) return false;
+    const dim3 grid(detail::blocks_for(M * N)), block(detail::kBlock);
+    KILN_LAUNCH(gemm_scale_c_kernel, grid, block, 0)(M, N, beta, C, ldc);
+    KILN_CHECK_LAUNCH(gemm_scale_c_kernel, grid, block);
+    return true;
+}
+
+unsigned grid_rows(int64_t tiles) { return unsigned(std::min<int64_t>(tiles, 65535)); }
+
+template <bool TA, bool TB>
+void naive(int64_t M, int64_t N, int64_t K, float alpha, const float* A, int64_t lda, const float* B, int64_t ldb,
+           float beta, float* C, int64_t ldc) {
+    constexpr auto gemm_naive = gemm_naive_kernel<TA, TB>;
+    const dim3 grid(unsigned((N + kTile - 1) / kTile), grid_rows((M + kTile - 1) / kTile)), block(kTile, kTile);
+    KILN_LAUNCH(gemm_naive, grid, block, 0)(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+    KILN_CHECK_LAUNCH(gemm_naive, grid, block);
+}
+
+template <bool TA, bool TB>
+void smem(int64_t M, int64_t N, int64_t K, float alpha, const float* A, int64_t lda, const float* B, int64_t ldb,
+          float beta, float* C, int64_t ldc) {
+    constexpr auto gemm_smem = gemm_smem_kernel<TA, TB>;
+    const dim3 grid(unsigned((N + kTile - 1) / kTile), grid_rows((M + kTile - 1) / kTile)), block(kTile, kTile);
+    KILN_LAUNCH(gemm_smem, grid, block, 0)(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+    KILN_CHECK_LAUNCH(gemm_smem, grid, block);
+}
+
+template <bool TA, bool TB>
+void tiled(int64_t M, int64_t N, int64_t K, float alpha, const float* A, int64_t lda, const float* B, int64_t ldb,
+           float beta, float* C, int64_t ldc) {
+    constexpr auto gemm_128x128 = gemm_tiled<128, 128, 8, 8, 8, TA, TB>;
+    constexpr auto gemm_64x64 = gemm_tiled<64, 64, 32, 8, 4, TA, TB>;
+    const int64_t big_tiles = ((M + 127) / 128) * ((N + 127) / 128);
+    if (big_tiles >= 256) {
+        const dim3 grid(unsigned((N + 127) / 128), grid_rows((M + 127) / 128)), block(256);
+        KILN_LAUNCH(gemm_128x128, grid, block, 0)(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+        KILN_CHECK_LAUNCH(gemm_128x128, grid, block);
+    } else {
+        const dim3 grid(unsigned((N + 63) / 64), grid_rows((M + 63) / 64)), block(128);
+        KILN_LAUNCH(gemm_64x64, grid, block, 0)(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+        KILN_CHECK_LAUNCH(gemm_64x64, grid, block);
+    }
+}
+
+using GemmFn = void (*)(int64_t, int64_t, int64_t, float, const float*, int64_t, const float*, int64_t, float,
+                        float*, int64_t);
+
+// One instantiation per (trans_a, trans_b), picked at run time.
+
+GemmFn pick(GemmFn nn, GemmFn nt, GemmFn tn, GemmFn tt, bool trans_a, bool trans_b) {
+    return trans_a ? (trans_b ? tt : tn) : (trans_b ? nt : nn);
+}
+
+}  // namespace
+
+void gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const float* A, int64_t lda,
+          const float* B, int64_t ldb, float beta, float* C, int64_t ldc) {
+    if (gemm_trivial(M, N, K, alpha, beta, C, ldc)) return;
+    pick(tiled<false, false>, tiled<false, true>, tiled<true, false>, tiled<true, true>, trans_a, trans_b)(
+        M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+}
+
+namespace lab {
+
+void gemm_naive(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const float* A,
+                int64_t lda, const float* B, int64_t ldb, float beta, float* C, int64_t ldc) {
+    if (gemm_trivial(M, N, K, alpha, beta, C, ldc)) return;
+    pick(naive<false, false>, naive<false, true>, naive<true, false>, naive<true, true>, trans_a, trans_b)(
+        M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+}
+
+void gemm_smem(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const float* A,
+               int64_t lda, const float* B, int64_t ldb, float beta, float* C, int64_t ldc) {
+    if (gemm_trivial(M, N, K, alpha, beta, C, ldc)) return;
+    pick(smem<false, false>, smem<false, true>, smem<true, false>, smem<true, true>, trans_a, trans_b)(
+        M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+}
+
+}  // namespace lab
+}  // namespace kiln::cuda

@@ -1,0 +1,24 @@
+// gemm_versions.h — the teaching versions of cuda/gemm.cu, side by side (STYLE.md item 2).
+// All take cuda::gemm's arguments (src/ops/cuda_ops.h; device pointers, row-major, any
+// transposes) and compute the same C; the engine uses version 3, cuda::gemm.
+//
+//   version 1  gemm_naive   one thread per C element, each reading a row of op(A) and a column
+//                           of op(B) straight from global memory
+//   version 2  gemm_smem    16×16 tiles of op(A) and op(B) staged in shared memory, each
+//                           loaded once per block instead of once per thread
+//   version 3  cuda::gemm   bigger tiles, and each thread computes a TM×TN patch of C from
+//                           registers (register blocking)
+//
+// Tested against the CPU by `make test T='[cuda][gemm]'`, timed against cuBLAS on a GPU by
+// cuda/lab/gemm_bench.cu (scripts/gpu-check.sh).
+#pragma once
+#include <cstdint>
+
+namespace kiln::cuda::lab {
+
+void gemm_naive(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const float* A,
+                int64_t lda, const float* B, int64_t ldb, float beta, float* C, int64_t ldc);
+void gemm_smem(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const float* A,
+               int64_t lda, const float* B, int64_t ldb, float beta, float* C, int64_t ldc);
+
+}  // namespace kiln::cuda::lab

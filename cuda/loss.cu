@@ -1,0 +1,68 @@
+// loss.cu — the CUDA twin of cpu::softmax_cross_entropy (src/ops/cpu/reduce.cpp): the mean
+// softmax cross-entropy of N rows of C logits, and its gradient.
+//
+// Letters: N = rows (batch), C = classes, T = 128 threads per block.
+//
+// How it works: one block per row (grid-stride over rows when N > 65535 blocks). The row's
+// C logits are shared by T threads (thread t takes c = t, t + T, ...), and every quantity
+// the formula needs from the whole row comes from a block reduction (common.cuh: a tree in
+// shared memory, then warp shuffles):
+//   1. m   = max_c z[n,c]                  block_reduce with max
+//   2. s   = Σ_c exp(z[n,c] − m)           block_reduce with +   (every exp ≤ 1: no overflow)
+//   3. loss_n  = (m − z[n, y_n]) + log s             thread 0 writes it to row_loss[n]
+//   4. dz[n,c] = exp(z[n,c] − m) / s / N − [c = y_n] / N         (if dz is wanted)
+// Steps 3 and 4 never form lse = m + log s: in float, at |m| = 1e4, adding log s ≈ 1e-5 to m
+// would round it away (floats there are 0.001 apart). The CPU works in double and may form it.
+// Then cuda::sum (reduce.cu: two passes, no atomics) adds the N row losses in a fixed order,
+// so the loss is the same on every run; the launcher divides by N.
+//
+// Launch shape: softmax_cross_entropy_kernel<<<min(N, 65535), 128>>>, then sum's two launches.
+//
+//   make test T='[cuda][loss]'
+#include <cmath>
+
+#include "common.cuh"
+#include "ops/cuda_ops.h"
+
+namespace kiln::cuda {
+
+constexpr int kLossBlock = 128;  // a power of two ≥ 64, as block_reduce needs
+
+// loss_n = log Σ_c exp(z_c) − z_y = (m + log Σ_c exp(z_c − m)) − z_y,   m = max_c z_c
+// dz_c   = (exp(z_c − m) / Σ exp(z − m) − [c = y]) / N
+__global__ void softmax_cross_entropy_kernel(const float* z, const int32_t* y, float* dz, float* row_loss,
+                                             int64_t N, int64_t C) {
+    __shared__ float sh[kLossBlock];
+    const int64_t t = threadIdx.x, T = blockDim.x;
+    for (int64_t n = blockIdx.x; n < N; n += gridDim.x) {
+        const float* zn = z + n * C;
+        float m = -INFINITY;
+        for (int64_t c = t; c < C; c += T) m = fmaxf(m, zn[c]);
+        m = detail::block_reduce(m, sh, detail::MaxOp{});
+        float s = 0.0f;
+        for (int64_t c = t; c < C; c += T) s += expf(zn[c] - m);
+        s = detail::block_reduce(s, sh, detail::SumOp{});
+        const int32_t label = y[n];
+        if (t == 0) row_loss[n] = (m - zn[label]) + logf(s);
+        if (dz) {
+            const float inv_n = 1.0f / float(N), inv_sn = 1.0f / (s * float(N));
+            for (int64_t c = t; c < C; c += T) {
+                float g = expf(zn[c] - m) * inv_sn;
+                if (c == label) g -= inv_n;
+                dz[n * C + c] = g;
+            }
+        }
+    }
+}
+
+float softmax_cross_entropy(const float* z, const int32_t* y, float* dz, int64_t N, int64_t C) {
+    if (N == 0) return 0.0f;
+    detail::Workspace ws(size_t(N) * sizeof(float));
+    float* row_loss = ws.as<float>();
+    const dim3 grid(unsigned(std::min<int64_t>(N, 65535))), block(kLossBlock);
+    KILN_LAUNCH(softmax_cross_entropy_kernel, grid, block, 0)(z, y, dz, row_loss, N, C);
+    KILN_CHECK_LAUNCH(softmax_cross_entropy_kernel, grid, block);
+    return float(sum(row_loss, N) / double(N));
+}
+
+}  // namespace kiln::cuda

@@ -1,0 +1,104 @@
+// memory.cu — device memory for the engine: the CUDA runtime calls behind src/core/cuda_memory.h.
+//
+// The allocators (src/core/allocator.cpp) take their device slabs and blocks from
+// malloc_device and give them back with free_device; Tensor::to / copy_from / zeros use the
+// copies and the memset. Nothing else in the engine talks to the CUDA runtime directly.
+//
+//   nvcc (make CUDA=1)   the real runtime: cudaMalloc, cudaMemcpy, ... on the GPU
+//   g++  (make)          the same calls, answered by the kernel emulator (cuda/emu/runtime.cpp)
+//
+// Every call is checked with KILN_CUDA_CHECK (a kiln::Error naming the call and the CUDA
+// error), except the two places where failure is an answer and not a bug:
+//   malloc_device   returns nullptr when the device has no room, so the allocator can throw
+//                   OutOfMemory with its report (what is using the memory, what to try);
+//   free_device     ignores cudaErrorCudartUnloading: at program exit the runtime may be torn
+//                   down before the last static allocator gives its blocks back.
+#include <cstdio>
+#include <mutex>
+
+#include "core/cuda_memory.h"
+#include "kiln_cuda.h"
+
+namespace kiln::cuda {
+
+bool is_emulated() {
+#if defined(__CUDACC__)
+    return false;
+#else
+    return true;
+#endif
+}
+
+// On a GPU the allocator's --mem-limit is not the only limit: the device itself may have less
+// free memory (other processes, the CUDA context). A request larger than cudaMemGetInfo's free
+// bytes is refused up front, and a cudaMalloc that fails anyway (fragmentation) is refused too;
+// both return nullptr, which the allocator reports as out of memory on cuda.
+// On the emulator the "device" is the host's RAM (its cudaMemGetInfo: physical memory minus
+// what the emulated cudaMalloc holds), checked the same way — which also keeps a request larger
+// than the machine away from malloc, where AddressSanitizer would abort instead of failing.
+void* malloc_device(size_t bytes) {
+    if (bytes == 0) bytes = 1;  // cudaMalloc(0) gives nullptr, which would read as "out of memory"
+    size_t free_bytes = 0, total_bytes = 0;
+    KILN_CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total_bytes));
+    if (bytes > free_bytes) return nullptr;
+    void* p = nullptr;
+    const cudaError_t e = cudaMalloc(&p, bytes);
+    if (e == cudaErrorMemoryAllocation) {
+        (void)cudaGetLastError();  // clear it, or the next KILN_CHECK_LAUNCH would report it
+        return nullptr;
+    }
+    KILN_CUDA_CHECK(e);
+    return p;
+}
+
+void free_device(void* ptr) {
+    if (!ptr) return;
+    const cudaError_t e = cudaFree(ptr);
+    if (e == cudaErrorCudartUnloading) {
+        (void)cudaGetLastError();
+        return;
+    }
+    KILN_CUDA_CHECK(e);
+}
+
+void copy_to_device(void* dst, const void* src, size_t bytes) {
+    if (bytes == 0) return;
+    KILN_CUDA_CHECK(cudaMemcpy(dst, src, bytes, cudaMemcpyHostToDevice));
+}
+
+void copy_to_host(void* dst, const void* src, size_t bytes) {
+    if (bytes == 0) return;
+    KILN_CUDA_CHECK(cudaMemcpy(dst, src, bytes, cudaMemcpyDeviceToHost));
+}
+
+void copy_device_to_device(void* dst, const void* src, size_t bytes) {
+    if (bytes == 0) return;
+    KILN_CUDA_CHECK(cudaMemcpy(dst, src, bytes, cudaMemcpyDeviceToDevice));
+}
+
+void memset_device(void* dst, int value, size_t bytes) {
+    if (bytes == 0) return;
+    KILN_CUDA_CHECK(cudaMemset(dst, value, bytes));
+}
+
+void memory_info(size_t* free_bytes, size_t* total_bytes) {
+    size_t f = 0, t = 0;
+    KILN_CUDA_CHECK(cudaMemGetInfo(&f, &t));
+    if (free_bytes) *free_bytes = f;
+    if (total_bytes) *total_bytes = t;
+}
+
+void synchronize() { KILN_CUDA_CHECK(cudaDeviceSynchronize()); }
+
+const char* emulator_note() {
+    return is_emulated() ? "note: no GPU build — CUDA kernels run on kiln's emulator (slow, exact)" : nullptr;
+}
+
+void print_emulator_note_once() {
+    static std::once_flag once;
+    std::call_once(once, [] {
+        if (const char* note = emulator_note()) std::printf("%s\n", note);
+    });
+}
+
+}  // namespace kiln::cuda

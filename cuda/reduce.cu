@@ -1,0 +1,154 @@
+// reduce.cu — the CUDA twins of src/ops/cpu/reduce.cpp's sum and max, and of the row kernels
+// of src/ops/cpu/elementwise.cpp: add_bias, sum_rows (column sums of an N×C matrix),
+// argmax_rows.
+//
+// Letters: n = element count, N = rows, C = columns, T = threads per block, P = partials.
+//
+// sum and max — two passes, no atomics, so the result is the same on every run:
+//   pass 1  reduce_kernel<<<P, 256>>>        P = min(ceil(n / 256), 1024) blocks. Thread t of
+//           block b folds x[b·256 + t], then every P·256-th element after it (grid-stride) into
+//           one value, then the block folds its 256 values with detail::block_reduce (a tree in
+//           shared memory, then warp shuffles) and writes partial[b].
+//   pass 2  reduce_kernel<<<1, 256>>>        one block folds the P partials the same way.
+//   The assignment of elements to threads depends on n only (not on the GPU), so the order of
+//   the additions — and the rounding — is fixed. Sums accumulate in double, like the CPU's.
+//
+// add_bias      1-D grid-stride over N·C, block 256: y[i] += b[i mod C].
+// sum_rows      block (32, 8), grid = ceil(C / 32) column strips (at most 65535, looping
+//               beyond): thread (x, y) sums rows y, y + 8, y + 16, ... of column strip·32 + x,
+//               a warp reading 32 consecutive floats of one row (coalesced); then row y = 0 adds
+//               the 8 partial sums in order. Each column is summed in a fixed order.
+// argmax_rows   one thread per row (grid-stride), the CPU's loop: the first maximum wins.
+//               Fine for the class counts kiln sees (C = 10 or 100).
+//
+//   make test T='[cuda][reduce]'
+#include <cmath>
+
+#include "common.cuh"
+#include "ops/cuda_ops.h"
+
+namespace kiln::cuda {
+
+using detail::blocks_for;
+using detail::kBlock;
+
+// ---- sum and max -----------------------------------------------------------------------------
+// partial[b] = op over the elements block b owns (see above); with gridDim.x == 1 it is the total.
+//   In: the input type (float for pass 1, Acc for pass 2)   Acc: what the values are folded in.
+template <typename In, typename Acc, typename Op>
+__global__ void reduce_kernel(const In* x, int64_t n, Acc identity, Acc* partial) {
+    __shared__ Acc sh[kBlock];
+    const Op op{};
+    Acc v = identity;
+    for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
+        v = op(v, Acc(x[i]));
+    v = detail::block_reduce(v, sh, op);
+    if (threadIdx.x == 0) partial[blockIdx.x] = v;
+}
+
+// Names without commas, for the launch macros.
+constexpr auto sum_pass1 = reduce_kernel<float, double, detail::SumOp>;
+constexpr auto sum_pass2 = reduce_kernel<double, double, detail::SumOp>;
+constexpr auto max_pass1 = reduce_kernel<float, float, detail::MaxOp>;
+constexpr auto max_pass2 = reduce_kernel<float, float, detail::MaxOp>;
+
+// Σ_i x[i], accumulated in double.
+double sum(const float* x, int64_t n) {
+    if (n == 0) return 0.0;
+    const unsigned P = blocks_for(n, kBlock, 1024);
+    detail::Workspace ws((P + 1) * sizeof(double));  // P partials, then the total
+    double* partial = ws.as<double>();
+    const dim3 grid1(P), grid2(1), block(kBlock);
+    KILN_LAUNCH(sum_pass1, grid1, block, 0)(x, n, 0.0, partial);
+    KILN_CHECK_LAUNCH(sum_pass1, grid1, block);
+    KILN_LAUNCH(sum_pass2, grid2, block, 0)(partial, int64_t(P), 0.0, partial + P);
+    KILN_CHECK_LAUNCH(sum_pass2, grid2, block);
+    double total = 0.0;
+    KILN_CUDA_CHECK(cudaMemcpy(&total, partial + P, sizeof total, cudaMemcpyDeviceToHost));
+    return total;
+}
+
+// max_i x[i] (−inf for n == 0; ops.cpp refuses empty tensors). fmaxf ignores NaN, as the
+// CPU's std::max(m, x) does when m is a number.
+float max(const float* x, int64_t n) {
+    if (n == 0) return -INFINITY;
+    const unsigned P = blocks_for(n, kBlock, 1024);
+    detail::Workspace ws((P + 1) * sizeof(float));
+    float* partial = ws.as<float>();
+    const dim3 grid1(P), grid2(1), block(kBlock);
+    KILN_LAUNCH(max_pass1, grid1, block, 0)(x, n, -INFINITY, partial);
+    KILN_CHECK_LAUNCH(max_pass1, grid1, block);
+    KILN_LAUNCH(max_pass2, grid2, block, 0)(partial, int64_t(P), -INFINITY, partial + P);
+    KILN_CHECK_LAUNCH(max_pass2, grid2, block);
+    float m = 0.0f;
+    KILN_CUDA_CHECK(cudaMemcpy(&m, partial + P, sizeof m, cudaMemcpyDeviceToHost));
+    return m;
+}
+
+// ---- rows of an N×C matrix ---------------------------------------------------------------------
+// y[n,c] += b[c]
+__global__ void add_bias_kernel(float* y, const float* b, int64_t N, int64_t C) {
+    const int64_t total = N * C;
+    for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < total; i += int64_t(gridDim.x) * blockDim.x)
+        y[i] += b[i % C];
+}
+
+void add_bias(float* y, const float* b, int64_t N, int64_t C) {
+    if (N * C == 0) return;
+    const dim3 grid(blocks_for(N * C)), block(kBlock);
+    KILN_LAUNCH(add_bias_kernel, grid, block, 0)(y, b, N, C);
+    KILN_CHECK_LAUNCH(add_bias_kernel, grid, block);
+}
+
+constexpr int kStrip = 32;    // columns per block: one warp across a row
+constexpr int kSlices = 8;    // row slices per block: blockDim.y
+
+// db[c] = Σ_n dy[n,c] + beta·db[c]   (beta == 0: db is overwritten, never read)
+//   thread (x, y):  s = dy[y, c] + dy[y + 8, c] + dy[y + 16, c] + ...     c = strip·32 + x
+//   then            db[c] = ((s_0 + s_1) + s_2) + ... + s_7  (+ beta·db[c])
+__global__ void sum_rows_kernel(const float* dy, float* db, int64_t N, int64_t C, float beta) {
+    __shared__ float part[kSlices][kStrip];
+    const int x = threadIdx.x, y = threadIdx.y;
+    const int64_t strips = (C + kStrip - 1) / kStrip;
+    for (int64_t strip = blockIdx.x; strip < strips; strip += gridDim.x) {
+        const int64_t c = strip * kStrip + x;
+        float s = 0.0f;
+        if (c < C)
+            for (int64_t n = y; n < N; n += kSlices) s += dy[n * C + c];
+        part[y][x] = s;
+        __syncthreads();
+        if (y == 0 && c < C) {
+            float total = part[0][x];
+            for (int k = 1; k < kSlices; k++) total += part[k][x];
+            db[c] = total + (beta == 0.0f ? 0.0f : beta * db[c]);
+        }
+        __syncthreads();  // part is reused by the next strip
+    }
+}
+
+void sum_rows(const float* dy, float* db, int64_t N, int64_t C, float beta) {
+    if (C == 0) return;
+    const dim3 grid(unsigned(std::min<int64_t>((C + kStrip - 1) / kStrip, 65535))), block(kStrip, kSlices);
+    KILN_LAUNCH(sum_rows_kernel, grid, block, 0)(dy, db, N, C, beta);
+    KILN_CHECK_LAUNCH(sum_rows_kernel, grid, block);
+}
+
+// out[n] = the first c with x[n,c] = max_c' x[n,c']
+__global__ void argmax_rows_kernel(const float* x, int32_t* out, int64_t N, int64_t C) {
+    for (int64_t n = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; n < N; n += int64_t(gridDim.x) * blockDim.x) {
+        const float* row = x + n * C;
+        int64_t best = 0;
+        for (int64_t c = 1; c < C; c++)
+            if (row[c] > row[best]) best = c;
+        out[n] = int32_t(best);
+    }
+}
+
+void argmax_rows(const float* x, int32_t* out, int64_t N, int64_t C) {
+    if (N == 0) return;
+    const dim3 grid(blocks_for(N)), block(kBlock);
+    KILN_LAUNCH(argmax_rows_kernel, grid, block, 0)(x, out, N, C);
+    KILN_CHECK_LAUNCH(argmax_rows_kernel, grid, block);
+}
+
+}  // namespace kiln::cuda
