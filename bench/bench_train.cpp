@@ -27,6 +27,7 @@ static double train_throughput(Module& model, const Shape& input, int64_t classe
     Tensor x = Tensor::normal(input, 0, 1, rng);
     Tensor y = Tensor::empty({B}, DType::I32);
     for (int64_t i = 0; i < B; i++) y.data<int32_t>()[i] = int32_t(rng.next_below(uint64_t(classes)));
+    model.input_needs_grad = false;  // as train_epoch (and PyTorch: the input has no requires_grad)
     SGD sgd(model.parameters(), 0.01f, options);
     CrossEntropyLoss criterion;
     BumpAllocator arena("bench arena", Device::CPU, size_t(1) << 30);

@@ -105,6 +105,10 @@ Tensor Conv2d::backward(const Tensor& dy) {
     cpu::conv2d_backward_weight(x_.data<float>(), dy.data<float>(), weight.grad.data<float>(),
                                 bias.value.defined() ? bias.grad.data<float>() : nullptr, p, ptr_or_null(col),
                                 images);
+    if (!input_needs_grad) {  // e.g. the first layer: dx would be dL/d(image), which no one reads
+        x_ = Tensor();
+        return Tensor();
+    }
     // dx = conv_transpose(dy, w)
     Tensor dx = Tensor::empty(x_.shape(), DType::F32, Device::CPU, Category::Activation);
     cpu::conv2d_backward_data(dy.data<float>(), weight.value.data<float>(), dx.data<float>(), p, ptr_or_null(col),

@@ -32,9 +32,9 @@ Tensor Linear::backward(const Tensor& dy) {
     KILN_CHECK(x_.defined(), name(), ": backward without a training-mode forward");
     matmul_into(dy, true, x_, false, weight.grad, 1.0f, 1.0f);  // dW += dyᵀ · x   [out, in]
     if (bias.value.defined()) sum_rows_into(dy, bias.grad, 1.0f);  // db += Σ_n dy
-    Tensor dx = matmul(dy, weight.value);                           // [N, out] · [out, in]
     x_ = Tensor();                                                   // the cache is spent
-    return dx;
+    if (!input_needs_grad) return Tensor();                          // no one reads dx
+    return matmul(dy, weight.value);                                 // dx = dy · W  [N, out] · [out, in]
 }
 
 std::vector<Parameter*> Linear::parameters() {
@@ -73,6 +73,7 @@ Tensor Sequential::forward(const Tensor& x) {
 }
 
 Tensor Sequential::backward(const Tensor& dy) {
+    if (!children_.empty()) children_.front()->input_needs_grad = input_needs_grad;  // our input is its input
     Tensor g = dy;
     for (auto it = children_.rbegin(); it != children_.rend(); ++it) g = (*it)->backward(g);
     return g;

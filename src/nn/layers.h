@@ -47,7 +47,8 @@ private:
     Shape in_shape_;
 };
 
-// Runs its children in order; backward runs them in reverse. Names children "<i>.<name>"
+// Runs its children in order; backward runs them in reverse (and tells the first child whether
+// dL/dx is wanted: its own input_needs_grad). Names children "<i>.<name>"
 // unless they were given a name.
 class Sequential : public Module {
 public:

@@ -31,6 +31,13 @@ public:
     virtual Tensor forward(const Tensor& x) = 0;
     virtual Tensor backward(const Tensor& dy) = 0;
 
+    // Does anyone need dL/dx from backward? Not for the network's first layer: its input is
+    // the data, not something computed. When false, backward still accumulates the parameter
+    // grads but may skip dx (for LeNet's first convolution, the GEMM and col2im of a dx that
+    // would be thrown away) and then returns an undefined Tensor. Sequential hands its own
+    // flag to its first child; train_epoch sets it to false on the model it trains.
+    bool input_needs_grad = true;
+
     // The module's learnable tensors (a container gathers its children's).
     virtual std::vector<Parameter*> parameters() { return {}; }
     // Non-learned state that a checkpoint must keep (e.g. batch norm's running mean).

@@ -13,6 +13,7 @@ namespace kiln {
 EpochResult train_epoch(Module& model, Optimizer& optimizer, DataLoader& loader, int epoch, int epochs,
                         BumpAllocator* arena) {
     model.train();
+    model.input_needs_grad = false;  // the input is data: no dL/dx to compute (module.h)
     loader.start_epoch(epoch);
     Progress bar(epoch + 1, epochs, loader.num_batches());
     CrossEntropyLoss criterion;
