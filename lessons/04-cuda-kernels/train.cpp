@@ -16,7 +16,6 @@
 #include <memory>
 
 #include "core/allocator.h"       // defines: BumpAllocator, memory_summary
-#include "core/cuda_memory.h"     // defines: cuda::print_emulator_note_once
 #include "data/idx.h"             // defines: load_mnist
 #include "data/loader.h"          // defines: DataLoader
 #include "nn/models.h"            // defines: mlp
@@ -37,7 +36,6 @@ int main(int argc, char** argv) try {
     flags.add_to(cli);
     cli.parse(argc, argv);
     Device device = flags.apply();
-    if (device == Device::CUDA) cuda::print_emulator_note_once();
     auto start = std::chrono::steady_clock::now();
 
     // Data: the batches are copied to the device by the loader (LoaderOptions::device).

@@ -27,7 +27,7 @@ int main(int argc, char** argv) try {
     CommonFlags flags;
     flags.epochs = 15;
     flags.batch_size = 128;
-    flags.lr = 0.1f;
+    flags.lr = 0.05f;
     flags.data = "data/cifar10";
     bool no_bn = false;
     float weight_decay = 5e-4f;

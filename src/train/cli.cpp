@@ -8,6 +8,7 @@
 #include <sstream>
 
 #include "core/allocator.h"
+#include "core/cuda_memory.h"
 #include "core/error.h"
 
 namespace kiln {
@@ -111,6 +112,7 @@ Device CommonFlags::apply() const {
     if (threads > 0) omp_set_num_threads(threads);
     KILN_CHECK(device == "cpu" || device == "cuda", "--device must be cpu or cuda, got '", device, "'");
     Device d = device == "cuda" ? Device::CUDA : Device::CPU;
+    if (d == Device::CUDA) cuda::print_emulator_note_once();  // says so when there is no GPU build
     if (!mem_limit.empty()) set_memory_limit(d, parse_bytes(mem_limit));
     return d;
 }
