@@ -1,6 +1,6 @@
 // lesson-06 — a convolutional net with batch normalization on CIFAR-10, on the CPU.
 //
-//   make lesson-06                        # 15 epochs, ≥ 80% test accuracy
+//   make lesson-06                        # 10 epochs, ≥ 80% test accuracy
 //   make lesson-06 ARGS='--no-bn'         # the same net without batch norm, to compare
 //   make lesson-06 ARGS='--limit 5000 --epochs 2'   # a quick look
 //
@@ -25,7 +25,7 @@ using namespace kiln;
 
 int main(int argc, char** argv) try {
     CommonFlags flags;
-    flags.epochs = 15;
+    flags.epochs = 10;
     flags.batch_size = 128;
     flags.lr = 0.05f;
     flags.data = "data/cifar10";
