@@ -45,18 +45,25 @@ enum class ConvAlgo {
 ConvAlgo conv2d_algo(const Conv2dParams& p);
 const char* conv_algo_name(ConvAlgo a);
 
-// Floats of column workspace one image needs: C·KH·KW · P·Q for Im2col (the columns of all
-// G groups, group after group: group g's rows are [g·(C/G)·KH·KW, (g+1)·(C/G)·KH·KW)),
-// 0 for Pointwise and Depthwise.
+// Floats of workspace one image needs: (C·KH·KW + O) · P·Q for Im2col — its columns, and its
+// output (or dy) as rows of the GEMM that does several images at once (conv.cpp, "Several
+// images in one GEMM"); 0 for Pointwise and Depthwise.
 int64_t conv2d_col_floats_per_image(const Conv2dParams& p);
 
 // One image (or one group of channels of it), C channels of H×W:
 //   col[(c·KH + kh)·KW + kw][p·Q + q] = x[c][ih][iw]   (0 where (ih, iw) is padding)
-// col is [C·KH·KW, P·Q]. Only the H, W, KH, KW, stride, padding, dilation of p are used.
-void im2col(const float* x, int64_t C, const Conv2dParams& p, float* col);
+// col is [C·KH·KW, P·Q] with rows ld floats apart (ld ≥ P·Q: several images side by side).
+// Only the H, W, KH, KW, stride, padding, dilation of p are used.
+void im2col(const float* x, int64_t C, const Conv2dParams& p, float* col, int64_t ld);
+inline void im2col(const float* x, int64_t C, const Conv2dParams& p, float* col) {
+    im2col(x, C, p, col, p.P() * p.Q());
+}
 // The adjoint of im2col: dx = 0, then dx[c][ih][iw] += col[...] for every column entry that
 // im2col read from (c, ih, iw). dx is [C, H, W] and is overwritten.
-void col2im(const float* col, int64_t C, const Conv2dParams& p, float* dx);
+void col2im(const float* col, int64_t C, const Conv2dParams& p, float* dx, int64_t ld);
+inline void col2im(const float* col, int64_t C, const Conv2dParams& p, float* dx) {
+    col2im(col, C, p, dx, p.P() * p.Q());
+}
 
 // The three passes. col is workspace for col_images images (col_images ≥ 1 and
 // col_images · conv2d_col_floats_per_image(p) floats), or may be null when that is 0.

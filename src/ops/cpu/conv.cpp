@@ -37,10 +37,12 @@
 // bound, 32 MiB by default).
 //
 // ---- Threads, and why the result never depends on their number --------------------------------
-// forward and dx: the images of a chunk are shared among the threads (each image: its own
-// im2col, its own GEMM on one thread). Every output element is computed by one image's GEMM,
-// whose arithmetic does not depend on where it runs. A chunk of one image instead gives
-// all threads to the GEMM, which is itself bitwise independent of the thread count.
+// forward and dx: the images of a chunk are shared among the threads, a small group of
+// consecutive images at a time (one im2col per image, one GEMM for the group, on one thread;
+// see "Several images in one GEMM" below). Every output element is computed by one GEMM dot
+// product whose arithmetic does not depend on where it runs or on the group. A chunk of one
+// image instead gives all threads to the GEMM, which is itself bitwise independent of the
+// thread count.
 // dw: a sum over images. The columns of a chunk are built in parallel, then each thread takes
 // a band of dw's columns and adds the images into it one after the other, in image order.
 // The order of the sum depends on N only, never on threads or on the chunk size, so even a
@@ -73,7 +75,7 @@ const char* conv_algo_name(ConvAlgo a) {
 
 int64_t conv2d_col_floats_per_image(const Conv2dParams& p) {
     if (conv2d_algo(p) != ConvAlgo::Im2col) return 0;
-    return p.C * p.KH * p.KW * p.P() * p.Q();
+    return (p.C * p.KH * p.KW + p.O) * p.P() * p.Q();  // its columns + its rows of y (or dy)
 }
 
 namespace {
@@ -104,9 +106,21 @@ constexpr double kParallelMinFlops = 2.0 * 96 * 96 * 96;  // the same bar as gem
 // Runs body(n, slot) for the images n0 .. n0 + count − 1, slot = n − n0 (which workspace slice).
 // Several images: one image per thread at a time. One image, or little work: on this thread
 // (the GEMMs inside then use every thread if they are big enough).
+// Images are handed out one at a time (dynamic): on a machine shared with other programs, a
+// thread that loses its core for a while then simply does fewer images, instead of the whole
+// team waiting for it. Which thread does an image never changes its result.
 template <typename Body> void for_images(int64_t n0, int64_t count, double flops_per_image, Body body) {
-#pragma omp parallel for schedule(static) if (count > 1 && double(count) * flops_per_image >= kParallelMinFlops)
+#pragma omp parallel for schedule(dynamic, 1) if (count > 1 && double(count) * flops_per_image >= kParallelMinFlops)
     for (int64_t i = 0; i < count; i++) body(n0 + i, i);
+}
+
+// The same for groups of up to `group` consecutive images: body(n, k, slot) does images
+// n .. n + k − 1, slot = n − n0 (where its workspace starts, in images).
+template <typename Body>
+void for_image_groups(int64_t n0, int64_t count, int64_t group, double flops_per_image, Body body) {
+    const int64_t groups = (count + group - 1) / group;
+#pragma omp parallel for schedule(dynamic, 1) if (groups > 1 && double(count) * flops_per_image >= kParallelMinFlops)
+    for (int64_t j = 0; j < groups; j++) body(n0 + j * group, std::min(group, count - j * group), j * group);
 }
 
 // Multiply-adds ×2 of one image's convolution (any of the three passes).
@@ -201,14 +215,15 @@ void depthwise_backward_weight(const float* x, const float* dy, float* dw, const
 
 // ---- im2col / col2im ------------------------------------------------------------------------
 // One row of col per (c, kh, kw); within it, one run of Q per output row p: zeros where the
-// window hangs over the padding, a copy of an input row segment (memcpy at stride 1) between.
-void im2col(const float* x, int64_t C, const Conv2dParams& p, float* col) {
+// window hangs over the padding, a copy of an input row segment between. Rows of col are ld
+// floats apart: ld = P·Q for one image alone, k·P·Q for k images side by side (forward below).
+void im2col(const float* x, int64_t C, const Conv2dParams& p, float* col, int64_t ld) {
     const int64_t H = p.H, W = p.W, P = p.P(), Q = p.Q(), s = p.stride;
     for (int64_t c = 0; c < C; c++) {
         const float* xc = x + c * H * W;
         for (int64_t kh = 0; kh < p.KH; kh++)
             for (int64_t kw = 0; kw < p.KW; kw++) {
-                float* row = col + ((c * p.KH + kh) * p.KW + kw) * P * Q;
+                float* row = col + ((c * p.KH + kh) * p.KW + kw) * ld;
                 const int64_t off_w = kw * p.dilation - p.padding;
                 int64_t q_lo, q_hi;
                 valid_range(off_w, W, s, Q, q_lo, q_hi);
@@ -221,9 +236,10 @@ void im2col(const float* x, int64_t C, const Conv2dParams& p, float* col) {
                     }
                     const float* src = xc + ih * W + off_w;  // src[q·s] is x[c][ih][q·s + off_w]
                     for (int64_t q = 0; q < q_lo; q++) dst[q] = 0.0f;
-                    if (s == 1)
-                        std::memcpy(dst + q_lo, src + q_lo, size_t(q_hi - q_lo) * sizeof(float));
-                    else
+                    if (s == 1) {
+#pragma omp simd  // rows are short (8 to 32 floats): an inline vector copy beats a call to memcpy
+                        for (int64_t q = q_lo; q < q_hi; q++) dst[q] = src[q];
+                    } else
                         for (int64_t q = q_lo; q < q_hi; q++) dst[q] = src[q * s];
                     for (int64_t q = q_hi; q < Q; q++) dst[q] = 0.0f;
                 }
@@ -233,14 +249,14 @@ void im2col(const float* x, int64_t C, const Conv2dParams& p, float* col) {
 
 // The same walk as im2col with the arrows reversed: dx[c][ih][iw] += col[row][p·Q + q].
 // Entries that fell on padding are dropped. Fixed order (c, kh, kw, p, q): deterministic.
-void col2im(const float* col, int64_t C, const Conv2dParams& p, float* dx) {
+void col2im(const float* col, int64_t C, const Conv2dParams& p, float* dx, int64_t ld) {
     const int64_t H = p.H, W = p.W, P = p.P(), Q = p.Q(), s = p.stride;
     std::memset(dx, 0, size_t(C * H * W) * sizeof(float));
     for (int64_t c = 0; c < C; c++) {
         float* dxc = dx + c * H * W;
         for (int64_t kh = 0; kh < p.KH; kh++)
             for (int64_t kw = 0; kw < p.KW; kw++) {
-                const float* row = col + ((c * p.KH + kh) * p.KW + kw) * P * Q;
+                const float* row = col + ((c * p.KH + kh) * p.KW + kw) * ld;
                 const int64_t off_w = kw * p.dilation - p.padding;
                 int64_t q_lo, q_hi;
                 valid_range(off_w, W, s, Q, q_lo, q_hi);
@@ -249,70 +265,112 @@ void col2im(const float* col, int64_t C, const Conv2dParams& p, float* dx) {
                     if (ih < 0 || ih >= H) continue;
                     float* dst = dxc + ih * W + off_w;
                     const float* src = row + op * Q;
-                    if (s == 1)
+                    if (s == 1) {
+#pragma omp simd
                         for (int64_t q = q_lo; q < q_hi; q++) dst[q] += src[q];
-                    else
+                    } else
                         for (int64_t q = q_lo; q < q_hi; q++) dst[q * s] += src[q];
                 }
             }
     }
 }
 
+// ---- Several images in one GEMM --------------------------------------------------------------
+// One GEMM per image repacks the weights (the GEMM's A) for every image: for CIFAR's later
+// layers, w is 256 × 2304 floats while an image has only 7×7 or 3×3 output positions, so the
+// packing cost as much as the arithmetic, and a 9-column product used 9 of the micro-tile's 64
+// columns. So a thread takes k consecutive images (k·P·Q ≥ kGroupColumns) and lays their
+// columns side by side, image i at column i·P·Q of one matrix of L = k·P·Q columns:
+//   cols [C·KH·KW, L]   (im2col with ld = L)        rows [O, L]   (y or dy of the k images)
+// then does one GEMM with N = L. The price is a copy of y (or dy) between rows and NCHW, where
+// each image's [O, P·Q] block is apart; with k = 1 (big planes) rows is the image's own block
+// and nothing is copied. Each output element is still one dot product over the same K with the
+// same blocking, so the bits do not depend on k (nor on the workspace or the threads).
+constexpr int64_t kGroupColumns = 256;
+
+int64_t images_per_group(const Conv2dParams& p, int64_t chunk) {
+    const int64_t PQ = p.P() * p.Q();
+    return std::clamp<int64_t>((kGroupColumns + PQ - 1) / PQ, 1, chunk);
+}
+
 // ---- forward ------------------------------------------------------------------------------------
-// Per image n and group g (Kc = Cg·KH·KW rows of col per group):
-//   y_n[g·Og .. , P·Q] = w[g·Og .. , Kc] · col_n[g·Kc .. , P·Q]  (+ b, put in y first: beta = 1)
+// Per group of k images and conv group g (Kc = Cg·KH·KW rows of cols per conv group):
+//   rows[g·Og .. , L] = b (broadcast) + w[g·Og .. , Kc] · cols[g·Kc .. , L]      (beta = 1)
+//   y_n[o, :] = rows[o, image n's P·Q columns]
 void conv2d_forward(const float* x, const float* w, const float* b, float* y, const Conv2dParams& p, float* col,
                     int64_t col_images) {
     check_params(p, "conv2d_forward");
     const ConvAlgo algo = conv2d_algo(p);
     if (algo == ConvAlgo::Depthwise) return depthwise_forward(x, w, b, y, p);
     const int64_t G = p.groups, Og = p.Og(), PQ = p.P() * p.Q(), Kc = p.Cg() * p.KH * p.KW;
-    const int64_t CHW = p.C * p.H * p.W, col_size = conv2d_col_floats_per_image(p);
+    const int64_t CHW = p.C * p.H * p.W, per_image = conv2d_col_floats_per_image(p), CK = p.C * p.KH * p.KW;
     const int64_t chunk = algo == ConvAlgo::Im2col ? col_images : p.N;
     KILN_CHECK(algo != ConvAlgo::Im2col || (col && col_images >= 1), "conv2d_forward: needs a workspace of ",
-               col_size, " floats per image");
+               per_image, " floats per image");
+    // Pointwise: x_n is [C, H·W], its own column matrix: one image per GEMM, no copies
+    const int64_t k_max = algo == ConvAlgo::Im2col ? images_per_group(p, chunk) : 1;
 
-    auto one_image = [&](int64_t n, int64_t slot) {
-        const float* cols = x + n * CHW;  // Pointwise: x_n is [C, H·W], its own column matrix
+    auto group = [&](int64_t n, int64_t k, int64_t slot) {
+        const int64_t L = k * PQ;
+        const float* cols = x + n * CHW;
+        float* rows = y + n * p.O * PQ;  // one image: its own block of y
         if (algo == ConvAlgo::Im2col) {
-            cols = col + slot * col_size;
-            im2col(x + n * CHW, p.C, p, col + slot * col_size);
+            float* ws = col + slot * per_image;
+            for (int64_t i = 0; i < k; i++) im2col(x + (n + i) * CHW, p.C, p, ws + i * PQ, L);
+            cols = ws;
+            if (k > 1) rows = ws + CK * L;
         }
-        float* yn = y + n * p.O * PQ;
         if (b)
-            for (int64_t o = 0; o < p.O; o++) std::fill(yn + o * PQ, yn + (o + 1) * PQ, b[o]);
+            for (int64_t o = 0; o < p.O; o++) std::fill(rows + o * L, rows + (o + 1) * L, b[o]);
         for (int64_t g = 0; g < G; g++)
-            gemm(false, false, Og, PQ, Kc, 1.0f, w + g * Og * Kc, Kc, cols + g * Kc * PQ, PQ, b ? 1.0f : 0.0f,
-                 yn + g * Og * PQ, PQ);
+            gemm(false, false, Og, L, Kc, 1.0f, w + g * Og * Kc, Kc, cols + g * Kc * L, L, b ? 1.0f : 0.0f,
+                 rows + g * Og * L, L);
+        if (rows != y + n * p.O * PQ)  // scatter the k images' rows back to NCHW
+            for (int64_t i = 0; i < k; i++)
+                for (int64_t o = 0; o < p.O; o++)
+                    std::memcpy(y + ((n + i) * p.O + o) * PQ, rows + o * L + i * PQ, size_t(PQ) * sizeof(float));
     };
     for (int64_t n0 = 0; n0 < p.N; n0 += chunk)
-        for_images(n0, std::min(chunk, p.N - n0), flops_per_image(p), one_image);
+        for_image_groups(n0, std::min(chunk, p.N - n0), k_max, flops_per_image(p), group);
 }
 
 // ---- backward: dx ---------------------------------------------------------------------------------
-//   dcol_n[g·Kc .. , P·Q] = w[g·Og .. , Kc]ᵀ · dy_n[g·Og .. , P·Q];   dx_n = col2im(dcol_n)
+//   rows = dy of the group's k images;   cols[g·Kc .. , L] = w[g·Og .. , Kc]ᵀ · rows[g·Og .. , L]
+//   dx_n = col2im(cols, image n's columns)
 void conv2d_backward_data(const float* dy, const float* w, float* dx, const Conv2dParams& p, float* col,
                           int64_t col_images) {
     check_params(p, "conv2d_backward_data");
     const ConvAlgo algo = conv2d_algo(p);
     if (algo == ConvAlgo::Depthwise) return depthwise_backward_data(dy, w, dx, p);
     const int64_t G = p.groups, Og = p.Og(), PQ = p.P() * p.Q(), Kc = p.Cg() * p.KH * p.KW;
-    const int64_t CHW = p.C * p.H * p.W, col_size = conv2d_col_floats_per_image(p);
+    const int64_t CHW = p.C * p.H * p.W, per_image = conv2d_col_floats_per_image(p), CK = p.C * p.KH * p.KW;
     const int64_t chunk = algo == ConvAlgo::Im2col ? col_images : p.N;
     KILN_CHECK(algo != ConvAlgo::Im2col || (col && col_images >= 1), "conv2d_backward_data: needs a workspace of ",
-               col_size, " floats per image");
+               per_image, " floats per image");
+    const int64_t k_max = algo == ConvAlgo::Im2col ? images_per_group(p, chunk) : 1;
 
-    auto one_image = [&](int64_t n, int64_t slot) {
-        const float* dyn = dy + n * p.O * PQ;
-        // Pointwise: dcol_n is dx_n itself
-        float* dcol = algo == ConvAlgo::Im2col ? col + slot * col_size : dx + n * CHW;
+    auto group = [&](int64_t n, int64_t k, int64_t slot) {
+        const int64_t L = k * PQ;
+        const float* rows = dy + n * p.O * PQ;  // one image: its own block of dy
+        float* dcol = dx + n * CHW;             // Pointwise: dcol_n is dx_n itself
+        if (algo == ConvAlgo::Im2col) {
+            float* ws = col + slot * per_image;
+            dcol = ws;
+            if (k > 1) {  // gather the k images' dy as rows [O, L]
+                float* r = ws + CK * L;
+                for (int64_t i = 0; i < k; i++)
+                    for (int64_t o = 0; o < p.O; o++)
+                        std::memcpy(r + o * L + i * PQ, dy + ((n + i) * p.O + o) * PQ, size_t(PQ) * sizeof(float));
+                rows = r;
+            }
+        }
         for (int64_t g = 0; g < G; g++)
-            gemm(true, false, Kc, PQ, Og, 1.0f, w + g * Og * Kc, Kc, dyn + g * Og * PQ, PQ, 0.0f, dcol + g * Kc * PQ,
-                 PQ);
-        if (algo == ConvAlgo::Im2col) col2im(dcol, p.C, p, dx + n * CHW);
+            gemm(true, false, Kc, L, Og, 1.0f, w + g * Og * Kc, Kc, rows + g * Og * L, L, 0.0f, dcol + g * Kc * L, L);
+        if (algo == ConvAlgo::Im2col)
+            for (int64_t i = 0; i < k; i++) col2im(dcol + i * PQ, p.C, p, dx + (n + i) * CHW, L);
     };
     for (int64_t n0 = 0; n0 < p.N; n0 += chunk)
-        for_images(n0, std::min(chunk, p.N - n0), flops_per_image(p), one_image);
+        for_image_groups(n0, std::min(chunk, p.N - n0), k_max, flops_per_image(p), group);
 }
 
 // ---- backward: dw and db -----------------------------------------------------------------------
