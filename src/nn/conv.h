@@ -20,8 +20,8 @@ struct ConvOptions {
 };
 
 // The im2col workspace bound: the batch is convolved in chunks of images whose column matrices
-// (C·K·K · P·Q floats each) fit in this many bytes; at least one image per chunk, whatever
-// its size. Set per layer with Conv2d::workspace_limit.
+// and outputs ((C·K·K + O) · P·Q floats each) fit in this many bytes; at least one image per
+// chunk, whatever its size. Set per layer with Conv2d::workspace_limit.
 constexpr int64_t kDefaultConvWorkspace = int64_t(32) << 20;  // 32 MiB
 
 // y[n, o, p, q] = b[o] + Σ_{c in o's group} Σ_{kh, kw} w[o, c, kh, kw] · x[n, c, p·s − pad + kh·d, q·s − pad + kw·d]
