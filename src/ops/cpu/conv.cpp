@@ -103,21 +103,15 @@ inline void valid_range(int64_t off, int64_t W, int64_t stride, int64_t Q, int64
 // barrier take microseconds — much more when the cores are shared with other programs).
 constexpr double kParallelMinFlops = 2.0 * 96 * 96 * 96;  // the same bar as gemm.cpp's
 
-// Runs body(n, slot) for the images n0 .. n0 + count − 1, slot = n − n0 (which workspace slice).
-// Several images: one image per thread at a time. One image, or little work: on this thread
-// (the GEMMs inside then use every thread if they are big enough).
-// Images are handed out one at a time (dynamic): on a machine shared with other programs, a
-// thread that loses its core for a while then simply does fewer images, instead of the whole
-// team waiting for it. Which thread does an image never changes its result.
-template <typename Body> void for_images(int64_t n0, int64_t count, double flops_per_image, Body body) {
-#pragma omp parallel for schedule(dynamic, 1) if (count > 1 && double(count) * flops_per_image >= kParallelMinFlops)
-    for (int64_t i = 0; i < count; i++) body(n0 + i, i);
-}
-
-// The same for groups of up to `group` consecutive images: body(n, k, slot) does images
-// n .. n + k − 1, slot = n − n0 (where its workspace starts, in images).
+// Runs body(n, k, slot) for the images n0 .. n0 + count − 1 in groups of up to `group`
+// consecutive ones: body does images n .. n + k − 1, and its workspace starts at image `slot`
+// (slot = n − n0). Several groups: one group per thread at a time. One group, or little work:
+// on this thread (the GEMMs inside then use every thread if they are big enough).
+// Groups are handed out one at a time (dynamic): on a machine shared with other programs, a
+// thread that loses its core for a while then simply does fewer of them, instead of the whole
+// team waiting for it. Which thread does a group never changes its result.
 template <typename Body>
-void for_image_groups(int64_t n0, int64_t count, int64_t group, double flops_per_image, Body body) {
+void for_images(int64_t n0, int64_t count, int64_t group, double flops_per_image, Body body) {
     const int64_t groups = (count + group - 1) / group;
 #pragma omp parallel for schedule(dynamic, 1) if (groups > 1 && double(count) * flops_per_image >= kParallelMinFlops)
     for (int64_t j = 0; j < groups; j++) body(n0 + j * group, std::min(group, count - j * group), j * group);
@@ -331,7 +325,7 @@ void conv2d_forward(const float* x, const float* w, const float* b, float* y, co
                     std::memcpy(y + ((n + i) * p.O + o) * PQ, rows + o * L + i * PQ, size_t(PQ) * sizeof(float));
     };
     for (int64_t n0 = 0; n0 < p.N; n0 += chunk)
-        for_image_groups(n0, std::min(chunk, p.N - n0), k_max, flops_per_image(p), group);
+        for_images(n0, std::min(chunk, p.N - n0), k_max, flops_per_image(p), group);
 }
 
 // ---- backward: dx ---------------------------------------------------------------------------------
@@ -370,7 +364,7 @@ void conv2d_backward_data(const float* dy, const float* w, float* dx, const Conv
             for (int64_t i = 0; i < k; i++) col2im(dcol + i * PQ, p.C, p, dx + (n + i) * CHW, L);
     };
     for (int64_t n0 = 0; n0 < p.N; n0 += chunk)
-        for_image_groups(n0, std::min(chunk, p.N - n0), k_max, flops_per_image(p), group);
+        for_images(n0, std::min(chunk, p.N - n0), k_max, flops_per_image(p), group);
 }
 
 // ---- backward: dw and db -----------------------------------------------------------------------
