@@ -7,6 +7,7 @@
 #   make data            fetch and verify MNIST and CIFAR-10 (make lesson-NN fetches what it needs)
 #   make lesson-02       build and run chapter 02's trainer (ARGS='--epochs 1' passes flags)
 #   make bench           speed figures, one line each: "bench <name>: <value> <unit>"
+#   make accuracy        train every chapter fully and check its accuracy (long; LESSONS_TO_CHECK='01 03')
 #   make CUDA=1          the same with nvcc for a real GPU   make gpu-check   on a GPU machine
 #
 # Objects go to build/ (build-san/ with SAN=1, build-cuda/ with CUDA=1).
@@ -61,7 +62,7 @@ LESSON_BINS := $(foreach l,$(LESSONS),$(call lesson_bin,$(l)))
 BENCH_BINS  := $(BENCH_SRCS:bench/%.cpp=$(BUILD)/bench/%)
 
 .SECONDARY:
-.PHONY: all test data run bench gpu-check clean $(addprefix lesson-,01 02 03 04 05 06 07 08 09 10 11 12 13)
+.PHONY: all test data run bench accuracy gpu-check clean $(addprefix lesson-,01 02 03 04 05 06 07 08 09 10 11 12 13)
 all: $(LIB) $(LESSON_BINS) $(TEST_BIN)
 
 # --- compile -----------------------------------------------------------------------------
@@ -131,6 +132,11 @@ run:
 bench: $(BENCH_BINS) $(LESSON_BINS) data
 	@bash scripts/setup.sh --bench
 	@bash bench/run.sh $(BUILD)
+
+# The full training runs, each checked against its chapter's target accuracy (long).
+accuracy: $(LESSON_BINS)
+	@bash data/fetch.sh mnist cifar10
+	@bash scripts/accuracy.sh $(BUILD) $(LESSONS_TO_CHECK)
 
 # On a machine with a GPU: the CUDA build, its tests under compute-sanitizer, GEMM vs cuBLAS.
 gpu-check:

@@ -62,6 +62,16 @@ TEST_CASE("lesson 02: the MLP's first losses", "[trainer][cpu][lesson02]") {
                            1.8810743f});
 }
 
+TEST_CASE("lesson 03: LeNet's first losses", "[trainer][cpu][lesson03]") {
+    Rng rng(1);
+    auto model = lenet(rng);
+    SGD sgd(model->parameters(), 0.05f, {0.9f, 0, 0, false});
+    std::vector<float> losses = first_losses(*model, sgd, 8);
+    REQUIRE(losses[0] == Approx(2.3).margin(0.3));
+    require_close(losses, {2.3207517f, 2.3127384f, 2.2790847f, 2.2677021f, 2.2497561f, 2.2564533f, 2.2135735f,
+                           2.2437146f});
+}
+
 TEST_CASE("lesson 02: a short run's loss falls", "[trainer][cpu][lesson02]") {
     ImageSet small = take_spread(mnist_train(), 2000);
     DataLoader loader(small, {64, true, false, 1, {0.1307f}, {0.3081f}, Device::CPU});
