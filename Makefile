@@ -122,7 +122,7 @@ lesson-%:
 	$(BUILD)/bin/lesson-$* $(ARGS)
 
 # The latest finished chapter whose trainer runs on MNIST.
-RUN_LESSON := 02
+RUN_LESSON := 04
 run:
 	@bash scripts/setup.sh
 	@bash data/fetch.sh mnist
