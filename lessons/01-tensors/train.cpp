@@ -16,9 +16,7 @@
 #include "nn/models.h"            // defines: softmax_regression (Flatten, Linear)
 #include "optim/optimizer.h"      // defines: SGD
 #include "train/cli.h"            // defines: Cli, CommonFlags
-#include "train/evaluate.h"       // defines: evaluate
-#include "train/loop.h"           // defines: train_epoch
-#include "train/progress.h"       // defines: result_line
+#include "train/fit.h"            // defines: fit, report, mnist_loader_options
 
 using namespace kiln;
 
@@ -34,11 +32,8 @@ int main(int argc, char** argv) try {
 
     ImageSet train_set = take_spread(load_mnist(flags.data, true), flags.limit);
     ImageSet test_set = load_mnist(flags.data, false);
-    LoaderOptions opt{flags.batch_size, true, false, flags.seed, {0.1307f}, {0.3081f}, device};
-    DataLoader train_loader(train_set, opt);
-    opt.shuffle = false;
-    opt.batch_size = 1000;
-    DataLoader test_loader(test_set, opt);
+    DataLoader train_loader(train_set, mnist_loader_options(flags, device, true));
+    DataLoader test_loader(test_set, mnist_loader_options(flags, device, false));
 
     Rng rng(flags.seed);
     std::unique_ptr<Sequential> net = softmax_regression(rng);  // see src/nn/models.cpp
@@ -57,18 +52,10 @@ int main(int argc, char** argv) try {
                 "half the bytes, 11 bits of precision instead of 24");
 
     BumpAllocator arena("step arena", device, size_t(16) << 20);
-    double test_acc = 0;
-    for (int epoch = 0; epoch < flags.epochs; epoch++) {
-        // Step decay: the last 30% of the epochs take a 10× smaller learning rate.
-        if (epoch == flags.epochs * 7 / 10 && epoch > 0) sgd.lr = flags.lr * 0.1f;
-        train_epoch(model, sgd, train_loader, epoch, flags.epochs, &arena);
-        test_acc = evaluate(model, test_loader);
-        std::printf("epoch %d: test accuracy %.2f%%\n", epoch + 1, 100 * test_acc);
-    }
+    double test_acc = fit(model, sgd, train_loader, test_loader, flags.epochs, flags.lr, &arena);
     std::printf("arena: %s used at most per step, of %s\n", format_bytes(int64_t(arena.high_water())).c_str(),
                 format_bytes(int64_t(arena.capacity())).c_str());
-    std::printf("%s", memory_summary(device).c_str());
-    std::printf("%s\n", result_line(test_acc, seconds_since(start), peak_memory(device)).c_str());
+    report(device, test_acc, start);
     return 0;
 } catch (const std::exception& e) {
     std::fprintf(stderr, "lesson-01: %s\n", e.what());

@@ -15,9 +15,7 @@
 #include "nn/models.h"            // defines: lenet (Conv2d, MaxPool2d, ReLU, Linear)
 #include "optim/optimizer.h"      // defines: SGD
 #include "train/cli.h"            // defines: Cli, CommonFlags
-#include "train/evaluate.h"       // defines: evaluate
-#include "train/loop.h"           // defines: train_epoch
-#include "train/progress.h"       // defines: result_line
+#include "train/fit.h"            // defines: fit, report, mnist_loader_options
 
 using namespace kiln;
 
@@ -35,11 +33,8 @@ int main(int argc, char** argv) try {
 
     ImageSet train_set = take_spread(load_mnist(flags.data, true), flags.limit);
     ImageSet test_set = load_mnist(flags.data, false);
-    LoaderOptions opt{flags.batch_size, true, false, flags.seed, {0.1307f}, {0.3081f}, device};
-    DataLoader train_loader(train_set, opt);
-    opt.shuffle = false;
-    opt.batch_size = 1000;
-    DataLoader test_loader(test_set, opt);
+    DataLoader train_loader(train_set, mnist_loader_options(flags, device, true));
+    DataLoader test_loader(test_set, mnist_loader_options(flags, device, false));
 
     Rng rng(flags.seed);
     std::unique_ptr<Sequential> net = lenet(rng);
@@ -50,16 +45,8 @@ int main(int argc, char** argv) try {
                 (long long)model.num_parameters(), (long long)train_set.n, device_name(device));
 
     BumpAllocator arena("step arena", device, size_t(64) << 20);
-    double test_acc = 0;
-    for (int epoch = 0; epoch < flags.epochs; epoch++) {
-        // Step decay: the last 30% of the epochs take a 10× smaller learning rate.
-        if (epoch == flags.epochs * 7 / 10 && epoch > 0) sgd.lr = flags.lr * 0.1f;
-        train_epoch(model, sgd, train_loader, epoch, flags.epochs, &arena);
-        test_acc = evaluate(model, test_loader);
-        std::printf("epoch %d: test accuracy %.2f%%\n", epoch + 1, 100 * test_acc);
-    }
-    std::printf("%s", memory_summary(device).c_str());
-    std::printf("%s\n", result_line(test_acc, seconds_since(start), peak_memory(device)).c_str());
+    double test_acc = fit(model, sgd, train_loader, test_loader, flags.epochs, flags.lr, &arena);
+    report(device, test_acc, start);
     return 0;
 } catch (const std::exception& e) {
     std::fprintf(stderr, "lesson-03: %s\n", e.what());

@@ -21,9 +21,7 @@
 #include "nn/models.h"            // defines: mlp
 #include "optim/optimizer.h"      // defines: SGD
 #include "train/cli.h"            // defines: Cli, CommonFlags
-#include "train/evaluate.h"       // defines: evaluate
-#include "train/loop.h"           // defines: train_epoch
-#include "train/progress.h"       // defines: result_line, seconds_since, peak_memory
+#include "train/fit.h"            // defines: fit, report, mnist_loader_options
 
 using namespace kiln;
 
@@ -41,8 +39,8 @@ int main(int argc, char** argv) try {
     // Data: the batches are copied to the device by the loader (LoaderOptions::device).
     ImageSet train_set = take_spread(load_mnist(flags.data, true), flags.limit);
     ImageSet test_set = load_mnist(flags.data, false);
-    DataLoader train_loader(train_set, {flags.batch_size, true, false, flags.seed, {0.1307f}, {0.3081f}, device});
-    DataLoader test_loader(test_set, {1000, false, false, flags.seed, {0.1307f}, {0.3081f}, device});
+    DataLoader train_loader(train_set, mnist_loader_options(flags, device, true));
+    DataLoader test_loader(test_set, mnist_loader_options(flags, device, false));
 
     // Model: drawn on the CPU from the seed (the same weights as lesson 02), then moved.
     Rng rng(flags.seed);
@@ -53,15 +51,8 @@ int main(int argc, char** argv) try {
                 (long long)model->num_parameters(), (long long)train_set.n, device_name(device));
 
     BumpAllocator arena("step arena", device, size_t(64) << 20);  // one step's activations
-    double test_acc = 0;
-    for (int epoch = 0; epoch < flags.epochs; epoch++) {
-        if (epoch == flags.epochs * 7 / 10 && epoch > 0) sgd.lr = flags.lr * 0.1f;  // as lesson 02
-        train_epoch(*model, sgd, train_loader, epoch, flags.epochs, &arena);
-        test_acc = evaluate(*model, test_loader);
-        std::printf("epoch %d: test accuracy %.2f%%\n", epoch + 1, 100 * test_acc);
-    }
-    std::printf("%s", memory_summary(device).c_str());
-    std::printf("%s\n", result_line(test_acc, seconds_since(start), peak_memory(device)).c_str());
+    double test_acc = fit(*model, sgd, train_loader, test_loader, flags.epochs, flags.lr, &arena);  // as lesson 02
+    report(device, test_acc, start);
     return 0;
 } catch (const std::exception& e) {
     std::fprintf(stderr, "lesson-04: %s\n", e.what());

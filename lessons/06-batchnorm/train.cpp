@@ -17,9 +17,7 @@
 #include "nn/models.h"            // defines: cifar_net (Conv2d, BatchNorm2d, GELU, MaxPool2d, Linear)
 #include "optim/optimizer.h"      // defines: SGD
 #include "train/cli.h"            // defines: Cli, CommonFlags
-#include "train/evaluate.h"       // defines: evaluate
-#include "train/loop.h"           // defines: train_epoch
-#include "train/progress.h"       // defines: result_line
+#include "train/fit.h"            // defines: fit, report
 
 using namespace kiln;
 
@@ -66,16 +64,8 @@ int main(int argc, char** argv) try {
                 (long long)model.num_parameters(), (long long)train_set.n, device_name(device));
 
     BumpAllocator arena("step arena", device, size_t(512) << 20);
-    double test_acc = 0;
-    for (int epoch = 0; epoch < flags.epochs; epoch++) {
-        // Step decay: the last 30% of the epochs take a 10× smaller learning rate.
-        if (epoch == flags.epochs * 7 / 10 && epoch > 0) sgd.lr = flags.lr * 0.1f;
-        train_epoch(model, sgd, train_loader, epoch, flags.epochs, &arena);
-        test_acc = evaluate(model, test_loader);
-        std::printf("epoch %d: test accuracy %.2f%%\n", epoch + 1, 100 * test_acc);
-    }
-    std::printf("%s", memory_summary(device).c_str());
-    std::printf("%s\n", result_line(test_acc, seconds_since(start), peak_memory(device)).c_str());
+    double test_acc = fit(model, sgd, train_loader, test_loader, flags.epochs, flags.lr, &arena);
+    report(device, test_acc, start);
     return 0;
 } catch (const std::exception& e) {
     std::fprintf(stderr, "lesson-06: %s\n", e.what());
