@@ -16,10 +16,11 @@ done
 
 # PyTorch on the same machine, same threads (Debian's python3-torch; see ../shared/bench).
 refs=../shared/bench
-if [[ -d $refs ]] && python3 -c 'import torch' 2>/dev/null; then
-    lenet=$(python3 "$refs/torch_lenet.py" data/mnist "$threads" 0.2 | grep -oE '[0-9]+ train img/s' | cut -d' ' -f1)
+py=/usr/bin/python3   # Debian's python, where python3-torch is installed
+if [[ -d $refs ]] && "$py" -c 'import torch' 2>/dev/null; then
+    lenet=$("$py" "$refs/torch_lenet.py" data/mnist "$threads" 0.2 | grep -oE '[0-9]+ train img/s' | cut -d' ' -f1)
     echo "bench torch_lenet_train_cpu: $lenet img/s" | tee -a "$out"
-    cifar=$(python3 "$refs/torch_cifar_net.py" "$threads" 256 20 | grep -oE '[0-9]+ train img/s' | cut -d' ' -f1)
+    cifar=$("$py" "$refs/torch_cifar_net.py" "$threads" 256 20 | grep -oE '[0-9]+ train img/s' | cut -d' ' -f1)
     echo "bench torch_cifar_net_train_cpu: $cifar img/s" | tee -a "$out"
     ratio() {  # ratio NAME KILN_FIGURE TORCH_FIGURE
         local k t
