@@ -15,6 +15,8 @@
 #include <string>
 #include <vector>
 
+#include "core/error.h"
+
 namespace kiln {
 
 // The whole file as bytes. Throws kiln::Error naming the path if it cannot be opened or read.
@@ -51,5 +53,18 @@ struct TarMember {
     size_t offset = 0, size = 0;
 };
 std::vector<TarMember> list_tar(const std::vector<uint8_t>& bytes, const std::string& name);
+
+// Runs f(); a kiln::Error escaping it gets `hint` (what to run to fix the data) appended.
+// Out-of-memory errors pass unchanged: re-fetching would not help them.
+template <typename F>
+auto with_hint(const char* hint, F f) -> decltype(f()) {
+    try {
+        return f();
+    } catch (const OutOfMemory&) {
+        throw;
+    } catch (const Error& e) {
+        throw Error(std::string(e.what()) + hint);
+    }
+}
 
 }  // namespace kiln

@@ -46,18 +46,6 @@ constexpr size_t kRecord = 1 + size_t(kImageBytes);  // binary format: label byt
 constexpr const char* kHint =
     ". Run `make data` (for CIFAR-10: `bash data/fetch.sh cifar10`) to fetch the data again and verify it.";
 
-// Runs f(); a kiln::Error escaping it gets the fetch hint appended.
-template <typename F>
-auto with_hint(F f) -> decltype(f()) {
-    try {
-        return f();
-    } catch (const OutOfMemory&) {
-        throw;
-    } catch (const Error& e) {
-        throw Error(std::string(e.what()) + kHint);
-    }
-}
-
 // One file of a data set: where it is inside the data set (the archive entry path, or the
 // path relative to the directory), how to name it in messages, and its bytes — in memory
 // for an archive (a span of the decompressed tarball), read on demand for a directory.
@@ -345,7 +333,7 @@ ImageSet load_directory(const std::string& dir, bool train) {
 }  // namespace
 
 ImageSet load_cifar10(const std::string& path, bool train) {
-    return with_hint([&] {
+    return with_hint(kHint, [&] {
         std::error_code ec;
         if (fs::is_directory(path, ec)) return load_directory(path, train);
         KILN_CHECK(fs::exists(path, ec), "CIFAR-10 not found: '", path,

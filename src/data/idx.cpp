@@ -12,18 +12,6 @@ namespace {
 
 constexpr const char* kHint = ". Run `make data` to fetch the data again and verify it (checksums).";
 
-// Runs f(); a kiln::Error escaping it gets the `make data` hint appended.
-template <typename F>
-auto with_hint(F f) -> decltype(f()) {
-    try {
-        return f();
-    } catch (const OutOfMemory&) {
-        throw;
-    } catch (const Error& e) {
-        throw Error(std::string(e.what()) + kHint);
-    }
-}
-
 uint32_t be32(const uint8_t* p) {
     return uint32_t(p[0]) << 24 | uint32_t(p[1]) << 16 | uint32_t(p[2]) << 8 | uint32_t(p[3]);
 }
@@ -94,15 +82,15 @@ std::string find_idx_file(const std::string& dir, const std::string& base) {
 }  // namespace
 
 IdxImages read_idx_images(const std::string& path) {
-    return with_hint([&] { return parse_images(path); });
+    return with_hint(kHint, [&] { return parse_images(path); });
 }
 
 std::vector<uint8_t> read_idx_labels(const std::string& path) {
-    return with_hint([&] { return parse_labels(path); });
+    return with_hint(kHint, [&] { return parse_labels(path); });
 }
 
 ImageSet load_mnist(const std::string& dir, bool train) {
-    return with_hint([&] {
+    return with_hint(kHint, [&] {
         const std::string split = train ? "train" : "t10k";
         const std::string images_path = find_idx_file(dir, split + "-images-idx3-ubyte");
         const std::string labels_path = find_idx_file(dir, split + "-labels-idx1-ubyte");
