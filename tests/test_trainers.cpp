@@ -72,6 +72,34 @@ TEST_CASE("lesson 03: LeNet's first losses", "[trainer][cpu][lesson03]") {
                            2.2437146f});
 }
 
+TEST_CASE("lesson 06: the CIFAR net's first losses, with and without batch norm", "[trainer][cpu][lesson06]") {
+    // A fixed batch of 32 random "images" with random labels: the pins cover the network and
+    // its ops (conv, pool, BN, GELU, Nesterov SGD), not the data.
+    Rng data(7);
+    Tensor x = Tensor::normal({32, 3, 32, 32}, 0, 1, data);
+    Tensor y = Tensor::empty({32}, DType::I32);
+    for (int64_t i = 0; i < 32; i++) y.data<int32_t>()[i] = int32_t(data.next_below(10));
+    auto losses_of = [&](bool batch_norm) {
+        Rng rng(1);
+        auto model = cifar_net(rng, {32, 64, 128}, batch_norm);
+        SGD sgd(model->parameters(), 0.05f, {0.9f, 0, 5e-4f, true});
+        CrossEntropyLoss criterion;
+        std::vector<float> losses;
+        for (int step = 0; step < 5; step++) {
+            sgd.zero_grad();
+            losses.push_back(criterion.forward(model->forward(x), y));
+            model->backward(criterion.backward());
+            sgd.step();
+        }
+        return losses;
+    };
+    std::vector<float> bn = losses_of(true), plain = losses_of(false);
+    require_close(bn, {2.9605851f, 2.3140104f, 1.7140838f, 0.7519941f, 0.3261750f});
+    require_close(plain, {2.3020639f, 2.3017778f, 2.3013701f, 2.3008542f, 2.3002415f});
+    REQUIRE(bn.back() < 0.2f * bn.front());                 // with BN it memorizes the batch;
+    REQUIRE(plain.front() - plain.back() < 0.01f);           // without, the signal has vanished
+}
+
 TEST_CASE("lesson 02: a short run's loss falls", "[trainer][cpu][lesson02]") {
     ImageSet small = take_spread(mnist_train(), 2000);
     DataLoader loader(small, {64, true, false, 1, {0.1307f}, {0.3081f}, Device::CPU});
