@@ -34,11 +34,13 @@ static std::vector<float> first_losses(Module& model, Optimizer& opt, int steps)
     return losses;
 }
 
-static void require_close(const std::vector<float>& got, const std::vector<float>& pinned) {
+// The pins hold to `rel` relative error: builds differ in the last bits (the SAN=1 build has no
+// -march=native, so GEMM sums in another order), and training steps amplify those bits.
+static void require_close(const std::vector<float>& got, const std::vector<float>& pinned, double rel = 1e-4) {
     REQUIRE(got.size() == pinned.size());
     for (size_t i = 0; i < got.size(); i++) {
         INFO("step " << i << ": got " << got[i] << ", pinned " << pinned[i]);
-        REQUIRE(got[i] == Approx(pinned[i]).epsilon(1e-4));
+        REQUIRE(got[i] == Approx(pinned[i]).epsilon(rel));
     }
 }
 
@@ -94,7 +96,8 @@ TEST_CASE("lesson 06: the CIFAR net's first losses, with and without batch norm"
         return losses;
     };
     std::vector<float> bn = losses_of(true), plain = losses_of(false);
-    require_close(bn, {2.9605851f, 2.3140104f, 1.7140838f, 0.7519941f, 0.3261750f});
+    // memorizing one batch drives the loss down fast, which amplifies rounding the most
+    require_close(bn, {2.9605851f, 2.3140104f, 1.7140838f, 0.7519941f, 0.3261750f}, 2e-3);
     require_close(plain, {2.3020639f, 2.3017778f, 2.3013701f, 2.3008542f, 2.3002415f});
     REQUIRE(bn.back() < 0.2f * bn.front());                 // with BN it memorizes the batch;
     REQUIRE(plain.front() - plain.back() < 0.01f);           // without, the signal has vanished
