@@ -11,12 +11,10 @@
 #include <cstdio>
 
 #include "core/allocator.h"       // defines: BumpAllocator, memory_summary, format_bytes
-#include "data/idx.h"             // defines: load_mnist
-#include "data/loader.h"          // defines: DataLoader
 #include "nn/models.h"            // defines: softmax_regression (Flatten, Linear)
 #include "optim/optimizer.h"      // defines: SGD
 #include "train/cli.h"            // defines: Cli, CommonFlags
-#include "train/fit.h"            // defines: fit, report, mnist_loader_options
+#include "train/fit.h"            // defines: MnistData, fit, report
 
 using namespace kiln;
 
@@ -30,10 +28,7 @@ int main(int argc, char** argv) try {
     Device device = flags.apply();
     auto start = std::chrono::steady_clock::now();
 
-    ImageSet train_set = take_spread(load_mnist(flags.data, true), flags.limit);
-    ImageSet test_set = load_mnist(flags.data, false);
-    DataLoader train_loader(train_set, mnist_loader_options(flags, device, true));
-    DataLoader test_loader(test_set, mnist_loader_options(flags, device, false));
+    MnistData mnist(flags, device);  // train and test sets and loaders, from --data
 
     Rng rng(flags.seed);
     std::unique_ptr<Sequential> net = softmax_regression(rng);  // see src/nn/models.cpp
@@ -42,7 +37,7 @@ int main(int argc, char** argv) try {
     SGD sgd(model.parameters(), flags.lr);
 
     // What the model is made of: each tensor, its dtype, and the bytes it takes.
-    std::printf("lesson-01: softmax regression on %lld MNIST images, device %s\n", (long long)train_set.n,
+    std::printf("lesson-01: softmax regression on %lld MNIST images, device %s\n", (long long)mnist.train_set.n,
                 device_name(device));
     for (Parameter* p : model.parameters())
         std::printf("  %-10s %-18s %8s (+ the same again for its gradient)\n", p->name.c_str(), p->value.desc().c_str(),
@@ -52,7 +47,7 @@ int main(int argc, char** argv) try {
                 "half the bytes, 11 bits of precision instead of 24");
 
     BumpAllocator arena("step arena", device, size_t(16) << 20);
-    double test_acc = fit(model, sgd, train_loader, test_loader, flags.epochs, flags.lr, &arena);
+    double test_acc = fit(model, sgd, mnist.train, mnist.test, flags.epochs, flags.lr, &arena);
     std::printf("arena: %s used at most per step, of %s\n", format_bytes(int64_t(arena.high_water())).c_str(),
                 format_bytes(int64_t(arena.capacity())).c_str());
     report(device, test_acc, start);

@@ -10,12 +10,10 @@
 #include <cstdio>
 
 #include "core/allocator.h"       // defines: BumpAllocator, memory_summary
-#include "data/idx.h"             // defines: load_mnist
-#include "data/loader.h"          // defines: DataLoader
 #include "nn/models.h"            // defines: lenet (Conv2d, MaxPool2d, ReLU, Linear)
 #include "optim/optimizer.h"      // defines: SGD
 #include "train/cli.h"            // defines: Cli, CommonFlags
-#include "train/fit.h"            // defines: fit, report, mnist_loader_options
+#include "train/fit.h"            // defines: MnistData, fit, report
 
 using namespace kiln;
 
@@ -31,10 +29,7 @@ int main(int argc, char** argv) try {
     Device device = flags.apply();
     auto start = std::chrono::steady_clock::now();
 
-    ImageSet train_set = take_spread(load_mnist(flags.data, true), flags.limit);
-    ImageSet test_set = load_mnist(flags.data, false);
-    DataLoader train_loader(train_set, mnist_loader_options(flags, device, true));
-    DataLoader test_loader(test_set, mnist_loader_options(flags, device, false));
+    MnistData mnist(flags, device);  // train and test sets and loaders, from --data
 
     Rng rng(flags.seed);
     std::unique_ptr<Sequential> net = lenet(rng);
@@ -42,10 +37,10 @@ int main(int argc, char** argv) try {
     model.to(device);
     SGD sgd(model.parameters(), flags.lr, {momentum, 0.0f, 0.0f, false});
     std::printf("lesson-03: LeNet, %lld parameters, %lld training images, device %s\n",
-                (long long)model.num_parameters(), (long long)train_set.n, device_name(device));
+                (long long)model.num_parameters(), (long long)mnist.train_set.n, device_name(device));
 
     BumpAllocator arena("step arena", device, size_t(64) << 20);
-    double test_acc = fit(model, sgd, train_loader, test_loader, flags.epochs, flags.lr, &arena);
+    double test_acc = fit(model, sgd, mnist.train, mnist.test, flags.epochs, flags.lr, &arena);
     report(device, test_acc, start);
     return 0;
 } catch (const std::exception& e) {

@@ -16,12 +16,10 @@
 #include <memory>
 
 #include "core/allocator.h"       // defines: BumpAllocator, memory_summary
-#include "data/idx.h"             // defines: load_mnist
-#include "data/loader.h"          // defines: DataLoader
 #include "nn/models.h"            // defines: mlp
 #include "optim/optimizer.h"      // defines: SGD
 #include "train/cli.h"            // defines: Cli, CommonFlags
-#include "train/fit.h"            // defines: fit, report, mnist_loader_options
+#include "train/fit.h"            // defines: MnistData, fit, report
 
 using namespace kiln;
 
@@ -36,11 +34,7 @@ int main(int argc, char** argv) try {
     Device device = flags.apply();
     auto start = std::chrono::steady_clock::now();
 
-    // Data: the batches are copied to the device by the loader (LoaderOptions::device).
-    ImageSet train_set = take_spread(load_mnist(flags.data, true), flags.limit);
-    ImageSet test_set = load_mnist(flags.data, false);
-    DataLoader train_loader(train_set, mnist_loader_options(flags, device, true));
-    DataLoader test_loader(test_set, mnist_loader_options(flags, device, false));
+    MnistData mnist(flags, device);  // the loaders copy each batch to the device
 
     // Model: drawn on the CPU from the seed (the same weights as lesson 02), then moved.
     Rng rng(flags.seed);
@@ -48,10 +42,10 @@ int main(int argc, char** argv) try {
     model->to(device);
     SGD sgd(model->parameters(), flags.lr, {0.9f, 0.0f, 0.0f, false});
     std::printf("lesson-04: MLP 784-512-256-10, %lld parameters, %lld training images, device %s\n",
-                (long long)model->num_parameters(), (long long)train_set.n, device_name(device));
+                (long long)model->num_parameters(), (long long)mnist.train_set.n, device_name(device));
 
     BumpAllocator arena("step arena", device, size_t(64) << 20);  // one step's activations
-    double test_acc = fit(*model, sgd, train_loader, test_loader, flags.epochs, flags.lr, &arena);  // as lesson 02
+    double test_acc = fit(*model, sgd, mnist.train, mnist.test, flags.epochs, flags.lr, &arena);  // as lesson 02
     report(device, test_acc, start);
     return 0;
 } catch (const std::exception& e) {

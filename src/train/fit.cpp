@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cstdio>
 
+#include "data/idx.h"
 #include "train/evaluate.h"
 #include "train/loop.h"
 #include "train/progress.h"
@@ -36,5 +37,11 @@ LoaderOptions mnist_loader_options(const CommonFlags& flags, Device device, bool
     }
     return o;
 }
+
+MnistData::MnistData(const CommonFlags& flags, Device device)
+    : train_set(take_spread(load_mnist(flags.data, true), flags.limit)),
+      test_set(load_mnist(flags.data, false)),
+      train(train_set, mnist_loader_options(flags, device, true)),
+      test(test_set, mnist_loader_options(flags, device, false)) {}
 
 }  // namespace kiln

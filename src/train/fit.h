@@ -1,13 +1,14 @@
 // fit.h — what every chapter's trainer does around the training loop: the epochs with their
 // learning-rate schedule and evaluation, the final report, and MNIST's loader settings.
 //
-//   DataLoader train(train_set, mnist_loader_options(flags, device, true));
-//   double acc = fit(model, sgd, train, test, flags.epochs, flags.lr, &arena);
+//   MnistData mnist(flags, device);        // the sets and their loaders
+//   double acc = fit(model, sgd, mnist.train, mnist.test, flags.epochs, flags.lr, &arena);
 //   report(device, acc, start);          // memory summary, then the result line
 #pragma once
 #include <chrono>
 
 #include "core/allocator.h"
+#include "data/image_set.h"
 #include "data/loader.h"
 #include "nn/module.h"
 #include "optim/optimizer.h"
@@ -29,5 +30,13 @@ void report(Device device, double test_accuracy, std::chrono::steady_clock::time
 // MNIST batches: pixels normalized with the training set's mean 0.1307 and std 0.3081.
 // train = true: shuffled batches of --batch-size from --seed; false: 1000 at a time, in order.
 LoaderOptions mnist_loader_options(const CommonFlags& flags, Device device, bool train);
+
+// What an MNIST trainer reads: the training set (--limit images of it, if given) and the
+// test set from --data, and a loader for each (mnist_loader_options) delivering to `device`.
+struct MnistData {
+    MnistData(const CommonFlags& flags, Device device);
+    ImageSet train_set, test_set;  // declared before the loaders, which keep references to them
+    DataLoader train, test;
+};
 
 }  // namespace kiln
