@@ -282,6 +282,14 @@ void col2im(const float* col, int64_t C, const Conv2dParams& p, float* dx, int64
 // same blocking, so the bits do not depend on k (nor on the workspace or the threads).
 constexpr int64_t kGroupColumns = 256;
 
+// Images per workspace chunk: col_images for Im2col (the caller must give a workspace of at
+// least one image's columns), the whole batch for Pointwise, which needs no workspace.
+int64_t images_per_chunk(const Conv2dParams& p, ConvAlgo algo, const float* col, int64_t col_images, const char* op) {
+    KILN_CHECK(algo != ConvAlgo::Im2col || (col && col_images >= 1), op, ": needs a workspace of ",
+               conv2d_col_floats_per_image(p), " floats per image");
+    return algo == ConvAlgo::Im2col ? col_images : p.N;
+}
+
 int64_t images_per_group(const Conv2dParams& p, int64_t chunk) {
     const int64_t PQ = p.P() * p.Q();
     return std::clamp<int64_t>((kGroupColumns + PQ - 1) / PQ, 1, chunk);
@@ -298,9 +306,7 @@ void conv2d_forward(const float* x, const float* w, const float* b, float* y, co
     if (algo == ConvAlgo::Depthwise) return depthwise_forward(x, w, b, y, p);
     const int64_t G = p.groups, Og = p.Og(), PQ = p.P() * p.Q(), Kc = p.Cg() * p.KH * p.KW;
     const int64_t CHW = p.C * p.H * p.W, per_image = conv2d_col_floats_per_image(p), CK = p.C * p.KH * p.KW;
-    const int64_t chunk = algo == ConvAlgo::Im2col ? col_images : p.N;
-    KILN_CHECK(algo != ConvAlgo::Im2col || (col && col_images >= 1), "conv2d_forward: needs a workspace of ",
-               per_image, " floats per image");
+    const int64_t chunk = images_per_chunk(p, algo, col, col_images, "conv2d_forward");
     // Pointwise: x_n is [C, H·W], its own column matrix: one image per GEMM, no copies
     const int64_t k_max = algo == ConvAlgo::Im2col ? images_per_group(p, chunk) : 1;
 
@@ -338,9 +344,7 @@ void conv2d_backward_data(const float* dy, const float* w, float* dx, const Conv
     if (algo == ConvAlgo::Depthwise) return depthwise_backward_data(dy, w, dx, p);
     const int64_t G = p.groups, Og = p.Og(), PQ = p.P() * p.Q(), Kc = p.Cg() * p.KH * p.KW;
     const int64_t CHW = p.C * p.H * p.W, per_image = conv2d_col_floats_per_image(p), CK = p.C * p.KH * p.KW;
-    const int64_t chunk = algo == ConvAlgo::Im2col ? col_images : p.N;
-    KILN_CHECK(algo != ConvAlgo::Im2col || (col && col_images >= 1), "conv2d_backward_data: needs a workspace of ",
-               per_image, " floats per image");
+    const int64_t chunk = images_per_chunk(p, algo, col, col_images, "conv2d_backward_data");
     const int64_t k_max = algo == ConvAlgo::Im2col ? images_per_group(p, chunk) : 1;
 
     auto group = [&](int64_t n, int64_t k, int64_t slot) {
@@ -391,9 +395,7 @@ void conv2d_backward_weight(const float* x, const float* dy, float* dw, float* d
     if (algo == ConvAlgo::Depthwise) return depthwise_backward_weight(x, dy, dw, p);
     const int64_t G = p.groups, Og = p.Og(), Kc = p.Cg() * p.KH * p.KW;
     const int64_t CHW = p.C * p.H * p.W, col_size = conv2d_col_floats_per_image(p);
-    const int64_t chunk = algo == ConvAlgo::Im2col ? col_images : p.N;
-    KILN_CHECK(algo != ConvAlgo::Im2col || (col && col_images >= 1), "conv2d_backward_weight: needs a workspace of ",
-               col_size, " floats per image");
+    const int64_t chunk = images_per_chunk(p, algo, col, col_images, "conv2d_backward_weight");
 
     // One parallel region per chunk: the chunk's columns are built (one image per thread),
     // then thread t adds every image of the chunk, in order, into its own band of dw's columns
