@@ -1,23 +1,43 @@
 // optimizer.h — updates parameters from their gradients. Chapter 02 uses SGD with momentum;
 // chapter 07 adds the rest (Adam, AdamW, schedulers).
 #pragma once
+#include <string>
 #include <vector>
 
+#include "core/state.h"
 #include "nn/module.h"
 
 namespace kiln {
 
+// Parameters that share a learning rate and a weight decay (PyTorch's param_groups), e.g.
+// the weights with weight decay, and the biases and batch-norm parameters without.
+struct ParamGroup {
+    std::vector<Parameter*> params;
+    float lr = 0.0f;            // set by learning-rate schedulers, each group from its own base
+    float weight_decay = 0.0f;
+};
+
 class Optimizer {
 public:
-    Optimizer(std::vector<Parameter*> params, float lr);
+    // One group holding every parameter, with this learning rate and weight decay.
+    Optimizer(std::vector<Parameter*> params, float lr, float weight_decay);
+    explicit Optimizer(std::vector<ParamGroup> groups);
     virtual ~Optimizer() = default;
     virtual void step() = 0;  // one update of every parameter from its grad
     void zero_grad();         // every grad := 0
-    float lr;                 // read and set by learning-rate schedulers
+
+    std::vector<ParamGroup>& param_groups() { return groups_; }
+    const std::vector<ParamGroup>& param_groups() const { return groups_; }
+    float lr() const { return groups_.front().lr; }  // the first group's
+    void set_lr(float lr);                             // every group's
     int64_t steps() const { return steps_; }
 
+    // The state a resumed run needs (step count, buffers), under "<prefix>." keys.
+    virtual void save_state(StateDict& state, const std::string& prefix) const;
+    virtual void load_state(const StateDict& state, const std::string& prefix);
+
 protected:
-    std::vector<Parameter*> params_;
+    std::vector<ParamGroup> groups_;
     int64_t steps_ = 0;
 };
 
@@ -36,13 +56,18 @@ public:
     };
     SGD(std::vector<Parameter*> params, float lr, Options options);
     SGD(std::vector<Parameter*> params, float lr) : SGD(std::move(params), lr, Options{}) {}
+    // Groups bring their own lr and weight_decay; options.weight_decay is not used.
+    SGD(std::vector<ParamGroup> groups, Options options);
     void step() override;
+    void save_state(StateDict& state, const std::string& prefix) const override;
+    void load_state(const StateDict& state, const std::string& prefix) override;
     const Options& options() const { return opt_; }
     std::vector<Tensor>& momentum_buffers() { return buf_; }
 
 private:
     Options opt_;
-    std::vector<Tensor> buf_;  // one per parameter, created on the first step
+    void check_options() const;
+    std::vector<Tensor> buf_;  // one per parameter (groups in order), created on the first step
 };
 
 }  // namespace kiln

@@ -15,7 +15,7 @@ double fit(Module& model, Optimizer& optimizer, DataLoader& train, DataLoader& t
            BumpAllocator* arena) {
     double test_acc = 0;
     for (int epoch = 0; epoch < epochs; epoch++) {
-        optimizer.lr = epoch < std::max(1, epochs * 7 / 10) ? base_lr : base_lr * 0.1f;
+        optimizer.set_lr(epoch < std::max(1, epochs * 7 / 10) ? base_lr : base_lr * 0.1f);
         train_epoch(model, optimizer, train, epoch, epochs, arena);
         test_acc = evaluate(model, test);
         std::printf("epoch %d: test accuracy %.2f%%\n", epoch + 1, 100 * test_acc);

@@ -32,7 +32,7 @@ EpochResult train_epoch(Module& model, Optimizer& optimizer, DataLoader& loader,
             model.backward(criterion.backward());
         }  // every tensor of the step is gone here
         KILN_CHECK(std::isfinite(loss), "training diverged: the loss is ", loss, " at epoch ", epoch + 1, ", step ",
-                   step + 1, ". Try a smaller --lr (now ", optimizer.lr, ") or check the input data");
+                   step + 1, ". Try a smaller --lr (now ", optimizer.lr(), ") or check the input data");
         optimizer.step();  // outside the scope: optimizer state must outlive the step
         if (arena) arena->reset();
         bar.step(batch.size(), loss, correct);
