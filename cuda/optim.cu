@@ -1,11 +1,13 @@
-// optim.cu — the CUDA twin of cpu::sgd_update (src/ops/cpu/elementwise.cpp): one fused pass
-// that reads each parameter, its gradient and its momentum buffer once and writes the new
-// values, so an optimizer step costs one trip through memory instead of four.
+// optim.cu — the CUDA twins of cpu::sgd_update and cpu::adam_update (src/ops/cpu/elementwise.cpp):
+// one fused pass that reads each parameter, its gradient and its optimizer buffers once and
+// writes the new values, so an optimizer step costs one trip through memory instead of one per
+// line of the rule (four for SGD with momentum, about ten for Adam).
 //
 // How it works: one thread per parameter (grid-stride loop) runs the CPU loop body unchanged:
 // no reduction, no reordering. The only possible difference from the CPU is that a compiler may
 // contract a·b + c into one fused multiply-add (rounded once instead of twice), so the tests
-// compare with a tolerance of a few ulps.
+// compare with a tolerance of a few ulps. (sqrtf and / are correctly rounded on the GPU unless
+// nvcc is given --use_fast_math, which kiln's Makefile does not.)
 //
 // Launch shape: block = 256 threads, grid = min(ceil(n / 256), 1024); n == 0 launches nothing.
 //
@@ -39,6 +41,32 @@ void sgd_update(float* p, const float* grad, float* buf, int64_t n, float lr, fl
     KILN_LAUNCH(sgd_update_kernel, grid, block, 0)(p, grad, buf, n, lr, momentum, dampening, weight_decay, nesterov,
                                                    first_step);
     KILN_CHECK_LAUNCH(sgd_update_kernel, grid, block);
+}
+
+// PyTorch's Adam / AdamW, per parameter i (step_size = lr / (1 − β1^t), bc2_sqrt = sqrt(1 − β2^t),
+// decay = 1 − lr·wd, computed once on the host):
+//   AdamW: p = decay·p     Adam: g = grad + wd·p
+//   m = β1·m + (1 − β1)·g;   v = β2·v + (1 − β2)·g²;   v_max = max(v_max, v)   (AMSGrad: v_max ≠ null)
+//   p −= step_size · m / (sqrt(v or v_max) / bc2_sqrt + eps)
+__global__ void adam_update_kernel(float* p, const float* grad, float* m, float* v, float* v_max, int64_t n,
+                                   cpu::AdamParams a, float step_size, float bc2_sqrt, float decay) {
+    for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
+        float g = grad[i];
+        if (a.decoupled) p[i] *= decay;
+        else g += a.weight_decay * p[i];
+        m[i] = a.beta1 * m[i] + (1.0f - a.beta1) * g;
+        v[i] = a.beta2 * v[i] + (1.0f - a.beta2) * g * g;
+        const float v_used = v_max ? (v_max[i] = fmaxf(v_max[i], v[i])) : v[i];
+        p[i] -= step_size * m[i] / (sqrtf(v_used) / bc2_sqrt + a.eps);
+    }
+}
+
+void adam_update(float* p, const float* grad, float* m, float* v, float* v_max, int64_t n, const cpu::AdamParams& a) {
+    if (n == 0) return;
+    const dim3 grid(detail::blocks_for(n)), block(detail::kBlock);
+    KILN_LAUNCH(adam_update_kernel, grid, block, 0)(p, grad, m, v, v_max, n, a, float(a.step_size()),
+                                                    float(a.bias_correction2_sqrt()), float(a.decay()));
+    KILN_CHECK_LAUNCH(adam_update_kernel, grid, block);
 }
 
 }  // namespace kiln::cuda

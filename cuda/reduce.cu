@@ -1,12 +1,13 @@
-// reduce.cu — the CUDA twins of src/ops/cpu/reduce.cpp's sum and max, and of the row kernels
+// reduce.cu — the CUDA twins of src/ops/cpu/reduce.cpp's sum, sum_squares and max, and of the row kernels
 // of src/ops/cpu/elementwise.cpp: add_bias, sum_rows (column sums of an N×C matrix),
 // argmax_rows.
 //
 // Letters: n = element count, N = rows, C = columns, T = threads per block, P = partials.
 //
-// sum and max — two passes, no atomics, so the result is the same on every run:
+// sum, sum_squares and max — two passes, no atomics, so the result is the same on every run:
 //   pass 1  reduce_kernel<<<P, 256>>>        P = min(ceil(n / 256), 1024) blocks. Thread t of
-//           block b folds x[b·256 + t], then every P·256-th element after it (grid-stride) into
+//           block b folds x[b·256 + t] (squared, for sum_squares: exact in double), then every
+//           P·256-th element after it (grid-stride) into
 //           one value, then the block folds its 256 values with detail::block_reduce (a tree in
 //           shared memory, then warp shuffles) and writes partial[b].
 //   pass 2  reduce_kernel<<<1, 256>>>        one block folds the P partials the same way.
@@ -32,41 +33,56 @@ namespace kiln::cuda {
 using detail::blocks_for;
 using detail::kBlock;
 
-// ---- sum and max -----------------------------------------------------------------------------
-// partial[b] = op over the elements block b owns (see above); with gridDim.x == 1 it is the total.
+// ---- sum, sum_squares and max ---------------------------------------------------------------
+// What pass 1 folds: each value as it is, or its square.
+struct Identity {
+    template <typename T>
+    __device__ T operator()(T a) const { return a; }
+};
+struct Square {
+    __device__ double operator()(double a) const { return a * a; }
+};
+
+// partial[b] = op over map(x[i]) for the elements block b owns (see above); with gridDim.x == 1
+// it is the total.
 //   In: the input type (float for pass 1, Acc for pass 2)   Acc: what the values are folded in.
-template <typename In, typename Acc, typename Op>
+template <typename In, typename Acc, typename Op, typename Map = Identity>
 __global__ void reduce_kernel(const In* x, int64_t n, Acc identity, Acc* partial) {
     __shared__ Acc sh[kBlock];
     const Op op{};
+    const Map map{};
     Acc v = identity;
     for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
-        v = op(v, Acc(x[i]));
+        v = op(v, map(Acc(x[i])));
     v = detail::block_reduce(v, sh, op);
     if (threadIdx.x == 0) partial[blockIdx.x] = v;
 }
 
 // Names without commas, for the launch macros.
 constexpr auto sum_pass1 = reduce_kernel<float, double, detail::SumOp>;
+constexpr auto sum_squares_pass1 = reduce_kernel<float, double, detail::SumOp, Square>;
 constexpr auto sum_pass2 = reduce_kernel<double, double, detail::SumOp>;
 constexpr auto max_pass1 = reduce_kernel<float, float, detail::MaxOp>;
 constexpr auto max_pass2 = reduce_kernel<float, float, detail::MaxOp>;
 
-// Σ_i x[i], accumulated in double.
-double sum(const float* x, int64_t n) {
+// Σ_i x[i] (pass1 = sum_pass1) or Σ_i x[i]² (sum_squares_pass1), accumulated in double.
+static double two_pass_sum(decltype(sum_pass1) pass1, const float* x, int64_t n) {
     if (n == 0) return 0.0;
     const unsigned P = blocks_for(n, kBlock, 1024);
     detail::Workspace ws((P + 1) * sizeof(double));  // P partials, then the total
     double* partial = ws.as<double>();
     const dim3 grid1(P), grid2(1), block(kBlock);
-    KILN_LAUNCH(sum_pass1, grid1, block, 0)(x, n, 0.0, partial);
-    KILN_CHECK_LAUNCH(sum_pass1, grid1, block);
+    KILN_LAUNCH(pass1, grid1, block, 0)(x, n, 0.0, partial);
+    KILN_CHECK_LAUNCH(pass1, grid1, block);
     KILN_LAUNCH(sum_pass2, grid2, block, 0)(partial, int64_t(P), 0.0, partial + P);
     KILN_CHECK_LAUNCH(sum_pass2, grid2, block);
     double total = 0.0;
     KILN_CUDA_CHECK(cudaMemcpy(&total, partial + P, sizeof total, cudaMemcpyDeviceToHost));
     return total;
 }
+
+double sum(const float* x, int64_t n) { return two_pass_sum(sum_pass1, x, n); }
+double sum_squares(const float* x, int64_t n) { return two_pass_sum(sum_squares_pass1, x, n); }
 
 // max_i x[i] (−inf for n == 0; ops.cpp refuses empty tensors). fmaxf ignores NaN, as the
 // CPU's std::max(m, x) does when m is a number.

@@ -3,11 +3,20 @@
 
 #include <zlib.h>
 
+#include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <sstream>
 #include <stdexcept>
+
+#include <catch2/catch.hpp>
+
+#ifndef KILN_CUDA
+#include "kiln_cuda.h"  // the emulator's schedule switch (g++ build only)
+#endif
 
 namespace kiln::test {
 
@@ -111,5 +120,59 @@ std::vector<uint8_t> make_tar(const std::vector<TarFile>& files) {
 }
 
 std::vector<uint8_t> bytes_of(const std::string& s) { return std::vector<uint8_t>(s.begin(), s.end()); }
+
+void under_schedules(const std::function<void()>& f) {
+#ifndef KILN_CUDA
+    for (emu::Schedule s : {emu::Schedule::InOrder, emu::Schedule::Reverse}) {
+        emu::ScopedSchedule scope(s);
+        INFO("emulator schedule: " << emu::schedule_name(s));
+        f();
+    }
+#else
+    f();
+#endif
+}
+
+void require_close(const Tensor& got_any, const Tensor& want_any, double tol, double abs) {
+    const Tensor got = got_any.to(Device::CPU), want = want_any.to(Device::CPU);
+    REQUIRE(got.shape() == want.shape());
+    const float* g = got.data<float>();
+    const float* w = want.data<float>();
+    double largest = 0.0;
+    for (int64_t i = 0; i < want.numel(); i++)
+        if (std::isfinite(w[i])) largest = std::max(largest, std::fabs(double(w[i])));
+    const double allowed = tol * largest + abs;
+    int64_t bad = 0, first = -1;
+    for (int64_t i = 0; i < want.numel(); i++) {
+        const bool ok = g[i] == w[i] /* equal infinities too */ || (std::isnan(g[i]) && std::isnan(w[i])) ||
+                        std::fabs(double(g[i]) - double(w[i])) <= allowed;
+        if (!ok && bad++ == 0) first = i;
+    }
+    std::ostringstream msg;
+    if (bad)
+        msg << bad << " of " << want.numel() << " values differ by more than " << allowed << "; the first at " << first
+            << ": got " << g[first] << ", want " << w[first];
+    INFO(msg.str());
+    REQUIRE(bad == 0);
+}
+
+void require_identical(const Tensor& got_any, const Tensor& want_any) {
+    const Tensor got = got_any.to(Device::CPU), want = want_any.to(Device::CPU);
+    REQUIRE(got.shape() == want.shape());
+    REQUIRE(got.dtype() == want.dtype());
+    const size_t width = dtype_size(got.dtype());
+    const auto* g = static_cast<const uint8_t*>(got.raw());
+    const auto* w = static_cast<const uint8_t*>(want.raw());
+    int64_t bad = 0, first = -1;
+    for (int64_t i = 0; i < want.numel(); i++)
+        if (std::memcmp(g + size_t(i) * width, w + size_t(i) * width, width) != 0 && bad++ == 0) first = i;
+    std::ostringstream msg;
+    if (bad)
+        msg << bad << " of " << want.numel() << " " << dtype_name(got.dtype()) << " values differ; the first at "
+            << first << ": got " << got.to(DType::F32).data<float>()[first] << ", want "
+            << want.to(DType::F32).data<float>()[first];
+    INFO(msg.str());
+    REQUIRE(bad == 0);
+}
 
 }  // namespace kiln::test

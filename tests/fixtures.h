@@ -1,10 +1,14 @@
 // fixtures.h — helpers for tests that need small files on disk: a temporary folder removed
 // at the end of the test, gzip compression, and a tar writer (so the readers in src/data/
-// are tested against archives whose every byte the test controls).
+// are tested against archives whose every byte the test controls); and, for the CUDA kernel
+// tests, a run under each schedule of the kernel emulator.
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
+
+#include "core/tensor.h"
 
 namespace kiln::test {
 
@@ -37,5 +41,20 @@ std::vector<uint8_t> make_tar(const std::vector<TarFile>& files);
 
 // Bytes of a string (for text files in archives).
 std::vector<uint8_t> bytes_of(const std::string& s);
+
+// Runs f under each schedule the kernel emulator offers for a test: the threads of a block in
+// order, then in reverse between barriers (a kernel missing a __syncthreads() reads shared memory
+// before or after another thread writes it, which one of the two orders exposes), with the
+// schedule's name as Catch2 context. With make CUDA=1, once, on the GPU.
+void under_schedules(const std::function<void()>& f);
+
+// A device result against the CPU's (both any device; compared on the CPU), REQUIREd, with the
+// number of mismatches and the first one in the failure message:
+//   require_close      f32, |got − want| ≤ tol · max |want| + abs for every element (a sum taken
+//                      in another order is off by a few ulps of its largest terms; abs for
+//                      functions accurate to an absolute error); NaN matches NaN
+//   require_identical  the same bytes (any dtype): for kernels that must match bit for bit
+void require_close(const Tensor& got, const Tensor& want, double tol, double abs = 0.0);
+void require_identical(const Tensor& got, const Tensor& want);
 
 }  // namespace kiln::test

@@ -18,33 +18,17 @@
 
 #include "core/rng.h"
 #include "core/tensor.h"
+#include "fixtures.h"
 #include "gemm_versions.h"
 #include "ops/cpu/cpu_ops.h"
 #include "ops/cpu/gemm.h"
 #include "ops/cuda_ops.h"
 #include "ops/ops.h"
 
-#ifndef KILN_CUDA
-#include "kiln_cuda.h"  // the emulator's schedule switch (g++ build only)
-#endif
-
 using namespace kiln;
+using test::under_schedules;
 
 namespace {
-
-// Runs f under each schedule the emulator offers for this test (once on a GPU).
-template <typename F>
-void under_schedules(F f) {
-#ifndef KILN_CUDA
-    for (emu::Schedule s : {emu::Schedule::InOrder, emu::Schedule::Reverse}) {
-        emu::ScopedSchedule scope(s);
-        INFO("emulator schedule: " << emu::schedule_name(s));
-        f();
-    }
-#else
-    f();
-#endif
-}
 
 Tensor random(const Shape& shape, Rng& rng, float low = -1.0f, float high = 1.0f) {
     return Tensor::uniform(shape, low, high, rng);

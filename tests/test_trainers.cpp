@@ -8,8 +8,11 @@
 
 #include "data/idx.h"
 #include "data/loader.h"
+#include "fixtures.h"
 #include "nn/models.h"
 #include "optim/optimizer.h"
+#include "optim/scheduler.h"
+#include "train/fit.h"
 #include "train/loop.h"
 
 using namespace kiln;
@@ -110,9 +113,48 @@ TEST_CASE("lesson 02: a short run's loss falls", "[trainer][cpu][lesson02]") {
     auto model = mlp(rng, 128, 64);
     SGD sgd(model->parameters(), 0.05f, {0.9f, 0, 0, false});
     BumpAllocator arena("test arena", Device::CPU, size_t(16) << 20);
-    EpochResult first = train_epoch(*model, sgd, loader, 0, 3, &arena);
-    train_epoch(*model, sgd, loader, 1, 3, &arena);
-    EpochResult third = train_epoch(*model, sgd, loader, 2, 3, &arena);
+    TrainOptions opt{3, nullptr, false, &arena, 0.0f, "", ""};
+    EpochResult first = train_epoch(*model, sgd, loader, 0, opt);
+    train_epoch(*model, sgd, loader, 1, opt);
+    EpochResult third = train_epoch(*model, sgd, loader, 2, opt);
     REQUIRE(third.loss < 0.6f * first.loss);
     REQUIRE(third.accuracy > 0.9);
+}
+
+// What --save and --resume do in every trainer (train/fit.h): a run stopped after epoch 2 of 3
+// and resumed from its checkpoint ends with the same weights, bit for bit, as one that never
+// stopped, with a per-batch schedule whose position must survive too.
+TEST_CASE("fit: --save after each epoch, --resume continues exactly", "[trainer][checkpoint][cpu][lesson07]") {
+    test::TempDir dir;
+    ImageSet small = take_spread(mnist_train(), 640);
+    struct Run {
+        Rng rng{1};
+        std::unique_ptr<Sequential> model = mlp(rng, 32, 16);
+        SGD sgd{decay_groups(*model, 0.05f, 1e-3f), SGD::Options{0.9f, 0.0f, 0.0f, true}};
+        OneCycleLR schedule{sgd, 0.1, 3 * 10};
+    };
+    auto fit_epochs = [&](Run& r, int epochs, const std::string& save, const std::string& resume) {
+        DataLoader train(small, {64, true, false, 1, {0.1307f}, {0.3081f}, Device::CPU});
+        DataLoader test(small, {320, false, false, 1, {0.1307f}, {0.3081f}, Device::CPU});
+        return fit(*r.model, r.sgd, train, test, TrainOptions{epochs, &r.schedule, true, nullptr, 0.0f, save, resume});
+    };
+    Run whole, first, second;
+    const double acc = fit_epochs(whole, 3, "", "");
+    fit_epochs(first, 2, dir.path + "/run", "");  // stops after epoch 2 of the same schedule
+    REQUIRE(fit_epochs(second, 3, "", dir.path + "/run/last.safetensors") == acc);
+    std::vector<Parameter*> a = whole.model->parameters(), b = second.model->parameters();
+    for (size_t i = 0; i < a.size(); i++) {
+        INFO(a[i]->name);
+        test::require_identical(b[i]->value, a[i]->value);
+    }
+    REQUIRE(second.sgd.lr() == whole.sgd.lr());
+    REQUIRE(second.schedule.last_epoch() == 30);
+    // a checkpoint of another model is refused by name
+    Rng rng(1);
+    auto other = mlp(rng, 64, 16);
+    SGD sgd(other->parameters(), 0.05f);
+    DataLoader train(small, {64, true, false, 1, {0.1307f}, {0.3081f}, Device::CPU});
+    REQUIRE_THROWS_WITH(fit(*other, sgd, train, train,
+                            TrainOptions{3, nullptr, false, nullptr, 0.0f, "", dir.path + "/run/last.safetensors"}),
+                        Catch::Contains("fc1.weight"));
 }

@@ -30,6 +30,9 @@ int main(int argc, char** argv) try {
 
     MnistData mnist(flags, device);  // train and test sets and loaders, from --data
 
+    // Declared before the model, so it outlives it: after an error mid-step (out of memory,
+    // say) the model still holds that step's cached activations, which are arena memory.
+    BumpAllocator arena("step arena", device, size_t(16) << 20);
     Rng rng(flags.seed);
     std::unique_ptr<Sequential> net = softmax_regression(rng);  // see src/nn/models.cpp
     Sequential& model = *net;
@@ -46,8 +49,7 @@ int main(int argc, char** argv) try {
                 format_bytes(int64_t(model.parameters()[0]->value.to(Device::CPU).to(DType::F16).nbytes())).c_str(),
                 "half the bytes, 11 bits of precision instead of 24");
 
-    BumpAllocator arena("step arena", device, size_t(16) << 20);
-    double test_acc = fit(model, sgd, mnist.train, mnist.test, flags.epochs, flags.lr, &arena);
+    double test_acc = fit(model, sgd, mnist.train, mnist.test, flags, &arena);
     std::printf("arena: %s used at most per step, of %s\n", format_bytes(int64_t(arena.high_water())).c_str(),
                 format_bytes(int64_t(arena.capacity())).c_str());
     report(device, test_acc, start);

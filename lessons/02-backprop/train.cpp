@@ -34,6 +34,11 @@ int main(int argc, char** argv) try {
 
     MnistData mnist(flags, device);  // train and test sets and loaders, from --data
 
+    // Each step's activations live in an arena that is reset after the step.
+    // Declared before the model, so it outlives it: after an error mid-step (out of memory,
+    // say) the model still holds that step's cached activations, which are arena memory.
+    BumpAllocator arena("step arena", device, size_t(64) << 20);
+
     // Model: weights drawn from the seed, so a run can be repeated exactly.
     Rng rng(flags.seed);
     std::unique_ptr<Sequential> net = mlp(rng, hidden1, hidden2);  // see src/nn/models.cpp
@@ -44,9 +49,7 @@ int main(int argc, char** argv) try {
                 (long long)hidden1, (long long)hidden2, (long long)model.num_parameters(),
                 (long long)mnist.train_set.n, device_name(device));
 
-    // Each step's activations live in an arena that is reset after the step.
-    BumpAllocator arena("step arena", device, size_t(64) << 20);
-    double test_acc = fit(model, sgd, mnist.train, mnist.test, flags.epochs, flags.lr, &arena);
+    double test_acc = fit(model, sgd, mnist.train, mnist.test, flags, &arena);
     report(device, test_acc, start);
     return 0;
 } catch (const std::exception& e) {

@@ -31,6 +31,9 @@ int main(int argc, char** argv) try {
 
     MnistData mnist(flags, device);  // train and test sets and loaders, from --data
 
+    // Declared before the model, so it outlives it: after an error mid-step (out of memory,
+    // say) the model still holds that step's cached activations, which are arena memory.
+    BumpAllocator arena("step arena", device, size_t(64) << 20);
     Rng rng(flags.seed);
     std::unique_ptr<Sequential> net = lenet(rng);
     Sequential& model = *net;
@@ -39,8 +42,7 @@ int main(int argc, char** argv) try {
     std::printf("lesson-03: LeNet, %lld parameters, %lld training images, device %s\n",
                 (long long)model.num_parameters(), (long long)mnist.train_set.n, device_name(device));
 
-    BumpAllocator arena("step arena", device, size_t(64) << 20);
-    double test_acc = fit(model, sgd, mnist.train, mnist.test, flags.epochs, flags.lr, &arena);
+    double test_acc = fit(model, sgd, mnist.train, mnist.test, flags, &arena);
     report(device, test_acc, start);
     return 0;
 } catch (const std::exception& e) {

@@ -37,6 +37,9 @@ int main(int argc, char** argv) try {
     MnistData mnist(flags, device);  // the loaders copy each batch to the device
 
     // Model: drawn on the CPU from the seed (the same weights as lesson 02), then moved.
+    // Declared before the model, so it outlives it: after an error mid-step (out of memory,
+    // say) the model still holds that step's cached activations, which are arena memory.
+    BumpAllocator arena("step arena", device, size_t(64) << 20);  // one step's activations
     Rng rng(flags.seed);
     std::unique_ptr<Sequential> model = mlp(rng);
     model->to(device);
@@ -44,8 +47,7 @@ int main(int argc, char** argv) try {
     std::printf("lesson-04: MLP 784-512-256-10, %lld parameters, %lld training images, device %s\n",
                 (long long)model->num_parameters(), (long long)mnist.train_set.n, device_name(device));
 
-    BumpAllocator arena("step arena", device, size_t(64) << 20);  // one step's activations
-    double test_acc = fit(*model, sgd, mnist.train, mnist.test, flags.epochs, flags.lr, &arena);  // as lesson 02
+    double test_acc = fit(*model, sgd, mnist.train, mnist.test, flags, &arena);  // as lesson 02
     report(device, test_acc, start);
     return 0;
 } catch (const std::exception& e) {

@@ -12,12 +12,10 @@
 #include <cstdio>
 
 #include "core/allocator.h"       // defines: BumpAllocator, memory_summary
-#include "data/cifar.h"           // defines: load_cifar10
-#include "data/loader.h"          // defines: DataLoader, RandomCrop, RandomHorizontalFlip
 #include "nn/models.h"            // defines: cifar_net (Conv2d, BatchNorm2d, GELU, MaxPool2d, Linear)
 #include "optim/optimizer.h"      // defines: SGD
 #include "train/cli.h"            // defines: Cli, CommonFlags
-#include "train/fit.h"            // defines: fit, report
+#include "train/fit.h"            // defines: CifarData, fit, report
 
 using namespace kiln;
 
@@ -41,19 +39,11 @@ int main(int argc, char** argv) try {
     Device device = flags.apply();
     auto start = std::chrono::steady_clock::now();
 
-    ImageSet train_set = take_spread(load_cifar10(flags.data, true), flags.limit);
-    ImageSet test_set = load_cifar10(flags.data, false);
-    // CIFAR-10's per-channel mean and standard deviation (R, G, B) over the training set.
-    LoaderOptions opt{flags.batch_size, true, true, flags.seed, {0.4914f, 0.4822f, 0.4465f},
-                      {0.2470f, 0.2435f, 0.2616f}, device};
-    opt.transforms = {std::make_shared<RandomCrop>(32, 4), std::make_shared<RandomHorizontalFlip>()};
-    DataLoader train_loader(train_set, opt);
-    opt.shuffle = false;
-    opt.drop_last = false;
-    opt.batch_size = 500;
-    opt.transforms = {};
-    DataLoader test_loader(test_set, opt);
+    CifarData cifar(flags, device);  // crops and flips for training (train/fit.h)
 
+    // Declared before the model, so it outlives it: after an error mid-step (out of memory,
+    // say) the model still holds that step's cached activations, which are arena memory.
+    BumpAllocator arena("step arena", device, size_t(512) << 20);
     Rng rng(flags.seed);
     std::unique_ptr<Sequential> net = cifar_net(rng, widths, !no_bn);
     Sequential& model = *net;
@@ -61,10 +51,9 @@ int main(int argc, char** argv) try {
     SGD sgd(model.parameters(), flags.lr, {0.9f, 0.0f, weight_decay, true});
     std::printf("lesson-06: %s, widths %lld/%lld/%lld, %lld parameters, %lld training images, device %s\n",
                 model.name().c_str(), (long long)widths.w1, (long long)widths.w2, (long long)widths.w3,
-                (long long)model.num_parameters(), (long long)train_set.n, device_name(device));
+                (long long)model.num_parameters(), (long long)cifar.train_set.n, device_name(device));
 
-    BumpAllocator arena("step arena", device, size_t(512) << 20);
-    double test_acc = fit(model, sgd, train_loader, test_loader, flags.epochs, flags.lr, &arena);
+    double test_acc = fit(model, sgd, cifar.train, cifar.test, flags, &arena);
     report(device, test_acc, start);
     return 0;
 } catch (const std::exception& e) {

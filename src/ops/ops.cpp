@@ -132,6 +132,11 @@ double sum(const Tensor& x) {
     return on_cuda(d) ? cuda::sum(x.data<float>(), x.numel()) : cpu::sum(x.data<float>(), x.numel());
 }
 
+double sum_squares(const Tensor& x) {
+    Device d = f32_on_one_device("sum_squares", {&x});
+    return on_cuda(d) ? cuda::sum_squares(x.data<float>(), x.numel()) : cpu::sum_squares(x.data<float>(), x.numel());
+}
+
 double mean(const Tensor& x) {
     KILN_CHECK(x.numel() > 0, "mean of an empty tensor ", x.desc());
     return sum(x) / double(x.numel());

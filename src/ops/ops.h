@@ -26,6 +26,7 @@ Tensor argmax_rows(const Tensor& x);                       // x[N,C] -> i32[N]
 
 // ---- reductions (deterministic on any thread count) ----------------------------------------
 double sum(const Tensor& x);
+double sum_squares(const Tensor& x);  // Σ x² (gradient clipping's norm)
 double mean(const Tensor& x);
 float max(const Tensor& x);
 

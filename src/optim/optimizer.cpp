@@ -1,5 +1,8 @@
-// optimizer.cpp — the optimizer base and SGD (formulas in optimizer.h).
+// optimizer.cpp — the optimizer base, SGD, weight-decay groups and gradient clipping (formulas in
+// optimizer.h).
 #include "optim/optimizer.h"
+
+#include <cmath>
 
 #include "ops/cpu/cpu_ops.h"
 #include "ops/cuda_ops.h"
@@ -96,6 +99,31 @@ void SGD::load_state(const StateDict& state, const std::string& prefix) {
             buf_.push_back(Tensor::zeros(w.shape(), DType::F32, w.device(), Category::OptimizerState));
             state.get_into(prefix + "." + param->name + ".momentum_buffer", buf_.back());
         }
+}
+
+std::vector<ParamGroup> decay_groups(Module& model, float lr, float weight_decay) {
+    ParamGroup decay{{}, lr, weight_decay}, no_decay{{}, lr, 0.0f};
+    for (Parameter* p : model.parameters()) (p->value.ndim() >= 2 ? decay : no_decay).params.push_back(p);
+    std::vector<ParamGroup> groups;
+    for (ParamGroup* g : {&decay, &no_decay})
+        if (!g->params.empty()) groups.push_back(std::move(*g));
+    return groups;
+}
+
+float clip_grad_norm(const std::vector<Parameter*>& params, float max_norm) {
+    KILN_CHECK(max_norm > 0.0f, "clip_grad_norm: max_norm must be > 0, got ", max_norm);
+    double squares = 0.0;
+    for (const Parameter* p : params) {
+        const double s = sum_squares(p->grad);
+        KILN_CHECK(std::isfinite(s), "clip_grad_norm: the gradient of '", p->name,
+                   "' is not finite (inf or NaN): the loss has diverged; try a lower learning rate");
+        squares += s;
+    }
+    const double total = std::sqrt(squares);
+    const double coef = double(max_norm) / (total + 1e-6);
+    if (coef < 1.0)
+        for (Parameter* p : params) scale_(p->grad, float(coef));
+    return float(total);
 }
 
 }  // namespace kiln

@@ -15,7 +15,17 @@ struct ParamGroup {
     std::vector<Parameter*> params;
     float lr = 0.0f;            // set by learning-rate schedulers, each group from its own base
     float weight_decay = 0.0f;
+    // The lr the first scheduler found (PyTorch's "initial_lr"): every later scheduler of the
+    // same optimizer (SequentialLR's parts) scales this one, not an already scheduled lr.
+    // Negative until a scheduler is attached.
+    float initial_lr = -1.0f;
 };
+
+// The usual split for weight decay: the weights (parameters with ≥ 2 dims: linear and conv
+// weights) with weight_decay, then everything else (biases, batch norm's γ and β: 1-D) with 0;
+// both with lr. Decaying a bias or a γ only pulls it towards 0, which nothing asks for. A group
+// with no parameters is left out (an optimizer refuses empty groups).
+std::vector<ParamGroup> decay_groups(Module& model, float lr, float weight_decay);
 
 class Optimizer {
 public:
@@ -69,5 +79,14 @@ private:
     void check_options() const;
     std::vector<Tensor> buf_;  // one per parameter (groups in order), created on the first step
 };
+
+// Gradient clipping by global norm (torch.nn.utils.clip_grad_norm_), over all the grads at once:
+//   total = sqrt(Σ_params Σ_i g_i²)            (in double, in a fixed order: sum_squares)
+//   coef  = max_norm / (total + 1e-6)
+//   if coef < 1: every g = coef · g            (the direction is kept, the norm becomes max_norm)
+// Returns total, the norm before clipping (worth logging: spikes show a run about to diverge).
+// A NaN or infinite total is an error naming the first parameter whose gradient is not finite,
+// as with PyTorch's error_if_nonfinite=True (PyTorch's default instead makes every grad NaN).
+float clip_grad_norm(const std::vector<Parameter*>& params, float max_norm);
 
 }  // namespace kiln

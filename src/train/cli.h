@@ -4,7 +4,7 @@
 //   f.epochs = 5;
 //   Cli cli("lesson-02", "Trains an MLP on MNIST.");
 //   f.add_to(cli);                       // --epochs --batch-size --lr --seed --threads --data
-//   cli.add("--hidden", &hidden, "hidden units");   //   --limit --device --mem-limit
+//   cli.add("--hidden", &hidden, "hidden units");   //   --limit --device --mem-limit --save --resume
 //   cli.parse(argc, argv);               // --help prints the usage and exits
 //   f.apply();                           // sets the thread count and memory limit
 #pragma once
@@ -52,6 +52,8 @@ struct CommonFlags {
     int64_t limit = 0;             // train on the first N images only (quick runs); 0 = all
     std::string device = "cpu";    // cpu | cuda
     std::string mem_limit;         // e.g. 64MiB; empty = none
+    std::string save;              // a folder: a checkpoint after every epoch (empty = none)
+    std::string resume;            // a checkpoint file to continue from (empty = start afresh)
 
     void add_to(Cli& cli);
     // Sets the OpenMP thread count and the memory limit; returns the chosen device.

@@ -3,25 +3,62 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <filesystem>
 
+#include "data/cifar.h"
 #include "data/idx.h"
+#include "train/checkpoint.h"
 #include "train/evaluate.h"
 #include "train/loop.h"
 #include "train/progress.h"
 
 namespace kiln {
 
-double fit(Module& model, Optimizer& optimizer, DataLoader& train, DataLoader& test, int epochs, float base_lr,
-           BumpAllocator* arena) {
-    double test_acc = 0;
-    for (int epoch = 0; epoch < epochs; epoch++) {
-        optimizer.set_lr(epoch < std::max(1, epochs * 7 / 10) ? base_lr : base_lr * 0.1f);
-        train_epoch(model, optimizer, train, epoch, epochs, arena);
+namespace {
+
+// --resume: loads the checkpoint into the run and returns the epoch to continue with. The
+// trainers save at the end of an epoch, so a checkpoint of theirs is never mid-epoch.
+int resume_from(const std::string& path, TrainingRun& run) {
+    ResumePoint at = load_checkpoint(path, run);
+    KILN_CHECK(at.position == 0, path, ": saved in the middle of epoch ", at.epoch + 1,
+               "; the trainers resume only from the end of an epoch (a checkpoint written by --save)");
+    std::printf("resumed from %s: epoch %lld done, lr %.4g\n", path.c_str(), (long long)at.epoch, run.optimizer.lr());
+    return int(at.epoch);
+}
+
+// --save: save_dir/last.safetensors, replaced atomically after every epoch.
+void save_epoch(const std::string& save_dir, TrainingRun& run, int epochs_done) {
+    std::error_code error;
+    std::filesystem::create_directories(save_dir, error);
+    KILN_CHECK(!error, "--save ", save_dir, ": cannot create the folder (", error.message(), ")");
+    const std::string path = save_dir + "/last.safetensors";
+    save_checkpoint(path, run, ResumePoint{epochs_done, 0, run.optimizer.steps()});
+    std::printf("saved %s\n", path.c_str());
+}
+
+}  // namespace
+
+double fit(Module& model, Optimizer& optimizer, DataLoader& train, DataLoader& test, const TrainOptions& opt) {
+    TrainingRun run{model, optimizer, opt.scheduler, &train};
+    const int first = opt.resume.empty() ? 0 : resume_from(opt.resume, run);
+    double test_acc = first < opt.epochs ? 0.0 : evaluate(model, test);  // a finished run: its accuracy
+    for (int epoch = first; epoch < opt.epochs; epoch++) {
+        const float lr = optimizer.lr();  // the lr this epoch starts with
+        train_epoch(model, optimizer, train, epoch, opt);
+        if (opt.scheduler && !opt.per_batch) opt.scheduler->step();
         test_acc = evaluate(model, test);
-        std::printf("epoch %d: test accuracy %.2f%%\n", epoch + 1, 100 * test_acc);
+        std::printf("epoch %d: test accuracy %.2f%% (lr %.4g)\n", epoch + 1, 100 * test_acc, lr);
+        if (!opt.save_dir.empty()) save_epoch(opt.save_dir, run, epoch + 1);
         std::fflush(stdout);
     }
     return test_acc;
+}
+
+double fit(Module& model, Optimizer& optimizer, DataLoader& train, DataLoader& test, const CommonFlags& flags,
+           BumpAllocator* arena) {
+    MultiStepLR decay(optimizer, {std::max(1, flags.epochs * 7 / 10)}, 0.1);
+    return fit(model, optimizer, train, test, TrainOptions{flags.epochs, &decay, false, arena, 0.0f, flags.save,
+                                                          flags.resume});
 }
 
 void report(Device device, double test_accuracy, std::chrono::steady_clock::time_point start) {
@@ -43,5 +80,25 @@ MnistData::MnistData(const CommonFlags& flags, Device device)
       test_set(load_mnist(flags.data, false)),
       train(train_set, mnist_loader_options(flags, device, true)),
       test(test_set, mnist_loader_options(flags, device, false)) {}
+
+// CIFAR-10's per-channel mean and standard deviation (R, G, B) over the training set.
+static LoaderOptions cifar_loader_options(const CommonFlags& flags, Device device, bool train) {
+    LoaderOptions o{flags.batch_size, true, true, flags.seed, {0.4914f, 0.4822f, 0.4465f},
+                    {0.2470f, 0.2435f, 0.2616f}, device};
+    if (train) {
+        o.transforms = {std::make_shared<RandomCrop>(32, 4), std::make_shared<RandomHorizontalFlip>()};
+    } else {
+        o.batch_size = 500;
+        o.shuffle = false;
+        o.drop_last = false;
+    }
+    return o;
+}
+
+CifarData::CifarData(const CommonFlags& flags, Device device)
+    : train_set(take_spread(load_cifar10(flags.data, true), flags.limit)),
+      test_set(load_cifar10(flags.data, false)),
+      train(train_set, cifar_loader_options(flags, device, true)),
+      test(test_set, cifar_loader_options(flags, device, false)) {}
 
 }  // namespace kiln

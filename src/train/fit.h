@@ -2,25 +2,37 @@
 // learning-rate schedule and evaluation, the final report, and MNIST's loader settings.
 //
 //   MnistData mnist(flags, device);        // the sets and their loaders
-//   double acc = fit(model, sgd, mnist.train, mnist.test, flags.epochs, flags.lr, &arena);
+//   double acc = fit(model, sgd, mnist.train, mnist.test, flags, &arena);
 //   report(device, acc, start);          // memory summary, then the result line
+//
+// Chapter 07 passes its own scheduler (and checkpoints) through TrainOptions (train/loop.h):
+//   OneCycleLR sched(sgd, max_lr, epochs * train.num_batches());
+//   fit(model, sgd, train, test, TrainOptions{epochs, &sched, /*per_batch=*/true, &arena});
 #pragma once
 #include <chrono>
+#include <string>
 
 #include "core/allocator.h"
 #include "data/image_set.h"
 #include "data/loader.h"
 #include "nn/module.h"
 #include "optim/optimizer.h"
+#include "optim/scheduler.h"
 #include "train/cli.h"
+#include "train/loop.h"
 
 namespace kiln {
 
-// Trains `epochs` epochs, printing the test accuracy after each; returns the last one.
-// Schedule (step decay, until chapter 07's schedulers):
+// Trains opt.epochs epochs, printing the lr and the test accuracy after each; returns the last
+// accuracy. With opt.resume it first loads that checkpoint (model, optimizer, scheduler, data
+// order) and continues after its epoch; with opt.save_dir it saves one after every epoch.
+double fit(Module& model, Optimizer& optimizer, DataLoader& train, DataLoader& test, const TrainOptions& opt);
+
+// The earlier chapters' fit: flags.epochs epochs (and --save, --resume) with step decay
+// (MultiStepLR with one milestone):
 //   lr = base_lr               for epoch < max(1, ⌊0.7 · epochs⌋)
 //   lr = base_lr / 10          after: the last 30% of the epochs fine-tune
-double fit(Module& model, Optimizer& optimizer, DataLoader& train, DataLoader& test, int epochs, float base_lr,
+double fit(Module& model, Optimizer& optimizer, DataLoader& train, DataLoader& test, const CommonFlags& flags,
            BumpAllocator* arena);
 
 // Prints the memory summary of the device and, last, the result line:
@@ -36,6 +48,16 @@ LoaderOptions mnist_loader_options(const CommonFlags& flags, Device device, bool
 struct MnistData {
     MnistData(const CommonFlags& flags, Device device);
     ImageSet train_set, test_set;  // declared before the loaders, which keep references to them
+    DataLoader train, test;
+};
+
+// What a CIFAR-10 trainer reads, likewise (--data, --limit, --batch-size, --seed): pixels
+// normalized with the training set's per-channel mean and std; the training batches shuffled,
+// full batches only, with random crops (padding 4) and horizontal flips; the test set in order,
+// 500 at a time, not augmented.
+struct CifarData {
+    CifarData(const CommonFlags& flags, Device device);
+    ImageSet train_set, test_set;
     DataLoader train, test;
 };
 

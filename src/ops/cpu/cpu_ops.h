@@ -6,6 +6,7 @@
 //
 // Letters: N = batch rows, C = columns (features or classes), n = element count.
 #pragma once
+#include <cmath>
 #include <cstdint>
 
 namespace kiln::cpu {
@@ -25,6 +26,7 @@ void argmax_rows(const float* x, int32_t* out, int64_t N, int64_t C);
 
 // ---- reductions (deterministic: fixed-size chunks summed in a fixed order) -----------------
 double sum(const float* x, int64_t n);
+double sum_squares(const float* x, int64_t n);  // Σ x², each square exact in double
 float max(const float* x, int64_t n);
 
 // ---- loss --------------------------------------------------------------------------------------
@@ -39,5 +41,21 @@ float softmax_cross_entropy(const float* z, const int32_t* y, float* dz, int64_t
 //                 g = nesterov ? g + momentum·buf : buf   (when momentum ≠ 0);   p −= lr·g
 void sgd_update(float* p, const float* grad, float* buf, int64_t n, float lr, float momentum, float dampening,
                 float weight_decay, bool nesterov, bool first_step);
+
+// One step of PyTorch's Adam or AdamW (the rule, and what each buffer is: src/optim/adam.h).
+struct AdamParams {
+    float lr, beta1, beta2, eps, weight_decay;
+    bool decoupled;  // AdamW: p = p·(1 − lr·wd) before the step; Adam: g = grad + wd·p
+    int64_t step;    // t = 1, 2, ...: this update's number, for the bias corrections
+    // The step's scalars, in double as PyTorch computes them (from Python floats):
+    // lr / (1 − β1^t),  sqrt(1 − β2^t),  and AdamW's factor on p, 1 − lr·wd.
+    double step_size() const { return double(lr) / (1.0 - std::pow(double(beta1), double(step))); }
+    double bias_correction2_sqrt() const { return std::sqrt(1.0 - std::pow(double(beta2), double(step))); }
+    double decay() const { return 1.0 - double(lr) * double(weight_decay); }
+};
+// Adam: g = grad + wd·p, AdamW: p = decay·p;  m = β1·m + (1 − β1)·g;  v = β2·v + (1 − β2)·g²;
+// v_max = max(v_max, v) when v_max is not null (AMSGrad: v_max then replaces v below);
+// p −= step_size · m / (sqrt(v) / bias_correction2_sqrt + eps)
+void adam_update(float* p, const float* grad, float* m, float* v, float* v_max, int64_t n, const AdamParams& a);
 
 }  // namespace kiln::cpu

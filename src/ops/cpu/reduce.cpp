@@ -15,18 +15,28 @@ namespace kiln::cpu {
 
 static constexpr int64_t kChunk = 1 << 14;
 
-double sum(const float* x, int64_t n) {
+// Σ_i term(i) over i < n, in double, chunk by chunk as above.
+template <typename Term> static double chunked_sum(int64_t n, Term term) {
     int64_t chunks = (n + kChunk - 1) / kChunk;
     std::vector<double> part(size_t(std::max<int64_t>(chunks, 1)), 0.0);
 #pragma omp parallel for schedule(static) if (chunks > 1)
     for (int64_t c = 0; c < chunks; c++) {
         double s = 0.0;
-        for (int64_t i = c * kChunk; i < std::min(n, (c + 1) * kChunk); i++) s += x[i];
+        for (int64_t i = c * kChunk; i < std::min(n, (c + 1) * kChunk); i++) s += term(i);
         part[size_t(c)] = s;
     }
     double total = 0.0;
     for (double p : part) total += p;
     return total;
+}
+
+double sum(const float* x, int64_t n) {
+    return chunked_sum(n, [x](int64_t i) { return double(x[i]); });
+}
+
+// A float's square has at most 48 significant bits: exact in double's 53.
+double sum_squares(const float* x, int64_t n) {
+    return chunked_sum(n, [x](int64_t i) { return double(x[i]) * double(x[i]); });
 }
 
 float max(const float* x, int64_t n) {

@@ -1,0 +1,108 @@
+// checkpoint.h — saving a training run to one file and resuming it exactly (DESIGN.md decision 9).
+//
+//   TrainingRun run{*model, sgd, &scheduler, &loader, {{"dropout", &dropout.rng}}};
+//   save_checkpoint("runs/epoch-3.safetensors", run, {epoch + 1, 0, step});   // end of an epoch
+//   ResumePoint at = load_checkpoint("runs/epoch-3.safetensors", run);    // a fresh run, same flags
+//   // ... continue with epoch at.epoch, its first at.position images already trained on
+//
+// A checkpoint is one StateDict (core/state.h) in the safetensors layout, which Hugging Face's
+// `safetensors` package reads (https://github.com/huggingface/safetensors):
+//
+//   byte 0        8                          8 + L                                      end
+//        ┌────────┬──────────────────────────┬──────────────────────────────────────────┐
+//        │   L    │ header: L bytes of JSON, │ data: every tensor's bytes back to back, │
+//        │ u64 LE │ padded with spaces to a  │ little-endian, row-major; F32 tensors    │
+//        │        │ multiple of 8            │ first, then I32, BF16, F16, I8, U8 (each │
+//        │        │                          │ dtype in name order), so each is aligned │
+//        └────────┴──────────────────────────┴──────────────────────────────────────────┘
+//   {"__metadata__":{"kiln.crc32":"9ae0daaf","optimizer.steps":"120","train.epoch":"3",...},
+//    "conv1.bias":{"dtype":"F32","shape":[10],"data_offsets":[0,40]},
+//    "conv1.weight":{"dtype":"F32","shape":[10,1,5,5],"data_offsets":[40,1040]}, ...}
+//
+// data_offsets are [begin, end) in bytes from the start of the data section. "__metadata__"
+// holds StateDict::values (safetensors allows only strings there) and "kiln.crc32", the zlib
+// CRC-32 of the data section in hex, checked on load: a flipped bit is an error, not a model
+// that silently trains worse. Files written by other tools have no CRC and are read as they are.
+//
+// The names: the model's tensors as the model names them ("conv1.weight", "bn1.running_mean"),
+// so a Python user sees the same names; the optimizer's under "optimizer.", the scheduler's under
+// "scheduler." (ReduceLROnPlateau's under "plateau."), the loader position, epoch and RNG
+// counters under "train.". In Python:
+//
+//   from safetensors.numpy import load_file           # or safetensors.torch: torch tensors
+//   tensors = load_file("runs/epoch-3.safetensors")   # {"conv1.weight": array(...), ...}
+//   from safetensors import safe_open
+//   with safe_open("runs/epoch-3.safetensors", "np") as f: print(f.metadata())  # the values
+//   # into a PyTorch module whose state_dict() uses the same names:
+//   from safetensors.torch import load_file
+//   weights = {k: v for k, v in load_file(path).items()
+//              if not k.startswith(("optimizer.", "scheduler.", "plateau.", "train."))}
+//   net.load_state_dict(weights)
+//
+// Saving never leaves half a file: the bytes go to "<path>.tmp", which is flushed, synced to
+// the disk, and renamed over <path> (a rename is atomic), then the folder is synced. A crash
+// or a full disk leaves the previous checkpoint as it was.
+#pragma once
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "core/rng.h"
+#include "core/state.h"
+#include "data/loader.h"
+#include "nn/module.h"
+#include "optim/optimizer.h"
+#include "optim/scheduler.h"
+
+namespace kiln {
+
+// ---- the file ---------------------------------------------------------------------------------
+// Writes s in the layout above (atomically: temporary file, fsync, rename). Throws kiln::Error
+// naming the path and the system's reason (no such folder, disk full) and leaves nothing behind.
+void write_safetensors(const std::string& path, const StateDict& s);
+
+// Reads a safetensors file into a StateDict of CPU tensors. Nothing in the file is trusted: a
+// short file, a header length past the end, bad JSON, an unknown dtype, offsets that overlap,
+// leave gaps or disagree with the shape, a CRC mismatch — each throws kiln::Error naming the
+// file, the tensor if there is one, and what was wrong. Never a crash, never an allocation
+// larger than the file.
+StateDict read_safetensors(const std::string& path);
+
+// ---- the model ------------------------------------------------------------------------------
+// The model's parameters and buffers (batch norm's running statistics), as CPU copies under
+// their names.
+void save_model(StateDict& state, Module& model);
+// Copies them back onto the model's device. A missing tensor, or one whose shape or dtype
+// differs from the model's, is an error naming it (and both shapes); so is a tensor that is
+// not the model's and not under "optimizer.", "scheduler.", "plateau." or "train." (a
+// checkpoint of another model).
+void load_model(const StateDict& state, Module& model);
+
+// ---- a training run -------------------------------------------------------------------------
+// The parts of a run a checkpoint holds. The same struct saves and loads.
+struct TrainingRun {
+    Module& model;
+    Optimizer& optimizer;
+    LRScheduler* scheduler = nullptr;                     // optional
+    DataLoader* loader = nullptr;                         // optional: checked, then positioned
+    std::vector<std::pair<std::string, Rng*>> rngs = {};  // e.g. {"dropout", &dropout.rng}
+    ReduceLROnPlateau* plateau = nullptr;                 // optional, under "plateau."
+};
+
+// Where a run continues from: epoch `epoch` (counted from 0) with its first `position` images
+// already trained on, after `step` optimizer steps in all. At the end of epoch e that is
+// {e + 1, 0, steps}; in the middle, {e, loader.position(), steps}.
+struct ResumePoint {
+    int64_t epoch = 0, position = 0, step = 0;
+};
+
+// Model + optimizer ("optimizer.") + schedulers ("scheduler.", "plateau.") + RNG counters,
+// loader size and `at` ("train.") into one file, written as write_safetensors does.
+void save_checkpoint(const std::string& path, TrainingRun& run, const ResumePoint& at);
+
+// Reads a checkpoint into a freshly built run (same model, optimizer and flags), puts the
+// loader at `at.epoch`, `at.position` and returns `at`. Errors name the file and the tensor or
+// value; after an error the run is partly loaded and should not be trained on.
+ResumePoint load_checkpoint(const std::string& path, TrainingRun& run);
+
+}  // namespace kiln
