@@ -7,6 +7,8 @@
 #   make data            fetch and verify MNIST and CIFAR-10 (make lesson-NN fetches what it needs)
 #   make lesson-02       build and run chapter 02's trainer (ARGS='--epochs 1' passes flags)
 #   make bench           speed figures, one line each: "bench <name>: <value> <unit>"
+#   make lab             the kernel lab (cuda/lab/): every version of each kernel checked against the
+#                        CPU on the emulator; with CUDA=1, on a GPU, then timed against cuBLAS/cuDNN
 #   make accuracy        train every chapter fully and check its accuracy (long; LESSONS_TO_CHECK='01 03')
 #   make CUDA=1          the same with nvcc for a real GPU   make gpu-check   on a GPU machine
 #
@@ -60,9 +62,12 @@ TEST_BIN  := $(BUILD)/tests/kiln_tests
 lesson_bin = $(BUILD)/bin/lesson-$(shell echo $(1) | sed -E 's|lessons/([0-9]+)-.*|\1|')
 LESSON_BINS := $(foreach l,$(LESSONS),$(call lesson_bin,$(l)))
 BENCH_BINS  := $(BENCH_SRCS:bench/%.cpp=$(BUILD)/bench/%)
+# cuda/lab/gemm.cu -> build/lab/gemm
+LAB_SRCS    := $(sort $(wildcard cuda/lab/*.cu))
+LAB_BINS    := $(LAB_SRCS:cuda/lab/%.cu=$(BUILD)/lab/%)
 
 .SECONDARY:
-.PHONY: all test data run bench accuracy gpu-check clean $(addprefix lesson-,01 02 03 04 05 06 07 08 09 10 11 12 13)
+.PHONY: all test data run bench lab lab-build accuracy gpu-check clean $(addprefix lesson-,01 02 03 04 05 06 07 08 09 10 11 12 13)
 all: $(LIB) $(LESSON_BINS) $(TEST_BIN)
 
 # --- compile -----------------------------------------------------------------------------
@@ -107,6 +112,15 @@ $(BUILD)/bench/%: $(BUILD)/bench/%.o $(LIB)
 # The GEMM benchmark compares with OpenBLAS; OpenBLAS is linked into that benchmark only.
 BENCH_LIBS_bench_gemm := -lopenblas
 
+# The kernel lab: each cuda/lab/*.cu linked with the engine. Its references on a GPU, cuBLAS
+# and cuDNN, are linked into these binaries only, never into libkiln.a.
+ifeq ($(CUDA),1)
+  LAB_LIBS := -lcublas -lcudnn
+endif
+$(BUILD)/lab/%: $(BUILD)/cuda/lab/%.cu.o $(LIB)
+	@mkdir -p $(dir $@)
+	$(CXX) $(CXXFLAGS) $< $(LIB) -o $@ $(LDLIBS) $(LAB_LIBS)
+
 # --- run ---------------------------------------------------------------------------------
 # The tests read the real MNIST (pinned first losses); CIFAR-10 only in hidden [data-real] cases.
 test: $(TEST_BIN)
@@ -134,6 +148,11 @@ run:
 bench: $(BENCH_BINS) $(LESSON_BINS) data
 	@bash scripts/setup.sh --bench
 	@bash bench/run.sh $(BUILD)
+
+# Every lab binary in turn (each validates, then times on a GPU); fails if any version disagrees.
+lab: $(LAB_BINS)
+	@status=0; for b in $(LAB_BINS); do echo "=== $$b"; $$b || status=1; done; exit $$status
+lab-build: $(LAB_BINS)
 
 # The full training runs, each checked against its chapter's target accuracy (long).
 accuracy: $(LESSON_BINS)

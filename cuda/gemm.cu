@@ -34,7 +34,8 @@
 // consecutive addresses whichever way A and B are stored.
 //
 // Build and run: part of the engine; `make test T='[cuda][gemm]'` checks all three versions
-// against the CPU; on a GPU, scripts/gpu-check.sh times version 3 against cuBLAS.
+// against the CPU; the kernel lab (cuda/lab/gemm.cu, `make lab`) runs them beside two more
+// versions, and on a GPU (`make CUDA=1 lab`) times them against cuBLAS.
 #include "common.cuh"
 #include "gemm_versions.h"
 #include "ops/cuda_ops.h"

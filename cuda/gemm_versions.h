@@ -9,8 +9,8 @@
 //   version 3  cuda::gemm   bigger tiles, and each thread computes a TM×TN patch of C from
 //                           registers (register blocking)
 //
-// Tested against the CPU by `make test T='[cuda][gemm]'`, timed against cuBLAS on a GPU by
-// cuda/lab/gemm_bench.cu (scripts/gpu-check.sh).
+// Tested against the CPU by `make test T='[cuda][gemm]'`; the kernel lab, cuda/lab/gemm.cu,
+// shows them as its versions 2 to 4 and times them against cuBLAS on a GPU (`make CUDA=1 lab`).
 #pragma once
 #include <cstdint>
 

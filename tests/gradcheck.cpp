@@ -16,9 +16,9 @@ namespace {
 constexpr double kEps = 1e-2;
 constexpr int64_t kMaxChecked = 96;
 
-// L = Σ y · r in double.
+// L = Σ y · r in double (y brought to the CPU, r lives there).
 double loss_of(kiln::Module& m, const kiln::Tensor& x, const kiln::Tensor& r) {
-    kiln::Tensor y = m.forward(x);
+    kiln::Tensor y = m.forward(x).to(kiln::Device::CPU);
     REQUIRE(y.shape() == r.shape());
     const float* py = y.data<float>();
     const float* pr = r.data<float>();
@@ -37,10 +37,16 @@ std::vector<int64_t> pick(int64_t n, kiln::Rng& rng) {
     return idx;
 }
 
-// Compares the analytic gradient of `values` (grad) with central differences of L.
+// Compares the analytic gradient of `values` (grad, on the CPU) with central differences of L.
+// values may live on the CUDA device: v is then a CPU copy, written back after each change.
 void check_tensor(const std::string& what, kiln::Module& m, const kiln::Tensor& x, const kiln::Tensor& r,
                   kiln::Tensor values, const kiln::Tensor& grad, double tol, kiln::Rng& rng) {
-    float* v = values.data<float>();
+    kiln::Tensor host = values.to(kiln::Device::CPU);  // values itself when on the CPU
+    float* v = host.data<float>();
+    auto store = [&](int64_t i, float value) {
+        v[i] = value;
+        if (values.device() != kiln::Device::CPU) values.copy_from(host);
+    };
     const float* g = grad.data<float>();
     const int64_t n = values.numel();
     double gmax = 0.0;
@@ -52,11 +58,11 @@ void check_tensor(const std::string& what, kiln::Module& m, const kiln::Tensor& 
     for (int64_t i : pick(n, rng)) {
         const float orig = v[i];
         const float plus = float(double(orig) + kEps), minus = float(double(orig) - kEps);
-        v[i] = plus;
+        store(i, plus);
         const double Lp = loss_of(m, x, r);
-        v[i] = minus;
+        store(i, minus);
         const double Lm = loss_of(m, x, r);
-        v[i] = orig;
+        store(i, orig);
         const double numeric = (Lp - Lm) / (double(plus) - double(minus));
         const double analytic = g[i];
         const double err = std::fabs(analytic - numeric);
@@ -76,16 +82,17 @@ void check_tensor(const std::string& what, kiln::Module& m, const kiln::Tensor& 
 
 void check_module_gradients(kiln::Module& m, const kiln::Tensor& x_in, uint64_t seed, double tol) {
     kiln::Rng rng(seed ^ 0x6772616463686b);  // "gradchk"
-    kiln::Tensor x = x_in.clone();           // perturbed in place below
+    kiln::Tensor x = x_in.clone();           // perturbed in place below, on x_in's device
 
-    // The analytic gradients: one forward, backward(r) with r = dL/dy.
+    // The analytic gradients: one forward, backward(r) with r = dL/dy (drawn on the CPU, moved
+    // to x's device). The gradients are kept as CPU copies.
     m.zero_grad();
     kiln::Tensor y = m.forward(x);
     kiln::Tensor r = kiln::Tensor::normal(y.shape(), 0.0f, 1.0f, rng);
-    kiln::Tensor dx = m.backward(r).clone();
+    kiln::Tensor dx = m.backward(r.to(x.device())).clone().to(kiln::Device::CPU);
     REQUIRE(dx.shape() == x.shape());
     std::vector<kiln::Tensor> grads;
-    for (kiln::Parameter* p : m.parameters()) grads.push_back(p->grad.clone());
+    for (kiln::Parameter* p : m.parameters()) grads.push_back(p->grad.clone().to(kiln::Device::CPU));
 
     check_tensor("dx", m, x, r, x, dx, tol, rng);
     size_t k = 0;

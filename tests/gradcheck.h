@@ -13,6 +13,9 @@
 // (a relative test with an absolute floor that absorbs f32 rounding of near-zero entries).
 // One CHECK per tensor, reporting the worst element.
 //
+// On the CUDA device: move the module there first (m.to(Device::CUDA)) and pass x on it; the
+// perturbed values are written to the device, and y and the gradients read back to the CPU.
+//
 // The module must be a fixed function of its input between forwards: a Dropout needs
 // fixed_mask = true; for BatchNorm in training mode the batch statistics are part of the
 // function, as they should be. Avoid inputs at kinks (ReLU at 0, max-pool ties): spread them.

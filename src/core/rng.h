@@ -8,9 +8,18 @@
 #include <cmath>
 #include <cstdint>
 
+// The hash and to_unit are also called from CUDA kernels (cuda/norm.cu: dropout draws the
+// CPU's mask bit for bit), so nvcc compiles them for both sides. g++ — the CPU build and the
+// kernel emulator — sees plain inline functions.
+#if defined(__CUDACC__)
+#define KILN_HOST_DEVICE __host__ __device__
+#else
+#define KILN_HOST_DEVICE
+#endif
+
 namespace kiln {
 
-inline uint64_t splitmix64(uint64_t x) {
+KILN_HOST_DEVICE inline uint64_t splitmix64(uint64_t x) {
     x += 0x9e3779b97f4a7c15ull;
     x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
     x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
@@ -24,7 +33,7 @@ public:
     // The i-th value of this stream, without consuming anything.
     uint64_t at(uint64_t i) const { return splitmix64(seed_ ^ splitmix64(i)); }
     // uniform in [0, 1) with 24 random bits (every value exactly representable in f32)
-    static float to_unit(uint64_t bits) { return float(bits >> 40) * (1.0f / 16777216.0f); }
+    KILN_HOST_DEVICE static float to_unit(uint64_t bits) { return float(bits >> 40) * (1.0f / 16777216.0f); }
 
     uint64_t next_u64() { return at(counter_++); }
     float next_uniform() { return to_unit(next_u64()); }

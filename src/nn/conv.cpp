@@ -1,11 +1,13 @@
-// conv.cpp — Conv2d: argument checks, the workspace, and the calls to the CPU kernels
-// (src/ops/cpu/conv.cpp, which explains im2col, the direct paths and the threads).
+// conv.cpp — Conv2d: argument checks, the workspace, and the calls to the kernels of the
+// input's device: src/ops/cpu/conv.cpp (which explains im2col, the direct paths and the threads)
+// or cuda/conv.cu (im2col + GEMM and the implicit GEMM), the same names and arguments.
 #include "nn/conv.h"
 
 #include <algorithm>
 #include <cmath>
 
 #include "ops/cpu/cnn_ops.h"
+#include "ops/cuda_ops.h"
 
 namespace kiln {
 
@@ -54,41 +56,50 @@ cpu::Conv2dParams params_of(const Conv2d& m, const Shape& in) {
     return p;
 }
 
-// The im2col columns for as many images as fit in `limit` bytes (at least one): a Workspace
-// tensor freed when the caller's pass ends. It comes from the pool even inside a step's arena
-// scope: an arena would keep every layer's workspace until the step ends, while the pool hands
-// the same block to the next layer.
-Tensor column_workspace(const cpu::Conv2dParams& p, int64_t limit, int64_t* images) {
-    const int64_t per_image = cpu::conv2d_col_floats_per_image(p);
+// Floats of workspace one image needs for a pass on a device: the CPU's direct paths need none,
+// nor does the CUDA forward by implicit GEMM; every other pass unfolds images into columns.
+int64_t col_floats_per_image(const cpu::Conv2dParams& p, Device device, bool forward) {
+    if (device == Device::CPU) return cpu::conv2d_col_floats_per_image(p);
+    if (forward && cuda::conv2d_algo(p) == cuda::ConvAlgo::ImplicitGemm) return 0;
+    return cuda::conv2d_col_floats_per_image(p);
+}
+
+// The im2col columns for as many images as fit in `limit` bytes (at least one), on the layer's
+// device: a Workspace tensor freed when the caller's pass ends. It comes from the device's pool
+// even inside a step's arena scope: an arena would keep every layer's workspace until the step
+// ends, while the pool hands the same block to the next layer.
+Tensor column_workspace(const cpu::Conv2dParams& p, Device device, bool forward, int64_t limit, int64_t* images) {
+    const int64_t per_image = col_floats_per_image(p, device, forward);
     *images = 0;
     if (per_image == 0 || p.N == 0) return Tensor();
     const int64_t per_image_bytes = per_image * int64_t(sizeof(float));
     *images = std::clamp<int64_t>(limit / per_image_bytes, 1, p.N);
-    AllocatorScope from_pool(pool_allocator(Device::CPU));
-    return Tensor::empty({*images * per_image}, DType::F32, Device::CPU, Category::Workspace);
+    AllocatorScope from_pool(pool_allocator(device));
+    return Tensor::empty({*images * per_image}, DType::F32, device, Category::Workspace);
 }
 
 float* ptr_or_null(Tensor& t) { return t.defined() ? t.data<float>() : nullptr; }
 
-void check_cpu_f32(const Tensor& t, const std::string& layer, const char* what) {
+void check_f32(const Tensor& t, const std::string& layer, const char* what) {
     KILN_CHECK(t.dtype() == DType::F32, layer, ": ", what, " must be f32, got ", t.desc());
-    KILN_CHECK(t.device() == Device::CPU, layer, ": ", what, " is ", t.desc(),
-               "; this layer runs on the CPU (the CUDA convolution is chapter 05)");
 }
+
+bool on_cuda(const Tensor& t) { return t.device() == Device::CUDA; }
 
 }  // namespace
 
 Tensor Conv2d::forward(const Tensor& x) {
     check_defined(x, name().c_str(), "input");
     const Shape out = output_shape(x.shape());
-    check_cpu_f32(x, name(), "the input");
+    check_f32(x, name(), "the input");
+    check_on_device(weight.value, x.device(), name(), "the weight");  // the layer runs on x's device
     const cpu::Conv2dParams p = params_of(*this, x.shape());
-    Tensor y = Tensor::empty(out, DType::F32, Device::CPU, Category::Activation);
+    Tensor y = Tensor::empty(out, DType::F32, x.device(), Category::Activation);
     int64_t images = 0;
-    Tensor col = column_workspace(p, workspace_limit, &images);
-    cpu::conv2d_forward(x.data<float>(), weight.value.data<float>(),
-                        bias.value.defined() ? bias.value.data<float>() : nullptr, y.data<float>(), p,
-                        ptr_or_null(col), images);
+    Tensor col = column_workspace(p, x.device(), true, workspace_limit, &images);
+    (on_cuda(x) ? cuda::conv2d_forward : cpu::conv2d_forward)(
+        x.data<float>(), weight.value.data<float>(), bias.value.defined() ? bias.value.data<float>() : nullptr,
+        y.data<float>(), p, ptr_or_null(col), images);
     if (training()) x_ = x;
     return y;
 }
@@ -97,22 +108,23 @@ Tensor Conv2d::backward(const Tensor& dy) {
     KILN_CHECK(x_.defined(), name(), ": backward without a training-mode forward");
     const Shape out = output_shape(x_.shape());
     KILN_CHECK(dy.shape() == out, name(), ": dy should be ", out.str(), " (the forward output) but is ", dy.desc());
-    check_cpu_f32(dy, name(), "dy");
+    check_f32(dy, name(), "dy");
+    check_on_device(dy, x_.device(), name(), "dy");
     const cpu::Conv2dParams p = params_of(*this, x_.shape());
     int64_t images = 0;
-    Tensor col = column_workspace(p, workspace_limit, &images);  // shared by the two passes
+    Tensor col = column_workspace(p, x_.device(), false, workspace_limit, &images);  // shared by the two passes
     // dw += Σ_n dy_n ⋆ x_n,  db += Σ dy
-    cpu::conv2d_backward_weight(x_.data<float>(), dy.data<float>(), weight.grad.data<float>(),
-                                bias.value.defined() ? bias.grad.data<float>() : nullptr, p, ptr_or_null(col),
-                                images);
+    (on_cuda(x_) ? cuda::conv2d_backward_weight : cpu::conv2d_backward_weight)(
+        x_.data<float>(), dy.data<float>(), weight.grad.data<float>(),
+        bias.value.defined() ? bias.grad.data<float>() : nullptr, p, ptr_or_null(col), images);
     if (!input_needs_grad) {  // e.g. the first layer: dx would be dL/d(image), which no one reads
         x_ = Tensor();
         return Tensor();
     }
     // dx = conv_transpose(dy, w)
-    Tensor dx = Tensor::empty(x_.shape(), DType::F32, Device::CPU, Category::Activation);
-    cpu::conv2d_backward_data(dy.data<float>(), weight.value.data<float>(), dx.data<float>(), p, ptr_or_null(col),
-                              images);
+    Tensor dx = Tensor::empty(x_.shape(), DType::F32, x_.device(), Category::Activation);
+    (on_cuda(x_) ? cuda::conv2d_backward_data : cpu::conv2d_backward_data)(
+        dy.data<float>(), weight.value.data<float>(), dx.data<float>(), p, ptr_or_null(col), images);
     x_ = Tensor();  // the cache is spent
     return dx;
 }

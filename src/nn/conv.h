@@ -1,4 +1,5 @@
-// conv.h — the 2-D convolution layer (chapter 03). The kernels are in src/ops/cpu/conv.cpp.
+// conv.h — the 2-D convolution layer (chapter 03). The kernels are in src/ops/cpu/conv.cpp
+// and, on the CUDA device, cuda/conv.cu (chapter 05).
 //
 // Letters: N = batch, C = input channels, H, W = input size, O = output channels,
 // K = kernel size (KH × KW when not square), P, Q = output size, G = groups.
@@ -29,7 +30,8 @@ constexpr int64_t kDefaultConvWorkspace = int64_t(32) << 20;  // 32 MiB
 //   P = (H + 2·pad − d·(KH − 1) − 1) / s + 1        Q likewise
 // backward:  dx = conv_transpose(dy, w)   dw += Σ_n dy_n ⋆ x_n   db += Σ_{n,p,q} dy
 // Initialized like PyTorch: w, b ~ U(−1/√fan_in, 1/√fan_in), fan_in = C/G · KH · KW.
-// Computed by im2col + GEMM, or directly for 1×1 convolutions and depthwise ones (conv.cpp).
+// On the CPU computed by im2col + GEMM, or directly for 1×1 convolutions and depthwise ones
+// (conv.cpp); on CUDA by im2col + GEMM or an implicit GEMM (cuda/conv.cu).
 class Conv2d : public Module {
 public:
     Conv2d(int64_t in, int64_t out, int64_t kernel, Rng& rng, ConvOptions options = {}, std::string name = "conv");

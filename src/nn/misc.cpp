@@ -1,15 +1,17 @@
-// misc.cpp — Dropout, GELU, Residual. Kernels: ops/cpu/norm.cpp (GELU, dropout), ops.h (add).
+// misc.cpp — Dropout, GELU, Residual. Kernels: ops/cpu/norm.cpp or cuda/norm.cu (GELU, dropout;
+// the twins take the same arguments, so each call picks one by the input's device:
+// (x.device() == Device::CUDA ? cuda::f : cpu::f)(arguments)), and ops.h's add (either device).
 #include "nn/misc.h"
 
 #include "ops/cpu/cnn_ops.h"
+#include "ops/cuda_ops.h"
 #include "ops/ops.h"
 
 namespace kiln {
 namespace {
-void check_cpu_f32(const Tensor& t, const std::string& layer, const char* what) {
+void check_f32(const Tensor& t, const std::string& layer, const char* what) {
     check_defined(t, layer.c_str(), what);
-    KILN_CHECK(t.dtype() == DType::F32 && t.device() == Device::CPU, layer, ": ", what,
-               " must be an f32 tensor on the CPU, got ", t.desc());
+    KILN_CHECK(t.dtype() == DType::F32, layer, ": ", what, " must be an f32 tensor, got ", t.desc());
 }
 }  // namespace
 
@@ -19,44 +21,49 @@ Dropout::Dropout(float p_, uint64_t seed, std::string name) : Module(std::move(n
 }
 
 Tensor Dropout::forward(const Tensor& x) {
-    check_cpu_f32(x, name(), "the input");
+    check_f32(x, name(), "the input");
     identity_ = !training() || p == 0.0f;
     if (identity_) return x;
     if (fixed_mask) rng.set_counter(0);
     const uint64_t first = rng.take(uint64_t(x.numel()));
-    Tensor y = Tensor::empty(x.shape(), DType::F32, Device::CPU, Category::Activation);
-    Tensor mask = Tensor::empty(x.shape(), DType::U8, Device::CPU, Category::Activation);
-    cpu::dropout_forward(x.data<float>(), y.data<float>(), mask.data<uint8_t>(), x.numel(), p, rng.seed_hash(), first);
+    Tensor y = Tensor::empty(x.shape(), DType::F32, x.device(), Category::Activation);
+    Tensor mask = Tensor::empty(x.shape(), DType::U8, x.device(), Category::Activation);
+    (x.device() == Device::CUDA ? cuda::dropout_forward : cpu::dropout_forward)(
+        x.data<float>(), y.data<float>(), mask.data<uint8_t>(), x.numel(), p, rng.seed_hash(), first);
     mask_ = mask;
     return y;
 }
 
 Tensor Dropout::backward(const Tensor& dy) {
-    check_cpu_f32(dy, name(), "dy");
+    check_f32(dy, name(), "dy");
     if (identity_) return dy;  // eval or p = 0: the identity, whose gradient is dy
     KILN_CHECK(mask_.defined(), name(), ": backward without a training-mode forward");
     KILN_CHECK(dy.shape() == mask_.shape(), name(), ": dy should be ", mask_.shape().str(), " but is ", dy.desc());
-    Tensor dx = Tensor::empty(dy.shape(), DType::F32, Device::CPU, Category::Activation);
-    cpu::dropout_backward(dy.data<float>(), mask_.data<uint8_t>(), dx.data<float>(), dy.numel(), p);
+    check_on_device(dy, mask_.device(), name(), "dy");
+    Tensor dx = Tensor::empty(dy.shape(), DType::F32, dy.device(), Category::Activation);
+    (dy.device() == Device::CUDA ? cuda::dropout_backward : cpu::dropout_backward)(
+        dy.data<float>(), mask_.data<uint8_t>(), dx.data<float>(), dy.numel(), p);
     mask_ = Tensor();
     return dx;
 }
 
 // ---- GELU ----------------------------------------------------------------------------------------
 Tensor GELU::forward(const Tensor& x) {
-    check_cpu_f32(x, name(), "the input");
-    Tensor y = Tensor::empty(x.shape(), DType::F32, Device::CPU, Category::Activation);
-    cpu::gelu_forward(x.data<float>(), y.data<float>(), x.numel());
+    check_f32(x, name(), "the input");
+    Tensor y = Tensor::empty(x.shape(), DType::F32, x.device(), Category::Activation);
+    (x.device() == Device::CUDA ? cuda::gelu_forward : cpu::gelu_forward)(x.data<float>(), y.data<float>(), x.numel());
     if (training()) x_ = x;
     return y;
 }
 
 Tensor GELU::backward(const Tensor& dy) {
     KILN_CHECK(x_.defined(), name(), ": backward without a training-mode forward");
-    check_cpu_f32(dy, name(), "dy");
+    check_f32(dy, name(), "dy");
     KILN_CHECK(dy.shape() == x_.shape(), name(), ": dy should be ", x_.shape().str(), " but is ", dy.desc());
-    Tensor dx = Tensor::empty(dy.shape(), DType::F32, Device::CPU, Category::Activation);
-    cpu::gelu_backward(x_.data<float>(), dy.data<float>(), dx.data<float>(), dy.numel());
+    check_on_device(dy, x_.device(), name(), "dy");
+    Tensor dx = Tensor::empty(dy.shape(), DType::F32, dy.device(), Category::Activation);
+    (dy.device() == Device::CUDA ? cuda::gelu_backward : cpu::gelu_backward)(x_.data<float>(), dy.data<float>(),
+                                                                             dx.data<float>(), dy.numel());
     x_ = Tensor();
     return dx;
 }

@@ -25,6 +25,13 @@ void Module::to(Device device) {
     for (auto& [name, t] : buffers()) *t = t->to(device);
 }
 
+void check_on_device(const Tensor& t, Device device, const std::string& layer, const char* what) {
+    const char* to = device == Device::CUDA ? "Device::CUDA" : "Device::CPU";
+    KILN_CHECK(t.device() == device, layer, ": ", what, " is on ", device_name(t.device()), " but the input is on ",
+               device_name(device), ": a layer reads all its tensors on one device; move the model with model.to(",
+               to, ") and the data with .to(", to, ")");
+}
+
 int64_t Module::num_parameters() {
     int64_t n = 0;
     for (Parameter* p : parameters()) n += p->value.numel();

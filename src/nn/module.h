@@ -62,4 +62,9 @@ private:
     bool training_ = true;
 };
 
+// A layer runs its kernels on its input's device: every other tensor it reads (its parameters
+// and buffers, dy, its cache) must be there too. Fails naming the layer, the tensor (`what`) and
+// both devices, and says to move the model: model.to(device).
+void check_on_device(const Tensor& t, Device device, const std::string& layer, const char* what);
+
 }  // namespace kiln

@@ -1,5 +1,5 @@
 // norm.h — batch normalization (chapter 06): BatchNorm2d for [N, C, H, W], BatchNorm1d for
-// [N, C] (or [N, C, L]). The kernels are in src/ops/cpu/norm.cpp.
+// [N, C] (or [N, C, L]). The kernels are in src/ops/cpu/norm.cpp and cuda/norm.cu.
 //
 // Letters: N = batch, C = channels, S = H·W (1 for [N, C]), M = N·S values per channel.
 #pragma once

@@ -1,5 +1,5 @@
 // pool.h — pooling layers (chapter 03): MaxPool2d, AvgPool2d, GlobalAvgPool.
-// The kernels are in src/ops/cpu/pool.cpp.
+// The kernels are in src/ops/cpu/pool.cpp and cuda/pool.cu; the input's device picks them.
 //
 // Letters: N = batch, C = channels, H, W = input size, K = window size, P, Q = output size,
 //   P = (H + 2·padding − K) / stride + 1,   Q likewise.
@@ -38,6 +38,7 @@ public:
 
 private:
     Shape in_shape_;
+    Device in_device_ = Device::CPU;  // where the forward ran: dy must be there too
 };
 
 // [N, C, H, W] → [N, C]: y[n, c] = mean over H·W of x[n, c];  dx[n, c, ·, ·] = dy[n, c] / (H·W)
@@ -49,6 +50,7 @@ public:
 
 private:
     Shape in_shape_;
+    Device in_device_ = Device::CPU;  // where the forward ran: dy must be there too
 };
 
 }  // namespace kiln

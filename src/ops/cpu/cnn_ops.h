@@ -45,6 +45,10 @@ enum class ConvAlgo {
 ConvAlgo conv2d_algo(const Conv2dParams& p);
 const char* conv_algo_name(ConvAlgo a);
 
+// Throws a kiln::Error naming op when the sizes are not a valid convolution (non-positive
+// sizes, groups not dividing C and O, a kernel that does not fit). cuda/conv.cu uses it too.
+void check_conv2d_params(const Conv2dParams& p, const char* op);
+
 // Floats of workspace one image needs: (C·KH·KW + O) · P·Q for Im2col — its columns, and its
 // output (or dy) as rows of the GEMM that does several images at once (conv.cpp, "Several
 // images in one GEMM"); 0 for Pointwise and Depthwise.

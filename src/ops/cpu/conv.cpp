@@ -78,9 +78,7 @@ int64_t conv2d_col_floats_per_image(const Conv2dParams& p) {
     return (p.C * p.KH * p.KW + p.O) * p.P() * p.Q();  // its columns + its rows of y (or dy)
 }
 
-namespace {
-
-void check_params(const Conv2dParams& p, const char* op) {
+void check_conv2d_params(const Conv2dParams& p, const char* op) {
     KILN_CHECK(p.N >= 0 && p.C > 0 && p.H > 0 && p.W > 0 && p.O > 0 && p.KH > 0 && p.KW > 0 && p.stride > 0 &&
                    p.padding >= 0 && p.dilation > 0 && p.groups > 0,
                op, ": bad sizes N=", p.N, " C=", p.C, " H=", p.H, " W=", p.W, " O=", p.O, " K=", p.KH, "x", p.KW,
@@ -90,6 +88,8 @@ void check_params(const Conv2dParams& p, const char* op) {
     KILN_CHECK(p.P() > 0 && p.Q() > 0, op, ": a ", p.KH, "x", p.KW, " kernel (dilation ", p.dilation,
                ") does not fit a ", p.H, "x", p.W, " input with padding ", p.padding);
 }
+
+namespace {
 
 // The range [lo, hi) of output positions q whose input position q·stride + off lies in [0, W).
 // Computed once per kernel offset, so the inner loops need no test and no division.
@@ -301,7 +301,7 @@ int64_t images_per_group(const Conv2dParams& p, int64_t chunk) {
 //   y_n[o, :] = rows[o, image n's P·Q columns]
 void conv2d_forward(const float* x, const float* w, const float* b, float* y, const Conv2dParams& p, float* col,
                     int64_t col_images) {
-    check_params(p, "conv2d_forward");
+    check_conv2d_params(p, "conv2d_forward");
     const ConvAlgo algo = conv2d_algo(p);
     if (algo == ConvAlgo::Depthwise) return depthwise_forward(x, w, b, y, p);
     const int64_t G = p.groups, Og = p.Og(), PQ = p.P() * p.Q(), Kc = p.Cg() * p.KH * p.KW;
@@ -339,7 +339,7 @@ void conv2d_forward(const float* x, const float* w, const float* b, float* y, co
 //   dx_n = col2im(cols, image n's columns)
 void conv2d_backward_data(const float* dy, const float* w, float* dx, const Conv2dParams& p, float* col,
                           int64_t col_images) {
-    check_params(p, "conv2d_backward_data");
+    check_conv2d_params(p, "conv2d_backward_data");
     const ConvAlgo algo = conv2d_algo(p);
     if (algo == ConvAlgo::Depthwise) return depthwise_backward_data(dy, w, dx, p);
     const int64_t G = p.groups, Og = p.Og(), PQ = p.P() * p.Q(), Kc = p.Cg() * p.KH * p.KW;
@@ -376,7 +376,7 @@ void conv2d_backward_data(const float* dy, const float* w, float* dx, const Conv
 //   db[o] += Σ_n Σ_pq dy[n, o, pq]                                       (one channel per thread)
 void conv2d_backward_weight(const float* x, const float* dy, float* dw, float* db, const Conv2dParams& p, float* col,
                             int64_t col_images) {
-    check_params(p, "conv2d_backward_weight");
+    check_conv2d_params(p, "conv2d_backward_weight");
     const int64_t PQ = p.P() * p.Q();
     if (db) {
 #pragma omp parallel for schedule(static) if (double(p.N * p.O * PQ) >= kParallelMinFlops)

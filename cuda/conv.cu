@@ -1,0 +1,390 @@
+// conv.cu — 2-D convolution on the GPU: the twins of cpu::conv2d_forward, conv2d_backward_data
+// and conv2d_backward_weight (src/ops/cpu/cnn_ops.h, conv.cpp): same Conv2dParams, same
+// workspace contract, same results up to the order of the sums; every pointer device memory.
+//
+// Letters as in cnn_ops.h: N C H W (input), O (output channels), KH KW (kernel), P Q (output),
+// G (groups), Cg = C/G and Og = O/G per group, and
+//   Kc = Cg·KH·KW (the reduction length of one group)   CK = C·KH·KW (all groups)
+//   k = images in a chunk of the workspace               L = k·P·Q (columns of one chunk)
+//
+// Seen as a matrix product, each group of a convolution is
+//   y[Og, N·P·Q] = w[Og, Kc] · X[Kc, N·P·Q],   X[(c·KH + kh)·KW + kw][(n·P + p)·Q + q] = x[n, c, ih, iw]
+// with ih = p·stride − padding + kh·dilation, iw likewise (0 outside the image). X is the
+// "column matrix" of im2col. The two forward strategies differ in whether X is ever stored.
+//
+// ---- forward, strategy 1: conv2d_forward_im2col (im2col + the engine's GEMM) ---------------------
+//   per chunk of k images:
+//     im2col_kernel       1-D grid-stride, one thread per element of cols [CK, L]: decodes
+//                         (c, kh, kw) from its row and (image, p, q) from its column, copies
+//                         x there (or 0 on padding). Writes are coalesced (consecutive threads,
+//                         consecutive columns), and so are reads for stride 1.
+//     cuda::gemm × G      rows[g·Og.., L] = w[g·Og.., Kc] · cols[g·Kc.., L]    (cuda/gemm.cu)
+//     rows_to_nchw_kernel 1-D, one thread per element of rows [O, L]: y[n, o, p, q] = rows + b[o]
+//   Memory: the workspace, (CK + O)·P·Q floats per image — KH·KW times the input, plus the
+//   output once more. nn/conv.cpp bounds it (32 MiB by default) by choosing k, as on the CPU.
+//
+// ---- forward, strategy 2: conv2d_forward_implicit_gemm (one kernel, no workspace) --------------
+//   The same product, but the tiles of X are gathered from x straight into shared memory, so
+//   X never exists in global memory ("implicit GEMM", as cuDNN calls it). The whole batch is
+//   one product of N·P·Q columns: no chunks, no workspace, no copy of y.
+//     grid (ceil(N·P·Q / BN), ceil(Og / BM), G), block 256 threads; block (bx, by, g) computes
+//     the BM×BN tile of y's group g at output channels by·BM.. and columns bx·BN..
+//     per step of BK along Kc:
+//       Ws[k][o] = w[g·Og + o, k0 + k]        the weight tile, loaded as a plain matrix
+//       Xs[k][j] = x[n, g·Cg + c, ih, iw]     the column tile, gathered: (n, p, q) of a thread's
+//                                             column are decoded once per block (its column is the
+//                                             same in every step), (c, kh, kw) once per element
+//       barrier; each thread multiplies a TM×TN patch from registers (as gemm.cu's version 3);
+//       barrier
+//     store: y[n, g·Og + o, p, q] = acc + b[g·Og + o]
+//   Two tile shapes: 64×64 (BM×BN, 4×4 per thread), and 16×128 (2×4 per thread) when a group has
+//   at most 16 output channels (LeNet's first layers, depthwise), where a 64-row tile would
+//   leave most of its rows empty.
+//   Memory: none beyond x, w and y.
+//
+// ---- which is faster, and the rule of conv2d_algo -------------------------------------------------
+// im2col writes CK·L floats and the GEMM reads them back: traffic proportional to CK·N·P·Q, while
+// the arithmetic is Og times that per group. With few output channels per group the unfolding
+// costs about as much as the product, and the implicit GEMM, which reads x through the cache
+// instead (each x value serves up to KH·KW columns from L1/L2), is faster and needs no memory.
+// With many (Og ≥ 64), the unfolding is amortized over Og rows and the engine's GEMM, whose
+// 128×128 tiles do 8×8 multiply-adds per thread and step against the implicit kernel's 4×4,
+// wins. So:   conv2d_algo(p) = ImplicitGemm when Og < 64, else Im2col.
+// (A rule from the traffic count, not from timings: the kernel lab, cuda/lab/, times both on the
+// LeNet and CIFAR-net shapes on a GPU.)
+//
+// ---- backward ---------------------------------------------------------------------------------------
+//   dx  per chunk: nchw_to_rows_kernel gathers dy into rows [O, L]; cuda::gemm × G:
+//       dcols[g·Kc.., L] = w[g·Og.., Kc]ᵀ · rows[g·Og.., L]; col2im_kernel: one thread per element
+//       of dx (a gather, the CPU's col2im turned around): it adds, in a fixed (kh, kw) order, the
+//       entries of dcols that im2col copied from its position — no two threads write one place,
+//       so no atomics, and dx is overwritten.
+//   dw  per chunk: im2col, rows = dy as above; cuda::gemm × G with beta = 1:
+//       dw[g·Og.., Kc] += rows[g·Og.., L] · cols[g·Kc.., L]ᵀ   (the sum over the chunk's images is
+//       the GEMM's K dimension; chunks are added in order)
+//   db  bias_grad_kernel: one block of 256 threads per output channel o; thread t sums
+//       dy[n, o, i] for the flat indices n·P·Q + i = t, t + 256, ... in double, then
+//       detail::block_reduce (a fixed tree): db[o] += Σ.
+//   No float atomics anywhere: each result is summed in an order fixed by the sizes alone, so it
+//   is the same on every run and under every emulator schedule. (It may differ from the CPU in the
+//   last bits: the GEMMs add in another order.)
+//
+// Build and run: part of the engine (make, or make CUDA=1); tested against the CPU by
+//   make test T='[conv][cuda]'
+#include "common.cuh"
+#include "ops/cuda_ops.h"
+
+namespace kiln::cuda {
+
+using detail::blocks_for;
+using detail::kBlock;
+
+// The sizes a kernel needs, worked out on the host (Conv2dParams' methods are host code).
+struct ConvDims {
+    int64_t N, C, H, W, O, KH, KW, stride, padding, dilation;
+    int64_t P, Q, Cg, Og, Kc;
+};
+
+static ConvDims dims_of(const cpu::Conv2dParams& p) {
+    return {p.N,       p.C,        p.H,   p.W,   p.O,    p.KH,   p.KW, p.stride,
+            p.padding, p.dilation, p.P(), p.Q(), p.Cg(), p.Og(), p.Cg() * p.KH * p.KW};
+}
+
+// ---- the column matrix ------------------------------------------------------------------------------
+// cols[(c·KH + kh)·KW + kw][i·P·Q + p·Q + q] = x[n0 + i, c, ih, iw]   (0 on padding), L = k·P·Q
+__global__ void im2col_kernel(const float* x, ConvDims d, int64_t n0, int64_t k, float* cols) {
+    const int64_t PQ = d.P * d.Q, L = k * PQ, total = d.C * d.KH * d.KW * L;
+    for (int64_t e = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; e < total; e += int64_t(gridDim.x) * blockDim.x) {
+        const int64_t row = e / L, j = e % L;
+        const int64_t c = row / (d.KH * d.KW), kh = row / d.KW % d.KH, kw = row % d.KW;
+        const int64_t i = j / PQ, p = j % PQ / d.Q, q = j % d.Q;
+        const int64_t ih = p * d.stride - d.padding + kh * d.dilation;
+        const int64_t iw = q * d.stride - d.padding + kw * d.dilation;
+        const bool inside = ih >= 0 && ih < d.H && iw >= 0 && iw < d.W;
+        cols[e] = inside ? x[(((n0 + i) * d.C + c) * d.H + ih) * d.W + iw] : 0.0f;
+    }
+}
+
+// The adjoint, as a gather: one thread per element (i, c, ih, iw) of the chunk's dx,
+//   dx[n0 + i, c, ih, iw] = Σ_{kh, kw} dcols[(c·KH + kh)·KW + kw][i·P·Q + p·Q + q]
+// over the (kh, kw) for which p = (ih + padding − kh·dilation) / stride is a whole number in
+// [0, P) (and q likewise): exactly the column entries im2col copied from (ih, iw).
+__global__ void col2im_kernel(const float* dcols, ConvDims d, int64_t n0, int64_t k, float* dx) {
+    const int64_t PQ = d.P * d.Q, L = k * PQ, CHW = d.C * d.H * d.W, total = k * CHW;
+    for (int64_t e = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; e < total; e += int64_t(gridDim.x) * blockDim.x) {
+        const int64_t i = e / CHW, c = e % CHW / (d.H * d.W), ih = e % (d.H * d.W) / d.W, iw = e % d.W;
+        float sum = 0.0f;
+        for (int64_t kh = 0; kh < d.KH; kh++) {
+            const int64_t tp = ih + d.padding - kh * d.dilation;  // = p·stride
+            if (tp < 0 || tp % d.stride != 0 || tp / d.stride >= d.P) continue;
+            const int64_t p = tp / d.stride;
+            for (int64_t kw = 0; kw < d.KW; kw++) {
+                const int64_t tq = iw + d.padding - kw * d.dilation;  // = q·stride
+                if (tq < 0 || tq % d.stride != 0 || tq / d.stride >= d.Q) continue;
+                const int64_t q = tq / d.stride;
+                sum += dcols[((c * d.KH + kh) * d.KW + kw) * L + i * PQ + p * d.Q + q];
+            }
+        }
+        dx[n0 * CHW + e] = sum;
+    }
+}
+
+// ---- y and dy between NCHW and the GEMM's rows [O, L] --------------------------------------------
+// y[n0 + i, o, pq] = rows[o][i·P·Q + pq] + b[o]   (b may be null)
+__global__ void rows_to_nchw_kernel(const float* rows, const float* b, ConvDims d, int64_t n0, int64_t k, float* y) {
+    const int64_t PQ = d.P * d.Q, L = k * PQ, total = d.O * L;
+    for (int64_t e = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; e < total; e += int64_t(gridDim.x) * blockDim.x) {
+        const int64_t o = e / L, i = e % L / PQ, pq = e % PQ;
+        y[((n0 + i) * d.O + o) * PQ + pq] = b ? rows[e] + b[o] : rows[e];
+    }
+}
+
+// rows[o][i·P·Q + pq] = dy[n0 + i, o, pq]
+__global__ void nchw_to_rows_kernel(const float* dy, ConvDims d, int64_t n0, int64_t k, float* rows) {
+    const int64_t PQ = d.P * d.Q, L = k * PQ, total = d.O * L;
+    for (int64_t e = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; e < total; e += int64_t(gridDim.x) * blockDim.x) {
+        const int64_t o = e / L, i = e % L / PQ, pq = e % PQ;
+        rows[e] = dy[((n0 + i) * d.O + o) * PQ + pq];
+    }
+}
+
+// ---- db: one block per output channel ---------------------------------------------------------------
+// db[o] += Σ_{n, pq} dy[n, o, pq]: thread t takes the flat indices t, t + T, ... of the N·P·Q
+// values (in double), then the block folds its T partial sums in a fixed tree.
+__global__ void bias_grad_kernel(const float* dy, ConvDims d, float* db) {
+    __shared__ double sh[kBlock];
+    const int64_t o = blockIdx.x, PQ = d.P * d.Q, total = d.N * PQ;
+    double v = 0.0;
+    for (int64_t e = threadIdx.x; e < total; e += blockDim.x) v += double(dy[(e / PQ * d.O + o) * PQ + e % PQ]);
+    v = detail::block_reduce(v, sh, detail::SumOp{});
+    if (threadIdx.x == 0) db[o] += float(v);
+}
+
+// ---- the implicit GEMM ------------------------------------------------------------------------------
+// Block (bx, by, g) computes y's group g at output channels o0 + [0, BM) and columns j0 + [0, BN)
+// of the virtual product (column j = (n·P + p)·Q + q); see the header for the steps.
+template <int BM, int BN, int BK, int TM, int TN>
+__global__ void __launch_bounds__((BM / TM) * (BN / TN))
+    conv2d_implicit_gemm_kernel(const float* x, const float* w, const float* b, float* y, ConvDims d) {
+    constexpr int kThreadsX = BN / TN, kThreadsY = BM / TM, kThreads = kThreadsX * kThreadsY;
+    static_assert(kThreads % BN == 0 && (BM * BK) % kThreads == 0 && (BN * BK) % kThreads == 0,
+                  "each thread loads whole columns of Xs, and the tiles divide evenly among the threads");
+    __shared__ float Ws[BK][BM + 4];  // Ws[k][o]: k-major, a thread's TM values for one k are in one row
+    __shared__ float Xs[BK][BN + 4];  // Xs[k][j]
+    const int tid = threadIdx.x, tx = tid % kThreadsX, ty = tid / kThreadsX;
+    const int64_t PQ = d.P * d.Q, NPQ = d.N * PQ, KK = d.KH * d.KW, g = blockIdx.z;
+    const int64_t o0 = int64_t(blockIdx.y) * BM, j0 = int64_t(blockIdx.x) * BN;
+    const float* wg = w + g * d.Og * d.Kc;  // [Og, Kc]
+
+    // This thread fills column jl of Xs in every step (rows tid / BN, + kThreads / BN, ...):
+    // decode its output position once. Consecutive threads: consecutive q, so for stride 1 a
+    // warp reads consecutive floats of one input row.
+    const int jl = tid % BN;
+    const int64_t j = j0 + jl;
+    const bool column_ok = j < NPQ;
+    const int64_t n = column_ok ? j / PQ : 0;
+    const int64_t ih0 = j % PQ / d.Q * d.stride - d.padding, iw0 = j % d.Q * d.stride - d.padding;
+    const float* xn = x + (n * d.C + g * d.Cg) * d.H * d.W;  // image n, the group's first channel
+
+    float acc[TM][TN];
+    KILN_UNROLL
+    for (int i = 0; i < TM; i++) {
+        KILN_UNROLL
+        for (int jj = 0; jj < TN; jj++) acc[i][jj] = 0.0f;
+    }
+    for (int64_t k0 = 0; k0 < d.Kc; k0 += BK) {
+        for (int r = 0; r < BM * BK / kThreads; r++) {  // consecutive threads: consecutive k of a w row
+            const int e = tid + r * kThreads, m = e / BK, kk = e % BK;
+            const bool ok = o0 + m < d.Og && k0 + kk < d.Kc;
+            Ws[kk][m] = ok ? wg[(o0 + m) * d.Kc + k0 + kk] : 0.0f;
+        }
+        for (int r = 0; r < BN * BK / kThreads; r++) {
+            const int kk = tid / BN + r * (kThreads / BN);
+            const int64_t kg = k0 + kk;  // = (c·KH + kh)·KW + kw within the group
+            float v = 0.0f;
+            if (column_ok && kg < d.Kc) {
+                const int64_t c = kg / KK, ih = ih0 + kg % KK / d.KW * d.dilation;
+                const int64_t iw = iw0 + kg % d.KW * d.dilation;
+                if (ih >= 0 && ih < d.H && iw >= 0 && iw < d.W) v = xn[(c * d.H + ih) * d.W + iw];
+            }
+            Xs[kk][jl] = v;
+        }
+        __syncthreads();  // both tiles are complete
+        KILN_UNROLL
+        for (int kk = 0; kk < BK; kk++) {
+            float a[TM], bv[TN];
+            KILN_UNROLL
+            for (int i = 0; i < TM; i++) a[i] = Ws[kk][ty + i * kThreadsY];
+            KILN_UNROLL
+            for (int jj = 0; jj < TN; jj++) bv[jj] = Xs[kk][tx * TN + jj];
+            KILN_UNROLL
+            for (int i = 0; i < TM; i++) {
+                KILN_UNROLL
+                for (int jj = 0; jj < TN; jj++) acc[i][jj] += a[i] * bv[jj];
+            }
+        }
+        __syncthreads();  // everyone is done with the tiles before the next step overwrites them
+    }
+    KILN_UNROLL
+    for (int i = 0; i < TM; i++) {
+        const int64_t o = o0 + ty + i * kThreadsY;
+        if (o >= d.Og) continue;
+        const int64_t oc = g * d.Og + o;  // the output channel
+        const float bias = b ? b[oc] : 0.0f;
+        KILN_UNROLL
+        for (int jj = 0; jj < TN; jj++) {
+            const int64_t col = j0 + tx * TN + jj;
+            if (col < NPQ) y[(col / PQ * d.O + oc) * PQ + col % PQ] = acc[i][jj] + bias;
+        }
+    }
+}
+
+// Names without commas, for the launch macros: 64×64 tiles (4×4 per thread), and 16×128 tiles
+// (2×4 per thread) for groups of at most 16 output channels. 256 threads each.
+constexpr auto conv_implicit_64x64 = conv2d_implicit_gemm_kernel<64, 64, 16, 4, 4>;
+constexpr auto conv_implicit_16x128 = conv2d_implicit_gemm_kernel<16, 128, 16, 2, 4>;
+
+// ---- launchers ----------------------------------------------------------------------------------------
+namespace {
+
+void check_workspace(const cpu::Conv2dParams& p, const float* col, int64_t col_images, const char* op) {
+    KILN_CHECK(col && col_images >= 1, op, ": needs a device workspace of ", cuda::conv2d_col_floats_per_image(p),
+               " floats per image and at least one image (got ", col_images,
+               "); size it with cuda::conv2d_col_floats_per_image");
+}
+
+// The 1-D kernels: block 256, grid detail::blocks_for(elements); nothing to launch for 0 elements
+// (the callers return early when N == 0).
+void im2col(const float* x, const ConvDims& d, int64_t n0, int64_t k, float* cols) {
+    const dim3 grid(blocks_for(d.C * d.KH * d.KW * k * d.P * d.Q)), block(kBlock);
+    KILN_LAUNCH(im2col_kernel, grid, block, 0)(x, d, n0, k, cols);
+    KILN_CHECK_LAUNCH(im2col_kernel, grid, block);
+}
+
+void col2im(const float* dcols, const ConvDims& d, int64_t n0, int64_t k, float* dx) {
+    const dim3 grid(blocks_for(k * d.C * d.H * d.W)), block(kBlock);
+    KILN_LAUNCH(col2im_kernel, grid, block, 0)(dcols, d, n0, k, dx);
+    KILN_CHECK_LAUNCH(col2im_kernel, grid, block);
+}
+
+void rows_to_nchw(const float* rows, const float* b, const ConvDims& d, int64_t n0, int64_t k, float* y) {
+    const dim3 grid(blocks_for(d.O * k * d.P * d.Q)), block(kBlock);
+    KILN_LAUNCH(rows_to_nchw_kernel, grid, block, 0)(rows, b, d, n0, k, y);
+    KILN_CHECK_LAUNCH(rows_to_nchw_kernel, grid, block);
+}
+
+void nchw_to_rows(const float* dy, const ConvDims& d, int64_t n0, int64_t k, float* rows) {
+    const dim3 grid(blocks_for(d.O * k * d.P * d.Q)), block(kBlock);
+    KILN_LAUNCH(nchw_to_rows_kernel, grid, block, 0)(dy, d, n0, k, rows);
+    KILN_CHECK_LAUNCH(nchw_to_rows_kernel, grid, block);
+}
+
+}  // namespace
+
+ConvAlgo conv2d_algo(const cpu::Conv2dParams& p) { return p.Og() < 64 ? ConvAlgo::ImplicitGemm : ConvAlgo::Im2col; }
+
+const char* conv_algo_name(ConvAlgo a) {
+    switch (a) {
+        case ConvAlgo::Im2col: return "im2col";
+        case ConvAlgo::ImplicitGemm: return "implicit-gemm";
+    }
+    return "?";
+}
+
+int64_t conv2d_col_floats_per_image(const cpu::Conv2dParams& p) {
+    return (p.C * p.KH * p.KW + p.O) * p.P() * p.Q();  // its columns + its rows of y (or dy)
+}
+
+// Per chunk of k images (workspace: cols [CK, L], then rows [O, L]):
+//   cols = im2col(x);   rows[g·Og.., L] = w[g·Og.., Kc] · cols[g·Kc.., L];   y = rows + b
+void conv2d_forward_im2col(const float* x, const float* w, const float* b, float* y, const cpu::Conv2dParams& p,
+                           float* col, int64_t col_images) {
+    cpu::check_conv2d_params(p, "cuda::conv2d_forward_im2col");
+    if (p.N == 0) return;
+    check_workspace(p, col, col_images, "cuda::conv2d_forward_im2col");
+    const ConvDims d = dims_of(p);
+    for (int64_t n0 = 0; n0 < d.N; n0 += col_images) {
+        const int64_t k = std::min(col_images, d.N - n0), L = k * d.P * d.Q;
+        float* cols = col;
+        float* rows = col + d.C * d.KH * d.KW * L;
+        im2col(x, d, n0, k, cols);
+        for (int64_t g = 0; g < p.groups; g++)
+            gemm(false, false, d.Og, L, d.Kc, 1.0f, w + g * d.Og * d.Kc, d.Kc, cols + g * d.Kc * L, L, 0.0f,
+                 rows + g * d.Og * L, L);
+        rows_to_nchw(rows, b, d, n0, k, y);
+    }
+}
+
+void conv2d_forward_implicit_gemm(const float* x, const float* w, const float* b, float* y,
+                                  const cpu::Conv2dParams& p, float*, int64_t) {
+    cpu::check_conv2d_params(p, "cuda::conv2d_forward_implicit_gemm");
+    if (p.N == 0) return;
+    const ConvDims d = dims_of(p);
+    const int64_t NPQ = d.N * d.P * d.Q;
+    const bool narrow = d.Og <= 16;
+    const int64_t BM = narrow ? 16 : 64, BN = narrow ? 128 : 64;
+    KILN_CHECK(p.groups <= 65535 && (d.Og + BM - 1) / BM <= 65535 && (NPQ + BN - 1) / BN <= 0x7fffffff,
+               "cuda::conv2d_forward_implicit_gemm: groups=", p.groups, ", O/G=", d.Og, " or N·P·Q=", NPQ,
+               " exceed the grid's limits; use cuda::conv2d_forward_im2col");
+    const dim3 grid(unsigned((NPQ + BN - 1) / BN), unsigned((d.Og + BM - 1) / BM), unsigned(p.groups)), block(256);
+    if (narrow) {
+        KILN_LAUNCH(conv_implicit_16x128, grid, block, 0)(x, w, b, y, d);
+        KILN_CHECK_LAUNCH(conv_implicit_16x128, grid, block);
+    } else {
+        KILN_LAUNCH(conv_implicit_64x64, grid, block, 0)(x, w, b, y, d);
+        KILN_CHECK_LAUNCH(conv_implicit_64x64, grid, block);
+    }
+}
+
+void conv2d_forward(const float* x, const float* w, const float* b, float* y, const cpu::Conv2dParams& p, float* col,
+                    int64_t col_images) {
+    if (cuda::conv2d_algo(p) == ConvAlgo::ImplicitGemm)
+        return conv2d_forward_implicit_gemm(x, w, b, y, p, col, col_images);
+    conv2d_forward_im2col(x, w, b, y, p, col, col_images);
+}
+
+// Per chunk: rows = dy;   dcols[g·Kc.., L] = w[g·Og.., Kc]ᵀ · rows[g·Og.., L];   dx = col2im(dcols)
+void conv2d_backward_data(const float* dy, const float* w, float* dx, const cpu::Conv2dParams& p, float* col,
+                          int64_t col_images) {
+    cpu::check_conv2d_params(p, "cuda::conv2d_backward_data");
+    if (p.N == 0) return;
+    check_workspace(p, col, col_images, "cuda::conv2d_backward_data");
+    const ConvDims d = dims_of(p);
+    for (int64_t n0 = 0; n0 < d.N; n0 += col_images) {
+        const int64_t k = std::min(col_images, d.N - n0), L = k * d.P * d.Q;
+        float* dcols = col;
+        float* rows = col + d.C * d.KH * d.KW * L;
+        nchw_to_rows(dy, d, n0, k, rows);
+        for (int64_t g = 0; g < p.groups; g++)
+            gemm(true, false, d.Kc, L, d.Og, 1.0f, w + g * d.Og * d.Kc, d.Kc, rows + g * d.Og * L, L, 0.0f,
+                 dcols + g * d.Kc * L, L);
+        col2im(dcols, d, n0, k, dx);
+    }
+}
+
+// db[o] += Σ dy[:, o];   per chunk: cols = im2col(x), rows = dy,
+//   dw[g·Og.., Kc] += rows[g·Og.., L] · cols[g·Kc.., L]ᵀ
+void conv2d_backward_weight(const float* x, const float* dy, float* dw, float* db, const cpu::Conv2dParams& p,
+                            float* col, int64_t col_images) {
+    cpu::check_conv2d_params(p, "cuda::conv2d_backward_weight");
+    if (p.N == 0) return;
+    check_workspace(p, col, col_images, "cuda::conv2d_backward_weight");
+    const ConvDims d = dims_of(p);
+    if (db) {
+        const dim3 grid(unsigned(d.O)), block(kBlock);
+        KILN_LAUNCH(bias_grad_kernel, grid, block, 0)(dy, d, db);
+        KILN_CHECK_LAUNCH(bias_grad_kernel, grid, block);
+    }
+    for (int64_t n0 = 0; n0 < d.N; n0 += col_images) {
+        const int64_t k = std::min(col_images, d.N - n0), L = k * d.P * d.Q;
+        float* cols = col;
+        float* rows = col + d.C * d.KH * d.KW * L;
+        im2col(x, d, n0, k, cols);
+        nchw_to_rows(dy, d, n0, k, rows);
+        for (int64_t g = 0; g < p.groups; g++)
+            gemm(false, true, d.Og, d.Kc, L, 1.0f, rows + g * d.Og * L, L, cols + g * d.Kc * L, L, 1.0f,
+                 dw + g * d.Og * d.Kc, d.Kc);
+    }
+}
+
+}  // namespace kiln::cuda

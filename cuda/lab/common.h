@@ -1,0 +1,224 @@
+// common.h — what the kernel lab's files share (llm.c's dev/cuda/common.h): device arrays,
+// random inputs, validate_result, timing with CUDA events, the "bench <name>: <value> <unit>"
+// line, and the lab's protocol: every version at every block size is validated against the
+// CPU reference before any version is timed.
+//
+// One source, two builds (see each file's header for its command lines):
+//   make lab            g++ and kiln's emulator: validates at small sizes, times nothing (the
+//                       emulator's times would measure the CPU)
+//   make CUDA=1 lab     nvcc, cuBLAS and cuDNN: validates at the real sizes, then times each
+//                       version and prints it as a share of the library's (the reference)
+// The engine's kernels come from libkiln.a, declared in ops/cuda_ops.h and gemm_versions.h;
+// the lab never copies them. cuBLAS and cuDNN are linked into the lab binaries only.
+#pragma once
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <exception>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "kiln_cuda.h"
+
+#ifdef KILN_CUDA
+#include <cublas_v2.h>
+#include <cudnn.h>
+
+#define CUBLAS_CHECK(call)                                                                      \
+    do {                                                                                        \
+        const cublasStatus_t kiln_cublas_status_ = (call);                                      \
+        if (kiln_cublas_status_ != CUBLAS_STATUS_SUCCESS)                                       \
+            KILN_FAIL(#call, " failed with cuBLAS status ", int(kiln_cublas_status_));          \
+    } while (0)
+#define CUDNN_CHECK(call)                                                                       \
+    do {                                                                                        \
+        const cudnnStatus_t kiln_cudnn_status_ = (call);                                        \
+        if (kiln_cudnn_status_ != CUDNN_STATUS_SUCCESS)                                         \
+            KILN_FAIL(#call, " failed: ", cudnnGetErrorString(kiln_cudnn_status_));             \
+    } while (0)
+#endif
+
+namespace kiln::lab {
+
+#ifdef KILN_CUDA
+constexpr bool kTiming = true;  // a real GPU: validate at the real sizes, then time
+#else
+constexpr bool kTiming = false;  // the emulator: validate at small sizes only
+#endif
+
+// n values of T in device memory, freed with the object.
+template <typename T>
+class DeviceArray {
+public:
+    explicit DeviceArray(size_t n) : n_(n) { KILN_CUDA_CHECK(cudaMalloc(&p_, n * sizeof(T))); }
+    explicit DeviceArray(const std::vector<T>& host) : DeviceArray(host.size()) {
+        KILN_CUDA_CHECK(cudaMemcpy(p_, host.data(), n_ * sizeof(T), cudaMemcpyHostToDevice));
+    }
+    ~DeviceArray() { cudaFree(p_); }
+    DeviceArray(const DeviceArray&) = delete;
+    DeviceArray& operator=(const DeviceArray&) = delete;
+
+    T* get() const { return p_; }
+    size_t size() const { return n_; }
+    std::vector<T> to_host() const {
+        std::vector<T> h(n_);
+        KILN_CUDA_CHECK(cudaMemcpy(h.data(), p_, n_ * sizeof(T), cudaMemcpyDeviceToHost));
+        return h;
+    }
+    // Every byte 0xff: a float NaN, so a value the kernel never wrote fails validation.
+    void poison() { KILN_CUDA_CHECK(cudaMemset(p_, 0xff, n_ * sizeof(T))); }
+
+private:
+    T* p_ = nullptr;
+    size_t n_;
+};
+
+// n floats uniform in [low, high), the same for a given seed on every machine.
+inline std::vector<float> random_floats(size_t n, unsigned seed, float low = -1.0f, float high = 1.0f) {
+    std::mt19937 gen(seed);
+    std::uniform_real_distribution<float> dist(low, high);
+    std::vector<float> v(n);
+    for (float& x : v) x = dist(gen);
+    return v;
+}
+
+// Compares a result with the CPU's (llm.c's validate_result): element i passes when
+//   |gpu − cpu| ≤ atol + rtol·|cpu|          (NaN never passes: an unwritten output is NaN)
+// Prints the first values side by side, the largest absolute and relative errors, and the
+// first mismatches; returns false when any element fails.
+inline bool validate_values(const std::vector<float>& gpu, const std::vector<float>& cpu, const std::string& name,
+                            double atol, double rtol) {
+    size_t bad = 0;
+    double max_abs = 0, max_rel = 0;
+    for (size_t i = 0; i < cpu.size(); i++) {
+        const double err = std::fabs(double(gpu[i]) - double(cpu[i]));
+        const bool ok = err <= atol + rtol * std::fabs(double(cpu[i]));  // false for NaN
+        if (!ok && bad++ < 5) std::printf("    MISMATCH %s[%zu]: cpu %.6g, gpu %.6g\n", name.c_str(), i, cpu[i], gpu[i]);
+        if (std::isnan(err)) continue;
+        max_abs = std::fmax(max_abs, err);
+        if (cpu[i] != 0.0f) max_rel = std::fmax(max_rel, err / std::fabs(double(cpu[i])));
+    }
+    std::printf("  %-48s %s  first cpu %.6g gpu %.6g  max abs err %.2e  max rel err %.2e", name.c_str(),
+                bad ? "FAIL" : "ok  ", double(cpu.at(0)), double(gpu.at(0)), max_abs, max_rel);
+    if (bad) std::printf("  (%zu of %zu beyond %.1e + %.1e·|cpu|)", bad, cpu.size(), atol, rtol);
+    std::printf("\n");
+    return bad == 0;
+}
+
+// The same for cpu.size() floats of device memory.
+inline bool validate_result(const float* device_result, const std::vector<float>& cpu, const std::string& name,
+                            double atol, double rtol) {
+    std::vector<float> gpu(cpu.size());
+    KILN_CUDA_CHECK(cudaMemcpy(gpu.data(), device_result, cpu.size() * sizeof(float), cudaMemcpyDeviceToHost));
+    return validate_values(gpu, cpu, name, atol, rtol);
+}
+
+// Milliseconds per call of f, timed by two CUDA events (the GPU's own clock: launches are
+// asynchronous, so a host timer would measure the launch queue). One timed warm-up call
+// decides the repetitions: enough for about 200 ms, at least 2, at most 100.
+template <typename F>
+double time_ms(F f) {
+    cudaEvent_t start, stop;
+    KILN_CUDA_CHECK(cudaEventCreate(&start));
+    KILN_CUDA_CHECK(cudaEventCreate(&stop));
+    const auto timed = [&](int reps) {
+        KILN_CUDA_CHECK(cudaEventRecord(start));
+        for (int i = 0; i < reps; i++) f();
+        KILN_CUDA_CHECK(cudaEventRecord(stop));
+        KILN_CUDA_CHECK(cudaEventSynchronize(stop));
+        float ms = 0;
+        KILN_CUDA_CHECK(cudaEventElapsedTime(&ms, start, stop));
+        return double(ms) / reps;
+    };
+    const double first = timed(1);
+    const double ms = timed(int(std::fmin(100.0, std::fmax(2.0, 200.0 / std::fmax(first, 1e-3)))));
+    KILN_CUDA_CHECK(cudaEventDestroy(start));
+    KILN_CUDA_CHECK(cudaEventDestroy(stop));
+    return ms;
+}
+
+// One version of a kernel: its name in the output and the block sizes (threads per block) it
+// is validated and timed at; {0} when its launcher picks its own (the engine's kernels).
+struct Version {
+    const char* name;
+    std::vector<int> block_sizes;
+};
+
+inline std::string version_label(const std::vector<Version>& versions, size_t v, int block_size) {
+    std::string s = "v" + std::to_string(v + 1) + "_" + versions[v].name;
+    return block_size ? s + "_b" + std::to_string(block_size) : s;
+}
+
+// The version asked for on the command line ("gemm 3": version 3 only), or 0 for all of them.
+inline int chosen_version(int argc, char** argv, size_t count) {
+    if (argc < 2) return 0;
+    const int v = std::atoi(argv[1]);
+    KILN_CHECK(v >= 1 && size_t(v) <= count, "unknown version '", argv[1], "': this lab has versions 1 to ", count,
+               " (see the file's header); give none to run them all");
+    return v;
+}
+
+// Step 1 of the lab's protocol (llm.c's main loop): every chosen version at every block size
+// runs (run(version, block) poisons its output first) and is checked against the CPU
+// reference (check(label) returns false on a mismatch). On the emulator each runs twice, with
+// the threads of a block in order and in reverse between barriers: a missing __syncthreads()
+// shows in one of the two. Returns false when any version disagreed.
+template <typename Run, typename Check>
+bool validate_versions(const std::vector<Version>& versions, int chosen, Run run, Check check) {
+#ifdef KILN_CUDA
+    const char* schedules[] = {""};
+#else
+    const char* schedules[] = {"", "_reverse"};
+#endif
+    bool ok = true;
+    for (const char* schedule : schedules) {
+#ifndef KILN_CUDA
+        emu::ScopedSchedule scope(*schedule ? emu::Schedule::Reverse : emu::Schedule::InOrder);
+#endif
+        for (size_t v = 0; v < versions.size(); v++) {
+            if (chosen && size_t(chosen) != v + 1) continue;
+            for (int block : versions[v].block_sizes) {
+                run(int(v) + 1, block);
+                ok = check(version_label(versions, v, block) + schedule) && ok;
+            }
+        }
+    }
+    return ok;
+}
+
+// Step 2, only when step 1 passed and only on a GPU: times each version at each block size
+// and prints, one line each,
+//   bench <problem>_<version label>: <work / seconds> <unit>  (<share>% of <reference>)
+//   bench <problem>_<reference>: <work / seconds> <unit>
+// reference_ms is the library's time for the same problem (cuBLAS, cuDNN).
+template <typename Run>
+void time_versions(const std::vector<Version>& versions, int chosen, Run run, const std::string& problem,
+                   double work, const char* unit, double reference_ms, const char* reference) {
+    for (size_t v = 0; v < versions.size(); v++) {
+        if (chosen && size_t(chosen) != v + 1) continue;
+        for (int block : versions[v].block_sizes) {
+            const double ms = time_ms([&] { run(int(v) + 1, block); });
+            std::printf("bench %s_%s: %.1f %s  (%.1f%% of %s)\n", problem.c_str(),
+                        version_label(versions, v, block).c_str(), work / (ms * 1e-3), unit,
+                        100.0 * reference_ms / ms, reference);
+        }
+    }
+    std::printf("bench %s_%s: %.1f %s\n", problem.c_str(), reference, work / (reference_ms * 1e-3), unit);
+}
+
+// main's body for every lab file: runs body, turns kiln::Error (a failed CUDA call, a bad
+// argument) into a message and exit status 2; a validation failure is exit status 1.
+template <typename Body>
+int lab_main(const char* program, Body body) {
+    try {
+        const bool ok = body();
+        if (!ok) std::printf("%s: some versions disagree with the CPU reference (MISMATCH lines above)\n", program);
+        return ok ? 0 : 1;
+    } catch (const std::exception& e) {
+        std::fprintf(stderr, "%s: %s\n", program, e.what());
+        return 2;
+    }
+}
+
+}  // namespace kiln::lab

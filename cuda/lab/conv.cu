@@ -1,0 +1,226 @@
+// conv.cu — the kernel lab's convolution forward: three versions side by side, each validated
+// against the CPU (cpu::conv2d_forward) on every shape, then timed against cuDNN on a GPU.
+//
+// Letters as in ops/cpu/cnn_ops.h: x [N, C, H, W], w [O, C/G, KH, KW], b [O], y [N, O, P, Q],
+// G groups, Cg = C/G and Og = O/G per group.
+//   y[n, o, p, q] = b[o] + Σ_{c < Cg} Σ_{kh, kw} w[o, c, kh, kw] · x[n, g·Cg + c, ih, iw]
+//   g = o / Og,  ih = p·stride − padding + kh·dilation,  iw likewise  (0 outside the image)
+//
+//   version 1  naive          direct: one thread per element of y, the formula above as it
+//              stands. Every thread reads its Cg·KH·KW weights and inputs from global memory;
+//              neighbouring threads share most of them, but only the caches notice.
+//   version 2  conv2d_forward_im2col          (cuda/conv.cu) unfold the images into the column
+//              matrix X [Cg·KH·KW, N·P·Q] in a workspace, then y = w · X with the engine's
+//              tiled GEMM (cuda/gemm.cu). Costs (C·KH·KW + O)·P·Q floats per image of
+//              workspace, bounded to 32 MiB as in nn/conv.cpp.
+//   version 3  conv2d_forward_implicit_gemm   (cuda/conv.cu) the same product, its tiles of X
+//              gathered from x straight into shared memory: no workspace, one kernel.
+//   cuDNN      cudnnConvolutionForward with the fastest algorithm cudnnFindConvolutionForward-
+//              Algorithm reports, FP32 only (CUDNN_FMA_MATH: no TF32 tensor cores), plus
+//              cudnnAddTensor for the bias; the reference on a GPU, validated like the others.
+// The engine's conv2d_forward picks version 2 or 3 per shape (cuda::conv2d_algo); each shape's
+// first line says which.
+//
+// Build and run (from the repository root; `make lab` builds and runs every lab file):
+//   make lab                   the emulator: validates every version on small shapes with
+//                              every option (stride, padding, dilation, groups, bias; batch 1)
+//   make CUDA=1 lab            a GPU: validates on the layers of LeNet and of the CIFAR net
+//                              (widths 32/64/128 and 64/256/256) at batch 256, then prints per
+//                              version and layer "bench conv_lenet_conv2_v3_...: ... GFLOP/s
+//                              (..% of cudnn)"
+//   build-cuda/lab/conv 3      version 3 only (build/lab/conv on the emulator)
+#include <algorithm>
+#include <cstdint>
+#include <string>
+
+#include "common.h"
+#include "nn/conv.h"
+#include "ops/cpu/cnn_ops.h"
+#include "ops/cuda_ops.h"
+
+namespace kiln::lab {
+
+using cpu::Conv2dParams;
+
+// ---- version 1: one thread per output ----------------------------------------------------------
+//   thread i → y[n, o, p, q] with i = ((n·O + o)·P + p)·Q + q   (consecutive threads along q)
+__global__ void conv2d_naive_kernel(const float* x, const float* w, const float* b, float* y, Conv2dParams d,
+                                    int64_t P, int64_t Q) {
+    const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+    if (i >= d.N * d.O * P * Q) return;
+    const int64_t q = i % Q, p = i / Q % P, o = i / (P * Q) % d.O, n = i / (P * Q * d.O);
+    const int64_t Cg = d.C / d.groups, c0 = o / (d.O / d.groups) * Cg;  // the group's first channel
+    float acc = b ? b[o] : 0.0f;
+    for (int64_t c = 0; c < Cg; c++)
+        for (int64_t kh = 0; kh < d.KH; kh++) {
+            const int64_t ih = p * d.stride - d.padding + kh * d.dilation;
+            if (ih < 0 || ih >= d.H) continue;
+            for (int64_t kw = 0; kw < d.KW; kw++) {
+                const int64_t iw = q * d.stride - d.padding + kw * d.dilation;
+                if (iw < 0 || iw >= d.W) continue;
+                acc += w[((o * Cg + c) * d.KH + kh) * d.KW + kw] * x[((n * d.C + c0 + c) * d.H + ih) * d.W + iw];
+            }
+        }
+    y[i] = acc;
+}
+
+void conv2d1(const float* x, const float* w, const float* b, float* y, const Conv2dParams& p, int block_size) {
+    const int64_t P = p.P(), Q = p.Q();
+    const dim3 grid(unsigned((p.N * p.O * P * Q + block_size - 1) / block_size)), block(block_size);
+    KILN_LAUNCH(conv2d_naive_kernel, grid, block, 0)(x, w, b, y, p, P, Q);
+    KILN_CHECK_LAUNCH(conv2d_naive_kernel, grid, block);
+}
+
+const std::vector<Version> kVersions = {
+    {"naive", {64, 128, 256}}, {"conv2d_forward_im2col", {0}}, {"conv2d_forward_implicit_gemm", {0}}};
+
+// Images per chunk of a workspace of at most `limit` bytes, as nn/conv.cpp's column_workspace.
+int64_t images_within(int64_t floats_per_image, int64_t N, int64_t limit) {
+    return std::clamp<int64_t>(limit / (floats_per_image * int64_t(sizeof(float))), 1, N);
+}
+
+struct Layer {
+    std::string name;
+    Conv2dParams p;
+    bool bias;
+};
+
+// One layer: the CPU reference, every version validated, then (on a GPU) timed against cuDNN.
+bool run_layer(int chosen, const Layer& layer) {
+    const Conv2dParams& p = layer.p;
+    const int64_t P = p.P(), Q = p.Q();
+    const size_t x_count = size_t(p.N * p.C * p.H * p.W), w_count = size_t(p.O * p.Cg() * p.KH * p.KW),
+                 y_count = size_t(p.N * p.O * P * Q);
+    const std::string problem = "conv_" + layer.name;
+    std::printf("%s: N %lld, C %lld, %lldx%lld -> O %lld, %lldx%lld; kernel %lldx%lld, stride %lld, padding %lld, "
+                "dilation %lld, groups %lld%s; the engine picks %s\n",
+                problem.c_str(), (long long)p.N, (long long)p.C, (long long)p.H, (long long)p.W, (long long)p.O,
+                (long long)P, (long long)Q, (long long)p.KH, (long long)p.KW, (long long)p.stride,
+                (long long)p.padding, (long long)p.dilation, (long long)p.groups, layer.bias ? ", bias" : "",
+                cuda::conv_algo_name(cuda::conv2d_algo(p)));
+    const std::vector<float> x = random_floats(x_count, 1), w = random_floats(w_count, 2), b = random_floats(size_t(p.O), 3);
+    std::vector<float> want(y_count);
+    const int64_t cpu_per_image = cpu::conv2d_col_floats_per_image(p);
+    const int64_t cpu_images = cpu_per_image ? images_within(cpu_per_image, p.N, kDefaultConvWorkspace) : 0;
+    std::vector<float> cpu_col(size_t(cpu_images * cpu_per_image));
+    cpu::conv2d_forward(x.data(), w.data(), layer.bias ? b.data() : nullptr, want.data(), p, cpu_col.data(), cpu_images);
+
+    DeviceArray<float> dx(x), dw(w), db(b), dy(y_count);
+    const int64_t per_image = cuda::conv2d_col_floats_per_image(p);
+    const int64_t images = images_within(per_image, p.N, kDefaultConvWorkspace);
+    DeviceArray<float> col(size_t(images * per_image));
+    const float* bias = layer.bias ? db.get() : nullptr;
+    const auto launch = [&](int version, int block) {
+        switch (version) {
+        case 1: return conv2d1(dx.get(), dw.get(), bias, dy.get(), p, block);
+        case 2: return cuda::conv2d_forward_im2col(dx.get(), dw.get(), bias, dy.get(), p, col.get(), images);
+        default: return cuda::conv2d_forward_implicit_gemm(dx.get(), dw.get(), bias, dy.get(), p, nullptr, 0);
+        }
+    };
+    // Sums of Cg·KH·KW products of values in [-1, 1], added in another order than the CPU:
+    // a few ulps of Σ|w·x| ≤ Cg·KH·KW + 1, as for the GEMM.
+    const double atol = 2e-6 * double(p.Cg() * p.KH * p.KW + 1);
+    const auto check = [&](const std::string& label) { return validate_result(dy.get(), want, label, atol, 1e-5); };
+    bool ok = validate_versions(
+        kVersions, chosen,
+        [&](int version, int block) {
+            dy.poison();
+            launch(version, block);
+        },
+        check);
+    if (!ok) return false;
+#ifdef KILN_CUDA
+    cudnnHandle_t handle;
+    CUDNN_CHECK(cudnnCreate(&handle));
+    cudnnTensorDescriptor_t x_desc, y_desc, b_desc;
+    cudnnFilterDescriptor_t w_desc;
+    cudnnConvolutionDescriptor_t conv_desc;
+    CUDNN_CHECK(cudnnCreateTensorDescriptor(&x_desc));
+    CUDNN_CHECK(cudnnCreateTensorDescriptor(&y_desc));
+    CUDNN_CHECK(cudnnCreateTensorDescriptor(&b_desc));
+    CUDNN_CHECK(cudnnCreateFilterDescriptor(&w_desc));
+    CUDNN_CHECK(cudnnCreateConvolutionDescriptor(&conv_desc));
+    CUDNN_CHECK(cudnnSetTensor4dDescriptor(x_desc, CUDNN_TENSOR_NCHW, CUDNN_DATA_FLOAT, int(p.N), int(p.C), int(p.H),
+                                           int(p.W)));
+    CUDNN_CHECK(cudnnSetTensor4dDescriptor(y_desc, CUDNN_TENSOR_NCHW, CUDNN_DATA_FLOAT, int(p.N), int(p.O), int(P),
+                                           int(Q)));
+    CUDNN_CHECK(cudnnSetTensor4dDescriptor(b_desc, CUDNN_TENSOR_NCHW, CUDNN_DATA_FLOAT, 1, int(p.O), 1, 1));
+    CUDNN_CHECK(cudnnSetFilter4dDescriptor(w_desc, CUDNN_DATA_FLOAT, CUDNN_TENSOR_NCHW, int(p.O), int(p.Cg()),
+                                           int(p.KH), int(p.KW)));
+    CUDNN_CHECK(cudnnSetConvolution2dDescriptor(conv_desc, int(p.padding), int(p.padding), int(p.stride),
+                                                int(p.stride), int(p.dilation), int(p.dilation),
+                                                CUDNN_CROSS_CORRELATION, CUDNN_DATA_FLOAT));
+    CUDNN_CHECK(cudnnSetConvolutionGroupCount(conv_desc, int(p.groups)));
+    CUDNN_CHECK(cudnnSetConvolutionMathType(conv_desc, CUDNN_FMA_MATH));
+    cudnnConvolutionFwdAlgoPerf_t perf[CUDNN_CONVOLUTION_FWD_ALGO_COUNT];
+    int found = 0;
+    CUDNN_CHECK(cudnnFindConvolutionForwardAlgorithm(handle, x_desc, w_desc, conv_desc, y_desc,
+                                                     CUDNN_CONVOLUTION_FWD_ALGO_COUNT, &found, perf));
+    KILN_CHECK(found > 0 && perf[0].status == CUDNN_STATUS_SUCCESS, "cuDNN found no forward algorithm for ", problem);
+    DeviceArray<char> cudnn_workspace(std::max<size_t>(perf[0].memory, 1));
+    const float one = 1.0f, zero = 0.0f;
+    const auto cudnn_forward = [&] {
+        CUDNN_CHECK(cudnnConvolutionForward(handle, &one, x_desc, dx.get(), w_desc, dw.get(), conv_desc, perf[0].algo,
+                                            cudnn_workspace.get(), perf[0].memory, &zero, y_desc, dy.get()));
+        if (bias) CUDNN_CHECK(cudnnAddTensor(handle, &one, b_desc, bias, &one, y_desc, dy.get()));
+    };
+    dy.poison();
+    cudnn_forward();
+    ok = check("cudnn_algo" + std::to_string(int(perf[0].algo)));
+    const double cudnn_ms = time_ms(cudnn_forward);
+    CUDNN_CHECK(cudnnDestroyConvolutionDescriptor(conv_desc));
+    CUDNN_CHECK(cudnnDestroyFilterDescriptor(w_desc));
+    CUDNN_CHECK(cudnnDestroyTensorDescriptor(b_desc));
+    CUDNN_CHECK(cudnnDestroyTensorDescriptor(y_desc));
+    CUDNN_CHECK(cudnnDestroyTensorDescriptor(x_desc));
+    CUDNN_CHECK(cudnnDestroy(handle));
+    const double gflop = 2.0 * double(y_count) * double(p.Cg() * p.KH * p.KW) / 1e9;
+    time_versions(kVersions, chosen, launch, problem, gflop, "GFLOP/s", cudnn_ms, "cudnn");
+#endif
+    return ok;
+}
+
+// The layers of the CIFAR net (src/nn/models.cpp, cifar_net) for widths w1, w2, w3 at batch N
+// on 32×32 images: the 2×2 stem, then per block a 3×3 conv (padding 1) before a 2×2 max pool
+// and one after it. Batch norm follows each 3×3 conv, so only the stem has a bias.
+std::vector<Layer> cifar_net_layers(int64_t N, int64_t w1, int64_t w2, int64_t w3) {
+    const std::string net = "cifar" + std::to_string(w1) + "_" + std::to_string(w2) + "_" + std::to_string(w3);
+    std::vector<Layer> layers;
+    int64_t in = 24, size = 31, block = 1;  // the stem's output: 24 channels of 31×31
+    for (int64_t width : {w1, w2, w3}) {
+        const std::string name = net + "_block" + std::to_string(block++);
+        layers.push_back({name + "a", {N, in, size, size, width, 3, 3, 1, 1}, false});
+        size /= 2;
+        layers.push_back({name + "b", {N, width, size, size, width, 3, 3, 1, 1}, false});
+        in = width;
+    }
+    return layers;
+}
+
+bool run_lab(int chosen) {
+    std::vector<Layer> layers;
+    if (kTiming) {
+        // LeNet (src/nn/models.cpp, lenet), the stem, and the CIFAR net of lesson 06 and of the bench.
+        layers = {{"lenet_conv1", {256, 1, 28, 28, 10, 5, 5}, true},
+                  {"lenet_conv2", {256, 10, 12, 12, 20, 5, 5}, true},
+                  {"cifar_stem", {256, 3, 32, 32, 24, 2, 2}, true}};
+        for (const auto& more : {cifar_net_layers(256, 32, 64, 128), cifar_net_layers(256, 64, 256, 256)})
+            layers.insert(layers.end(), more.begin(), more.end());
+    } else {
+        // {N, C, H, W, O, KH, KW, stride, padding, dilation, groups}
+        layers = {{"same", {2, 3, 11, 9, 5, 3, 3, 1, 1, 1, 1}, true},
+                  {"strided_dilated_groups", {1, 4, 10, 7, 6, 3, 2, 2, 2, 2, 2}, true},
+                  {"wide", {2, 8, 6, 5, 70, 3, 3, 1, 1, 1, 1}, false},
+                  {"lenet_conv1", {2, 1, 28, 28, 10, 5, 5}, true}};
+    }
+    bool ok = true;
+    for (const Layer& layer : layers) ok = run_layer(chosen, layer) && ok;
+    return ok;
+}
+
+}  // namespace kiln::lab
+
+int main(int argc, char** argv) {
+    using namespace kiln::lab;
+    return lab_main("conv", [&] { return run_lab(chosen_version(argc, argv, kVersions.size())); });
+}

@@ -1,0 +1,250 @@
+// norm.cu — the CUDA twins of src/ops/cpu/norm.cpp: batch normalization (training, evaluation,
+// backward), GELU and dropout. Same names and arguments as ops/cpu/cnn_ops.h; pointers are
+// device memory.
+//
+// Letters as in cnn_ops.h: x [N, C, S], S = H·W (1 for BatchNorm1d), M = N·S values per
+// channel, n = element count of the elementwise kernels, t = threadIdx.x, T = blockDim.x.
+// Value m < M of channel c sits at x[(n·C + c)·S + s] with n = m / S, s = m mod S.
+//
+// Thread/block mapping and formulas:
+//   batchnorm_forward_train   one block of 256 per channel (grid-stride over C), three passes
+//       over the channel's M values, thread t taking m = t, t + T, ... (consecutive threads
+//       read consecutive floats of a row: coalesced when S ≥ 32):
+//         pass 1  mean = Σ x / M                  (each thread sums in double, then the block)
+//         pass 2  var  = Σ (x − mean)² / M        (two passes, not Σx² − (Σx)²/M, which loses
+//                                                  every digit when |mean| ≫ std)
+//                 invstd = 1 / sqrt(var + eps)
+//         pass 3  y = (x − mean) · (gamma · invstd) + beta
+//       then thread 0 writes save_mean, save_invstd and the running statistics
+//         running_mean = (1 − momentum) · running_mean + momentum · mean
+//         running_var  = (1 − momentum) · running_var  + momentum · var · M / (M − 1)
+//   batchnorm_forward_eval    one thread per element (1-D grid-stride), channel c = i / S mod C:
+//         y = (x − running_mean) · gamma / sqrt(running_var + eps) + beta
+//   batchnorm_backward        one block per channel, like the forward:
+//         pass 1  Σ dy and Σ dy·(x − mean)   (two block reductions, in double)
+//         pass 2  dx = gamma·invstd · (dy − Σdy/M − (x − mean) · invstd² · Σdy·(x − mean) / M)
+//       then thread 0: dgamma[c] += Σ dy·x̂ = invstd · Σ dy·(x − mean),   dbeta[c] += Σ dy
+//   gelu_forward, gelu_backward, dropout_forward, dropout_backward   one thread per element
+//       (1-D grid-stride, block 256), the CPU's loop body.
+//
+// Determinism: no atomics. A channel's sums belong to one block: each thread adds its values
+// in a fixed order and detail::block_reduce folds the 256 partial sums in a tree fixed by t, so
+// the result is the same on every run. Against the CPU (one thread per channel, 8 float lanes
+// summed in double) the order differs; both sum in double, so mean and var agree to ~1e-7
+// relative, and y, dx to a few float ulps (tests: relative 1e-5). The dgamma/dbeta update of
+// channel c is one thread's plain +=: channels never share an output.
+//
+// GELU uses the device's erff and expf (accurate to ~1 ulp) where the CPU uses inlined
+// approximations accurate to 1e-6 absolute; the tests compare within 2e-6.
+// Dropout draws u_i = Rng::to_unit(splitmix64(seed_hash ^ splitmix64(first + i))) with the
+// CPU's own functions (core/rng.h, compiled for the device too): the mask is the CPU's, bit for
+// bit, and so are y and dx.
+//
+// The engine's batch-norm forward is batchnorm_forward_train; cuda/lab/ times versions of it.
+//
+// Build and run: part of the engine (make, or make CUDA=1); tested against the CPU by
+//   make test T='[batchnorm][cuda]'    make test T='[gelu][cuda]'    make test T='[dropout][cuda]'
+#include <cmath>
+
+#include "common.cuh"
+#include "core/rng.h"
+#include "ops/cpu/cnn_ops.h"
+#include "ops/cuda_ops.h"
+
+namespace kiln::cuda {
+
+using cpu::BatchNormParams;
+using detail::blocks_for;
+using detail::kBlock;
+
+// ---- batch norm --------------------------------------------------------------------------------
+namespace {
+
+// Where value m of channel c lives in x [N, C, S].
+__device__ int64_t channel_at(const BatchNormParams& p, int64_t c, int64_t m) {
+    return (m / p.S * p.C + c) * p.S + m % p.S;
+}
+
+// One block per channel, at most this many blocks (more channels: each block loops).
+unsigned channel_blocks(int64_t C) { return unsigned(std::min<int64_t>(C, 65535)); }
+
+}  // namespace
+
+__global__ void batchnorm_forward_train_kernel(const float* x, const float* gamma, const float* beta, float* y,
+                                               float* running_mean, float* running_var, float* save_mean,
+                                               float* save_invstd, BatchNormParams p) {
+    __shared__ double sh[kBlock];
+    const int64_t M = p.N * p.S;
+    for (int64_t c = blockIdx.x; c < p.C; c += gridDim.x) {  // the same count for every thread
+        // pass 1: mean
+        double s1 = 0.0;
+        for (int64_t m = threadIdx.x; m < M; m += blockDim.x) s1 += x[channel_at(p, c, m)];
+        const double mean_d = detail::block_reduce(s1, sh, detail::SumOp{}) / double(M);
+        const float mean = float(mean_d);
+        // pass 2: biased variance around it
+        double s2 = 0.0;
+        for (int64_t m = threadIdx.x; m < M; m += blockDim.x) {
+            const float d = x[channel_at(p, c, m)] - mean;
+            s2 += d * d;
+        }
+        const double var = detail::block_reduce(s2, sh, detail::SumOp{}) / double(M);
+        const float invstd = float(1.0 / sqrt(var + double(p.eps)));
+        // pass 3: y = (x − mean) · scale + shift
+        const float scale = gamma[c] * invstd, shift = beta[c];
+        for (int64_t m = threadIdx.x; m < M; m += blockDim.x) {
+            const int64_t i = channel_at(p, c, m);
+            y[i] = (x[i] - mean) * scale + shift;
+        }
+        if (threadIdx.x == 0) {
+            save_mean[c] = mean;
+            save_invstd[c] = invstd;
+            const double k = p.momentum;
+            running_mean[c] = float((1.0 - k) * running_mean[c] + k * mean_d);
+            running_var[c] = float((1.0 - k) * running_var[c] + k * var * double(M) / double(M - 1));
+        }
+    }
+}
+
+// y = (x − running_mean[c]) · gamma[c] / sqrt(running_var[c] + eps) + beta[c],   c = i / S mod C
+__global__ void batchnorm_forward_eval_kernel(const float* x, const float* gamma, const float* beta,
+                                              const float* running_mean, const float* running_var, float* y,
+                                              BatchNormParams p) {
+    const int64_t total = p.N * p.C * p.S;
+    for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < total; i += int64_t(gridDim.x) * blockDim.x) {
+        const int64_t c = i / p.S % p.C;
+        const float scale = gamma[c] / sqrtf(running_var[c] + p.eps);
+        y[i] = (x[i] - running_mean[c]) * scale + beta[c];
+    }
+}
+
+__global__ void batchnorm_backward_kernel(const float* dy, const float* x, const float* gamma, const float* save_mean,
+                                          const float* save_invstd, float* dx, float* dgamma, float* dbeta,
+                                          BatchNormParams p) {
+    __shared__ double sh[kBlock];
+    const int64_t M = p.N * p.S;
+    for (int64_t c = blockIdx.x; c < p.C; c += gridDim.x) {
+        const float mean = save_mean[c], invstd = save_invstd[c];
+        // pass 1: Σ dy and Σ dy·(x − mean)
+        double s_dy = 0.0, s_dy_xm = 0.0;
+        for (int64_t m = threadIdx.x; m < M; m += blockDim.x) {
+            const int64_t i = channel_at(p, c, m);
+            s_dy += dy[i];
+            s_dy_xm += dy[i] * (x[i] - mean);
+        }
+        const double sum_dy = detail::block_reduce(s_dy, sh, detail::SumOp{});
+        const double sum_dy_xhat = detail::block_reduce(s_dy_xm, sh, detail::SumOp{}) * invstd;
+        // pass 2: dx = g · (dy − k_dy − (x − mean) · k_x)
+        const float k_dy = float(sum_dy / double(M));                       // Σdy / M
+        const float k_x = float(sum_dy_xhat * double(invstd) / double(M));  // Σ(dy·x̂)·invstd / M
+        const float g = gamma[c] * invstd;
+        for (int64_t m = threadIdx.x; m < M; m += blockDim.x) {
+            const int64_t i = channel_at(p, c, m);
+            dx[i] = g * (dy[i] - k_dy - (x[i] - mean) * k_x);
+        }
+        if (threadIdx.x == 0) {
+            dgamma[c] += float(sum_dy_xhat);
+            dbeta[c] += float(sum_dy);
+        }
+    }
+}
+
+void batchnorm_forward_train(const float* x, const float* gamma, const float* beta, float* y, float* running_mean,
+                             float* running_var, float* save_mean, float* save_invstd, const BatchNormParams& p) {
+    if (p.C == 0) return;
+    const dim3 grid(channel_blocks(p.C)), block(kBlock);
+    KILN_LAUNCH(batchnorm_forward_train_kernel, grid, block, 0)(x, gamma, beta, y, running_mean, running_var,
+                                                                save_mean, save_invstd, p);
+    KILN_CHECK_LAUNCH(batchnorm_forward_train_kernel, grid, block);
+}
+
+void batchnorm_forward_eval(const float* x, const float* gamma, const float* beta, const float* running_mean,
+                            const float* running_var, float* y, const BatchNormParams& p) {
+    const int64_t total = p.N * p.C * p.S;
+    if (total == 0) return;
+    const dim3 grid(blocks_for(total)), block(kBlock);
+    KILN_LAUNCH(batchnorm_forward_eval_kernel, grid, block, 0)(x, gamma, beta, running_mean, running_var, y, p);
+    KILN_CHECK_LAUNCH(batchnorm_forward_eval_kernel, grid, block);
+}
+
+void batchnorm_backward(const float* dy, const float* x, const float* gamma, const float* save_mean,
+                        const float* save_invstd, float* dx, float* dgamma, float* dbeta, const BatchNormParams& p) {
+    if (p.C == 0) return;
+    const dim3 grid(channel_blocks(p.C)), block(kBlock);
+    KILN_LAUNCH(batchnorm_backward_kernel, grid, block, 0)(dy, x, gamma, save_mean, save_invstd, dx, dgamma, dbeta,
+                                                           p);
+    KILN_CHECK_LAUNCH(batchnorm_backward_kernel, grid, block);
+}
+
+// ---- GELU --------------------------------------------------------------------------------------
+// y = x·Φ(x),  Φ(x) = (1 + erf(x/√2)) / 2
+__global__ void gelu_forward_kernel(const float* x, float* y, int64_t n) {
+    constexpr float kInvSqrt2 = 0.70710678118654752f;
+    for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
+        y[i] = 0.5f * x[i] * (1.0f + erff(x[i] * kInvSqrt2));
+}
+
+// dx = dy · (Φ(x) + x·φ(x)),  φ(x) = exp(−x²/2) / √(2π)
+__global__ void gelu_backward_kernel(const float* x, const float* dy, float* dx, int64_t n) {
+    constexpr float kInvSqrt2 = 0.70710678118654752f, kInvSqrt2Pi = 0.39894228040143268f;
+    for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
+        const float v = x[i];
+        const float cdf = 0.5f * (1.0f + erff(v * kInvSqrt2));
+        const float pdf = kInvSqrt2Pi * expf(-0.5f * v * v);
+        dx[i] = dy[i] * (cdf + v * pdf);
+    }
+}
+
+void gelu_forward(const float* x, float* y, int64_t n) {
+    if (n == 0) return;
+    const dim3 grid(blocks_for(n)), block(kBlock);
+    KILN_LAUNCH(gelu_forward_kernel, grid, block, 0)(x, y, n);
+    KILN_CHECK_LAUNCH(gelu_forward_kernel, grid, block);
+}
+
+void gelu_backward(const float* x, const float* dy, float* dx, int64_t n) {
+    if (n == 0) return;
+    const dim3 grid(blocks_for(n)), block(kBlock);
+    KILN_LAUNCH(gelu_backward_kernel, grid, block, 0)(x, dy, dx, n);
+    KILN_CHECK_LAUNCH(gelu_backward_kernel, grid, block);
+}
+
+// ---- dropout -------------------------------------------------------------------------------------
+// keep_i = u_i ≥ drop_p,  u_i = Rng::to_unit(splitmix64(seed_hash ^ splitmix64(first + i)))
+// mask[i] = keep_i;   y[i] = keep_i ? x[i] · scale : 0,   scale = 1 / (1 − drop_p)  (0 when drop_p = 1)
+__global__ void dropout_forward_kernel(const float* x, float* y, uint8_t* mask, int64_t n, float drop_p,
+                                       float scale, uint64_t seed_hash, uint64_t first) {
+    for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
+        const float u = Rng::to_unit(splitmix64(seed_hash ^ splitmix64(first + uint64_t(i))));
+        const uint8_t keep = u >= drop_p ? 1 : 0;
+        mask[i] = keep;
+        y[i] = keep ? x[i] * scale : 0.0f;
+    }
+}
+
+// dx[i] = mask[i] ? dy[i] · scale : 0
+__global__ void dropout_backward_kernel(const float* dy, const uint8_t* mask, float* dx, int64_t n, float scale) {
+    for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
+        dx[i] = mask[i] ? dy[i] * scale : 0.0f;
+}
+
+namespace {
+float dropout_scale(float drop_p) { return drop_p < 1.0f ? 1.0f / (1.0f - drop_p) : 0.0f; }
+}  // namespace
+
+void dropout_forward(const float* x, float* y, uint8_t* mask, int64_t n, float drop_p, uint64_t seed_hash,
+                     uint64_t first) {
+    if (n == 0) return;
+    const dim3 grid(blocks_for(n)), block(kBlock);
+    KILN_LAUNCH(dropout_forward_kernel, grid, block, 0)(x, y, mask, n, drop_p, dropout_scale(drop_p), seed_hash,
+                                                        first);
+    KILN_CHECK_LAUNCH(dropout_forward_kernel, grid, block);
+}
+
+void dropout_backward(const float* dy, const uint8_t* mask, float* dx, int64_t n, float drop_p) {
+    if (n == 0) return;
+    const dim3 grid(blocks_for(n)), block(kBlock);
+    KILN_LAUNCH(dropout_backward_kernel, grid, block, 0)(dy, mask, dx, n, dropout_scale(drop_p));
+    KILN_CHECK_LAUNCH(dropout_backward_kernel, grid, block);
+}
+
+}  // namespace kiln::cuda

@@ -1,0 +1,214 @@
+// pool.cu — the CUDA twins of src/ops/cpu/pool.cpp: max, average and global average pooling,
+// forward and backward. Same names and arguments as ops/cpu/cnn_ops.h; pointers are device
+// memory.
+//
+// Letters as in cnn_ops.h: x [N, C, H, W] → y [N, C, P, Q], windows KH×KW at
+// (p·stride − padding, q·stride − padding), S = H·W, T = threads per block.
+//
+// Thread/block mapping:
+//   maxpool2d_forward, avgpool2d_forward    one thread per output (n, c, p, q), 1-D grid-stride,
+//        block 256: the CPU's loop over the clipped window, in the same row-major order.
+//   maxpool2d_backward, avgpool2d_backward  one thread per INPUT element (n, c, ih, iw): a
+//        gather. The CPU scatters (dx[argmax] += dy, one output at a time); on the GPU many
+//        outputs would scatter into the same dx at once and need atomics, whose order — and
+//        rounding — changes from run to run. Instead each dx element visits the windows that
+//        cover it,
+//            p from ceil((ih + padding − KH + 1) / stride) to floor((ih + padding) / stride)
+//        (clipped to [0, P)), q likewise, and adds their contributions itself, in ascending
+//        (p, q) — the order in which the CPU's scatter adds them, so the sums are identical.
+//   global_avgpool_forward   one block of 256 per plane (grid-stride over the N·C planes):
+//        thread t sums values t, t + T, ... in double, then detail::block_reduce.
+//   global_avgpool_backward  one thread per element: dx = dy[plane] / S.
+//
+// Determinism: no atomics anywhere; every output is computed by one thread (or one block's
+// fixed reduction tree) in a fixed order. Max and average pooling match the CPU bit for bit
+// (same argmax: NaN wins, the first maximum on ties); the global average differs from the
+// CPU's (8 float lanes, then double) only in the last bit of a float.
+//
+// Build and run: part of the engine (make, or make CUDA=1); tested against the CPU by
+//   make test T='[pool][cuda]'
+#include <cmath>
+
+#include "common.cuh"
+#include "ops/cpu/cnn_ops.h"
+#include "ops/cuda_ops.h"
+
+namespace kiln::cuda {
+
+using cpu::Pool2dParams;
+using detail::blocks_for;
+using detail::kBlock;
+
+// Pool2dParams::P() and Q() are host functions (nvcc refuses them in a kernel), so the launchers
+// compute P and Q and pass them to the kernels.
+
+namespace {
+
+// The windows of one dimension that cover input position i: outputs o in [lo, hi) with
+//   o·stride − pad ≤ i < o·stride − pad + k,   0 ≤ o < outputs
+__device__ void covering(int64_t i, int64_t stride, int64_t pad, int64_t k, int64_t outputs, int64_t& lo,
+                         int64_t& hi) {
+    const int64_t first = i + pad - k + 1;  // o·stride ≥ first
+    lo = first <= 0 ? 0 : (first + stride - 1) / stride;
+    hi = (i + pad) / stride + 1;
+    if (hi > outputs) hi = outputs;
+}
+
+// The window of output o along one dimension, clipped to the input: [lo, hi).
+__device__ void window(int64_t o, int64_t stride, int64_t pad, int64_t k, int64_t n, int64_t& lo, int64_t& hi) {
+    const int64_t start = o * stride - pad;
+    lo = start < 0 ? 0 : start;
+    hi = start + k < n ? start + k : n;
+}
+
+}  // namespace
+
+// ---- max ---------------------------------------------------------------------------------------
+// y[n,c,p,q] = max over the window (first maximum, or the first NaN);  argmax = ih·W + iw of it
+// (−1 if the window lies wholly in the padding: y is then −inf)
+__global__ void maxpool2d_forward_kernel(const float* x, float* y, int32_t* argmax, Pool2dParams p, int64_t P,
+                                         int64_t Q) {
+    const int64_t total = p.N * p.C * P * Q;
+    for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < total; i += int64_t(gridDim.x) * blockDim.x) {
+        const int64_t nc = i / (P * Q), op = i / Q % P, oq = i % Q;
+        const float* xp = x + nc * p.H * p.W;
+        int64_t h0, h1, w0, w1;
+        window(op, p.stride, p.padding, p.KH, p.H, h0, h1);
+        window(oq, p.stride, p.padding, p.KW, p.W, w0, w1);
+        float m = -INFINITY;
+        int64_t at = -1;
+        for (int64_t ih = h0; ih < h1; ih++)
+            for (int64_t iw = w0; iw < w1; iw++) {
+                const float v = xp[ih * p.W + iw];
+                if (at < 0 || v > m || (isnan(v) && !isnan(m))) {  // v > NaN is false: a NaN stays
+                    m = v;
+                    at = ih * p.W + iw;
+                }
+            }
+        y[i] = m;
+        argmax[i] = int32_t(at);
+    }
+}
+
+// dx[n,c,ih,iw] = Σ over the windows (p, q) covering it whose argmax is ih·W + iw of dy[n,c,p,q]
+__global__ void maxpool2d_backward_kernel(const float* dy, const int32_t* argmax, float* dx, Pool2dParams p,
+                                          int64_t P, int64_t Q) {
+    const int64_t S = p.H * p.W, total = p.N * p.C * S;
+    for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < total; i += int64_t(gridDim.x) * blockDim.x) {
+        const int64_t nc = i / S, ih = i / p.W % p.H, iw = i % p.W;
+        const float* dyp = dy + nc * P * Q;
+        const int32_t* ap = argmax + nc * P * Q;
+        const int32_t me = int32_t(ih * p.W + iw);
+        int64_t p0, p1, q0, q1;
+        covering(ih, p.stride, p.padding, p.KH, P, p0, p1);
+        covering(iw, p.stride, p.padding, p.KW, Q, q0, q1);
+        float g = 0.0f;
+        for (int64_t op = p0; op < p1; op++)
+            for (int64_t oq = q0; oq < q1; oq++)
+                if (ap[op * Q + oq] == me) g += dyp[op * Q + oq];
+        dx[i] = g;
+    }
+}
+
+void maxpool2d_forward(const float* x, float* y, int32_t* argmax, const Pool2dParams& p) {
+    const int64_t total = p.N * p.C * p.P() * p.Q();
+    if (total == 0) return;
+    const dim3 grid(blocks_for(total)), block(kBlock);
+    KILN_LAUNCH(maxpool2d_forward_kernel, grid, block, 0)(x, y, argmax, p, p.P(), p.Q());
+    KILN_CHECK_LAUNCH(maxpool2d_forward_kernel, grid, block);
+}
+
+void maxpool2d_backward(const float* dy, const int32_t* argmax, float* dx, const Pool2dParams& p) {
+    const int64_t total = p.N * p.C * p.H * p.W;
+    if (total == 0) return;
+    const dim3 grid(blocks_for(total)), block(kBlock);
+    KILN_LAUNCH(maxpool2d_backward_kernel, grid, block, 0)(dy, argmax, dx, p, p.P(), p.Q());
+    KILN_CHECK_LAUNCH(maxpool2d_backward_kernel, grid, block);
+}
+
+// ---- average -----------------------------------------------------------------------------------
+// y[n,c,p,q] = (Σ over the window of x) / (KH·KW)      (count_include_pad: padding adds 0)
+__global__ void avgpool2d_forward_kernel(const float* x, float* y, Pool2dParams p, int64_t P, int64_t Q) {
+    const int64_t total = p.N * p.C * P * Q;
+    const float inv = 1.0f / float(p.KH * p.KW);
+    for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < total; i += int64_t(gridDim.x) * blockDim.x) {
+        const int64_t nc = i / (P * Q), op = i / Q % P, oq = i % Q;
+        const float* xp = x + nc * p.H * p.W;
+        int64_t h0, h1, w0, w1;
+        window(op, p.stride, p.padding, p.KH, p.H, h0, h1);
+        window(oq, p.stride, p.padding, p.KW, p.W, w0, w1);
+        float s = 0.0f;
+        for (int64_t ih = h0; ih < h1; ih++)
+            for (int64_t iw = w0; iw < w1; iw++) s += xp[ih * p.W + iw];
+        y[i] = s * inv;
+    }
+}
+
+// dx[n,c,ih,iw] = Σ over the windows (p, q) covering it of dy[n,c,p,q] / (KH·KW)
+__global__ void avgpool2d_backward_kernel(const float* dy, float* dx, Pool2dParams p, int64_t P, int64_t Q) {
+    const int64_t S = p.H * p.W, total = p.N * p.C * S;
+    const float inv = 1.0f / float(p.KH * p.KW);
+    for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < total; i += int64_t(gridDim.x) * blockDim.x) {
+        const int64_t nc = i / S, ih = i / p.W % p.H, iw = i % p.W;
+        const float* dyp = dy + nc * P * Q;
+        int64_t p0, p1, q0, q1;
+        covering(ih, p.stride, p.padding, p.KH, P, p0, p1);
+        covering(iw, p.stride, p.padding, p.KW, Q, q0, q1);
+        float g = 0.0f;
+        for (int64_t op = p0; op < p1; op++)
+            for (int64_t oq = q0; oq < q1; oq++) g += dyp[op * Q + oq] * inv;
+        dx[i] = g;
+    }
+}
+
+void avgpool2d_forward(const float* x, float* y, const Pool2dParams& p) {
+    const int64_t total = p.N * p.C * p.P() * p.Q();
+    if (total == 0) return;
+    const dim3 grid(blocks_for(total)), block(kBlock);
+    KILN_LAUNCH(avgpool2d_forward_kernel, grid, block, 0)(x, y, p, p.P(), p.Q());
+    KILN_CHECK_LAUNCH(avgpool2d_forward_kernel, grid, block);
+}
+
+void avgpool2d_backward(const float* dy, float* dx, const Pool2dParams& p) {
+    const int64_t total = p.N * p.C * p.H * p.W;
+    if (total == 0) return;
+    const dim3 grid(blocks_for(total)), block(kBlock);
+    KILN_LAUNCH(avgpool2d_backward_kernel, grid, block, 0)(dy, dx, p, p.P(), p.Q());
+    KILN_CHECK_LAUNCH(avgpool2d_backward_kernel, grid, block);
+}
+
+// ---- global average: [N·C planes of S] → [N·C] ------------------------------------------------------
+// y[plane] = (Σ_s x[plane, s]) / S, the sum in double: block b does planes b, b + gridDim.x, ...
+__global__ void global_avgpool_forward_kernel(const float* x, float* y, int64_t NC, int64_t S) {
+    __shared__ double sh[kBlock];
+    for (int64_t plane = blockIdx.x; plane < NC; plane += gridDim.x) {  // the same count for every thread
+        const float* xp = x + plane * S;
+        double s = 0.0;
+        for (int64_t i = threadIdx.x; i < S; i += blockDim.x) s += xp[i];
+        s = detail::block_reduce(s, sh, detail::SumOp{});
+        if (threadIdx.x == 0) y[plane] = float(s / double(S));
+    }
+}
+
+// dx[plane, s] = dy[plane] / S
+__global__ void global_avgpool_backward_kernel(const float* dy, float* dx, int64_t NC, int64_t S) {
+    const float inv = 1.0f / float(S);
+    for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < NC * S; i += int64_t(gridDim.x) * blockDim.x)
+        dx[i] = dy[i / S] * inv;
+}
+
+void global_avgpool_forward(const float* x, float* y, int64_t NC, int64_t S) {
+    if (NC == 0) return;
+    const dim3 grid(unsigned(std::min<int64_t>(NC, 65535))), block(kBlock);
+    KILN_LAUNCH(global_avgpool_forward_kernel, grid, block, 0)(x, y, NC, S);
+    KILN_CHECK_LAUNCH(global_avgpool_forward_kernel, grid, block);
+}
+
+void global_avgpool_backward(const float* dy, float* dx, int64_t NC, int64_t S) {
+    if (NC * S == 0) return;
+    const dim3 grid(blocks_for(NC * S)), block(kBlock);
+    KILN_LAUNCH(global_avgpool_backward_kernel, grid, block, 0)(dy, dx, NC, S);
+    KILN_CHECK_LAUNCH(global_avgpool_backward_kernel, grid, block);
+}
+
+}  // namespace kiln::cuda
