@@ -106,7 +106,7 @@ double LinearLR::lr_at(int64_t t, double base) const {
 // ---- one cycle ---------------------------------------------------------------------------------
 
 OneCycleLR::OneCycleLR(Optimizer& optimizer, double max_lr, int64_t total_steps, Options options)
-    : LRScheduler(optimizer), max_lr_(max_lr), total_steps_(total_steps), opt_(options) {
+    : LRScheduler(optimizer), total_steps_(total_steps), opt_(options) {
     KILN_CHECK(total_steps > 0, "OneCycleLR: total_steps must be ≥ 1, got ", total_steps,
                " (epochs × batches per epoch)");
     KILN_CHECK(max_lr > 0.0, "OneCycleLR: max_lr must be > 0, got ", max_lr);

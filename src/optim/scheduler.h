@@ -141,7 +141,6 @@ private:
         double end_step;  // the last step of the phase
         double start_lr, end_lr;
     };
-    double max_lr_;
     int64_t total_steps_;
     Options opt_;
     std::vector<Phase> phases_;
