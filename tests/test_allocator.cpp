@@ -2,6 +2,7 @@
 // category, arena reset and overflow, the memory limit and its out-of-memory message.
 #include <catch2/catch.hpp>
 #include <cstdint>
+#include <optional>
 
 #include "core/allocator.h"
 #include "core/tensor.h"
@@ -91,6 +92,23 @@ TEST_CASE("bump allocator: bump, reset, overflow", "[allocator][cpu][lesson01]")
     REQUIRE_THROWS_AS(arena.allocate(5000, Category::Activation), OutOfMemory);
     REQUIRE_THROWS_WITH(arena.allocate(5000, Category::Activation),
                         Catch::Contains("test arena") && Catch::Contains("4.9KiB") && Catch::Contains("4.0KiB"));
+}
+
+TEST_CASE("a tensor may outlive its arena", "[allocator][cpu][lesson01]") {
+    // A trainer's model keeps a failed step's activations after its arena is gone; dropping
+    // them must touch neither the dead arena nor a new one that lives at the same address.
+    std::optional<BumpAllocator> arena;
+    arena.emplace("first arena", Device::CPU, 4096);
+    Tensor survivor;
+    {
+        AllocatorScope scope(*arena);
+        survivor = Tensor::zeros({16}, DType::F32, Device::CPU, Category::Activation);
+    }
+    arena.reset();
+    arena.emplace("second arena", Device::CPU, 4096);  // same address, another allocator
+    survivor = Tensor();
+    REQUIRE(arena->stats().num_frees == 0);
+    REQUIRE(arena->stats().allocated == 0);
 }
 
 TEST_CASE("a memory limit fails with a report of what used the memory", "[allocator][cpu][lesson01]") {

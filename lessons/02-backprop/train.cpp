@@ -35,8 +35,7 @@ int main(int argc, char** argv) try {
     MnistData mnist(flags, device);  // train and test sets and loaders, from --data
 
     // Each step's activations live in an arena that is reset after the step.
-    // Declared before the model, so it outlives it: after an error mid-step (out of memory,
-    // say) the model still holds that step's cached activations, which are arena memory.
+    // Each step's activations and workspaces; reset after every step (see train/loop.cpp).
     BumpAllocator arena("step arena", device, size_t(64) << 20);
 
     // Model: weights drawn from the seed, so a run can be repeated exactly.

@@ -31,8 +31,7 @@ int main(int argc, char** argv) try {
 
     MnistData mnist(flags, device);  // train and test sets and loaders, from --data
 
-    // Declared before the model, so it outlives it: after an error mid-step (out of memory,
-    // say) the model still holds that step's cached activations, which are arena memory.
+    // Each step's activations and workspaces; reset after every step (see train/loop.cpp).
     BumpAllocator arena("step arena", device, size_t(64) << 20);
     Rng rng(flags.seed);
     std::unique_ptr<Sequential> net = lenet(rng);

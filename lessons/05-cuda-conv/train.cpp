@@ -40,8 +40,7 @@ int main(int argc, char** argv) try {
 
     MnistData mnist(flags, device);  // the loaders copy each batch to the device
 
-    // Declared before the model, so it outlives it: after an error mid-step (out of memory,
-    // say) the model still holds that step's cached activations, which are arena memory.
+    // Each step's activations and workspaces; reset after every step (see train/loop.cpp).
     BumpAllocator arena("step arena", device, size_t(64) << 20);  // one step's activations
 
     // Model: drawn on the CPU from the seed (the same weights as lesson 03), then moved.

@@ -41,8 +41,7 @@ int main(int argc, char** argv) try {
 
     CifarData cifar(flags, device);  // crops and flips for training (train/fit.h)
 
-    // Declared before the model, so it outlives it: after an error mid-step (out of memory,
-    // say) the model still holds that step's cached activations, which are arena memory.
+    // Each step's activations and workspaces; reset after every step (see train/loop.cpp).
     BumpAllocator arena("step arena", device, size_t(512) << 20);
     Rng rng(flags.seed);
     std::unique_ptr<Sequential> net = cifar_net(rng, widths, !no_bn);

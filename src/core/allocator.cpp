@@ -31,11 +31,13 @@ struct Registry {
     std::vector<Allocator*> allocators[2];
     std::atomic<int64_t> limit[2] = {0, 0};
     std::atomic<int64_t> reserved[2] = {0, 0};  // by every allocator of the device
+    std::atomic<uint64_t> next_id{1};
     static Registry& get() { static Registry r; return r; }
 };
 }  // namespace
 
-Allocator::Allocator(std::string name, Device device) : name_(std::move(name)), device_(device) {
+Allocator::Allocator(std::string name, Device device)
+    : name_(std::move(name)), device_(device), id_(Registry::get().next_id++) {
     auto& r = Registry::get();
     std::lock_guard<std::mutex> g(r.mu);
     r.allocators[int(device)].push_back(this);
@@ -46,6 +48,15 @@ Allocator::~Allocator() {
     std::lock_guard<std::mutex> g(r.mu);
     auto& v = r.allocators[int(device_)];
     v.erase(std::remove(v.begin(), v.end(), this), v.end());
+}
+
+void Allocator::deallocate_if_alive(Allocator* allocator, uint64_t id, void* ptr) {
+    auto& r = Registry::get();
+    std::lock_guard<std::mutex> g(r.mu);  // so the allocator cannot be destroyed meanwhile
+    // `allocator` may point at a destroyed object: compare the address, never dereference it
+    for (const std::vector<Allocator*>& device_allocators : r.allocators)
+        for (Allocator* a : device_allocators)
+            if (a == allocator && a->id_ == id) return a->deallocate(ptr);
 }
 
 MemoryStats Allocator::stats() const {

@@ -55,10 +55,18 @@ public:
     virtual void* allocate(size_t bytes, Category category) = 0;
     virtual void deallocate(void* ptr) = 0;
 
+    // Storage's way back: deallocate(ptr) if the allocator with this address and id still
+    // exists, nothing if it has been destroyed. An arena may die before a tensor it served (a
+    // trainer's model, still holding a failed step's activations, destroyed after its arena);
+    // its slab is gone with it, so there is nothing left to return. The id tells a destroyed
+    // allocator from a new one that happens to live at the same address.
+    static void deallocate_if_alive(Allocator* allocator, uint64_t id, void* ptr);
+
     MemoryStats stats() const;
     void reset_peak();  // peaks := current values, to measure one phase
     const std::string& name() const { return name_; }
     Device device() const { return device_; }
+    uint64_t id() const { return id_; }  // unique for the life of the program
 
 protected:
     // Book-keeping shared by both allocators (called with mu_ held).
@@ -75,6 +83,7 @@ protected:
 private:
     std::string name_;
     Device device_;
+    uint64_t id_;
 };
 
 class PoolAllocator : public Allocator {

@@ -36,11 +36,11 @@ std::string Shape::str() const {
 
 // ---- Storage -----------------------------------------------------------------------------
 Storage::Storage(size_t n, Device d, Category c)
-    : bytes(n), device(d), category(c), allocator(&current_allocator(d)) {
+    : bytes(n), device(d), category(c), allocator(&current_allocator(d)), allocator_id(allocator->id()) {
     ptr = allocator->allocate(n, c);
 }
 
-Storage::~Storage() { allocator->deallocate(ptr); }
+Storage::~Storage() { Allocator::deallocate_if_alive(allocator, allocator_id, ptr); }
 
 // ---- creation ----------------------------------------------------------------------------
 Tensor Tensor::empty(const Shape& shape, DType dtype, Device device, Category category) {

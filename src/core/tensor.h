@@ -39,13 +39,15 @@ struct Shape {
     std::string str() const;  // "[64, 1, 28, 28]"
 };
 
-// The bytes behind one or more tensors; returned to its allocator when the last one dies.
+// The bytes behind one or more tensors; returned to its allocator when the last one dies
+// (if that allocator still exists: see Allocator::deallocate_if_alive).
 struct Storage {
     void* ptr = nullptr;
     size_t bytes = 0;
     Device device = Device::CPU;
     Category category = Category::Other;
     Allocator* allocator = nullptr;
+    uint64_t allocator_id = 0;
     Storage(size_t bytes, Device device, Category category);
     ~Storage();
     Storage(const Storage&) = delete;
