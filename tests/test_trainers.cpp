@@ -10,8 +10,10 @@
 #include "data/loader.h"
 #include "fixtures.h"
 #include "nn/models.h"
+#include "ops/ops.h"
 #include "optim/optimizer.h"
 #include "optim/scheduler.h"
+#include "train/evaluate.h"
 #include "train/fit.h"
 #include "train/loop.h"
 
@@ -157,4 +159,53 @@ TEST_CASE("fit: --save after each epoch, --resume continues exactly", "[trainer]
     REQUIRE_THROWS_WITH(fit(*other, sgd, train, train,
                             TrainOptions{3, nullptr, false, nullptr, 0.0f, "", dir.path + "/run/last.safetensors"}),
                         Catch::Contains("fc1.weight"));
+}
+
+// 7 random 2×3×4 "images" of 3 classes, to score with and without their mirror images.
+static ImageSet random_images() {
+    ImageSet s;
+    s.n = 7; s.c = 2; s.h = 3; s.w = 4;
+    Rng rng(5);
+    for (int64_t i = 0; i < s.n * s.c * s.h * s.w; i++) s.pixels.push_back(uint8_t(rng.next_u64() % 256));
+    for (int64_t i = 0; i < s.n; i++) s.labels.push_back(int32_t(rng.next_u64() % 3));
+    return s;
+}
+
+TEST_CASE("evaluate_with_mirror: each image's logits plus its mirror image's", "[trainer][cpu][lesson07]") {
+    ImageSet set = random_images();
+    LoaderOptions in_order{3, false, false, 0, {0.5f, 0.4f}, {0.2f, 0.3f}};  // batches of 3, 3, 1
+    LoaderOptions flipped = in_order;
+    flipped.transforms = {std::make_shared<RandomHorizontalFlip>(1.0f)};
+    DataLoader loader(set, in_order), mirrored(set, flipped);
+    Rng rng(2);
+    Sequential model("probe");
+    model.emplace<Flatten>();
+    model.emplace<Linear>(24, 3, rng);
+
+    // by hand: flip each batch along W, add the two views' logits, count the argmax hits
+    int64_t plain = 0, averaged = 0;
+    loader.start_epoch(0);
+    mirrored.start_epoch(0);
+    Batch b, m;
+    while (loader.next(b) && mirrored.next(m)) {
+        Tensor flip = b.x.clone();  // [N, 2, 3, 4]
+        const float* x = b.x.data<float>();
+        float* f = flip.data<float>();
+        for (int64_t row = 0; row < b.x.numel() / 4; row++)
+            for (int64_t col = 0; col < 4; col++) f[row * 4 + col] = x[row * 4 + 3 - col];
+        test::require_identical(m.x, flip);  // the mirrored loader delivers exactly these
+        Tensor logits = model.forward(b.x);
+        plain += count_correct(logits, b.y);
+        averaged += count_correct(add(logits, model.forward(flip)), b.y);
+    }
+    MirrorAccuracy acc = evaluate_with_mirror(model, loader, mirrored);
+    REQUIRE(acc.plain == double(plain) / 7);
+    REQUIRE(acc.averaged == double(averaged) / 7);
+    REQUIRE(acc.plain == evaluate(model, loader));
+
+    LoaderOptions other_batches = flipped;
+    other_batches.batch_size = 2;
+    DataLoader wrong(set, other_batches);
+    REQUIRE_THROWS_WITH(evaluate_with_mirror(model, loader, wrong),
+                        Catch::Contains("mirrored loader has 4 batches") && Catch::Contains("3"));
 }

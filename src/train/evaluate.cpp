@@ -30,4 +30,25 @@ double evaluate(Module& model, DataLoader& loader) {
     return seen ? double(correct) / double(seen) : 0.0;
 }
 
+MirrorAccuracy evaluate_with_mirror(Module& model, DataLoader& loader, DataLoader& mirrored) {
+    KILN_CHECK(loader.num_batches() == mirrored.num_batches(), "evaluate_with_mirror: the mirrored loader has ",
+               mirrored.num_batches(), " batches, the loader ", loader.num_batches(),
+               "; build both from the same set with the same batch size");
+    bool was_training = model.training();
+    model.eval();
+    loader.start_epoch(0);
+    mirrored.start_epoch(0);
+    int64_t plain = 0, averaged = 0, seen = 0;
+    Batch b, m;
+    while (loader.next(b) && mirrored.next(m)) {
+        Tensor logits = model.forward(b.x);                        // [N, 10]
+        plain += count_correct(logits, b.y);
+        averaged += count_correct(add(logits, model.forward(m.x)), b.y);
+        seen += b.size();
+    }
+    model.train(was_training);
+    if (seen == 0) return {0.0, 0.0};
+    return {double(plain) / double(seen), double(averaged) / double(seen)};
+}
+
 }  // namespace kiln

@@ -12,4 +12,16 @@ int64_t count_correct(const Tensor& logits, const Tensor& labels);
 // restored after). The loader runs one epoch in its order.
 double evaluate(Module& model, DataLoader& loader);
 
+// Test-time augmentation with mirror images. `mirrored` delivers the same images as `loader`,
+// in the same order, each flipped left to right (a RandomHorizontalFlip(1.0) transform). An
+// image's prediction is then the class with the largest sum of logits over the two views:
+//   pred = argmax_c ( f(x)_c + f(flip(x))_c )
+// The network was trained on random flips, so both views are images it knows; averaging them
+// cancels part of each one's error. Returns both accuracies from one pass over the data.
+struct MirrorAccuracy {
+    double plain;     // f(x) alone: what evaluate() returns
+    double averaged;  // f(x) + f(flip(x))
+};
+MirrorAccuracy evaluate_with_mirror(Module& model, DataLoader& loader, DataLoader& mirrored);
+
 }  // namespace kiln

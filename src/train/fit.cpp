@@ -36,18 +36,33 @@ void save_epoch(const std::string& save_dir, TrainingRun& run, int epochs_done) 
     std::printf("saved %s\n", path.c_str());
 }
 
+// The test accuracy after an epoch, printed with the lr the epoch started with. With
+// opt.test_mirrored the mirror-averaged accuracy (evaluate_with_mirror) is printed too, and is
+// the one returned.
+double test_epoch(Module& model, DataLoader& test, const TrainOptions& opt, int epoch, float lr) {
+    if (!opt.test_mirrored) {
+        double acc = evaluate(model, test);
+        std::printf("epoch %d: test accuracy %.2f%% (lr %.4g)\n", epoch + 1, 100 * acc, lr);
+        return acc;
+    }
+    MirrorAccuracy acc = evaluate_with_mirror(model, test, *opt.test_mirrored);
+    std::printf("epoch %d: test accuracy %.2f%%, with mirror images %.2f%% (lr %.4g)\n", epoch + 1,
+                100 * acc.plain, 100 * acc.averaged, lr);
+    return acc.averaged;
+}
+
 }  // namespace
 
 double fit(Module& model, Optimizer& optimizer, DataLoader& train, DataLoader& test, const TrainOptions& opt) {
     TrainingRun run{model, optimizer, opt.scheduler, &train};
     const int first = opt.resume.empty() ? 0 : resume_from(opt.resume, run);
-    double test_acc = first < opt.epochs ? 0.0 : evaluate(model, test);  // a finished run: its accuracy
+    // a finished run: its accuracy
+    double test_acc = first < opt.epochs ? 0.0 : test_epoch(model, test, opt, first - 1, optimizer.lr());
     for (int epoch = first; epoch < opt.epochs; epoch++) {
         const float lr = optimizer.lr();  // the lr this epoch starts with
         train_epoch(model, optimizer, train, epoch, opt);
         if (opt.scheduler && !opt.per_batch) opt.scheduler->step();
-        test_acc = evaluate(model, test);
-        std::printf("epoch %d: test accuracy %.2f%% (lr %.4g)\n", epoch + 1, 100 * test_acc, lr);
+        test_acc = test_epoch(model, test, opt, epoch, lr);
         if (!opt.save_dir.empty()) save_epoch(opt.save_dir, run, epoch + 1);
         std::fflush(stdout);
     }
@@ -95,10 +110,17 @@ static LoaderOptions cifar_loader_options(const CommonFlags& flags, Device devic
     return o;
 }
 
+// The same loader, every image flipped left to right (p = 1).
+static LoaderOptions mirrored(LoaderOptions o) {
+    o.transforms = {std::make_shared<RandomHorizontalFlip>(1.0f)};
+    return o;
+}
+
 CifarData::CifarData(const CommonFlags& flags, Device device)
     : train_set(take_spread(load_cifar10(flags.data, true), flags.limit)),
       test_set(load_cifar10(flags.data, false)),
       train(train_set, cifar_loader_options(flags, device, true)),
-      test(test_set, cifar_loader_options(flags, device, false)) {}
+      test(test_set, cifar_loader_options(flags, device, false)),
+      test_mirrored(test_set, mirrored(cifar_loader_options(flags, device, false))) {}
 
 }  // namespace kiln

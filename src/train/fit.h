@@ -54,11 +54,12 @@ struct MnistData {
 // What a CIFAR-10 trainer reads, likewise (--data, --limit, --batch-size, --seed): pixels
 // normalized with the training set's per-channel mean and std; the training batches shuffled,
 // full batches only, with random crops (padding 4) and horizontal flips; the test set in order,
-// 500 at a time, not augmented.
+// 500 at a time, not augmented; test_mirrored: the test set again, each image flipped left
+// to right (for TrainOptions::test_mirrored).
 struct CifarData {
     CifarData(const CommonFlags& flags, Device device);
     ImageSet train_set, test_set;
-    DataLoader train, test;
+    DataLoader train, test, test_mirrored;
 };
 
 }  // namespace kiln

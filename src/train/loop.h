@@ -34,6 +34,7 @@ struct TrainOptions {
     float clip_norm = 0.0f;            // > 0: clip the gradients' global norm to it each step
     std::string save_dir;              // fit: a checkpoint after every epoch, save_dir/last.safetensors
     std::string resume;                // fit: continue from this checkpoint (train/checkpoint.h)
+    DataLoader* test_mirrored = nullptr;  // fit: the test set flipped; also score with mirrors (evaluate.h)
 };
 
 // Trains one epoch (epoch counts from 0, of opt.epochs) with a progress bar. Throws kiln::Error
