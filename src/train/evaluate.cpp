@@ -16,39 +16,37 @@ int64_t count_correct(const Tensor& logits, const Tensor& labels) {
     return correct;
 }
 
-double evaluate(Module& model, DataLoader& loader) {
-    bool was_training = model.training();
-    model.eval();
-    loader.start_epoch(0);
-    int64_t correct = 0, seen = 0;
-    Batch b;
-    while (loader.next(b)) {
-        correct += count_correct(model.forward(b.x), b.y);
-        seen += b.size();
-    }
-    model.train(was_training);
-    return seen ? double(correct) / double(seen) : 0.0;
-}
+namespace {
 
-MirrorAccuracy evaluate_with_mirror(Module& model, DataLoader& loader, DataLoader& mirrored) {
-    KILN_CHECK(loader.num_batches() == mirrored.num_batches(), "evaluate_with_mirror: the mirrored loader has ",
-               mirrored.num_batches(), " batches, the loader ", loader.num_batches(),
-               "; build both from the same set with the same batch size");
+// One epoch of `loader` through the model in evaluation mode (restored after), and of
+// `mirrored` in step with it if given: the correct counts of f(x) and of f(x) + f(flip(x)).
+MirrorAccuracy score(Module& model, DataLoader& loader, DataLoader* mirrored) {
     bool was_training = model.training();
     model.eval();
     loader.start_epoch(0);
-    mirrored.start_epoch(0);
+    if (mirrored) mirrored->start_epoch(0);
     int64_t plain = 0, averaged = 0, seen = 0;
     Batch b, m;
-    while (loader.next(b) && mirrored.next(m)) {
-        Tensor logits = model.forward(b.x);                        // [N, 10]
+    while (loader.next(b) && (!mirrored || mirrored->next(m))) {
+        Tensor logits = model.forward(b.x);  // [N, classes]
         plain += count_correct(logits, b.y);
-        averaged += count_correct(add(logits, model.forward(m.x)), b.y);
+        if (mirrored) averaged += count_correct(add(logits, model.forward(m.x)), b.y);
         seen += b.size();
     }
     model.train(was_training);
     if (seen == 0) return {0.0, 0.0};
     return {double(plain) / double(seen), double(averaged) / double(seen)};
+}
+
+}  // namespace
+
+double evaluate(Module& model, DataLoader& loader) { return score(model, loader, nullptr).plain; }
+
+MirrorAccuracy evaluate_with_mirror(Module& model, DataLoader& loader, DataLoader& mirrored) {
+    KILN_CHECK(loader.num_batches() == mirrored.num_batches(), "evaluate_with_mirror: the mirrored loader has ",
+               mirrored.num_batches(), " batches, the loader ", loader.num_batches(),
+               "; build both from the same set with the same batch size");
+    return score(model, loader, &mirrored);
 }
 
 }  // namespace kiln
