@@ -268,7 +268,7 @@ TEST_CASE("a model loads from its checkpoint; another model's is refused by name
 TEST_CASE("batch norm's running statistics are saved with the model", "[checkpoint][cpu]") {
     Rng rng(3);
     auto net = cifar_net(rng, {4, 4, 4});
-    auto buffers = net->buffers();
+    auto buffers = net->named_buffers();
     REQUIRE_FALSE(buffers.empty());
     StateDict s;
     save_model(s, *net);

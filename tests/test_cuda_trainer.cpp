@@ -26,6 +26,7 @@
 #include "ops/ops.h"
 #include "optim/optimizer.h"
 #include "train/evaluate.h"
+#include "train/loop.h"
 
 using namespace kiln;
 
@@ -45,15 +46,12 @@ std::vector<float> first_losses(Device device, int steps,
     model->to(device);
     SGD sgd(model->parameters(), 0.05f, {0.9f, 0.0f, 0.0f, false});
     DataLoader loader(mnist_train(), {64, true, false, 1, {0.1307f}, {0.3081f}, device});
-    CrossEntropyLoss criterion;
+    BumpAllocator arena("test arena", device, size_t(64) << 20);
     std::vector<float> losses;
     Batch b;
     for (int i = 0; i < steps && loader.next(b); i++) {
         REQUIRE(b.x.device() == device);
-        sgd.zero_grad();
-        losses.push_back(criterion.forward(model->forward(b.x), b.y));
-        model->backward(criterion.backward());
-        sgd.step();
+        losses.push_back(train_step(*model, sgd, b.x, b.y, StepOptions{&arena, 0.0f}).loss);
     }
     return losses;
 }

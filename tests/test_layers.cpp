@@ -63,16 +63,22 @@ TEST_CASE("gradients of Linear, ReLU, Flatten and an MLP match finite difference
 }
 
 TEST_CASE("gradients accumulate until zero_grad", "[layers][cpu][lesson02]") {
+    // Two backward passes of different inputs: dW = dyᵀ·x1 + dyᵀ·x2 only if the second adds to
+    // the first (a backward that overwrote dW would leave dyᵀ·x2); db = Σ dy twice.
     Rng rng(1);
     Linear fc(3, 2, rng, true, "fc");
-    Tensor x = Tensor::ones({1, 3}), dy = Tensor::ones({1, 2});
-    fc.forward(x);
+    Tensor x1 = Tensor::ones({1, 3}), x2 = Tensor::full({1, 3}, 2.0), dy = Tensor::ones({1, 2});
+    fc.forward(x1);
     fc.backward(dy);
-    fc.forward(x);
+    fc.forward(x2);
     fc.backward(dy);
-    REQUIRE(fc.bias.grad.get({0}) == 2);
+    for (int64_t o = 0; o < 2; o++) {
+        REQUIRE(fc.bias.grad.get({o}) == 2);
+        for (int64_t i = 0; i < 3; i++) REQUIRE(fc.weight.grad.get({o, i}) == 3);  // 1·1 + 1·2
+    }
     fc.zero_grad();
     REQUIRE(fc.bias.grad.get({0}) == 0);
+    REQUIRE(fc.weight.grad.get({1, 2}) == 0);
 }
 
 TEST_CASE("models name their parameters and count them", "[layers][cpu][lesson02]") {

@@ -142,8 +142,8 @@ TEST_CASE("Residual: identity and projection shortcuts", "[layers][cpu][lesson06
         auto shortcut = std::make_unique<Conv2d>(2, 4, 1, rng, ConvOptions{2, 0, 1, 1, false}, "proj");
         Residual res(std::move(f), std::move(shortcut));
         CHECK(res.parameters().size() == 4);  // conv.weight, bn.weight, bn.bias, proj.weight
-        CHECK(res.parameters()[3]->name == "proj.weight");
-        CHECK(res.buffers().size() == 2);     // bn's running statistics
+        CHECK(res.parameters()[3]->name == "shortcut.weight");
+        CHECK(res.named_buffers().size() == 2);    // bn's running statistics
         Tensor x = Tensor::normal({3, 2, 6, 5}, 0.0f, 1.0f, rng);
         check_module_gradients(res, x, 2);
 

@@ -71,14 +71,14 @@ TEST_CASE("BatchNorm1d train and eval on a [4, 2] batch computed by hand", "[bat
         }
         CHECK(bn.running_mean.data<float>()[0] == Approx(0.4).epsilon(1e-6));
     }
-    SECTION("buffers() names the running statistics") {
-        auto b = bn.buffers();
+    SECTION("named_buffers() names the running statistics") {
+        auto b = bn.named_buffers();
         REQUIRE(b.size() == 2);
-        CHECK(b[0].first == "bn.running_mean");
-        CHECK(b[1].first == "bn.running_var");
+        CHECK(b[0].first == "running_mean");
+        CHECK(b[1].first == "running_var");
         CHECK(b[0].second == &bn.running_mean);
         CHECK(bn.parameters().size() == 2);
-        CHECK(bn.parameters()[0]->name == "bn.weight");
+        CHECK(bn.parameters()[0]->name == "weight");
     }
 }
 

@@ -285,14 +285,12 @@ TEST_CASE("decay_groups puts weights in the decayed group, biases and batch norm
     }
 
     // A model whose every parameter is a matrix gets one group: empty groups are left out.
-    Parameter w{"w", Tensor::ones({2, 2}), Tensor::zeros({2, 2})};
     struct OneMatrix : Module {
-        Parameter* w;
-        explicit OneMatrix(Parameter* p) : Module("one"), w(p) {}
+        Parameter w;
+        OneMatrix() : Module("one") { add_parameter("w", w, Tensor::ones({2, 2})); }
         Tensor forward(const Tensor& x) override { return x; }
         Tensor backward(const Tensor& dy) override { return dy; }
-        std::vector<Parameter*> parameters() override { return {w}; }
-    } one(&w);
+    } one;
     groups = decay_groups(one, 0.1f, 1e-4f);
     REQUIRE(groups.size() == 1);
     REQUIRE(groups[0].weight_decay == 1e-4f);
@@ -338,13 +336,14 @@ TEST_CASE("clip_grad_norm scales every gradient by max_norm / total", "[optim][c
     REQUIRE(clip_grad_norm({&a, &b}, 10.0f) == 5.0f);
     REQUIRE(bitwise_equal(a.grad, vec({3, 0, 0})));
     REQUIRE(bitwise_equal(b.grad, vec({0, 4})));
-    // A NaN or an inf gradient: an error naming the parameter, and no gradient is changed.
+    // A NaN or an inf gradient: the total says so, and no gradient is changed (the caller decides).
     set_grads();
     b.grad.set({1}, std::numeric_limits<double>::quiet_NaN());
-    REQUIRE_THROWS_WITH(clip_grad_norm({&a, &b}, 1.0f), Catch::Contains("'b'") && Catch::Contains("not finite"));
+    REQUIRE(std::isnan(clip_grad_norm({&a, &b}, 1.0f)));
     REQUIRE(bitwise_equal(a.grad, vec({3, 0, 0})));
     b.grad.set({1}, std::numeric_limits<double>::infinity());
-    REQUIRE_THROWS_WITH(clip_grad_norm({&a, &b}, 1.0f), Catch::Contains("'b'"));
+    REQUIRE(std::isinf(clip_grad_norm({&a, &b}, 1.0f)));
+    REQUIRE(bitwise_equal(a.grad, vec({3, 0, 0})));
     REQUIRE_THROWS_WITH(clip_grad_norm({&a}, 0.0f), Catch::Contains("max_norm must be > 0"));
 }
 

@@ -4,6 +4,7 @@
 // The pinned values were produced by this code; a change that alters them changes what every
 // learner sees, so it must be deliberate (update the numbers and say why in the commit).
 #include <catch2/catch.hpp>
+#include <limits>
 #include <vector>
 
 #include "data/idx.h"
@@ -24,17 +25,17 @@ static const ImageSet& mnist_train() {
     return set;
 }
 
-// The first `steps` losses of a model trained as the lesson's trainer does (batch 64, seed 1).
+// The first `steps` losses of a model trained as the lesson's trainer does (batch 64, seed 1):
+// train_step, with an arena, as train_epoch runs it.
 static std::vector<float> first_losses(Module& model, Optimizer& opt, int steps) {
     DataLoader loader(mnist_train(), {64, true, false, 1, {0.1307f}, {0.3081f}, Device::CPU});
-    CrossEntropyLoss criterion;
+    BumpAllocator arena("test arena", Device::CPU, size_t(64) << 20);
     std::vector<float> losses;
     Batch b;
     for (int i = 0; i < steps && loader.next(b); i++) {
-        opt.zero_grad();
-        losses.push_back(criterion.forward(model.forward(b.x), b.y));
-        model.backward(criterion.backward());
-        opt.step();
+        const StepResult r = train_step(model, opt, b.x, b.y, StepOptions{&arena, 0.0f});
+        REQUIRE(r.stepped);
+        losses.push_back(r.loss);
     }
     return losses;
 }
@@ -90,14 +91,9 @@ TEST_CASE("lesson 06: the CIFAR net's first losses, with and without batch norm"
         Rng rng(1);
         auto model = cifar_net(rng, {32, 64, 128}, batch_norm);
         SGD sgd(model->parameters(), 0.05f, {0.9f, 0, 5e-4f, true});
-        CrossEntropyLoss criterion;
+        BumpAllocator arena("test arena", Device::CPU, size_t(256) << 20);
         std::vector<float> losses;
-        for (int step = 0; step < 5; step++) {
-            sgd.zero_grad();
-            losses.push_back(criterion.forward(model->forward(x), y));
-            model->backward(criterion.backward());
-            sgd.step();
-        }
+        for (int step = 0; step < 5; step++) losses.push_back(train_step(*model, sgd, x, y, {&arena, 0.0f}).loss);
         return losses;
     };
     std::vector<float> bn = losses_of(true), plain = losses_of(false);
@@ -121,6 +117,47 @@ TEST_CASE("lesson 02: a short run's loss falls", "[trainer][cpu][lesson02]") {
     EpochResult third = train_epoch(*model, sgd, loader, 2, opt);
     REQUIRE(third.loss < 0.6f * first.loss);
     REQUIRE(third.accuracy > 0.9);
+}
+
+TEST_CASE("train_step reports a non-finite loss or gradient and skips the update", "[trainer][cpu][lesson07]") {
+    Rng rng(1);
+    auto model = mlp(rng, 8, 4);
+    SGD sgd(model->parameters(), 0.1f);
+    Tensor x = Tensor::ones({2, 1, 28, 28}), y = Tensor::zeros({2}, DType::I32);
+    const Tensor w = model->parameters()[0]->value.clone();
+    SECTION("a NaN input: the loss is NaN") {
+        x.set({0, 0, 0, 0}, std::numeric_limits<double>::quiet_NaN());
+        const StepResult r = train_step(*model, sgd, x, y, {nullptr, 1.0f});
+        REQUIRE(!r.loss_finite);
+        REQUIRE(!r.stepped);
+        test::require_identical(model->parameters()[0]->value, w);  // not updated
+    }
+    SECTION("an infinite gradient: clipping's norm says so, the loss is finite") {
+        model->module_at("fc3").register_backward_hook([](Module& fc3, const Tensor&, Tensor&) {
+            static_cast<Linear&>(fc3).weight.grad.set({0, 0}, std::numeric_limits<double>::infinity());
+        });
+        const StepResult r = train_step(*model, sgd, x, y, {nullptr, 1.0f});
+        REQUIRE(r.loss_finite);
+        REQUIRE(!r.grads_finite);
+        REQUIRE(!r.stepped);
+        test::require_identical(model->parameters()[0]->value, w);
+    }
+    SECTION("finite: one update") {
+        const StepResult r = train_step(*model, sgd, x, y, {nullptr, 1.0f});
+        REQUIRE(r.finite());
+        REQUIRE(r.stepped);
+        REQUIRE(r.grad_norm > 0.0f);
+        REQUIRE(sgd.steps() == 1);
+    }
+    SECTION("the training loop stops, naming the epoch and the step") {
+        ImageSet set = take_spread(mnist_train(), 64);
+        DataLoader loader(set, {64, true, false, 1, {0.1307f}, {0.3081f}, Device::CPU});
+        SGD wild(model->parameters(), 1e30f);  // the first update sends the weights to inf
+        TrainOptions opt{1, nullptr, false, nullptr, 0.0f, "", ""};
+        train_epoch(*model, wild, loader, 0, opt);
+        REQUIRE_THROWS_WITH(train_epoch(*model, wild, loader, 0, opt),
+                            Catch::Contains("epoch 1, step 1") && Catch::Contains("loss"));
+    }
 }
 
 // What --save and --resume do in every trainer (train/fit.h): a run stopped after epoch 2 of 3

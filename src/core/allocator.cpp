@@ -334,6 +334,29 @@ AllocatorScope::AllocatorScope(Allocator& a) : previous_(t_current[int(a.device(
 
 AllocatorScope::~AllocatorScope() { t_current[int(device_)] = previous_; }
 
+// ---- the allocation context and its observer -----------------------------------------------
+const char* phase_name(Phase p) {
+    static const char* names[] = {"other", "forward", "backward", "optimizer", "data"};
+    return names[int(p)];
+}
+
+static thread_local AllocationContext t_context;
+static AllocationObserver g_observer;  // empty: no observer
+
+AllocationContext current_context() { return t_context; }
+
+ContextScope::ContextScope(const Module* module, Phase phase) : previous_(t_context) { t_context = {module, phase}; }
+
+ContextScope::ContextScope(Phase phase) : previous_(t_context) { t_context.phase = phase; }
+
+ContextScope::~ContextScope() { t_context = previous_; }
+
+void set_allocation_observer(AllocationObserver observer) { g_observer = std::move(observer); }
+
+void notify_allocation(const void* ptr, int64_t bytes, Category category, Device device, bool freed) {
+    if (g_observer) g_observer(AllocationEvent{ptr, bytes, category, device, freed, t_context});
+}
+
 // ---- text --------------------------------------------------------------------------------
 int64_t parse_bytes(const std::string& text) {
     char* end = nullptr;

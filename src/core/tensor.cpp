@@ -38,9 +38,13 @@ std::string Shape::str() const {
 Storage::Storage(size_t n, Device d, Category c)
     : bytes(n), device(d), category(c), allocator(&current_allocator(d)), allocator_id(allocator->id()) {
     ptr = allocator->allocate(n, c);
+    notify_allocation(ptr, int64_t(n), c, d, false);
 }
 
-Storage::~Storage() { Allocator::deallocate_if_alive(allocator, allocator_id, ptr); }
+Storage::~Storage() {
+    notify_allocation(ptr, int64_t(bytes), category, device, true);
+    Allocator::deallocate_if_alive(allocator, allocator_id, ptr);
+}
 
 // ---- creation ----------------------------------------------------------------------------
 Tensor Tensor::empty(const Shape& shape, DType dtype, Device device, Category category) {

@@ -25,11 +25,10 @@ Conv2d::Conv2d(int64_t in, int64_t out, int64_t kh, int64_t kw, Rng& rng, ConvOp
                " must divide both in_channels=", in, " and out_channels=", out);
     const int64_t fan_in = in / opt.groups * kh * kw;
     const float bound = 1.0f / std::sqrt(float(fan_in));
-    weight = make_parameter(this->name() + ".weight", Tensor::uniform({out, in / opt.groups, kh, kw}, -bound, bound,
-                                                                      rng, Device::CPU, Category::Parameter));
+    add_parameter("weight", weight,
+                  Tensor::uniform({out, in / opt.groups, kh, kw}, -bound, bound, rng, Device::CPU, Category::Parameter));
     if (opt.bias)
-        bias = make_parameter(this->name() + ".bias",
-                              Tensor::uniform({out}, -bound, bound, rng, Device::CPU, Category::Parameter));
+        add_parameter("bias", bias, Tensor::uniform({out}, -bound, bound, rng, Device::CPU, Category::Parameter));
 }
 
 Shape Conv2d::output_shape(const Shape& in) const {
@@ -127,11 +126,6 @@ Tensor Conv2d::backward(const Tensor& dy) {
         dy.data<float>(), weight.value.data<float>(), dx.data<float>(), p, ptr_or_null(col), images);
     x_ = Tensor();  // the cache is spent
     return dx;
-}
-
-std::vector<Parameter*> Conv2d::parameters() {
-    if (bias.value.defined()) return {&weight, &bias};
-    return {&weight};
 }
 
 }  // namespace kiln

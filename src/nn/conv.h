@@ -39,9 +39,8 @@ public:
            std::string name = "conv");
     Tensor forward(const Tensor& x) override;
     Tensor backward(const Tensor& dy) override;
-    std::vector<Parameter*> parameters() override;
 
-    Parameter weight, bias;  // bias undefined when built without one
+    Parameter weight, bias;  // "weight", "bias"; bias undefined when built without one
     int64_t in_channels, out_channels, kernel_h, kernel_w;
     ConvOptions options;
     int64_t workspace_limit = kDefaultConvWorkspace;  // bytes of im2col columns at once

@@ -12,11 +12,9 @@ Linear::Linear(int64_t in, int64_t out, Rng& rng, bool has_bias, std::string nam
     : Module(std::move(name)), in_features(in), out_features(out) {
     KILN_CHECK(in > 0 && out > 0, "Linear(", in, ", ", out, "): sizes must be positive");
     float bound = 1.0f / std::sqrt(float(in));
-    weight = make_parameter(this->name() + ".weight",
-                            Tensor::uniform({out, in}, -bound, bound, rng, Device::CPU, Category::Parameter));
+    add_parameter("weight", weight, Tensor::uniform({out, in}, -bound, bound, rng, Device::CPU, Category::Parameter));
     if (has_bias)
-        bias = make_parameter(this->name() + ".bias",
-                              Tensor::uniform({out}, -bound, bound, rng, Device::CPU, Category::Parameter));
+        add_parameter("bias", bias, Tensor::uniform({out}, -bound, bound, rng, Device::CPU, Category::Parameter));
 }
 
 Tensor Linear::forward(const Tensor& x) {
@@ -37,11 +35,6 @@ Tensor Linear::backward(const Tensor& dy) {
     return matmul(dy, weight.value);                                 // dx = dy · W  [N, out] · [out, in]
 }
 
-std::vector<Parameter*> Linear::parameters() {
-    if (bias.value.defined()) return {&weight, &bias};
-    return {&weight};
-}
-
 // ---- ReLU ----------------------------------------------------------------------------------
 Tensor ReLU::forward(const Tensor& x) {
     Tensor y = relu(x);
@@ -51,9 +44,10 @@ Tensor ReLU::forward(const Tensor& x) {
 
 Tensor ReLU::backward(const Tensor& dy) {
     KILN_CHECK(y_.defined(), name(), ": backward without a training-mode forward");
-    Tensor dx = relu_backward(y_, dy);
+    Tensor y = y_;
     y_ = Tensor();
-    return dx;
+    if (!dy.defined()) return Tensor();  // no one needs dx (input_needs_grad below us is false)
+    return relu_backward(y, dy);
 }
 
 // ---- Flatten -------------------------------------------------------------------------------
@@ -63,39 +57,26 @@ Tensor Flatten::forward(const Tensor& x) {
     return x.reshape({x.size(0), -1});
 }
 
-Tensor Flatten::backward(const Tensor& dy) { return dy.reshape(in_shape_); }
+// An undefined dy (no one needs dx: input_needs_grad below us is false) gives an undefined dx.
+Tensor Flatten::backward(const Tensor& dy) { return dy.defined() ? dy.reshape(in_shape_) : Tensor(); }
 
 // ---- Sequential ----------------------------------------------------------------------------
 Tensor Sequential::forward(const Tensor& x) {
     Tensor h = x;
-    for (auto& m : children_) h = m->forward(h);
+    for (const Child& c : children()) h = c.module->call(h);
     return h;
 }
 
 Tensor Sequential::backward(const Tensor& dy) {
-    if (!children_.empty()) children_.front()->input_needs_grad = input_needs_grad;  // our input is its input
+    // Child i needs dL/d(its input) if our input needs it or a child before it has parameters.
+    bool needed = input_needs_grad;
+    for (const Child& c : children()) {
+        c.module->input_needs_grad = needed;
+        needed = needed || c.module->has_parameters();
+    }
     Tensor g = dy;
-    for (auto it = children_.rbegin(); it != children_.rend(); ++it) g = (*it)->backward(g);
+    for (auto it = children().rbegin(); it != children().rend(); ++it) g = it->module->call_backward(g);
     return g;
-}
-
-std::vector<Parameter*> Sequential::parameters() {
-    std::vector<Parameter*> all;
-    for (auto& m : children_)
-        for (Parameter* p : m->parameters()) all.push_back(p);
-    return all;
-}
-
-std::vector<std::pair<std::string, Tensor*>> Sequential::buffers() {
-    std::vector<std::pair<std::string, Tensor*>> all;
-    for (auto& m : children_)
-        for (auto& b : m->buffers()) all.push_back(b);
-    return all;
-}
-
-void Sequential::train(bool on) {
-    Module::train(on);
-    for (auto& m : children_) m->train(on);
 }
 
 // ---- CrossEntropyLoss ----------------------------------------------------------------------

@@ -1,6 +1,7 @@
 // layers.h — the layers of chapters 01–02: Linear, ReLU, Flatten, and the Sequential container.
 #pragma once
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "core/rng.h"
@@ -16,16 +17,15 @@ public:
     Linear(int64_t in, int64_t out, Rng& rng, bool bias = true, std::string name = "linear");
     Tensor forward(const Tensor& x) override;
     Tensor backward(const Tensor& dy) override;
-    std::vector<Parameter*> parameters() override;
 
-    Parameter weight, bias;  // bias undefined when built without one
+    Parameter weight, bias;  // "weight", "bias"; bias undefined when built without one
     int64_t in_features, out_features;
 
 private:
     Tensor x_;  // the input, kept for dW
 };
 
-// y = max(x, 0);  dx = dy · [y > 0]
+// y = max(x, 0);  dx = dy · [y > 0]   (an undefined dy, when no one needs dx, gives an undefined dx)
 class ReLU : public Module {
 public:
     explicit ReLU(std::string name = "relu") : Module(std::move(name)) {}
@@ -36,7 +36,8 @@ private:
     Tensor y_;  // the output: its sign is all backward needs
 };
 
-// [N, C, H, W] -> [N, C·H·W]: a view, no copy; backward reshapes dy back.
+// [N, C, H, W] -> [N, C·H·W]: a view, no copy; backward reshapes dy back (an undefined dy, when
+// no one needs dx, gives an undefined dx).
 class Flatten : public Module {
 public:
     explicit Flatten(std::string name = "flatten") : Module(std::move(name)) {}
@@ -47,30 +48,26 @@ private:
     Shape in_shape_;
 };
 
-// Runs its children in order; backward runs them in reverse (and tells the first child whether
-// dL/dx is wanted: its own input_needs_grad). Names children "<i>.<name>"
-// unless they were given a name.
+// Runs its children in order through call(); backward runs them in reverse through
+// call_backward(). Children are named "0", "1", ... by position, unless added with a name:
+//   seq.emplace<ReLU>();                                      // "1" if it is the second
+//   seq.add("fc1", std::make_unique<Linear>(784, 512, rng));  // "fc1"
+// Its input_needs_grad goes to the leading children without parameters and the first one with
+// (an MLP's Flatten and its first Linear, which then skips a dx no one reads).
 class Sequential : public Module {
 public:
     explicit Sequential(std::string name = "sequential") : Module(std::move(name)) {}
-    template <typename M> M& add(std::unique_ptr<M> m) {
-        M& ref = *m;
-        children_.push_back(std::move(m));
-        return ref;
+    template <typename M> M& add(std::string name, std::unique_ptr<M> m) {
+        return static_cast<M&>(add_child(std::move(name), std::move(m)));
     }
+    template <typename M> M& add(std::unique_ptr<M> m) { return add(std::to_string(size()), std::move(m)); }
     template <typename M, typename... Args> M& emplace(Args&&... args) {
         return add(std::make_unique<M>(std::forward<Args>(args)...));
     }
     Tensor forward(const Tensor& x) override;
     Tensor backward(const Tensor& dy) override;
-    std::vector<Parameter*> parameters() override;
-    std::vector<std::pair<std::string, Tensor*>> buffers() override;
-    void train(bool on = true) override;
-    size_t size() const { return children_.size(); }
-    Module& operator[](size_t i) { return *children_[i]; }
-
-private:
-    std::vector<std::unique_ptr<Module>> children_;
+    size_t size() const { return children().size(); }
+    Module& operator[](size_t i) { return child(i); }
 };
 
 // Softmax cross-entropy, averaged over the batch.

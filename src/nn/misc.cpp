@@ -70,43 +70,27 @@ Tensor GELU::backward(const Tensor& dy) {
 
 // ---- Residual ------------------------------------------------------------------------------------
 Residual::Residual(std::unique_ptr<Module> f, std::unique_ptr<Module> shortcut, std::string name)
-    : Module(std::move(name)), f_(std::move(f)), shortcut_(std::move(shortcut)) {
-    KILN_CHECK(f_ != nullptr, this->name(), ": the residual body f must not be null");
+    : Module(std::move(name)) {
+    KILN_CHECK(f != nullptr, this->name(), ": the residual body f must not be null");
+    add_child("body", std::move(f));
+    if (shortcut) add_child("shortcut", std::move(shortcut));
 }
 
 Tensor Residual::forward(const Tensor& x) {
-    Tensor fx = f_->forward(x);
-    Tensor sx = shortcut_ ? shortcut_->forward(x) : x;
+    Module* s = shortcut();
+    Tensor fx = body().call(x);
+    Tensor sx = s ? s->call(x) : x;
     KILN_CHECK(fx.shape() == sx.shape(), name(), ": f(x) is ", fx.desc(), " but the shortcut gives ", sx.desc(),
-               shortcut_ ? "" : " (the identity): give a shortcut (e.g. a 1×1 Conv2d) that changes the shape too");
+               s ? "" : " (the identity): give a shortcut (e.g. a 1×1 Conv2d) that changes the shape too");
     return add(fx, sx);  // y = f(x) + shortcut(x)
 }
 
 Tensor Residual::backward(const Tensor& dy) {
     // Both paths read dy; a new tensor holds the sum, so neither path's result is modified.
-    Tensor dfx = f_->backward(dy);
-    Tensor dsx = shortcut_ ? shortcut_->backward(dy) : dy;
+    Module* s = shortcut();
+    Tensor dfx = body().call_backward(dy);
+    Tensor dsx = s ? s->call_backward(dy) : dy;
     return add(dfx, dsx);  // dx = df/dx·dy + dshortcut/dx·dy
-}
-
-std::vector<Parameter*> Residual::parameters() {
-    std::vector<Parameter*> all = f_->parameters();
-    if (shortcut_)
-        for (Parameter* p : shortcut_->parameters()) all.push_back(p);
-    return all;
-}
-
-std::vector<std::pair<std::string, Tensor*>> Residual::buffers() {
-    auto all = f_->buffers();
-    if (shortcut_)
-        for (auto& b : shortcut_->buffers()) all.push_back(b);
-    return all;
-}
-
-void Residual::train(bool on) {
-    Module::train(on);
-    f_->train(on);
-    if (shortcut_) shortcut_->train(on);
 }
 
 }  // namespace kiln

@@ -47,22 +47,16 @@ private:
 
 // y = f(x) + shortcut(x)   (shortcut = identity when null; then f must keep x's shape)
 // backward: dx = f.backward(dy) + shortcut.backward(dy)   (+ dy for the identity)
-// parameters() and buffers() gather f's then the shortcut's; train()/eval() reach both.
+// Its children: f named "body", then the shortcut (if any) named "shortcut".
 class Residual : public Module {
 public:
     explicit Residual(std::unique_ptr<Module> f, std::unique_ptr<Module> shortcut = nullptr,
                       std::string name = "residual");
     Tensor forward(const Tensor& x) override;
     Tensor backward(const Tensor& dy) override;
-    std::vector<Parameter*> parameters() override;
-    std::vector<std::pair<std::string, Tensor*>> buffers() override;
-    void train(bool on = true) override;
 
-    Module& body() { return *f_; }
-    Module* shortcut() { return shortcut_.get(); }
-
-private:
-    std::unique_ptr<Module> f_, shortcut_;
+    Module& body() { return child(0); }
+    Module* shortcut() { return children().size() > 1 ? &child(1) : nullptr; }
 };
 
 }  // namespace kiln

@@ -1,16 +1,192 @@
-// module.cpp — what every module shares: zeroing grads, moving between devices, counting.
+// module.cpp — what every module shares: the tree and its names, call() with hooks, and the
+// walks over the tree (train, zero_grad, to, counting).
 #include "nn/module.h"
 
 #include "ops/ops.h"
 
 namespace kiln {
 
-Parameter Module::make_parameter(std::string name, Tensor value) {
-    Parameter p;
-    p.name = std::move(name);
+// The hooks of one module, each with the id its handle removes it by.
+struct Module::Hooks {
+    uint64_t next_id = 1;
+    std::vector<std::pair<uint64_t, ForwardPreHook>> forward_pre;
+    std::vector<std::pair<uint64_t, ForwardHook>> forward;
+    std::vector<std::pair<uint64_t, BackwardHook>> backward;
+    bool empty() const { return forward_pre.empty() && forward.empty() && backward.empty(); }
+};
+
+Module::Module(std::string name) : label_(std::move(name)) {}
+Module::~Module() = default;
+
+// "a" + "b" -> "a.b";  "" + "b" -> "b"
+static std::string join(const std::string& prefix, const std::string& name) {
+    return prefix.empty() ? name : prefix + "." + name;
+}
+
+// ---- computing -----------------------------------------------------------------------------
+Tensor Module::call(const Tensor& x) {
+    ContextScope scope(this, Phase::Forward);
+    if (!hooks_) return forward(x);
+    return call_with_hooks(x);
+}
+
+Tensor Module::call_backward(const Tensor& dy) {
+    ContextScope scope(this, Phase::Backward);
+    if (!hooks_) return backward(dy);
+    return call_backward_with_hooks(dy);
+}
+
+Tensor Module::call_with_hooks(const Tensor& x) {
+    for (auto& [id, hook] : hooks_->forward_pre) hook(*this, x);
+    Tensor y = forward(x);
+    for (auto& [id, hook] : hooks_->forward) hook(*this, x, y);
+    return y;
+}
+
+Tensor Module::call_backward_with_hooks(const Tensor& dy) {
+    Tensor dx = backward(dy);
+    for (auto& [id, hook] : hooks_->backward) hook(*this, dy, dx);
+    return dx;
+}
+
+// ---- hooks ---------------------------------------------------------------------------------
+template <typename Hook> static uint64_t append(std::vector<std::pair<uint64_t, Hook>>& list, uint64_t id, Hook h) {
+    KILN_CHECK(h != nullptr, "register_*_hook: the hook is an empty function");
+    list.emplace_back(id, std::move(h));
+    return id;
+}
+
+HookHandle Module::register_forward_pre_hook(ForwardPreHook hook) {
+    if (!hooks_) hooks_ = std::make_unique<Hooks>();
+    return HookHandle(this, append(hooks_->forward_pre, hooks_->next_id++, std::move(hook)));
+}
+
+HookHandle Module::register_forward_hook(ForwardHook hook) {
+    if (!hooks_) hooks_ = std::make_unique<Hooks>();
+    return HookHandle(this, append(hooks_->forward, hooks_->next_id++, std::move(hook)));
+}
+
+HookHandle Module::register_backward_hook(BackwardHook hook) {
+    if (!hooks_) hooks_ = std::make_unique<Hooks>();
+    return HookHandle(this, append(hooks_->backward, hooks_->next_id++, std::move(hook)));
+}
+
+void HookHandle::remove() {
+    auto& hooks = module_->hooks_;
+    if (!hooks) return;
+    auto drop = [this](auto& list) {
+        for (auto it = list.begin(); it != list.end(); ++it)
+            if (it->first == id_) return (void)list.erase(it);
+    };
+    drop(hooks->forward_pre);
+    drop(hooks->forward);
+    drop(hooks->backward);
+    if (hooks->empty()) hooks.reset();  // back to the hook-free path
+}
+
+// ---- the tree ------------------------------------------------------------------------------
+void Module::add_parameter(const std::string& local_name, Parameter& p, Tensor value) {
+    p.name = join(path_, local_name);
     p.value = value;
     p.grad = Tensor::zeros(value.shape(), DType::F32, value.device(), Category::Gradient);
-    return p;
+    params_.emplace_back(local_name, &p);
+}
+
+void Module::add_buffer(const std::string& local_name, Tensor& t) { buffers_.emplace_back(local_name, &t); }
+
+Module& Module::add_child(std::string local_name, std::unique_ptr<Module> m) {
+    KILN_CHECK(m != nullptr, name(), ": a child must not be null");
+    for (const Child& c : children_)
+        KILN_CHECK(c.name != local_name, name(), ": there is already a child named \"", local_name, "\"");
+    m->set_path(join(path_, local_name));
+    children_.push_back(Child{std::move(local_name), std::move(m)});
+    return *children_.back().module;
+}
+
+void Module::set_path(const std::string& path) {
+    path_ = path;
+    for (auto& [local, p] : params_) p->name = join(path_, local);
+    for (Child& c : children_) c.module->set_path(join(path_, c.name));
+}
+
+// Calls visit(full name, module) on this module and every one below it, depth first.
+template <typename F> void Module::walk(const std::string& prefix, F&& visit) {
+    visit(prefix, *this);
+    for (Child& c : children_) c.module->walk(join(prefix, c.name), visit);
+}
+
+std::vector<std::pair<std::string, Module*>> Module::named_modules() {
+    std::vector<std::pair<std::string, Module*>> all;
+    walk("", [&](const std::string& name, Module& m) { all.emplace_back(name, &m); });
+    return all;
+}
+
+std::vector<std::pair<std::string, Parameter*>> Module::named_parameters() {
+    std::vector<std::pair<std::string, Parameter*>> all;
+    walk("", [&](const std::string& name, Module& m) {
+        for (auto& [local, p] : m.params_) all.emplace_back(join(name, local), p);
+    });
+    return all;
+}
+
+std::vector<std::pair<std::string, Tensor*>> Module::named_buffers() {
+    std::vector<std::pair<std::string, Tensor*>> all;
+    walk("", [&](const std::string& name, Module& m) {
+        for (auto& [local, t] : m.buffers_) all.emplace_back(join(name, local), t);
+    });
+    return all;
+}
+
+std::vector<Parameter*> Module::parameters() {
+    std::vector<Parameter*> all;
+    walk("", [&](const std::string&, Module& m) {
+        for (auto& [local, p] : m.params_) all.push_back(p);
+    });
+    return all;
+}
+
+bool Module::has_parameters() const {
+    if (!params_.empty()) return true;
+    for (const Child& c : children_)
+        if (c.module->has_parameters()) return true;
+    return false;
+}
+
+Module& Module::module_at(const std::string& path) {
+    Module* m = this;
+    size_t start = 0;
+    while (start <= path.size()) {
+        size_t dot = path.find('.', start);
+        const std::string step = path.substr(start, dot == std::string::npos ? std::string::npos : dot - start);
+        Module* next = nullptr;
+        for (Child& c : m->children_)
+            if (c.name == step) next = c.module.get();
+        KILN_CHECK(next != nullptr, name(), ": no module \"", path, "\" (", m->name(), " has no child \"", step, "\")");
+        m = next;
+        if (dot == std::string::npos) break;
+        start = dot + 1;
+    }
+    return *m;
+}
+
+std::unique_ptr<Module> Module::replace_child(const std::string& path, std::unique_ptr<Module> replacement) {
+    KILN_CHECK(replacement != nullptr, name(), ": replace_child(\"", path, "\") with a null module");
+    const size_t dot = path.rfind('.');
+    Module& parent = dot == std::string::npos ? *this : module_at(path.substr(0, dot));
+    const std::string local = dot == std::string::npos ? path : path.substr(dot + 1);
+    for (Child& c : parent.children_) {
+        if (c.name != local) continue;
+        replacement->set_path(join(parent.path_, local));
+        replacement->train(c.module->training());
+        std::swap(c.module, replacement);
+        return replacement;  // the module that was there
+    }
+    KILN_FAIL(name(), ": no module \"", path, "\" to replace");
+}
+
+// ---- over the whole tree -------------------------------------------------------------------
+void Module::train(bool on) {
+    walk("", [on](const std::string&, Module& m) { m.training_ = on; });
 }
 
 void Module::zero_grad() {
@@ -22,7 +198,7 @@ void Module::to(Device device) {
         p->value = p->value.to(device);
         p->grad = p->grad.to(device);
     }
-    for (auto& [name, t] : buffers()) *t = t->to(device);
+    for (auto& [name, t] : named_buffers()) *t = t->to(device);
 }
 
 void check_on_device(const Tensor& t, Device device, const std::string& layer, const char* what) {

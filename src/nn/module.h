@@ -1,13 +1,29 @@
-// module.h — the building block of a network: explicit forward and backward (DESIGN.md 1).
+// module.h — the building block of a network: explicit forward and backward, a tree of named
+// children, and hooks.
 //
-//   y  = m.forward(x)     computes the output and keeps what backward will need (the cache)
-//   dx = m.backward(dy)   given dL/dy, adds dL/dW to each parameter's grad and returns dL/dx
+//   y  = m.call(x)            runs m.forward(x) with m's hooks, attributing allocations to m
+//   dx = m.call_backward(dy)  runs m.backward(dy) likewise: adds dL/dW to each parameter's grad
+//                             and returns dL/dx
 //
-// There is no tape: each module knows its own derivative, and Sequential calls backward in
-// reverse order. A module's cache is a set of ordinary tensors from the allocator, so the
-// memory report can count them; backward releases them.
+// There is no tape: each module knows its own derivative, and Sequential calls its children's
+// backward in reverse order. A module's cache is a set of ordinary tensors from the allocator,
+// so the memory report can count them; backward releases them.
+//
+// The tree (PyTorch's nn.Module): a module declares its own parameters and buffers under local
+// names ("weight", "running_mean") and its children under theirs ("fc1", "0"); the full names
+// are built from the tree the way PyTorch's state_dict keys are:
+//   cifar_net ─┬─ stem                 stem.weight, stem.bias
+//              ├─ block1a ─┬─ conv     block1a.conv.weight
+//              │           └─ bn       block1a.bn.weight, block1a.bn.running_mean, ...
+//              └─ head                 head.weight
+// parameters(), train(), zero_grad() and to() walk the tree, so a container writes none of them.
+//
+// Parameters and gradients live in two slabs once pack() has run (see pack below).
 #pragma once
+#include <functional>
+#include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "core/tensor.h"
@@ -16,50 +32,122 @@ namespace kiln {
 
 // A learnable tensor and the gradient of the loss with respect to it (same shape).
 struct Parameter {
-    std::string name;  // "fc1.weight" once the module is inside a Sequential
+    std::string name;  // its full name in the model's tree ("fc1.weight"); "weight" on its own
     Tensor value;      // Category::Parameter
     Tensor grad;       // Category::Gradient, accumulated by backward, cleared by zero_grad
 };
 
+class Module;
+
+// Hooks (PyTorch's register_forward_pre_hook, register_forward_hook and
+// register_full_backward_hook): run by call() and call_backward() around forward and backward.
+// A forward hook may replace the output y, a backward hook the input gradient dx.
+using ForwardPreHook = std::function<void(Module& m, const Tensor& x)>;
+using ForwardHook = std::function<void(Module& m, const Tensor& x, Tensor& y)>;
+using BackwardHook = std::function<void(Module& m, const Tensor& dy, Tensor& dx)>;
+
+// What register_*_hook returns: remove() takes the hook off again (once).
+class HookHandle {
+public:
+    HookHandle(Module* module, uint64_t id) : module_(module), id_(id) {}
+    void remove();
+
+private:
+    Module* module_;
+    uint64_t id_;
+};
+
 class Module {
 public:
-    explicit Module(std::string name) : name_(std::move(name)) {}
-    virtual ~Module() = default;
+    explicit Module(std::string name);
+    virtual ~Module();
     Module(const Module&) = delete;
     Module& operator=(const Module&) = delete;
 
+    // ---- computing --------------------------------------------------------------------
+    // What a module computes; call them through call() and call_backward().
     virtual Tensor forward(const Tensor& x) = 0;
     virtual Tensor backward(const Tensor& dy) = 0;
+
+    // forward(x) / backward(dy) with this module as the allocator's current module, in the
+    // forward / backward phase, and the registered hooks around them. Without hooks this is
+    // two stores to a thread-local variable and the virtual call.
+    Tensor call(const Tensor& x);
+    Tensor call_backward(const Tensor& dy);
 
     // Does anyone need dL/dx from backward? Not for the network's first layer: its input is
     // the data, not something computed. When false, backward still accumulates the parameter
     // grads but may skip dx (for LeNet's first convolution, the GEMM and col2im of a dx that
-    // would be thrown away) and then returns an undefined Tensor. Sequential hands its own
-    // flag to its first child; train_epoch sets it to false on the model it trains.
+    // would be thrown away) and then returns an undefined Tensor. Sequential passes its own
+    // flag through its leading children that have no parameters (an MLP's Flatten) to the first
+    // one that has; train_step sets it to false on the model it trains.
     bool input_needs_grad = true;
 
-    // The module's learnable tensors (a container gathers its children's).
-    virtual std::vector<Parameter*> parameters() { return {}; }
-    // Non-learned state that a checkpoint must keep (e.g. batch norm's running mean).
-    virtual std::vector<std::pair<std::string, Tensor*>> buffers() { return {}; }
+    // ---- hooks ------------------------------------------------------------------------
+    HookHandle register_forward_pre_hook(ForwardPreHook hook);
+    HookHandle register_forward_hook(ForwardHook hook);
+    HookHandle register_backward_hook(BackwardHook hook);
 
-    virtual void train(bool on = true) { training_ = on; }
+    // ---- the tree ---------------------------------------------------------------------
+    // A child and the name its parent gives it.
+    struct Child {
+        std::string name;
+        std::unique_ptr<Module> module;
+    };
+    const std::vector<Child>& children() const { return children_; }
+    // This module ("") and every module below it, depth first in order, with full names.
+    std::vector<std::pair<std::string, Module*>> named_modules();
+    // Every parameter / buffer of the tree, in order, under its full name ("block1a.conv.weight").
+    std::vector<std::pair<std::string, Parameter*>> named_parameters();
+    std::vector<std::pair<std::string, Tensor*>> named_buffers();
+    std::vector<Parameter*> parameters();
+    bool has_parameters() const;  // any parameter in this module or below
+
+    // The module at a path of child names ("features.3", "block1a.conv"); throws naming the
+    // first missing step.
+    Module& module_at(const std::string& path);
+    // Puts `replacement` where the module at `path` was (same name, same place in the order)
+    // and returns the one it replaces: what pruning and quantization do to a layer. The model
+    // is unpacked (parameters back in their own blocks): pack() it again before training.
+    std::unique_ptr<Module> replace_child(const std::string& path, std::unique_ptr<Module> replacement);
+
+    // The module's name: its full name in the tree ("block1a.conv") once it has a parent, else
+    // the name it was built with ("conv", "lenet"). Error messages start with it.
+    const std::string& name() const { return path_.empty() ? label_ : path_; }
+
+    // ---- over the whole tree ----------------------------------------------------------
+    void train(bool on = true);  // this module and every one below it
     void eval() { train(false); }
     bool training() const { return training_; }
-
     void zero_grad();               // every grad := 0
-    void to(Device device);         // moves parameters, grads and buffers
+    void to(Device device);         // moves parameters, grads and buffers (slabs stay slabs)
     int64_t num_parameters();       // total elements of all parameters
-    const std::string& name() const { return name_; }
-    void set_name(std::string n) { name_ = std::move(n); }
 
 protected:
-    // A parameter with a zero grad of the same shape.
-    static Parameter make_parameter(std::string name, Tensor value);
+    // Declares a parameter of this module under its local name: p.value = value and p.grad a
+    // zero tensor of its shape. `p` is a member of the layer, so the pointer kept stays valid.
+    void add_parameter(const std::string& local_name, Parameter& p, Tensor value);
+    // Declares non-learned state a checkpoint must keep (batch norm's running mean).
+    void add_buffer(const std::string& local_name, Tensor& t);
+    // Adopts `m` as the child `local_name` (containers do this) and returns it.
+    Module& add_child(std::string local_name, std::unique_ptr<Module> m);
+    Module& child(size_t i) { return *children_[i].module; }
 
 private:
-    std::string name_;
+    struct Hooks;
+    std::string label_;  // the name given at construction
+    std::string path_;   // the full name in the tree, "" for a root
     bool training_ = true;
+    std::vector<std::pair<std::string, Parameter*>> params_;  // own, local names
+    std::vector<std::pair<std::string, Tensor*>> buffers_;    // own, local names
+    std::vector<Child> children_;
+    std::unique_ptr<Hooks> hooks_;  // null while no hook is registered
+
+    friend class HookHandle;
+    void set_path(const std::string& path);  // names this module, its parameters and children
+    template <typename F> void walk(const std::string& prefix, F&& visit);
+    Tensor call_with_hooks(const Tensor& x);
+    Tensor call_backward_with_hooks(const Tensor& dy);
 };
 
 // A layer runs its kernels on its input's device: every other tensor it reads (its parameters

@@ -11,17 +11,13 @@ namespace kiln {
 BatchNorm::BatchNorm(int64_t channels, int min_rank, int max_rank, std::string name)
     : Module(std::move(name)), num_features(channels), min_rank_(min_rank), max_rank_(max_rank) {
     KILN_CHECK(channels > 0, this->name(), ": BatchNorm needs at least one channel, got ", channels);
-    weight = make_parameter(this->name() + ".weight",
-                            Tensor::ones({channels}, DType::F32, Device::CPU, Category::Parameter));
-    bias = make_parameter(this->name() + ".bias",
-                          Tensor::zeros({channels}, DType::F32, Device::CPU, Category::Parameter));
+    add_parameter("weight", weight, Tensor::ones({channels}, DType::F32, Device::CPU, Category::Parameter));
+    add_parameter("bias", bias, Tensor::zeros({channels}, DType::F32, Device::CPU, Category::Parameter));
     // Buffers are counted with the parameters: they are part of the model (and its checkpoint).
     running_mean = Tensor::zeros({channels}, DType::F32, Device::CPU, Category::Parameter);
     running_var = Tensor::ones({channels}, DType::F32, Device::CPU, Category::Parameter);
-}
-
-std::vector<std::pair<std::string, Tensor*>> BatchNorm::buffers() {
-    return {{name() + ".running_mean", &running_mean}, {name() + ".running_var", &running_var}};
+    add_buffer("running_mean", running_mean);
+    add_buffer("running_var", running_var);
 }
 
 namespace {

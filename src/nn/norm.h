@@ -25,11 +25,10 @@ class BatchNorm : public Module {
 public:
     Tensor forward(const Tensor& x) override;
     Tensor backward(const Tensor& dy) override;
-    std::vector<Parameter*> parameters() override { return {&weight, &bias}; }
-    std::vector<std::pair<std::string, Tensor*>> buffers() override;
 
-    Parameter weight, bias;             // [C]: the affine scale and shift
-    Tensor running_mean, running_var;   // [C]: model state, saved in checkpoints, not learned
+    Parameter weight, bias;             // [C]: the affine scale and shift ("weight", "bias")
+    Tensor running_mean, running_var;   // [C]: buffers ("running_mean", "running_var"): model
+                                        // state, saved in checkpoints, not learned
     int64_t num_features;
     float eps = 1e-5f, momentum = 0.1f;
 

@@ -113,13 +113,9 @@ std::vector<ParamGroup> decay_groups(Module& model, float lr, float weight_decay
 float clip_grad_norm(const std::vector<Parameter*>& params, float max_norm) {
     KILN_CHECK(max_norm > 0.0f, "clip_grad_norm: max_norm must be > 0, got ", max_norm);
     double squares = 0.0;
-    for (const Parameter* p : params) {
-        const double s = sum_squares(p->grad);
-        KILN_CHECK(std::isfinite(s), "clip_grad_norm: the gradient of '", p->name,
-                   "' is not finite (inf or NaN): the loss has diverged; try a lower learning rate");
-        squares += s;
-    }
+    for (const Parameter* p : params) squares += sum_squares(p->grad);
     const double total = std::sqrt(squares);
+    if (!std::isfinite(total)) return float(total);  // inf or NaN: nothing to scale by
     const double coef = double(max_norm) / (total + 1e-6);
     if (coef < 1.0)
         for (Parameter* p : params) scale_(p->grad, float(coef));

@@ -72,7 +72,6 @@ public:
     void save_state(StateDict& state, const std::string& prefix) const override;
     void load_state(const StateDict& state, const std::string& prefix) override;
     const Options& options() const { return opt_; }
-    std::vector<Tensor>& momentum_buffers() { return buf_; }
 
 private:
     Options opt_;
@@ -85,8 +84,9 @@ private:
 //   coef  = max_norm / (total + 1e-6)
 //   if coef < 1: every g = coef · g            (the direction is kept, the norm becomes max_norm)
 // Returns total, the norm before clipping (worth logging: spikes show a run about to diverge).
-// A NaN or infinite total is an error naming the first parameter whose gradient is not finite,
-// as with PyTorch's error_if_nonfinite=True (PyTorch's default instead makes every grad NaN).
+// A NaN or infinite total changes no gradient and is returned as it is: the caller decides
+// (train_step reports it, the training loop stops with an error, a GradScaler would skip the
+// step). PyTorch's default instead makes every grad NaN.
 float clip_grad_norm(const std::vector<Parameter*>& params, float max_norm);
 
 }  // namespace kiln

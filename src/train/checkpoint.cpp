@@ -387,11 +387,11 @@ const char* const kRunPrefixes[] = {"optimizer.", "scheduler.", "plateau.", "tra
 
 bool starts_with(const std::string& s, const char* prefix) { return s.rfind(prefix, 0) == 0; }
 
-// The tensors a model saves and loads, by name.
+// The tensors a model saves and loads, by their names in its tree (PyTorch's state_dict keys).
 std::vector<std::pair<std::string, Tensor*>> model_tensors(Module& model) {
     std::vector<std::pair<std::string, Tensor*>> all;
-    for (Parameter* p : model.parameters()) all.emplace_back(p->name, &p->value);
-    for (auto& b : model.buffers()) all.push_back(b);
+    for (auto& [name, p] : model.named_parameters()) all.emplace_back(name, &p->value);
+    for (auto& b : model.named_buffers()) all.push_back(b);
     return all;
 }
 

@@ -28,9 +28,9 @@ MirrorAccuracy score(Module& model, DataLoader& loader, DataLoader* mirrored) {
     int64_t plain = 0, averaged = 0, seen = 0;
     Batch b, m;
     while (loader.next(b) && (!mirrored || mirrored->next(m))) {
-        Tensor logits = model.forward(b.x);  // [N, classes]
+        Tensor logits = model.call(b.x);  // [N, classes]
         plain += count_correct(logits, b.y);
-        if (mirrored) averaged += count_correct(add(logits, model.forward(m.x)), b.y);
+        if (mirrored) averaged += count_correct(add(logits, model.call(m.x)), b.y);
         seen += b.size();
     }
     model.train(was_training);

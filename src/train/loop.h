@@ -1,13 +1,14 @@
-// loop.h — one epoch of training: the loop every trainer runs.
+// loop.h — one training step, and one epoch of them: the loop every trainer runs.
 //
-// One step, in order:
-//   1. logits = model.forward(x)            activations come from the arena (if given)
+// One step (train_step), in order:
+//   1. logits = model.call(x)               activations come from the arena (if given)
 //   2. loss   = cross_entropy(logits, y)    and dL/dlogits
-//   3. model.backward(dL/dlogits)           fills every parameter's grad
+//   3. model.call_backward(dL/dlogits)      fills every parameter's grad
 //      clip_grad_norm(grads, clip_norm)    if asked (chapter 07)
-//   4. optimizer.step()                     p -= lr · (update from grad)
-//   5. scheduler.step()                     if the lr changes every batch (OneCycleLR)
-//   6. arena.reset()                        this step's activations are gone, in O(1)
+//   4. optimizer.step()                     p -= lr · (update from grad), if everything is finite
+//   5. arena.reset()                        this step's activations are gone, in O(1)
+// The epoch (train_epoch) adds, after each step: scheduler.step() if the lr changes every batch
+// (OneCycleLR), and the progress bar.
 #pragma once
 #include <string>
 
@@ -18,6 +19,30 @@
 #include "optim/scheduler.h"
 
 namespace kiln {
+
+// How one step runs.
+struct StepOptions {
+    BumpAllocator* arena = nullptr;  // each step's activations (reset after the step)
+    float clip_norm = 0.0f;          // > 0: clip the gradients' global norm to it
+};
+
+// What a step did. A non-finite loss or gradient norm is reported, not thrown: the optimizer
+// step is skipped (stepped = false) and the caller decides — the training loop stops with an
+// error, a GradScaler (chapter 09) would lower its scale and go on.
+struct StepResult {
+    float loss = 0;
+    int64_t correct = 0;       // correct predictions in the batch
+    float grad_norm = 0;       // the norm before clipping (0 when not clipping)
+    bool loss_finite = true;
+    bool grads_finite = true;  // known only when clipping (the norm is computed then)
+    bool stepped = false;      // the optimizer updated the parameters
+    bool finite() const { return loss_finite && grads_finite; }
+};
+
+// One step on the batch (x, y): zero the grads, forward, softmax cross-entropy, backward (the
+// model's input_needs_grad set to false: x is data), optional clipping, the optimizer's step,
+// the arena's reset.
+StepResult train_step(Module& model, Optimizer& optimizer, const Tensor& x, const Tensor& y, const StepOptions& opt);
 
 struct EpochResult {
     float loss = 0;                // mean training loss over the epoch
@@ -38,7 +63,7 @@ struct TrainOptions {
 };
 
 // Trains one epoch (epoch counts from 0, of opt.epochs) with a progress bar. Throws kiln::Error
-// if the loss stops being finite, naming the step.
+// if the loss or the gradients stop being finite, naming the epoch and the step.
 EpochResult train_epoch(Module& model, Optimizer& optimizer, DataLoader& loader, int epoch, const TrainOptions& opt);
 
 }  // namespace kiln

@@ -1,0 +1,159 @@
+// test_module.cpp — the module tree (names built like PyTorch's state_dict keys, replacing a
+// child), hooks, the allocation context an observer sees, and the input_needs_grad flag a
+// Sequential passes to its leading layers.
+#include <catch2/catch.hpp>
+
+#include <map>
+#include <string>
+#include <vector>
+
+#include "core/allocator.h"
+#include "nn/conv.h"
+#include "nn/layers.h"
+#include "nn/misc.h"
+#include "nn/models.h"
+#include "nn/norm.h"
+
+using namespace kiln;
+using Catch::Contains;
+
+namespace {
+std::vector<std::string> names_of(const std::vector<std::pair<std::string, Parameter*>>& named) {
+    std::vector<std::string> names;
+    for (const auto& [name, p] : named) {
+        REQUIRE(p->name == name);  // the parameter knows its full name too
+        names.push_back(name);
+    }
+    return names;
+}
+}  // namespace
+
+TEST_CASE("the tree names parameters and buffers like PyTorch's state_dict", "[module][cpu][lesson02]") {
+    Rng rng(1);
+    auto mlp_net = mlp(rng, 8, 4);
+    REQUIRE(names_of(mlp_net->named_parameters()) ==
+            std::vector<std::string>{"fc1.weight", "fc1.bias", "fc2.weight", "fc2.bias", "fc3.weight", "fc3.bias"});
+    std::vector<std::string> children;
+    for (const Module::Child& c : mlp_net->children()) children.push_back(c.name);
+    REQUIRE(children == std::vector<std::string>{"0", "fc1", "2", "fc2", "4", "fc3"});  // by position unless named
+
+    auto cifar = cifar_net(rng, {4, 4, 4});
+    const std::vector<std::string> params = names_of(cifar->named_parameters());
+    REQUIRE(params.front() == "stem.weight");
+    REQUIRE(params[2] == "block1a.conv.weight");
+    REQUIRE(params[3] == "block1a.bn.weight");
+    REQUIRE(params.back() == "head.weight");
+    auto buffers = cifar->named_buffers();
+    REQUIRE(buffers.size() == 12);  // 6 batch norms × (running_mean, running_var)
+    REQUIRE(buffers[0].first == "block1a.bn.running_mean");
+    REQUIRE(buffers[1].first == "block1a.bn.running_var");
+    // "", stem, stem_gelu, block1a, block1a.conv, block1a.pool, block1a.bn, ...
+    REQUIRE(&cifar->module_at("block1a.bn") == cifar->named_modules()[6].second);
+}
+
+TEST_CASE("named_modules walks the tree depth first; name() is the full name", "[module][cpu][lesson02]") {
+    Rng rng(1);
+    Sequential outer("outer");
+    auto inner = std::make_unique<Sequential>("inner");
+    inner->add("fc", std::make_unique<Linear>(2, 2, rng));  // named before inner has a parent
+    outer.add("block", std::move(inner));
+    outer.emplace<ReLU>();
+    std::vector<std::string> names;
+    for (auto& [name, m] : outer.named_modules()) names.push_back(name + "=" + m->name());
+    REQUIRE(names == std::vector<std::string>{"=outer", "block=block", "block.fc=block.fc", "1=1"});
+    REQUIRE(outer.parameters()[0]->name == "block.fc.weight");  // renamed when adopted
+    REQUIRE_THROWS_WITH(outer.add("block", std::make_unique<ReLU>()), Contains("already a child named \"block\""));
+    REQUIRE_THROWS_WITH(outer.module_at("block.conv"), Contains("no child \"conv\""));
+    outer.eval();
+    REQUIRE(!outer.module_at("block.fc").training());  // train()/eval() reach every module
+}
+
+TEST_CASE("replace_child swaps one layer in place and returns the old one", "[module][cpu][lesson02]") {
+    Rng rng(1);
+    auto net = mlp(rng, 8, 4);
+    net->eval();
+    Module* old_fc2 = &net->module_at("fc2");
+    std::unique_ptr<Module> old = net->replace_child("fc2", std::make_unique<Linear>(8, 4, rng, false));
+    REQUIRE(old.get() == old_fc2);
+    REQUIRE(!net->module_at("fc2").training());  // takes the mode of the one it replaces
+    REQUIRE(names_of(net->named_parameters()) ==
+            std::vector<std::string>{"fc1.weight", "fc1.bias", "fc2.weight", "fc3.weight", "fc3.bias"});
+    // the path form reaches inside containers
+    auto cifar = cifar_net(rng, {4, 4, 4});
+    cifar->replace_child("block2b.gelu", std::make_unique<ReLU>());
+    REQUIRE(cifar->module_at("block2b.gelu").name() == "block2b.gelu");
+    REQUIRE_THROWS_WITH(cifar->replace_child("block2b.nothing", std::make_unique<ReLU>()), Contains("block2b.nothing"));
+    Tensor y = cifar->call(Tensor::ones({2, 3, 32, 32}));
+    REQUIRE(y.shape() == Shape{2, 10});
+}
+
+TEST_CASE("hooks run around forward and backward, may replace results, and can be removed", "[module][cpu][lesson02]") {
+    Rng rng(1);
+    auto net = mlp(rng, 8, 4);
+    Module& fc2 = net->module_at("fc2");
+    std::vector<std::string> log;
+    HookHandle pre = fc2.register_forward_pre_hook([&](Module& m, const Tensor& x) {
+        log.push_back("pre " + m.name() + " " + x.shape().str());
+    });
+    HookHandle post = fc2.register_forward_hook([&](Module& m, const Tensor&, Tensor& y) {
+        log.push_back("forward " + m.name() + " " + y.shape().str());
+    });
+    HookHandle back = net->module_at("fc3").register_backward_hook([&](Module& m, const Tensor& dy, Tensor& dx) {
+        log.push_back("backward " + m.name() + " " + dy.shape().str() + " -> " + dx.shape().str());
+        dx = Tensor::zeros(dx.shape());  // what reaches fc2: nothing
+    });
+    Tensor x = Tensor::ones({3, 1, 28, 28});
+    net->call(x);
+    net->call_backward(Tensor::ones({3, 10}));
+    REQUIRE(log == std::vector<std::string>{"pre fc2 [3, 8]", "forward fc2 [3, 4]", "backward fc3 [3, 10] -> [3, 4]"});
+    REQUIRE(static_cast<Linear&>(fc2).weight.grad.get({0, 0}) == 0);  // the hook's zero dx reached fc2
+    REQUIRE(static_cast<Linear&>(fc2).bias.grad.get({0}) == 0);
+    pre.remove();
+    post.remove();
+    back.remove();
+    pre.remove();  // twice: nothing
+    log.clear();
+    net->call(x);
+    REQUIRE(log.empty());
+}
+
+TEST_CASE("an allocation observer sees each allocation's module and phase", "[module][allocator][cpu][lesson02]") {
+    Rng rng(1);
+    auto net = mlp(rng, 8, 4);
+    net->input_needs_grad = false;
+    Tensor x = Tensor::ones({3, 1, 28, 28}), dy = Tensor::ones({3, 10});
+    std::map<std::string, int64_t> bytes;  // "fc2 forward" -> bytes allocated
+    std::map<const Module*, std::string> names;
+    for (auto& [name, m] : net->named_modules()) names[m] = name;
+    set_allocation_observer([&](const AllocationEvent& e) {
+        if (!e.freed) bytes[names[e.context.module] + " " + phase_name(e.context.phase)] += e.bytes;
+    });
+    Tensor y = net->call(x);
+    net->call_backward(dy);
+    {
+        ContextScope optimizer(Phase::Optimizer);
+        Tensor state = Tensor::zeros({5});
+    }
+    set_allocation_observer(nullptr);
+    Tensor after = Tensor::zeros({7});  // no observer: not counted
+    // fc2's output [3, 4] in the forward phase; its dx [3, 8] in the backward phase
+    REQUIRE(bytes["fc2 forward"] == 3 * 4 * 4);
+    REQUIRE(bytes["fc2 backward"] == 3 * 8 * 4);
+    REQUIRE(bytes["fc1 backward"] == 0);  // the first Linear computes no dx (input_needs_grad)
+    REQUIRE(bytes[" optimizer"] == 5 * 4);
+    REQUIRE(bytes.count(" other") == 0);
+}
+
+TEST_CASE("Sequential passes input_needs_grad through leading layers without parameters", "[module][cpu][lesson02]") {
+    Rng rng(1);
+    auto net = mlp(rng, 8, 4);
+    net->input_needs_grad = false;
+    net->call(Tensor::ones({2, 1, 28, 28}));
+    REQUIRE(!net->call_backward(Tensor::ones({2, 10})).defined());
+    REQUIRE(!net->module_at("0").input_needs_grad);    // Flatten
+    REQUIRE(!net->module_at("fc1").input_needs_grad);  // the first layer with parameters
+    REQUIRE(net->module_at("2").input_needs_grad);     // after fc1: fc1's weights need dL/dy
+    net->input_needs_grad = true;
+    net->call(Tensor::ones({2, 1, 28, 28}));
+    REQUIRE(net->call_backward(Tensor::ones({2, 10})).shape() == Shape{2, 1, 28, 28});
+}
