@@ -1,4 +1,4 @@
-// optim.cu — the CUDA twins of cpu::sgd_update and cpu::adam_update (src/ops/cpu/elementwise.cpp):
+// optim.cu — the CUDA twins of cpu::sgd_update and cpu::adam_update (src/ops/cpu/optim.cpp):
 // one fused pass that reads each parameter, its gradient and its optimizer buffers once and
 // writes the new values, so an optimizer step costs one trip through memory instead of one per
 // line of the rule (four for SGD with momentum, about ten for Adam).
@@ -49,7 +49,7 @@ void sgd_update(float* p, const float* grad, float* buf, int64_t n, float lr, fl
 //   m = β1·m + (1 − β1)·g;   v = β2·v + (1 − β2)·g²;   v_max = max(v_max, v)   (AMSGrad: v_max ≠ null)
 //   p −= step_size · m / (sqrt(v or v_max) / bc2_sqrt + eps)
 __global__ void adam_update_kernel(float* p, const float* grad, float* m, float* v, float* v_max, int64_t n,
-                                   cpu::AdamParams a, float step_size, float bc2_sqrt, float decay) {
+                                   AdamParams a, float step_size, float bc2_sqrt, float decay) {
     for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
         float g = grad[i];
         if (a.decoupled) p[i] *= decay;
@@ -61,7 +61,7 @@ __global__ void adam_update_kernel(float* p, const float* grad, float* m, float*
     }
 }
 
-void adam_update(float* p, const float* grad, float* m, float* v, float* v_max, int64_t n, const cpu::AdamParams& a) {
+void adam_update(float* p, const float* grad, float* m, float* v, float* v_max, int64_t n, const AdamParams& a) {
     if (n == 0) return;
     const dim3 grid(detail::blocks_for(n)), block(detail::kBlock);
     KILN_LAUNCH(adam_update_kernel, grid, block, 0)(p, grad, m, v, v_max, n, a, float(a.step_size()),

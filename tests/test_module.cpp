@@ -8,11 +8,16 @@
 #include <vector>
 
 #include "core/allocator.h"
+#include "fixtures.h"
 #include "nn/conv.h"
 #include "nn/layers.h"
 #include "nn/misc.h"
 #include "nn/models.h"
 #include "nn/norm.h"
+#include "ops/ops.h"
+#include "optim/adam.h"
+#include "train/checkpoint.h"
+#include "train/loop.h"
 
 using namespace kiln;
 using Catch::Contains;
@@ -156,4 +161,116 @@ TEST_CASE("Sequential passes input_needs_grad through leading layers without par
     net->input_needs_grad = true;
     net->call(Tensor::ones({2, 1, 28, 28}));
     REQUIRE(net->call_backward(Tensor::ones({2, 10})).shape() == Shape{2, 1, 28, 28});
+}
+
+// ---- slabs ------------------------------------------------------------------------------------
+namespace {
+// Every parameter and gradient of `m` is a view of its slab.
+void require_in_slabs(Module& m) {
+    REQUIRE(m.packed());
+    const Tensor grads = m.grads_view();
+    const Tensor first = m.parameters()[0]->value;
+    for (Parameter* p : m.parameters()) {
+        INFO(p->name);
+        REQUIRE(p->value.shares_storage(first));
+        REQUIRE(p->grad.shares_storage(grads));
+        REQUIRE(p->value.offset() == p->grad.offset());  // the two slabs are laid out alike
+        REQUIRE(p->value.offset() % Slab::kAlign == 0);
+    }
+}
+}  // namespace
+
+TEST_CASE("pack puts parameters and gradients in two slabs; grads_view is the flat gradient", "[module][cpu][lesson02]") {
+    Rng rng(1);
+    Sequential net("net");
+    net.emplace<Flatten>();
+    net.add("fc1", std::make_unique<Linear>(6, 5, rng));
+    net.add("fc2", std::make_unique<Linear>(5, 3, rng));
+    const Tensor w_before = net.parameters()[0]->value.clone();
+    REQUIRE(!net.packed());
+    REQUIRE_THROWS_WITH(net.grads_view(), Contains("pack()"));
+    net.pack();
+    require_in_slabs(net);
+    test::require_identical(net.parameters()[0]->value, w_before);  // values copied in
+    // [5·6 | pad | 5 | pad | 3·5 | pad | 3]: four segments, each at a multiple of 64 floats
+    REQUIRE(net.grads_view().numel() == 3 * 64 + 3);
+    REQUIRE(net.grads_view().category() == Category::Gradient);
+    net.call(Tensor::ones({2, 1, 2, 3}));
+    net.call_backward(Tensor::ones({2, 3}));
+    REQUIRE(sum(net.grads_view()) != 0.0);  // backward wrote into the slab
+    net.zero_grad();                        // one fill of the slab
+    REQUIRE(sum_squares(net.grads_view()) == 0.0);
+    // replacing a layer leaves the slabs: pack again
+    net.replace_child("fc2", std::make_unique<Linear>(5, 3, rng));
+    REQUIRE(!net.packed());
+    net.pack();
+    require_in_slabs(net);
+}
+
+TEST_CASE("the chapter models come packed; to() and loading a checkpoint keep the slabs", "[module][cuda][lesson04]") {
+    Rng rng(1);
+    auto net = lenet(rng);
+    require_in_slabs(*net);
+    StateDict saved;
+    save_model(saved, *net);
+    load_model(saved, *net);
+    require_in_slabs(*net);
+    const Tensor w = net->parameters()[2]->value.clone();
+    net->to(Device::CUDA);
+    require_in_slabs(*net);
+    REQUIRE(net->grads_view().device() == Device::CUDA);
+    net->to(Device::CPU);
+    require_in_slabs(*net);
+    test::require_identical(net->parameters()[2]->value, w);
+}
+
+TEST_CASE("optimizer state is one slab laid out like the parameters", "[module][optim][cpu][lesson07]") {
+    Rng rng(1);
+    auto net = mlp(rng, 8, 4);
+    std::map<const char*, int64_t> state;  // Category::OptimizerState bytes allocated per optimizer
+    for (const char* which : {"sgd", "adam"}) {
+        int64_t allocations = 0;
+        set_allocation_observer([&](const AllocationEvent& e) {
+            if (!e.freed && e.category == Category::OptimizerState) allocations++;
+        });
+        std::unique_ptr<Optimizer> opt;
+        if (std::string(which) == "sgd") opt = std::make_unique<SGD>(net->parameters(), 0.1f, SGD::Options{0.9f});
+        else opt = std::make_unique<Adam>(net->parameters(), 0.1f);
+        opt->step();
+        set_allocation_observer(nullptr);
+        state[which] = allocations;
+    }
+    REQUIRE(state["sgd"] == 1);   // the momentum buffers: one slab
+    REQUIRE(state["adam"] == 2);  // exp_avg and exp_avg_sq: a slab each
+}
+
+TEST_CASE("a packed model trains to the same bits as an unpacked one", "[module][optim][cpu][lesson07]") {
+    auto build = [](bool pack) {
+        Rng rng(3);
+        auto m = std::make_unique<Sequential>("net");
+        m->emplace<Flatten>();
+        m->add("fc1", std::make_unique<Linear>(12, 8, rng));
+        m->emplace<ReLU>();
+        m->add("fc2", std::make_unique<Linear>(8, 3, rng));
+        if (pack) m->pack();
+        return m;
+    };
+    Rng data(4);
+    const Tensor x = Tensor::normal({5, 3, 2, 2}, 0, 1, data);
+    Tensor y = Tensor::zeros({5}, DType::I32);
+    y.set({1}, 2);
+    y.set({3}, 1);
+    for (int which = 0; which < 2; which++) {
+        auto plain = build(false), packed = build(true);
+        auto make = [&](Module& m) -> std::unique_ptr<Optimizer> {
+            if (which == 0) return std::make_unique<SGD>(decay_groups(m, 0.1f, 0.01f), SGD::Options{0.9f, 0, 0, true});
+            return std::make_unique<AdamW>(decay_groups(m, 0.01f, 0.1f), Adam::Options{0.9f, 0.99f, 1e-8f, 0, true});
+        };
+        auto a = make(*plain), b = make(*packed);
+        for (int step = 0; step < 3; step++) {
+            REQUIRE(train_step(*plain, *a, x, y, {}).loss == train_step(*packed, *b, x, y, {}).loss);
+        }
+        for (size_t i = 0; i < plain->parameters().size(); i++)
+            test::require_identical(packed->parameters()[i]->value, plain->parameters()[i]->value);
+    }
 }

@@ -223,7 +223,7 @@ TEST_CASE("cuda adam_update matches the CPU", "[optim][cuda]") {
                 Tensor cp = p.to(Device::CUDA), cm = hm.to(Device::CUDA), cv = hv.to(Device::CUDA),
                        cvmax = hvmax.to(Device::CUDA);
                 for (int s = 0; s < 3; s++) {
-                    const cpu::AdamParams a{0.01f, 0.9f, 0.999f, 1e-8f, k.weight_decay, k.decoupled, s + 1};
+                    const AdamParams a{0.01f, 0.9f, 0.999f, 1e-8f, k.weight_decay, k.decoupled, s + 1};
                     cpu::adam_update(hp.data<float>(), grads[s].data<float>(), hm.data<float>(), hv.data<float>(),
                                      k.amsgrad ? hvmax.data<float>() : nullptr, n, a);
                     const Tensor cg = grads[s].to(Device::CUDA);

@@ -47,6 +47,46 @@ TEST_CASE("reshape is a view; -1 infers a dim; bad shapes are named", "[tensor][
     REQUIRE_THROWS_WITH(x.reshape({-1, -1}), Catch::Contains("only one dim may be -1"));
 }
 
+TEST_CASE("view: a tensor at a byte offset of another's bytes", "[tensor][cpu][lesson01]") {
+    Tensor x = Tensor::arange(12);  // 48 bytes
+    Tensor v = x.view(16, {2, 3});  // elements 4..9
+    REQUIRE(v.offset() == 16);
+    REQUIRE(v.get({0, 0}) == 4);
+    REQUIRE(v.data<float>() == x.data<float>() + 4);
+    v.set({1, 2}, -9);
+    REQUIRE(x.get({9}) == -9);                    // the same bytes
+    Tensor flat = v.reshape({6});                 // reshape keeps the offset
+    REQUIRE(flat.get({0}) == 4);
+    Tensor inner = v.view(4, {2});                // a view of a view: offsets add
+    REQUIRE(inner.offset() == 20);
+    REQUIRE(inner.get({1}) == 6);
+    Tensor c = v.clone();                         // a copy of the view's 24 bytes only
+    REQUIRE(c.nbytes() == 24);
+    REQUIRE(c.offset() == 0);
+    REQUIRE(c.get({1, 2}) == -9);
+    REQUIRE(v.to(DType::F16).get({0, 1}) == 5);   // conversions read the view too
+    REQUIRE(v.shares_storage(x));
+    REQUIRE(!c.shares_storage(x));
+    REQUIRE_THROWS_WITH(x.view(40, {3}), Catch::Contains("does not fit"));
+}
+
+TEST_CASE("make_slab: views at 256-byte aligned offsets of one zeroed allocation", "[tensor][cpu][lesson01]") {
+    Slab s = make_slab({{3}, {2, 2}, {70}}, DType::F32, Device::CPU, Category::Parameter);
+    REQUIRE(s.views.size() == 3);
+    REQUIRE(s.views[0].offset() == 0);
+    REQUIRE(s.views[1].offset() == 256);  // 12 bytes, rounded up
+    REQUIRE(s.views[2].offset() == 512);
+    REQUIRE(s.whole.nbytes() == 512 + 70 * 4);
+    REQUIRE(s.whole.category() == Category::Parameter);
+    for (const Tensor& v : s.views) {
+        REQUIRE(v.shares_storage(s.whole));
+        REQUIRE(reinterpret_cast<uintptr_t>(v.raw()) % 256 == 0);
+    }
+    s.views[1].set({1, 1}, 5);
+    REQUIRE(s.whole.get({64 + 3}) == 5);
+    REQUIRE(s.whole.get({10}) == 0);  // padding is zero
+}
+
 TEST_CASE("typed access checks dtype and bounds", "[tensor][cpu][lesson01]") {
     Tensor x = Tensor::zeros({2, 2}, DType::I32);
     REQUIRE_THROWS_WITH(x.data<float>(), Catch::Contains("i32[2, 2]"));

@@ -200,6 +200,16 @@ Tensor Tensor::reshape(const Shape& shape) const {
     return t;
 }
 
+Tensor Tensor::view(size_t byte_offset, const Shape& shape) const {
+    KILN_CHECK(defined(), "view of an undefined tensor");
+    Tensor t = *this;
+    t.shape_ = shape;
+    t.offset_ = offset_ + byte_offset;
+    KILN_CHECK(byte_offset + t.nbytes() <= nbytes(), "view ", dtype_name(dtype_), shape.str(), " at byte ",
+               byte_offset, " of a ", desc(), " tensor (", nbytes(), " bytes): it does not fit");
+    return t;
+}
+
 Tensor Tensor::clone() const {
     Tensor t = empty(shape_, dtype_, device(), category());
     t.copy_from(*this);
@@ -236,6 +246,22 @@ Tensor Tensor::to(DType dt) const {
 #pragma omp parallel for schedule(static) if (n > 65536)
     for (int64_t i = 0; i < n; i++) store(dst, dt, i, load(src, dtype_, i));
     return t;
+}
+
+// ---- slabs ------------------------------------------------------------------------------
+// offset_i = round_up(offset_{i-1} + bytes_{i-1}, kAlign); the slab is zeroed, padding included.
+Slab make_slab(const std::vector<Shape>& shapes, DType dtype, Device device, Category category) {
+    std::vector<size_t> offsets;
+    size_t end = 0;
+    for (const Shape& s : shapes) {
+        const size_t at = (end + Slab::kAlign - 1) / Slab::kAlign * Slab::kAlign;
+        offsets.push_back(at);
+        end = at + size_t(s.numel()) * dtype_size(dtype);
+    }
+    Slab slab;
+    slab.whole = Tensor::zeros({int64_t(end / dtype_size(dtype))}, dtype, device, category);
+    for (size_t i = 0; i < shapes.size(); i++) slab.views.push_back(slab.whole.view(offsets[i], shapes[i]));
+    return slab;
 }
 
 // ---- printing ----------------------------------------------------------------------------

@@ -4,6 +4,7 @@
 //   float* p = x.data<float>();                         // contiguous, row-major
 //   Tensor flat = x.reshape({64, -1});                  // a view: same bytes, new shape
 //   Tensor h = x.to(DType::F16);                        // a copy, rounded to nearest even
+//   Tensor w = slab.view(256, {10, 784});               // a view at a byte offset of slab's bytes
 //
 // Tensors are contiguous and row-major (NCHW for images) with up to 5 dimensions. Copying a
 // Tensor object copies a reference: both see the same bytes (like a PyTorch tensor); clone()
@@ -15,6 +16,7 @@
 #include <memory>
 #include <string>
 #include <type_traits>
+#include <vector>
 
 #include "core/allocator.h"
 #include "core/device.h"
@@ -91,8 +93,12 @@ public:
     // matches the dtype; f16 and bf16 are read as uint16_t bit patterns.
     template <typename T> T* data();
     template <typename T> const T* data() const;
-    void* raw() { return storage_ ? storage_->ptr : nullptr; }
-    const void* raw() const { return storage_ ? storage_->ptr : nullptr; }
+    void* raw() { return storage_ ? static_cast<char*>(storage_->ptr) + offset_ : nullptr; }
+    const void* raw() const { return storage_ ? static_cast<const char*>(storage_->ptr) + offset_ : nullptr; }
+    // Where the tensor's bytes start inside its storage (0 unless it is a view made by view()).
+    size_t offset() const { return offset_; }
+    // Does `other` read the same storage (its bytes or a view of them)?
+    bool shares_storage(const Tensor& other) const { return storage_ && storage_ == other.storage_; }
 
     // Element access with bounds checks, any dtype, read/written as double (CPU only).
     double get(std::initializer_list<int64_t> index) const;
@@ -101,7 +107,10 @@ public:
 
     // ---- views and copies -------------------------------------------------------------
     Tensor reshape(const Shape& shape) const;  // one dim may be -1; shares the bytes
-    Tensor clone() const;
+    // A tensor of `shape` (this dtype) over this tensor's bytes from `byte_offset` on: shares
+    // the storage, like reshape. It must fit inside this tensor's bytes.
+    Tensor view(size_t byte_offset, const Shape& shape) const;
+    Tensor clone() const;                      // a copy of this tensor's bytes only
     Tensor to(DType dtype) const;              // converts; returns *this if already that dtype
     Tensor to(Device device) const;            // copies between devices; *this if already there
     void copy_from(const Tensor& src);         // same shape and dtype, any devices
@@ -112,6 +121,7 @@ public:
 
 private:
     std::shared_ptr<Storage> storage_;
+    size_t offset_ = 0;  // bytes from storage_->ptr to the first element
     Shape shape_;
     DType dtype_ = DType::F32;
 
@@ -120,6 +130,18 @@ private:
 };
 
 std::ostream& operator<<(std::ostream& os, const Tensor& t);
+
+// ---- slabs ------------------------------------------------------------------------------------
+// One allocation holding many tensors (llm.c's parameter slab): `whole` is the flat 1-D tensor
+// of all its bytes, `views` one tensor per shape, in order, each starting at a multiple of
+// kSlabAlign bytes (the allocator's alignment, so a view is aligned like any tensor). The
+// padding between views is zero.
+struct Slab {
+    static constexpr size_t kAlign = 256;
+    Tensor whole;
+    std::vector<Tensor> views;
+};
+Slab make_slab(const std::vector<Shape>& shapes, DType dtype, Device device, Category category);
 
 // ---- argument checks that every op uses ---------------------------------------------------
 // Each names the operation and the tensors so the message says what to fix.

@@ -10,6 +10,7 @@
 
 namespace kiln {
 
+// Each builder packs the model (Module::pack): parameters and gradients in two slabs.
 // Children are named like the layers of the PyTorch scripts they mirror, so the checkpoint keys
 // read "fc1.weight", "block1a.conv.weight"; layers without parameters keep their position
 // ("0", "2", ...).
@@ -17,6 +18,7 @@ std::unique_ptr<Sequential> softmax_regression(Rng& rng) {
     auto m = std::make_unique<Sequential>("softmax-regression");
     m->emplace<Flatten>();
     m->add("fc", std::make_unique<Linear>(784, 10, rng));
+    m->pack();
     return m;
 }
 
@@ -28,6 +30,7 @@ std::unique_ptr<Sequential> mlp(Rng& rng, int64_t hidden1, int64_t hidden2) {
     m->add("fc2", std::make_unique<Linear>(hidden1, hidden2, rng));
     m->emplace<ReLU>();
     m->add("fc3", std::make_unique<Linear>(hidden2, 10, rng));
+    m->pack();
     return m;
 }
 
@@ -43,6 +46,7 @@ std::unique_ptr<Sequential> lenet(Rng& rng) {
     m->add("fc1", std::make_unique<Linear>(320, 50, rng));
     m->emplace<ReLU>();
     m->add("fc2", std::make_unique<Linear>(50, 10, rng));
+    m->pack();
     return m;
 }
 
@@ -72,6 +76,7 @@ std::unique_ptr<Sequential> cifar_net(Rng& rng, CifarNetWidths w, bool batch_nor
     m->add("pool", std::make_unique<MaxPool2d>(3));
     m->add("flatten", std::make_unique<Flatten>());
     m->add("head", std::make_unique<Linear>(in, 10, rng, false));
+    m->pack();
     return m;
 }
 

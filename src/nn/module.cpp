@@ -190,15 +190,62 @@ void Module::train(bool on) {
 }
 
 void Module::zero_grad() {
+    if (packed()) return fill_(grad_slab_, 0.0f);
     for (Parameter* p : parameters()) fill_(p->grad, 0.0f);
 }
 
 void Module::to(Device device) {
-    for (Parameter* p : parameters()) {
-        p->value = p->value.to(device);
-        p->grad = p->grad.to(device);
+    if (packed()) {  // move the two slabs; each tensor is again a view at its offset
+        const Tensor values = value_slab_.to(device), grads = grad_slab_.to(device);
+        for (Parameter* p : parameters()) {
+            p->value = values.view(p->value.offset(), p->value.shape());
+            p->grad = grads.view(p->grad.offset(), p->grad.shape());
+        }
+        value_slab_ = values;
+        grad_slab_ = grads;
+    } else {
+        for (Parameter* p : parameters()) {
+            p->value = p->value.to(device);
+            p->grad = p->grad.to(device);
+        }
     }
     for (auto& [name, t] : named_buffers()) *t = t->to(device);
+}
+
+// ---- slabs ---------------------------------------------------------------------------------
+void Module::pack() {
+    std::vector<Parameter*> params = parameters();
+    KILN_CHECK(!params.empty(), name(), ": pack() of a module without parameters");
+    std::vector<Shape> shapes;
+    for (Parameter* p : params) {
+        KILN_CHECK(p->value.device() == params[0]->value.device() && p->value.dtype() == DType::F32, name(),
+                   ": pack() needs every parameter f32 on one device; ", p->name, " is ", p->value.desc());
+        shapes.push_back(p->value.shape());
+    }
+    const Device device = params[0]->value.device();
+    Slab values = make_slab(shapes, DType::F32, device, Category::Parameter);
+    Slab grads = make_slab(shapes, DType::F32, device, Category::Gradient);
+    for (size_t i = 0; i < params.size(); i++) {
+        values.views[i].copy_from(params[i]->value);
+        grads.views[i].copy_from(params[i]->grad);
+        params[i]->value = values.views[i];
+        params[i]->grad = grads.views[i];
+    }
+    value_slab_ = values.whole;
+    grad_slab_ = grads.whole;
+}
+
+// Packed, and still: a parameter replaced by hand (p.value = ...) leaves the slab.
+bool Module::packed() const {
+    if (!grad_slab_.defined()) return false;
+    for (Parameter* p : const_cast<Module*>(this)->parameters())
+        if (!p->value.shares_storage(value_slab_) || !p->grad.shares_storage(grad_slab_)) return false;
+    return true;
+}
+
+Tensor Module::grads_view() const {
+    KILN_CHECK(packed(), name(), ": grads_view() needs the gradients in one slab: call pack() first");
+    return grad_slab_;
 }
 
 void check_on_device(const Tensor& t, Device device, const std::string& layer, const char* what) {

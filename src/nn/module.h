@@ -18,7 +18,8 @@
 //              └─ head                 head.weight
 // parameters(), train(), zero_grad() and to() walk the tree, so a container writes none of them.
 //
-// Parameters and gradients live in two slabs once pack() has run (see pack below).
+// Parameters and gradients live in two slabs once pack() has run (see pack below). The
+// chapters' models (models.h) come packed.
 #pragma once
 #include <functional>
 #include <memory>
@@ -123,6 +124,19 @@ public:
     void to(Device device);         // moves parameters, grads and buffers (slabs stay slabs)
     int64_t num_parameters();       // total elements of all parameters
 
+    // ---- slabs (llm.c) ----------------------------------------------------------------
+    // Moves every parameter of the tree into one allocation and every gradient into another,
+    // each tensor a view at a 256-byte aligned offset (make_slab), values and grads copied.
+    // Call it once the model is built (the chapter models' builders do) and before an
+    // optimizer takes its first step. Then zero_grad() is one fill, an all-reduce or an inf
+    // check reads one buffer (grads_view), and the optimizers' state is laid out the same way.
+    // to() and loading a checkpoint keep the slabs; replace_child() and adding a child after
+    // pack() undo it (pack again).
+    void pack();
+    bool packed() const;
+    // The gradient slab as one flat 1-D tensor (zero padding included); the model must be packed.
+    Tensor grads_view() const;
+
 protected:
     // Declares a parameter of this module under its local name: p.value = value and p.grad a
     // zero tensor of its shape. `p` is a member of the layer, so the pointer kept stays valid.
@@ -142,6 +156,7 @@ private:
     std::vector<std::pair<std::string, Tensor*>> buffers_;    // own, local names
     std::vector<Child> children_;
     std::unique_ptr<Hooks> hooks_;  // null while no hook is registered
+    Tensor value_slab_, grad_slab_;  // set by pack() on the module it was called on
 
     friend class HookHandle;
     void set_path(const std::string& path);  // names this module, its parameters and children

@@ -5,7 +5,7 @@
 #include <cstdint>
 
 #include "ops/cpu/cnn_ops.h"  // Conv2dParams, Pool2dParams, BatchNormParams: shared with the CPU
-#include "ops/cpu/cpu_ops.h"  // AdamParams: shared with the CPU
+#include "ops/optim.h"        // AdamParams: shared with the CPU
 
 namespace kiln::cuda {
 
@@ -40,7 +40,7 @@ float softmax_cross_entropy(const float* z, const int32_t* y, float* dz, int64_t
 void sgd_update(float* p, const float* grad, float* buf, int64_t n, float lr, float momentum, float dampening,
                 float weight_decay, bool nesterov, bool first_step);
 // PyTorch's Adam / AdamW (cpu_ops.h has the rule): one thread per element, as on the CPU.
-void adam_update(float* p, const float* grad, float* m, float* v, float* v_max, int64_t n, const cpu::AdamParams& a);
+void adam_update(float* p, const float* grad, float* m, float* v, float* v_max, int64_t n, const AdamParams& a);
 
 // ---- convolution (chapter 05) ------------------------------------------------------------
 // The twins of cpu::conv2d_* (ops/cpu/cnn_ops.h): the same Conv2dParams, the same workspace

@@ -2,8 +2,7 @@
 // adam_update kernels).
 #include "optim/adam.h"
 
-#include "ops/cpu/cpu_ops.h"
-#include "ops/cuda_ops.h"
+#include "ops/optim.h"
 
 namespace kiln {
 
@@ -37,62 +36,59 @@ Adam::Options AdamW::defaults() {
 }
 
 void Adam::create_moments() {
-    moments_.clear();
-    for (const ParamGroup& group : groups_)
-        for (const Parameter* param : group.params) {
-            const Tensor& w = param->value;
-            auto zeros = [&] { return Tensor::zeros(w.shape(), DType::F32, w.device(), Category::OptimizerState); };
-            moments_.push_back({zeros(), zeros(), opt_.amsgrad ? zeros() : Tensor()});
-        }
+    exp_avg_ = state_slab(*this);
+    exp_avg_sq_ = state_slab(*this);
+    max_exp_avg_sq_ = opt_.amsgrad ? state_slab(*this) : std::vector<Tensor>();
 }
 
 void Adam::step() {
-    if (moments_.empty()) create_moments();
+    if (exp_avg_.empty()) create_moments();
     size_t i = 0;  // the parameter's index over all groups: its moments
     for (ParamGroup& group : groups_) {
-        const cpu::AdamParams a{group.lr, opt_.beta1, opt_.beta2, opt_.eps, group.weight_decay, decoupled_,
-                                steps_ + 1};
+        const AdamParams a{group.lr, opt_.beta1, opt_.beta2, opt_.eps, group.weight_decay, decoupled_, steps_ + 1};
+        std::vector<Tensor> w, g, m, v, v_max;
         for (Parameter* param : group.params) {
-            Tensor& w = param->value;
-            const Tensor& g = param->grad;
-            check_same_device(w, g, decoupled_ ? "AdamW::step" : "Adam::step");
-            Moments& s = moments_[i++];
-            float* v_max = opt_.amsgrad ? s.max_exp_avg_sq.data<float>() : nullptr;
-            auto update = w.device() == Device::CUDA ? cuda::adam_update : cpu::adam_update;
-            update(w.data<float>(), g.data<float>(), s.exp_avg.data<float>(), s.exp_avg_sq.data<float>(), v_max,
-                   w.numel(), a);
+            w.push_back(param->value);
+            g.push_back(param->grad);
+            m.push_back(exp_avg_[i]);
+            v.push_back(exp_avg_sq_[i]);
+            if (opt_.amsgrad) v_max.push_back(max_exp_avg_sq_[i]);
+            i++;
         }
+        adam_update(w, g, m, v, v_max, a);
     }
     steps_++;
 }
 
 void Adam::save_state(StateDict& state, const std::string& prefix) const {
     Optimizer::save_state(state, prefix);
-    if (moments_.empty()) return;  // no step yet: nothing else to keep
+    if (exp_avg_.empty()) return;  // no step yet: nothing else to keep
     size_t i = 0;
     for (const ParamGroup& group : groups_)
         for (const Parameter* param : group.params) {
-            const Moments& s = moments_[i++];
             const std::string key = prefix + "." + param->name;
-            state.put(key + ".exp_avg", s.exp_avg);
-            state.put(key + ".exp_avg_sq", s.exp_avg_sq);
-            if (opt_.amsgrad) state.put(key + ".max_exp_avg_sq", s.max_exp_avg_sq);
+            state.put(key + ".exp_avg", exp_avg_[i]);
+            state.put(key + ".exp_avg_sq", exp_avg_sq_[i]);
+            if (opt_.amsgrad) state.put(key + ".max_exp_avg_sq", max_exp_avg_sq_[i]);
+            i++;
         }
 }
 
 void Adam::load_state(const StateDict& state, const std::string& prefix) {
     Optimizer::load_state(state, prefix);
-    moments_.clear();
+    exp_avg_.clear();
+    exp_avg_sq_.clear();
+    max_exp_avg_sq_.clear();
     if (steps_ == 0) return;
     create_moments();
     size_t i = 0;
     for (const ParamGroup& group : groups_)
         for (const Parameter* param : group.params) {
-            Moments& s = moments_[i++];
             const std::string key = prefix + "." + param->name;
-            state.get_into(key + ".exp_avg", s.exp_avg);
-            state.get_into(key + ".exp_avg_sq", s.exp_avg_sq);
-            if (opt_.amsgrad) state.get_into(key + ".max_exp_avg_sq", s.max_exp_avg_sq);
+            state.get_into(key + ".exp_avg", exp_avg_[i]);
+            state.get_into(key + ".exp_avg_sq", exp_avg_sq_[i]);
+            if (opt_.amsgrad) state.get_into(key + ".max_exp_avg_sq", max_exp_avg_sq_[i]);
+            i++;
         }
 }
 

@@ -1,6 +1,6 @@
 // adam.h — Adam and AdamW (chapter 07), with PyTorch's semantics. The per-element work is one
-// fused kernel, cpu::adam_update (src/ops/cpu/elementwise.cpp) or its twin cuda::adam_update
-// (cuda/optim.cu), which serves both optimizers and AMSGrad.
+// fused op per parameter group, adam_update (src/ops/optim.h: the kernels cpu/optim.cpp and
+// cuda/optim.cu), which serves both optimizers and AMSGrad.
 //
 // Memory kept per parameter, in units of the weights (Category::OptimizerState):
 //   SGD without momentum 0×, SGD with momentum 1× (the buffer),
@@ -53,16 +53,14 @@ protected:
     Adam(std::vector<ParamGroup> groups, Options options, bool decoupled);
 
 private:
-    // One parameter's buffers; max_exp_avg_sq is undefined without AMSGrad.
-    struct Moments {
-        Tensor exp_avg, exp_avg_sq, max_exp_avg_sq;
-    };
     Options opt_;
     bool decoupled_;
-    std::vector<Moments> moments_;  // one per parameter (groups in order), created on the first step
+    // One per parameter (groups in order), each list a slab (state_slab), created on the first
+    // step; max_exp_avg_sq stays empty without AMSGrad.
+    std::vector<Tensor> exp_avg_, exp_avg_sq_, max_exp_avg_sq_;
 
     const char* name() const { return decoupled_ ? "AdamW" : "Adam"; }
-    void create_moments();  // zeros, on each parameter's device
+    void create_moments();  // zeros, on the parameters' device
 };
 
 // AdamW: Adam with decoupled weight decay (the rule is above Adam).

@@ -4,9 +4,8 @@
 
 #include <cmath>
 
-#include "ops/cpu/cpu_ops.h"
-#include "ops/cuda_ops.h"
 #include "ops/ops.h"
+#include "ops/optim.h"
 
 namespace kiln {
 
@@ -26,6 +25,17 @@ Optimizer::Optimizer(std::vector<ParamGroup> groups) : groups_(std::move(groups)
 void Optimizer::zero_grad() {
     for (ParamGroup& g : groups_)
         for (Parameter* p : g.params) fill_(p->grad, 0.0f);
+}
+
+std::vector<Tensor> state_slab(const Optimizer& optimizer) {
+    std::vector<Shape> shapes;
+    Device device = Device::CPU;
+    for (const ParamGroup& g : optimizer.param_groups())
+        for (const Parameter* p : g.params) {
+            shapes.push_back(p->value.shape());
+            device = p->value.device();
+        }
+    return make_slab(shapes, DType::F32, device, Category::OptimizerState).views;
 }
 
 void Optimizer::set_lr(float learning_rate) {
@@ -59,21 +69,19 @@ void SGD::check_options() const {
 }
 
 void SGD::step() {
-    bool first = buf_.empty();
+    const bool first = buf_.empty();
+    if (first && opt_.momentum != 0.0f) buf_ = state_slab(*this);
     size_t i = 0;  // the parameter's index over all groups: its buffer
     for (ParamGroup& group : groups_) {
+        std::vector<Tensor> w, g, buf;
         for (Parameter* param : group.params) {
-            Tensor& w = param->value;
-            const Tensor& g = param->grad;
-            check_same_device(w, g, "SGD::step");
-            if (first && opt_.momentum != 0.0f)
-                buf_.push_back(Tensor::zeros(w.shape(), DType::F32, w.device(), Category::OptimizerState));
-            float* buf = opt_.momentum != 0.0f ? buf_[i].data<float>() : nullptr;
-            auto update = w.device() == Device::CUDA ? cuda::sgd_update : cpu::sgd_update;
-            update(w.data<float>(), g.data<float>(), buf, w.numel(), group.lr, opt_.momentum, opt_.dampening,
-                   group.weight_decay, opt_.nesterov, first);
+            w.push_back(param->value);
+            g.push_back(param->grad);
+            if (!buf_.empty()) buf.push_back(buf_[i]);
             i++;
         }
+        sgd_update(w, g, buf,
+                   SgdParams{group.lr, opt_.momentum, opt_.dampening, group.weight_decay, opt_.nesterov, first});
     }
     steps_++;
 }
@@ -93,12 +101,11 @@ void SGD::load_state(const StateDict& state, const std::string& prefix) {
     Optimizer::load_state(state, prefix);
     buf_.clear();
     if (opt_.momentum == 0.0f || steps_ == 0) return;
+    buf_ = state_slab(*this);
+    size_t i = 0;
     for (const ParamGroup& group : groups_)
-        for (const Parameter* param : group.params) {
-            const Tensor& w = param->value;
-            buf_.push_back(Tensor::zeros(w.shape(), DType::F32, w.device(), Category::OptimizerState));
-            state.get_into(prefix + "." + param->name + ".momentum_buffer", buf_.back());
-        }
+        for (const Parameter* param : group.params)
+            state.get_into(prefix + "." + param->name + ".momentum_buffer", buf_[i++]);
 }
 
 std::vector<ParamGroup> decay_groups(Module& model, float lr, float weight_decay) {

@@ -51,13 +51,19 @@ protected:
     int64_t steps_ = 0;
 };
 
+// One zeroed f32 tensor per parameter of the optimizer (groups in order), shaped like it and
+// on its device, all views of one Category::OptimizerState slab laid out like Module::pack's:
+// the optimizers' state (momentum buffers, Adam's moments).
+std::vector<Tensor> state_slab(const Optimizer& optimizer);
+
 // Stochastic gradient descent with PyTorch's semantics (torch.optim.SGD):
 //   g   = grad + weight_decay · p                       (L2 penalty)
 //   buf = g                                  on the first step
 //   buf = momentum · buf + (1 − dampening) · g          after that
 //   g   = nesterov ? g + momentum · buf : buf            (when momentum ≠ 0)
 //   p   = p − lr · g
-// Memory: one buffer per parameter when momentum ≠ 0 (Category::OptimizerState), else none.
+// Memory: one buffer per parameter when momentum ≠ 0 (Category::OptimizerState, one slab: see
+// state_slab), else none. step() updates each group in one sgd_update call (ops/optim.h).
 class SGD : public Optimizer {
 public:
     struct Options {
@@ -76,7 +82,7 @@ public:
 private:
     Options opt_;
     void check_options() const;
-    std::vector<Tensor> buf_;  // one per parameter (groups in order), created on the first step
+    std::vector<Tensor> buf_;  // one per parameter (groups in order), created on the first step (state_slab)
 };
 
 // Gradient clipping by global norm (torch.nn.utils.clip_grad_norm_), over all the grads at once:

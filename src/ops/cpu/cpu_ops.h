@@ -9,6 +9,8 @@
 #include <cmath>
 #include <cstdint>
 
+#include "ops/optim.h"  // AdamParams
+
 namespace kiln::cpu {
 
 // ---- elementwise (n elements) -------------------------------------------------------------
@@ -36,23 +38,13 @@ float max(const float* x, int64_t n);
 // dz (if not null) = (softmax(z) − onehot(y)) / N. Returns the loss.
 float softmax_cross_entropy(const float* z, const int32_t* y, float* dz, int64_t N, int64_t C);
 
-// ---- optimizer update (one fused pass over n parameters) -----------------------------------
+// ---- optimizer update (one fused pass over n parameters; optim.cpp) -------------------------
 // PyTorch's SGD:  g = grad + wd·p;  buf = first ? g : momentum·buf + (1 − dampening)·g;
 //                 g = nesterov ? g + momentum·buf : buf   (when momentum ≠ 0);   p −= lr·g
 void sgd_update(float* p, const float* grad, float* buf, int64_t n, float lr, float momentum, float dampening,
                 float weight_decay, bool nesterov, bool first_step);
 
-// One step of PyTorch's Adam or AdamW (the rule, and what each buffer is: src/optim/adam.h).
-struct AdamParams {
-    float lr, beta1, beta2, eps, weight_decay;
-    bool decoupled;  // AdamW: p = p·(1 − lr·wd) before the step; Adam: g = grad + wd·p
-    int64_t step;    // t = 1, 2, ...: this update's number, for the bias corrections
-    // The step's scalars, in double as PyTorch computes them (from Python floats):
-    // lr / (1 − β1^t),  sqrt(1 − β2^t),  and AdamW's factor on p, 1 − lr·wd.
-    double step_size() const { return double(lr) / (1.0 - std::pow(double(beta1), double(step))); }
-    double bias_correction2_sqrt() const { return std::sqrt(1.0 - std::pow(double(beta2), double(step))); }
-    double decay() const { return 1.0 - double(lr) * double(weight_decay); }
-};
+// One step of PyTorch's Adam or AdamW (AdamParams and the rule: ops/optim.h, src/optim/adam.h).
 // Adam: g = grad + wd·p, AdamW: p = decay·p;  m = β1·m + (1 − β1)·g;  v = β2·v + (1 − β2)·g²;
 // v_max = max(v_max, v) when v_max is not null (AMSGrad: v_max then replaces v below);
 // p −= step_size · m / (sqrt(v) / bias_correction2_sqrt + eps)

@@ -1,0 +1,60 @@
+// optim.cpp — the optimizer update ops (optim.h): the group's checks, then one kernel call per
+// segment on the segments' device.
+#include "ops/optim.h"
+
+#include "core/tensor.h"
+#include "ops/cpu/cpu_ops.h"
+#include "ops/cuda_ops.h"
+
+namespace kiln {
+
+// Every list has params.size() tensors (or is empty when `optional`), each f32 with params[i]'s
+// shape on params[0]'s device. Returns that device.
+static Device check_group(const char* op, const std::vector<Tensor>& params,
+                          std::initializer_list<std::pair<const std::vector<Tensor>*, bool>> lists) {
+    KILN_CHECK(!params.empty(), op, ": an empty group");
+    const Device device = params[0].device();
+    for (auto [list, optional] : lists) {
+        KILN_CHECK(list->size() == params.size() || (optional && list->empty()), op, ": ", params.size(),
+                   " parameters but ", list->size(), " tensors beside them");
+    }
+    for (size_t i = 0; i < params.size(); i++) {
+        check_dtype(params[i], DType::F32, op, "parameter");
+        KILN_CHECK(params[i].device() == device, op, ": the group's parameters are on more than one device (",
+                   params[0].desc(), " and ", params[i].desc(), ")");
+        for (auto [list, optional] : lists) {
+            if (list->empty()) continue;
+            check_shape((*list)[i], params[i].shape(), op, "state or gradient");
+            check_dtype((*list)[i], DType::F32, op, "state or gradient");
+            check_same_device(params[i], (*list)[i], op);
+        }
+    }
+    return device;
+}
+
+static float* data_or_null(const std::vector<Tensor>& list, size_t i) {
+    return list.empty() ? nullptr : const_cast<Tensor&>(list[i]).data<float>();
+}
+
+void sgd_update(const std::vector<Tensor>& params, const std::vector<Tensor>& grads, const std::vector<Tensor>& bufs,
+                const SgdParams& s) {
+    const Device device = check_group("sgd_update", params, {{&grads, false}, {&bufs, s.momentum == 0.0f}});
+    KILN_CHECK(s.momentum == 0.0f || !bufs.empty(), "sgd_update: momentum ", s.momentum, " needs its buffers");
+    auto update = device == Device::CUDA ? cuda::sgd_update : cpu::sgd_update;
+    for (size_t i = 0; i < params.size(); i++)
+        update(data_or_null(params, i), grads[i].data<float>(), data_or_null(bufs, i), params[i].numel(), s.lr,
+               s.momentum, s.dampening, s.weight_decay, s.nesterov, s.first_step);
+}
+
+void adam_update(const std::vector<Tensor>& params, const std::vector<Tensor>& grads,
+                 const std::vector<Tensor>& exp_avg, const std::vector<Tensor>& exp_avg_sq,
+                 const std::vector<Tensor>& max_exp_avg_sq, const AdamParams& a) {
+    const Device device = check_group("adam_update", params,
+                                      {{&grads, false}, {&exp_avg, false}, {&exp_avg_sq, false}, {&max_exp_avg_sq, true}});
+    auto update = device == Device::CUDA ? cuda::adam_update : cpu::adam_update;
+    for (size_t i = 0; i < params.size(); i++)
+        update(data_or_null(params, i), grads[i].data<float>(), data_or_null(exp_avg, i), data_or_null(exp_avg_sq, i),
+               data_or_null(max_exp_avg_sq, i), params[i].numel(), a);
+}
+
+}  // namespace kiln
