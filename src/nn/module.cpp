@@ -235,15 +235,15 @@ void Module::pack() {
     grad_slab_ = grads.whole;
 }
 
-// Packed, and still: a parameter replaced by hand (p.value = ...) leaves the slab.
-bool Module::packed() const {
+// Packed, and still: a replaced child, or a parameter set by hand (p.value = ...), is not in it.
+bool Module::packed() {
     if (!grad_slab_.defined()) return false;
-    for (Parameter* p : const_cast<Module*>(this)->parameters())
+    for (Parameter* p : parameters())
         if (!p->value.shares_storage(value_slab_) || !p->grad.shares_storage(grad_slab_)) return false;
     return true;
 }
 
-Tensor Module::grads_view() const {
+Tensor Module::grads_view() {
     KILN_CHECK(packed(), name(), ": grads_view() needs the gradients in one slab: call pack() first");
     return grad_slab_;
 }

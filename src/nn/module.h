@@ -47,7 +47,8 @@ using ForwardPreHook = std::function<void(Module& m, const Tensor& x)>;
 using ForwardHook = std::function<void(Module& m, const Tensor& x, Tensor& y)>;
 using BackwardHook = std::function<void(Module& m, const Tensor& dy, Tensor& dx)>;
 
-// What register_*_hook returns: remove() takes the hook off again (once).
+// What register_*_hook returns: remove() takes the hook off again (once). It must not outlive
+// its module.
 class HookHandle {
 public:
     HookHandle(Module* module, uint64_t id) : module_(module), id_(id) {}
@@ -133,9 +134,9 @@ public:
     // to() and loading a checkpoint keep the slabs; replace_child() and adding a child after
     // pack() undo it (pack again).
     void pack();
-    bool packed() const;
+    bool packed();  // pack() ran and every parameter and grad of the tree is still in the slabs
     // The gradient slab as one flat 1-D tensor (zero padding included); the model must be packed.
-    Tensor grads_view() const;
+    Tensor grads_view();
 
 protected:
     // Declares a parameter of this module under its local name: p.value = value and p.grad a

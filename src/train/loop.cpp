@@ -17,7 +17,7 @@ StepResult train_step(Module& model, Optimizer& optimizer, const Tensor& x, cons
         std::optional<AllocatorScope> scope;
         if (opt.arena) scope.emplace(*opt.arena);  // this step's activations come from the arena
         CrossEntropyLoss criterion;
-        optimizer.zero_grad();
+        model.zero_grad();  // one fill when the model is packed
         Tensor logits = model.call(x);
         r.loss = criterion.forward(logits, y);
         r.correct = count_correct(logits, y);

@@ -39,7 +39,7 @@ struct StepResult {
     bool finite() const { return loss_finite && grads_finite; }
 };
 
-// One step on the batch (x, y): zero the grads, forward, softmax cross-entropy, backward (the
+// One step on the batch (x, y): zero the model's grads, forward, softmax cross-entropy, backward (the
 // model's input_needs_grad set to false: x is data), optional clipping, the optimizer's step,
 // the arena's reset.
 StepResult train_step(Module& model, Optimizer& optimizer, const Tensor& x, const Tensor& y, const StepOptions& opt);
