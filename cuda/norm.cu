@@ -1,8 +1,9 @@
 // norm.cu — the CUDA twins of src/ops/cpu/norm.cpp: batch normalization (training, evaluation,
-// backward), GELU and dropout. Same names and arguments as ops/cpu/cnn_ops.h; pointers are
-// device memory.
+// backward), layer normalization, GELU and dropout. Same names and arguments as ops/cpu/cnn_ops.h;
+// pointers are device memory. Templates on the element type T of x, y, dy, dx (gamma, beta and
+// the statistics are float; sums in float or double); this file instantiates T = float.
 //
-// Letters as in cnn_ops.h: x [N, C, S], S = H·W (1 for BatchNorm1d), M = N·S values per
+// Letters as in ops/params.h: x [N, C, S], S = H·W (1 for BatchNorm1d), M = N·S values per
 // channel, n = element count of the elementwise kernels, t = threadIdx.x, T = blockDim.x.
 // Value m < M of channel c sits at x[(n·C + c)·S + s] with n = m / S, s = m mod S.
 //
@@ -48,12 +49,10 @@
 
 #include "common.cuh"
 #include "core/rng.h"
-#include "ops/cpu/cnn_ops.h"
 #include "ops/cuda_ops.h"
 
 namespace kiln::cuda {
 
-using cpu::BatchNormParams;
 using detail::blocks_for;
 using detail::kBlock;
 
@@ -70,7 +69,8 @@ unsigned channel_blocks(int64_t C) { return unsigned(std::min<int64_t>(C, 65535)
 
 }  // namespace
 
-__global__ void batchnorm_forward_train_kernel(const float* x, const float* gamma, const float* beta, float* y,
+template <typename T>
+__global__ void batchnorm_forward_train_kernel(const T* x, const float* gamma, const float* beta, T* y,
                                                float* running_mean, float* running_var, float* save_mean,
                                                float* save_invstd, BatchNormParams p) {
     __shared__ double sh[kBlock];
@@ -78,13 +78,13 @@ __global__ void batchnorm_forward_train_kernel(const float* x, const float* gamm
     for (int64_t c = blockIdx.x; c < p.C; c += gridDim.x) {  // the same count for every thread
         // pass 1: mean
         double s1 = 0.0;
-        for (int64_t m = threadIdx.x; m < M; m += blockDim.x) s1 += x[channel_at(p, c, m)];
+        for (int64_t m = threadIdx.x; m < M; m += blockDim.x) s1 += float(x[channel_at(p, c, m)]);
         const double mean_d = detail::block_reduce(s1, sh, detail::SumOp{}) / double(M);
         const float mean = float(mean_d);
         // pass 2: biased variance around it
         double s2 = 0.0;
         for (int64_t m = threadIdx.x; m < M; m += blockDim.x) {
-            const float d = x[channel_at(p, c, m)] - mean;
+            const float d = float(x[channel_at(p, c, m)]) - mean;
             s2 += d * d;
         }
         const double var = detail::block_reduce(s2, sh, detail::SumOp{}) / double(M);
@@ -93,7 +93,7 @@ __global__ void batchnorm_forward_train_kernel(const float* x, const float* gamm
         const float scale = gamma[c] * invstd, shift = beta[c];
         for (int64_t m = threadIdx.x; m < M; m += blockDim.x) {
             const int64_t i = channel_at(p, c, m);
-            y[i] = (x[i] - mean) * scale + shift;
+            y[i] = T((float(x[i]) - mean) * scale + shift);
         }
         if (threadIdx.x == 0) {
             save_mean[c] = mean;
@@ -106,19 +106,21 @@ __global__ void batchnorm_forward_train_kernel(const float* x, const float* gamm
 }
 
 // y = (x − running_mean[c]) · gamma[c] / sqrt(running_var[c] + eps) + beta[c],   c = i / S mod C
-__global__ void batchnorm_forward_eval_kernel(const float* x, const float* gamma, const float* beta,
-                                              const float* running_mean, const float* running_var, float* y,
+template <typename T>
+__global__ void batchnorm_forward_eval_kernel(const T* x, const float* gamma, const float* beta,
+                                              const float* running_mean, const float* running_var, T* y,
                                               BatchNormParams p) {
     const int64_t total = p.N * p.C * p.S;
     for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < total; i += int64_t(gridDim.x) * blockDim.x) {
         const int64_t c = i / p.S % p.C;
         const float scale = gamma[c] / sqrtf(running_var[c] + p.eps);
-        y[i] = (x[i] - running_mean[c]) * scale + beta[c];
+        y[i] = T((float(x[i]) - running_mean[c]) * scale + beta[c]);
     }
 }
 
-__global__ void batchnorm_backward_kernel(const float* dy, const float* x, const float* gamma, const float* save_mean,
-                                          const float* save_invstd, float* dx, float* dgamma, float* dbeta,
+template <typename T>
+__global__ void batchnorm_backward_kernel(const T* dy, const T* x, const float* gamma, const float* save_mean,
+                                          const float* save_invstd, T* dx, float* dgamma, float* dbeta,
                                           BatchNormParams p) {
     __shared__ double sh[kBlock];
     const int64_t M = p.N * p.S;
@@ -128,8 +130,8 @@ __global__ void batchnorm_backward_kernel(const float* dy, const float* x, const
         double s_dy = 0.0, s_dy_xm = 0.0;
         for (int64_t m = threadIdx.x; m < M; m += blockDim.x) {
             const int64_t i = channel_at(p, c, m);
-            s_dy += dy[i];
-            s_dy_xm += dy[i] * (x[i] - mean);
+            s_dy += float(dy[i]);
+            s_dy_xm += float(dy[i]) * (float(x[i]) - mean);
         }
         const double sum_dy = detail::block_reduce(s_dy, sh, detail::SumOp{});
         const double sum_dy_xhat = detail::block_reduce(s_dy_xm, sh, detail::SumOp{}) * invstd;
@@ -139,7 +141,7 @@ __global__ void batchnorm_backward_kernel(const float* dy, const float* x, const
         const float g = gamma[c] * invstd;
         for (int64_t m = threadIdx.x; m < M; m += blockDim.x) {
             const int64_t i = channel_at(p, c, m);
-            dx[i] = g * (dy[i] - k_dy - (x[i] - mean) * k_x);
+            dx[i] = T(g * (float(dy[i]) - k_dy - (float(x[i]) - mean) * k_x));
         }
         if (threadIdx.x == 0) {
             dgamma[c] += float(sum_dy_xhat);
@@ -148,103 +150,127 @@ __global__ void batchnorm_backward_kernel(const float* dy, const float* x, const
     }
 }
 
-void batchnorm_forward_train(const float* x, const float* gamma, const float* beta, float* y, float* running_mean,
+template <typename T>
+void batchnorm_forward_train(const T* x, const float* gamma, const float* beta, T* y, float* running_mean,
                              float* running_var, float* save_mean, float* save_invstd, const BatchNormParams& p) {
     if (p.C == 0) return;
     const dim3 grid(channel_blocks(p.C)), block(kBlock);
-    KILN_LAUNCH(batchnorm_forward_train_kernel, grid, block, 0)(x, gamma, beta, y, running_mean, running_var,
+    KILN_LAUNCH(batchnorm_forward_train_kernel<T>, grid, block, 0)(x, gamma, beta, y, running_mean, running_var,
                                                                 save_mean, save_invstd, p);
-    KILN_CHECK_LAUNCH(batchnorm_forward_train_kernel, grid, block);
+    KILN_CHECK_LAUNCH(batchnorm_forward_train_kernel<T>, grid, block);
 }
 
-void batchnorm_forward_eval(const float* x, const float* gamma, const float* beta, const float* running_mean,
-                            const float* running_var, float* y, const BatchNormParams& p) {
+template <typename T>
+void batchnorm_forward_eval(const T* x, const float* gamma, const float* beta, const float* running_mean,
+                            const float* running_var, T* y, const BatchNormParams& p) {
     const int64_t total = p.N * p.C * p.S;
     if (total == 0) return;
     const dim3 grid(blocks_for(total)), block(kBlock);
-    KILN_LAUNCH(batchnorm_forward_eval_kernel, grid, block, 0)(x, gamma, beta, running_mean, running_var, y, p);
-    KILN_CHECK_LAUNCH(batchnorm_forward_eval_kernel, grid, block);
+    KILN_LAUNCH(batchnorm_forward_eval_kernel<T>, grid, block, 0)(x, gamma, beta, running_mean, running_var, y, p);
+    KILN_CHECK_LAUNCH(batchnorm_forward_eval_kernel<T>, grid, block);
 }
 
-void batchnorm_backward(const float* dy, const float* x, const float* gamma, const float* save_mean,
-                        const float* save_invstd, float* dx, float* dgamma, float* dbeta, const BatchNormParams& p) {
+template <typename T>
+void batchnorm_backward(const T* dy, const T* x, const float* gamma, const float* save_mean,
+                        const float* save_invstd, T* dx, float* dgamma, float* dbeta, const BatchNormParams& p) {
     if (p.C == 0) return;
     const dim3 grid(channel_blocks(p.C)), block(kBlock);
-    KILN_LAUNCH(batchnorm_backward_kernel, grid, block, 0)(dy, x, gamma, save_mean, save_invstd, dx, dgamma, dbeta,
+    KILN_LAUNCH(batchnorm_backward_kernel<T>, grid, block, 0)(dy, x, gamma, save_mean, save_invstd, dx, dgamma, dbeta,
                                                            p);
-    KILN_CHECK_LAUNCH(batchnorm_backward_kernel, grid, block);
+    KILN_CHECK_LAUNCH(batchnorm_backward_kernel<T>, grid, block);
 }
 
 // ---- GELU --------------------------------------------------------------------------------------
 // y = x·Φ(x),  Φ(x) = (1 + erf(x/√2)) / 2
-__global__ void gelu_forward_kernel(const float* x, float* y, int64_t n) {
+template <typename T>
+__global__ void gelu_forward_kernel(const T* x, T* y, int64_t n) {
     constexpr float kInvSqrt2 = 0.70710678118654752f;
-    for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
-        y[i] = 0.5f * x[i] * (1.0f + erff(x[i] * kInvSqrt2));
-}
-
-// dx = dy · (Φ(x) + x·φ(x)),  φ(x) = exp(−x²/2) / √(2π)
-__global__ void gelu_backward_kernel(const float* x, const float* dy, float* dx, int64_t n) {
-    constexpr float kInvSqrt2 = 0.70710678118654752f, kInvSqrt2Pi = 0.39894228040143268f;
     for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
-        const float v = x[i];
-        const float cdf = 0.5f * (1.0f + erff(v * kInvSqrt2));
-        const float pdf = kInvSqrt2Pi * expf(-0.5f * v * v);
-        dx[i] = dy[i] * (cdf + v * pdf);
+        const float v = float(x[i]);
+        y[i] = T(0.5f * v * (1.0f + erff(v * kInvSqrt2)));
     }
 }
 
-void gelu_forward(const float* x, float* y, int64_t n) {
-    if (n == 0) return;
-    const dim3 grid(blocks_for(n)), block(kBlock);
-    KILN_LAUNCH(gelu_forward_kernel, grid, block, 0)(x, y, n);
-    KILN_CHECK_LAUNCH(gelu_forward_kernel, grid, block);
+// dx = dy · (Φ(x) + x·φ(x)),  φ(x) = exp(−x²/2) / √(2π)
+template <typename T>
+__global__ void gelu_backward_kernel(const T* x, const T* dy, T* dx, int64_t n) {
+    constexpr float kInvSqrt2 = 0.70710678118654752f, kInvSqrt2Pi = 0.39894228040143268f;
+    for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
+        const float v = float(x[i]);
+        const float cdf = 0.5f * (1.0f + erff(v * kInvSqrt2));
+        const float pdf = kInvSqrt2Pi * expf(-0.5f * v * v);
+        dx[i] = T(float(dy[i]) * (cdf + v * pdf));
+    }
 }
 
-void gelu_backward(const float* x, const float* dy, float* dx, int64_t n) {
+template <typename T>
+void gelu_forward(const T* x, T* y, int64_t n) {
     if (n == 0) return;
     const dim3 grid(blocks_for(n)), block(kBlock);
-    KILN_LAUNCH(gelu_backward_kernel, grid, block, 0)(x, dy, dx, n);
-    KILN_CHECK_LAUNCH(gelu_backward_kernel, grid, block);
+    KILN_LAUNCH(gelu_forward_kernel<T>, grid, block, 0)(x, y, n);
+    KILN_CHECK_LAUNCH(gelu_forward_kernel<T>, grid, block);
+}
+
+template <typename T>
+void gelu_backward(const T* x, const T* dy, T* dx, int64_t n) {
+    if (n == 0) return;
+    const dim3 grid(blocks_for(n)), block(kBlock);
+    KILN_LAUNCH(gelu_backward_kernel<T>, grid, block, 0)(x, dy, dx, n);
+    KILN_CHECK_LAUNCH(gelu_backward_kernel<T>, grid, block);
 }
 
 // ---- dropout -------------------------------------------------------------------------------------
 // keep_i = u_i ≥ drop_p,  u_i = Rng::to_unit(splitmix64(seed_hash ^ splitmix64(first + i)))
 // mask[i] = keep_i;   y[i] = keep_i ? x[i] · scale : 0,   scale = 1 / (1 − drop_p)  (0 when drop_p = 1)
-__global__ void dropout_forward_kernel(const float* x, float* y, uint8_t* mask, int64_t n, float drop_p,
+template <typename T>
+__global__ void dropout_forward_kernel(const T* x, T* y, uint8_t* mask, int64_t n, float drop_p,
                                        float scale, uint64_t seed_hash, uint64_t first) {
     for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
         const float u = Rng::to_unit(splitmix64(seed_hash ^ splitmix64(first + uint64_t(i))));
         const uint8_t keep = u >= drop_p ? 1 : 0;
         mask[i] = keep;
-        y[i] = keep ? x[i] * scale : 0.0f;
+        y[i] = T(keep ? float(x[i]) * scale : 0.0f);
     }
 }
 
 // dx[i] = mask[i] ? dy[i] · scale : 0
-__global__ void dropout_backward_kernel(const float* dy, const uint8_t* mask, float* dx, int64_t n, float scale) {
+template <typename T>
+__global__ void dropout_backward_kernel(const T* dy, const uint8_t* mask, T* dx, int64_t n, float scale) {
     for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
-        dx[i] = mask[i] ? dy[i] * scale : 0.0f;
+        dx[i] = T(mask[i] ? float(dy[i]) * scale : 0.0f);
 }
 
 namespace {
 float dropout_scale(float drop_p) { return drop_p < 1.0f ? 1.0f / (1.0f - drop_p) : 0.0f; }
 }  // namespace
 
-void dropout_forward(const float* x, float* y, uint8_t* mask, int64_t n, float drop_p, uint64_t seed_hash,
+template <typename T>
+void dropout_forward(const T* x, T* y, uint8_t* mask, int64_t n, float drop_p, uint64_t seed_hash,
                      uint64_t first) {
     if (n == 0) return;
     const dim3 grid(blocks_for(n)), block(kBlock);
-    KILN_LAUNCH(dropout_forward_kernel, grid, block, 0)(x, y, mask, n, drop_p, dropout_scale(drop_p), seed_hash,
+    KILN_LAUNCH(dropout_forward_kernel<T>, grid, block, 0)(x, y, mask, n, drop_p, dropout_scale(drop_p), seed_hash,
                                                         first);
-    KILN_CHECK_LAUNCH(dropout_forward_kernel, grid, block);
+    KILN_CHECK_LAUNCH(dropout_forward_kernel<T>, grid, block);
 }
 
-void dropout_backward(const float* dy, const uint8_t* mask, float* dx, int64_t n, float drop_p) {
+template <typename T>
+void dropout_backward(const T* dy, const uint8_t* mask, T* dx, int64_t n, float drop_p) {
     if (n == 0) return;
     const dim3 grid(blocks_for(n)), block(kBlock);
-    KILN_LAUNCH(dropout_backward_kernel, grid, block, 0)(dy, mask, dx, n, dropout_scale(drop_p));
-    KILN_CHECK_LAUNCH(dropout_backward_kernel, grid, block);
+    KILN_LAUNCH(dropout_backward_kernel<T>, grid, block, 0)(dy, mask, dx, n, dropout_scale(drop_p));
+    KILN_CHECK_LAUNCH(dropout_backward_kernel<T>, grid, block);
 }
+
+template void batchnorm_forward_train<float>(const float*, const float*, const float*, float*, float*, float*, float*,
+                                             float*, const BatchNormParams&);
+template void batchnorm_forward_eval<float>(const float*, const float*, const float*, const float*, const float*,
+                                            float*, const BatchNormParams&);
+template void batchnorm_backward<float>(const float*, const float*, const float*, const float*, const float*, float*,
+                                        float*, float*, const BatchNormParams&);
+template void gelu_forward<float>(const float*, float*, int64_t);
+template void gelu_backward<float>(const float*, const float*, float*, int64_t);
+template void dropout_forward<float>(const float*, float*, uint8_t*, int64_t, float, uint64_t, uint64_t);
+template void dropout_backward<float>(const float*, const uint8_t*, float*, int64_t, float);
 
 }  // namespace kiln::cuda
