@@ -155,8 +155,8 @@ __global__ void nchw_to_rows_kernel(const T* dy, ConvDims d, int64_t n0, int64_t
 }
 
 // ---- db: one block per output channel ---------------------------------------------------------------
-// db[o] += Σ_{n, pq} dy[n, o, pq]: thread t takes the flat indices t, t + T, ... of the N·P·Q
-// values (in double), then the block folds its T partial sums in a fixed tree.
+// db[o] += Σ_{n, pq} dy[n, o, pq]: thread t takes the flat indices t, t + B, ... of the N·P·Q
+// values (in double; B = blockDim.x), then the block folds its B partial sums in a fixed tree.
 template <typename T>
 __global__ void bias_grad_kernel(const T* dy, ConvDims d, T* db) {
     __shared__ double sh[kBlock];

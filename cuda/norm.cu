@@ -4,12 +4,13 @@
 // the statistics are float; sums in float or double); this file instantiates T = float.
 //
 // Letters as in ops/params.h: x [N, C, S], S = H·W (1 for BatchNorm1d), M = N·S values per
-// channel, n = element count of the elementwise kernels, t = threadIdx.x, T = blockDim.x.
+// channel; layer norm's x [R, D], R rows of D values; n = element count of the elementwise
+// kernels, t = threadIdx.x, B = blockDim.x (T is the element type).
 // Value m < M of channel c sits at x[(n·C + c)·S + s] with n = m / S, s = m mod S.
 //
 // Thread/block mapping and formulas:
 //   batchnorm_forward_train   one block of 256 per channel (grid-stride over C), three passes
-//       over the channel's M values, thread t taking m = t, t + T, ... (consecutive threads
+//       over the channel's M values, thread t taking m = t, t + B, ... (consecutive threads
 //       read consecutive floats of a row: coalesced when S ≥ 32):
 //         pass 1  mean = Σ x / M                  (each thread sums in double, then the block)
 //         pass 2  var  = Σ (x − mean)² / M        (two passes, not Σx² − (Σx)²/M, which loses
@@ -25,6 +26,15 @@
 //         pass 1  Σ dy and Σ dy·(x − mean)   (two block reductions, in double)
 //         pass 2  dx = gamma·invstd · (dy − Σdy/M − (x − mean) · invstd² · Σdy·(x − mean) / M)
 //       then thread 0: dgamma[c] += Σ dy·x̂ = invstd · Σ dy·(x − mean),   dbeta[c] += Σ dy
+//   layernorm_forward        one block of 256 per row of D values (grid-stride over the R rows),
+//       the batch-norm forward's three passes over the row: mean, biased variance, then
+//         y = (x − mean) · invstd · gamma[d] + beta[d]
+//   layernorm_backward       two kernels:
+//       layernorm_backward_data     one block per row: Σ g and Σ g·x̂ (g = gamma·dy, two block
+//                                   reductions in double), then dx = invstd·(g − Σg/D − x̂·Σg·x̂/D)
+//       layernorm_backward_params   one thread per column d (1-D grid-stride): adds the R rows in
+//                                   order, in double: dgamma[d] += Σ dy·x̂,  dbeta[d] += Σ dy.
+//                                   Consecutive threads read consecutive floats of a row.
 //   gelu_forward, gelu_backward, dropout_forward, dropout_backward   one thread per element
 //       (1-D grid-stride, block 256), the CPU's loop body.
 //
@@ -33,7 +43,8 @@
 // the result is the same on every run. Against the CPU (one thread per channel, 8 float lanes
 // summed in double) the order differs; both sum in double, so mean and var agree to ~1e-7
 // relative, and y, dx to a few float ulps (tests: relative 1e-5). The dgamma/dbeta update of
-// channel c is one thread's plain +=: channels never share an output.
+// channel c is one thread's plain +=: channels never share an output. Layer norm is the same
+// with rows for channels, and its dgamma[d], dbeta[d] belong to one thread each.
 //
 // GELU uses the device's erff and expf (accurate to ~1 ulp) where the CPU uses inlined
 // approximations accurate to 1e-6 absolute; the tests compare within 2e-6.
@@ -64,7 +75,7 @@ __device__ int64_t channel_at(const BatchNormParams& p, int64_t c, int64_t m) {
     return (m / p.S * p.C + c) * p.S + m % p.S;
 }
 
-// One block per channel, at most this many blocks (more channels: each block loops).
+// One block per channel (or layer-norm row), at most this many blocks (more: each block loops).
 unsigned channel_blocks(int64_t C) { return unsigned(std::min<int64_t>(C, 65535)); }
 
 }  // namespace
@@ -180,6 +191,99 @@ void batchnorm_backward(const T* dy, const T* x, const float* gamma, const float
     KILN_CHECK_LAUNCH(batchnorm_backward_kernel<T>, grid, block);
 }
 
+// ---- layer norm ----------------------------------------------------------------------------------
+// Block b does rows b, b + gridDim.x, ... of x [R, D]; in each, thread t takes d = t, t + B, ...
+template <typename T>
+__global__ void layernorm_forward_kernel(const T* x, const float* gamma, const float* beta, T* y, float* save_mean,
+                                         float* save_invstd, int64_t R, int64_t D, float eps) {
+    __shared__ double sh[kBlock];
+    for (int64_t r = blockIdx.x; r < R; r += gridDim.x) {  // the same count for every thread
+        const T* xr = x + r * D;
+        // pass 1: mean
+        double s1 = 0.0;
+        for (int64_t d = threadIdx.x; d < D; d += blockDim.x) s1 += float(xr[d]);
+        const float mean = float(detail::block_reduce(s1, sh, detail::SumOp{}) / double(D));
+        // pass 2: biased variance around it
+        double s2 = 0.0;
+        for (int64_t d = threadIdx.x; d < D; d += blockDim.x) {
+            const float c = float(xr[d]) - mean;
+            s2 += c * c;
+        }
+        const double var = detail::block_reduce(s2, sh, detail::SumOp{}) / double(D);
+        const float invstd = float(1.0 / sqrt(var + double(eps)));
+        // pass 3: y = x̂ · gamma + beta
+        for (int64_t d = threadIdx.x; d < D; d += blockDim.x)
+            y[r * D + d] = T((float(xr[d]) - mean) * invstd * gamma[d] + beta[d]);
+        if (threadIdx.x == 0) {
+            save_mean[r] = mean;
+            save_invstd[r] = invstd;
+        }
+    }
+}
+
+// dx = invstd · (g − Σg/D − x̂ · Σ(g·x̂)/D),  g = gamma · dy, one block per row
+template <typename T>
+__global__ void layernorm_backward_data_kernel(const T* dy, const T* x, const float* gamma, const float* save_mean,
+                                               const float* save_invstd, T* dx, int64_t R, int64_t D) {
+    __shared__ double sh[kBlock];
+    for (int64_t r = blockIdx.x; r < R; r += gridDim.x) {
+        const T* xr = x + r * D;
+        const T* gr = dy + r * D;
+        const float mean = save_mean[r], invstd = save_invstd[r];
+        double s_g = 0.0, s_gx = 0.0;
+        for (int64_t d = threadIdx.x; d < D; d += blockDim.x) {
+            const float g = gamma[d] * float(gr[d]);
+            s_g += g;
+            s_gx += g * ((float(xr[d]) - mean) * invstd);
+        }
+        const float k_g = float(detail::block_reduce(s_g, sh, detail::SumOp{})) / float(D);
+        const float k_x = float(detail::block_reduce(s_gx, sh, detail::SumOp{})) / float(D);
+        for (int64_t d = threadIdx.x; d < D; d += blockDim.x) {
+            const float xhat = (float(xr[d]) - mean) * invstd;
+            dx[r * D + d] = T(invstd * (gamma[d] * float(gr[d]) - k_g - xhat * k_x));
+        }
+    }
+}
+
+// dgamma[d] += Σ_r dy[r, d] · x̂[r, d],  dbeta[d] += Σ_r dy[r, d]: one thread per column, rows in order
+template <typename T>
+__global__ void layernorm_backward_params_kernel(const T* dy, const T* x, const float* save_mean,
+                                                 const float* save_invstd, float* dgamma, float* dbeta, int64_t R,
+                                                 int64_t D) {
+    for (int64_t d = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; d < D; d += int64_t(gridDim.x) * blockDim.x) {
+        double acc_gamma = 0.0, acc_beta = 0.0;
+        for (int64_t r = 0; r < R; r++) {
+            const float g = float(dy[r * D + d]);
+            acc_gamma += g * ((float(x[r * D + d]) - save_mean[r]) * save_invstd[r]);
+            acc_beta += g;
+        }
+        dgamma[d] += float(acc_gamma);
+        dbeta[d] += float(acc_beta);
+    }
+}
+
+template <typename T>
+void layernorm_forward(const T* x, const float* gamma, const float* beta, T* y, float* save_mean, float* save_invstd,
+                       int64_t R, int64_t D, float eps) {
+    if (R == 0) return;
+    const dim3 grid(channel_blocks(R)), block(kBlock);
+    KILN_LAUNCH(layernorm_forward_kernel<T>, grid, block, 0)(x, gamma, beta, y, save_mean, save_invstd, R, D, eps);
+    KILN_CHECK_LAUNCH(layernorm_forward_kernel<T>, grid, block);
+}
+
+template <typename T>
+void layernorm_backward(const T* dy, const T* x, const float* gamma, const float* save_mean, const float* save_invstd,
+                        T* dx, float* dgamma, float* dbeta, int64_t R, int64_t D) {
+    if (R == 0) return;
+    const dim3 grid(channel_blocks(R)), block(kBlock);
+    KILN_LAUNCH(layernorm_backward_data_kernel<T>, grid, block, 0)(dy, x, gamma, save_mean, save_invstd, dx, R, D);
+    KILN_CHECK_LAUNCH(layernorm_backward_data_kernel<T>, grid, block);
+    const dim3 column_grid(blocks_for(D));
+    KILN_LAUNCH(layernorm_backward_params_kernel<T>, column_grid, block, 0)(dy, x, save_mean, save_invstd, dgamma,
+                                                                             dbeta, R, D);
+    KILN_CHECK_LAUNCH(layernorm_backward_params_kernel<T>, column_grid, block);
+}
+
 // ---- GELU --------------------------------------------------------------------------------------
 // y = x·Φ(x),  Φ(x) = (1 + erf(x/√2)) / 2
 template <typename T>
@@ -268,6 +372,10 @@ template void batchnorm_forward_eval<float>(const float*, const float*, const fl
                                             float*, const BatchNormParams&);
 template void batchnorm_backward<float>(const float*, const float*, const float*, const float*, const float*, float*,
                                         float*, float*, const BatchNormParams&);
+template void layernorm_forward<float>(const float*, const float*, const float*, float*, float*, float*, int64_t,
+                                       int64_t, float);
+template void layernorm_backward<float>(const float*, const float*, const float*, const float*, const float*, float*,
+                                        float*, float*, int64_t, int64_t);
 template void gelu_forward<float>(const float*, float*, int64_t);
 template void gelu_backward<float>(const float*, const float*, float*, int64_t);
 template void dropout_forward<float>(const float*, float*, uint8_t*, int64_t, float, uint64_t, uint64_t);

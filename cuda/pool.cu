@@ -4,7 +4,7 @@
 // T = float.
 //
 // Letters as in ops/params.h: x [N, C, H, W] → y [N, C, P, Q], windows KH×KW at
-// (p·stride − padding, q·stride − padding), S = H·W, T = threads per block.
+// (p·stride − padding, q·stride − padding), S = H·W, B = threads per block.
 //
 // Thread/block mapping:
 //   maxpool2d_forward, avgpool2d_forward    one thread per output (n, c, p, q), 1-D grid-stride,
@@ -18,7 +18,7 @@
 //        (clipped to [0, P)), q likewise, and adds their contributions itself, in ascending
 //        (p, q) — the order in which the CPU's scatter adds them, so the sums are identical.
 //   global_avgpool_forward   one block of 256 per plane (grid-stride over the N·C planes):
-//        thread t sums values t, t + T, ... in double, then detail::block_reduce.
+//        thread t sums values t, t + B, ... in double, then detail::block_reduce.
 //   global_avgpool_backward  one thread per element: dx = dy[plane] / S.
 //
 // Determinism: no atomics anywhere; every output is computed by one thread (or one block's

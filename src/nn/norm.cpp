@@ -1,6 +1,6 @@
-// norm.cpp — BatchNorm2d / BatchNorm1d: the layers' checks (which name the layer), the cache,
-// and the calls to the batch norm ops of ops/cnn.h, which run the kernels of the input's device
-// (ops/cpu/norm.cpp or cuda/norm.cu).
+// norm.cpp — BatchNorm2d / BatchNorm1d and LayerNorm: the layers' checks (which name the layer),
+// the caches, and the calls to the normalization ops of ops/cnn.h, which run the kernels of the
+// input's device (ops/cpu/norm.cpp or cuda/norm.cu).
 #include "nn/norm.h"
 
 #include "ops/cnn.h"
@@ -53,6 +53,40 @@ Tensor BatchNorm::backward(const Tensor& dy) {
     check_on_device(weight.grad, d, name(), "weight.grad");
     check_on_device(bias.grad, d, name(), "bias.grad");
     Tensor dx = batchnorm_backward(dy, x_, weight.value, save_mean_, save_invstd_, weight.grad, bias.grad);
+    x_ = save_mean_ = save_invstd_ = Tensor();
+    return dx;
+}
+
+// ---- LayerNorm ---------------------------------------------------------------------------------
+LayerNorm::LayerNorm(int64_t D, std::string name, float eps_)
+    : Module(std::move(name)), normalized_size(D), eps(eps_) {
+    KILN_CHECK(D > 0, this->name(), ": LayerNorm needs a normalized size of at least 1, got ", D);
+    weight = make_parameter(this->name() + ".weight", Tensor::ones({D}, DType::F32, Device::CPU, Category::Parameter));
+    bias = make_parameter(this->name() + ".bias", Tensor::zeros({D}, DType::F32, Device::CPU, Category::Parameter));
+}
+
+Tensor LayerNorm::forward(const Tensor& x) {
+    check_defined(x, name().c_str(), "input");
+    KILN_CHECK(x.ndim() >= 1 && x.size(x.ndim() - 1) == normalized_size, name(), ": expected input [..., ",
+               normalized_size, "], got ", x.desc());
+    check_on_device(weight.value, x.device(), name(), "weight");
+    check_on_device(bias.value, x.device(), name(), "bias");
+    Tensor mean, invstd;
+    Tensor y = layernorm(x, weight.value, bias.value, eps, &mean, &invstd);
+    if (training()) {
+        x_ = x;
+        save_mean_ = mean;
+        save_invstd_ = invstd;
+    }
+    return y;
+}
+
+Tensor LayerNorm::backward(const Tensor& dy) {
+    KILN_CHECK(x_.defined(), name(), ": backward without a training-mode forward");
+    KILN_CHECK(dy.shape() == x_.shape(), name(), ": dy should be ", x_.shape().str(), " (the forward output) but is ",
+               dy.desc());
+    check_on_device(dy, x_.device(), name(), "dy");
+    Tensor dx = layernorm_backward(dy, x_, weight.value, save_mean_, save_invstd_, weight.grad, bias.grad);
     x_ = save_mean_ = save_invstd_ = Tensor();
     return dx;
 }

@@ -333,6 +333,62 @@ Tensor batchnorm_backward(const Tensor& dy, const Tensor& x, const Tensor& gamma
     return dx;
 }
 
+// ---- layer normalization -------------------------------------------------------------------------------
+namespace {
+
+// x [..., D] as R rows of D values; the per-column tensors (gamma and its kin) must be [D].
+struct Rows {
+    int64_t R, D;
+};
+
+Rows layernorm_rows(const Tensor& x, std::initializer_list<Arg> per_column, const char* op) {
+    KILN_CHECK(x.ndim() >= 1 && x.size(x.ndim() - 1) > 0, op, ": 'x' should be [..., D] with D > 0 but is ",
+               x.desc());
+    const Rows rows{x.numel() / x.size(x.ndim() - 1), x.size(x.ndim() - 1)};
+    for (const Arg& a : per_column) check_shape(a.t, Shape{rows.D}, op, a.name);
+    return rows;
+}
+
+}  // namespace
+
+Tensor layernorm(const Tensor& x, const Tensor& gamma, const Tensor& beta, float eps, Tensor* save_mean,
+                 Tensor* save_invstd) {
+    const char* op = "layernorm";
+    const Device d = check_f32_args(op, {{x, "x"}, {gamma, "gamma"}, {beta, "beta"}});
+    const Rows rows = layernorm_rows(x, {{gamma, "gamma"}, {beta, "beta"}}, op);
+    Tensor y = Tensor::empty(x.shape(), DType::F32, d, Category::Activation);
+    *save_mean = Tensor::empty(Shape{rows.R}, DType::F32, d, Category::Activation);
+    *save_invstd = Tensor::empty(Shape{rows.R}, DType::F32, d, Category::Activation);
+    if (on_cuda(d))
+        cuda::layernorm_forward(x.data<float>(), gamma.data<float>(), beta.data<float>(), y.data<float>(),
+                                save_mean->data<float>(), save_invstd->data<float>(), rows.R, rows.D, eps);
+    else
+        cpu::layernorm_forward(x.data<float>(), gamma.data<float>(), beta.data<float>(), y.data<float>(),
+                               save_mean->data<float>(), save_invstd->data<float>(), rows.R, rows.D, eps);
+    return y;
+}
+
+Tensor layernorm_backward(const Tensor& dy, const Tensor& x, const Tensor& gamma, const Tensor& save_mean,
+                          const Tensor& save_invstd, Tensor& dgamma, Tensor& dbeta) {
+    const char* op = "layernorm_backward";
+    const Device d = check_f32_args(op, {{dy, "dy"}, {x, "x"}, {gamma, "gamma"}, {save_mean, "save_mean"},
+                                         {save_invstd, "save_invstd"}, {dgamma, "dgamma"}, {dbeta, "dbeta"}});
+    check_shape(dy, x.shape(), op, "dy");
+    const Rows rows = layernorm_rows(x, {{gamma, "gamma"}, {dgamma, "dgamma"}, {dbeta, "dbeta"}}, op);
+    check_shape(save_mean, Shape{rows.R}, op, "save_mean");
+    check_shape(save_invstd, Shape{rows.R}, op, "save_invstd");
+    Tensor dx = Tensor::empty(x.shape(), DType::F32, d, Category::Activation);
+    if (on_cuda(d))
+        cuda::layernorm_backward(dy.data<float>(), x.data<float>(), gamma.data<float>(), save_mean.data<float>(),
+                                 save_invstd.data<float>(), dx.data<float>(), dgamma.data<float>(),
+                                 dbeta.data<float>(), rows.R, rows.D);
+    else
+        cpu::layernorm_backward(dy.data<float>(), x.data<float>(), gamma.data<float>(), save_mean.data<float>(),
+                                save_invstd.data<float>(), dx.data<float>(), dgamma.data<float>(), dbeta.data<float>(),
+                                rows.R, rows.D);
+    return dx;
+}
+
 // ---- GELU and dropout ----------------------------------------------------------------------------------
 Tensor gelu(const Tensor& x) {
     const Device d = check_f32_args("gelu", {{x, "x"}});

@@ -68,6 +68,16 @@ Tensor batchnorm_eval(const Tensor& x, const Tensor& gamma, const Tensor& beta, 
 Tensor batchnorm_backward(const Tensor& dy, const Tensor& x, const Tensor& gamma, const Tensor& save_mean,
                           const Tensor& save_invstd, Tensor& dgamma, Tensor& dbeta);
 
+// ---- layer normalization -------------------------------------------------------------------
+// x [..., D] normalized over its last dimension, one row of D values at a time (nn/norm.h has
+// the formulas); gamma, beta: f32 [D]. Fills *save_mean and *save_invstd (f32 [R], one per
+// row: R is the product of x's other dimensions) for the backward pass.
+Tensor layernorm(const Tensor& x, const Tensor& gamma, const Tensor& beta, float eps, Tensor* save_mean,
+                 Tensor* save_invstd);
+// Returns dx; dgamma and dbeta accumulate.
+Tensor layernorm_backward(const Tensor& dy, const Tensor& x, const Tensor& gamma, const Tensor& save_mean,
+                          const Tensor& save_invstd, Tensor& dgamma, Tensor& dbeta);
+
 // ---- GELU and dropout (elementwise) --------------------------------------------------------
 Tensor gelu(const Tensor& x);                             // x · Φ(x)
 Tensor gelu_backward(const Tensor& x, const Tensor& dy);  // dy · (Φ(x) + x · φ(x))

@@ -96,6 +96,13 @@ void batchnorm_backward(const T* dy, const T* x, const float* gamma, const float
                         const float* save_invstd, T* dx, float* dgamma, float* dbeta, const BatchNormParams& p);
 
 template <typename T>
+void layernorm_forward(const T* x, const float* gamma, const float* beta, T* y, float* save_mean, float* save_invstd,
+                       int64_t R, int64_t D, float eps);
+template <typename T>
+void layernorm_backward(const T* dy, const T* x, const float* gamma, const float* save_mean, const float* save_invstd,
+                        T* dx, float* dgamma, float* dbeta, int64_t R, int64_t D);
+
+template <typename T>
 void gelu_forward(const T* x, T* y, int64_t n);
 template <typename T>
 void gelu_backward(const T* x, const T* dy, T* dx, int64_t n);

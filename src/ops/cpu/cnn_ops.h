@@ -108,6 +108,22 @@ template <typename T>
 void batchnorm_backward(const T* dy, const T* x, const float* gamma, const float* save_mean,
                         const float* save_invstd, T* dx, float* dgamma, float* dbeta, const BatchNormParams& p);
 
+// ==== layer normalization ===================================================================
+// x [R, D]: R rows (every dimension but the last, flattened) of D values, each row normalized
+// over its own D values (nn/norm.h has the derivation):
+//   mean = Σ x / D      var = Σ (x − mean)² / D   (biased; two passes, in double)
+//   invstd = 1 / sqrt(var + eps)      x̂ = (x − mean) · invstd      y = gamma · x̂ + beta
+// gamma, beta [D]; save_mean, save_invstd [R] keep mean and invstd for the backward pass.
+template <typename T>
+void layernorm_forward(const T* x, const float* gamma, const float* beta, T* y, float* save_mean, float* save_invstd,
+                       int64_t R, int64_t D, float eps);
+// With x̂ recomputed from x and the saved statistics, and g = gamma · dy:
+//   dx = invstd · (g − Σ_d g / D − x̂ · Σ_d g·x̂ / D)                (per row; overwritten)
+//   dgamma += Σ_rows dy · x̂        dbeta += Σ_rows dy              (per column; accumulate)
+template <typename T>
+void layernorm_backward(const T* dy, const T* x, const float* gamma, const float* save_mean, const float* save_invstd,
+                        T* dx, float* dgamma, float* dbeta, int64_t R, int64_t D);
+
 // ==== elementwise: GELU and dropout (n elements) ============================================
 // GELU, exact (erf) form, PyTorch's default:
 //   y = x · Φ(x) = x/2 · (1 + erf(x / √2))        dy/dx = Φ(x) + x · φ(x),  φ(x) = e^(−x²/2) / √(2π)

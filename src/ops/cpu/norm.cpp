@@ -1,7 +1,8 @@
-// norm.cpp — batch normalization on the CPU (chapter 06), and the two elementwise kernels of
-// chapter 06's layers: GELU and dropout.
+// norm.cpp — batch normalization on the CPU (chapter 06), layer normalization, and the two
+// elementwise kernels of chapter 06's layers: GELU and dropout.
 //
 // Letters as in ops/params.h: x [N, C, S], S = H·W (1 for BatchNorm1d), M = N·S values per channel.
+// Layer norm: x [R, D], R rows of D values.
 //
 // ---- Batch norm: the passes over memory ------------------------------------------------------
 // Each channel is done by one thread, start to finish: its M values are read for the mean,
@@ -13,6 +14,8 @@
 // ---- Determinism ---------------------------------------------------------------------------
 // A channel's sums are taken by one thread, in a fixed pattern (8 float lanes along each row
 // segment of S, then rows added in double in order), so any thread count gives the same bits.
+// Layer norm likewise: a row's sums belong to one thread; dgamma and dbeta, sums over rows, are
+// split by columns, each column adding its rows in order.
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -127,6 +130,73 @@ void batchnorm_backward(const T* dy, const T* x, const float* gamma, const float
         }
         dgamma[c] += float(sum_dy_xhat);
         dbeta[c] += float(sum_dy);
+    }
+}
+
+// ---- layer norm ----------------------------------------------------------------------------------
+// One row per thread: pass 1 the mean, pass 2 the biased variance around it (both as lane_sum:
+// 8 float lanes, then double), pass 3 y = (x − mean) · invstd · gamma + beta.
+template <typename T>
+void layernorm_forward(const T* x, const float* gamma, const float* beta, T* y, float* save_mean, float* save_invstd,
+                       int64_t R, int64_t D, float eps) {
+    KILN_CHECK(R >= 0 && D > 0, "layernorm_forward: bad sizes R=", R, " D=", D);
+#pragma omp parallel for schedule(static) if (R * D > kParallelMin)
+    for (int64_t r = 0; r < R; r++) {
+        const T* xr = x + r * D;
+        const float mean = float(lane_sum(D, [&](int64_t d) { return float(xr[d]); }) / double(D));
+        const double var = lane_sum(D, [&](int64_t d) {
+                               const float c = float(xr[d]) - mean;
+                               return c * c;
+                           }) /
+                           double(D);
+        const float invstd = float(1.0 / std::sqrt(var + double(eps)));
+        T* yr = y + r * D;
+        for (int64_t d = 0; d < D; d++) yr[d] = T((float(xr[d]) - mean) * invstd * gamma[d] + beta[d]);
+        save_mean[r] = mean;
+        save_invstd[r] = invstd;
+    }
+}
+
+// dx: one row per thread, pass 1 Σ g and Σ g·x̂ (g = gamma·dy), pass 2 dx.
+// dgamma, dbeta: blocks of kColumns columns per thread; each block adds the rows in order into
+// double accumulators, then adds them to dgamma and dbeta once.
+template <typename T>
+void layernorm_backward(const T* dy, const T* x, const float* gamma, const float* save_mean, const float* save_invstd,
+                        T* dx, float* dgamma, float* dbeta, int64_t R, int64_t D) {
+    KILN_CHECK(R >= 0 && D > 0, "layernorm_backward: bad sizes R=", R, " D=", D);
+#pragma omp parallel for schedule(static) if (R * D > kParallelMin)
+    for (int64_t r = 0; r < R; r++) {
+        const T* xr = x + r * D;
+        const T* gr = dy + r * D;
+        const float mean = save_mean[r], invstd = save_invstd[r];
+        const float sum_g = float(lane_sum(D, [&](int64_t d) { return gamma[d] * float(gr[d]); }));
+        const float sum_gx = float(
+            lane_sum(D, [&](int64_t d) { return gamma[d] * float(gr[d]) * ((float(xr[d]) - mean) * invstd); }));
+        const float k_g = sum_g / float(D), k_x = sum_gx / float(D);
+        T* dxr = dx + r * D;
+        for (int64_t d = 0; d < D; d++) {
+            const float xhat = (float(xr[d]) - mean) * invstd;
+            dxr[d] = T(invstd * (gamma[d] * float(gr[d]) - k_g - xhat * k_x));
+        }
+    }
+    constexpr int64_t kColumns = 64;
+    const int64_t blocks = (D + kColumns - 1) / kColumns;
+#pragma omp parallel for schedule(static) if (R * D > kParallelMin)
+    for (int64_t b = 0; b < blocks; b++) {
+        const int64_t d0 = b * kColumns, d1 = std::min(D, d0 + kColumns);
+        double acc_gamma[kColumns] = {}, acc_beta[kColumns] = {};
+        for (int64_t r = 0; r < R; r++) {
+            const float mean = save_mean[r], invstd = save_invstd[r];
+            for (int64_t d = d0; d < d1; d++) {
+                const float g = float(dy[r * D + d]);
+                acc_gamma[d - d0] += g * ((float(x[r * D + d]) - mean) * invstd);
+                acc_beta[d - d0] += g;
+            }
+        }
+        for (int64_t d = d0; d < d1; d++) {
+            dgamma[d] += float(acc_gamma[d - d0]);
+            dbeta[d] += float(acc_beta[d - d0]);
+        }
     }
 }
 
@@ -253,6 +323,10 @@ template void batchnorm_forward_eval<float>(const float*, const float*, const fl
                                             float*, const BatchNormParams&);
 template void batchnorm_backward<float>(const float*, const float*, const float*, const float*, const float*, float*,
                                         float*, float*, const BatchNormParams&);
+template void layernorm_forward<float>(const float*, const float*, const float*, float*, float*, float*, int64_t,
+                                       int64_t, float);
+template void layernorm_backward<float>(const float*, const float*, const float*, const float*, const float*, float*,
+                                        float*, float*, int64_t, int64_t);
 template void gelu_forward<float>(const float*, float*, int64_t);
 template void gelu_backward<float>(const float*, const float*, float*, int64_t);
 template void dropout_forward<float>(const float*, float*, uint8_t*, int64_t, float, uint64_t, uint64_t);
