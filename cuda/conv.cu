@@ -251,9 +251,9 @@ namespace {
 
 template <typename T>
 void check_workspace(const Conv2dParams& p, const T* col, int64_t col_images, const char* op) {
-    KILN_CHECK(col && col_images >= 1, op, ": needs a device workspace of ", cuda::conv2d_col_floats_per_image(p),
-               " floats per image and at least one image (got ", col_images,
-               "); size it with cuda::conv2d_col_floats_per_image");
+    KILN_CHECK(col && col_images >= 1, op, ": needs a device workspace of ", cuda::conv2d_col_elems_per_image(p),
+               " elements per image and at least one image (got ", col_images,
+               "); size it with cuda::conv2d_col_elems_per_image");
 }
 
 // The 1-D kernels: block 256, grid detail::blocks_for(elements); nothing to launch for 0 elements
@@ -290,7 +290,7 @@ void nchw_to_rows(const T* dy, const ConvDims& d, int64_t n0, int64_t k, T* rows
 
 ConvAlgo conv2d_algo(const Conv2dParams& p) { return p.Og() < 64 ? ConvAlgo::ImplicitGemm : ConvAlgo::Im2col; }
 
-int64_t conv2d_col_floats_per_image(const Conv2dParams& p) {
+int64_t conv2d_col_elems_per_image(const Conv2dParams& p) {
     return (p.C * p.KH * p.KW + p.O) * p.P() * p.Q();  // its columns + its rows of y (or dy)
 }
 

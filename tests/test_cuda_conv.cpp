@@ -83,7 +83,7 @@ TEST_CASE("cuda conv2d: both forward strategies and both backward passes match t
             Tensor dw0 = Tensor::uniform(w.shape(), -1, 1, rng), db0 = Tensor::uniform({k.O}, -1, 1, rng);
 
             // The CPU: y, dx, and dw, db accumulated onto dw0, db0.
-            Tensor cpu_col = Tensor::empty({std::max<int64_t>(1, k.N * cpu::conv2d_col_floats_per_image(p))});
+            Tensor cpu_col = Tensor::empty({std::max<int64_t>(1, k.N * cpu::conv2d_col_elems_per_image(p))});
             Tensor y = Tensor::empty({k.N, k.O, P, Q}), dx = Tensor::empty(x.shape());
             Tensor dw = dw0.clone(), db = db0.clone();
             const float* bias = k.bias ? b.data<float>() : nullptr;
@@ -95,7 +95,7 @@ TEST_CASE("cuda conv2d: both forward strategies and both backward passes match t
 
             // The GPU, with a workspace of col_images images.
             Tensor gx = x.to(Device::CUDA), gw = w.to(Device::CUDA), gb = b.to(Device::CUDA), gdy = dy.to(Device::CUDA);
-            Tensor col = Tensor::empty({k.col_images * cuda::conv2d_col_floats_per_image(p)}, DType::F32, Device::CUDA);
+            Tensor col = Tensor::empty({k.col_images * cuda::conv2d_col_elems_per_image(p)}, DType::F32, Device::CUDA);
             const float* gbias = k.bias ? gb.data<float>() : nullptr;
             const Tensor nan = Tensor::full(y.shape(), std::numeric_limits<double>::quiet_NaN());
             const Tensor nan_dx = Tensor::full(x.shape(), std::numeric_limits<double>::quiet_NaN());
@@ -145,7 +145,7 @@ TEST_CASE("cuda conv2d_algo: implicit GEMM below 64 output channels per group, i
     p.groups = 2;  // 32 per group
     REQUIRE(cuda::conv2d_algo(p) == ConvAlgo::ImplicitGemm);
     REQUIRE(std::string(conv_algo_name(ConvAlgo::Im2col)) == "im2col");
-    REQUIRE(cuda::conv2d_col_floats_per_image(p) == (64 * 9 + 64) * 10 * 10);  // (C·K·K + O)·P·Q
+    REQUIRE(cuda::conv2d_col_elems_per_image(p) == (64 * 9 + 64) * 10 * 10);  // (C·K·K + O)·P·Q
 }
 
 TEST_CASE("cuda Conv2d layer matches the CPU layer, with a workspace of one image", "[conv][cuda][lesson05]") {

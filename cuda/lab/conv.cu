@@ -98,13 +98,13 @@ bool run_layer(int chosen, const Layer& layer) {
                 conv_algo_name(cuda::conv2d_algo(p)));
     const std::vector<float> x = random_floats(x_count, 1), w = random_floats(w_count, 2), b = random_floats(size_t(p.O), 3);
     std::vector<float> want(y_count);
-    const int64_t cpu_per_image = cpu::conv2d_col_floats_per_image(p);
+    const int64_t cpu_per_image = cpu::conv2d_col_elems_per_image(p);
     const int64_t cpu_images = cpu_per_image ? images_within(cpu_per_image, p.N, kDefaultConvWorkspace) : 0;
     std::vector<float> cpu_col(size_t(cpu_images * cpu_per_image));
     cpu::conv2d_forward(x.data(), w.data(), layer.bias ? b.data() : nullptr, want.data(), p, cpu_col.data(), cpu_images);
 
     DeviceArray<float> dx(x), dw(w), db(b), dy(y_count);
-    const int64_t per_image = cuda::conv2d_col_floats_per_image(p);
+    const int64_t per_image = cuda::conv2d_col_elems_per_image(p);
     const int64_t images = images_within(per_image, p.N, kDefaultConvWorkspace);
     DeviceArray<float> col(size_t(images * per_image));
     const float* bias = layer.bias ? db.get() : nullptr;

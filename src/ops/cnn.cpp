@@ -91,9 +91,9 @@ void check_conv_bias(const Tensor& b, const Conv2dParams& p, const char* op, con
 // Elements of workspace one image needs for a pass on a device: the CPU's direct paths need none,
 // nor does the CUDA forward by implicit GEMM; every other pass unfolds images into columns.
 int64_t col_per_image(const Conv2dParams& p, Device device, bool forward) {
-    if (!on_cuda(device)) return cpu::conv2d_col_floats_per_image(p);
+    if (!on_cuda(device)) return cpu::conv2d_col_elems_per_image(p);
     if (forward && cuda::conv2d_algo(p) == ConvAlgo::ImplicitGemm) return 0;
-    return cuda::conv2d_col_floats_per_image(p);
+    return cuda::conv2d_col_elems_per_image(p);
 }
 
 // The im2col columns for as many images as fit in `limit` bytes (at least one), on the device:

@@ -44,14 +44,14 @@ void adam_update(float* p, const float* grad, float* m, float* v, float* v_max, 
 
 // ---- convolution (chapter 05) ------------------------------------------------------------
 // The twins of cpu::conv2d_* (ops/cpu/cnn_ops.h): the same Conv2dParams, the same workspace
-// contract (col holds col_images ≥ 1 images of cuda::conv2d_col_floats_per_image(p) elements;
+// contract (col holds col_images ≥ 1 images of cuda::conv2d_col_elems_per_image(p) elements;
 // the batch is done that many images at a time) and the same results: dx is overwritten,
 // dw and db accumulate, b and db may be null. Templates on the element type T, like the CPU's;
 // cuda/conv.cu instantiates float and explains each kernel.
 ConvAlgo conv2d_algo(const Conv2dParams& p);  // the forward strategy: ImplicitGemm or Im2col
 // (C·KH·KW + O)·P·Q: one image's columns and its rows of y (or dy). Every shape needs it, since
 // the backward passes always unfold; only the implicit-GEMM forward leaves it unused.
-int64_t conv2d_col_floats_per_image(const Conv2dParams& p);
+int64_t conv2d_col_elems_per_image(const Conv2dParams& p);
 
 // The forward by conv2d_algo(p), and each strategy by name (one signature, so the kernel lab
 // can time them side by side; the implicit GEMM ignores col and col_images).

@@ -27,14 +27,14 @@ namespace kiln::cpu {
 // The forward strategy for a shape: Depthwise, Pointwise or Im2col (ops/params.h).
 ConvAlgo conv2d_algo(const Conv2dParams& p);
 
-// Floats of workspace one image needs: (C·KH·KW + O) · P·Q for Im2col — its columns, and its
+// Elements (of T) of workspace one image needs: (C·KH·KW + O) · P·Q for Im2col — its columns, and its
 // output (or dy) as rows of the GEMM that does several images at once (conv.cpp, "Several
 // images in one GEMM"); 0 for Pointwise and Depthwise.
-int64_t conv2d_col_floats_per_image(const Conv2dParams& p);
+int64_t conv2d_col_elems_per_image(const Conv2dParams& p);
 
 // One image (or one group of channels of it), C channels of H×W:
 //   col[(c·KH + kh)·KW + kw][p·Q + q] = x[c][ih][iw]   (0 where (ih, iw) is padding)
-// col is [C·KH·KW, P·Q] with rows ld floats apart (ld ≥ P·Q: several images side by side).
+// col is [C·KH·KW, P·Q] with rows ld elements apart (ld ≥ P·Q: several images side by side).
 // Only the H, W, KH, KW, stride, padding, dilation of p are used.
 template <typename T>
 void im2col(const T* x, int64_t C, const Conv2dParams& p, T* col, int64_t ld);
@@ -52,7 +52,7 @@ void col2im(const T* col, int64_t C, const Conv2dParams& p, T* dx) {
 }
 
 // The three passes. col is workspace for col_images images (col_images ≥ 1 and
-// col_images · conv2d_col_floats_per_image(p) floats), or may be null when that is 0.
+// col_images · conv2d_col_elems_per_image(p) elements), or may be null when that is 0.
 // The batch is processed col_images images at a time, so the workspace stays bounded.
 //   forward          y  = conv(x, w) + b                          (b may be null)
 //   backward_data    dx = conv_transpose(dy, w)                   (dx is overwritten)

@@ -64,7 +64,7 @@ ConvAlgo conv2d_algo(const Conv2dParams& p) {
     return ConvAlgo::Im2col;
 }
 
-int64_t conv2d_col_floats_per_image(const Conv2dParams& p) {
+int64_t conv2d_col_elems_per_image(const Conv2dParams& p) {
     if (conv2d_algo(p) != ConvAlgo::Im2col) return 0;
     return (p.C * p.KH * p.KW + p.O) * p.P() * p.Q();  // its columns + its rows of y (or dy)
 }
@@ -272,7 +272,7 @@ constexpr int64_t kGroupColumns = 256;
 template <typename T>
 int64_t images_per_chunk(const Conv2dParams& p, ConvAlgo algo, const T* col, int64_t col_images, const char* op) {
     KILN_CHECK(algo != ConvAlgo::Im2col || (col && col_images >= 1), op, ": needs a workspace of ",
-               conv2d_col_floats_per_image(p), " floats per image");
+               conv2d_col_elems_per_image(p), " elements per image");
     return algo == ConvAlgo::Im2col ? col_images : p.N;
 }
 
@@ -291,7 +291,7 @@ void conv2d_forward(const T* x, const T* w, const T* b, T* y, const Conv2dParams
     const ConvAlgo algo = conv2d_algo(p);
     if (algo == ConvAlgo::Depthwise) return depthwise_forward(x, w, b, y, p);
     const int64_t G = p.groups, Og = p.Og(), PQ = p.P() * p.Q(), Kc = p.Cg() * p.KH * p.KW;
-    const int64_t CHW = p.C * p.H * p.W, per_image = conv2d_col_floats_per_image(p), CK = p.C * p.KH * p.KW;
+    const int64_t CHW = p.C * p.H * p.W, per_image = conv2d_col_elems_per_image(p), CK = p.C * p.KH * p.KW;
     const int64_t chunk = images_per_chunk(p, algo, col, col_images, "conv2d_forward");
     // Pointwise: x_n is [C, H·W], its own column matrix: one image per GEMM, no copies
     const int64_t k_max = algo == ConvAlgo::Im2col ? images_per_group(p, chunk) : 1;
@@ -329,7 +329,7 @@ void conv2d_backward_data(const T* dy, const T* w, T* dx, const Conv2dParams& p,
     const ConvAlgo algo = conv2d_algo(p);
     if (algo == ConvAlgo::Depthwise) return depthwise_backward_data(dy, w, dx, p);
     const int64_t G = p.groups, Og = p.Og(), PQ = p.P() * p.Q(), Kc = p.Cg() * p.KH * p.KW;
-    const int64_t CHW = p.C * p.H * p.W, per_image = conv2d_col_floats_per_image(p), CK = p.C * p.KH * p.KW;
+    const int64_t CHW = p.C * p.H * p.W, per_image = conv2d_col_elems_per_image(p), CK = p.C * p.KH * p.KW;
     const int64_t chunk = images_per_chunk(p, algo, col, col_images, "conv2d_backward_data");
     const int64_t k_max = algo == ConvAlgo::Im2col ? images_per_group(p, chunk) : 1;
 
@@ -380,7 +380,7 @@ void conv2d_backward_weight(const T* x, const T* dy, T* dw, T* db, const Conv2dP
     const ConvAlgo algo = conv2d_algo(p);
     if (algo == ConvAlgo::Depthwise) return depthwise_backward_weight(x, dy, dw, p);
     const int64_t G = p.groups, Og = p.Og(), Kc = p.Cg() * p.KH * p.KW;
-    const int64_t CHW = p.C * p.H * p.W, col_size = conv2d_col_floats_per_image(p);
+    const int64_t CHW = p.C * p.H * p.W, col_size = conv2d_col_elems_per_image(p);
     const int64_t chunk = images_per_chunk(p, algo, col, col_images, "conv2d_backward_weight");
 
     // One parallel region per chunk: the chunk's columns are built (one image per thread),
