@@ -1,4 +1,4 @@
-// cuda_ops.h — the CUDA kernels' launchers, the twins of ops/cpu/cpu_ops.h, gemm.h and cnn_ops.h: same
+// cuda_ops.h — the CUDA kernels' launchers, the twins of ops/cpu/cpu_ops.h and gemm.h: same
 // names, same arguments, but every pointer is device memory. Implemented in cuda/*.cu, which
 // nvcc compiles for a GPU (make CUDA=1) or g++ runs on the kernel emulator (the default).
 #pragma once

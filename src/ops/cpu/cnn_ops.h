@@ -27,9 +27,9 @@ namespace kiln::cpu {
 // The forward strategy for a shape: Depthwise, Pointwise or Im2col (ops/params.h).
 ConvAlgo conv2d_algo(const Conv2dParams& p);
 
-// Elements (of T) of workspace one image needs: (C·KH·KW + O) · P·Q for Im2col — its columns, and its
-// output (or dy) as rows of the GEMM that does several images at once (conv.cpp, "Several
-// images in one GEMM"); 0 for Pointwise and Depthwise.
+// Elements (of T) of workspace one image needs: (C·KH·KW + O) · P·Q for Im2col — its columns,
+// and its output (or dy) as rows of the GEMM that does several images at once (conv.cpp,
+// "Several images in one GEMM"); 0 for Pointwise and Depthwise.
 int64_t conv2d_col_elems_per_image(const Conv2dParams& p);
 
 // One image (or one group of channels of it), C channels of H×W:
