@@ -1,8 +1,10 @@
 // conv.cu — 2-D convolution on the GPU: the twins of cpu::conv2d_forward, conv2d_backward_data
 // and conv2d_backward_weight (src/ops/cpu/cnn_ops.h, conv.cpp): same Conv2dParams, same
 // workspace contract, same results up to the order of the sums; every pointer device memory.
+// Kernels and launchers are templates on the element type T (sums in float or double);
+// this file instantiates T = float.
 //
-// Letters as in cnn_ops.h: N C H W (input), O (output channels), KH KW (kernel), P Q (output),
+// Letters as in ops/params.h: N C H W (input), O (output channels), KH KW (kernel), P Q (output),
 // G (groups), Cg = C/G and Og = O/G per group, and
 //   Kc = Cg·KH·KW (the reduction length of one group)   CK = C·KH·KW (all groups)
 //   k = images in a chunk of the workspace               L = k·P·Q (columns of one chunk)
@@ -85,14 +87,15 @@ struct ConvDims {
     int64_t P, Q, Cg, Og, Kc;
 };
 
-static ConvDims dims_of(const cpu::Conv2dParams& p) {
+static ConvDims dims_of(const Conv2dParams& p) {
     return {p.N,       p.C,        p.H,   p.W,   p.O,    p.KH,   p.KW, p.stride,
             p.padding, p.dilation, p.P(), p.Q(), p.Cg(), p.Og(), p.Cg() * p.KH * p.KW};
 }
 
 // ---- the column matrix ------------------------------------------------------------------------------
 // cols[(c·KH + kh)·KW + kw][i·P·Q + p·Q + q] = x[n0 + i, c, ih, iw]   (0 on padding), L = k·P·Q
-__global__ void im2col_kernel(const float* x, ConvDims d, int64_t n0, int64_t k, float* cols) {
+template <typename T>
+__global__ void im2col_kernel(const T* x, ConvDims d, int64_t n0, int64_t k, T* cols) {
     const int64_t PQ = d.P * d.Q, L = k * PQ, total = d.C * d.KH * d.KW * L;
     for (int64_t e = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; e < total; e += int64_t(gridDim.x) * blockDim.x) {
         const int64_t row = e / L, j = e % L;
@@ -101,7 +104,7 @@ __global__ void im2col_kernel(const float* x, ConvDims d, int64_t n0, int64_t k,
         const int64_t ih = p * d.stride - d.padding + kh * d.dilation;
         const int64_t iw = q * d.stride - d.padding + kw * d.dilation;
         const bool inside = ih >= 0 && ih < d.H && iw >= 0 && iw < d.W;
-        cols[e] = inside ? x[(((n0 + i) * d.C + c) * d.H + ih) * d.W + iw] : 0.0f;
+        cols[e] = inside ? x[(((n0 + i) * d.C + c) * d.H + ih) * d.W + iw] : T(0);
     }
 }
 
@@ -109,7 +112,8 @@ __global__ void im2col_kernel(const float* x, ConvDims d, int64_t n0, int64_t k,
 //   dx[n0 + i, c, ih, iw] = Σ_{kh, kw} dcols[(c·KH + kh)·KW + kw][i·P·Q + p·Q + q]
 // over the (kh, kw) for which p = (ih + padding − kh·dilation) / stride is a whole number in
 // [0, P) (and q likewise): exactly the column entries im2col copied from (ih, iw).
-__global__ void col2im_kernel(const float* dcols, ConvDims d, int64_t n0, int64_t k, float* dx) {
+template <typename T>
+__global__ void col2im_kernel(const T* dcols, ConvDims d, int64_t n0, int64_t k, T* dx) {
     const int64_t PQ = d.P * d.Q, L = k * PQ, CHW = d.C * d.H * d.W, total = k * CHW;
     for (int64_t e = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; e < total; e += int64_t(gridDim.x) * blockDim.x) {
         const int64_t i = e / CHW, c = e % CHW / (d.H * d.W), ih = e % (d.H * d.W) / d.W, iw = e % d.W;
@@ -122,25 +126,27 @@ __global__ void col2im_kernel(const float* dcols, ConvDims d, int64_t n0, int64_
                 const int64_t tq = iw + d.padding - kw * d.dilation;  // = q·stride
                 if (tq < 0 || tq % d.stride != 0 || tq / d.stride >= d.Q) continue;
                 const int64_t q = tq / d.stride;
-                sum += dcols[((c * d.KH + kh) * d.KW + kw) * L + i * PQ + p * d.Q + q];
+                sum += float(dcols[((c * d.KH + kh) * d.KW + kw) * L + i * PQ + p * d.Q + q]);
             }
         }
-        dx[n0 * CHW + e] = sum;
+        dx[n0 * CHW + e] = T(sum);
     }
 }
 
 // ---- y and dy between NCHW and the GEMM's rows [O, L] --------------------------------------------
 // y[n0 + i, o, pq] = rows[o][i·P·Q + pq] + b[o]   (b may be null)
-__global__ void rows_to_nchw_kernel(const float* rows, const float* b, ConvDims d, int64_t n0, int64_t k, float* y) {
+template <typename T>
+__global__ void rows_to_nchw_kernel(const T* rows, const T* b, ConvDims d, int64_t n0, int64_t k, T* y) {
     const int64_t PQ = d.P * d.Q, L = k * PQ, total = d.O * L;
     for (int64_t e = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; e < total; e += int64_t(gridDim.x) * blockDim.x) {
         const int64_t o = e / L, i = e % L / PQ, pq = e % PQ;
-        y[((n0 + i) * d.O + o) * PQ + pq] = b ? rows[e] + b[o] : rows[e];
+        y[((n0 + i) * d.O + o) * PQ + pq] = b ? T(float(rows[e]) + float(b[o])) : rows[e];
     }
 }
 
 // rows[o][i·P·Q + pq] = dy[n0 + i, o, pq]
-__global__ void nchw_to_rows_kernel(const float* dy, ConvDims d, int64_t n0, int64_t k, float* rows) {
+template <typename T>
+__global__ void nchw_to_rows_kernel(const T* dy, ConvDims d, int64_t n0, int64_t k, T* rows) {
     const int64_t PQ = d.P * d.Q, L = k * PQ, total = d.O * L;
     for (int64_t e = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; e < total; e += int64_t(gridDim.x) * blockDim.x) {
         const int64_t o = e / L, i = e % L / PQ, pq = e % PQ;
@@ -149,23 +155,24 @@ __global__ void nchw_to_rows_kernel(const float* dy, ConvDims d, int64_t n0, int
 }
 
 // ---- db: one block per output channel ---------------------------------------------------------------
-// db[o] += Σ_{n, pq} dy[n, o, pq]: thread t takes the flat indices t, t + T, ... of the N·P·Q
-// values (in double), then the block folds its T partial sums in a fixed tree.
-__global__ void bias_grad_kernel(const float* dy, ConvDims d, float* db) {
+// db[o] += Σ_{n, pq} dy[n, o, pq]: thread t takes the flat indices t, t + B, ... of the N·P·Q
+// values (in double; B = blockDim.x), then the block folds its B partial sums in a fixed tree.
+template <typename T>
+__global__ void bias_grad_kernel(const T* dy, ConvDims d, T* db) {
     __shared__ double sh[kBlock];
     const int64_t o = blockIdx.x, PQ = d.P * d.Q, total = d.N * PQ;
     double v = 0.0;
     for (int64_t e = threadIdx.x; e < total; e += blockDim.x) v += double(dy[(e / PQ * d.O + o) * PQ + e % PQ]);
     v = detail::block_reduce(v, sh, detail::SumOp{});
-    if (threadIdx.x == 0) db[o] += float(v);
+    if (threadIdx.x == 0) db[o] = T(float(db[o]) + float(v));
 }
 
 // ---- the implicit GEMM ------------------------------------------------------------------------------
 // Block (bx, by, g) computes y's group g at output channels o0 + [0, BM) and columns j0 + [0, BN)
 // of the virtual product (column j = (n·P + p)·Q + q); see the header for the steps.
-template <int BM, int BN, int BK, int TM, int TN>
+template <typename T, int BM, int BN, int BK, int TM, int TN>
 __global__ void __launch_bounds__((BM / TM) * (BN / TN))
-    conv2d_implicit_gemm_kernel(const float* x, const float* w, const float* b, float* y, ConvDims d) {
+    conv2d_implicit_gemm_kernel(const T* x, const T* w, const T* b, T* y, ConvDims d) {
     constexpr int kThreadsX = BN / TN, kThreadsY = BM / TM, kThreads = kThreadsX * kThreadsY;
     static_assert(kThreads % BN == 0 && (BM * BK) % kThreads == 0 && (BN * BK) % kThreads == 0,
                   "each thread loads whole columns of Xs, and the tiles divide evenly among the threads");
@@ -174,7 +181,7 @@ __global__ void __launch_bounds__((BM / TM) * (BN / TN))
     const int tid = threadIdx.x, tx = tid % kThreadsX, ty = tid / kThreadsX;
     const int64_t PQ = d.P * d.Q, NPQ = d.N * PQ, KK = d.KH * d.KW, g = blockIdx.z;
     const int64_t o0 = int64_t(blockIdx.y) * BM, j0 = int64_t(blockIdx.x) * BN;
-    const float* wg = w + g * d.Og * d.Kc;  // [Og, Kc]
+    const T* wg = w + g * d.Og * d.Kc;  // [Og, Kc]
 
     // This thread fills column jl of Xs in every step (rows tid / BN, + kThreads / BN, ...):
     // decode its output position once. Consecutive threads: consecutive q, so for stride 1 a
@@ -184,7 +191,7 @@ __global__ void __launch_bounds__((BM / TM) * (BN / TN))
     const bool column_ok = j < NPQ;
     const int64_t n = column_ok ? j / PQ : 0;
     const int64_t ih0 = j % PQ / d.Q * d.stride - d.padding, iw0 = j % d.Q * d.stride - d.padding;
-    const float* xn = x + (n * d.C + g * d.Cg) * d.H * d.W;  // image n, the group's first channel
+    const T* xn = x + (n * d.C + g * d.Cg) * d.H * d.W;  // image n, the group's first channel
 
     float acc[TM][TN];
     KILN_UNROLL
@@ -196,7 +203,7 @@ __global__ void __launch_bounds__((BM / TM) * (BN / TN))
         for (int r = 0; r < BM * BK / kThreads; r++) {  // consecutive threads: consecutive k of a w row
             const int e = tid + r * kThreads, m = e / BK, kk = e % BK;
             const bool ok = o0 + m < d.Og && k0 + kk < d.Kc;
-            Ws[kk][m] = ok ? wg[(o0 + m) * d.Kc + k0 + kk] : 0.0f;
+            Ws[kk][m] = ok ? float(wg[(o0 + m) * d.Kc + k0 + kk]) : 0.0f;
         }
         for (int r = 0; r < BN * BK / kThreads; r++) {
             const int kk = tid / BN + r * (kThreads / BN);
@@ -205,7 +212,7 @@ __global__ void __launch_bounds__((BM / TM) * (BN / TN))
             if (column_ok && kg < d.Kc) {
                 const int64_t c = kg / KK, ih = ih0 + kg % KK / d.KW * d.dilation;
                 const int64_t iw = iw0 + kg % d.KW * d.dilation;
-                if (ih >= 0 && ih < d.H && iw >= 0 && iw < d.W) v = xn[(c * d.H + ih) * d.W + iw];
+                if (ih >= 0 && ih < d.H && iw >= 0 && iw < d.W) v = float(xn[(c * d.H + ih) * d.W + iw]);
             }
             Xs[kk][jl] = v;
         }
@@ -230,83 +237,76 @@ __global__ void __launch_bounds__((BM / TM) * (BN / TN))
         const int64_t o = o0 + ty + i * kThreadsY;
         if (o >= d.Og) continue;
         const int64_t oc = g * d.Og + o;  // the output channel
-        const float bias = b ? b[oc] : 0.0f;
+        const float bias = b ? float(b[oc]) : 0.0f;
         KILN_UNROLL
         for (int jj = 0; jj < TN; jj++) {
             const int64_t col = j0 + tx * TN + jj;
-            if (col < NPQ) y[(col / PQ * d.O + oc) * PQ + col % PQ] = acc[i][jj] + bias;
+            if (col < NPQ) y[(col / PQ * d.O + oc) * PQ + col % PQ] = T(acc[i][jj] + bias);
         }
     }
 }
 
-// Names without commas, for the launch macros: 64×64 tiles (4×4 per thread), and 16×128 tiles
-// (2×4 per thread) for groups of at most 16 output channels. 256 threads each.
-constexpr auto conv_implicit_64x64 = conv2d_implicit_gemm_kernel<64, 64, 16, 4, 4>;
-constexpr auto conv_implicit_16x128 = conv2d_implicit_gemm_kernel<16, 128, 16, 2, 4>;
-
 // ---- launchers ----------------------------------------------------------------------------------------
 namespace {
 
-void check_workspace(const cpu::Conv2dParams& p, const float* col, int64_t col_images, const char* op) {
-    KILN_CHECK(col && col_images >= 1, op, ": needs a device workspace of ", cuda::conv2d_col_floats_per_image(p),
-               " floats per image and at least one image (got ", col_images,
-               "); size it with cuda::conv2d_col_floats_per_image");
+template <typename T>
+void check_workspace(const Conv2dParams& p, const T* col, int64_t col_images, const char* op) {
+    KILN_CHECK(col && col_images >= 1, op, ": needs a device workspace of ", cuda::conv2d_col_elems_per_image(p),
+               " elements per image and at least one image (got ", col_images,
+               "); size it with cuda::conv2d_col_elems_per_image");
 }
 
 // The 1-D kernels: block 256, grid detail::blocks_for(elements); nothing to launch for 0 elements
 // (the callers return early when N == 0).
-void im2col(const float* x, const ConvDims& d, int64_t n0, int64_t k, float* cols) {
+template <typename T>
+void im2col(const T* x, const ConvDims& d, int64_t n0, int64_t k, T* cols) {
     const dim3 grid(blocks_for(d.C * d.KH * d.KW * k * d.P * d.Q)), block(kBlock);
-    KILN_LAUNCH(im2col_kernel, grid, block, 0)(x, d, n0, k, cols);
-    KILN_CHECK_LAUNCH(im2col_kernel, grid, block);
+    KILN_LAUNCH(im2col_kernel<T>, grid, block, 0)(x, d, n0, k, cols);
+    KILN_CHECK_LAUNCH(im2col_kernel<T>, grid, block);
 }
 
-void col2im(const float* dcols, const ConvDims& d, int64_t n0, int64_t k, float* dx) {
+template <typename T>
+void col2im(const T* dcols, const ConvDims& d, int64_t n0, int64_t k, T* dx) {
     const dim3 grid(blocks_for(k * d.C * d.H * d.W)), block(kBlock);
-    KILN_LAUNCH(col2im_kernel, grid, block, 0)(dcols, d, n0, k, dx);
-    KILN_CHECK_LAUNCH(col2im_kernel, grid, block);
+    KILN_LAUNCH(col2im_kernel<T>, grid, block, 0)(dcols, d, n0, k, dx);
+    KILN_CHECK_LAUNCH(col2im_kernel<T>, grid, block);
 }
 
-void rows_to_nchw(const float* rows, const float* b, const ConvDims& d, int64_t n0, int64_t k, float* y) {
+template <typename T>
+void rows_to_nchw(const T* rows, const T* b, const ConvDims& d, int64_t n0, int64_t k, T* y) {
     const dim3 grid(blocks_for(d.O * k * d.P * d.Q)), block(kBlock);
-    KILN_LAUNCH(rows_to_nchw_kernel, grid, block, 0)(rows, b, d, n0, k, y);
-    KILN_CHECK_LAUNCH(rows_to_nchw_kernel, grid, block);
+    KILN_LAUNCH(rows_to_nchw_kernel<T>, grid, block, 0)(rows, b, d, n0, k, y);
+    KILN_CHECK_LAUNCH(rows_to_nchw_kernel<T>, grid, block);
 }
 
-void nchw_to_rows(const float* dy, const ConvDims& d, int64_t n0, int64_t k, float* rows) {
+template <typename T>
+void nchw_to_rows(const T* dy, const ConvDims& d, int64_t n0, int64_t k, T* rows) {
     const dim3 grid(blocks_for(d.O * k * d.P * d.Q)), block(kBlock);
-    KILN_LAUNCH(nchw_to_rows_kernel, grid, block, 0)(dy, d, n0, k, rows);
-    KILN_CHECK_LAUNCH(nchw_to_rows_kernel, grid, block);
+    KILN_LAUNCH(nchw_to_rows_kernel<T>, grid, block, 0)(dy, d, n0, k, rows);
+    KILN_CHECK_LAUNCH(nchw_to_rows_kernel<T>, grid, block);
 }
 
 }  // namespace
 
-ConvAlgo conv2d_algo(const cpu::Conv2dParams& p) { return p.Og() < 64 ? ConvAlgo::ImplicitGemm : ConvAlgo::Im2col; }
+ConvAlgo conv2d_algo(const Conv2dParams& p) { return p.Og() < 64 ? ConvAlgo::ImplicitGemm : ConvAlgo::Im2col; }
 
-const char* conv_algo_name(ConvAlgo a) {
-    switch (a) {
-        case ConvAlgo::Im2col: return "im2col";
-        case ConvAlgo::ImplicitGemm: return "implicit-gemm";
-    }
-    return "?";
-}
-
-int64_t conv2d_col_floats_per_image(const cpu::Conv2dParams& p) {
+int64_t conv2d_col_elems_per_image(const Conv2dParams& p) {
     return (p.C * p.KH * p.KW + p.O) * p.P() * p.Q();  // its columns + its rows of y (or dy)
 }
 
 // Per chunk of k images (workspace: cols [CK, L], then rows [O, L]):
 //   cols = im2col(x);   rows[g·Og.., L] = w[g·Og.., Kc] · cols[g·Kc.., L];   y = rows + b
-void conv2d_forward_im2col(const float* x, const float* w, const float* b, float* y, const cpu::Conv2dParams& p,
-                           float* col, int64_t col_images) {
-    cpu::check_conv2d_params(p, "cuda::conv2d_forward_im2col");
+template <typename T>
+void conv2d_forward_im2col(const T* x, const T* w, const T* b, T* y, const Conv2dParams& p, T* col,
+                           int64_t col_images) {
+    check_conv2d_params(p, "cuda::conv2d_forward_im2col");
     if (p.N == 0) return;
     check_workspace(p, col, col_images, "cuda::conv2d_forward_im2col");
     const ConvDims d = dims_of(p);
     for (int64_t n0 = 0; n0 < d.N; n0 += col_images) {
         const int64_t k = std::min(col_images, d.N - n0), L = k * d.P * d.Q;
-        float* cols = col;
-        float* rows = col + d.C * d.KH * d.KW * L;
+        T* cols = col;
+        T* rows = col + d.C * d.KH * d.KW * L;
         im2col(x, d, n0, k, cols);
         for (int64_t g = 0; g < p.groups; g++)
             gemm(false, false, d.Og, L, d.Kc, 1.0f, w + g * d.Og * d.Kc, d.Kc, cols + g * d.Kc * L, L, 0.0f,
@@ -315,9 +315,9 @@ void conv2d_forward_im2col(const float* x, const float* w, const float* b, float
     }
 }
 
-void conv2d_forward_implicit_gemm(const float* x, const float* w, const float* b, float* y,
-                                  const cpu::Conv2dParams& p, float*, int64_t) {
-    cpu::check_conv2d_params(p, "cuda::conv2d_forward_implicit_gemm");
+template <typename T>
+void conv2d_forward_implicit_gemm(const T* x, const T* w, const T* b, T* y, const Conv2dParams& p, T*, int64_t) {
+    check_conv2d_params(p, "cuda::conv2d_forward_implicit_gemm");
     if (p.N == 0) return;
     const ConvDims d = dims_of(p);
     const int64_t NPQ = d.N * d.P * d.Q;
@@ -327,33 +327,37 @@ void conv2d_forward_implicit_gemm(const float* x, const float* w, const float* b
                "cuda::conv2d_forward_implicit_gemm: groups=", p.groups, ", O/G=", d.Og, " or N·P·Q=", NPQ,
                " exceed the grid's limits; use cuda::conv2d_forward_im2col");
     const dim3 grid(unsigned((NPQ + BN - 1) / BN), unsigned((d.Og + BM - 1) / BM), unsigned(p.groups)), block(256);
+    // 64×64 tiles (4×4 per thread), or 16×128 tiles (2×4 per thread) for groups of at most 16
+    // output channels; 256 threads each. (Names without commas, for the launch macros.)
     if (narrow) {
+        const auto conv_implicit_16x128 = conv2d_implicit_gemm_kernel<T, 16, 128, 16, 2, 4>;
         KILN_LAUNCH(conv_implicit_16x128, grid, block, 0)(x, w, b, y, d);
         KILN_CHECK_LAUNCH(conv_implicit_16x128, grid, block);
     } else {
+        const auto conv_implicit_64x64 = conv2d_implicit_gemm_kernel<T, 64, 64, 16, 4, 4>;
         KILN_LAUNCH(conv_implicit_64x64, grid, block, 0)(x, w, b, y, d);
         KILN_CHECK_LAUNCH(conv_implicit_64x64, grid, block);
     }
 }
 
-void conv2d_forward(const float* x, const float* w, const float* b, float* y, const cpu::Conv2dParams& p, float* col,
-                    int64_t col_images) {
+template <typename T>
+void conv2d_forward(const T* x, const T* w, const T* b, T* y, const Conv2dParams& p, T* col, int64_t col_images) {
     if (cuda::conv2d_algo(p) == ConvAlgo::ImplicitGemm)
         return conv2d_forward_implicit_gemm(x, w, b, y, p, col, col_images);
     conv2d_forward_im2col(x, w, b, y, p, col, col_images);
 }
 
 // Per chunk: rows = dy;   dcols[g·Kc.., L] = w[g·Og.., Kc]ᵀ · rows[g·Og.., L];   dx = col2im(dcols)
-void conv2d_backward_data(const float* dy, const float* w, float* dx, const cpu::Conv2dParams& p, float* col,
-                          int64_t col_images) {
-    cpu::check_conv2d_params(p, "cuda::conv2d_backward_data");
+template <typename T>
+void conv2d_backward_data(const T* dy, const T* w, T* dx, const Conv2dParams& p, T* col, int64_t col_images) {
+    check_conv2d_params(p, "cuda::conv2d_backward_data");
     if (p.N == 0) return;
     check_workspace(p, col, col_images, "cuda::conv2d_backward_data");
     const ConvDims d = dims_of(p);
     for (int64_t n0 = 0; n0 < d.N; n0 += col_images) {
         const int64_t k = std::min(col_images, d.N - n0), L = k * d.P * d.Q;
-        float* dcols = col;
-        float* rows = col + d.C * d.KH * d.KW * L;
+        T* dcols = col;
+        T* rows = col + d.C * d.KH * d.KW * L;
         nchw_to_rows(dy, d, n0, k, rows);
         for (int64_t g = 0; g < p.groups; g++)
             gemm(true, false, d.Kc, L, d.Og, 1.0f, w + g * d.Og * d.Kc, d.Kc, rows + g * d.Og * L, L, 0.0f,
@@ -364,21 +368,21 @@ void conv2d_backward_data(const float* dy, const float* w, float* dx, const cpu:
 
 // db[o] += Σ dy[:, o];   per chunk: cols = im2col(x), rows = dy,
 //   dw[g·Og.., Kc] += rows[g·Og.., L] · cols[g·Kc.., L]ᵀ
-void conv2d_backward_weight(const float* x, const float* dy, float* dw, float* db, const cpu::Conv2dParams& p,
-                            float* col, int64_t col_images) {
-    cpu::check_conv2d_params(p, "cuda::conv2d_backward_weight");
+template <typename T>
+void conv2d_backward_weight(const T* x, const T* dy, T* dw, T* db, const Conv2dParams& p, T* col, int64_t col_images) {
+    check_conv2d_params(p, "cuda::conv2d_backward_weight");
     if (p.N == 0) return;
     check_workspace(p, col, col_images, "cuda::conv2d_backward_weight");
     const ConvDims d = dims_of(p);
     if (db) {
         const dim3 grid(unsigned(d.O)), block(kBlock);
-        KILN_LAUNCH(bias_grad_kernel, grid, block, 0)(dy, d, db);
-        KILN_CHECK_LAUNCH(bias_grad_kernel, grid, block);
+        KILN_LAUNCH(bias_grad_kernel<T>, grid, block, 0)(dy, d, db);
+        KILN_CHECK_LAUNCH(bias_grad_kernel<T>, grid, block);
     }
     for (int64_t n0 = 0; n0 < d.N; n0 += col_images) {
         const int64_t k = std::min(col_images, d.N - n0), L = k * d.P * d.Q;
-        float* cols = col;
-        float* rows = col + d.C * d.KH * d.KW * L;
+        T* cols = col;
+        T* rows = col + d.C * d.KH * d.KW * L;
         im2col(x, d, n0, k, cols);
         nchw_to_rows(dy, d, n0, k, rows);
         for (int64_t g = 0; g < p.groups; g++)
@@ -386,5 +390,15 @@ void conv2d_backward_weight(const float* x, const float* dy, float* dw, float* d
                  dw + g * d.Og * d.Kc, d.Kc);
     }
 }
+
+template void conv2d_forward<float>(const float*, const float*, const float*, float*, const Conv2dParams&, float*,
+                                    int64_t);
+template void conv2d_forward_im2col<float>(const float*, const float*, const float*, float*, const Conv2dParams&,
+                                           float*, int64_t);
+template void conv2d_forward_implicit_gemm<float>(const float*, const float*, const float*, float*,
+                                                  const Conv2dParams&, float*, int64_t);
+template void conv2d_backward_data<float>(const float*, const float*, float*, const Conv2dParams&, float*, int64_t);
+template void conv2d_backward_weight<float>(const float*, const float*, float*, float*, const Conv2dParams&, float*,
+                                            int64_t);
 
 }  // namespace kiln::cuda

@@ -1,14 +1,16 @@
 // norm.cu — the CUDA twins of src/ops/cpu/norm.cpp: batch normalization (training, evaluation,
-// backward), GELU and dropout. Same names and arguments as ops/cpu/cnn_ops.h; pointers are
-// device memory.
+// backward), layer normalization, GELU and dropout. Same names and arguments as ops/cpu/cnn_ops.h;
+// pointers are device memory. Templates on the element type T of x, y, dy, dx (gamma, beta and
+// the statistics are float; sums in float or double); this file instantiates T = float.
 //
-// Letters as in cnn_ops.h: x [N, C, S], S = H·W (1 for BatchNorm1d), M = N·S values per
-// channel, n = element count of the elementwise kernels, t = threadIdx.x, T = blockDim.x.
+// Letters as in ops/params.h: x [N, C, S], S = H·W (1 for BatchNorm1d), M = N·S values per
+// channel; layer norm's x [R, D], R rows of D values; n = element count of the elementwise
+// kernels, t = threadIdx.x, B = blockDim.x (T is the element type).
 // Value m < M of channel c sits at x[(n·C + c)·S + s] with n = m / S, s = m mod S.
 //
 // Thread/block mapping and formulas:
 //   batchnorm_forward_train   one block of 256 per channel (grid-stride over C), three passes
-//       over the channel's M values, thread t taking m = t, t + T, ... (consecutive threads
+//       over the channel's M values, thread t taking m = t, t + B, ... (consecutive threads
 //       read consecutive floats of a row: coalesced when S ≥ 32):
 //         pass 1  mean = Σ x / M                  (each thread sums in double, then the block)
 //         pass 2  var  = Σ (x − mean)² / M        (two passes, not Σx² − (Σx)²/M, which loses
@@ -24,6 +26,15 @@
 //         pass 1  Σ dy and Σ dy·(x − mean)   (two block reductions, in double)
 //         pass 2  dx = gamma·invstd · (dy − Σdy/M − (x − mean) · invstd² · Σdy·(x − mean) / M)
 //       then thread 0: dgamma[c] += Σ dy·x̂ = invstd · Σ dy·(x − mean),   dbeta[c] += Σ dy
+//   layernorm_forward        one block of 256 per row of D values (grid-stride over the R rows),
+//       the batch-norm forward's three passes over the row: mean, biased variance, then
+//         y = (x − mean) · invstd · gamma[d] + beta[d]
+//   layernorm_backward       two kernels:
+//       layernorm_backward_data     one block per row: Σ g and Σ g·x̂ (g = gamma·dy, two block
+//                                   reductions in double), then dx = invstd·(g − Σg/D − x̂·Σg·x̂/D)
+//       layernorm_backward_params   one thread per column d (1-D grid-stride): adds the R rows in
+//                                   order, in double: dgamma[d] += Σ dy·x̂,  dbeta[d] += Σ dy.
+//                                   Consecutive threads read consecutive floats of a row.
 //   gelu_forward, gelu_backward, dropout_forward, dropout_backward   one thread per element
 //       (1-D grid-stride, block 256), the CPU's loop body.
 //
@@ -32,7 +43,8 @@
 // the result is the same on every run. Against the CPU (one thread per channel, 8 float lanes
 // summed in double) the order differs; both sum in double, so mean and var agree to ~1e-7
 // relative, and y, dx to a few float ulps (tests: relative 1e-5). The dgamma/dbeta update of
-// channel c is one thread's plain +=: channels never share an output.
+// channel c is one thread's plain +=: channels never share an output. Layer norm is the same
+// with rows for channels, and its dgamma[d], dbeta[d] belong to one thread each.
 //
 // GELU uses the device's erff and expf (accurate to ~1 ulp) where the CPU uses inlined
 // approximations accurate to 1e-6 absolute; the tests compare within 2e-6.
@@ -48,12 +60,10 @@
 
 #include "common.cuh"
 #include "core/rng.h"
-#include "ops/cpu/cnn_ops.h"
 #include "ops/cuda_ops.h"
 
 namespace kiln::cuda {
 
-using cpu::BatchNormParams;
 using detail::blocks_for;
 using detail::kBlock;
 
@@ -65,12 +75,13 @@ __device__ int64_t channel_at(const BatchNormParams& p, int64_t c, int64_t m) {
     return (m / p.S * p.C + c) * p.S + m % p.S;
 }
 
-// One block per channel, at most this many blocks (more channels: each block loops).
+// One block per channel (or layer-norm row), at most this many blocks (more: each block loops).
 unsigned channel_blocks(int64_t C) { return unsigned(std::min<int64_t>(C, 65535)); }
 
 }  // namespace
 
-__global__ void batchnorm_forward_train_kernel(const float* x, const float* gamma, const float* beta, float* y,
+template <typename T>
+__global__ void batchnorm_forward_train_kernel(const T* x, const float* gamma, const float* beta, T* y,
                                                float* running_mean, float* running_var, float* save_mean,
                                                float* save_invstd, BatchNormParams p) {
     __shared__ double sh[kBlock];
@@ -78,13 +89,13 @@ __global__ void batchnorm_forward_train_kernel(const float* x, const float* gamm
     for (int64_t c = blockIdx.x; c < p.C; c += gridDim.x) {  // the same count for every thread
         // pass 1: mean
         double s1 = 0.0;
-        for (int64_t m = threadIdx.x; m < M; m += blockDim.x) s1 += x[channel_at(p, c, m)];
+        for (int64_t m = threadIdx.x; m < M; m += blockDim.x) s1 += float(x[channel_at(p, c, m)]);
         const double mean_d = detail::block_reduce(s1, sh, detail::SumOp{}) / double(M);
         const float mean = float(mean_d);
         // pass 2: biased variance around it
         double s2 = 0.0;
         for (int64_t m = threadIdx.x; m < M; m += blockDim.x) {
-            const float d = x[channel_at(p, c, m)] - mean;
+            const float d = float(x[channel_at(p, c, m)]) - mean;
             s2 += d * d;
         }
         const double var = detail::block_reduce(s2, sh, detail::SumOp{}) / double(M);
@@ -93,7 +104,7 @@ __global__ void batchnorm_forward_train_kernel(const float* x, const float* gamm
         const float scale = gamma[c] * invstd, shift = beta[c];
         for (int64_t m = threadIdx.x; m < M; m += blockDim.x) {
             const int64_t i = channel_at(p, c, m);
-            y[i] = (x[i] - mean) * scale + shift;
+            y[i] = T((float(x[i]) - mean) * scale + shift);
         }
         if (threadIdx.x == 0) {
             save_mean[c] = mean;
@@ -106,19 +117,21 @@ __global__ void batchnorm_forward_train_kernel(const float* x, const float* gamm
 }
 
 // y = (x − running_mean[c]) · gamma[c] / sqrt(running_var[c] + eps) + beta[c],   c = i / S mod C
-__global__ void batchnorm_forward_eval_kernel(const float* x, const float* gamma, const float* beta,
-                                              const float* running_mean, const float* running_var, float* y,
+template <typename T>
+__global__ void batchnorm_forward_eval_kernel(const T* x, const float* gamma, const float* beta,
+                                              const float* running_mean, const float* running_var, T* y,
                                               BatchNormParams p) {
     const int64_t total = p.N * p.C * p.S;
     for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < total; i += int64_t(gridDim.x) * blockDim.x) {
         const int64_t c = i / p.S % p.C;
         const float scale = gamma[c] / sqrtf(running_var[c] + p.eps);
-        y[i] = (x[i] - running_mean[c]) * scale + beta[c];
+        y[i] = T((float(x[i]) - running_mean[c]) * scale + beta[c]);
     }
 }
 
-__global__ void batchnorm_backward_kernel(const float* dy, const float* x, const float* gamma, const float* save_mean,
-                                          const float* save_invstd, float* dx, float* dgamma, float* dbeta,
+template <typename T>
+__global__ void batchnorm_backward_kernel(const T* dy, const T* x, const float* gamma, const float* save_mean,
+                                          const float* save_invstd, T* dx, float* dgamma, float* dbeta,
                                           BatchNormParams p) {
     __shared__ double sh[kBlock];
     const int64_t M = p.N * p.S;
@@ -128,8 +141,8 @@ __global__ void batchnorm_backward_kernel(const float* dy, const float* x, const
         double s_dy = 0.0, s_dy_xm = 0.0;
         for (int64_t m = threadIdx.x; m < M; m += blockDim.x) {
             const int64_t i = channel_at(p, c, m);
-            s_dy += dy[i];
-            s_dy_xm += dy[i] * (x[i] - mean);
+            s_dy += float(dy[i]);
+            s_dy_xm += float(dy[i]) * (float(x[i]) - mean);
         }
         const double sum_dy = detail::block_reduce(s_dy, sh, detail::SumOp{});
         const double sum_dy_xhat = detail::block_reduce(s_dy_xm, sh, detail::SumOp{}) * invstd;
@@ -139,7 +152,7 @@ __global__ void batchnorm_backward_kernel(const float* dy, const float* x, const
         const float g = gamma[c] * invstd;
         for (int64_t m = threadIdx.x; m < M; m += blockDim.x) {
             const int64_t i = channel_at(p, c, m);
-            dx[i] = g * (dy[i] - k_dy - (x[i] - mean) * k_x);
+            dx[i] = T(g * (float(dy[i]) - k_dy - (float(x[i]) - mean) * k_x));
         }
         if (threadIdx.x == 0) {
             dgamma[c] += float(sum_dy_xhat);
@@ -148,103 +161,224 @@ __global__ void batchnorm_backward_kernel(const float* dy, const float* x, const
     }
 }
 
-void batchnorm_forward_train(const float* x, const float* gamma, const float* beta, float* y, float* running_mean,
+template <typename T>
+void batchnorm_forward_train(const T* x, const float* gamma, const float* beta, T* y, float* running_mean,
                              float* running_var, float* save_mean, float* save_invstd, const BatchNormParams& p) {
     if (p.C == 0) return;
     const dim3 grid(channel_blocks(p.C)), block(kBlock);
-    KILN_LAUNCH(batchnorm_forward_train_kernel, grid, block, 0)(x, gamma, beta, y, running_mean, running_var,
+    KILN_LAUNCH(batchnorm_forward_train_kernel<T>, grid, block, 0)(x, gamma, beta, y, running_mean, running_var,
                                                                 save_mean, save_invstd, p);
-    KILN_CHECK_LAUNCH(batchnorm_forward_train_kernel, grid, block);
+    KILN_CHECK_LAUNCH(batchnorm_forward_train_kernel<T>, grid, block);
 }
 
-void batchnorm_forward_eval(const float* x, const float* gamma, const float* beta, const float* running_mean,
-                            const float* running_var, float* y, const BatchNormParams& p) {
+template <typename T>
+void batchnorm_forward_eval(const T* x, const float* gamma, const float* beta, const float* running_mean,
+                            const float* running_var, T* y, const BatchNormParams& p) {
     const int64_t total = p.N * p.C * p.S;
     if (total == 0) return;
     const dim3 grid(blocks_for(total)), block(kBlock);
-    KILN_LAUNCH(batchnorm_forward_eval_kernel, grid, block, 0)(x, gamma, beta, running_mean, running_var, y, p);
-    KILN_CHECK_LAUNCH(batchnorm_forward_eval_kernel, grid, block);
+    KILN_LAUNCH(batchnorm_forward_eval_kernel<T>, grid, block, 0)(x, gamma, beta, running_mean, running_var, y, p);
+    KILN_CHECK_LAUNCH(batchnorm_forward_eval_kernel<T>, grid, block);
 }
 
-void batchnorm_backward(const float* dy, const float* x, const float* gamma, const float* save_mean,
-                        const float* save_invstd, float* dx, float* dgamma, float* dbeta, const BatchNormParams& p) {
+template <typename T>
+void batchnorm_backward(const T* dy, const T* x, const float* gamma, const float* save_mean,
+                        const float* save_invstd, T* dx, float* dgamma, float* dbeta, const BatchNormParams& p) {
     if (p.C == 0) return;
     const dim3 grid(channel_blocks(p.C)), block(kBlock);
-    KILN_LAUNCH(batchnorm_backward_kernel, grid, block, 0)(dy, x, gamma, save_mean, save_invstd, dx, dgamma, dbeta,
+    KILN_LAUNCH(batchnorm_backward_kernel<T>, grid, block, 0)(dy, x, gamma, save_mean, save_invstd, dx, dgamma, dbeta,
                                                            p);
-    KILN_CHECK_LAUNCH(batchnorm_backward_kernel, grid, block);
+    KILN_CHECK_LAUNCH(batchnorm_backward_kernel<T>, grid, block);
+}
+
+// ---- layer norm ----------------------------------------------------------------------------------
+// Block b does rows b, b + gridDim.x, ... of x [R, D]; in each, thread t takes d = t, t + B, ...
+template <typename T>
+__global__ void layernorm_forward_kernel(const T* x, const float* gamma, const float* beta, T* y, float* save_mean,
+                                         float* save_invstd, int64_t R, int64_t D, float eps) {
+    __shared__ double sh[kBlock];
+    for (int64_t r = blockIdx.x; r < R; r += gridDim.x) {  // the same count for every thread
+        const T* xr = x + r * D;
+        // pass 1: mean
+        double s1 = 0.0;
+        for (int64_t d = threadIdx.x; d < D; d += blockDim.x) s1 += float(xr[d]);
+        const float mean = float(detail::block_reduce(s1, sh, detail::SumOp{}) / double(D));
+        // pass 2: biased variance around it
+        double s2 = 0.0;
+        for (int64_t d = threadIdx.x; d < D; d += blockDim.x) {
+            const float c = float(xr[d]) - mean;
+            s2 += c * c;
+        }
+        const double var = detail::block_reduce(s2, sh, detail::SumOp{}) / double(D);
+        const float invstd = float(1.0 / sqrt(var + double(eps)));
+        // pass 3: y = x̂ · gamma + beta
+        for (int64_t d = threadIdx.x; d < D; d += blockDim.x)
+            y[r * D + d] = T((float(xr[d]) - mean) * invstd * gamma[d] + beta[d]);
+        if (threadIdx.x == 0) {
+            save_mean[r] = mean;
+            save_invstd[r] = invstd;
+        }
+    }
+}
+
+// dx = invstd · (g − Σg/D − x̂ · Σ(g·x̂)/D),  g = gamma · dy, one block per row
+template <typename T>
+__global__ void layernorm_backward_data_kernel(const T* dy, const T* x, const float* gamma, const float* save_mean,
+                                               const float* save_invstd, T* dx, int64_t R, int64_t D) {
+    __shared__ double sh[kBlock];
+    for (int64_t r = blockIdx.x; r < R; r += gridDim.x) {
+        const T* xr = x + r * D;
+        const T* gr = dy + r * D;
+        const float mean = save_mean[r], invstd = save_invstd[r];
+        double s_g = 0.0, s_gx = 0.0;
+        for (int64_t d = threadIdx.x; d < D; d += blockDim.x) {
+            const float g = gamma[d] * float(gr[d]);
+            s_g += g;
+            s_gx += g * ((float(xr[d]) - mean) * invstd);
+        }
+        const float k_g = float(detail::block_reduce(s_g, sh, detail::SumOp{})) / float(D);
+        const float k_x = float(detail::block_reduce(s_gx, sh, detail::SumOp{})) / float(D);
+        for (int64_t d = threadIdx.x; d < D; d += blockDim.x) {
+            const float xhat = (float(xr[d]) - mean) * invstd;
+            dx[r * D + d] = T(invstd * (gamma[d] * float(gr[d]) - k_g - xhat * k_x));
+        }
+    }
+}
+
+// dgamma[d] += Σ_r dy[r, d] · x̂[r, d],  dbeta[d] += Σ_r dy[r, d]: one thread per column, rows in order
+template <typename T>
+__global__ void layernorm_backward_params_kernel(const T* dy, const T* x, const float* save_mean,
+                                                 const float* save_invstd, float* dgamma, float* dbeta, int64_t R,
+                                                 int64_t D) {
+    for (int64_t d = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; d < D; d += int64_t(gridDim.x) * blockDim.x) {
+        double acc_gamma = 0.0, acc_beta = 0.0;
+        for (int64_t r = 0; r < R; r++) {
+            const float g = float(dy[r * D + d]);
+            acc_gamma += g * ((float(x[r * D + d]) - save_mean[r]) * save_invstd[r]);
+            acc_beta += g;
+        }
+        dgamma[d] += float(acc_gamma);
+        dbeta[d] += float(acc_beta);
+    }
+}
+
+template <typename T>
+void layernorm_forward(const T* x, const float* gamma, const float* beta, T* y, float* save_mean, float* save_invstd,
+                       int64_t R, int64_t D, float eps) {
+    if (R == 0) return;
+    const dim3 grid(channel_blocks(R)), block(kBlock);
+    KILN_LAUNCH(layernorm_forward_kernel<T>, grid, block, 0)(x, gamma, beta, y, save_mean, save_invstd, R, D, eps);
+    KILN_CHECK_LAUNCH(layernorm_forward_kernel<T>, grid, block);
+}
+
+template <typename T>
+void layernorm_backward(const T* dy, const T* x, const float* gamma, const float* save_mean, const float* save_invstd,
+                        T* dx, float* dgamma, float* dbeta, int64_t R, int64_t D) {
+    if (R == 0) return;
+    const dim3 grid(channel_blocks(R)), block(kBlock);
+    KILN_LAUNCH(layernorm_backward_data_kernel<T>, grid, block, 0)(dy, x, gamma, save_mean, save_invstd, dx, R, D);
+    KILN_CHECK_LAUNCH(layernorm_backward_data_kernel<T>, grid, block);
+    const dim3 column_grid(blocks_for(D));
+    KILN_LAUNCH(layernorm_backward_params_kernel<T>, column_grid, block, 0)(dy, x, save_mean, save_invstd, dgamma,
+                                                                             dbeta, R, D);
+    KILN_CHECK_LAUNCH(layernorm_backward_params_kernel<T>, column_grid, block);
 }
 
 // ---- GELU --------------------------------------------------------------------------------------
 // y = x·Φ(x),  Φ(x) = (1 + erf(x/√2)) / 2
-__global__ void gelu_forward_kernel(const float* x, float* y, int64_t n) {
+template <typename T>
+__global__ void gelu_forward_kernel(const T* x, T* y, int64_t n) {
     constexpr float kInvSqrt2 = 0.70710678118654752f;
-    for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
-        y[i] = 0.5f * x[i] * (1.0f + erff(x[i] * kInvSqrt2));
-}
-
-// dx = dy · (Φ(x) + x·φ(x)),  φ(x) = exp(−x²/2) / √(2π)
-__global__ void gelu_backward_kernel(const float* x, const float* dy, float* dx, int64_t n) {
-    constexpr float kInvSqrt2 = 0.70710678118654752f, kInvSqrt2Pi = 0.39894228040143268f;
     for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
-        const float v = x[i];
-        const float cdf = 0.5f * (1.0f + erff(v * kInvSqrt2));
-        const float pdf = kInvSqrt2Pi * expf(-0.5f * v * v);
-        dx[i] = dy[i] * (cdf + v * pdf);
+        const float v = float(x[i]);
+        y[i] = T(0.5f * v * (1.0f + erff(v * kInvSqrt2)));
     }
 }
 
-void gelu_forward(const float* x, float* y, int64_t n) {
-    if (n == 0) return;
-    const dim3 grid(blocks_for(n)), block(kBlock);
-    KILN_LAUNCH(gelu_forward_kernel, grid, block, 0)(x, y, n);
-    KILN_CHECK_LAUNCH(gelu_forward_kernel, grid, block);
+// dx = dy · (Φ(x) + x·φ(x)),  φ(x) = exp(−x²/2) / √(2π)
+template <typename T>
+__global__ void gelu_backward_kernel(const T* x, const T* dy, T* dx, int64_t n) {
+    constexpr float kInvSqrt2 = 0.70710678118654752f, kInvSqrt2Pi = 0.39894228040143268f;
+    for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
+        const float v = float(x[i]);
+        const float cdf = 0.5f * (1.0f + erff(v * kInvSqrt2));
+        const float pdf = kInvSqrt2Pi * expf(-0.5f * v * v);
+        dx[i] = T(float(dy[i]) * (cdf + v * pdf));
+    }
 }
 
-void gelu_backward(const float* x, const float* dy, float* dx, int64_t n) {
+template <typename T>
+void gelu_forward(const T* x, T* y, int64_t n) {
     if (n == 0) return;
     const dim3 grid(blocks_for(n)), block(kBlock);
-    KILN_LAUNCH(gelu_backward_kernel, grid, block, 0)(x, dy, dx, n);
-    KILN_CHECK_LAUNCH(gelu_backward_kernel, grid, block);
+    KILN_LAUNCH(gelu_forward_kernel<T>, grid, block, 0)(x, y, n);
+    KILN_CHECK_LAUNCH(gelu_forward_kernel<T>, grid, block);
+}
+
+template <typename T>
+void gelu_backward(const T* x, const T* dy, T* dx, int64_t n) {
+    if (n == 0) return;
+    const dim3 grid(blocks_for(n)), block(kBlock);
+    KILN_LAUNCH(gelu_backward_kernel<T>, grid, block, 0)(x, dy, dx, n);
+    KILN_CHECK_LAUNCH(gelu_backward_kernel<T>, grid, block);
 }
 
 // ---- dropout -------------------------------------------------------------------------------------
 // keep_i = u_i ≥ drop_p,  u_i = Rng::to_unit(splitmix64(seed_hash ^ splitmix64(first + i)))
 // mask[i] = keep_i;   y[i] = keep_i ? x[i] · scale : 0,   scale = 1 / (1 − drop_p)  (0 when drop_p = 1)
-__global__ void dropout_forward_kernel(const float* x, float* y, uint8_t* mask, int64_t n, float drop_p,
+template <typename T>
+__global__ void dropout_forward_kernel(const T* x, T* y, uint8_t* mask, int64_t n, float drop_p,
                                        float scale, uint64_t seed_hash, uint64_t first) {
     for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
         const float u = Rng::to_unit(splitmix64(seed_hash ^ splitmix64(first + uint64_t(i))));
         const uint8_t keep = u >= drop_p ? 1 : 0;
         mask[i] = keep;
-        y[i] = keep ? x[i] * scale : 0.0f;
+        y[i] = T(keep ? float(x[i]) * scale : 0.0f);
     }
 }
 
 // dx[i] = mask[i] ? dy[i] · scale : 0
-__global__ void dropout_backward_kernel(const float* dy, const uint8_t* mask, float* dx, int64_t n, float scale) {
+template <typename T>
+__global__ void dropout_backward_kernel(const T* dy, const uint8_t* mask, T* dx, int64_t n, float scale) {
     for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
-        dx[i] = mask[i] ? dy[i] * scale : 0.0f;
+        dx[i] = T(mask[i] ? float(dy[i]) * scale : 0.0f);
 }
 
 namespace {
 float dropout_scale(float drop_p) { return drop_p < 1.0f ? 1.0f / (1.0f - drop_p) : 0.0f; }
 }  // namespace
 
-void dropout_forward(const float* x, float* y, uint8_t* mask, int64_t n, float drop_p, uint64_t seed_hash,
+template <typename T>
+void dropout_forward(const T* x, T* y, uint8_t* mask, int64_t n, float drop_p, uint64_t seed_hash,
                      uint64_t first) {
     if (n == 0) return;
     const dim3 grid(blocks_for(n)), block(kBlock);
-    KILN_LAUNCH(dropout_forward_kernel, grid, block, 0)(x, y, mask, n, drop_p, dropout_scale(drop_p), seed_hash,
+    KILN_LAUNCH(dropout_forward_kernel<T>, grid, block, 0)(x, y, mask, n, drop_p, dropout_scale(drop_p), seed_hash,
                                                         first);
-    KILN_CHECK_LAUNCH(dropout_forward_kernel, grid, block);
+    KILN_CHECK_LAUNCH(dropout_forward_kernel<T>, grid, block);
 }
 
-void dropout_backward(const float* dy, const uint8_t* mask, float* dx, int64_t n, float drop_p) {
+template <typename T>
+void dropout_backward(const T* dy, const uint8_t* mask, T* dx, int64_t n, float drop_p) {
     if (n == 0) return;
     const dim3 grid(blocks_for(n)), block(kBlock);
-    KILN_LAUNCH(dropout_backward_kernel, grid, block, 0)(dy, mask, dx, n, dropout_scale(drop_p));
-    KILN_CHECK_LAUNCH(dropout_backward_kernel, grid, block);
+    KILN_LAUNCH(dropout_backward_kernel<T>, grid, block, 0)(dy, mask, dx, n, dropout_scale(drop_p));
+    KILN_CHECK_LAUNCH(dropout_backward_kernel<T>, grid, block);
 }
+
+template void batchnorm_forward_train<float>(const float*, const float*, const float*, float*, float*, float*, float*,
+                                             float*, const BatchNormParams&);
+template void batchnorm_forward_eval<float>(const float*, const float*, const float*, const float*, const float*,
+                                            float*, const BatchNormParams&);
+template void batchnorm_backward<float>(const float*, const float*, const float*, const float*, const float*, float*,
+                                        float*, float*, const BatchNormParams&);
+template void layernorm_forward<float>(const float*, const float*, const float*, float*, float*, float*, int64_t,
+                                       int64_t, float);
+template void layernorm_backward<float>(const float*, const float*, const float*, const float*, const float*, float*,
+                                        float*, float*, int64_t, int64_t);
+template void gelu_forward<float>(const float*, float*, int64_t);
+template void gelu_backward<float>(const float*, const float*, float*, int64_t);
+template void dropout_forward<float>(const float*, float*, uint8_t*, int64_t, float, uint64_t, uint64_t);
+template void dropout_backward<float>(const float*, const uint8_t*, float*, int64_t, float);
 
 }  // namespace kiln::cuda

@@ -1,9 +1,10 @@
 // pool.cu — the CUDA twins of src/ops/cpu/pool.cpp: max, average and global average pooling,
 // forward and backward. Same names and arguments as ops/cpu/cnn_ops.h; pointers are device
-// memory.
+// memory. Templates on the element type T (sums in float or double); this file instantiates
+// T = float.
 //
-// Letters as in cnn_ops.h: x [N, C, H, W] → y [N, C, P, Q], windows KH×KW at
-// (p·stride − padding, q·stride − padding), S = H·W, T = threads per block.
+// Letters as in ops/params.h: x [N, C, H, W] → y [N, C, P, Q], windows KH×KW at
+// (p·stride − padding, q·stride − padding), S = H·W, B = threads per block.
 //
 // Thread/block mapping:
 //   maxpool2d_forward, avgpool2d_forward    one thread per output (n, c, p, q), 1-D grid-stride,
@@ -17,7 +18,7 @@
 //        (clipped to [0, P)), q likewise, and adds their contributions itself, in ascending
 //        (p, q) — the order in which the CPU's scatter adds them, so the sums are identical.
 //   global_avgpool_forward   one block of 256 per plane (grid-stride over the N·C planes):
-//        thread t sums values t, t + T, ... in double, then detail::block_reduce.
+//        thread t sums values t, t + B, ... in double, then detail::block_reduce.
 //   global_avgpool_backward  one thread per element: dx = dy[plane] / S.
 //
 // Determinism: no atomics anywhere; every output is computed by one thread (or one block's
@@ -30,12 +31,10 @@
 #include <cmath>
 
 #include "common.cuh"
-#include "ops/cpu/cnn_ops.h"
 #include "ops/cuda_ops.h"
 
 namespace kiln::cuda {
 
-using cpu::Pool2dParams;
 using detail::blocks_for;
 using detail::kBlock;
 
@@ -66,12 +65,13 @@ __device__ void window(int64_t o, int64_t stride, int64_t pad, int64_t k, int64_
 // ---- max ---------------------------------------------------------------------------------------
 // y[n,c,p,q] = max over the window (first maximum, or the first NaN);  argmax = ih·W + iw of it
 // (−1 if the window lies wholly in the padding: y is then −inf)
-__global__ void maxpool2d_forward_kernel(const float* x, float* y, int32_t* argmax, Pool2dParams p, int64_t P,
+template <typename T>
+__global__ void maxpool2d_forward_kernel(const T* x, T* y, int32_t* argmax, Pool2dParams p, int64_t P,
                                          int64_t Q) {
     const int64_t total = p.N * p.C * P * Q;
     for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < total; i += int64_t(gridDim.x) * blockDim.x) {
         const int64_t nc = i / (P * Q), op = i / Q % P, oq = i % Q;
-        const float* xp = x + nc * p.H * p.W;
+        const T* xp = x + nc * p.H * p.W;
         int64_t h0, h1, w0, w1;
         window(op, p.stride, p.padding, p.KH, p.H, h0, h1);
         window(oq, p.stride, p.padding, p.KW, p.W, w0, w1);
@@ -79,24 +79,25 @@ __global__ void maxpool2d_forward_kernel(const float* x, float* y, int32_t* argm
         int64_t at = -1;
         for (int64_t ih = h0; ih < h1; ih++)
             for (int64_t iw = w0; iw < w1; iw++) {
-                const float v = xp[ih * p.W + iw];
+                const float v = float(xp[ih * p.W + iw]);
                 if (at < 0 || v > m || (isnan(v) && !isnan(m))) {  // v > NaN is false: a NaN stays
                     m = v;
                     at = ih * p.W + iw;
                 }
             }
-        y[i] = m;
+        y[i] = T(m);
         argmax[i] = int32_t(at);
     }
 }
 
 // dx[n,c,ih,iw] = Σ over the windows (p, q) covering it whose argmax is ih·W + iw of dy[n,c,p,q]
-__global__ void maxpool2d_backward_kernel(const float* dy, const int32_t* argmax, float* dx, Pool2dParams p,
+template <typename T>
+__global__ void maxpool2d_backward_kernel(const T* dy, const int32_t* argmax, T* dx, Pool2dParams p,
                                           int64_t P, int64_t Q) {
     const int64_t S = p.H * p.W, total = p.N * p.C * S;
     for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < total; i += int64_t(gridDim.x) * blockDim.x) {
         const int64_t nc = i / S, ih = i / p.W % p.H, iw = i % p.W;
-        const float* dyp = dy + nc * P * Q;
+        const T* dyp = dy + nc * P * Q;
         const int32_t* ap = argmax + nc * P * Q;
         const int32_t me = int32_t(ih * p.W + iw);
         int64_t p0, p1, q0, q1;
@@ -105,110 +106,127 @@ __global__ void maxpool2d_backward_kernel(const float* dy, const int32_t* argmax
         float g = 0.0f;
         for (int64_t op = p0; op < p1; op++)
             for (int64_t oq = q0; oq < q1; oq++)
-                if (ap[op * Q + oq] == me) g += dyp[op * Q + oq];
-        dx[i] = g;
+                if (ap[op * Q + oq] == me) g += float(dyp[op * Q + oq]);
+        dx[i] = T(g);
     }
 }
 
-void maxpool2d_forward(const float* x, float* y, int32_t* argmax, const Pool2dParams& p) {
+template <typename T>
+void maxpool2d_forward(const T* x, T* y, int32_t* argmax, const Pool2dParams& p) {
     const int64_t total = p.N * p.C * p.P() * p.Q();
     if (total == 0) return;
     const dim3 grid(blocks_for(total)), block(kBlock);
-    KILN_LAUNCH(maxpool2d_forward_kernel, grid, block, 0)(x, y, argmax, p, p.P(), p.Q());
-    KILN_CHECK_LAUNCH(maxpool2d_forward_kernel, grid, block);
+    KILN_LAUNCH(maxpool2d_forward_kernel<T>, grid, block, 0)(x, y, argmax, p, p.P(), p.Q());
+    KILN_CHECK_LAUNCH(maxpool2d_forward_kernel<T>, grid, block);
 }
 
-void maxpool2d_backward(const float* dy, const int32_t* argmax, float* dx, const Pool2dParams& p) {
+template <typename T>
+void maxpool2d_backward(const T* dy, const int32_t* argmax, T* dx, const Pool2dParams& p) {
     const int64_t total = p.N * p.C * p.H * p.W;
     if (total == 0) return;
     const dim3 grid(blocks_for(total)), block(kBlock);
-    KILN_LAUNCH(maxpool2d_backward_kernel, grid, block, 0)(dy, argmax, dx, p, p.P(), p.Q());
-    KILN_CHECK_LAUNCH(maxpool2d_backward_kernel, grid, block);
+    KILN_LAUNCH(maxpool2d_backward_kernel<T>, grid, block, 0)(dy, argmax, dx, p, p.P(), p.Q());
+    KILN_CHECK_LAUNCH(maxpool2d_backward_kernel<T>, grid, block);
 }
 
 // ---- average -----------------------------------------------------------------------------------
 // y[n,c,p,q] = (Σ over the window of x) / (KH·KW)      (count_include_pad: padding adds 0)
-__global__ void avgpool2d_forward_kernel(const float* x, float* y, Pool2dParams p, int64_t P, int64_t Q) {
+template <typename T>
+__global__ void avgpool2d_forward_kernel(const T* x, T* y, Pool2dParams p, int64_t P, int64_t Q) {
     const int64_t total = p.N * p.C * P * Q;
     const float inv = 1.0f / float(p.KH * p.KW);
     for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < total; i += int64_t(gridDim.x) * blockDim.x) {
         const int64_t nc = i / (P * Q), op = i / Q % P, oq = i % Q;
-        const float* xp = x + nc * p.H * p.W;
+        const T* xp = x + nc * p.H * p.W;
         int64_t h0, h1, w0, w1;
         window(op, p.stride, p.padding, p.KH, p.H, h0, h1);
         window(oq, p.stride, p.padding, p.KW, p.W, w0, w1);
         float s = 0.0f;
         for (int64_t ih = h0; ih < h1; ih++)
-            for (int64_t iw = w0; iw < w1; iw++) s += xp[ih * p.W + iw];
-        y[i] = s * inv;
+            for (int64_t iw = w0; iw < w1; iw++) s += float(xp[ih * p.W + iw]);
+        y[i] = T(s * inv);
     }
 }
 
 // dx[n,c,ih,iw] = Σ over the windows (p, q) covering it of dy[n,c,p,q] / (KH·KW)
-__global__ void avgpool2d_backward_kernel(const float* dy, float* dx, Pool2dParams p, int64_t P, int64_t Q) {
+template <typename T>
+__global__ void avgpool2d_backward_kernel(const T* dy, T* dx, Pool2dParams p, int64_t P, int64_t Q) {
     const int64_t S = p.H * p.W, total = p.N * p.C * S;
     const float inv = 1.0f / float(p.KH * p.KW);
     for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < total; i += int64_t(gridDim.x) * blockDim.x) {
         const int64_t nc = i / S, ih = i / p.W % p.H, iw = i % p.W;
-        const float* dyp = dy + nc * P * Q;
+        const T* dyp = dy + nc * P * Q;
         int64_t p0, p1, q0, q1;
         covering(ih, p.stride, p.padding, p.KH, P, p0, p1);
         covering(iw, p.stride, p.padding, p.KW, Q, q0, q1);
         float g = 0.0f;
         for (int64_t op = p0; op < p1; op++)
-            for (int64_t oq = q0; oq < q1; oq++) g += dyp[op * Q + oq] * inv;
-        dx[i] = g;
+            for (int64_t oq = q0; oq < q1; oq++) g += float(dyp[op * Q + oq]) * inv;
+        dx[i] = T(g);
     }
 }
 
-void avgpool2d_forward(const float* x, float* y, const Pool2dParams& p) {
+template <typename T>
+void avgpool2d_forward(const T* x, T* y, const Pool2dParams& p) {
     const int64_t total = p.N * p.C * p.P() * p.Q();
     if (total == 0) return;
     const dim3 grid(blocks_for(total)), block(kBlock);
-    KILN_LAUNCH(avgpool2d_forward_kernel, grid, block, 0)(x, y, p, p.P(), p.Q());
-    KILN_CHECK_LAUNCH(avgpool2d_forward_kernel, grid, block);
+    KILN_LAUNCH(avgpool2d_forward_kernel<T>, grid, block, 0)(x, y, p, p.P(), p.Q());
+    KILN_CHECK_LAUNCH(avgpool2d_forward_kernel<T>, grid, block);
 }
 
-void avgpool2d_backward(const float* dy, float* dx, const Pool2dParams& p) {
+template <typename T>
+void avgpool2d_backward(const T* dy, T* dx, const Pool2dParams& p) {
     const int64_t total = p.N * p.C * p.H * p.W;
     if (total == 0) return;
     const dim3 grid(blocks_for(total)), block(kBlock);
-    KILN_LAUNCH(avgpool2d_backward_kernel, grid, block, 0)(dy, dx, p, p.P(), p.Q());
-    KILN_CHECK_LAUNCH(avgpool2d_backward_kernel, grid, block);
+    KILN_LAUNCH(avgpool2d_backward_kernel<T>, grid, block, 0)(dy, dx, p, p.P(), p.Q());
+    KILN_CHECK_LAUNCH(avgpool2d_backward_kernel<T>, grid, block);
 }
 
 // ---- global average: [N·C planes of S] → [N·C] ------------------------------------------------------
 // y[plane] = (Σ_s x[plane, s]) / S, the sum in double: block b does planes b, b + gridDim.x, ...
-__global__ void global_avgpool_forward_kernel(const float* x, float* y, int64_t NC, int64_t S) {
+template <typename T>
+__global__ void global_avgpool_forward_kernel(const T* x, T* y, int64_t NC, int64_t S) {
     __shared__ double sh[kBlock];
     for (int64_t plane = blockIdx.x; plane < NC; plane += gridDim.x) {  // the same count for every thread
-        const float* xp = x + plane * S;
+        const T* xp = x + plane * S;
         double s = 0.0;
-        for (int64_t i = threadIdx.x; i < S; i += blockDim.x) s += xp[i];
+        for (int64_t i = threadIdx.x; i < S; i += blockDim.x) s += float(xp[i]);
         s = detail::block_reduce(s, sh, detail::SumOp{});
-        if (threadIdx.x == 0) y[plane] = float(s / double(S));
+        if (threadIdx.x == 0) y[plane] = T(s / double(S));
     }
 }
 
 // dx[plane, s] = dy[plane] / S
-__global__ void global_avgpool_backward_kernel(const float* dy, float* dx, int64_t NC, int64_t S) {
+template <typename T>
+__global__ void global_avgpool_backward_kernel(const T* dy, T* dx, int64_t NC, int64_t S) {
     const float inv = 1.0f / float(S);
     for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < NC * S; i += int64_t(gridDim.x) * blockDim.x)
-        dx[i] = dy[i / S] * inv;
+        dx[i] = T(float(dy[i / S]) * inv);
 }
 
-void global_avgpool_forward(const float* x, float* y, int64_t NC, int64_t S) {
+template <typename T>
+void global_avgpool_forward(const T* x, T* y, int64_t NC, int64_t S) {
     if (NC == 0) return;
     const dim3 grid(unsigned(std::min<int64_t>(NC, 65535))), block(kBlock);
-    KILN_LAUNCH(global_avgpool_forward_kernel, grid, block, 0)(x, y, NC, S);
-    KILN_CHECK_LAUNCH(global_avgpool_forward_kernel, grid, block);
+    KILN_LAUNCH(global_avgpool_forward_kernel<T>, grid, block, 0)(x, y, NC, S);
+    KILN_CHECK_LAUNCH(global_avgpool_forward_kernel<T>, grid, block);
 }
 
-void global_avgpool_backward(const float* dy, float* dx, int64_t NC, int64_t S) {
+template <typename T>
+void global_avgpool_backward(const T* dy, T* dx, int64_t NC, int64_t S) {
     if (NC * S == 0) return;
     const dim3 grid(blocks_for(NC * S)), block(kBlock);
-    KILN_LAUNCH(global_avgpool_backward_kernel, grid, block, 0)(dy, dx, NC, S);
-    KILN_CHECK_LAUNCH(global_avgpool_backward_kernel, grid, block);
+    KILN_LAUNCH(global_avgpool_backward_kernel<T>, grid, block, 0)(dy, dx, NC, S);
+    KILN_CHECK_LAUNCH(global_avgpool_backward_kernel<T>, grid, block);
 }
+
+template void maxpool2d_forward<float>(const float*, float*, int32_t*, const Pool2dParams&);
+template void maxpool2d_backward<float>(const float*, const int32_t*, float*, const Pool2dParams&);
+template void avgpool2d_forward<float>(const float*, float*, const Pool2dParams&);
+template void avgpool2d_backward<float>(const float*, float*, const Pool2dParams&);
+template void global_avgpool_forward<float>(const float*, float*, int64_t, int64_t);
+template void global_avgpool_backward<float>(const float*, float*, int64_t, int64_t);
 
 }  // namespace kiln::cuda

@@ -45,8 +45,8 @@ struct Case {
     int64_t col_images;  // images per workspace chunk on the GPU (< N: several chunks)
 };
 
-cpu::Conv2dParams params_of(const Case& k) {
-    cpu::Conv2dParams p;
+Conv2dParams params_of(const Case& k) {
+    Conv2dParams p;
     p.N = k.N, p.C = k.C, p.H = k.H, p.W = k.W, p.O = k.O, p.KH = k.KH, p.KW = k.KW;
     p.stride = k.stride, p.padding = k.padding, p.dilation = k.dilation, p.groups = k.groups;
     return p;
@@ -66,7 +66,7 @@ const Case kCases[] = {
     {"stride 3, dilation 2, groups 3, 2x3 kernel", 2, 6, 10, 11, 9, 2, 3, 3, 1, 2, 3, true, 1},
 };
 
-using ForwardFn = void (*)(const float*, const float*, const float*, float*, const cpu::Conv2dParams&, float*,
+using ForwardFn = void (*)(const float*, const float*, const float*, float*, const Conv2dParams&, float*,
                            int64_t);
 
 }  // namespace
@@ -75,7 +75,7 @@ TEST_CASE("cuda conv2d: both forward strategies and both backward passes match t
     Rng rng(41);
     for (const Case& k : kCases) {
         SECTION(k.what) {
-            const cpu::Conv2dParams p = params_of(k);
+            const Conv2dParams p = params_of(k);
             const int64_t P = p.P(), Q = p.Q();
             Tensor x = Tensor::uniform({k.N, k.C, k.H, k.W}, -1, 1, rng);
             Tensor w = Tensor::uniform({k.O, k.C / k.groups, k.KH, k.KW}, -1, 1, rng);
@@ -83,7 +83,7 @@ TEST_CASE("cuda conv2d: both forward strategies and both backward passes match t
             Tensor dw0 = Tensor::uniform(w.shape(), -1, 1, rng), db0 = Tensor::uniform({k.O}, -1, 1, rng);
 
             // The CPU: y, dx, and dw, db accumulated onto dw0, db0.
-            Tensor cpu_col = Tensor::empty({std::max<int64_t>(1, k.N * cpu::conv2d_col_floats_per_image(p))});
+            Tensor cpu_col = Tensor::empty({std::max<int64_t>(1, k.N * cpu::conv2d_col_elems_per_image(p))});
             Tensor y = Tensor::empty({k.N, k.O, P, Q}), dx = Tensor::empty(x.shape());
             Tensor dw = dw0.clone(), db = db0.clone();
             const float* bias = k.bias ? b.data<float>() : nullptr;
@@ -95,7 +95,7 @@ TEST_CASE("cuda conv2d: both forward strategies and both backward passes match t
 
             // The GPU, with a workspace of col_images images.
             Tensor gx = x.to(Device::CUDA), gw = w.to(Device::CUDA), gb = b.to(Device::CUDA), gdy = dy.to(Device::CUDA);
-            Tensor col = Tensor::empty({k.col_images * cuda::conv2d_col_floats_per_image(p)}, DType::F32, Device::CUDA);
+            Tensor col = Tensor::empty({k.col_images * cuda::conv2d_col_elems_per_image(p)}, DType::F32, Device::CUDA);
             const float* gbias = k.bias ? gb.data<float>() : nullptr;
             const Tensor nan = Tensor::full(y.shape(), std::numeric_limits<double>::quiet_NaN());
             const Tensor nan_dx = Tensor::full(x.shape(), std::numeric_limits<double>::quiet_NaN());
@@ -103,9 +103,9 @@ TEST_CASE("cuda conv2d: both forward strategies and both backward passes match t
             under_schedules([&] {
                 std::vector<Tensor> got;
                 const std::pair<const char*, ForwardFn> strategies[] = {
-                    {"im2col", cuda::conv2d_forward_im2col},
-                    {"implicit GEMM", cuda::conv2d_forward_implicit_gemm},
-                    {"conv2d_forward (by conv2d_algo)", cuda::conv2d_forward},
+                    {"im2col", cuda::conv2d_forward_im2col<float>},
+                    {"implicit GEMM", cuda::conv2d_forward_implicit_gemm<float>},
+                    {"conv2d_forward (by conv2d_algo)", cuda::conv2d_forward<float>},
                 };
                 for (auto [name, forward] : strategies) {
                     INFO("forward: " << name);
@@ -137,15 +137,15 @@ TEST_CASE("cuda conv2d: both forward strategies and both backward passes match t
 
 TEST_CASE("cuda conv2d_algo: implicit GEMM below 64 output channels per group, im2col above",
           "[conv][cuda][lesson05]") {
-    cpu::Conv2dParams p;
+    Conv2dParams p;
     p.C = 10, p.O = 20, p.KH = p.KW = 5, p.H = p.W = 12;  // LeNet's second convolution
-    REQUIRE(cuda::conv2d_algo(p) == cuda::ConvAlgo::ImplicitGemm);
+    REQUIRE(cuda::conv2d_algo(p) == ConvAlgo::ImplicitGemm);
     p.C = 64, p.O = 64, p.KH = p.KW = 3;
-    REQUIRE(cuda::conv2d_algo(p) == cuda::ConvAlgo::Im2col);
+    REQUIRE(cuda::conv2d_algo(p) == ConvAlgo::Im2col);
     p.groups = 2;  // 32 per group
-    REQUIRE(cuda::conv2d_algo(p) == cuda::ConvAlgo::ImplicitGemm);
-    REQUIRE(std::string(cuda::conv_algo_name(cuda::ConvAlgo::Im2col)) == "im2col");
-    REQUIRE(cuda::conv2d_col_floats_per_image(p) == (64 * 9 + 64) * 10 * 10);  // (C·K·K + O)·P·Q
+    REQUIRE(cuda::conv2d_algo(p) == ConvAlgo::ImplicitGemm);
+    REQUIRE(std::string(conv_algo_name(ConvAlgo::Im2col)) == "im2col");
+    REQUIRE(cuda::conv2d_col_elems_per_image(p) == (64 * 9 + 64) * 10 * 10);  // (C·K·K + O)·P·Q
 }
 
 TEST_CASE("cuda Conv2d layer matches the CPU layer, with a workspace of one image", "[conv][cuda][lesson05]") {

@@ -1,7 +1,8 @@
 // test_norm.cpp — BatchNorm1d / BatchNorm2d (chapter 06): a case computed by hand, the running
 // statistics, eval mode, a double-precision reference, finite differences, threads, errors.
+// LayerNorm: a case computed by hand (forward and backward), finite differences, threads, errors.
 //
-// Run: make build/tests/kiln_tests && build/tests/kiln_tests '[batchnorm]'
+// Run: make build/tests/kiln_tests && build/tests/kiln_tests '[batchnorm]'   (or '[layernorm]')
 #include <cmath>
 #include <cstring>
 #include <vector>
@@ -12,6 +13,7 @@
 #include "core/rng.h"
 #include "gradcheck.h"
 #include "nn/norm.h"
+#include "ops/cnn.h"
 
 using namespace kiln;
 
@@ -173,4 +175,84 @@ TEST_CASE("BatchNorm errors name the layer and the shapes", "[batchnorm][cpu][le
     REQUIRE_THROWS_WITH(bn1.forward(Tensor::zeros({1, 3})), Contains("fc_bn") && Contains("more than one value"));
     bn1.eval();
     CHECK_NOTHROW(bn1.forward(Tensor::zeros({1, 3})));  // eval needs no batch statistics
+}
+
+// ---- LayerNorm ------------------------------------------------------------------------------------
+// LayerNorm(4) on x [2, 4], weight w = (1, 2, 0.5, −1), bias b = (0, 1, 0, 0.5):
+//
+//   row 0 = (1, 2, 3, 6):     mean 3, x − mean = (−2, −1, 0, 3), var = (4 + 1 + 0 + 9) / 4 = 3.5
+//   row 1 = (−1, −1, 1, 1):   mean 0, var 1
+//   x̂ = (x − mean) / σ with σ0 = √(3.5 + 1e-5), σ1 = √(1 + 1e-5);   y = w · x̂ + b
+//
+// backward with dy = [[1, 0, 0, 0], [0, 0, 0, 0]] (only y[0, 0] matters):
+//   dbias = Σ_rows dy = (1, 0, 0, 0)          dweight = Σ_rows dy · x̂ = (−2/σ0, 0, 0, 0)
+//   row 0: g = w · dy = (1, 0, 0, 0), Σ g = 1, Σ g·x̂ = −2/σ0
+//          dx_d = (g_d − 1/4 − x̂_d · (−2/σ0) / 4) / σ0          row 1: g = 0, so dx = 0
+TEST_CASE("LayerNorm forward and backward on a [2, 4] batch computed by hand", "[layernorm][cpu][lesson06]") {
+    LayerNorm ln(4);
+    ln.weight.value = from({4}, {1, 2, 0.5f, -1});
+    ln.bias.value = from({4}, {0, 1, 0, 0.5f});
+    const Tensor x = from({2, 4}, {1, 2, 3, 6, -1, -1, 1, 1});
+    const Tensor y = ln.forward(x);
+    const double s0 = std::sqrt(3.5 + 1e-5), s1 = std::sqrt(1.0 + 1e-5);
+    const double want_y[8] = {-2 / s0, 1 - 2 / s0, 0, 0.5 - 3 / s0, -1 / s1, 1 - 2 / s1, 0.5 / s1, 0.5 - 1 / s1};
+    for (int i = 0; i < 8; i++) CHECK(y.data<float>()[i] == Approx(want_y[i]).margin(1e-6));
+
+    const Tensor dx = ln.backward(from({2, 4}, {1, 0, 0, 0, 0, 0, 0, 0}));
+    const double xhat0[4] = {-2 / s0, -1 / s0, 0, 3 / s0}, g0[4] = {1, 0, 0, 0};
+    for (int d = 0; d < 4; d++) {
+        CHECK(dx.data<float>()[d] == Approx((g0[d] - 0.25 - xhat0[d] * (-2 / s0) / 4) / s0).margin(1e-6));
+        CHECK(dx.data<float>()[4 + d] == 0.0f);
+        CHECK(ln.bias.grad.data<float>()[d] == float(g0[d]));
+        CHECK(ln.weight.grad.data<float>()[d] == Approx(d == 0 ? -2 / s0 : 0.0).margin(1e-6));
+    }
+}
+
+TEST_CASE("LayerNorm gradients match finite differences", "[layernorm][cpu][lesson06][gradcheck]") {
+    Rng rng(23);
+    SECTION("[N, D]") {
+        LayerNorm ln(5);
+        ln.weight.value = Tensor::uniform({5}, 0.5f, 1.5f, rng);
+        ln.bias.value = Tensor::uniform({5}, -0.5f, 0.5f, rng);
+        check_module_gradients(ln, Tensor::normal({4, 5}, 0.5f, 2.0f, rng), 1);
+    }
+    SECTION("[N, L, D]: every leading dimension is a row") {
+        LayerNorm ln(3);
+        ln.weight.value = Tensor::uniform({3}, -1.5f, 1.5f, rng);
+        check_module_gradients(ln, Tensor::normal({2, 3, 3}, -1.0f, 1.5f, rng), 2);
+    }
+}
+
+TEST_CASE("LayerNorm gives the same bits on 1 and 2 threads", "[layernorm][cpu][lesson06][threads]") {
+    Rng rng(33);
+    const Tensor x = Tensor::normal({64, 8, 200}, 0.3f, 2.0f, rng);
+    const Tensor dy = Tensor::normal(x.shape(), 0.0f, 1.0f, rng);
+    const int saved = omp_get_max_threads();
+    Tensor y[2], dx[2], dw[2], db[2];
+    for (int t = 1; t <= 2; t++) {
+        omp_set_num_threads(t);
+        LayerNorm ln(200);
+        y[t - 1] = ln.forward(x);
+        dx[t - 1] = ln.backward(dy);
+        dw[t - 1] = ln.weight.grad;
+        db[t - 1] = ln.bias.grad;
+    }
+    omp_set_num_threads(saved);
+    CHECK(same_bits(y[0], y[1]));
+    CHECK(same_bits(dx[0], dx[1]));
+    CHECK(same_bits(dw[0], dw[1]));
+    CHECK(same_bits(db[0], db[1]));
+}
+
+TEST_CASE("LayerNorm errors name the layer and the shapes", "[layernorm][cpu][lesson06]") {
+    using Catch::Matchers::Contains;
+    LayerNorm ln(4, "ln1");
+    REQUIRE_THROWS_WITH(ln.forward(Tensor::zeros({2, 5})), Contains("ln1") && Contains("[2, 5]"));
+    REQUIRE_THROWS_WITH(ln.backward(Tensor::zeros({2, 4})), Contains("ln1") && Contains("backward"));
+    ln.forward(Tensor::zeros({2, 4}));
+    REQUIRE_THROWS_WITH(ln.backward(Tensor::zeros({2, 3})), Contains("ln1") && Contains("[2, 4]"));
+    REQUIRE_THROWS_WITH(LayerNorm(0, "ln2"), Contains("ln2"));
+    Tensor mean, invstd;
+    REQUIRE_THROWS_WITH(layernorm(Tensor::zeros({2, 4}), Tensor::ones({3}), Tensor::zeros({4}), 1e-5f, &mean, &invstd),
+                        Contains("layernorm") && Contains("'gamma'") && Contains("[4]"));
 }

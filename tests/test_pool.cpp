@@ -57,7 +57,7 @@ TEST_CASE("MaxPool2d and AvgPool2d on a 4x4 plane computed by hand", "[pool][cpu
     const Tensor dy = from({1, 1, 2, 2}, {1, 2, 3, 4});
 
     SECTION("max: the kernel's values and argmax") {
-        cpu::Pool2dParams p;
+        Pool2dParams p;
         p.H = p.W = 4, p.KH = p.KW = 2, p.stride = 2;
         float y[4];
         int32_t at[4];
@@ -114,7 +114,7 @@ TEST_CASE("MaxPool2d 2x2 fast path: ties, NaN, odd sizes", "[pool][cpu][lesson03
     float* xv = x.data<float>();
     for (int64_t i = 0; i < x.numel(); i++) xv[i] = float(rng.next_below(3));
     xv[10] = xv[50] = std::numeric_limits<float>::quiet_NaN();
-    cpu::Pool2dParams p;
+    Pool2dParams p;
     p.N = N, p.C = C, p.H = H, p.W = W, p.KH = p.KW = 2, p.stride = 2;
     std::vector<float> y(size_t(N * C * P * Q));
     std::vector<int32_t> at(y.size());

@@ -1,7 +1,7 @@
 // batchnorm.cu — the kernel lab's batch-norm forward (training): two versions side by side,
 // each validated against the CPU, then timed against cuDNN on a GPU.
 //
-// Letters as in ops/cpu/cnn_ops.h: x [N, C, S], S = H·W (1 for BatchNorm1d), M = N·S values per
+// Letters as in ops/params.h: x [N, C, S], S = H·W (1 for BatchNorm1d), M = N·S values per
 // channel; value m of channel c sits at x[(m / S · C + c)·S + m mod S].
 //   mean = Σ x / M      var = Σ (x − mean)² / M      invstd = 1 / sqrt(var + eps)
 //   y = gamma · (x − mean) · invstd + beta
@@ -36,8 +36,6 @@
 #include "ops/cuda_ops.h"
 
 namespace kiln::lab {
-
-using cpu::BatchNormParams;
 
 // ---- version 1: one thread per channel ---------------------------------------------------------
 __global__ void batchnorm_naive_kernel(const float* x, const float* gamma, const float* beta, float* y,

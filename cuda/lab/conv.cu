@@ -1,7 +1,7 @@
 // conv.cu — the kernel lab's convolution forward: three versions side by side, each validated
 // against the CPU (cpu::conv2d_forward) on every shape, then timed against cuDNN on a GPU.
 //
-// Letters as in ops/cpu/cnn_ops.h: x [N, C, H, W], w [O, C/G, KH, KW], b [O], y [N, O, P, Q],
+// Letters as in ops/params.h: x [N, C, H, W], w [O, C/G, KH, KW], b [O], y [N, O, P, Q],
 // G groups, Cg = C/G and Og = O/G per group.
 //   y[n, o, p, q] = b[o] + Σ_{c < Cg} Σ_{kh, kw} w[o, c, kh, kw] · x[n, g·Cg + c, ih, iw]
 //   g = o / Og,  ih = p·stride − padding + kh·dilation,  iw likewise  (0 outside the image)
@@ -39,8 +39,6 @@
 #include "ops/cuda_ops.h"
 
 namespace kiln::lab {
-
-using cpu::Conv2dParams;
 
 // ---- version 1: one thread per output ----------------------------------------------------------
 //   thread i → y[n, o, p, q] with i = ((n·O + o)·P + p)·Q + q   (consecutive threads along q)
@@ -97,16 +95,16 @@ bool run_layer(int chosen, const Layer& layer) {
                 problem.c_str(), (long long)p.N, (long long)p.C, (long long)p.H, (long long)p.W, (long long)p.O,
                 (long long)P, (long long)Q, (long long)p.KH, (long long)p.KW, (long long)p.stride,
                 (long long)p.padding, (long long)p.dilation, (long long)p.groups, layer.bias ? ", bias" : "",
-                cuda::conv_algo_name(cuda::conv2d_algo(p)));
+                conv_algo_name(cuda::conv2d_algo(p)));
     const std::vector<float> x = random_floats(x_count, 1), w = random_floats(w_count, 2), b = random_floats(size_t(p.O), 3);
     std::vector<float> want(y_count);
-    const int64_t cpu_per_image = cpu::conv2d_col_floats_per_image(p);
+    const int64_t cpu_per_image = cpu::conv2d_col_elems_per_image(p);
     const int64_t cpu_images = cpu_per_image ? images_within(cpu_per_image, p.N, kDefaultConvWorkspace) : 0;
     std::vector<float> cpu_col(size_t(cpu_images * cpu_per_image));
     cpu::conv2d_forward(x.data(), w.data(), layer.bias ? b.data() : nullptr, want.data(), p, cpu_col.data(), cpu_images);
 
     DeviceArray<float> dx(x), dw(w), db(b), dy(y_count);
-    const int64_t per_image = cuda::conv2d_col_floats_per_image(p);
+    const int64_t per_image = cuda::conv2d_col_elems_per_image(p);
     const int64_t images = images_within(per_image, p.N, kDefaultConvWorkspace);
     DeviceArray<float> col(size_t(images * per_image));
     const float* bias = layer.bias ? db.get() : nullptr;
@@ -114,7 +112,7 @@ bool run_layer(int chosen, const Layer& layer) {
         switch (version) {
         case 1: return conv2d1(dx.get(), dw.get(), bias, dy.get(), p, block);
         case 2: return cuda::conv2d_forward_im2col(dx.get(), dw.get(), bias, dy.get(), p, col.get(), images);
-        default: return cuda::conv2d_forward_implicit_gemm(dx.get(), dw.get(), bias, dy.get(), p, nullptr, 0);
+        default: return cuda::conv2d_forward_implicit_gemm<float>(dx.get(), dw.get(), bias, dy.get(), p, nullptr, 0);
         }
     };
     // Sums of Cg·KH·KW products of values in [-1, 1], added in another order than the CPU:

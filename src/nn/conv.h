@@ -1,5 +1,5 @@
-// conv.h — the 2-D convolution layer (chapter 03). The kernels are in src/ops/cpu/conv.cpp
-// and, on the CUDA device, cuda/conv.cu (chapter 05).
+// conv.h — the 2-D convolution layer (chapter 03). It calls the op conv2d (ops/cnn.h), whose
+// kernels are in src/ops/cpu/conv.cpp and, on the CUDA device, cuda/conv.cu (chapter 05).
 //
 // Letters: N = batch, C = input channels, H, W = input size, O = output channels,
 // K = kernel size (KH × KW when not square), P, Q = output size, G = groups.
@@ -9,6 +9,7 @@
 
 #include "core/rng.h"
 #include "nn/module.h"
+#include "ops/cnn.h"  // kDefaultConvWorkspace
 
 namespace kiln {
 
@@ -19,11 +20,6 @@ struct ConvOptions {
     int64_t groups = 1;    // C and O split in G independent groups; G == C == O is depthwise
     bool bias = true;
 };
-
-// The im2col workspace bound: the batch is convolved in chunks of images whose column matrices
-// and outputs ((C·K·K + O) · P·Q floats each) fit in this many bytes; at least one image per
-// chunk, whatever its size. Set per layer with Conv2d::workspace_limit.
-constexpr int64_t kDefaultConvWorkspace = int64_t(32) << 20;  // 32 MiB
 
 // y[n, o, p, q] = b[o] + Σ_{c in o's group} Σ_{kh, kw} w[o, c, kh, kw] · x[n, c, p·s − pad + kh·d, q·s − pad + kw·d]
 //   x [N, C, H, W]   w [O, C/G, KH, KW]   b [O]   y [N, O, P, Q]

@@ -1,69 +1,51 @@
-// misc.cpp — Dropout, GELU, Residual. Kernels: ops/cpu/norm.cpp or cuda/norm.cu (GELU, dropout;
-// the twins take the same arguments, so each call picks one by the input's device:
-// (x.device() == Device::CUDA ? cuda::f : cpu::f)(arguments)), and ops.h's add (either device).
+// misc.cpp — Dropout, GELU, Residual: the layers' checks (which name the layer), the caches, and
+// the calls to the ops dropout and gelu (ops/cnn.h; kernels in ops/cpu/norm.cpp and cuda/norm.cu)
+// and add (ops/ops.h).
 #include "nn/misc.h"
 
-#include "ops/cpu/cnn_ops.h"
-#include "ops/cuda_ops.h"
+#include "ops/cnn.h"
 #include "ops/ops.h"
 
 namespace kiln {
-namespace {
-void check_f32(const Tensor& t, const std::string& layer, const char* what) {
-    check_defined(t, layer.c_str(), what);
-    KILN_CHECK(t.dtype() == DType::F32, layer, ": ", what, " must be an f32 tensor, got ", t.desc());
-}
-}  // namespace
-
 // ---- Dropout ---------------------------------------------------------------------------------
 Dropout::Dropout(float p_, uint64_t seed, std::string name) : Module(std::move(name)), p(p_), rng(seed) {
     KILN_CHECK(p >= 0.0f && p <= 1.0f, this->name(), ": drop probability ", p, " is outside [0, 1]");
 }
 
 Tensor Dropout::forward(const Tensor& x) {
-    check_f32(x, name(), "the input");
+    check_defined(x, name().c_str(), "the input");
     identity_ = !training() || p == 0.0f;
     if (identity_) return x;
     if (fixed_mask) rng.set_counter(0);
     const uint64_t first = rng.take(uint64_t(x.numel()));
-    Tensor y = Tensor::empty(x.shape(), DType::F32, x.device(), Category::Activation);
-    Tensor mask = Tensor::empty(x.shape(), DType::U8, x.device(), Category::Activation);
-    (x.device() == Device::CUDA ? cuda::dropout_forward : cpu::dropout_forward)(
-        x.data<float>(), y.data<float>(), mask.data<uint8_t>(), x.numel(), p, rng.seed_hash(), first);
-    mask_ = mask;
-    return y;
+    return dropout(x, p, rng.seed_hash(), first, &mask_);
 }
 
 Tensor Dropout::backward(const Tensor& dy) {
-    check_f32(dy, name(), "dy");
+    check_defined(dy, name().c_str(), "dy");
     if (identity_) return dy;  // eval or p = 0: the identity, whose gradient is dy
     KILN_CHECK(mask_.defined(), name(), ": backward without a training-mode forward");
     KILN_CHECK(dy.shape() == mask_.shape(), name(), ": dy should be ", mask_.shape().str(), " but is ", dy.desc());
     check_on_device(dy, mask_.device(), name(), "dy");
-    Tensor dx = Tensor::empty(dy.shape(), DType::F32, dy.device(), Category::Activation);
-    (dy.device() == Device::CUDA ? cuda::dropout_backward : cpu::dropout_backward)(
-        dy.data<float>(), mask_.data<uint8_t>(), dx.data<float>(), dy.numel(), p);
+    Tensor dx = dropout_backward(dy, mask_, p);
     mask_ = Tensor();
     return dx;
 }
 
 // ---- GELU ----------------------------------------------------------------------------------------
 Tensor GELU::forward(const Tensor& x) {
-    check_f32(x, name(), "the input");
-    Tensor y = Tensor::empty(x.shape(), DType::F32, x.device(), Category::Activation);
-    (x.device() == Device::CUDA ? cuda::gelu_forward : cpu::gelu_forward)(x.data<float>(), y.data<float>(), x.numel());
+    check_defined(x, name().c_str(), "the input");
+    Tensor y = gelu(x);
     if (training()) x_ = x;
     return y;
 }
 
 Tensor GELU::backward(const Tensor& dy) {
     KILN_CHECK(x_.defined(), name(), ": backward without a training-mode forward");
-    check_f32(dy, name(), "dy");
+    check_defined(dy, name().c_str(), "dy");
     KILN_CHECK(dy.shape() == x_.shape(), name(), ": dy should be ", x_.shape().str(), " but is ", dy.desc());
     check_on_device(dy, x_.device(), name(), "dy");
-    Tensor dx = Tensor::empty(dy.shape(), DType::F32, dy.device(), Category::Activation);
-    (dy.device() == Device::CUDA ? cuda::gelu_backward : cpu::gelu_backward)(x_.data<float>(), dy.data<float>(),
-                                                                             dx.data<float>(), dy.numel());
+    Tensor dx = gelu_backward(x_, dy);
     x_ = Tensor();
     return dx;
 }

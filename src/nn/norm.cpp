@@ -1,10 +1,9 @@
-// norm.cpp — BatchNorm2d / BatchNorm1d: checks, the cache, and the kernels of the input's device
-// (ops/cpu/norm.cpp or cuda/norm.cu). The twins take the same arguments, so each call picks one:
-//   (x.device() == Device::CUDA ? cuda::f : cpu::f)(arguments)
+// norm.cpp — BatchNorm2d / BatchNorm1d and LayerNorm: the layers' checks (which name the layer),
+// the caches, and the calls to the normalization ops of ops/cnn.h, which run the kernels of the
+// input's device (ops/cpu/norm.cpp or cuda/norm.cu).
 #include "nn/norm.h"
 
-#include "ops/cpu/cnn_ops.h"
-#include "ops/cuda_ops.h"
+#include "ops/cnn.h"
 
 namespace kiln {
 
@@ -20,61 +19,70 @@ BatchNorm::BatchNorm(int64_t channels, int min_rank, int max_rank, std::string n
     add_buffer("running_var", running_var);
 }
 
-namespace {
-cpu::BatchNormParams params_of(const Shape& s, float eps, float momentum) {
-    cpu::BatchNormParams p;
-    p.N = s[0], p.C = s[1], p.S = 1;
-    for (int d = 2; d < s.ndim; d++) p.S *= s[d];
-    p.eps = eps, p.momentum = momentum;
-    return p;
-}
-}  // namespace
-
 Tensor BatchNorm::forward(const Tensor& x) {
     check_defined(x, name().c_str(), "input");
     const char* want = min_rank_ == 4 ? "[N, C, H, W]" : "[N, C] or [N, C, L]";
     KILN_CHECK(x.ndim() >= min_rank_ && x.ndim() <= max_rank_ && x.size(1) == num_features, name(),
                ": expected input ", want, " with C = ", num_features, ", got ", x.desc());
-    KILN_CHECK(x.dtype() == DType::F32, name(), ": needs an f32 tensor, got ", x.desc());
     const Device d = x.device();
     check_on_device(weight.value, d, name(), "weight");
     check_on_device(bias.value, d, name(), "bias");
     check_on_device(running_mean, d, name(), "running_mean");
     check_on_device(running_var, d, name(), "running_var");
-    const cpu::BatchNormParams p = params_of(x.shape(), eps, momentum);
-    Tensor y = Tensor::empty(x.shape(), DType::F32, d, Category::Activation);
-    if (!training()) {
-        (d == Device::CUDA ? cuda::batchnorm_forward_eval : cpu::batchnorm_forward_eval)(
-            x.data<float>(), weight.value.data<float>(), bias.value.data<float>(), running_mean.data<float>(),
-            running_var.data<float>(), y.data<float>(), p);
-        return y;
-    }
-    KILN_CHECK(p.N * p.S > 1, name(), ": training needs more than one value per channel, got input ", x.desc(),
-               " (use a batch of at least 2, or eval())");
-    Tensor mean = Tensor::empty({p.C}, DType::F32, d, Category::Activation);
-    Tensor invstd = Tensor::empty({p.C}, DType::F32, d, Category::Activation);
-    (d == Device::CUDA ? cuda::batchnorm_forward_train : cpu::batchnorm_forward_train)(
-        x.data<float>(), weight.value.data<float>(), bias.value.data<float>(), y.data<float>(),
-        running_mean.data<float>(), running_var.data<float>(), mean.data<float>(), invstd.data<float>(), p);
+    if (!training()) return batchnorm_eval(x, weight.value, bias.value, running_mean, running_var, eps);
+    int64_t values_per_channel = x.size(0);
+    for (int i = 2; i < x.ndim(); i++) values_per_channel *= x.size(i);
+    KILN_CHECK(values_per_channel > 1, name(), ": training needs more than one value per channel, got input ",
+               x.desc(), " (use a batch of at least 2, or eval())");
+    Tensor y = batchnorm_train(x, weight.value, bias.value, running_mean, running_var, eps, momentum, &save_mean_,
+                               &save_invstd_);
     x_ = x;
-    save_mean_ = mean;
-    save_invstd_ = invstd;
     return y;
 }
 
 Tensor BatchNorm::backward(const Tensor& dy) {
     KILN_CHECK(x_.defined(), name(), ": backward without a training-mode forward");
-    KILN_CHECK(dy.shape() == x_.shape() && dy.dtype() == DType::F32, name(), ": dy should be f32",
-               x_.shape().str(), " (the forward output) but is ", dy.desc());
+    KILN_CHECK(dy.shape() == x_.shape(), name(), ": dy should be ", x_.shape().str(), " (the forward output) but is ",
+               dy.desc());
     const Device d = x_.device();
     check_on_device(dy, d, name(), "dy");
     check_on_device(weight.grad, d, name(), "weight.grad");
     check_on_device(bias.grad, d, name(), "bias.grad");
-    const cpu::BatchNormParams p = params_of(x_.shape(), eps, momentum);
-    Tensor dx = Tensor::empty(x_.shape(), DType::F32, d, Category::Activation);
-    (d == Device::CUDA ? cuda::batchnorm_backward : cpu::batchnorm_backward)(
-        dy.data<float>(), x_.data<float>(), weight.value.data<float>(), save_mean_.data<float>(),
-        save_invstd_.data<float>(), dx.data<float>(), weight.grad.data<float>(), bias.grad.data<float>(), p);
+    Tensor dx = batchnorm_backward(dy, x_, weight.value, save_mean_, save_invstd_, weight.grad, bias.grad);
+    x_ = save_mean_ = save_invstd_ = Tensor();
+    return dx;
+}
+
+// ---- LayerNorm ---------------------------------------------------------------------------------
+LayerNorm::LayerNorm(int64_t D, std::string name, float eps_)
+    : Module(std::move(name)), normalized_size(D), eps(eps_) {
+    KILN_CHECK(D > 0, this->name(), ": LayerNorm needs a normalized size of at least 1, got ", D);
+    weight = make_parameter(this->name() + ".weight", Tensor::ones({D}, DType::F32, Device::CPU, Category::Parameter));
+    bias = make_parameter(this->name() + ".bias", Tensor::zeros({D}, DType::F32, Device::CPU, Category::Parameter));
+}
+
+Tensor LayerNorm::forward(const Tensor& x) {
+    check_defined(x, name().c_str(), "input");
+    KILN_CHECK(x.ndim() >= 1 && x.size(x.ndim() - 1) == normalized_size, name(), ": expected input [..., ",
+               normalized_size, "], got ", x.desc());
+    check_on_device(weight.value, x.device(), name(), "weight");
+    check_on_device(bias.value, x.device(), name(), "bias");
+    Tensor mean, invstd;
+    Tensor y = layernorm(x, weight.value, bias.value, eps, &mean, &invstd);
+    if (training()) {
+        x_ = x;
+        save_mean_ = mean;
+        save_invstd_ = invstd;
+    }
+    return y;
+}
+
+Tensor LayerNorm::backward(const Tensor& dy) {
+    KILN_CHECK(x_.defined(), name(), ": backward without a training-mode forward");
+    KILN_CHECK(dy.shape() == x_.shape(), name(), ": dy should be ", x_.shape().str(), " (the forward output) but is ",
+               dy.desc());
+    check_on_device(dy, x_.device(), name(), "dy");
+    Tensor dx = layernorm_backward(dy, x_, weight.value, save_mean_, save_invstd_, weight.grad, bias.grad);
     x_ = save_mean_ = save_invstd_ = Tensor();
     return dx;
 }

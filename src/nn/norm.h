@@ -1,7 +1,10 @@
-// norm.h — batch normalization (chapter 06): BatchNorm2d for [N, C, H, W], BatchNorm1d for
-// [N, C] (or [N, C, L]). The kernels are in src/ops/cpu/norm.cpp and cuda/norm.cu.
+// norm.h — normalization layers: batch normalization (chapter 06), BatchNorm2d for
+// [N, C, H, W] and BatchNorm1d for [N, C] (or [N, C, L]); and layer normalization, LayerNorm,
+// over the last dimension. They call the ops of ops/cnn.h, whose kernels are in
+// src/ops/cpu/norm.cpp and cuda/norm.cu.
 //
-// Letters: N = batch, C = channels, S = H·W (1 for [N, C]), M = N·S values per channel.
+// Letters: N = batch, C = channels, S = H·W (1 for [N, C]), M = N·S values per channel;
+// D = LayerNorm's normalized size, R = the rows of D values it normalizes.
 #pragma once
 #include <cstdint>
 #include <string>
@@ -51,6 +54,32 @@ public:
 class BatchNorm1d : public BatchNorm {
 public:
     explicit BatchNorm1d(int64_t features, std::string name = "bn") : BatchNorm(features, 2, 3, std::move(name)) {}
+};
+
+// LayerNorm (PyTorch's nn.LayerNorm(D), elementwise_affine): each row of D values — x [..., D],
+// every dimension but the last is a row — is normalized over its own values; there are no
+// batch statistics, so training and evaluation compute the same thing.
+//   mean = Σ_d x_d / D      var = Σ_d (x_d − mean)² / D   (biased)      σ = sqrt(var + eps)
+//   x̂_d = (x_d − mean) / σ      y_d = weight_d · x̂_d + bias_d
+// backward: with g_d = weight_d · dy_d (= dL/dx̂_d) and sums over the row's D values,
+//   dx_d = (1/σ) · (g_d − Σ g / D − x̂_d · Σ g·x̂ / D)
+//   dweight_d += Σ_rows dy_d · x̂_d        dbias_d += Σ_rows dy_d
+// (x̂ depends on x_d directly, through the mean — the Σ g / D term — and through σ — the
+// x̂ · Σ g·x̂ / D term.) eps 1e-5, weight 1 and bias 0 at the start, as in PyTorch. The cache is
+// x and each row's mean and 1/σ; x̂ is recomputed.
+class LayerNorm : public Module {
+public:
+    explicit LayerNorm(int64_t normalized_size, std::string name = "ln", float eps = 1e-5f);
+    Tensor forward(const Tensor& x) override;
+    Tensor backward(const Tensor& dy) override;
+    std::vector<Parameter*> parameters() override { return {&weight, &bias}; }
+
+    Parameter weight, bias;  // [D]: the affine scale and shift
+    int64_t normalized_size;
+    float eps;
+
+private:
+    Tensor x_, save_mean_, save_invstd_;  // the cache for backward
 };
 
 }  // namespace kiln

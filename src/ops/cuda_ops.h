@@ -4,8 +4,8 @@
 #pragma once
 #include <cstdint>
 
-#include "ops/cpu/cnn_ops.h"  // Conv2dParams, Pool2dParams, BatchNormParams: shared with the CPU
 #include "ops/optim.h"        // AdamParams: shared with the CPU
+#include "ops/params.h"       // Conv2dParams, Pool2dParams, BatchNormParams, ConvAlgo
 
 namespace kiln::cuda {
 
@@ -44,55 +44,71 @@ void adam_update(float* p, const float* grad, float* m, float* v, float* v_max, 
 
 // ---- convolution (chapter 05) ------------------------------------------------------------
 // The twins of cpu::conv2d_* (ops/cpu/cnn_ops.h): the same Conv2dParams, the same workspace
-// contract (col holds col_images ≥ 1 images of cuda::conv2d_col_floats_per_image(p) floats;
+// contract (col holds col_images ≥ 1 images of cuda::conv2d_col_elems_per_image(p) elements;
 // the batch is done that many images at a time) and the same results: dx is overwritten,
-// dw and db accumulate, b and db may be null. cuda/conv.cu explains each kernel.
-enum class ConvAlgo {
-    Im2col,        // im2col kernel + cuda::gemm, several images per GEMM; needs the workspace
-    ImplicitGemm,  // one kernel gathers x's columns into shared memory as it goes; no workspace
-};
-ConvAlgo conv2d_algo(const cpu::Conv2dParams& p);  // the forward strategy for a shape
-const char* conv_algo_name(ConvAlgo a);
+// dw and db accumulate, b and db may be null. Templates on the element type T, like the CPU's;
+// cuda/conv.cu instantiates float and explains each kernel.
+ConvAlgo conv2d_algo(const Conv2dParams& p);  // the forward strategy: ImplicitGemm or Im2col
 // (C·KH·KW + O)·P·Q: one image's columns and its rows of y (or dy). Every shape needs it, since
 // the backward passes always unfold; only the implicit-GEMM forward leaves it unused.
-int64_t conv2d_col_floats_per_image(const cpu::Conv2dParams& p);
+int64_t conv2d_col_elems_per_image(const Conv2dParams& p);
 
 // The forward by conv2d_algo(p), and each strategy by name (one signature, so the kernel lab
 // can time them side by side; the implicit GEMM ignores col and col_images).
-void conv2d_forward(const float* x, const float* w, const float* b, float* y, const cpu::Conv2dParams& p,
-                    float* col, int64_t col_images);
-void conv2d_forward_im2col(const float* x, const float* w, const float* b, float* y, const cpu::Conv2dParams& p,
-                           float* col, int64_t col_images);
-void conv2d_forward_implicit_gemm(const float* x, const float* w, const float* b, float* y,
-                                  const cpu::Conv2dParams& p, float* col, int64_t col_images);
-void conv2d_backward_data(const float* dy, const float* w, float* dx, const cpu::Conv2dParams& p, float* col,
-                          int64_t col_images);
-void conv2d_backward_weight(const float* x, const float* dy, float* dw, float* db, const cpu::Conv2dParams& p,
-                            float* col, int64_t col_images);
+template <typename T>
+void conv2d_forward(const T* x, const T* w, const T* b, T* y, const Conv2dParams& p, T* col, int64_t col_images);
+template <typename T>
+void conv2d_forward_im2col(const T* x, const T* w, const T* b, T* y, const Conv2dParams& p, T* col,
+                           int64_t col_images);
+template <typename T>
+void conv2d_forward_implicit_gemm(const T* x, const T* w, const T* b, T* y, const Conv2dParams& p, T* col,
+                                  int64_t col_images);
+template <typename T>
+void conv2d_backward_data(const T* dy, const T* w, T* dx, const Conv2dParams& p, T* col, int64_t col_images);
+template <typename T>
+void conv2d_backward_weight(const T* x, const T* dy, T* dw, T* db, const Conv2dParams& p, T* col, int64_t col_images);
 
-// ---- pooling, batch norm, GELU, dropout (chapters 05–06) ----------------------------------
+// ---- pooling, batch norm, layer norm, GELU, dropout (chapters 05–06) ----------------------
 // The twins of the cpu:: functions of the same names (ops/cpu/cnn_ops.h has the formulas):
 // same arguments, same overwrite/accumulate rules. cuda/pool.cu and cuda/norm.cu explain the
 // kernels; none uses atomics, so every result is the same on every run.
-void maxpool2d_forward(const float* x, float* y, int32_t* argmax, const cpu::Pool2dParams& p);
-void maxpool2d_backward(const float* dy, const int32_t* argmax, float* dx, const cpu::Pool2dParams& p);
-void avgpool2d_forward(const float* x, float* y, const cpu::Pool2dParams& p);
-void avgpool2d_backward(const float* dy, float* dx, const cpu::Pool2dParams& p);
-void global_avgpool_forward(const float* x, float* y, int64_t NC, int64_t S);
-void global_avgpool_backward(const float* dy, float* dx, int64_t NC, int64_t S);
+template <typename T>
+void maxpool2d_forward(const T* x, T* y, int32_t* argmax, const Pool2dParams& p);
+template <typename T>
+void maxpool2d_backward(const T* dy, const int32_t* argmax, T* dx, const Pool2dParams& p);
+template <typename T>
+void avgpool2d_forward(const T* x, T* y, const Pool2dParams& p);
+template <typename T>
+void avgpool2d_backward(const T* dy, T* dx, const Pool2dParams& p);
+template <typename T>
+void global_avgpool_forward(const T* x, T* y, int64_t NC, int64_t S);
+template <typename T>
+void global_avgpool_backward(const T* dy, T* dx, int64_t NC, int64_t S);
 
-void batchnorm_forward_train(const float* x, const float* gamma, const float* beta, float* y, float* running_mean,
-                             float* running_var, float* save_mean, float* save_invstd, const cpu::BatchNormParams& p);
-void batchnorm_forward_eval(const float* x, const float* gamma, const float* beta, const float* running_mean,
-                            const float* running_var, float* y, const cpu::BatchNormParams& p);
-void batchnorm_backward(const float* dy, const float* x, const float* gamma, const float* save_mean,
-                        const float* save_invstd, float* dx, float* dgamma, float* dbeta,
-                        const cpu::BatchNormParams& p);
+template <typename T>
+void batchnorm_forward_train(const T* x, const float* gamma, const float* beta, T* y, float* running_mean,
+                             float* running_var, float* save_mean, float* save_invstd, const BatchNormParams& p);
+template <typename T>
+void batchnorm_forward_eval(const T* x, const float* gamma, const float* beta, const float* running_mean,
+                            const float* running_var, T* y, const BatchNormParams& p);
+template <typename T>
+void batchnorm_backward(const T* dy, const T* x, const float* gamma, const float* save_mean,
+                        const float* save_invstd, T* dx, float* dgamma, float* dbeta, const BatchNormParams& p);
 
-void gelu_forward(const float* x, float* y, int64_t n);
-void gelu_backward(const float* x, const float* dy, float* dx, int64_t n);
-void dropout_forward(const float* x, float* y, uint8_t* mask, int64_t n, float drop_p, uint64_t seed_hash,
-                     uint64_t first);
-void dropout_backward(const float* dy, const uint8_t* mask, float* dx, int64_t n, float drop_p);
+template <typename T>
+void layernorm_forward(const T* x, const float* gamma, const float* beta, T* y, float* save_mean, float* save_invstd,
+                       int64_t R, int64_t D, float eps);
+template <typename T>
+void layernorm_backward(const T* dy, const T* x, const float* gamma, const float* save_mean, const float* save_invstd,
+                        T* dx, float* dgamma, float* dbeta, int64_t R, int64_t D);
+
+template <typename T>
+void gelu_forward(const T* x, T* y, int64_t n);
+template <typename T>
+void gelu_backward(const T* x, const T* dy, T* dx, int64_t n);
+template <typename T>
+void dropout_forward(const T* x, T* y, uint8_t* mask, int64_t n, float drop_p, uint64_t seed_hash, uint64_t first);
+template <typename T>
+void dropout_backward(const T* dy, const uint8_t* mask, T* dx, int64_t n, float drop_p);
 
 }  // namespace kiln::cuda

@@ -4,7 +4,7 @@
 //   make build/src/ops/cpu/conv.o build/src/nn/conv.o build/tests/test_conv.o
 //   (link with build/libkiln.a, see tests/test_conv.cpp)  then  ./kiln_tests '[conv]'
 //
-// Letters as in cnn_ops.h: N C H W (input), O (output channels), KH KW (kernel), P Q (output),
+// Letters as in ops/params.h: N C H W (input), O (output channels), KH KW (kernel), P Q (output),
 // G (groups); one group has Cg = C/G input and Og = O/G output channels.
 //
 // ---- Versions, from the textbook to this file ---------------------------------------------
@@ -64,29 +64,9 @@ ConvAlgo conv2d_algo(const Conv2dParams& p) {
     return ConvAlgo::Im2col;
 }
 
-const char* conv_algo_name(ConvAlgo a) {
-    switch (a) {
-        case ConvAlgo::Im2col: return "im2col";
-        case ConvAlgo::Pointwise: return "pointwise";
-        case ConvAlgo::Depthwise: return "depthwise";
-    }
-    return "?";
-}
-
-int64_t conv2d_col_floats_per_image(const Conv2dParams& p) {
+int64_t conv2d_col_elems_per_image(const Conv2dParams& p) {
     if (conv2d_algo(p) != ConvAlgo::Im2col) return 0;
     return (p.C * p.KH * p.KW + p.O) * p.P() * p.Q();  // its columns + its rows of y (or dy)
-}
-
-void check_conv2d_params(const Conv2dParams& p, const char* op) {
-    KILN_CHECK(p.N >= 0 && p.C > 0 && p.H > 0 && p.W > 0 && p.O > 0 && p.KH > 0 && p.KW > 0 && p.stride > 0 &&
-                   p.padding >= 0 && p.dilation > 0 && p.groups > 0,
-               op, ": bad sizes N=", p.N, " C=", p.C, " H=", p.H, " W=", p.W, " O=", p.O, " K=", p.KH, "x", p.KW,
-               " stride=", p.stride, " padding=", p.padding, " dilation=", p.dilation, " groups=", p.groups);
-    KILN_CHECK(p.C % p.groups == 0 && p.O % p.groups == 0, op, ": groups=", p.groups, " must divide C=", p.C,
-               " and O=", p.O);
-    KILN_CHECK(p.P() > 0 && p.Q() > 0, op, ": a ", p.KH, "x", p.KW, " kernel (dilation ", p.dilation,
-               ") does not fit a ", p.H, "x", p.W, " input with padding ", p.padding);
 }
 
 namespace {
@@ -124,14 +104,15 @@ double flops_per_image(const Conv2dParams& p) {
 
 // ---- depthwise: G == C == O, w [C, 1, KH, KW] --------------------------------------------------
 // y[n, c, p, q] = b[c] + Σ_{kh, kw} w[c, kh, kw] · x[n, c, p·s − pad + kh·d, q·s − pad + kw·d]
-void depthwise_forward(const float* x, const float* w, const float* b, float* y, const Conv2dParams& p) {
+template <typename T>
+void depthwise_forward(const T* x, const T* w, const T* b, T* y, const Conv2dParams& p) {
     const int64_t H = p.H, W = p.W, P = p.P(), Q = p.Q(), s = p.stride, C = p.C;
 #pragma omp parallel for schedule(static) if (double(p.N) * flops_per_image(p) >= kParallelMinFlops)
     for (int64_t nc = 0; nc < p.N * C; nc++) {
         const int64_t c = nc % C;
-        const float* xp = x + nc * H * W;
-        float* yp = y + nc * P * Q;
-        std::fill(yp, yp + P * Q, b ? b[c] : 0.0f);
+        const T* xp = x + nc * H * W;
+        T* yp = y + nc * P * Q;
+        std::fill(yp, yp + P * Q, b ? b[c] : T(0));
         for (int64_t kh = 0; kh < p.KH; kh++)
             for (int64_t kw = 0; kw < p.KW; kw++) {
                 const float wv = w[(c * p.KH + kh) * p.KW + kw];
@@ -141,8 +122,8 @@ void depthwise_forward(const float* x, const float* w, const float* b, float* y,
                 for (int64_t op = 0; op < P; op++) {
                     const int64_t ih = op * s + kh * p.dilation - p.padding;
                     if (ih < 0 || ih >= H) continue;
-                    const float* src = xp + ih * W + off_w;
-                    float* dst = yp + op * Q;
+                    const T* src = xp + ih * W + off_w;
+                    T* dst = yp + op * Q;
                     for (int64_t q = q_lo; q < q_hi; q++) dst[q] += wv * src[q * s];
                 }
             }
@@ -150,14 +131,15 @@ void depthwise_forward(const float* x, const float* w, const float* b, float* y,
 }
 
 // dx[n, c, ih, iw] = Σ over the (p, q, kh, kw) that read it of w[c, kh, kw] · dy[n, c, p, q]
-void depthwise_backward_data(const float* dy, const float* w, float* dx, const Conv2dParams& p) {
+template <typename T>
+void depthwise_backward_data(const T* dy, const T* w, T* dx, const Conv2dParams& p) {
     const int64_t H = p.H, W = p.W, P = p.P(), Q = p.Q(), s = p.stride, C = p.C;
 #pragma omp parallel for schedule(static) if (double(p.N) * flops_per_image(p) >= kParallelMinFlops)
     for (int64_t nc = 0; nc < p.N * C; nc++) {
         const int64_t c = nc % C;
-        const float* dyp = dy + nc * P * Q;
-        float* dxp = dx + nc * H * W;
-        std::fill(dxp, dxp + H * W, 0.0f);
+        const T* dyp = dy + nc * P * Q;
+        T* dxp = dx + nc * H * W;
+        std::fill(dxp, dxp + H * W, T(0));
         for (int64_t kh = 0; kh < p.KH; kh++)
             for (int64_t kw = 0; kw < p.KW; kw++) {
                 const float wv = w[(c * p.KH + kh) * p.KW + kw];
@@ -167,8 +149,8 @@ void depthwise_backward_data(const float* dy, const float* w, float* dx, const C
                 for (int64_t op = 0; op < P; op++) {
                     const int64_t ih = op * s + kh * p.dilation - p.padding;
                     if (ih < 0 || ih >= H) continue;
-                    float* dst = dxp + ih * W + off_w;
-                    const float* src = dyp + op * Q;
+                    T* dst = dxp + ih * W + off_w;
+                    const T* src = dyp + op * Q;
                     for (int64_t q = q_lo; q < q_hi; q++) dst[q * s] += wv * src[q];
                 }
             }
@@ -177,7 +159,8 @@ void depthwise_backward_data(const float* dy, const float* w, float* dx, const C
 
 // dw[c, kh, kw] += Σ_n Σ_{p,q} dy[n, c, p, q] · x[n, c, ih, iw]: one channel per thread, images
 // in order, each (n, kh, kw) partial sum in double.
-void depthwise_backward_weight(const float* x, const float* dy, float* dw, const Conv2dParams& p) {
+template <typename T>
+void depthwise_backward_weight(const T* x, const T* dy, T* dw, const Conv2dParams& p) {
     const int64_t H = p.H, W = p.W, P = p.P(), Q = p.Q(), s = p.stride, C = p.C;
 #pragma omp parallel for schedule(static) if (double(p.N) * flops_per_image(p) >= kParallelMinFlops)
     for (int64_t c = 0; c < C; c++) {
@@ -188,19 +171,19 @@ void depthwise_backward_weight(const float* x, const float* dy, float* dw, const
                 valid_range(off_w, W, s, Q, q_lo, q_hi);
                 double acc = 0.0;
                 for (int64_t n = 0; n < p.N; n++) {
-                    const float* xp = x + (n * C + c) * H * W;
-                    const float* dyp = dy + (n * C + c) * P * Q;
+                    const T* xp = x + (n * C + c) * H * W;
+                    const T* dyp = dy + (n * C + c) * P * Q;
                     float part = 0.0f;  // one image's sum; every lane pattern fixed by the sizes
                     for (int64_t op = 0; op < P; op++) {
                         const int64_t ih = op * s + kh * p.dilation - p.padding;
                         if (ih < 0 || ih >= H) continue;
-                        const float* src = xp + ih * W + off_w;
-                        const float* g = dyp + op * Q;
+                        const T* src = xp + ih * W + off_w;
+                        const T* g = dyp + op * Q;
                         for (int64_t q = q_lo; q < q_hi; q++) part += g[q] * src[q * s];
                     }
                     acc += part;
                 }
-                dw[(c * p.KH + kh) * p.KW + kw] += float(acc);
+                dw[(c * p.KH + kh) * p.KW + kw] += T(acc);
             }
     }
 }
@@ -211,31 +194,32 @@ void depthwise_backward_weight(const float* x, const float* dy, float* dw, const
 // One row of col per (c, kh, kw); within it, one run of Q per output row p: zeros where the
 // window hangs over the padding, a copy of an input row segment between. Rows of col are ld
 // floats apart: ld = P·Q for one image alone, k·P·Q for k images side by side (forward below).
-void im2col(const float* x, int64_t C, const Conv2dParams& p, float* col, int64_t ld) {
+template <typename T>
+void im2col(const T* x, int64_t C, const Conv2dParams& p, T* col, int64_t ld) {
     const int64_t H = p.H, W = p.W, P = p.P(), Q = p.Q(), s = p.stride;
     for (int64_t c = 0; c < C; c++) {
-        const float* xc = x + c * H * W;
+        const T* xc = x + c * H * W;
         for (int64_t kh = 0; kh < p.KH; kh++)
             for (int64_t kw = 0; kw < p.KW; kw++) {
-                float* row = col + ((c * p.KH + kh) * p.KW + kw) * ld;
+                T* row = col + ((c * p.KH + kh) * p.KW + kw) * ld;
                 const int64_t off_w = kw * p.dilation - p.padding;
                 int64_t q_lo, q_hi;
                 valid_range(off_w, W, s, Q, q_lo, q_hi);
                 for (int64_t op = 0; op < P; op++) {
-                    float* dst = row + op * Q;
+                    T* dst = row + op * Q;
                     const int64_t ih = op * s + kh * p.dilation - p.padding;
                     if (ih < 0 || ih >= H) {
-                        std::memset(dst, 0, size_t(Q) * sizeof(float));
+                        std::memset(dst, 0, size_t(Q) * sizeof(T));
                         continue;
                     }
-                    const float* src = xc + ih * W + off_w;  // src[q·s] is x[c][ih][q·s + off_w]
-                    for (int64_t q = 0; q < q_lo; q++) dst[q] = 0.0f;
+                    const T* src = xc + ih * W + off_w;  // src[q·s] is x[c][ih][q·s + off_w]
+                    for (int64_t q = 0; q < q_lo; q++) dst[q] = T(0);
                     if (s == 1) {
 #pragma omp simd  // rows are short (8 to 32 floats): an inline vector copy beats a call to memcpy
                         for (int64_t q = q_lo; q < q_hi; q++) dst[q] = src[q];
                     } else
                         for (int64_t q = q_lo; q < q_hi; q++) dst[q] = src[q * s];
-                    for (int64_t q = q_hi; q < Q; q++) dst[q] = 0.0f;
+                    for (int64_t q = q_hi; q < Q; q++) dst[q] = T(0);
                 }
             }
     }
@@ -243,22 +227,23 @@ void im2col(const float* x, int64_t C, const Conv2dParams& p, float* col, int64_
 
 // The same walk as im2col with the arrows reversed: dx[c][ih][iw] += col[row][p·Q + q].
 // Entries that fell on padding are dropped. Fixed order (c, kh, kw, p, q): deterministic.
-void col2im(const float* col, int64_t C, const Conv2dParams& p, float* dx, int64_t ld) {
+template <typename T>
+void col2im(const T* col, int64_t C, const Conv2dParams& p, T* dx, int64_t ld) {
     const int64_t H = p.H, W = p.W, P = p.P(), Q = p.Q(), s = p.stride;
-    std::memset(dx, 0, size_t(C * H * W) * sizeof(float));
+    std::memset(dx, 0, size_t(C * H * W) * sizeof(T));
     for (int64_t c = 0; c < C; c++) {
-        float* dxc = dx + c * H * W;
+        T* dxc = dx + c * H * W;
         for (int64_t kh = 0; kh < p.KH; kh++)
             for (int64_t kw = 0; kw < p.KW; kw++) {
-                const float* row = col + ((c * p.KH + kh) * p.KW + kw) * ld;
+                const T* row = col + ((c * p.KH + kh) * p.KW + kw) * ld;
                 const int64_t off_w = kw * p.dilation - p.padding;
                 int64_t q_lo, q_hi;
                 valid_range(off_w, W, s, Q, q_lo, q_hi);
                 for (int64_t op = 0; op < P; op++) {
                     const int64_t ih = op * s + kh * p.dilation - p.padding;
                     if (ih < 0 || ih >= H) continue;
-                    float* dst = dxc + ih * W + off_w;
-                    const float* src = row + op * Q;
+                    T* dst = dxc + ih * W + off_w;
+                    const T* src = row + op * Q;
                     if (s == 1) {
 #pragma omp simd
                         for (int64_t q = q_lo; q < q_hi; q++) dst[q] += src[q];
@@ -284,9 +269,10 @@ constexpr int64_t kGroupColumns = 256;
 
 // Images per workspace chunk: col_images for Im2col (the caller must give a workspace of at
 // least one image's columns), the whole batch for Pointwise, which needs no workspace.
-int64_t images_per_chunk(const Conv2dParams& p, ConvAlgo algo, const float* col, int64_t col_images, const char* op) {
+template <typename T>
+int64_t images_per_chunk(const Conv2dParams& p, ConvAlgo algo, const T* col, int64_t col_images, const char* op) {
     KILN_CHECK(algo != ConvAlgo::Im2col || (col && col_images >= 1), op, ": needs a workspace of ",
-               conv2d_col_floats_per_image(p), " floats per image");
+               conv2d_col_elems_per_image(p), " elements per image");
     return algo == ConvAlgo::Im2col ? col_images : p.N;
 }
 
@@ -299,23 +285,23 @@ int64_t images_per_group(const Conv2dParams& p, int64_t chunk) {
 // Per group of k images and conv group g (Kc = Cg·KH·KW rows of cols per conv group):
 //   rows[g·Og .. , L] = b (broadcast) + w[g·Og .. , Kc] · cols[g·Kc .. , L]      (beta = 1)
 //   y_n[o, :] = rows[o, image n's P·Q columns]
-void conv2d_forward(const float* x, const float* w, const float* b, float* y, const Conv2dParams& p, float* col,
-                    int64_t col_images) {
+template <typename T>
+void conv2d_forward(const T* x, const T* w, const T* b, T* y, const Conv2dParams& p, T* col, int64_t col_images) {
     check_conv2d_params(p, "conv2d_forward");
     const ConvAlgo algo = conv2d_algo(p);
     if (algo == ConvAlgo::Depthwise) return depthwise_forward(x, w, b, y, p);
     const int64_t G = p.groups, Og = p.Og(), PQ = p.P() * p.Q(), Kc = p.Cg() * p.KH * p.KW;
-    const int64_t CHW = p.C * p.H * p.W, per_image = conv2d_col_floats_per_image(p), CK = p.C * p.KH * p.KW;
+    const int64_t CHW = p.C * p.H * p.W, per_image = conv2d_col_elems_per_image(p), CK = p.C * p.KH * p.KW;
     const int64_t chunk = images_per_chunk(p, algo, col, col_images, "conv2d_forward");
     // Pointwise: x_n is [C, H·W], its own column matrix: one image per GEMM, no copies
     const int64_t k_max = algo == ConvAlgo::Im2col ? images_per_group(p, chunk) : 1;
 
     auto group = [&](int64_t n, int64_t k, int64_t slot) {
         const int64_t L = k * PQ;
-        const float* cols = x + n * CHW;
-        float* rows = y + n * p.O * PQ;  // one image: its own block of y
+        const T* cols = x + n * CHW;
+        T* rows = y + n * p.O * PQ;  // one image: its own block of y
         if (algo == ConvAlgo::Im2col) {
-            float* ws = col + slot * per_image;
+            T* ws = col + slot * per_image;
             for (int64_t i = 0; i < k; i++) im2col(x + (n + i) * CHW, p.C, p, ws + i * PQ, L);
             cols = ws;
             if (k > 1) rows = ws + CK * L;
@@ -328,7 +314,7 @@ void conv2d_forward(const float* x, const float* w, const float* b, float* y, co
         if (rows != y + n * p.O * PQ)  // scatter the k images' rows back to NCHW
             for (int64_t i = 0; i < k; i++)
                 for (int64_t o = 0; o < p.O; o++)
-                    std::memcpy(y + ((n + i) * p.O + o) * PQ, rows + o * L + i * PQ, size_t(PQ) * sizeof(float));
+                    std::memcpy(y + ((n + i) * p.O + o) * PQ, rows + o * L + i * PQ, size_t(PQ) * sizeof(T));
     };
     for (int64_t n0 = 0; n0 < p.N; n0 += chunk)
         for_images(n0, std::min(chunk, p.N - n0), k_max, flops_per_image(p), group);
@@ -337,28 +323,28 @@ void conv2d_forward(const float* x, const float* w, const float* b, float* y, co
 // ---- backward: dx ---------------------------------------------------------------------------------
 //   rows = dy of the group's k images;   cols[g·Kc .. , L] = w[g·Og .. , Kc]ᵀ · rows[g·Og .. , L]
 //   dx_n = col2im(cols, image n's columns)
-void conv2d_backward_data(const float* dy, const float* w, float* dx, const Conv2dParams& p, float* col,
-                          int64_t col_images) {
+template <typename T>
+void conv2d_backward_data(const T* dy, const T* w, T* dx, const Conv2dParams& p, T* col, int64_t col_images) {
     check_conv2d_params(p, "conv2d_backward_data");
     const ConvAlgo algo = conv2d_algo(p);
     if (algo == ConvAlgo::Depthwise) return depthwise_backward_data(dy, w, dx, p);
     const int64_t G = p.groups, Og = p.Og(), PQ = p.P() * p.Q(), Kc = p.Cg() * p.KH * p.KW;
-    const int64_t CHW = p.C * p.H * p.W, per_image = conv2d_col_floats_per_image(p), CK = p.C * p.KH * p.KW;
+    const int64_t CHW = p.C * p.H * p.W, per_image = conv2d_col_elems_per_image(p), CK = p.C * p.KH * p.KW;
     const int64_t chunk = images_per_chunk(p, algo, col, col_images, "conv2d_backward_data");
     const int64_t k_max = algo == ConvAlgo::Im2col ? images_per_group(p, chunk) : 1;
 
     auto group = [&](int64_t n, int64_t k, int64_t slot) {
         const int64_t L = k * PQ;
-        const float* rows = dy + n * p.O * PQ;  // one image: its own block of dy
-        float* dcol = dx + n * CHW;             // Pointwise: dcol_n is dx_n itself
+        const T* rows = dy + n * p.O * PQ;  // one image: its own block of dy
+        T* dcol = dx + n * CHW;             // Pointwise: dcol_n is dx_n itself
         if (algo == ConvAlgo::Im2col) {
-            float* ws = col + slot * per_image;
+            T* ws = col + slot * per_image;
             dcol = ws;
             if (k > 1) {  // gather the k images' dy as rows [O, L]
-                float* r = ws + CK * L;
+                T* r = ws + CK * L;
                 for (int64_t i = 0; i < k; i++)
                     for (int64_t o = 0; o < p.O; o++)
-                        std::memcpy(r + o * L + i * PQ, dy + ((n + i) * p.O + o) * PQ, size_t(PQ) * sizeof(float));
+                        std::memcpy(r + o * L + i * PQ, dy + ((n + i) * p.O + o) * PQ, size_t(PQ) * sizeof(T));
                 rows = r;
             }
         }
@@ -374,8 +360,8 @@ void conv2d_backward_data(const float* dy, const float* w, float* dx, const Conv
 // ---- backward: dw and db -----------------------------------------------------------------------
 //   dw[g·Og .. , Kc] += dy_n[g·Og .. , P·Q] · col_n[g·Kc .. , P·Q]ᵀ     for n = 0 .. N−1 in order
 //   db[o] += Σ_n Σ_pq dy[n, o, pq]                                       (one channel per thread)
-void conv2d_backward_weight(const float* x, const float* dy, float* dw, float* db, const Conv2dParams& p, float* col,
-                            int64_t col_images) {
+template <typename T>
+void conv2d_backward_weight(const T* x, const T* dy, T* dw, T* db, const Conv2dParams& p, T* col, int64_t col_images) {
     check_conv2d_params(p, "conv2d_backward_weight");
     const int64_t PQ = p.P() * p.Q();
     if (db) {
@@ -383,18 +369,18 @@ void conv2d_backward_weight(const float* x, const float* dy, float* dw, float* d
         for (int64_t o = 0; o < p.O; o++) {
             double acc = 0.0;
             for (int64_t n = 0; n < p.N; n++) {
-                const float* g = dy + (n * p.O + o) * PQ;
+                const T* g = dy + (n * p.O + o) * PQ;
                 float part = 0.0f;
                 for (int64_t i = 0; i < PQ; i++) part += g[i];
                 acc += part;
             }
-            db[o] += float(acc);
+            db[o] += T(acc);
         }
     }
     const ConvAlgo algo = conv2d_algo(p);
     if (algo == ConvAlgo::Depthwise) return depthwise_backward_weight(x, dy, dw, p);
     const int64_t G = p.groups, Og = p.Og(), Kc = p.Cg() * p.KH * p.KW;
-    const int64_t CHW = p.C * p.H * p.W, col_size = conv2d_col_floats_per_image(p);
+    const int64_t CHW = p.C * p.H * p.W, col_size = conv2d_col_elems_per_image(p);
     const int64_t chunk = images_per_chunk(p, algo, col, col_images, "conv2d_backward_weight");
 
     // One parallel region per chunk: the chunk's columns are built (one image per thread),
@@ -411,12 +397,13 @@ void conv2d_backward_weight(const float* x, const float* dy, float* dw, float* d
 #pragma omp for schedule(static)
                 for (int64_t i = 0; i < count; i++) im2col(x + (n0 + i) * CHW, p.C, p, col + i * col_size);
             }  // (the implicit barrier: every column is ready)
-            const int64_t T = omp_get_num_threads(), t = omp_get_thread_num();
-            const int64_t j0 = std::min(Kc, bands * t / T * 64), j1 = std::min(Kc, bands * (t + 1) / T * 64);
+            const int64_t threads = omp_get_num_threads(), t = omp_get_thread_num();
+            const int64_t j0 = std::min(Kc, bands * t / threads * 64);
+            const int64_t j1 = std::min(Kc, bands * (t + 1) / threads * 64);
             for (int64_t i = 0; i < count && j0 < j1; i++) {  // in image order: the sum's order is fixed
                 const int64_t n = n0 + i;
-                const float* cols = algo == ConvAlgo::Im2col ? col + i * col_size : x + n * CHW;
-                const float* dyn = dy + n * p.O * PQ;
+                const T* cols = algo == ConvAlgo::Im2col ? col + i * col_size : x + n * CHW;
+                const T* dyn = dy + n * p.O * PQ;
                 for (int64_t g = 0; g < G; g++)
                     gemm(false, true, Og, j1 - j0, PQ, 1.0f, dyn + g * Og * PQ, PQ, cols + (g * Kc + j0) * PQ, PQ,
                          1.0f, dw + g * Og * Kc + j0, Kc);
@@ -424,5 +411,13 @@ void conv2d_backward_weight(const float* x, const float* dy, float* dw, float* d
         }
     }
 }
+
+template void im2col<float>(const float*, int64_t, const Conv2dParams&, float*, int64_t);
+template void col2im<float>(const float*, int64_t, const Conv2dParams&, float*, int64_t);
+template void conv2d_forward<float>(const float*, const float*, const float*, float*, const Conv2dParams&, float*,
+                                    int64_t);
+template void conv2d_backward_data<float>(const float*, const float*, float*, const Conv2dParams&, float*, int64_t);
+template void conv2d_backward_weight<float>(const float*, const float*, float*, float*, const Conv2dParams&, float*,
+                                            int64_t);
 
 }  // namespace kiln::cpu

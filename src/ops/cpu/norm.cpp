@@ -1,7 +1,8 @@
-// norm.cpp — batch normalization on the CPU (chapter 06), and the two elementwise kernels of
-// chapter 06's layers: GELU and dropout.
+// norm.cpp — batch normalization on the CPU (chapter 06), layer normalization, and the two
+// elementwise kernels of chapter 06's layers: GELU and dropout.
 //
-// Letters as in cnn_ops.h: x [N, C, S], S = H·W (1 for BatchNorm1d), M = N·S values per channel.
+// Letters as in ops/params.h: x [N, C, S], S = H·W (1 for BatchNorm1d), M = N·S values per channel.
+// Layer norm: x [R, D], R rows of D values.
 //
 // ---- Batch norm: the passes over memory ------------------------------------------------------
 // Each channel is done by one thread, start to finish: its M values are read for the mean,
@@ -13,6 +14,8 @@
 // ---- Determinism ---------------------------------------------------------------------------
 // A channel's sums are taken by one thread, in a fixed pattern (8 float lanes along each row
 // segment of S, then rows added in double in order), so any thread count gives the same bits.
+// Layer norm likewise: a row's sums belong to one thread; dgamma and dbeta, sums over rows, are
+// split by columns, each column adding its rows in order.
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -55,7 +58,8 @@ template <typename F> inline double channel_sum(const BatchNormParams& p, int64_
 }  // namespace
 
 // ---- batch norm --------------------------------------------------------------------------------
-void batchnorm_forward_train(const float* x, const float* gamma, const float* beta, float* y, float* running_mean,
+template <typename T>
+void batchnorm_forward_train(const T* x, const float* gamma, const float* beta, T* y, float* running_mean,
                              float* running_var, float* save_mean, float* save_invstd, const BatchNormParams& p) {
     check_params(p, "batchnorm_forward_train");
     const int64_t M = p.N * p.S;
@@ -64,10 +68,10 @@ void batchnorm_forward_train(const float* x, const float* gamma, const float* be
 #pragma omp parallel for schedule(static) if (p.N * p.C * p.S > kParallelMin)
     for (int64_t c = 0; c < p.C; c++) {
         // pass 1: mean;  pass 2: biased variance around it
-        const double mean_d = channel_sum(p, c, [&](int64_t i) { return x[i]; }) / double(M);
+        const double mean_d = channel_sum(p, c, [&](int64_t i) { return float(x[i]); }) / double(M);
         const float mean = float(mean_d);
         const double var = channel_sum(p, c, [&](int64_t i) {
-                               const float d = x[i] - mean;
+                               const float d = float(x[i]) - mean;
                                return d * d;
                            }) /
                            double(M);
@@ -76,7 +80,7 @@ void batchnorm_forward_train(const float* x, const float* gamma, const float* be
         const float scale = gamma[c] * invstd, shift = beta[c];
         for (int64_t n = 0; n < p.N; n++) {
             const int64_t base = (n * p.C + c) * p.S;
-            for (int64_t s = 0; s < p.S; s++) y[base + s] = (x[base + s] - mean) * scale + shift;
+            for (int64_t s = 0; s < p.S; s++) y[base + s] = T((float(x[base + s]) - mean) * scale + shift);
         }
         save_mean[c] = mean;
         save_invstd[c] = invstd;
@@ -86,8 +90,9 @@ void batchnorm_forward_train(const float* x, const float* gamma, const float* be
     }
 }
 
-void batchnorm_forward_eval(const float* x, const float* gamma, const float* beta, const float* running_mean,
-                            const float* running_var, float* y, const BatchNormParams& p) {
+template <typename T>
+void batchnorm_forward_eval(const T* x, const float* gamma, const float* beta, const float* running_mean,
+                            const float* running_var, T* y, const BatchNormParams& p) {
     check_params(p, "batchnorm_forward_eval");
 #pragma omp parallel for schedule(static) if (p.N * p.C * p.S > kParallelMin)
     for (int64_t c = 0; c < p.C; c++) {
@@ -95,22 +100,23 @@ void batchnorm_forward_eval(const float* x, const float* gamma, const float* bet
         const float scale = gamma[c] / std::sqrt(running_var[c] + p.eps), shift = beta[c];
         for (int64_t n = 0; n < p.N; n++) {
             const int64_t base = (n * p.C + c) * p.S;
-            for (int64_t s = 0; s < p.S; s++) y[base + s] = (x[base + s] - mean) * scale + shift;
+            for (int64_t s = 0; s < p.S; s++) y[base + s] = T((float(x[base + s]) - mean) * scale + shift);
         }
     }
 }
 
 // pass 1: Σ dy and Σ dy·(x − mean);   pass 2: dx = gamma·invstd·(dy − Σdy/M − (x − mean)·invstd²·Σdy(x−mean)/M)
 // (the formula of cnn_ops.h with x̂ = (x − mean)·invstd written out)
-void batchnorm_backward(const float* dy, const float* x, const float* gamma, const float* save_mean,
-                        const float* save_invstd, float* dx, float* dgamma, float* dbeta, const BatchNormParams& p) {
+template <typename T>
+void batchnorm_backward(const T* dy, const T* x, const float* gamma, const float* save_mean,
+                        const float* save_invstd, T* dx, float* dgamma, float* dbeta, const BatchNormParams& p) {
     check_params(p, "batchnorm_backward");
     const int64_t M = p.N * p.S;
 #pragma omp parallel for schedule(static) if (p.N * p.C * p.S > kParallelMin)
     for (int64_t c = 0; c < p.C; c++) {
         const float mean = save_mean[c], invstd = save_invstd[c];
-        const double sum_dy = channel_sum(p, c, [&](int64_t i) { return dy[i]; });
-        const double sum_dy_xm = channel_sum(p, c, [&](int64_t i) { return dy[i] * (x[i] - mean); });
+        const double sum_dy = channel_sum(p, c, [&](int64_t i) { return float(dy[i]); });
+        const double sum_dy_xm = channel_sum(p, c, [&](int64_t i) { return float(dy[i]) * (float(x[i]) - mean); });
         const double sum_dy_xhat = sum_dy_xm * invstd;
         const float k_dy = float(sum_dy / double(M));                               // Σdy / M
         const float k_x = float(sum_dy_xhat * double(invstd) / double(M));          // Σ(dy·x̂)·invstd / M
@@ -119,11 +125,78 @@ void batchnorm_backward(const float* dy, const float* x, const float* gamma, con
             const int64_t base = (n * p.C + c) * p.S;
             for (int64_t s = 0; s < p.S; s++) {
                 const int64_t i = base + s;
-                dx[i] = g * (dy[i] - k_dy - (x[i] - mean) * k_x);
+                dx[i] = T(g * (float(dy[i]) - k_dy - (float(x[i]) - mean) * k_x));
             }
         }
         dgamma[c] += float(sum_dy_xhat);
         dbeta[c] += float(sum_dy);
+    }
+}
+
+// ---- layer norm ----------------------------------------------------------------------------------
+// One row per thread: pass 1 the mean, pass 2 the biased variance around it (both as lane_sum:
+// 8 float lanes, then double), pass 3 y = (x − mean) · invstd · gamma + beta.
+template <typename T>
+void layernorm_forward(const T* x, const float* gamma, const float* beta, T* y, float* save_mean, float* save_invstd,
+                       int64_t R, int64_t D, float eps) {
+    KILN_CHECK(R >= 0 && D > 0, "layernorm_forward: bad sizes R=", R, " D=", D);
+#pragma omp parallel for schedule(static) if (R * D > kParallelMin)
+    for (int64_t r = 0; r < R; r++) {
+        const T* xr = x + r * D;
+        const float mean = float(lane_sum(D, [&](int64_t d) { return float(xr[d]); }) / double(D));
+        const double var = lane_sum(D, [&](int64_t d) {
+                               const float c = float(xr[d]) - mean;
+                               return c * c;
+                           }) /
+                           double(D);
+        const float invstd = float(1.0 / std::sqrt(var + double(eps)));
+        T* yr = y + r * D;
+        for (int64_t d = 0; d < D; d++) yr[d] = T((float(xr[d]) - mean) * invstd * gamma[d] + beta[d]);
+        save_mean[r] = mean;
+        save_invstd[r] = invstd;
+    }
+}
+
+// dx: one row per thread, pass 1 Σ g and Σ g·x̂ (g = gamma·dy), pass 2 dx.
+// dgamma, dbeta: blocks of kColumns columns per thread; each block adds the rows in order into
+// double accumulators, then adds them to dgamma and dbeta once.
+template <typename T>
+void layernorm_backward(const T* dy, const T* x, const float* gamma, const float* save_mean, const float* save_invstd,
+                        T* dx, float* dgamma, float* dbeta, int64_t R, int64_t D) {
+    KILN_CHECK(R >= 0 && D > 0, "layernorm_backward: bad sizes R=", R, " D=", D);
+#pragma omp parallel for schedule(static) if (R * D > kParallelMin)
+    for (int64_t r = 0; r < R; r++) {
+        const T* xr = x + r * D;
+        const T* gr = dy + r * D;
+        const float mean = save_mean[r], invstd = save_invstd[r];
+        const float sum_g = float(lane_sum(D, [&](int64_t d) { return gamma[d] * float(gr[d]); }));
+        const float sum_gx = float(
+            lane_sum(D, [&](int64_t d) { return gamma[d] * float(gr[d]) * ((float(xr[d]) - mean) * invstd); }));
+        const float k_g = sum_g / float(D), k_x = sum_gx / float(D);
+        T* dxr = dx + r * D;
+        for (int64_t d = 0; d < D; d++) {
+            const float xhat = (float(xr[d]) - mean) * invstd;
+            dxr[d] = T(invstd * (gamma[d] * float(gr[d]) - k_g - xhat * k_x));
+        }
+    }
+    constexpr int64_t kColumns = 64;
+    const int64_t blocks = (D + kColumns - 1) / kColumns;
+#pragma omp parallel for schedule(static) if (R * D > kParallelMin)
+    for (int64_t b = 0; b < blocks; b++) {
+        const int64_t d0 = b * kColumns, d1 = std::min(D, d0 + kColumns);
+        double acc_gamma[kColumns] = {}, acc_beta[kColumns] = {};
+        for (int64_t r = 0; r < R; r++) {
+            const float mean = save_mean[r], invstd = save_invstd[r];
+            for (int64_t d = d0; d < d1; d++) {
+                const float g = float(dy[r * D + d]);
+                acc_gamma[d - d0] += g * ((float(x[r * D + d]) - mean) * invstd);
+                acc_beta[d - d0] += g;
+            }
+        }
+        for (int64_t d = d0; d < d1; d++) {
+            dgamma[d] += float(acc_gamma[d - d0]);
+            dbeta[d] += float(acc_beta[d - d0]);
+        }
     }
 }
 
@@ -188,18 +261,23 @@ constexpr int64_t kSimdBlock = 4096;
 
 }  // namespace
 
-void gelu_forward(const float* x, float* y, int64_t n) {
+template <typename T>
+void gelu_forward(const T* x, T* y, int64_t n) {
     constexpr float kInvSqrt2 = 0.70710678118654752f;
     const int64_t blocks = (n + kSimdBlock - 1) / kSimdBlock;
 #pragma omp parallel for schedule(static) if (n > kParallelMin)
     for (int64_t b = 0; b < blocks; b++) {
         const int64_t end = std::min(n, (b + 1) * kSimdBlock);
 #pragma omp simd
-        for (int64_t i = b * kSimdBlock; i < end; i++) y[i] = 0.5f * x[i] * (1.0f + erf_approx(x[i] * kInvSqrt2));
+        for (int64_t i = b * kSimdBlock; i < end; i++) {
+            const float v = float(x[i]);
+            y[i] = T(0.5f * v * (1.0f + erf_approx(v * kInvSqrt2)));
+        }
     }
 }
 
-void gelu_backward(const float* x, const float* dy, float* dx, int64_t n) {
+template <typename T>
+void gelu_backward(const T* x, const T* dy, T* dx, int64_t n) {
     constexpr float kInvSqrt2 = 0.70710678118654752f, kInvSqrt2Pi = 0.39894228040143268f;
     const int64_t blocks = (n + kSimdBlock - 1) / kSimdBlock;
 #pragma omp parallel for schedule(static) if (n > kParallelMin)
@@ -207,17 +285,18 @@ void gelu_backward(const float* x, const float* dy, float* dx, int64_t n) {
         const int64_t end = std::min(n, (b + 1) * kSimdBlock);
 #pragma omp simd
         for (int64_t i = b * kSimdBlock; i < end; i++) {
-            const float v = x[i];
+            const float v = float(x[i]);
             const float cdf = 0.5f * (1.0f + erf_approx(v * kInvSqrt2));
             const float pdf = kInvSqrt2Pi * exp_nonpositive(-0.5f * v * v);
-            dx[i] = dy[i] * (cdf + v * pdf);
+            dx[i] = T(float(dy[i]) * (cdf + v * pdf));
         }
     }
 }
 
 // ---- dropout -------------------------------------------------------------------------------------
 // keep_i = u_i ≥ drop_p with u_i = Rng::to_unit(Rng::at(first + i)): a pure function of i.
-void dropout_forward(const float* x, float* y, uint8_t* mask, int64_t n, float drop_p, uint64_t seed_hash,
+template <typename T>
+void dropout_forward(const T* x, T* y, uint8_t* mask, int64_t n, float drop_p, uint64_t seed_hash,
                      uint64_t first) {
     KILN_CHECK(drop_p >= 0.0f && drop_p <= 1.0f, "dropout_forward: drop probability ", drop_p,
                " is outside [0, 1]");
@@ -227,14 +306,30 @@ void dropout_forward(const float* x, float* y, uint8_t* mask, int64_t n, float d
         const float u = Rng::to_unit(splitmix64(seed_hash ^ splitmix64(first + uint64_t(i))));
         const uint8_t keep = u >= drop_p ? 1 : 0;
         mask[i] = keep;
-        y[i] = keep ? x[i] * scale : 0.0f;
+        y[i] = T(keep ? float(x[i]) * scale : 0.0f);
     }
 }
 
-void dropout_backward(const float* dy, const uint8_t* mask, float* dx, int64_t n, float drop_p) {
+template <typename T>
+void dropout_backward(const T* dy, const uint8_t* mask, T* dx, int64_t n, float drop_p) {
     const float scale = drop_p < 1.0f ? 1.0f / (1.0f - drop_p) : 0.0f;
 #pragma omp parallel for schedule(static) if (n > kParallelMin)
-    for (int64_t i = 0; i < n; i++) dx[i] = mask[i] ? dy[i] * scale : 0.0f;
+    for (int64_t i = 0; i < n; i++) dx[i] = T(mask[i] ? float(dy[i]) * scale : 0.0f);
 }
+
+template void batchnorm_forward_train<float>(const float*, const float*, const float*, float*, float*, float*, float*,
+                                             float*, const BatchNormParams&);
+template void batchnorm_forward_eval<float>(const float*, const float*, const float*, const float*, const float*,
+                                            float*, const BatchNormParams&);
+template void batchnorm_backward<float>(const float*, const float*, const float*, const float*, const float*, float*,
+                                        float*, float*, const BatchNormParams&);
+template void layernorm_forward<float>(const float*, const float*, const float*, float*, float*, float*, int64_t,
+                                       int64_t, float);
+template void layernorm_backward<float>(const float*, const float*, const float*, const float*, const float*, float*,
+                                        float*, float*, int64_t, int64_t);
+template void gelu_forward<float>(const float*, float*, int64_t);
+template void gelu_backward<float>(const float*, const float*, float*, int64_t);
+template void dropout_forward<float>(const float*, float*, uint8_t*, int64_t, float, uint64_t, uint64_t);
+template void dropout_backward<float>(const float*, const uint8_t*, float*, int64_t, float);
 
 }  // namespace kiln::cpu

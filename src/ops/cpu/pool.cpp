@@ -1,6 +1,6 @@
 // pool.cpp — max, average and global average pooling on the CPU (chapter 03).
 //
-// Letters as in cnn_ops.h: x [N, C, H, W] → y [N, C, P, Q], windows KH×KW, S = H·W.
+// Letters as in ops/params.h: x [N, C, H, W] → y [N, C, P, Q], windows KH×KW, S = H·W.
 //
 // Every (n, c) plane is independent, so planes are shared among threads and each plane is
 // done by one thread, in a fixed order: the results (including the backward sums where
@@ -59,20 +59,21 @@ inline void take_max(float v, int32_t at_v, float& m, int32_t& at) {
 // known offsets and three branch-free steps of take_max, 16 windows per instruction. (Odd H or W: the last row or column
 // is in no window, as in PyTorch.)
 //   y[p][q] = max(x[2p][2q], x[2p][2q+1], x[2p+1][2q], x[2p+1][2q+1])   first one on ties
-void maxpool2x2_plane(const float* xp, float* yp, int32_t* ap, int64_t W, int64_t P, int64_t Q) {
+template <typename T>
+void maxpool2x2_plane(const T* xp, T* yp, int32_t* ap, int64_t W, int64_t P, int64_t Q) {
     for (int64_t op = 0; op < P; op++) {
-        const float* r0 = xp + 2 * op * W;
-        const float* r1 = r0 + W;
+        const T* r0 = xp + 2 * op * W;
+        const T* r1 = r0 + W;
         const int32_t base = int32_t(2 * op * W);
 #pragma omp simd  // branch-free: the compiler turns take_max into vector compares and blends
         for (int64_t oq = 0; oq < Q; oq++) {
             const int32_t i = base + int32_t(2 * oq);
-            float m = r0[2 * oq];
+            float m = float(r0[2 * oq]);
             int32_t at = i;
-            take_max(r0[2 * oq + 1], i + 1, m, at);
-            take_max(r1[2 * oq], i + int32_t(W), m, at);
-            take_max(r1[2 * oq + 1], i + int32_t(W) + 1, m, at);
-            yp[op * Q + oq] = m;
+            take_max(float(r0[2 * oq + 1]), i + 1, m, at);
+            take_max(float(r1[2 * oq]), i + int32_t(W), m, at);
+            take_max(float(r1[2 * oq + 1]), i + int32_t(W) + 1, m, at);
+            yp[op * Q + oq] = T(m);
             ap[op * Q + oq] = at;
         }
     }
@@ -80,15 +81,16 @@ void maxpool2x2_plane(const float* xp, float* yp, int32_t* ap, int64_t W, int64_
 
 }  // namespace
 
-void maxpool2d_forward(const float* x, float* y, int32_t* argmax, const Pool2dParams& p) {
+template <typename T>
+void maxpool2d_forward(const T* x, T* y, int32_t* argmax, const Pool2dParams& p) {
     check_params(p, "maxpool2d_forward");
     const int64_t H = p.H, W = p.W, P = p.P(), Q = p.Q();
     KILN_CHECK(H * W <= std::numeric_limits<int32_t>::max(), "maxpool2d_forward: plane too large for i32 argmax");
     const bool two_by_two = p.KH == 2 && p.KW == 2 && p.stride == 2 && p.padding == 0;
 #pragma omp parallel for schedule(static) if (p.N * p.C * H * W > kParallelMin)
     for (int64_t nc = 0; nc < p.N * p.C; nc++) {
-        const float* xp = x + nc * H * W;
-        float* yp = y + nc * P * Q;
+        const T* xp = x + nc * H * W;
+        T* yp = y + nc * P * Q;
         int32_t* ap = argmax + nc * P * Q;
         if (two_by_two) {
             maxpool2x2_plane(xp, yp, ap, W, P, Q);
@@ -103,9 +105,9 @@ void maxpool2d_forward(const float* x, float* y, int32_t* argmax, const Pool2dPa
                 float m = -std::numeric_limits<float>::infinity();
                 int64_t at = -1;  // stays −1 only if the window lies wholly in the padding
                 for (int64_t ih = h0; ih < h1; ih++) {
-                    const float* row = xp + ih * W;
+                    const T* row = xp + ih * W;
                     for (int64_t iw = w0; iw < w1; iw++) {
-                        const float v = row[iw];
+                        const float v = float(row[iw]);
                         // the first value, any larger one, or a NaN (which then stays: v > NaN is false)
                         if (at < 0 || v > m || (std::isnan(v) && !std::isnan(m))) {
                             m = v;
@@ -113,36 +115,38 @@ void maxpool2d_forward(const float* x, float* y, int32_t* argmax, const Pool2dPa
                         }
                     }
                 }
-                yp[op * Q + oq] = m;
+                yp[op * Q + oq] = T(m);
                 ap[op * Q + oq] = int32_t(at);
             }
         }
     }
 }
 
-void maxpool2d_backward(const float* dy, const int32_t* argmax, float* dx, const Pool2dParams& p) {
+template <typename T>
+void maxpool2d_backward(const T* dy, const int32_t* argmax, T* dx, const Pool2dParams& p) {
     check_params(p, "maxpool2d_backward");
     const int64_t S = p.H * p.W, PQ = p.P() * p.Q();
 #pragma omp parallel for schedule(static) if (p.N * p.C * S > kParallelMin)
     for (int64_t nc = 0; nc < p.N * p.C; nc++) {
-        float* dxp = dx + nc * S;
-        const float* dyp = dy + nc * PQ;
+        T* dxp = dx + nc * S;
+        const T* dyp = dy + nc * PQ;
         const int32_t* ap = argmax + nc * PQ;
-        std::memset(dxp, 0, size_t(S) * sizeof(float));
+        std::memset(dxp, 0, size_t(S) * sizeof(T));
         for (int64_t i = 0; i < PQ; i++)
             if (ap[i] >= 0) dxp[ap[i]] += dyp[i];
     }
 }
 
 // ---- average ------------------------------------------------------------------------------------
-void avgpool2d_forward(const float* x, float* y, const Pool2dParams& p) {
+template <typename T>
+void avgpool2d_forward(const T* x, T* y, const Pool2dParams& p) {
     check_params(p, "avgpool2d_forward");
     const int64_t H = p.H, W = p.W, P = p.P(), Q = p.Q();
     const float inv = 1.0f / float(p.KH * p.KW);  // count_include_pad: always the full window
 #pragma omp parallel for schedule(static) if (p.N * p.C * H * W > kParallelMin)
     for (int64_t nc = 0; nc < p.N * p.C; nc++) {
-        const float* xp = x + nc * H * W;
-        float* yp = y + nc * P * Q;
+        const T* xp = x + nc * H * W;
+        T* yp = y + nc * P * Q;
         for (int64_t op = 0; op < P; op++) {
             int64_t h0, h1;
             window(op, p.stride, p.padding, p.KH, H, h0, h1);
@@ -151,29 +155,30 @@ void avgpool2d_forward(const float* x, float* y, const Pool2dParams& p) {
                 window(oq, p.stride, p.padding, p.KW, W, w0, w1);
                 float s = 0.0f;
                 for (int64_t ih = h0; ih < h1; ih++)
-                    for (int64_t iw = w0; iw < w1; iw++) s += xp[ih * W + iw];
-                yp[op * Q + oq] = s * inv;
+                    for (int64_t iw = w0; iw < w1; iw++) s += float(xp[ih * W + iw]);
+                yp[op * Q + oq] = T(s * inv);
             }
         }
     }
 }
 
-void avgpool2d_backward(const float* dy, float* dx, const Pool2dParams& p) {
+template <typename T>
+void avgpool2d_backward(const T* dy, T* dx, const Pool2dParams& p) {
     check_params(p, "avgpool2d_backward");
     const int64_t H = p.H, W = p.W, P = p.P(), Q = p.Q();
     const float inv = 1.0f / float(p.KH * p.KW);
 #pragma omp parallel for schedule(static) if (p.N * p.C * H * W > kParallelMin)
     for (int64_t nc = 0; nc < p.N * p.C; nc++) {
-        float* dxp = dx + nc * H * W;
-        const float* dyp = dy + nc * P * Q;
-        std::memset(dxp, 0, size_t(H * W) * sizeof(float));
+        T* dxp = dx + nc * H * W;
+        const T* dyp = dy + nc * P * Q;
+        std::memset(dxp, 0, size_t(H * W) * sizeof(T));
         for (int64_t op = 0; op < P; op++) {
             int64_t h0, h1;
             window(op, p.stride, p.padding, p.KH, H, h0, h1);
             for (int64_t oq = 0; oq < Q; oq++) {
                 int64_t w0, w1;
                 window(oq, p.stride, p.padding, p.KW, W, w0, w1);
-                const float g = dyp[op * Q + oq] * inv;
+                const float g = float(dyp[op * Q + oq]) * inv;
                 for (int64_t ih = h0; ih < h1; ih++)
                     for (int64_t iw = w0; iw < w1; iw++) dxp[ih * W + iw] += g;
             }
@@ -184,30 +189,39 @@ void avgpool2d_backward(const float* dy, float* dx, const Pool2dParams& p) {
 // ---- global average: [N·C planes of S] → [N·C] ---------------------------------------------------
 // Eight float lanes (a fixed pattern: vectorizable and the same on any thread count), then a
 // double total.
-void global_avgpool_forward(const float* x, float* y, int64_t NC, int64_t S) {
+template <typename T>
+void global_avgpool_forward(const T* x, T* y, int64_t NC, int64_t S) {
     KILN_CHECK(NC >= 0 && S > 0, "global_avgpool_forward: bad sizes NC=", NC, " S=", S);
 #pragma omp parallel for schedule(static) if (NC * S > kParallelMin)
     for (int64_t i = 0; i < NC; i++) {
-        const float* xp = x + i * S;
+        const T* xp = x + i * S;
         float lane[8] = {0, 0, 0, 0, 0, 0, 0, 0};
         int64_t s = 0;
         for (; s + 8 <= S; s += 8)
-            for (int j = 0; j < 8; j++) lane[j] += xp[s + j];
+            for (int j = 0; j < 8; j++) lane[j] += float(xp[s + j]);
         double total = 0.0;
         for (int j = 0; j < 8; j++) total += lane[j];
-        for (; s < S; s++) total += xp[s];
-        y[i] = float(total / double(S));
+        for (; s < S; s++) total += float(xp[s]);
+        y[i] = T(total / double(S));
     }
 }
 
-void global_avgpool_backward(const float* dy, float* dx, int64_t NC, int64_t S) {
+template <typename T>
+void global_avgpool_backward(const T* dy, T* dx, int64_t NC, int64_t S) {
     KILN_CHECK(NC >= 0 && S > 0, "global_avgpool_backward: bad sizes NC=", NC, " S=", S);
     const float inv = 1.0f / float(S);
 #pragma omp parallel for schedule(static) if (NC * S > kParallelMin)
     for (int64_t i = 0; i < NC; i++) {
-        const float g = dy[i] * inv;
+        const T g = T(float(dy[i]) * inv);
         std::fill(dx + i * S, dx + (i + 1) * S, g);
     }
 }
+
+template void maxpool2d_forward<float>(const float*, float*, int32_t*, const Pool2dParams&);
+template void maxpool2d_backward<float>(const float*, const int32_t*, float*, const Pool2dParams&);
+template void avgpool2d_forward<float>(const float*, float*, const Pool2dParams&);
+template void avgpool2d_backward<float>(const float*, float*, const Pool2dParams&);
+template void global_avgpool_forward<float>(const float*, float*, int64_t, int64_t);
+template void global_avgpool_backward<float>(const float*, float*, int64_t, int64_t);
 
 }  // namespace kiln::cpu

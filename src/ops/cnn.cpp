@@ -1,0 +1,434 @@
+// cnn.cpp — argument checks and the CPU/CUDA dispatch for every operation in cnn.h, and the
+// two helpers of ops/params.h that both backends share.
+//
+// Each op has the same shape: check the tensors (once, here: the kernels trust their pointers),
+// fill the kernel's params struct from the shapes, take the outputs from the current allocator,
+// then call cpu::f or its twin cuda::f — the one place a device is chosen.
+#include "ops/cnn.h"
+
+#include <algorithm>
+
+#include "ops/cpu/cnn_ops.h"
+#include "ops/cuda_ops.h"
+
+namespace kiln {
+
+// ---- ops/params.h ------------------------------------------------------------------------------
+const char* conv_algo_name(ConvAlgo a) {
+    switch (a) {
+        case ConvAlgo::Im2col: return "im2col";
+        case ConvAlgo::Pointwise: return "pointwise";
+        case ConvAlgo::Depthwise: return "depthwise";
+        case ConvAlgo::ImplicitGemm: return "implicit-gemm";
+    }
+    return "?";
+}
+
+void check_conv2d_params(const Conv2dParams& p, const char* op) {
+    KILN_CHECK(p.N >= 0 && p.C > 0 && p.H > 0 && p.W > 0 && p.O > 0 && p.KH > 0 && p.KW > 0 && p.stride > 0 &&
+                   p.padding >= 0 && p.dilation > 0 && p.groups > 0,
+               op, ": bad sizes N=", p.N, " C=", p.C, " H=", p.H, " W=", p.W, " O=", p.O, " K=", p.KH, "x", p.KW,
+               " stride=", p.stride, " padding=", p.padding, " dilation=", p.dilation, " groups=", p.groups);
+    KILN_CHECK(p.C % p.groups == 0 && p.O % p.groups == 0, op, ": groups=", p.groups, " must divide C=", p.C,
+               " and O=", p.O);
+    KILN_CHECK(p.P() > 0 && p.Q() > 0, op, ": a ", p.KH, "x", p.KW, " kernel (dilation ", p.dilation,
+               ") does not fit a ", p.H, "x", p.W, " input with padding ", p.padding);
+}
+
+namespace {
+
+// ---- the checks every op makes -------------------------------------------------------------------
+struct Arg {
+    const Tensor& t;
+    const char* name;
+};
+
+// Each tensor is defined, f32 (the element type the kernels are instantiated for today) and on
+// the device of the first one. Returns that device.
+Device check_f32_args(const char* op, std::initializer_list<Arg> args) {
+    const Arg& first = *args.begin();
+    for (const Arg& a : args) {
+        check_defined(a.t, op, a.name);
+        KILN_CHECK(a.t.dtype() != DType::F16 && a.t.dtype() != DType::BF16, op, ": '", a.name, "' is ",
+                   a.t.desc(), ", and ", op, " does not support ", dtype_name(a.t.dtype()),
+                   " yet (chapter 09 adds it): convert it to f32");
+        check_dtype(a.t, DType::F32, op, a.name);
+        KILN_CHECK(a.t.device() == first.t.device(), op, ": '", a.name, "' is on ", device_name(a.t.device()),
+                   " but '", first.name, "' is on ", device_name(first.t.device()),
+                   ": an op reads all its tensors on one device; move one with .to(Device::",
+                   first.t.device() == Device::CUDA ? "CUDA" : "CPU", ")");
+    }
+    return first.t.device();
+}
+
+bool on_cuda(Device d) { return d == Device::CUDA; }
+
+const float* ptr_or_null(const Tensor& t) { return t.defined() ? t.data<float>() : nullptr; }
+float* ptr_or_null(Tensor& t) { return t.defined() ? t.data<float>() : nullptr; }
+
+// ---- convolution ---------------------------------------------------------------------------------
+// The kernel's sizes from x [N, C, H, W] and w [O, C/G, KH, KW], checked against each other.
+Conv2dParams conv_params(const Tensor& x, const Tensor& w, const Conv2dArgs& a, const char* op) {
+    KILN_CHECK(x.ndim() == 4, op, ": 'x' should be [N, C, H, W] but is ", x.desc());
+    KILN_CHECK(w.ndim() == 4, op, ": 'w' should be [O, C/groups, KH, KW] but is ", w.desc());
+    Conv2dParams p;
+    p.N = x.size(0), p.C = x.size(1), p.H = x.size(2), p.W = x.size(3);
+    p.O = w.size(0), p.KH = w.size(2), p.KW = w.size(3);
+    p.stride = a.stride, p.padding = a.padding, p.dilation = a.dilation, p.groups = a.groups;
+    KILN_CHECK(w.size(1) * a.groups == p.C, op, ": 'w' ", w.desc(), " has ", w.size(1),
+               " input channels per group, so with groups=", a.groups, " 'x' should have ", w.size(1) * a.groups,
+               " channels, but it is ", x.desc());
+    check_conv2d_params(p, op);
+    return p;
+}
+
+// A bias (or its gradient) is [O], or undefined: no bias.
+void check_conv_bias(const Tensor& b, const Conv2dParams& p, const char* op, const char* name) {
+    if (b.defined())
+        KILN_CHECK(b.ndim() == 1 && b.size(0) == p.O, op, ": '", name, "' should be [", p.O, "] but is ", b.desc());
+}
+
+// Elements of workspace one image needs for a pass on a device: the CPU's direct paths need none,
+// nor does the CUDA forward by implicit GEMM; every other pass unfolds images into columns.
+int64_t col_per_image(const Conv2dParams& p, Device device, bool forward) {
+    if (!on_cuda(device)) return cpu::conv2d_col_elems_per_image(p);
+    if (forward && cuda::conv2d_algo(p) == ConvAlgo::ImplicitGemm) return 0;
+    return cuda::conv2d_col_elems_per_image(p);
+}
+
+// The im2col columns for as many images as fit in `limit` bytes (at least one), on the device:
+// a Workspace tensor freed when the caller's pass ends. It comes from the device's pool even
+// inside a step's arena scope: an arena would keep every layer's workspace until the step ends,
+// while the pool hands the same block to the next layer.
+Tensor column_workspace(const Conv2dParams& p, Device device, bool forward, int64_t limit, int64_t* images) {
+    const int64_t per_image = col_per_image(p, device, forward);
+    *images = 0;
+    if (per_image == 0 || p.N == 0) return Tensor();
+    const int64_t per_image_bytes = per_image * int64_t(sizeof(float));
+    *images = std::clamp<int64_t>(limit / per_image_bytes, 1, p.N);
+    AllocatorScope from_pool(pool_allocator(device));
+    return Tensor::empty({*images * per_image}, DType::F32, device, Category::Workspace);
+}
+
+}  // namespace
+
+Tensor conv2d(const Tensor& x, const Tensor& w, const Tensor& b, const Conv2dArgs& a) {
+    const Device d = check_f32_args("conv2d", {{x, "x"}, {w, "w"}});
+    if (b.defined()) check_f32_args("conv2d", {{x, "x"}, {b, "b"}});
+    const Conv2dParams p = conv_params(x, w, a, "conv2d");
+    check_conv_bias(b, p, "conv2d", "b");
+    Tensor y = Tensor::empty({p.N, p.O, p.P(), p.Q()}, DType::F32, d, Category::Activation);
+    int64_t images = 0;
+    Tensor col = column_workspace(p, d, true, a.workspace_limit, &images);
+    if (on_cuda(d))
+        cuda::conv2d_forward(x.data<float>(), w.data<float>(), ptr_or_null(b), y.data<float>(), p, ptr_or_null(col),
+                             images);
+    else
+        cpu::conv2d_forward(x.data<float>(), w.data<float>(), ptr_or_null(b), y.data<float>(), p, ptr_or_null(col),
+                            images);
+    return y;
+}
+
+Tensor conv2d_backward(const Tensor& x, const Tensor& w, const Tensor& dy, Tensor& dw, Tensor& db, bool need_dx,
+                       const Conv2dArgs& a) {
+    const char* op = "conv2d_backward";
+    const Device d = check_f32_args(op, {{x, "x"}, {w, "w"}, {dy, "dy"}, {dw, "dw"}});
+    if (db.defined()) check_f32_args(op, {{x, "x"}, {db, "db"}});
+    const Conv2dParams p = conv_params(x, w, a, op);
+    check_shape(dy, Shape{p.N, p.O, p.P(), p.Q()}, op, "dy");
+    check_shape(dw, w.shape(), op, "dw");
+    check_conv_bias(db, p, op, "db");
+    int64_t images = 0;
+    Tensor col = column_workspace(p, d, false, a.workspace_limit, &images);  // shared by the two passes
+    // dw += Σ_n dy_n ⋆ x_n,  db += Σ dy
+    if (on_cuda(d))
+        cuda::conv2d_backward_weight(x.data<float>(), dy.data<float>(), dw.data<float>(), ptr_or_null(db), p,
+                                     ptr_or_null(col), images);
+    else
+        cpu::conv2d_backward_weight(x.data<float>(), dy.data<float>(), dw.data<float>(), ptr_or_null(db), p,
+                                    ptr_or_null(col), images);
+    if (!need_dx) return Tensor();
+    // dx = conv_transpose(dy, w)
+    Tensor dx = Tensor::empty(x.shape(), DType::F32, d, Category::Activation);
+    if (on_cuda(d))
+        cuda::conv2d_backward_data(dy.data<float>(), w.data<float>(), dx.data<float>(), p, ptr_or_null(col), images);
+    else
+        cpu::conv2d_backward_data(dy.data<float>(), w.data<float>(), dx.data<float>(), p, ptr_or_null(col), images);
+    return dx;
+}
+
+// ---- pooling -----------------------------------------------------------------------------------------
+namespace {
+
+// The kernel's sizes for an input shape [N, C, H, W], checked: a window must fit the input.
+Pool2dParams pool_params(const Shape& s, const Pool2dArgs& a, const char* op) {
+    KILN_CHECK(s.ndim == 4, op, ": 'x' should be [N, C, H, W] but is ", s.str());
+    KILN_CHECK(a.kernel > 0 && a.stride > 0 && a.padding >= 0, op, ": kernel ", a.kernel, " and stride ", a.stride,
+               " must be ≥ 1, padding ", a.padding, " ≥ 0");
+    Pool2dParams p;
+    p.N = s[0], p.C = s[1], p.H = s[2], p.W = s[3];
+    p.KH = p.KW = a.kernel, p.stride = a.stride, p.padding = a.padding;
+    KILN_CHECK(p.H + 2 * a.padding >= a.kernel && p.W + 2 * a.padding >= a.kernel, op, ": a ", a.kernel, "x",
+               a.kernel, " window does not fit the input ", s.str(), " with padding ", a.padding);
+    return p;
+}
+
+Shape pooled_shape(const Pool2dParams& p) { return Shape{p.N, p.C, p.P(), p.Q()}; }
+
+}  // namespace
+
+Shape pool2d_output_shape(const Shape& x_shape, const Pool2dArgs& a) {
+    return pooled_shape(pool_params(x_shape, a, "pool2d_output_shape"));
+}
+
+Tensor maxpool2d(const Tensor& x, const Pool2dArgs& a, Tensor* argmax) {
+    const Device d = check_f32_args("maxpool2d", {{x, "x"}});
+    const Pool2dParams p = pool_params(x.shape(), a, "maxpool2d");
+    Tensor y = Tensor::empty(pooled_shape(p), DType::F32, d, Category::Activation);
+    *argmax = Tensor::empty(y.shape(), DType::I32, d, Category::Activation);
+    if (on_cuda(d)) cuda::maxpool2d_forward(x.data<float>(), y.data<float>(), argmax->data<int32_t>(), p);
+    else cpu::maxpool2d_forward(x.data<float>(), y.data<float>(), argmax->data<int32_t>(), p);
+    return y;
+}
+
+Tensor maxpool2d_backward(const Tensor& dy, const Tensor& argmax, const Shape& x_shape, const Pool2dArgs& a) {
+    const char* op = "maxpool2d_backward";
+    const Device d = check_f32_args(op, {{dy, "dy"}});
+    const Pool2dParams p = pool_params(x_shape, a, op);
+    check_shape(dy, pooled_shape(p), op, "dy");
+    check_shape(argmax, pooled_shape(p), op, "argmax");
+    check_dtype(argmax, DType::I32, op, "argmax");
+    check_same_device(dy, argmax, op);
+    Tensor dx = Tensor::empty(x_shape, DType::F32, d, Category::Activation);
+    if (on_cuda(d)) cuda::maxpool2d_backward(dy.data<float>(), argmax.data<int32_t>(), dx.data<float>(), p);
+    else cpu::maxpool2d_backward(dy.data<float>(), argmax.data<int32_t>(), dx.data<float>(), p);
+    return dx;
+}
+
+Tensor avgpool2d(const Tensor& x, const Pool2dArgs& a) {
+    const Device d = check_f32_args("avgpool2d", {{x, "x"}});
+    const Pool2dParams p = pool_params(x.shape(), a, "avgpool2d");
+    Tensor y = Tensor::empty(pooled_shape(p), DType::F32, d, Category::Activation);
+    if (on_cuda(d)) cuda::avgpool2d_forward(x.data<float>(), y.data<float>(), p);
+    else cpu::avgpool2d_forward(x.data<float>(), y.data<float>(), p);
+    return y;
+}
+
+Tensor avgpool2d_backward(const Tensor& dy, const Shape& x_shape, const Pool2dArgs& a) {
+    const char* op = "avgpool2d_backward";
+    const Device d = check_f32_args(op, {{dy, "dy"}});
+    const Pool2dParams p = pool_params(x_shape, a, op);
+    check_shape(dy, pooled_shape(p), op, "dy");
+    Tensor dx = Tensor::empty(x_shape, DType::F32, d, Category::Activation);
+    if (on_cuda(d)) cuda::avgpool2d_backward(dy.data<float>(), dx.data<float>(), p);
+    else cpu::avgpool2d_backward(dy.data<float>(), dx.data<float>(), p);
+    return dx;
+}
+
+Tensor global_avgpool(const Tensor& x) {
+    const Device d = check_f32_args("global_avgpool", {{x, "x"}});
+    KILN_CHECK(x.ndim() == 4 && x.size(2) * x.size(3) > 0,
+               "global_avgpool: 'x' should be [N, C, H, W] with H·W > 0 but is ", x.desc());
+    const int64_t NC = x.size(0) * x.size(1), S = x.size(2) * x.size(3);
+    Tensor y = Tensor::empty({x.size(0), x.size(1)}, DType::F32, d, Category::Activation);
+    if (on_cuda(d)) cuda::global_avgpool_forward(x.data<float>(), y.data<float>(), NC, S);
+    else cpu::global_avgpool_forward(x.data<float>(), y.data<float>(), NC, S);
+    return y;
+}
+
+Tensor global_avgpool_backward(const Tensor& dy, const Shape& x_shape) {
+    const char* op = "global_avgpool_backward";
+    const Device d = check_f32_args(op, {{dy, "dy"}});
+    KILN_CHECK(x_shape.ndim == 4 && x_shape[2] * x_shape[3] > 0, op,
+               ": the input shape should be [N, C, H, W] with H·W > 0 but is ", x_shape.str());
+    check_shape(dy, Shape{x_shape[0], x_shape[1]}, op, "dy");
+    const int64_t NC = x_shape[0] * x_shape[1], S = x_shape[2] * x_shape[3];
+    Tensor dx = Tensor::empty(x_shape, DType::F32, d, Category::Activation);
+    if (on_cuda(d)) cuda::global_avgpool_backward(dy.data<float>(), dx.data<float>(), NC, S);
+    else cpu::global_avgpool_backward(dy.data<float>(), dx.data<float>(), NC, S);
+    return dx;
+}
+
+// ---- batch normalization -----------------------------------------------------------------------------
+namespace {
+
+// x [N, C, ...] as [N, C, S]; each per-channel tensor must be [C].
+BatchNormParams batchnorm_params(const Tensor& x, std::initializer_list<Arg> per_channel, float eps,
+                                 const char* op) {
+    KILN_CHECK(x.ndim() >= 2, op, ": 'x' should be [N, C, ...] but is ", x.desc());
+    BatchNormParams p;
+    p.N = x.size(0), p.C = x.size(1), p.S = 1;
+    for (int d = 2; d < x.ndim(); d++) p.S *= x.size(d);
+    p.eps = eps;
+    KILN_CHECK(p.N > 0 && p.C > 0 && p.S > 0, op, ": 'x' is empty: ", x.desc());
+    for (const Arg& a : per_channel) check_shape(a.t, Shape{p.C}, op, a.name);
+    return p;
+}
+
+}  // namespace
+
+Tensor batchnorm_train(const Tensor& x, const Tensor& gamma, const Tensor& beta, Tensor& running_mean,
+                       Tensor& running_var, float eps, float momentum, Tensor* save_mean, Tensor* save_invstd) {
+    const char* op = "batchnorm_train";
+    const Device d = check_f32_args(op, {{x, "x"}, {gamma, "gamma"}, {beta, "beta"}, {running_mean, "running_mean"},
+                                         {running_var, "running_var"}});
+    BatchNormParams p = batchnorm_params(
+        x, {{gamma, "gamma"}, {beta, "beta"}, {running_mean, "running_mean"}, {running_var, "running_var"}}, eps, op);
+    p.momentum = momentum;
+    KILN_CHECK(p.N * p.S > 1, op, ": training needs more than one value per channel, got 'x' ", x.desc(),
+               " (use a batch of at least 2, or eval())");
+    Tensor y = Tensor::empty(x.shape(), DType::F32, d, Category::Activation);
+    *save_mean = Tensor::empty({p.C}, DType::F32, d, Category::Activation);
+    *save_invstd = Tensor::empty({p.C}, DType::F32, d, Category::Activation);
+    if (on_cuda(d))
+        cuda::batchnorm_forward_train(x.data<float>(), gamma.data<float>(), beta.data<float>(), y.data<float>(),
+                                      running_mean.data<float>(), running_var.data<float>(),
+                                      save_mean->data<float>(), save_invstd->data<float>(), p);
+    else
+        cpu::batchnorm_forward_train(x.data<float>(), gamma.data<float>(), beta.data<float>(), y.data<float>(),
+                                     running_mean.data<float>(), running_var.data<float>(), save_mean->data<float>(),
+                                     save_invstd->data<float>(), p);
+    return y;
+}
+
+Tensor batchnorm_eval(const Tensor& x, const Tensor& gamma, const Tensor& beta, const Tensor& running_mean,
+                      const Tensor& running_var, float eps) {
+    const char* op = "batchnorm_eval";
+    const Device d = check_f32_args(op, {{x, "x"}, {gamma, "gamma"}, {beta, "beta"}, {running_mean, "running_mean"},
+                                         {running_var, "running_var"}});
+    const BatchNormParams p = batchnorm_params(
+        x, {{gamma, "gamma"}, {beta, "beta"}, {running_mean, "running_mean"}, {running_var, "running_var"}}, eps, op);
+    Tensor y = Tensor::empty(x.shape(), DType::F32, d, Category::Activation);
+    if (on_cuda(d))
+        cuda::batchnorm_forward_eval(x.data<float>(), gamma.data<float>(), beta.data<float>(),
+                                     running_mean.data<float>(), running_var.data<float>(), y.data<float>(), p);
+    else
+        cpu::batchnorm_forward_eval(x.data<float>(), gamma.data<float>(), beta.data<float>(),
+                                    running_mean.data<float>(), running_var.data<float>(), y.data<float>(), p);
+    return y;
+}
+
+Tensor batchnorm_backward(const Tensor& dy, const Tensor& x, const Tensor& gamma, const Tensor& save_mean,
+                          const Tensor& save_invstd, Tensor& dgamma, Tensor& dbeta) {
+    const char* op = "batchnorm_backward";
+    const Device d = check_f32_args(op, {{dy, "dy"}, {x, "x"}, {gamma, "gamma"}, {save_mean, "save_mean"},
+                                         {save_invstd, "save_invstd"}, {dgamma, "dgamma"}, {dbeta, "dbeta"}});
+    check_shape(dy, x.shape(), op, "dy");
+    const BatchNormParams p = batchnorm_params(x,
+                                               {{gamma, "gamma"},
+                                                {save_mean, "save_mean"},
+                                                {save_invstd, "save_invstd"},
+                                                {dgamma, "dgamma"},
+                                                {dbeta, "dbeta"}},
+                                               0.0f, op);
+    Tensor dx = Tensor::empty(x.shape(), DType::F32, d, Category::Activation);
+    if (on_cuda(d))
+        cuda::batchnorm_backward(dy.data<float>(), x.data<float>(), gamma.data<float>(), save_mean.data<float>(),
+                                 save_invstd.data<float>(), dx.data<float>(), dgamma.data<float>(),
+                                 dbeta.data<float>(), p);
+    else
+        cpu::batchnorm_backward(dy.data<float>(), x.data<float>(), gamma.data<float>(), save_mean.data<float>(),
+                                save_invstd.data<float>(), dx.data<float>(), dgamma.data<float>(), dbeta.data<float>(),
+                                p);
+    return dx;
+}
+
+// ---- layer normalization -------------------------------------------------------------------------------
+namespace {
+
+// x [..., D] as R rows of D values; the per-column tensors (gamma and its kin) must be [D].
+struct Rows {
+    int64_t R, D;
+};
+
+Rows layernorm_rows(const Tensor& x, std::initializer_list<Arg> per_column, const char* op) {
+    KILN_CHECK(x.ndim() >= 1 && x.size(x.ndim() - 1) > 0, op, ": 'x' should be [..., D] with D > 0 but is ",
+               x.desc());
+    const Rows rows{x.numel() / x.size(x.ndim() - 1), x.size(x.ndim() - 1)};
+    for (const Arg& a : per_column) check_shape(a.t, Shape{rows.D}, op, a.name);
+    return rows;
+}
+
+}  // namespace
+
+Tensor layernorm(const Tensor& x, const Tensor& gamma, const Tensor& beta, float eps, Tensor* save_mean,
+                 Tensor* save_invstd) {
+    const char* op = "layernorm";
+    const Device d = check_f32_args(op, {{x, "x"}, {gamma, "gamma"}, {beta, "beta"}});
+    const Rows rows = layernorm_rows(x, {{gamma, "gamma"}, {beta, "beta"}}, op);
+    Tensor y = Tensor::empty(x.shape(), DType::F32, d, Category::Activation);
+    *save_mean = Tensor::empty(Shape{rows.R}, DType::F32, d, Category::Activation);
+    *save_invstd = Tensor::empty(Shape{rows.R}, DType::F32, d, Category::Activation);
+    if (on_cuda(d))
+        cuda::layernorm_forward(x.data<float>(), gamma.data<float>(), beta.data<float>(), y.data<float>(),
+                                save_mean->data<float>(), save_invstd->data<float>(), rows.R, rows.D, eps);
+    else
+        cpu::layernorm_forward(x.data<float>(), gamma.data<float>(), beta.data<float>(), y.data<float>(),
+                               save_mean->data<float>(), save_invstd->data<float>(), rows.R, rows.D, eps);
+    return y;
+}
+
+Tensor layernorm_backward(const Tensor& dy, const Tensor& x, const Tensor& gamma, const Tensor& save_mean,
+                          const Tensor& save_invstd, Tensor& dgamma, Tensor& dbeta) {
+    const char* op = "layernorm_backward";
+    const Device d = check_f32_args(op, {{dy, "dy"}, {x, "x"}, {gamma, "gamma"}, {save_mean, "save_mean"},
+                                         {save_invstd, "save_invstd"}, {dgamma, "dgamma"}, {dbeta, "dbeta"}});
+    check_shape(dy, x.shape(), op, "dy");
+    const Rows rows = layernorm_rows(x, {{gamma, "gamma"}, {dgamma, "dgamma"}, {dbeta, "dbeta"}}, op);
+    check_shape(save_mean, Shape{rows.R}, op, "save_mean");
+    check_shape(save_invstd, Shape{rows.R}, op, "save_invstd");
+    Tensor dx = Tensor::empty(x.shape(), DType::F32, d, Category::Activation);
+    if (on_cuda(d))
+        cuda::layernorm_backward(dy.data<float>(), x.data<float>(), gamma.data<float>(), save_mean.data<float>(),
+                                 save_invstd.data<float>(), dx.data<float>(), dgamma.data<float>(),
+                                 dbeta.data<float>(), rows.R, rows.D);
+    else
+        cpu::layernorm_backward(dy.data<float>(), x.data<float>(), gamma.data<float>(), save_mean.data<float>(),
+                                save_invstd.data<float>(), dx.data<float>(), dgamma.data<float>(), dbeta.data<float>(),
+                                rows.R, rows.D);
+    return dx;
+}
+
+// ---- GELU and dropout ----------------------------------------------------------------------------------
+Tensor gelu(const Tensor& x) {
+    const Device d = check_f32_args("gelu", {{x, "x"}});
+    Tensor y = Tensor::empty(x.shape(), DType::F32, d, Category::Activation);
+    if (on_cuda(d)) cuda::gelu_forward(x.data<float>(), y.data<float>(), x.numel());
+    else cpu::gelu_forward(x.data<float>(), y.data<float>(), x.numel());
+    return y;
+}
+
+Tensor gelu_backward(const Tensor& x, const Tensor& dy) {
+    const Device d = check_f32_args("gelu_backward", {{x, "x"}, {dy, "dy"}});
+    check_shape(dy, x.shape(), "gelu_backward", "dy");
+    Tensor dx = Tensor::empty(x.shape(), DType::F32, d, Category::Activation);
+    if (on_cuda(d)) cuda::gelu_backward(x.data<float>(), dy.data<float>(), dx.data<float>(), x.numel());
+    else cpu::gelu_backward(x.data<float>(), dy.data<float>(), dx.data<float>(), x.numel());
+    return dx;
+}
+
+Tensor dropout(const Tensor& x, float p, uint64_t seed_hash, uint64_t first, Tensor* mask) {
+    const Device d = check_f32_args("dropout", {{x, "x"}});
+    KILN_CHECK(p >= 0.0f && p <= 1.0f, "dropout: drop probability ", p, " is outside [0, 1]");
+    Tensor y = Tensor::empty(x.shape(), DType::F32, d, Category::Activation);
+    *mask = Tensor::empty(x.shape(), DType::U8, d, Category::Activation);
+    if (on_cuda(d))
+        cuda::dropout_forward(x.data<float>(), y.data<float>(), mask->data<uint8_t>(), x.numel(), p, seed_hash, first);
+    else
+        cpu::dropout_forward(x.data<float>(), y.data<float>(), mask->data<uint8_t>(), x.numel(), p, seed_hash, first);
+    return y;
+}
+
+Tensor dropout_backward(const Tensor& dy, const Tensor& mask, float p) {
+    const char* op = "dropout_backward";
+    const Device d = check_f32_args(op, {{dy, "dy"}});
+    check_shape(mask, dy.shape(), op, "mask");
+    check_dtype(mask, DType::U8, op, "mask");
+    check_same_device(dy, mask, op);
+    Tensor dx = Tensor::empty(dy.shape(), DType::F32, d, Category::Activation);
+    if (on_cuda(d)) cuda::dropout_backward(dy.data<float>(), mask.data<uint8_t>(), dx.data<float>(), dy.numel(), p);
+    else cpu::dropout_backward(dy.data<float>(), mask.data<uint8_t>(), dx.data<float>(), dy.numel(), p);
+    return dx;
+}
+
+}  // namespace kiln

@@ -1,0 +1,89 @@
+// cnn.h — the operations of convolutional networks on tensors: convolution, pooling, batch and
+// layer normalization, GELU, dropout (chapters 03, 05, 06). Like ops.h, each checks its
+// arguments once (shapes, dtypes, devices: the error names the op and the tensor), takes its
+// outputs from the current allocator (Category::Activation; convolution's workspace:
+// Category::Workspace) and runs the CPU kernel (ops/cpu/cnn_ops.h) or its CUDA twin
+// (ops/cuda_ops.h) according to the tensors' device. The layers of src/nn/ call these.
+//
+// Element types: the kernels are templates on it; these ops accept f32 (chapter 09 adds f16
+// and bf16). Letters as in ops/params.h.
+#pragma once
+#include <cstdint>
+
+#include "core/tensor.h"
+#include "ops/params.h"
+
+namespace kiln {
+
+// ---- convolution -------------------------------------------------------------------------
+// The im2col workspace bound: the batch is convolved in chunks of images whose column matrices
+// and outputs ((C·K·K + O) · P·Q elements each) fit in this many bytes; at least one image per
+// chunk, whatever its size.
+constexpr int64_t kDefaultConvWorkspace = int64_t(32) << 20;  // 32 MiB
+
+struct Conv2dArgs {
+    int64_t stride = 1, padding = 0, dilation = 1, groups = 1;
+    int64_t workspace_limit = kDefaultConvWorkspace;  // bytes of im2col columns at once
+};
+
+// y = conv(x, w) + b (the formula: ops/params.h).  x [N, C, H, W]  w [O, C/G, KH, KW]
+// b [O] or undefined  →  y [N, O, P, Q]
+Tensor conv2d(const Tensor& x, const Tensor& w, const Tensor& b, const Conv2dArgs& a);
+// dw += Σ_n dy_n ⋆ x_n and db += Σ_{n,p,q} dy (db may be undefined: no bias); then, when
+// need_dx, returns dx = conv_transpose(dy, w) [N, C, H, W], else an undefined tensor.
+Tensor conv2d_backward(const Tensor& x, const Tensor& w, const Tensor& dy, Tensor& dw, Tensor& db, bool need_dx,
+                       const Conv2dArgs& a);
+
+// ---- pooling -----------------------------------------------------------------------------
+// Square K×K windows; x [N, C, H, W] → [N, C, P, Q].
+struct Pool2dArgs {
+    int64_t kernel = 1, stride = 1, padding = 0;
+};
+
+// [N, C, P, Q] for an input [N, C, H, W] (checks that a window fits).
+Shape pool2d_output_shape(const Shape& x_shape, const Pool2dArgs& a);
+
+// y = max over each window; *argmax (i32 [N, C, P, Q]) gets where each maximum came from.
+Tensor maxpool2d(const Tensor& x, const Pool2dArgs& a, Tensor* argmax);
+// dx [N, C, H, W] (x_shape): dy scattered to the argmax positions.
+Tensor maxpool2d_backward(const Tensor& dy, const Tensor& argmax, const Shape& x_shape, const Pool2dArgs& a);
+// y = mean over each window (padding counts as 0 and is counted).
+Tensor avgpool2d(const Tensor& x, const Pool2dArgs& a);
+Tensor avgpool2d_backward(const Tensor& dy, const Shape& x_shape, const Pool2dArgs& a);
+// [N, C, H, W] → [N, C]: the mean of each plane; backward spreads dy / (H·W) over it.
+Tensor global_avgpool(const Tensor& x);
+Tensor global_avgpool_backward(const Tensor& dy, const Shape& x_shape);
+
+// ---- batch normalization -----------------------------------------------------------------
+// x [N, C, ...] normalized per channel C over the other dimensions (ops/cpu/cnn_ops.h has the
+// formulas). gamma, beta, running statistics: f32 [C].
+// Training: batch statistics; updates running_mean and running_var; fills *save_mean and
+// *save_invstd ([C]) for the backward pass.
+Tensor batchnorm_train(const Tensor& x, const Tensor& gamma, const Tensor& beta, Tensor& running_mean,
+                       Tensor& running_var, float eps, float momentum, Tensor* save_mean, Tensor* save_invstd);
+// Evaluation: the running statistics.
+Tensor batchnorm_eval(const Tensor& x, const Tensor& gamma, const Tensor& beta, const Tensor& running_mean,
+                      const Tensor& running_var, float eps);
+// Returns dx; dgamma and dbeta accumulate.
+Tensor batchnorm_backward(const Tensor& dy, const Tensor& x, const Tensor& gamma, const Tensor& save_mean,
+                          const Tensor& save_invstd, Tensor& dgamma, Tensor& dbeta);
+
+// ---- layer normalization -------------------------------------------------------------------
+// x [..., D] normalized over its last dimension, one row of D values at a time (nn/norm.h has
+// the formulas); gamma, beta: f32 [D]. Fills *save_mean and *save_invstd (f32 [R], one per
+// row: R is the product of x's other dimensions) for the backward pass.
+Tensor layernorm(const Tensor& x, const Tensor& gamma, const Tensor& beta, float eps, Tensor* save_mean,
+                 Tensor* save_invstd);
+// Returns dx; dgamma and dbeta accumulate.
+Tensor layernorm_backward(const Tensor& dy, const Tensor& x, const Tensor& gamma, const Tensor& save_mean,
+                          const Tensor& save_invstd, Tensor& dgamma, Tensor& dbeta);
+
+// ---- GELU and dropout (elementwise) --------------------------------------------------------
+Tensor gelu(const Tensor& x);                             // x · Φ(x)
+Tensor gelu_backward(const Tensor& x, const Tensor& dy);  // dy · (Φ(x) + x · φ(x))
+// Inverted dropout with drop probability p; element i's coin is the counter-based stream's
+// value first + i (core/rng.h). *mask (u8, x's shape) keeps which elements were kept.
+Tensor dropout(const Tensor& x, float p, uint64_t seed_hash, uint64_t first, Tensor* mask);
+Tensor dropout_backward(const Tensor& dy, const Tensor& mask, float p);
+
+}  // namespace kiln

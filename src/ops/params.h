@@ -1,0 +1,66 @@
+// params.h — the sizes of a convolution, a pooling and a batch norm, as the kernels of both
+// backends take them (ops/cpu/cnn_ops.h and ops/cuda_ops.h), and the one list of convolution
+// strategies. The Tensor-level ops (ops/cnn.h) fill these from the tensors' shapes.
+//
+// Letters, used in every shape comment of the CNN kernels:
+//   N = batch, C = input channels, H, W = input height and width,
+//   O = output channels, KH, KW = kernel height and width (K when square),
+//   P, Q = output height and width, G = groups, S = H·W (spatial size of one channel plane).
+#pragma once
+#include <cstdint>
+
+namespace kiln {
+
+// ==== convolution ===========================================================================
+// y[n, o, p, q] = b[o] + Σ_{c in o's group} Σ_{kh, kw} w[o, c, kh, kw] · x[n, c', ih, iw]
+//   ih = p·stride − padding + kh·dilation,   iw = q·stride − padding + kw·dilation
+//   (x outside [0, H) × [0, W) reads as 0: zero padding)
+//   P = (H + 2·padding − dilation·(KH − 1) − 1) / stride + 1,   Q likewise with W, KW
+// Tensors: x [N, C, H, W]   w [O, C/G, KH, KW]   b [O]   y [N, O, P, Q]
+struct Conv2dParams {
+    int64_t N = 1, C = 1, H = 1, W = 1;  // input
+    int64_t O = 1, KH = 1, KW = 1;       // output channels and kernel
+    int64_t stride = 1, padding = 0, dilation = 1, groups = 1;
+
+    int64_t P() const { return (H + 2 * padding - dilation * (KH - 1) - 1) / stride + 1; }
+    int64_t Q() const { return (W + 2 * padding - dilation * (KW - 1) - 1) / stride + 1; }
+    int64_t Cg() const { return C / groups; }  // input channels per group
+    int64_t Og() const { return O / groups; }  // output channels per group
+};
+
+// How a convolution's forward is computed. Each backend's conv2d_algo(p) returns one of the
+// strategies it implements: the CPU Im2col, Pointwise or Depthwise (ops/cpu/conv.cpp explains
+// them), CUDA Im2col or ImplicitGemm (cuda/conv.cu).
+enum class ConvAlgo {
+    Im2col,        // unfold each image into columns, then GEMMs; needs a workspace
+    Pointwise,     // 1×1, stride 1, no padding: the image already is its column matrix
+    Depthwise,     // G == C == O: one small K×K filter per channel, direct loops, no GEMM
+    ImplicitGemm,  // one kernel gathers x's columns into shared memory as it goes; no workspace
+};
+const char* conv_algo_name(ConvAlgo a);  // "im2col", "pointwise", "depthwise", "implicit-gemm"
+
+// Throws a kiln::Error naming op when the sizes are not a valid convolution (non-positive
+// sizes, groups not dividing C and O, a kernel that does not fit). Both backends' kernels call it.
+void check_conv2d_params(const Conv2dParams& p, const char* op);
+
+// ==== pooling ===============================================================================
+// Windows of KH×KW at (p·stride − padding, q·stride − padding); P, Q as for convolution with
+// dilation 1. x [N, C, H, W]  →  y [N, C, P, Q]. Planes (n, c) are independent.
+struct Pool2dParams {
+    int64_t N = 1, C = 1, H = 1, W = 1;
+    int64_t KH = 1, KW = 1, stride = 1, padding = 0;
+
+    int64_t P() const { return (H + 2 * padding - KH) / stride + 1; }
+    int64_t Q() const { return (W + 2 * padding - KW) / stride + 1; }
+};
+
+// ==== batch normalization ===================================================================
+// x [N, C, S]: S = H·W for BatchNorm2d, 1 for BatchNorm1d. Statistics are per channel over
+// the M = N·S values of that channel.
+struct BatchNormParams {
+    int64_t N = 1, C = 1, S = 1;
+    float eps = 1e-5f;
+    float momentum = 0.1f;
+};
+
+}  // namespace kiln
