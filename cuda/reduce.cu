@@ -1,6 +1,6 @@
-// reduce.cu — the CUDA twins of src/ops/cpu/reduce.cpp's sum, sum_squares and max, and of the row kernels
-// of src/ops/cpu/elementwise.cpp: add_bias, sum_rows (column sums of an N×C matrix),
-// argmax_rows.
+// reduce.cu — the CUDA twins of src/ops/cpu/reduce.cpp: sum, sum_squares and max, and the row
+// kernels add_bias, sum_rows (column sums of an N×C matrix) and argmax_rows. add_bias and
+// sum_rows are templates on the element type T (float, f16, bf16), summing in float.
 //
 // Letters: n = element count, N = rows, C = columns, T = threads per block, P = partials.
 //
@@ -103,17 +103,20 @@ float max(const float* x, int64_t n) {
 
 // ---- rows of an N×C matrix ---------------------------------------------------------------------
 // y[n,c] += b[c]
-__global__ void add_bias_kernel(float* y, const float* b, int64_t N, int64_t C) {
+template <typename T>
+__global__ void add_bias_kernel(T* y, const T* b, int64_t N, int64_t C) {
     const int64_t total = N * C;
     for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < total; i += int64_t(gridDim.x) * blockDim.x)
-        y[i] += b[i % C];
+        y[i] = T(float(y[i]) + float(b[i % C]));
 }
 
-void add_bias(float* y, const float* b, int64_t N, int64_t C) {
+template <typename T>
+void add_bias(T* y, const T* b, int64_t N, int64_t C) {
     if (N * C == 0) return;
+    constexpr auto add_bias_kernel_t = add_bias_kernel<T>;
     const dim3 grid(blocks_for(N * C)), block(kBlock);
-    KILN_LAUNCH(add_bias_kernel, grid, block, 0)(y, b, N, C);
-    KILN_CHECK_LAUNCH(add_bias_kernel, grid, block);
+    KILN_LAUNCH(add_bias_kernel_t, grid, block, 0)(y, b, N, C);
+    KILN_CHECK_LAUNCH(add_bias_kernel_t, grid, block);
 }
 
 constexpr int kStrip = 32;    // columns per block: one warp across a row
@@ -122,7 +125,8 @@ constexpr int kSlices = 8;    // row slices per block: blockDim.y
 // db[c] = Σ_n dy[n,c] + beta·db[c]   (beta == 0: db is overwritten, never read)
 //   thread (x, y):  s = dy[y, c] + dy[y + 8, c] + dy[y + 16, c] + ...     c = strip·32 + x
 //   then            db[c] = ((s_0 + s_1) + s_2) + ... + s_7  (+ beta·db[c])
-__global__ void sum_rows_kernel(const float* dy, float* db, int64_t N, int64_t C, float beta) {
+template <typename T>
+__global__ void sum_rows_kernel(const T* dy, T* db, int64_t N, int64_t C, float beta) {
     __shared__ float part[kSlices][kStrip];
     const int x = threadIdx.x, y = threadIdx.y;
     const int64_t strips = (C + kStrip - 1) / kStrip;
@@ -130,24 +134,31 @@ __global__ void sum_rows_kernel(const float* dy, float* db, int64_t N, int64_t C
         const int64_t c = strip * kStrip + x;
         float s = 0.0f;
         if (c < C)
-            for (int64_t n = y; n < N; n += kSlices) s += dy[n * C + c];
+            for (int64_t n = y; n < N; n += kSlices) s += float(dy[n * C + c]);
         part[y][x] = s;
         __syncthreads();
         if (y == 0 && c < C) {
             float total = part[0][x];
             for (int k = 1; k < kSlices; k++) total += part[k][x];
-            db[c] = total + (beta == 0.0f ? 0.0f : beta * db[c]);
+            db[c] = T(total + (beta == 0.0f ? 0.0f : beta * float(db[c])));
         }
         __syncthreads();  // part is reused by the next strip
     }
 }
 
-void sum_rows(const float* dy, float* db, int64_t N, int64_t C, float beta) {
+template <typename T>
+void sum_rows(const T* dy, T* db, int64_t N, int64_t C, float beta) {
     if (C == 0) return;
+    constexpr auto sum_rows_kernel_t = sum_rows_kernel<T>;
     const dim3 grid(unsigned(std::min<int64_t>((C + kStrip - 1) / kStrip, 65535))), block(kStrip, kSlices);
-    KILN_LAUNCH(sum_rows_kernel, grid, block, 0)(dy, db, N, C, beta);
-    KILN_CHECK_LAUNCH(sum_rows_kernel, grid, block);
+    KILN_LAUNCH(sum_rows_kernel_t, grid, block, 0)(dy, db, N, C, beta);
+    KILN_CHECK_LAUNCH(sum_rows_kernel_t, grid, block);
 }
+
+#define KILN_ROWS(T)                                                   \
+    template void add_bias<T>(T*, const T*, int64_t, int64_t);         \
+    template void sum_rows<T>(const T*, T*, int64_t, int64_t, float);
+KILN_FOR_EACH_FLOAT_TYPE(KILN_ROWS)
 
 // out[n] = the first c with x[n,c] = max_c' x[n,c']
 __global__ void argmax_rows_kernel(const float* x, int32_t* out, int64_t N, int64_t C) {

@@ -1,4 +1,6 @@
-// reduce.cpp — sums and maxima over all elements, and the softmax cross-entropy loss.
+// reduce.cpp — sums and maxima over all elements, and the row kernels of an N×C matrix: bias
+// rows (add_bias), column sums (sum_rows, the bias gradient) and argmax (the twin of
+// cuda/reduce.cu).
 //
 // Determinism: a float sum depends on the order of its terms. Splitting the work by thread
 // would make the result depend on the thread count, so we split it into fixed chunks of
@@ -46,28 +48,38 @@ float max(const float* x, int64_t n) {
     return m;  // max is exact: the order does not matter
 }
 
-// loss_n = log Σ_c exp(z_c) − z_y = (m + log Σ_c exp(z_c − m)) − z_y,   m = max_c z_c
-// dz_c   = (exp(z_c − m) / Σ exp(z − m) − [c = y]) / N
-float softmax_cross_entropy(const float* z, const int32_t* y, float* dz, int64_t N, int64_t C) {
-    std::vector<double> row_loss(static_cast<size_t>(N));
-#pragma omp parallel for schedule(static) if (N * C > kChunk)
-    for (int64_t n = 0; n < N; n++) {
-        const float* zn = z + n * C;
-        float m = zn[0];
-        for (int64_t c = 1; c < C; c++) m = std::max(m, zn[c]);
-        double s = 0.0;
-        for (int64_t c = 0; c < C; c++) s += std::exp(double(zn[c] - m));
-        double lse = double(m) + std::log(s);
-        row_loss[size_t(n)] = lse - double(zn[y[n]]);
-        if (dz) {
-            float* dn = dz + n * C;
-            for (int64_t c = 0; c < C; c++) dn[c] = float(std::exp(double(zn[c]) - lse) / double(N));
-            dn[y[n]] -= 1.0f / float(N);
-        }
-    }
-    double total = 0.0;
-    for (double l : row_loss) total += l;
-    return float(total / double(N));
+// ---- rows of an N×C matrix ---------------------------------------------------------------------
+template <typename T> void add_bias(T* y, const T* b, int64_t N, int64_t C) {
+#pragma omp parallel for if (N * C > kChunk)
+    for (int64_t n = 0; n < N; n++)
+        for (int64_t c = 0; c < C; c++) y[n * C + c] = T(float(y[n * C + c]) + float(b[c]));
 }
+
+// db[c] = Σ_n dy[n,c] + beta·db[c]. Each column is summed (in float) by one thread in row order,
+// so the result does not depend on the thread count.
+template <typename T> void sum_rows(const T* dy, T* db, int64_t N, int64_t C, float beta) {
+#pragma omp parallel for if (N * C > kChunk)
+    for (int64_t c = 0; c < C; c++) {
+        float s = 0.0f;
+        for (int64_t n = 0; n < N; n++) s += float(dy[n * C + c]);
+        db[c] = T(s + (beta == 0.0f ? 0.0f : beta * float(db[c])));
+    }
+}
+
+void argmax_rows(const float* x, int32_t* out, int64_t N, int64_t C) {
+#pragma omp parallel for if (N * C > kChunk)
+    for (int64_t n = 0; n < N; n++) {
+        const float* row = x + n * C;
+        int64_t best = 0;
+        for (int64_t c = 1; c < C; c++)
+            if (row[c] > row[best]) best = c;  // first maximum wins, like PyTorch
+        out[n] = int32_t(best);
+    }
+}
+
+#define KILN_ROWS(T)                                                   \
+    template void add_bias<T>(T*, const T*, int64_t, int64_t);         \
+    template void sum_rows<T>(const T*, T*, int64_t, int64_t, float);
+KILN_FOR_EACH_FLOAT_TYPE(KILN_ROWS)
 
 }  // namespace kiln::cpu
