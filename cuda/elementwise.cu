@@ -125,15 +125,7 @@ void convert(const From* x, To* y, int64_t n) {
     KILN_LAUNCH_1D(convert_kernel_t, n, x, y, n);
 }
 
-#define KILN_ELEMENTWISE(T)                                                 \
-    template void fill<T>(T*, int64_t, float);                              \
-    template void add<T>(const T*, const T*, T*, int64_t);                  \
-    template void axpy<T>(float, const T*, T*, int64_t);                    \
-    template void scale<T>(T*, int64_t, float);                             \
-    template void relu_forward<T>(const T*, T*, int64_t);                   \
-    template void relu_backward<T>(const T*, const T*, T*, int64_t);
-KILN_FOR_EACH_FLOAT_TYPE(KILN_ELEMENTWISE)
-#define KILN_CONVERT(From, To) template void convert<From, To>(const From*, To*, int64_t);
+KILN_FOR_EACH_FLOAT_TYPE(KILN_ELEMENTWISE)  // the lists are in cpu_ops.h
 KILN_FOR_EACH_TYPE_PAIR(KILN_CONVERT)
 
 }  // namespace kiln::cuda

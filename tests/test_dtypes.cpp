@@ -1,4 +1,4 @@
-// test_dtypes.cpp — the f16 and bf16 kernels (GEMM, elementwise, bias rows, softmax
+// test_dtypes.cpp — the f16 and bf16 kernels (GEMM, elementwise, bias rows, reductions, softmax
 // cross-entropy, dtype conversion) on the CPU and on CUDA (the emulator, under both schedules),
 // each against the f32 kernel run on the same values.
 //
@@ -200,7 +200,37 @@ TEST_CASE("ops refuse mixed and integer dtypes, naming the op and the tensor", "
     REQUIRE(matmul(a.to(DType::F16), h).dtype() == DType::F16);  // one dtype throughout: its dtype out
     Tensor u = Tensor::zeros({2}, DType::U8);
     REQUIRE_THROWS_WITH(scale_(u, 2), Catch::Contains("scale_: 'x' is u8[2] on cpu; f32, f16 and bf16"));
-    REQUIRE_THROWS_WITH(sum(h), Catch::Contains("sum: 'x' is f16[3, 2] on cpu; f32 is supported"));
+    REQUIRE_THROWS_WITH(sum(Tensor::zeros({2}, DType::I32)), Catch::Contains("sum: 'x' is i32[2] on cpu"));
+}
+
+// ---- reductions ------------------------------------------------------------------------------------
+namespace {
+
+// sum and sum_squares read each T as its exact f32 value and add in double, in an order fixed by n
+// alone; max and argmax_rows compare exact values. So a T tensor gives exactly what the f32 tensor
+// of its values gives on the same device: the tolerance is 0 (no output rounding, the same sums).
+void check_reductions(Device device, Rng& rng) {
+    const Tensor x32 = random({300, 77}, rng);  // 23,100 elements: more than one CPU chunk
+    for (const Format& f : {kF16, kBF16}) {
+        INFO(dtype_name(f.dtype) << " on " << device_name(device));
+        const Tensor x = x32.to(f.dtype).to(device), same = x32.to(f.dtype).to(DType::F32).to(device);
+        REQUIRE(sum(x) == sum(same));
+        REQUIRE(sum_squares(x) == sum_squares(same));
+        REQUIRE(max(x) == max(same));
+        require_identical(argmax_rows(x), argmax_rows(same));
+    }
+}
+
+}  // namespace
+
+TEST_CASE("sum, sum_squares, max and argmax_rows of f16 and bf16 tensors", "[dtype][cpu][reduce]") {
+    Rng rng(137);
+    check_reductions(Device::CPU, rng);
+}
+
+TEST_CASE("sum, sum_squares, max and argmax_rows of f16 and bf16 tensors on CUDA", "[dtype][cuda][reduce]") {
+    Rng rng(139);
+    under_schedules([&] { check_reductions(Device::CUDA, rng); });
 }
 
 // ---- conversion --------------------------------------------------------------------------------------

@@ -24,12 +24,12 @@ template <typename From, typename To> void convert(const From* x, To* y, int64_t
 // ---- rows of an N×C matrix (reduce.cu) -------------------------------------------------------
 template <typename T> void add_bias(T* y, const T* b, int64_t N, int64_t C);
 template <typename T> void sum_rows(const T* dy, T* db, int64_t N, int64_t C, float beta);
-void argmax_rows(const float* x, int32_t* out, int64_t N, int64_t C);
+template <typename T> void argmax_rows(const T* x, int32_t* out, int64_t N, int64_t C);
 
 // ---- reductions (reduce.cu) ------------------------------------------------------------------
-double sum(const float* x, int64_t n);
-double sum_squares(const float* x, int64_t n);
-float max(const float* x, int64_t n);
+template <typename T> double sum(const T* x, int64_t n);
+template <typename T> double sum_squares(const T* x, int64_t n);
+template <typename T> float max(const T* x, int64_t n);
 
 // ---- GEMM (gemm.cu; row-major, like cpu::gemm) -------------------------------------------------
 template <typename T>

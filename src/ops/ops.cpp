@@ -18,26 +18,19 @@ struct Arg {
     const char* name;
 };
 
-// Which element types an op has kernels for.
-enum class Types { Floats, F32Only };
-
-// Checks an op's tensors once: each defined, of one dtype that the op has kernels for (f32, f16
-// or bf16; or f32 only), all on one device. Messages name the op and the tensor. Returns the
-// first tensor, whose device and dtype the op then dispatches on.
-static const Tensor& check_args(const char* op, std::initializer_list<Arg> args, Types types = Types::Floats) {
+// Checks an op's tensors once: each defined, of one dtype that the kernels are instantiated
+// for (f32, f16 or bf16), all on one device. Messages name the op and the tensor.
+static void check_args(const char* op, std::initializer_list<Arg> args) {
     const Arg& first = *args.begin();
     for (const Arg& a : args) {
         check_defined(a.t, op, a.name);
         const DType dt = a.t.dtype();
-        const bool ok = types == Types::F32Only ? dt == DType::F32
-                                                 : dt == DType::F32 || dt == DType::F16 || dt == DType::BF16;
-        KILN_CHECK(ok, op, ": '", a.name, "' is ", a.t.desc(), "; ",
-                   types == Types::F32Only ? "f32 is" : "f32, f16 and bf16 are", " supported");
+        KILN_CHECK(dt == DType::F32 || dt == DType::F16 || dt == DType::BF16, op, ": '", a.name, "' is ",
+                   a.t.desc(), "; f32, f16 and bf16 are supported");
         KILN_CHECK(dt == first.t.dtype(), op, ": '", a.name, "' is ", a.t.desc(), " but '", first.name, "' is ",
                    first.t.desc(), "; convert one with .to(DType::...)");
         check_same_device(first.t, a.t, op);
     }
-    return first.t;
 }
 
 // Runs f(T{}) for the dtype of t: T = float, f16 or bf16 (check_args has refused the others).
@@ -170,23 +163,32 @@ void sum_rows_into(const Tensor& dy, Tensor& db, float beta) {
 }
 
 Tensor argmax_rows(const Tensor& x) {
-    check_args("argmax_rows", {{x, "x"}}, Types::F32Only);
+    check_args("argmax_rows", {{x, "x"}});
     KILN_CHECK(x.ndim() == 2 && x.size(1) > 0, "argmax_rows: needs [N, C] with C > 0, got ", x.desc());
     Tensor out = Tensor::empty({x.size(0)}, DType::I32, x.device(), Category::Activation);
-    if (on_cuda(x)) cuda::argmax_rows(x.data<float>(), out.data<int32_t>(), x.size(0), x.size(1));
-    else cpu::argmax_rows(x.data<float>(), out.data<int32_t>(), x.size(0), x.size(1));
+    for_dtype(x, [&](auto tag) {
+        using T = decltype(tag);
+        if (on_cuda(x)) cuda::argmax_rows(x.data<T>(), out.data<int32_t>(), x.size(0), x.size(1));
+        else cpu::argmax_rows(x.data<T>(), out.data<int32_t>(), x.size(0), x.size(1));
+    });
     return out;
 }
 
 // ---- reductions ------------------------------------------------------------------------------
 double sum(const Tensor& x) {
-    check_args("sum", {{x, "x"}}, Types::F32Only);
-    return on_cuda(x) ? cuda::sum(x.data<float>(), x.numel()) : cpu::sum(x.data<float>(), x.numel());
+    check_args("sum", {{x, "x"}});
+    return for_dtype(x, [&](auto tag) {
+        using T = decltype(tag);
+        return on_cuda(x) ? cuda::sum(x.data<T>(), x.numel()) : cpu::sum(x.data<T>(), x.numel());
+    });
 }
 
 double sum_squares(const Tensor& x) {
-    check_args("sum_squares", {{x, "x"}}, Types::F32Only);
-    return on_cuda(x) ? cuda::sum_squares(x.data<float>(), x.numel()) : cpu::sum_squares(x.data<float>(), x.numel());
+    check_args("sum_squares", {{x, "x"}});
+    return for_dtype(x, [&](auto tag) {
+        using T = decltype(tag);
+        return on_cuda(x) ? cuda::sum_squares(x.data<T>(), x.numel()) : cpu::sum_squares(x.data<T>(), x.numel());
+    });
 }
 
 double mean(const Tensor& x) {
@@ -195,9 +197,12 @@ double mean(const Tensor& x) {
 }
 
 float max(const Tensor& x) {
-    check_args("max", {{x, "x"}}, Types::F32Only);
+    check_args("max", {{x, "x"}});
     KILN_CHECK(x.numel() > 0, "max of an empty tensor ", x.desc());
-    return on_cuda(x) ? cuda::max(x.data<float>(), x.numel()) : cpu::max(x.data<float>(), x.numel());
+    return for_dtype(x, [&](auto tag) {
+        using T = decltype(tag);
+        return on_cuda(x) ? cuda::max(x.data<T>(), x.numel()) : cpu::max(x.data<T>(), x.numel());
+    });
 }
 
 // ---- loss ------------------------------------------------------------------------------------

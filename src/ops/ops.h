@@ -3,10 +3,9 @@
 // kernel (cuda/) according to the tensors' device, instantiated for their dtype. New tensors
 // come from the current allocator with the category given (activation by default).
 //
-// Element types: the elementwise ops, matmul, the row ops and the loss take f32, f16 or bf16
-// tensors (all of an op's float tensors of one dtype; outputs get it too). They compute and
-// sum in f32 and round each result once. Scalars (value, alpha, beta) are float. The
-// reductions sum, sum_squares, max and argmax_rows take f32.
+// Element types: every op here takes f32, f16 or bf16 tensors (all of an op's float tensors of
+// one dtype; outputs get it too). They compute and sum in f32 (the reductions in double) and
+// round each result once. Scalars (value, alpha, beta) are float.
 #pragma once
 #include "core/tensor.h"
 

@@ -30,16 +30,37 @@ template <typename T> void relu_backward(const T* y, const T* dy, T* dx, int64_t
 // every pair of the six element types: what Tensor::to(DType) runs.
 template <typename From, typename To> void convert(const From* x, To* y, int64_t n);
 
+// The explicit instantiations of the above, for elementwise.cpp and its twin elementwise.cu
+// (one list, since the two declare the same functions): KILN_FOR_EACH_FLOAT_TYPE(KILN_ELEMENTWISE)
+// and KILN_FOR_EACH_TYPE_PAIR(KILN_CONVERT) inside the namespace.
+#define KILN_ELEMENTWISE(T)                                                 \
+    template void fill<T>(T*, int64_t, float);                              \
+    template void add<T>(const T*, const T*, T*, int64_t);                  \
+    template void axpy<T>(float, const T*, T*, int64_t);                    \
+    template void scale<T>(T*, int64_t, float);                             \
+    template void relu_forward<T>(const T*, T*, int64_t);                   \
+    template void relu_backward<T>(const T*, const T*, T*, int64_t);
+#define KILN_CONVERT(From, To) template void convert<From, To>(const From*, To*, int64_t);
+
 // ---- rows of an N×C matrix (reduce.cpp) ------------------------------------------------------
 template <typename T> void add_bias(T* y, const T* b, int64_t N, int64_t C);  // y[n,c] += b[c]
 // db[c] = Σ_n dy[n,c] + beta·db[c], summed in float
 template <typename T> void sum_rows(const T* dy, T* db, int64_t N, int64_t C, float beta);
-void argmax_rows(const float* x, int32_t* out, int64_t N, int64_t C);
+template <typename T> void argmax_rows(const T* x, int32_t* out, int64_t N, int64_t C);
 
 // ---- reductions (reduce.cpp; deterministic: fixed-size chunks summed in a fixed order) ------
-double sum(const float* x, int64_t n);
-double sum_squares(const float* x, int64_t n);  // Σ x², each square exact in double
-float max(const float* x, int64_t n);
+template <typename T> double sum(const T* x, int64_t n);          // summed in double
+template <typename T> double sum_squares(const T* x, int64_t n);  // Σ x², each square exact in double
+template <typename T> float max(const T* x, int64_t n);
+
+// The explicit instantiations of the row kernels and reductions, for reduce.cpp and reduce.cu.
+#define KILN_REDUCE(T)                                                      \
+    template void add_bias<T>(T*, const T*, int64_t, int64_t);              \
+    template void sum_rows<T>(const T*, T*, int64_t, int64_t, float);       \
+    template void argmax_rows<T>(const T*, int32_t*, int64_t, int64_t);     \
+    template double sum<T>(const T*, int64_t);                              \
+    template double sum_squares<T>(const T*, int64_t);                      \
+    template float max<T>(const T*, int64_t);
 
 // ---- loss (loss.cpp) ---------------------------------------------------------------------------
 // Mean softmax cross-entropy of N rows of C logits against integer labels:

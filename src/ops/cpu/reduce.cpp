@@ -32,19 +32,22 @@ template <typename Term> static double chunked_sum(int64_t n, Term term) {
     return total;
 }
 
-double sum(const float* x, int64_t n) {
-    return chunked_sum(n, [x](int64_t i) { return double(x[i]); });
+template <typename T> double sum(const T* x, int64_t n) {
+    return chunked_sum(n, [x](int64_t i) { return double(float(x[i])); });
 }
 
 // A float's square has at most 48 significant bits: exact in double's 53.
-double sum_squares(const float* x, int64_t n) {
-    return chunked_sum(n, [x](int64_t i) { return double(x[i]) * double(x[i]); });
+template <typename T> double sum_squares(const T* x, int64_t n) {
+    return chunked_sum(n, [x](int64_t i) {
+        const double v = double(float(x[i]));
+        return v * v;
+    });
 }
 
-float max(const float* x, int64_t n) {
+template <typename T> float max(const T* x, int64_t n) {
     float m = -std::numeric_limits<float>::infinity();
 #pragma omp parallel for reduction(max : m) if (n > kChunk)
-    for (int64_t i = 0; i < n; i++) m = std::max(m, x[i]);
+    for (int64_t i = 0; i < n; i++) m = std::max(m, float(x[i]));
     return m;  // max is exact: the order does not matter
 }
 
@@ -66,20 +69,17 @@ template <typename T> void sum_rows(const T* dy, T* db, int64_t N, int64_t C, fl
     }
 }
 
-void argmax_rows(const float* x, int32_t* out, int64_t N, int64_t C) {
+template <typename T> void argmax_rows(const T* x, int32_t* out, int64_t N, int64_t C) {
 #pragma omp parallel for if (N * C > kChunk)
     for (int64_t n = 0; n < N; n++) {
-        const float* row = x + n * C;
+        const T* row = x + n * C;
         int64_t best = 0;
         for (int64_t c = 1; c < C; c++)
-            if (row[c] > row[best]) best = c;  // first maximum wins, like PyTorch
+            if (float(row[c]) > float(row[best])) best = c;  // first maximum wins, like PyTorch
         out[n] = int32_t(best);
     }
 }
 
-#define KILN_ROWS(T)                                                   \
-    template void add_bias<T>(T*, const T*, int64_t, int64_t);         \
-    template void sum_rows<T>(const T*, T*, int64_t, int64_t, float);
-KILN_FOR_EACH_FLOAT_TYPE(KILN_ROWS)
+KILN_FOR_EACH_FLOAT_TYPE(KILN_REDUCE)  // the list is in cpu_ops.h
 
 }  // namespace kiln::cpu
