@@ -254,7 +254,7 @@ TEST_CASE("to(dtype) on CUDA converts on the device, bit for bit as the CPU does
     });
 }
 
-TEST_CASE("f16 -> bf16 rounds once, through the exact f32 value", "[dtype][cpu]") {
+TEST_CASE("f16 -> bf16 rounds to nearest, through the exact f32 value", "[dtype][cpu]") {
     // f16 1 + 2^-9 + 2^-10 = 1.0029296875 lies between the bf16 neighbours 1 and 1 + 2^-7, below
     // the halfway point 1 + 2^-8: it rounds to 1.
     const Tensor h = Tensor::full({1}, 1.0029296875, DType::F16);

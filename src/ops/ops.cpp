@@ -3,8 +3,8 @@
 // or bf16) and by device (cpu:: or cuda::).
 #include "ops/ops.h"
 
-#include <algorithm>
-#include <cmath>
+#include <initializer_list>
+#include <utility>
 
 #include "ops/cpu/cpu_ops.h"
 #include "ops/cpu/gemm.h"

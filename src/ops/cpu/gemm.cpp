@@ -163,7 +163,8 @@ int64_t split_evenly(int64_t n, int64_t max_block, int64_t unit) {
 }
 
 // ---- Workspace: the packing buffers ---------------------------------------------------------
-// One pair of buffers per thread (≤ 240 KiB for A, ≤ 4 MiB for B), kept between calls:
+// One pair of buffers per thread (≤ 240 KiB for A, ≤ 4 MiB for B), kept between calls
+// (and, for an f16 or bf16 GEMM, the calling thread's M×N f32 product):
 // allocating them each time would cost more than a small product. OpenMP keeps its worker
 // threads alive between parallel regions, so their buffers live on too.
 struct AlignedFree {
