@@ -300,7 +300,7 @@ inline void store_full_tile(const Tile& acc, float alpha, float beta, float* C, 
 }
 
 // An edge tile, mr×nr < MR×NR, at the bottom or right border of C.
-void store_edge_tile(const Tile& acc, int64_t mr, int64_t nr, float alpha, float beta,
+inline void store_edge_tile(const Tile& acc, int64_t mr, int64_t nr, float alpha, float beta,
                      float* C, int64_t ldc) {
     for (int64_t i = 0; i < mr; ++i) {
         if (nr == NR)
