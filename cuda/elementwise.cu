@@ -1,10 +1,12 @@
 // elementwise.cu — the CUDA twins of src/ops/cpu/elementwise.cpp: fill, add, axpy, scale, ReLU
-// forward and backward. Each is the CPU loop body run by one thread per element.
+// forward and backward, and the dtype conversions. Each is the CPU loop body run by one thread
+// per element, a template on the element type T (float, f16, bf16): read as float, compute in
+// float, round once on the store.
 //
 // How they work: thread t of block b handles element i = b·T + t, then i + gridDim.x·T, ...
 // (a grid-stride loop), so one launch shape serves any n. Consecutive threads of a warp touch
-// consecutive floats: each warp reads and writes 128 contiguous bytes at a time — coalesced,
-// the only thing that matters for a kernel that does one multiply per 8 bytes it moves.
+// consecutive elements: each warp reads and writes 32 contiguous elements at a time — coalesced,
+// the only thing that matters for a kernel that does one multiply per element it moves.
 //
 // Launch shape (every kernel here): block = 256 threads, grid = min(ceil(n / 256), 1024)
 // blocks (detail::blocks_for); n == 0 launches nothing.
@@ -20,82 +22,110 @@ using detail::blocks_for;
 using detail::kBlock;
 
 // x[i] = value
-__global__ void fill_kernel(float* x, int64_t n, float value) {
+template <typename T>
+__global__ void fill_kernel(T* x, int64_t n, float value) {
+    const T v = T(value);
     for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
-        x[i] = value;
+        x[i] = v;
 }
 
 // y[i] = a[i] + b[i]
-__global__ void add_kernel(const float* a, const float* b, float* y, int64_t n) {
+template <typename T>
+__global__ void add_kernel(const T* a, const T* b, T* y, int64_t n) {
     for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
-        y[i] = a[i] + b[i];
+        y[i] = T(float(a[i]) + float(b[i]));
 }
 
 // y[i] += alpha·x[i]
-__global__ void axpy_kernel(float alpha, const float* x, float* y, int64_t n) {
+template <typename T>
+__global__ void axpy_kernel(float alpha, const T* x, T* y, int64_t n) {
     for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
-        y[i] += alpha * x[i];
+        y[i] = T(float(y[i]) + alpha * float(x[i]));
 }
 
 // x[i] *= s
-__global__ void scale_kernel(float* x, int64_t n, float s) {
+template <typename T>
+__global__ void scale_kernel(T* x, int64_t n, float s) {
     for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
-        x[i] *= s;
+        x[i] = T(float(x[i]) * s);
 }
 
 // y[i] = max(x[i], 0)
-__global__ void relu_forward_kernel(const float* x, float* y, int64_t n) {
+template <typename T>
+__global__ void relu_forward_kernel(const T* x, T* y, int64_t n) {
     for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
-        y[i] = fmaxf(x[i], 0.0f);
+        y[i] = T(fmaxf(float(x[i]), 0.0f));
 }
 
 // dx[i] = dy[i]·[y[i] > 0]    (y is ReLU's output)
-__global__ void relu_backward_kernel(const float* y, const float* dy, float* dx, int64_t n) {
+template <typename T>
+__global__ void relu_backward_kernel(const T* y, const T* dy, T* dx, int64_t n) {
     for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
-        dx[i] = y[i] > 0.0f ? dy[i] : 0.0f;
+        dx[i] = float(y[i]) > 0.0f ? dy[i] : T(0.0f);
+}
+
+// y[i] = cast<To>(x[i])   (core/dtype.h: the same rounding as the CPU's, bit for bit)
+template <typename From, typename To>
+__global__ void convert_kernel(const From* x, To* y, int64_t n) {
+    for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
+        y[i] = cast<To>(x[i]);
 }
 
 // ---- launchers: the names and arguments of cpu_ops.h ---------------------------------------
-void fill(float* x, int64_t n, float value) {
-    if (n == 0) return;
-    const dim3 grid(blocks_for(n)), block(kBlock);
-    KILN_LAUNCH(fill_kernel, grid, block, 0)(x, n, value);
-    KILN_CHECK_LAUNCH(fill_kernel, grid, block);
+// Launches kernel<<<blocks_for(n), 256>>>(args...); n == 0 launches nothing. The kernel is
+// named by a constexpr variable (fill_kernel_t = fill_kernel<T>): the launch macros need a
+// name without template brackets.
+#define KILN_LAUNCH_1D(kernel, n, ...)                                   \
+    do {                                                                 \
+        if ((n) == 0) return;                                            \
+        const dim3 grid(blocks_for(n)), block(kBlock);                   \
+        KILN_LAUNCH(kernel, grid, block, 0)(__VA_ARGS__);                \
+        KILN_CHECK_LAUNCH(kernel, grid, block);                          \
+    } while (0)
+
+template <typename T>
+void fill(T* x, int64_t n, float value) {
+    constexpr auto fill_kernel_t = fill_kernel<T>;
+    KILN_LAUNCH_1D(fill_kernel_t, n, x, n, value);
 }
 
-void add(const float* a, const float* b, float* y, int64_t n) {
-    if (n == 0) return;
-    const dim3 grid(blocks_for(n)), block(kBlock);
-    KILN_LAUNCH(add_kernel, grid, block, 0)(a, b, y, n);
-    KILN_CHECK_LAUNCH(add_kernel, grid, block);
+template <typename T>
+void add(const T* a, const T* b, T* y, int64_t n) {
+    constexpr auto add_kernel_t = add_kernel<T>;
+    KILN_LAUNCH_1D(add_kernel_t, n, a, b, y, n);
 }
 
-void axpy(float alpha, const float* x, float* y, int64_t n) {
-    if (n == 0) return;
-    const dim3 grid(blocks_for(n)), block(kBlock);
-    KILN_LAUNCH(axpy_kernel, grid, block, 0)(alpha, x, y, n);
-    KILN_CHECK_LAUNCH(axpy_kernel, grid, block);
+template <typename T>
+void axpy(float alpha, const T* x, T* y, int64_t n) {
+    constexpr auto axpy_kernel_t = axpy_kernel<T>;
+    KILN_LAUNCH_1D(axpy_kernel_t, n, alpha, x, y, n);
 }
 
-void scale(float* x, int64_t n, float s) {
-    if (n == 0) return;
-    const dim3 grid(blocks_for(n)), block(kBlock);
-    KILN_LAUNCH(scale_kernel, grid, block, 0)(x, n, s);
-    KILN_CHECK_LAUNCH(scale_kernel, grid, block);
+template <typename T>
+void scale(T* x, int64_t n, float s) {
+    constexpr auto scale_kernel_t = scale_kernel<T>;
+    KILN_LAUNCH_1D(scale_kernel_t, n, x, n, s);
 }
 
-void relu_forward(const float* x, float* y, int64_t n) {
-    if (n == 0) return;
-    const dim3 grid(blocks_for(n)), block(kBlock);
-    KILN_LAUNCH(relu_forward_kernel, grid, block, 0)(x, y, n);
-    KILN_CHECK_LAUNCH(relu_forward_kernel, grid, block);
+template <typename T>
+void relu_forward(const T* x, T* y, int64_t n) {
+    constexpr auto relu_forward_kernel_t = relu_forward_kernel<T>;
+    KILN_LAUNCH_1D(relu_forward_kernel_t, n, x, y, n);
 }
 
-void relu_backward(const float* y, const float* dy, float* dx, int64_t n) {
-    if (n == 0) return;
-    const dim3 grid(blocks_for(n)), block(kBlock);
-    KILN_LAUNCH(relu_backward_kernel, grid, block, 0)(y, dy, dx, n);
-    KILN_CHECK_LAUNCH(relu_backward_kernel, grid, block);
+template <typename T>
+void relu_backward(const T* y, const T* dy, T* dx, int64_t n) {
+    constexpr auto relu_backward_kernel_t = relu_backward_kernel<T>;
+    KILN_LAUNCH_1D(relu_backward_kernel_t, n, y, dy, dx, n);
 }
+
+template <typename From, typename To>
+void convert(const From* x, To* y, int64_t n) {
+    constexpr auto convert_kernel_t = convert_kernel<From, To>;
+    KILN_LAUNCH_1D(convert_kernel_t, n, x, y, n);
+}
+
+KILN_FOR_EACH_FLOAT_TYPE(KILN_ELEMENTWISE)  // the lists are in cpu_ops.h
+KILN_FOR_EACH_TYPE_PAIR(KILN_CONVERT)
 
 }  // namespace kiln::cuda

@@ -1,5 +1,5 @@
-// gemm.cu — single-precision matrix multiply on the GPU: the twin of cpu::gemm
-// (src/ops/cpu/gemm.h), same arguments, every pointer device memory.
+// gemm.cu — matrix multiply on the GPU: the twin of cpu::gemm (src/ops/cpu/gemm.h), same
+// arguments, same element types, every pointer device memory.
 //
 //   C[M,N] = alpha · op(A)[M,K] · op(B)[K,N] + beta · C[M,N]          all row-major
 //   op(A) = A (M×K, row stride lda) or Aᵀ (A stored K×M);  op(B) = B (K×N) or Bᵀ (B stored N×K)
@@ -28,6 +28,10 @@
 //              (BK 32 and 128 threads also halve, twice, the barriers the emulator must run.)
 //              grid = (ceil(N/BN), min(ceil(M/BM), 65535)); blocks loop over row tiles beyond.
 //
+// Element types: A, B and C hold T = float, f16 or bf16 (a template parameter of every kernel).
+// The tiles are loaded converted to float (load_a, load_b), the products are summed in float
+// registers, and C is rounded to T once, on the store (store_c): f32 accumulation for every T.
+//
 // Every version handles any M, N, K (partial tiles are padded with zeros in shared memory and
 // masked on the store) and all four transpose combinations (a template parameter each, so
 // the inner loops carry no branches). Loads are arranged so that consecutive threads read
@@ -42,28 +46,29 @@
 
 namespace kiln::cuda {
 
-// op(A)[m,k] and op(B)[k,n], or 0 outside the matrix (the padding of partial tiles).
-template <bool TA>
-__device__ __forceinline__ float load_a(const float* A, int64_t lda, int64_t M, int64_t K, int64_t m, int64_t k) {
+// op(A)[m,k] and op(B)[k,n] as floats, or 0 outside the matrix (the padding of partial tiles).
+template <bool TA, typename T>
+__device__ __forceinline__ float load_a(const T* A, int64_t lda, int64_t M, int64_t K, int64_t m, int64_t k) {
     if (m >= M || k >= K) return 0.0f;
-    return TA ? A[k * lda + m] : A[m * lda + k];
+    return float(TA ? A[k * lda + m] : A[m * lda + k]);
 }
-template <bool TB>
-__device__ __forceinline__ float load_b(const float* B, int64_t ldb, int64_t K, int64_t N, int64_t k, int64_t n) {
+template <bool TB, typename T>
+__device__ __forceinline__ float load_b(const T* B, int64_t ldb, int64_t K, int64_t N, int64_t k, int64_t n) {
     if (k >= K || n >= N) return 0.0f;
-    return TB ? B[n * ldb + k] : B[k * ldb + n];
+    return float(TB ? B[n * ldb + k] : B[k * ldb + n]);
 }
 
-// c = alpha·acc + beta·c, reading c only when beta ≠ 0
-__device__ __forceinline__ void store_c(float* c, float alpha, float acc, float beta) {
-    *c = beta == 0.0f ? alpha * acc : alpha * acc + beta * *c;
+// c = alpha·acc + beta·c, reading c only when beta ≠ 0; rounded to T once
+template <typename T>
+__device__ __forceinline__ void store_c(T* c, float alpha, float acc, float beta) {
+    *c = T(beta == 0.0f ? alpha * acc : alpha * acc + beta * float(*c));
 }
 
 // ---- version 1: one thread per C element --------------------------------------------------------
 //   C[m,n] = alpha · Σ_k op(A)[m,k]·op(B)[k,n] + beta · C[m,n]      m = row, n = col of this thread
-template <bool TA, bool TB>
-__global__ void gemm_naive_kernel(int64_t M, int64_t N, int64_t K, float alpha, const float* A, int64_t lda,
-                                  const float* B, int64_t ldb, float beta, float* C, int64_t ldc) {
+template <bool TA, bool TB, typename T>
+__global__ void gemm_naive_kernel(int64_t M, int64_t N, int64_t K, float alpha, const T* A, int64_t lda,
+                                  const T* B, int64_t ldb, float beta, T* C, int64_t ldc) {
     const int64_t n = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
     for (int64_t m = int64_t(blockIdx.y) * blockDim.y + threadIdx.y; m < M; m += int64_t(gridDim.y) * blockDim.y) {
         if (n >= N) continue;
@@ -79,9 +84,9 @@ constexpr int kTile = 16;
 //   for each k0 = 0, 16, 32, ...:   As = op(A)[rows of the block, k0..k0+15]
 //                                   Bs = op(B)[k0..k0+15, cols of the block]      barrier
 //                                   acc += Σ_kk As[ty][kk]·Bs[kk][tx]              barrier
-template <bool TA, bool TB>
-__global__ void gemm_smem_kernel(int64_t M, int64_t N, int64_t K, float alpha, const float* A, int64_t lda,
-                                 const float* B, int64_t ldb, float beta, float* C, int64_t ldc) {
+template <bool TA, bool TB, typename T>
+__global__ void gemm_smem_kernel(int64_t M, int64_t N, int64_t K, float alpha, const T* A, int64_t lda,
+                                 const T* B, int64_t ldb, float beta, T* C, int64_t ldc) {
     __shared__ float As[kTile][kTile + 1];  // As[m][k]; +1 column: a column read hits 16 banks, not 1
     __shared__ float Bs[kTile][kTile + 1];  // Bs[k][n]
     const int tx = threadIdx.x, ty = threadIdx.y;
@@ -118,10 +123,10 @@ __global__ void gemm_smem_kernel(int64_t M, int64_t N, int64_t K, float alpha, c
 //       for k in 0..BK-1:   a[i] = As[k][ty + i·BM/TM],  b[j] = Bs[k][tx·TN + j]
 //                           acc[i][j] += a[i]·b[j]          (TM·TN FMAs from TM + TN loads)  barrier
 //   C[row0 + ty + i·BM/TM, col0 + tx·TN + j] = alpha·acc[i][j] + beta·C[...]
-template <int BM, int BN, int BK, int TM, int TN, bool TA, bool TB>
+template <int BM, int BN, int BK, int TM, int TN, bool TA, bool TB, typename T>
 __global__ void __launch_bounds__((BM / TM) * (BN / TN))
-    gemm_tiled(int64_t M, int64_t N, int64_t K, float alpha, const float* A, int64_t lda, const float* B,
-               int64_t ldb, float beta, float* C, int64_t ldc) {
+    gemm_tiled(int64_t M, int64_t N, int64_t K, float alpha, const T* A, int64_t lda, const T* B,
+               int64_t ldb, float beta, T* C, int64_t ldc) {
     constexpr int kThreadsX = BN / TN, kThreadsY = BM / TM, kThreads = kThreadsX * kThreadsY;
     static_assert((BM * BK) % kThreads == 0 && (BN * BK) % kThreads == 0, "tile loads must divide evenly");
     // Stored k-major, so a thread's TM (or TN) values for one k are in one row. The +4 padding
@@ -183,11 +188,12 @@ __global__ void __launch_bounds__((BM / TM) * (BN / TN))
 }
 
 // C = beta·C (0 when beta == 0, even where C held NaN): the alpha == 0 or K == 0 case.
-__global__ void gemm_scale_c_kernel(int64_t M, int64_t N, float beta, float* C, int64_t ldc) {
+template <typename T>
+__global__ void gemm_scale_c_kernel(int64_t M, int64_t N, float beta, T* C, int64_t ldc) {
     const int64_t total = M * N;
     for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < total; i += int64_t(gridDim.x) * blockDim.x) {
-        float* c = &C[(i / N) * ldc + i % N];
-        *c = beta == 0.0f ? 0.0f : beta * *c;
+        T* c = &C[(i / N) * ldc + i % N];
+        *c = T(beta == 0.0f ? 0.0f : beta * float(*c));
     }
 }
 
@@ -195,40 +201,42 @@ __global__ void gemm_scale_c_kernel(int64_t M, int64_t N, float beta, float* C, 
 namespace {
 
 // Handles the cases that launch no GEMM kernel; returns true when nothing is left to do.
-bool gemm_trivial(int64_t M, int64_t N, int64_t K, float alpha, float beta, float* C, int64_t ldc) {
+template <typename T>
+bool gemm_trivial(int64_t M, int64_t N, int64_t K, float alpha, float beta, T* C, int64_t ldc) {
     if (M == 0 || N == 0) return true;
     if (alpha != 0.0f && K != 0) return false;
+    constexpr auto gemm_scale_c = gemm_scale_c_kernel<T>;
     const dim3 grid(detail::blocks_for(M * N)), block(detail::kBlock);
-    KILN_LAUNCH(gemm_scale_c_kernel, grid, block, 0)(M, N, beta, C, ldc);
-    KILN_CHECK_LAUNCH(gemm_scale_c_kernel, grid, block);
+    KILN_LAUNCH(gemm_scale_c, grid, block, 0)(M, N, beta, C, ldc);
+    KILN_CHECK_LAUNCH(gemm_scale_c, grid, block);
     return true;
 }
 
 unsigned grid_rows(int64_t tiles) { return unsigned(std::min<int64_t>(tiles, 65535)); }
 
-template <bool TA, bool TB>
-void naive(int64_t M, int64_t N, int64_t K, float alpha, const float* A, int64_t lda, const float* B, int64_t ldb,
-           float beta, float* C, int64_t ldc) {
-    constexpr auto gemm_naive = gemm_naive_kernel<TA, TB>;
+template <bool TA, bool TB, typename T>
+void naive(int64_t M, int64_t N, int64_t K, float alpha, const T* A, int64_t lda, const T* B, int64_t ldb,
+           float beta, T* C, int64_t ldc) {
+    constexpr auto gemm_naive = gemm_naive_kernel<TA, TB, T>;
     const dim3 grid(unsigned((N + kTile - 1) / kTile), grid_rows((M + kTile - 1) / kTile)), block(kTile, kTile);
     KILN_LAUNCH(gemm_naive, grid, block, 0)(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
     KILN_CHECK_LAUNCH(gemm_naive, grid, block);
 }
 
-template <bool TA, bool TB>
-void smem(int64_t M, int64_t N, int64_t K, float alpha, const float* A, int64_t lda, const float* B, int64_t ldb,
-          float beta, float* C, int64_t ldc) {
-    constexpr auto gemm_smem = gemm_smem_kernel<TA, TB>;
+template <bool TA, bool TB, typename T>
+void smem(int64_t M, int64_t N, int64_t K, float alpha, const T* A, int64_t lda, const T* B, int64_t ldb,
+          float beta, T* C, int64_t ldc) {
+    constexpr auto gemm_smem = gemm_smem_kernel<TA, TB, T>;
     const dim3 grid(unsigned((N + kTile - 1) / kTile), grid_rows((M + kTile - 1) / kTile)), block(kTile, kTile);
     KILN_LAUNCH(gemm_smem, grid, block, 0)(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
     KILN_CHECK_LAUNCH(gemm_smem, grid, block);
 }
 
-template <bool TA, bool TB>
-void tiled(int64_t M, int64_t N, int64_t K, float alpha, const float* A, int64_t lda, const float* B, int64_t ldb,
-           float beta, float* C, int64_t ldc) {
-    constexpr auto gemm_128x128 = gemm_tiled<128, 128, 8, 8, 8, TA, TB>;
-    constexpr auto gemm_64x64 = gemm_tiled<64, 64, 32, 8, 4, TA, TB>;
+template <bool TA, bool TB, typename T>
+void tiled(int64_t M, int64_t N, int64_t K, float alpha, const T* A, int64_t lda, const T* B, int64_t ldb,
+           float beta, T* C, int64_t ldc) {
+    constexpr auto gemm_128x128 = gemm_tiled<128, 128, 8, 8, 8, TA, TB, T>;
+    constexpr auto gemm_64x64 = gemm_tiled<64, 64, 32, 8, 4, TA, TB, T>;
     const int64_t big_tiles = ((M + 127) / 128) * ((N + 127) / 128);
     if (big_tiles >= 256) {
         const dim3 grid(unsigned((N + 127) / 128), grid_rows((M + 127) / 128)), block(256);
@@ -241,39 +249,52 @@ void tiled(int64_t M, int64_t N, int64_t K, float alpha, const float* A, int64_t
     }
 }
 
-using GemmFn = void (*)(int64_t, int64_t, int64_t, float, const float*, int64_t, const float*, int64_t, float,
-                        float*, int64_t);
+template <typename T>
+using GemmFn = void (*)(int64_t, int64_t, int64_t, float, const T*, int64_t, const T*, int64_t, float, T*, int64_t);
 
 // One instantiation per (trans_a, trans_b), picked at run time.
-
-GemmFn pick(GemmFn nn, GemmFn nt, GemmFn tn, GemmFn tt, bool trans_a, bool trans_b) {
+template <typename T>
+GemmFn<T> pick(GemmFn<T> nn, GemmFn<T> nt, GemmFn<T> tn, GemmFn<T> tt, bool trans_a, bool trans_b) {
     return trans_a ? (trans_b ? tt : tn) : (trans_b ? nt : nn);
 }
 
 }  // namespace
 
-void gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const float* A, int64_t lda,
-          const float* B, int64_t ldb, float beta, float* C, int64_t ldc) {
+template <typename T>
+void gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const T* A, int64_t lda,
+          const T* B, int64_t ldb, float beta, T* C, int64_t ldc) {
     if (gemm_trivial(M, N, K, alpha, beta, C, ldc)) return;
-    pick(tiled<false, false>, tiled<false, true>, tiled<true, false>, tiled<true, true>, trans_a, trans_b)(
+    pick<T>(tiled<false, false>, tiled<false, true>, tiled<true, false>, tiled<true, true>, trans_a, trans_b)(
         M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
 }
 
 namespace lab {
 
-void gemm_naive(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const float* A,
-                int64_t lda, const float* B, int64_t ldb, float beta, float* C, int64_t ldc) {
+template <typename T>
+void gemm_naive(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const T* A,
+                int64_t lda, const T* B, int64_t ldb, float beta, T* C, int64_t ldc) {
     if (gemm_trivial(M, N, K, alpha, beta, C, ldc)) return;
-    pick(naive<false, false>, naive<false, true>, naive<true, false>, naive<true, true>, trans_a, trans_b)(
+    pick<T>(naive<false, false>, naive<false, true>, naive<true, false>, naive<true, true>, trans_a, trans_b)(
         M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
 }
 
-void gemm_smem(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const float* A,
-               int64_t lda, const float* B, int64_t ldb, float beta, float* C, int64_t ldc) {
+template <typename T>
+void gemm_smem(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const T* A,
+               int64_t lda, const T* B, int64_t ldb, float beta, T* C, int64_t ldc) {
     if (gemm_trivial(M, N, K, alpha, beta, C, ldc)) return;
-    pick(smem<false, false>, smem<false, true>, smem<true, false>, smem<true, true>, trans_a, trans_b)(
+    pick<T>(smem<false, false>, smem<false, true>, smem<true, false>, smem<true, true>, trans_a, trans_b)(
         M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
 }
 
 }  // namespace lab
+
+#define KILN_GEMM(T)                                                                                          \
+    template void gemm<T>(bool, bool, int64_t, int64_t, int64_t, float, const T*, int64_t, const T*, int64_t, \
+                          float, T*, int64_t);                                                                \
+    template void lab::gemm_naive<T>(bool, bool, int64_t, int64_t, int64_t, float, const T*, int64_t,          \
+                                     const T*, int64_t, float, T*, int64_t);                                  \
+    template void lab::gemm_smem<T>(bool, bool, int64_t, int64_t, int64_t, float, const T*, int64_t,           \
+                                    const T*, int64_t, float, T*, int64_t);
+KILN_FOR_EACH_FLOAT_TYPE(KILN_GEMM)
+
 }  // namespace kiln::cuda

@@ -11,14 +11,19 @@
 //
 // Tested against the CPU by `make test T='[cuda][gemm]'`; the kernel lab, cuda/lab/gemm.cu,
 // shows them as its versions 2 to 4 and times them against cuBLAS on a GPU (`make CUDA=1 lab`).
+// Like cuda::gemm, they take T = float, f16 or bf16 and sum in float.
 #pragma once
 #include <cstdint>
 
+#include "core/dtype.h"
+
 namespace kiln::cuda::lab {
 
-void gemm_naive(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const float* A,
-                int64_t lda, const float* B, int64_t ldb, float beta, float* C, int64_t ldc);
-void gemm_smem(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const float* A,
-               int64_t lda, const float* B, int64_t ldb, float beta, float* C, int64_t ldc);
+template <typename T>
+void gemm_naive(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const T* A,
+                int64_t lda, const T* B, int64_t ldb, float beta, T* C, int64_t ldc);
+template <typename T>
+void gemm_smem(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const T* A,
+               int64_t lda, const T* B, int64_t ldb, float beta, T* C, int64_t ldc);
 
 }  // namespace kiln::cuda::lab

@@ -1,10 +1,11 @@
-// loss.cu — the CUDA twin of cpu::softmax_cross_entropy (src/ops/cpu/reduce.cpp): the mean
-// softmax cross-entropy of N rows of C logits, and its gradient.
+// loss.cu — the CUDA twin of cpu::softmax_cross_entropy (src/ops/cpu/loss.cpp): the mean
+// softmax cross-entropy of N rows of C logits, and its gradient. The logits are T (float, f16
+// or bf16); everything below is computed in float, and dz is rounded once to T.
 //
-// Letters: N = rows (batch), C = classes, T = 128 threads per block.
+// Letters: N = rows (batch), C = classes, B = 128 threads per block, T = the logits' type.
 //
 // How it works: one block per row (grid-stride over rows when N > 65535 blocks). The row's
-// C logits are shared by T threads (thread t takes c = t, t + T, ...), and every quantity
+// C logits are shared by B threads (thread t takes c = t, t + B, ...), and every quantity
 // the formula needs from the whole row comes from a block reduction (common.cuh: a tree in
 // shared memory, then warp shuffles):
 //   1. m   = max_c z[n,c]                  block_reduce with max
@@ -30,39 +31,45 @@ constexpr int kLossBlock = 128;  // a power of two ≥ 64, as block_reduce needs
 
 // loss_n = log Σ_c exp(z_c) − z_y = (m + log Σ_c exp(z_c − m)) − z_y,   m = max_c z_c
 // dz_c   = (exp(z_c − m) / Σ exp(z − m) − [c = y]) / N
-__global__ void softmax_cross_entropy_kernel(const float* z, const int32_t* y, float* dz, float* row_loss,
-                                             int64_t N, int64_t C) {
+template <typename T>
+__global__ void softmax_cross_entropy_kernel(const T* z, const int32_t* y, T* dz, float* row_loss, int64_t N,
+                                             int64_t C) {
     __shared__ float sh[kLossBlock];
-    const int64_t t = threadIdx.x, T = blockDim.x;
+    const int64_t t = threadIdx.x, B = blockDim.x;
     for (int64_t n = blockIdx.x; n < N; n += gridDim.x) {
-        const float* zn = z + n * C;
+        const T* zn = z + n * C;
         float m = -INFINITY;
-        for (int64_t c = t; c < C; c += T) m = fmaxf(m, zn[c]);
+        for (int64_t c = t; c < C; c += B) m = fmaxf(m, float(zn[c]));
         m = detail::block_reduce(m, sh, detail::MaxOp{});
         float s = 0.0f;
-        for (int64_t c = t; c < C; c += T) s += expf(zn[c] - m);
+        for (int64_t c = t; c < C; c += B) s += expf(float(zn[c]) - m);
         s = detail::block_reduce(s, sh, detail::SumOp{});
         const int32_t label = y[n];
-        if (t == 0) row_loss[n] = (m - zn[label]) + logf(s);
+        if (t == 0) row_loss[n] = (m - float(zn[label])) + logf(s);
         if (dz) {
             const float inv_n = 1.0f / float(N), inv_sn = 1.0f / (s * float(N));
-            for (int64_t c = t; c < C; c += T) {
-                float g = expf(zn[c] - m) * inv_sn;
+            for (int64_t c = t; c < C; c += B) {
+                float g = expf(float(zn[c]) - m) * inv_sn;
                 if (c == label) g -= inv_n;
-                dz[n * C + c] = g;
+                dz[n * C + c] = T(g);
             }
         }
     }
 }
 
-float softmax_cross_entropy(const float* z, const int32_t* y, float* dz, int64_t N, int64_t C) {
+template <typename T>
+float softmax_cross_entropy(const T* z, const int32_t* y, T* dz, int64_t N, int64_t C) {
     if (N == 0) return 0.0f;
     detail::Workspace ws(size_t(N) * sizeof(float));
     float* row_loss = ws.as<float>();
+    constexpr auto softmax_cross_entropy_kernel_t = softmax_cross_entropy_kernel<T>;
     const dim3 grid(unsigned(std::min<int64_t>(N, 65535))), block(kLossBlock);
-    KILN_LAUNCH(softmax_cross_entropy_kernel, grid, block, 0)(z, y, dz, row_loss, N, C);
-    KILN_CHECK_LAUNCH(softmax_cross_entropy_kernel, grid, block);
+    KILN_LAUNCH(softmax_cross_entropy_kernel_t, grid, block, 0)(z, y, dz, row_loss, N, C);
+    KILN_CHECK_LAUNCH(softmax_cross_entropy_kernel_t, grid, block);
     return float(sum(row_loss, N) / double(N));
 }
+
+#define KILN_LOSS(T) template float softmax_cross_entropy<T>(const T*, const int32_t*, T*, int64_t, int64_t);
+KILN_FOR_EACH_FLOAT_TYPE(KILN_LOSS)
 
 }  // namespace kiln::cuda

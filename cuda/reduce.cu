@@ -1,6 +1,6 @@
-// reduce.cu — the CUDA twins of src/ops/cpu/reduce.cpp's sum, sum_squares and max, and of the row kernels
-// of src/ops/cpu/elementwise.cpp: add_bias, sum_rows (column sums of an N×C matrix),
-// argmax_rows.
+// reduce.cu — the CUDA twins of src/ops/cpu/reduce.cpp: sum, sum_squares and max, and the row
+// kernels add_bias, sum_rows (column sums of an N×C matrix) and argmax_rows. Each is a
+// template on the element type T (float, f16, bf16), reading elements as float.
 //
 // Letters: n = element count, N = rows, C = columns, T = threads per block, P = partials.
 //
@@ -43,9 +43,16 @@ struct Square {
     __device__ double operator()(double a) const { return a * a; }
 };
 
+// x as an Acc: f32, f16 and bf16 through their exact float value, Acc itself as it is.
+template <typename Acc, typename In>
+__device__ Acc as_acc(In x) {
+    if constexpr (is_float_type<In>) return Acc(float(x));
+    else return Acc(x);
+}
+
 // partial[b] = op over map(x[i]) for the elements block b owns (see above); with gridDim.x == 1
 // it is the total.
-//   In: the input type (float for pass 1, Acc for pass 2)   Acc: what the values are folded in.
+//   In: the input type (T for pass 1, Acc for pass 2)   Acc: what the values are folded in.
 template <typename In, typename Acc, typename Op, typename Map = Identity>
 __global__ void reduce_kernel(const In* x, int64_t n, Acc identity, Acc* partial) {
     __shared__ Acc sh[kBlock];
@@ -53,20 +60,18 @@ __global__ void reduce_kernel(const In* x, int64_t n, Acc identity, Acc* partial
     const Map map{};
     Acc v = identity;
     for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
-        v = op(v, map(Acc(x[i])));
+        v = op(v, map(as_acc<Acc>(x[i])));
     v = detail::block_reduce(v, sh, op);
     if (threadIdx.x == 0) partial[blockIdx.x] = v;
 }
 
-// Names without commas, for the launch macros.
-constexpr auto sum_pass1 = reduce_kernel<float, double, detail::SumOp>;
-constexpr auto sum_squares_pass1 = reduce_kernel<float, double, detail::SumOp, Square>;
+// Names without commas, for the launch macros (pass 1 is named in sum, sum_squares and max).
 constexpr auto sum_pass2 = reduce_kernel<double, double, detail::SumOp>;
-constexpr auto max_pass1 = reduce_kernel<float, float, detail::MaxOp>;
 constexpr auto max_pass2 = reduce_kernel<float, float, detail::MaxOp>;
 
-// Σ_i x[i] (pass1 = sum_pass1) or Σ_i x[i]² (sum_squares_pass1), accumulated in double.
-static double two_pass_sum(decltype(sum_pass1) pass1, const float* x, int64_t n) {
+// Σ_i x[i] (pass1 = reduce_kernel<T, double, SumOp>) or Σ_i x[i]² (with Square), in double.
+template <typename T>
+static double two_pass_sum(void (*pass1)(const T*, int64_t, double, double*), const T* x, int64_t n) {
     if (n == 0) return 0.0;
     const unsigned P = blocks_for(n, kBlock, 1024);
     detail::Workspace ws((P + 1) * sizeof(double));  // P partials, then the total
@@ -81,13 +86,22 @@ static double two_pass_sum(decltype(sum_pass1) pass1, const float* x, int64_t n)
     return total;
 }
 
-double sum(const float* x, int64_t n) { return two_pass_sum(sum_pass1, x, n); }
-double sum_squares(const float* x, int64_t n) { return two_pass_sum(sum_squares_pass1, x, n); }
+template <typename T>
+double sum(const T* x, int64_t n) {
+    return two_pass_sum(reduce_kernel<T, double, detail::SumOp>, x, n);
+}
+
+template <typename T>
+double sum_squares(const T* x, int64_t n) {
+    return two_pass_sum(reduce_kernel<T, double, detail::SumOp, Square>, x, n);
+}
 
 // max_i x[i] (−inf for n == 0; ops.cpp refuses empty tensors). fmaxf ignores NaN, as the
 // CPU's std::max(m, x) does when m is a number.
-float max(const float* x, int64_t n) {
+template <typename T>
+float max(const T* x, int64_t n) {
     if (n == 0) return -INFINITY;
+    constexpr auto max_pass1 = reduce_kernel<T, float, detail::MaxOp>;
     const unsigned P = blocks_for(n, kBlock, 1024);
     detail::Workspace ws((P + 1) * sizeof(float));
     float* partial = ws.as<float>();
@@ -103,17 +117,20 @@ float max(const float* x, int64_t n) {
 
 // ---- rows of an N×C matrix ---------------------------------------------------------------------
 // y[n,c] += b[c]
-__global__ void add_bias_kernel(float* y, const float* b, int64_t N, int64_t C) {
+template <typename T>
+__global__ void add_bias_kernel(T* y, const T* b, int64_t N, int64_t C) {
     const int64_t total = N * C;
     for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < total; i += int64_t(gridDim.x) * blockDim.x)
-        y[i] += b[i % C];
+        y[i] = T(float(y[i]) + float(b[i % C]));
 }
 
-void add_bias(float* y, const float* b, int64_t N, int64_t C) {
+template <typename T>
+void add_bias(T* y, const T* b, int64_t N, int64_t C) {
     if (N * C == 0) return;
+    constexpr auto add_bias_kernel_t = add_bias_kernel<T>;
     const dim3 grid(blocks_for(N * C)), block(kBlock);
-    KILN_LAUNCH(add_bias_kernel, grid, block, 0)(y, b, N, C);
-    KILN_CHECK_LAUNCH(add_bias_kernel, grid, block);
+    KILN_LAUNCH(add_bias_kernel_t, grid, block, 0)(y, b, N, C);
+    KILN_CHECK_LAUNCH(add_bias_kernel_t, grid, block);
 }
 
 constexpr int kStrip = 32;    // columns per block: one warp across a row
@@ -122,7 +139,8 @@ constexpr int kSlices = 8;    // row slices per block: blockDim.y
 // db[c] = Σ_n dy[n,c] + beta·db[c]   (beta == 0: db is overwritten, never read)
 //   thread (x, y):  s = dy[y, c] + dy[y + 8, c] + dy[y + 16, c] + ...     c = strip·32 + x
 //   then            db[c] = ((s_0 + s_1) + s_2) + ... + s_7  (+ beta·db[c])
-__global__ void sum_rows_kernel(const float* dy, float* db, int64_t N, int64_t C, float beta) {
+template <typename T>
+__global__ void sum_rows_kernel(const T* dy, T* db, int64_t N, int64_t C, float beta) {
     __shared__ float part[kSlices][kStrip];
     const int x = threadIdx.x, y = threadIdx.y;
     const int64_t strips = (C + kStrip - 1) / kStrip;
@@ -130,41 +148,49 @@ __global__ void sum_rows_kernel(const float* dy, float* db, int64_t N, int64_t C
         const int64_t c = strip * kStrip + x;
         float s = 0.0f;
         if (c < C)
-            for (int64_t n = y; n < N; n += kSlices) s += dy[n * C + c];
+            for (int64_t n = y; n < N; n += kSlices) s += float(dy[n * C + c]);
         part[y][x] = s;
         __syncthreads();
         if (y == 0 && c < C) {
             float total = part[0][x];
             for (int k = 1; k < kSlices; k++) total += part[k][x];
-            db[c] = total + (beta == 0.0f ? 0.0f : beta * db[c]);
+            db[c] = T(total + (beta == 0.0f ? 0.0f : beta * float(db[c])));
         }
         __syncthreads();  // part is reused by the next strip
     }
 }
 
-void sum_rows(const float* dy, float* db, int64_t N, int64_t C, float beta) {
+template <typename T>
+void sum_rows(const T* dy, T* db, int64_t N, int64_t C, float beta) {
     if (C == 0) return;
+    constexpr auto sum_rows_kernel_t = sum_rows_kernel<T>;
     const dim3 grid(unsigned(std::min<int64_t>((C + kStrip - 1) / kStrip, 65535))), block(kStrip, kSlices);
-    KILN_LAUNCH(sum_rows_kernel, grid, block, 0)(dy, db, N, C, beta);
-    KILN_CHECK_LAUNCH(sum_rows_kernel, grid, block);
+    KILN_LAUNCH(sum_rows_kernel_t, grid, block, 0)(dy, db, N, C, beta);
+    KILN_CHECK_LAUNCH(sum_rows_kernel_t, grid, block);
 }
 
+
 // out[n] = the first c with x[n,c] = max_c' x[n,c']
-__global__ void argmax_rows_kernel(const float* x, int32_t* out, int64_t N, int64_t C) {
+template <typename T>
+__global__ void argmax_rows_kernel(const T* x, int32_t* out, int64_t N, int64_t C) {
     for (int64_t n = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; n < N; n += int64_t(gridDim.x) * blockDim.x) {
-        const float* row = x + n * C;
+        const T* row = x + n * C;
         int64_t best = 0;
         for (int64_t c = 1; c < C; c++)
-            if (row[c] > row[best]) best = c;
+            if (float(row[c]) > float(row[best])) best = c;
         out[n] = int32_t(best);
     }
 }
 
-void argmax_rows(const float* x, int32_t* out, int64_t N, int64_t C) {
+template <typename T>
+void argmax_rows(const T* x, int32_t* out, int64_t N, int64_t C) {
     if (N == 0) return;
+    constexpr auto argmax_rows_kernel_t = argmax_rows_kernel<T>;
     const dim3 grid(blocks_for(N)), block(kBlock);
-    KILN_LAUNCH(argmax_rows_kernel, grid, block, 0)(x, out, N, C);
-    KILN_CHECK_LAUNCH(argmax_rows_kernel, grid, block);
+    KILN_LAUNCH(argmax_rows_kernel_t, grid, block, 0)(x, out, N, C);
+    KILN_CHECK_LAUNCH(argmax_rows_kernel_t, grid, block);
 }
+
+KILN_FOR_EACH_FLOAT_TYPE(KILN_REDUCE)  // the list is in ops/cpu/cpu_ops.h
 
 }  // namespace kiln::cuda

@@ -210,7 +210,7 @@ TEST_CASE("cuda gemm versions 1 and 2 (naive, shared-memory tiles) match the CPU
     Rng rng(23);
     const int64_t shapes[][3] = {{1, 1, 1}, {16, 16, 16}, {17, 33, 65}, {40, 7, 31}};
     under_schedules([&] {
-        for (GemmFn f : {cuda::lab::gemm_naive, cuda::lab::gemm_smem})
+        for (GemmFn f : {cuda::lab::gemm_naive<float>, cuda::lab::gemm_smem<float>})
             for (auto [M, N, K] : shapes)
                 for (bool ta : {false, true})
                     for (bool tb : {false, true})
@@ -233,7 +233,7 @@ TEST_CASE("cuda gemm: alpha = 0 or K = 0 gives beta·C and reads neither A nor B
         cuda::gemm(false, false, 1, 3, K, alpha, nan.data<float>(), 1, nan.data<float>(), 3, 0.0f, dn.data<float>(), 3);
         for (int i = 0; i < 3; i++) REQUIRE(host(dn).get({0, i}) == 0.0);
     }
-    cuda::gemm(false, false, 0, 5, 5, 1.0f, nullptr, 5, nullptr, 5, 0.0f, nullptr, 5);  // M = 0: no launch
+    cuda::gemm<float>(false, false, 0, 5, 5, 1.0f, nullptr, 5, nullptr, 5, 0.0f, nullptr, 5);  // M = 0: no launch
 }
 
 TEST_CASE("cuda matmul through the ops layer, as Linear uses it", "[cuda][lesson04][gemm]") {

@@ -135,11 +135,11 @@ TEST_CASE("gemm with alpha == 0 or K == 0 only scales C", "[gemm][cpu][lesson03]
     std::vector<float> A(6, nan), B(6, nan);  // never read
     gemm(false, false, 2, 3, 2, 0.0f, A.data(), 2, B.data(), 3, 2.0f, C.data(), 3);
     CHECK(C == std::vector<float>{2, 4, 6, 8, 10, 12});
-    gemm(false, false, 2, 3, 0, 1.0f, nullptr, 0, nullptr, 3, 0.5f, C.data(), 3);
+    gemm<float>(false, false, 2, 3, 0, 1.0f, nullptr, 0, nullptr, 3, 0.5f, C.data(), 3);
     CHECK(C == std::vector<float>{1, 2, 3, 4, 5, 6});
-    gemm(false, false, 2, 3, 0, 1.0f, nullptr, 0, nullptr, 3, 0.0f, C.data(), 3);
+    gemm<float>(false, false, 2, 3, 0, 1.0f, nullptr, 0, nullptr, 3, 0.0f, C.data(), 3);
     CHECK(C == std::vector<float>(6, 0.0f));
-    gemm(false, false, 0, 0, 5, 1.0f, nullptr, 5, nullptr, 0, 0.0f, nullptr, 0);  // nothing
+    gemm<float>(false, false, 0, 0, 5, 1.0f, nullptr, 5, nullptr, 0, 0.0f, nullptr, 0);  // nothing
 }
 
 TEST_CASE("gemm with beta == 0 ignores NaN in C", "[gemm][cpu][lesson03]") {

@@ -33,7 +33,8 @@ TEST_CASE("elementwise ops", "[ops][cpu][lesson02]") {
     fill_(s, 7);
     REQUIRE(s.get({2}) == 7);
     REQUIRE_THROWS_WITH(add(a, Tensor::zeros({5})), Catch::Contains("f32[4]") && Catch::Contains("f32[5]"));
-    REQUIRE_THROWS_WITH(relu(Tensor::zeros({2}, DType::I32)), Catch::Contains("should be f32"));
+    REQUIRE_THROWS_WITH(relu(Tensor::zeros({2}, DType::I32)), Catch::Contains("relu: 'x' is i32[2] on cpu"));
+    REQUIRE_THROWS_WITH(add(a, a.to(DType::F16)), Catch::Contains("add: 'b' is f16[4] on cpu but 'a' is f32[4]"));
 }
 
 TEST_CASE("bias rows and column sums", "[ops][cpu][lesson02]") {

@@ -93,7 +93,8 @@ TEST_CASE("typed access checks dtype and bounds", "[tensor][cpu][lesson01]") {
     REQUIRE_THROWS_WITH(x.get({2, 0}), Catch::Contains("out of range"));
     REQUIRE_THROWS_WITH(x.get({0}), Catch::Contains("1 indices"));
     Tensor h = Tensor::zeros({3}, DType::F16);
-    REQUIRE_NOTHROW(h.data<uint16_t>());
+    REQUIRE_NOTHROW(h.data<f16>());
+    REQUIRE_THROWS_WITH(h.data<bf16>(), Catch::Contains("data<bf16>() on a f16[3] on cpu"));
     REQUIRE_THROWS(Tensor().item());
 }
 
@@ -152,9 +153,31 @@ TEST_CASE("to(dtype) converts every element", "[dtype][cpu][lesson01]") {
     REQUIRE(h.dtype() == DType::F16);
     REQUIRE(h.get({3}) == 3.0);
     REQUIRE(std::isinf(h.get({4})));
-    Tensor i = Tensor::full({2}, 3.7).to(DType::I32);
-    REQUIRE(i.get({0}) == 3);  // truncation, like a C cast
     REQUIRE(x.to(DType::F32).raw() == x.raw());
+}
+
+TEST_CASE("to(integer dtype) rounds to nearest even and saturates; NaN becomes 0", "[dtype][cpu][lesson01]") {
+    const float nan = std::numeric_limits<float>::quiet_NaN(), inf = std::numeric_limits<float>::infinity();
+    //                       x:  3.7  2.5  3.5  -2.5  -0.4  127.4  127.5  300  -1e9  -128.5  NaN  inf  -inf
+    const float x[] = {3.7f, 2.5f, 3.5f, -2.5f, -0.4f, 127.4f, 127.5f, 300.0f, -1e9f, -128.5f, nan, inf, -inf};
+    const double i8[] = {4, 2, 4, -2, 0, 127, 127, 127, -128, -128, 0, 127, -128};
+    const double u8[] = {4, 2, 4, 0, 0, 127, 128, 255, 0, 0, 0, 255, 0};
+    const double i32[] = {4, 2, 4, -2, 0, 127, 128, 300, -1e9, -128, 0, 2147483647.0, -2147483648.0};
+    Tensor t = Tensor::empty({13});
+    for (int64_t i = 0; i < 13; i++) t.data<float>()[i] = x[i];
+    Tensor a = t.to(DType::I8), b = t.to(DType::U8), c = t.to(DType::I32);
+    for (int64_t i = 0; i < 13; i++) {
+        INFO("x = " << x[i]);
+        REQUIRE(a.get({i}) == i8[i]);
+        REQUIRE(b.get({i}) == u8[i]);
+        REQUIRE(c.get({i}) == i32[i]);
+    }
+    // Between integer types the same rule saturates: i32 300 -> i8 127, i8 -5 -> u8 0.
+    REQUIRE(Tensor::full({1}, 300, DType::I32).to(DType::I8).get({0}) == 127);
+    REQUIRE(Tensor::full({1}, -5, DType::I8).to(DType::U8).get({0}) == 0);
+    // 2^31 - 64 is a float; it converts exactly, and the next float up saturates.
+    REQUIRE(Tensor::full({1}, 2147483520.0).to(DType::I32).get({0}) == 2147483520.0);
+    REQUIRE(Tensor::full({1}, 2147483648.0).to(DType::I32).get({0}) == 2147483647.0);
 }
 
 TEST_CASE("random tensors depend on the seed, not on the thread count", "[rng][cpu][lesson01]") {

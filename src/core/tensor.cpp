@@ -6,6 +6,8 @@
 
 #include "core/cuda_memory.h"
 #include "core/rng.h"
+#include "ops/cpu/cpu_ops.h"
+#include "ops/cuda_ops.h"
 
 namespace kiln {
 
@@ -68,28 +70,22 @@ Tensor Tensor::ones(const Shape& shape, DType dtype, Device device, Category cat
     return full(shape, 1.0, dtype, device, category);
 }
 
-// Writes `value` converted to dtype into element i of a CPU buffer.
+// Writes `value` converted to dtype (dtype.h's cast) into element i of a CPU buffer.
 static void store(void* base, DType dtype, int64_t i, double value) {
-    switch (dtype) {
-        case DType::F32: static_cast<float*>(base)[i] = float(value); break;
-        case DType::F16: static_cast<uint16_t*>(base)[i] = f32_to_f16(float(value)); break;
-        case DType::BF16: static_cast<uint16_t*>(base)[i] = f32_to_bf16(float(value)); break;
-        case DType::I8: static_cast<int8_t*>(base)[i] = int8_t(value); break;
-        case DType::I32: static_cast<int32_t*>(base)[i] = int32_t(value); break;
-        case DType::U8: static_cast<uint8_t*>(base)[i] = uint8_t(value); break;
-    }
+    visit_dtype(dtype, [&](auto tag) {
+        using T = decltype(tag);
+        static_cast<T*>(base)[i] = cast<T>(value);
+    });
 }
 
+// Element i of a CPU buffer, exactly, as a double.
 static double load(const void* base, DType dtype, int64_t i) {
-    switch (dtype) {
-        case DType::F32: return static_cast<const float*>(base)[i];
-        case DType::F16: return f16_to_f32(static_cast<const uint16_t*>(base)[i]);
-        case DType::BF16: return bf16_to_f32(static_cast<const uint16_t*>(base)[i]);
-        case DType::I8: return static_cast<const int8_t*>(base)[i];
-        case DType::I32: return static_cast<const int32_t*>(base)[i];
-        case DType::U8: return static_cast<const uint8_t*>(base)[i];
-    }
-    return 0;
+    return visit_dtype(dtype, [&](auto tag) {
+        using T = decltype(tag);
+        const T x = static_cast<const T*>(base)[i];
+        if constexpr (is_float_type<T>) return double(float(x));
+        else return double(x);
+    });
 }
 
 Tensor Tensor::full(const Shape& shape, double value, DType dtype, Device device, Category category) {
@@ -235,16 +231,19 @@ Tensor Tensor::to(Device d) const {
     return t;
 }
 
+// One kernel per (from, to) pair of C++ types, on the tensor's device: a CUDA tensor is
+// converted on the GPU, never through the host.
 Tensor Tensor::to(DType dt) const {
     if (!defined() || dt == dtype_) return *this;
-    KILN_CHECK(device() == Device::CPU, "to(", dtype_name(dt), ") of a ", desc(),
-               " tensor: dtype conversion runs on the CPU; call .to(Device::CPU) first");
-    Tensor t = empty(shape_, dt, Device::CPU, category());
-    int64_t n = numel();
-    const void* src = raw();
-    void* dst = t.raw();
-#pragma omp parallel for schedule(static) if (n > 65536)
-    for (int64_t i = 0; i < n; i++) store(dst, dt, i, load(src, dtype_, i));
+    Tensor t = empty(shape_, dt, device(), category());
+    visit_dtype(dtype_, [&](auto from_tag) {
+        visit_dtype(dt, [&](auto to_tag) {
+            const auto* src = data<decltype(from_tag)>();
+            auto* dst = t.data<decltype(to_tag)>();
+            if (device() == Device::CUDA) cuda::convert(src, dst, numel());
+            else cpu::convert(src, dst, numel());
+        });
+    });
     return t;
 }
 

@@ -90,7 +90,7 @@ public:
 
     // ---- the bytes --------------------------------------------------------------------
     // Typed pointer to the first element (a device pointer for CUDA tensors). Checks that T
-    // matches the dtype; f16 and bf16 are read as uint16_t bit patterns.
+    // is the dtype's C++ type: float, f16, bf16, int8_t, int32_t or uint8_t (dtype.h).
     template <typename T> T* data();
     template <typename T> const T* data() const;
     void* raw() { return storage_ ? static_cast<char*>(storage_->ptr) + offset_ : nullptr; }
@@ -110,8 +110,10 @@ public:
     // A tensor of `shape` (this dtype) over this tensor's bytes from `byte_offset` on: shares
     // the storage, like reshape. It must fit inside this tensor's bytes.
     Tensor view(size_t byte_offset, const Shape& shape) const;
-    Tensor clone() const;                      // a copy of this tensor's bytes only
-    Tensor to(DType dtype) const;              // converts; returns *this if already that dtype
+    Tensor clone() const;  // a copy of this tensor's bytes only
+    // Converts on the tensor's device (dtype.h's cast: floats round to nearest even; integers
+    // round to nearest even and saturate, NaN -> 0); returns *this if already that dtype.
+    Tensor to(DType dtype) const;
     Tensor to(Device device) const;            // copies between devices; *this if already there
     void copy_from(const Tensor& src);         // same shape and dtype, any devices
 
@@ -151,12 +153,7 @@ void check_dtype(const Tensor& t, DType want, const char* op, const char* arg);
 void check_same_device(const Tensor& a, const Tensor& b, const char* op);
 
 template <typename T> T* Tensor::data() {
-    if constexpr (std::is_same_v<T, uint16_t>) {
-        KILN_CHECK(dtype_ == DType::F16 || dtype_ == DType::BF16, "data<uint16_t>() on a ", desc(),
-                   " tensor; f16/bf16 are read as uint16_t");
-    } else {
-        check_typed(dtype_of<T>::value, dtype_name(dtype_of<T>::value));
-    }
+    check_typed(dtype_of<T>::value, dtype_name(dtype_of<T>::value));
     return static_cast<T*>(raw());
 }
 

@@ -1,38 +1,43 @@
 // cuda_ops.h — the CUDA kernels' launchers, the twins of ops/cpu/cpu_ops.h and gemm.h: same
-// names, same arguments, but every pointer is device memory. Implemented in cuda/*.cu, which
-// nvcc compiles for a GPU (make CUDA=1) or g++ runs on the kernel emulator (the default).
+// names, same arguments, same element types (T = float, f16 or bf16, computed in float), and
+// the same file names (cuda/elementwise.cu ↔ cpu/elementwise.cpp, ...), but every pointer is
+// device memory. Implemented in cuda/*.cu, which nvcc compiles for a GPU (make CUDA=1) or g++
+// runs on the kernel emulator (the default).
 #pragma once
 #include <cstdint>
 
-#include "ops/optim.h"        // AdamParams: shared with the CPU
-#include "ops/params.h"       // Conv2dParams, Pool2dParams, BatchNormParams, ConvAlgo
+#include "core/dtype.h"
+#include "ops/optim.h"   // AdamParams: shared with the CPU
+#include "ops/params.h"  // Conv2dParams, Pool2dParams, BatchNormParams, ConvAlgo
 
 namespace kiln::cuda {
 
-// ---- elementwise -------------------------------------------------------------------------
-void fill(float* x, int64_t n, float value);
-void add(const float* a, const float* b, float* y, int64_t n);
-void axpy(float alpha, const float* x, float* y, int64_t n);
-void scale(float* x, int64_t n, float s);
-void relu_forward(const float* x, float* y, int64_t n);
-void relu_backward(const float* y, const float* dy, float* dx, int64_t n);
+// ---- elementwise (elementwise.cu) ----------------------------------------------------------
+template <typename T> void fill(T* x, int64_t n, float value);
+template <typename T> void add(const T* a, const T* b, T* y, int64_t n);
+template <typename T> void axpy(float alpha, const T* x, T* y, int64_t n);
+template <typename T> void scale(T* x, int64_t n, float s);
+template <typename T> void relu_forward(const T* x, T* y, int64_t n);
+template <typename T> void relu_backward(const T* y, const T* dy, T* dx, int64_t n);
+template <typename From, typename To> void convert(const From* x, To* y, int64_t n);
 
-// ---- rows of an N×C matrix ---------------------------------------------------------------
-void add_bias(float* y, const float* b, int64_t N, int64_t C);
-void sum_rows(const float* dy, float* db, int64_t N, int64_t C, float beta);
-void argmax_rows(const float* x, int32_t* out, int64_t N, int64_t C);
+// ---- rows of an N×C matrix (reduce.cu) -------------------------------------------------------
+template <typename T> void add_bias(T* y, const T* b, int64_t N, int64_t C);
+template <typename T> void sum_rows(const T* dy, T* db, int64_t N, int64_t C, float beta);
+template <typename T> void argmax_rows(const T* x, int32_t* out, int64_t N, int64_t C);
 
-// ---- reductions --------------------------------------------------------------------------
-double sum(const float* x, int64_t n);
-double sum_squares(const float* x, int64_t n);
-float max(const float* x, int64_t n);
+// ---- reductions (reduce.cu) ------------------------------------------------------------------
+template <typename T> double sum(const T* x, int64_t n);
+template <typename T> double sum_squares(const T* x, int64_t n);
+template <typename T> float max(const T* x, int64_t n);
 
-// ---- GEMM (row-major, like cpu::gemm) ----------------------------------------------------
-void gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const float* A, int64_t lda,
-          const float* B, int64_t ldb, float beta, float* C, int64_t ldc);
+// ---- GEMM (gemm.cu; row-major, like cpu::gemm) -------------------------------------------------
+template <typename T>
+void gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const T* A, int64_t lda,
+          const T* B, int64_t ldb, float beta, T* C, int64_t ldc);
 
-// ---- loss --------------------------------------------------------------------------------
-float softmax_cross_entropy(const float* z, const int32_t* y, float* dz, int64_t N, int64_t C);
+// ---- loss (loss.cu) ------------------------------------------------------------------------------
+template <typename T> float softmax_cross_entropy(const T* z, const int32_t* y, T* dz, int64_t N, int64_t C);
 
 // ---- optimizer update (one fused pass over n parameters) -----------------------------------
 // PyTorch's SGD:  g = grad + wd·p;  buf = first ? g : momentum·buf + (1 − dampening)·g;

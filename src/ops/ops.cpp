@@ -1,8 +1,10 @@
-// ops.cpp — argument checks and the CPU/CUDA dispatch for every operation in ops.h.
+// ops.cpp — argument checks and the CPU/CUDA dispatch for every operation in ops.h: each op
+// checks its tensors once (check_args), then picks the kernel by dtype (for_dtype: float, f16
+// or bf16) and by device (cpu:: or cuda::).
 #include "ops/ops.h"
 
-#include <algorithm>
-#include <cmath>
+#include <initializer_list>
+#include <utility>
 
 #include "ops/cpu/cpu_ops.h"
 #include "ops/cpu/gemm.h"
@@ -10,71 +12,105 @@
 
 namespace kiln {
 
-// Every op reads f32 tensors on one device; this checks both and returns the device.
-static Device f32_on_one_device(const char* op, std::initializer_list<const Tensor*> ts) {
-    const Tensor* first = *ts.begin();
-    for (const Tensor* t : ts) {
-        check_dtype(*t, DType::F32, op, "input");
-        check_same_device(*first, *t, op);
+// A tensor an op takes, with the name its error messages use.
+struct Arg {
+    const Tensor& t;
+    const char* name;
+};
+
+// Checks an op's tensors once: each defined, of one dtype that the kernels are instantiated
+// for (f32, f16 or bf16), all on one device. Messages name the op and the tensor.
+static void check_args(const char* op, std::initializer_list<Arg> args) {
+    const Arg& first = *args.begin();
+    for (const Arg& a : args) {
+        check_defined(a.t, op, a.name);
+        const DType dt = a.t.dtype();
+        KILN_CHECK(dt == DType::F32 || dt == DType::F16 || dt == DType::BF16, op, ": '", a.name, "' is ",
+                   a.t.desc(), "; f32, f16 and bf16 are supported");
+        KILN_CHECK(dt == first.t.dtype(), op, ": '", a.name, "' is ", a.t.desc(), " but '", first.name, "' is ",
+                   first.t.desc(), "; convert one with .to(DType::...)");
+        check_same_device(first.t, a.t, op);
     }
-    return first->device();
+}
+
+// Runs f(T{}) for the dtype of t: T = float, f16 or bf16 (check_args has refused the others).
+template <typename F> static decltype(auto) for_dtype(const Tensor& t, F&& f) {
+    return visit_dtype</*FloatsOnly=*/true>(t.dtype(), std::forward<F>(f));
 }
 
 static void check_same_shape(const Tensor& a, const Tensor& b, const char* op) {
     KILN_CHECK(a.shape() == b.shape(), op, ": shapes differ: ", a.desc(), " and ", b.desc());
 }
 
-static bool on_cuda(Device d) { return d == Device::CUDA; }
+static bool on_cuda(const Tensor& t) { return t.device() == Device::CUDA; }
 
 // ---- elementwise -------------------------------------------------------------------------
 void fill_(Tensor& x, float value) {
-    Device d = f32_on_one_device("fill_", {&x});
-    if (on_cuda(d)) cuda::fill(x.data<float>(), x.numel(), value);
-    else cpu::fill(x.data<float>(), x.numel(), value);
+    check_args("fill_", {{x, "x"}});
+    for_dtype(x, [&](auto tag) {
+        using T = decltype(tag);
+        if (on_cuda(x)) cuda::fill(x.data<T>(), x.numel(), value);
+        else cpu::fill(x.data<T>(), x.numel(), value);
+    });
 }
 
 Tensor add(const Tensor& a, const Tensor& b) {
-    Device d = f32_on_one_device("add", {&a, &b});
+    check_args("add", {{a, "a"}, {b, "b"}});
     check_same_shape(a, b, "add");
-    Tensor y = Tensor::empty(a.shape(), DType::F32, d, Category::Activation);
-    if (on_cuda(d)) cuda::add(a.data<float>(), b.data<float>(), y.data<float>(), a.numel());
-    else cpu::add(a.data<float>(), b.data<float>(), y.data<float>(), a.numel());
+    Tensor y = Tensor::empty(a.shape(), a.dtype(), a.device(), Category::Activation);
+    for_dtype(a, [&](auto tag) {
+        using T = decltype(tag);
+        if (on_cuda(a)) cuda::add(a.data<T>(), b.data<T>(), y.data<T>(), a.numel());
+        else cpu::add(a.data<T>(), b.data<T>(), y.data<T>(), a.numel());
+    });
     return y;
 }
 
 void axpy_(Tensor& y, float alpha, const Tensor& x) {
-    Device d = f32_on_one_device("axpy_", {&y, &x});
+    check_args("axpy_", {{y, "y"}, {x, "x"}});
     check_same_shape(y, x, "axpy_");
-    if (on_cuda(d)) cuda::axpy(alpha, x.data<float>(), y.data<float>(), x.numel());
-    else cpu::axpy(alpha, x.data<float>(), y.data<float>(), x.numel());
+    for_dtype(y, [&](auto tag) {
+        using T = decltype(tag);
+        if (on_cuda(y)) cuda::axpy(alpha, x.data<T>(), y.data<T>(), x.numel());
+        else cpu::axpy(alpha, x.data<T>(), y.data<T>(), x.numel());
+    });
 }
 
 void scale_(Tensor& x, float s) {
-    Device d = f32_on_one_device("scale_", {&x});
-    if (on_cuda(d)) cuda::scale(x.data<float>(), x.numel(), s);
-    else cpu::scale(x.data<float>(), x.numel(), s);
+    check_args("scale_", {{x, "x"}});
+    for_dtype(x, [&](auto tag) {
+        using T = decltype(tag);
+        if (on_cuda(x)) cuda::scale(x.data<T>(), x.numel(), s);
+        else cpu::scale(x.data<T>(), x.numel(), s);
+    });
 }
 
 Tensor relu(const Tensor& x) {
-    Device d = f32_on_one_device("relu", {&x});
-    Tensor y = Tensor::empty(x.shape(), DType::F32, d, Category::Activation);
-    if (on_cuda(d)) cuda::relu_forward(x.data<float>(), y.data<float>(), x.numel());
-    else cpu::relu_forward(x.data<float>(), y.data<float>(), x.numel());
+    check_args("relu", {{x, "x"}});
+    Tensor y = Tensor::empty(x.shape(), x.dtype(), x.device(), Category::Activation);
+    for_dtype(x, [&](auto tag) {
+        using T = decltype(tag);
+        if (on_cuda(x)) cuda::relu_forward(x.data<T>(), y.data<T>(), x.numel());
+        else cpu::relu_forward(x.data<T>(), y.data<T>(), x.numel());
+    });
     return y;
 }
 
 Tensor relu_backward(const Tensor& y, const Tensor& dy) {
-    Device d = f32_on_one_device("relu_backward", {&y, &dy});
+    check_args("relu_backward", {{y, "y"}, {dy, "dy"}});
     check_same_shape(y, dy, "relu_backward");
-    Tensor dx = Tensor::empty(y.shape(), DType::F32, d, Category::Activation);
-    if (on_cuda(d)) cuda::relu_backward(y.data<float>(), dy.data<float>(), dx.data<float>(), y.numel());
-    else cpu::relu_backward(y.data<float>(), dy.data<float>(), dx.data<float>(), y.numel());
+    Tensor dx = Tensor::empty(y.shape(), y.dtype(), y.device(), Category::Activation);
+    for_dtype(y, [&](auto tag) {
+        using T = decltype(tag);
+        if (on_cuda(y)) cuda::relu_backward(y.data<T>(), dy.data<T>(), dx.data<T>(), y.numel());
+        else cpu::relu_backward(y.data<T>(), dy.data<T>(), dx.data<T>(), y.numel());
+    });
     return dx;
 }
 
 // ---- matrices ------------------------------------------------------------------------------
 void matmul_into(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, Tensor& c, float alpha, float beta) {
-    Device d = f32_on_one_device("matmul", {&a, &b, &c});
+    check_args("matmul", {{a, "a"}, {b, "b"}, {c, "c"}});
     KILN_CHECK(a.ndim() == 2 && b.ndim() == 2 && c.ndim() == 2, "matmul: needs 2-D tensors, got ", a.desc(), ", ",
                b.desc(), ", ", c.desc());
     // op(a) is M×K, op(b) is K×N, c is M×N
@@ -83,12 +119,15 @@ void matmul_into(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, T
     KILN_CHECK(K == Kb, "matmul: inner sizes differ: op(a) is ", M, "×", K, " (", a.desc(), trans_a ? ", transposed" : "",
                ") and op(b) is ", Kb, "×", N, " (", b.desc(), trans_b ? ", transposed" : "", ")");
     KILN_CHECK(c.size(0) == M && c.size(1) == N, "matmul: output should be [", M, ", ", N, "] but is ", c.desc());
-    if (on_cuda(d))
-        cuda::gemm(trans_a, trans_b, M, N, K, alpha, a.data<float>(), a.size(1), b.data<float>(), b.size(1), beta,
-                   c.data<float>(), N);
-    else
-        cpu::gemm(trans_a, trans_b, M, N, K, alpha, a.data<float>(), a.size(1), b.data<float>(), b.size(1), beta,
-                  c.data<float>(), N);
+    for_dtype(a, [&](auto tag) {
+        using T = decltype(tag);
+        if (on_cuda(a))
+            cuda::gemm(trans_a, trans_b, M, N, K, alpha, a.data<T>(), a.size(1), b.data<T>(), b.size(1), beta,
+                       c.data<T>(), N);
+        else
+            cpu::gemm(trans_a, trans_b, M, N, K, alpha, a.data<T>(), a.size(1), b.data<T>(), b.size(1), beta,
+                      c.data<T>(), N);
+    });
 }
 
 Tensor matmul(const Tensor& a, const Tensor& b, bool trans_a, bool trans_b) {
@@ -96,45 +135,60 @@ Tensor matmul(const Tensor& a, const Tensor& b, bool trans_a, bool trans_b) {
     check_defined(b, "matmul", "b");
     KILN_CHECK(a.ndim() == 2 && b.ndim() == 2, "matmul: needs 2-D tensors, got ", a.desc(), " and ", b.desc());
     int64_t M = trans_a ? a.size(1) : a.size(0), N = trans_b ? b.size(0) : b.size(1);
-    Tensor c = Tensor::empty({M, N}, DType::F32, a.device(), Category::Activation);
+    Tensor c = Tensor::empty({M, N}, a.dtype(), a.device(), Category::Activation);
     matmul_into(a, trans_a, b, trans_b, c);
     return c;
 }
 
 void add_bias_(Tensor& y, const Tensor& bias) {
-    Device d = f32_on_one_device("add_bias_", {&y, &bias});
+    check_args("add_bias_", {{y, "y"}, {bias, "bias"}});
     KILN_CHECK(y.ndim() == 2 && bias.ndim() == 1 && bias.size(0) == y.size(1), "add_bias_: y should be [N, C] and bias [C], got ",
                y.desc(), " and ", bias.desc());
-    if (on_cuda(d)) cuda::add_bias(y.data<float>(), bias.data<float>(), y.size(0), y.size(1));
-    else cpu::add_bias(y.data<float>(), bias.data<float>(), y.size(0), y.size(1));
+    for_dtype(y, [&](auto tag) {
+        using T = decltype(tag);
+        if (on_cuda(y)) cuda::add_bias(y.data<T>(), bias.data<T>(), y.size(0), y.size(1));
+        else cpu::add_bias(y.data<T>(), bias.data<T>(), y.size(0), y.size(1));
+    });
 }
 
 void sum_rows_into(const Tensor& dy, Tensor& db, float beta) {
-    Device d = f32_on_one_device("sum_rows_into", {&dy, &db});
+    check_args("sum_rows_into", {{dy, "dy"}, {db, "db"}});
     KILN_CHECK(dy.ndim() == 2 && db.ndim() == 1 && db.size(0) == dy.size(1),
                "sum_rows_into: dy should be [N, C] and db [C], got ", dy.desc(), " and ", db.desc());
-    if (on_cuda(d)) cuda::sum_rows(dy.data<float>(), db.data<float>(), dy.size(0), dy.size(1), beta);
-    else cpu::sum_rows(dy.data<float>(), db.data<float>(), dy.size(0), dy.size(1), beta);
+    for_dtype(dy, [&](auto tag) {
+        using T = decltype(tag);
+        if (on_cuda(dy)) cuda::sum_rows(dy.data<T>(), db.data<T>(), dy.size(0), dy.size(1), beta);
+        else cpu::sum_rows(dy.data<T>(), db.data<T>(), dy.size(0), dy.size(1), beta);
+    });
 }
 
 Tensor argmax_rows(const Tensor& x) {
-    Device d = f32_on_one_device("argmax_rows", {&x});
+    check_args("argmax_rows", {{x, "x"}});
     KILN_CHECK(x.ndim() == 2 && x.size(1) > 0, "argmax_rows: needs [N, C] with C > 0, got ", x.desc());
-    Tensor out = Tensor::empty({x.size(0)}, DType::I32, d, Category::Activation);
-    if (on_cuda(d)) cuda::argmax_rows(x.data<float>(), out.data<int32_t>(), x.size(0), x.size(1));
-    else cpu::argmax_rows(x.data<float>(), out.data<int32_t>(), x.size(0), x.size(1));
+    Tensor out = Tensor::empty({x.size(0)}, DType::I32, x.device(), Category::Activation);
+    for_dtype(x, [&](auto tag) {
+        using T = decltype(tag);
+        if (on_cuda(x)) cuda::argmax_rows(x.data<T>(), out.data<int32_t>(), x.size(0), x.size(1));
+        else cpu::argmax_rows(x.data<T>(), out.data<int32_t>(), x.size(0), x.size(1));
+    });
     return out;
 }
 
 // ---- reductions ------------------------------------------------------------------------------
 double sum(const Tensor& x) {
-    Device d = f32_on_one_device("sum", {&x});
-    return on_cuda(d) ? cuda::sum(x.data<float>(), x.numel()) : cpu::sum(x.data<float>(), x.numel());
+    check_args("sum", {{x, "x"}});
+    return for_dtype(x, [&](auto tag) {
+        using T = decltype(tag);
+        return on_cuda(x) ? cuda::sum(x.data<T>(), x.numel()) : cpu::sum(x.data<T>(), x.numel());
+    });
 }
 
 double sum_squares(const Tensor& x) {
-    Device d = f32_on_one_device("sum_squares", {&x});
-    return on_cuda(d) ? cuda::sum_squares(x.data<float>(), x.numel()) : cpu::sum_squares(x.data<float>(), x.numel());
+    check_args("sum_squares", {{x, "x"}});
+    return for_dtype(x, [&](auto tag) {
+        using T = decltype(tag);
+        return on_cuda(x) ? cuda::sum_squares(x.data<T>(), x.numel()) : cpu::sum_squares(x.data<T>(), x.numel());
+    });
 }
 
 double mean(const Tensor& x) {
@@ -143,14 +197,17 @@ double mean(const Tensor& x) {
 }
 
 float max(const Tensor& x) {
-    Device d = f32_on_one_device("max", {&x});
+    check_args("max", {{x, "x"}});
     KILN_CHECK(x.numel() > 0, "max of an empty tensor ", x.desc());
-    return on_cuda(d) ? cuda::max(x.data<float>(), x.numel()) : cpu::max(x.data<float>(), x.numel());
+    return for_dtype(x, [&](auto tag) {
+        using T = decltype(tag);
+        return on_cuda(x) ? cuda::max(x.data<T>(), x.numel()) : cpu::max(x.data<T>(), x.numel());
+    });
 }
 
 // ---- loss ------------------------------------------------------------------------------------
 float softmax_cross_entropy(const Tensor& logits, const Tensor& labels, Tensor* dlogits) {
-    Device d = f32_on_one_device("softmax_cross_entropy", {&logits});
+    check_args("softmax_cross_entropy", {{logits, "logits"}});
     check_dtype(labels, DType::I32, "softmax_cross_entropy", "labels");
     check_same_device(logits, labels, "softmax_cross_entropy");
     KILN_CHECK(logits.ndim() == 2 && labels.ndim() == 1 && labels.size(0) == logits.size(0) && logits.size(0) > 0,
@@ -164,12 +221,16 @@ float softmax_cross_entropy(const Tensor& logits, const Tensor& labels, Tensor* 
         KILN_CHECK(y[n] >= 0 && y[n] < C, "softmax_cross_entropy: label ", y[n], " at row ", n,
                    " is outside [0, ", C, ") classes");
     if (dlogits) {
-        if (!dlogits->defined() || dlogits->shape() != logits.shape() || dlogits->device() != d)
-            *dlogits = Tensor::empty(logits.shape(), DType::F32, d, Category::Activation);
+        if (!dlogits->defined() || dlogits->shape() != logits.shape() || dlogits->dtype() != logits.dtype() ||
+            dlogits->device() != logits.device())
+            *dlogits = Tensor::empty(logits.shape(), logits.dtype(), logits.device(), Category::Activation);
     }
-    float* dz = dlogits ? dlogits->data<float>() : nullptr;
-    if (on_cuda(d)) return cuda::softmax_cross_entropy(logits.data<float>(), labels.data<int32_t>(), dz, N, C);
-    return cpu::softmax_cross_entropy(logits.data<float>(), y, dz, N, C);
+    return for_dtype(logits, [&](auto tag) {
+        using T = decltype(tag);
+        T* dz = dlogits ? dlogits->data<T>() : nullptr;
+        if (on_cuda(logits)) return cuda::softmax_cross_entropy(logits.data<T>(), labels.data<int32_t>(), dz, N, C);
+        return cpu::softmax_cross_entropy(logits.data<T>(), y, dz, N, C);
+    });
 }
 
 }  // namespace kiln

@@ -1,7 +1,11 @@
 // ops.h — kiln's operations on tensors. Each checks its arguments (shapes, dtypes, devices:
 // the error names the op and the tensor) and runs the CPU kernel (ops/cpu/) or the CUDA
-// kernel (cuda/) according to the tensors' device. New tensors come from the current
-// allocator with the category given (activation by default).
+// kernel (cuda/) according to the tensors' device, instantiated for their dtype. New tensors
+// come from the current allocator with the category given (activation by default).
+//
+// Element types: every op here takes f32, f16 or bf16 tensors (all of an op's float tensors of
+// one dtype; outputs get it too). They compute and sum in f32 (the reductions in double) and
+// round each result once. Scalars (value, alpha, beta) are float.
 #pragma once
 #include "core/tensor.h"
 
@@ -16,7 +20,7 @@ Tensor relu(const Tensor& x);                              // max(x, 0)
 Tensor relu_backward(const Tensor& y, const Tensor& dy);   // dy · [y > 0], y = relu's output
 
 // ---- matrices ------------------------------------------------------------------------------
-// c = alpha · op(a) · op(b) + beta · c; all 2-D f32; op transposes when asked.
+// c = alpha · op(a) · op(b) + beta · c; all 2-D, one dtype; op transposes when asked.
 void matmul_into(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, Tensor& c,
                  float alpha = 1.0f, float beta = 0.0f);
 Tensor matmul(const Tensor& a, const Tensor& b, bool trans_a = false, bool trans_b = false);
@@ -31,8 +35,13 @@ double mean(const Tensor& x);
 float max(const Tensor& x);
 
 // ---- loss ------------------------------------------------------------------------------------
-// Mean softmax cross-entropy of logits[N,C] (f32) against labels[N] (i32, each in [0, C)).
-// If dlogits is given it is filled with the gradient: (softmax − onehot) / N.
+// Mean softmax cross-entropy of logits[N,C] (f32, f16 or bf16) against labels[N] (i32, each in
+// [0, C)), computed in f32 (double on the CPU) whatever the logits' dtype; the loss is a float.
+// If dlogits is given it is filled with the gradient: (softmax − onehot) / N, computed in f32
+// and rounded once to the logits' dtype — a gradient has its tensor's dtype (as in PyTorch),
+// so it feeds the backward GEMM of the layer that made the logits in that layer's type. In f16,
+// entries below 2^-24 flush to 0 there: chapter 09's loss scaling is what keeps them.
+// A dlogits of another shape, dtype or device is replaced.
 float softmax_cross_entropy(const Tensor& logits, const Tensor& labels, Tensor* dlogits = nullptr);
 
 }  // namespace kiln

@@ -1,42 +1,75 @@
 // cpu_ops.h — the CPU kernels behind kiln's operations, on raw pointers.
 //
 // Each function here has a twin with the same name and arguments in cuda/ (the CUDA kernels),
-// so a reader can put the two side by side (STYLE.md item 4). src/ops/ops.cpp checks the
-// tensors and picks one of the two by the tensors' device. GEMM lives in gemm.h.
+// and the file that holds it has the same name too (elementwise.cpp ↔ cuda/elementwise.cu,
+// reduce.cpp ↔ reduce.cu, loss.cpp ↔ loss.cu), so a reader can put the two side by side.
+// src/ops/ops.cpp checks the tensors and picks one of the two by the tensors' device and the
+// kernel's instantiation by their dtype. GEMM lives in gemm.h.
+//
+// Element types: T is float, f16 or bf16 (core/dtype.h); each kernel reads elements into
+// float, computes in float (sums too) and rounds once when it stores a T. Scalars (alpha,
+// value, beta) are float whatever T is. For T = float the code is what it was before templates.
 //
 // Letters: N = batch rows, C = columns (features or classes), n = element count.
 #pragma once
 #include <cmath>
 #include <cstdint>
 
+#include "core/dtype.h"
 #include "ops/optim.h"  // AdamParams
 
 namespace kiln::cpu {
 
-// ---- elementwise (n elements) -------------------------------------------------------------
-void fill(float* x, int64_t n, float value);
-void add(const float* a, const float* b, float* y, int64_t n);       // y = a + b
-void axpy(float alpha, const float* x, float* y, int64_t n);        // y += alpha·x
-void scale(float* x, int64_t n, float s);                           // x *= s
-void relu_forward(const float* x, float* y, int64_t n);             // y = max(x, 0)
-void relu_backward(const float* y, const float* dy, float* dx, int64_t n);  // dx = dy·[y > 0]
+// ---- elementwise (n elements; elementwise.cpp) ---------------------------------------------
+template <typename T> void fill(T* x, int64_t n, float value);
+template <typename T> void add(const T* a, const T* b, T* y, int64_t n);              // y = a + b
+template <typename T> void axpy(float alpha, const T* x, T* y, int64_t n);            // y += alpha·x
+template <typename T> void scale(T* x, int64_t n, float s);                           // x *= s
+template <typename T> void relu_forward(const T* x, T* y, int64_t n);                 // y = max(x, 0)
+template <typename T> void relu_backward(const T* y, const T* dy, T* dx, int64_t n);  // dx = dy·[y > 0]
+// y[i] = cast<To>(x[i]) (dtype.h: floats round to nearest even, integers also saturate), for
+// every pair of the six element types: what Tensor::to(DType) runs.
+template <typename From, typename To> void convert(const From* x, To* y, int64_t n);
 
-// ---- rows of an N×C matrix -------------------------------------------------------------------
-void add_bias(float* y, const float* b, int64_t N, int64_t C);      // y[n,c] += b[c]
-void sum_rows(const float* dy, float* db, int64_t N, int64_t C, float beta);  // db = Σ_n dy[n,:] + beta·db
-void argmax_rows(const float* x, int32_t* out, int64_t N, int64_t C);
+// The explicit instantiations of the above, for elementwise.cpp and its twin elementwise.cu
+// (one list, since the two declare the same functions): KILN_FOR_EACH_FLOAT_TYPE(KILN_ELEMENTWISE)
+// and KILN_FOR_EACH_TYPE_PAIR(KILN_CONVERT) inside the namespace.
+#define KILN_ELEMENTWISE(T)                                                 \
+    template void fill<T>(T*, int64_t, float);                              \
+    template void add<T>(const T*, const T*, T*, int64_t);                  \
+    template void axpy<T>(float, const T*, T*, int64_t);                    \
+    template void scale<T>(T*, int64_t, float);                             \
+    template void relu_forward<T>(const T*, T*, int64_t);                   \
+    template void relu_backward<T>(const T*, const T*, T*, int64_t);
+#define KILN_CONVERT(From, To) template void convert<From, To>(const From*, To*, int64_t);
 
-// ---- reductions (deterministic: fixed-size chunks summed in a fixed order) -----------------
-double sum(const float* x, int64_t n);
-double sum_squares(const float* x, int64_t n);  // Σ x², each square exact in double
-float max(const float* x, int64_t n);
+// ---- rows of an N×C matrix (reduce.cpp) ------------------------------------------------------
+template <typename T> void add_bias(T* y, const T* b, int64_t N, int64_t C);  // y[n,c] += b[c]
+// db[c] = Σ_n dy[n,c] + beta·db[c], summed in float
+template <typename T> void sum_rows(const T* dy, T* db, int64_t N, int64_t C, float beta);
+template <typename T> void argmax_rows(const T* x, int32_t* out, int64_t N, int64_t C);
 
-// ---- loss --------------------------------------------------------------------------------------
+// ---- reductions (reduce.cpp; deterministic: fixed-size chunks summed in a fixed order) ------
+template <typename T> double sum(const T* x, int64_t n);          // summed in double
+template <typename T> double sum_squares(const T* x, int64_t n);  // Σ x², each square exact in double
+template <typename T> float max(const T* x, int64_t n);
+
+// The explicit instantiations of the row kernels and reductions, for reduce.cpp and reduce.cu.
+#define KILN_REDUCE(T)                                                      \
+    template void add_bias<T>(T*, const T*, int64_t, int64_t);              \
+    template void sum_rows<T>(const T*, T*, int64_t, int64_t, float);       \
+    template void argmax_rows<T>(const T*, int32_t*, int64_t, int64_t);     \
+    template double sum<T>(const T*, int64_t);                              \
+    template double sum_squares<T>(const T*, int64_t);                      \
+    template float max<T>(const T*, int64_t);
+
+// ---- loss (loss.cpp) ---------------------------------------------------------------------------
 // Mean softmax cross-entropy of N rows of C logits against integer labels:
 //   loss = 1/N Σ_n [ log Σ_c exp(z[n,c]) − z[n,y_n] ]
-// computed as m + log Σ exp(z − m) with m = max_c z[n,c], so exp never overflows.
-// dz (if not null) = (softmax(z) − onehot(y)) / N. Returns the loss.
-float softmax_cross_entropy(const float* z, const int32_t* y, float* dz, int64_t N, int64_t C);
+// computed as m + log Σ exp(z − m) with m = max_c z[n,c], so exp never overflows; in double
+// whatever T is. dz (if not null) = (softmax(z) − onehot(y)) / N, rounded once to T. Returns
+// the loss.
+template <typename T> float softmax_cross_entropy(const T* z, const int32_t* y, T* dz, int64_t N, int64_t C);
 
 // ---- optimizer update (one fused pass over n parameters; optim.cpp) -------------------------
 // PyTorch's SGD:  g = grad + wd·p;  buf = first ? g : momentum·buf + (1 − dampening)·g;

@@ -1,6 +1,7 @@
-// elementwise.cpp — CPU kernels that touch each element once: fill, add, axpy, scale, ReLU,
-// bias rows. Each is one OpenMP loop that g++ vectorizes; memory bandwidth is the limit. (The
-// optimizers' fused updates are in optim.cpp.)
+// elementwise.cpp — CPU kernels that touch each element once: fill, add, axpy, scale, ReLU
+// and the dtype conversions. Each is one OpenMP loop that g++ vectorizes; memory
+// bandwidth is the limit. The kernels for tensors are templates on the element type T (float,
+// f16, bf16): read as float, compute, round once. (The optimizers' fused updates are in optim.cpp.)
 #include <algorithm>
 #include <cmath>
 
@@ -11,63 +12,45 @@ namespace kiln::cpu {
 // Below this many elements a parallel region costs more than it saves.
 static constexpr int64_t kParallelMin = 1 << 15;
 
-void fill(float* x, int64_t n, float value) {
+template <typename T> void fill(T* x, int64_t n, float value) {
+    const T v = T(value);
 #pragma omp parallel for simd if (n > kParallelMin)
-    for (int64_t i = 0; i < n; i++) x[i] = value;
+    for (int64_t i = 0; i < n; i++) x[i] = v;
 }
 
-void add(const float* a, const float* b, float* y, int64_t n) {
+template <typename T> void add(const T* a, const T* b, T* y, int64_t n) {
 #pragma omp parallel for simd if (n > kParallelMin)
-    for (int64_t i = 0; i < n; i++) y[i] = a[i] + b[i];
+    for (int64_t i = 0; i < n; i++) y[i] = T(float(a[i]) + float(b[i]));
 }
 
-void axpy(float alpha, const float* x, float* y, int64_t n) {
+template <typename T> void axpy(float alpha, const T* x, T* y, int64_t n) {
 #pragma omp parallel for simd if (n > kParallelMin)
-    for (int64_t i = 0; i < n; i++) y[i] += alpha * x[i];
+    for (int64_t i = 0; i < n; i++) y[i] = T(float(y[i]) + alpha * float(x[i]));
 }
 
-void scale(float* x, int64_t n, float s) {
+template <typename T> void scale(T* x, int64_t n, float s) {
 #pragma omp parallel for simd if (n > kParallelMin)
-    for (int64_t i = 0; i < n; i++) x[i] *= s;
+    for (int64_t i = 0; i < n; i++) x[i] = T(float(x[i]) * s);
 }
 
-void relu_forward(const float* x, float* y, int64_t n) {
+template <typename T> void relu_forward(const T* x, T* y, int64_t n) {
 #pragma omp parallel for simd if (n > kParallelMin)
-    for (int64_t i = 0; i < n; i++) y[i] = std::max(x[i], 0.0f);
+    for (int64_t i = 0; i < n; i++) y[i] = T(std::max(float(x[i]), 0.0f));
 }
 
 // The gradient flows where the output was positive: dx = dy · [y > 0].
-void relu_backward(const float* y, const float* dy, float* dx, int64_t n) {
+template <typename T> void relu_backward(const T* y, const T* dy, T* dx, int64_t n) {
+    const T zero = T(0.0f);
 #pragma omp parallel for simd if (n > kParallelMin)
-    for (int64_t i = 0; i < n; i++) dx[i] = y[i] > 0.0f ? dy[i] : 0.0f;
+    for (int64_t i = 0; i < n; i++) dx[i] = float(y[i]) > 0.0f ? dy[i] : zero;
 }
 
-void add_bias(float* y, const float* b, int64_t N, int64_t C) {
-#pragma omp parallel for if (N * C > kParallelMin)
-    for (int64_t n = 0; n < N; n++)
-        for (int64_t c = 0; c < C; c++) y[n * C + c] += b[c];
+template <typename From, typename To> void convert(const From* x, To* y, int64_t n) {
+#pragma omp parallel for if (n > kParallelMin)
+    for (int64_t i = 0; i < n; i++) y[i] = cast<To>(x[i]);
 }
 
-// db[c] = Σ_n dy[n,c] + beta·db[c]. Each column is summed by one thread in row order, so the
-// result does not depend on the thread count.
-void sum_rows(const float* dy, float* db, int64_t N, int64_t C, float beta) {
-#pragma omp parallel for if (N * C > kParallelMin)
-    for (int64_t c = 0; c < C; c++) {
-        float s = 0.0f;
-        for (int64_t n = 0; n < N; n++) s += dy[n * C + c];
-        db[c] = s + (beta == 0.0f ? 0.0f : beta * db[c]);
-    }
-}
-
-void argmax_rows(const float* x, int32_t* out, int64_t N, int64_t C) {
-#pragma omp parallel for if (N * C > kParallelMin)
-    for (int64_t n = 0; n < N; n++) {
-        const float* row = x + n * C;
-        int64_t best = 0;
-        for (int64_t c = 1; c < C; c++)
-            if (row[c] > row[best]) best = c;  // first maximum wins, like PyTorch
-        out[n] = int32_t(best);
-    }
-}
+KILN_FOR_EACH_FLOAT_TYPE(KILN_ELEMENTWISE)  // the lists are in cpu_ops.h
+KILN_FOR_EACH_TYPE_PAIR(KILN_CONVERT)
 
 }  // namespace kiln::cpu

@@ -1,4 +1,4 @@
-// gemm.cpp — a fast, deterministic single-precision GEMM for the CPU (chapter 03).
+// gemm.cpp — a fast, deterministic GEMM for the CPU (chapter 03), in f32, f16 and bf16.
 //
 //   C[M,N] = alpha * op(A)[M,K] · op(B)[K,N] + beta * C[M,N]          (row-major, see gemm.h)
 //
@@ -63,6 +63,13 @@
 // in order, k in order within one. No thread ever adds a partial sum of another, so 1, 2 or
 // 3 threads give bitwise the same C (tested in tests/test_gemm.cpp).
 // Small products run on the calling thread only: waking a team costs microseconds.
+//
+// ---- f16 and bf16 -----------------------------------------------------------------------------
+// The micro-kernel computes in f32 only. For T = f16 or bf16, packing is where the types meet:
+// pack_a_panel and pack_b_panel widen each element to f32 as they copy it (they copy every
+// element anyway), so the micro-kernel and its speed are the f32 ones. The sums are kept in
+// f32 too: the product goes to an f32 M×N buffer (a KC-block's partial sums are never rounded
+// to 16 bits), and one last pass rounds C = T(alpha·Σ + beta·C) once per element.
 #include "ops/cpu/gemm.h"
 
 #include <algorithm>
@@ -70,6 +77,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <memory>
+#include <type_traits>
 
 #include <omp.h>
 
@@ -155,7 +163,8 @@ int64_t split_evenly(int64_t n, int64_t max_block, int64_t unit) {
 }
 
 // ---- Workspace: the packing buffers ---------------------------------------------------------
-// One pair of buffers per thread (≤ 240 KiB for A, ≤ 4 MiB for B), kept between calls:
+// One pair of buffers per thread (≤ 240 KiB for A, ≤ 4 MiB for B), kept between calls
+// (and, for an f16 or bf16 GEMM, the calling thread's M×N f32 product):
 // allocating them each time would cost more than a small product. OpenMP keeps its worker
 // threads alive between parallel regions, so their buffers live on too.
 struct AlignedFree {
@@ -174,27 +183,28 @@ float* reserve(Buffer& buf, int64_t& capacity, int64_t floats) {
 }
 
 struct Workspace {
-    Buffer a, b;
-    int64_t a_cap = 0, b_cap = 0;
+    Buffer a, b, c;  // c: the f32 product of an f16 or bf16 GEMM (the calling thread's)
+    int64_t a_cap = 0, b_cap = 0, c_cap = 0;
 };
 thread_local Workspace tls_workspace;
 
 // ---- Packing -----------------------------------------------------------------------------------
 // Pack rows [i0, i0+mr) × columns [k0, k0+kc) of op(A) as one micro-panel:
 //   Ap[k*MR + i] = op(A)[i0+i, k0+k],  rows i >= mr filled with 0.
-void pack_a_panel(bool trans_a, const float* A, int64_t lda, int64_t i0, int64_t mr,
+template <typename T>
+void pack_a_panel(bool trans_a, const T* A, int64_t lda, int64_t i0, int64_t mr,
                   int64_t k0, int64_t kc, float* Ap) {
     if (trans_a) {  // op(A)[i,k] = A[k*lda + i]: MR consecutive floats per k
         for (int64_t k = 0; k < kc; ++k) {
-            const float* src = A + (k0 + k) * lda + i0;
+            const T* src = A + (k0 + k) * lda + i0;
             float* dst = Ap + k * MR;
-            for (int64_t i = 0; i < mr; ++i) dst[i] = src[i];
+            for (int64_t i = 0; i < mr; ++i) dst[i] = float(src[i]);
             for (int64_t i = mr; i < MR; ++i) dst[i] = 0.0f;
         }
     } else {  // op(A)[i,k] = A[i*lda + k]: read rows, write with stride MR
         for (int64_t i = 0; i < mr; ++i) {
-            const float* src = A + (i0 + i) * lda + k0;
-            for (int64_t k = 0; k < kc; ++k) Ap[k * MR + i] = src[k];
+            const T* src = A + (i0 + i) * lda + k0;
+            for (int64_t k = 0; k < kc; ++k) Ap[k * MR + i] = float(src[k]);
         }
         for (int64_t i = mr; i < MR; ++i)
             for (int64_t k = 0; k < kc; ++k) Ap[k * MR + i] = 0.0f;
@@ -203,20 +213,21 @@ void pack_a_panel(bool trans_a, const float* A, int64_t lda, int64_t i0, int64_t
 
 // Pack rows [k0, k0+kc) × columns [j0, j0+nr) of op(B) as one micro-panel:
 //   Bp[k*NR + j] = op(B)[k0+k, j0+j],  columns j >= nr filled with 0.
-void pack_b_panel(bool trans_b, const float* B, int64_t ldb, int64_t k0, int64_t kc,
+template <typename T>
+void pack_b_panel(bool trans_b, const T* B, int64_t ldb, int64_t k0, int64_t kc,
                   int64_t j0, int64_t nr, float* Bp) {
     if (trans_b) {  // op(B)[k,j] = B[j*ldb + k]: read rows of B, write with stride NR
         for (int64_t j = 0; j < nr; ++j) {
-            const float* src = B + (j0 + j) * ldb + k0;
-            for (int64_t k = 0; k < kc; ++k) Bp[k * NR + j] = src[k];
+            const T* src = B + (j0 + j) * ldb + k0;
+            for (int64_t k = 0; k < kc; ++k) Bp[k * NR + j] = float(src[k]);
         }
         for (int64_t j = nr; j < NR; ++j)
             for (int64_t k = 0; k < kc; ++k) Bp[k * NR + j] = 0.0f;
     } else {  // op(B)[k,j] = B[k*ldb + j]: NR consecutive floats per k
         for (int64_t k = 0; k < kc; ++k) {
-            const float* src = B + (k0 + k) * ldb + j0;
+            const T* src = B + (k0 + k) * ldb + j0;
             float* dst = Bp + k * NR;
-            for (int64_t j = 0; j < nr; ++j) dst[j] = src[j];
+            for (int64_t j = 0; j < nr; ++j) dst[j] = float(src[j]);
             for (int64_t j = nr; j < NR; ++j) dst[j] = 0.0f;
         }
     }
@@ -289,7 +300,7 @@ inline void store_full_tile(const Tile& acc, float alpha, float beta, float* C, 
 }
 
 // An edge tile, mr×nr < MR×NR, at the bottom or right border of C.
-void store_edge_tile(const Tile& acc, int64_t mr, int64_t nr, float alpha, float beta,
+inline void store_edge_tile(const Tile& acc, int64_t mr, int64_t nr, float alpha, float beta,
                      float* C, int64_t ldc) {
     for (int64_t i = 0; i < mr; ++i) {
         if (nr == NR)
@@ -301,7 +312,7 @@ void store_edge_tile(const Tile& acc, int64_t mr, int64_t nr, float alpha, float
 
 // ---- Argument checks and the trivial cases ----------------------------------------------------
 void check_args(const char* fn, bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K,
-                const float* A, int64_t lda, const float* B, int64_t ldb, const float* C,
+                const void* A, int64_t lda, const void* B, int64_t ldb, const void* C,
                 int64_t ldc) {
     KILN_CHECK(M >= 0 && N >= 0 && K >= 0, fn, ": negative size M=", M, " N=", N, " K=", K);
     const int64_t a_cols = trans_a ? M : K, b_cols = trans_b ? K : N;
@@ -316,24 +327,27 @@ void check_args(const char* fn, bool trans_a, bool trans_b, int64_t M, int64_t N
 }
 
 // C = beta * C (C = 0 when beta == 0, whatever C held).
-void scale_c(int64_t M, int64_t N, float beta, float* C, int64_t ldc) {
+template <typename T>
+void scale_c(int64_t M, int64_t N, float beta, T* C, int64_t ldc) {
     for (int64_t i = 0; i < M; ++i) {
-        float* c = C + i * ldc;
+        T* c = C + i * ldc;
         if (beta == 0.0f)
-            std::fill(c, c + N, 0.0f);
+            std::fill(c, c + N, T(0.0f));
         else if (beta != 1.0f)
-            for (int64_t j = 0; j < N; ++j) c[j] *= beta;
+            for (int64_t j = 0; j < N; ++j) c[j] = T(float(c[j]) * beta);
     }
 }
 
 // ---- The blocked product, on one thread ------------------------------------------------------
+// A and B hold T (float, f16 or bf16); C is f32 (see "f16 and bf16" above).
+template <typename T>
 struct Problem {
     bool trans_a, trans_b;
     int64_t M, N, K;
     float alpha;
-    const float* A;
+    const T* A;
     int64_t lda;
-    const float* B;
+    const T* B;
     int64_t ldb;
     float beta;
     float* C;
@@ -341,7 +355,8 @@ struct Problem {
 };
 
 // Pack op(A)[ic:ic+mc, pc:pc+kc] into Ap, one MR-row micro-panel after another.
-void pack_a_block(const Problem& p, int64_t ic, int64_t mc, int64_t pc, int64_t kc, float* Ap) {
+template <typename T>
+void pack_a_block(const Problem<T>& p, int64_t ic, int64_t mc, int64_t pc, int64_t kc, float* Ap) {
     for (int64_t i0 = 0; i0 < mc; i0 += MR, Ap += kc * MR)
         pack_a_panel(p.trans_a, p.A, p.lda, ic + i0, std::min<int64_t>(MR, mc - i0), pc, kc, Ap);
 }
@@ -352,7 +367,8 @@ void pack_a_block(const Problem& p, int64_t ic, int64_t mc, int64_t pc, int64_t 
 // With pack_b, each B micro-panel op(B)[pc:pc+kc, jc+j0 : jc+j0+NR] is packed just before
 // its sweep (the first A block does this), so it is used while it is still in L1; the later
 // A blocks find it packed. When M fits in one A block, B is read from memory exactly once.
-void multiply_block(const Problem& p, int64_t ic, int64_t mc, int64_t jc, int64_t nc,
+template <typename T>
+void multiply_block(const Problem<T>& p, int64_t ic, int64_t mc, int64_t jc, int64_t nc,
                     int64_t pc, int64_t kc, float beta, const float* Ap, float* Bp,
                     bool pack_b) {
     for (int64_t j0 = 0; j0 < nc; j0 += NR) {
@@ -374,7 +390,8 @@ void multiply_block(const Problem& p, int64_t ic, int64_t mc, int64_t jc, int64_
 
 // The five loops of the header comment. kc is the KC-block size, the same for every thread
 // (it alone fixes the order of the sums); the buffers are the calling thread's own.
-void blocked_gemm(const Problem& p, int64_t kc_block) {
+template <typename T>
+void blocked_gemm(const Problem<T>& p, int64_t kc_block) {
     const int64_t mc_block = split_evenly(p.M, MC_MAX, MR);
     const int64_t nc_block = split_evenly(p.N, NC_MAX, NR);
     Workspace& ws = tls_workspace;
@@ -432,8 +449,9 @@ void split_range(int64_t n, int64_t unit, int64_t parts, int64_t index, int64_t&
 }
 
 // The sub-problem C[i0:i1, j0:j1] = alpha op(A)[i0:i1, :] op(B)[:, j0:j1] + beta C[i0:i1, j0:j1].
-Problem sub_problem(const Problem& p, int64_t i0, int64_t i1, int64_t j0, int64_t j1) {
-    Problem s = p;
+template <typename T>
+Problem<T> sub_problem(const Problem<T>& p, int64_t i0, int64_t i1, int64_t j0, int64_t j1) {
+    Problem<T> s = p;
     s.M = i1 - i0;
     s.N = j1 - j0;
     s.A = p.trans_a ? p.A + i0 : p.A + i0 * p.lda;
@@ -442,7 +460,8 @@ Problem sub_problem(const Problem& p, int64_t i0, int64_t i1, int64_t j0, int64_
     return s;
 }
 
-void parallel_gemm(const Problem& p, int64_t kc_block, int threads) {
+template <typename T>
+void parallel_gemm(const Problem<T>& p, int64_t kc_block, int threads) {
     // 4 rectangles per thread, but none smaller than the serial threshold.
     const double flops = 2.0 * p.M * p.N * p.K;
     const int64_t wanted = std::max<int64_t>(
@@ -459,41 +478,72 @@ void parallel_gemm(const Problem& p, int64_t kc_block, int threads) {
     }
 }
 
-}  // namespace
-
-void gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,
-          const float* A, int64_t lda, const float* B, int64_t ldb, float beta, float* C,
-          int64_t ldc) {
-    check_args("gemm", trans_a, trans_b, M, N, K, A, lda, B, ldb, C, ldc);
-    if (M == 0 || N == 0) return;
-    if (K == 0 || alpha == 0.0f) return scale_c(M, N, beta, C, ldc);
-
-    const Problem p{trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc};
+// The blocked product, on one thread or on the team.
+template <typename T>
+void product(const Problem<T>& p) {
     // KC depends on K only, never on the thread count: this is what makes C deterministic.
-    const int64_t kc_block = split_evenly(K, KC_MAX, 1);
+    const int64_t kc_block = split_evenly(p.K, KC_MAX, 1);
     const int threads = omp_in_parallel() ? 1 : omp_get_max_threads();
-    if (threads == 1 || 2.0 * M * N * K < PARALLEL_MIN_FLOPS)
+    if (threads == 1 || 2.0 * p.M * p.N * p.K < PARALLEL_MIN_FLOPS)
         blocked_gemm(p, kc_block);  // small: waking the team would cost more than it saves
     else
         parallel_gemm(p, kc_block, threads);
 }
 
+// C = T(acc + beta·C), one rounding per element (C is not read when beta == 0).
+template <typename T>
+void round_into(int64_t M, int64_t N, const float* acc, float beta, T* C, int64_t ldc) {
+    for (int64_t i = 0; i < M; ++i)
+        for (int64_t j = 0; j < N; ++j) {
+            T& c = C[i * ldc + j];
+            const float a = acc[i * N + j];
+            c = T(beta == 0.0f ? a : std::fma(beta, float(c), a));
+        }
+}
+
+}  // namespace
+
+template <typename T>
+void gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,
+          const T* A, int64_t lda, const T* B, int64_t ldb, float beta, T* C,
+          int64_t ldc) {
+    check_args("gemm", trans_a, trans_b, M, N, K, A, lda, B, ldb, C, ldc);
+    if (M == 0 || N == 0) return;
+    if (K == 0 || alpha == 0.0f) return scale_c(M, N, beta, C, ldc);
+    if constexpr (std::is_same_v<T, float>) {
+        product(Problem<float>{trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc});
+    } else {  // the f32 product alpha·op(A)·op(B), then C = T(product + beta·C)
+        Workspace& ws = tls_workspace;
+        float* acc = reserve(ws.c, ws.c_cap, M * N);
+        product(Problem<T>{trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, 0.0f, acc, N});
+        round_into(M, N, acc, beta, C, ldc);
+    }
+}
+
 // v1 of the header comment: one dot product per C element, k in order.
+template <typename T>
 void gemm_reference(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,
-                    const float* A, int64_t lda, const float* B, int64_t ldb, float beta,
-                    float* C, int64_t ldc) {
+                    const T* A, int64_t lda, const T* B, int64_t ldb, float beta,
+                    T* C, int64_t ldc) {
     check_args("gemm_reference", trans_a, trans_b, M, N, K, A, lda, B, ldb, C, ldc);
     for (int64_t i = 0; i < M; ++i)
         for (int64_t j = 0; j < N; ++j) {
             float sum = 0.0f;
             for (int64_t k = 0; k < K; ++k) {
-                const float a = trans_a ? A[k * lda + i] : A[i * lda + k];
-                const float b = trans_b ? B[j * ldb + k] : B[k * ldb + j];
+                const float a = float(trans_a ? A[k * lda + i] : A[i * lda + k]);
+                const float b = float(trans_b ? B[j * ldb + k] : B[k * ldb + j]);
                 sum += a * b;
             }
-            float& c = C[i * ldc + j];
-            c = (beta == 0.0f) ? alpha * sum : alpha * sum + beta * c;
+            T& c = C[i * ldc + j];
+            c = T((beta == 0.0f) ? alpha * sum : alpha * sum + beta * float(c));
         }
 }
+
+#define KILN_GEMM(T)                                                                             \
+    template void gemm<T>(bool, bool, int64_t, int64_t, int64_t, float, const T*, int64_t,        \
+                          const T*, int64_t, float, T*, int64_t);                                \
+    template void gemm_reference<T>(bool, bool, int64_t, int64_t, int64_t, float, const T*,       \
+                                    int64_t, const T*, int64_t, float, T*, int64_t);
+KILN_FOR_EACH_FLOAT_TYPE(KILN_GEMM)
 
 }  // namespace kiln::cpu

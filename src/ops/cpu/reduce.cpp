@@ -1,4 +1,6 @@
-// reduce.cpp — sums and maxima over all elements, and the softmax cross-entropy loss.
+// reduce.cpp — sums and maxima over all elements, and the row kernels of an N×C matrix: bias
+// rows (add_bias), column sums (sum_rows, the bias gradient) and argmax (the twin of
+// cuda/reduce.cu).
 //
 // Determinism: a float sum depends on the order of its terms. Splitting the work by thread
 // would make the result depend on the thread count, so we split it into fixed chunks of
@@ -30,44 +32,54 @@ template <typename Term> static double chunked_sum(int64_t n, Term term) {
     return total;
 }
 
-double sum(const float* x, int64_t n) {
-    return chunked_sum(n, [x](int64_t i) { return double(x[i]); });
+template <typename T> double sum(const T* x, int64_t n) {
+    return chunked_sum(n, [x](int64_t i) { return double(float(x[i])); });
 }
 
 // A float's square has at most 48 significant bits: exact in double's 53.
-double sum_squares(const float* x, int64_t n) {
-    return chunked_sum(n, [x](int64_t i) { return double(x[i]) * double(x[i]); });
+template <typename T> double sum_squares(const T* x, int64_t n) {
+    return chunked_sum(n, [x](int64_t i) {
+        const double v = double(float(x[i]));
+        return v * v;
+    });
 }
 
-float max(const float* x, int64_t n) {
+template <typename T> float max(const T* x, int64_t n) {
     float m = -std::numeric_limits<float>::infinity();
 #pragma omp parallel for reduction(max : m) if (n > kChunk)
-    for (int64_t i = 0; i < n; i++) m = std::max(m, x[i]);
+    for (int64_t i = 0; i < n; i++) m = std::max(m, float(x[i]));
     return m;  // max is exact: the order does not matter
 }
 
-// loss_n = log Σ_c exp(z_c) − z_y = (m + log Σ_c exp(z_c − m)) − z_y,   m = max_c z_c
-// dz_c   = (exp(z_c − m) / Σ exp(z − m) − [c = y]) / N
-float softmax_cross_entropy(const float* z, const int32_t* y, float* dz, int64_t N, int64_t C) {
-    std::vector<double> row_loss(static_cast<size_t>(N));
-#pragma omp parallel for schedule(static) if (N * C > kChunk)
-    for (int64_t n = 0; n < N; n++) {
-        const float* zn = z + n * C;
-        float m = zn[0];
-        for (int64_t c = 1; c < C; c++) m = std::max(m, zn[c]);
-        double s = 0.0;
-        for (int64_t c = 0; c < C; c++) s += std::exp(double(zn[c] - m));
-        double lse = double(m) + std::log(s);
-        row_loss[size_t(n)] = lse - double(zn[y[n]]);
-        if (dz) {
-            float* dn = dz + n * C;
-            for (int64_t c = 0; c < C; c++) dn[c] = float(std::exp(double(zn[c]) - lse) / double(N));
-            dn[y[n]] -= 1.0f / float(N);
-        }
-    }
-    double total = 0.0;
-    for (double l : row_loss) total += l;
-    return float(total / double(N));
+// ---- rows of an N×C matrix ---------------------------------------------------------------------
+template <typename T> void add_bias(T* y, const T* b, int64_t N, int64_t C) {
+#pragma omp parallel for if (N * C > kChunk)
+    for (int64_t n = 0; n < N; n++)
+        for (int64_t c = 0; c < C; c++) y[n * C + c] = T(float(y[n * C + c]) + float(b[c]));
 }
+
+// db[c] = Σ_n dy[n,c] + beta·db[c]. Each column is summed (in float) by one thread in row order,
+// so the result does not depend on the thread count.
+template <typename T> void sum_rows(const T* dy, T* db, int64_t N, int64_t C, float beta) {
+#pragma omp parallel for if (N * C > kChunk)
+    for (int64_t c = 0; c < C; c++) {
+        float s = 0.0f;
+        for (int64_t n = 0; n < N; n++) s += float(dy[n * C + c]);
+        db[c] = T(s + (beta == 0.0f ? 0.0f : beta * float(db[c])));
+    }
+}
+
+template <typename T> void argmax_rows(const T* x, int32_t* out, int64_t N, int64_t C) {
+#pragma omp parallel for if (N * C > kChunk)
+    for (int64_t n = 0; n < N; n++) {
+        const T* row = x + n * C;
+        int64_t best = 0;
+        for (int64_t c = 1; c < C; c++)
+            if (float(row[c]) > float(row[best])) best = c;  // first maximum wins, like PyTorch
+        out[n] = int32_t(best);
+    }
+}
+
+KILN_FOR_EACH_FLOAT_TYPE(KILN_REDUCE)  // the list is in cpu_ops.h
 
 }  // namespace kiln::cpu

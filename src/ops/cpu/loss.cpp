@@ -1,0 +1,46 @@
+// loss.cpp — the softmax cross-entropy loss and its gradient on the CPU (the twin of
+// cuda/loss.cu). The logits may be f32, f16 or bf16; the loss is computed in double, and the
+// gradient is rounded once to the logits' type.
+#include <algorithm>
+#include <cmath>
+#include <vector>
+
+#include "ops/cpu/cpu_ops.h"
+
+namespace kiln::cpu {
+
+// Below this many logits the rows run on the calling thread.
+static constexpr int64_t kParallelMin = 1 << 14;
+
+// loss_n = log Σ_c exp(z_c) − z_y = (m + log Σ_c exp(z_c − m)) − z_y,   m = max_c z_c
+// dz_c   = (exp(z_c − m) / Σ exp(z − m) − [c = y]) / N
+// Each row's loss is kept apart and the rows are added in order: the same bits on any thread count.
+template <typename T> float softmax_cross_entropy(const T* z, const int32_t* y, T* dz, int64_t N, int64_t C) {
+    std::vector<double> row_loss(static_cast<size_t>(N));
+#pragma omp parallel for schedule(static) if (N * C > kParallelMin)
+    for (int64_t n = 0; n < N; n++) {
+        const T* zn = z + n * C;
+        float m = float(zn[0]);
+        for (int64_t c = 1; c < C; c++) m = std::max(m, float(zn[c]));
+        double s = 0.0;
+        for (int64_t c = 0; c < C; c++) s += std::exp(double(float(zn[c]) - m));
+        double lse = double(m) + std::log(s);
+        row_loss[size_t(n)] = lse - double(float(zn[y[n]]));
+        if (dz) {
+            T* dn = dz + n * C;
+            for (int64_t c = 0; c < C; c++) {
+                float g = float(std::exp(double(float(zn[c])) - lse) / double(N));
+                if (c == y[n]) g -= 1.0f / float(N);
+                dn[c] = T(g);
+            }
+        }
+    }
+    double total = 0.0;
+    for (double l : row_loss) total += l;
+    return float(total / double(N));
+}
+
+#define KILN_LOSS(T) template float softmax_cross_entropy<T>(const T*, const int32_t*, T*, int64_t, int64_t);
+KILN_FOR_EACH_FLOAT_TYPE(KILN_LOSS)
+
+}  // namespace kiln::cpu
