@@ -57,8 +57,8 @@ Tensor BatchNorm::backward(const Tensor& dy) {
 LayerNorm::LayerNorm(int64_t D, std::string name, float eps_)
     : Module(std::move(name)), normalized_size(D), eps(eps_) {
     KILN_CHECK(D > 0, this->name(), ": LayerNorm needs a normalized size of at least 1, got ", D);
-    weight = make_parameter(this->name() + ".weight", Tensor::ones({D}, DType::F32, Device::CPU, Category::Parameter));
-    bias = make_parameter(this->name() + ".bias", Tensor::zeros({D}, DType::F32, Device::CPU, Category::Parameter));
+    add_parameter("weight", weight, Tensor::ones({D}, DType::F32, Device::CPU, Category::Parameter));
+    add_parameter("bias", bias, Tensor::zeros({D}, DType::F32, Device::CPU, Category::Parameter));
 }
 
 Tensor LayerNorm::forward(const Tensor& x) {

@@ -72,7 +72,6 @@ public:
     explicit LayerNorm(int64_t normalized_size, std::string name = "ln", float eps = 1e-5f);
     Tensor forward(const Tensor& x) override;
     Tensor backward(const Tensor& dy) override;
-    std::vector<Parameter*> parameters() override { return {&weight, &bias}; }
 
     Parameter weight, bias;  // [D]: the affine scale and shift
     int64_t normalized_size;
