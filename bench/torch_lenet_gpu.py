@@ -1,7 +1,7 @@
 #!/usr/bin/python3
 """PyTorch GPU reference for lesson 05: one training epoch of the LeNet of lessons 03 and 05
 on MNIST, on the GPU, to set beside `build-cuda/bin/lesson-05 --epochs 1 --device cuda`
-(scripts/gpu-check.sh runs both). The CPU twin is ../shared/bench/torch_lenet.py.
+(scripts/gpu-check.sh runs both). The CPU twin is bench/torch_lenet.py.
 
 Usage: /usr/bin/python3 bench/torch_lenet_gpu.py [MNIST_DIR] [EPOCHS]
 MNIST_DIR holds the four IDX files (plain or .gz); without them (or without a MNIST_DIR) the
