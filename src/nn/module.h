@@ -1,4 +1,4 @@
-// module.h — the building block of a network: explicit forward and backward (DESIGN.md 1).
+// module.h — the building block of a network: explicit forward and backward.
 //
 //   y  = m.forward(x)     computes the output and keeps what backward will need (the cache)
 //   dx = m.backward(dy)   given dL/dy, adds dL/dW to each parameter's grad and returns dL/dx

@@ -1,4 +1,4 @@
-// checkpoint.h — saving a training run to one file and resuming it exactly (DESIGN.md decision 9).
+// checkpoint.h — saving a training run to one file and resuming it exactly.
 //
 //   TrainingRun run{*model, sgd, &scheduler, &loader, {{"dropout", &dropout.rng}}};
 //   save_checkpoint("runs/epoch-3.safetensors", run, {epoch + 1, 0, step});   // end of an epoch

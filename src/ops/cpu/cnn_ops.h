@@ -1,10 +1,10 @@
 // cnn_ops.h — the CPU kernels of convolutional networks, on raw pointers (chapters 03 and 06).
 //
 // Each function has (or will have) a twin with the same name and arguments in cuda/, so the
-// two can be read side by side (STYLE.md item 4). The layers in src/nn/ (conv, pool, norm,
+// two can be read side by side. The layers in src/nn/ (conv, pool, norm,
 // misc) check the tensors and call these. Every kernel here gives bitwise the same result
 // for any OpenMP thread count: a sum is never split across threads in a way that depends on
-// their number (DESIGN.md decision 8).
+// their number.
 //
 // Letters, used in every shape comment below:
 //   N = batch, C = input channels, H, W = input height and width,

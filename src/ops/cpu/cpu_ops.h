@@ -1,7 +1,7 @@
 // cpu_ops.h — the CPU kernels behind kiln's operations, on raw pointers.
 //
 // Each function here has a twin with the same name and arguments in cuda/ (the CUDA kernels),
-// so a reader can put the two side by side (STYLE.md item 4). src/ops/ops.cpp checks the
+// so a reader can put the two side by side. src/ops/ops.cpp checks the
 // tensors and picks one of the two by the tensors' device. GEMM lives in gemm.h.
 //
 // Letters: N = batch rows, C = columns (features or classes), n = element count.
