@@ -6,18 +6,14 @@ example, trained on MNIST. `make bench` (bench/run.sh) runs it beside kiln's
 Usage: /usr/bin/python3 bench/torch_lenet.py MNIST_DIR [THREADS] [EPOCHS]
 MNIST_DIR holds the four IDX files (plain or .gz). Needs Debian's python3-torch.
 Prints one line: training images per second (batch 64, SGD lr 0.01 momentum 0.5) and
-test accuracy. The GPU twin is bench/torch_lenet_gpu.py.
+test accuracy. The GPU twin, bench/torch_lenet_gpu.py, imports idx and LeNet from here.
 """
 import gzip, os, struct, sys, time
 import numpy as np, torch, torch.nn as nn, torch.nn.functional as F
 
-d = sys.argv[1]
-threads = int(sys.argv[2]) if len(sys.argv) > 2 else 2
-epochs = float(sys.argv[3]) if len(sys.argv) > 3 else 1.0
-torch.set_num_threads(threads)
-torch.manual_seed(0)
 
-def idx(name):
+def idx(d, name):
+    """The IDX file `name` of folder d (plain or .gz): images as uint8 [n, 1, rows, cols], or labels."""
     p = os.path.join(d, name)
     b = gzip.open(p + '.gz').read() if os.path.exists(p + '.gz') else open(p, 'rb').read()
     magic, n = struct.unpack('>II', b[:8])
@@ -26,9 +22,6 @@ def idx(name):
         return np.frombuffer(b[16:], np.uint8).reshape(n, 1, r, c)
     return np.frombuffer(b[8:], np.uint8)
 
-norm = lambda a: torch.tensor((a / 255.0 - 0.1307) / 0.3081, dtype=torch.float32)
-X, Y = norm(idx('train-images-idx3-ubyte')), torch.tensor(idx('train-labels-idx1-ubyte').astype(np.int64))
-Xt, Yt = norm(idx('t10k-images-idx3-ubyte')), torch.tensor(idx('t10k-labels-idx1-ubyte').astype(np.int64))
 
 class LeNet(nn.Module):
     def __init__(s):
@@ -40,21 +33,37 @@ class LeNet(nn.Module):
         x = F.relu(F.max_pool2d(s.c2(x), 2))
         return s.f2(F.relu(s.f1(x.view(-1, 320))))
 
-m = LeNet()
-opt = torch.optim.SGD(m.parameters(), lr=0.01, momentum=0.5)
-B, n, seen = 64, int(len(X) * epochs), 0
-t0 = time.time()
-while seen < n:
-    perm = torch.randperm(len(X))
-    for i in range(0, len(X), B):
-        if seen >= n:
-            break
-        j = perm[i:i + B]
-        opt.zero_grad()
-        F.cross_entropy(m(X[j]), Y[j]).backward()
-        opt.step()
-        seen += len(j)
-t = time.time() - t0
-with torch.no_grad():
-    acc = (m(Xt).argmax(1) == Yt).float().mean().item()
-print(f"pytorch {torch.__version__} threads={threads}: {seen / t:.0f} train img/s, test accuracy {acc * 100:.2f}%")
+
+def main():
+    d = sys.argv[1]
+    threads = int(sys.argv[2]) if len(sys.argv) > 2 else 2
+    epochs = float(sys.argv[3]) if len(sys.argv) > 3 else 1.0
+    torch.set_num_threads(threads)
+    torch.manual_seed(0)
+
+    norm = lambda a: torch.tensor((a / 255.0 - 0.1307) / 0.3081, dtype=torch.float32)
+    X, Y = norm(idx(d, 'train-images-idx3-ubyte')), torch.tensor(idx(d, 'train-labels-idx1-ubyte').astype(np.int64))
+    Xt, Yt = norm(idx(d, 't10k-images-idx3-ubyte')), torch.tensor(idx(d, 't10k-labels-idx1-ubyte').astype(np.int64))
+
+    m = LeNet()
+    opt = torch.optim.SGD(m.parameters(), lr=0.01, momentum=0.5)
+    B, n, seen = 64, int(len(X) * epochs), 0
+    t0 = time.time()
+    while seen < n:
+        perm = torch.randperm(len(X))
+        for i in range(0, len(X), B):
+            if seen >= n:
+                break
+            j = perm[i:i + B]
+            opt.zero_grad()
+            F.cross_entropy(m(X[j]), Y[j]).backward()
+            opt.step()
+            seen += len(j)
+    t = time.time() - t0
+    with torch.no_grad():
+        acc = (m(Xt).argmax(1) == Yt).float().mean().item()
+    print(f"pytorch {torch.__version__} threads={threads}: {seen / t:.0f} train img/s, test accuracy {acc * 100:.2f}%")
+
+
+if __name__ == '__main__':
+    main()

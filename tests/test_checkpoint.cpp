@@ -515,27 +515,29 @@ TEST_CASE("resuming with another --epochs or another schedule is refused by name
     TempDir dir;
     const ImageSet set = random_images();
     const std::string path = dir.file("ckpt.safetensors");
+    // t's run, with the schedule recorded as fit would: `epochs` epochs of `steps` steps each.
+    const auto run_over = [](Trainee& t, int64_t epochs, int64_t steps) {
+        TrainingRun run = t.run();
+        run.schedule = record_schedule(*t.optimizer, &t.scheduler, epochs, steps);
+        return run;
+    };
     Trainee t(set, Opt::SGD);
-    TrainingRun run = t.run();
-    run.schedule = record_schedule(*t.optimizer, &t.scheduler, 3, 6);
+    TrainingRun run = run_over(t, 3, 6);
     save_checkpoint(path, run, t.train_until({}, 6));
 
     Trainee longer(set, Opt::SGD);
-    TrainingRun run2 = longer.run();
-    run2.schedule = record_schedule(*longer.optimizer, &longer.scheduler, 4, 6);
+    TrainingRun run2 = run_over(longer, 4, 6);
     REQUIRE_THROWS_WITH(load_checkpoint(path, run2),
                         Contains(path) && Contains("3 epochs") && Contains("over 4") && Contains("--epochs"));
     REQUIRE(longer.scheduler.last_epoch() == 0);  // refused before the scheduler was loaded
 
     Trainee per_epoch(set, Opt::SGD);  // the same scheduler stepped once an epoch: another schedule
-    TrainingRun run3 = per_epoch.run();
-    run3.schedule = record_schedule(*per_epoch.optimizer, &per_epoch.scheduler, 3, 1);
+    TrainingRun run3 = run_over(per_epoch, 3, 1);
     REQUIRE_THROWS_WITH(load_checkpoint(path, run3),
                         Contains("starts epoch 2 at lr 0.025") && Contains("at lr 0.05") && Contains("--lr"));
 
     Trainee same(set, Opt::SGD);
-    TrainingRun run4 = same.run();
-    run4.schedule = record_schedule(*same.optimizer, &same.scheduler, 3, 6);
+    TrainingRun run4 = run_over(same, 3, 6);
     REQUIRE(load_checkpoint(path, run4).step == 6);
 }
 
