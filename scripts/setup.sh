@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# setup.sh — checks the Debian packages kiln needs and installs the missing ones.
-#   as root:        installs them with apt-get (after apt-get update)
+# setup.sh — checks the Debian packages kiln needs and installs the missing ones, then checks
+# the CUDA Toolkit's headers (not a Debian package: it says where to get them).
+#   as root:        installs the packages with apt-get (after apt-get update)
 #   as a user:      prints the exact apt-get line to run, and stops
 # Usage: scripts/setup.sh [--bench] [--check]
 #   --bench   adds OpenBLAS and PyTorch, for `make bench`
@@ -29,16 +30,25 @@ for p in "${packages[@]}"; do
 done
 if [[ ${#missing[@]} -eq 0 ]]; then
     echo "setup: all packages present (${packages[*]})"
-    exit 0
-fi
-if [[ $check -eq 1 || $(id -u) -ne 0 ]]; then
+elif [[ $check -eq 1 || $(id -u) -ne 0 ]]; then
     sudo=sudo; [[ $(id -u) -eq 0 ]] && sudo=
     echo "setup: missing Debian packages: ${missing[*]}"
     echo "setup: install them with:"
     echo "    ${sudo:+$sudo }apt-get update && ${sudo:+$sudo }apt-get install -y ${missing[*]}"
     exit 1
+else
+    echo "setup: installing ${missing[*]}"
+    apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null
+    echo "setup: done"
 fi
-echo "setup: installing ${missing[*]}"
-apt-get update -qq
-DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null
-echo "setup: done"
+
+# The CPU build compiles the CUDA kernels for the emulator, with the toolkit's __half and
+# __nv_bfloat16 types (the Makefile's -isystem /usr/local/cuda/include); no GPU is needed.
+cuda_header=/usr/local/cuda/include/cuda_fp16.h
+if [[ ! -f $cuda_header ]]; then
+    echo "setup: the CUDA Toolkit's headers are missing (no $cuda_header). Install NVIDIA's"
+    echo "setup: CUDA Toolkit (https://developer.nvidia.com/cuda-downloads), which puts them in"
+    echo "setup: /usr/local/cuda; the build needs only its headers, not a GPU or its driver."
+    exit 1
+fi
