@@ -7,7 +7,7 @@
 // binary run by hand before `make data`) that test fails and says to run `make data`; it does
 // not pass without having checked anything. The same holds for the real CIFAR-10, whose test
 // is hidden (it takes a few seconds) and runs only when asked for:
-//   build/tests/kiln_tests '[data]'          these tests
+//   build/tests/kiln_tests '[data]'          these tests, but the hidden one
 //   build/tests/kiln_tests '[data-real]'     the real CIFAR-10 (data/cifar10/, `make data`)
 #include <catch2/catch.hpp>
 
@@ -492,7 +492,7 @@ TEST_CASE("load_cifar10 reads image folders from an archive or a directory", "[d
 }
 
 // Hidden (not run by default: a few seconds): build/tests/kiln_tests '[data-real]'
-TEST_CASE("the real CIFAR-10 in data/cifar10 (make data fetches it)", "[.][data-real][data][cpu][lesson03]") {
+TEST_CASE("the real CIFAR-10 in data/cifar10 (make data fetches it)", "[.][data-real][cpu]") {
     if (!std::filesystem::exists("data/cifar10")) FAIL("data/cifar10 not found: run `make data` first");
     auto t0 = std::chrono::steady_clock::now();
     const kiln::ImageSet train = kiln::load_cifar10("data/cifar10", true);
