@@ -1,6 +1,7 @@
 # kiln — one Makefile for the library, the trainers, the tests, the data and the benchmarks.
 #
-#   make                 library + trainers + tests (CPU; CUDA kernels run on the emulator)
+#   make                 library + trainers + tests (CPU; CUDA kernels run on the emulator); first
+#                        names any missing Debian package and the command that installs it
 #   make run             set-up in one command: packages, MNIST, build, train the latest chapter
 #   make test            all tests          make test T='[conv]'   a subset (Catch2 tags)
 #   make test SAN=1      the same under AddressSanitizer + UndefinedBehaviorSanitizer
@@ -65,23 +66,34 @@ BENCH_BINS  := $(BENCH_SRCS:bench/%.cpp=$(BUILD)/bench/%)
 # cuda/lab/gemm.cu -> build/lab/gemm
 LAB_SRCS    := $(sort $(wildcard cuda/lab/*.cu))
 LAB_BINS    := $(LAB_SRCS:cuda/lab/%.cu=$(BUILD)/lab/%)
+# The chapters that have a trainer: 01 02 ... (make lesson-NN runs one).
+LESSON_NUMS := $(patsubst $(BUILD)/bin/lesson-%,%,$(LESSON_BINS))
 
 .SECONDARY:
-.PHONY: all test data run bench lab lab-build accuracy gpu-check clean $(addprefix lesson-,01 02 03 04 05 06 07 08 09 10 11 12 13)
+.PHONY: all test data run bench lab lab-build accuracy gpu-check clean $(addprefix lesson-,$(LESSON_NUMS))
 all: $(LIB) $(LESSON_BINS) $(TEST_BIN)
 
+# --- packages ----------------------------------------------------------------------------
+# Before the first compile, scripts/setup.sh --check names any missing Debian package and the
+# command that installs it (instead of a compiler error about a missing header). The stamp
+# keeps it from running again until setup.sh changes.
+PACKAGES_OK := $(BUILD)/.packages-ok
+$(PACKAGES_OK): scripts/setup.sh
+	@bash scripts/setup.sh --check
+	@mkdir -p $(dir $@) && touch $@
+
 # --- compile -----------------------------------------------------------------------------
-$(BUILD)/%.o: %.cpp
+$(BUILD)/%.o: %.cpp | $(PACKAGES_OK)
 	@mkdir -p $(dir $@)
 	$(CXX) $(CXXFLAGS) -c $< -o $@
 
 ifeq ($(CUDA),1)
-$(BUILD)/%.cu.o: %.cu
+$(BUILD)/%.cu.o: %.cu | $(PACKAGES_OK)
 	@mkdir -p $(dir $@)
 	$(NVCC) $(NVFLAGS) -c $< -o $@
 else
 # Without a GPU the same .cu source is plain C++ run by the kernel emulator (cuda/emu/).
-$(BUILD)/%.cu.o: %.cu
+$(BUILD)/%.cu.o: %.cu | $(PACKAGES_OK)
 	@mkdir -p $(dir $@)
 	$(CXX) $(CXXFLAGS) -x c++ -c $< -o $@
 endif
@@ -131,11 +143,16 @@ data:
 	@bash data/fetch.sh mnist cifar10
 
 # The chapters that train on CIFAR-10; the others need only MNIST.
+# One explicit rule per chapter: a pattern rule (lesson-%) would never run, because make looks
+# for no implicit rule for a .PHONY target. scripts/check-make.sh checks that each one runs.
 CIFAR_LESSONS := 06 07 08 09 13
-lesson-%:
-	@bash data/fetch.sh $(if $(filter $*,$(CIFAR_LESSONS)),cifar10,mnist)
-	@$(MAKE) --no-print-directory $(BUILD)/bin/lesson-$*
-	$(BUILD)/bin/lesson-$* $(ARGS)
+define LESSON_RUN_RULE
+lesson-$(1):
+	@bash data/fetch.sh $(if $(filter $(1),$(CIFAR_LESSONS)),cifar10,mnist)
+	@$$(MAKE) --no-print-directory $(BUILD)/bin/lesson-$(1)
+	$(BUILD)/bin/lesson-$(1) $$(ARGS)
+endef
+$(foreach n,$(LESSON_NUMS),$(eval $(call LESSON_RUN_RULE,$(n))))
 
 # The latest finished chapter whose trainer runs on MNIST.
 RUN_LESSON := 04
@@ -145,8 +162,12 @@ run:
 	@$(MAKE) --no-print-directory all
 	$(BUILD)/bin/lesson-$(RUN_LESSON) $(ARGS)
 
-bench: $(BENCH_BINS) $(LESSON_BINS) data
+# OpenBLAS and PyTorch are installed first: the GEMM benchmark links OpenBLAS. Of the data,
+# only bench/torch_lenet.py reads any (MNIST); the others train on random inputs.
+bench:
 	@bash scripts/setup.sh --bench
+	@$(MAKE) --no-print-directory $(BENCH_BINS)
+	@bash data/fetch.sh mnist
 	@bash bench/run.sh $(BUILD)
 
 # Every lab binary in turn (each validates, then times on a GPU); fails if any version disagrees.

@@ -1,24 +1,43 @@
-// bench_gemm.cpp — kiln::cpu::gemm against OpenBLAS's cblas_sgemm, on the shapes kiln uses.
+// bench_gemm.cpp — kiln::cpu::gemm against OpenBLAS's cblas_sgemm at its best, on the shapes
+// kiln uses.
 //
 //   make build/bench/bench_gemm && OMP_NUM_THREADS=2 build/bench/bench_gemm
 //
-// Prints, per shape, three lines in the `make bench` format:
+// OpenBLAS picks its kernels for the CPU it detects when it loads, and may guess wrong: Debian's
+// OpenBLAS 0.3.21 takes an Intel Emerald Rapids for a "Prescott" of 2004 and runs SGEMM 1024³ at
+// 36 GFLOP/s instead of 232 with its SkylakeX kernels. So the benchmark measures kiln once, then
+// runs itself again (`bench_gemm openblas`) once per OpenBLAS core type, with OPENBLAS_CORETYPE
+// set to it; a type this OpenBLAS build does not have (it falls back to the detected one, which
+// openblas_get_corename() shows) or this CPU cannot run (the run dies of an illegal
+// instruction) is reported and left out. kiln is compared with the fastest core type: the one
+// whose GFLOP/s have the highest geometric mean over the shapes (one type for all shapes, so
+// that one lucky sample cannot pick the winner of a shape). Prints one comment line per core
+// type, then per shape three lines in the `make bench` format:
+//   # OpenBLAS Haswell: 1024 150.2 mlp_256x256x784 80.3 ... GFLOP/s
 //   bench gemm_f32_1024: 123.4 GFLOP/s
-//   bench openblas_gemm_f32_1024: 150.2 GFLOP/s
+//   bench openblas_gemm_f32_1024: 150.2 GFLOP/s (core type Haswell, the fastest of 9)
 //   bench gemm_f32_1024_vs_openblas: 0.82 ratio
 // GFLOP/s = 2·M·N·K / seconds / 1e9, the median of 11 timed samples (each ~10 ms) after
-// warm-up. kiln and OpenBLAS are timed one after the other, with a pause between: each
-// library's idle threads spin for a while after a call (OpenBLAS's for ~0.1 s), and would
-// steal the cores from the other one if their calls alternated.
-// Both use OMP_NUM_THREADS threads (bench/run.sh sets 2). OpenBLAS is linked into this
-// benchmark only, never into kiln.
+// warm-up. Each library runs in its own process, so neither one's idle threads, which spin for
+// a while after a call (OpenBLAS's for ~0.1 s), steal the cores from the other.
+// Both use OMP_NUM_THREADS threads (bench/run.sh sets 2). OPENBLAS_L2_SIZE is unset in the
+// OpenBLAS runs, so that OpenBLAS sizes its blocks for the cache it detects. OpenBLAS is linked
+// into this benchmark only, never into kiln.
 #include <cblas.h>
 #include <omp.h>
 
+#include <sys/wait.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <iterator>
+#include <map>
 #include <random>
 #include <string>
 #include <thread>
@@ -26,7 +45,10 @@
 
 #include "ops/cpu/gemm.h"
 
-extern "C" void openblas_set_num_threads(int num_threads);  // from OpenBLAS's cblas.h
+extern "C" {  // declared in OpenBLAS's cblas.h
+void openblas_set_num_threads(int num_threads);
+char* openblas_get_corename(void);
+}
 
 namespace {
 
@@ -76,53 +98,166 @@ double median(std::vector<double> v) {
     return v[v.size() / 2];
 }
 
-// Let the other library's spinning threads fall asleep.
-void settle() { std::this_thread::sleep_for(std::chrono::milliseconds(300)); }
-
-// Median seconds per call of f over 11 samples of `reps` calls, after a warm-up (page faults,
+// Median seconds per call of f over 11 samples of ~10 ms each, after a warm-up (page faults,
 // packing buffers, waking the thread pool).
 template <typename F>
-double median_time(F&& f, int reps) {
-    settle();
-    time_per_call(f, reps);
+double median_time(F&& f) {
+    const double once = time_per_call(f, 2);
+    const int reps = std::max(1, static_cast<int>(0.010 / std::max(once, 1e-9)));
     std::vector<double> samples;
     for (int sample = 0; sample < 11; ++sample) samples.push_back(time_per_call(f, reps));
     return median(samples);
 }
 
-void bench_shape(const Shape& s) {
-    Operands o = make_operands(s);
-    auto kiln = [&] { run_kiln(s, o); };
-    auto blas = [&] { run_openblas(s, o); };
-    // Size a sample to ~10 ms.
-    settle();
-    const double once = time_per_call(kiln, 2);
-    const int reps = std::max(1, static_cast<int>(0.010 / std::max(once, 1e-9)));
-    const double t_kiln = median_time(kiln, reps), t_blas = median_time(blas, reps);
-    const double flop = 2.0 * s.M * s.N * s.K;
-    const double g_kiln = flop / t_kiln / 1e9, g_blas = flop / t_blas / 1e9;
-    std::printf("bench gemm_f32_%s: %.1f GFLOP/s\n", s.name.c_str(), g_kiln);
-    std::printf("bench openblas_gemm_f32_%s: %.1f GFLOP/s\n", s.name.c_str(), g_blas);
-    std::printf("bench gemm_f32_%s_vs_openblas: %.2f ratio\n", s.name.c_str(), g_kiln / g_blas);
-    std::fflush(stdout);
+const Shape kShapes[] = {
+    {"1024", false, false, 1024, 1024, 1024},
+    // MLP layer, batch 256, 784 -> 256: forward Y = X·Wᵀ, and the weight gradient dYᵀ·X.
+    {"mlp_256x256x784", false, true, 256, 256, 784},
+    {"mlp_dw_256x784x256", true, false, 256, 784, 256},
+    // im2col convolution: 64 output channels, 3×3×64 = 576, a 64×64 output image.
+    {"conv_64x4096x576", false, false, 64, 4096, 576},
+    // small: where packing and threading overheads show.
+    {"64", false, false, 64, 64, 64},
+};
+
+// OpenBLAS 0.3.21's x86-64 core types (names that OPENBLAS_CORETYPE accepts and that have
+// kernels of their own; Katmai, Northwood and the like are other names for Prescott's).
+const char* const kCoreTypes[] = {"Prescott",  "Atom",         "Core2",      "Penryn",      "Dunnington",
+                                  "Nehalem",   "Nano",         "Opteron",    "Opteron_SSE3", "Barcelona",
+                                  "Bulldozer", "Piledriver",   "Steamroller", "Excavator",  "Sandybridge",
+                                  "Haswell",   "Zen",          "SkylakeX",   "Cooperlake",  "SapphireRapids"};
+
+// GFLOP/s of one library on one shape.
+template <typename F>
+double gflops(const Shape& s, F&& f) {
+    return 2.0 * s.M * s.N * s.K / median_time(f) / 1e9;
+}
+
+// `bench_gemm openblas`: OpenBLAS alone, with the core type of this process's environment.
+// Prints "corename <name>", then one "<shape> <GFLOP/s>" line per shape.
+void openblas_child(int threads) {
+    openblas_set_num_threads(threads);
+    std::printf("corename %s\n", openblas_get_corename());
+    for (const Shape& s : kShapes) {
+        Operands o = make_operands(s);
+        std::printf("%s %.1f\n", s.name.c_str(), gflops(s, [&] { run_openblas(s, o); }));
+    }
+}
+
+// One OpenBLAS core type's figures, by shape name; empty, with `why` set, when it did not run.
+struct CoreRun {
+    std::string core;
+    std::map<std::string, double> gflops;
+    std::string why;
+};
+
+// Runs this program again as `bench_gemm openblas` with OPENBLAS_CORETYPE=core.
+CoreRun run_core_type(const std::string& self, const char* core) {
+    CoreRun run{core, {}, ""};
+    setenv("OPENBLAS_CORETYPE", core, 1);
+    unsetenv("OPENBLAS_L2_SIZE");
+    FILE* child = popen(("'" + self + "' openblas 2>/dev/null").c_str(), "r");
+    if (!child) {
+        run.why = "could not start";
+        return run;
+    }
+    char name[256];
+    double value = 0;
+    std::string got;
+    if (std::fscanf(child, "corename %255s", name) == 1) got = name;
+    while (std::fscanf(child, "%255s %lf", name, &value) == 2) run.gflops[name] = value;
+    const int status = pclose(child);
+    if (!got.empty() && got != core) {
+        run.why = "not in this OpenBLAS build (it ran " + got + ")";
+        run.gflops.clear();
+    } else if (status != 0 || run.gflops.size() != std::size(kShapes)) {
+        // The shell reports a child killed by signal n as exit status 128 + n (SIGILL: 132).
+        run.why = "cannot run on this CPU (exit status " + std::to_string(WEXITSTATUS(status)) + ")";
+        run.gflops.clear();
+    }
+    return run;
+}
+
+// This program's own path, for running it again.
+std::string self_path() {
+    char path[4096];
+    const ssize_t n = readlink("/proc/self/exe", path, sizeof path - 1);
+    if (n <= 0) {
+        std::perror("bench_gemm: /proc/self/exe");
+        std::exit(1);
+    }
+    return std::string(path, static_cast<size_t>(n));
+}
+
+// Runs every core type in turn, prints one comment line each, and returns those that ran.
+std::vector<CoreRun> run_core_types() {
+    const std::string self = self_path();
+    std::vector<CoreRun> ran;
+    for (const char* core : kCoreTypes) {
+        CoreRun run = run_core_type(self, core);
+        std::printf("# OpenBLAS %s:", core);
+        if (!run.why.empty()) {
+            std::printf(" %s\n", run.why.c_str());
+        } else {
+            for (const Shape& s : kShapes) std::printf(" %s %.1f", s.name.c_str(), run.gflops[s.name]);
+            std::printf(" GFLOP/s\n");
+            ran.push_back(run);
+        }
+        std::fflush(stdout);
+    }
+    return ran;
+}
+
+// The core type with the highest geometric mean of GFLOP/s over the shapes.
+const CoreRun& fastest(const std::vector<CoreRun>& ran) {
+    const auto log_mean = [](const CoreRun& run) {
+        double sum = 0;
+        for (const auto& [shape, g] : run.gflops) sum += std::log(g);
+        return sum;  // the same number of shapes for every run: the sum orders them as the mean
+    };
+    return *std::max_element(ran.begin(), ran.end(),
+                             [&](const CoreRun& a, const CoreRun& b) { return log_mean(a) < log_mean(b); });
+}
+
+// The three `make bench` lines of each shape: kiln, the fastest core type, their ratio.
+void print_comparison(const std::map<std::string, double>& kiln, const std::vector<CoreRun>& ran) {
+    const CoreRun& best = fastest(ran);
+    for (const Shape& s : kShapes) {
+        const double g_blas = best.gflops.at(s.name), g_kiln = kiln.at(s.name);
+        std::printf("bench gemm_f32_%s: %.1f GFLOP/s\n", s.name.c_str(), g_kiln);
+        std::printf("bench openblas_gemm_f32_%s: %.1f GFLOP/s (core type %s, the fastest of %zu)\n", s.name.c_str(),
+                    g_blas, best.core.c_str(), ran.size());
+        std::printf("bench gemm_f32_%s_vs_openblas: %.2f ratio\n", s.name.c_str(), g_kiln / g_blas);
+    }
 }
 
 }  // namespace
 
-int main() {
+int main(int argc, char** argv) {
     const int threads = omp_get_max_threads();  // OMP_NUM_THREADS
-    openblas_set_num_threads(threads);
-    std::printf("# kiln gemm vs OpenBLAS, %d thread(s), median of 11 samples\n", threads);
-    const Shape shapes[] = {
-        {"1024", false, false, 1024, 1024, 1024},
-        // MLP layer, batch 256, 784 -> 256: forward Y = X·Wᵀ, and the weight gradient dYᵀ·X.
-        {"mlp_256x256x784", false, true, 256, 256, 784},
-        {"mlp_dw_256x784x256", true, false, 256, 784, 256},
-        // im2col convolution: 64 output channels, 3×3×64 = 576, a 64×64 output image.
-        {"conv_64x4096x576", false, false, 64, 4096, 576},
-        // small: where packing and threading overheads show.
-        {"64", false, false, 64, 64, 64},
-    };
-    for (const Shape& s : shapes) bench_shape(s);
+    if (argc > 1 && std::strcmp(argv[1], "openblas") == 0) {
+        openblas_child(threads);
+        return 0;
+    }
+    std::printf("# kiln gemm vs OpenBLAS at its best core type, %d thread(s), median of 11 samples\n", threads);
+    if (const char* env = std::getenv("OPENBLAS_CORETYPE")) {
+        std::printf("# OpenBLAS runs as %s here (OPENBLAS_CORETYPE=%s)\n", openblas_get_corename(), env);
+    } else {
+        std::printf("# OpenBLAS detects this CPU as %s\n", openblas_get_corename());
+    }
+    std::fflush(stdout);
+    std::map<std::string, double> kiln;
+    for (const Shape& s : kShapes) {
+        Operands o = make_operands(s);
+        kiln[s.name] = gflops(s, [&] { run_kiln(s, o); });
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));  // kiln's threads fall asleep
+
+    const std::vector<CoreRun> ran = run_core_types();
+    if (ran.empty()) {
+        std::printf("bench_gemm: no OpenBLAS core type ran\n");
+        return 1;
+    }
+    print_comparison(kiln, ran);
     return 0;
 }

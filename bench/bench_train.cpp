@@ -3,8 +3,8 @@
 //
 //   build/bench/bench_train            prints "bench mlp_train_cpu: 21000 img/s", ...
 //   mlp_train_cpu        chapter 02's MLP, batch 64
-//   lenet_train_cpu      chapter 03's LeNet, batch 64 (compare: ../shared/bench/torch_lenet.py)
-//   cifar_net_train_cpu  the network of ../shared/bench/torch_cifar_net.py, batch 256, SGD Nesterov
+//   lenet_train_cpu      chapter 03's LeNet, batch 64 (compare: bench/torch_lenet.py)
+//   cifar_net_train_cpu  the network of bench/torch_cifar_net.py, batch 256, SGD Nesterov
 // Threads: OMP_NUM_THREADS (make bench sets 2). The figure is the median of 5 timed rounds.
 #include <algorithm>
 #include <chrono>

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # run.sh — `make bench`: runs every benchmark binary in BUILD/bench (each prints lines
-# "bench <name>: <value> <unit>"), then the PyTorch references of ../shared/bench in the same
-# run at the same thread count, and the ratios kiln / PyTorch.
+# "bench <name>: <value> <unit>"), then the PyTorch references bench/torch_lenet.py and
+# bench/torch_cifar_net.py in the same run at the same thread count, and the ratios kiln / PyTorch.
 # Threads: KILN_THREADS (default 2, the course's reference machine).
 set -eu
 build=$1
@@ -14,13 +14,12 @@ for b in "$build"/bench/*; do
     "$b" | tee -a "$out"
 done
 
-# PyTorch on the same machine, same threads (Debian's python3-torch; see ../shared/bench).
-refs=../shared/bench
+# PyTorch on the same machine, same threads (Debian's python3-torch).
 py=/usr/bin/python3   # Debian's python, where python3-torch is installed
-if [[ -d $refs ]] && "$py" -c 'import torch' 2>/dev/null; then
-    lenet=$("$py" "$refs/torch_lenet.py" data/mnist "$threads" 0.2 | grep -oE '[0-9]+ train img/s' | cut -d' ' -f1)
+if "$py" -c 'import torch' 2>/dev/null; then
+    lenet=$("$py" bench/torch_lenet.py data/mnist "$threads" 0.2 | grep -oE '[0-9]+ train img/s' | cut -d' ' -f1)
     echo "bench torch_lenet_train_cpu: $lenet img/s" | tee -a "$out"
-    cifar=$("$py" "$refs/torch_cifar_net.py" "$threads" 256 20 | grep -oE '[0-9]+ train img/s' | cut -d' ' -f1)
+    cifar=$("$py" bench/torch_cifar_net.py "$threads" 256 20 | grep -oE '[0-9]+ train img/s' | cut -d' ' -f1)
     echo "bench torch_cifar_net_train_cpu: $cifar img/s" | tee -a "$out"
     ratio() {  # ratio NAME KILN_FIGURE TORCH_FIGURE
         local k t
@@ -31,5 +30,5 @@ if [[ -d $refs ]] && "$py" -c 'import torch' 2>/dev/null; then
     ratio lenet_train_cpu_vs_torch lenet_train_cpu torch_lenet_train_cpu
     ratio cifar_net_train_cpu_vs_torch cifar_net_train_cpu torch_cifar_net_train_cpu
 else
-    echo "bench: no PyTorch (python3-torch) or no ../shared/bench: the reference figures are skipped"
+    echo "bench: no PyTorch (python3-torch at $py): the reference figures are skipped"
 fi

@@ -1,7 +1,7 @@
 #!/usr/bin/python3
 """PyTorch GPU reference for lesson 05: one training epoch of the LeNet of lessons 03 and 05
 on MNIST, on the GPU, to set beside `build-cuda/bin/lesson-05 --epochs 1 --device cuda`
-(scripts/gpu-check.sh runs both). The CPU twin is ../shared/bench/torch_lenet.py.
+(scripts/gpu-check.sh runs both). The CPU twin is bench/torch_lenet.py.
 
 Usage: /usr/bin/python3 bench/torch_lenet_gpu.py [MNIST_DIR] [EPOCHS]
 MNIST_DIR holds the four IDX files (plain or .gz); without them (or without a MNIST_DIR) the
@@ -12,8 +12,10 @@ test accuracy when the data is real, and the line
     bench torch_lenet_train_gpu: <images per second> img/s
 Needs a PyTorch built with CUDA; exits with status 1 and says so otherwise.
 """
-import gzip, os, struct, sys, time
-import numpy as np, torch, torch.nn as nn, torch.nn.functional as F
+import os, sys, time
+import numpy as np, torch, torch.nn.functional as F
+
+from torch_lenet import idx, LeNet  # bench/torch_lenet.py: the IDX reader and the model
 
 d = sys.argv[1] if len(sys.argv) > 1 else ''
 epochs = float(sys.argv[2]) if len(sys.argv) > 2 else 1.0
@@ -22,32 +24,13 @@ if not torch.cuda.is_available():
 dev = torch.device('cuda')
 torch.manual_seed(0)
 
-def idx(name):
-    p = os.path.join(d, name)
-    b = gzip.open(p + '.gz').read() if os.path.exists(p + '.gz') else open(p, 'rb').read()
-    magic, n = struct.unpack('>II', b[:8])
-    if magic == 2051:
-        r, c = struct.unpack('>II', b[8:16])
-        return np.frombuffer(b[16:], np.uint8).reshape(n, 1, r, c)
-    return np.frombuffer(b[8:], np.uint8)
-
 norm = lambda a: torch.tensor((a / 255.0 - 0.1307) / 0.3081, dtype=torch.float32, device=dev)
 real = bool(d) and any(os.path.exists(os.path.join(d, 'train-images-idx3-ubyte' + z)) for z in ('', '.gz'))
 if real:
-    X, Y = norm(idx('train-images-idx3-ubyte')), torch.tensor(idx('train-labels-idx1-ubyte').astype(np.int64), device=dev)
-    Xt, Yt = norm(idx('t10k-images-idx3-ubyte')), torch.tensor(idx('t10k-labels-idx1-ubyte').astype(np.int64), device=dev)
+    X, Y = norm(idx(d, 'train-images-idx3-ubyte')), torch.tensor(idx(d, 'train-labels-idx1-ubyte').astype(np.int64), device=dev)
+    Xt, Yt = norm(idx(d, 't10k-images-idx3-ubyte')), torch.tensor(idx(d, 't10k-labels-idx1-ubyte').astype(np.int64), device=dev)
 else:
     X, Y = torch.randn(60000, 1, 28, 28, device=dev), torch.randint(0, 10, (60000,), device=dev)
-
-class LeNet(nn.Module):
-    def __init__(s):
-        super().__init__()
-        s.c1, s.c2 = nn.Conv2d(1, 10, 5), nn.Conv2d(10, 20, 5)
-        s.f1, s.f2 = nn.Linear(320, 50), nn.Linear(50, 10)
-    def forward(s, x):
-        x = F.relu(F.max_pool2d(s.c1(x), 2))
-        x = F.relu(F.max_pool2d(s.c2(x), 2))
-        return s.f2(F.relu(s.f1(x.view(-1, 320))))
 
 m = LeNet().to(dev)
 opt = torch.optim.SGD(m.parameters(), lr=0.01, momentum=0.5)

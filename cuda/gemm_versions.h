@@ -1,4 +1,4 @@
-// gemm_versions.h — the teaching versions of cuda/gemm.cu, side by side (STYLE.md item 2).
+// gemm_versions.h — the teaching versions of cuda/gemm.cu, side by side.
 // All take cuda::gemm's arguments (src/ops/cuda_ops.h; device pointers, row-major, any
 // transposes) and compute the same C; the engine uses version 3, cuda::gemm.
 //
@@ -10,8 +10,9 @@
 //                           registers (register blocking)
 //
 // Tested against the CPU by `make test T='[cuda][gemm]'`; the kernel lab, cuda/lab/gemm.cu,
-// shows them as its versions 2 to 4 and times them against cuBLAS on a GPU (`make CUDA=1 lab`).
-// Like cuda::gemm, they take T = float, f16 or bf16 and sum in float.
+// shows them under the same numbers (between a version 0 and a version 4 of its own) and times
+// them against cuBLAS on a GPU (`make CUDA=1 lab`). Like cuda::gemm, they take T = float, f16
+// or bf16 and sum in float.
 #pragma once
 #include <cstdint>
 

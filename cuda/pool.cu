@@ -16,15 +16,20 @@
 //        cover it,
 //            p from ceil((ih + padding − KH + 1) / stride) to floor((ih + padding) / stride)
 //        (clipped to [0, P)), q likewise, and adds their contributions itself, in ascending
-//        (p, q) — the order in which the CPU's scatter adds them, so the sums are identical.
+//        (p, q) — the order in which the CPU's scatter adds them (see Determinism below).
 //   global_avgpool_forward   one block of 256 per plane (grid-stride over the N·C planes):
 //        thread t sums values t, t + B, ... in double, then detail::block_reduce.
 //   global_avgpool_backward  one thread per element: dx = dy[plane] / S.
 //
 // Determinism: no atomics anywhere; every output is computed by one thread (or one block's
-// fixed reduction tree) in a fixed order. Max and average pooling match the CPU bit for bit
-// (same argmax: NaN wins, the first maximum on ties); the global average differs from the
-// CPU's (8 float lanes, then double) only in the last bit of a float.
+// fixed reduction tree) in a fixed order, so the same binary on the same GPU gives the same
+// bits on every run. Against the CPU: max pooling, forward and backward (same argmax: NaN wins,
+// the first maximum on ties), and average pooling's forward (the CPU's additions in the CPU's
+// order, then one multiply) match it bit for bit. Average pooling's backward adds dy·inv over
+// the covering windows; nvcc contracts that multiply-add into one FMA (rounded once, where the
+// CPU rounds the product first), so where windows overlap (stride < K) dx may differ from the
+// CPU's in the last bits (the tests allow 1e-6). The global average differs from the CPU's
+// (8 float lanes, then double) only in the last bit of a float.
 //
 // Build and run: part of the engine (make, or make CUDA=1); tested against the CPU by
 //   make test T='[pool][cuda]'

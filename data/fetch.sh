@@ -182,7 +182,7 @@ fetch_mnist_all() {
         if [[ ! -f $f ]]; then
             fetch_mnist "$name" || {
                 echo "    What to do: set KILN_DATA_MIRROR to a folder holding mnist/*.gz (for example"
-                echo "    KILN_DATA_MIRROR=../shared/data), or put the four MNIST *-ubyte.gz files in data/mnist/"
+                echo "    KILN_DATA_MIRROR=\$HOME/datasets), or put the four MNIST *-ubyte.gz files in data/mnist/"
                 echo "    by hand, then run \`make data\` again."
                 write_stamp "$stamp" "${lines[@]+"${lines[@]}"}"
                 return 1
@@ -272,7 +272,7 @@ fetch_cifar_all() {
     say "cifar10: FAILED to get CIFAR-10. Sources tried:"
     for src in "${tried[@]}"; do echo "    - $src"; done
     echo "    What to do: set KILN_DATA_MIRROR to a folder holding $CIFAR_JPG or $CIFAR_BIN"
-    echo "    (for example KILN_DATA_MIRROR=../shared/data), or download"
+    echo "    (for example KILN_DATA_MIRROR=\$HOME/datasets), or download"
     echo "    $CIFAR_URL into $dir/ by hand, then run \`bash data/fetch.sh cifar10\` again."
     return 1
 }

@@ -1,7 +1,8 @@
 // test_checkpoint.cpp — checkpoints (src/train/checkpoint.h): the safetensors layout byte by
 // byte, round trips, every kind of damage rejected with a message naming the file and the
-// tensor, saves that fail without harming the previous checkpoint, and a run stopped at step k
-// and resumed that ends bit for bit where an uninterrupted run does.
+// tensor, saves that fail without harming the previous checkpoint, a run stopped at step k
+// and resumed that ends bit for bit where an uninterrupted run does, and resumes with other
+// flags (--limit, --seed, --epochs, the schedule) refused by name.
 //
 //   build/tests/kiln_tests '[checkpoint]'
 #include <catch2/catch.hpp>
@@ -21,6 +22,7 @@
 #include "nn/models.h"
 #include "optim/adam.h"
 #include "train/checkpoint.h"
+#include "train/fit.h"
 
 using namespace kiln;
 using Catch::Contains;
@@ -491,6 +493,69 @@ TEST_CASE("resuming with other flags is refused by name", "[checkpoint][cpu]") {
     Trainee no_rng(set, Opt::SGD);
     TrainingRun run4{*no_rng.model, *no_rng.optimizer, nullptr, nullptr, {{"augment", &no_rng.init}}};
     REQUIRE_THROWS_WITH(load_checkpoint(path, run4), Contains("train.rng.augment.seed") && Contains(path));
+}
+
+TEST_CASE("the schedule record holds the lr the scheduler sets at each epoch's start", "[checkpoint][cpu]") {
+    const ImageSet set = random_images();
+    Trainee t(set, Opt::SGD);  // lr 0.05, halved every 4 steps; 6 steps an epoch
+    const ScheduleRecord record = record_schedule(*t.optimizer, &t.scheduler, 3, 6);
+    REQUIRE(record.epochs == 3);
+    REQUIRE(record.epoch_start_lrs.size() == 3);
+    for (int64_t epoch = 0; epoch < 3; epoch++) {
+        INFO("epoch " << epoch);
+        REQUIRE(record.epoch_start_lrs[size_t(epoch)] == t.optimizer->lr());
+        for (int step = 0; step < 6; step++) t.scheduler.step();
+    }
+    REQUIRE(record.epoch_start_lrs[1] == 0.025f);  // t = 6: halved once
+    // Without a scheduler the lr stays what it is.
+    REQUIRE(record_schedule(*t.optimizer, nullptr, 2, 6).epoch_start_lrs == std::vector<float>(2, t.optimizer->lr()));
+}
+
+TEST_CASE("resuming with another --epochs or another schedule is refused by name", "[checkpoint][cpu]") {
+    TempDir dir;
+    const ImageSet set = random_images();
+    const std::string path = dir.file("ckpt.safetensors");
+    // t's run, with the schedule recorded as fit would: `epochs` epochs of `steps` steps each.
+    const auto run_over = [](Trainee& t, int64_t epochs, int64_t steps) {
+        TrainingRun run = t.run();
+        run.schedule = record_schedule(*t.optimizer, &t.scheduler, epochs, steps);
+        return run;
+    };
+    Trainee t(set, Opt::SGD);
+    TrainingRun run = run_over(t, 3, 6);
+    save_checkpoint(path, run, t.train_until({}, 6));
+
+    Trainee longer(set, Opt::SGD);
+    TrainingRun run2 = run_over(longer, 4, 6);
+    REQUIRE_THROWS_WITH(load_checkpoint(path, run2),
+                        Contains(path) && Contains("3 epochs") && Contains("over 4") && Contains("--epochs"));
+    REQUIRE(longer.scheduler.last_epoch() == 0);  // refused before the scheduler was loaded
+
+    Trainee per_epoch(set, Opt::SGD);  // the same scheduler stepped once an epoch: another schedule
+    TrainingRun run3 = run_over(per_epoch, 3, 1);
+    REQUIRE_THROWS_WITH(load_checkpoint(path, run3),
+                        Contains("starts epoch 2 at lr 0.025") && Contains("at lr 0.05") && Contains("--lr"));
+
+    Trainee same(set, Opt::SGD);
+    TrainingRun run4 = run_over(same, 3, 6);
+    REQUIRE(load_checkpoint(path, run4).step == 6);
+}
+
+TEST_CASE("fit's --save keeps the epoch before as prev.safetensors; --resume checks --epochs", "[checkpoint][cpu]") {
+    TempDir dir;
+    const ImageSet set = random_images();
+    Trainee t(set, Opt::SGD);
+    const TrainOptions two_epochs{2, &t.scheduler, /*per_batch=*/true, nullptr, 0.0f, dir.path, ""};
+    fit(*t.model, *t.optimizer, t.loader, t.loader, two_epochs);
+    REQUIRE(read_safetensors(dir.file("last.safetensors")).get_int("train.epoch") == 2);
+    REQUIRE(read_safetensors(dir.file("prev.safetensors")).get_int("train.epoch") == 1);
+
+    // A finished two-epoch run, resumed as a three-epoch one, would train its third epoch on a
+    // schedule laid out for two: refused.
+    Trainee resumed(set, Opt::SGD);
+    const TrainOptions three_epochs{3, &resumed.scheduler, true, nullptr, 0.0f, "", dir.file("last.safetensors")};
+    REQUIRE_THROWS_WITH(fit(*resumed.model, *resumed.optimizer, resumed.loader, resumed.loader, three_epochs),
+                        Contains("2 epochs") && Contains("--epochs"));
 }
 
 TEST_CASE("ReduceLROnPlateau's state travels under \"plateau.\"", "[checkpoint][cpu]") {

@@ -146,7 +146,7 @@ TEST_CASE("cuda global average pooling matches the CPU", "[cuda][pool][lesson05]
 }
 
 // ---- batch norm ----------------------------------------------------------------------------------
-TEST_CASE("cuda batch norm matches the CPU in training and evaluation", "[cuda][batchnorm][lesson05]") {
+TEST_CASE("cuda batch norm matches the CPU in training and evaluation", "[cuda][batchnorm][lesson06]") {
     struct Case {
         const char* what;
         Shape shape;
@@ -186,7 +186,7 @@ TEST_CASE("cuda batch norm matches the CPU in training and evaluation", "[cuda][
     }
 }
 
-TEST_CASE("cuda batch norm gives the same bits on every run", "[cuda][batchnorm][lesson05]") {
+TEST_CASE("cuda batch norm gives the same bits on every run", "[cuda][batchnorm][lesson06]") {
     // No atomics: each channel's sums are one block's fixed tree, whatever order threads run in.
     Rng rng(6);
     const Tensor x = cuda_copy(Tensor::normal({5, 3, 9, 9}, 0.5f, 2.0f, rng));
@@ -247,7 +247,7 @@ TEST_CASE("cuda layer norm gradients match finite differences", "[cuda][layernor
 }
 
 // ---- GELU and dropout ----------------------------------------------------------------------------
-TEST_CASE("cuda GELU matches the CPU", "[cuda][gelu][lesson05]") {
+TEST_CASE("cuda GELU matches the CPU", "[cuda][gelu][lesson06]") {
     Rng rng(7);
     for (int64_t n : {int64_t(1), int64_t(257), int64_t(5000)}) {
         INFO("n = " << n);
@@ -261,7 +261,7 @@ TEST_CASE("cuda GELU matches the CPU", "[cuda][gelu][lesson05]") {
     }
 }
 
-TEST_CASE("cuda dropout draws the CPU's mask bit for bit", "[cuda][dropout][lesson05]") {
+TEST_CASE("cuda dropout draws the CPU's mask bit for bit", "[cuda][dropout][lesson06]") {
     Rng rng(8);
     const uint64_t seed_hash = Rng(42).seed_hash(), first = 123456789;
     // 300,007 > 1024 blocks · 256 threads: the grid-stride loop; drop_p = 1 drops everything
@@ -287,7 +287,7 @@ TEST_CASE("cuda dropout draws the CPU's mask bit for bit", "[cuda][dropout][less
         }
 }
 
-TEST_CASE("cuda Dropout layer: the CPU's masks step after step, identity in eval", "[cuda][dropout][lesson05]") {
+TEST_CASE("cuda Dropout layer: the CPU's masks step after step, identity in eval", "[cuda][dropout][lesson06]") {
     Rng rng(9);
     Dropout cpu_drop(0.3f, 11), gpu_drop(0.3f, 11);
     for (int step = 0; step < 3; step++) {  // each forward draws fresh counters: the streams stay in step
@@ -331,7 +331,7 @@ TEST_CASE("cuda residual blocks match the CPU", "[cuda][residual][lesson05]") {
 
 // ---- finite differences on the device ---------------------------------------------------------------
 TEST_CASE("cuda pooling, batch norm, GELU, dropout and residual gradients match finite differences",
-          "[cuda][pool][batchnorm][gelu][dropout][residual][gradcheck][lesson05]") {
+          "[cuda][pool][batchnorm][gelu][dropout][residual][gradcheck][lesson05][lesson06]") {
     Rng rng(12);
     SECTION("MaxPool2d 3x3, stride 2, padding 1") {
         MaxPool2d pool(3, 2, 1);
@@ -376,7 +376,7 @@ TEST_CASE("cuda pooling, batch norm, GELU, dropout and residual gradients match 
 }
 
 // ---- errors ---------------------------------------------------------------------------------------
-TEST_CASE("cuda layers name the tensor and both devices when they are apart", "[cuda][batchnorm][pool][lesson05]") {
+TEST_CASE("cuda layers name the tensor and both devices when they are apart", "[cuda][batchnorm][pool][lesson05][lesson06]") {
     using Catch::Matchers::Contains;
     BatchNorm2d bn(2, "bn1");  // still on the CPU
     REQUIRE_THROWS_WITH(bn.forward(cuda_copy(Tensor::ones({2, 2, 3, 3}))),

@@ -1,4 +1,4 @@
-// test_cuda_ops.cpp — every CUDA kernel of chapter 04 against its CPU twin (STYLE.md item 9:
+// test_cuda_ops.cpp — every CUDA kernel of chapter 04 against its CPU twin (a test
 // against a reference implementation), on random shapes chosen to hit the edges: n = 1, odd
 // sizes, sizes that are not multiples of the block or the tile, n large enough for the
 // grid-stride loops, all four GEMM transposes, beta 0 and 1.

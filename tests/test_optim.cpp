@@ -1,5 +1,5 @@
 // test_optim.cpp — the optimizers of chapter 07 (and chapter 02's SGD): each against
-// torch.optim on a tiny problem (STYLE.md item 9: a reference implementation), the fused CUDA
+// torch.optim on a tiny problem (a reference implementation), the fused CUDA
 // update against its CPU twin, weight-decay groups, gradient clipping by a hand-computed case,
 // save/load continuing bit for bit, the memory each optimizer keeps, and the argument checks.
 //

@@ -179,8 +179,8 @@ TEST_CASE("fit: --save after each epoch, --resume continues exactly", "[trainer]
     };
     Run whole, first, second;
     const double acc = fit_epochs(whole, 3, "", "");
-    fit_epochs(first, 2, dir.path + "/run", "");  // stops after epoch 2 of the same schedule
-    REQUIRE(fit_epochs(second, 3, "", dir.path + "/run/last.safetensors") == acc);
+    fit_epochs(first, 3, dir.path + "/run", "");  // prev.safetensors: after epoch 2 of 3
+    REQUIRE(fit_epochs(second, 3, "", dir.path + "/run/prev.safetensors") == acc);
     std::vector<Parameter*> a = whole.model->parameters(), b = second.model->parameters();
     for (size_t i = 0; i < a.size(); i++) {
         INFO(a[i]->name);

@@ -72,7 +72,7 @@ void batchnorm1(const float* x, const float* gamma, const float* beta, float* y,
     KILN_CHECK_LAUNCH(batchnorm_naive_kernel, grid, block);
 }
 
-const std::vector<Version> kVersions = {{"naive", {32, 64, 128}}, {"batchnorm_forward_train", {0}}};
+const std::vector<Version> kVersions = {{1, "naive", {32, 64, 128}}, {2, "batchnorm_forward_train", {0}}};
 
 // One shape: the CPU reference, every version validated, then (on a GPU) timed against cuDNN.
 bool run_shape(int chosen, const BatchNormParams& p) {
@@ -164,5 +164,5 @@ bool run_lab(int chosen) {
 
 int main(int argc, char** argv) {
     using namespace kiln::lab;
-    return lab_main("batchnorm", [&] { return run_lab(chosen_version(argc, argv, kVersions.size())); });
+    return lab_main("batchnorm", [&] { return run_lab(chosen_version(argc, argv, kVersions)); });
 }

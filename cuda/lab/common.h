@@ -61,11 +61,6 @@ public:
 
     T* get() const { return p_; }
     size_t size() const { return n_; }
-    std::vector<T> to_host() const {
-        std::vector<T> h(n_);
-        KILN_CUDA_CHECK(cudaMemcpy(h.data(), p_, n_ * sizeof(T), cudaMemcpyDeviceToHost));
-        return h;
-    }
     // Every byte 0xff: a float NaN, so a value the kernel never wrote fails validation.
     void poison() { KILN_CUDA_CHECK(cudaMemset(p_, 0xff, n_ * sizeof(T))); }
 
@@ -138,25 +133,38 @@ double time_ms(F f) {
     return ms;
 }
 
-// One version of a kernel: its name in the output and the block sizes (threads per block) it
-// is validated and timed at; {0} when its launcher picks its own (the engine's kernels).
+// One version of a kernel: its number, its name in the output and the block sizes (threads per
+// block) it is validated and timed at; {0} when its launcher picks its own (the engine's
+// kernels). The numbers are the chapter's ("gemm 3" runs what chapter 04 calls version 3); a
+// version the lab adds before the chapter's first is version 0.
 struct Version {
+    int number;
     const char* name;
     std::vector<int> block_sizes;
 };
 
-inline std::string version_label(const std::vector<Version>& versions, size_t v, int block_size) {
-    std::string s = "v" + std::to_string(v + 1) + "_" + versions[v].name;
+inline std::string version_label(const Version& version, int block_size) {
+    std::string s = "v" + std::to_string(version.number) + "_" + version.name;
     return block_size ? s + "_b" + std::to_string(block_size) : s;
 }
 
-// The version asked for on the command line ("gemm 3": version 3 only), or 0 for all of them.
-inline int chosen_version(int argc, char** argv, size_t count) {
-    if (argc < 2) return 0;
-    const int v = std::atoi(argv[1]);
-    KILN_CHECK(v >= 1 && size_t(v) <= count, "unknown version '", argv[1], "': this lab has versions 1 to ", count,
-               " (see the file's header); give none to run them all");
-    return v;
+// chosen_version's answer when the command line names no version: run them all.
+constexpr int kAllVersions = -1;
+
+inline bool is_chosen(const Version& version, int chosen) {
+    return chosen == kAllVersions || chosen == version.number;
+}
+
+// The version asked for on the command line ("gemm 3": version 3 only), or kAllVersions.
+inline int chosen_version(int argc, char** argv, const std::vector<Version>& versions) {
+    if (argc < 2) return kAllVersions;
+    char* end = nullptr;
+    const long v = std::strtol(argv[1], &end, 10);
+    bool known = false;
+    for (const Version& version : versions) known = known || (*end == '\0' && v == version.number);
+    KILN_CHECK(known, "unknown version '", argv[1], "': this lab has versions ", versions.front().number, " to ",
+               versions.back().number, " (see the file's header); give none to run them all");
+    return int(v);
 }
 
 // Step 1 of the lab's protocol (llm.c's main loop): every chosen version at every block size
@@ -176,11 +184,11 @@ bool validate_versions(const std::vector<Version>& versions, int chosen, Run run
 #ifndef KILN_CUDA
         emu::ScopedSchedule scope(*schedule ? emu::Schedule::Reverse : emu::Schedule::InOrder);
 #endif
-        for (size_t v = 0; v < versions.size(); v++) {
-            if (chosen && size_t(chosen) != v + 1) continue;
-            for (int block : versions[v].block_sizes) {
-                run(int(v) + 1, block);
-                ok = check(version_label(versions, v, block) + schedule) && ok;
+        for (const Version& version : versions) {
+            if (!is_chosen(version, chosen)) continue;
+            for (int block : version.block_sizes) {
+                run(version.number, block);
+                ok = check(version_label(version, block) + schedule) && ok;
             }
         }
     }
@@ -195,12 +203,12 @@ bool validate_versions(const std::vector<Version>& versions, int chosen, Run run
 template <typename Run>
 void time_versions(const std::vector<Version>& versions, int chosen, Run run, const std::string& problem,
                    double work, const char* unit, double reference_ms, const char* reference) {
-    for (size_t v = 0; v < versions.size(); v++) {
-        if (chosen && size_t(chosen) != v + 1) continue;
-        for (int block : versions[v].block_sizes) {
-            const double ms = time_ms([&] { run(int(v) + 1, block); });
+    for (const Version& version : versions) {
+        if (!is_chosen(version, chosen)) continue;
+        for (int block : version.block_sizes) {
+            const double ms = time_ms([&] { run(version.number, block); });
             std::printf("bench %s_%s: %.1f %s  (%.1f%% of %s)\n", problem.c_str(),
-                        version_label(versions, v, block).c_str(), work / (ms * 1e-3), unit,
+                        version_label(version, block).c_str(), work / (ms * 1e-3), unit,
                         100.0 * reference_ms / ms, reference);
         }
     }

@@ -70,7 +70,7 @@ void conv2d1(const float* x, const float* w, const float* b, float* y, const Con
 }
 
 const std::vector<Version> kVersions = {
-    {"naive", {64, 128, 256}}, {"conv2d_forward_im2col", {0}}, {"conv2d_forward_implicit_gemm", {0}}};
+    {1, "naive", {64, 128, 256}}, {2, "conv2d_forward_im2col", {0}}, {3, "conv2d_forward_implicit_gemm", {0}}};
 
 // Images per chunk of a workspace of at most `limit` bytes, as nn/conv.cpp's column_workspace.
 int64_t images_within(int64_t floats_per_image, int64_t N, int64_t limit) {
@@ -220,5 +220,5 @@ bool run_lab(int chosen) {
 
 int main(int argc, char** argv) {
     using namespace kiln::lab;
-    return lab_main("conv", [&] { return run_lab(chosen_version(argc, argv, kVersions.size())); });
+    return lab_main("conv", [&] { return run_lab(chosen_version(argc, argv, kVersions)); });
 }

@@ -1,19 +1,21 @@
 // gemm.cu — the kernel lab's matrix multiply: five versions of C = A·B side by side, each
 // validated against the CPU at several block sizes, then timed against cuBLAS on a GPU.
+// Versions 1 to 3 are chapter 04's, with its numbers (cuda/gemm.cu); the lab adds version 0
+// before them and version 4 after them.
 //
 //   C[M,N] = A[M,K] · B[K,N]          all row-major (the engine's cuda::gemm also does
 //                                     transposes, alpha and beta; the lab times the plain case)
 //
-//   version 1  uncoalesced   one thread per C element, consecutive threads on consecutive rows
+//   version 0  uncoalesced   one thread per C element, consecutive threads on consecutive rows
 //              m: a warp's 32 reads of A are K floats apart, 32 memory transactions per load
-//   version 2  gemm_naive    (cuda/gemm.cu, chapter 04's version 1) one thread per element,
-//              consecutive threads on consecutive columns n: a warp reads B[k, n..n+15] as one
-//              transaction and A[m, k] as a broadcast. Only the mapping changed.
-//   version 3  gemm_smem     (cuda/gemm.cu) 16×16 tiles of A and B staged in shared memory:
+//   version 1  gemm_naive    (cuda/gemm.cu) one thread per element, consecutive threads on
+//              consecutive columns n: a warp reads B[k, n..n+15] as one transaction and
+//              A[m, k] as a broadcast. Only the mapping changed from version 0.
+//   version 2  gemm_smem     (cuda/gemm.cu) 16×16 tiles of A and B staged in shared memory:
 //              each global value is loaded once per block instead of once per thread
-//   version 4  gemm          (cuda/gemm.cu, the engine's) 2-D register tiling: each thread
+//   version 3  gemm          (cuda/gemm.cu, the engine's) 2-D register tiling: each thread
 //              computes a TM×TN patch of C from registers, TM·TN FMAs per TM + TN shared loads
-//   version 5  float4        version 4's tiling, but every global load and store and every
+//   version 4  float4        version 3's tiling, but every global load and store and every
 //              shared-memory read is a 16-byte float4: a quarter of the load instructions.
 //              Needs K and N to be multiples of 4 (rows stay 16-byte aligned). Block 128:
 //              64×64 tiles, 8×4 per thread; block 256: 128×128 tiles, 8×8 per thread.
@@ -22,9 +24,10 @@
 // Build and run (from the repository root; `make lab` builds and runs every lab file):
 //   make lab                   the emulator: validates every version at M, N, K = 67, 68, 44
 //   make CUDA=1 lab            a GPU: validates at 4096³, then prints one line per version
-//                              and block size: "bench gemm_4096_v5_float4_b256: ... GFLOP/s
+//                              and block size: "bench gemm_4096_v4_float4_b256: ... GFLOP/s
 //                              (..% of cublas)"
-//   build-cuda/lab/gemm 3      version 3 only (any version number; build/lab/gemm on the emulator)
+//   build-cuda/lab/gemm 3      version 3 only, the engine's (any version number, 0 to 4;
+//                              build/lab/gemm 3 on the emulator)
 #include <cstdint>
 
 #include "common.h"
@@ -35,7 +38,7 @@
 
 namespace kiln::lab {
 
-// ---- version 1: one thread per element, threads down the columns of C ------------------------
+// ---- version 0: one thread per element, threads down the columns of C ------------------------
 //   thread i:  m = i mod M,  n = i / M,   C[m, n] = Σ_k A[m, k]·B[k, n]
 __global__ void gemm_uncoalesced_kernel(int64_t M, int64_t N, int64_t K, const float* A, const float* B, float* C) {
     const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
@@ -46,13 +49,13 @@ __global__ void gemm_uncoalesced_kernel(int64_t M, int64_t N, int64_t K, const f
     C[m * N + n] = acc;
 }
 
-void gemm1(int64_t M, int64_t N, int64_t K, const float* A, const float* B, float* C, int block_size) {
+void gemm0(int64_t M, int64_t N, int64_t K, const float* A, const float* B, float* C, int block_size) {
     const dim3 grid(unsigned((M * N + block_size - 1) / block_size)), block(block_size);
     KILN_LAUNCH(gemm_uncoalesced_kernel, grid, block, 0)(M, N, K, A, B, C);
     KILN_CHECK_LAUNCH(gemm_uncoalesced_kernel, grid, block);
 }
 
-// ---- version 5: version 4 with float4 loads and stores ----------------------------------------
+// ---- version 4: version 3 with float4 loads and stores ----------------------------------------
 // Thread (tx, ty) owns rows ty·TM .. ty·TM + TM−1 and columns tx·TN .. tx·TN + TN−1 of the
 // block's BM×BN tile of C (both contiguous, so its values in As and Bs are float4s).
 //
@@ -130,10 +133,10 @@ __global__ void __launch_bounds__((BM / TM) * (BN / TN))
 constexpr auto gemm_float4_64x64 = gemm_float4_kernel<64, 64, 16, 8, 4>;     // 128 threads
 constexpr auto gemm_float4_128x128 = gemm_float4_kernel<128, 128, 8, 8, 8>;  // 256 threads
 
-void gemm5(int64_t M, int64_t N, int64_t K, const float* A, const float* B, float* C, int block_size) {
-    KILN_CHECK(K % 4 == 0 && N % 4 == 0, "gemm version 5 loads float4s along K and N: K = ", K, " and N = ", N,
-               " must be multiples of 4; use version 4 otherwise");
-    KILN_CHECK(block_size == 128 || block_size == 256, "gemm version 5 has blocks of 128 or 256 threads, not ",
+void gemm4(int64_t M, int64_t N, int64_t K, const float* A, const float* B, float* C, int block_size) {
+    KILN_CHECK(K % 4 == 0 && N % 4 == 0, "gemm version 4 loads float4s along K and N: K = ", K, " and N = ", N,
+               " must be multiples of 4; use version 3 otherwise");
+    KILN_CHECK(block_size == 128 || block_size == 256, "gemm version 4 has blocks of 128 or 256 threads, not ",
                block_size);
     const int tile = block_size == 128 ? 64 : 128;
     const dim3 grid(unsigned((N + tile - 1) / tile), unsigned((M + tile - 1) / tile)), block(block_size);
@@ -146,22 +149,22 @@ void gemm5(int64_t M, int64_t N, int64_t K, const float* A, const float* B, floa
     }
 }
 
-// ---- every version by number (versions 2 to 4 are the engine's, with their own blocks) -------
+// ---- every version by number (versions 1 to 3 are the engine's, with their own blocks) -------
 void gemm(int version, int64_t M, int64_t N, int64_t K, const float* A, const float* B, float* C, int block_size) {
     switch (version) {
-    case 1: return gemm1(M, N, K, A, B, C, block_size);
-    case 2: return cuda::lab::gemm_naive(false, false, M, N, K, 1.0f, A, K, B, N, 0.0f, C, N);
-    case 3: return cuda::lab::gemm_smem(false, false, M, N, K, 1.0f, A, K, B, N, 0.0f, C, N);
-    case 4: return cuda::gemm(false, false, M, N, K, 1.0f, A, K, B, N, 0.0f, C, N);
-    default: return gemm5(M, N, K, A, B, C, block_size);
+    case 0: return gemm0(M, N, K, A, B, C, block_size);
+    case 1: return cuda::lab::gemm_naive(false, false, M, N, K, 1.0f, A, K, B, N, 0.0f, C, N);
+    case 2: return cuda::lab::gemm_smem(false, false, M, N, K, 1.0f, A, K, B, N, 0.0f, C, N);
+    case 3: return cuda::gemm(false, false, M, N, K, 1.0f, A, K, B, N, 0.0f, C, N);
+    default: return gemm4(M, N, K, A, B, C, block_size);
     }
 }
 
-const std::vector<Version> kVersions = {{"uncoalesced", {64, 256, 1024}},
-                                        {"gemm_naive", {0}},
-                                        {"gemm_smem", {0}},
-                                        {"gemm", {0}},
-                                        {"float4", {128, 256}}};
+const std::vector<Version> kVersions = {{0, "uncoalesced", {64, 256, 1024}},
+                                        {1, "gemm_naive", {0}},
+                                        {2, "gemm_smem", {0}},
+                                        {3, "gemm", {0}},
+                                        {4, "float4", {128, 256}}};
 
 bool run_lab(int chosen) {
     const int64_t M = kTiming ? 4096 : 67, N = kTiming ? 4096 : 68, K = kTiming ? 4096 : 44;
@@ -202,5 +205,5 @@ bool run_lab(int chosen) {
 
 int main(int argc, char** argv) {
     using namespace kiln::lab;
-    return lab_main("gemm", [&] { return run_lab(chosen_version(argc, argv, kVersions.size())); });
+    return lab_main("gemm", [&] { return run_lab(chosen_version(argc, argv, kVersions)); });
 }

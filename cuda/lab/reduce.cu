@@ -112,7 +112,8 @@ double reduce(int version, const float* x, int64_t n, int block_size, float* par
     }
 }
 
-const std::vector<Version> kVersions = {{"interleaved", {64, 256, 1024}}, {"tree", {64, 256, 1024}}, {"sum", {0}}};
+const std::vector<Version> kVersions = {
+    {1, "interleaved", {64, 256, 1024}}, {2, "tree", {64, 256, 1024}}, {3, "sum", {0}}};
 
 bool run_lab(int chosen) {
     const int64_t n = kTiming ? int64_t(1) << 26 : 100003;
@@ -149,5 +150,5 @@ bool run_lab(int chosen) {
 
 int main(int argc, char** argv) {
     using namespace kiln::lab;
-    return lab_main("reduce", [&] { return run_lab(chosen_version(argc, argv, kVersions.size())); });
+    return lab_main("reduce", [&] { return run_lab(chosen_version(argc, argv, kVersions)); });
 }

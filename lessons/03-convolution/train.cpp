@@ -1,4 +1,4 @@
-// lesson-03 — the articles' LeNet on MNIST, on the CPU: convolution by im2col + GEMM, pooling.
+// lesson-03 — the LeNet of PyTorch's classic MNIST example, on the CPU: im2col + GEMM, pooling.
 //
 //   make lesson-03                        # 12 epochs, ≥ 99.0% test accuracy
 //   make lesson-03 ARGS='--limit 5000'    # a quick look
@@ -22,7 +22,7 @@ int main(int argc, char** argv) try {
     flags.epochs = 12;
     flags.lr = 0.05f;
     float momentum = 0.9f;
-    Cli cli("lesson-03", "Trains the articles' LeNet on MNIST with SGD + momentum.");
+    Cli cli("lesson-03", "Trains the LeNet of PyTorch's classic MNIST example with SGD + momentum.");
     flags.add_to(cli);
     cli.add("--momentum", &momentum, "SGD momentum");
     cli.parse(argc, argv);

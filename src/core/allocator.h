@@ -1,4 +1,4 @@
-// allocator.h — where every byte of a tensor comes from (DESIGN.md decision 4).
+// allocator.h — where every byte of a tensor comes from.
 //
 // Two allocators, one interface:
 //   PoolAllocator  caching: a freed block goes to a free list and is handed out again to the

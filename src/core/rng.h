@@ -2,7 +2,7 @@
 //
 // The n-th number of a stream is a pure function of (seed, n): hash(seed, n). So a tensor of
 // N random values can be filled by any number of threads in any order and come out the same:
-// kiln's results depend on the seed, never on the thread count (DESIGN.md decision 8).
+// kiln's results depend on the seed, never on the thread count.
 // The hash is SplitMix64 (Steele, Lea, Flood 2014), which passes BigCrush.
 #pragma once
 #include <cmath>
@@ -36,7 +36,6 @@ public:
     KILN_HOST_DEVICE static float to_unit(uint64_t bits) { return float(bits >> 40) * (1.0f / 16777216.0f); }
 
     uint64_t next_u64() { return at(counter_++); }
-    float next_uniform() { return to_unit(next_u64()); }
     uint64_t next_below(uint64_t n) { return next_u64() % n; }  // bias < n / 2^64, negligible
 
     // Reserves n consecutive counters and returns the first: values at(first + k), k < n.

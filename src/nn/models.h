@@ -14,13 +14,13 @@ std::unique_ptr<Sequential> softmax_regression(Rng& rng);
 // Chapter 02: x [N,1,28,28] -> Flatten -> Linear 784→h1 -> ReLU -> Linear h1→h2 -> ReLU -> Linear h2→10.
 std::unique_ptr<Sequential> mlp(Rng& rng, int64_t hidden1 = 512, int64_t hidden2 = 256);
 
-// Chapters 03 and 05, the articles' LeNet:
+// Chapters 03 and 05, the LeNet of PyTorch's classic MNIST example:
 //   x [N,1,28,28] -> conv 1→10 k5 [N,10,24,24] -> max-pool 2 [N,10,12,12] -> ReLU
 //   -> conv 10→20 k5 [N,20,8,8] -> max-pool 2 [N,20,4,4] -> ReLU -> Flatten [N,320]
 //   -> Linear 320→50 -> ReLU -> Linear 50→10
 std::unique_ptr<Sequential> lenet(Rng& rng);
 
-// Chapter 06, a convolutional net for CIFAR-10 in the layout of ../shared/bench/torch_cifar_net.py
+// Chapter 06, a convolutional net for CIFAR-10 in the layout of bench/torch_cifar_net.py
 // (airbench's): a 2×2 conv 3→24 with GELU, then three blocks of widths w1, w2, w3,
 //   block(c→w): conv 3×3 c→w -> max-pool 2 -> BN -> GELU -> conv 3×3 w→w -> BN -> GELU
 // then max-pool 3 -> Flatten -> Linear w3→10 (no bias).

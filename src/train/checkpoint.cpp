@@ -26,7 +26,8 @@ namespace {
 
 const char* const kCrcKey = "kiln.crc32";
 const char* const kCorruptHint =
-    "the file is truncated or corrupt: delete it and resume from the previous epoch's checkpoint";
+    "the file is truncated or corrupt: resume from an earlier checkpoint instead (a trainer's --save DIR "
+    "keeps the epoch before the last as DIR/prev.safetensors)";
 
 // ---- dtypes -----------------------------------------------------------------------------------
 // safetensors' names, in the order the reference writer lays tensors out: descending alignment
@@ -395,7 +396,64 @@ std::vector<std::pair<std::string, Tensor*>> model_tensors(Module& model) {
     return all;
 }
 
+// The schedule record as saved: "train.schedule.epochs" and "train.schedule.epoch_start_lrs",
+// the lrs as text ("%.9g": a float reads back exactly), separated by commas.
+const char* const kScheduleEpochs = "train.schedule.epochs";
+const char* const kScheduleLrs = "train.schedule.epoch_start_lrs";
+
+std::vector<std::string> lr_texts(const std::vector<float>& lrs) {
+    std::vector<std::string> texts;
+    for (float lr : lrs) {
+        char text[32];
+        std::snprintf(text, sizeof text, "%.9g", double(lr));
+        texts.push_back(text);
+    }
+    return texts;
+}
+
+std::string join(const std::vector<std::string>& parts) {
+    std::string s;
+    for (const std::string& p : parts) s += (s.empty() ? "" : ",") + p;
+    return s;
+}
+
+std::vector<std::string> split(const std::string& s) {
+    std::vector<std::string> parts;
+    size_t begin = 0;
+    for (size_t comma; (comma = s.find(',', begin)) != std::string::npos; begin = comma + 1)
+        parts.push_back(s.substr(begin, comma - begin));
+    parts.push_back(s.substr(begin));
+    return parts;
+}
+
+// Refuses a resume whose schedule is not the one the checkpoint was trained with, naming the
+// first difference: the number of epochs (--epochs), then the lr at an epoch's start (--lr and
+// the schedule's flags).
+void check_schedule(const StateDict& s, const ScheduleRecord& run) {
+    const int64_t epochs = s.get_int(kScheduleEpochs);
+    KILN_CHECK(epochs == run.epochs, "the checkpoint's run was laid out over ", epochs, " epochs; this one over ",
+               run.epochs, ". Resume with the same --epochs (the learning-rate schedule depends on it)");
+    const std::vector<std::string> saved = split(s.get_string(kScheduleLrs)), now = lr_texts(run.epoch_start_lrs);
+    KILN_CHECK(saved.size() == now.size(), "\"", kScheduleLrs, "\" holds ", saved.size(), " lrs for ", epochs,
+               " epochs (the checkpoint is corrupt?)");
+    for (size_t e = 0; e < saved.size(); e++)
+        KILN_CHECK(saved[e] == now[e], "the checkpoint's schedule starts epoch ", e + 1, " at lr ",
+                   std::strtof(saved[e].c_str(), nullptr), "; this run's at lr ", run.epoch_start_lrs[e],
+                   ". Resume with the same --lr and schedule flags");
+}
+
 }  // namespace
+
+ScheduleRecord record_schedule(const Optimizer& optimizer, const LRScheduler* scheduler, int64_t epochs,
+                               int64_t steps_per_epoch) {
+    // A scheduler schedules each group from its initial_lr, rounding to the f32 lr as it sets it.
+    const ParamGroup& group = optimizer.param_groups().front();
+    ScheduleRecord record{epochs, {}};
+    for (int64_t e = 0; e < epochs; e++)
+        record.epoch_start_lrs.push_back(scheduler ? float(scheduler->lr_at(e * steps_per_epoch, group.initial_lr))
+                                                   : group.lr);
+    return record;
+}
 
 void write_safetensors(const std::string& path, const StateDict& s) {
     KILN_CHECK(!s.values.count(kCrcKey), "write_safetensors '", path, "': the value name \"", kCrcKey,
@@ -494,6 +552,10 @@ void save_checkpoint(const std::string& path, TrainingRun& run, const ResumePoin
         s.set_u64("train.rng." + name + ".seed", rng->seed_hash());
         s.set_u64("train.rng." + name + ".counter", rng->counter());
     }
+    if (run.schedule.epochs > 0) {
+        s.set(kScheduleEpochs, run.schedule.epochs);
+        s.set(kScheduleLrs, join(lr_texts(run.schedule.epoch_start_lrs)));
+    }
     write_safetensors(path, s);
 }
 
@@ -502,6 +564,7 @@ ResumePoint load_checkpoint(const std::string& path, TrainingRun& run) {
     // StateDict's errors name the tensor or value; these add the file.
     return with_hint((" (in checkpoint '" + path + "')").c_str(), [&] {
         load_model(s, run.model);
+        if (run.schedule.epochs > 0) check_schedule(s, run.schedule);
         run.optimizer.load_state(s, "optimizer");
         if (run.scheduler) run.scheduler->load_state(s, "scheduler");
         if (run.plateau) run.plateau->load_state(s, "plateau");

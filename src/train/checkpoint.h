@@ -1,4 +1,4 @@
-// checkpoint.h — saving a training run to one file and resuming it exactly (DESIGN.md decision 9).
+// checkpoint.h — saving a training run to one file and resuming it exactly.
 //
 //   TrainingRun run{*model, sgd, &scheduler, &loader, {{"dropout", &dropout.rng}}};
 //   save_checkpoint("runs/epoch-3.safetensors", run, {epoch + 1, 0, step});   // end of an epoch
@@ -79,6 +79,21 @@ void save_model(StateDict& state, Module& model);
 void load_model(const StateDict& state, Module& model);
 
 // ---- a training run -------------------------------------------------------------------------
+// What a run's learning-rate schedule was laid out as: the number of epochs and the lr (first
+// group) it gives at the start of each. A scheduler's settings (its kind, --lr, the epochs a
+// one-cycle spans, a warm-up) all show in these lrs, so comparing them catches a resume with
+// other schedule flags without knowing every scheduler's parameters.
+struct ScheduleRecord {
+    int64_t epochs = 0;                // 0: not recorded (a run not driven by epochs)
+    std::vector<float> epoch_start_lrs;  // lr at the start of epoch 0, 1, ..., epochs − 1
+};
+
+// The record of a run of `epochs` epochs whose scheduler (null: a constant lr) is stepped
+// steps_per_epoch times an epoch (1 for an epoch scheduler, the batches for a per-batch one).
+// Pure: the scheduler is not stepped.
+ScheduleRecord record_schedule(const Optimizer& optimizer, const LRScheduler* scheduler, int64_t epochs,
+                               int64_t steps_per_epoch);
+
 // The parts of a run a checkpoint holds. The same struct saves and loads.
 struct TrainingRun {
     Module& model;
@@ -87,6 +102,8 @@ struct TrainingRun {
     DataLoader* loader = nullptr;                         // optional: checked, then positioned
     std::vector<std::pair<std::string, Rng*>> rngs = {};  // e.g. {"dropout", &dropout.rng}
     ReduceLROnPlateau* plateau = nullptr;                 // optional, under "plateau."
+    ScheduleRecord schedule = {};                         // optional (epochs > 0): saved, then
+                                                          // checked against the checkpoint's
 };
 
 // Where a run continues from: epoch `epoch` (counted from 0) with its first `position` images
@@ -97,12 +114,15 @@ struct ResumePoint {
 };
 
 // Model + optimizer ("optimizer.") + schedulers ("scheduler.", "plateau.") + RNG counters,
-// loader size and `at` ("train.") into one file, written as write_safetensors does.
+// loader size, the schedule record and `at` ("train.") into one file, written as
+// write_safetensors does.
 void save_checkpoint(const std::string& path, TrainingRun& run, const ResumePoint& at);
 
 // Reads a checkpoint into a freshly built run (same model, optimizer and flags), puts the
 // loader at `at.epoch`, `at.position` and returns `at`. Errors name the file and the tensor or
-// value; after an error the run is partly loaded and should not be trained on.
+// value; a run set up differently (another training set size or batch size, seed, number of
+// epochs or schedule) is refused, naming the flag. After an error the run is partly loaded
+// and should not be trained on.
 ResumePoint load_checkpoint(const std::string& path, TrainingRun& run);
 
 }  // namespace kiln

@@ -26,12 +26,16 @@ int resume_from(const std::string& path, TrainingRun& run) {
     return int(at.epoch);
 }
 
-// --save: save_dir/last.safetensors, replaced atomically after every epoch.
+// --save: save_dir/last.safetensors, replaced atomically after every epoch; the one it
+// replaces becomes save_dir/prev.safetensors, so a damaged last checkpoint costs one epoch.
 void save_epoch(const std::string& save_dir, TrainingRun& run, int epochs_done) {
     std::error_code error;
     std::filesystem::create_directories(save_dir, error);
     KILN_CHECK(!error, "--save ", save_dir, ": cannot create the folder (", error.message(), ")");
-    const std::string path = save_dir + "/last.safetensors";
+    const std::string path = save_dir + "/last.safetensors", prev = save_dir + "/prev.safetensors";
+    if (std::filesystem::exists(path)) std::filesystem::rename(path, prev, error);
+    KILN_CHECK(!error, "--save ", save_dir, ": cannot rename last.safetensors to prev.safetensors (",
+               error.message(), ")");
     save_checkpoint(path, run, ResumePoint{epochs_done, 0, run.optimizer.steps()});
     std::printf("saved %s\n", path.c_str());
 }
@@ -54,7 +58,11 @@ double test_epoch(Module& model, DataLoader& test, const TrainOptions& opt, int 
 }  // namespace
 
 double fit(Module& model, Optimizer& optimizer, DataLoader& train, DataLoader& test, const TrainOptions& opt) {
-    TrainingRun run{model, optimizer, opt.scheduler, &train};
+    // The schedule as this run lays it out (before --resume loads anything): --resume refuses a
+    // checkpoint laid out otherwise.
+    const ScheduleRecord schedule =
+        record_schedule(optimizer, opt.scheduler, opt.epochs, opt.per_batch ? train.num_batches() : 1);
+    TrainingRun run{model, optimizer, opt.scheduler, &train, {}, nullptr, schedule};
     const int first = opt.resume.empty() ? 0 : resume_from(opt.resume, run);
     // a finished run: its accuracy
     double test_acc = first < opt.epochs ? 0.0 : test_epoch(model, test, opt, first - 1, optimizer.lr());

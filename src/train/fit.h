@@ -25,7 +25,9 @@ namespace kiln {
 
 // Trains opt.epochs epochs, printing the lr and the test accuracy after each; returns the last
 // accuracy. With opt.resume it first loads that checkpoint (model, optimizer, scheduler, data
-// order) and continues after its epoch; with opt.save_dir it saves one after every epoch.
+// order) and continues after its epoch, refusing one laid out over other epochs or with another
+// schedule; with opt.save_dir it saves one after every epoch (save_dir/last.safetensors, the
+// one before kept as save_dir/prev.safetensors).
 double fit(Module& model, Optimizer& optimizer, DataLoader& train, DataLoader& test, const TrainOptions& opt);
 
 // The earlier chapters' fit: flags.epochs epochs (and --save, --resume) with step decay
