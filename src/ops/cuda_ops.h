@@ -7,6 +7,7 @@
 #include <cstdint>
 
 #include "core/dtype.h"
+#include "ops/cpu/cpu_ops.h"  // the instantiation lists both twins use (KILN_ELEMENTWISE, ...)
 #include "ops/optim.h"   // AdamParams: shared with the CPU
 #include "ops/params.h"  // Conv2dParams, Pool2dParams, BatchNormParams, ConvAlgo
 
