@@ -6,8 +6,6 @@
 
 #include "core/cuda_memory.h"
 #include "core/rng.h"
-#include "ops/cpu/cpu_ops.h"
-#include "ops/cuda_ops.h"
 
 namespace kiln {
 
@@ -228,22 +226,6 @@ Tensor Tensor::to(Device d) const {
     if (!defined() || d == device()) return *this;
     Tensor t = empty(shape_, dtype_, d, category());
     t.copy_from(*this);
-    return t;
-}
-
-// One kernel per (from, to) pair of C++ types, on the tensor's device: a CUDA tensor is
-// converted on the GPU, never through the host.
-Tensor Tensor::to(DType dt) const {
-    if (!defined() || dt == dtype_) return *this;
-    Tensor t = empty(shape_, dt, device(), category());
-    visit_dtype(dtype_, [&](auto from_tag) {
-        visit_dtype(dt, [&](auto to_tag) {
-            const auto* src = data<decltype(from_tag)>();
-            auto* dst = t.data<decltype(to_tag)>();
-            if (device() == Device::CUDA) cuda::convert(src, dst, numel());
-            else cpu::convert(src, dst, numel());
-        });
-    });
     return t;
 }
 

@@ -113,7 +113,7 @@ public:
     Tensor clone() const;  // a copy of this tensor's bytes only
     // Converts on the tensor's device (dtype.h's cast: floats round to nearest even; integers
     // round to nearest even and saturate, NaN -> 0); returns *this if already that dtype.
-    Tensor to(DType dtype) const;
+    Tensor to(DType dtype) const;  // an op: defined in ops/ops.cpp, where kernels are picked
     Tensor to(Device device) const;            // copies between devices; *this if already there
     void copy_from(const Tensor& src);         // same shape and dtype, any devices
 

@@ -44,6 +44,24 @@ static void check_same_shape(const Tensor& a, const Tensor& b, const char* op) {
 
 static bool on_cuda(const Tensor& t) { return t.device() == Device::CUDA; }
 
+// ---- conversion ------------------------------------------------------------------------------
+// Tensor::to(DType) (core/tensor.h) is an operation like the others, so it is defined here, in the
+// one place that picks kernels: one kernel per (from, to) pair of C++ types, on the tensor's
+// device (a CUDA tensor is converted on the GPU, never through the host).
+Tensor Tensor::to(DType dt) const {
+    if (!defined() || dt == dtype_) return *this;
+    Tensor t = empty(shape_, dt, device(), category());
+    visit_dtype(dtype_, [&](auto from_tag) {
+        visit_dtype(dt, [&](auto to_tag) {
+            const auto* src = data<decltype(from_tag)>();
+            auto* dst = t.data<decltype(to_tag)>();
+            if (device() == Device::CUDA) cuda::convert(src, dst, numel());
+            else cpu::convert(src, dst, numel());
+        });
+    });
+    return t;
+}
+
 // ---- elementwise -------------------------------------------------------------------------
 void fill_(Tensor& x, float value) {
     check_args("fill_", {{x, "x"}});
