@@ -8,6 +8,7 @@
 
 #include <algorithm>
 
+#include "ops/check.h"
 #include "ops/cpu/cnn_ops.h"
 #include "ops/cuda_ops.h"
 
@@ -37,28 +38,9 @@ void check_conv2d_params(const Conv2dParams& p, const char* op) {
 
 namespace {
 
-// ---- the checks every op makes -------------------------------------------------------------------
-struct Arg {
-    const Tensor& t;
-    const char* name;
-};
-
-// Each tensor is defined, f32 (the element type the kernels are instantiated for today) and on
-// the device of the first one. Returns that device.
+// The CNN kernels are instantiated for f32 only so far (check.h).
 Device check_f32_args(const char* op, std::initializer_list<Arg> args) {
-    const Arg& first = *args.begin();
-    for (const Arg& a : args) {
-        check_defined(a.t, op, a.name);
-        KILN_CHECK(a.t.dtype() != DType::F16 && a.t.dtype() != DType::BF16, op, ": '", a.name, "' is ",
-                   a.t.desc(), ", and ", op, " does not support ", dtype_name(a.t.dtype()),
-                   " yet (chapter 09 adds it): convert it to f32");
-        check_dtype(a.t, DType::F32, op, a.name);
-        KILN_CHECK(a.t.device() == first.t.device(), op, ": '", a.name, "' is on ", device_name(a.t.device()),
-                   " but '", first.name, "' is on ", device_name(first.t.device()),
-                   ": an op reads all its tensors on one device; move one with .to(Device::",
-                   first.t.device() == Device::CUDA ? "CUDA" : "CPU", ")");
-    }
-    return first.t.device();
+    return check_args(op, args, KernelTypes::F32Only);
 }
 
 bool on_cuda(Device d) { return d == Device::CUDA; }

@@ -6,32 +6,12 @@
 #include <initializer_list>
 #include <utility>
 
+#include "ops/check.h"
 #include "ops/cpu/cpu_ops.h"
 #include "ops/cpu/gemm.h"
 #include "ops/cuda_ops.h"
 
 namespace kiln {
-
-// A tensor an op takes, with the name its error messages use.
-struct Arg {
-    const Tensor& t;
-    const char* name;
-};
-
-// Checks an op's tensors once: each defined, of one dtype that the kernels are instantiated
-// for (f32, f16 or bf16), all on one device. Messages name the op and the tensor.
-static void check_args(const char* op, std::initializer_list<Arg> args) {
-    const Arg& first = *args.begin();
-    for (const Arg& a : args) {
-        check_defined(a.t, op, a.name);
-        const DType dt = a.t.dtype();
-        KILN_CHECK(dt == DType::F32 || dt == DType::F16 || dt == DType::BF16, op, ": '", a.name, "' is ",
-                   a.t.desc(), "; f32, f16 and bf16 are supported");
-        KILN_CHECK(dt == first.t.dtype(), op, ": '", a.name, "' is ", a.t.desc(), " but '", first.name, "' is ",
-                   first.t.desc(), "; convert one with .to(DType::...)");
-        check_same_device(first.t, a.t, op);
-    }
-}
 
 // Runs f(T{}) for the dtype of t: T = float, f16 or bf16 (check_args has refused the others).
 template <typename F> static decltype(auto) for_dtype(const Tensor& t, F&& f) {
