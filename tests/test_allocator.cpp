@@ -69,7 +69,7 @@ TEST_CASE("tensors go back to the pool they came from", "[allocator][cpu][lesson
     REQUIRE(&current_allocator(Device::CPU) == &pool_allocator(Device::CPU));
 }
 
-TEST_CASE("bump allocator: bump, reset, overflow", "[allocator][cpu][lesson01]") {
+TEST_CASE("bump allocator: bump, reset, grow", "[allocator][cpu][lesson01]") {
     BumpAllocator arena("test arena", Device::CPU, 4096);
     REQUIRE(arena.stats().reserved == 4096);
     void* a = arena.allocate(100, Category::Activation);
@@ -87,11 +87,32 @@ TEST_CASE("bump allocator: bump, reset, overflow", "[allocator][cpu][lesson01]")
     REQUIRE(arena.high_water() == 768);
     void* again = arena.allocate(64, Category::Activation);
     REQUIRE(again == a);  // the slab starts over
+    // more than the slab holds: a new chunk of at least 1 MiB, the old one kept until reset
+    void* big = arena.allocate(5000, Category::Activation);
+    REQUIRE(arena.capacity() == 4096 + BumpAllocator::kMinGrowth);
+    REQUIRE(arena.used() == 256 + 5120);
     arena.deallocate(again);
-    // overflow names the arena, the request and the capacity
-    REQUIRE_THROWS_AS(arena.allocate(5000, Category::Activation), OutOfMemory);
-    REQUIRE_THROWS_WITH(arena.allocate(5000, Category::Activation),
-                        Catch::Contains("test arena") && Catch::Contains("4.9KiB") && Catch::Contains("4.0KiB"));
+    arena.deallocate(big);
+    arena.reset();  // the step needed 5376 bytes: one slab of that size replaces the two chunks
+    REQUIRE(arena.capacity() == 5376);
+    REQUIRE(arena.stats().reserved == 5376);
+    REQUIRE(arena.high_water() == 5376);
+}
+
+TEST_CASE("an arena grows from nothing, and only as far as the memory limit allows", "[allocator][cpu][lesson01]") {
+    BumpAllocator arena("growing arena", Device::CPU);
+    REQUIRE(arena.capacity() == 0);
+    void* p = arena.allocate(3 << 20, Category::Activation);  // a chunk of exactly the request
+    REQUIRE(arena.capacity() == size_t(3) << 20);
+    const int64_t before = device_memory_stats(Device::CPU).reserved;
+    set_memory_limit(Device::CPU, before + (1 << 20));
+    REQUIRE_THROWS_AS(arena.allocate(2 << 20, Category::Activation), OutOfMemory);
+    REQUIRE_THROWS_WITH(arena.allocate(2 << 20, Category::Activation),
+                        Catch::Contains("growing arena") && Catch::Contains("asked for 2.0MiB (activation"));
+    set_memory_limit(Device::CPU, 0);
+    arena.deallocate(p);
+    arena.reset();
+    REQUIRE(arena.capacity() == size_t(3) << 20);  // one chunk: nothing to merge
 }
 
 TEST_CASE("a tensor may outlive its arena", "[allocator][cpu][lesson01]") {
@@ -124,8 +145,17 @@ TEST_CASE("a memory limit fails with a report of what used the memory", "[alloca
         CHECK(m.find("limited pool") != std::string::npos);
         CHECK(m.find("asked for 2.0MiB (activation") != std::string::npos);
         CHECK(m.find("parameter 2.0MiB") != std::string::npos);
-        CHECK(m.find("--batch-size") != std::string::npos);
+        CHECK(m.find("try: a smaller --batch-size") != std::string::npos);
         CHECK(m.find("--mem-limit") != std::string::npos);
+    }
+    // The model's own state not fitting: the batch size cannot help, and the message says so.
+    try {
+        pool.allocate(2 << 20, Category::Gradient);
+        FAIL("no OutOfMemory");
+    } catch (const OutOfMemory& e) {
+        std::string m = e.what();
+        CHECK(m.find("a smaller --batch-size cannot help") != std::string::npos);
+        CHECK(m.find("try a larger --mem-limit") != std::string::npos);
     }
     // Cached blocks count as reserved; when the limit is hit the pool gives its cache back
     // and tries once more (as PyTorch does).

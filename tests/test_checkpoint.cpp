@@ -581,3 +581,21 @@ TEST_CASE("ReduceLROnPlateau's state travels under \"plateau.\"", "[checkpoint][
     REQUIRE(plateau2.num_bad_epochs() == plateau.num_bad_epochs());
     REQUIRE(read_safetensors(path).values.count("plateau.best"));
 }
+
+TEST_CASE("saving a checkpoint copies nothing on the CPU", "[checkpoint][memory][cpu][lesson08]") {
+    TempDir dir;
+    Rng rng(1);
+    auto model = mlp(rng, 256, 256);
+    SGD sgd(model->parameters(), 0.1f, {0.9f, 0.0f, 0.0f, false});
+    TrainingRun run{*model, sgd, nullptr, nullptr, {}, nullptr};
+    const int64_t params = model->num_parameters() * 4;
+    reset_phase_peak(Device::CPU);
+    const int64_t before = device_peaks(Device::CPU).in_use;
+    save_checkpoint(dir.file("m.safetensors"), run, {1, 0, 0});
+    // Copies of the parameters and momentum buffers would add twice the parameters' bytes;
+    // sharing them adds no tensor at all.
+    REQUIRE(device_peaks(Device::CPU).phase_peak - before < params / 10);
+    // and what was written is the model
+    StateDict s = read_safetensors(dir.file("m.safetensors"));
+    REQUIRE(same_bytes(s.tensors.at("fc1.weight"), model->parameters()[0]->value));
+}

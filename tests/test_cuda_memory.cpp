@@ -73,12 +73,15 @@ TEST_CASE("cuda pool allocator: stats, size classes and cache hits", "[cuda][les
 TEST_CASE("cuda --mem-limit: past it, allocation fails with a report", "[cuda][lesson04][memory]") {
     PoolAllocator& pool = pool_allocator(Device::CUDA);
     pool.empty_cache();
-    // The trainers' path: --device cuda --mem-limit sets the limit on the CUDA device.
+    // The trainers' path: --device cuda --mem-limit sets the limit on the CUDA device, once the
+    // model is built.
     CommonFlags flags;
     flags.device = "cuda";
     const int64_t reserved = device_memory_stats(Device::CUDA).reserved;
     flags.mem_limit = std::to_string(reserved + (1 << 20));  // 1 MiB above what is reserved now
     REQUIRE(flags.apply() == Device::CUDA);
+    REQUIRE(memory_limit(Device::CUDA) == 0);
+    flags.apply_memory_limit(Device::CUDA);
     REQUIRE(memory_limit(Device::CUDA) == reserved + (1 << 20));
     std::string message;
     try {

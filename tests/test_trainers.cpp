@@ -15,6 +15,7 @@
 #include "optim/optimizer.h"
 #include "optim/scheduler.h"
 #include "train/evaluate.h"
+#include "train/cli.h"
 #include "train/fit.h"
 #include "train/loop.h"
 
@@ -245,4 +246,30 @@ TEST_CASE("evaluate_with_mirror: each image's logits plus its mirror image's", "
     DataLoader wrong(set, other_batches);
     REQUIRE_THROWS_WITH(evaluate_with_mirror(model, loader, wrong),
                         Catch::Contains("mirrored loader has 4 batches") && Catch::Contains("3"));
+}
+
+TEST_CASE("--mem-limit below what the model alone takes says so and what the minimum is", "[trainer][memory][cpu][lesson08]") {
+    Rng rng(1);
+    std::unique_ptr<Sequential> model = lenet(rng);
+    SGD sgd(model->parameters(), 0.05f, {0.9f, 0.0f, 0.0f, false});
+    CommonFlags flags;
+    flags.mem_limit = "64KiB";  // LeNet's 21,840 parameters are 85 KiB; with grads and momentum, 3 times that
+    REQUIRE(flags.apply() == Device::CPU);
+    REQUIRE(memory_limit(Device::CPU) == 0);  // not before the model is built
+    REQUIRE_THROWS_WITH(flags.apply_memory_limit(Device::CPU),
+                        Catch::Contains("--mem-limit 64KiB is below what the model needs before its first step") &&
+                            Catch::Contains("parameters, gradients and optimizer state take") &&
+                            Catch::Contains("try --mem-limit"));
+    REQUIRE(memory_limit(Device::CPU) == 0);
+    flags.mem_limit = "1GiB";
+    flags.apply_memory_limit(Device::CPU);
+    REQUIRE(memory_limit(Device::CPU) == int64_t(1) << 30);
+    set_memory_limit(Device::CPU, 0);
+}
+
+TEST_CASE("fit prints the peaks of training, evaluation and saving apart", "[trainer][memory][cpu][lesson08]") {
+    RunPeaks p{20 << 20, 6 << 20, 0};
+    REQUIRE(p.str() == "memory peaks: training steps 20.0MiB, evaluation 6.0MiB");
+    p.saving = 21 << 20;
+    REQUIRE(p.str() == "memory peaks: training steps 20.0MiB, evaluation 6.0MiB, saving checkpoints 21.0MiB");
 }

@@ -31,13 +31,15 @@ int main(int argc, char** argv) try {
 
     MnistData mnist(flags, device);  // train and test sets and loaders, from --data
 
-    // Each step's activations and workspaces; reset after every step (see train/loop.cpp).
-    BumpAllocator arena("step arena", device, size_t(16) << 20);
+    // Each step's activations and workspaces, reset after every step (train/loop.cpp); the
+    // arena starts empty and grows to the largest step's size (core/allocator.h).
+    BumpAllocator arena("step arena", device);
     Rng rng(flags.seed);
     std::unique_ptr<Sequential> net = softmax_regression(rng);  // see src/nn/models.cpp
     Sequential& model = *net;
     model.to(device);
     SGD sgd(model.parameters(), flags.lr);
+    flags.apply_memory_limit(device);  // --mem-limit, now that the model and its optimizer exist
 
     // What the model is made of: each tensor, its dtype, and the bytes it takes.
     std::printf("lesson-01: softmax regression on %lld MNIST images, device %s\n", (long long)mnist.train_set.n,

@@ -34,9 +34,9 @@ int main(int argc, char** argv) try {
 
     MnistData mnist(flags, device);  // train and test sets and loaders, from --data
 
-    // Each step's activations live in an arena that is reset after the step.
-    // Each step's activations and workspaces; reset after every step (see train/loop.cpp).
-    BumpAllocator arena("step arena", device, size_t(64) << 20);
+    // Each step's activations and workspaces, reset after every step (train/loop.cpp); the
+    // arena starts empty and grows to the largest step's size (core/allocator.h).
+    BumpAllocator arena("step arena", device);
 
     // Model: weights drawn from the seed, so a run can be repeated exactly.
     Rng rng(flags.seed);
@@ -44,6 +44,7 @@ int main(int argc, char** argv) try {
     Sequential& model = *net;
     model.to(device);
     SGD sgd(model.parameters(), flags.lr, {momentum, 0.0f, 0.0f, false});
+    flags.apply_memory_limit(device);  // --mem-limit, now that the model and its optimizer exist
     std::printf("lesson-02: MLP 784-%lld-%lld-10, %lld parameters, %lld training images, device %s\n",
                 (long long)hidden1, (long long)hidden2, (long long)model.num_parameters(),
                 (long long)mnist.train_set.n, device_name(device));

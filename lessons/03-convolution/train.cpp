@@ -31,13 +31,15 @@ int main(int argc, char** argv) try {
 
     MnistData mnist(flags, device);  // train and test sets and loaders, from --data
 
-    // Each step's activations and workspaces; reset after every step (see train/loop.cpp).
-    BumpAllocator arena("step arena", device, size_t(64) << 20);
+    // Each step's activations and workspaces, reset after every step (train/loop.cpp); the
+    // arena starts empty and grows to the largest step's size (core/allocator.h).
+    BumpAllocator arena("step arena", device);
     Rng rng(flags.seed);
     std::unique_ptr<Sequential> net = lenet(rng);
     Sequential& model = *net;
     model.to(device);
     SGD sgd(model.parameters(), flags.lr, {momentum, 0.0f, 0.0f, false});
+    flags.apply_memory_limit(device);  // --mem-limit, now that the model and its optimizer exist
     std::printf("lesson-03: LeNet, %lld parameters, %lld training images, device %s\n",
                 (long long)model.num_parameters(), (long long)mnist.train_set.n, device_name(device));
 

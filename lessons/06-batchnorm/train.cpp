@@ -41,13 +41,15 @@ int main(int argc, char** argv) try {
 
     CifarData cifar(flags, device);  // crops and flips for training (train/fit.h)
 
-    // Each step's activations and workspaces; reset after every step (see train/loop.cpp).
-    BumpAllocator arena("step arena", device, size_t(512) << 20);
+    // Each step's activations and workspaces, reset after every step (train/loop.cpp); the
+    // arena starts empty and grows to the largest step's size (core/allocator.h).
+    BumpAllocator arena("step arena", device);
     Rng rng(flags.seed);
     std::unique_ptr<Sequential> net = cifar_net(rng, widths, !no_bn);
     Sequential& model = *net;
     model.to(device);
     SGD sgd(model.parameters(), flags.lr, {0.9f, 0.0f, weight_decay, true});
+    flags.apply_memory_limit(device);  // --mem-limit, now that the model and its optimizer exist
     std::printf("lesson-06: %s, widths %lld/%lld/%lld, %lld parameters, %lld training images, device %s\n",
                 model.name().c_str(), (long long)widths.w1, (long long)widths.w2, (long long)widths.w3,
                 (long long)model.num_parameters(), (long long)cifar.train_set.n, device_name(device));

@@ -86,12 +86,14 @@ int main(int argc, char** argv) try {
     auto start = std::chrono::steady_clock::now();
 
     CifarData cifar(f.common, device);
-    // Each step's activations and workspaces; reset after every step (see train/loop.cpp).
-    BumpAllocator arena("step arena", device, size_t(512) << 20);
+    // Each step's activations and workspaces, reset after every step (train/loop.cpp); the
+    // arena starts empty and grows to the largest step's size (core/allocator.h).
+    BumpAllocator arena("step arena", device);
     Rng rng(f.common.seed);
     std::unique_ptr<Sequential> model = cifar_net(rng, f.widths, true);
     model->to(device);
     std::unique_ptr<Optimizer> opt = make_optimizer(f, *model);
+    f.common.apply_memory_limit(device);  // --mem-limit, now that the model and its optimizer exist
     std::vector<std::unique_ptr<LRScheduler>> parts;
     std::unique_ptr<LRScheduler> schedule = make_schedule(f, *opt, cifar.train.num_batches(), parts);
     std::printf("lesson-07: %s %lld/%lld/%lld, %lld parameters, %s + %s, %lld training images, device %s\n",

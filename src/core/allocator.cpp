@@ -31,6 +31,9 @@ struct Registry {
     std::vector<Allocator*> allocators[2];
     std::atomic<int64_t> limit[2] = {0, 0};
     std::atomic<int64_t> reserved[2] = {0, 0};  // by every allocator of the device
+    // bytes handed out by every allocator of the device, and the most at one moment: since
+    // the start, and since reset_phase_peak
+    std::atomic<int64_t> allocated[2] = {0, 0}, peak[2] = {0, 0}, phase_peak[2] = {0, 0};
     std::atomic<uint64_t> next_id{1};
     static Registry& get() { static Registry r; return r; }
 };
@@ -71,7 +74,17 @@ void Allocator::reset_peak() {
     stats_.peak_reserved = stats_.reserved;
 }
 
+// peak := max(peak, value), with other threads' allocators updating it too.
+static void raise_to(std::atomic<int64_t>& peak, int64_t value) {
+    int64_t seen = peak.load();
+    while (seen < value && !peak.compare_exchange_weak(seen, value)) {}
+}
+
 void Allocator::note_alloc(int64_t bytes, Category c) {
+    auto& r = Registry::get();
+    const int64_t device_total = r.allocated[int(device_)] += bytes;
+    raise_to(r.peak[int(device_)], device_total);
+    raise_to(r.phase_peak[int(device_)], device_total);
     int i = int(c);
     stats_.in_use[i] += bytes;
     stats_.peak_use[i] = std::max(stats_.peak_use[i], stats_.in_use[i]);
@@ -81,6 +94,7 @@ void Allocator::note_alloc(int64_t bytes, Category c) {
 }
 
 void Allocator::note_free(int64_t bytes, Category c) {
+    Registry::get().allocated[int(device_)] -= bytes;
     stats_.in_use[int(c)] -= bytes;
     stats_.allocated -= bytes;
     stats_.num_frees++;
@@ -112,6 +126,16 @@ MemoryStats device_memory_stats(Device device) {
         total.cache_misses += s.cache_misses;
     }
     return total;
+}
+
+DevicePeaks device_peaks(Device device) {
+    auto& r = Registry::get();
+    return {r.allocated[int(device)], r.peak[int(device)], r.phase_peak[int(device)]};
+}
+
+void reset_phase_peak(Device device) {
+    auto& r = Registry::get();
+    r.phase_peak[int(device)] = r.allocated[int(device)].load();
 }
 
 void set_memory_limit(Device device, int64_t bytes) {
@@ -149,9 +173,13 @@ static std::string oom_message(const std::string& who, Device device, size_t req
     os << ".\n  in use by category:";
     for (int i = 0; i < kNumCategories; i++)
         if (all.in_use[i] > 0) os << " " << category_name(Category(i)) << " " << format_bytes(all.in_use[i]) << ";";
-    os << "\n  try: a smaller --batch-size (activations grow with it), a smaller model, "
-          "recomputing activations instead of keeping them, f16 activations";
-    if (limit > 0) os << ", or a larger --mem-limit";
+    const bool model_state = c == Category::Parameter || c == Category::Gradient || c == Category::OptimizerState;
+    if (model_state)
+        os << "\n  the model's own parameters, gradients and optimizer state do not fit: a smaller --batch-size "
+              "cannot help";
+    else
+        os << "\n  try: a smaller --batch-size (a step's activations and workspace grow with it)";
+    if (limit > 0) os << (model_state ? "; try a larger --mem-limit" : ", or a larger --mem-limit");
     return os.str();
 }
 
@@ -250,36 +278,40 @@ int64_t PoolAllocator::cached_bytes() const {
 }
 
 // ---- BumpAllocator ------------------------------------------------------------------------
-BumpAllocator::BumpAllocator(std::string name, Device device, size_t capacity)
-    : Allocator(std::move(name), device), capacity_(round_up(std::max<size_t>(capacity, 1), kAlign)) {
+BumpAllocator::BumpAllocator(std::string name, Device device, size_t capacity) : Allocator(std::move(name), device) {
     std::lock_guard<std::mutex> g(mu_);
-    slab_ = static_cast<char*>(system_alloc(capacity_, Category::Workspace, capacity_));
+    if (capacity > 0) add_chunk(capacity, Category::Workspace);
 }
 
 BumpAllocator::~BumpAllocator() {
     std::lock_guard<std::mutex> g(mu_);
-    system_free(slab_, capacity_);
+    release_chunks();
 }
 
-// ptr = slab + offset; offset += round_up(bytes, 256). Nothing is searched, nothing is freed.
+void BumpAllocator::add_chunk(size_t bytes, Category category) {
+    const size_t size = round_up(bytes, kAlign);
+    chunks_.push_back({static_cast<char*>(system_alloc(size, category, bytes)), size});
+    offset_ = 0;
+}
+
+void BumpAllocator::release_chunks() {
+    for (const Chunk& c : chunks_) system_free(c.base, c.size);
+    chunks_.clear();
+    offset_ = 0;
+}
+
+// ptr = chunk + offset; offset += round_up(bytes, 256). Nothing is searched, nothing is freed.
 void* BumpAllocator::allocate(size_t bytes, Category category) {
     std::lock_guard<std::mutex> g(mu_);
-    size_t size = round_up(std::max<size_t>(bytes, 1), kAlign);
-    if (offset_ + size > capacity_) {
-        std::ostringstream os;
-        os << "out of memory in arena '" << name() << "' (" << device_name(device()) << "): asked for "
-           << format_bytes(int64_t(bytes)) << " (" << category_name(category) << ") with "
-           << format_bytes(int64_t(offset_)) << " of " << format_bytes(int64_t(capacity_))
-           << " already used this step.\n  try: a larger arena, a smaller --batch-size, or fewer "
-              "tensors kept alive until the step ends";
-        throw OutOfMemory(os.str());
-    }
-    void* p = slab_ + offset_;
+    const size_t size = round_up(std::max<size_t>(bytes, 1), kAlign);
+    if (chunks_.empty() || offset_ + size > chunks_.back().size) add_chunk(std::max(size, kMinGrowth), category);
+    void* p = chunks_.back().base + offset_;
     offset_ += size;
-    high_water_ = std::max(high_water_, offset_);
+    used_ += size;
+    high_water_ = std::max(high_water_, used_);
     live_[p] = {size, category};
     note_alloc(int64_t(size), category);
-    stats_.cache_hits++;  // an arena never goes to the system after its slab
+    stats_.cache_hits++;  // served from the arena's own memory
     return p;
 }
 
@@ -297,12 +329,25 @@ void BumpAllocator::reset() {
                " tensor(s) from this step are still alive (first: ", format_bytes(int64_t(live_.begin()->second.first)),
                " of ", category_name(live_.begin()->second.second),
                "). Let every tensor made inside the AllocatorScope go out of scope before reset().");
+    used_ = 0;
     offset_ = 0;
+    if (chunks_.size() <= 1) return;
+    // The step outgrew the slab: one slab of the largest step replaces the chunks (freed first,
+    // so that the exchange never holds both under a memory limit).
+    release_chunks();
+    add_chunk(high_water_, Category::Workspace);
+}
+
+size_t BumpAllocator::capacity() const {
+    std::lock_guard<std::mutex> g(mu_);
+    size_t sum = 0;
+    for (const Chunk& c : chunks_) sum += c.size;
+    return sum;
 }
 
 size_t BumpAllocator::used() const {
     std::lock_guard<std::mutex> g(mu_);
-    return offset_;
+    return used_;
 }
 
 size_t BumpAllocator::high_water() const {

@@ -10,7 +10,9 @@
 //                                best-fit by any request at least half the block's size.
 //                  empty_cache() returns the cached blocks to the system.
 //   BumpAllocator  an arena: one slab, allocation = bump a pointer, free = nothing; reset()
-//                  once per training step makes the whole slab free again in O(1).
+//                  once per training step makes the whole slab free again in O(1). It grows
+//                  when a step needs more than its slab, and from the next step on its one
+//                  slab is as large as the largest step was.
 //
 // Every allocation carries a Category, so a report can say what the memory is for. Both keep
 // MemoryStats; memory_summary() prints them. A limit per device (set_memory_limit, the
@@ -115,21 +117,36 @@ private:
 
 class BumpAllocator : public Allocator {
 public:
-    // Reserves the whole slab now (capacity bytes) from `device`'s system memory.
-    BumpAllocator(std::string name, Device device, size_t capacity);
+    // Reserves `capacity` bytes now (0: nothing until the first allocation).
+    BumpAllocator(std::string name, Device device, size_t capacity = 0);
     ~BumpAllocator() override;
 
+    // Bumps a pointer in the current chunk. When the chunk is full the arena grows: it takes a
+    // new chunk of max(bytes, 1 MiB) from the system (under the device's limit, like any
+    // reservation), so a step that needs more than the arena was sized for still runs.
     void* allocate(size_t bytes, Category category) override;
     void deallocate(void* ptr) override;  // bookkeeping only: space returns at reset()
-    // Frees the whole slab for the next step. Throws if a tensor from it is still alive.
+    // Frees the whole arena for the next step. Throws if a tensor from it is still alive. If the
+    // step grew the arena into several chunks, they are replaced by one slab of high_water()
+    // bytes: the arena sizes itself to the largest step it has seen.
     void reset();
-    size_t capacity() const { return capacity_; }
-    size_t used() const;            // bytes bumped since the last reset
-    size_t high_water() const;      // the most ever used between two resets
+    size_t capacity() const;    // bytes reserved now, over all chunks
+    size_t used() const;        // bytes bumped since the last reset
+    size_t high_water() const;  // the most ever used between two resets
+
+    static constexpr size_t kMinGrowth = size_t(1) << 20;
 
 private:
-    char* slab_ = nullptr;
-    size_t capacity_ = 0, offset_ = 0, high_water_ = 0;
+    struct Chunk {
+        char* base;
+        size_t size;
+    };
+    void add_chunk(size_t bytes, Category category);  // a new chunk of bytes (rounded to 256)
+    void release_chunks();
+
+    std::vector<Chunk> chunks_;  // the last one is bumped; the others are full until reset()
+    size_t offset_ = 0;          // into the last chunk
+    size_t used_ = 0, high_water_ = 0;
     std::map<void*, std::pair<size_t, Category>> live_;
 };
 
@@ -200,8 +217,17 @@ void notify_allocation(const void* ptr, int64_t bytes, Category category, Device
 // ---- limits and reports ------------------------------------------------------------------
 void set_memory_limit(Device device, int64_t bytes);  // 0 = no limit
 int64_t memory_limit(Device device);
-// The sum of every live allocator's stats on a device (pool + arenas).
+// The sum of every live allocator's stats on a device (pool + arenas). Its peaks are the sums
+// of each allocator's own peak, which need not have happened at the same moment.
 MemoryStats device_memory_stats(Device device);
+// Bytes handed out on the device over all its allocators, counted at every allocation and free:
+// now, the most at any one moment since the program started, and the most since the last
+// reset_phase_peak(device) — how a trainer tells a training step's peak from evaluation's.
+struct DevicePeaks {
+    int64_t in_use, peak, phase_peak;
+};
+DevicePeaks device_peaks(Device device);
+void reset_phase_peak(Device device);
 // A table like PyTorch's torch.cuda.memory_summary(): per category in use and peak, then
 // reserved, allocation count and cache hits/misses of each allocator.
 std::string memory_summary(Device device);

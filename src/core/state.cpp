@@ -64,7 +64,7 @@ const std::string& StateDict::get_string(const std::string& key) const { return 
 
 void StateDict::put(const std::string& key, const Tensor& t) {
     KILN_CHECK(t.defined(), "state: tensor \"", key, "\" is undefined");
-    tensors[key] = t.to(Device::CPU).clone();
+    tensors[key] = t.device() != Device::CPU ? t.to(Device::CPU) : share_cpu_tensors ? t : t.clone();
 }
 
 void StateDict::get_into(const std::string& key, Tensor& into) const {

@@ -21,8 +21,12 @@
 namespace kiln {
 
 struct StateDict {
-    std::map<std::string, Tensor> tensors;      // CPU tensors (copies, not views of live state)
+    std::map<std::string, Tensor> tensors;      // CPU tensors
     std::map<std::string, std::string> values;  // numbers and short strings
+    // false: put() stores copies, a snapshot that later training does not change. true: put()
+    // stores a CPU tensor itself, sharing its bytes — for a StateDict written out at once
+    // (save_checkpoint), so that saving a checkpoint doubles no memory.
+    bool share_cpu_tensors = false;
 
     void set(const std::string& key, int64_t v);
     void set_u64(const std::string& key, uint64_t v);
@@ -36,7 +40,8 @@ struct StateDict {
     const std::string& get_string(const std::string& key) const;
     bool has(const std::string& key) const { return values.count(key) || tensors.count(key); }
 
-    // Stores a CPU copy of t (t may live on any device).
+    // Stores a CPU copy of t (t may live on any device), or t itself if share_cpu_tensors is set
+    // and t is on the CPU.
     void put(const std::string& key, const Tensor& t);
     // Copies the stored tensor into `into` (any device), after checking that it exists and has
     // into's shape and dtype; the error names the key and both shapes.

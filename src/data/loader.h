@@ -54,6 +54,7 @@ public:
     int64_t position() const { return pos_; }  // images handed out this epoch
     void seek(int64_t position);       // continue an epoch from a checkpoint
     const ImageSet& set() const { return set_; }
+    const LoaderOptions& options() const { return opt_; }
     ImageShape image_shape() const { return out_shape_; }  // after the transforms
 
 private:

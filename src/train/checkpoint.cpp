@@ -536,7 +536,10 @@ void load_model(const StateDict& state, Module& model) {
 }
 
 void save_checkpoint(const std::string& path, TrainingRun& run, const ResumePoint& at) {
+    // Written out before anything changes, so CPU tensors are shared, not copied; a model on a
+    // GPU is copied to host memory, never to device memory.
     StateDict s;
+    s.share_cpu_tensors = true;
     save_model(s, run.model);
     run.optimizer.save_state(s, "optimizer");
     if (run.scheduler) run.scheduler->save_state(s, "scheduler");

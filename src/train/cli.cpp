@@ -115,8 +115,23 @@ Device CommonFlags::apply() const {
     KILN_CHECK(device == "cpu" || device == "cuda", "--device must be cpu or cuda, got '", device, "'");
     Device d = device == "cuda" ? Device::CUDA : Device::CPU;
     if (d == Device::CUDA) cuda::print_emulator_note_once();  // says so when there is no GPU build
-    if (!mem_limit.empty()) set_memory_limit(d, parse_bytes(mem_limit));
+    if (!mem_limit.empty()) parse_bytes(mem_limit);  // a malformed size fails now, not after loading
     return d;
+}
+
+void CommonFlags::apply_memory_limit(Device device) const {
+    if (mem_limit.empty()) return;
+    const int64_t limit = parse_bytes(mem_limit);
+    pool_allocator(device).empty_cache();  // building the model left temporaries in the cache
+    const MemoryStats s = device_memory_stats(device);
+    const int64_t model_state = s.in_use[int(Category::Parameter)] + s.in_use[int(Category::Gradient)] +
+                                s.in_use[int(Category::OptimizerState)];
+    KILN_CHECK(limit > s.reserved, "--mem-limit ", mem_limit, " is below what the model needs before its first step: ",
+               format_bytes(s.reserved), " reserved on ", device_name(device), ", of which its parameters, gradients ",
+               "and optimizer state take ", format_bytes(model_state), ". The minimum is that plus one training ",
+               "step's activations and workspace; try --mem-limit ", format_bytes(2 * s.reserved),
+               " and lower it until the step no longer fits");
+    set_memory_limit(device, limit);
 }
 
 }  // namespace kiln

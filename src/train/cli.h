@@ -6,7 +6,9 @@
 //   f.add_to(cli);                       // --epochs --batch-size --lr --seed --threads --data
 //   cli.add("--hidden", &hidden, "hidden units");   //   --limit --device --mem-limit --save --resume
 //   cli.parse(argc, argv);               // --help prints the usage and exits
-//   f.apply();                           // sets the thread count and memory limit
+//   Device d = f.apply();                // sets the thread count, picks the device
+//   ... build the model and optimizer ...
+//   f.apply_memory_limit(d);             // --mem-limit, checked against what the model takes
 #pragma once
 #include <cstdint>
 #include <functional>
@@ -56,8 +58,13 @@ struct CommonFlags {
     std::string resume;            // a checkpoint file to continue from (empty = start afresh)
 
     void add_to(Cli& cli);
-    // Sets the OpenMP thread count and the memory limit; returns the chosen device.
+    // Sets the OpenMP thread count and checks the flags; returns the chosen device.
     Device apply() const;
+    // Sets --mem-limit on the device, once the model and its optimizer are built: fails, saying
+    // what the model alone takes, if the limit is below that. The limit counts the memory
+    // reserved from the system, as a GPU's size would: the pool's cached blocks and the arena's
+    // slab included.
+    void apply_memory_limit(Device device) const;
 };
 
 }  // namespace kiln

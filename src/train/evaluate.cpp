@@ -1,6 +1,8 @@
 // evaluate.cpp — counting correct predictions.
 #include "train/evaluate.h"
 
+#include <optional>
+
 #include "ops/ops.h"
 
 namespace kiln {
@@ -20,7 +22,8 @@ namespace {
 
 // One epoch of `loader` through the model in evaluation mode (restored after), and of
 // `mirrored` in step with it if given: the correct counts of f(x) and of f(x) + f(flip(x)).
-MirrorAccuracy score(Module& model, DataLoader& loader, DataLoader* mirrored) {
+// With an arena, each batch's activations come from it and it is reset after the batch.
+MirrorAccuracy score(Module& model, DataLoader& loader, DataLoader* mirrored, BumpAllocator* arena) {
     bool was_training = model.training();
     model.eval();
     loader.start_epoch(0);
@@ -28,9 +31,14 @@ MirrorAccuracy score(Module& model, DataLoader& loader, DataLoader* mirrored) {
     int64_t plain = 0, averaged = 0, seen = 0;
     Batch b, m;
     while (loader.next(b) && (!mirrored || mirrored->next(m))) {
-        Tensor logits = model.call(b.x);  // [N, classes]
-        plain += count_correct(logits, b.y);
-        if (mirrored) averaged += count_correct(add(logits, model.call(m.x)), b.y);
+        {
+            std::optional<AllocatorScope> scope;
+            if (arena) scope.emplace(*arena);
+            Tensor logits = model.call(b.x);  // [N, classes]
+            plain += count_correct(logits, b.y);
+            if (mirrored) averaged += count_correct(add(logits, model.call(m.x)), b.y);
+        }  // the batch's activations are gone here
+        if (arena) arena->reset();
         seen += b.size();
     }
     model.train(was_training);
@@ -40,13 +48,15 @@ MirrorAccuracy score(Module& model, DataLoader& loader, DataLoader* mirrored) {
 
 }  // namespace
 
-double evaluate(Module& model, DataLoader& loader) { return score(model, loader, nullptr).plain; }
+double evaluate(Module& model, DataLoader& loader, BumpAllocator* arena) {
+    return score(model, loader, nullptr, arena).plain;
+}
 
-MirrorAccuracy evaluate_with_mirror(Module& model, DataLoader& loader, DataLoader& mirrored) {
+MirrorAccuracy evaluate_with_mirror(Module& model, DataLoader& loader, DataLoader& mirrored, BumpAllocator* arena) {
     KILN_CHECK(loader.num_batches() == mirrored.num_batches(), "evaluate_with_mirror: the mirrored loader has ",
                mirrored.num_batches(), " batches, the loader ", loader.num_batches(),
                "; build both from the same set with the same batch size");
-    return score(model, loader, &mirrored);
+    return score(model, loader, &mirrored, arena);
 }
 
 }  // namespace kiln

@@ -1,5 +1,6 @@
 // evaluate.h — accuracy of a model over a whole data set, in evaluation mode.
 #pragma once
+#include "core/allocator.h"
 #include "data/loader.h"
 #include "nn/module.h"
 
@@ -9,8 +10,10 @@ namespace kiln {
 int64_t count_correct(const Tensor& logits, const Tensor& labels);
 
 // Fraction of the loader's images the model classifies correctly (model.eval() during it,
-// restored after). The loader runs one epoch in its order.
-double evaluate(Module& model, DataLoader& loader);
+// restored after). The loader runs one epoch in its order. With an arena, each batch's
+// activations come from it (reset after every batch), as a training step's do: in evaluation
+// mode no layer keeps a cache, so a batch size that trains within the arena evaluates within it.
+double evaluate(Module& model, DataLoader& loader, BumpAllocator* arena = nullptr);
 
 // Test-time augmentation with mirror images. `mirrored` delivers the same images as `loader`,
 // in the same order, each flipped left to right (a RandomHorizontalFlip(1.0) transform). An
@@ -22,6 +25,7 @@ struct MirrorAccuracy {
     double plain;     // f(x) alone: what evaluate() returns
     double averaged;  // f(x) + f(flip(x))
 };
-MirrorAccuracy evaluate_with_mirror(Module& model, DataLoader& loader, DataLoader& mirrored);
+MirrorAccuracy evaluate_with_mirror(Module& model, DataLoader& loader, DataLoader& mirrored,
+                                    BumpAllocator* arena = nullptr);
 
 }  // namespace kiln

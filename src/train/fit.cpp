@@ -45,17 +45,31 @@ void save_epoch(const std::string& save_dir, TrainingRun& run, int epochs_done) 
 // the one returned.
 double test_epoch(Module& model, DataLoader& test, const TrainOptions& opt, int epoch, float lr) {
     if (!opt.test_mirrored) {
-        double acc = evaluate(model, test);
+        double acc = evaluate(model, test, opt.arena);
         std::printf("epoch %d: test accuracy %.2f%% (lr %.4g)\n", epoch + 1, 100 * acc, lr);
         return acc;
     }
-    MirrorAccuracy acc = evaluate_with_mirror(model, test, *opt.test_mirrored);
+    MirrorAccuracy acc = evaluate_with_mirror(model, test, *opt.test_mirrored, opt.arena);
     std::printf("epoch %d: test accuracy %.2f%%, with mirror images %.2f%% (lr %.4g)\n", epoch + 1,
                 100 * acc.plain, 100 * acc.averaged, lr);
     return acc.averaged;
 }
 
+// Runs work() and raises `peak` to the most memory in use on the device at one moment during it.
+template <typename Work>
+void measure_peak(Device device, int64_t& peak, Work&& work) {
+    reset_phase_peak(device);
+    work();
+    peak = std::max(peak, device_peaks(device).phase_peak);
+}
+
 }  // namespace
+
+std::string RunPeaks::str() const {
+    std::string s = "memory peaks: training steps " + format_bytes(training) + ", evaluation " + format_bytes(evaluation);
+    if (saving > 0) s += ", saving checkpoints " + format_bytes(saving);
+    return s;
+}
 
 double fit(Module& model, Optimizer& optimizer, DataLoader& train, DataLoader& test, const TrainOptions& opt) {
     // The schedule as this run lays it out (before --resume loads anything): --resume refuses a
@@ -66,14 +80,18 @@ double fit(Module& model, Optimizer& optimizer, DataLoader& train, DataLoader& t
     const int first = opt.resume.empty() ? 0 : resume_from(opt.resume, run);
     // a finished run: its accuracy
     double test_acc = first < opt.epochs ? 0.0 : test_epoch(model, test, opt, first - 1, optimizer.lr());
+    const Device device = train.options().device;
+    RunPeaks peaks;
     for (int epoch = first; epoch < opt.epochs; epoch++) {
         const float lr = optimizer.lr();  // the lr this epoch starts with
-        train_epoch(model, optimizer, train, epoch, opt);
+        measure_peak(device, peaks.training, [&] { train_epoch(model, optimizer, train, epoch, opt); });
         if (opt.scheduler && !opt.per_batch) opt.scheduler->step();
-        test_acc = test_epoch(model, test, opt, epoch, lr);
-        if (!opt.save_dir.empty()) save_epoch(opt.save_dir, run, epoch + 1);
+        measure_peak(device, peaks.evaluation, [&] { test_acc = test_epoch(model, test, opt, epoch, lr); });
+        if (!opt.save_dir.empty())
+            measure_peak(device, peaks.saving, [&] { save_epoch(opt.save_dir, run, epoch + 1); });
         std::fflush(stdout);
     }
+    std::printf("%s\n", peaks.str().c_str());
     return test_acc;
 }
 
@@ -91,10 +109,7 @@ void report(Device device, double test_accuracy, std::chrono::steady_clock::time
 
 LoaderOptions mnist_loader_options(const CommonFlags& flags, Device device, bool train) {
     LoaderOptions o{flags.batch_size, true, false, flags.seed, {0.1307f}, {0.3081f}, device};
-    if (!train) {
-        o.batch_size = 1000;
-        o.shuffle = false;
-    }
+    if (!train) o.shuffle = false;
     return o;
 }
 
@@ -111,7 +126,6 @@ static LoaderOptions cifar_loader_options(const CommonFlags& flags, Device devic
     if (train) {
         o.transforms = {std::make_shared<RandomCrop>(32, 4), std::make_shared<RandomHorizontalFlip>()};
     } else {
-        o.batch_size = 500;
         o.shuffle = false;
         o.drop_last = false;
     }

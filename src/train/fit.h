@@ -23,8 +23,16 @@
 
 namespace kiln {
 
-// Trains opt.epochs epochs, printing the lr and the test accuracy after each; returns the last
-// accuracy. With opt.resume it first loads that checkpoint (model, optimizer, scheduler, data
+// The most memory in use on the device at one moment during each part of a run: the training
+// steps, the evaluations, and the checkpoint saves (--save). fit prints them after the last
+// epoch, as "memory peaks: training steps 20.4MiB, evaluation 6.3MiB".
+struct RunPeaks {
+    int64_t training = 0, evaluation = 0, saving = 0;
+    std::string str() const;
+};
+
+// Trains opt.epochs epochs, printing the lr and the test accuracy after each, and the memory
+// peaks (RunPeaks) at the end; returns the last accuracy. With opt.resume it first loads that checkpoint (model, optimizer, scheduler, data
 // order) and continues after its epoch, refusing one laid out over other epochs or with another
 // schedule; with opt.save_dir it saves one after every epoch (save_dir/last.safetensors, the
 // one before kept as save_dir/prev.safetensors).
@@ -41,8 +49,11 @@ double fit(Module& model, Optimizer& optimizer, DataLoader& train, DataLoader& t
 //   result: test_acc=98.42% time=41.3s peak_mem=12.6MiB
 void report(Device device, double test_accuracy, std::chrono::steady_clock::time_point start);
 
-// MNIST batches: pixels normalized with the training set's mean 0.1307 and std 0.3081.
-// train = true: shuffled batches of --batch-size from --seed; false: 1000 at a time, in order.
+// MNIST batches: pixels normalized with the training set's mean 0.1307 and std 0.3081, of
+// --batch-size images. train = true: shuffled from --seed; false: in order. The test set is
+// scored in batches of the training's size, in the same arena: evaluation keeps no caches, so it
+// never needs more memory than a training step (a larger test batch would: LeNet's im2col for
+// 1000 images is 57 MiB).
 LoaderOptions mnist_loader_options(const CommonFlags& flags, Device device, bool train);
 
 // What an MNIST trainer reads: the training set (--limit images of it, if given) and the
@@ -56,7 +67,7 @@ struct MnistData {
 // What a CIFAR-10 trainer reads, likewise (--data, --limit, --batch-size, --seed): pixels
 // normalized with the training set's per-channel mean and std; the training batches shuffled,
 // full batches only, with random crops (padding 4) and horizontal flips; the test set in order,
-// 500 at a time, not augmented; test_mirrored: the test set again, each image flipped left
+// --batch-size at a time (as MNIST's), not augmented; test_mirrored: the test set again, each image flipped left
 // to right (for TrainOptions::test_mirrored).
 struct CifarData {
     CifarData(const CommonFlags& flags, Device device);

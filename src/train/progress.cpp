@@ -56,7 +56,7 @@ float Progress::finish() {
     return images_ ? float(loss_sum_ / double(images_)) : 0.0f;
 }
 
-int64_t peak_memory(Device device) { return device_memory_stats(device).peak_allocated; }
+int64_t peak_memory(Device device) { return device_peaks(device).peak; }
 
 std::string result_line(double test_accuracy, double seconds, int64_t peak_bytes) {
     char line[160];

@@ -35,7 +35,8 @@ private:
 // Seconds since `start`.
 double seconds_since(std::chrono::steady_clock::time_point start);
 
-// Peak memory handed out to tensors on the device (pool and arenas), for the result line.
+// Peak memory handed out to tensors on the device at one moment (pool and arenas together),
+// for the result line.
 int64_t peak_memory(Device device);
 
 // The last line of every trainer, exactly:   result: test_acc=98.42% time=41.3s peak_mem=12.6MiB
