@@ -21,6 +21,7 @@
 #include "optim/optimizer.h"      // defines: SGD, decay_groups
 #include "optim/scheduler.h"      // defines: OneCycleLR, LinearLR, CosineAnnealingLR, SequentialLR
 #include "train/cli.h"            // defines: Cli, CommonFlags
+#include "train/batch_size.h"      // defines: print_largest_batch
 #include "train/fit.h"            // defines: CifarData, fit, report
 
 using namespace kiln;
@@ -94,6 +95,10 @@ int main(int argc, char** argv) try {
     model->to(device);
     std::unique_ptr<Optimizer> opt = make_optimizer(f, *model);
     f.common.apply_memory_limit(device);  // --mem-limit, now that the model and its optimizer exist
+    if (f.common.find_batch_size) {  // print the largest batch that fits in --mem-limit, and stop
+        print_largest_batch(*model, cifar.train);
+        return 0;
+    }
     std::vector<std::unique_ptr<LRScheduler>> parts;
     std::unique_ptr<LRScheduler> schedule = make_schedule(f, *opt, cifar.train.num_batches(), parts);
     std::printf("lesson-07: %s %lld/%lld/%lld, %lld parameters, %s + %s, %lld training images, device %s\n",

@@ -302,9 +302,21 @@ void BumpAllocator::release_chunks() {
 
 // ptr = chunk + offset; offset += round_up(bytes, 256). Nothing is searched, nothing is freed.
 void* BumpAllocator::allocate(size_t bytes, Category category) {
-    std::lock_guard<std::mutex> g(mu_);
+    std::unique_lock<std::mutex> lock(mu_);
     const size_t size = round_up(std::max<size_t>(bytes, 1), kAlign);
-    if (chunks_.empty() || offset_ + size > chunks_.back().size) add_chunk(std::max(size, kMinGrowth), category);
+    if (chunks_.empty() || offset_ + size > chunks_.back().size) {
+        try {
+            add_chunk(std::max(size, kMinGrowth), category);
+        } catch (const OutOfMemory&) {
+            // Like the pool: its cached blocks go back to the system, then one more try. (Not
+            // holding this arena's lock meanwhile: a pool's out-of-memory report reads this
+            // arena's statistics under the pool's lock.)
+            lock.unlock();
+            pool_allocator(device()).empty_cache();
+            lock.lock();
+            add_chunk(std::max(size, kMinGrowth), category);
+        }
+    }
     void* p = chunks_.back().base + offset_;
     offset_ += size;
     used_ += size;

@@ -104,6 +104,7 @@ void CommonFlags::add_to(Cli& cli) {
     cli.add("--limit", &limit, "train on the first N images only, for a quick look (0 = all)");
     cli.add("--device", &device, "cpu, or cuda (a GPU, or the kernel emulator without one)");
     cli.add("--mem-limit", &mem_limit, "fail past this much memory per device, e.g. 64MiB");
+    cli.add("--find-batch-size", &find_batch_size, "print the largest --batch-size whose step fits in --mem-limit (found with real steps), and stop");
     cli.add("--save", &save, "folder for a checkpoint after every epoch (DIR/last.safetensors; the one before: DIR/prev.safetensors)");
     cli.add("--resume", &resume, "continue from this checkpoint (same flags as the run that wrote it: a different --epochs, --lr, --limit, --batch-size or --seed is refused)");
 }

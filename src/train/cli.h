@@ -54,6 +54,7 @@ struct CommonFlags {
     int64_t limit = 0;             // train on the first N images only (quick runs); 0 = all
     std::string device = "cpu";    // cpu | cuda
     std::string mem_limit;         // e.g. 64MiB; empty = none
+    bool find_batch_size = false;  // print the largest batch that fits in --mem-limit, and stop
     std::string save;              // a folder: a checkpoint after every epoch (empty = none)
     std::string resume;            // a checkpoint file to continue from (empty = start afresh)
 
