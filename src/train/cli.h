@@ -54,6 +54,7 @@ struct CommonFlags {
     std::string mem_limit;         // e.g. 64MiB; empty = none
     std::string save;              // a folder: a checkpoint after every epoch (empty = none)
     std::string resume;            // a checkpoint file to continue from (empty = start afresh)
+    int accumulate = 1;            // micro-batches per optimizer step (train/loop.h); divides batch_size
 
     void add_to(Cli& cli);
     // Sets the OpenMP thread count and the memory limit; returns the chosen device.
