@@ -3,6 +3,7 @@
 //   make lesson-06                        # 10 epochs, ≥ 80% test accuracy
 //   make lesson-06 ARGS='--no-bn'         # the same net without batch norm, to compare
 //   make lesson-06 ARGS='--limit 5000 --epochs 2'   # a quick look
+//   make lesson-06 ARGS='--recompute --accumulate 2'  # less memory (chapter 08)
 //
 // The network (src/nn/models.cpp, cifar_net), widths 32/64/128 by default:
 //   x [N,3,32,32] -> conv 2×2 3→24, GELU -> 3 × block(conv 3×3, max-pool 2, BN, GELU,
@@ -10,6 +11,7 @@
 // Augmentation: random crops (padding 4) and horizontal flips.
 #include <chrono>
 #include <cstdio>
+#include <optional>
 
 #include "core/allocator.h"       // defines: BumpAllocator, memory_summary
 #include "nn/models.h"            // defines: cifar_net (Conv2d, BatchNorm2d, GELU, MaxPool2d, Linear)
@@ -26,12 +28,13 @@ int main(int argc, char** argv) try {
     flags.batch_size = 128;
     flags.lr = 0.05f;
     flags.data = "data/cifar10";
-    bool no_bn = false;
+    bool no_bn = false, recompute = false;
     float weight_decay = 5e-4f;
     CifarNetWidths widths{32, 64, 128};
     Cli cli("lesson-06", "Trains a CNN with batch normalization on CIFAR-10 (SGD, Nesterov momentum 0.9).");
     flags.add_to(cli);
     cli.add("--no-bn", &no_bn, "leave the batch-norm layers out (the convolutions get biases)");
+    cli.add("--recompute", &recompute, "keep only each block's input, recompute the block in backward (less memory, more time; no step arena)");
     cli.add("--weight-decay", &weight_decay, "L2 weight decay");
     cli.add("--width1", &widths.w1, "channels of block 1");
     cli.add("--width2", &widths.w2, "channels of block 2");
@@ -43,10 +46,13 @@ int main(int argc, char** argv) try {
     CifarData cifar(flags, device);  // crops and flips for training (train/fit.h)
 
     // Each step's activations and workspaces, reset after every step (train/loop.cpp); the
-    // arena starts empty and grows to the largest step's size (core/allocator.h).
-    BumpAllocator arena("step arena", device);
+    // arena starts empty and grows to the largest step's size (core/allocator.h). Not with
+    // --recompute: an arena frees nothing before its reset, so the activations a Checkpoint
+    // frees would not be reused; the pool reuses them (nn/recompute.h).
+    std::optional<BumpAllocator> arena;
+    if (!recompute) arena.emplace("step arena", device);
     Rng rng(flags.seed);
-    std::unique_ptr<Sequential> net = cifar_net(rng, widths, !no_bn);
+    std::unique_ptr<Sequential> net = cifar_net(rng, widths, !no_bn, recompute);
     Sequential& model = *net;
     model.to(device);
     SGD sgd(model.parameters(), flags.lr, {0.9f, 0.0f, weight_decay, true});
@@ -59,7 +65,7 @@ int main(int argc, char** argv) try {
                 model.name().c_str(), (long long)widths.w1, (long long)widths.w2, (long long)widths.w3,
                 (long long)model.num_parameters(), (long long)cifar.train_set.n, device_name(device));
 
-    double test_acc = fit(model, sgd, cifar.train, cifar.test, flags, &arena);
+    double test_acc = fit(model, sgd, cifar.train, cifar.test, flags, arena ? &*arena : nullptr);
     report(device, test_acc, start);
     return 0;
 } catch (const std::exception& e) {

@@ -5,6 +5,7 @@
 //   make lesson-07 ARGS='--schedule cosine --warmup 2'   # linear warm-up, then cosine
 //   make lesson-07 ARGS='--save runs/07'             # a checkpoint after every epoch
 //   make lesson-07 ARGS='--resume runs/07/last.safetensors'   # continue exactly where it stopped
+//   make lesson-07 ARGS='--recompute --accumulate 2'   # less memory (chapter 08)
 //
 // The network is lesson 06's (src/nn/models.cpp, cifar_net), wider: 48/96/192 channels.
 // What this chapter changes is the training: the optimizer (SGD with Nesterov momentum, Adam
@@ -13,6 +14,7 @@
 #include <chrono>
 #include <cstdio>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "core/allocator.h"       // defines: BumpAllocator
@@ -35,6 +37,7 @@ struct Flags {
     int warmup = 0;                   // cosine: epochs of linear warm-up first
     float momentum = 0.9f, weight_decay = 5e-4f, clip = 0.0f;
     bool no_tta = false;              // score the test images only as they are
+    bool recompute = false;           // Checkpoint each block (nn/recompute.h)
     CifarNetWidths widths{48, 96, 192};
 };
 
@@ -79,6 +82,7 @@ int main(int argc, char** argv) try {
     cli.add("--weight-decay", &f.weight_decay, "weight decay of the weights (L2 for sgd and adam, decoupled for adamw)");
     cli.add("--clip", &f.clip, "clip the gradients' global norm to this (0: no clipping)");
     cli.add("--no-tta", &f.no_tta, "score the test images only as they are, not also with their mirror images");
+    cli.add("--recompute", &f.recompute, "keep only each block's input, recompute the block in backward (less memory, more time; no step arena)");
     cli.add("--width1", &f.widths.w1, "channels of block 1");
     cli.add("--width2", &f.widths.w2, "channels of block 2");
     cli.add("--width3", &f.widths.w3, "channels of block 3");
@@ -88,10 +92,13 @@ int main(int argc, char** argv) try {
 
     CifarData cifar(f.common, device);
     // Each step's activations and workspaces, reset after every step (train/loop.cpp); the
-    // arena starts empty and grows to the largest step's size (core/allocator.h).
-    BumpAllocator arena("step arena", device);
+    // arena starts empty and grows to the largest step's size (core/allocator.h). Not with
+    // --recompute: an arena frees nothing before its reset, so the activations a Checkpoint
+    // frees would not be reused; the pool reuses them (nn/recompute.h).
+    std::optional<BumpAllocator> arena;
+    if (!f.recompute) arena.emplace("step arena", device);
     Rng rng(f.common.seed);
-    std::unique_ptr<Sequential> model = cifar_net(rng, f.widths, true);
+    std::unique_ptr<Sequential> model = cifar_net(rng, f.widths, true, f.recompute);
     model->to(device);
     std::unique_ptr<Optimizer> opt = make_optimizer(f, *model);
     f.common.apply_memory_limit(device);  // --mem-limit, now that the model and its optimizer exist
@@ -106,8 +113,9 @@ int main(int argc, char** argv) try {
                 (long long)model->num_parameters(), f.optimizer.c_str(), f.schedule.c_str(),
                 (long long)cifar.train_set.n, device_name(device));
 
-    TrainOptions train{f.common.epochs, schedule.get(), /*per_batch=*/true, &arena, f.clip, f.common.save,
-                       f.common.resume, f.no_tta ? nullptr : &cifar.test_mirrored};
+    TrainOptions train{f.common.epochs, schedule.get(), /*per_batch=*/true, arena ? &*arena : nullptr, f.clip,
+                       f.common.save, f.common.resume, f.no_tta ? nullptr : &cifar.test_mirrored,
+                       f.common.accumulate};
     double test_acc = fit(*model, *opt, cifar.train, cifar.test, train);
     report(device, test_acc, start);
     return 0;

@@ -55,7 +55,7 @@ Tensor Conv2d::forward(const Tensor& x) {
     output_shape(x.shape());                                          // checks x's shape, naming the layer
     check_on_device(weight.value, x.device(), name(), "the weight");  // the layer runs on x's device
     Tensor y = conv2d(x, weight.value, bias.value, args_of(*this));
-    if (training()) x_ = x;
+    if (keeps_cache()) x_ = x;
     return y;
 }
 

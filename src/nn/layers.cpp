@@ -22,7 +22,7 @@ Tensor Linear::forward(const Tensor& x) {
                x.desc(), " (a Flatten before it turns [N, C, H, W] into [N, C·H·W])");
     Tensor y = matmul(x, weight.value, false, true);  // [N, in] · [in, out]
     if (bias.value.defined()) add_bias_(y, bias.value);
-    if (training()) x_ = x;
+    if (keeps_cache()) x_ = x;
     return y;
 }
 
@@ -37,8 +37,10 @@ Tensor Linear::backward(const Tensor& dy) {
 
 // ---- ReLU ----------------------------------------------------------------------------------
 Tensor ReLU::forward(const Tensor& x) {
-    Tensor y = relu(x);
-    if (training()) y_ = y;
+    Tensor y = x;  // in place: y is x's bytes, overwritten
+    if (mode == InPlace) relu_(y);
+    else y = relu(x);
+    if (keeps_cache()) y_ = y;
     return y;
 }
 

@@ -26,11 +26,28 @@ private:
 };
 
 // y = max(x, 0);  dx = dy · [y > 0]   (an undefined dy, when no one needs dx, gives an undefined dx)
+//
+// In place (ReLU::InPlace, PyTorch's nn.ReLU(inplace=True)): y is written over x's bytes, so
+// the layer allocates nothing — x and y are never both alive (one activation fewer at the
+// peak), and a step arena, which frees nothing before its reset, holds one activation fewer per
+// ReLU. Backward needs only y's sign, and y is what the layer keeps. The rule: in place is allowed when no one else
+// reads x afterwards — not the layer before for its backward, not anyone in the forward:
+//   after BatchNorm     yes: BN keeps its input and statistics, not its output
+//   after MaxPool2d     yes: it keeps the argmax indices
+//   after Linear, Conv  yes: they keep their input (for dW), not their output
+//   after GELU          yes: GELU keeps its input
+//   after a layer whose backward reads its own output (sigmoid, tanh, softmax, a ReLU): no
+//   first in a network, a Residual's body or a Checkpoint: no — x is the data, the input the
+//                       shortcut adds, or the input the Checkpoint recomputes from
+// The model builder decides (models.cpp); the values computed are the same either way.
 class ReLU : public Module {
 public:
-    explicit ReLU(std::string name = "relu") : Module(std::move(name)) {}
+    enum Mode { OutOfPlace, InPlace };
+    explicit ReLU(Mode mode = OutOfPlace, std::string name = "relu") : Module(std::move(name)), mode(mode) {}
     Tensor forward(const Tensor& x) override;
     Tensor backward(const Tensor& dy) override;
+
+    Mode mode;
 
 private:
     Tensor y_;  // the output: its sign is all backward needs

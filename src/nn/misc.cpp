@@ -18,7 +18,10 @@ Tensor Dropout::forward(const Tensor& x) {
     if (identity_) return x;
     if (fixed_mask) rng.set_counter(0);
     const uint64_t first = rng.take(uint64_t(x.numel()));
-    return dropout(x, p, rng.seed_hash(), first, &mask_);
+    Tensor mask;
+    Tensor y = dropout(x, p, rng.seed_hash(), first, &mask);
+    if (keeps_cache()) mask_ = mask;
+    return y;
 }
 
 Tensor Dropout::backward(const Tensor& dy) {
@@ -36,7 +39,7 @@ Tensor Dropout::backward(const Tensor& dy) {
 Tensor GELU::forward(const Tensor& x) {
     check_defined(x, name().c_str(), "the input");
     Tensor y = gelu(x);
-    if (training()) x_ = x;
+    if (keeps_cache()) x_ = x;
     return y;
 }
 

@@ -26,7 +26,18 @@ std::unique_ptr<Sequential> lenet(Rng& rng);
 // then max-pool 3 -> Flatten -> Linear w3→10 (no bias).
 //   x [N,3,32,32] -> [N,24,31,31] -> [N,w1,15,15] -> [N,w2,7,7] -> [N,w3,3,3] -> [N,w3] -> [N,10]
 // With batch_norm = false the BN layers are left out and the convolutions get biases instead.
+// With recompute = true each block is wrapped in a Checkpoint (nn/recompute.h): its parameters
+// are then "block1a.inner.conv.weight", and only the blocks' inputs are kept for backward.
 struct CifarNetWidths { int64_t w1 = 64, w2 = 256, w3 = 256; };
-std::unique_ptr<Sequential> cifar_net(Rng& rng, CifarNetWidths widths = {}, bool batch_norm = true);
+std::unique_ptr<Sequential> cifar_net(Rng& rng, CifarNetWidths widths = {}, bool batch_norm = true,
+                                      bool recompute = false);
+
+// A plain deep net, for measuring what recomputation saves and costs (chapter 08):
+//   x [N,3,32,32] -> depth × layer(conv 3×3 c→width (padding 1, no bias) -> BN -> ReLU in place)
+//   -> global average pool [N,width] -> Linear width→10
+// every activation [N,width,32,32]. Layers are named "layer1", "layer2", ...; with segment > 0
+// every `segment` consecutive layers form one Checkpoint, "segment1", "segment2", ... (the last
+// may be shorter), so only each segment's input is kept for backward.
+std::unique_ptr<Sequential> make_deep_net(Rng& rng, int64_t depth = 20, int64_t width = 32, int64_t segment = 0);
 
 }  // namespace kiln

@@ -23,6 +23,13 @@ static std::string join(const std::string& prefix, const std::string& name) {
     return prefix.empty() ? name : prefix + "." + name;
 }
 
+// ---- no-grad mode --------------------------------------------------------------------------
+static thread_local bool t_grad_enabled = true;
+
+bool grad_enabled() { return t_grad_enabled; }
+NoGradScope::NoGradScope() : previous_(t_grad_enabled) { t_grad_enabled = false; }
+NoGradScope::~NoGradScope() { t_grad_enabled = previous_; }
+
 // ---- computing -----------------------------------------------------------------------------
 Tensor Module::call(const Tensor& x) {
     ContextScope scope(this, Phase::Forward);

@@ -40,6 +40,24 @@ struct Parameter {
 
 class Module;
 
+// ---- no-grad mode (PyTorch's torch.no_grad) ------------------------------------------------
+// While a NoGradScope is open on a thread, forward passes on it keep no cache for backward
+// (keeps_cache() is false), so every intermediate tensor is freed as soon as the next layer has
+// read it. Training mode still means training: batch norm normalizes with the batch's
+// statistics and updates its running ones, dropout draws a mask. evaluate() runs under one; a
+// Checkpoint (nn/recompute.h) runs its first forward under one. Scopes nest.
+bool grad_enabled();  // this thread's switch: true unless a NoGradScope is open
+class NoGradScope {
+public:
+    NoGradScope();
+    ~NoGradScope();
+    NoGradScope(const NoGradScope&) = delete;
+    NoGradScope& operator=(const NoGradScope&) = delete;
+
+private:
+    bool previous_;
+};
+
 // Hooks (PyTorch's register_forward_pre_hook, register_forward_hook and
 // register_full_backward_hook): run by call() and call_backward() around forward and backward.
 // A forward hook may replace the output y, a backward hook the input gradient dx.
@@ -121,6 +139,9 @@ public:
     void train(bool on = true);  // this module and every one below it
     void eval() { train(false); }
     bool training() const { return training_; }
+    // Does forward keep what backward needs? In training mode, unless a NoGradScope is open
+    // (below). A layer's forward asks this, one test, before it keeps its cache.
+    bool keeps_cache() const { return training_ && grad_enabled(); }
     void zero_grad();               // every grad := 0
     void to(Device device);         // moves parameters, grads and buffers (slabs stay slabs)
     int64_t num_parameters();       // total elements of all parameters

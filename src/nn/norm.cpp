@@ -34,9 +34,13 @@ Tensor BatchNorm::forward(const Tensor& x) {
     for (int i = 2; i < x.ndim(); i++) values_per_channel *= x.size(i);
     KILN_CHECK(values_per_channel > 1, name(), ": training needs more than one value per channel, got input ",
                x.desc(), " (use a batch of at least 2, or eval())");
-    Tensor y = batchnorm_train(x, weight.value, bias.value, running_mean, running_var, eps, momentum, &save_mean_,
-                               &save_invstd_);
-    x_ = x;
+    Tensor mean, invstd;  // this batch's per-channel statistics, [C]
+    Tensor y = batchnorm_train(x, weight.value, bias.value, running_mean, running_var, eps, momentum, &mean, &invstd);
+    if (keeps_cache()) {  // under a NoGradScope: batch statistics all the same, but no cache
+        x_ = x;
+        save_mean_ = mean;
+        save_invstd_ = invstd;
+    }
     return y;
 }
 
@@ -69,7 +73,7 @@ Tensor LayerNorm::forward(const Tensor& x) {
     check_on_device(bias.value, x.device(), name(), "bias");
     Tensor mean, invstd;
     Tensor y = layernorm(x, weight.value, bias.value, eps, &mean, &invstd);
-    if (training()) {
+    if (keeps_cache()) {
         x_ = x;
         save_mean_ = mean;
         save_invstd_ = invstd;

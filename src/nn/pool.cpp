@@ -45,7 +45,7 @@ Tensor MaxPool2d::forward(const Tensor& x) {
     check_input(x, name());
     Tensor argmax;
     Tensor y = maxpool2d(x, args_of(x.shape(), kernel, stride, padding, name()), &argmax);
-    if (training()) {
+    if (keeps_cache()) {
         argmax_ = argmax;
         in_shape_ = x.shape();
     }
@@ -69,7 +69,7 @@ AvgPool2d::AvgPool2d(int64_t k, int64_t s, int64_t pad, std::string name)
 Tensor AvgPool2d::forward(const Tensor& x) {
     check_input(x, name());
     Tensor y = avgpool2d(x, args_of(x.shape(), kernel, stride, padding, name()));
-    if (training()) {
+    if (keeps_cache()) {
         in_shape_ = x.shape();
         in_device_ = x.device();
     }
@@ -90,7 +90,7 @@ Tensor GlobalAvgPool::forward(const Tensor& x) {
     check_input(x, name());
     KILN_CHECK(x.size(2) * x.size(3) > 0, name(), ": empty planes in ", x.desc());
     Tensor y = global_avgpool(x);
-    if (training()) {
+    if (keeps_cache()) {
         in_shape_ = x.shape();
         in_device_ = x.device();
     }

@@ -94,6 +94,16 @@ Tensor relu(const Tensor& x) {
     return y;
 }
 
+// The same kernel with its output over its input: each element is read before it is written.
+void relu_(Tensor& x) {
+    check_args("relu_", {{x, "x"}});
+    for_dtype(x, [&](auto tag) {
+        using T = decltype(tag);
+        if (on_cuda(x)) cuda::relu_forward(x.data<T>(), x.data<T>(), x.numel());
+        else cpu::relu_forward(x.data<T>(), x.data<T>(), x.numel());
+    });
+}
+
 Tensor relu_backward(const Tensor& y, const Tensor& dy) {
     check_args("relu_backward", {{y, "y"}, {dy, "dy"}});
     check_same_shape(y, dy, "relu_backward");

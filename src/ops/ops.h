@@ -17,6 +17,7 @@ Tensor add(const Tensor& a, const Tensor& b);              // a + b, same shapes
 void axpy_(Tensor& y, float alpha, const Tensor& x);       // y += alpha·x
 void scale_(Tensor& x, float s);                           // x *= s
 Tensor relu(const Tensor& x);                              // max(x, 0)
+void relu_(Tensor& x);                                     // x := max(x, 0), in place
 Tensor relu_backward(const Tensor& y, const Tensor& dy);   // dy · [y > 0], y = relu's output
 
 // ---- matrices ------------------------------------------------------------------------------

@@ -106,12 +106,15 @@ void CommonFlags::add_to(Cli& cli) {
     cli.add("--mem-limit", &mem_limit, "fail past this much memory per device, e.g. 64MiB");
     cli.add("--find-batch-size", &find_batch_size, "print the largest --batch-size whose step fits in --mem-limit (found with real steps), and stop");
     cli.add("--save", &save, "folder for a checkpoint after every epoch (DIR/last.safetensors; the one before: DIR/prev.safetensors)");
+    cli.add("--accumulate", &accumulate, "K micro-batches of batch-size/K images per optimizer step (K divides --batch-size): the same update, batch norm aside, with K times fewer activations");
     cli.add("--resume", &resume, "continue from this checkpoint (same flags as the run that wrote it: a different --epochs, --lr, --limit, --batch-size or --seed is refused)");
 }
 
 Device CommonFlags::apply() const {
     KILN_CHECK(epochs > 0 && batch_size > 0, "--epochs and --batch-size must be positive");
     KILN_CHECK(threads >= 0, "--threads must be ≥ 0");
+    KILN_CHECK(accumulate >= 1 && batch_size % accumulate == 0, "--accumulate ", accumulate,
+               " must be at least 1 and divide --batch-size ", batch_size, " (micro-batches of batch-size/K images)");
     if (threads > 0) omp_set_num_threads(threads);
     KILN_CHECK(device == "cpu" || device == "cuda", "--device must be cpu or cuda, got '", device, "'");
     Device d = device == "cuda" ? Device::CUDA : Device::CPU;

@@ -57,6 +57,7 @@ struct CommonFlags {
     bool find_batch_size = false;  // print the largest batch that fits in --mem-limit, and stop
     std::string save;              // a folder: a checkpoint after every epoch (empty = none)
     std::string resume;            // a checkpoint file to continue from (empty = start afresh)
+    int accumulate = 1;            // micro-batches per optimizer step (train/loop.h); divides batch_size
 
     void add_to(Cli& cli);
     // Sets the OpenMP thread count and checks the flags; returns the chosen device.

@@ -20,10 +20,12 @@ int64_t count_correct(const Tensor& logits, const Tensor& labels) {
 
 namespace {
 
-// One epoch of `loader` through the model in evaluation mode (restored after), and of
+// One epoch of `loader` through the model in evaluation mode (restored after) and without
+// caches for backward (a NoGradScope; eval mode keeps none already — the scope says so), and of
 // `mirrored` in step with it if given: the correct counts of f(x) and of f(x) + f(flip(x)).
 // With an arena, each batch's activations come from it and it is reset after the batch.
 MirrorAccuracy score(Module& model, DataLoader& loader, DataLoader* mirrored, BumpAllocator* arena) {
+    NoGradScope no_grad;
     bool was_training = model.training();
     model.eval();
     loader.start_epoch(0);

@@ -99,7 +99,7 @@ double fit(Module& model, Optimizer& optimizer, DataLoader& train, DataLoader& t
            BumpAllocator* arena) {
     MultiStepLR decay(optimizer, {std::max(1, flags.epochs * 7 / 10)}, 0.1);
     return fit(model, optimizer, train, test, TrainOptions{flags.epochs, &decay, false, arena, 0.0f, flags.save,
-                                                          flags.resume});
+                                                          flags.resume, nullptr, flags.accumulate});
 }
 
 void report(Device device, double test_accuracy, std::chrono::steady_clock::time_point start) {

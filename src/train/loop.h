@@ -7,6 +7,20 @@
 //      clip_grad_norm(grads, clip_norm)    if asked (chapter 07)
 //   4. optimizer.step()                     p -= lr · (update from grad), if everything is finite
 //   5. arena.reset()                        this step's activations are gone, in O(1)
+//
+// Gradient accumulation (StepOptions::accumulate = K, the trainers' --accumulate K): the batch
+// of B images is cut into K micro-batches of about B/K (every one of B/K when K divides B), and
+// steps 1-3 run once per micro-batch, the arena reset after each — only one micro-batch's
+// activations are alive at a time, which is the memory saved. Micro-batch i (n_i images) has
+// the mean loss L_i of its own images; its gradient is scaled by n_i / B before backward:
+//   Σ_i (n_i / B) · dL_i/dW = d/dW (1/B Σ_images loss) = the whole batch's mean-loss gradient,
+// and the parameters' grads add up over the micro-batches (backward accumulates). Then one
+// optimizer step. So B (--batch-size) stays the optimizer's batch: the same lr trains the same
+// model, with K times fewer activations (and K smaller, less efficient, GEMMs). The step's loss
+// and correct count are the whole batch's. Exactly the same update up to float rounding — but
+// not with batch norm: BN normalizes each micro-batch with that micro-batch's statistics (and
+// updates its running statistics K times), so the network computes another function.
+//
 // The epoch (train_epoch) adds, after each step: scheduler.step() if the lr changes every batch
 // (OneCycleLR), and the progress bar.
 #pragma once
@@ -24,6 +38,7 @@ namespace kiln {
 struct StepOptions {
     BumpAllocator* arena = nullptr;  // each step's activations (reset after the step)
     float clip_norm = 0.0f;          // > 0: clip the gradients' global norm to it
+    int accumulate = 1;              // micro-batches per optimizer step (≤ the batch's size)
 };
 
 // What a step did. A non-finite loss or gradient norm is reported, not thrown: the optimizer
@@ -40,8 +55,8 @@ struct StepResult {
 };
 
 // One step on the batch (x, y): zero the model's grads, forward, softmax cross-entropy, backward (the
-// model's input_needs_grad set to false: x is data), optional clipping, the optimizer's step,
-// the arena's reset.
+// model's input_needs_grad set to false: x is data) — once per micro-batch —, optional clipping,
+// the optimizer's step, the arena's reset. Throws if opt.accumulate is not in [1, batch size].
 StepResult train_step(Module& model, Optimizer& optimizer, const Tensor& x, const Tensor& y, const StepOptions& opt);
 
 struct EpochResult {
@@ -60,6 +75,7 @@ struct TrainOptions {
     std::string save_dir;              // fit: a checkpoint after every epoch, save_dir/last.safetensors
     std::string resume;                // fit: continue from this checkpoint (train/checkpoint.h)
     DataLoader* test_mirrored = nullptr;  // fit: the test set flipped; also score with mirrors (evaluate.h)
+    int accumulate = 1;                // micro-batches per optimizer step (StepOptions::accumulate)
 };
 
 // Trains one epoch (epoch counts from 0, of opt.epochs) with a progress bar. Throws kiln::Error
