@@ -71,4 +71,10 @@ Tensor Conv2d::backward(const Tensor& dy) {
     return dx;
 }
 
+void set_conv_workspace_limit(Module& model, int64_t bytes) {
+    KILN_CHECK(bytes > 0, "the convolution workspace limit must be positive, got ", bytes, " bytes");
+    for (auto& [name, m] : model.named_modules())
+        if (auto* conv = dynamic_cast<Conv2d*>(m)) conv->workspace_limit = bytes;
+}
+
 }  // namespace kiln

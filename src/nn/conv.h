@@ -48,4 +48,8 @@ private:
     Tensor x_;  // the input, kept for dw
 };
 
+// Sets workspace_limit on every Conv2d in the model: im2col's columns for as many images as fit
+// in `bytes` at a time (at least one). Less memory, smaller GEMMs (chapter 08).
+void set_conv_workspace_limit(Module& model, int64_t bytes);
+
 }  // namespace kiln

@@ -103,7 +103,7 @@ void CommonFlags::add_to(Cli& cli) {
     cli.add("--data", &data, "folder of the data set (make data puts it there)");
     cli.add("--limit", &limit, "train on the first N images only, for a quick look (0 = all)");
     cli.add("--device", &device, "cpu, or cuda (a GPU, or the kernel emulator without one)");
-    cli.add("--mem-limit", &mem_limit, "fail past this much memory per device, e.g. 64MiB");
+    cli.add("--mem-limit", &mem_limit, "fail past this much memory per device, e.g. 64MiB (0: no limit)");
     cli.add("--find-batch-size", &find_batch_size, "print the largest --batch-size whose step fits in --mem-limit (found with real steps), and stop");
     cli.add("--save", &save, "folder for a checkpoint after every epoch (DIR/last.safetensors; the one before: DIR/prev.safetensors)");
     cli.add("--accumulate", &accumulate, "K micro-batches of batch-size/K images per optimizer step (K divides --batch-size): the same update, batch norm aside, with K times fewer activations");
@@ -124,8 +124,8 @@ Device CommonFlags::apply() const {
 }
 
 void CommonFlags::apply_memory_limit(Device device) const {
-    if (mem_limit.empty()) return;
-    const int64_t limit = parse_bytes(mem_limit);
+    const int64_t limit = mem_limit.empty() ? 0 : parse_bytes(mem_limit);
+    if (limit == 0) return;  // none
     pool_allocator(device).empty_cache();  // building the model left temporaries in the cache
     const MemoryStats s = device_memory_stats(device);
     const int64_t model_state = s.in_use[int(Category::Parameter)] + s.in_use[int(Category::Gradient)] +

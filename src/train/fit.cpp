@@ -107,9 +107,14 @@ void report(Device device, double test_accuracy, std::chrono::steady_clock::time
     std::printf("%s\n", result_line(test_accuracy, seconds_since(start), peak_memory(device)).c_str());
 }
 
+int64_t test_batch_size(const CommonFlags& flags) { return flags.batch_size / flags.accumulate; }
+
 LoaderOptions mnist_loader_options(const CommonFlags& flags, Device device, bool train) {
     LoaderOptions o{flags.batch_size, true, false, flags.seed, {0.1307f}, {0.3081f}, device};
-    if (!train) o.shuffle = false;
+    if (!train) {
+        o.batch_size = test_batch_size(flags);
+        o.shuffle = false;
+    }
     return o;
 }
 
@@ -126,6 +131,7 @@ static LoaderOptions cifar_loader_options(const CommonFlags& flags, Device devic
     if (train) {
         o.transforms = {std::make_shared<RandomCrop>(32, 4), std::make_shared<RandomHorizontalFlip>()};
     } else {
+        o.batch_size = test_batch_size(flags);
         o.shuffle = false;
         o.drop_last = false;
     }

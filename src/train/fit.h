@@ -49,11 +49,13 @@ double fit(Module& model, Optimizer& optimizer, DataLoader& train, DataLoader& t
 //   result: test_acc=98.42% time=41.3s peak_mem=12.6MiB
 void report(Device device, double test_accuracy, std::chrono::steady_clock::time_point start);
 
-// MNIST batches: pixels normalized with the training set's mean 0.1307 and std 0.3081, of
-// --batch-size images. train = true: shuffled from --seed; false: in order. The test set is
-// scored in batches of the training's size, in the same arena: evaluation keeps no caches, so it
-// never needs more memory than a training step (a larger test batch would: LeNet's im2col for
-// 1000 images is 57 MiB).
+// The test set is scored in batches of the training step's size (a micro-batch with
+// --accumulate), in the same arena: evaluation keeps no caches, so it never needs more memory
+// than a training step (a larger test batch would: LeNet's im2col for 1000 images is 57 MiB).
+int64_t test_batch_size(const CommonFlags& flags);
+
+// MNIST batches: pixels normalized with the training set's mean 0.1307 and std 0.3081.
+// train = true: shuffled batches of --batch-size from --seed; false: test_batch_size, in order.
 LoaderOptions mnist_loader_options(const CommonFlags& flags, Device device, bool train);
 
 // What an MNIST trainer reads: the training set (--limit images of it, if given) and the
@@ -67,7 +69,7 @@ struct MnistData {
 // What a CIFAR-10 trainer reads, likewise (--data, --limit, --batch-size, --seed): pixels
 // normalized with the training set's per-channel mean and std; the training batches shuffled,
 // full batches only, with random crops (padding 4) and horizontal flips; the test set in order,
-// --batch-size at a time (as MNIST's), not augmented; test_mirrored: the test set again, each image flipped left
+// test_batch_size at a time, not augmented; test_mirrored: the test set again, each image flipped left
 // to right (for TrainOptions::test_mirrored).
 struct CifarData {
     CifarData(const CommonFlags& flags, Device device);
