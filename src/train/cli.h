@@ -29,6 +29,8 @@ public:
     // Unknown flags and bad values throw kiln::Error with the usage; --help prints it and exits.
     void parse(int argc, char** argv);
     std::string usage() const;
+    const std::string& program() const { return program_; }          // "lesson-03"
+    const std::vector<std::string>& arguments() const { return arguments_; }  // what parse read
 
 private:
     struct Flag {
@@ -40,6 +42,7 @@ private:
                   std::function<void(const std::string&)> set);
     std::string program_, description_;
     std::vector<Flag> flags_;
+    std::vector<std::string> arguments_;
 };
 
 struct CommonFlags {
@@ -54,6 +57,7 @@ struct CommonFlags {
     std::string mem_limit;         // e.g. 64MiB; empty = none
     std::string save;              // a folder: a checkpoint after every epoch (empty = none)
     std::string resume;            // a checkpoint file to continue from (empty = start afresh)
+    const Cli* cli = nullptr;      // set by add_to: the trainer's name and command line (run.json)
 
     void add_to(Cli& cli);
     // Sets the OpenMP thread count and the memory limit; returns the chosen device.
