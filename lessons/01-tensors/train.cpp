@@ -14,7 +14,7 @@
 #include "nn/models.h"            // defines: softmax_regression (Flatten, Linear)
 #include "optim/optimizer.h"      // defines: SGD
 #include "train/cli.h"            // defines: Cli, CommonFlags
-#include "train/batch_size.h"      // defines: print_largest_batch
+#include "train/batch_size.h"     // defines: print_largest_batch
 #include "train/fit.h"            // defines: MnistData, fit, report
 
 using namespace kiln;

@@ -17,7 +17,7 @@
 #include "nn/models.h"            // defines: cifar_net (Conv2d, BatchNorm2d, GELU, MaxPool2d, Linear)
 #include "optim/optimizer.h"      // defines: SGD
 #include "train/cli.h"            // defines: Cli, CommonFlags
-#include "train/batch_size.h"      // defines: print_largest_batch
+#include "train/batch_size.h"     // defines: print_largest_batch
 #include "train/fit.h"            // defines: CifarData, fit, report
 
 using namespace kiln;

@@ -3,7 +3,7 @@
 //   make lesson-07                                   # SGD + Nesterov, one-cycle schedule, 24 epochs
 //   make lesson-07 ARGS='--optimizer adamw --lr 0.004 --weight-decay 0.05'
 //   make lesson-07 ARGS='--schedule cosine --warmup 2'   # linear warm-up, then cosine
-//   make lesson-07 ARGS='--save runs/07'             # a checkpoint after every epoch
+//   make lesson-07 ARGS='--save runs/07'             # a checkpoint after every epoch (and the log)
 //   make lesson-07 ARGS='--resume runs/07/last.safetensors'   # continue exactly where it stopped
 //   make lesson-07 ARGS='--recompute --accumulate 2'   # less memory (chapter 08)
 //
@@ -22,9 +22,10 @@
 #include "optim/adam.h"           // defines: Adam, AdamW
 #include "optim/optimizer.h"      // defines: SGD, decay_groups
 #include "optim/scheduler.h"      // defines: OneCycleLR, LinearLR, CosineAnnealingLR, SequentialLR
+#include "train/batch_size.h"     // defines: print_largest_batch
 #include "train/cli.h"            // defines: Cli, CommonFlags
-#include "train/batch_size.h"      // defines: print_largest_batch
 #include "train/fit.h"            // defines: CifarData, fit, report
+#include "train/run_log.h"        // defines: run_info (run.json and curves.svg: --save DIR or runs/lesson-07/)
 
 using namespace kiln;
 
@@ -115,7 +116,7 @@ int main(int argc, char** argv) try {
 
     TrainOptions train{f.common.epochs, schedule.get(), /*per_batch=*/true, arena ? &*arena : nullptr, f.clip,
                        f.common.save, f.common.resume, f.no_tta ? nullptr : &cifar.test_mirrored,
-                       f.common.accumulate};
+                       f.common.accumulate, run_info(f.common)};
     double test_acc = fit(*model, *opt, cifar.train, cifar.test, train);
     report(device, test_acc, start);
     return 0;

@@ -45,8 +45,9 @@ int dtype_rank(DType t) {
     return i;
 }
 
+}  // namespace
+
 // ---- writing ----------------------------------------------------------------------------------
-// A JSON string as serde_json writes it: quote, backslash and control characters escaped.
 void append_json_string(std::string& out, const std::string& s) {
     out += '"';
     for (unsigned char c : s) {
@@ -70,6 +71,8 @@ void append_json_string(std::string& out, const std::string& s) {
     }
     out += '"';
 }
+
+namespace {
 
 // The header JSON, compact, "__metadata__" first, then the tensors in data order; padded with
 // spaces to a multiple of 8.

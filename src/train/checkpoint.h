@@ -61,6 +61,10 @@ namespace kiln {
 // naming the path and the system's reason (no such folder, disk full) and leaves nothing behind.
 void write_safetensors(const std::string& path, const StateDict& s);
 
+// Appends s to out as a JSON string, as serde_json writes it: quote, backslash and control
+// characters escaped (the header's names; run.json's text too, train/run_log.h).
+void append_json_string(std::string& out, const std::string& s);
+
 // Reads a safetensors file into a StateDict of CPU tensors. Nothing in the file is trusted: a
 // short file, a header length past the end, bad JSON, an unknown dtype, offsets that overlap,
 // leave gaps or disagree with the shape, a CRC mismatch — each throws kiln::Error naming the

@@ -70,6 +70,7 @@ std::string Cli::usage() const {
 }
 
 void Cli::parse(int argc, char** argv) {
+    arguments_.assign(argv + 1, argv + argc);
     for (int i = 1; i < argc; i++) {
         std::string arg = argv[i], value;
         if (arg == "--help" || arg == "-h") {
@@ -95,6 +96,7 @@ void Cli::parse(int argc, char** argv) {
 }
 
 void CommonFlags::add_to(Cli& cli) {
+    this->cli = &cli;
     cli.add("--epochs", &epochs, "passes over the training set");
     cli.add("--batch-size", &batch_size, "images per step");
     cli.add("--lr", &lr, "learning rate");
@@ -105,7 +107,7 @@ void CommonFlags::add_to(Cli& cli) {
     cli.add("--device", &device, "cpu, or cuda (a GPU, or the kernel emulator without one)");
     cli.add("--mem-limit", &mem_limit, "fail past this much memory per device, e.g. 64MiB (0: no limit)");
     cli.add("--find-batch-size", &find_batch_size, "print the largest --batch-size whose step fits in --mem-limit (found with real steps), and stop");
-    cli.add("--save", &save, "folder for a checkpoint after every epoch (DIR/last.safetensors; the one before: DIR/prev.safetensors)");
+    cli.add("--save", &save, "folder for a checkpoint after every epoch (DIR/last.safetensors; the one before: DIR/prev.safetensors), and for the run's log DIR/run.json and DIR/curves.svg (without --save: runs/<trainer>/)");
     cli.add("--accumulate", &accumulate, "K micro-batches of batch-size/K images per optimizer step (K divides --batch-size): the same update, batch norm aside, with K times fewer activations");
     cli.add("--resume", &resume, "continue from this checkpoint (same flags as the run that wrote it: a different --epochs, --lr, --limit, --batch-size or --seed is refused)");
 }

@@ -31,6 +31,8 @@ public:
     // Unknown flags and bad values throw kiln::Error with the usage; --help prints it and exits.
     void parse(int argc, char** argv);
     std::string usage() const;
+    const std::string& program() const { return program_; }          // "lesson-03"
+    const std::vector<std::string>& arguments() const { return arguments_; }  // what parse read
 
 private:
     struct Flag {
@@ -42,6 +44,7 @@ private:
                   std::function<void(const std::string&)> set);
     std::string program_, description_;
     std::vector<Flag> flags_;
+    std::vector<std::string> arguments_;
 };
 
 struct CommonFlags {
@@ -58,6 +61,7 @@ struct CommonFlags {
     std::string save;              // a folder: a checkpoint after every epoch (empty = none)
     std::string resume;            // a checkpoint file to continue from (empty = start afresh)
     int accumulate = 1;            // micro-batches per optimizer step (train/loop.h); divides batch_size
+    const Cli* cli = nullptr;      // set by add_to: the trainer's name and command line (run.json)
 
     void add_to(Cli& cli);
     // Sets the OpenMP thread count and checks the flags; returns the chosen device.

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <filesystem>
+#include <optional>
 
 #include "data/cifar.h"
 #include "data/idx.h"
@@ -11,6 +12,7 @@
 #include "train/evaluate.h"
 #include "train/loop.h"
 #include "train/progress.h"
+#include "train/run_log.h"
 
 namespace kiln {
 
@@ -78,15 +80,21 @@ double fit(Module& model, Optimizer& optimizer, DataLoader& train, DataLoader& t
         record_schedule(optimizer, opt.scheduler, opt.epochs, opt.per_batch ? train.num_batches() : 1);
     TrainingRun run{model, optimizer, opt.scheduler, &train, {}, nullptr, schedule};
     const int first = opt.resume.empty() ? 0 : resume_from(opt.resume, run);
+    std::optional<RunLog> log;  // run.json and curves.svg; an unwritable folder fails here
+    if (!opt.run.trainer.empty()) log.emplace(opt.run, first);
     // a finished run: its accuracy
     double test_acc = first < opt.epochs ? 0.0 : test_epoch(model, test, opt, first - 1, optimizer.lr());
     const Device device = train.options().device;
     RunPeaks peaks;
     for (int epoch = first; epoch < opt.epochs; epoch++) {
         const float lr = optimizer.lr();  // the lr this epoch starts with
-        measure_peak(device, peaks.training, [&] { train_epoch(model, optimizer, train, epoch, opt); });
+        EpochResult trained;
+        measure_peak(device, peaks.training, [&] { trained = train_epoch(model, optimizer, train, epoch, opt); });
         if (opt.scheduler && !opt.per_batch) opt.scheduler->step();
         measure_peak(device, peaks.evaluation, [&] { test_acc = test_epoch(model, test, opt, epoch, lr); });
+        if (log)
+            log->add({epoch + 1, trained.loss, trained.accuracy, test_acc, lr, trained.images_per_second,
+                      peak_memory(device)});
         if (!opt.save_dir.empty())
             measure_peak(device, peaks.saving, [&] { save_epoch(opt.save_dir, run, epoch + 1); });
         std::fflush(stdout);
@@ -99,7 +107,7 @@ double fit(Module& model, Optimizer& optimizer, DataLoader& train, DataLoader& t
            BumpAllocator* arena) {
     MultiStepLR decay(optimizer, {std::max(1, flags.epochs * 7 / 10)}, 0.1);
     return fit(model, optimizer, train, test, TrainOptions{flags.epochs, &decay, false, arena, 0.0f, flags.save,
-                                                          flags.resume, nullptr, flags.accumulate});
+                                                          flags.resume, nullptr, flags.accumulate, run_info(flags)});
 }
 
 void report(Device device, double test_accuracy, std::chrono::steady_clock::time_point start) {

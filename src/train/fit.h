@@ -35,13 +35,15 @@ struct RunPeaks {
 // peaks (RunPeaks) at the end; returns the last accuracy. With opt.resume it first loads that checkpoint (model, optimizer, scheduler, data
 // order) and continues after its epoch, refusing one laid out over other epochs or with another
 // schedule; with opt.save_dir it saves one after every epoch (save_dir/last.safetensors, the
-// one before kept as save_dir/prev.safetensors).
+// one before kept as save_dir/prev.safetensors). With opt.run.trainer set it keeps the run's log
+// (train/run_log.h): opt.run.dir/run.json and curves.svg, rewritten after every epoch.
 double fit(Module& model, Optimizer& optimizer, DataLoader& train, DataLoader& test, const TrainOptions& opt);
 
 // The earlier chapters' fit: flags.epochs epochs (and --save, --resume) with step decay
 // (MultiStepLR with one milestone):
 //   lr = base_lr               for epoch < max(1, ⌊0.7 · epochs⌋)
 //   lr = base_lr / 10          after: the last 30% of the epochs fine-tune
+// and the log of run_info(flags): --save DIR, or runs/<trainer>/ (none without flags.cli).
 double fit(Module& model, Optimizer& optimizer, DataLoader& train, DataLoader& test, const CommonFlags& flags,
            BumpAllocator* arena);
 

@@ -31,6 +31,7 @@
 #include "nn/module.h"
 #include "optim/optimizer.h"
 #include "optim/scheduler.h"
+#include "train/run_log.h"
 
 namespace kiln {
 
@@ -76,6 +77,8 @@ struct TrainOptions {
     std::string resume;                // fit: continue from this checkpoint (train/checkpoint.h)
     DataLoader* test_mirrored = nullptr;  // fit: the test set flipped; also score with mirrors (evaluate.h)
     int accumulate = 1;                // micro-batches per optimizer step (StepOptions::accumulate)
+    RunInfo run = {};                  // fit: with run.trainer set, run.json and curves.svg in run.dir
+                                       // after every epoch (train/run_log.h)
 };
 
 // Trains one epoch (epoch counts from 0, of opt.epochs) with a progress bar. Throws kiln::Error
