@@ -10,6 +10,7 @@
 #include "core/allocator.h"
 #include "core/cuda_memory.h"
 #include "core/error.h"
+#include "train/memory_trace.h"
 
 namespace kiln {
 
@@ -105,6 +106,9 @@ void CommonFlags::add_to(Cli& cli) {
     cli.add("--device", &device, "cpu, or cuda (a GPU, or the kernel emulator without one)");
     cli.add("--mem-limit", &mem_limit, "fail past this much memory per device, e.g. 64MiB");
     cli.add("--save", &save, "folder for a checkpoint after every epoch (DIR/last.safetensors; the one before: DIR/prev.safetensors)");
+    cli.add("--mem-report", &mem_report, "print where the first training step's memory goes, per module");
+    cli.add("--mem-trace", &mem_trace, "write every allocation of the first steps to FILE.json and their timeline to FILE.svg");
+    cli.add("--mem-trace-steps", &mem_trace_steps, "training steps that --mem-trace records");
     cli.add("--resume", &resume, "continue from this checkpoint (same flags as the run that wrote it: a different --epochs, --lr, --limit, --batch-size or --seed is refused)");
 }
 
@@ -116,6 +120,7 @@ Device CommonFlags::apply() const {
     Device d = device == "cuda" ? Device::CUDA : Device::CPU;
     if (d == Device::CUDA) cuda::print_emulator_note_once();  // says so when there is no GPU build
     if (!mem_limit.empty()) set_memory_limit(d, parse_bytes(mem_limit));
+    if (!mem_trace.empty()) check_trace_path(mem_trace);  // fail now, not after loading the data
     return d;
 }
 

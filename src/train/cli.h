@@ -5,6 +5,7 @@
 //   Cli cli("lesson-02", "Trains an MLP on MNIST.");
 //   f.add_to(cli);                       // --epochs --batch-size --lr --seed --threads --data
 //   cli.add("--hidden", &hidden, "hidden units");   //   --limit --device --mem-limit --save --resume
+//                                                   //   --mem-report --mem-trace --mem-trace-steps
 //   cli.parse(argc, argv);               // --help prints the usage and exits
 //   f.apply();                           // sets the thread count and memory limit
 #pragma once
@@ -54,6 +55,9 @@ struct CommonFlags {
     std::string mem_limit;         // e.g. 64MiB; empty = none
     std::string save;              // a folder: a checkpoint after every epoch (empty = none)
     std::string resume;            // a checkpoint file to continue from (empty = start afresh)
+    bool mem_report = false;       // print the memory of the first step per module
+    std::string mem_trace;         // FILE.json: every allocation of the first steps, and FILE.svg
+    int mem_trace_steps = 2;       // steps that --mem-trace records
 
     void add_to(Cli& cli);
     // Sets the OpenMP thread count and the memory limit; returns the chosen device.

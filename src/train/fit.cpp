@@ -4,12 +4,14 @@
 #include <algorithm>
 #include <cstdio>
 #include <filesystem>
+#include <optional>
 
 #include "data/cifar.h"
 #include "data/idx.h"
 #include "train/checkpoint.h"
 #include "train/evaluate.h"
 #include "train/loop.h"
+#include "train/memory_trace.h"
 #include "train/progress.h"
 
 namespace kiln {
@@ -74,14 +76,20 @@ double fit(Module& model, Optimizer& optimizer, DataLoader& train, DataLoader& t
         if (!opt.save_dir.empty()) save_epoch(opt.save_dir, run, epoch + 1);
         std::fflush(stdout);
     }
+    if (opt.memory) opt.memory->finish();  // a trace of more steps than the run had
     return test_acc;
 }
 
 double fit(Module& model, Optimizer& optimizer, DataLoader& train, DataLoader& test, const CommonFlags& flags,
            BumpAllocator* arena) {
     MultiStepLR decay(optimizer, {std::max(1, flags.epochs * 7 / 10)}, 0.1);
-    return fit(model, optimizer, train, test, TrainOptions{flags.epochs, &decay, false, arena, 0.0f, flags.save,
-                                                          flags.resume});
+    TrainOptions opt{flags.epochs, &decay, false, arena, 0.0f, flags.save, flags.resume};
+    std::optional<MemoryRecording> memory;
+    if (flags.mem_report || !flags.mem_trace.empty())
+        memory.emplace(MemoryTraceOptions{flags.mem_report, flags.mem_trace, flags.mem_trace_steps}, model, optimizer,
+                       model.parameters().front()->value.device(), arena);
+    opt.memory = memory ? &*memory : nullptr;
+    return fit(model, optimizer, train, test, opt);
 }
 
 void report(Device device, double test_accuracy, std::chrono::steady_clock::time_point start) {

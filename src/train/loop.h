@@ -20,6 +20,8 @@
 
 namespace kiln {
 
+class MemoryRecording;  // train/memory_trace.h: --mem-report and --mem-trace
+
 // How one step runs.
 struct StepOptions {
     BumpAllocator* arena = nullptr;  // each step's activations (reset after the step)
@@ -60,6 +62,7 @@ struct TrainOptions {
     std::string save_dir;              // fit: a checkpoint after every epoch, save_dir/last.safetensors
     std::string resume;                // fit: continue from this checkpoint (train/checkpoint.h)
     DataLoader* test_mirrored = nullptr;  // fit: the test set flipped; also score with mirrors (evaluate.h)
+    MemoryRecording* memory = nullptr;    // records the first steps' allocations; null: nothing recorded
 };
 
 // Trains one epoch (epoch counts from 0, of opt.epochs) with a progress bar. Throws kiln::Error
