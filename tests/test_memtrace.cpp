@@ -22,6 +22,7 @@
 #include "fixtures.h"
 #include "nn/layers.h"
 #include "optim/optimizer.h"
+#include "train/cli.h"
 #include "train/loop.h"
 #include "train/memory_trace.h"
 
@@ -261,6 +262,11 @@ TEST_CASE("memory trace: the training loop records the first steps, then stops",
     CHECK(text.find("\"step\": 2,") == std::string::npos);  // not the third step
     CHECK(text.find("\"phase\": \"data\"") != std::string::npos);
     CHECK(read_text(dir.file("loop.svg")).find("step 2") != std::string::npos);
+
+    CommonFlags flags;  // without --mem-report or --mem-trace the loop records nothing
+    CHECK(memory_recording(flags, *model, sgd, nullptr) == nullptr);
+    flags.mem_report = true;
+    CHECK(memory_recording(flags, *model, sgd, nullptr) != nullptr);
 }
 
 TEST_CASE("memory trace: a path that cannot be written fails before training, naming it",

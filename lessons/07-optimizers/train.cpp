@@ -22,6 +22,7 @@
 #include "optim/scheduler.h"      // defines: OneCycleLR, LinearLR, CosineAnnealingLR, SequentialLR
 #include "train/cli.h"            // defines: Cli, CommonFlags
 #include "train/fit.h"            // defines: CifarData, fit, report
+#include "train/memory_trace.h"   // defines: memory_recording
 
 using namespace kiln;
 
@@ -101,6 +102,8 @@ int main(int argc, char** argv) try {
 
     TrainOptions train{f.common.epochs, schedule.get(), /*per_batch=*/true, &arena, f.clip, f.common.save,
                        f.common.resume, f.no_tta ? nullptr : &cifar.test_mirrored};
+    const std::unique_ptr<MemoryRecording> memory = memory_recording(f.common, *model, *opt, &arena);
+    train.memory = memory.get();  // --mem-report, --mem-trace
     double test_acc = fit(*model, *opt, cifar.train, cifar.test, train);
     report(device, test_acc, start);
     return 0;

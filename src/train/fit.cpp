@@ -4,7 +4,6 @@
 #include <algorithm>
 #include <cstdio>
 #include <filesystem>
-#include <optional>
 
 #include "data/cifar.h"
 #include "data/idx.h"
@@ -84,11 +83,8 @@ double fit(Module& model, Optimizer& optimizer, DataLoader& train, DataLoader& t
            BumpAllocator* arena) {
     MultiStepLR decay(optimizer, {std::max(1, flags.epochs * 7 / 10)}, 0.1);
     TrainOptions opt{flags.epochs, &decay, false, arena, 0.0f, flags.save, flags.resume};
-    std::optional<MemoryRecording> memory;
-    if (flags.mem_report || !flags.mem_trace.empty())
-        memory.emplace(MemoryTraceOptions{flags.mem_report, flags.mem_trace, flags.mem_trace_steps}, model, optimizer,
-                       model.parameters().front()->value.device(), arena);
-    opt.memory = memory ? &*memory : nullptr;
+    const std::unique_ptr<MemoryRecording> memory = memory_recording(flags, model, optimizer, arena);
+    opt.memory = memory.get();
     return fit(model, optimizer, train, test, opt);
 }
 

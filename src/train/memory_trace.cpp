@@ -336,7 +336,7 @@ void write_json(const MemoryTrace& trace, Device device, const std::string& path
         << "\"units\": {\"bytes\": \"what each tensor asked for, before the allocator's rounding\", "
            "\"t_us\": \"microseconds since the recording started\"},\n"
         << "\"categories\": " << json_names(kNumCategories, [](int i) { return category_name(Category(i)); }) << ",\n"
-        << "\"phases\": " << json_names(5, [](int i) { return phase_name(Phase(i)); }) << ",\n"
+        << "\"phases\": " << json_names(int(Phase::Data) + 1, [](int i) { return phase_name(Phase(i)); }) << ",\n"
         << "\"steps\": " << trace.steps() << ",\n\"in_use_at_start\": {";
     for (Device d : {Device::CPU, Device::CUDA}) {
         out << (d == Device::CPU ? "" : ", ") << json_string(device_name(d)) << ": {";
@@ -419,22 +419,25 @@ std::vector<Point> stack_edge(const Plot& plot, const Series& s, int k, double t
     return edge;
 }
 
-void draw_timeline(const MemoryTrace& trace, Device device, const std::string& path, const std::string& model_name) {
-    const Series s = series_of(trace, device);
-    const MemoryPeak peak = find_peak(trace, device, 0, trace.events.size());
-    const double t_end = std::max(s.t_ms.back() * 1.01, 0.001);
-    Svg svg(980, 440);
-    Plot plot(svg, {80, 50, 660, 320}, {0, t_end}, {0, std::max(double(peak.bytes) / kMiB * 1.08, 1e-3)});
+using Legend = std::vector<std::pair<std::string, std::string>>;  // label, colour
+
+// The phases as background bands; returns their legend entries.
+Legend draw_phase_bands(Svg& svg, const Plot& plot, const MemoryTrace& trace) {
     const Box a = plot.area();
-    std::vector<std::pair<std::string, std::string>> phase_legend;
+    Legend legend;
     for (const Band& b : phase_bands(trace)) {
         const double x0 = plot.at(b.from_ms, 0).x, x1 = std::max(plot.at(b.to_ms, 0).x, x0 + 2);
         svg.rect({x0, a.y, x1 - x0, a.h}, kPhaseColour[int(b.phase)]);
         std::pair<std::string, std::string> entry{std::string(phase_name(b.phase)) + " phase", kPhaseColour[int(b.phase)]};
-        if (std::find(phase_legend.begin(), phase_legend.end(), entry) == phase_legend.end()) phase_legend.push_back(entry);
+        if (std::find(legend.begin(), legend.end(), entry) == legend.end()) legend.push_back(entry);
     }
-    plot.axes("time since the recording started (ms)", "memory in use (MiB)");
-    std::vector<std::pair<std::string, std::string>> legend;
+    return legend;
+}
+
+// One area per category that holds anything, stacked in kStackOrder; returns the legend
+// entries, the top of the stack first.
+Legend draw_stack(Svg& svg, const Plot& plot, const Series& s, double t_end) {
+    Legend legend;
     for (int k = 0; k < kNumCategories; k++) {
         const int c = int(kStackOrder[k]);
         bool present = false;
@@ -443,27 +446,51 @@ void draw_timeline(const MemoryTrace& trace, Device device, const std::string& p
         std::vector<Point> area = stack_edge(plot, s, k, t_end), below = stack_edge(plot, s, k - 1, t_end);
         area.insert(area.end(), below.rbegin(), below.rend());
         svg.polygon(area, kCategoryColour[c], 0.85);
-        legend.emplace(legend.begin(), category_name(Category(c)), kCategoryColour[c]);  // top of the stack first
+        legend.emplace(legend.begin(), category_name(Category(c)), kCategoryColour[c]);
     }
+    return legend;
+}
+
+// A dashed line where each step after the first begins.
+void draw_step_starts(Svg& svg, const Plot& plot, const MemoryTrace& trace) {
+    const Box a = plot.area();
     for (int st = 1; st < trace.steps() && trace.step_ends[size_t(st - 1)] < trace.events.size(); st++) {
         const double x = plot.at(trace.events[trace.step_ends[size_t(st - 1)]].time_us / 1000.0, 0).x;
         svg.line({x, a.y}, {x, a.y + a.h}, "#555555", 1, true);
         svg.text({x + 4, a.y - 4}, "step " + std::to_string(st + 1), 11, Anchor::Start, "#555555");
     }
+}
+
+// A dashed line up to the peak, labelled with its size, module and phase.
+void draw_peak(Svg& svg, const Plot& plot, const MemoryPeak& peak) {
+    const Box a = plot.area();
     const Point top = plot.at(peak.time_us / 1000.0, double(peak.bytes) / kMiB);
     svg.line({top.x, a.y + a.h}, {top.x, top.y - 6}, "#000000", 1.2, true);
     char label[200];
     std::snprintf(label, sizeof label, "peak %.2f MiB: %s, %s", double(peak.bytes) / kMiB,
                   shown_name(peak.module).c_str(), phase_name(peak.phase));
-    const bool right_half = top.x > a.x + a.w / 2;
+    const bool right_half = top.x > a.x + a.w / 2;  // the label goes towards the middle
     svg.text({top.x + (right_half ? -4 : 4), top.y - 10}, label, 12, right_half ? Anchor::End : Anchor::Start);
-    svg.text({a.x + a.w / 2, 28},
-             "memory in use on " + std::string(device_name(device)) + " over " + std::to_string(trace.steps()) +
-                 " training step" + (trace.steps() == 1 ? "" : "s") + " of " + model_name +
-                 " (tensor bytes by category)",
+}
+
+void draw_timeline(const MemoryTrace& trace, Device device, const std::string& path, const std::string& model_name) {
+    const Series s = series_of(trace, device);
+    const MemoryPeak peak = find_peak(trace, device, 0, trace.events.size());
+    const double t_end = std::max(s.t_ms.back() * 1.01, 0.001);
+    Svg svg(980, 440);
+    Plot plot(svg, {80, 50, 660, 320}, {0, t_end}, {0, std::max(double(peak.bytes) / kMiB * 1.08, 1e-3)});
+    const Legend phases = draw_phase_bands(svg, plot, trace);
+    plot.axes("time since the recording started (ms)", "memory in use (MiB)");
+    Legend legend = draw_stack(svg, plot, s, t_end);
+    draw_step_starts(svg, plot, trace);
+    draw_peak(svg, plot, peak);
+    const int steps = trace.steps();
+    svg.text({plot.area().x + plot.area().w / 2, 28},
+             "memory in use on " + std::string(device_name(device)) + " over " + std::to_string(steps) +
+                 " training step" + (steps == 1 ? "" : "s") + " of " + model_name + " (tensor bytes by category)",
              15, Anchor::Middle);
-    legend.insert(legend.end(), phase_legend.begin(), phase_legend.end());
-    svg.legend({a.x + a.w + 20, a.y}, legend);
+    legend.insert(legend.end(), phases.begin(), phases.end());
+    svg.legend({plot.area().x + plot.area().w + 20, plot.area().y}, legend);
     svg.save(path);
 }
 
@@ -517,6 +544,14 @@ void MemoryRecording::finish() {
     std::printf("memory trace: %zu events of %d step(s) in %s, the timeline in %s\n", trace.events.size(),
                 trace.steps(), options_.trace.c_str(), timeline_path(options_.trace).c_str());
     std::fflush(stdout);
+}
+
+std::unique_ptr<MemoryRecording> memory_recording(const CommonFlags& flags, Module& model, const Optimizer& optimizer,
+                                                  const BumpAllocator* arena) {
+    if (!flags.mem_report && flags.mem_trace.empty()) return nullptr;
+    return std::make_unique<MemoryRecording>(MemoryTraceOptions{flags.mem_report, flags.mem_trace, flags.mem_trace_steps},
+                                             model, optimizer,
+                                             optimizer.param_groups().front().params.front()->value.device(), arena);
 }
 
 }  // namespace kiln

@@ -19,6 +19,7 @@
 #include <array>
 #include <chrono>
 #include <cstdint>
+#include <memory>
 #include <mutex>
 #include <optional>
 #include <string>
@@ -28,6 +29,7 @@
 #include "core/allocator.h"
 #include "nn/module.h"
 #include "optim/optimizer.h"
+#include "train/cli.h"
 
 namespace kiln {
 
@@ -189,5 +191,12 @@ private:
     bool finished_ = false;
     int steps_wanted() const;
 };
+
+// The recording a trainer's flags ask for (--mem-report, --mem-trace, --mem-trace-steps) of
+// `model` on the device of the optimizer's parameters; null when they ask for none. For TrainOptions::memory:
+//   auto memory = memory_recording(flags, model, sgd, &arena);
+//   opt.memory = memory.get();
+std::unique_ptr<MemoryRecording> memory_recording(const CommonFlags& flags, Module& model, const Optimizer& optimizer,
+                                                  const BumpAllocator* arena);
 
 }  // namespace kiln
