@@ -25,6 +25,7 @@
 #include "train/batch_size.h"     // defines: print_largest_batch
 #include "train/cli.h"            // defines: Cli, CommonFlags
 #include "train/fit.h"            // defines: CifarData, fit, report
+#include "train/memory_trace.h"   // defines: memory_recording
 #include "train/run_log.h"        // defines: run_info (run.json and curves.svg: --save DIR or runs/lesson-07/)
 
 using namespace kiln;
@@ -117,6 +118,9 @@ int main(int argc, char** argv) try {
     TrainOptions train{f.common.epochs, schedule.get(), /*per_batch=*/true, arena ? &*arena : nullptr, f.clip,
                        f.common.save, f.common.resume, f.no_tta ? nullptr : &cifar.test_mirrored,
                        f.common.accumulate, run_info(f.common)};
+    const std::unique_ptr<MemoryRecording> memory =
+        memory_recording(f.common, *model, *opt, arena ? &*arena : nullptr);
+    train.memory = memory.get();  // --mem-report, --mem-trace
     double test_acc = fit(*model, *opt, cifar.train, cifar.test, train);
     report(device, test_acc, start);
     return 0;

@@ -32,6 +32,7 @@ int main(int argc, char** argv) try {
     flags.lr = 0.05f;
     flags.data = "data/cifar10";
     flags.mem_limit = "48MiB";
+    flags.mem_report = true;  // where the first step's memory goes, module by module
     bool plain = false;
     std::string workspace = "4MiB";
     float weight_decay = 5e-4f;

@@ -80,22 +80,24 @@ static void raise_to(std::atomic<int64_t>& peak, int64_t value) {
     while (seen < value && !peak.compare_exchange_weak(seen, value)) {}
 }
 
-void Allocator::note_alloc(int64_t bytes, Category c) {
+void Allocator::note_alloc(int64_t bytes, int64_t requested, Category c) {
     auto& r = Registry::get();
     const int64_t device_total = r.allocated[int(device_)] += bytes;
     raise_to(r.peak[int(device_)], device_total);
     raise_to(r.phase_peak[int(device_)], device_total);
     int i = int(c);
     stats_.in_use[i] += bytes;
+    stats_.requested[i] += requested;
     stats_.peak_use[i] = std::max(stats_.peak_use[i], stats_.in_use[i]);
     stats_.allocated += bytes;
     stats_.peak_allocated = std::max(stats_.peak_allocated, stats_.allocated);
     stats_.num_allocs++;
 }
 
-void Allocator::note_free(int64_t bytes, Category c) {
+void Allocator::note_free(int64_t bytes, int64_t requested, Category c) {
     Registry::get().allocated[int(device_)] -= bytes;
     stats_.in_use[int(c)] -= bytes;
+    stats_.requested[int(c)] -= requested;
     stats_.allocated -= bytes;
     stats_.num_frees++;
 }
@@ -115,6 +117,7 @@ MemoryStats device_memory_stats(Device device) {
         for (int i = 0; i < kNumCategories; i++) {
             total.in_use[i] += s.in_use[i];
             total.peak_use[i] += s.peak_use[i];
+            total.requested[i] += s.requested[i];
         }
         total.allocated += s.allocated;
         total.peak_allocated += s.peak_allocated;
@@ -242,8 +245,8 @@ void* PoolAllocator::allocate(size_t bytes, Category category) {
             p = system_alloc(size, category, bytes);
         }
     }
-    live_[p] = Block{block, category};
-    note_alloc(int64_t(block), category);
+    live_[p] = Block{block, bytes, category};
+    note_alloc(int64_t(block), int64_t(bytes), category);
     return p;
 }
 
@@ -253,7 +256,7 @@ void PoolAllocator::deallocate(void* ptr) {
     KILN_CHECK(it != live_.end(), "pool '", name(), "': deallocate of a pointer it did not hand out");
     Block b = it->second;
     live_.erase(it);
-    note_free(int64_t(b.size), b.category);
+    note_free(int64_t(b.size), int64_t(b.requested), b.category);
     (b.size <= kSmallMax ? small_free_ : large_free_).emplace(b.size, ptr);
 }
 
@@ -321,8 +324,8 @@ void* BumpAllocator::allocate(size_t bytes, Category category) {
     offset_ += size;
     used_ += size;
     high_water_ = std::max(high_water_, used_);
-    live_[p] = {size, category};
-    note_alloc(int64_t(size), category);
+    live_[p] = Block{size, bytes, category};
+    note_alloc(int64_t(size), int64_t(bytes), category);
     stats_.cache_hits++;  // served from the arena's own memory
     return p;
 }
@@ -331,15 +334,15 @@ void BumpAllocator::deallocate(void* ptr) {
     std::lock_guard<std::mutex> g(mu_);
     auto it = live_.find(ptr);
     KILN_CHECK(it != live_.end(), "arena '", name(), "': deallocate of a pointer it did not hand out");
-    note_free(int64_t(it->second.first), it->second.second);
+    note_free(int64_t(it->second.size), int64_t(it->second.requested), it->second.category);
     live_.erase(it);
 }
 
 void BumpAllocator::reset() {
     std::lock_guard<std::mutex> g(mu_);
     KILN_CHECK(live_.empty(), "arena '", name(), "': reset() while ", live_.size(),
-               " tensor(s) from this step are still alive (first: ", format_bytes(int64_t(live_.begin()->second.first)),
-               " of ", category_name(live_.begin()->second.second),
+               " tensor(s) from this step are still alive (first: ", format_bytes(int64_t(live_.begin()->second.size)),
+               " of ", category_name(live_.begin()->second.category),
                "). Let every tensor made inside the AllocatorScope go out of scope before reset().");
     used_ = 0;
     offset_ = 0;
@@ -398,7 +401,11 @@ const char* phase_name(Phase p) {
 }
 
 static thread_local AllocationContext t_context;
+// The observer, called under its mutex: the loader's prefetch thread allocates too. Without an
+// observer an allocation reads one flag and returns.
+static std::mutex g_observer_mu;
 static AllocationObserver g_observer;  // empty: no observer
+static std::atomic<bool> g_observing{false};
 
 AllocationContext current_context() { return t_context; }
 
@@ -408,9 +415,15 @@ ContextScope::ContextScope(Phase phase) : previous_(t_context) { t_context.phase
 
 ContextScope::~ContextScope() { t_context = previous_; }
 
-void set_allocation_observer(AllocationObserver observer) { g_observer = std::move(observer); }
+void set_allocation_observer(AllocationObserver observer) {
+    std::lock_guard<std::mutex> g(g_observer_mu);
+    g_observer = std::move(observer);
+    g_observing.store(bool(g_observer), std::memory_order_relaxed);
+}
 
 void notify_allocation(const void* ptr, int64_t bytes, Category category, Device device, bool freed) {
+    if (!g_observing.load(std::memory_order_relaxed)) return;
+    std::lock_guard<std::mutex> g(g_observer_mu);
     if (g_observer) g_observer(AllocationEvent{ptr, bytes, category, device, freed, t_context});
 }
 

@@ -39,6 +39,9 @@ const char* category_name(Category c);
 struct MemoryStats {
     std::array<int64_t, kNumCategories> in_use{};    // bytes handed out now, per category
     std::array<int64_t, kNumCategories> peak_use{};  // the most each category ever held
+    // Of in_use, what the tensors asked for: in_use − requested is what the allocator's
+    // rounding (and a pool's reuse of a larger block) costs.
+    std::array<int64_t, kNumCategories> requested{};
     int64_t allocated = 0;       // bytes handed out now (sum of in_use)
     int64_t peak_allocated = 0;  // the most ever handed out at once
     int64_t reserved = 0;        // bytes taken from the system (handed out + cached / slab)
@@ -73,8 +76,9 @@ public:
 
 protected:
     // Book-keeping shared by both allocators (called with mu_ held).
-    void note_alloc(int64_t bytes, Category c);
-    void note_free(int64_t bytes, Category c);
+    // `bytes` handed out (rounded) for a request of `requested` bytes
+    void note_alloc(int64_t bytes, int64_t requested, Category c);
+    void note_free(int64_t bytes, int64_t requested, Category c);
     void note_reserve(int64_t bytes);  // negative to release
     // Takes `bytes` from the system for this device, honouring the device's limit.
     void* system_alloc(size_t bytes, Category c, size_t request);
@@ -106,7 +110,7 @@ public:
     static size_t round_size(size_t bytes);  // the size class a request falls into
 
 private:
-    struct Block { size_t size; Category category; };
+    struct Block { size_t size, requested; Category category; };
     void* take_cached(size_t size, size_t* block);
     void release_all_cached();
 
@@ -147,7 +151,8 @@ private:
     std::vector<Chunk> chunks_;  // the last one is bumped; the others are full until reset()
     size_t offset_ = 0;          // into the last chunk
     size_t used_ = 0, high_water_ = 0;
-    std::map<void*, std::pair<size_t, Category>> live_;
+    struct Block { size_t size, requested; Category category; };
+    std::map<void*, Block> live_;
 };
 
 // ---- the allocator tensors use -----------------------------------------------------------
@@ -209,7 +214,8 @@ struct AllocationEvent {
 };
 using AllocationObserver = std::function<void(const AllocationEvent&)>;
 // Calls `observer` on every tensor allocation and free, on the thread doing it, until it is
-// replaced; an empty function removes it. Set it while no other thread allocates.
+// replaced; an empty function removes it. Calls are serialized (the data loader's prefetch
+// thread allocates while a step runs), so the observer must not allocate tensors itself.
 void set_allocation_observer(AllocationObserver observer);
 // Storage's report to the observer (nothing when there is none).
 void notify_allocation(const void* ptr, int64_t bytes, Category category, Device device, bool freed);

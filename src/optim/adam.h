@@ -42,6 +42,12 @@ public:
     // Groups bring their own lr and weight_decay; options.weight_decay is not used.
     Adam(std::vector<ParamGroup> groups, Options options);
     void step() override;
+    std::vector<Tensor> state_of(size_t i) const override {  // m, v (and v_max with AMSGrad)
+        std::vector<Tensor> state;
+        for (const std::vector<Tensor>* moments : {&exp_avg_, &exp_avg_sq_, &max_exp_avg_sq_})
+            if (i < moments->size()) state.push_back((*moments)[i]);
+        return state;
+    }
     // Keys: those of Optimizer::save_state, and <prefix>.<parameter name>.exp_avg, .exp_avg_sq
     // (and .max_exp_avg_sq with AMSGrad) once a step has been taken.
     void save_state(StateDict& state, const std::string& prefix) const override;

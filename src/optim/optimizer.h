@@ -41,6 +41,10 @@ public:
     float lr() const { return groups_.front().lr; }  // the first group's
     void set_lr(float lr);                             // every group's
     int64_t steps() const { return steps_; }
+    // The state kept for the i-th parameter (groups in order; views of the state slabs): SGD's
+    // momentum buffer, Adam's moments; none before the first step. The memory report counts it
+    // for the module that owns the parameter.
+    virtual std::vector<Tensor> state_of(size_t i) const = 0;
 
     // The state a resumed run needs (step count, buffers), under "<prefix>." keys.
     virtual void save_state(StateDict& state, const std::string& prefix) const;
@@ -75,6 +79,9 @@ public:
     // Groups bring their own lr and weight_decay; options.weight_decay is not used.
     SGD(std::vector<ParamGroup> groups, Options options);
     void step() override;
+    std::vector<Tensor> state_of(size_t i) const override {
+        return i < buf_.size() ? std::vector<Tensor>{buf_[i]} : std::vector<Tensor>{};
+    }
     void save_state(StateDict& state, const std::string& prefix) const override;
     void load_state(const StateDict& state, const std::string& prefix) override;
     const Options& options() const { return opt_; }

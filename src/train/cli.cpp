@@ -10,6 +10,7 @@
 #include "core/allocator.h"
 #include "core/cuda_memory.h"
 #include "core/error.h"
+#include "train/memory_trace.h"
 
 namespace kiln {
 
@@ -109,6 +110,9 @@ void CommonFlags::add_to(Cli& cli) {
     cli.add("--find-batch-size", &find_batch_size, "print the largest --batch-size whose step fits in --mem-limit (found with real steps), and stop");
     cli.add("--save", &save, "folder for a checkpoint after every epoch (DIR/last.safetensors; the one before: DIR/prev.safetensors), and for the run's log DIR/run.json and DIR/curves.svg (without --save: runs/<trainer>/)");
     cli.add("--accumulate", &accumulate, "K micro-batches of batch-size/K images per optimizer step (K divides --batch-size): the same update, batch norm aside, with K times fewer activations");
+    cli.add("--mem-report", &mem_report, "print where the first training step's memory goes, per module");
+    cli.add("--mem-trace", &mem_trace, "write every allocation of the first steps to FILE.json and their timeline to FILE.svg");
+    cli.add("--mem-trace-steps", &mem_trace_steps, "training steps that --mem-trace records");
     cli.add("--resume", &resume, "continue from this checkpoint (same flags as the run that wrote it: a different --epochs, --lr, --limit, --batch-size or --seed is refused)");
 }
 
@@ -122,6 +126,7 @@ Device CommonFlags::apply() const {
     Device d = device == "cuda" ? Device::CUDA : Device::CPU;
     if (d == Device::CUDA) cuda::print_emulator_note_once();  // says so when there is no GPU build
     if (!mem_limit.empty()) parse_bytes(mem_limit);  // a malformed size fails now, not after loading
+    if (!mem_trace.empty()) check_trace_path(mem_trace);  // fail now, not after loading the data
     return d;
 }
 

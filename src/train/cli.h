@@ -5,6 +5,7 @@
 //   Cli cli("lesson-02", "Trains an MLP on MNIST.");
 //   f.add_to(cli);                       // --epochs --batch-size --lr --seed --threads --data
 //   cli.add("--hidden", &hidden, "hidden units");   //   --limit --device --mem-limit --save --resume
+//                                                   //   --mem-report --mem-trace --mem-trace-steps
 //   cli.parse(argc, argv);               // --help prints the usage and exits
 //   Device d = f.apply();                // sets the thread count, picks the device
 //   ... build the model and optimizer ...
@@ -62,6 +63,9 @@ struct CommonFlags {
     std::string resume;            // a checkpoint file to continue from (empty = start afresh)
     int accumulate = 1;            // micro-batches per optimizer step (train/loop.h); divides batch_size
     const Cli* cli = nullptr;      // set by add_to: the trainer's name and command line (run.json)
+    bool mem_report = false;       // print the memory of the first step per module
+    std::string mem_trace;         // FILE.json: every allocation of the first steps, and FILE.svg
+    int mem_trace_steps = 2;       // steps that --mem-trace records
 
     void add_to(Cli& cli);
     // Sets the OpenMP thread count and checks the flags; returns the chosen device.

@@ -11,6 +11,7 @@
 #include "train/checkpoint.h"
 #include "train/evaluate.h"
 #include "train/loop.h"
+#include "train/memory_trace.h"
 #include "train/progress.h"
 #include "train/run_log.h"
 
@@ -99,6 +100,7 @@ double fit(Module& model, Optimizer& optimizer, DataLoader& train, DataLoader& t
             measure_peak(device, peaks.saving, [&] { save_epoch(opt.save_dir, run, epoch + 1); });
         std::fflush(stdout);
     }
+    if (opt.memory) opt.memory->finish();  // a trace of more steps than the run had
     std::printf("%s\n", peaks.str().c_str());
     return test_acc;
 }
@@ -106,8 +108,11 @@ double fit(Module& model, Optimizer& optimizer, DataLoader& train, DataLoader& t
 double fit(Module& model, Optimizer& optimizer, DataLoader& train, DataLoader& test, const CommonFlags& flags,
            BumpAllocator* arena) {
     MultiStepLR decay(optimizer, {std::max(1, flags.epochs * 7 / 10)}, 0.1);
-    return fit(model, optimizer, train, test, TrainOptions{flags.epochs, &decay, false, arena, 0.0f, flags.save,
-                                                          flags.resume, nullptr, flags.accumulate, run_info(flags)});
+    TrainOptions opt{flags.epochs, &decay, false, arena, 0.0f, flags.save, flags.resume, nullptr, flags.accumulate,
+                     run_info(flags)};
+    const std::unique_ptr<MemoryRecording> memory = memory_recording(flags, model, optimizer, arena);
+    opt.memory = memory.get();
+    return fit(model, optimizer, train, test, opt);
 }
 
 void report(Device device, double test_accuracy, std::chrono::steady_clock::time_point start) {

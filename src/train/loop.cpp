@@ -7,6 +7,7 @@
 #include "nn/layers.h"
 #include "ops/ops.h"
 #include "train/evaluate.h"
+#include "train/memory_trace.h"
 #include "train/progress.h"
 
 namespace kiln {
@@ -80,11 +81,13 @@ EpochResult train_epoch(Module& model, Optimizer& optimizer, DataLoader& loader,
     Batch batch;  // from the pool: it lives across the arena's reset
     int64_t step = 0, correct_total = 0, seen = 0;
     auto next = [&] {
+        if (opt.memory) opt.memory->step_begins();  // a recorded step starts with loading its batch
         ContextScope phase(Phase::Data);
         return loader.next(batch);
     };
     while (next()) {
         const StepResult r = train_step(model, optimizer, batch.x, batch.y, StepOptions{opt.arena, opt.clip_norm, opt.accumulate});
+        if (opt.memory) opt.memory->step_ends();
         KILN_CHECK(r.finite(), "training diverged: the ", r.loss_finite ? "gradient norm" : "loss", " is ",
                    r.loss_finite ? r.grad_norm : r.loss, " at epoch ", epoch + 1, ", step ", step + 1,
                    ". Try a smaller --lr (now ", optimizer.lr(), ") or check the input data");

@@ -35,6 +35,8 @@
 
 namespace kiln {
 
+class MemoryRecording;  // train/memory_trace.h: --mem-report and --mem-trace
+
 // How one step runs.
 struct StepOptions {
     BumpAllocator* arena = nullptr;  // each step's activations (reset after the step)
@@ -79,6 +81,7 @@ struct TrainOptions {
     int accumulate = 1;                // micro-batches per optimizer step (StepOptions::accumulate)
     RunInfo run = {};                  // fit: with run.trainer set, run.json and curves.svg in run.dir
                                        // after every epoch (train/run_log.h)
+    MemoryRecording* memory = nullptr;    // records the first steps' allocations; null: nothing recorded
 };
 
 // Trains one epoch (epoch counts from 0, of opt.epochs) with a progress bar. Throws kiln::Error

@@ -90,6 +90,15 @@ void Svg::text(Point p, const std::string& s, double size, Anchor anchor, const 
     body_ += ">" + escape(s) + "</text>\n";
 }
 
+void Svg::legend(Point top_left, const std::vector<std::pair<std::string, std::string>>& label_colour) {
+    double y = top_left.y;
+    for (const auto& [label, colour] : label_colour) {
+        rect({top_left.x, y, 14, 10}, colour);
+        text({top_left.x + 20, y + 9}, label, 11);
+        y += 16;
+    }
+}
+
 std::string Svg::str() const {
     return "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"" + num(width_) + "\" height=\"" + num(height_) +
            "\" viewBox=\"0 0 " + num(width_) + " " + num(height_) + "\">\n" + body_ + "</svg>\n";
@@ -160,13 +169,7 @@ void Plot::axes(const std::string& x_title, const std::string& y_title) {
 }
 
 void Plot::legend(const std::vector<std::pair<std::string, std::string>>& label_colour) {
-    double y = area_.y + 8;
-    for (const auto& [label, colour] : label_colour) {
-        const double x = area_.x + area_.w - 150;
-        svg_.rect({x, y, 14, 10}, colour);
-        svg_.text({x + 20, y + 9}, label, 11);
-        y += 16;
-    }
+    svg_.legend({area_.x + area_.w - 150, area_.y + 8}, label_colour);
 }
 
 }  // namespace kiln

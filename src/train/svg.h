@@ -42,6 +42,9 @@ public:
     void text(Point p, const std::string& s, double size = 12, Anchor anchor = Anchor::Start,
               const std::string& fill = "#222222", double rotate = 0);
 
+    // A legend: a colour swatch and a label per entry, one below the other from top_left.
+    void legend(Point top_left, const std::vector<std::pair<std::string, std::string>>& label_colour);
+
     std::string str() const;               // the whole document
     void save(const std::string& path) const;  // writes str() to path, or throws kiln::Error
 

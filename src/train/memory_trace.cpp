@@ -1,0 +1,557 @@
+// memory_trace.cpp — the allocation recorder, the per-module report of a step, the JSON trace
+// and its timeline (see memory_trace.h).
+#include "train/memory_trace.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <fstream>
+#include <map>
+#include <numeric>
+#include <sstream>
+
+#include "core/error.h"
+#include "train/svg.h"
+
+namespace kiln {
+
+static constexpr double kMiB = 1024.0 * 1024.0;
+
+// ---- recording -----------------------------------------------------------------------------
+std::pair<size_t, size_t> MemoryTrace::step_events(int s) const {
+    KILN_CHECK(s >= 0 && s < steps(), "memory trace: step ", s, " was not recorded (", steps(), " steps ended)");
+    return {s == 0 ? 0 : step_ends[size_t(s - 1)], step_ends[size_t(s)]};
+}
+
+MemoryRecorder::MemoryRecorder(Module& model) : start_(std::chrono::steady_clock::now()) {
+    for (Device d : {Device::CPU, Device::CUDA}) trace_.in_use_at_start[int(d)] = device_memory_stats(d).requested;
+    hook_ = model.register_forward_hook([this](Module&, const Tensor&, Tensor& y) { forward_ended(y); });
+    set_allocation_observer([this](const AllocationEvent& e) { record(e); });
+}
+
+MemoryRecorder::~MemoryRecorder() { stop(); }
+
+void MemoryRecorder::stop() {
+    if (!hook_) return;
+    set_allocation_observer(nullptr);
+    hook_->remove();
+    hook_.reset();
+}
+
+void MemoryRecorder::end_step() {
+    std::lock_guard<std::mutex> g(mu_);
+    trace_.step_ends.push_back(trace_.events.size());
+}
+
+MemoryTrace MemoryRecorder::trace() const {
+    std::lock_guard<std::mutex> g(mu_);
+    return trace_;
+}
+
+void MemoryRecorder::record(const AllocationEvent& e) {
+    const double t = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - start_).count();
+    std::lock_guard<std::mutex> g(mu_);
+    int64_t id = -1;
+    if (!e.freed) {
+        id = next_id_++;
+        live_ids_[e.ptr] = id;
+    } else if (auto it = live_ids_.find(e.ptr); it != live_ids_.end()) {
+        id = it->second;
+        live_ids_.erase(it);
+    }
+    trace_.events.push_back(MemoryEvent{t, e.freed ? -e.bytes : e.bytes, e.category, e.context.phase, e.device,
+                                        e.context.module ? e.context.module->name() : std::string(),
+                                        trace_.steps(), id});
+}
+
+// The forward hook of the model: the step's forward is over, `output` is what it returns.
+void MemoryRecorder::forward_ended(const Tensor& output) {
+    std::lock_guard<std::mutex> g(mu_);
+    if (trace_.forward_ends.size() != size_t(trace_.steps())) return;  // not the step's first forward
+    const void* storage = static_cast<const char*>(output.raw()) - output.offset();
+    auto it = live_ids_.find(storage);
+    trace_.forward_ends.push_back({trace_.events.size(), it == live_ids_.end() ? -1 : it->second});
+}
+
+// ---- levels and the peak -------------------------------------------------------------------
+namespace {
+
+// Tensor bytes in use per category on one device, moved along the events.
+struct Levels {
+    Device device;
+    std::array<int64_t, kNumCategories> in_use;
+
+    // The levels on `device` just before event `upto`.
+    Levels(const MemoryTrace& trace, Device d, size_t upto) : device(d), in_use(trace.in_use_at_start[int(d)]) {
+        for (size_t i = 0; i < upto; i++) apply(trace.events[i]);
+    }
+    // Adds the event if it is on this device; says whether it was.
+    bool apply(const MemoryEvent& e) {
+        if (e.device != device) return false;
+        in_use[int(e.category)] += e.bytes;
+        return true;
+    }
+    int64_t total() const { return std::accumulate(in_use.begin(), in_use.end(), int64_t(0)); }
+};
+
+// The most tensor bytes in use on `device` over events [first, last): reached by an allocation,
+// or, if none goes above it, the level before `first`.
+MemoryPeak find_peak(const MemoryTrace& trace, Device device, size_t first, size_t last) {
+    Levels levels(trace, device, first);
+    MemoryPeak peak;
+    peak.bytes = levels.total();
+    peak.by_category = levels.in_use;
+    for (size_t i = first; i < last; i++) {
+        const MemoryEvent& e = trace.events[i];
+        if (!levels.apply(e) || e.freed() || levels.total() <= peak.bytes) continue;
+        peak = MemoryPeak{levels.total(), levels.in_use, e.module, e.phase, e.time_us};
+    }
+    return peak;
+}
+
+std::string shown_name(const std::string& module) { return module.empty() ? kOutsideModules : module; }
+
+// ---- the report's rows -----------------------------------------------------------------------
+// One row per module of the tree, in order, found by full name; any other name (kOutsideModules)
+// gets a row appended when first asked for.
+class Rows {
+public:
+    explicit Rows(Module& model) {
+        for (auto& [path, m] : model.named_modules()) row(m->name());
+    }
+    ModuleMemory& row(const std::string& name) {
+        const std::string shown = shown_name(name);
+        auto [it, added] = index_.emplace(shown, rows_.size());
+        if (added) rows_.push_back(ModuleMemory{shown});
+        return rows_[it->second];
+    }
+    std::vector<ModuleMemory> take() { return std::move(rows_); }
+
+private:
+    std::vector<ModuleMemory> rows_;
+    std::map<std::string, size_t> index_;
+};
+
+// Each parameter's owner: the module whose full name its own name extends by one local name
+// ("block1a.conv.weight" -> "block1a.conv"; the root's own: the root).
+std::map<const Parameter*, std::string> parameter_owners(Module& model) {
+    std::map<std::string, std::string> full_name;  // path below the model -> Module::name
+    for (auto& [path, m] : model.named_modules()) full_name[path] = m->name();
+    std::map<const Parameter*, std::string> owner;
+    for (auto& [path, p] : model.named_parameters()) {
+        const size_t dot = path.rfind('.');
+        owner[p] = full_name[dot == std::string::npos ? "" : path.substr(0, dot)];
+    }
+    return owner;
+}
+
+void add_parameters(Rows& rows, Module& model, const Optimizer& optimizer) {
+    const std::map<const Parameter*, std::string> owner = parameter_owners(model);
+    for (auto& [p, name] : owner) {
+        rows.row(name).parameters += int64_t(p->value.nbytes());
+        rows.row(name).gradients += int64_t(p->grad.nbytes());
+    }
+    size_t i = 0;  // the parameter's index over all groups (Optimizer::state_of)
+    for (const ParamGroup& group : optimizer.param_groups())
+        for (const Parameter* p : group.params) {
+            auto it = owner.find(p);
+            ModuleMemory& row = rows.row(it == owner.end() ? "" : it->second);
+            for (const Tensor& t : optimizer.state_of(i)) row.optimizer_state += int64_t(t.nbytes());
+            i++;
+        }
+}
+
+// Kept for backward: allocated in the forward phase of step s and still alive when the model's
+// forward ended, less the model's output (the loss reads it, no layer keeps it).
+void add_kept_activations(Rows& rows, const MemoryTrace& trace, int s, Device device) {
+    if (size_t(s) >= trace.forward_ends.size()) return;  // the step had no forward
+    const MemoryTrace::ForwardEnd end = trace.forward_ends[size_t(s)];
+    std::map<int64_t, const MemoryEvent*> alive;  // id -> its allocation
+    for (size_t i = trace.step_events(s).first; i < end.event; i++) {
+        const MemoryEvent& e = trace.events[i];
+        if (e.device != device) continue;
+        if (e.freed()) alive.erase(e.id);
+        else if (e.phase == Phase::Forward) alive[e.id] = &e;
+    }
+    alive.erase(end.output_id);
+    for (auto& [id, e] : alive) rows.row(e->module).activations_kept += e->bytes;
+}
+
+// Each module's workspace peak, and the step's (returned).
+int64_t add_workspace_peaks(Rows& rows, const MemoryTrace& trace, int s, Device device) {
+    const auto [first, last] = trace.step_events(s);
+    Levels levels(trace, device, first);
+    const int ws = int(Category::Workspace);
+    int64_t step_peak = levels.in_use[ws];
+    for (size_t i = first; i < last; i++) {
+        const MemoryEvent& e = trace.events[i];
+        if (!levels.apply(e) || e.freed() || e.category != Category::Workspace) continue;
+        ModuleMemory& row = rows.row(e.module);
+        row.workspace_peak = std::max(row.workspace_peak, levels.in_use[ws]);
+        step_peak = std::max(step_peak, levels.in_use[ws]);
+    }
+    return step_peak;
+}
+
+PoolMemory pool_memory(Device device, const BumpAllocator* arena) {
+    PoolAllocator& pool = pool_allocator(device);
+    const MemoryStats s = pool.stats();
+    PoolMemory m;
+    m.pool_name = pool.name();
+    m.reserved = s.reserved;
+    m.allocated = s.allocated;
+    m.requested = std::accumulate(s.requested.begin(), s.requested.end(), int64_t(0));
+    m.cached = pool.cached_bytes();
+    m.peak_reserved = s.peak_reserved;
+    m.peak_allocated = s.peak_allocated;
+    if (arena) {
+        m.arena_name = arena->name();
+        m.arena_capacity = int64_t(arena->capacity());
+        m.arena_high_water = int64_t(arena->high_water());
+    }
+    return m;
+}
+
+}  // namespace
+
+// ---- the report ------------------------------------------------------------------------------
+StepMemory measure_step(const MemoryTrace& trace, int step, Module& model, const Optimizer& optimizer,
+                        Device device, const BumpAllocator* arena) {
+    StepMemory m;
+    m.device = device;
+    m.step = step;
+    Rows rows(model);
+    add_parameters(rows, model, optimizer);
+    add_kept_activations(rows, trace, step, device);
+    m.total.name = "total";
+    m.total.workspace_peak = add_workspace_peaks(rows, trace, step, device);
+    m.modules = rows.take();
+    const ModuleMemory& outside = m.modules.back();
+    if (outside.name == kOutsideModules && outside.parameters + outside.gradients + outside.optimizer_state +
+                                                   outside.activations_kept + outside.workspace_peak == 0)
+        m.modules.pop_back();
+    for (const ModuleMemory& r : m.modules) {
+        m.total.parameters += r.parameters;
+        m.total.gradients += r.gradients;
+        m.total.optimizer_state += r.optimizer_state;
+        m.total.activations_kept += r.activations_kept;
+    }
+    const auto [first, last] = trace.step_events(step);
+    m.peak = find_peak(trace, device, first, last);
+    m.pool = pool_memory(device, arena);
+    return m;
+}
+
+namespace {
+
+std::string bytes_or_dash(int64_t b) { return b == 0 ? "-" : format_bytes(b); }
+
+std::string table_row(const std::string& name, size_t width, const std::vector<std::string>& cells) {
+    std::string line = name + std::string(width > name.size() ? width - name.size() : 0, ' ');
+    for (const std::string& c : cells) line += std::string(c.size() < 18 ? 18 - c.size() : 1, ' ') + c;
+    return line + "\n";
+}
+
+std::string module_row(const ModuleMemory& r, size_t width) {
+    return table_row(r.name, width,
+                     {bytes_or_dash(r.parameters), bytes_or_dash(r.gradients), bytes_or_dash(r.optimizer_state),
+                      bytes_or_dash(r.activations_kept), bytes_or_dash(r.workspace_peak)});
+}
+
+}  // namespace
+
+std::string format_step_memory(const StepMemory& m) {
+    std::ostringstream os;
+    os << "memory of training step " << m.step + 1 << " on " << device_name(m.device)
+       << " (tensor bytes, before the allocator's rounding)\n";
+    size_t width = 8;
+    for (const ModuleMemory& r : m.modules) width = std::max(width, r.name.size() + 2);
+    os << table_row("module", width, {"parameters", "gradients", "optimizer state", "kept for backward",
+                                      "workspace peak"});
+    for (const ModuleMemory& r : m.modules) os << module_row(r, width);
+    os << module_row(m.total, width);
+    char line[256];
+    std::snprintf(line, sizeof line, "peak of the step: %s in use at %s (%s), %.2f ms into the recording\n",
+                  format_bytes(m.peak.bytes).c_str(), shown_name(m.peak.module).c_str(), phase_name(m.peak.phase),
+                  m.peak.time_us / 1000.0);
+    os << line << "  of which";
+    for (int c = 0; c < kNumCategories; c++)
+        if (m.peak.by_category[size_t(c)] != 0)
+            os << " " << category_name(Category(c)) << " " << format_bytes(m.peak.by_category[size_t(c)]) << ";";
+    const PoolMemory& p = m.pool;
+    os << "\npool '" << p.pool_name << "': " << format_bytes(p.reserved) << " reserved = " << format_bytes(p.allocated)
+       << " in live blocks + " << format_bytes(p.fragmentation())
+       << " reserved but unused (fragmentation: cached free blocks, " << format_bytes(p.cached) << ")\n"
+       << "  the live blocks' tensors asked for " << format_bytes(p.requested) << ": rounding costs "
+       << format_bytes(p.rounding()) << "; peaks so far: " << format_bytes(p.peak_reserved) << " reserved, "
+       << format_bytes(p.peak_allocated) << " in blocks\n";
+    if (!p.arena_name.empty()) {
+        std::snprintf(line, sizeof line, "arena '%s': high-water mark %s of %s (%.0f%%)\n", p.arena_name.c_str(),
+                      format_bytes(p.arena_high_water).c_str(), format_bytes(p.arena_capacity).c_str(),
+                      p.arena_capacity ? 100.0 * double(p.arena_high_water) / double(p.arena_capacity) : 0.0);
+        os << line;
+    }
+    return os.str();
+}
+
+// ---- the trace as JSON -------------------------------------------------------------------------
+std::string timeline_path(const std::string& trace_json) {
+    const std::string ext = ".json";
+    KILN_CHECK(trace_json.size() > ext.size() && trace_json.compare(trace_json.size() - ext.size(), ext.size(), ext) == 0,
+               "--mem-trace ", trace_json, ": the trace's name must end in .json (its timeline goes next to it, "
+               "as the same name ending in .svg)");
+    return trace_json.substr(0, trace_json.size() - ext.size()) + ".svg";
+}
+
+void check_trace_path(const std::string& trace_json) {
+    for (const std::string& path : {trace_json, timeline_path(trace_json)}) {
+        std::ofstream out(path, std::ios::app);
+        KILN_CHECK(out, "--mem-trace ", trace_json, ": cannot write ", path,
+                   "; give a path in an existing folder you can write to (e.g. /tmp/trace.json)");
+    }
+}
+
+namespace {
+
+std::string json_string(const std::string& s) {
+    std::string out = "\"";
+    for (char c : s) {
+        if (c == '"' || c == '\\') out += std::string("\\") + c;
+        else if (static_cast<unsigned char>(c) < 0x20) out += "\\u00" + std::string(1, "0123456789abcdef"[c >> 4]) +
+                                                             "0123456789abcdef"[c & 15];
+        else out += c;
+    }
+    return out + "\"";
+}
+
+template <typename Name> std::string json_names(int n, Name name) {
+    std::string s = "[";
+    for (int i = 0; i < n; i++) s += (i ? ", " : "") + json_string(name(i));
+    return s + "]";
+}
+
+void write_json(const MemoryTrace& trace, Device device, const std::string& path) {
+    std::ofstream out(path, std::ios::binary);
+    KILN_CHECK(out, "--mem-trace: cannot write ", path, "; check that its folder exists and is writable");
+    out << "{\n\"device\": " << json_string(device_name(device)) << ",\n"
+        << "\"units\": {\"bytes\": \"what each tensor asked for, before the allocator's rounding\", "
+           "\"t_us\": \"microseconds since the recording started\"},\n"
+        << "\"categories\": " << json_names(kNumCategories, [](int i) { return category_name(Category(i)); }) << ",\n"
+        << "\"phases\": " << json_names(int(Phase::Data) + 1, [](int i) { return phase_name(Phase(i)); }) << ",\n"
+        << "\"steps\": " << trace.steps() << ",\n\"in_use_at_start\": {";
+    for (Device d : {Device::CPU, Device::CUDA}) {
+        out << (d == Device::CPU ? "" : ", ") << json_string(device_name(d)) << ": {";
+        for (int c = 0; c < kNumCategories; c++)
+            out << (c ? ", " : "") << json_string(category_name(Category(c))) << ": "
+                << trace.in_use_at_start[int(d)][size_t(c)];
+        out << "}";
+    }
+    out << "},\n\"events\": [\n";
+    char t[32];
+    for (size_t i = 0; i < trace.events.size(); i++) {
+        const MemoryEvent& e = trace.events[i];
+        std::snprintf(t, sizeof t, "%.1f", e.time_us);
+        out << "{\"t_us\": " << t << ", \"op\": " << (e.freed() ? "\"free\"" : "\"alloc\"") << ", \"bytes\": " << e.bytes
+            << ", \"category\": " << json_string(category_name(e.category))
+            << ", \"phase\": " << json_string(phase_name(e.phase)) << ", \"device\": " << json_string(device_name(e.device))
+            << ", \"module\": " << json_string(e.module) << ", \"step\": " << e.step << ", \"id\": " << e.id << "}"
+            << (i + 1 < trace.events.size() ? ",\n" : "\n");
+    }
+    out << "]\n}\n";
+    out.close();
+    KILN_CHECK(out, "--mem-trace: writing ", path, " failed (is the disk full?)");
+}
+
+// ---- the timeline ------------------------------------------------------------------------------
+// Matplotlib's tab10 colours, one per category in enum order; light ones for the phase bands.
+const char* const kCategoryColour[kNumCategories] = {"#1f77b4", "#ff7f0e", "#2ca02c", "#d62728",
+                                                     "#9467bd", "#8c564b", "#7f7f7f"};
+// Bottom to top: what lives across steps first, then what a step makes and frees.
+constexpr Category kStackOrder[kNumCategories] = {Category::Parameter, Category::Gradient, Category::OptimizerState,
+                                                  Category::Data, Category::Activation, Category::Workspace,
+                                                  Category::Other};
+const char* const kPhaseColour[] = {"#ffffff", "#e3effa", "#fdebd3", "#e2f3e2", "#efe6f5"};
+
+// A run of events in one phase (Other, the time between the phases, is left unshaded).
+struct Band {
+    Phase phase;
+    double from_ms, to_ms;
+};
+
+std::vector<Band> phase_bands(const MemoryTrace& trace) {
+    std::vector<Band> bands;
+    for (const MemoryEvent& e : trace.events) {
+        if (e.phase == Phase::Other) continue;
+        const double t = e.time_us / 1000.0;
+        if (bands.empty() || bands.back().phase != e.phase) bands.push_back({e.phase, t, t});
+        bands.back().to_ms = t;
+    }
+    return bands;
+}
+
+// Memory over time on `device`: times (ms) and the levels from each time on (a step function).
+struct Series {
+    std::vector<double> t_ms;
+    std::vector<std::array<int64_t, kNumCategories>> in_use;
+};
+
+Series series_of(const MemoryTrace& trace, Device device) {
+    Levels levels(trace, device, 0);
+    Series s{{0.0}, {levels.in_use}};
+    for (const MemoryEvent& e : trace.events)
+        if (levels.apply(e)) {
+            s.t_ms.push_back(e.time_us / 1000.0);
+            s.in_use.push_back(levels.in_use);
+        }
+    return s;
+}
+
+// The top of the stack up to its k-th category (kStackOrder; inclusive; k = −1: the axis) as a
+// staircase from the first time to t_end, in pixels.
+std::vector<Point> stack_edge(const Plot& plot, const Series& s, int k, double t_end) {
+    std::vector<Point> edge;
+    for (size_t i = 0; i < s.t_ms.size(); i++) {
+        int64_t top = 0;
+        for (int j = 0; j <= k; j++) top += s.in_use[i][size_t(kStackOrder[j])];
+        const double next = i + 1 < s.t_ms.size() ? s.t_ms[i + 1] : t_end;
+        edge.push_back(plot.at(s.t_ms[i], double(top) / kMiB));
+        edge.push_back(plot.at(next, double(top) / kMiB));
+    }
+    return edge;
+}
+
+using Legend = std::vector<std::pair<std::string, std::string>>;  // label, colour
+
+// The phases as background bands; returns their legend entries.
+Legend draw_phase_bands(Svg& svg, const Plot& plot, const MemoryTrace& trace) {
+    const Box a = plot.area();
+    Legend legend;
+    for (const Band& b : phase_bands(trace)) {
+        const double x0 = plot.at(b.from_ms, 0).x, x1 = std::max(plot.at(b.to_ms, 0).x, x0 + 2);
+        svg.rect({x0, a.y, x1 - x0, a.h}, kPhaseColour[int(b.phase)]);
+        std::pair<std::string, std::string> entry{std::string(phase_name(b.phase)) + " phase", kPhaseColour[int(b.phase)]};
+        if (std::find(legend.begin(), legend.end(), entry) == legend.end()) legend.push_back(entry);
+    }
+    return legend;
+}
+
+// One area per category that holds anything, stacked in kStackOrder; returns the legend
+// entries, the top of the stack first.
+Legend draw_stack(Svg& svg, const Plot& plot, const Series& s, double t_end) {
+    Legend legend;
+    for (int k = 0; k < kNumCategories; k++) {
+        const int c = int(kStackOrder[k]);
+        bool present = false;
+        for (const auto& level : s.in_use) present = present || level[size_t(c)] != 0;
+        if (!present) continue;
+        std::vector<Point> area = stack_edge(plot, s, k, t_end), below = stack_edge(plot, s, k - 1, t_end);
+        area.insert(area.end(), below.rbegin(), below.rend());
+        svg.polygon(area, kCategoryColour[c], 0.85);
+        legend.emplace(legend.begin(), category_name(Category(c)), kCategoryColour[c]);
+    }
+    return legend;
+}
+
+// A dashed line where each step after the first begins.
+void draw_step_starts(Svg& svg, const Plot& plot, const MemoryTrace& trace) {
+    const Box a = plot.area();
+    for (int st = 1; st < trace.steps() && trace.step_ends[size_t(st - 1)] < trace.events.size(); st++) {
+        const double x = plot.at(trace.events[trace.step_ends[size_t(st - 1)]].time_us / 1000.0, 0).x;
+        svg.line({x, a.y}, {x, a.y + a.h}, "#555555", 1, true);
+        svg.text({x + 4, a.y - 4}, "step " + std::to_string(st + 1), 11, Anchor::Start, "#555555");
+    }
+}
+
+// A dashed line up to the peak, labelled with its size, module and phase.
+void draw_peak(Svg& svg, const Plot& plot, const MemoryPeak& peak) {
+    const Box a = plot.area();
+    const Point top = plot.at(peak.time_us / 1000.0, double(peak.bytes) / kMiB);
+    svg.line({top.x, a.y + a.h}, {top.x, top.y - 6}, "#000000", 1.2, true);
+    char label[200];
+    std::snprintf(label, sizeof label, "peak %.2f MiB: %s, %s", double(peak.bytes) / kMiB,
+                  shown_name(peak.module).c_str(), phase_name(peak.phase));
+    const bool right_half = top.x > a.x + a.w / 2;  // the label goes towards the middle
+    svg.text({top.x + (right_half ? -4 : 4), top.y - 10}, label, 12, right_half ? Anchor::End : Anchor::Start);
+}
+
+void draw_timeline(const MemoryTrace& trace, Device device, const std::string& path, const std::string& model_name) {
+    const Series s = series_of(trace, device);
+    const MemoryPeak peak = find_peak(trace, device, 0, trace.events.size());
+    const double t_end = std::max(s.t_ms.back() * 1.01, 0.001);
+    Svg svg(980, 440);
+    Plot plot(svg, {80, 50, 660, 320}, {0, t_end}, {0, std::max(double(peak.bytes) / kMiB * 1.08, 1e-3)});
+    const Legend phases = draw_phase_bands(svg, plot, trace);
+    plot.axes("time since the recording started (ms)", "memory in use (MiB)");
+    Legend legend = draw_stack(svg, plot, s, t_end);
+    draw_step_starts(svg, plot, trace);
+    draw_peak(svg, plot, peak);
+    const int steps = trace.steps();
+    svg.text({plot.area().x + plot.area().w / 2, 28},
+             "memory in use on " + std::string(device_name(device)) + " over " + std::to_string(steps) +
+                 " training step" + (steps == 1 ? "" : "s") + " of " + model_name + " (tensor bytes by category)",
+             15, Anchor::Middle);
+    legend.insert(legend.end(), phases.begin(), phases.end());
+    svg.legend({plot.area().x + plot.area().w + 20, plot.area().y}, legend);
+    svg.save(path);
+}
+
+}  // namespace
+
+void write_memory_trace(const MemoryTrace& trace, Device device, const std::string& trace_json,
+                        const std::string& model_name) {
+    const std::string svg_path = timeline_path(trace_json);
+    write_json(trace, device, trace_json);
+    draw_timeline(trace, device, svg_path, model_name);
+}
+
+// ---- the trainers' side ------------------------------------------------------------------------
+MemoryRecording::MemoryRecording(MemoryTraceOptions options, Module& model, const Optimizer& optimizer, Device device,
+                                 const BumpAllocator* arena)
+    : options_(std::move(options)), model_(model), optimizer_(optimizer), device_(device), arena_(arena) {
+    KILN_CHECK(options_.trace_steps >= 1, "--mem-trace-steps must be ≥ 1, got ", options_.trace_steps);
+    if (!options_.trace.empty()) check_trace_path(options_.trace);
+}
+
+int MemoryRecording::steps_wanted() const {
+    return std::max(options_.report ? 1 : 0, options_.trace.empty() ? 0 : options_.trace_steps);
+}
+
+void MemoryRecording::step_begins() {
+    if (!finished_ && !recorder_ && steps_wanted() > 0) recorder_.emplace(model_);
+}
+
+void MemoryRecording::step_ends() {
+    if (!recorder_ || !recorder_->recording()) return;
+    recorder_->end_step();
+    steps_done_++;
+    if (options_.report && steps_done_ == 1) {
+        const StepMemory m = measure_step(recorder_->trace(), 0, model_, optimizer_, device_, arena_);
+        std::printf("%s", format_step_memory(m).c_str());
+        std::fflush(stdout);
+    }
+    if (steps_done_ >= steps_wanted()) finish();
+}
+
+void MemoryRecording::finish() {
+    if (finished_) return;
+    finished_ = true;
+    if (!recorder_) return;  // no step ran
+    recorder_->stop();
+    if (options_.trace.empty()) return;
+    MemoryTrace trace = recorder_->trace();
+    // training ended before trace_steps steps: what followed the last step (evaluation) is left out
+    trace.events.resize(trace.steps() ? trace.step_ends.back() : 0);
+    write_memory_trace(trace, device_, options_.trace, model_.name());
+    std::printf("memory trace: %zu events of %d step(s) in %s, the timeline in %s\n", trace.events.size(),
+                trace.steps(), options_.trace.c_str(), timeline_path(options_.trace).c_str());
+    std::fflush(stdout);
+}
+
+std::unique_ptr<MemoryRecording> memory_recording(const CommonFlags& flags, Module& model, const Optimizer& optimizer,
+                                                  const BumpAllocator* arena) {
+    if (!flags.mem_report && flags.mem_trace.empty()) return nullptr;
+    return std::make_unique<MemoryRecording>(MemoryTraceOptions{flags.mem_report, flags.mem_trace, flags.mem_trace_steps},
+                                             model, optimizer,
+                                             optimizer.param_groups().front().params.front()->value.device(), arena);
+}
+
+}  // namespace kiln
