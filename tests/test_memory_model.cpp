@@ -3,10 +3,15 @@
 // byte, then the chapters' models (LeNet, the MLP, the CIFAR net with and without batch norm)
 // within 2%, on the CPU and on the CUDA device (the kernel emulator).
 #include <catch2/catch.hpp>
+#include <functional>
 #include <memory>
 #include <optional>
 
+#include "nn/conv.h"
 #include "nn/layers.h"
+#include "nn/misc.h"
+#include "nn/norm.h"
+#include "nn/pool.h"
 #include "nn/models.h"
 #include "optim/adam.h"
 #include "optim/optimizer.h"
@@ -66,8 +71,10 @@ void require_agreement(const std::function<std::unique_ptr<Module>(Rng&)>& build
                        const Shape& input, Device device, bool use_arena) {
     Rng rng(1);
     std::unique_ptr<Module> model = build(rng);
+    const auto make_optimizer = kind == OptimizerKind::Adam ? adam : sgd_momentum;
+    REQUIRE(optimizer_kind(*make_optimizer(*model)) == kind);
     const MemoryPrediction p = predict_memory(*model, {input, kind, device, use_arena});
-    const Measured m = measure_step(build, kind == OptimizerKind::Adam ? adam : sgd_momentum, input, device, use_arena);
+    const Measured m = measure_step(build, make_optimizer, input, device, use_arena);
     INFO(memory_prediction_table(p));
     INFO("measured: pool " << m.pool_peak << " + arena " << m.arena_peak << " = " << m.peak);
     CHECK(double(p.allocator_peaks()) == Approx(double(m.peak)).epsilon(0.02));
@@ -81,6 +88,27 @@ std::unique_ptr<Module> tiny(Rng& rng) {
     m->add("fc1", std::make_unique<Linear>(4, 3, rng));
     m->emplace<ReLU>();
     m->add("fc2", std::make_unique<Linear>(3, 2, rng));
+    m->pack();
+    return m;
+}
+
+// Every other layer kind, and a Residual: x [8, 3, 8, 8] -> conv 3→4 -> BN -> avg-pool 2 ->
+// dropout -> GELU -> x + (conv 4→4 -> ReLU)(x) -> global avg-pool [8, 4] -> LayerNorm -> Linear 4→3.
+std::unique_ptr<Module> every_layer(Rng& rng) {
+    auto m = std::make_unique<Sequential>("every-layer");
+    const ConvOptions same{1, 1, 1, 1, true};
+    m->add("conv", std::make_unique<Conv2d>(3, 4, 3, rng, same));
+    m->add("bn", std::make_unique<BatchNorm2d>(4));
+    m->add("avgpool", std::make_unique<AvgPool2d>(2));
+    m->add("dropout", std::make_unique<Dropout>(0.5f, 7));
+    m->add("gelu", std::make_unique<GELU>());
+    auto body = std::make_unique<Sequential>("body");
+    body->add("conv", std::make_unique<Conv2d>(4, 4, 3, rng, same));
+    body->emplace<ReLU>();
+    m->add("residual", std::make_unique<Residual>(std::move(body)));
+    m->add("gap", std::make_unique<GlobalAvgPool>());
+    m->add("ln", std::make_unique<LayerNorm>(4));
+    m->add("fc", std::make_unique<Linear>(4, 3, rng));
     m->pack();
     return m;
 }
@@ -126,6 +154,25 @@ TEST_CASE("memory model: a tiny MLP, every byte worked out by hand", "[memmodel]
     const Measured m = measure_step(tiny, sgd_momentum, Shape{2, 4}, Device::CPU, true);
     CHECK(m.arena_peak == 1280);
     CHECK(m.pool_peak == 4096);
+}
+
+TEST_CASE("memory model: every layer kind and a Residual, predicted and measured to the byte",
+          "[memmodel][cpu][lesson08]") {
+    for (bool use_arena : {true, false}) {
+        INFO("arena: " << use_arena);
+        Rng rng(1);
+        auto model = every_layer(rng);
+        const MemoryPrediction p = predict_memory(*model, {Shape{8, 3, 8, 8}, OptimizerKind::Adam, Device::CPU, use_arena});
+        INFO(memory_prediction_table(p));
+        const Measured m = measure_step(every_layer, adam, Shape{8, 3, 8, 8}, Device::CPU, use_arena);
+        CHECK(p.pool_peak == m.pool_peak);
+        CHECK(p.arena_peak == m.arena_peak);
+        // the rows: the model, its nine children, the residual's body and the body's two layers
+        REQUIRE(p.modules.size() == 13);
+        CHECK((p.modules[6].name == "residual" && p.modules[6].output == Shape{8, 4, 4, 4}));
+        CHECK((p.modules[8].name == "residual.body.conv" && p.modules[8].depth == 3));
+        CHECK(p.modules[0].output == Shape{8, 3});
+    }
 }
 
 TEST_CASE("memory model: LeNet and the MLP at batch 64, predicted and measured peaks within 2%",

@@ -5,13 +5,13 @@
 
 #include <algorithm>
 #include <cstdio>
-#include <functional>
 #include <map>
 #include <memory>
 #include <set>
 
 #include "nn/layers.h"
 #include "nn/misc.h"
+#include "optim/adam.h"
 
 namespace kiln {
 
@@ -23,6 +23,15 @@ int state_slabs(OptimizerKind kind) {
         case OptimizerKind::AdamAMSGrad: return 3;
     }
     return 0;
+}
+
+OptimizerKind optimizer_kind(const Optimizer& optimizer) {
+    if (auto* sgd = dynamic_cast<const SGD*>(&optimizer))
+        return sgd->options().momentum != 0.0f ? OptimizerKind::SGDMomentum : OptimizerKind::SGD;
+    if (auto* adam = dynamic_cast<const Adam*>(&optimizer))
+        return adam->options().amsgrad ? OptimizerKind::AdamAMSGrad : OptimizerKind::Adam;
+    KILN_FAIL("optimizer_kind: an optimizer other than SGD, Adam and AdamW; give predict_memory the OptimizerKind "
+              "with as many state slabs as it keeps per parameter");
 }
 
 namespace {
@@ -98,6 +107,8 @@ struct LayerState {
 class StepReplay {
 public:
     explicit StepReplay(const MemoryModelOptions& o) : opt_(o) {}
+    StepReplay(const StepReplay&) = delete;  // its blocks give themselves back to it
+    StepReplay& operator=(const StepReplay&) = delete;
 
     // Before the step: the parameter and gradient slabs, the buffers, the data batch (fresh
     // blocks: the pool's cache is empty when the step starts).
@@ -350,8 +361,8 @@ std::string memory_prediction_table(const MemoryPrediction& p) {
     std::string out;
     char line[256];
     auto cell = [](int64_t bytes) { return bytes ? format_bytes(bytes) : std::string("-"); };
-    std::snprintf(line, sizeof line, "%-28s %-18s %10s %10s %10s %10s %10s\n", "module", "output", "params", "grads",
-                  "opt state", "kept act", "workspace");
+    std::snprintf(line, sizeof line, "%-28s %-18s %10s %10s %10s %10s %10s\n", "module", "output", "param+buf",
+                  "grads", "opt state", "kept act", "workspace");
     out += line;
     for (const ModuleMemory& r : p.modules) {
         const std::string name = std::string(size_t(2 * r.depth), ' ') + (r.name.empty() ? "(model)" : r.name);

@@ -28,6 +28,7 @@
 
 #include "core/allocator.h"
 #include "nn/module.h"
+#include "optim/optimizer.h"
 
 namespace kiln {
 
@@ -35,6 +36,8 @@ namespace kiln {
 // (the momentum buffer), Adam and AdamW two (the moments m and v), with AMSGrad three.
 enum class OptimizerKind { SGD, SGDMomentum, Adam, AdamAMSGrad };
 int state_slabs(OptimizerKind kind);
+// The kind of SGD, Adam or AdamW (by its options); throws for another optimizer.
+OptimizerKind optimizer_kind(const Optimizer& optimizer);
 
 struct MemoryModelOptions {
     Shape input;  // the data batch x, batch first: [N, 1, 28, 28]; the labels are i32 [N]
