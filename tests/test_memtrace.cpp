@@ -251,7 +251,7 @@ TEST_CASE("memory trace: the training loop records the first steps, then stops",
     model->add("flatten", std::make_unique<Flatten>());
     model->add("fc", std::make_unique<Linear>(8, 4, rng));
     SGD sgd(model->parameters(), 0.1f);
-    MemoryRecording recording(MemoryTraceOptions{false, dir.file("loop.json"), 2}, *model, sgd, Device::CPU, nullptr);
+    MemoryRecording recording(MemoryTraceOptions{false, dir.file("loop.json"), 2, {}}, *model, sgd, Device::CPU, nullptr);
     TrainOptions opt;
     opt.memory = &recording;
     train_epoch(*model, sgd, loader, 0, opt);  // 4 steps of 5
@@ -264,9 +264,9 @@ TEST_CASE("memory trace: the training loop records the first steps, then stops",
     CHECK(read_text(dir.file("loop.svg")).find("step 2") != std::string::npos);
 
     CommonFlags flags;  // without --mem-report or --mem-trace the loop records nothing
-    CHECK(memory_recording(flags, *model, sgd, nullptr) == nullptr);
+    CHECK(memory_recording(flags, *model, sgd, nullptr, loader) == nullptr);
     flags.mem_report = true;
-    CHECK(memory_recording(flags, *model, sgd, nullptr) != nullptr);
+    CHECK(memory_recording(flags, *model, sgd, nullptr, loader) != nullptr);
 }
 
 TEST_CASE("memory trace: a path that cannot be written fails before training, naming it",
@@ -276,10 +276,10 @@ TEST_CASE("memory trace: a path that cannot be written fails before training, na
     SGD sgd(model.parameters(), 0.1f);
     const std::string missing = "/nonexistent-folder/trace.json";
     REQUIRE_THROWS_WITH(check_trace_path(missing), Catch::Contains(missing) && Catch::Contains("existing folder"));
-    REQUIRE_THROWS_WITH(MemoryRecording(MemoryTraceOptions{false, missing, 2}, model, sgd, Device::CPU, nullptr),
+    REQUIRE_THROWS_WITH(MemoryRecording(MemoryTraceOptions{false, missing, 2, {}}, model, sgd, Device::CPU, nullptr),
                         Catch::Contains("cannot write"));
     REQUIRE_THROWS_WITH(check_trace_path("/tmp/trace.txt"), Catch::Contains("must end in .json"));
-    REQUIRE_THROWS_WITH(MemoryRecording(MemoryTraceOptions{true, "", 0}, model, sgd, Device::CPU, nullptr),
+    REQUIRE_THROWS_WITH(MemoryRecording(MemoryTraceOptions{true, "", 0, {}}, model, sgd, Device::CPU, nullptr),
                         Catch::Contains("--mem-trace-steps"));
 }
 

@@ -119,7 +119,7 @@ int main(int argc, char** argv) try {
                        f.common.save, f.common.resume, f.no_tta ? nullptr : &cifar.test_mirrored,
                        f.common.accumulate, run_info(f.common)};
     const std::unique_ptr<MemoryRecording> memory =
-        memory_recording(f.common, *model, *opt, arena ? &*arena : nullptr);
+        memory_recording(f.common, *model, *opt, arena ? &*arena : nullptr, cifar.train);
     train.memory = memory.get();  // --mem-report, --mem-trace
     double test_acc = fit(*model, *opt, cifar.train, cifar.test, train);
     report(device, test_acc, start);

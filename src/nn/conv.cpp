@@ -50,6 +50,22 @@ Conv2dArgs args_of(const Conv2d& m) {
 }
 }  // namespace
 
+// y, the parameters, x kept, and the workspace of each pass as conv2d and conv2d_backward take it.
+LayerMemory Conv2d::memory(const Shape& in, Device device) const {
+    LayerMemory m;
+    m.output = output_shape(in);
+    m.parameters.push_back(Shape{out_channels, in_channels / options.groups, kernel_h, kernel_w});
+    if (bias.value.defined()) m.parameters.push_back(Shape{out_channels});
+    m.keeps_input = true;
+    Conv2dParams p;
+    p.N = in[0], p.C = in[1], p.H = in[2], p.W = in[3];
+    p.O = out_channels, p.KH = kernel_h, p.KW = kernel_w;
+    p.stride = options.stride, p.padding = options.padding, p.dilation = options.dilation, p.groups = options.groups;
+    m.forward_workspace = conv2d_workspace(p, device, true, workspace_limit).bytes();
+    m.backward_workspace = conv2d_workspace(p, device, false, workspace_limit).bytes();
+    return m;
+}
+
 Tensor Conv2d::forward(const Tensor& x) {
     check_defined(x, name().c_str(), "input");
     output_shape(x.shape());                                          // checks x's shape, naming the layer

@@ -44,6 +44,13 @@ public:
     // The output shape for an input shape (checks it, throwing a kiln::Error naming the layer).
     Shape output_shape(const Shape& in) const;
 
+    // x [N, C, H, W] -> y [N, O, P, Q]: 4·N·O·P·Q bytes; parameters 4·(O·C/G·KH·KW + O) bytes
+    // (+ as much gradient); keeps x; dx [N, C, H, W]. The im2col workspace of a pass, from the
+    // pool (ops/cnn.h conv2d_workspace): on the CPU's im2col path
+    //   4 · images · (C·KH·KW + O)·P·Q bytes,   images = clamp(workspace_limit / that per image, 1, N)
+    // in forward and again in backward (dw recomputes the columns; dx shares them).
+    LayerMemory memory(const Shape& in, Device device) const override;
+
 private:
     Tensor x_;  // the input, kept for dw
 };

@@ -1,6 +1,7 @@
 // layers.cpp — Linear, ReLU, Flatten, Sequential, CrossEntropyLoss.
 #include "nn/layers.h"
 
+#include <algorithm>
 #include <cmath>
 
 #include "ops/ops.h"
@@ -35,6 +36,19 @@ Tensor Linear::backward(const Tensor& dy) {
     return matmul(dy, weight.value);                                 // dx = dy · W  [N, out] · [out, in]
 }
 
+// x [N, in] -> y [N, out]; weight [out, in], bias [out]; x kept; dx after x is let go.
+LayerMemory Linear::memory(const Shape& in, Device) const {
+    KILN_CHECK(in.ndim == 2 && in[1] == in_features, name(), ": expected input [N, ", in_features, "], got ",
+               in.str(), " (a Flatten before it turns [N, C, H, W] into [N, C·H·W])");
+    LayerMemory m;
+    m.output = Shape{in[0], out_features};
+    m.parameters.push_back(Shape{out_features, in_features});
+    if (bias.value.defined()) m.parameters.push_back(Shape{out_features});
+    m.keeps_input = true;
+    m.releases_before_dx = true;
+    return m;
+}
+
 // ---- ReLU ----------------------------------------------------------------------------------
 Tensor ReLU::forward(const Tensor& x) {
     Tensor y = x;  // in place: y is x's bytes, overwritten
@@ -52,6 +66,15 @@ Tensor ReLU::backward(const Tensor& dy) {
     return relu_backward(y, dy);
 }
 
+// y [in] kept instead of x; in place, y is written over x (no y allocated).
+LayerMemory ReLU::memory(const Shape& in, Device) const {
+    LayerMemory m;
+    m.output = in;
+    m.in_place = mode == InPlace;
+    m.keeps_output = true;
+    return m;
+}
+
 // ---- Flatten -------------------------------------------------------------------------------
 Tensor Flatten::forward(const Tensor& x) {
     KILN_CHECK(x.ndim() >= 2, name(), ": needs at least [N, ...], got ", x.desc());
@@ -61,6 +84,15 @@ Tensor Flatten::forward(const Tensor& x) {
 
 // An undefined dy (no one needs dx: input_needs_grad below us is false) gives an undefined dx.
 Tensor Flatten::backward(const Tensor& dy) { return dy.defined() ? dy.reshape(in_shape_) : Tensor(); }
+
+// [N, ...] -> [N, rest], a view of x.
+LayerMemory Flatten::memory(const Shape& in, Device) const {
+    KILN_CHECK(in.ndim >= 2, name(), ": needs at least [N, ...], got ", in.str());
+    LayerMemory m;
+    m.output = Shape{in[0], in.numel() / std::max<int64_t>(in[0], 1)};
+    m.output_is_view = true;
+    return m;
+}
 
 // ---- Sequential ----------------------------------------------------------------------------
 Tensor Sequential::forward(const Tensor& x) {

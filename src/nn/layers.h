@@ -17,6 +17,9 @@ public:
     Linear(int64_t in, int64_t out, Rng& rng, bool bias = true, std::string name = "linear");
     Tensor forward(const Tensor& x) override;
     Tensor backward(const Tensor& dy) override;
+    // x [N, in] -> y [N, out]: 4·N·out bytes; parameters 4·(out·in + out) bytes (+ as much
+    // gradient); keeps x; backward lets x go, then allocates dx [N, in]: 4·N·in bytes.
+    LayerMemory memory(const Shape& in, Device device) const override;
 
     Parameter weight, bias;  // "weight", "bias"; bias undefined when built without one
     int64_t in_features, out_features;
@@ -46,6 +49,8 @@ public:
     explicit ReLU(Mode mode = OutOfPlace, std::string name = "relu") : Module(std::move(name)), mode(mode) {}
     Tensor forward(const Tensor& x) override;
     Tensor backward(const Tensor& dy) override;
+    // y [in] allocated and kept (not x: backward needs only y's sign); dx [in] in backward.
+    LayerMemory memory(const Shape& in, Device device) const override;
 
     Mode mode;
 
@@ -60,6 +65,8 @@ public:
     explicit Flatten(std::string name = "flatten") : Module(std::move(name)) {}
     Tensor forward(const Tensor& x) override;
     Tensor backward(const Tensor& dy) override;
+    // [N, ...] -> [N, rest]: views, 0 bytes in forward and in backward.
+    LayerMemory memory(const Shape& in, Device device) const override;
 
 private:
     Shape in_shape_;

@@ -35,6 +35,15 @@ Tensor Dropout::backward(const Tensor& dy) {
     return dx;
 }
 
+// y and a u8 mask kept; the identity when p = 0.
+LayerMemory Dropout::memory(const Shape& in, Device) const {
+    LayerMemory m;
+    m.output = in;
+    if (p == 0.0f) m.output_is_view = true;
+    else m.saved.push_back(TensorSpec{in, DType::U8});
+    return m;
+}
+
 // ---- GELU ----------------------------------------------------------------------------------------
 Tensor GELU::forward(const Tensor& x) {
     check_defined(x, name().c_str(), "the input");

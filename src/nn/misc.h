@@ -21,6 +21,9 @@ public:
     explicit Dropout(float p = 0.5f, uint64_t seed = 0, std::string name = "dropout");
     Tensor forward(const Tensor& x) override;
     Tensor backward(const Tensor& dy) override;
+    // In training with p > 0: y [in], 4 bytes an element, and the mask kept, 1 byte an element;
+    // dx [in]. With p = 0 the identity: nothing allocated.
+    LayerMemory memory(const Shape& in, Device device) const override;
 
     float p;
     Rng rng;
@@ -35,6 +38,7 @@ private:
 
 // GELU, exact form (PyTorch's default):  y = x · Φ(x) = x/2 · (1 + erf(x/√2))
 //   dx = dy · (Φ(x) + x · φ(x)),   φ(x) = exp(−x²/2)/√(2π).   Keeps x for backward.
+// Memory: Module::memory's default (y [in], x kept, dx [in]).
 class GELU : public Module {
 public:
     explicit GELU(std::string name = "gelu") : Module(std::move(name)) {}

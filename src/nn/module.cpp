@@ -31,6 +31,16 @@ NoGradScope::NoGradScope() : previous_(t_grad_enabled) { t_grad_enabled = false;
 NoGradScope::~NoGradScope() { t_grad_enabled = previous_; }
 
 // ---- computing -----------------------------------------------------------------------------
+// An elementwise layer without parameters that keeps x (module.h): y [in], x cached, dx [in].
+LayerMemory Module::memory(const Shape& in, Device) const {
+    KILN_CHECK(children_.empty(), name(), ": a container has no memory() of its own; the memory model runs its "
+               "children (train/memory_model.h knows Sequential and Residual)");
+    LayerMemory m;
+    m.output = in;
+    m.keeps_input = true;
+    return m;
+}
+
 Tensor Module::call(const Tensor& x) {
     ContextScope scope(this, Phase::Forward);
     if (!hooks_) return forward(x);

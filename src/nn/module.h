@@ -58,6 +58,29 @@ private:
     bool previous_;
 };
 
+// What one layer does with memory in a training step, worked out from its input shape alone
+// (chapter 08; train/memory_model.h runs a whole step from these). Each layer's formulas are in
+// the comment above its memory(). Bytes are what the ops request; the allocators round them.
+struct TensorSpec {
+    Shape shape;
+    DType dtype = DType::F32;
+    int64_t bytes() const { return shape.numel() * int64_t(dtype_size(dtype)); }
+};
+struct LayerMemory {
+    Shape output;                    // y's shape (f32)
+    std::vector<Shape> parameters;   // its own parameters, in order (f32; each has a gradient)
+    std::vector<Shape> buffers;      // its own buffers (batch norm's running statistics)
+    bool output_is_view = false;     // y shares x's storage and dx dy's (Flatten): nothing allocated
+    bool in_place = false;           // y is written over x (ReLU::InPlace): no y allocated; dx is
+                                     // allocated as usual
+    bool keeps_input = false;        // forward caches x for backward
+    bool keeps_output = false;       // forward caches y for backward (ReLU)
+    std::vector<TensorSpec> saved;   // allocated after y and cached (argmax, mean and 1/σ, a mask)
+    int64_t forward_workspace = 0;   // bytes from the pool held during forward, after y (im2col)
+    int64_t backward_workspace = 0;  // bytes from the pool held during backward, before dx
+    bool releases_before_dx = false; // backward lets its cache go before it allocates dx (Linear)
+};
+
 // Hooks (PyTorch's register_forward_pre_hook, register_forward_hook and
 // register_full_backward_hook): run by call() and call_backward() around forward and backward.
 // A forward hook may replace the output y, a backward hook the input gradient dx.
@@ -94,6 +117,13 @@ public:
     // two stores to a thread-local variable and the virtual call.
     Tensor call(const Tensor& x);
     Tensor call_backward(const Tensor& dy);
+
+    // What forward and backward allocate and keep for an input of shape `in` on `device`, in
+    // training mode (see LayerMemory). Throws a kiln::Error naming the layer if `in` does not
+    // fit it. The default is an elementwise layer without parameters that keeps its input (GELU):
+    //   y [in] allocated in forward, x kept for backward, dx [in] allocated in backward.
+    // Containers (Sequential, Residual) are run by the memory model from their children.
+    virtual LayerMemory memory(const Shape& in, Device device) const;
 
     // Does anyone need dL/dx from backward? Not for the network's first layer: its input is
     // the data, not something computed. When false, backward still accumulates the parameter

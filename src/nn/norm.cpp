@@ -57,6 +57,19 @@ Tensor BatchNorm::backward(const Tensor& dy) {
     return dx;
 }
 
+// y, x kept, mean and 1/σ per channel kept; weight, bias, running_mean, running_var.
+LayerMemory BatchNorm::memory(const Shape& in, Device) const {
+    KILN_CHECK(in.ndim >= min_rank_ && in.ndim <= max_rank_ && in[1] == num_features, name(), ": expected input ",
+               min_rank_ == 4 ? "[N, C, H, W]" : "[N, C] or [N, C, L]", " with C = ", num_features, ", got ", in.str());
+    LayerMemory m;
+    m.output = in;
+    m.parameters = {Shape{num_features}, Shape{num_features}};
+    m.buffers = {Shape{num_features}, Shape{num_features}};
+    m.keeps_input = true;
+    m.saved = {TensorSpec{Shape{num_features}}, TensorSpec{Shape{num_features}}};
+    return m;
+}
+
 // ---- LayerNorm ---------------------------------------------------------------------------------
 LayerNorm::LayerNorm(int64_t D, std::string name, float eps_)
     : Module(std::move(name)), normalized_size(D), eps(eps_) {
@@ -89,6 +102,19 @@ Tensor LayerNorm::backward(const Tensor& dy) {
     Tensor dx = layernorm_backward(dy, x_, weight.value, save_mean_, save_invstd_, weight.grad, bias.grad);
     x_ = save_mean_ = save_invstd_ = Tensor();
     return dx;
+}
+
+// y, x kept, mean and 1/σ per row kept (R = the elements / D); weight and bias.
+LayerMemory LayerNorm::memory(const Shape& in, Device) const {
+    KILN_CHECK(in.ndim >= 1 && in[in.ndim - 1] == normalized_size, name(), ": expected input [..., ",
+               normalized_size, "], got ", in.str());
+    const int64_t rows = in.numel() / normalized_size;
+    LayerMemory m;
+    m.output = in;
+    m.parameters = {Shape{normalized_size}, Shape{normalized_size}};
+    m.keeps_input = true;
+    m.saved = {TensorSpec{Shape{rows}}, TensorSpec{Shape{rows}}};
+    return m;
 }
 
 }  // namespace kiln

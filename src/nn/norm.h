@@ -28,6 +28,10 @@ class BatchNorm : public Module {
 public:
     Tensor forward(const Tensor& x) override;
     Tensor backward(const Tensor& dy) override;
+    // y [N, C, ...]: 4·N·C·S bytes; keeps x and the per-channel mean and 1/σ (2 · 4·C bytes);
+    // parameters weight and bias, 2 · 4·C bytes (+ as much gradient), and the running statistics,
+    // 2 · 4·C bytes more (buffers: no gradient, no optimizer state); dx [N, C, ...].
+    LayerMemory memory(const Shape& in, Device device) const override;
 
     Parameter weight, bias;             // [C]: the affine scale and shift ("weight", "bias")
     Tensor running_mean, running_var;   // [C]: buffers ("running_mean", "running_var"): model
@@ -72,6 +76,9 @@ public:
     explicit LayerNorm(int64_t normalized_size, std::string name = "ln", float eps = 1e-5f);
     Tensor forward(const Tensor& x) override;
     Tensor backward(const Tensor& dy) override;
+    // y [..., D]: 4·R·D bytes; keeps x and each row's mean and 1/σ (2 · 4·R bytes); parameters
+    // weight and bias, 2 · 4·D bytes (+ as much gradient); dx [..., D].
+    LayerMemory memory(const Shape& in, Device device) const override;
 
     Parameter weight, bias;  // [D]: the affine scale and shift
     int64_t normalized_size;

@@ -60,6 +60,15 @@ Tensor MaxPool2d::backward(const Tensor& dy) {
     return dx;
 }
 
+// y and its argmax (i32, kept).
+LayerMemory MaxPool2d::memory(const Shape& in, Device) const {
+    KILN_CHECK(in.ndim == 4, name(), ": expected input [N, C, H, W], got ", in.str());
+    LayerMemory m;
+    m.output = pool2d_output_shape(in, args_of(in, kernel, stride, padding, name()));
+    m.saved.push_back(TensorSpec{m.output, DType::I32});
+    return m;
+}
+
 // ---- AvgPool2d -------------------------------------------------------------------------------
 AvgPool2d::AvgPool2d(int64_t k, int64_t s, int64_t pad, std::string name)
     : Module(std::move(name)), kernel(k), stride(s == 0 ? k : s), padding(pad) {
@@ -85,6 +94,14 @@ Tensor AvgPool2d::backward(const Tensor& dy) {
     return dx;
 }
 
+// y only.
+LayerMemory AvgPool2d::memory(const Shape& in, Device) const {
+    KILN_CHECK(in.ndim == 4, name(), ": expected input [N, C, H, W], got ", in.str());
+    LayerMemory m;
+    m.output = pool2d_output_shape(in, args_of(in, kernel, stride, padding, name()));
+    return m;
+}
+
 // ---- GlobalAvgPool ---------------------------------------------------------------------------
 Tensor GlobalAvgPool::forward(const Tensor& x) {
     check_input(x, name());
@@ -103,6 +120,14 @@ Tensor GlobalAvgPool::backward(const Tensor& dy) {
     Tensor dx = global_avgpool_backward(dy, in_shape_);
     in_shape_ = Shape();
     return dx;
+}
+
+// y [N, C] only.
+LayerMemory GlobalAvgPool::memory(const Shape& in, Device) const {
+    KILN_CHECK(in.ndim == 4, name(), ": expected input [N, C, H, W], got ", in.str());
+    LayerMemory m;
+    m.output = Shape{in[0], in[1]};
+    return m;
 }
 
 }  // namespace kiln

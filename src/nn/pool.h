@@ -20,6 +20,9 @@ public:
     explicit MaxPool2d(int64_t kernel, int64_t stride = 0, int64_t padding = 0, std::string name = "maxpool");
     Tensor forward(const Tensor& x) override;
     Tensor backward(const Tensor& dy) override;
+    // y [N, C, P, Q]: 4·N·C·P·Q bytes, and the argmax kept: as many i32, 4·N·C·P·Q bytes more
+    // (x is not kept); dx [N, C, H, W] in backward.
+    LayerMemory memory(const Shape& in, Device device) const override;
     int64_t kernel, stride, padding;
 
 private:
@@ -34,6 +37,8 @@ public:
     explicit AvgPool2d(int64_t kernel, int64_t stride = 0, int64_t padding = 0, std::string name = "avgpool");
     Tensor forward(const Tensor& x) override;
     Tensor backward(const Tensor& dy) override;
+    // y [N, C, P, Q]: 4·N·C·P·Q bytes; nothing kept (backward needs only x's shape); dx [N, C, H, W].
+    LayerMemory memory(const Shape& in, Device device) const override;
     int64_t kernel, stride, padding;
 
 private:
@@ -47,6 +52,8 @@ public:
     explicit GlobalAvgPool(std::string name = "global_avgpool") : Module(std::move(name)) {}
     Tensor forward(const Tensor& x) override;
     Tensor backward(const Tensor& dy) override;
+    // y [N, C]: 4·N·C bytes; nothing kept; dx [N, C, H, W].
+    LayerMemory memory(const Shape& in, Device device) const override;
 
 private:
     Shape in_shape_;

@@ -83,16 +83,21 @@ int64_t col_per_image(const Conv2dParams& p, Device device, bool forward) {
 // inside a step's arena scope: an arena would keep every layer's workspace until the step ends,
 // while the pool hands the same block to the next layer.
 Tensor column_workspace(const Conv2dParams& p, Device device, bool forward, int64_t limit, int64_t* images) {
-    const int64_t per_image = col_per_image(p, device, forward);
-    *images = 0;
-    if (per_image == 0 || p.N == 0) return Tensor();
-    const int64_t per_image_bytes = per_image * int64_t(sizeof(float));
-    *images = std::clamp<int64_t>(limit / per_image_bytes, 1, p.N);
+    const ConvWorkspace ws = conv2d_workspace(p, device, forward, limit);
+    *images = ws.images;
+    if (ws.images == 0) return Tensor();
     AllocatorScope from_pool(pool_allocator(device));
-    return Tensor::empty({*images * per_image}, DType::F32, device, Category::Workspace);
+    return Tensor::empty({ws.images * ws.elems_per_image}, DType::F32, device, Category::Workspace);
 }
 
 }  // namespace
+
+ConvWorkspace conv2d_workspace(const Conv2dParams& p, Device device, bool forward, int64_t limit) {
+    const int64_t per_image = col_per_image(p, device, forward);
+    if (per_image == 0 || p.N == 0) return ConvWorkspace{};
+    const int64_t per_image_bytes = per_image * int64_t(sizeof(float));
+    return ConvWorkspace{std::clamp<int64_t>(limit / per_image_bytes, 1, p.N), per_image};
+}
 
 Tensor conv2d(const Tensor& x, const Tensor& w, const Tensor& b, const Conv2dArgs& a) {
     const Device d = check_f32_args("conv2d", {{x, "x"}, {w, "w"}});

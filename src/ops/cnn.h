@@ -26,6 +26,17 @@ struct Conv2dArgs {
     int64_t workspace_limit = kDefaultConvWorkspace;  // bytes of im2col columns at once
 };
 
+// The im2col workspace conv2d (forward) or conv2d_backward takes from the device's pool: the
+// columns of `images` images at once, each (C·K·K + O)·P·Q floats on the CPU's im2col path
+// (none for its pointwise and depthwise paths, none for the CUDA forward by implicit GEMM), and
+//   images = clamp(limit / (elems_per_image · 4 bytes), 1, N)
+// Chapter 08's memory model predicts the workspace from it.
+struct ConvWorkspace {
+    int64_t images = 0, elems_per_image = 0;
+    int64_t bytes() const { return images * elems_per_image * int64_t(sizeof(float)); }
+};
+ConvWorkspace conv2d_workspace(const Conv2dParams& p, Device device, bool forward, int64_t limit);
+
 // y = conv(x, w) + b (the formula: ops/params.h).  x [N, C, H, W]  w [O, C/G, KH, KW]
 // b [O] or undefined  →  y [N, O, P, Q]
 Tensor conv2d(const Tensor& x, const Tensor& w, const Tensor& b, const Conv2dArgs& a);

@@ -110,7 +110,7 @@ double fit(Module& model, Optimizer& optimizer, DataLoader& train, DataLoader& t
     MultiStepLR decay(optimizer, {std::max(1, flags.epochs * 7 / 10)}, 0.1);
     TrainOptions opt{flags.epochs, &decay, false, arena, 0.0f, flags.save, flags.resume, nullptr, flags.accumulate,
                      run_info(flags)};
-    const std::unique_ptr<MemoryRecording> memory = memory_recording(flags, model, optimizer, arena);
+    const std::unique_ptr<MemoryRecording> memory = memory_recording(flags, model, optimizer, arena, train);
     opt.memory = memory.get();
     return fit(model, optimizer, train, test, opt);
 }

@@ -10,6 +10,7 @@
 #include <sstream>
 
 #include "core/error.h"
+#include "train/memory_model.h"
 #include "train/svg.h"
 
 namespace kiln {
@@ -516,7 +517,26 @@ int MemoryRecording::steps_wanted() const {
 }
 
 void MemoryRecording::step_begins() {
-    if (!finished_ && !recorder_ && steps_wanted() > 0) recorder_.emplace(model_);
+    if (finished_ || recorder_ || steps_wanted() == 0) return;
+    recorder_.emplace(model_);
+    reset_phase_peak(device_);  // the first step's peak, in the allocators' rounded bytes
+}
+
+// The prediction from shapes alone (memory_model.h) and how far the measured peak is from it.
+// The prediction counts what the allocators hand out (rounded), as device_peaks does.
+std::string MemoryRecording::predicted_beside(int64_t measured_peak) const {
+    if (options_.input.ndim == 0) return "";
+    try {
+        const MemoryPrediction p =
+            predict_memory(model_, {options_.input, optimizer_kind(optimizer_), device_, arena_ != nullptr});
+        char line[200];
+        std::snprintf(line, sizeof line, "peak of the step, in the allocators' rounded blocks: predicted %s, measured %s (%+.1f%%)\n",
+                      format_bytes(p.peak).c_str(), format_bytes(measured_peak).c_str(),
+                      100.0 * double(measured_peak - p.peak) / double(p.peak));
+        return "predicted from the shapes alone (train/memory_model.h):\n" + memory_prediction_table(p) + line;
+    } catch (const Error& e) {
+        return std::string("no prediction for this model: ") + e.what() + "\n";
+    }
 }
 
 void MemoryRecording::step_ends() {
@@ -525,7 +545,7 @@ void MemoryRecording::step_ends() {
     steps_done_++;
     if (options_.report && steps_done_ == 1) {
         const StepMemory m = measure_step(recorder_->trace(), 0, model_, optimizer_, device_, arena_);
-        std::printf("%s", format_step_memory(m).c_str());
+        std::printf("%s%s", format_step_memory(m).c_str(), predicted_beside(device_peaks(device_).phase_peak).c_str());
         std::fflush(stdout);
     }
     if (steps_done_ >= steps_wanted()) finish();
@@ -547,9 +567,11 @@ void MemoryRecording::finish() {
 }
 
 std::unique_ptr<MemoryRecording> memory_recording(const CommonFlags& flags, Module& model, const Optimizer& optimizer,
-                                                  const BumpAllocator* arena) {
+                                                  const BumpAllocator* arena, const DataLoader& train) {
     if (!flags.mem_report && flags.mem_trace.empty()) return nullptr;
-    return std::make_unique<MemoryRecording>(MemoryTraceOptions{flags.mem_report, flags.mem_trace, flags.mem_trace_steps},
+    const ImageShape image = train.image_shape();
+    const Shape input{flags.batch_size / flags.accumulate, image.c, image.h, image.w};
+    return std::make_unique<MemoryRecording>(MemoryTraceOptions{flags.mem_report, flags.mem_trace, flags.mem_trace_steps, input},
                                              model, optimizer,
                                              optimizer.param_groups().front().params.front()->value.device(), arena);
 }

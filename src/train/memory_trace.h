@@ -27,6 +27,7 @@
 #include <vector>
 
 #include "core/allocator.h"
+#include "data/loader.h"
 #include "nn/module.h"
 #include "optim/optimizer.h"
 #include "train/cli.h"
@@ -166,6 +167,8 @@ struct MemoryTraceOptions {
     bool report = false;     // print the report of the first step (--mem-report)
     std::string trace;       // write the first trace_steps steps to this .json and its .svg (--mem-trace)
     int trace_steps = 2;     // --mem-trace-steps
+    Shape input;             // a step's (micro-)batch x: the report prints the prediction for it
+                             // (train/memory_model.h) beside what it measured
 };
 
 // The training loop's side (TrainOptions::memory): records from the first step on, prints the
@@ -181,6 +184,7 @@ public:
     void finish();       // stops recording; writes the trace if it is still due
 
 private:
+    std::string predicted_beside(int64_t measured_peak) const;
     MemoryTraceOptions options_;
     Module& model_;
     const Optimizer& optimizer_;
@@ -193,10 +197,11 @@ private:
 };
 
 // The recording a trainer's flags ask for (--mem-report, --mem-trace, --mem-trace-steps) of
-// `model` on the device of the optimizer's parameters; null when they ask for none. For TrainOptions::memory:
-//   auto memory = memory_recording(flags, model, sgd, &arena);
+// `model` on the device of the optimizer's parameters, a step's batch shaped as `train`'s
+// images; null when they ask for none. For TrainOptions::memory:
+//   auto memory = memory_recording(flags, model, sgd, &arena, mnist.train);
 //   opt.memory = memory.get();
 std::unique_ptr<MemoryRecording> memory_recording(const CommonFlags& flags, Module& model, const Optimizer& optimizer,
-                                                  const BumpAllocator* arena);
+                                                  const BumpAllocator* arena, const DataLoader& train);
 
 }  // namespace kiln
