@@ -48,6 +48,9 @@ Allocator::Allocator(std::string name, Device device)
 
 Allocator::~Allocator() {
     auto& r = Registry::get();
+    // Tensors still alive from this allocator will never tell it they are gone (their bytes go
+    // with it): they stop counting as in use on the device now.
+    r.allocated[int(device_)] -= stats_.allocated;
     std::lock_guard<std::mutex> g(r.mu);
     auto& v = r.allocators[int(device_)];
     v.erase(std::remove(v.begin(), v.end(), this), v.end());

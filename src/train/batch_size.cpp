@@ -9,16 +9,18 @@
 
 #include "core/allocator.h"
 #include "nn/layers.h"
+#include "train/memory_model.h"
 
 namespace kiln {
 
 namespace {
 
-// One forward and backward of `batch` random images, in an arena of its own: the peak, or 0 if
-// it ran out of memory. After a failure the layers may still hold cached tensors of the failed
+// One forward and backward of `batch` random images, in an arena of its own and from an empty
+// pool cache: the peak, or 0 if it ran out of memory. After a failure the layers may still hold cached tensors of the failed
 // forward; they belonged to the probe's arena, which is gone by then, so dropping them later
 // frees nothing (Allocator::deallocate_if_alive), and the next forward replaces them.
 int64_t probe(Module& model, const ImageShape& image, Device device, int64_t batch) {
+    pool_allocator(device).empty_cache();  // each probe as in a fresh run: no blocks an earlier one cached
     reset_phase_peak(device);
     try {
         auto arena = std::make_unique<BumpAllocator>("probe arena", device);
@@ -86,10 +88,21 @@ std::string describe(const BatchSearch& search, int64_t limit) {
     return os.str();
 }
 
-void print_largest_batch(Module& model, const DataLoader& train) {
+void print_largest_batch(Module& model, const Optimizer& optimizer, const DataLoader& train) {
     const Device device = train.options().device;
-    const BatchSearch s = find_batch_size(model, train.image_shape(), device, train.set().n);
+    const ImageShape image = train.image_shape();
+    const BatchSearch s = find_batch_size(model, image, device, train.set().n);
     std::printf("%s", describe(s, memory_limit(device)).c_str());
+    if (s.largest == 0) return;
+    // beside it, the prediction from the shapes alone (train/memory_model.h), in an arena as the probes ran
+    try {
+        const MemoryPrediction p = predict_memory(
+            model, {Shape{s.largest, image.c, image.h, image.w}, optimizer_kind(optimizer), device, true});
+        std::printf("predicted from the shapes alone for batch %lld: peak %s in %s (%s)\n", (long long)s.largest,
+                    format_bytes(p.peak).c_str(), p.peak_module.c_str(), phase_name(p.peak_phase));
+    } catch (const Error& e) {
+        std::printf("no prediction for this model: %s\n", e.what());
+    }
 }
 
 }  // namespace kiln

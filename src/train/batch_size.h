@@ -18,6 +18,7 @@
 #include "data/loader.h"
 #include "data/transforms.h"
 #include "nn/module.h"
+#include "optim/optimizer.h"
 
 namespace kiln {
 
@@ -41,7 +42,8 @@ BatchSearch find_batch_size(Module& model, const ImageShape& image, Device devic
 std::string describe(const BatchSearch& search, int64_t limit);
 
 // --find-batch-size: the search for the training loader's images (on its device, up to the
-// training set's size), printed.
-void print_largest_batch(Module& model, const DataLoader& train);
+// training set's size), printed, with the peak that predict_memory gives for the largest batch
+// beside the measured one.
+void print_largest_batch(Module& model, const Optimizer& optimizer, const DataLoader& train);
 
 }  // namespace kiln
