@@ -519,7 +519,9 @@ int MemoryRecording::steps_wanted() const {
 void MemoryRecording::step_begins() {
     if (finished_ || recorder_ || steps_wanted() == 0) return;
     recorder_.emplace(model_);
-    reset_phase_peak(device_);  // the first step's peak, in the allocators' rounded bytes
+    // The first step's peak, in the allocators' rounded bytes. (fit measures the epoch's peak
+    // the same way; restarting it here drops only the loading of the first batch from that.)
+    reset_phase_peak(device_);
 }
 
 // The prediction from shapes alone (memory_model.h) and how far the measured peak is from it.
