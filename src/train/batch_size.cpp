@@ -1,38 +1,33 @@
 // batch_size.cpp — the largest batch that fits (see batch_size.h).
 #include "train/batch_size.h"
 
+#include <cstdio>
 #include <map>
-#include <memory>
 #include <sstream>
 
-#include <cstdio>
-
 #include "core/allocator.h"
-#include "nn/layers.h"
+#include "core/rng.h"
+#include "train/loop.h"
 #include "train/memory_model.h"
 
 namespace kiln {
 
 namespace {
 
-// One forward and backward of `batch` random images, in an arena of its own and from an empty
-// pool cache: the peak, or 0 if it ran out of memory. After a failure the layers may still hold cached tensors of the failed
-// forward; they belonged to the probe's arena, which is gone by then, so dropping them later
-// frees nothing (Allocator::deallocate_if_alive), and the next forward replaces them.
+// One forward and backward of `batch` random images (train_step's forward_backward), in an
+// arena of its own and from an empty pool cache: the peak, or 0 if it ran out of memory. After a
+// failure the layers may still hold cached tensors of the failed forward; they belonged to the
+// probe's arena, which is gone by then, so dropping them later frees nothing
+// (Allocator::deallocate_if_alive), and the next forward replaces them.
 int64_t probe(Module& model, const ImageShape& image, Device device, int64_t batch) {
     pool_allocator(device).empty_cache();  // each probe as in a fresh run: no blocks an earlier one cached
     reset_phase_peak(device);
     try {
-        auto arena = std::make_unique<BumpAllocator>("probe arena", device);
-        {
-            AllocatorScope scope(*arena);
-            Rng rng{uint64_t(batch)};
-            Tensor x = Tensor::normal({batch, image.c, image.h, image.w}, 0.0f, 1.0f, rng, device, Category::Data);
-            Tensor y = Tensor::zeros({batch}, DType::I32, device, Category::Data);
-            CrossEntropyLoss criterion;
-            criterion.forward(model.call(x), y);
-            model.call_backward(criterion.backward());
-        }
+        BumpAllocator arena("probe arena", device);  // declared first: outlives the batch
+        Rng rng{uint64_t(batch)};
+        const Tensor x = Tensor::normal({batch, image.c, image.h, image.w}, 0.0f, 1.0f, rng, device, Category::Data);
+        const Tensor y = Tensor::zeros({batch}, DType::I32, device, Category::Data);
+        forward_backward(model, x, y, 1.0f, &arena);
         model.zero_grad();
         return device_peaks(device).phase_peak;
     } catch (const OutOfMemory&) {

@@ -23,9 +23,9 @@ Tensor rows(const Tensor& x, int64_t first, int64_t n) {
     return x.view(size_t(first) * row_bytes, s);
 }
 
-// Forward, loss and backward of one micro-batch, its loss gradient scaled by `scale` (its
-// share of the whole batch; 1 for the whole batch, which is then not touched): adds to the
-// parameters' grads, returns its mean loss and its correct count.
+
+}  // namespace
+
 std::pair<float, int64_t> forward_backward(Module& model, const Tensor& x, const Tensor& y, float scale,
                                            BumpAllocator* arena) {
     std::optional<AllocatorScope> scope;
@@ -39,8 +39,6 @@ std::pair<float, int64_t> forward_backward(Module& model, const Tensor& x, const
     model.call_backward(dlogits);
     return {loss, correct};
 }  // every tensor of the micro-batch is gone here
-
-}  // namespace
 
 StepResult train_step(Module& model, Optimizer& optimizer, const Tensor& x, const Tensor& y, const StepOptions& opt) {
     const int64_t B = x.size(0), K = opt.accumulate;

@@ -25,6 +25,7 @@
 // (OneCycleLR), and the progress bar.
 #pragma once
 #include <string>
+#include <utility>
 
 #include "core/allocator.h"
 #include "data/loader.h"
@@ -56,6 +57,13 @@ struct StepResult {
     bool stepped = false;      // the optimizer updated the parameters
     bool finite() const { return loss_finite && grads_finite; }
 };
+
+// Forward, softmax cross-entropy and backward of one (micro-)batch, its activations from the
+// arena if given, its loss gradient scaled by `scale` (its share of the whole batch; 1 for the
+// whole batch, which is then not touched): adds to the parameters' grads, returns its mean loss
+// and its correct count. train_step runs it once per micro-batch; --find-batch-size probes with it.
+std::pair<float, int64_t> forward_backward(Module& model, const Tensor& x, const Tensor& y, float scale,
+                                           BumpAllocator* arena);
 
 // One step on the batch (x, y): zero the model's grads, forward, softmax cross-entropy, backward (the
 // model's input_needs_grad set to false: x is data) — once per micro-batch —, optional clipping,
