@@ -13,6 +13,7 @@
 #include "nn/norm.h"
 #include "nn/pool.h"
 #include "nn/models.h"
+#include "nn/recompute.h"
 #include "optim/adam.h"
 #include "optim/optimizer.h"
 #include "train/loop.h"
@@ -113,8 +114,32 @@ std::unique_ptr<Module> every_layer(Rng& rng) {
     return m;
 }
 
-std::function<std::unique_ptr<Module>(Rng&)> cifar(bool batch_norm) {
-    return [batch_norm](Rng& rng) -> std::unique_ptr<Module> { return cifar_net(rng, {32, 64, 128}, batch_norm); };
+// every_layer's first five layers and its Residual, each in a Checkpoint: x [8, 3, 8, 8] ->
+// Checkpoint(conv -> BN -> avg-pool -> dropout -> GELU) -> Checkpoint(Residual) -> gap -> fc.
+std::unique_ptr<Module> checkpointed(Rng& rng) {
+    const ConvOptions same{1, 1, 1, 1, true};
+    auto block = std::make_unique<Sequential>("block");
+    block->add("conv", std::make_unique<Conv2d>(3, 4, 3, rng, same));
+    block->add("bn", std::make_unique<BatchNorm2d>(4));
+    block->add("avgpool", std::make_unique<AvgPool2d>(2));
+    block->add("dropout", std::make_unique<Dropout>(0.5f, 7));
+    block->add("gelu", std::make_unique<GELU>());
+    auto body = std::make_unique<Sequential>("body");
+    body->add("conv", std::make_unique<Conv2d>(4, 4, 3, rng, same));
+    body->add("relu", std::make_unique<ReLU>(ReLU::InPlace));
+    auto m = std::make_unique<Sequential>("checkpointed");
+    m->add("block", std::make_unique<Checkpoint>(std::move(block)));
+    m->add("residual", std::make_unique<Checkpoint>(std::make_unique<Residual>(std::move(body))));
+    m->add("gap", std::make_unique<GlobalAvgPool>());
+    m->add("fc", std::make_unique<Linear>(4, 3, rng));
+    m->pack();
+    return m;
+}
+
+std::function<std::unique_ptr<Module>(Rng&)> cifar(bool batch_norm, bool recompute = false) {
+    return [batch_norm, recompute](Rng& rng) -> std::unique_ptr<Module> {
+        return cifar_net(rng, {32, 64, 128}, batch_norm, recompute);
+    };
 }
 
 std::unique_ptr<Module> lenet_model(Rng& rng) { return lenet(rng); }
@@ -175,6 +200,27 @@ TEST_CASE("memory model: every layer kind and a Residual, predicted and measured
     }
 }
 
+TEST_CASE("memory model: Checkpoint blocks (recomputation) predicted and measured to the byte",
+          "[memmodel][cpu][lesson08]") {
+    for (bool use_arena : {true, false}) {
+        INFO("arena: " << use_arena);
+        Rng rng(1);
+        auto model = checkpointed(rng);
+        const MemoryPrediction p = predict_memory(*model, {Shape{8, 3, 8, 8}, OptimizerKind::Adam, Device::CPU, use_arena});
+        INFO(memory_prediction_table(p));
+        const Measured m = measure_step(checkpointed, adam, Shape{8, 3, 8, 8}, Device::CPU, use_arena);
+        CHECK(p.pool_peak == m.pool_peak);
+        CHECK(p.arena_peak == m.arena_peak);
+        // A Checkpoint keeps its input alone, and a kept tensor counts for the module that made
+        // it: the block's output (GELU's, [8, 4, 4, 4] f32), kept by the residual's Checkpoint,
+        // counts for the block; nothing inside the residual is kept (gap keeps no tensor).
+        REQUIRE(p.modules[1].name == "block");
+        CHECK(p.modules[1].activations == 8 * 4 * 4 * 4 * 4);
+        REQUIRE(p.modules[8].name == "residual");
+        CHECK(p.modules[8].activations == 0);
+    }
+}
+
 TEST_CASE("memory model: LeNet and the MLP at batch 64, predicted and measured peaks within 2%",
           "[memmodel][cpu][lesson08]") {
     for (bool use_arena : {true, false}) {
@@ -194,6 +240,8 @@ TEST_CASE("memory model: the CIFAR net (32/64/128) at batch 64 and 256, with and
                               true);
         }
     require_agreement(cifar(true), OptimizerKind::SGDMomentum, Shape{64, 3, 32, 32}, Device::CPU, false);
+    INFO("with recomputation, as lesson 08 trains it (no arena)");
+    require_agreement(cifar(true, true), OptimizerKind::SGDMomentum, Shape{64, 3, 32, 32}, Device::CPU, false);
 }
 
 TEST_CASE("memory model: LeNet on the CUDA device (emulator), within 2%", "[memmodel][cuda][lesson08]") {

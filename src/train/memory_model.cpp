@@ -11,6 +11,7 @@
 
 #include "nn/layers.h"
 #include "nn/misc.h"
+#include "nn/recompute.h"
 #include "optim/adam.h"
 
 namespace kiln {
@@ -122,6 +123,7 @@ public:
 
     // One train_step: forward, loss, backward, optimizer (its state slabs on the first step).
     void step(Module& model, const std::vector<Shape>& params) {
+        in_scope_ = true;  // forward_backward's AllocatorScope
         Value logits = forward(model, x_);
         kept_after_forward();
         KILN_CHECK(logits.shape.ndim == 2, model.name(), ": the memory model needs logits [N, classes] for the loss, "
@@ -132,6 +134,7 @@ public:
         backward(model, Value{dlogits, logits.shape}, false);  // the step's input needs no gradient
         dlogits.reset();
         logits.buf.reset();
+        in_scope_ = false;
         set_context(nullptr, Phase::Optimizer);
         // On the first step: from the pool's cache too (a 2 MiB slab may get a freed 4 MiB block)
         for (int i = int(state_.size()); i < state_slabs(opt_.optimizer); i++)
@@ -160,11 +163,11 @@ public:
     }
 
 private:
-    // A tensor of `bytes`: activations from the arena when there is one, everything else (and
-    // the workspace, which ops/cnn.cpp takes from the pool even inside the arena's scope) from
-    // the pool; `cached`: the pool may hand it a cached block.
+    // A tensor of `bytes`: inside forward_backward's scope from the arena when there is one
+    // (all but the workspace, which ops/cnn.cpp takes from the pool even there), everything else
+    // from the pool; `cached`: the pool may hand it a cached block.
     Buf alloc(int64_t bytes, Category c, bool cached) {
-        const bool in_arena = opt_.arena && c == Category::Activation;
+        const bool in_arena = opt_.arena && in_scope_ && c != Category::Workspace;
         AllocatorReplay& a = in_arena ? arena_ : pool_;
         const int64_t block = a.take(bytes, cached);
         if (c == Category::Workspace && module_) workspace_[module_] = std::max(workspace_[module_], block);
@@ -204,7 +207,8 @@ private:
         return dx;
     }
 
-    // Sequential: h = child(h) in order; Residual: y = body(x) + shortcut(x); a layer: its memory().
+    // Sequential: h = child(h) in order; Residual: y = body(x) + shortcut(x); Checkpoint: the
+    // inside without caches, x kept; a layer: its memory(), its cache dropped under no-grad.
     Value run_forward(Module& m, const Value& x) {
         if (dynamic_cast<Sequential*>(&m)) {
             Value h = x;
@@ -217,6 +221,16 @@ private:
             layers_[&m].in = x.shape;
             return Value{alloc(fx.shape.numel() * 4, Category::Activation, true), fx.shape};  // add(fx, sx)
         }
+        if (auto* c = dynamic_cast<Checkpoint*>(&m)) {
+            LayerState& s = layers_[&m];
+            s.in = x.shape;
+            if (!no_grad_) s.cache = {x.buf};
+            const bool outer = no_grad_;
+            no_grad_ = true;  // Checkpoint::forward's NoGradScope
+            Value y = forward(c->inner(), x);
+            no_grad_ = outer;
+            return y;
+        }
         LayerState& s = layers_[&m];
         s.memory = m.memory(x.shape, opt_.device);
         s.in = x.shape;
@@ -227,11 +241,13 @@ private:
         if (lm.forward_workspace > 0) alloc(lm.forward_workspace, Category::Workspace, true);  // freed at once
         if (lm.keeps_input) s.cache.push_back(x.buf);
         if (lm.keeps_output) s.cache.push_back(y.buf);
+        if (no_grad_) s.cache.clear();  // the ops' saved tensors are made all the same, then dropped
         return y;
     }
 
     // Sequential: children in reverse, each told whether its dx is needed (layers.cpp); Residual:
-    // dx = body's + shortcut's (or dy); a layer: workspace, dx, then its cache goes.
+    // dx = body's + shortcut's (or dy); Checkpoint: the inside's forward again, then its
+    // backward; a layer: workspace, dx, then its cache goes.
     Value run_backward(Module& m, const Value& dy, bool need_dx) {
         if (dynamic_cast<Sequential*>(&m)) {
             std::vector<bool> needed;
@@ -250,6 +266,11 @@ private:
             Value dsx = r->shortcut() ? backward(*r->shortcut(), dy, r->shortcut()->input_needs_grad) : dy;
             return Value{alloc(s.in.numel() * 4, Category::Activation, true), s.in};  // add(dfx, dsx)
         }
+        if (auto* c = dynamic_cast<Checkpoint*>(&m)) {
+            recompute(c->inner(), Value{s.cache.at(0), s.in});
+            s.cache.clear();  // x_ = Tensor()
+            return backward(c->inner(), dy, need_dx);
+        }
         if (s.memory.output_is_view) return Value{dy.buf, s.in};
         Buf workspace;
         if (s.memory.backward_workspace > 0) workspace = alloc(s.memory.backward_workspace, Category::Workspace, true);
@@ -258,6 +279,17 @@ private:
         workspace.reset();
         s.cache.clear();
         return dx;
+    }
+
+    // Checkpoint::recompute: a copy of each buffer inside, the forward again with caches (its
+    // output dropped at once), then the copies go.
+    void recompute(Module& inner, const Value& x) {
+        std::vector<Buf> copies;
+        for (auto& [name, m] : inner.named_modules())
+            if (auto it = layers_.find(m); it != layers_.end())
+                for (const Shape& b : it->second.memory.buffers)
+                    copies.push_back(alloc(b.numel() * 4, Category::Parameter, true));
+        forward(inner, x);
     }
 
     // The activations each module's forward allocated that are still held: what it keeps.
@@ -272,6 +304,8 @@ private:
     AllocatorReplay pool_{false}, arena_{true};
     const Module* module_ = nullptr;
     Phase phase_ = Phase::Other;
+    bool in_scope_ = false;  // between forward and the optimizer: the arena's scope is open
+    bool no_grad_ = false;   // inside a Checkpoint's first forward: layers keep nothing
     int64_t peak_ = 0, resident_bytes_ = 0;
     std::string peak_module_;
     Phase peak_phase_ = Phase::Other;

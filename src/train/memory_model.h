@@ -75,7 +75,8 @@ struct MemoryPrediction {
 
 // Predicts one steady training step (train_step) of `model` in training mode on a batch of
 // options.input. Throws a kiln::Error naming the layer if the input does not fit the model, or
-// naming a container the model does not know how to run (it knows Sequential and Residual).
+// naming a container the model does not know how to run (it knows Sequential, Residual and
+// Checkpoint).
 MemoryPrediction predict_memory(Module& model, const MemoryModelOptions& options);
 
 // The prediction as a table: one row per module (indented by depth), then the resident bytes,
