@@ -17,7 +17,7 @@ namespace kiln {
 
 const char* category_name(Category c) {
     static const char* names[kNumCategories] = {"parameter", "gradient", "optimizer state",
-                                                "activation", "workspace", "data", "other"};
+                                                "activation", "workspace", "data", "autocast copy", "other"};
     return names[int(c)];
 }
 

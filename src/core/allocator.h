@@ -32,8 +32,9 @@
 
 namespace kiln {
 
-enum class Category : uint8_t { Parameter, Gradient, OptimizerState, Activation, Workspace, Data, Other };
-constexpr int kNumCategories = 7;
+// AutocastCopy: the low-precision copies of the weights a mixed-precision step reads (ops/autocast.h).
+enum class Category : uint8_t { Parameter, Gradient, OptimizerState, Activation, Workspace, Data, AutocastCopy, Other };
+constexpr int kNumCategories = 8;
 const char* category_name(Category c);
 
 struct MemoryStats {

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "ops/autocast.h"
 #include "ops/ops.h"
 
 namespace kiln {
@@ -21,19 +22,31 @@ Linear::Linear(int64_t in, int64_t out, Rng& rng, bool has_bias, std::string nam
 Tensor Linear::forward(const Tensor& x) {
     KILN_CHECK(x.ndim() == 2 && x.size(1) == in_features, name(), ": expected input [N, ", in_features, "], got ",
                x.desc(), " (a Flatten before it turns [N, C, H, W] into [N, C·H·W])");
-    Tensor y = matmul(x, weight.value, false, true);  // [N, in] · [in, out]
-    if (bias.value.defined()) add_bias_(y, bias.value);
-    if (keeps_cache()) x_ = x;
+    // Under autocast (chapter 09) the GEMM reads x and W in f16/bf16; otherwise these are x and W.
+    Tensor xa = autocast(x, AmpOp::Linear);
+    const Tensor& w = autocast_param(weight.value);
+    Tensor y = matmul(xa, w, false, true);  // [N, in] · [in, out]
+    if (bias.value.defined()) add_bias_(y, autocast_param(bias.value));
+    if (keeps_cache()) {
+        x_ = xa;
+        w_ = w;
+        in_dtype_ = x.dtype();
+    }
     return y;
 }
 
 Tensor Linear::backward(const Tensor& dy) {
     KILN_CHECK(x_.defined(), name(), ": backward without a training-mode forward");
-    matmul_into(dy, true, x_, false, weight.grad, 1.0f, 1.0f);  // dW += dyᵀ · x   [out, in]
-    if (bias.value.defined()) sum_rows_into(dy, bias.grad, 1.0f);  // db += Σ_n dy
-    x_ = Tensor();                                                   // the cache is spent
-    if (!input_needs_grad) return Tensor();                          // no one reads dx
-    return matmul(dy, weight.value);                                 // dx = dy · W  [N, out] · [out, in]
+    // Under autocast dW and db are the low copies' gradients, then added to the f32 grads.
+    LowGrad dw(weight.grad, w_), db(bias.grad, w_);
+    matmul_into(dy, true, x_, false, dw.target(), 1.0f, 1.0f);          // dW += dyᵀ · x   [out, in]
+    if (bias.value.defined()) sum_rows_into(dy, db.target(), 1.0f);    // db += Σ_n dy
+    dw.add_to_grad();
+    db.add_to_grad();
+    const Tensor w = w_;
+    x_ = w_ = Tensor();                      // the cache is spent
+    if (!input_needs_grad) return Tensor();  // no one reads dx
+    return matmul(dy, w).to(in_dtype_);      // dx = dy · W  [N, out] · [out, in]
 }
 
 // x [N, in] -> y [N, out]; weight [out, in], bias [out]; x kept; dx after x is let go.
@@ -115,14 +128,16 @@ Tensor Sequential::backward(const Tensor& dy) {
 
 // ---- CrossEntropyLoss ----------------------------------------------------------------------
 float CrossEntropyLoss::forward(const Tensor& logits, const Tensor& labels) {
-    return softmax_cross_entropy(logits, labels, &dz_);
+    logits_dtype_ = logits.dtype();
+    return softmax_cross_entropy(autocast(logits, AmpOp::CrossEntropy), labels, &dz_);
 }
 
-Tensor CrossEntropyLoss::backward() {
+Tensor CrossEntropyLoss::backward(float scale) {
     KILN_CHECK(dz_.defined(), "CrossEntropyLoss: backward() before forward()");
     Tensor dz = dz_;
     dz_ = Tensor();
-    return dz;
+    if (scale != 1.0f) scale_(dz, scale);
+    return dz.to(logits_dtype_);
 }
 
 }  // namespace kiln

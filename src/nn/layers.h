@@ -25,7 +25,9 @@ public:
     int64_t in_features, out_features;
 
 private:
-    Tensor x_;  // the input, kept for dW
+    Tensor x_;  // the input as the op read it (under autocast: its f16/bf16 copy), kept for dW
+    Tensor w_;  // the weight the op read: the parameter, or its autocast copy (ops/autocast.h)
+    DType in_dtype_ = DType::F32;  // the input's own type: dx goes back in it
 };
 
 // y = max(x, 0);  dx = dy · [y > 0]   (an undefined dy, when no one needs dx, gives an undefined dx)
@@ -98,11 +100,16 @@ public:
 //   loss = 1/N Σ_n [ log Σ_c exp(z[n,c]) − z[n, y_n] ]      dz = (softmax(z) − onehot(y)) / N
 class CrossEntropyLoss {
 public:
+    // Under autocast (chapter 09) the loss is computed from the logits in f32, whatever their type.
     float forward(const Tensor& logits, const Tensor& labels);  // keeps dz for backward
-    Tensor backward();                                           // dL/dlogits (and releases it)
+    // scale · dL/dlogits, in the logits' type (and releases it). scale: a micro-batch's share of
+    // the batch (train/loop.h) times a GradScaler's loss scale (optim/grad_scaler.h); applied in
+    // f32, before the gradient is rounded to an f16 logits' type.
+    Tensor backward(float scale = 1.0f);
 
 private:
     Tensor dz_;
+    DType logits_dtype_ = DType::F32;
 };
 
 }  // namespace kiln

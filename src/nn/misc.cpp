@@ -3,6 +3,7 @@
 // and add (ops/ops.h).
 #include "nn/misc.h"
 
+#include "ops/autocast.h"
 #include "ops/cnn.h"
 #include "ops/ops.h"
 
@@ -76,14 +77,18 @@ Tensor Residual::forward(const Tensor& x) {
     Tensor sx = s ? s->call(x) : x;
     KILN_CHECK(fx.shape() == sx.shape(), name(), ": f(x) is ", fx.desc(), " but the shortcut gives ", sx.desc(),
                s ? "" : " (the identity): give a shortcut (e.g. a 1×1 Conv2d) that changes the shape too");
-    return add(fx, sx);  // y = f(x) + shortcut(x)
+    // Under autocast the two may differ in type (an f16 body, an f32 input): the sum is in the wider.
+    const DType t = autocast_target(AmpOp::Add, fx.dtype(), sx.dtype());
+    fx_dtype_ = fx.dtype();
+    sx_dtype_ = sx.dtype();
+    return add(fx.to(t), sx.to(t));  // y = f(x) + shortcut(x)
 }
 
 Tensor Residual::backward(const Tensor& dy) {
     // Both paths read dy; a new tensor holds the sum, so neither path's result is modified.
     Module* s = shortcut();
-    Tensor dfx = body().call_backward(dy);
-    Tensor dsx = s ? s->call_backward(dy) : dy;
+    Tensor dfx = body().call_backward(dy.to(fx_dtype_));  // each path's dy in its output's type
+    Tensor dsx = s ? s->call_backward(dy.to(sx_dtype_)) : dy.to(sx_dtype_);
     return add(dfx, dsx);  // dx = df/dx·dy + dshortcut/dx·dy
 }
 

@@ -3,6 +3,7 @@
 // input's device (ops/cpu/norm.cpp or cuda/norm.cu).
 #include "nn/norm.h"
 
+#include "ops/autocast.h"
 #include "ops/cnn.h"
 
 namespace kiln {
@@ -85,11 +86,13 @@ Tensor LayerNorm::forward(const Tensor& x) {
     check_on_device(weight.value, x.device(), name(), "weight");
     check_on_device(bias.value, x.device(), name(), "bias");
     Tensor mean, invstd;
-    Tensor y = layernorm(x, weight.value, bias.value, eps, &mean, &invstd);
+    Tensor xa = autocast(x, AmpOp::LayerNorm);  // under autocast: in f32 (ops/autocast.h)
+    Tensor y = layernorm(xa, weight.value, bias.value, eps, &mean, &invstd);
     if (keeps_cache()) {
-        x_ = x;
+        x_ = xa;
         save_mean_ = mean;
         save_invstd_ = invstd;
+        in_dtype_ = x.dtype();
     }
     return y;
 }
@@ -101,7 +104,7 @@ Tensor LayerNorm::backward(const Tensor& dy) {
     check_on_device(dy, x_.device(), name(), "dy");
     Tensor dx = layernorm_backward(dy, x_, weight.value, save_mean_, save_invstd_, weight.grad, bias.grad);
     x_ = save_mean_ = save_invstd_ = Tensor();
-    return dx;
+    return dx.to(in_dtype_);
 }
 
 // y, x kept, mean and 1/σ per row kept (R = the elements / D); weight and bias.

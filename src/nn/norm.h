@@ -85,7 +85,8 @@ public:
     float eps;
 
 private:
-    Tensor x_, save_mean_, save_invstd_;  // the cache for backward
+    Tensor x_, save_mean_, save_invstd_;  // the cache for backward (x_ in f32 under autocast)
+    DType in_dtype_ = DType::F32;         // the input's own type: dx goes back in it
 };
 
 }  // namespace kiln

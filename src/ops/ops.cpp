@@ -31,15 +31,21 @@ static bool on_cuda(const Tensor& t) { return t.device() == Device::CUDA; }
 Tensor Tensor::to(DType dt) const {
     if (!defined() || dt == dtype_) return *this;
     Tensor t = empty(shape_, dt, device(), category());
-    visit_dtype(dtype_, [&](auto from_tag) {
-        visit_dtype(dt, [&](auto to_tag) {
-            const auto* src = data<decltype(from_tag)>();
-            auto* dst = t.data<decltype(to_tag)>();
-            if (device() == Device::CUDA) cuda::convert(src, dst, numel());
-            else cpu::convert(src, dst, numel());
+    convert_into(*this, t);
+    return t;
+}
+
+void convert_into(const Tensor& src, Tensor& dst) {
+    KILN_CHECK(src.shape() == dst.shape() && src.device() == dst.device(), "convert_into: ", src.desc(), " into ",
+               dst.desc(), ": the shapes and devices must match");
+    visit_dtype(src.dtype(), [&](auto from_tag) {
+        visit_dtype(dst.dtype(), [&](auto to_tag) {
+            const auto* from = src.data<decltype(from_tag)>();
+            auto* to = dst.data<decltype(to_tag)>();
+            if (src.device() == Device::CUDA) cuda::convert(from, to, src.numel());
+            else cpu::convert(from, to, src.numel());
         });
     });
-    return t;
 }
 
 // ---- elementwise -------------------------------------------------------------------------

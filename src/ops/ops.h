@@ -13,6 +13,7 @@ namespace kiln {
 
 // ---- elementwise -------------------------------------------------------------------------
 void fill_(Tensor& x, float value);
+void convert_into(const Tensor& src, Tensor& dst);         // dst = src in dst's type (Tensor::to)
 Tensor add(const Tensor& a, const Tensor& b);              // a + b, same shapes
 void axpy_(Tensor& y, float alpha, const Tensor& x);       // y += alpha·x
 void scale_(Tensor& x, float s);                           // x *= s

@@ -34,9 +34,7 @@ std::pair<float, int64_t> forward_backward(Module& model, const Tensor& x, const
     Tensor logits = model.call(x);
     const float loss = criterion.forward(logits, y);
     const int64_t correct = count_correct(logits, y);
-    Tensor dlogits = criterion.backward();
-    if (scale != 1.0f) scale_(dlogits, scale);
-    model.call_backward(dlogits);
+    model.call_backward(criterion.backward(scale));
     return {loss, correct};
 }  // every tensor of the micro-batch is gone here
 

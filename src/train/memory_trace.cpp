@@ -365,11 +365,11 @@ void write_json(const MemoryTrace& trace, Device device, const std::string& path
 // ---- the timeline ------------------------------------------------------------------------------
 // Matplotlib's tab10 colours, one per category in enum order; light ones for the phase bands.
 const char* const kCategoryColour[kNumCategories] = {"#1f77b4", "#ff7f0e", "#2ca02c", "#d62728",
-                                                     "#9467bd", "#8c564b", "#7f7f7f"};
+                                                     "#9467bd", "#8c564b", "#e377c2", "#7f7f7f"};
 // Bottom to top: what lives across steps first, then what a step makes and frees.
 constexpr Category kStackOrder[kNumCategories] = {Category::Parameter, Category::Gradient, Category::OptimizerState,
-                                                  Category::Data, Category::Activation, Category::Workspace,
-                                                  Category::Other};
+                                                  Category::AutocastCopy, Category::Data, Category::Activation,
+                                                  Category::Workspace, Category::Other};
 const char* const kPhaseColour[] = {"#ffffff", "#e3effa", "#fdebd3", "#e2f3e2", "#efe6f5"};
 
 // A run of events in one phase (Other, the time between the phases, is left unshaded).

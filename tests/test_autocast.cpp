@@ -1,0 +1,214 @@
+// test_autocast.cpp — chapter 09's autocast (ops/autocast.h): the policy table, the weights'
+// low-precision copies (made once per scope, counted as "autocast copy"), the types of every
+// tensor a step makes, and an f16/bf16 step against the f32 one within bounds derived from the
+// formats' unit roundoff.
+//
+// Run: make build/tests/kiln_tests && build/tests/kiln_tests '[autocast]'
+#include <catch2/catch.hpp>
+#include <cmath>
+#include <memory>
+
+#include "core/allocator.h"
+#include "nn/layers.h"
+#include "nn/misc.h"
+#include "nn/models.h"
+#include "ops/autocast.h"
+#include "ops/ops.h"
+
+using namespace kiln;
+
+namespace {
+
+// Unit roundoff (half the gap between 1 and the next number): f16 10 mantissa bits, bf16 7.
+double unit_roundoff(DType t) { return t == DType::F16 ? std::ldexp(1.0, -11) : std::ldexp(1.0, -8); }
+
+// zero_grad, forward, loss, backward (the model's input needs no gradient), as train_step does.
+float forward_backward(Module& m, const Tensor& x, const Tensor& y) {
+    m.input_needs_grad = false;
+    m.zero_grad();
+    CrossEntropyLoss criterion;
+    const float loss = criterion.forward(m.call(x), y);
+    m.call_backward(criterion.backward());
+    return loss;
+}
+
+// ‖a − b‖ / ‖b‖ over all elements, both read as f32.
+double relative_error(const Tensor& a, const Tensor& b) {
+    Tensor fa = a.to(DType::F32), fb = b.to(DType::F32);
+    double diff = 0, norm = 0;
+    for (int64_t i = 0; i < fb.numel(); i++) {
+        const double d = double(fa.data<float>()[i]) - double(fb.data<float>()[i]);
+        diff += d * d;
+        norm += double(fb.data<float>()[i]) * double(fb.data<float>()[i]);
+    }
+    return std::sqrt(diff / norm);
+}
+
+// How much a layer y = x·Wᵀ amplifies the rounding of its factors: each product x_i·w_ji is
+// off by up to about 2u of its size (x and w each rounded once), so y_nj by up to
+// 2u·Σ_i |x_ni·w_ji| — relative to y, 2u times κ = ‖|x|·|W|ᵀ‖ / ‖x·Wᵀ‖ (norms over all n, j),
+// which is large when the terms' signs cancel (κ ≈ 20 for 784 pixels and random-sign weights).
+double condition(const Tensor& x, const Tensor& w) {
+    const int64_t N = x.size(0), K = x.size(1), J = w.size(0);
+    double abs_norm = 0, norm = 0;
+    for (int64_t n = 0; n < N; n++)
+        for (int64_t j = 0; j < J; j++) {
+            double sum = 0, abs_sum = 0;
+            for (int64_t i = 0; i < K; i++) {
+                const double t = double(x.data<float>()[n * K + i]) * double(w.data<float>()[j * K + i]);
+                sum += t;
+                abs_sum += std::fabs(t);
+            }
+            norm += sum * sum;
+            abs_norm += abs_sum * abs_sum;
+        }
+    return std::sqrt(abs_norm / norm);
+}
+
+Tensor labels(int64_t n, Rng& rng) {
+    Tensor y = Tensor::empty({n}, DType::I32);
+    for (int64_t i = 0; i < n; i++) y.data<int32_t>()[i] = int32_t(rng.next_below(10));
+    return y;
+}
+
+}  // namespace
+
+TEST_CASE("autocast: the policy table and the types it gives", "[autocast][lesson09][cpu]") {
+    CHECK(cast_policy(AmpOp::Conv2d) == CastPolicy::LowPrecision);
+    CHECK(cast_policy(AmpOp::Linear) == CastPolicy::LowPrecision);
+    CHECK(cast_policy(AmpOp::CrossEntropy) == CastPolicy::F32);
+    CHECK(cast_policy(AmpOp::LayerNorm) == CastPolicy::F32);
+    CHECK(cast_policy(AmpOp::BatchNorm) == CastPolicy::Input);
+    CHECK(cast_policy(AmpOp::Add) == CastPolicy::Widest);
+    // No scope: every op keeps its input's type; Add promotes mixed types anyway.
+    CHECK(autocast_dtype() == DType::F32);
+    CHECK(autocast_target(AmpOp::Linear, DType::F32) == DType::F32);
+    CHECK(autocast_target(AmpOp::Add, DType::F16, DType::F32) == DType::F32);
+    CHECK(autocast_target(AmpOp::Add, DType::BF16, DType::BF16) == DType::BF16);
+    {
+        AutocastScope amp(DType::BF16);
+        CHECK(autocast_dtype() == DType::BF16);
+        CHECK(autocast_target(AmpOp::Conv2d, DType::F32) == DType::BF16);
+        CHECK(autocast_target(AmpOp::CrossEntropy, DType::BF16) == DType::F32);
+        CHECK(autocast_target(AmpOp::Activation, DType::BF16) == DType::BF16);
+        CHECK(autocast_target(AmpOp::Add, DType::F16, DType::BF16) == DType::F32);
+        {
+            AutocastScope inner(DType::F16);  // scopes nest; the inner one ends first
+            CHECK(autocast_dtype() == DType::F16);
+        }
+        CHECK(autocast_dtype() == DType::BF16);
+    }
+    CHECK(autocast_dtype() == DType::F32);
+    REQUIRE_THROWS_WITH(AutocastScope(DType::F32), Catch::Contains("must be f16 or bf16"));
+}
+
+TEST_CASE("autocast: a weight's copy is made once per scope, counted as 'autocast copy', freed with the scope",
+          "[autocast][lesson09][cpu]") {
+    Rng rng(1);
+    Tensor w = Tensor::uniform({64, 32}, -1, 1, rng, Device::CPU, Category::Parameter);
+    const auto copies_in_use = [] { return device_memory_stats(Device::CPU).in_use[int(Category::AutocastCopy)]; };
+    const int64_t before = copies_in_use();
+    CHECK(&autocast_param(w) == &w);  // no scope: the parameter itself
+    {
+        AutocastScope amp(DType::F16);
+        const Tensor& a = autocast_param(w);
+        const Tensor& b = autocast_param(w);
+        CHECK(&a == &b);  // the same copy, not a second one
+        CHECK(a.dtype() == DType::F16);
+        CHECK(a.category() == Category::AutocastCopy);
+        CHECK(copies_in_use() - before >= 64 * 32 * 2);
+        CHECK(float(a.data<f16>()[5]) == float(f16(w.data<float>()[5])));  // rounded to nearest even
+        Tensor undefined;
+        CHECK(!autocast_param(undefined).defined());
+    }
+    CHECK(copies_in_use() == before);
+}
+
+TEST_CASE("autocast: an MLP step in f16 and bf16 against f32, every gradient f32", "[autocast][lesson09][cpu]") {
+    for (DType low : {DType::F16, DType::BF16}) {
+        INFO(dtype_name(low));
+        Rng rng(3);
+        std::unique_ptr<Module> model = mlp(rng, 64, 32);
+        Tensor x = Tensor::uniform({16, 1, 28, 28}, 0, 1, rng);
+        Tensor y = labels(16, rng);
+        const float loss32 = forward_backward(*model, x, y);
+        std::vector<Tensor> grads32;
+        for (Parameter* p : model->parameters()) grads32.push_back(p->grad.clone());
+
+        AutocastScope amp(low);
+        Tensor logits = model->call(x);
+        CHECK(logits.dtype() == low);  // the last Linear ran in the low type
+        const float loss = forward_backward(*model, x, y);
+        // Every value on the way is rounded to the low type a few times (the input and weight
+        // copies, each layer's output, each gradient): a handful of roundings of relative size u
+        // each, on a loss of about log(10). 8u covers them with room; the sums themselves are f32.
+        const double u = unit_roundoff(low);
+        CHECK(std::fabs(loss - loss32) <= 8 * u * std::fabs(loss32));
+        // The gradients inherit the first layer's error (2u·κ relative, `condition`), carried
+        // through the softmax and the second layer, plus a few roundings of their own (each
+        // gradient is rounded to the low type once before it is widened): 2u·κ + 4u.
+        const double kappa = condition(x.reshape({16, 784}), model->parameters()[0]->value);
+        INFO("kappa of fc1 " << kappa);
+        std::vector<Parameter*> params = model->parameters();
+        for (size_t i = 0; i < params.size(); i++) {
+            INFO(params[i]->name);
+            CHECK(params[i]->value.dtype() == DType::F32);  // master weights
+            CHECK(params[i]->grad.dtype() == DType::F32);
+            CHECK(relative_error(params[i]->grad, grads32[i]) <= 2 * u * kappa + 4 * u);
+        }
+    }
+}
+
+TEST_CASE("autocast: a residual sums an f16 body and an f32 shortcut in f32, and sends each its dy in its type",
+          "[autocast][lesson09][cpu]") {
+    Rng rng(2);
+    auto body = std::make_unique<Sequential>("body");
+    body->add("fc", std::make_unique<Linear>(8, 8, rng));
+    Residual res(std::move(body));
+    Tensor x = Tensor::uniform({4, 8}, -1, 1, rng);
+    AutocastScope amp(DType::F16);
+    Tensor out = res.call(x);
+    CHECK(out.dtype() == DType::F32);  // f16 body + the f32 identity: the wider
+    Tensor dx = res.call_backward(Tensor::ones({4, 8}));
+    CHECK(dx.dtype() == DType::F32);  // the input's type
+}
+
+TEST_CASE("autocast: the CIFAR net in f16 keeps half the activation bytes and trains like f32",
+          "[autocast][lesson09][cpu]") {
+    Rng rng(4);
+    Tensor x = Tensor::normal({8, 3, 32, 32}, 0, 1, rng);
+    Tensor y = labels(8, rng);
+    // The activations kept for backward: what the activation category holds after forward.
+    const auto kept_after_forward = [&](Module& m, DType low) {
+        const int64_t before = device_memory_stats(Device::CPU).in_use[int(Category::Activation)];
+        std::unique_ptr<AutocastScope> amp;
+        if (low != DType::F32) amp = std::make_unique<AutocastScope>(low);
+        Tensor logits = m.call(x);
+        const int64_t kept = device_memory_stats(Device::CPU).in_use[int(Category::Activation)] - before;
+        m.call_backward(Tensor::zeros(logits.shape(), logits.dtype()));
+        return kept;
+    };
+    for (DType low : {DType::F16, DType::BF16}) {
+        INFO(dtype_name(low));
+        Rng init(1);
+        std::unique_ptr<Module> net = cifar_net(init, {8, 16, 32});
+        net->input_needs_grad = false;
+        const int64_t kept32 = kept_after_forward(*net, DType::F32);
+        const int64_t kept16 = kept_after_forward(*net, low);
+        INFO("kept for backward: f32 " << kept32 << " bytes, " << dtype_name(low) << " " << kept16);
+        // Every kept tensor is half the bytes, except BN's per-channel statistics (f32, a few
+        // hundred bytes) and the pool's i32 argmax: between 1/2 and 0.6 of f32's.
+        CHECK(kept16 >= kept32 / 2);
+        CHECK(kept16 <= kept32 * 6 / 10);
+
+        const float loss32 = forward_backward(*net, x, y);
+        Tensor g32 = net->parameters()[0]->grad.clone();
+        AutocastScope amp(low);
+        const float loss = forward_backward(*net, x, y);
+        const double u = unit_roundoff(low);
+        // As for the MLP, a few roundings per layer over about 15 layers: 32u on the loss, and on
+        // the first conv's gradient (the longest path) 64u.
+        CHECK(std::fabs(loss - loss32) <= 32 * u * std::fabs(loss32));
+        CHECK(relative_error(net->parameters()[0]->grad, g32) <= 64 * u);
+    }
+}
