@@ -122,14 +122,15 @@ void check_cpu_against_cuda(const OpCheck& op) {
     }
 }
 
-// The three checks of an op, for the op built by make(t) for each type.
-void check_op(const std::function<OpCheck(const LowType&)>& make) {
+// The op built by make(t) for each type against f32 on the device; on CUDA (under each of the
+// emulator's schedules) also against the CPU in f16.
+void check_op(Device device, const std::function<OpCheck(const LowType&)>& make) {
     for (const LowType& t : {kF16, kBF16}) {
         const OpCheck op = make(t);
-        check_against_f32(op, Device::CPU, t);
-        test::under_schedules([&] { check_against_f32(op, Device::CUDA, t); });
+        if (device == Device::CPU) check_against_f32(op, device, t);
+        else test::under_schedules([&] { check_against_f32(op, device, t); });
     }
-    check_cpu_against_cuda(make(kF16));
+    if (device == Device::CUDA) check_cpu_against_cuda(make(kF16));
 }
 
 // The largest |value| of a tensor: the scale of a relative tolerance over the whole tensor.
@@ -350,34 +351,70 @@ OpCheck dropout_check(const LowType& t) {
     return {run, {{abs_of(ref[0]), 1, 1, 1}, {abs_of(ref[1]), 1, 1, 1}, {Tensor::zeros(x.shape()), 0, 0, 0}}};
 }
 
-}  // namespace
-
-TEST_CASE("f16 and bf16 conv2d, forward and backward, every strategy, within the bound of the f32 op",
-          "[lowp][lesson09][cpu][cuda][conv]") {
+// ---- each group of ops on one device ---------------------------------------------------------------
+void conv_checks(Device device) {
     for (const ConvCase& k : kConvCases) {
-        SECTION(k.what) { check_op([&](const LowType& t) { return conv_check(k, t); }); }
+        SECTION(k.what) { check_op(device, [&](const LowType& t) { return conv_check(k, t); }); }
     }
 }
 
-TEST_CASE("f16 and bf16 pooling within the bound of the f32 op", "[lowp][lesson09][cpu][cuda][pool]") {
+void pool_checks(Device device) {
     const Pool2dArgs two_by_two{2, 2, 0}, overlapping{3, 2, 1};
     for (const Pool2dArgs& a : {two_by_two, overlapping}) {
         INFO("kernel " << a.kernel << " stride " << a.stride << " padding " << a.padding);
-        check_op([&](const LowType& t) { return maxpool_check(a, t); });
-        check_op([&](const LowType& t) { return avgpool_check(a, t); });
+        check_op(device, [&](const LowType& t) { return maxpool_check(a, t); });
+        check_op(device, [&](const LowType& t) { return avgpool_check(a, t); });
     }
-    check_op(global_avgpool_check);
+    check_op(device, global_avgpool_check);
 }
 
-TEST_CASE("f16 and bf16 batch norm and layer norm, statistics in f32, within the bound of the f32 op",
-          "[lowp][lesson09][cpu][cuda][batchnorm][layernorm]") {
-    check_op(batchnorm_check);
-    check_op(layernorm_check);
+void norm_checks(Device device) {
+    check_op(device, batchnorm_check);
+    check_op(device, layernorm_check);
 }
 
-TEST_CASE("f16 and bf16 GELU and dropout within the bound of the f32 op", "[lowp][lesson09][cpu][cuda][gelu]") {
-    check_op(gelu_check);
-    check_op(dropout_check);
+void elementwise_checks(Device device) {
+    check_op(device, gelu_check);
+    check_op(device, dropout_check);
+}
+
+}  // namespace
+
+TEST_CASE("f16 and bf16 conv2d on the CPU, every strategy, forward and backward, within the bound of f32",
+          "[lowp][lesson09][cpu][conv]") {
+    conv_checks(Device::CPU);
+}
+
+TEST_CASE("f16 and bf16 conv2d on CUDA, both strategies, forward and backward, within the bound of f32 and the CPU",
+          "[lowp][lesson09][cuda][conv]") {
+    conv_checks(Device::CUDA);
+}
+
+TEST_CASE("f16 and bf16 pooling on the CPU within the bound of f32", "[lowp][lesson09][cpu][pool]") {
+    pool_checks(Device::CPU);
+}
+
+TEST_CASE("f16 and bf16 pooling on CUDA within the bound of f32 and the CPU", "[lowp][lesson09][cuda][pool]") {
+    pool_checks(Device::CUDA);
+}
+
+TEST_CASE("f16 and bf16 batch and layer norm on the CPU, statistics in f32, within the bound of f32",
+          "[lowp][lesson09][cpu][batchnorm][layernorm]") {
+    norm_checks(Device::CPU);
+}
+
+TEST_CASE("f16 and bf16 batch and layer norm on CUDA, statistics in f32, within the bound of f32 and the CPU",
+          "[lowp][lesson09][cuda][batchnorm][layernorm]") {
+    norm_checks(Device::CUDA);
+}
+
+TEST_CASE("f16 and bf16 GELU and dropout on the CPU within the bound of f32", "[lowp][lesson09][cpu][gelu][dropout]") {
+    elementwise_checks(Device::CPU);
+}
+
+TEST_CASE("f16 and bf16 GELU and dropout on CUDA within the bound of f32 and the CPU",
+          "[lowp][lesson09][cuda][gelu][dropout]") {
+    elementwise_checks(Device::CUDA);
 }
 
 TEST_CASE("lowp cnn ops: a mixed pair names the tensor; a norm's f16 parameter is an error",
