@@ -1,8 +1,12 @@
 // conv.cu — 2-D convolution on the GPU: the twins of cpu::conv2d_forward, conv2d_backward_data
 // and conv2d_backward_weight (src/ops/cpu/cnn_ops.h, conv.cpp): same Conv2dParams, same
 // workspace contract, same results up to the order of the sums; every pointer device memory.
-// Kernels and launchers are templates on the element type T (sums in float or double);
-// this file instantiates T = float.
+// Kernels and launchers are templates on the element type T, instantiated for float, f16 and
+// bf16: x, w, b, y, dy, dx, dw, db and the workspace hold T, every sum is taken in float (or
+// double) and each result is rounded to T when stored. As on the CPU (conv.cpp, "f16 and bf16"),
+// a GEMM's output stored in the workspace is rounded once before it is used again: the im2col
+// forward's rows before + b (when there is a bias), backward data's dcols before col2im adds
+// them; dw is rounded once per workspace chunk (the chunk's images are the GEMM's K).
 //
 // Letters as in ops/params.h: N C H W (input), O (output channels), KH KW (kernel), P Q (output),
 // G (groups), Cg = C/G and Og = O/G per group, and
@@ -162,7 +166,7 @@ __global__ void bias_grad_kernel(const T* dy, ConvDims d, T* db) {
     __shared__ double sh[kBlock];
     const int64_t o = blockIdx.x, PQ = d.P * d.Q, total = d.N * PQ;
     double v = 0.0;
-    for (int64_t e = threadIdx.x; e < total; e += blockDim.x) v += double(dy[(e / PQ * d.O + o) * PQ + e % PQ]);
+    for (int64_t e = threadIdx.x; e < total; e += blockDim.x) v += double(float(dy[(e / PQ * d.O + o) * PQ + e % PQ]));
     v = detail::block_reduce(v, sh, detail::SumOp{});
     if (threadIdx.x == 0) db[o] = T(float(db[o]) + float(v));
 }
@@ -391,14 +395,10 @@ void conv2d_backward_weight(const T* x, const T* dy, T* dw, T* db, const Conv2dP
     }
 }
 
-template void conv2d_forward<float>(const float*, const float*, const float*, float*, const Conv2dParams&, float*,
-                                    int64_t);
-template void conv2d_forward_im2col<float>(const float*, const float*, const float*, float*, const Conv2dParams&,
-                                           float*, int64_t);
-template void conv2d_forward_implicit_gemm<float>(const float*, const float*, const float*, float*,
-                                                  const Conv2dParams&, float*, int64_t);
-template void conv2d_backward_data<float>(const float*, const float*, float*, const Conv2dParams&, float*, int64_t);
-template void conv2d_backward_weight<float>(const float*, const float*, float*, float*, const Conv2dParams&, float*,
-                                            int64_t);
+#define KILN_CONV_CUDA(T)                                                                                      \
+    template void conv2d_forward_im2col<T>(const T*, const T*, const T*, T*, const Conv2dParams&, T*, int64_t); \
+    template void conv2d_forward_implicit_gemm<T>(const T*, const T*, const T*, T*, const Conv2dParams&, T*, int64_t);
+KILN_FOR_EACH_FLOAT_TYPE(KILN_CONV)  // the list is in ops/cpu/cnn_ops.h
+KILN_FOR_EACH_FLOAT_TYPE(KILN_CONV_CUDA)
 
 }  // namespace kiln::cuda

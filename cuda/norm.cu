@@ -1,7 +1,7 @@
 // norm.cu — the CUDA twins of src/ops/cpu/norm.cpp: batch normalization (training, evaluation,
 // backward), layer normalization, GELU and dropout. Same names and arguments as ops/cpu/cnn_ops.h;
 // pointers are device memory. Templates on the element type T of x, y, dy, dx (gamma, beta and
-// the statistics are float; sums in float or double); this file instantiates T = float.
+// the statistics are float; sums in float or double); T = float, f16 or bf16.
 //
 // Letters as in ops/params.h: x [N, C, S], S = H·W (1 for BatchNorm1d), M = N·S values per
 // channel; layer norm's x [R, D], R rows of D values; n = element count of the elementwise
@@ -366,19 +366,6 @@ void dropout_backward(const T* dy, const uint8_t* mask, T* dx, int64_t n, float 
     KILN_CHECK_LAUNCH(dropout_backward_kernel<T>, grid, block);
 }
 
-template void batchnorm_forward_train<float>(const float*, const float*, const float*, float*, float*, float*, float*,
-                                             float*, const BatchNormParams&);
-template void batchnorm_forward_eval<float>(const float*, const float*, const float*, const float*, const float*,
-                                            float*, const BatchNormParams&);
-template void batchnorm_backward<float>(const float*, const float*, const float*, const float*, const float*, float*,
-                                        float*, float*, const BatchNormParams&);
-template void layernorm_forward<float>(const float*, const float*, const float*, float*, float*, float*, int64_t,
-                                       int64_t, float);
-template void layernorm_backward<float>(const float*, const float*, const float*, const float*, const float*, float*,
-                                        float*, float*, int64_t, int64_t);
-template void gelu_forward<float>(const float*, float*, int64_t);
-template void gelu_backward<float>(const float*, const float*, float*, int64_t);
-template void dropout_forward<float>(const float*, float*, uint8_t*, int64_t, float, uint64_t, uint64_t);
-template void dropout_backward<float>(const float*, const uint8_t*, float*, int64_t, float);
+KILN_FOR_EACH_FLOAT_TYPE(KILN_NORM)  // the list is in ops/cpu/cnn_ops.h
 
 }  // namespace kiln::cuda

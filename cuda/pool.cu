@@ -1,7 +1,7 @@
 // pool.cu — the CUDA twins of src/ops/cpu/pool.cpp: max, average and global average pooling,
 // forward and backward. Same names and arguments as ops/cpu/cnn_ops.h; pointers are device
-// memory. Templates on the element type T (sums in float or double); this file instantiates
-// T = float.
+// memory. Templates on the element type T = float, f16 or bf16 (compared and summed in float or
+// double, each result rounded to T once).
 //
 // Letters as in ops/params.h: x [N, C, H, W] → y [N, C, P, Q], windows KH×KW at
 // (p·stride − padding, q·stride − padding), S = H·W, B = threads per block.
@@ -227,11 +227,6 @@ void global_avgpool_backward(const T* dy, T* dx, int64_t NC, int64_t S) {
     KILN_CHECK_LAUNCH(global_avgpool_backward_kernel<T>, grid, block);
 }
 
-template void maxpool2d_forward<float>(const float*, float*, int32_t*, const Pool2dParams&);
-template void maxpool2d_backward<float>(const float*, const int32_t*, float*, const Pool2dParams&);
-template void avgpool2d_forward<float>(const float*, float*, const Pool2dParams&);
-template void avgpool2d_backward<float>(const float*, float*, const Pool2dParams&);
-template void global_avgpool_forward<float>(const float*, float*, int64_t, int64_t);
-template void global_avgpool_backward<float>(const float*, float*, int64_t, int64_t);
+KILN_FOR_EACH_FLOAT_TYPE(KILN_POOL)  // the list is in ops/cpu/cnn_ops.h
 
 }  // namespace kiln::cuda

@@ -1,6 +1,6 @@
 // test_cnn_ops.cpp — the argument checks of the Tensor-level CNN ops (ops/cnn.h): a wrong shape,
-// a wrong dtype (and f16, which chapter 09 adds) and a wrong device each fail with a message that
-// names the op and the tensor. (The results themselves are tested through the layers:
+// a wrong dtype (and mixed f32/f16, tests/test_lowp_ops.cpp has more) and a wrong device each
+// fail with a message that names the op and the tensor. (The results themselves are tested through the layers:
 // test_conv.cpp, test_pool.cpp, test_norm.cpp, test_misc_layers.cpp and their CUDA twins.)
 #include <catch2/catch.hpp>
 
@@ -37,17 +37,18 @@ TEST_CASE("cnn ops: a wrong shape names the op and the tensor", "[ops][cnn][cpu]
                         Contains("dropout_backward") && Contains("'mask'"));
 }
 
-TEST_CASE("cnn ops: a wrong dtype names the op and the tensor; f16 says it is not supported yet",
+TEST_CASE("cnn ops: a wrong dtype names the op and the tensor; f16 with f32 is a mixed pair",
           "[ops][cnn][cpu][lesson03]") {
     const Tensor x = Tensor::zeros({2, 3, 8, 8}), w = Tensor::zeros({4, 3, 3, 3});
     REQUIRE_THROWS_WITH(conv2d(x, Tensor::zeros({4, 3, 3, 3}, DType::I32), Tensor(), {}),
-                        Contains("conv2d") && Contains("'w'") && Contains("should be f32"));
+                        Contains("conv2d") && Contains("'w'") && Contains("f32, f16 and bf16 are supported"));
     REQUIRE_THROWS_WITH(conv2d(Tensor::zeros({2, 3, 8, 8}, DType::F16), w, Tensor(), {}),
-                        Contains("conv2d") && Contains("'x'") && Contains("f16") && Contains("not support"));
-    REQUIRE_THROWS_WITH(gelu(Tensor::zeros({4}, DType::BF16)), Contains("gelu") && Contains("bf16"));
+                        Contains("conv2d") && Contains("'w' is f32") && Contains("'x' is f16"));
+    REQUIRE_THROWS_WITH(gelu_backward(Tensor::zeros({4}, DType::BF16), Tensor::zeros({4})),
+                        Contains("gelu_backward") && Contains("'dy' is f32") && Contains("bf16"));
     Tensor argmax;
     REQUIRE_THROWS_WITH(maxpool2d(Tensor::zeros({1, 1, 4, 4}, DType::U8), {2, 2, 0}, &argmax),
-                        Contains("maxpool2d") && Contains("'x'") && Contains("should be f32"));
+                        Contains("maxpool2d") && Contains("'x'") && Contains("f32, f16 and bf16 are supported"));
     REQUIRE_THROWS_WITH(maxpool2d_backward(Tensor::zeros({1, 1, 2, 2}), Tensor::zeros({1, 1, 2, 2}), Shape{1, 1, 4, 4},
                                            {2, 2, 0}),
                         Contains("maxpool2d_backward") && Contains("'argmax'") && Contains("i32"));

@@ -1,6 +1,8 @@
-// check.h — the argument check that every op in src/ops/ makes once, before it picks a kernel.
+// check.h — the argument checks that every op in src/ops/ makes once, before it picks a kernel,
+// and the one place that turns a tensor's dtype into the kernel's C++ type.
 #pragma once
 #include <initializer_list>
+#include <utility>
 
 #include "core/tensor.h"
 
@@ -12,14 +14,19 @@ struct Arg {
     const char* name;
 };
 
-// The element types an op's kernels are instantiated for.
-enum class KernelTypes {
-    Floats,   // f32, f16 and bf16 (GEMM, elementwise, reductions, the loss)
-    F32Only,  // f32 (the CNN kernels; chapter 09 instantiates f16 and bf16)
-};
+// Each tensor is defined, f32, f16 or bf16 (the types every kernel of src/ops/ is instantiated
+// for), of the first tensor's dtype, and on the first tensor's device. A failure names the op
+// and the tensor and says what to do. Returns the device.
+Device check_args(const char* op, std::initializer_list<Arg> args);
 
-// Each tensor is defined, of a dtype in `types`, of the first tensor's dtype, and on the first
-// tensor's device. A failure names the op and the tensor and says what to do. Returns the device.
-Device check_args(const char* op, std::initializer_list<Arg> args, KernelTypes types = KernelTypes::Floats);
+// Each tensor is defined, f32 whatever the dtype of `like`, and on like's device: the norms'
+// parameters and statistics (gamma, beta, the running and saved statistics, their gradients),
+// which stay f32 when the activations are f16 or bf16.
+void check_f32_args(const char* op, const Arg& like, std::initializer_list<Arg> args);
+
+// Runs f(T{}) for the dtype of t: T = float, f16 or bf16 (check_args has refused the others).
+template <typename F> decltype(auto) for_dtype(const Tensor& t, F&& f) {
+    return visit_dtype</*FloatsOnly=*/true>(t.dtype(), std::forward<F>(f));
+}
 
 }  // namespace kiln

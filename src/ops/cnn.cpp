@@ -3,7 +3,9 @@
 //
 // Each op has the same shape: check the tensors (once, here: the kernels trust their pointers),
 // fill the kernel's params struct from the shapes, take the outputs from the current allocator,
-// then call cpu::f or its twin cuda::f — the one place a device is chosen.
+// then call cpu::f<T> or its twin cuda::f<T> — the one place a device and an element type T
+// (float, f16 or bf16: for_dtype, check.h) are chosen. Every tensor of an op has x's dtype,
+// except the norms' parameters and statistics, which are f32 (check_f32_args).
 #include "ops/cnn.h"
 
 #include <algorithm>
@@ -38,15 +40,10 @@ void check_conv2d_params(const Conv2dParams& p, const char* op) {
 
 namespace {
 
-// The CNN kernels are instantiated for f32 only so far (check.h).
-Device check_f32_args(const char* op, std::initializer_list<Arg> args) {
-    return check_args(op, args, KernelTypes::F32Only);
-}
-
 bool on_cuda(Device d) { return d == Device::CUDA; }
 
-const float* ptr_or_null(const Tensor& t) { return t.defined() ? t.data<float>() : nullptr; }
-float* ptr_or_null(Tensor& t) { return t.defined() ? t.data<float>() : nullptr; }
+template <typename T> const T* ptr_or_null(const Tensor& t) { return t.defined() ? t.data<T>() : nullptr; }
+template <typename T> T* ptr_or_null(Tensor& t) { return t.defined() ? t.data<T>() : nullptr; }
 
 // ---- convolution ---------------------------------------------------------------------------------
 // The kernel's sizes from x [N, C, H, W] and w [O, C/G, KH, KW], checked against each other.
@@ -78,69 +75,72 @@ int64_t col_per_image(const Conv2dParams& p, Device device, bool forward) {
     return cuda::conv2d_col_elems_per_image(p);
 }
 
-// The im2col columns for as many images as fit in `limit` bytes (at least one), on the device:
-// a Workspace tensor freed when the caller's pass ends. It comes from the device's pool even
-// inside a step's arena scope: an arena would keep every layer's workspace until the step ends,
-// while the pool hands the same block to the next layer.
-Tensor column_workspace(const Conv2dParams& p, Device device, bool forward, int64_t limit, int64_t* images) {
-    const ConvWorkspace ws = conv2d_workspace(p, device, forward, limit);
+// The im2col columns (of x's dtype) for as many images as fit in `limit` bytes (at least one),
+// on the device: a Workspace tensor freed when the caller's pass ends. It comes from the
+// device's pool even inside a step's arena scope: an arena would keep every layer's workspace
+// until the step ends, while the pool hands the same block to the next layer.
+Tensor column_workspace(const Conv2dParams& p, const Tensor& x, bool forward, int64_t limit, int64_t* images) {
+    const ConvWorkspace ws = conv2d_workspace(p, x.device(), forward, limit, x.dtype());
     *images = ws.images;
     if (ws.images == 0) return Tensor();
-    AllocatorScope from_pool(pool_allocator(device));
-    return Tensor::empty({ws.images * ws.elems_per_image}, DType::F32, device, Category::Workspace);
+    AllocatorScope from_pool(pool_allocator(x.device()));
+    return Tensor::empty({ws.images * ws.elems_per_image}, x.dtype(), x.device(), Category::Workspace);
 }
 
 }  // namespace
 
-ConvWorkspace conv2d_workspace(const Conv2dParams& p, Device device, bool forward, int64_t limit) {
+ConvWorkspace conv2d_workspace(const Conv2dParams& p, Device device, bool forward, int64_t limit, DType dtype) {
     const int64_t per_image = col_per_image(p, device, forward);
-    if (per_image == 0 || p.N == 0) return ConvWorkspace{};
-    const int64_t per_image_bytes = per_image * int64_t(sizeof(float));
-    return ConvWorkspace{std::clamp<int64_t>(limit / per_image_bytes, 1, p.N), per_image};
+    const int64_t elem_bytes = int64_t(dtype_size(dtype));
+    if (per_image == 0 || p.N == 0) return ConvWorkspace{0, 0, elem_bytes};
+    return ConvWorkspace{std::clamp<int64_t>(limit / (per_image * elem_bytes), 1, p.N), per_image, elem_bytes};
 }
 
 Tensor conv2d(const Tensor& x, const Tensor& w, const Tensor& b, const Conv2dArgs& a) {
-    const Device d = check_f32_args("conv2d", {{x, "x"}, {w, "w"}});
-    if (b.defined()) check_f32_args("conv2d", {{x, "x"}, {b, "b"}});
+    const Device d = check_args("conv2d", {{x, "x"}, {w, "w"}});
+    if (b.defined()) check_args("conv2d", {{x, "x"}, {b, "b"}});
     const Conv2dParams p = conv_params(x, w, a, "conv2d");
     check_conv_bias(b, p, "conv2d", "b");
-    Tensor y = Tensor::empty({p.N, p.O, p.P(), p.Q()}, DType::F32, d, Category::Activation);
+    Tensor y = Tensor::empty({p.N, p.O, p.P(), p.Q()}, x.dtype(), d, Category::Activation);
     int64_t images = 0;
-    Tensor col = column_workspace(p, d, true, a.workspace_limit, &images);
-    if (on_cuda(d))
-        cuda::conv2d_forward(x.data<float>(), w.data<float>(), ptr_or_null(b), y.data<float>(), p, ptr_or_null(col),
-                             images);
-    else
-        cpu::conv2d_forward(x.data<float>(), w.data<float>(), ptr_or_null(b), y.data<float>(), p, ptr_or_null(col),
-                            images);
+    Tensor col = column_workspace(p, x, true, a.workspace_limit, &images);
+    for_dtype(x, [&](auto tag) {
+        using T = decltype(tag);
+        if (on_cuda(d))
+            cuda::conv2d_forward(x.data<T>(), w.data<T>(), ptr_or_null<T>(b), y.data<T>(), p, ptr_or_null<T>(col),
+                                 images);
+        else
+            cpu::conv2d_forward(x.data<T>(), w.data<T>(), ptr_or_null<T>(b), y.data<T>(), p, ptr_or_null<T>(col),
+                                images);
+    });
     return y;
 }
 
 Tensor conv2d_backward(const Tensor& x, const Tensor& w, const Tensor& dy, Tensor& dw, Tensor& db, bool need_dx,
                        const Conv2dArgs& a) {
     const char* op = "conv2d_backward";
-    const Device d = check_f32_args(op, {{x, "x"}, {w, "w"}, {dy, "dy"}, {dw, "dw"}});
-    if (db.defined()) check_f32_args(op, {{x, "x"}, {db, "db"}});
+    const Device d = check_args(op, {{x, "x"}, {w, "w"}, {dy, "dy"}, {dw, "dw"}});
+    if (db.defined()) check_args(op, {{x, "x"}, {db, "db"}});
     const Conv2dParams p = conv_params(x, w, a, op);
     check_shape(dy, Shape{p.N, p.O, p.P(), p.Q()}, op, "dy");
     check_shape(dw, w.shape(), op, "dw");
     check_conv_bias(db, p, op, "db");
     int64_t images = 0;
-    Tensor col = column_workspace(p, d, false, a.workspace_limit, &images);  // shared by the two passes
-    // dw += Σ_n dy_n ⋆ x_n,  db += Σ dy
-    if (on_cuda(d))
-        cuda::conv2d_backward_weight(x.data<float>(), dy.data<float>(), dw.data<float>(), ptr_or_null(db), p,
-                                     ptr_or_null(col), images);
-    else
-        cpu::conv2d_backward_weight(x.data<float>(), dy.data<float>(), dw.data<float>(), ptr_or_null(db), p,
-                                    ptr_or_null(col), images);
-    if (!need_dx) return Tensor();
-    // dx = conv_transpose(dy, w)
-    Tensor dx = Tensor::empty(x.shape(), DType::F32, d, Category::Activation);
-    if (on_cuda(d))
-        cuda::conv2d_backward_data(dy.data<float>(), w.data<float>(), dx.data<float>(), p, ptr_or_null(col), images);
-    else
-        cpu::conv2d_backward_data(dy.data<float>(), w.data<float>(), dx.data<float>(), p, ptr_or_null(col), images);
+    Tensor col = column_workspace(p, x, false, a.workspace_limit, &images);  // shared by the two passes
+    Tensor dx = need_dx ? Tensor::empty(x.shape(), x.dtype(), d, Category::Activation) : Tensor();
+    for_dtype(x, [&](auto tag) {
+        using T = decltype(tag);
+        T* ws = ptr_or_null<T>(col);
+        // dw += Σ_n dy_n ⋆ x_n,  db += Σ dy
+        if (on_cuda(d))
+            cuda::conv2d_backward_weight(x.data<T>(), dy.data<T>(), dw.data<T>(), ptr_or_null<T>(db), p, ws, images);
+        else
+            cpu::conv2d_backward_weight(x.data<T>(), dy.data<T>(), dw.data<T>(), ptr_or_null<T>(db), p, ws, images);
+        if (!need_dx) return;
+        // dx = conv_transpose(dy, w)
+        if (on_cuda(d)) cuda::conv2d_backward_data(dy.data<T>(), w.data<T>(), dx.data<T>(), p, ws, images);
+        else cpu::conv2d_backward_data(dy.data<T>(), w.data<T>(), dx.data<T>(), p, ws, images);
+    });
     return dx;
 }
 
@@ -169,70 +169,88 @@ Shape pool2d_output_shape(const Shape& x_shape, const Pool2dArgs& a) {
 }
 
 Tensor maxpool2d(const Tensor& x, const Pool2dArgs& a, Tensor* argmax) {
-    const Device d = check_f32_args("maxpool2d", {{x, "x"}});
+    const Device d = check_args("maxpool2d", {{x, "x"}});
     const Pool2dParams p = pool_params(x.shape(), a, "maxpool2d");
-    Tensor y = Tensor::empty(pooled_shape(p), DType::F32, d, Category::Activation);
+    Tensor y = Tensor::empty(pooled_shape(p), x.dtype(), d, Category::Activation);
     *argmax = Tensor::empty(y.shape(), DType::I32, d, Category::Activation);
-    if (on_cuda(d)) cuda::maxpool2d_forward(x.data<float>(), y.data<float>(), argmax->data<int32_t>(), p);
-    else cpu::maxpool2d_forward(x.data<float>(), y.data<float>(), argmax->data<int32_t>(), p);
+    for_dtype(x, [&](auto tag) {
+        using T = decltype(tag);
+        if (on_cuda(d)) cuda::maxpool2d_forward(x.data<T>(), y.data<T>(), argmax->data<int32_t>(), p);
+        else cpu::maxpool2d_forward(x.data<T>(), y.data<T>(), argmax->data<int32_t>(), p);
+    });
     return y;
 }
 
 Tensor maxpool2d_backward(const Tensor& dy, const Tensor& argmax, const Shape& x_shape, const Pool2dArgs& a) {
     const char* op = "maxpool2d_backward";
-    const Device d = check_f32_args(op, {{dy, "dy"}});
+    const Device d = check_args(op, {{dy, "dy"}});
     const Pool2dParams p = pool_params(x_shape, a, op);
     check_shape(dy, pooled_shape(p), op, "dy");
     check_shape(argmax, pooled_shape(p), op, "argmax");
     check_dtype(argmax, DType::I32, op, "argmax");
     check_same_device(dy, argmax, op);
-    Tensor dx = Tensor::empty(x_shape, DType::F32, d, Category::Activation);
-    if (on_cuda(d)) cuda::maxpool2d_backward(dy.data<float>(), argmax.data<int32_t>(), dx.data<float>(), p);
-    else cpu::maxpool2d_backward(dy.data<float>(), argmax.data<int32_t>(), dx.data<float>(), p);
+    Tensor dx = Tensor::empty(x_shape, dy.dtype(), d, Category::Activation);
+    for_dtype(dy, [&](auto tag) {
+        using T = decltype(tag);
+        if (on_cuda(d)) cuda::maxpool2d_backward(dy.data<T>(), argmax.data<int32_t>(), dx.data<T>(), p);
+        else cpu::maxpool2d_backward(dy.data<T>(), argmax.data<int32_t>(), dx.data<T>(), p);
+    });
     return dx;
 }
 
 Tensor avgpool2d(const Tensor& x, const Pool2dArgs& a) {
-    const Device d = check_f32_args("avgpool2d", {{x, "x"}});
+    const Device d = check_args("avgpool2d", {{x, "x"}});
     const Pool2dParams p = pool_params(x.shape(), a, "avgpool2d");
-    Tensor y = Tensor::empty(pooled_shape(p), DType::F32, d, Category::Activation);
-    if (on_cuda(d)) cuda::avgpool2d_forward(x.data<float>(), y.data<float>(), p);
-    else cpu::avgpool2d_forward(x.data<float>(), y.data<float>(), p);
+    Tensor y = Tensor::empty(pooled_shape(p), x.dtype(), d, Category::Activation);
+    for_dtype(x, [&](auto tag) {
+        using T = decltype(tag);
+        if (on_cuda(d)) cuda::avgpool2d_forward(x.data<T>(), y.data<T>(), p);
+        else cpu::avgpool2d_forward(x.data<T>(), y.data<T>(), p);
+    });
     return y;
 }
 
 Tensor avgpool2d_backward(const Tensor& dy, const Shape& x_shape, const Pool2dArgs& a) {
     const char* op = "avgpool2d_backward";
-    const Device d = check_f32_args(op, {{dy, "dy"}});
+    const Device d = check_args(op, {{dy, "dy"}});
     const Pool2dParams p = pool_params(x_shape, a, op);
     check_shape(dy, pooled_shape(p), op, "dy");
-    Tensor dx = Tensor::empty(x_shape, DType::F32, d, Category::Activation);
-    if (on_cuda(d)) cuda::avgpool2d_backward(dy.data<float>(), dx.data<float>(), p);
-    else cpu::avgpool2d_backward(dy.data<float>(), dx.data<float>(), p);
+    Tensor dx = Tensor::empty(x_shape, dy.dtype(), d, Category::Activation);
+    for_dtype(dy, [&](auto tag) {
+        using T = decltype(tag);
+        if (on_cuda(d)) cuda::avgpool2d_backward(dy.data<T>(), dx.data<T>(), p);
+        else cpu::avgpool2d_backward(dy.data<T>(), dx.data<T>(), p);
+    });
     return dx;
 }
 
 Tensor global_avgpool(const Tensor& x) {
-    const Device d = check_f32_args("global_avgpool", {{x, "x"}});
+    const Device d = check_args("global_avgpool", {{x, "x"}});
     KILN_CHECK(x.ndim() == 4 && x.size(2) * x.size(3) > 0,
                "global_avgpool: 'x' should be [N, C, H, W] with H·W > 0 but is ", x.desc());
     const int64_t NC = x.size(0) * x.size(1), S = x.size(2) * x.size(3);
-    Tensor y = Tensor::empty({x.size(0), x.size(1)}, DType::F32, d, Category::Activation);
-    if (on_cuda(d)) cuda::global_avgpool_forward(x.data<float>(), y.data<float>(), NC, S);
-    else cpu::global_avgpool_forward(x.data<float>(), y.data<float>(), NC, S);
+    Tensor y = Tensor::empty({x.size(0), x.size(1)}, x.dtype(), d, Category::Activation);
+    for_dtype(x, [&](auto tag) {
+        using T = decltype(tag);
+        if (on_cuda(d)) cuda::global_avgpool_forward(x.data<T>(), y.data<T>(), NC, S);
+        else cpu::global_avgpool_forward(x.data<T>(), y.data<T>(), NC, S);
+    });
     return y;
 }
 
 Tensor global_avgpool_backward(const Tensor& dy, const Shape& x_shape) {
     const char* op = "global_avgpool_backward";
-    const Device d = check_f32_args(op, {{dy, "dy"}});
+    const Device d = check_args(op, {{dy, "dy"}});
     KILN_CHECK(x_shape.ndim == 4 && x_shape[2] * x_shape[3] > 0, op,
                ": the input shape should be [N, C, H, W] with H·W > 0 but is ", x_shape.str());
     check_shape(dy, Shape{x_shape[0], x_shape[1]}, op, "dy");
     const int64_t NC = x_shape[0] * x_shape[1], S = x_shape[2] * x_shape[3];
-    Tensor dx = Tensor::empty(x_shape, DType::F32, d, Category::Activation);
-    if (on_cuda(d)) cuda::global_avgpool_backward(dy.data<float>(), dx.data<float>(), NC, S);
-    else cpu::global_avgpool_backward(dy.data<float>(), dx.data<float>(), NC, S);
+    Tensor dx = Tensor::empty(x_shape, dy.dtype(), d, Category::Activation);
+    for_dtype(dy, [&](auto tag) {
+        using T = decltype(tag);
+        if (on_cuda(d)) cuda::global_avgpool_backward(dy.data<T>(), dx.data<T>(), NC, S);
+        else cpu::global_avgpool_backward(dy.data<T>(), dx.data<T>(), NC, S);
+    });
     return dx;
 }
 
@@ -257,49 +275,59 @@ BatchNormParams batchnorm_params(const Tensor& x, std::initializer_list<Arg> per
 Tensor batchnorm_train(const Tensor& x, const Tensor& gamma, const Tensor& beta, Tensor& running_mean,
                        Tensor& running_var, float eps, float momentum, Tensor* save_mean, Tensor* save_invstd) {
     const char* op = "batchnorm_train";
-    const Device d = check_f32_args(op, {{x, "x"}, {gamma, "gamma"}, {beta, "beta"}, {running_mean, "running_mean"},
-                                         {running_var, "running_var"}});
+    const Device d = check_args(op, {{x, "x"}});
+    check_f32_args(op, {x, "x"},
+                   {{gamma, "gamma"}, {beta, "beta"}, {running_mean, "running_mean"}, {running_var, "running_var"}});
     BatchNormParams p = batchnorm_params(
         x, {{gamma, "gamma"}, {beta, "beta"}, {running_mean, "running_mean"}, {running_var, "running_var"}}, eps, op);
     p.momentum = momentum;
     KILN_CHECK(p.N * p.S > 1, op, ": training needs more than one value per channel, got 'x' ", x.desc(),
                " (use a batch of at least 2, or eval())");
-    Tensor y = Tensor::empty(x.shape(), DType::F32, d, Category::Activation);
+    Tensor y = Tensor::empty(x.shape(), x.dtype(), d, Category::Activation);
     *save_mean = Tensor::empty({p.C}, DType::F32, d, Category::Activation);
     *save_invstd = Tensor::empty({p.C}, DType::F32, d, Category::Activation);
-    if (on_cuda(d))
-        cuda::batchnorm_forward_train(x.data<float>(), gamma.data<float>(), beta.data<float>(), y.data<float>(),
-                                      running_mean.data<float>(), running_var.data<float>(),
-                                      save_mean->data<float>(), save_invstd->data<float>(), p);
-    else
-        cpu::batchnorm_forward_train(x.data<float>(), gamma.data<float>(), beta.data<float>(), y.data<float>(),
-                                     running_mean.data<float>(), running_var.data<float>(), save_mean->data<float>(),
-                                     save_invstd->data<float>(), p);
+    for_dtype(x, [&](auto tag) {
+        using T = decltype(tag);
+        if (on_cuda(d))
+            cuda::batchnorm_forward_train(x.data<T>(), gamma.data<float>(), beta.data<float>(), y.data<T>(),
+                                          running_mean.data<float>(), running_var.data<float>(),
+                                          save_mean->data<float>(), save_invstd->data<float>(), p);
+        else
+            cpu::batchnorm_forward_train(x.data<T>(), gamma.data<float>(), beta.data<float>(), y.data<T>(),
+                                         running_mean.data<float>(), running_var.data<float>(),
+                                         save_mean->data<float>(), save_invstd->data<float>(), p);
+    });
     return y;
 }
 
 Tensor batchnorm_eval(const Tensor& x, const Tensor& gamma, const Tensor& beta, const Tensor& running_mean,
                       const Tensor& running_var, float eps) {
     const char* op = "batchnorm_eval";
-    const Device d = check_f32_args(op, {{x, "x"}, {gamma, "gamma"}, {beta, "beta"}, {running_mean, "running_mean"},
-                                         {running_var, "running_var"}});
+    const Device d = check_args(op, {{x, "x"}});
+    check_f32_args(op, {x, "x"},
+                   {{gamma, "gamma"}, {beta, "beta"}, {running_mean, "running_mean"}, {running_var, "running_var"}});
     const BatchNormParams p = batchnorm_params(
         x, {{gamma, "gamma"}, {beta, "beta"}, {running_mean, "running_mean"}, {running_var, "running_var"}}, eps, op);
-    Tensor y = Tensor::empty(x.shape(), DType::F32, d, Category::Activation);
-    if (on_cuda(d))
-        cuda::batchnorm_forward_eval(x.data<float>(), gamma.data<float>(), beta.data<float>(),
-                                     running_mean.data<float>(), running_var.data<float>(), y.data<float>(), p);
-    else
-        cpu::batchnorm_forward_eval(x.data<float>(), gamma.data<float>(), beta.data<float>(),
-                                    running_mean.data<float>(), running_var.data<float>(), y.data<float>(), p);
+    Tensor y = Tensor::empty(x.shape(), x.dtype(), d, Category::Activation);
+    for_dtype(x, [&](auto tag) {
+        using T = decltype(tag);
+        if (on_cuda(d))
+            cuda::batchnorm_forward_eval(x.data<T>(), gamma.data<float>(), beta.data<float>(),
+                                         running_mean.data<float>(), running_var.data<float>(), y.data<T>(), p);
+        else
+            cpu::batchnorm_forward_eval(x.data<T>(), gamma.data<float>(), beta.data<float>(),
+                                        running_mean.data<float>(), running_var.data<float>(), y.data<T>(), p);
+    });
     return y;
 }
 
 Tensor batchnorm_backward(const Tensor& dy, const Tensor& x, const Tensor& gamma, const Tensor& save_mean,
                           const Tensor& save_invstd, Tensor& dgamma, Tensor& dbeta) {
     const char* op = "batchnorm_backward";
-    const Device d = check_f32_args(op, {{dy, "dy"}, {x, "x"}, {gamma, "gamma"}, {save_mean, "save_mean"},
-                                         {save_invstd, "save_invstd"}, {dgamma, "dgamma"}, {dbeta, "dbeta"}});
+    const Device d = check_args(op, {{dy, "dy"}, {x, "x"}});
+    check_f32_args(op, {x, "x"},
+                   {{gamma, "gamma"}, {save_mean, "save_mean"}, {save_invstd, "save_invstd"}, {dgamma, "dgamma"},
+                    {dbeta, "dbeta"}});
     check_shape(dy, x.shape(), op, "dy");
     const BatchNormParams p = batchnorm_params(x,
                                                {{gamma, "gamma"},
@@ -308,15 +336,18 @@ Tensor batchnorm_backward(const Tensor& dy, const Tensor& x, const Tensor& gamma
                                                 {dgamma, "dgamma"},
                                                 {dbeta, "dbeta"}},
                                                0.0f, op);
-    Tensor dx = Tensor::empty(x.shape(), DType::F32, d, Category::Activation);
-    if (on_cuda(d))
-        cuda::batchnorm_backward(dy.data<float>(), x.data<float>(), gamma.data<float>(), save_mean.data<float>(),
-                                 save_invstd.data<float>(), dx.data<float>(), dgamma.data<float>(),
-                                 dbeta.data<float>(), p);
-    else
-        cpu::batchnorm_backward(dy.data<float>(), x.data<float>(), gamma.data<float>(), save_mean.data<float>(),
-                                save_invstd.data<float>(), dx.data<float>(), dgamma.data<float>(), dbeta.data<float>(),
-                                p);
+    Tensor dx = Tensor::empty(x.shape(), x.dtype(), d, Category::Activation);
+    for_dtype(x, [&](auto tag) {
+        using T = decltype(tag);
+        if (on_cuda(d))
+            cuda::batchnorm_backward(dy.data<T>(), x.data<T>(), gamma.data<float>(), save_mean.data<float>(),
+                                     save_invstd.data<float>(), dx.data<T>(), dgamma.data<float>(),
+                                     dbeta.data<float>(), p);
+        else
+            cpu::batchnorm_backward(dy.data<T>(), x.data<T>(), gamma.data<float>(), save_mean.data<float>(),
+                                    save_invstd.data<float>(), dx.data<T>(), dgamma.data<float>(),
+                                    dbeta.data<float>(), p);
+    });
     return dx;
 }
 
@@ -341,80 +372,101 @@ Rows layernorm_rows(const Tensor& x, std::initializer_list<Arg> per_column, cons
 Tensor layernorm(const Tensor& x, const Tensor& gamma, const Tensor& beta, float eps, Tensor* save_mean,
                  Tensor* save_invstd) {
     const char* op = "layernorm";
-    const Device d = check_f32_args(op, {{x, "x"}, {gamma, "gamma"}, {beta, "beta"}});
+    const Device d = check_args(op, {{x, "x"}});
+    check_f32_args(op, {x, "x"}, {{gamma, "gamma"}, {beta, "beta"}});
     const Rows rows = layernorm_rows(x, {{gamma, "gamma"}, {beta, "beta"}}, op);
-    Tensor y = Tensor::empty(x.shape(), DType::F32, d, Category::Activation);
+    Tensor y = Tensor::empty(x.shape(), x.dtype(), d, Category::Activation);
     *save_mean = Tensor::empty(Shape{rows.R}, DType::F32, d, Category::Activation);
     *save_invstd = Tensor::empty(Shape{rows.R}, DType::F32, d, Category::Activation);
-    if (on_cuda(d))
-        cuda::layernorm_forward(x.data<float>(), gamma.data<float>(), beta.data<float>(), y.data<float>(),
-                                save_mean->data<float>(), save_invstd->data<float>(), rows.R, rows.D, eps);
-    else
-        cpu::layernorm_forward(x.data<float>(), gamma.data<float>(), beta.data<float>(), y.data<float>(),
-                               save_mean->data<float>(), save_invstd->data<float>(), rows.R, rows.D, eps);
+    for_dtype(x, [&](auto tag) {
+        using T = decltype(tag);
+        if (on_cuda(d))
+            cuda::layernorm_forward(x.data<T>(), gamma.data<float>(), beta.data<float>(), y.data<T>(),
+                                    save_mean->data<float>(), save_invstd->data<float>(), rows.R, rows.D, eps);
+        else
+            cpu::layernorm_forward(x.data<T>(), gamma.data<float>(), beta.data<float>(), y.data<T>(),
+                                   save_mean->data<float>(), save_invstd->data<float>(), rows.R, rows.D, eps);
+    });
     return y;
 }
 
 Tensor layernorm_backward(const Tensor& dy, const Tensor& x, const Tensor& gamma, const Tensor& save_mean,
                           const Tensor& save_invstd, Tensor& dgamma, Tensor& dbeta) {
     const char* op = "layernorm_backward";
-    const Device d = check_f32_args(op, {{dy, "dy"}, {x, "x"}, {gamma, "gamma"}, {save_mean, "save_mean"},
-                                         {save_invstd, "save_invstd"}, {dgamma, "dgamma"}, {dbeta, "dbeta"}});
+    const Device d = check_args(op, {{dy, "dy"}, {x, "x"}});
+    check_f32_args(op, {x, "x"},
+                   {{gamma, "gamma"}, {save_mean, "save_mean"}, {save_invstd, "save_invstd"}, {dgamma, "dgamma"},
+                    {dbeta, "dbeta"}});
     check_shape(dy, x.shape(), op, "dy");
     const Rows rows = layernorm_rows(x, {{gamma, "gamma"}, {dgamma, "dgamma"}, {dbeta, "dbeta"}}, op);
     check_shape(save_mean, Shape{rows.R}, op, "save_mean");
     check_shape(save_invstd, Shape{rows.R}, op, "save_invstd");
-    Tensor dx = Tensor::empty(x.shape(), DType::F32, d, Category::Activation);
-    if (on_cuda(d))
-        cuda::layernorm_backward(dy.data<float>(), x.data<float>(), gamma.data<float>(), save_mean.data<float>(),
-                                 save_invstd.data<float>(), dx.data<float>(), dgamma.data<float>(),
-                                 dbeta.data<float>(), rows.R, rows.D);
-    else
-        cpu::layernorm_backward(dy.data<float>(), x.data<float>(), gamma.data<float>(), save_mean.data<float>(),
-                                save_invstd.data<float>(), dx.data<float>(), dgamma.data<float>(), dbeta.data<float>(),
-                                rows.R, rows.D);
+    Tensor dx = Tensor::empty(x.shape(), x.dtype(), d, Category::Activation);
+    for_dtype(x, [&](auto tag) {
+        using T = decltype(tag);
+        if (on_cuda(d))
+            cuda::layernorm_backward(dy.data<T>(), x.data<T>(), gamma.data<float>(), save_mean.data<float>(),
+                                     save_invstd.data<float>(), dx.data<T>(), dgamma.data<float>(),
+                                     dbeta.data<float>(), rows.R, rows.D);
+        else
+            cpu::layernorm_backward(dy.data<T>(), x.data<T>(), gamma.data<float>(), save_mean.data<float>(),
+                                    save_invstd.data<float>(), dx.data<T>(), dgamma.data<float>(),
+                                    dbeta.data<float>(), rows.R, rows.D);
+    });
     return dx;
 }
 
 // ---- GELU and dropout ----------------------------------------------------------------------------------
 Tensor gelu(const Tensor& x) {
-    const Device d = check_f32_args("gelu", {{x, "x"}});
-    Tensor y = Tensor::empty(x.shape(), DType::F32, d, Category::Activation);
-    if (on_cuda(d)) cuda::gelu_forward(x.data<float>(), y.data<float>(), x.numel());
-    else cpu::gelu_forward(x.data<float>(), y.data<float>(), x.numel());
+    const Device d = check_args("gelu", {{x, "x"}});
+    Tensor y = Tensor::empty(x.shape(), x.dtype(), d, Category::Activation);
+    for_dtype(x, [&](auto tag) {
+        using T = decltype(tag);
+        if (on_cuda(d)) cuda::gelu_forward(x.data<T>(), y.data<T>(), x.numel());
+        else cpu::gelu_forward(x.data<T>(), y.data<T>(), x.numel());
+    });
     return y;
 }
 
 Tensor gelu_backward(const Tensor& x, const Tensor& dy) {
-    const Device d = check_f32_args("gelu_backward", {{x, "x"}, {dy, "dy"}});
+    const Device d = check_args("gelu_backward", {{x, "x"}, {dy, "dy"}});
     check_shape(dy, x.shape(), "gelu_backward", "dy");
-    Tensor dx = Tensor::empty(x.shape(), DType::F32, d, Category::Activation);
-    if (on_cuda(d)) cuda::gelu_backward(x.data<float>(), dy.data<float>(), dx.data<float>(), x.numel());
-    else cpu::gelu_backward(x.data<float>(), dy.data<float>(), dx.data<float>(), x.numel());
+    Tensor dx = Tensor::empty(x.shape(), x.dtype(), d, Category::Activation);
+    for_dtype(x, [&](auto tag) {
+        using T = decltype(tag);
+        if (on_cuda(d)) cuda::gelu_backward(x.data<T>(), dy.data<T>(), dx.data<T>(), x.numel());
+        else cpu::gelu_backward(x.data<T>(), dy.data<T>(), dx.data<T>(), x.numel());
+    });
     return dx;
 }
 
 Tensor dropout(const Tensor& x, float p, uint64_t seed_hash, uint64_t first, Tensor* mask) {
-    const Device d = check_f32_args("dropout", {{x, "x"}});
+    const Device d = check_args("dropout", {{x, "x"}});
     KILN_CHECK(p >= 0.0f && p <= 1.0f, "dropout: drop probability ", p, " is outside [0, 1]");
-    Tensor y = Tensor::empty(x.shape(), DType::F32, d, Category::Activation);
+    Tensor y = Tensor::empty(x.shape(), x.dtype(), d, Category::Activation);
     *mask = Tensor::empty(x.shape(), DType::U8, d, Category::Activation);
-    if (on_cuda(d))
-        cuda::dropout_forward(x.data<float>(), y.data<float>(), mask->data<uint8_t>(), x.numel(), p, seed_hash, first);
-    else
-        cpu::dropout_forward(x.data<float>(), y.data<float>(), mask->data<uint8_t>(), x.numel(), p, seed_hash, first);
+    for_dtype(x, [&](auto tag) {
+        using T = decltype(tag);
+        if (on_cuda(d))
+            cuda::dropout_forward(x.data<T>(), y.data<T>(), mask->data<uint8_t>(), x.numel(), p, seed_hash, first);
+        else
+            cpu::dropout_forward(x.data<T>(), y.data<T>(), mask->data<uint8_t>(), x.numel(), p, seed_hash, first);
+    });
     return y;
 }
 
 Tensor dropout_backward(const Tensor& dy, const Tensor& mask, float p) {
     const char* op = "dropout_backward";
-    const Device d = check_f32_args(op, {{dy, "dy"}});
+    const Device d = check_args(op, {{dy, "dy"}});
     check_shape(mask, dy.shape(), op, "mask");
     check_dtype(mask, DType::U8, op, "mask");
     check_same_device(dy, mask, op);
-    Tensor dx = Tensor::empty(dy.shape(), DType::F32, d, Category::Activation);
-    if (on_cuda(d)) cuda::dropout_backward(dy.data<float>(), mask.data<uint8_t>(), dx.data<float>(), dy.numel(), p);
-    else cpu::dropout_backward(dy.data<float>(), mask.data<uint8_t>(), dx.data<float>(), dy.numel(), p);
+    Tensor dx = Tensor::empty(dy.shape(), dy.dtype(), d, Category::Activation);
+    for_dtype(dy, [&](auto tag) {
+        using T = decltype(tag);
+        if (on_cuda(d)) cuda::dropout_backward(dy.data<T>(), mask.data<uint8_t>(), dx.data<T>(), dy.numel(), p);
+        else cpu::dropout_backward(dy.data<T>(), mask.data<uint8_t>(), dx.data<T>(), dy.numel(), p);
+    });
     return dx;
 }
 

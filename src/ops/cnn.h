@@ -5,8 +5,12 @@
 // Category::Workspace) and runs the CPU kernel (ops/cpu/cnn_ops.h) or its CUDA twin
 // (ops/cuda_ops.h) according to the tensors' device. The layers of src/nn/ call these.
 //
-// Element types: the kernels are templates on it; these ops accept f32 (chapter 09 adds f16
-// and bf16). Letters as in ops/params.h.
+// Element types: f32, f16 and bf16 (the kernels are templates on it). Every tensor an op takes
+// or returns has x's dtype — a mixed pair is an error naming the tensor — except the norms'
+// parameters and statistics (gamma, beta, running and saved statistics, dgamma, dbeta), which
+// are f32 whatever x is; argmax stays i32 and dropout's mask u8. Sums are taken in f32 (or
+// double), each result rounded to x's type once (ops/cpu/cnn_ops.h; conv.cpp lists the two
+// places a convolution rounds twice). Letters as in ops/params.h.
 #pragma once
 #include <cstdint>
 
@@ -26,16 +30,18 @@ struct Conv2dArgs {
     int64_t workspace_limit = kDefaultConvWorkspace;  // bytes of im2col columns at once
 };
 
-// The im2col workspace conv2d (forward) or conv2d_backward takes from the device's pool: the
-// columns of `images` images at once, each (C·K·K + O)·P·Q floats on the CPU's im2col path
-// (none for its pointwise and depthwise paths, none for the CUDA forward by implicit GEMM), and
-//   images = clamp(limit / (elems_per_image · 4 bytes), 1, N)
+// The im2col workspace conv2d (forward) or conv2d_backward takes from the device's pool, of x's
+// dtype: the columns of `images` images at once, each (C·K·K + O)·P·Q elements on the CPU's
+// im2col path (none for its pointwise and depthwise paths, none for the CUDA forward by implicit
+// GEMM), and
+//   images = clamp(limit / (elems_per_image · elem_bytes), 1, N)     elem_bytes = 4 (f32) or 2
 // Chapter 08's memory model predicts the workspace from it.
 struct ConvWorkspace {
-    int64_t images = 0, elems_per_image = 0;
-    int64_t bytes() const { return images * elems_per_image * int64_t(sizeof(float)); }
+    int64_t images = 0, elems_per_image = 0, elem_bytes = 4;
+    int64_t bytes() const { return images * elems_per_image * elem_bytes; }
 };
-ConvWorkspace conv2d_workspace(const Conv2dParams& p, Device device, bool forward, int64_t limit);
+ConvWorkspace conv2d_workspace(const Conv2dParams& p, Device device, bool forward, int64_t limit,
+                               DType dtype = DType::F32);
 
 // y = conv(x, w) + b (the formula: ops/params.h).  x [N, C, H, W]  w [O, C/G, KH, KW]
 // b [O] or undefined  →  y [N, O, P, Q]
@@ -67,7 +73,7 @@ Tensor global_avgpool_backward(const Tensor& dy, const Shape& x_shape);
 
 // ---- batch normalization -----------------------------------------------------------------
 // x [N, C, ...] normalized per channel C over the other dimensions (ops/cpu/cnn_ops.h has the
-// formulas). gamma, beta, running statistics: f32 [C].
+// formulas). gamma, beta, running statistics: f32 [C], whatever x's dtype.
 // Training: batch statistics; updates running_mean and running_var; fills *save_mean and
 // *save_invstd ([C]) for the backward pass.
 Tensor batchnorm_train(const Tensor& x, const Tensor& gamma, const Tensor& beta, Tensor& running_mean,

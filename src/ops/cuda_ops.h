@@ -7,6 +7,7 @@
 #include <cstdint>
 
 #include "core/dtype.h"
+#include "ops/cpu/cnn_ops.h"  // the instantiation lists both twins use (KILN_CONV, KILN_POOL, KILN_NORM)
 #include "ops/cpu/cpu_ops.h"  // the instantiation lists both twins use (KILN_ELEMENTWISE, ...)
 #include "ops/optim.h"   // AdamParams: shared with the CPU
 #include "ops/params.h"  // Conv2dParams, Pool2dParams, BatchNormParams, ConvAlgo
@@ -52,8 +53,8 @@ void adam_update(float* p, const float* grad, float* m, float* v, float* v_max, 
 // The twins of cpu::conv2d_* (ops/cpu/cnn_ops.h): the same Conv2dParams, the same workspace
 // contract (col holds col_images ≥ 1 images of cuda::conv2d_col_elems_per_image(p) elements;
 // the batch is done that many images at a time) and the same results: dx is overwritten,
-// dw and db accumulate, b and db may be null. Templates on the element type T, like the CPU's;
-// cuda/conv.cu instantiates float and explains each kernel.
+// dw and db accumulate, b and db may be null. Templates on the element type T (float, f16 or
+// bf16), like the CPU's; cuda/conv.cu explains each kernel.
 ConvAlgo conv2d_algo(const Conv2dParams& p);  // the forward strategy: ImplicitGemm or Im2col
 // (C·KH·KW + O)·P·Q: one image's columns and its rows of y (or dy). Every shape needs it, since
 // the backward passes always unfold; only the implicit-GEMM forward leaves it unused.

@@ -4,7 +4,6 @@
 #include "ops/ops.h"
 
 #include <initializer_list>
-#include <utility>
 
 #include "ops/check.h"
 #include "ops/cpu/cpu_ops.h"
@@ -12,11 +11,6 @@
 #include "ops/cuda_ops.h"
 
 namespace kiln {
-
-// Runs f(T{}) for the dtype of t: T = float, f16 or bf16 (check_args has refused the others).
-template <typename F> static decltype(auto) for_dtype(const Tensor& t, F&& f) {
-    return visit_dtype</*FloatsOnly=*/true>(t.dtype(), std::forward<F>(f));
-}
 
 static void check_same_shape(const Tensor& a, const Tensor& b, const char* op) {
     KILN_CHECK(a.shape() == b.shape(), op, ": shapes differ: ", a.desc(), " and ", b.desc());

@@ -9,16 +9,22 @@
 // their number.
 //
 // Element types: every kernel is a template on T, the type of the activations (x, y, dy, dx)
-// and of a convolution's weights; sums are taken in float or double whatever T is. The norms'
-// gamma, beta and statistics stay float. Each .cpp instantiates T = float; chapter 09 adds the
-// 16-bit types.
+// and of a convolution's weights and workspace, T = float, f16 or bf16 (core/dtype.h). Sums
+// and products are taken in float (or double) whatever T is, and each result is rounded to T
+// once, when it is stored; the exceptions, where a GEMM's result is itself summed again, are
+// in conv.cpp's header. The norms' gamma, beta, statistics and their gradients stay float
+// (cuDNN's rule for half inputs). Each .cpp instantiates the three types with the lists at the
+// end of this file, which the CUDA twins use too.
 //
 // Files: conv.cpp (im2col, col2im, the three convolution passes), pool.cpp (max, average,
 // global average), norm.cpp (batch norm, layer norm, and the two elementwise kernels of
 // chapter 06's layers: GELU and dropout).
 #pragma once
+#include <algorithm>
 #include <cstdint>
+#include <vector>
 
+#include "core/dtype.h"
 #include "ops/params.h"
 
 namespace kiln::cpu {
@@ -143,4 +149,69 @@ void dropout_forward(const T* x, T* y, uint8_t* mask, int64_t n, float drop_p, u
 template <typename T>
 void dropout_backward(const T* dy, const uint8_t* mask, T* dx, int64_t n, float drop_p);
 
+// ==== shared by the kernel files: a scatter's sums in f32 ===================================
+// A pass that scatters (col2im, the pooling backwards, the depthwise convolution) adds several
+// terms into one output element with +=. In f16 or bf16 each += would round; instead the plane
+// is summed in a float scratch and rounded into the output once, at the end:
+//     F32Plane<T> acc(out, n, init);   float* a = acc.data();   a[i] += term; ...   acc.store();
+// a[0 .. n) starts at init. For T = float the scratch is the output itself: the f32 kernels
+// add into it exactly as they would without it, and store() does nothing.
+template <typename T>
+class F32Plane {
+public:
+    F32Plane(T* out, int64_t n, float init = 0.0f) : out_(out), sum_(size_t(n), init) {}
+    float* data() { return sum_.data(); }
+    void store() {
+        for (size_t i = 0; i < sum_.size(); i++) out_[i] = T(sum_[i]);
+    }
+
+private:
+    T* out_;
+    std::vector<float> sum_;
+};
+
+template <>
+class F32Plane<float> {
+public:
+    F32Plane(float* out, int64_t n, float init = 0.0f) : out_(out) {
+        std::fill(out, out + n, init);
+    }
+    float* data() { return out_; }
+    void store() {}
+
+private:
+    float* out_;
+};
+
 }  // namespace kiln::cpu
+
+// ==== the explicit instantiations, for cpu/*.cpp and their twins cuda/*.cu ==================
+// (one list per file pair, since the two declare the same functions):
+//   KILN_FOR_EACH_FLOAT_TYPE(KILN_CONV)   KILN_FOR_EACH_FLOAT_TYPE(KILN_POOL)   ...(KILN_NORM)
+// inside the namespace. conv.cpp and conv.cu add their own helpers' instantiations.
+#define KILN_CONV(T)                                                                                          \
+    template void conv2d_forward<T>(const T*, const T*, const T*, T*, const Conv2dParams&, T*, int64_t);      \
+    template void conv2d_backward_data<T>(const T*, const T*, T*, const Conv2dParams&, T*, int64_t);          \
+    template void conv2d_backward_weight<T>(const T*, const T*, T*, T*, const Conv2dParams&, T*, int64_t);
+#define KILN_POOL(T)                                                                         \
+    template void maxpool2d_forward<T>(const T*, T*, int32_t*, const Pool2dParams&);         \
+    template void maxpool2d_backward<T>(const T*, const int32_t*, T*, const Pool2dParams&);  \
+    template void avgpool2d_forward<T>(const T*, T*, const Pool2dParams&);                   \
+    template void avgpool2d_backward<T>(const T*, T*, const Pool2dParams&);                  \
+    template void global_avgpool_forward<T>(const T*, T*, int64_t, int64_t);                 \
+    template void global_avgpool_backward<T>(const T*, T*, int64_t, int64_t);
+#define KILN_NORM(T)                                                                                                \
+    template void batchnorm_forward_train<T>(const T*, const float*, const float*, T*, float*, float*, float*,      \
+                                             float*, const BatchNormParams&);                                       \
+    template void batchnorm_forward_eval<T>(const T*, const float*, const float*, const float*, const float*, T*,   \
+                                            const BatchNormParams&);                                                \
+    template void batchnorm_backward<T>(const T*, const T*, const float*, const float*, const float*, T*, float*,   \
+                                        float*, const BatchNormParams&);                                            \
+    template void layernorm_forward<T>(const T*, const float*, const float*, T*, float*, float*, int64_t, int64_t,  \
+                                       float);                                                                      \
+    template void layernorm_backward<T>(const T*, const T*, const float*, const float*, const float*, T*, float*,   \
+                                        float*, int64_t, int64_t);                                                  \
+    template void gelu_forward<T>(const T*, T*, int64_t);                                                           \
+    template void gelu_backward<T>(const T*, const T*, T*, int64_t);                                                \
+    template void dropout_forward<T>(const T*, T*, uint8_t*, int64_t, float, uint64_t, uint64_t);                   \
+    template void dropout_backward<T>(const T*, const uint8_t*, T*, int64_t, float);

@@ -47,8 +47,22 @@
 // a band of dw's columns and adds the images into it one after the other, in image order.
 // The order of the sum depends on N only, never on threads or on the chunk size, so even a
 // tiny workspace gives bitwise the same dw.
+//
+// ---- f16 and bf16 ------------------------------------------------------------------------------
+// The same code for T = float, f16 and bf16: x, w, b, y, dy, dx, dw, db and the workspace all
+// hold T. The GEMMs (gemm.h) sum in f32 and round their output once; the direct loops sum in
+// float (or double) and round once; scatters (col2im, depthwise) add into a float plane
+// (F32Plane, cnn_ops.h) rounded once. Two places round twice:
+//   dx (Im2col)  the GEMM's dcol is stored in T, then col2im adds up to KH·KW of its entries
+//                (in f32) and rounds again: |dx_T − dx| ≤ 2u·Σ|terms| rather than u.
+//   dw           adding image after image into a dw of T would round once per image (and in
+//                bf16 a small image's share is lost once dw is large), so for f16 and bf16
+//                the chunk's images lie side by side, as in the forward, and one GEMM sums them
+//                along K = k·P·Q: dw is rounded once per workspace chunk — once when the
+//                workspace holds the batch. (Pointwise, with no workspace, adds image by image.)
 #include <algorithm>
 #include <cstring>
+#include <type_traits>
 
 #include <omp.h>
 
@@ -111,11 +125,11 @@ void depthwise_forward(const T* x, const T* w, const T* b, T* y, const Conv2dPar
     for (int64_t nc = 0; nc < p.N * C; nc++) {
         const int64_t c = nc % C;
         const T* xp = x + nc * H * W;
-        T* yp = y + nc * P * Q;
-        std::fill(yp, yp + P * Q, b ? b[c] : T(0));
+        F32Plane<T> plane(y + nc * P * Q, P * Q, b ? float(b[c]) : 0.0f);
+        float* yp = plane.data();
         for (int64_t kh = 0; kh < p.KH; kh++)
             for (int64_t kw = 0; kw < p.KW; kw++) {
-                const float wv = w[(c * p.KH + kh) * p.KW + kw];
+                const float wv = float(w[(c * p.KH + kh) * p.KW + kw]);
                 const int64_t off_w = kw * p.dilation - p.padding;
                 int64_t q_lo, q_hi;
                 valid_range(off_w, W, s, Q, q_lo, q_hi);
@@ -123,10 +137,11 @@ void depthwise_forward(const T* x, const T* w, const T* b, T* y, const Conv2dPar
                     const int64_t ih = op * s + kh * p.dilation - p.padding;
                     if (ih < 0 || ih >= H) continue;
                     const T* src = xp + ih * W + off_w;
-                    T* dst = yp + op * Q;
-                    for (int64_t q = q_lo; q < q_hi; q++) dst[q] += wv * src[q * s];
+                    float* dst = yp + op * Q;
+                    for (int64_t q = q_lo; q < q_hi; q++) dst[q] += wv * float(src[q * s]);
                 }
             }
+        plane.store();
     }
 }
 
@@ -138,22 +153,23 @@ void depthwise_backward_data(const T* dy, const T* w, T* dx, const Conv2dParams&
     for (int64_t nc = 0; nc < p.N * C; nc++) {
         const int64_t c = nc % C;
         const T* dyp = dy + nc * P * Q;
-        T* dxp = dx + nc * H * W;
-        std::fill(dxp, dxp + H * W, T(0));
+        F32Plane<T> plane(dx + nc * H * W, H * W);
+        float* dxp = plane.data();
         for (int64_t kh = 0; kh < p.KH; kh++)
             for (int64_t kw = 0; kw < p.KW; kw++) {
-                const float wv = w[(c * p.KH + kh) * p.KW + kw];
+                const float wv = float(w[(c * p.KH + kh) * p.KW + kw]);
                 const int64_t off_w = kw * p.dilation - p.padding;
                 int64_t q_lo, q_hi;
                 valid_range(off_w, W, s, Q, q_lo, q_hi);
                 for (int64_t op = 0; op < P; op++) {
                     const int64_t ih = op * s + kh * p.dilation - p.padding;
                     if (ih < 0 || ih >= H) continue;
-                    T* dst = dxp + ih * W + off_w;
+                    float* dst = dxp + ih * W + off_w;
                     const T* src = dyp + op * Q;
-                    for (int64_t q = q_lo; q < q_hi; q++) dst[q * s] += wv * src[q];
+                    for (int64_t q = q_lo; q < q_hi; q++) dst[q * s] += wv * float(src[q]);
                 }
             }
+        plane.store();
     }
 }
 
@@ -179,11 +195,12 @@ void depthwise_backward_weight(const T* x, const T* dy, T* dw, const Conv2dParam
                         if (ih < 0 || ih >= H) continue;
                         const T* src = xp + ih * W + off_w;
                         const T* g = dyp + op * Q;
-                        for (int64_t q = q_lo; q < q_hi; q++) part += g[q] * src[q * s];
+                        for (int64_t q = q_lo; q < q_hi; q++) part += float(g[q]) * float(src[q * s]);
                     }
                     acc += part;
                 }
-                dw[(c * p.KH + kh) * p.KW + kw] += T(acc);
+                T& dwv = dw[(c * p.KH + kh) * p.KW + kw];
+                dwv = T(float(dwv) + float(acc));
             }
     }
 }
@@ -227,12 +244,13 @@ void im2col(const T* x, int64_t C, const Conv2dParams& p, T* col, int64_t ld) {
 
 // The same walk as im2col with the arrows reversed: dx[c][ih][iw] += col[row][p·Q + q].
 // Entries that fell on padding are dropped. Fixed order (c, kh, kw, p, q): deterministic.
+// The sums are taken in a float plane, rounded into dx once (F32Plane: dx itself for float).
 template <typename T>
 void col2im(const T* col, int64_t C, const Conv2dParams& p, T* dx, int64_t ld) {
     const int64_t H = p.H, W = p.W, P = p.P(), Q = p.Q(), s = p.stride;
-    std::memset(dx, 0, size_t(C * H * W) * sizeof(T));
+    F32Plane<T> plane(dx, C * H * W);
     for (int64_t c = 0; c < C; c++) {
-        T* dxc = dx + c * H * W;
+        float* dxc = plane.data() + c * H * W;
         for (int64_t kh = 0; kh < p.KH; kh++)
             for (int64_t kw = 0; kw < p.KW; kw++) {
                 const T* row = col + ((c * p.KH + kh) * p.KW + kw) * ld;
@@ -242,16 +260,17 @@ void col2im(const T* col, int64_t C, const Conv2dParams& p, T* dx, int64_t ld) {
                 for (int64_t op = 0; op < P; op++) {
                     const int64_t ih = op * s + kh * p.dilation - p.padding;
                     if (ih < 0 || ih >= H) continue;
-                    T* dst = dxc + ih * W + off_w;
+                    float* dst = dxc + ih * W + off_w;
                     const T* src = row + op * Q;
                     if (s == 1) {
 #pragma omp simd
-                        for (int64_t q = q_lo; q < q_hi; q++) dst[q] += src[q];
+                        for (int64_t q = q_lo; q < q_hi; q++) dst[q] += float(src[q]);
                     } else
-                        for (int64_t q = q_lo; q < q_hi; q++) dst[q * s] += src[q];
+                        for (int64_t q = q_lo; q < q_hi; q++) dst[q * s] += float(src[q]);
                 }
             }
     }
+    plane.store();
 }
 
 // ---- Several images in one GEMM --------------------------------------------------------------
@@ -279,6 +298,15 @@ int64_t images_per_chunk(const Conv2dParams& p, ConvAlgo algo, const T* col, int
 int64_t images_per_group(const Conv2dParams& p, int64_t chunk) {
     const int64_t PQ = p.P() * p.Q();
     return std::clamp<int64_t>((kGroupColumns + PQ - 1) / PQ, 1, chunk);
+}
+
+// rows[o][i·P·Q + pq] = dy[n + i, o, pq] for the k images n .. n + k − 1 (rows [O, k·P·Q]).
+template <typename T>
+void gather_rows(const T* dy, const Conv2dParams& p, int64_t n, int64_t k, T* rows) {
+    const int64_t PQ = p.P() * p.Q(), L = k * PQ;
+    for (int64_t i = 0; i < k; i++)
+        for (int64_t o = 0; o < p.O; o++)
+            std::memcpy(rows + o * L + i * PQ, dy + ((n + i) * p.O + o) * PQ, size_t(PQ) * sizeof(T));
 }
 
 // ---- forward ------------------------------------------------------------------------------------
@@ -341,11 +369,8 @@ void conv2d_backward_data(const T* dy, const T* w, T* dx, const Conv2dParams& p,
             T* ws = col + slot * per_image;
             dcol = ws;
             if (k > 1) {  // gather the k images' dy as rows [O, L]
-                T* r = ws + CK * L;
-                for (int64_t i = 0; i < k; i++)
-                    for (int64_t o = 0; o < p.O; o++)
-                        std::memcpy(r + o * L + i * PQ, dy + ((n + i) * p.O + o) * PQ, size_t(PQ) * sizeof(T));
-                rows = r;
+                gather_rows(dy, p, n, k, ws + CK * L);
+                rows = ws + CK * L;
             }
         }
         for (int64_t g = 0; g < G; g++)
@@ -358,6 +383,26 @@ void conv2d_backward_data(const T* dy, const T* w, T* dx, const Conv2dParams& p,
 }
 
 // ---- backward: dw and db -----------------------------------------------------------------------
+// f16 and bf16, Im2col (see "f16 and bf16" in the header): per chunk of k images, L = k·P·Q,
+//   cols [CK, L] = the k images' columns side by side,  rows [O, L] = their dy
+//   dw[g·Og .. , Kc] += rows[g·Og .. , L] · cols[g·Kc .. , L]ᵀ      (summed in f32, rounded once)
+template <typename T>
+void backward_weight_side_by_side(const T* x, const T* dy, T* dw, const Conv2dParams& p, T* col, int64_t chunk) {
+    const int64_t G = p.groups, Og = p.Og(), PQ = p.P() * p.Q(), Kc = p.Cg() * p.KH * p.KW;
+    const int64_t CHW = p.C * p.H * p.W, CK = p.C * p.KH * p.KW;
+    for (int64_t n0 = 0; n0 < p.N; n0 += chunk) {
+        const int64_t k = std::min(chunk, p.N - n0), L = k * PQ;
+        T* cols = col;
+        T* rows = col + CK * L;
+#pragma omp parallel for schedule(static) if (double(k) * flops_per_image(p) >= kParallelMinFlops)
+        for (int64_t i = 0; i < k; i++) im2col(x + (n0 + i) * CHW, p.C, p, cols + i * PQ, L);
+        gather_rows(dy, p, n0, k, rows);
+        for (int64_t g = 0; g < G; g++)
+            gemm(false, true, Og, Kc, L, 1.0f, rows + g * Og * L, L, cols + g * Kc * L, L, 1.0f, dw + g * Og * Kc, Kc);
+    }
+}
+
+// f32 (and Pointwise in every type):
 //   dw[g·Og .. , Kc] += dy_n[g·Og .. , P·Q] · col_n[g·Kc .. , P·Q]ᵀ     for n = 0 .. N−1 in order
 //   db[o] += Σ_n Σ_pq dy[n, o, pq]                                       (one channel per thread)
 template <typename T>
@@ -371,10 +416,10 @@ void conv2d_backward_weight(const T* x, const T* dy, T* dw, T* db, const Conv2dP
             for (int64_t n = 0; n < p.N; n++) {
                 const T* g = dy + (n * p.O + o) * PQ;
                 float part = 0.0f;
-                for (int64_t i = 0; i < PQ; i++) part += g[i];
+                for (int64_t i = 0; i < PQ; i++) part += float(g[i]);
                 acc += part;
             }
-            db[o] += T(acc);
+            db[o] = T(float(db[o]) + float(acc));
         }
     }
     const ConvAlgo algo = conv2d_algo(p);
@@ -382,6 +427,8 @@ void conv2d_backward_weight(const T* x, const T* dy, T* dw, T* db, const Conv2dP
     const int64_t G = p.groups, Og = p.Og(), Kc = p.Cg() * p.KH * p.KW;
     const int64_t CHW = p.C * p.H * p.W, col_size = conv2d_col_elems_per_image(p);
     const int64_t chunk = images_per_chunk(p, algo, col, col_images, "conv2d_backward_weight");
+    if constexpr (!std::is_same_v<T, float>)
+        if (algo == ConvAlgo::Im2col) return backward_weight_side_by_side(x, dy, dw, p, col, chunk);
 
     // One parallel region per chunk: the chunk's columns are built (one image per thread),
     // then thread t adds every image of the chunk, in order, into its own band of dw's columns
@@ -412,12 +459,10 @@ void conv2d_backward_weight(const T* x, const T* dy, T* dw, T* db, const Conv2dP
     }
 }
 
-template void im2col<float>(const float*, int64_t, const Conv2dParams&, float*, int64_t);
-template void col2im<float>(const float*, int64_t, const Conv2dParams&, float*, int64_t);
-template void conv2d_forward<float>(const float*, const float*, const float*, float*, const Conv2dParams&, float*,
-                                    int64_t);
-template void conv2d_backward_data<float>(const float*, const float*, float*, const Conv2dParams&, float*, int64_t);
-template void conv2d_backward_weight<float>(const float*, const float*, float*, float*, const Conv2dParams&, float*,
-                                            int64_t);
+#define KILN_CONV_CPU(T)                                                         \
+    template void im2col<T>(const T*, int64_t, const Conv2dParams&, T*, int64_t); \
+    template void col2im<T>(const T*, int64_t, const Conv2dParams&, T*, int64_t);
+KILN_FOR_EACH_FLOAT_TYPE(KILN_CONV)  // the list is in cnn_ops.h
+KILN_FOR_EACH_FLOAT_TYPE(KILN_CONV_CPU)
 
 }  // namespace kiln::cpu

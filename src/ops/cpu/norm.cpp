@@ -317,19 +317,6 @@ void dropout_backward(const T* dy, const uint8_t* mask, T* dx, int64_t n, float 
     for (int64_t i = 0; i < n; i++) dx[i] = T(mask[i] ? float(dy[i]) * scale : 0.0f);
 }
 
-template void batchnorm_forward_train<float>(const float*, const float*, const float*, float*, float*, float*, float*,
-                                             float*, const BatchNormParams&);
-template void batchnorm_forward_eval<float>(const float*, const float*, const float*, const float*, const float*,
-                                            float*, const BatchNormParams&);
-template void batchnorm_backward<float>(const float*, const float*, const float*, const float*, const float*, float*,
-                                        float*, float*, const BatchNormParams&);
-template void layernorm_forward<float>(const float*, const float*, const float*, float*, float*, float*, int64_t,
-                                       int64_t, float);
-template void layernorm_backward<float>(const float*, const float*, const float*, const float*, const float*, float*,
-                                        float*, float*, int64_t, int64_t);
-template void gelu_forward<float>(const float*, float*, int64_t);
-template void gelu_backward<float>(const float*, const float*, float*, int64_t);
-template void dropout_forward<float>(const float*, float*, uint8_t*, int64_t, float, uint64_t, uint64_t);
-template void dropout_backward<float>(const float*, const uint8_t*, float*, int64_t, float);
+KILN_FOR_EACH_FLOAT_TYPE(KILN_NORM)  // the list is in cnn_ops.h
 
 }  // namespace kiln::cpu

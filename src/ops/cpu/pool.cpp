@@ -12,9 +12,12 @@
 // Max pooling saves, for each output, where its maximum came from (argmax, an index into its
 // input plane): backward is then a scatter, dx[argmax] += dy, with no comparison repeated.
 // It costs one i32 per output — the memory chapter counts it.
+//
+// f16 and bf16: values are compared and summed in float and rounded once when stored; where
+// backward windows overlap, a dx element's terms are summed in a float plane first (F32Plane,
+// cnn_ops.h), so dx too is rounded once.
 #include <algorithm>
 #include <cmath>
-#include <cstring>
 #include <limits>
 
 #include "core/error.h"
@@ -131,9 +134,11 @@ void maxpool2d_backward(const T* dy, const int32_t* argmax, T* dx, const Pool2dP
         T* dxp = dx + nc * S;
         const T* dyp = dy + nc * PQ;
         const int32_t* ap = argmax + nc * PQ;
-        std::memset(dxp, 0, size_t(S) * sizeof(T));
+        F32Plane<T> plane(dxp, S);  // overlapping windows add into one dx in f32, rounded once
+        float* acc = plane.data();
         for (int64_t i = 0; i < PQ; i++)
-            if (ap[i] >= 0) dxp[ap[i]] += dyp[i];
+            if (ap[i] >= 0) acc[ap[i]] += float(dyp[i]);
+        plane.store();
     }
 }
 
@@ -171,7 +176,8 @@ void avgpool2d_backward(const T* dy, T* dx, const Pool2dParams& p) {
     for (int64_t nc = 0; nc < p.N * p.C; nc++) {
         T* dxp = dx + nc * H * W;
         const T* dyp = dy + nc * P * Q;
-        std::memset(dxp, 0, size_t(H * W) * sizeof(T));
+        F32Plane<T> plane(dxp, H * W);  // overlapping windows add into one dx in f32, rounded once
+        float* acc = plane.data();
         for (int64_t op = 0; op < P; op++) {
             int64_t h0, h1;
             window(op, p.stride, p.padding, p.KH, H, h0, h1);
@@ -180,9 +186,10 @@ void avgpool2d_backward(const T* dy, T* dx, const Pool2dParams& p) {
                 window(oq, p.stride, p.padding, p.KW, W, w0, w1);
                 const float g = float(dyp[op * Q + oq]) * inv;
                 for (int64_t ih = h0; ih < h1; ih++)
-                    for (int64_t iw = w0; iw < w1; iw++) dxp[ih * W + iw] += g;
+                    for (int64_t iw = w0; iw < w1; iw++) acc[ih * W + iw] += g;
             }
         }
+        plane.store();
     }
 }
 
@@ -217,11 +224,6 @@ void global_avgpool_backward(const T* dy, T* dx, int64_t NC, int64_t S) {
     }
 }
 
-template void maxpool2d_forward<float>(const float*, float*, int32_t*, const Pool2dParams&);
-template void maxpool2d_backward<float>(const float*, const int32_t*, float*, const Pool2dParams&);
-template void avgpool2d_forward<float>(const float*, float*, const Pool2dParams&);
-template void avgpool2d_backward<float>(const float*, float*, const Pool2dParams&);
-template void global_avgpool_forward<float>(const float*, float*, int64_t, int64_t);
-template void global_avgpool_backward<float>(const float*, float*, int64_t, int64_t);
+KILN_FOR_EACH_FLOAT_TYPE(KILN_POOL)  // the list is in cnn_ops.h
 
 }  // namespace kiln::cpu
