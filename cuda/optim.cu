@@ -1,7 +1,8 @@
 // optim.cu — the CUDA twins of cpu::sgd_update and cpu::adam_update (src/ops/cpu/optim.cpp):
 // one fused pass that reads each parameter, its gradient and its optimizer buffers once and
 // writes the new values, so an optimizer step costs one trip through memory instead of one per
-// line of the rule (four for SGD with momentum, about ten for Adam).
+// line of the rule (four for SGD with momentum, about ten for Adam). And the twin of
+// cpu::unscale_and_check, GradScaler's unscale with its grid-wide inf/NaN flag (chapter 09).
 //
 // How it works: one thread per parameter (grid-stride loop) runs the CPU loop body unchanged:
 // no reduction, no reordering. The only possible difference from the CPU is that a compiler may
@@ -67,6 +68,33 @@ void adam_update(float* p, const float* grad, float* m, float* v, float* v_max, 
     KILN_LAUNCH(adam_update_kernel, grid, block, 0)(p, grad, m, v, v_max, n, a, float(a.step_size()),
                                                     float(a.bias_correction2_sqrt()), float(a.decay()));
     KILN_CHECK_LAUNCH(adam_update_kernel, grid, block);
+}
+
+// GradScaler's unscale_ (cpu::unscale_and_check is the twin), per element i:
+//   if g[i] is inf or NaN:  found_inf = 1        (tested before the multiply)
+//   g[i] *= inv_scale
+// found_inf is one int in device memory for the whole grid, zeroed before the launch and read
+// back after it. Any thread that meets a non-finite value sets it with atomicOr: a healthy step
+// has none, so the usual cost is one read and one write per element; an integer OR gives the
+// same flag whatever the order of the threads.
+__global__ void unscale_and_check_kernel(float* g, int64_t n, float inv_scale, int* found_inf) {
+    for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
+        const float v = g[i];
+        if (!isfinite(v)) atomicOr(found_inf, 1);
+        g[i] = v * inv_scale;
+    }
+}
+
+bool unscale_and_check(float* g, int64_t n, float inv_scale) {
+    if (n == 0) return false;
+    detail::Workspace flag(sizeof(int));
+    KILN_CUDA_CHECK(cudaMemset(flag.as<int>(), 0, sizeof(int)));
+    const dim3 grid(detail::blocks_for(n)), block(detail::kBlock);
+    KILN_LAUNCH(unscale_and_check_kernel, grid, block, 0)(g, n, inv_scale, flag.as<int>());
+    KILN_CHECK_LAUNCH(unscale_and_check_kernel, grid, block);
+    int found_inf = 0;
+    KILN_CUDA_CHECK(cudaMemcpy(&found_inf, flag.as<int>(), sizeof(int), cudaMemcpyDeviceToHost));
+    return found_inf != 0;
 }
 
 }  // namespace kiln::cuda

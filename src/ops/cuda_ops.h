@@ -48,6 +48,9 @@ void sgd_update(float* p, const float* grad, float* buf, int64_t n, float lr, fl
                 float weight_decay, bool nesterov, bool first_step);
 // PyTorch's Adam / AdamW (cpu_ops.h has the rule): one thread per element, as on the CPU.
 void adam_update(float* p, const float* grad, float* m, float* v, float* v_max, int64_t n, const AdamParams& a);
+// GradScaler's unscale_: g[i] *= inv_scale; returns whether any g[i] was inf or NaN (a flag in
+// device memory that any thread may set, read back once).
+bool unscale_and_check(float* g, int64_t n, float inv_scale);
 
 // ---- convolution (chapter 05) ------------------------------------------------------------
 // The twins of cpu::conv2d_* (ops/cpu/cnn_ops.h): the same Conv2dParams, the same workspace

@@ -57,4 +57,11 @@ void adam_update(const std::vector<Tensor>& params, const std::vector<Tensor>& g
                data_or_null(max_exp_avg_sq, i), params[i].numel(), a);
 }
 
+bool unscale_and_check_(Tensor grads, float inv_scale) {
+    check_defined(grads, "unscale_and_check_", "grads");
+    check_dtype(grads, DType::F32, "unscale_and_check_", "grads");
+    auto unscale = grads.device() == Device::CUDA ? cuda::unscale_and_check : cpu::unscale_and_check;
+    return unscale(grads.data<float>(), grads.numel(), inv_scale);
+}
+
 }  // namespace kiln

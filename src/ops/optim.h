@@ -48,4 +48,11 @@ void adam_update(const std::vector<Tensor>& params, const std::vector<Tensor>& g
                  const std::vector<Tensor>& exp_avg, const std::vector<Tensor>& exp_avg_sq,
                  const std::vector<Tensor>& max_exp_avg_sq, const AdamParams& a);
 
+// GradScaler's unscale_ (optim/grad_scaler.h), in one pass over the f32 gradients (a model's
+// whole gradient slab, Module::grads_view):
+//   found_inf = any g is inf or NaN        (checked before multiplying)
+//   g *= inv_scale                         (every element, the non-finite ones too)
+// Returns found_inf. Each element is independent, so any thread count gives the same bits.
+bool unscale_and_check_(Tensor grads, float inv_scale);
+
 }  // namespace kiln

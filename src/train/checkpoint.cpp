@@ -547,6 +547,7 @@ void save_checkpoint(const std::string& path, TrainingRun& run, const ResumePoin
     run.optimizer.save_state(s, "optimizer");
     if (run.scheduler) run.scheduler->save_state(s, "scheduler");
     if (run.plateau) run.plateau->save_state(s, "plateau");
+    if (run.scaler) run.scaler->save_state(s, "scaler");
     s.set("train.epoch", at.epoch);
     s.set("train.position", at.position);
     s.set("train.step", at.step);
@@ -574,6 +575,9 @@ ResumePoint load_checkpoint(const std::string& path, TrainingRun& run) {
         run.optimizer.load_state(s, "optimizer");
         if (run.scheduler) run.scheduler->load_state(s, "scheduler");
         if (run.plateau) run.plateau->load_state(s, "plateau");
+        if (run.scaler) run.scaler->load_state(s, "scaler");  // refuses a checkpoint without its state
+        KILN_CHECK((run.scaler && run.scaler->enabled()) || !s.has("scaler.scale"), "the checkpoint was trained with loss scaling (a ",
+                   "GradScaler, --amp f16) and this run has none. Resume with the --amp it was trained with");
         ResumePoint at{s.get_int("train.epoch"), s.get_int("train.position"), s.get_int("train.step")};
         if (run.loader) {
             DataLoader& loader = *run.loader;

@@ -26,8 +26,8 @@
 //
 // The names: the model's tensors as the model names them ("conv1.weight", "bn1.running_mean"),
 // so a Python user sees the same names; the optimizer's under "optimizer.", the scheduler's under
-// "scheduler." (ReduceLROnPlateau's under "plateau."), the loader position, epoch and RNG
-// counters under "train.". In Python:
+// "scheduler." (ReduceLROnPlateau's under "plateau."), a GradScaler's values under "scaler."
+// (--amp f16), the loader position, epoch and RNG counters under "train.". In Python:
 //
 //   from safetensors.numpy import load_file           # or safetensors.torch: torch tensors
 //   tensors = load_file("runs/epoch-3.safetensors")   # {"conv1.weight": array(...), ...}
@@ -51,6 +51,7 @@
 #include "core/state.h"
 #include "data/loader.h"
 #include "nn/module.h"
+#include "optim/grad_scaler.h"
 #include "optim/optimizer.h"
 #include "optim/scheduler.h"
 
@@ -108,6 +109,7 @@ struct TrainingRun {
     ReduceLROnPlateau* plateau = nullptr;                 // optional, under "plateau."
     ScheduleRecord schedule = {};                         // optional (epochs > 0): saved, then
                                                           // checked against the checkpoint's
+    GradScaler* scaler = nullptr;                         // optional, under "scaler." (--amp f16)
 };
 
 // Where a run continues from: epoch `epoch` (counted from 0) with its first `position` images
@@ -117,16 +119,17 @@ struct ResumePoint {
     int64_t epoch = 0, position = 0, step = 0;
 };
 
-// Model + optimizer ("optimizer.") + schedulers ("scheduler.", "plateau.") + RNG counters,
-// loader size, the schedule record and `at` ("train.") into one file, written as
-// write_safetensors does.
+// Model + optimizer ("optimizer.") + schedulers ("scheduler.", "plateau.") + GradScaler
+// ("scaler.": scale, growth tracker, factors, interval) + RNG counters, loader size, the
+// schedule record and `at` ("train.") into one file, written as write_safetensors does.
 void save_checkpoint(const std::string& path, TrainingRun& run, const ResumePoint& at);
 
 // Reads a checkpoint into a freshly built run (same model, optimizer and flags), puts the
 // loader at `at.epoch`, `at.position` and returns `at`. Errors name the file and the tensor or
 // value; a run set up differently (another training set size or batch size, seed, number of
-// epochs or schedule) is refused, naming the flag. After an error the run is partly loaded
-// and should not be trained on.
+// epochs or schedule) is refused, naming the flag — so is a run with a GradScaler resuming a
+// checkpoint saved without one, or the reverse (the --amp f16 flag). After an error the run is
+// partly loaded and should not be trained on.
 ResumePoint load_checkpoint(const std::string& path, TrainingRun& run);
 
 }  // namespace kiln

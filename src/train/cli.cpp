@@ -3,6 +3,7 @@
 
 #include <omp.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <sstream>
@@ -54,6 +55,19 @@ void Cli::add(const std::string& flag, std::string* t, const std::string& help) 
 }
 void Cli::add(const std::string& flag, bool* t, const std::string& help) {
     add_flag(flag, help, *t ? "on" : "off", false, [t](const std::string&) { *t = true; });
+}
+
+void Cli::add(const std::string& flag, DType* t, const std::string& help, std::vector<DType> choices) {
+    add_flag(flag, help, dtype_name(*t), true, [t, flag, choices](const std::string& s) {
+        auto named = std::find_if(choices.begin(), choices.end(), [&](DType c) { return s == dtype_name(c); });
+        if (named != choices.end()) {
+            *t = *named;
+            return;
+        }
+        std::string names;
+        for (DType c : choices) names += std::string(names.empty() ? "" : ", ") + dtype_name(c);
+        KILN_FAIL("flag ", flag, ": '", s, "' is not one of ", names);
+    });
 }
 
 std::string Cli::usage() const {
@@ -113,6 +127,9 @@ void CommonFlags::add_to(Cli& cli) {
     cli.add("--mem-report", &mem_report, "print where the first training step's memory goes, per module");
     cli.add("--mem-trace", &mem_trace, "write every allocation of the first steps to FILE.json and their timeline to FILE.svg");
     cli.add("--mem-trace-steps", &mem_trace_steps, "training steps that --mem-trace records");
+    cli.add("--amp", &amp, "mixed precision: f16 (with a GradScaler: loss scaling) or bf16; f32 is off",
+            {DType::F16, DType::BF16, DType::F32});
+    cli.add("--grad-hist", &grad_hist, "print the first step's gradient values by binary exponent against f16's range (what underflows without loss scaling, what overflows at the scale)");
     cli.add("--resume", &resume, "continue from this checkpoint (same flags as the run that wrote it: a different --epochs, --lr, --limit, --batch-size or --seed is refused)");
 }
 

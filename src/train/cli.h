@@ -6,6 +6,7 @@
 //   f.add_to(cli);                       // --epochs --batch-size --lr --seed --threads --data
 //   cli.add("--hidden", &hidden, "hidden units");   //   --limit --device --mem-limit --save --resume
 //                                                   //   --mem-report --mem-trace --mem-trace-steps
+//                                                   //   --amp --grad-hist
 //   cli.parse(argc, argv);               // --help prints the usage and exits
 //   Device d = f.apply();                // sets the thread count, picks the device
 //   ... build the model and optimizer ...
@@ -17,6 +18,7 @@
 #include <vector>
 
 #include "core/device.h"
+#include "core/dtype.h"
 
 namespace kiln {
 
@@ -29,6 +31,9 @@ public:
     void add(const std::string& flag, float* target, const std::string& help);
     void add(const std::string& flag, std::string* target, const std::string& help);
     void add(const std::string& flag, bool* target, const std::string& help);  // a switch, no value
+    // An element type named as dtype_name writes it ("f16"); one not in `choices` is an error
+    // listing them.
+    void add(const std::string& flag, DType* target, const std::string& help, std::vector<DType> choices);
     // Unknown flags and bad values throw kiln::Error with the usage; --help prints it and exits.
     void parse(int argc, char** argv);
     std::string usage() const;
@@ -66,6 +71,8 @@ struct CommonFlags {
     bool mem_report = false;       // print the memory of the first step per module
     std::string mem_trace;         // FILE.json: every allocation of the first steps, and FILE.svg
     int mem_trace_steps = 2;       // steps that --mem-trace records
+    DType amp = DType::F32;        // --amp f16|bf16: mixed precision (F32: off); f16 adds a GradScaler
+    bool grad_hist = false;        // print the first step's gradient exponents against f16's range
 
     void add_to(Cli& cli);
     // Sets the OpenMP thread count and checks the flags; returns the chosen device.

@@ -79,7 +79,7 @@ double fit(Module& model, Optimizer& optimizer, DataLoader& train, DataLoader& t
     // checkpoint laid out otherwise.
     const ScheduleRecord schedule =
         record_schedule(optimizer, opt.scheduler, opt.epochs, opt.per_batch ? train.num_batches() : 1);
-    TrainingRun run{model, optimizer, opt.scheduler, &train, {}, nullptr, schedule};
+    TrainingRun run{model, optimizer, opt.scheduler, &train, {}, nullptr, schedule, opt.scaler};
     const int first = opt.resume.empty() ? 0 : resume_from(opt.resume, run);
     std::optional<RunLog> log;  // run.json and curves.svg; an unwritable folder fails here
     if (!opt.run.trainer.empty()) log.emplace(opt.run, first);
@@ -87,15 +87,17 @@ double fit(Module& model, Optimizer& optimizer, DataLoader& train, DataLoader& t
     double test_acc = first < opt.epochs ? 0.0 : test_epoch(model, test, opt, first - 1, optimizer.lr());
     const Device device = train.options().device;
     RunPeaks peaks;
+    TrainOptions epoch_opt = opt;  // --grad-hist: the first step of the run only
     for (int epoch = first; epoch < opt.epochs; epoch++) {
         const float lr = optimizer.lr();  // the lr this epoch starts with
         EpochResult trained;
-        measure_peak(device, peaks.training, [&] { trained = train_epoch(model, optimizer, train, epoch, opt); });
+        epoch_opt.grad_hist = opt.grad_hist && epoch == first;
+        measure_peak(device, peaks.training, [&] { trained = train_epoch(model, optimizer, train, epoch, epoch_opt); });
         if (opt.scheduler && !opt.per_batch) opt.scheduler->step();
         measure_peak(device, peaks.evaluation, [&] { test_acc = test_epoch(model, test, opt, epoch, lr); });
         if (log)
             log->add({epoch + 1, trained.loss, trained.accuracy, test_acc, lr, trained.images_per_second,
-                      peak_memory(device)});
+                      peak_memory(device), trained.loss_scale, trained.skipped});
         if (!opt.save_dir.empty())
             measure_peak(device, peaks.saving, [&] { save_epoch(opt.save_dir, run, epoch + 1); });
         std::fflush(stdout);
@@ -112,7 +114,14 @@ double fit(Module& model, Optimizer& optimizer, DataLoader& train, DataLoader& t
                      run_info(flags)};
     const std::unique_ptr<MemoryRecording> memory = memory_recording(flags, model, optimizer, arena, train);
     opt.memory = memory.get();
+    const std::unique_ptr<GradScaler> scaler = grad_scaler(flags);
+    opt.scaler = scaler.get();
+    opt.grad_hist = flags.grad_hist;
     return fit(model, optimizer, train, test, opt);
+}
+
+std::unique_ptr<GradScaler> grad_scaler(const CommonFlags& flags) {
+    return flags.amp == DType::F16 ? std::make_unique<GradScaler>() : nullptr;
 }
 
 void report(Device device, double test_accuracy, std::chrono::steady_clock::time_point start) {

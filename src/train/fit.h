@@ -10,12 +10,14 @@
 //   fit(model, sgd, train, test, TrainOptions{epochs, &sched, /*per_batch=*/true, &arena});
 #pragma once
 #include <chrono>
+#include <memory>
 #include <string>
 
 #include "core/allocator.h"
 #include "data/image_set.h"
 #include "data/loader.h"
 #include "nn/module.h"
+#include "optim/grad_scaler.h"
 #include "optim/optimizer.h"
 #include "optim/scheduler.h"
 #include "train/cli.h"
@@ -43,9 +45,15 @@ double fit(Module& model, Optimizer& optimizer, DataLoader& train, DataLoader& t
 // (MultiStepLR with one milestone):
 //   lr = base_lr               for epoch < max(1, ⌊0.7 · epochs⌋)
 //   lr = base_lr / 10          after: the last 30% of the epochs fine-tune
-// and the log of run_info(flags): --save DIR, or runs/<trainer>/ (none without flags.cli).
+// and the log of run_info(flags): --save DIR, or runs/<trainer>/ (none without flags.cli);
+// with --amp f16 a GradScaler (grad_scaler(flags)), with --grad-hist the first step's histogram.
 double fit(Module& model, Optimizer& optimizer, DataLoader& train, DataLoader& test, const CommonFlags& flags,
            BumpAllocator* arena);
+
+// The GradScaler a trainer's flags ask for: PyTorch's defaults with --amp f16 (f16's range
+// needs loss scaling), none otherwise (null) — bf16 has f32's exponent range, and f32 needs none.
+// A trainer that builds its own TrainOptions sets opt.scaler to it (and opt.grad_hist).
+std::unique_ptr<GradScaler> grad_scaler(const CommonFlags& flags);
 
 // Prints the memory summary of the device and, last, the result line:
 //   result: test_acc=98.42% time=41.3s peak_mem=12.6MiB

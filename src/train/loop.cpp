@@ -2,11 +2,14 @@
 #include "train/loop.h"
 
 #include <cmath>
+#include <cstdio>
 #include <optional>
+#include <vector>
 
 #include "nn/layers.h"
 #include "ops/ops.h"
 #include "train/evaluate.h"
+#include "train/grad_hist.h"
 #include "train/memory_trace.h"
 #include "train/progress.h"
 
@@ -21,6 +24,27 @@ Tensor rows(const Tensor& x, int64_t first, int64_t n) {
     const size_t row_bytes = x.nbytes() / size_t(s[0]);
     s.dims[0] = n;
     return x.view(size_t(first) * row_bytes, s);
+}
+
+// After backward, with a GradScaler (PyTorch's recipe, optim/grad_scaler.h): the gradients
+// unscaled and checked, clipped if asked (the true gradients, so max_norm means what it says
+// without scaling), the optimizer's step unless an inf/NaN was found, the scale updated.
+void scaled_update(Module& model, Optimizer& optimizer, const StepOptions& opt, StepResult& r) {
+    GradScaler& scaler = *opt.scaler;
+    ContextScope phase(Phase::Optimizer);
+    scaler.unscale_(model);
+    r.grads_finite = !scaler.found_inf();
+    if (r.grads_finite && opt.clip_norm > 0.0f) r.grad_norm = clip_grad_norm(model.parameters(), opt.clip_norm);
+    r.stepped = scaler.step(optimizer, model);
+    scaler.update();
+}
+
+// --grad-hist: the gradients the optimizer was given (unscaled, clipped if asked), against f16's
+// range as they are and at the scale the step used.
+void print_grad_hist(Module& model, float loss_scale) {
+    std::vector<Tensor> grads;
+    for (Parameter* p : model.parameters()) grads.push_back(p->grad);
+    std::printf("%s", grad_hist_text(grad_histogram(grads, loss_scale)).c_str());
 }
 
 
@@ -45,12 +69,14 @@ StepResult train_step(Module& model, Optimizer& optimizer, const Tensor& x, cons
     StepResult r;
     model.input_needs_grad = false;  // the input is data: no dL/dx to compute (module.h)
     model.zero_grad();               // one fill when the model is packed
+    if (opt.scaler) r.loss_scale = opt.scaler->loss_scale();
     double loss = 0.0;               // Σ (n_i / B) · L_i: the whole batch's mean loss
     for (int64_t i = 0, first = 0; i < K; i++) {
         const int64_t n = B / K + (i < B % K);  // near-equal parts: B/K each when K divides B
         const float share = float(n) / float(B);
+        const float grad_scale = opt.scaler ? share * r.loss_scale : share;  // × S with a GradScaler
         const auto [loss_i, correct_i] =
-            forward_backward(model, rows(x, first, n), rows(y, first, n), share, opt.arena);
+            forward_backward(model, rows(x, first, n), rows(y, first, n), grad_scale, opt.arena);
         loss += double(share) * loss_i;
         r.correct += correct_i;
         first += n;
@@ -58,6 +84,10 @@ StepResult train_step(Module& model, Optimizer& optimizer, const Tensor& x, cons
     }
     r.loss = float(loss);
     r.loss_finite = std::isfinite(r.loss);
+    if (opt.scaler) {
+        scaled_update(model, optimizer, opt, r);
+        return r;
+    }
     if (r.loss_finite && opt.clip_norm > 0.0f) {
         r.grad_norm = clip_grad_norm(model.parameters(), opt.clip_norm);
         r.grads_finite = std::isfinite(r.grad_norm);
@@ -75,19 +105,24 @@ EpochResult train_epoch(Module& model, Optimizer& optimizer, DataLoader& loader,
     loader.start_epoch(epoch);
     Progress bar(epoch + 1, opt.epochs, loader.num_batches());
     Batch batch;  // from the pool: it lives across the arena's reset
-    int64_t step = 0, correct_total = 0, seen = 0;
+    int64_t step = 0, correct_total = 0, seen = 0, skipped = 0;
     auto next = [&] {
         if (opt.memory) opt.memory->step_begins();  // a recorded step starts with loading its batch
         ContextScope phase(Phase::Data);
         return loader.next(batch);
     };
     while (next()) {
-        const StepResult r = train_step(model, optimizer, batch.x, batch.y, StepOptions{opt.arena, opt.clip_norm, opt.accumulate});
+        const StepResult r = train_step(model, optimizer, batch.x, batch.y,
+                                        StepOptions{opt.arena, opt.clip_norm, opt.accumulate, opt.scaler});
         if (opt.memory) opt.memory->step_ends();
-        KILN_CHECK(r.finite(), "training diverged: the ", r.loss_finite ? "gradient norm" : "loss", " is ",
-                   r.loss_finite ? r.grad_norm : r.loss, " at epoch ", epoch + 1, ", step ", step + 1,
+        KILN_CHECK(r.finite() || opt.scaler, "training diverged: the ", r.loss_finite ? "gradient norm" : "loss",
+                   " is ", r.loss_finite ? r.grad_norm : r.loss, " at epoch ", epoch + 1, ", step ", step + 1,
                    ". Try a smaller --lr (now ", optimizer.lr(), ") or check the input data");
-        if (opt.scheduler && opt.per_batch) opt.scheduler->step();
+        if (opt.grad_hist && step == 0) print_grad_hist(model, r.loss_scale);
+        // Only after an update: a schedule counts the optimizer's steps (optim/grad_scaler.h).
+        if (opt.scheduler && opt.per_batch && r.stepped) opt.scheduler->step();
+        skipped += !r.stepped;
+        if (opt.scaler) bar.show_scaler(opt.scaler->loss_scale(), skipped);
         bar.step(batch.size(), r.loss, r.correct);
         correct_total += r.correct;
         seen += batch.size();
@@ -97,6 +132,8 @@ EpochResult train_epoch(Module& model, Optimizer& optimizer, DataLoader& loader,
     r.images_per_second = bar.images_per_second();
     r.loss = bar.finish();
     r.accuracy = seen ? double(correct_total) / double(seen) : 0.0;
+    r.skipped = skipped;
+    if (opt.scaler) r.loss_scale = opt.scaler->loss_scale();
     return r;
 }
 

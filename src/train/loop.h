@@ -8,6 +8,12 @@
 //   4. optimizer.step()                     p -= lr · (update from grad), if everything is finite
 //   5. arena.reset()                        this step's activations are gone, in O(1)
 //
+// With a GradScaler (StepOptions::scaler, chapter 09: --amp f16), steps 2-4 become PyTorch's
+// recipe (optim/grad_scaler.h): dL/dlogits is multiplied by the scale S before backward;
+// scaler.unscale_ divides the gradients by S and looks for inf/NaN; clipping sees the true
+// gradients; scaler.step skips the optimizer if an inf/NaN was found; scaler.update adjusts S.
+// A skipped step is not an error: the training loop goes on, as PyTorch's does.
+//
 // Gradient accumulation (StepOptions::accumulate = K, the trainers' --accumulate K): the batch
 // of B images is cut into K micro-batches of about B/K (every one of B/K when K divides B), and
 // steps 1-3 run once per micro-batch, the arena reset after each — only one micro-batch's
@@ -22,7 +28,8 @@
 // updates its running statistics K times), so the network computes another function.
 //
 // The epoch (train_epoch) adds, after each step: scheduler.step() if the lr changes every batch
-// (OneCycleLR), and the progress bar.
+// (OneCycleLR) and the optimizer stepped (a step a GradScaler skipped does not advance the
+// schedule: grad_scaler.h says why), and the progress bar.
 #pragma once
 #include <string>
 #include <utility>
@@ -30,6 +37,7 @@
 #include "core/allocator.h"
 #include "data/loader.h"
 #include "nn/module.h"
+#include "optim/grad_scaler.h"
 #include "optim/optimizer.h"
 #include "optim/scheduler.h"
 #include "train/run_log.h"
@@ -43,18 +51,21 @@ struct StepOptions {
     BumpAllocator* arena = nullptr;  // each step's activations (reset after the step)
     float clip_norm = 0.0f;          // > 0: clip the gradients' global norm to it
     int accumulate = 1;              // micro-batches per optimizer step (≤ the batch's size)
+    GradScaler* scaler = nullptr;    // loss scaling (--amp f16); null: none, the step unchanged
 };
 
 // What a step did. A non-finite loss or gradient norm is reported, not thrown: the optimizer
 // step is skipped (stepped = false) and the caller decides — the training loop stops with an
-// error, a GradScaler (chapter 09) would lower its scale and go on.
+// error. With a GradScaler its inf/NaN check decides instead (grads_finite), and the scaler
+// lowers its scale and training goes on.
 struct StepResult {
     float loss = 0;
     int64_t correct = 0;       // correct predictions in the batch
     float grad_norm = 0;       // the norm before clipping (0 when not clipping)
     bool loss_finite = true;
-    bool grads_finite = true;  // known only when clipping (the norm is computed then)
+    bool grads_finite = true;  // known only when clipping (the norm is computed then) or scaling
     bool stepped = false;      // the optimizer updated the parameters
+    float loss_scale = 1;      // what dL/dlogits was multiplied by (the GradScaler's scale)
     bool finite() const { return loss_finite && grads_finite; }
 };
 
@@ -74,6 +85,8 @@ struct EpochResult {
     float loss = 0;                // mean training loss over the epoch
     double accuracy = 0;           // training accuracy over the epoch
     double images_per_second = 0;
+    int64_t skipped = 0;           // steps the GradScaler skipped (an inf/NaN gradient)
+    float loss_scale = 0;          // the GradScaler's scale at the epoch's end; 0 without one
 };
 
 // How to train: the loop's options (train_epoch) and the epochs' (fit, train/fit.h).
@@ -90,10 +103,14 @@ struct TrainOptions {
     RunInfo run = {};                  // fit: with run.trainer set, run.json and curves.svg in run.dir
                                        // after every epoch (train/run_log.h)
     MemoryRecording* memory = nullptr;    // records the first steps' allocations; null: nothing recorded
+    GradScaler* scaler = nullptr;      // loss scaling (StepOptions::scaler); saved in checkpoints
+    bool grad_hist = false;            // train_epoch: print the first step's gradient exponents
+                                       // against f16's range (train/grad_hist.h); fit: first epoch only
 };
 
 // Trains one epoch (epoch counts from 0, of opt.epochs) with a progress bar. Throws kiln::Error
-// if the loss or the gradients stop being finite, naming the epoch and the step.
+// if the loss or the gradients stop being finite, naming the epoch and the step — unless a
+// GradScaler is in charge (opt.scaler), which skips such steps and goes on.
 EpochResult train_epoch(Module& model, Optimizer& optimizer, DataLoader& loader, int epoch, const TrainOptions& opt);
 
 }  // namespace kiln

@@ -3,6 +3,7 @@
 
 #include <unistd.h>
 
+#include <cmath>
 #include <cstdio>
 
 #include "core/allocator.h"
@@ -26,13 +27,23 @@ void Progress::step(int64_t batch_size, float loss, int64_t correct) {
     done_++;
     images_ += batch_size;
     correct_ += correct;
-    loss_sum_ += double(loss) * double(batch_size);
+    if (std::isfinite(loss)) {  // always, unless a GradScaler skipped the step (loop.h)
+        loss_sum_ += double(loss) * double(batch_size);
+        loss_images_ += batch_size;
+    }
     if (tty_) {
         if (seconds_since(last_draw_) > 0.1 || done_ == steps_) draw(false);
     } else if (int quarter = int(4 * done_ / steps_); quarter > last_quarter_ && done_ < steps_) {
         last_quarter_ = quarter;
         draw(false);
     }
+}
+
+double Progress::mean_loss() const { return loss_images_ ? loss_sum_ / double(loss_images_) : 0.0; }
+
+void Progress::show_scaler(float scale, int64_t skipped) {
+    scale_ = scale;
+    skipped_ = skipped;
 }
 
 void Progress::draw(bool final_line) {
@@ -42,10 +53,12 @@ void Progress::draw(bool final_line) {
     char bar[21] = {};
     int filled = steps_ > 0 ? int(20 * done_ / steps_) : 20;
     for (int i = 0; i < 20; i++) bar[i] = i < filled ? '#' : '.';
-    double loss = images_ ? loss_sum_ / double(images_) : 0.0;
+    double loss = mean_loss();
     double acc = images_ ? 100.0 * double(correct_) / double(images_) : 0.0;
-    std::printf("%sepoch %d/%d [%s] %5lld/%lld  loss %.4f  acc %.2f%%  %.0f img/s  %s %.0fs%s", tty_ ? "\r" : "",
-                epoch_, epochs_, bar, (long long)done_, (long long)steps_, loss, acc, ips,
+    char scaler[64] = "";
+    if (scale_ > 0) std::snprintf(scaler, sizeof scaler, "scale %.9g skipped %lld  ", double(scale_), (long long)skipped_);
+    std::printf("%sepoch %d/%d [%s] %5lld/%lld  loss %.4f  acc %.2f%%  %s%.0f img/s  %s %.0fs%s", tty_ ? "\r" : "",
+                epoch_, epochs_, bar, (long long)done_, (long long)steps_, loss, acc, scaler, ips,
                 final_line ? "time" : "ETA", final_line ? seconds_since(start_) : eta,
                 tty_ && !final_line ? "   " : "\n");
     std::fflush(stdout);
@@ -53,7 +66,7 @@ void Progress::draw(bool final_line) {
 
 float Progress::finish() {
     draw(true);
-    return images_ ? float(loss_sum_ / double(images_)) : 0.0f;
+    return float(mean_loss());
 }
 
 int64_t peak_memory(Device device) { return device_peaks(device).peak; }

@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <charconv>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -49,12 +50,19 @@ std::string device_text(Device d) {
     return cuda::is_emulated() ? "cuda (kiln's kernel emulator, on the CPU)" : "cuda";
 }
 
+// A GradScaler's fields of an epoch's line, ", \"loss_scale\": 65536, \"skipped_steps\": 3";
+// nothing for an epoch without one.
+std::string scaler_json(const EpochRecord& r) {
+    if (r.loss_scale <= 0) return "";
+    return ", \"loss_scale\": " + number(r.loss_scale) + ", \"skipped_steps\": " + number(r.skipped_steps);
+}
+
 // One epoch's line of run.json: {"epoch": 1, "train_loss": 0.31, ...}
 std::string epoch_json(const EpochRecord& r) {
     return "{\"epoch\": " + number(r.epoch) + ", \"train_loss\": " + number(r.train_loss) +
            ", \"train_accuracy\": " + number(r.train_accuracy) + ", \"test_accuracy\": " + number(r.test_accuracy) +
            ", \"lr\": " + number(r.lr) + ", \"images_per_second\": " + number(r.images_per_second) +
-           ", \"peak_bytes\": " + number(r.peak_bytes) + "}";
+           ", \"peak_bytes\": " + number(r.peak_bytes) + scaler_json(r) + "}";
 }
 
 // The number after "key": in one epoch's line, or an error naming the file and the key.
@@ -103,6 +111,10 @@ std::vector<EpochRecord> read_epochs(const std::string& json, const std::string&
         r.lr = float(field(line, "lr", path));
         r.images_per_second = field(line, "images_per_second", path);
         r.peak_bytes = int64_t(field(line, "peak_bytes", path));
+        if (line.find("\"loss_scale\":") != std::string::npos) {  // an epoch with a GradScaler
+            r.loss_scale = float(field(line, "loss_scale", path));
+            r.skipped_steps = int64_t(field(line, "skipped_steps", path));
+        }
         epochs.push_back(r);
     }
     return epochs;
@@ -143,6 +155,7 @@ namespace {
 
 const char* const kTrainColour = "#1f77b4";  // blue
 const char* const kTestColour = "#d62728";   // red
+const char* const kScaleColour = "#2ca02c";  // green
 
 // [lo, hi] of the values with 5% of the span added on each side, within [floor, ceiling].
 Range padded(const std::vector<double>& v, double floor, double ceiling) {
@@ -160,22 +173,27 @@ void curve(Svg& svg, const std::vector<Point>& points, const std::string& colour
 }  // namespace
 
 void save_curves(const std::string& path, const std::string& trainer, const std::vector<EpochRecord>& epochs) {
-    std::vector<double> x, loss, train_acc, test_acc;
+    std::vector<double> x, loss, train_acc, test_acc, scale_x, log2_scale;
     for (const EpochRecord& r : epochs) {
         x.push_back(r.epoch);
         loss.push_back(r.train_loss);
         train_acc.push_back(100 * r.train_accuracy);
         test_acc.push_back(100 * r.test_accuracy);
+        if (r.loss_scale > 0) {
+            scale_x.push_back(r.epoch);
+            log2_scale.push_back(std::log2(double(r.loss_scale)));
+        }
     }
     std::vector<double> both = train_acc;
     both.insert(both.end(), test_acc.begin(), test_acc.end());
     const Range epoch_range{0, x.back()};
 
-    Svg svg(900, 380);
+    const double width = log2_scale.empty() ? 900 : 1350;  // a third panel for the loss scale
+    Svg svg(width, 380);
     char title[160];
     std::snprintf(title, sizeof title, "%s: final test accuracy %.2f%% after epoch %d", trainer.c_str(),
                   100 * epochs.back().test_accuracy, epochs.back().epoch);
-    svg.text({450, 24}, title, 16, Anchor::Middle);
+    svg.text({width / 2, 24}, title, 16, Anchor::Middle);
 
     Plot left(svg, {70, 50, 340, 260}, epoch_range, padded(loss, 0, 1e30));
     left.axes("epoch", "training loss");
@@ -190,6 +208,15 @@ void save_curves(const std::string& path, const std::string& trainer, const std:
     // the legend in the bottom-right corner, where rising accuracy curves are not
     Plot(svg, {acc_area.x, acc_area.y + acc_area.h - 44, acc_area.w, 44}, epoch_range, {0, 1})
         .legend({{"training accuracy", kTrainColour}, {"test accuracy", kTestColour}});
+
+    if (!log2_scale.empty()) {  // whole powers of two on the axis: the scale halves and doubles
+        Range r = padded(log2_scale, -1e30, 1e30);
+        r = {std::floor(r.lo), std::ceil(r.hi)};
+        Plot scale(svg, {970, 50, 340, 260}, epoch_range, r);
+        scale.axes("epoch", "log2 of the loss scale");
+        curve(svg, scale.points(scale_x, log2_scale), kScaleColour);
+        scale.legend({{"GradScaler's scale", kScaleColour}});
+    }
     svg.save(path);
 }
 

@@ -1,8 +1,10 @@
 // run_log.h — a record of a training run, one entry per epoch, kept on disk as it grows:
 //
 //   DIR/run.json     who ran what (trainer, command line, device, CPU) and, per epoch, the
-//                    training loss and accuracy, the test accuracy, the lr, img/s, peak memory
-//   DIR/curves.svg   loss against epoch beside training and test accuracy against epoch
+//                    training loss and accuracy, the test accuracy, the lr, img/s, peak memory;
+//                    with a GradScaler (--amp f16) also its loss scale and the skipped steps
+//   DIR/curves.svg   loss against epoch beside training and test accuracy against epoch, and
+//                    log2 of the loss scale against epoch when a GradScaler was used
 //
 // DIR is --save's folder when given, else runs/<trainer>/ (runs/lesson-03/). fit (train/fit.h)
 // keeps the log for every trainer; both files are rewritten after each epoch, so a stopped run
@@ -43,6 +45,8 @@ struct EpochRecord {
     float lr = 0;                  // the lr the epoch started with
     double images_per_second = 0;  // training images
     int64_t peak_bytes = 0;
+    float loss_scale = 0;          // the GradScaler's scale at the epoch's end; 0: no scaler
+    int64_t skipped_steps = 0;     // steps it skipped in the epoch (an inf/NaN gradient)
 };
 
 class RunLog {
@@ -65,7 +69,8 @@ private:
 };
 
 // run.json's text: an object with the run's description and "epochs": one object per epoch
-// on its own line, numbers in their shortest exact decimal form.
+// on its own line, numbers in their shortest exact decimal form; "loss_scale" and
+// "skipped_steps" only in the epochs that had a scaler.
 std::string run_json(const RunInfo& info, const std::vector<EpochRecord>& epochs);
 
 // The epochs recorded in run.json's text (the inverse of run_json's "epochs"); `path` names
@@ -73,7 +78,9 @@ std::string run_json(const RunInfo& info, const std::vector<EpochRecord>& epochs
 std::vector<EpochRecord> read_epochs(const std::string& json, const std::string& path);
 
 // curves.svg: training loss against epoch on the left; training and test accuracy (%) against
-// epoch on the right; the final test accuracy above them. Throws kiln::Error if it cannot write.
+// epoch in the middle (on the right without a scaler); log2 of the loss scale against epoch on
+// the right when an epoch had a scaler; the final test accuracy above them. Throws kiln::Error
+// if it cannot write.
 void save_curves(const std::string& path, const std::string& trainer, const std::vector<EpochRecord>& epochs);
 
 // The CPU's name from /proc/cpuinfo ("model name"), or "unknown" where there is none.

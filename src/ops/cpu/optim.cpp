@@ -1,6 +1,7 @@
 // optim.cpp — the optimizers' fused updates on the CPU (the twins of cuda/optim.cu): one pass
 // that reads each parameter, its gradient and its optimizer buffers once and writes the new
-// values. Each is one OpenMP loop; memory bandwidth is the limit.
+// values. Each is one OpenMP loop; memory bandwidth is the limit. Also GradScaler's unscale
+// with its inf/NaN check (chapter 09), one pass over the gradients.
 #include <algorithm>
 #include <cmath>
 
@@ -44,6 +45,18 @@ void adam_update(float* p, const float* grad, float* m, float* v, float* v_max, 
         const float v_used = v_max ? (v_max[i] = std::max(v_max[i], v[i])) : v[i];
         p[i] -= step_size * m[i] / (std::sqrt(v_used) / bc2_sqrt + eps);
     }
+}
+
+// One read and one write per element; the flag is an OR over the elements, which OpenMP
+// combines across threads (reduction), so the result does not depend on the thread count.
+bool unscale_and_check(float* g, int64_t n, float inv_scale) {
+    int found_inf = 0;
+#pragma omp parallel for simd reduction(| : found_inf) if (n > kParallelMin)
+    for (int64_t i = 0; i < n; i++) {
+        found_inf |= !std::isfinite(g[i]);
+        g[i] *= inv_scale;
+    }
+    return found_inf != 0;
 }
 
 }  // namespace kiln::cpu

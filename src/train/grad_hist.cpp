@@ -1,0 +1,109 @@
+// grad_hist.cpp — the gradient exponent histogram against f16's range (see grad_hist.h).
+#include "train/grad_hist.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+
+#include "core/error.h"
+
+namespace kiln {
+
+namespace {
+
+// f16's zone boundaries (grad_hist.h): 2^-24, 2^-14, and 65520, the midpoint between 65504
+// (the largest f16) and 65536 (the next value at f16's precision), from which values round to inf.
+constexpr double kF16SmallestSubnormal = 0x1p-24, kF16SmallestNormal = 0x1p-14, kF16Overflow = 65520.0;
+
+enum class Zone { Underflow, Subnormal, Normal, Overflow };
+
+Zone f16_zone(double magnitude) {
+    if (magnitude < kF16SmallestSubnormal) return Zone::Underflow;
+    if (magnitude < kF16SmallestNormal) return Zone::Subnormal;
+    return magnitude < kF16Overflow ? Zone::Normal : Zone::Overflow;
+}
+
+const char* zone_name(Zone z) {
+    switch (z) {
+        case Zone::Underflow: return "underflow";
+        case Zone::Subnormal: return "subnormal";
+        case Zone::Normal: return "normal";
+        case Zone::Overflow: return "overflow";
+    }
+    return "";
+}
+
+// One finite, non-zero value into the histogram.
+void add_value(GradHistogram& h, float g) {
+    h.counts[size_t(std::ilogb(g) - GradHistogram::kMinExponent)]++;  // ilogb: floor(log2 |g|), exact
+    const double magnitude = std::fabs(double(g));
+    const Zone alone = f16_zone(magnitude), scaled = f16_zone(magnitude * double(h.scale));
+    h.underflow += alone == Zone::Underflow;
+    h.subnormal += alone == Zone::Subnormal;
+    h.underflow_scaled += scaled == Zone::Underflow;
+    h.subnormal_scaled += scaled == Zone::Subnormal;
+    h.overflow_scaled += scaled == Zone::Overflow;
+}
+
+// "1234 (1.21%)"
+std::string with_share(int64_t n, int64_t of) {
+    char text[64];
+    std::snprintf(text, sizeof text, "%lld (%.2f%%)", (long long)n, of ? 100.0 * double(n) / double(of) : 0.0);
+    return text;
+}
+
+}  // namespace
+
+GradHistogram grad_histogram(const std::vector<Tensor>& grads, float scale) {
+    KILN_CHECK(std::isfinite(scale) && scale > 0.0f, "grad_histogram: the loss scale ", scale,
+               " must be a positive finite number");
+    GradHistogram h;
+    h.scale = scale;
+    for (const Tensor& t : grads) {
+        check_defined(t, "grad_histogram", "a gradient");
+        check_dtype(t, DType::F32, "grad_histogram", "a gradient");
+        const Tensor cpu = t.to(Device::CPU);
+        const float* g = cpu.data<float>();
+        for (int64_t i = 0; i < cpu.numel(); i++) {
+            if (!std::isfinite(g[i])) h.non_finite++;
+            else if (g[i] == 0.0f) h.zeros++;
+            else add_value(h, g[i]);
+        }
+        h.values += cpu.numel();
+    }
+    return h;
+}
+
+std::string grad_hist_text(const GradHistogram& h) {
+    std::string s;
+    char line[160];
+    std::snprintf(line, sizeof line,
+                  "gradient values by binary exponent e = floor(log2 |g|): %lld values, loss scale S = %.9g\n"
+                  "      e       count  f16 zone of g  of S·g\n",
+                  (long long)h.values, double(h.scale));
+    s += line;
+    int lo = GradHistogram::kMaxExponent + 1, hi = GradHistogram::kMinExponent - 1;
+    int64_t most = 0;
+    for (int e = GradHistogram::kMinExponent; e <= GradHistogram::kMaxExponent; e++) {
+        if (h.count(e) == 0) continue;
+        lo = std::min(lo, e), hi = std::max(hi, e);
+        most = std::max(most, h.count(e));
+    }
+    for (int e = lo; e <= hi; e++) {
+        const double edge = std::ldexp(1.0, e);  // the binade [2^e, 2^(e+1))
+        const int bar = h.count(e) ? std::max(1, int(40 * h.count(e) / most)) : 0;
+        std::snprintf(line, sizeof line, "  %5d  %10lld  %-13s  %-9s  %s\n", e, (long long)h.count(e),
+                      zone_name(f16_zone(edge)), zone_name(f16_zone(edge * double(h.scale))),
+                      std::string(size_t(bar), '#').c_str());
+        s += line;
+    }
+    s += "zeros " + with_share(h.zeros, h.values) + ", inf or NaN " + with_share(h.non_finite, h.values) + "\n";
+    s += "f16 without scaling: " + with_share(h.underflow, h.values) + " underflow (|g| < 2^-24), " +
+         with_share(h.subnormal, h.values) + " subnormal (|g| < 2^-14)\n";
+    std::snprintf(line, sizeof line, "f16 at S = %.9g: ", double(h.scale));
+    s += line + with_share(h.underflow_scaled, h.values) + " underflow, " + with_share(h.subnormal_scaled, h.values) +
+         " subnormal, " + with_share(h.overflow_scaled, h.values) + " overflow (|S·g| >= 65520)\n";
+    return s;
+}
+
+}  // namespace kiln
