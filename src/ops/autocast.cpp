@@ -3,6 +3,8 @@
 
 #include <unordered_map>
 
+#include "core/allocator.h"
+
 #include "ops/ops.h"
 
 namespace kiln {
@@ -63,6 +65,8 @@ const Tensor& autocast_param(const Tensor& p) {
     if (!current || !p.defined() || p.dtype() == current->low_) return p;
     Tensor& copy = current->copies_->by_weight[p.raw()];
     if (!copy.defined()) {
+        // From the pool even inside a step's arena scope: the copy outlives each micro-batch.
+        AllocatorScope from_pool(pool_allocator(p.device()));
         copy = Tensor::empty(p.shape(), current->low_, p.device(), Category::AutocastCopy);
         convert_into(p, copy);
     }

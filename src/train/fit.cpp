@@ -8,6 +8,7 @@
 
 #include "data/cifar.h"
 #include "data/idx.h"
+#include "ops/autocast.h"
 #include "train/checkpoint.h"
 #include "train/evaluate.h"
 #include "train/loop.h"
@@ -47,6 +48,8 @@ void save_epoch(const std::string& save_dir, TrainingRun& run, int epochs_done) 
 // opt.test_mirrored the mirror-averaged accuracy (evaluate_with_mirror) is printed too, and is
 // the one returned.
 double test_epoch(Module& model, DataLoader& test, const TrainOptions& opt, int epoch, float lr) {
+    std::optional<AutocastScope> amp;  // --amp: evaluated in the precision it trains in
+    if (opt.amp != DType::F32) amp.emplace(opt.amp);
     if (!opt.test_mirrored) {
         double acc = evaluate(model, test, opt.arena);
         std::printf("epoch %d: test accuracy %.2f%% (lr %.4g)\n", epoch + 1, 100 * acc, lr);
@@ -114,14 +117,20 @@ double fit(Module& model, Optimizer& optimizer, DataLoader& train, DataLoader& t
                      run_info(flags)};
     const std::unique_ptr<MemoryRecording> memory = memory_recording(flags, model, optimizer, arena, train);
     opt.memory = memory.get();
-    const std::unique_ptr<GradScaler> scaler = grad_scaler(flags);
-    opt.scaler = scaler.get();
-    opt.grad_hist = flags.grad_hist;
+    const std::unique_ptr<GradScaler> scaler = set_precision(flags, opt);
     return fit(model, optimizer, train, test, opt);
 }
 
 std::unique_ptr<GradScaler> grad_scaler(const CommonFlags& flags) {
     return flags.amp == DType::F16 ? std::make_unique<GradScaler>() : nullptr;
+}
+
+std::unique_ptr<GradScaler> set_precision(const CommonFlags& flags, TrainOptions& opt) {
+    std::unique_ptr<GradScaler> scaler = grad_scaler(flags);
+    opt.scaler = scaler.get();
+    opt.grad_hist = flags.grad_hist;
+    opt.amp = flags.amp;
+    return scaler;
 }
 
 void report(Device device, double test_accuracy, std::chrono::steady_clock::time_point start) {

@@ -52,8 +52,12 @@ double fit(Module& model, Optimizer& optimizer, DataLoader& train, DataLoader& t
 
 // The GradScaler a trainer's flags ask for: PyTorch's defaults with --amp f16 (f16's range
 // needs loss scaling), none otherwise (null) — bf16 has f32's exponent range, and f32 needs none.
-// A trainer that builds its own TrainOptions sets opt.scaler to it (and opt.grad_hist).
+// A trainer that builds its own TrainOptions calls set_precision below.
 std::unique_ptr<GradScaler> grad_scaler(const CommonFlags& flags);
+
+// --amp and --grad-hist into opt (amp, grad_hist, and the scaler of grad_scaler(flags), which
+// the caller keeps alive for the run): for a trainer that builds its own TrainOptions.
+std::unique_ptr<GradScaler> set_precision(const CommonFlags& flags, TrainOptions& opt);
 
 // Prints the memory summary of the device and, last, the result line:
 //   result: test_acc=98.42% time=41.3s peak_mem=12.6MiB

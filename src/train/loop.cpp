@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "nn/layers.h"
+#include "ops/autocast.h"
 #include "ops/ops.h"
 #include "train/evaluate.h"
 #include "train/grad_hist.h"
@@ -71,6 +72,8 @@ StepResult train_step(Module& model, Optimizer& optimizer, const Tensor& x, cons
     model.zero_grad();               // one fill when the model is packed
     if (opt.scaler) r.loss_scale = opt.scaler->loss_scale();
     double loss = 0.0;               // Σ (n_i / B) · L_i: the whole batch's mean loss
+    std::optional<AutocastScope> amp;  // the weights' low copies: made once, for every micro-batch
+    if (opt.amp != DType::F32) amp.emplace(opt.amp);
     for (int64_t i = 0, first = 0; i < K; i++) {
         const int64_t n = B / K + (i < B % K);  // near-equal parts: B/K each when K divides B
         const float share = float(n) / float(B);
@@ -82,6 +85,7 @@ StepResult train_step(Module& model, Optimizer& optimizer, const Tensor& x, cons
         first += n;
         if (opt.arena) opt.arena->reset();  // the next micro-batch (or the next step) starts afresh
     }
+    amp.reset();  // the copies go before the optimizer changes the weights they were made from
     r.loss = float(loss);
     r.loss_finite = std::isfinite(r.loss);
     if (opt.scaler) {
@@ -113,7 +117,7 @@ EpochResult train_epoch(Module& model, Optimizer& optimizer, DataLoader& loader,
     };
     while (next()) {
         const StepResult r = train_step(model, optimizer, batch.x, batch.y,
-                                        StepOptions{opt.arena, opt.clip_norm, opt.accumulate, opt.scaler});
+                                        StepOptions{opt.arena, opt.clip_norm, opt.accumulate, opt.scaler, opt.amp});
         if (opt.memory) opt.memory->step_ends();
         KILN_CHECK(r.finite() || opt.scaler, "training diverged: the ", r.loss_finite ? "gradient norm" : "loss",
                    " is ", r.loss_finite ? r.grad_norm : r.loss, " at epoch ", epoch + 1, ", step ", step + 1,

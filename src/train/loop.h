@@ -52,6 +52,8 @@ struct StepOptions {
     float clip_norm = 0.0f;          // > 0: clip the gradients' global norm to it
     int accumulate = 1;              // micro-batches per optimizer step (≤ the batch's size)
     GradScaler* scaler = nullptr;    // loss scaling (--amp f16); null: none, the step unchanged
+    DType amp = DType::F32;          // f16/bf16: forward and backward under an AutocastScope
+                                     // (ops/autocast.h, --amp); f32: none
 };
 
 // What a step did. A non-finite loss or gradient norm is reported, not thrown: the optimizer
@@ -104,6 +106,7 @@ struct TrainOptions {
                                        // after every epoch (train/run_log.h)
     MemoryRecording* memory = nullptr;    // records the first steps' allocations; null: nothing recorded
     GradScaler* scaler = nullptr;      // loss scaling (StepOptions::scaler); saved in checkpoints
+    DType amp = DType::F32;            // mixed precision (StepOptions::amp), evaluation included
     bool grad_hist = false;            // train_epoch: print the first step's gradient exponents
                                        // against f16's range (train/grad_hist.h); fit: first epoch only
 };
