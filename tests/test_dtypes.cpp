@@ -301,3 +301,25 @@ TEST_CASE("softmax cross-entropy of f16 and bf16 logits on CUDA", "[dtype][cuda]
     Rng rng(131);
     under_schedules([&] { check_softmax_cross_entropy(Device::CUDA, rng); });
 }
+
+TEST_CASE("float_format reads each type's range and epsilon off its bits", "[dtype][cpu][lesson09]") {
+    // The IEEE 754 / bfloat16 constants, written independently of the conversions.
+    const FloatFormat h = float_format(DType::F16);
+    CHECK((h.exponent_bits == 5 && h.mantissa_bits == 10));
+    CHECK(h.max == 65504.0);
+    CHECK(h.min_normal == std::ldexp(1.0, -14));
+    CHECK(h.min_subnormal == std::ldexp(1.0, -24));
+    CHECK(h.epsilon == std::ldexp(1.0, -10));
+    const FloatFormat b = float_format(DType::BF16);
+    CHECK((b.exponent_bits == 8 && b.mantissa_bits == 7));
+    CHECK(b.max == (2.0 - std::ldexp(1.0, -7)) * std::ldexp(1.0, 127));
+    CHECK(b.min_normal == std::ldexp(1.0, -126));
+    CHECK(b.min_subnormal == std::ldexp(1.0, -133));
+    CHECK(b.epsilon == std::ldexp(1.0, -7));
+    const FloatFormat f = float_format(DType::F32);
+    CHECK(f.max == double(std::numeric_limits<float>::max()));
+    CHECK(f.min_normal == double(std::numeric_limits<float>::min()));
+    CHECK(f.min_subnormal == double(std::numeric_limits<float>::denorm_min()));
+    CHECK(f.epsilon == double(std::numeric_limits<float>::epsilon()));
+    REQUIRE_THROWS_WITH(float_format(DType::I8), Catch::Contains("not a floating-point type"));
+}

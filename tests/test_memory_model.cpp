@@ -253,4 +253,6 @@ TEST_CASE("memory model: an input that does not fit the model names the layer", 
     auto model = lenet(rng);
     REQUIRE_THROWS_WITH(predict_memory(*model, {Shape{64, 3, 28, 28}}), Catch::Contains("conv1"));
     REQUIRE_THROWS_WITH(predict_memory(*model, {Shape{64}}), Catch::Contains("batch first"));
+    REQUIRE_THROWS_WITH(predict_memory(*model, {Shape{64, 1, 28, 28}, OptimizerKind::SGD, Device::CPU, true, DType::F16}),
+                        Catch::Contains("not --amp f16"));
 }

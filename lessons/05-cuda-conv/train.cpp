@@ -52,7 +52,7 @@ int main(int argc, char** argv) try {
     SGD sgd(model->parameters(), flags.lr, {momentum, 0.0f, 0.0f, false});
     flags.apply_memory_limit(device);  // --mem-limit, now that the model and its optimizer exist
     if (flags.find_batch_size) {  // print the largest batch that fits in --mem-limit, and stop
-        print_largest_batch(*model, sgd, mnist.train);
+        print_largest_batch(*model, sgd, mnist.train, flags.amp);
         return 0;
     }
     std::printf("lesson-05: LeNet, %lld parameters, %lld training images, device %s\n",

@@ -58,7 +58,7 @@ int main(int argc, char** argv) try {
     SGD sgd(model.parameters(), flags.lr, {0.9f, 0.0f, weight_decay, true});
     flags.apply_memory_limit(device);  // --mem-limit, now that the model and its optimizer exist
     if (flags.find_batch_size) {  // print the largest batch that fits in --mem-limit, and stop
-        print_largest_batch(model, sgd, cifar.train);
+        print_largest_batch(model, sgd, cifar.train, flags.amp);
         return 0;
     }
     std::printf("lesson-06: %s, widths %lld/%lld/%lld, %lld parameters, %lld training images, device %s\n",

@@ -105,7 +105,7 @@ int main(int argc, char** argv) try {
     std::unique_ptr<Optimizer> opt = make_optimizer(f, *model);
     f.common.apply_memory_limit(device);  // --mem-limit, now that the model and its optimizer exist
     if (f.common.find_batch_size) {  // print the largest batch that fits in --mem-limit, and stop
-        print_largest_batch(*model, *opt, cifar.train);
+        print_largest_batch(*model, *opt, cifar.train, f.common.amp);
         return 0;
     }
     std::vector<std::unique_ptr<LRScheduler>> parts;

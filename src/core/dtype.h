@@ -39,6 +39,18 @@ enum class DType : uint8_t { F32, F16, BF16, I8, I32, U8 };
 size_t dtype_size(DType t);       // bytes per element: 4, 2, 2, 1, 4, 1
 const char* dtype_name(DType t);  // "f32", "f16", ...
 
+// What a floating-point type holds (chapter 09's table), read off its bit patterns — sign, E
+// exponent bits with bias 2^(E-1) − 1, M mantissa bits — through the conversions below:
+//   max            exponent 2^E − 2, mantissa all ones:  (2 − 2^-M) · 2^bias
+//   min_normal     exponent 1, mantissa 0:              2^(1 − bias)
+//   min_subnormal  exponent 0, mantissa 1:              2^(1 − bias − M)
+//   epsilon        the gap between 1 and the next value: 2^-M (rounding errs by half of it, u)
+struct FloatFormat {
+    int exponent_bits, mantissa_bits;
+    double max, min_normal, min_subnormal, epsilon;
+};
+FloatFormat float_format(DType t);  // f32, f16 or bf16; other types throw
+
 // ---- bits of a float -----------------------------------------------------------------------
 KILN_HOST_DEVICE inline uint32_t bits_of(float x) {
 #if defined(__CUDA_ARCH__)

@@ -3,10 +3,12 @@
 
 #include <cstdio>
 #include <map>
+#include <optional>
 #include <sstream>
 
 #include "core/allocator.h"
 #include "core/rng.h"
+#include "ops/autocast.h"
 #include "train/loop.h"
 #include "train/memory_model.h"
 
@@ -83,16 +85,21 @@ std::string describe(const BatchSearch& search, int64_t limit) {
     return os.str();
 }
 
-void print_largest_batch(Module& model, const Optimizer& optimizer, const DataLoader& train) {
+void print_largest_batch(Module& model, const Optimizer& optimizer, const DataLoader& train, DType amp) {
     const Device device = train.options().device;
     const ImageShape image = train.image_shape();
-    const BatchSearch s = find_batch_size(model, image, device, train.set().n);
+    BatchSearch s;
+    {
+        std::optional<AutocastScope> autocast;  // the weights' low copies, made by the first probe
+        if (amp != DType::F32) autocast.emplace(amp);
+        s = find_batch_size(model, image, device, train.set().n);
+    }
     std::printf("%s", describe(s, memory_limit(device)).c_str());
     if (s.largest == 0) return;
     // beside it, the prediction from the shapes alone (train/memory_model.h), in an arena as the probes ran
     try {
         const MemoryPrediction p = predict_memory(
-            model, {Shape{s.largest, image.c, image.h, image.w}, optimizer_kind(optimizer), device, true});
+            model, {Shape{s.largest, image.c, image.h, image.w}, optimizer_kind(optimizer), device, true, amp});
         std::printf("predicted from the shapes alone for batch %lld: peak %s in %s (%s)\n", (long long)s.largest,
                     format_bytes(p.peak).c_str(), p.peak_module.c_str(), phase_name(p.peak_phase));
     } catch (const Error& e) {

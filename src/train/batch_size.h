@@ -43,7 +43,8 @@ std::string describe(const BatchSearch& search, int64_t limit);
 
 // --find-batch-size: the search for the training loader's images (on its device, up to the
 // training set's size), printed, with the peak that predict_memory gives for the largest batch
-// beside the measured one.
-void print_largest_batch(Module& model, const Optimizer& optimizer, const DataLoader& train);
+// beside the measured one. With amp (--amp f16|bf16) the probes run under an AutocastScope, as
+// training does (the memory model replays f32 steps only: no prediction then).
+void print_largest_batch(Module& model, const Optimizer& optimizer, const DataLoader& train, DType amp);
 
 }  // namespace kiln

@@ -341,6 +341,8 @@ MemoryPrediction predict_memory(Module& model, const MemoryModelOptions& options
     KILN_CHECK(options.input.ndim >= 2 && options.input[0] > 0, model.name(),
                ": predict_memory needs the input's shape with the batch first, e.g. [64, 1, 28, 28], got ",
                options.input.str());
+    KILN_CHECK(options.amp == DType::F32, "the memory model replays f32 steps, not --amp ", dtype_name(options.amp),
+               " (autocast's low-precision copies and casts are not in it)");
     // The layers' shapes first: a scratch forward pass (without parameters) gives each layer's
     // description, hence the slabs' sizes.
     std::vector<Shape> params, buffers;

@@ -44,6 +44,7 @@ struct MemoryModelOptions {
     OptimizerKind optimizer = OptimizerKind::SGDMomentum;
     Device device = Device::CPU;
     bool arena = true;  // activations from a step arena (StepOptions::arena), else from the pool
+    DType amp = DType::F32;  // the step's --amp: the model replays f32 steps only, and refuses others
 };
 
 // One module's share. A container's row adds up its subtree (the largest workspace for

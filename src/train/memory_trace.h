@@ -169,6 +169,7 @@ struct MemoryTraceOptions {
     int trace_steps = 2;     // --mem-trace-steps
     Shape input;             // a step's (micro-)batch x: the report prints the prediction for it
                              // (train/memory_model.h) beside what it measured
+    DType amp = DType::F32;  // --amp: the memory model predicts f32 steps only, so none then
 };
 
 // The training loop's side (TrainOptions::memory): records from the first step on, prints the
