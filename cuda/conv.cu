@@ -3,10 +3,11 @@
 // workspace contract, same results up to the order of the sums; every pointer device memory.
 // Kernels and launchers are templates on the element type T, instantiated for float, f16 and
 // bf16: x, w, b, y, dy, dx, dw, db and the workspace hold T, every sum is taken in float (or
-// double) and each result is rounded to T when stored. As on the CPU (conv.cpp, "f16 and bf16"),
-// a GEMM's output stored in the workspace is rounded once before it is used again: the im2col
-// forward's rows before + b (when there is a bias), backward data's dcols before col2im adds
-// them; dw is rounded once per workspace chunk (the chunk's images are the GEMM's K).
+// double) and each result is rounded to T once, when stored. As on the CPU (conv.cpp, "f16 and
+// bf16"), backward data's dcols are rounded to T in the workspace before col2im adds them (dx
+// is rounded twice), and dw once per workspace chunk (the chunk's images are the GEMM's K). The
+// im2col forward puts the bias into the GEMM for f16 and bf16 (rows = b, then beta = 1), so that
+// y is not rounded once in rows and again after + b.
 //
 // Letters as in ops/params.h: N C H W (input), O (output channels), KH KW (kernel), P Q (output),
 // G (groups), Cg = C/G and Og = O/G per group, and
@@ -77,6 +78,8 @@
 //
 // Build and run: part of the engine (make, or make CUDA=1); tested against the CPU by
 //   make test T='[conv][cuda]'
+#include <type_traits>
+
 #include "common.cuh"
 #include "ops/cuda_ops.h"
 
@@ -146,6 +149,14 @@ __global__ void rows_to_nchw_kernel(const T* rows, const T* b, ConvDims d, int64
         const int64_t o = e / L, i = e % L / PQ, pq = e % PQ;
         y[((n0 + i) * d.O + o) * PQ + pq] = b ? T(float(rows[e]) + float(b[o])) : rows[e];
     }
+}
+
+// rows[o][j] = b[o] for the L columns of a chunk: the GEMM then adds w·cols onto them (beta = 1)
+template <typename T>
+__global__ void bias_rows_kernel(const T* b, ConvDims d, int64_t L, T* rows) {
+    const int64_t total = d.O * L;
+    for (int64_t e = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; e < total; e += int64_t(gridDim.x) * blockDim.x)
+        rows[e] = b[e / L];
 }
 
 // rows[o][i·P·Q + pq] = dy[n0 + i, o, pq]
@@ -284,6 +295,13 @@ void rows_to_nchw(const T* rows, const T* b, const ConvDims& d, int64_t n0, int6
 }
 
 template <typename T>
+void bias_rows(const T* b, const ConvDims& d, int64_t L, T* rows) {
+    const dim3 grid(blocks_for(d.O * L)), block(kBlock);
+    KILN_LAUNCH(bias_rows_kernel<T>, grid, block, 0)(b, d, L, rows);
+    KILN_CHECK_LAUNCH(bias_rows_kernel<T>, grid, block);
+}
+
+template <typename T>
 void nchw_to_rows(const T* dy, const ConvDims& d, int64_t n0, int64_t k, T* rows) {
     const dim3 grid(blocks_for(d.O * k * d.P * d.Q)), block(kBlock);
     KILN_LAUNCH(nchw_to_rows_kernel<T>, grid, block, 0)(dy, d, n0, k, rows);
@@ -300,6 +318,7 @@ int64_t conv2d_col_elems_per_image(const Conv2dParams& p) {
 
 // Per chunk of k images (workspace: cols [CK, L], then rows [O, L]):
 //   cols = im2col(x);   rows[g·Og.., L] = w[g·Og.., Kc] · cols[g·Kc.., L];   y = rows + b
+// f16 and bf16 start rows at b and the GEMM adds onto it (beta = 1): y is rounded to T once.
 template <typename T>
 void conv2d_forward_im2col(const T* x, const T* w, const T* b, T* y, const Conv2dParams& p, T* col,
                            int64_t col_images) {
@@ -307,15 +326,17 @@ void conv2d_forward_im2col(const T* x, const T* w, const T* b, T* y, const Conv2
     if (p.N == 0) return;
     check_workspace(p, col, col_images, "cuda::conv2d_forward_im2col");
     const ConvDims d = dims_of(p);
+    const bool bias_in_gemm = b && !std::is_same_v<T, float>;
     for (int64_t n0 = 0; n0 < d.N; n0 += col_images) {
         const int64_t k = std::min(col_images, d.N - n0), L = k * d.P * d.Q;
         T* cols = col;
         T* rows = col + d.C * d.KH * d.KW * L;
         im2col(x, d, n0, k, cols);
+        if (bias_in_gemm) bias_rows(b, d, L, rows);
         for (int64_t g = 0; g < p.groups; g++)
-            gemm(false, false, d.Og, L, d.Kc, 1.0f, w + g * d.Og * d.Kc, d.Kc, cols + g * d.Kc * L, L, 0.0f,
-                 rows + g * d.Og * L, L);
-        rows_to_nchw(rows, b, d, n0, k, y);
+            gemm(false, false, d.Og, L, d.Kc, 1.0f, w + g * d.Og * d.Kc, d.Kc, cols + g * d.Kc * L, L,
+                 bias_in_gemm ? 1.0f : 0.0f, rows + g * d.Og * L, L);
+        rows_to_nchw(rows, bias_in_gemm ? nullptr : b, d, n0, k, y);
     }
 }
 

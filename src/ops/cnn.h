@@ -9,8 +9,8 @@
 // or returns has x's dtype — a mixed pair is an error naming the tensor — except the norms'
 // parameters and statistics (gamma, beta, running and saved statistics, dgamma, dbeta), which
 // are f32 whatever x is; argmax stays i32 and dropout's mask u8. Sums are taken in f32 (or
-// double), each result rounded to x's type once (ops/cpu/cnn_ops.h; conv.cpp lists the two
-// places a convolution rounds twice). Letters as in ops/params.h.
+// double), each result rounded to x's type once (ops/cpu/cnn_ops.h; cpu/conv.cpp says where a
+// convolution rounds more than once). Letters as in ops/params.h.
 #pragma once
 #include <cstdint>
 
