@@ -541,4 +541,15 @@ TEST_CASE("grad_histogram counts binary exponents and f16 zones, alone and at th
     REQUIRE_THAT(text, Contains("f16 at S = 65536: 2 (14.29%) underflow, 1 (7.14%) subnormal, 3 (21.43%) overflow"));
     REQUIRE(std::count(text.begin(), text.end(), '\n') == 2 + (15 - (-149) + 1) + 3);  // every binade between
     REQUIRE_THROWS_WITH(grad_histogram({a}, 0.0f), Contains("loss scale"));
+
+    // The figure: one bar for g and one for S·g per exponent present (9 of them), f16's four
+    // zones shaded, the scale in the legend.
+    const std::string svg = grad_hist_svg(h, "test").str();
+    size_t bars = 0;
+    for (size_t at = svg.find("fill-opacity=\"0.75\""); at != std::string::npos;
+         at = svg.find("fill-opacity=\"0.75\"", at + 1))
+        bars++;
+    REQUIRE(bars == 2 * 9);
+    REQUIRE_THAT(svg, Contains(">f16 underflow<") && Contains(">subnormal<") && Contains(">overflow<"));
+    REQUIRE_THAT(svg, Contains("S·g, scaled by S = 65536"));
 }

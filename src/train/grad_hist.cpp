@@ -106,4 +106,47 @@ std::string grad_hist_text(const GradHistogram& h) {
     return s;
 }
 
+Svg grad_hist_svg(const GradHistogram& h, const std::string& title) {
+    const double shift = std::log2(double(h.scale));  // S·g sits log2 S binades to the right of g
+    int lo = 0, hi = 0;
+    int64_t most = 1;
+    for (int e = GradHistogram::kMinExponent; e <= GradHistogram::kMaxExponent; e++) {
+        if (h.count(e) == 0) continue;
+        lo = std::min(lo, e);
+        hi = std::max(hi, e);
+        most = std::max(most, h.count(e));
+    }
+    // f16's zones by exponent: underflow below -24, subnormal [-24, -14), normal [-14, 16), overflow.
+    const Range x{std::min(double(lo), -28.0) - 1, std::max(hi + shift, 17.0) + 2};
+    Svg svg(900, 380);
+    svg.text({450, 24}, title, 16, Anchor::Middle);
+    // Counts on a log scale, so that the few values in the tails (those that flush) show.
+    const auto height = [](int64_t count) { return std::log10(1.0 + double(count)); };
+    Plot plot(svg, {70, 50, 800, 260}, x, {0, 1.15 * height(most)});
+    const Box a = plot.area();
+    const auto band = [&](double from, double to, const std::string& colour, const std::string& name) {
+        const double x0 = plot.at(std::max(from, x.lo), 0).x, x1 = plot.at(std::min(to, x.hi), 0).x;
+        svg.rect({x0, a.y, x1 - x0, a.h}, colour);
+        svg.text({(x0 + x1) / 2, a.y + 14}, name, 11, Anchor::Middle, "#555555");
+    };
+    band(x.lo, -24, "#f6d5d5", "f16 underflow");
+    band(-24, -14, "#fbefc8", "subnormal");
+    band(-14, 16, "#e2f1e2", "f16 normal");
+    band(16, x.hi, "#f6d5d5", "overflow");
+    plot.axes("binary exponent e: |value| in [2^e, 2^(e+1))", "log10(1 + values)");
+    const auto bar = [&](double from, int64_t count, const std::string& colour) {
+        const Point top = plot.at(from + 0.1, height(count)), bottom = plot.at(from + 0.9, 0);
+        svg.rect({top.x, top.y, bottom.x - top.x, bottom.y - top.y}, colour, 0.75);
+    };
+    for (int e = lo; e <= hi; e++) {
+        if (h.count(e) == 0) continue;
+        bar(e, h.count(e), "#1f77b4");
+        if (shift != 0) bar(e + shift, h.count(e), "#ff7f0e");
+    }
+    char scaled[64];
+    std::snprintf(scaled, sizeof scaled, "S·g, scaled by S = %.9g", double(h.scale));
+    plot.legend({{"g, the gradient", "#1f77b4"}, {scaled, "#ff7f0e"}});
+    return svg;
+}
+
 }  // namespace kiln

@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "core/tensor.h"
+#include "train/svg.h"
 
 namespace kiln {
 
@@ -44,5 +45,10 @@ GradHistogram grad_histogram(const std::vector<Tensor>& grads, float scale);
 // its count, a bar, and its zone as g and as S·g (the zone of the binade's lower end, 2^e); then
 // the zeros and inf/NaN, and the zones' exact counts with their share of the values.
 std::string grad_hist_text(const GradHistogram& h);
+
+// The histogram as a figure (train/svg.h): the count of each binade [2^e, 2^(e+1)) as a bar
+// (on a log scale, log10(1 + count), so that the tails show), for g and, shifted by log2 S, for
+// S·g, over f16's zones shaded (underflow, subnormal, normal, overflow). Titled `title`.
+Svg grad_hist_svg(const GradHistogram& h, const std::string& title);
 
 }  // namespace kiln

@@ -41,11 +41,16 @@ void scaled_update(Module& model, Optimizer& optimizer, const StepOptions& opt, 
 }
 
 // --grad-hist: the gradients the optimizer was given (unscaled, clipped if asked), against f16's
-// range as they are and at the scale the step used.
-void print_grad_hist(Module& model, float loss_scale) {
+// range as they are and at the scale the step used; the figure too, in the run's folder if any.
+void print_grad_hist(Module& model, float loss_scale, const RunInfo& run) {
     std::vector<Tensor> grads;
     for (Parameter* p : model.parameters()) grads.push_back(p->grad);
-    std::printf("%s", grad_hist_text(grad_histogram(grads, loss_scale)).c_str());
+    const GradHistogram h = grad_histogram(grads, loss_scale);
+    std::printf("%s", grad_hist_text(h).c_str());
+    if (run.trainer.empty()) return;
+    const std::string path = run.dir + "/grad-hist.svg";
+    grad_hist_svg(h, run.trainer + ": the first step's gradients against f16's range").save(path);
+    std::printf("wrote %s\n", path.c_str());
 }
 
 
@@ -122,7 +127,7 @@ EpochResult train_epoch(Module& model, Optimizer& optimizer, DataLoader& loader,
         KILN_CHECK(r.finite() || opt.scaler, "training diverged: the ", r.loss_finite ? "gradient norm" : "loss",
                    " is ", r.loss_finite ? r.grad_norm : r.loss, " at epoch ", epoch + 1, ", step ", step + 1,
                    ". Try a smaller --lr (now ", optimizer.lr(), ") or check the input data");
-        if (opt.grad_hist && step == 0) print_grad_hist(model, r.loss_scale);
+        if (opt.grad_hist && step == 0) print_grad_hist(model, r.loss_scale, opt.run);
         // Only after an update: a schedule counts the optimizer's steps (optim/grad_scaler.h).
         if (opt.scheduler && opt.per_batch && r.stepped) opt.scheduler->step();
         skipped += !r.stepped;
