@@ -195,6 +195,19 @@ TEST_CASE("a growth that would make the scale inf is not applied", "[scaler][les
     REQUIRE(near_max.loss_scale() == FLT_MAX / 1.5f);
 }
 
+TEST_CASE("unscale_ on a model that is not packed checks and unscales every gradient", "[scaler][lesson09][cpu]") {
+    Rng rng(2);
+    Linear fc(3, 2, rng);  // its weight and bias in two blocks of their own
+    GradScaler scaler;
+    fill_(fc.weight.grad, 2.0f);
+    fill_(fc.bias.grad, 4.0f);
+    fc.bias.grad.set({1}, kNaN);  // in the last gradient
+    scaler.unscale_(fc);
+    REQUIRE(scaler.found_inf());
+    REQUIRE(fc.weight.grad.get({1, 2}) == 0x1p-15);
+    REQUIRE(fc.bias.grad.get({0}) == 0x1p-14);
+}
+
 TEST_CASE("a disabled GradScaler does nothing but step", "[scaler][lesson09][cpu]") {
     Tiny t;
     SGD sgd(t.model.parameters(), 0.1f);
