@@ -553,5 +553,6 @@ TEST_CASE("grad_histogram counts binary exponents and f16 zones, alone and at th
     REQUIRE_THAT(text, Contains("f16 without scaling: 4 (28.57%) underflow (|g| < 2^-24), 1 (7.14%) subnormal"));
     REQUIRE_THAT(text, Contains("f16 at S = 65536: 2 (14.29%) underflow, 1 (7.14%) subnormal, 3 (21.43%) overflow"));
     REQUIRE(std::count(text.begin(), text.end(), '\n') == 2 + (15 - (-149) + 1) + 3);  // every binade between
+    REQUIRE_THAT(text, Contains("\n      1           0  normal         overflow\n"));  // an empty one
     REQUIRE_THROWS_WITH(grad_histogram({a}, 0.0f), Contains("loss scale"));
 }
