@@ -195,6 +195,19 @@ TEST_CASE("a growth that would make the scale inf is not applied", "[scaler][les
     REQUIRE(near_max.loss_scale() == FLT_MAX / 1.5f);
 }
 
+TEST_CASE("unscale_ on a model that is not packed checks and unscales every gradient", "[scaler][lesson09][cpu]") {
+    Rng rng(2);
+    Linear fc(3, 2, rng);  // its weight and bias in two blocks of their own
+    GradScaler scaler;
+    fill_(fc.weight.grad, 2.0f);
+    fill_(fc.bias.grad, 4.0f);
+    fc.bias.grad.set({1}, kNaN);  // in the last gradient
+    scaler.unscale_(fc);
+    REQUIRE(scaler.found_inf());
+    REQUIRE(fc.weight.grad.get({1, 2}) == 0x1p-15);
+    REQUIRE(fc.bias.grad.get({0}) == 0x1p-14);
+}
+
 TEST_CASE("a disabled GradScaler does nothing but step", "[scaler][lesson09][cpu]") {
     Tiny t;
     SGD sgd(t.model.parameters(), 0.1f);
@@ -540,6 +553,7 @@ TEST_CASE("grad_histogram counts binary exponents and f16 zones, alone and at th
     REQUIRE_THAT(text, Contains("f16 without scaling: 4 (28.57%) underflow (|g| < 2^-24), 1 (7.14%) subnormal"));
     REQUIRE_THAT(text, Contains("f16 at S = 65536: 2 (14.29%) underflow, 1 (7.14%) subnormal, 3 (21.43%) overflow"));
     REQUIRE(std::count(text.begin(), text.end(), '\n') == 2 + (15 - (-149) + 1) + 3);  // every binade between
+    REQUIRE_THAT(text, Contains("\n      1           0  normal         overflow\n"));  // an empty one
     REQUIRE_THROWS_WITH(grad_histogram({a}, 0.0f), Contains("loss scale"));
 
     // The figure: one bar for g and one for S·g per exponent present (9 of them), f16's four

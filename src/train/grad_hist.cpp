@@ -92,10 +92,12 @@ std::string grad_hist_text(const GradHistogram& h) {
     for (int e = lo; e <= hi; e++) {
         const double edge = std::ldexp(1.0, e);  // the binade [2^e, 2^(e+1))
         const int bar = h.count(e) ? std::max(1, int(40 * h.count(e) / most)) : 0;
-        std::snprintf(line, sizeof line, "  %5d  %10lld  %-13s  %-9s  %s\n", e, (long long)h.count(e),
+        std::snprintf(line, sizeof line, "  %5d  %10lld  %-13s  %-9s  %s", e, (long long)h.count(e),
                       zone_name(f16_zone(edge)), zone_name(f16_zone(edge * double(h.scale))),
                       std::string(size_t(bar), '#').c_str());
-        s += line;
+        std::string row = line;
+        row.erase(row.find_last_not_of(' ') + 1);  // no trailing spaces where a binade is empty
+        s += row + "\n";
     }
     s += "zeros " + with_share(h.zeros, h.values) + ", inf or NaN " + with_share(h.non_finite, h.values) + "\n";
     s += "f16 without scaling: " + with_share(h.underflow, h.values) + " underflow (|g| < 2^-24), " +
