@@ -191,7 +191,8 @@ float* reserve(Buffer& buf, int64_t& capacity, int64_t floats) {
 
 struct Workspace {
     Buffer a, b, c;  // c: the f32 product of an f16 or bf16 GEMM (the calling thread's)
-    int64_t a_cap = 0, b_cap = 0, c_cap = 0;
+    Buffer a32;      // an f16 or bf16 Aᵀ block widened to f32 (see pack_a_block)
+    int64_t a_cap = 0, b_cap = 0, c_cap = 0, a32_cap = 0;
 };
 thread_local Workspace tls_workspace;
 
@@ -382,8 +383,19 @@ struct Problem {
 };
 
 // Pack op(A)[ic:ic+mc, pc:pc+kc] into Ap, one MR-row micro-panel after another.
+// An f16 or bf16 Aᵀ would be widened MR elements at a time, too few for the vector kernels:
+// its block (kc rows of mc elements in A) is widened to f32 first, then packed as an f32 Aᵀ.
 template <typename T>
 void pack_a_block(const Problem<T>& p, int64_t ic, int64_t mc, int64_t pc, int64_t kc, float* Ap) {
+    if constexpr (!std::is_same_v<T, float>) {
+        if (p.trans_a) {
+            Workspace& ws = tls_workspace;
+            float* a32 = reserve(ws.a32, ws.a32_cap, kc * mc);
+            for (int64_t k = 0; k < kc; ++k) p.widen(p.A + (pc + k) * p.lda + ic, a32 + k * mc, mc);
+            const Problem<float> block{true, false, mc, 0, kc, p.alpha, a32, mc, nullptr, 0, 0.0f, nullptr, 0};
+            return pack_a_block(block, 0, mc, 0, kc, Ap);
+        }
+    }
     for (int64_t i0 = 0; i0 < mc; i0 += MR, Ap += kc * MR)
         pack_a_panel(p.trans_a, p.A, p.lda, ic + i0, std::min<int64_t>(MR, mc - i0), pc, kc, p.widen,
                      Ap);

@@ -29,12 +29,14 @@
 // cpu_level() (core/cpu_features.h: the CPU's best level, capped by KILN_CPU):
 //   portable    dtype.h's integer conversion, one element at a time     gemm_path: "portable"
 //   avx2        F16C for f16, AVX2 shifts for bf16, 8 at a time         "avx2-f16c" / "avx2"
-// gemm() reads cpu_level() once per call; every path gives the same bits (the conversions
-// are exact copies of dtype.h's), so KILN_CPU=portable changes the speed, never a result.
+// gemm() reads cpu_level() once per call; every path gives the same bits (each conversion
+// gives dtype.h's bits for every input), so KILN_CPU=portable changes the speed, never a result.
 //
-// Where the faster products would slot in (not written: no machine here can run them). Each
-// replaces the packing and the micro-kernel of a 16-bit T, with a `level >=` test in gemm()
-// before product(), and would be picked per shape by measurement (make bench):
+// Where the faster products would slot in (not written: the machine this was written on
+// cannot run them). Each replaces the packing and the micro-kernel of a 16-bit T, with a
+// `level >=` test in gemm() before product(), and would be picked per shape by measurement
+// (make bench). Unlike the conversions they change the last bits of C (their sums round in
+// another order and flush subnormals), so their tests compare within a bound, not bit for bit:
 //   avx512 + avx512_bf16   vdpbf16ps: 32 bf16 products summed pairwise into 16 f32 lanes,
 //                          B packed as k-pairs. Measured slower than f32 FMA on one machine,
 //                          so it must win on a shape to be taken.
