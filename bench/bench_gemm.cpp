@@ -27,7 +27,7 @@
 // Then kiln's gemm on f16 and bf16 operands (chapter 09), on each path this CPU can take: the
 // one cpu_level() picks (KILN_CPU caps it) and the portable one beside it, after a comment line
 // with the CPU's features (core/cpu_features.h):
-//   # cpu: AMD EPYC 7B13 · avx2 fma f16c (level avx2)
+//   # cpu: AMD EPYC 7B13 · avx2 fma f16c (level avx2; the CPU's best is avx2, KILN_CPU caps it)
 //   bench gemm_f16_1024: 98.7 GFLOP/s (path avx2-f16c)
 //   bench gemm_f16_1024_portable: 80.1 GFLOP/s (path portable)
 // The paths differ in how f16/bf16 become f32 and back (gemm.h, "How the path is picked"); the
@@ -288,7 +288,8 @@ int main(int argc, char** argv) {
         Operands<> o = make_operands(s);
         kiln[s.name] = gflops(s, [&] { run_kiln(s, o); });
     }
-    std::printf("# cpu: %s (level %s)\n", kiln::cpu_features_line().c_str(), kiln::cpu_level_name(kiln::cpu_level()));
+    std::printf("# cpu: %s (level %s; the CPU's best is %s, KILN_CPU caps it)\n", kiln::cpu_features_line().c_str(),
+                kiln::cpu_level_name(kiln::cpu_level()), kiln::cpu_level_name(kiln::detected_cpu_level()));
     bench_lowp<kiln::f16>("f16");
     bench_lowp<kiln::bf16>("bf16");
     std::this_thread::sleep_for(std::chrono::milliseconds(300));  // kiln's threads fall asleep

@@ -171,7 +171,8 @@ int64_t split_evenly(int64_t n, int64_t max_block, int64_t unit) {
 
 // ---- Workspace: the packing buffers ---------------------------------------------------------
 // One pair of buffers per thread (≤ 240 KiB for A, ≤ 4 MiB for B), kept between calls
-// (and, for an f16 or bf16 GEMM, the calling thread's M×N f32 product):
+// (and, for an f16 or bf16 GEMM, the calling thread's M×N f32 product and each thread's
+// widened Aᵀ block, ≤ 240 KiB):
 // allocating them each time would cost more than a small product. OpenMP keeps its worker
 // threads alive between parallel regions, so their buffers live on too.
 struct AlignedFree {
@@ -200,7 +201,8 @@ thread_local Workspace tls_workspace;
 // The packers read the operands one contiguous run at a time (a row of at most KC_MAX
 // elements, or the MR or NR consecutive ones of one k) through as_f32: a float run is read where
 // it is; an f16 or bf16 run is first widened into the packer's scratch by `widen`, the
-// conversion kernel of the CPU's level (null for float).
+// conversion kernel of the CPU's level (null for float). (An f16 or bf16 Aᵀ, whose runs would
+// be MR long, is widened a whole block at a time instead: see pack_a_block.)
 template <typename T>
 using Widen = void (*)(const T* x, float* y, int64_t n);
 
