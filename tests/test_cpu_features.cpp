@@ -2,7 +2,10 @@
 // independent source, Linux's /proc/cpuinfo, and the KILN_CPU cap (chapter 09).
 //
 //   ./kiln_tests '[cpu][lowp]'
+#include <unistd.h>
+
 #include <catch2/catch.hpp>
+#include <cstdio>
 #include <cstdlib>
 #include <fstream>
 #include <iterator>
@@ -116,4 +119,42 @@ TEST_CASE("parse_cpu_level knows the four names and explains a wrong one", "[cpu
         CHECK(parse_cpu_level(cpu_level_name(l), "KILN_CPU") == l);
     CHECK_THROWS_WITH(parse_cpu_level("avx3", "KILN_CPU"),
                       Catch::Contains("KILN_CPU='avx3'") && Catch::Contains("portable, avx2, avx512 or amx"));
+}
+
+// KILN_CPU is read once per process, at the first cpu_level(): each check runs this test
+// binary again with KILN_CPU set, on the hidden case below, and reads what it prints.
+TEST_CASE("(run by the KILN_CPU case) print cpu_level() or its error", "[.][kiln_cpu_child]") {
+    try {
+        std::printf("cpu_level %s\n", cpu_level_name(cpu_level()));
+    } catch (const Error& e) {
+        std::printf("error %s\n", e.what());  // on one line (Catch would wrap it)
+    }
+    std::fflush(stdout);
+}
+
+namespace {
+
+std::string output_with_kiln_cpu(const std::string& value) {
+    char self[4096];
+    const ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
+    REQUIRE(n > 0);
+    const std::string cmd = "KILN_CPU=" + value + " '" + std::string(self, size_t(n)) + "' '[kiln_cpu_child]' 2>&1";
+    FILE* child = popen(cmd.c_str(), "r");
+    REQUIRE(child != nullptr);
+    std::string out;
+    char buf[512];
+    while (std::fgets(buf, sizeof buf, child)) out += buf;
+    pclose(child);
+    return out;
+}
+
+}  // namespace
+
+TEST_CASE("KILN_CPU caps the level of the whole process, and a wrong name is explained", "[cpu][lowp][lesson09]") {
+    CHECK_THAT(output_with_kiln_cpu("portable"), Catch::Contains("cpu_level portable"));
+    // A cap above the CPU's level leaves the CPU's level.
+    CHECK_THAT(output_with_kiln_cpu("amx"),
+               Catch::Contains(std::string("cpu_level ") + cpu_level_name(detected_cpu_level())));
+    CHECK_THAT(output_with_kiln_cpu("avx3"),
+               Catch::Contains("KILN_CPU='avx3' is not a CPU level: use portable, avx2, avx512 or amx"));
 }
