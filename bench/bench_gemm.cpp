@@ -23,6 +23,17 @@
 // Both use OMP_NUM_THREADS threads (bench/run.sh sets 2). OPENBLAS_L2_SIZE is unset in the
 // OpenBLAS runs, so that OpenBLAS sizes its blocks for the cache it detects. OpenBLAS is linked
 // into this benchmark only, never into kiln.
+//
+// Then kiln's gemm on f16 and bf16 operands (chapter 09), on each path this CPU can take: the
+// one cpu_level() picks (KILN_CPU caps it) and the portable one beside it, after a comment line
+// with the CPU's features (core/cpu_features.h):
+//   # cpu: AMD EPYC 7B13 · avx2 fma f16c (level avx2; the CPU's best is avx2, KILN_CPU caps it)
+//   bench gemm_f16_1024: 98.7 GFLOP/s (path avx2-f16c)
+//   bench gemm_f16_1024_portable: 80.1 GFLOP/s (path portable)
+// The paths differ in how f16/bf16 become f32 and back (gemm.h, "How the path is picked"); the
+// products are f32 FMA on every path. The AVX512-FP16, vdpbf16ps and AMX products that would
+// replace packing and micro-kernel for 16-bit types, and where they slot in, are described
+// there too; each would add its line here.
 #include <cblas.h>
 #include <omp.h>
 
@@ -43,6 +54,7 @@
 #include <thread>
 #include <vector>
 
+#include "core/cpu_features.h"
 #include "ops/cpu/gemm.h"
 
 extern "C" {  // declared in OpenBLAS's cblas.h
@@ -58,27 +70,31 @@ struct Shape {
     int64_t M, N, K;
 };
 
+// A, B and C of one shape in T (float, f16, bf16): uniform in [-1, 1], rounded to T.
+template <typename T = float>
 struct Operands {
-    std::vector<float> A, B, C;
+    std::vector<T> A, B, C;
 };
 
-Operands make_operands(const Shape& s) {
+template <typename T = float>
+Operands<T> make_operands(const Shape& s) {
     std::mt19937 rng(42);
     std::uniform_real_distribution<float> dist(-1.0f, 1.0f);
-    Operands o{std::vector<float>(static_cast<size_t>(s.M * s.K)),
-               std::vector<float>(static_cast<size_t>(s.K * s.N)),
-               std::vector<float>(static_cast<size_t>(s.M * s.N))};
-    for (float& x : o.A) x = dist(rng);
-    for (float& x : o.B) x = dist(rng);
+    Operands<T> o{std::vector<T>(static_cast<size_t>(s.M * s.K)),
+                  std::vector<T>(static_cast<size_t>(s.K * s.N)),
+                  std::vector<T>(static_cast<size_t>(s.M * s.N))};
+    for (T& x : o.A) x = T(dist(rng));
+    for (T& x : o.B) x = T(dist(rng));
     return o;
 }
 
-void run_kiln(const Shape& s, Operands& o) {
+template <typename T>
+void run_kiln(const Shape& s, Operands<T>& o) {
     kiln::cpu::gemm(s.ta, s.tb, s.M, s.N, s.K, 1.0f, o.A.data(), s.ta ? s.M : s.K, o.B.data(),
                     s.tb ? s.K : s.N, 0.0f, o.C.data(), s.N);
 }
 
-void run_openblas(const Shape& s, Operands& o) {
+void run_openblas(const Shape& s, Operands<>& o) {
     cblas_sgemm(CblasRowMajor, s.ta ? CblasTrans : CblasNoTrans, s.tb ? CblasTrans : CblasNoTrans,
                 static_cast<int>(s.M), static_cast<int>(s.N), static_cast<int>(s.K), 1.0f,
                 o.A.data(), static_cast<int>(s.ta ? s.M : s.K), o.B.data(),
@@ -139,7 +155,7 @@ void openblas_child(int threads) {
     openblas_set_num_threads(threads);
     std::printf("corename %s\n", openblas_get_corename());
     for (const Shape& s : kShapes) {
-        Operands o = make_operands(s);
+        Operands<> o = make_operands(s);
         std::printf("%s %.1f\n", s.name.c_str(), gflops(s, [&] { run_openblas(s, o); }));
     }
 }
@@ -231,6 +247,27 @@ void print_comparison(const std::map<std::string, double>& kiln, const std::vect
     }
 }
 
+// kiln's gemm in T on every shape: on cpu_level()'s path, and on the portable one if it differs.
+template <typename T>
+void bench_lowp(const char* type) {
+    using kiln::CpuLevel;
+    using kiln::cpu::gemm_path;
+    std::vector<CpuLevel> levels{kiln::cpu_level()};
+    if (std::strcmp(gemm_path<T>(levels[0]), gemm_path<T>(CpuLevel::Portable)) != 0)
+        levels.push_back(CpuLevel::Portable);
+    for (const Shape& s : kShapes) {
+        Operands<T> o = make_operands<T>(s);
+        for (CpuLevel level : levels) {
+            const CpuLevel before = kiln::set_cpu_level_cap(level);
+            const double g = gflops(s, [&] { run_kiln(s, o); });
+            kiln::set_cpu_level_cap(before);
+            std::printf("bench gemm_%s_%s%s: %.1f GFLOP/s (path %s)\n", type, s.name.c_str(),
+                        level == levels[0] ? "" : "_portable", g, gemm_path<T>(level));
+            std::fflush(stdout);
+        }
+    }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -248,9 +285,13 @@ int main(int argc, char** argv) {
     std::fflush(stdout);
     std::map<std::string, double> kiln;
     for (const Shape& s : kShapes) {
-        Operands o = make_operands(s);
+        Operands<> o = make_operands(s);
         kiln[s.name] = gflops(s, [&] { run_kiln(s, o); });
     }
+    std::printf("# cpu: %s (level %s; the CPU's best is %s, KILN_CPU caps it)\n", kiln::cpu_features_line().c_str(),
+                kiln::cpu_level_name(kiln::cpu_level()), kiln::cpu_level_name(kiln::detected_cpu_level()));
+    bench_lowp<kiln::f16>("f16");
+    bench_lowp<kiln::bf16>("bf16");
     std::this_thread::sleep_for(std::chrono::milliseconds(300));  // kiln's threads fall asleep
 
     const std::vector<CoreRun> ran = run_core_types();

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "ops/cpu/convert_simd.h"
 #include "ops/cpu/cpu_ops.h"
 
 namespace kiln::cpu {
@@ -45,9 +46,20 @@ template <typename T> void relu_backward(const T* y, const T* dy, T* dx, int64_t
     for (int64_t i = 0; i < n; i++) dx[i] = float(y[i]) > 0.0f ? dy[i] : zero;
 }
 
+// f16/bf16 <-> f32 go through convert_simd.h's kernel for the CPU's level (F16C, AVX2 shifts:
+// the same bits as cast<To>), in blocks of kParallelMin elements over the threads; the other
+// pairs (and integers) one cast<To> at a time.
 template <typename From, typename To> void convert(const From* x, To* y, int64_t n) {
+    if constexpr (has_convert_kernel<From, To>) {
+        const auto kernel = convert_kernel<From, To>(cpu_level()).run;
+        const int64_t blocks = (n + kParallelMin - 1) / kParallelMin;
+#pragma omp parallel for if (blocks > 1)
+        for (int64_t b = 0; b < blocks; b++)
+            kernel(x + b * kParallelMin, y + b * kParallelMin, std::min(kParallelMin, n - b * kParallelMin));
+    } else {
 #pragma omp parallel for if (n > kParallelMin)
-    for (int64_t i = 0; i < n; i++) y[i] = cast<To>(x[i]);
+        for (int64_t i = 0; i < n; i++) y[i] = cast<To>(x[i]);
+    }
 }
 
 KILN_FOR_EACH_FLOAT_TYPE(KILN_ELEMENTWISE)  // the lists are in cpu_ops.h

@@ -70,6 +70,9 @@
 // element anyway), so the micro-kernel and its speed are the f32 ones. The sums are kept in
 // f32 too: the product goes to an f32 M×N buffer (a KC-block's partial sums are never rounded
 // to 16 bits), and one last pass rounds C = T(alpha·Σ + beta·C) once per element.
+// Both conversions run a row at a time through the vector kernels of convert_simd.h (F16C for
+// f16, AVX2 shifts for bf16, or the portable loop: gemm.h says how the path is picked); they
+// give dtype.h's bits on every path, so the path never changes C.
 #include "ops/cpu/gemm.h"
 
 #include <algorithm>
@@ -82,6 +85,7 @@
 #include <omp.h>
 
 #include "core/error.h"
+#include "ops/cpu/convert_simd.h"
 
 #if defined(__AVX512F__) || (defined(__AVX2__) && defined(__FMA__))
 #include <immintrin.h>
@@ -95,6 +99,7 @@ namespace {
 // GCC's vector extensions, which the compiler maps to whatever the target offers.
 #if defined(__AVX512F__)
 using vec = __m512;
+constexpr const char* kMicroKernelIsa = "avx512";  // gemm_path<float>
 constexpr int VL = 16;
 constexpr int NV = 4;  // 6×4 = 24 accumulators + 4 B vectors + 1 broadcast of the 32 zmm
 inline vec vzero() { return _mm512_setzero_ps(); }
@@ -106,6 +111,7 @@ inline vec vmul(vec a, vec b) { return _mm512_mul_ps(a, b); }
 inline vec vadd(vec a, vec b) { return _mm512_add_ps(a, b); }
 #elif defined(__AVX2__) && defined(__FMA__)
 using vec = __m256;
+constexpr const char* kMicroKernelIsa = "avx2-fma";  // gemm_path<float>
 constexpr int VL = 8;
 constexpr int NV = 2;  // 6×2 = 12 accumulators + 2 B vectors + 1 broadcast of the 16 ymm
 inline vec vzero() { return _mm256_setzero_ps(); }
@@ -117,6 +123,7 @@ inline vec vmul(vec a, vec b) { return _mm256_mul_ps(a, b); }
 inline vec vadd(vec a, vec b) { return _mm256_add_ps(a, b); }
 #else
 typedef float vec __attribute__((vector_size(16)));  // SSE, NEON, ...: 4 floats
+constexpr const char* kMicroKernelIsa = "vectors";  // gemm_path<float>
 constexpr int VL = 4;
 constexpr int NV = 2;  // 6×2 = 12 accumulators: fits 16 registers
 inline vec vzero() { return vec{}; }
@@ -164,7 +171,8 @@ int64_t split_evenly(int64_t n, int64_t max_block, int64_t unit) {
 
 // ---- Workspace: the packing buffers ---------------------------------------------------------
 // One pair of buffers per thread (≤ 240 KiB for A, ≤ 4 MiB for B), kept between calls
-// (and, for an f16 or bf16 GEMM, the calling thread's M×N f32 product):
+// (and, for an f16 or bf16 GEMM, the calling thread's M×N f32 product and each thread's
+// widened Aᵀ block, ≤ 240 KiB):
 // allocating them each time would cost more than a small product. OpenMP keeps its worker
 // threads alive between parallel regions, so their buffers live on too.
 struct AlignedFree {
@@ -184,27 +192,47 @@ float* reserve(Buffer& buf, int64_t& capacity, int64_t floats) {
 
 struct Workspace {
     Buffer a, b, c;  // c: the f32 product of an f16 or bf16 GEMM (the calling thread's)
-    int64_t a_cap = 0, b_cap = 0, c_cap = 0;
+    Buffer a32;      // an f16 or bf16 Aᵀ block widened to f32 (see pack_a_block)
+    int64_t a_cap = 0, b_cap = 0, c_cap = 0, a32_cap = 0;
 };
 thread_local Workspace tls_workspace;
 
 // ---- Packing -----------------------------------------------------------------------------------
+// The packers read the operands one contiguous run at a time (a row of at most KC_MAX
+// elements, or the MR or NR consecutive ones of one k) through as_f32: a float run is read where
+// it is; an f16 or bf16 run is first widened into the packer's scratch by `widen`, the
+// conversion kernel of the CPU's level (null for float). (An f16 or bf16 Aᵀ, whose runs would
+// be MR long, is widened a whole block at a time instead: see pack_a_block.)
+template <typename T>
+using Widen = void (*)(const T* x, float* y, int64_t n);
+
+template <typename T>
+const float* as_f32(const T* src, int64_t n, [[maybe_unused]] Widen<T> widen, float* scratch) {
+    if constexpr (std::is_same_v<T, float>) {
+        return src;
+    } else {
+        widen(src, scratch, n);
+        return scratch;
+    }
+}
+
 // Pack rows [i0, i0+mr) × columns [k0, k0+kc) of op(A) as one micro-panel:
 //   Ap[k*MR + i] = op(A)[i0+i, k0+k],  rows i >= mr filled with 0.
 template <typename T>
 void pack_a_panel(bool trans_a, const T* A, int64_t lda, int64_t i0, int64_t mr,
-                  int64_t k0, int64_t kc, float* Ap) {
+                  int64_t k0, int64_t kc, Widen<T> widen, float* Ap) {
+    alignas(64) float scratch[KC_MAX];  // kc, mr <= KC_MAX
     if (trans_a) {  // op(A)[i,k] = A[k*lda + i]: MR consecutive floats per k
         for (int64_t k = 0; k < kc; ++k) {
-            const T* src = A + (k0 + k) * lda + i0;
+            const float* src = as_f32(A + (k0 + k) * lda + i0, mr, widen, scratch);
             float* dst = Ap + k * MR;
-            for (int64_t i = 0; i < mr; ++i) dst[i] = float(src[i]);
+            for (int64_t i = 0; i < mr; ++i) dst[i] = src[i];
             for (int64_t i = mr; i < MR; ++i) dst[i] = 0.0f;
         }
     } else {  // op(A)[i,k] = A[i*lda + k]: read rows, write with stride MR
         for (int64_t i = 0; i < mr; ++i) {
-            const T* src = A + (i0 + i) * lda + k0;
-            for (int64_t k = 0; k < kc; ++k) Ap[k * MR + i] = float(src[k]);
+            const float* src = as_f32(A + (i0 + i) * lda + k0, kc, widen, scratch);
+            for (int64_t k = 0; k < kc; ++k) Ap[k * MR + i] = src[k];
         }
         for (int64_t i = mr; i < MR; ++i)
             for (int64_t k = 0; k < kc; ++k) Ap[k * MR + i] = 0.0f;
@@ -215,19 +243,20 @@ void pack_a_panel(bool trans_a, const T* A, int64_t lda, int64_t i0, int64_t mr,
 //   Bp[k*NR + j] = op(B)[k0+k, j0+j],  columns j >= nr filled with 0.
 template <typename T>
 void pack_b_panel(bool trans_b, const T* B, int64_t ldb, int64_t k0, int64_t kc,
-                  int64_t j0, int64_t nr, float* Bp) {
+                  int64_t j0, int64_t nr, Widen<T> widen, float* Bp) {
+    alignas(64) float scratch[KC_MAX];  // kc, nr <= KC_MAX
     if (trans_b) {  // op(B)[k,j] = B[j*ldb + k]: read rows of B, write with stride NR
         for (int64_t j = 0; j < nr; ++j) {
-            const T* src = B + (j0 + j) * ldb + k0;
-            for (int64_t k = 0; k < kc; ++k) Bp[k * NR + j] = float(src[k]);
+            const float* src = as_f32(B + (j0 + j) * ldb + k0, kc, widen, scratch);
+            for (int64_t k = 0; k < kc; ++k) Bp[k * NR + j] = src[k];
         }
         for (int64_t j = nr; j < NR; ++j)
             for (int64_t k = 0; k < kc; ++k) Bp[k * NR + j] = 0.0f;
     } else {  // op(B)[k,j] = B[k*ldb + j]: NR consecutive floats per k
         for (int64_t k = 0; k < kc; ++k) {
-            const T* src = B + (k0 + k) * ldb + j0;
+            const float* src = as_f32(B + (k0 + k) * ldb + j0, nr, widen, scratch);
             float* dst = Bp + k * NR;
-            for (int64_t j = 0; j < nr; ++j) dst[j] = float(src[j]);
+            for (int64_t j = 0; j < nr; ++j) dst[j] = src[j];
             for (int64_t j = nr; j < NR; ++j) dst[j] = 0.0f;
         }
     }
@@ -352,13 +381,26 @@ struct Problem {
     float beta;
     float* C;
     int64_t ldc;
+    Widen<T> widen = nullptr;  // f16/bf16 -> f32 for the packers (unused for float)
 };
 
 // Pack op(A)[ic:ic+mc, pc:pc+kc] into Ap, one MR-row micro-panel after another.
+// An f16 or bf16 Aᵀ would be widened MR elements at a time, too few for the vector kernels:
+// its block (kc rows of mc elements in A) is widened to f32 first, then packed as an f32 Aᵀ.
 template <typename T>
 void pack_a_block(const Problem<T>& p, int64_t ic, int64_t mc, int64_t pc, int64_t kc, float* Ap) {
+    if constexpr (!std::is_same_v<T, float>) {
+        if (p.trans_a) {
+            Workspace& ws = tls_workspace;
+            float* a32 = reserve(ws.a32, ws.a32_cap, kc * mc);
+            for (int64_t k = 0; k < kc; ++k) p.widen(p.A + (pc + k) * p.lda + ic, a32 + k * mc, mc);
+            const Problem<float> block{true, false, mc, 0, kc, p.alpha, a32, mc, nullptr, 0, 0.0f, nullptr, 0};
+            return pack_a_block(block, 0, mc, 0, kc, Ap);
+        }
+    }
     for (int64_t i0 = 0; i0 < mc; i0 += MR, Ap += kc * MR)
-        pack_a_panel(p.trans_a, p.A, p.lda, ic + i0, std::min<int64_t>(MR, mc - i0), pc, kc, Ap);
+        pack_a_panel(p.trans_a, p.A, p.lda, ic + i0, std::min<int64_t>(MR, mc - i0), pc, kc, p.widen,
+                     Ap);
 }
 
 // C[ic:ic+mc, jc:jc+nc] (+)= alpha * Ap · Bp, one MR×NR tile at a time: for each B
@@ -374,7 +416,7 @@ void multiply_block(const Problem<T>& p, int64_t ic, int64_t mc, int64_t jc, int
     for (int64_t j0 = 0; j0 < nc; j0 += NR) {
         const int64_t nr = std::min<int64_t>(NR, nc - j0);
         float* bp = Bp + j0 * kc;  // panel j0/NR, kc×NR floats each
-        if (pack_b) pack_b_panel(p.trans_b, p.B, p.ldb, pc, kc, jc + j0, nr, bp);
+        if (pack_b) pack_b_panel(p.trans_b, p.B, p.ldb, pc, kc, jc + j0, nr, p.widen, bp);
         for (int64_t i0 = 0; i0 < mc; i0 += MR) {
             const int64_t mr = std::min<int64_t>(MR, mc - i0);
             Tile acc;
@@ -490,15 +532,22 @@ void product(const Problem<T>& p) {
         parallel_gemm(p, kc_block, threads);
 }
 
-// C = T(acc + beta·C), one rounding per element (C is not read when beta == 0).
+// C = T(acc + beta·C), one rounding per element (C is not read when beta == 0), a row at a
+// time: acc += beta·C in f32 (C widened KC_MAX elements at a time), then the row narrowed.
 template <typename T>
-void round_into(int64_t M, int64_t N, const float* acc, float beta, T* C, int64_t ldc) {
-    for (int64_t i = 0; i < M; ++i)
-        for (int64_t j = 0; j < N; ++j) {
-            T& c = C[i * ldc + j];
-            const float a = acc[i * N + j];
-            c = T(beta == 0.0f ? a : std::fma(beta, float(c), a));
+void round_into(int64_t M, int64_t N, float* acc, float beta, T* C, int64_t ldc, Widen<T> widen,
+                void (*narrow)(const float*, T*, int64_t)) {
+    alignas(64) float c32[KC_MAX];
+    for (int64_t i = 0; i < M; ++i) {
+        float* a = acc + i * N;
+        T* c = C + i * ldc;
+        for (int64_t j0 = 0; beta != 0.0f && j0 < N; j0 += KC_MAX) {
+            const int64_t n = std::min(KC_MAX, N - j0);
+            widen(c + j0, c32, n);
+            for (int64_t j = 0; j < n; ++j) a[j0 + j] = std::fma(beta, c32[j], a[j0 + j]);
         }
+        narrow(a, c, N);
+    }
 }
 
 }  // namespace
@@ -513,10 +562,12 @@ void gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alp
     if constexpr (std::is_same_v<T, float>) {
         product(Problem<float>{trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc});
     } else {  // the f32 product alpha·op(A)·op(B), then C = T(product + beta·C)
+        const CpuLevel level = cpu_level();  // read once: one path for the whole product
+        const Widen<T> widen = convert_kernel<T, float>(level).run;
         Workspace& ws = tls_workspace;
         float* acc = reserve(ws.c, ws.c_cap, M * N);
-        product(Problem<T>{trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, 0.0f, acc, N});
-        round_into(M, N, acc, beta, C, ldc);
+        product(Problem<T>{trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, 0.0f, acc, N, widen});
+        round_into(M, N, acc, beta, C, ldc, widen, convert_kernel<float, T>(level).run);
     }
 }
 
@@ -539,7 +590,18 @@ void gemm_reference(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K,
         }
 }
 
+template <typename T>
+const char* gemm_path(CpuLevel level) {
+    if constexpr (std::is_same_v<T, float>) {
+        (void)level;  // the f32 path is compiled in
+        return kMicroKernelIsa;
+    } else {
+        return convert_kernel<T, float>(level).name;
+    }
+}
+
 #define KILN_GEMM(T)                                                                             \
+    template const char* gemm_path<T>(CpuLevel);                                                  \
     template void gemm<T>(bool, bool, int64_t, int64_t, int64_t, float, const T*, int64_t,        \
                           const T*, int64_t, float, T*, int64_t);                                \
     template void gemm_reference<T>(bool, bool, int64_t, int64_t, int64_t, float, const T*,       \

@@ -20,9 +20,35 @@
 //
 // T is float, f16 or bf16 (core/dtype.h): A, B and C hold T, alpha and beta are float, and the
 // products are summed in f32 whatever T is; C is rounded to T once, at the end.
+//
+// ---- How the path is picked (chapter 09) ------------------------------------------------------
+// The micro-kernel, where the time goes, is f32 FMA for every T, and its instruction set is
+// fixed when the library is compiled (-march: AVX-512, AVX2 + FMA, or the compiler's vectors).
+// What is picked at run time is how f16/bf16 become f32 and back: the packing of A and B
+// panels and the store of C convert runs of elements with convert_simd.h's kernels, for
+// cpu_level() (core/cpu_features.h: the CPU's best level, capped by KILN_CPU):
+//   portable    dtype.h's integer conversion, one element at a time     gemm_path: "portable"
+//   avx2        F16C for f16, AVX2 shifts for bf16, 8 at a time         "avx2-f16c" / "avx2"
+// gemm() reads cpu_level() once per call; every path gives the same bits (each conversion
+// gives dtype.h's bits for every input), so KILN_CPU=portable changes the speed, never a result.
+//
+// Where the faster products would slot in (not written: the machine this was written on
+// cannot run them). Each replaces the packing and the micro-kernel of a 16-bit T, with a
+// `level >=` test in gemm() before product(), and would be picked per shape by measurement
+// (make bench). Unlike the conversions they change the last bits of C (their sums round in
+// another order and flush subnormals), so their tests compare within a bound, not bit for bit:
+//   avx512 + avx512_bf16   vdpbf16ps: 32 bf16 products summed pairwise into 16 f32 lanes,
+//                          B packed as k-pairs. Measured slower than f32 FMA on one machine,
+//                          so it must win on a shape to be taken.
+//   avx512 + avx512_fp16   vfmadd...ph: 32 f16 lanes, about 2× f32 FMA, but it sums in f16;
+//                          kiln sums in f32, so only short k-runs could be summed in f16.
+//   amx (+ amx_permission) tdpbf16ps: 16×32 bf16 tiles into 16×16 f32 tiles, about 6.5× one
+//                          core's f32 FMA rate; the micro-kernel becomes tile loads and one
+//                          tdpbf16ps per tile, in the same five loops.
 #pragma once
 #include <cstdint>
 
+#include "core/cpu_features.h"
 #include "core/dtype.h"
 
 namespace kiln::cpu {
@@ -31,6 +57,11 @@ namespace kiln::cpu {
 template <typename T>
 void gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,
           const T* A, int64_t lda, const T* B, int64_t ldb, float beta, T* C, int64_t ldc);
+
+// The name of the path gemm<T> takes at `level` (a level this CPU supports), as above; for
+// float, the micro-kernel's compiled instruction set ("avx512", "avx2-fma" or "vectors").
+template <typename T>
+const char* gemm_path(CpuLevel level);
 
 // The textbook triple loop, one dot product per C element: the reference gemm() is tested
 // against. Slow; use it in tests only.

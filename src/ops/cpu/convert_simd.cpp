@@ -1,0 +1,132 @@
+// convert_simd.cpp — the f16/bf16 ↔ f32 run kernels: portable, and AVX2 + F16C (see
+// convert_simd.h).
+//
+// The AVX2 kernels are compiled for that instruction set one function at a time
+// (KILN_TARGET_AVX2), so the library still builds for any x86-64 (make SAN=1 has no -march)
+// and never runs them on a CPU that lacks it: convert_kernel hands them out only for a level
+// the CPU supports.
+#include "ops/cpu/convert_simd.h"
+
+#include <cstring>
+
+#include "core/error.h"
+
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+#define KILN_TARGET_AVX2 __attribute__((target("avx2,fma,f16c")))
+#endif
+
+namespace kiln::cpu {
+namespace {
+
+// ---- portable: dtype.h's conversion, one element at a time ---------------------------------
+template <typename From, typename To>
+void convert_portable(const From* x, To* y, int64_t n) {
+    for (int64_t i = 0; i < n; ++i) y[i] = To(float(x[i]));
+}
+
+#if defined(KILN_TARGET_AVX2)
+// ---- AVX2 + F16C: 8 elements per step -----------------------------------------------------------
+// Each block kernel converts in[0..8) to out[0..8).
+
+// f16 → f32. vcvtph2ps gives the exact value of every finite f16 (subnormals included) and
+// keeps ±inf; a NaN it returns quiet (mantissa bit 22 set), while dtype.h keeps a signalling
+// NaN's bits as they are, so the lanes whose exponent is all ones (inf, NaN) take dtype.h's
+// formula instead:  sign << 16 | 0x7f800000 | mantissa << 13.
+KILN_TARGET_AVX2 inline void f16_to_f32_x8(const f16* in, float* out) {
+    const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(in));
+    const __m256 hw = _mm256_cvtph_ps(h);
+    const __m256i u = _mm256_cvtepu16_epi32(h);  // 8 lanes of 32 bits, the f16 in the low 16
+    const __m256i exp_mask = _mm256_set1_epi32(0x7c00);
+    const __m256i special = _mm256_cmpeq_epi32(_mm256_and_si256(u, exp_mask), exp_mask);
+    const __m256i sign = _mm256_slli_epi32(_mm256_and_si256(u, _mm256_set1_epi32(0x8000)), 16);
+    const __m256i mant = _mm256_slli_epi32(_mm256_and_si256(u, _mm256_set1_epi32(0x3ff)), 13);
+    const __m256i kept = _mm256_or_si256(_mm256_or_si256(sign, mant), _mm256_set1_epi32(0x7f800000));
+    _mm256_storeu_ps(out, _mm256_blendv_ps(hw, _mm256_castsi256_ps(kept), _mm256_castsi256_ps(special)));
+}
+
+// f32 → f16. vcvtps2ph rounds to nearest even (overflow to ±inf at 65520, subnormal results
+// exact to 2^-24) as dtype.h does; a NaN it truncates, keeping payload bits, while dtype.h
+// returns the one quiet NaN sign | 0x7e00. So NaN lanes become sign | 0x7fc00000 first, the
+// f32 quiet NaN whose conversion is sign | 0x7e00.
+KILN_TARGET_AVX2 inline void f32_to_f16_x8(const float* in, f16* out) {
+    __m256 v = _mm256_loadu_ps(in);
+    const __m256 nan = _mm256_cmp_ps(v, v, _CMP_UNORD_Q);
+    const __m256 sign = _mm256_and_ps(v, _mm256_castsi256_ps(_mm256_set1_epi32(int32_t(0x80000000u))));
+    const __m256 quiet = _mm256_or_ps(sign, _mm256_castsi256_ps(_mm256_set1_epi32(0x7fc00000)));
+    v = _mm256_blendv_ps(v, quiet, nan);
+    const __m128i h = _mm256_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(out), h);
+}
+
+// bf16 → f32: the 16 bits become the top half of the f32, exactly.
+KILN_TARGET_AVX2 inline void bf16_to_f32_x8(const bf16* in, float* out) {
+    const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(in));
+    const __m256i u = _mm256_slli_epi32(_mm256_cvtepu16_epi32(b), 16);
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(out), u);
+}
+
+// f32 → bf16, dtype.h's f32_to_bf16 in 8 lanes:
+//   NaN (|u| > 0x7f800000):  u >> 16 | 0x0040              (kept quiet)
+//   otherwise:               (u + 0x7fff + (u >> 16 & 1)) >> 16   (round to nearest even)
+KILN_TARGET_AVX2 inline void f32_to_bf16_x8(const float* in, bf16* out) {
+    const __m256i u = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(in));
+    const __m256i abs = _mm256_and_si256(u, _mm256_set1_epi32(0x7fffffff));
+    const __m256i nan = _mm256_cmpgt_epi32(abs, _mm256_set1_epi32(0x7f800000));  // both ≥ 0 as int32
+    const __m256i odd = _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1));
+    const __m256i rounded = _mm256_srli_epi32(
+        _mm256_add_epi32(u, _mm256_add_epi32(_mm256_set1_epi32(0x7fff), odd)), 16);
+    const __m256i quiet = _mm256_or_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(0x0040));
+    const __m256i r = _mm256_blendv_epi8(rounded, quiet, nan);  // 8 × 32 bits, each < 2^16
+    // Pack to 16 bits: packus works within each 128-bit half ([r0-3 r0-3 | r4-7 r4-7]), so
+    // gather quarters 0 and 2 into the low half.
+    const __m256i packed = _mm256_permute4x64_epi64(_mm256_packus_epi32(r, r), 0x08);
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(out), _mm256_castsi256_si128(packed));
+}
+
+// A run of n: whole blocks of 8, then the last n % 8 through a zero-padded block.
+template <typename From, typename To, void (*Block)(const From*, To*)>
+KILN_TARGET_AVX2 void convert_by_8(const From* x, To* y, int64_t n) {
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) Block(x + i, y + i);
+    if (i == n) return;
+    From in[8] = {};
+    To out[8];
+    std::memcpy(in, x + i, static_cast<size_t>(n - i) * sizeof(From));
+    Block(in, out);
+    std::memcpy(y + i, out, static_cast<size_t>(n - i) * sizeof(To));
+}
+
+template <typename From, typename To> struct Avx2;
+template <> struct Avx2<f16, float> { static constexpr auto run = convert_by_8<f16, float, f16_to_f32_x8>; };
+template <> struct Avx2<float, f16> { static constexpr auto run = convert_by_8<float, f16, f32_to_f16_x8>; };
+template <> struct Avx2<bf16, float> { static constexpr auto run = convert_by_8<bf16, float, bf16_to_f32_x8>; };
+template <> struct Avx2<float, bf16> { static constexpr auto run = convert_by_8<float, bf16, f32_to_bf16_x8>; };
+#endif
+
+}  // namespace
+
+template <typename From, typename To>
+ConvertKernel<From, To> convert_kernel(CpuLevel level) {
+    static_assert(has_convert_kernel<From, To>, "convert_kernel: f16/bf16 <-> f32 only");
+    KILN_CHECK(level <= detected_cpu_level(), "convert_kernel: level ", cpu_level_name(level),
+               " is above what this CPU supports (", cpu_level_name(detected_cpu_level()),
+               "); pass cpu_level()");
+    switch (level) {
+        case CpuLevel::Amx:     // AMX is for products; for conversions it is an avx512 CPU
+        case CpuLevel::Avx512:  // an AVX-512 kernel (16 lanes) goes here; until then, avx2's
+        case CpuLevel::Avx2:
+#if defined(KILN_TARGET_AVX2)
+            return {Avx2<From, To>::run, std::is_same_v<From, f16> || std::is_same_v<To, f16> ? "avx2-f16c" : "avx2"};
+#endif
+        case CpuLevel::Portable: break;
+    }
+    return {convert_portable<From, To>, "portable"};
+}
+
+template ConvertKernel<f16, float> convert_kernel<f16, float>(CpuLevel);
+template ConvertKernel<float, f16> convert_kernel<float, f16>(CpuLevel);
+template ConvertKernel<bf16, float> convert_kernel<bf16, float>(CpuLevel);
+template ConvertKernel<float, bf16> convert_kernel<float, bf16>(CpuLevel);
+
+}  // namespace kiln::cpu

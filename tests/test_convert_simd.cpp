@@ -1,0 +1,213 @@
+// test_convert_simd.cpp — the vector f16/bf16 ↔ f32 kernels (ops/cpu/convert_simd.h) give
+// dtype.h's bits for every input, and so do the GEMM and Tensor::to that use them, whichever
+// path runs (chapter 09).
+//
+//   ./kiln_tests '[lowp]'
+//
+// The widening directions are tested on all 65536 inputs. The narrowing ones take 2^32 inputs,
+// too many; instead, every exponent (with the mantissas that sit on a rounding boundary of f16
+// and of bf16: ties with an even and an odd result, one ulp either side), subnormals, ±0, ±inf,
+// quiet and signalling NaNs with payloads, then 4 million random bit patterns.
+// On a CPU without AVX2 + F16C only the portable kernels exist; the cases say so and check those.
+#include <catch2/catch.hpp>
+#include <cstdint>
+#include <cstring>
+#include <random>
+#include <vector>
+
+#include "core/cpu_features.h"
+#include "core/rng.h"
+#include "core/tensor.h"
+#include "ops/cpu/convert_simd.h"
+#include "ops/cpu/gemm.h"
+
+using namespace kiln;
+
+namespace {
+
+// The levels this CPU can run, lowest first: portable, and avx2 when it has it.
+std::vector<CpuLevel> runnable_levels() {
+    std::vector<CpuLevel> levels{CpuLevel::Portable};
+    if (detected_cpu_level() >= CpuLevel::Avx2) levels.push_back(CpuLevel::Avx2);
+    else WARN("this CPU has no AVX2 + FMA + F16C: only the portable kernels are checked");
+    return levels;
+}
+
+uint32_t bits(float x) { return bits_of(x); }
+
+// Every 16-bit pattern, as T.
+template <typename T>
+std::vector<T> all_16bit() {
+    std::vector<T> v(65536);
+    for (uint32_t i = 0; i < 65536; ++i) v[i].bits = uint16_t(i);
+    return v;
+}
+
+// f32 inputs for the narrowing kernels (see the header comment).
+std::vector<float> narrowing_inputs() {
+    std::vector<uint32_t> u;
+    const uint32_t mantissas[] = {
+        0, 1, 0x7fffff, 0x400000, 0x3fffff,
+        0x1000, 0x0fff, 0x1001, 0x3000, 0x2fff, 0x3001,  // f16: ties at bit 12, even and odd result
+        0x8000, 0x7fff, 0x8001, 0x18000, 0x17fff, 0x18001,  // bf16: ties at bit 15
+        0x7fe000, 0x7ff000, 0x7fefff, 0x7ff001, 0x7f8000, 0x7fffff};  // round up into the next exponent
+    for (uint32_t sign : {0u, 0x80000000u})
+        for (uint32_t e = 0; e < 256; ++e)  // e = 0: f32 subnormals; e = 255: inf and NaNs
+            for (uint32_t m : mantissas) u.push_back(sign | e << 23 | m);
+    // Around f16's limits: the largest finite 65504, the overflow threshold 65520, the
+    // smallest normal 2^-14, the subnormals down to 2^-24 and the half of it that rounds to 0.
+    for (float x : {65504.0f, 65519.996f, 65520.0f, 65536.0f, 6.1035156e-05f, 5.9604645e-08f,
+                    2.9802322e-08f, 2.9802326e-08f, 8.940697e-08f, 1.0f, 0.5f})
+        for (int d = -3; d <= 3; ++d) u.push_back(bits(x) + uint32_t(d)), u.push_back((bits(x) + uint32_t(d)) | 0x80000000u);
+    std::mt19937 rng(2026);
+    for (int i = 0; i < (1 << 22); ++i) u.push_back(rng());
+    std::vector<float> x(u.size());
+    std::memcpy(x.data(), u.data(), u.size() * 4);
+    return x;
+}
+
+// Runs kernel at every runnable level on x and checks each result's bits against `want`.
+template <typename From, typename To, typename Want>
+void check_every_level(const std::vector<From>& x, Want want) {
+    for (CpuLevel level : runnable_levels()) {
+        const cpu::ConvertKernel<From, To> k = cpu::convert_kernel<From, To>(level);
+        INFO("level " << cpu_level_name(level) << ", kernel " << k.name);
+        std::vector<To> y(x.size());
+        k.run(x.data(), y.data(), int64_t(x.size()));
+        size_t wrong = 0, first = 0;
+        for (size_t i = 0; i < x.size(); ++i)
+            if (!want(x[i], y[i]) && wrong++ == 0) first = i;
+        INFO(wrong << " wrong results, the first at index " << first);
+        CHECK(wrong == 0);
+    }
+}
+
+}  // namespace
+
+TEST_CASE("f16 -> f32 in vectors: all 65536 patterns as dtype.h", "[cpu][lowp][lesson09]") {
+    check_every_level<f16, float>(all_16bit<f16>(),
+                                  [](f16 h, float y) { return bits(y) == bits(f16_to_f32(h.bits)); });
+}
+
+TEST_CASE("bf16 -> f32 in vectors: all 65536 patterns as dtype.h", "[cpu][lowp][lesson09]") {
+    check_every_level<bf16, float>(all_16bit<bf16>(),
+                                   [](bf16 b, float y) { return bits(y) == bits(bf16_to_f32(b.bits)); });
+}
+
+TEST_CASE("f32 -> f16 in vectors: every exponent, ties, subnormals, inf, NaN, 4M random", "[cpu][lowp][lesson09]") {
+    check_every_level<float, f16>(narrowing_inputs(), [](float x, f16 h) { return h.bits == f32_to_f16(x); });
+}
+
+TEST_CASE("f32 -> bf16 in vectors: every exponent, ties, subnormals, inf, NaN, 4M random", "[cpu][lowp][lesson09]") {
+    check_every_level<float, bf16>(narrowing_inputs(), [](float x, bf16 b) { return b.bits == f32_to_bf16(x); });
+}
+
+TEST_CASE("vector conversions handle every run length and leave what follows alone", "[cpu][lowp][lesson09]") {
+    // Runs of 0..40 elements starting at every offset 0..7 (the kernels go 8 at a time).
+    std::vector<float> x(48);
+    for (size_t i = 0; i < x.size(); ++i) x[i] = 1.0f + 0.37f * float(i);
+    for (CpuLevel level : runnable_levels()) {
+        const auto narrow = cpu::convert_kernel<float, f16>(level);
+        for (int64_t offset = 0; offset < 8; ++offset)
+            for (int64_t n = 0; offset + n <= 48; ++n) {
+                std::vector<f16> y(48, f16(-7.0f));
+                narrow.run(x.data() + offset, y.data() + offset, n);
+                for (int64_t i = 0; i < 48; ++i) {
+                    const bool inside = i >= offset && i < offset + n;
+                    INFO("level " << cpu_level_name(level) << " offset " << offset << " n " << n << " i " << i);
+                    REQUIRE(y[size_t(i)].bits == (inside ? f32_to_f16(x[size_t(i)]) : f32_to_f16(-7.0f)));
+                }
+            }
+    }
+}
+
+TEST_CASE("convert_kernel refuses a level above the CPU's", "[cpu][lowp][lesson09]") {
+    if (detected_cpu_level() == CpuLevel::Amx) return;  // nothing is above
+    const CpuLevel above = CpuLevel(uint8_t(detected_cpu_level()) + 1);
+    CHECK_THROWS_WITH((cpu::convert_kernel<f16, float>(above)),
+                      Catch::Contains("above what this CPU supports") && Catch::Contains("cpu_level()"));
+}
+
+namespace {
+
+// Runs f once with each runnable level as the cap, and returns the results.
+template <typename F>
+auto under_each_level(F f) {
+    std::vector<decltype(f())> results;
+    for (CpuLevel level : runnable_levels()) {
+        const CpuLevel before = set_cpu_level_cap(level);
+        results.push_back(f());
+        set_cpu_level_cap(before);
+    }
+    return results;
+}
+
+template <typename T>
+std::vector<T> random_lowp(size_t n, uint32_t seed) {
+    std::mt19937 rng(seed);
+    std::uniform_real_distribution<float> dist(-2.0f, 2.0f);
+    std::vector<T> v(n);
+    for (T& x : v) x = T(dist(rng));
+    return v;
+}
+
+template <typename T>
+std::vector<uint16_t> bits_of_all(const std::vector<T>& v) {
+    std::vector<uint16_t> b(v.size());
+    for (size_t i = 0; i < v.size(); ++i) b[i] = v[i].bits;
+    return b;
+}
+
+// C = alpha·op(A)·op(B) + beta·C in T, for one shape, under the current cap.
+template <typename T>
+std::vector<uint16_t> lowp_gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float beta) {
+    const auto A = random_lowp<T>(size_t(M * K), 1), B = random_lowp<T>(size_t(K * N), 2);
+    auto C = random_lowp<T>(size_t(M * N), 3);
+    cpu::gemm<T>(ta, tb, M, N, K, 0.75f, A.data(), ta ? M : K, B.data(), tb ? K : N, beta, C.data(), N);
+    return bits_of_all(C);
+}
+
+template <typename T>
+void check_gemm_paths_agree() {
+    // Edge tiles (M, N not multiples of 6 or 16; K across two KC-blocks), every transpose,
+    // beta 0, 1 and general (C's store widens, fuses and narrows).
+    for (bool ta : {false, true})
+        for (bool tb : {false, true})
+            for (float beta : {0.0f, 1.0f, -0.5f}) {
+                INFO("ta " << ta << " tb " << tb << " beta " << beta);
+                const auto r = under_each_level([&] { return lowp_gemm<T>(ta, tb, 37, 45, 301, beta); });
+                for (size_t i = 1; i < r.size(); ++i) CHECK(r[i] == r[0]);
+            }
+    const auto big = under_each_level([] { return lowp_gemm<T>(false, true, 130, 200, 96, 0.0f); });
+    for (size_t i = 1; i < big.size(); ++i) CHECK(big[i] == big[0]);
+}
+
+}  // namespace
+
+TEST_CASE("f16 gemm gives the same bits on the portable and the vector path", "[cpu][lowp][lesson09][gemm]") {
+    check_gemm_paths_agree<f16>();
+}
+
+TEST_CASE("bf16 gemm gives the same bits on the portable and the vector path", "[cpu][lowp][lesson09][gemm]") {
+    check_gemm_paths_agree<bf16>();
+}
+
+TEST_CASE("Tensor::to between f32 and f16/bf16 gives the same bits on every path", "[cpu][lowp][lesson09]") {
+    // 100003 elements: past the kernel's parallel threshold, not a multiple of 8; a standard
+    // deviation of 3e4 reaches f16's overflow (65520) and its subnormals (below 2^-14).
+    Rng rng(7);
+    const Tensor x = Tensor::normal({100003}, 0.0f, 3e4f, rng);
+    const auto bytes = [](const Tensor& t) {
+        const char* p = static_cast<const char*>(t.raw());
+        return std::vector<char>(p, p + t.nbytes());
+    };
+    for (DType t : {DType::F16, DType::BF16}) {
+        INFO(dtype_name(t));
+        const auto low = under_each_level([&] { return bytes(x.to(t)); });
+        const auto back = under_each_level([&] { return bytes(x.to(t).to(DType::F32)); });
+        for (size_t i = 1; i < low.size(); ++i) {
+            CHECK(low[i] == low[0]);
+            CHECK(back[i] == back[0]);
+        }
+    }
+}
