@@ -122,29 +122,40 @@ struct WmmaWarpTile {
     int wm, wn;
 
     __device__ WmmaWarpTile() : wm(int(threadIdx.x) / 64 * 32), wn(int(threadIdx.x) / 32 % 2 * 32) {
-        for (int i = 0; i < 2; i++)
+        KILN_UNROLL
+        for (int i = 0; i < 2; i++) {
+            KILN_UNROLL
             for (int j = 0; j < 2; j++) nvcuda::wmma::fill_fragment(acc[i][j], 0.0f);
+        }
     }
 
     __device__ void mma(const T (*As)[wmma_tile::kLdA], const T (*Bs)[wmma_tile::kLdB]) {
         namespace wmma = nvcuda::wmma;
+        KILN_UNROLL
         for (int kk = 0; kk < wmma_tile::kBK; kk += 16) {
             wmma::fragment<wmma::matrix_a, 16, 16, 16, W, wmma::col_major> a[2];
             wmma::fragment<wmma::matrix_b, 16, 16, 16, W, wmma::row_major> b[2];
-            for (int i = 0; i < 2; i++)
+            KILN_UNROLL
+            for (int i = 0; i < 2; i++) {
                 wmma::load_matrix_sync(a[i], reinterpret_cast<const W*>(&As[kk][wm + 16 * i]), wmma_tile::kLdA);
-            for (int j = 0; j < 2; j++)
-                wmma::load_matrix_sync(b[j], reinterpret_cast<const W*>(&Bs[kk][wn + 16 * j]), wmma_tile::kLdB);
-            for (int i = 0; i < 2; i++)
+                wmma::load_matrix_sync(b[i], reinterpret_cast<const W*>(&Bs[kk][wn + 16 * i]), wmma_tile::kLdB);
+            }
+            KILN_UNROLL
+            for (int i = 0; i < 2; i++) {
+                KILN_UNROLL
                 for (int j = 0; j < 2; j++) wmma::mma_sync(acc[i][j], a[i], b[j], acc[i][j]);
+            }
         }
     }
 
     __device__ void store(float (*Cs)[wmma_tile::kLdC]) const {
-        for (int i = 0; i < 2; i++)
+        KILN_UNROLL
+        for (int i = 0; i < 2; i++) {
+            KILN_UNROLL
             for (int j = 0; j < 2; j++)
                 nvcuda::wmma::store_matrix_sync(&Cs[wm + 16 * i][wn + 16 * j], acc[i][j], wmma_tile::kLdC,
                                                 nvcuda::wmma::mem_row_major);
+        }
     }
 };
 

@@ -35,8 +35,8 @@
 //              version 3; cuda::gemm<float> is always version 3, whatever the shape.
 //
 // Element types: A, B and C hold T = float, f16 or bf16 (a template parameter of every kernel).
-// The tiles are loaded converted to float (load_a, load_b; version 5 rounds them back to T, exactly,
-// for the tensor cores), the products are summed in float registers (fragments), and C is rounded
+// The tiles are loaded converted to float (load_a, load_b; version 5 keeps them in T, which the
+// tensor cores read), the products are summed in float registers (fragments), and C is rounded
 // to T once, on the store (store_c): f32 accumulation for every T.
 //
 // Every version handles any M, N, K (partial tiles are padded with zeros in shared memory and
@@ -54,16 +54,17 @@
 
 namespace kiln::cuda {
 
-// op(A)[m,k] and op(B)[k,n] as floats, or 0 outside the matrix (the padding of partial tiles).
-template <bool TA, typename T>
-__device__ __forceinline__ float load_a(const T* A, int64_t lda, int64_t M, int64_t K, int64_t m, int64_t k) {
-    if (m >= M || k >= K) return 0.0f;
-    return float(TA ? A[k * lda + m] : A[m * lda + k]);
+// op(A)[m,k] and op(B)[k,n] as floats (or as R: T itself for the tensor cores), or 0 outside the
+// matrix (the padding of partial tiles).
+template <bool TA, typename R = float, typename T>
+__device__ __forceinline__ R load_a(const T* A, int64_t lda, int64_t M, int64_t K, int64_t m, int64_t k) {
+    if (m >= M || k >= K) return R(0.0f);
+    return R(TA ? A[k * lda + m] : A[m * lda + k]);
 }
-template <bool TB, typename T>
-__device__ __forceinline__ float load_b(const T* B, int64_t ldb, int64_t K, int64_t N, int64_t k, int64_t n) {
-    if (k >= K || n >= N) return 0.0f;
-    return float(TB ? B[n * ldb + k] : B[k * ldb + n]);
+template <bool TB, typename R = float, typename T>
+__device__ __forceinline__ R load_b(const T* B, int64_t ldb, int64_t K, int64_t N, int64_t k, int64_t n) {
+    if (k >= K || n >= N) return R(0.0f);
+    return R(TB ? B[n * ldb + k] : B[k * ldb + n]);
 }
 
 // c = alpha·acc + beta·c, reading c only when beta ≠ 0; rounded to T once
@@ -120,8 +121,8 @@ __global__ void gemm_smem_kernel(int64_t M, int64_t N, int64_t K, float alpha, c
 }
 
 // Stages one BK-wide step: As[k][m] = op(A)[row0 + m, k0 + k] (BM·BK values) and
-// Bs[k][n] = op(B)[k0 + k, col0 + n] (BK·BN values), converted to the arrays' element type
-// (float, or T itself for the tensor cores), zeros outside the matrices. Each of the kThreads
+// Bs[k][n] = op(B)[k0 + k, col0 + n] (BK·BN values), as the arrays' element type (float, or T
+// itself for the tensor cores), zeros outside the matrices. Each of the kThreads
 // threads loads BM·BK/kThreads and BK·BN/kThreads values; consecutive threads take consecutive
 // addresses of A and B as they are stored.
 template <int BM, int BN, int BK, int kThreads, bool TA, bool TB, typename T, typename SA, typename SB>
@@ -136,12 +137,12 @@ __device__ __forceinline__ void load_tiles(const T* A, int64_t lda, const T* B, 
     for (int r = 0; r < BM * BK / kThreads; r++) {
         const int e = tid + r * kThreads;
         const int m = TA ? e % BM : e / BK, k = TA ? e / BM : e % BK;
-        As[k][m] = EA(load_a<TA>(A, lda, M, K, row0 + m, k0 + k));
+        As[k][m] = load_a<TA, EA>(A, lda, M, K, row0 + m, k0 + k);
     }
     for (int r = 0; r < BN * BK / kThreads; r++) {
         const int e = tid + r * kThreads;
         const int n = TB ? e / BK : e % BN, k = TB ? e % BK : e / BN;
-        Bs[k][n] = EB(load_b<TB>(B, ldb, K, N, k0 + k, col0 + n));
+        Bs[k][n] = load_b<TB, EB>(B, ldb, K, N, k0 + k, col0 + n);
     }
 }
 

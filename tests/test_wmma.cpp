@@ -34,14 +34,15 @@
 #include "core/tensor.h"
 #include "fixtures.h"
 #include "gemm_versions.h"
-#include "kiln_cuda.h"
 #include "ops/cnn.h"
 #include "ops/cpu/gemm.h"
 #include "ops/ops.h"
+#ifndef KILN_CUDA
+#include "kiln_cuda.h"  // the emulator: its wmma, launches and counters
+#endif
 
 using namespace kiln;
 using test::under_schedules;
-namespace wmma = nvcuda::wmma;
 
 namespace {
 
@@ -156,6 +157,8 @@ TEST_CASE("wmma implicit-GEMM convolution matches the CPU for f16 and bf16", "[w
 
 #ifndef KILN_CUDA
 // ---- the fragment API on the emulator ----------------------------------------------------------------------
+namespace wmma = nvcuda::wmma;
+
 namespace {
 
 // One warp: d = a·b + c for one M×N×K tile, a and b read with layouts LA and LB (ldm = their

@@ -28,7 +28,6 @@
 #include <atomic>
 #include <cstdio>
 #include <cstdlib>
-#include <cstring>
 #include <exception>
 #include <map>
 #include <mutex>
@@ -588,8 +587,7 @@ void Worker::release_warp(Thread& t) {
     for (unsigned j = 0; j < 32; ++j) {
         if (!((mask >> j) & 1u)) continue;
         const Thread& u = lanes[j];
-        const bool other_call = t.op == WarpOp::Call && std::strcmp(call_of(u).name, call_of(t).name) != 0;
-        if (u.op != t.op || u.mask != mask || other_call)
+        if (u.op != t.op || u.mask != mask)
             abort_thread(t, "the lanes of warp " + std::to_string(t.linear / 32) + " disagree: " + thread_name(u) +
                                 " calls " + op_name(u) + " with mask " + hex(u.mask) + ", " + thread_name(t) +
                                 " calls " + op_name(t) + " with mask " + hex(mask));
@@ -608,20 +606,21 @@ void Worker::release_warp(Thread& t) {
     warps_[t.linear / 32].arrived &= ~mask;
 }
 
-// Lanes u and t call the same WarpCall (name checked): it must be the same operation on the same
-// fragment type (run) with the same arguments.
+// Lanes u and t both wait in a WarpCall: it must be the same operation on the same fragment type
+// (one run function for each) with the same arguments.
 void Worker::check_same_call(Thread& t, const Thread& u) {
     const WarpCall &a = call_of(u), &b = call_of(t);
     if (a.run == b.run && a.args[0] == b.args[0] && a.args[1] == b.args[1] && a.args[2] == b.args[2]) return;
-    const auto args = [](const WarpCall& c) {
+    const auto call = [](const WarpCall& c) {
         std::ostringstream os;
-        os << "(" << reinterpret_cast<const void*>(c.args[0]) << ", " << c.args[1] << ", " << c.args[2] << ")";
+        os << c.name << "(pointer " << reinterpret_cast<const void*>(c.args[0]) << ", ldm " << c.args[1]
+           << ", layout " << c.args[2] << ")";
         return os.str();
     };
-    abort_thread(t, "the lanes of warp " + std::to_string(t.linear / 32) + " disagree on " + a.name + ": " +
-                        thread_name(u) + " passes " + args(a) + ", " + thread_name(t) + " passes " + args(b) +
-                        " (pointer, ldm, layout), or another fragment type; every lane must make the same call "
-                        "(did one skip a call?) with the same fragment type, pointer, ldm and layout");
+    abort_thread(t, "the lanes of warp " + std::to_string(t.linear / 32) + " disagree: " + thread_name(u) + " calls " +
+                        call(a) + ", " + thread_name(t) + " calls " + call(b) +
+                        " (or another fragment type); every lane must make the same call (did one skip a call?) "
+                        "with the same fragment type, pointer, ldm and layout");
 }
 
 // One lane's result. Shuffles follow PTX's shfl.sync: c packs the segment mask (32 - width)

@@ -168,9 +168,9 @@ void run_mma(kiln::emu::WarpCall* const* lanes) {
     gather<FragA>(lanes, 0, a);
     gather<FragB>(lanes, 1, b);
     gather<FragD>(lanes, 2, d);  // c, which d may alias: read whole before any lane's d is written
-    for (int i = 0; i < M; i++)
-        for (int j = 0; j < N; j++)
-            for (int k = 0; k < K; k++) d[i][j] += a[i][k] * b[k][j];
+    for (int i = 0; i < M; i++)  // (k before j: each d[i][j] still adds k in order, and j vectorizes)
+        for (int k = 0; k < K; k++)
+            for (int j = 0; j < N; j++) d[i][j] += a[i][k] * b[k][j];
     for (int l = 0; l < 32; l++) {
         FragD& f = *static_cast<FragD*>(lanes[l]->out);
         for (int e = 0; e < f.num_elements; e++) f.x[e] = d[FragD::row_of(l, e)][FragD::col_of(l, e)];
