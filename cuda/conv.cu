@@ -420,6 +420,9 @@ void conv2d_forward_implicit_gemm_wmma(const T* x, const T* w, const T* b, T* y,
     KILN_LAUNCH(conv_implicit_wmma, grid, block, 0)(x, w, b, y, d);
     KILN_CHECK_LAUNCH(conv_implicit_wmma, grid, block);
 }
+template void conv2d_forward_implicit_gemm_wmma<f16>(const f16*, const f16*, const f16*, f16*, const Conv2dParams&);
+template void conv2d_forward_implicit_gemm_wmma<bf16>(const bf16*, const bf16*, const bf16*, bf16*,
+                                                      const Conv2dParams&);
 
 template <typename T>
 void conv2d_forward(const T* x, const T* w, const T* b, T* y, const Conv2dParams& p, T* col, int64_t col_images) {
@@ -481,8 +484,5 @@ template void conv2d_forward_implicit_gemm<float>(const float*, const float*, co
 template void conv2d_backward_data<float>(const float*, const float*, float*, const Conv2dParams&, float*, int64_t);
 template void conv2d_backward_weight<float>(const float*, const float*, float*, float*, const Conv2dParams&, float*,
                                             int64_t);
-template void conv2d_forward_implicit_gemm_wmma<f16>(const f16*, const f16*, const f16*, f16*, const Conv2dParams&);
-template void conv2d_forward_implicit_gemm_wmma<bf16>(const bf16*, const bf16*, const bf16*, bf16*,
-                                                      const Conv2dParams&);
 
 }  // namespace kiln::cuda

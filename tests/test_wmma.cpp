@@ -105,22 +105,26 @@ void check_gemm_wmma(const Format& f, bool ta, bool tb, int64_t M, int64_t N, in
 }
 
 // ---- convolution --------------------------------------------------------------------------------------
+// y = conv(x, w) + b (b: a bias, or none) by cuda::conv2d_forward_implicit_gemm_wmma in T,
+// against the CPU's f32 convolution of the same values.
 template <typename T>
-void check_conv_wmma(const Format& f, const Conv2dArgs& args, Shape x_shape, int64_t O, int64_t KK, Rng& rng) {
+void check_conv_wmma(const Format& f, const Conv2dArgs& args, Shape x_shape, int64_t O, int64_t KK, bool bias,
+                     Rng& rng) {
     INFO(dtype_name(f.dtype) << ": x " << x_shape[0] << "×" << x_shape[1] << "×" << x_shape[2] << "×" << x_shape[3]
                              << ", O = " << O << ", K = " << KK << ", stride " << args.stride << ", padding "
-                             << args.padding << ", dilation " << args.dilation << ", groups " << args.groups);
+                             << args.padding << ", dilation " << args.dilation << ", groups " << args.groups
+                             << (bias ? ", bias" : ", no bias"));
     const Tensor x = random(x_shape, rng, f.dtype), w = random({O, x_shape[1] / args.groups, KK, KK}, rng, f.dtype);
-    const Tensor b = random({O}, rng, f.dtype);
-    const Tensor want = conv2d(x.to(DType::F32), w.to(DType::F32), b.to(DType::F32), args);
-    const Tensor S = conv2d(abs_of(x), abs_of(w), abs_of(b), args);
+    const Tensor b = bias ? random({O}, rng, f.dtype) : Tensor();
+    const Tensor want = conv2d(x.to(DType::F32), w.to(DType::F32), bias ? b.to(DType::F32) : Tensor(), args);
+    const Tensor S = conv2d(abs_of(x), abs_of(w), bias ? abs_of(b) : Tensor(), args);
     Conv2dParams p;
     p.N = x_shape[0], p.C = x_shape[1], p.H = x_shape[2], p.W = x_shape[3], p.O = O, p.KH = p.KW = KK;
     p.stride = args.stride, p.padding = args.padding, p.dilation = args.dilation, p.groups = args.groups;
-    const Tensor dx = x.to(Device::CUDA), dw = w.to(Device::CUDA), db = b.to(Device::CUDA);
+    const Tensor dx = x.to(Device::CUDA), dw = w.to(Device::CUDA), db = bias ? b.to(Device::CUDA) : Tensor();
     Tensor y = Tensor::empty(want.shape(), f.dtype, Device::CUDA);
-    cuda::conv2d_forward_implicit_gemm_wmma(dx.data<T>(), dw.data<T>(), db.data<T>(), y.data<T>(), p);
-    require_within(y, want, f, p.Cg() * KK * KK + 1, S);
+    cuda::conv2d_forward_implicit_gemm_wmma(dx.data<T>(), dw.data<T>(), bias ? db.data<T>() : nullptr, y.data<T>(), p);
+    require_within(y, want, f, p.Cg() * KK * KK + (bias ? 1 : 0), S);
 }
 
 }  // namespace
@@ -148,10 +152,10 @@ TEST_CASE("wmma implicit-GEMM convolution matches the CPU for f16 and bf16", "[w
     Conv2dArgs strided;  // stride 2, dilation 2, two groups of 16 output channels and Kc = 4·9 = 36
     strided.stride = 2, strided.dilation = 2, strided.groups = 2;
     under_schedules([&] {
-        check_conv_wmma<f16>(kF16, plain, {2, 8, 6, 7}, 20, 3, rng);
-        check_conv_wmma<bf16>(kBF16, plain, {2, 8, 6, 7}, 20, 3, rng);
-        check_conv_wmma<f16>(kF16, strided, {3, 8, 9, 9}, 32, 3, rng);
-        check_conv_wmma<bf16>(kBF16, strided, {3, 8, 9, 9}, 32, 3, rng);
+        check_conv_wmma<f16>(kF16, plain, {2, 8, 6, 7}, 20, 3, true, rng);
+        check_conv_wmma<bf16>(kBF16, plain, {2, 8, 6, 7}, 20, 3, true, rng);
+        check_conv_wmma<f16>(kF16, strided, {3, 8, 9, 9}, 32, 3, false, rng);
+        check_conv_wmma<bf16>(kBF16, strided, {3, 8, 9, 9}, 32, 3, true, rng);
     });
 }
 
@@ -259,6 +263,13 @@ __global__ void misused(const __half* a, const __half* b, float* d, int skipping
     wmma::store_matrix_sync(d, acc, ldd, wmma::mem_row_major);
 }
 
+// Lane 3 returns before the load the others wait in.
+__global__ void lane_returns_early(const __half* a) {
+    if (threadIdx.x == 3) return;
+    wmma::fragment<wmma::matrix_a, 16, 16, 16, __half, wmma::row_major> fa;
+    wmma::load_matrix_sync(fa, a, 16);
+}
+
 // Each lane passes its own pointer: lanes disagree on the arguments.
 __global__ void lanes_disagree(const __half* a) {
     wmma::fragment<wmma::matrix_a, 16, 16, 16, __half, wmma::row_major> fa;
@@ -316,9 +327,12 @@ TEST_CASE("wmma misuse fails the launch with a message naming the call", "[wmma]
                Contains("wmma::store_matrix_sync") && Contains("ldm = 6 must be a multiple of 4"));
     // A warp of 16 threads.
     CHECK_THAT(failure_of_misused(16, -1, 0, 16, 16), Contains("wmma::") && Contains("all 32 lanes"));
-    // Lanes passing different pointers.
+    // A lane that has returned, and lanes passing different pointers.
     __half* a = nullptr;
     KILN_CUDA_CHECK(cudaMalloc(&a, 512 * sizeof(__half)));
+    KILN_LAUNCH(lane_returns_early, 1, 32, 0)(a);
+    CHECK_THROWS_WITH([&] { KILN_CHECK_LAUNCH(lane_returns_early, 1, 32); }(),
+                      Contains("wmma::load_matrix_sync") && Contains("thread (3, 0, 0) has already exited"));
     KILN_LAUNCH(lanes_disagree, 1, 32, 0)(a);
     CHECK_THROWS_WITH([&] { KILN_CHECK_LAUNCH(lanes_disagree, 1, 32); }(),
                       Contains("wmma::load_matrix_sync") && Contains("disagree") && Contains("same fragment type"));

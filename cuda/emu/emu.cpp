@@ -19,9 +19,9 @@
 //
 // A round in which nothing can run while threads wait is a deadlock: a thread exited while
 // others wait at a barrier, or a warp collective's mask names a lane that never comes. The
-// block stops, its fibers are abandoned (no exception crosses a fiber; only the direct thread
-// unwinds, on its own stack), and the launch fails with cudaErrorLaunchFailure and a message
-// naming the kernel, block and threads.
+// block stops, its waiting fibers are abandoned (no exception crosses a fiber; a thread that
+// finds an error, and the direct thread, unwind on their own stacks), and the launch fails with
+// cudaErrorLaunchFailure and a message naming the kernel, block and threads.
 #include <omp.h>
 
 #include <algorithm>
@@ -198,8 +198,9 @@ struct Warp {
     unsigned exited = 0;
 };
 
-// Thrown only on the OS thread's own stack, to unwind a direct thread's kernel frames when its
-// block fails; caught in Worker::run_direct.
+// Thrown to unwind a thread's kernel frames when its block fails, always on the stack it runs on
+// (the OS thread's for the direct thread, its fiber's otherwise); caught in Worker::run_direct
+// or Worker::fiber_main.
 struct BlockAbort {};
 
 void fiber_entry();
@@ -487,17 +488,19 @@ KILN_EMU_INLINE void Worker::wait(Thread& t) {
     }
 }
 
-void Worker::abort_thread(Thread& t, const std::string& why) {
+// The failing thread unwinds its own stack (the message's temporaries in its frames are freed),
+// to run_direct or fiber_main; the scheduler then sees the failure.
+void Worker::abort_thread(Thread&, const std::string& why) {
     fail(why);
-    if (t.direct) throw BlockAbort{};
-    suspend(t);  // the scheduler sees the failure and never resumes this fiber
-    std::abort();
+    throw BlockAbort{};
 }
 
 void Worker::fiber_main() {
     Thread& t = *current_;
     try {
         launch_->run_thread(launch_->args);
+    } catch (const BlockAbort&) {
+        return;  // abort_thread has recorded why
     } catch (const std::exception& e) {
         fail(thread_name(t) + " threw an exception: " + e.what());
         return;

@@ -153,8 +153,8 @@ std::uint64_t warp_collective(WarpOp op, unsigned mask, std::uint64_t value, int
 
 // A warp-wide operation that needs every lane's data at once (wmma's load, store and mma,
 // wmma.h): each of the 32 lanes passes its own WarpCall; when the last one arrives, `run` is
-// called once with all 32 (in lane order) while the lanes wait. The lanes must agree on the
-// name, on `run` (one function per operation and fragment type) and on `args`.
+// called once with all 32 (in lane order) while the lanes wait. The lanes must agree on `run`
+// (one function per operation and fragment type) and on `args`.
 struct WarpCall {
     const char* name;                      // for messages: "wmma::load_matrix_sync"
     void (*run)(WarpCall* const* lanes);   // lanes[0..31]
