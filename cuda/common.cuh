@@ -1,5 +1,6 @@
 // common.cuh — what several kernel files share: the 1-D launch shape, an unroll hint that both
-// compilers understand, the block reduction, and device scratch memory from kiln's allocator.
+// compilers understand, the block reduction, device scratch memory from kiln's allocator, and
+// the tensor-core (wmma) warp tile of the f16/bf16 GEMM and convolution.
 //
 // Letters: n = element count, t = threadIdx.x, T = blockDim.x.
 #pragma once
@@ -7,6 +8,7 @@
 #include <cstdint>
 
 #include "core/allocator.h"
+#include "core/dtype.h"
 #include "kiln_cuda.h"
 
 // `#pragma unroll` is nvcc's; g++ (the emulator build) spells it `#pragma GCC unroll n` and
@@ -86,6 +88,75 @@ public:
 
 private:
     void* ptr_;
+};
+
+// ---- tensor cores: one warp's share of a 64×64 tile (gemm.cu's gemm_wmma_kernel, conv.cu) ------
+// wmma's element type for kiln's 16-bit types: the same 16 bits under CUDA's name.
+template <typename T> struct WmmaType;
+template <> struct WmmaType<f16> { using type = __half; };
+template <> struct WmmaType<bf16> { using type = __nv_bfloat16; };
+
+// The block tile: BM×BN of the output, 4 warps (128 threads) of 32×32 each, K in steps of BK.
+// Both inputs are staged in shared memory k-major, as gemm_tiled does:
+//   As[k][m]  (BK × BM, row stride kLdA)    op(A)'s tile, read as a col_major matrix_a
+//   Bs[k][n]  (BK × BN, row stride kLdB)    op(B)'s tile, read as a row_major matrix_b
+//   Cs[m][n]  (BM × BN floats, kLdC)        the result, before alpha/beta and the masked store
+// The padding (+8 elements, +4 floats) keeps every row a multiple of 16 bytes (wmma's ldm rule)
+// and moves successive rows to other banks; fragments start at multiples of 16 rows and columns,
+// so at 32-byte boundaries of the __align__(32) arrays (wmma's pointer rule).
+namespace wmma_tile {
+constexpr int kBM = 64, kBN = 64, kBK = 32, kThreads = 128;
+constexpr int kLdA = kBM + 8, kLdB = kBN + 8, kLdC = kBN + 4;
+}  // namespace wmma_tile
+
+// Warp w (0..3) owns rows wm = (w / 2)·32 .. +31 and columns wn = (w % 2)·32 .. +31 of the
+// block tile: 2×2 accumulator fragments of 16×16, in float.
+//   mma:    for kk = 0, 16:  a[i] = As[kk..+15][wm + 16i ..+15]ᵀ,  b[j] = Bs[kk..+15][wn + 16j ..+15]
+//                            acc[i][j] = a[i]·b[j] + acc[i][j]            (4 loads, 4 products)
+//   store:  Cs[wm + 16i ..][wn + 16j ..] = acc[i][j]
+// Every call is a warp-wide collective: all 32 lanes of each warp run these together.
+template <typename T>
+struct WmmaWarpTile {
+    using W = typename WmmaType<T>::type;
+    nvcuda::wmma::fragment<nvcuda::wmma::accumulator, 16, 16, 16, float> acc[2][2];
+    int wm, wn;
+
+    __device__ WmmaWarpTile() : wm(int(threadIdx.x) / 64 * 32), wn(int(threadIdx.x) / 32 % 2 * 32) {
+        KILN_UNROLL
+        for (int i = 0; i < 2; i++) {
+            KILN_UNROLL
+            for (int j = 0; j < 2; j++) nvcuda::wmma::fill_fragment(acc[i][j], 0.0f);
+        }
+    }
+
+    __device__ void mma(const T (*As)[wmma_tile::kLdA], const T (*Bs)[wmma_tile::kLdB]) {
+        namespace wmma = nvcuda::wmma;
+        KILN_UNROLL
+        for (int kk = 0; kk < wmma_tile::kBK; kk += 16) {
+            wmma::fragment<wmma::matrix_a, 16, 16, 16, W, wmma::col_major> a[2];
+            wmma::fragment<wmma::matrix_b, 16, 16, 16, W, wmma::row_major> b[2];
+            KILN_UNROLL
+            for (int i = 0; i < 2; i++) {
+                wmma::load_matrix_sync(a[i], reinterpret_cast<const W*>(&As[kk][wm + 16 * i]), wmma_tile::kLdA);
+                wmma::load_matrix_sync(b[i], reinterpret_cast<const W*>(&Bs[kk][wn + 16 * i]), wmma_tile::kLdB);
+            }
+            KILN_UNROLL
+            for (int i = 0; i < 2; i++) {
+                KILN_UNROLL
+                for (int j = 0; j < 2; j++) wmma::mma_sync(acc[i][j], a[i], b[j], acc[i][j]);
+            }
+        }
+    }
+
+    __device__ void store(float (*Cs)[wmma_tile::kLdC]) const {
+        KILN_UNROLL
+        for (int i = 0; i < 2; i++) {
+            KILN_UNROLL
+            for (int j = 0; j < 2; j++)
+                nvcuda::wmma::store_matrix_sync(&Cs[wm + 16 * i][wn + 16 * j], acc[i][j], wmma_tile::kLdC,
+                                                nvcuda::wmma::mem_row_major);
+        }
+    }
 };
 
 }  // namespace kiln::cuda::detail

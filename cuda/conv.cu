@@ -81,6 +81,7 @@
 #include <type_traits>
 
 #include "common.cuh"
+#include "gemm_versions.h"
 #include "ops/cuda_ops.h"
 
 namespace kiln::cuda {
@@ -261,6 +262,61 @@ __global__ void __launch_bounds__((BM / TM) * (BN / TN))
     }
 }
 
+// ---- the implicit GEMM on tensor cores (T = f16 or bf16) ----------------------------------------------
+// conv2d_implicit_gemm_kernel's product done as gemm.cu's version 5: block (bx, by, g) computes
+// the 64×64 tile of y's group g at output channels o0 + [0, 64) and columns j0 + [0, 64); its 4
+// warps multiply 32×32 patches on the tensor cores (detail::WmmaWarpTile, common.cuh).
+//   per step of 32 along Kc:  Ws[k][o] = w[g·Og + o0 + o, k0 + k],  Xs[k][j] = x gathered as
+//                             above, both as T (zeros outside)           barrier
+//                             acc += Ws-rows · Xs-columns (wmma, f32)   barrier
+//   Cs = acc, barrier;  y[n, g·Og + o, p, q] = Cs[o][j] + b[g·Og + o]   (column j = (n·P + p)·Q + q)
+template <typename T>
+__global__ void __launch_bounds__(detail::wmma_tile::kThreads)
+    conv2d_implicit_gemm_wmma_kernel(const T* x, const T* w, const T* b, T* y, ConvDims d) {
+    using namespace detail::wmma_tile;
+    __shared__ __align__(32) T Ws[kBK][kLdA];
+    __shared__ __align__(32) T Xs[kBK][kLdB];
+    __shared__ __align__(32) float Cs[kBM][kLdC];
+    const int tid = threadIdx.x;
+    const int64_t PQ = d.P * d.Q, NPQ = d.N * PQ, KK = d.KH * d.KW, g = blockIdx.z;
+    const int64_t o0 = int64_t(blockIdx.y) * kBM, j0 = int64_t(blockIdx.x) * kBN;
+    const T* wg = w + g * d.Og * d.Kc;  // [Og, Kc]
+    // This thread fills column jl of Xs, rows tid / 64 + 2r: its output position, decoded once.
+    const int jl = tid % kBN;
+    const int64_t j = j0 + jl;
+    const bool column_ok = j < NPQ;
+    const int64_t n = column_ok ? j / PQ : 0;
+    const int64_t ih0 = j % PQ / d.Q * d.stride - d.padding, iw0 = j % d.Q * d.stride - d.padding;
+    const T* xn = x + (n * d.C + g * d.Cg) * d.H * d.W;  // image n, the group's first channel
+
+    detail::WmmaWarpTile<T> warp_tile;
+    for (int64_t k0 = 0; k0 < d.Kc; k0 += kBK) {
+        for (int r = 0; r < kBM * kBK / kThreads; r++) {
+            const int e = tid + r * kThreads, m = e / kBK, kk = e % kBK;
+            const bool ok = o0 + m < d.Og && k0 + kk < d.Kc;
+            Ws[kk][m] = ok ? wg[(o0 + m) * d.Kc + k0 + kk] : T(0.0f);
+        }
+        for (int r = 0; r < kBN * kBK / kThreads; r++) {
+            const int kk = tid / kBN + r * (kThreads / kBN);
+            const int64_t kg = k0 + kk, c = kg / KK;  // kg = (c·KH + kh)·KW + kw
+            const int64_t ih = ih0 + kg % KK / d.KW * d.dilation, iw = iw0 + kg % d.KW * d.dilation;
+            const bool inside = column_ok && kg < d.Kc && ih >= 0 && ih < d.H && iw >= 0 && iw < d.W;
+            Xs[kk][jl] = inside ? xn[(c * d.H + ih) * d.W + iw] : T(0.0f);
+        }
+        __syncthreads();
+        warp_tile.mma(Ws, Xs);
+        __syncthreads();
+    }
+    warp_tile.store(Cs);
+    __syncthreads();
+    for (int e = tid; e < kBM * kBN; e += kThreads) {  // consecutive threads: consecutive (p, q)
+        const int64_t o = o0 + e / kBN, col = j0 + e % kBN;
+        if (o >= d.Og || col >= NPQ) continue;
+        const int64_t oc = g * d.Og + o;
+        y[(col / PQ * d.O + oc) * PQ + col % PQ] = T(Cs[e / kBN][e % kBN] + (b ? float(b[oc]) : 0.0f));
+    }
+}
+
 // ---- launchers ----------------------------------------------------------------------------------------
 namespace {
 
@@ -308,6 +364,11 @@ void nchw_to_rows(const T* dy, const ConvDims& d, int64_t n0, int64_t k, T* rows
     KILN_CHECK_LAUNCH(nchw_to_rows_kernel<T>, grid, block);
 }
 
+// f16 and bf16 take the tensor cores when a group has at least 16 output channels and a
+// reduction of at least 16 (one fragment each way); below that the 64×64 tiles would be mostly
+// padding (LeNet's first layer: 6 channels, Kc = 25), and the float kernel's 16×128 tiles fit.
+bool conv_wmma_fits(const ConvDims& d) { return d.Og >= 16 && d.Kc >= 16; }
+
 }  // namespace
 
 ConvAlgo conv2d_algo(const Conv2dParams& p) { return p.Og() < 64 ? ConvAlgo::ImplicitGemm : ConvAlgo::Im2col; }
@@ -345,6 +406,9 @@ void conv2d_forward_implicit_gemm(const T* x, const T* w, const T* b, T* y, cons
     check_conv2d_params(p, "cuda::conv2d_forward_implicit_gemm");
     if (p.N == 0) return;
     const ConvDims d = dims_of(p);
+    if constexpr (!std::is_same_v<T, float>) {  // f16, bf16: the tensor cores, when the shapes allow
+        if (conv_wmma_fits(d)) return conv2d_forward_implicit_gemm_wmma(x, w, b, y, p);
+    }
     const int64_t NPQ = d.N * d.P * d.Q;
     const bool narrow = d.Og <= 16;
     const int64_t BM = narrow ? 16 : 64, BN = narrow ? 128 : 64;
@@ -364,6 +428,26 @@ void conv2d_forward_implicit_gemm(const T* x, const T* w, const T* b, T* y, cons
         KILN_CHECK_LAUNCH(conv_implicit_64x64, grid, block);
     }
 }
+
+// The tensor-core variant: 64×64 tiles of 4 warps, 128 threads (see its kernel).
+template <typename T>
+void conv2d_forward_implicit_gemm_wmma(const T* x, const T* w, const T* b, T* y, const Conv2dParams& p) {
+    check_conv2d_params(p, "cuda::conv2d_forward_implicit_gemm_wmma");
+    if (p.N == 0) return;
+    const ConvDims d = dims_of(p);
+    const int64_t NPQ = d.N * d.P * d.Q, tile = detail::wmma_tile::kBM;
+    KILN_CHECK(p.groups <= 65535 && (d.Og + tile - 1) / tile <= 65535 && (NPQ + tile - 1) / tile <= 0x7fffffff,
+               "cuda::conv2d_forward_implicit_gemm_wmma: groups=", p.groups, ", O/G=", d.Og, " or N·P·Q=", NPQ,
+               " exceed the grid's limits; use cuda::conv2d_forward_im2col");
+    constexpr auto conv_implicit_wmma = conv2d_implicit_gemm_wmma_kernel<T>;
+    const dim3 grid(unsigned((NPQ + tile - 1) / tile), unsigned((d.Og + tile - 1) / tile), unsigned(p.groups));
+    const dim3 block(detail::wmma_tile::kThreads);
+    KILN_LAUNCH(conv_implicit_wmma, grid, block, 0)(x, w, b, y, d);
+    KILN_CHECK_LAUNCH(conv_implicit_wmma, grid, block);
+}
+template void conv2d_forward_implicit_gemm_wmma<f16>(const f16*, const f16*, const f16*, f16*, const Conv2dParams&);
+template void conv2d_forward_implicit_gemm_wmma<bf16>(const bf16*, const bf16*, const bf16*, bf16*,
+                                                      const Conv2dParams&);
 
 template <typename T>
 void conv2d_forward(const T* x, const T* w, const T* b, T* y, const Conv2dParams& p, T* col, int64_t col_images) {

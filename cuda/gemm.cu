@@ -6,7 +6,7 @@
 //   beta == 0: C is overwritten, never read.  alpha == 0 or K == 0: C = beta·C, A and B unread.
 //
 // Three versions, from naive to tuned (declared in gemm_versions.h; the chapter,
-// lessons/04-cuda-kernels/README.md, walks through them):
+// lessons/04-cuda-kernels/README.md, walks through them), and chapter 09's tensor-core version:
 //
 //   version 1  gemm_naive_kernel   block (16, 16), grid (ceil(N/16), ceil(M/16)): one thread per
 //              C element, a K-long dot product from global memory. Each element of A is read by
@@ -27,35 +27,44 @@
 //                                                                   64×512: more blocks)
 //              (BK 32 and 128 threads also halve, twice, the barriers the emulator must run.)
 //              grid = (ceil(N/BN), min(ceil(M/BM), 65535)); blocks loop over row tiles beyond.
+//   version 5  gemm_wmma_kernel    T = f16 or bf16: version 3's staging (as T, not float), but
+//              the products run on the tensor cores: a 64×64 tile of C per block of 4 warps,
+//              each warp a 32×32 patch as 2×2 wmma fragments of 16×16×16, products and sums in
+//              float (nvcuda::wmma; the emulator's cuda/emu/wmma.h). BK 32, 128 threads.
+//              cuda::gemm<f16/bf16> uses it when M, N and K are all ≥ 16 (wmma_fits), else
+//              version 3; cuda::gemm<float> is always version 3, whatever the shape.
 //
 // Element types: A, B and C hold T = float, f16 or bf16 (a template parameter of every kernel).
-// The tiles are loaded converted to float (load_a, load_b), the products are summed in float
-// registers, and C is rounded to T once, on the store (store_c): f32 accumulation for every T.
+// The tiles are loaded converted to float (load_a, load_b; version 5 keeps them in T, which the
+// tensor cores read), the products are summed in float registers (fragments), and C is rounded
+// to T once, on the store (store_c): f32 accumulation for every T.
 //
 // Every version handles any M, N, K (partial tiles are padded with zeros in shared memory and
 // masked on the store) and all four transpose combinations (a template parameter each, so
 // the inner loops carry no branches). Loads are arranged so that consecutive threads read
 // consecutive addresses whichever way A and B are stored.
 //
-// Build and run: part of the engine; `make test T='[cuda][gemm]'` checks all three versions
-// against the CPU; the kernel lab (cuda/lab/gemm.cu, `make lab`) runs them beside two more
-// versions, and on a GPU (`make CUDA=1 lab`) times them against cuBLAS.
+// Build and run: part of the engine; `make test T='[cuda][gemm]'` checks versions 1 to 3
+// against the CPU, `make test T='[wmma]'` version 5; the kernel lab (cuda/lab/gemm.cu,
+// `make lab`) runs them beside two more versions, and on a GPU (`make CUDA=1 lab`) times them
+// against cuBLAS.
 #include "common.cuh"
 #include "gemm_versions.h"
 #include "ops/cuda_ops.h"
 
 namespace kiln::cuda {
 
-// op(A)[m,k] and op(B)[k,n] as floats, or 0 outside the matrix (the padding of partial tiles).
-template <bool TA, typename T>
-__device__ __forceinline__ float load_a(const T* A, int64_t lda, int64_t M, int64_t K, int64_t m, int64_t k) {
-    if (m >= M || k >= K) return 0.0f;
-    return float(TA ? A[k * lda + m] : A[m * lda + k]);
+// op(A)[m,k] and op(B)[k,n] as floats (or as R: T itself for the tensor cores), or 0 outside the
+// matrix (the padding of partial tiles).
+template <bool TA, typename R = float, typename T>
+__device__ __forceinline__ R load_a(const T* A, int64_t lda, int64_t M, int64_t K, int64_t m, int64_t k) {
+    if (m >= M || k >= K) return R(0.0f);
+    return R(TA ? A[k * lda + m] : A[m * lda + k]);
 }
-template <bool TB, typename T>
-__device__ __forceinline__ float load_b(const T* B, int64_t ldb, int64_t K, int64_t N, int64_t k, int64_t n) {
-    if (k >= K || n >= N) return 0.0f;
-    return float(TB ? B[n * ldb + k] : B[k * ldb + n]);
+template <bool TB, typename R = float, typename T>
+__device__ __forceinline__ R load_b(const T* B, int64_t ldb, int64_t K, int64_t N, int64_t k, int64_t n) {
+    if (k >= K || n >= N) return R(0.0f);
+    return R(TB ? B[n * ldb + k] : B[k * ldb + n]);
 }
 
 // c = alpha·acc + beta·c, reading c only when beta ≠ 0; rounded to T once
@@ -111,6 +120,32 @@ __global__ void gemm_smem_kernel(int64_t M, int64_t N, int64_t K, float alpha, c
     }
 }
 
+// Stages one BK-wide step: As[k][m] = op(A)[row0 + m, k0 + k] (BM·BK values) and
+// Bs[k][n] = op(B)[k0 + k, col0 + n] (BK·BN values), as the arrays' element type (float, or T
+// itself for the tensor cores), zeros outside the matrices. Each of the kThreads
+// threads loads BM·BK/kThreads and BK·BN/kThreads values; consecutive threads take consecutive
+// addresses of A and B as they are stored.
+template <int BM, int BN, int BK, int kThreads, bool TA, bool TB, typename T, typename SA, typename SB>
+__device__ __forceinline__ void load_tiles(const T* A, int64_t lda, const T* B, int64_t ldb, int64_t M, int64_t N,
+                                           int64_t K, int64_t row0, int64_t col0, int64_t k0, SA& As, SB& Bs) {
+    static_assert((BM * BK) % kThreads == 0 && (BN * BK) % kThreads == 0, "tile loads must divide evenly");
+    using EA = std::remove_reference_t<decltype(As[0][0])>;
+    using EB = std::remove_reference_t<decltype(Bs[0][0])>;
+    const int tid = threadIdx.x;
+    // (Not unrolled: each load carries 64-bit index arithmetic, and unrolling them all
+    // costs registers that the accumulators need.)
+    for (int r = 0; r < BM * BK / kThreads; r++) {
+        const int e = tid + r * kThreads;
+        const int m = TA ? e % BM : e / BK, k = TA ? e / BM : e % BK;
+        As[k][m] = load_a<TA, EA>(A, lda, M, K, row0 + m, k0 + k);
+    }
+    for (int r = 0; r < BN * BK / kThreads; r++) {
+        const int e = tid + r * kThreads;
+        const int n = TB ? e / BK : e % BN, k = TB ? e % BK : e / BN;
+        Bs[k][n] = load_b<TB, EB>(B, ldb, K, N, k0 + k, col0 + n);
+    }
+}
+
 // ---- version 3: register blocking ------------------------------------------------------------------
 // Thread (tx, ty) owns the TM×TN patch of the block's C tile at rows ty + i·(BM/TM) (strided:
 // the warp's threads share a few rows, so an As read is a broadcast) and columns tx·TN + j
@@ -128,7 +163,6 @@ __global__ void __launch_bounds__((BM / TM) * (BN / TN))
     gemm_tiled(int64_t M, int64_t N, int64_t K, float alpha, const T* A, int64_t lda, const T* B,
                int64_t ldb, float beta, T* C, int64_t ldc) {
     constexpr int kThreadsX = BN / TN, kThreadsY = BM / TM, kThreads = kThreadsX * kThreadsY;
-    static_assert((BM * BK) % kThreads == 0 && (BN * BK) % kThreads == 0, "tile loads must divide evenly");
     // Stored k-major, so a thread's TM (or TN) values for one k are in one row. The +4 padding
     // spreads the stores of the k-contiguous layouts over different banks.
     __shared__ float As[BK][BM + 4];
@@ -146,19 +180,7 @@ __global__ void __launch_bounds__((BM / TM) * (BN / TN))
             for (int j = 0; j < TN; j++) acc[i][j] = 0.0f;
         }
         for (int64_t k0 = 0; k0 < K; k0 += BK) {
-            // (Not unrolled: each load carries 64-bit index arithmetic, and unrolling them all
-            // costs registers that the accumulators need.)
-            for (int r = 0; r < BM * BK / kThreads; r++) {
-                const int e = tid + r * kThreads;
-                // Consecutive threads take consecutive addresses of A as it is stored.
-                const int m = TA ? e % BM : e / BK, k = TA ? e / BM : e % BK;
-                As[k][m] = load_a<TA>(A, lda, M, K, row0 + m, k0 + k);
-            }
-            for (int r = 0; r < BN * BK / kThreads; r++) {
-                const int e = tid + r * kThreads;
-                const int n = TB ? e / BK : e % BN, k = TB ? e % BK : e / BN;
-                Bs[k][n] = load_b<TB>(B, ldb, K, N, k0 + k, col0 + n);
-            }
+            load_tiles<BM, BN, BK, kThreads, TA, TB>(A, lda, B, ldb, M, N, K, row0, col0, k0, As, Bs);
             __syncthreads();
             KILN_UNROLL
             for (int k = 0; k < BK; k++) {
@@ -184,6 +206,45 @@ __global__ void __launch_bounds__((BM / TM) * (BN / TN))
                 if (m < M && n < N) store_c(&C[m * ldc + n], alpha, acc[i][j], beta);
             }
         }
+    }
+}
+
+// ---- version 5 (chapter 09): tensor cores (wmma), T = f16 or bf16 ------------------------------------
+// A 64×64 tile of C per block of 4 warps; each warp multiplies 2×2 fragments of 16×16
+// (detail::WmmaWarpTile, common.cuh) on the tensor cores, products and sums in float.
+//
+//   for each k0 = 0, 32, 64, ...:
+//       As[k][m] = op(A)[row0 + m, k0 + k],  Bs[k][n] = op(B)[k0 + k, col0 + n]   as T   barrier
+//       each warp: acc[i][j] += As-rows · Bs-columns of its 32×32 patch (wmma)          barrier
+//   Cs = acc (store_matrix_sync), barrier;  C[row0 + m, col0 + n] = alpha·Cs[m][n] + beta·C[...]
+// The accumulator's elements sit in the lanes in an unspecified order, so alpha, beta and the
+// edge of the matrix are applied after the round trip through Cs, where each thread knows (m, n).
+template <bool TA, bool TB, typename T>
+__global__ void __launch_bounds__(detail::wmma_tile::kThreads)
+    gemm_wmma_kernel(int64_t M, int64_t N, int64_t K, float alpha, const T* A, int64_t lda, const T* B, int64_t ldb,
+                     float beta, T* C, int64_t ldc) {
+    using namespace detail::wmma_tile;
+    __shared__ __align__(32) T As[kBK][kLdA];
+    __shared__ __align__(32) T Bs[kBK][kLdB];
+    __shared__ __align__(32) float Cs[kBM][kLdC];
+    const int64_t col0 = int64_t(blockIdx.x) * kBN;
+    const int64_t tiles_m = (M + kBM - 1) / kBM;
+    for (int64_t tile = blockIdx.y; tile < tiles_m; tile += gridDim.y) {
+        const int64_t row0 = tile * kBM;
+        detail::WmmaWarpTile<T> warp_tile;
+        for (int64_t k0 = 0; k0 < K; k0 += kBK) {
+            load_tiles<kBM, kBN, kBK, kThreads, TA, TB>(A, lda, B, ldb, M, N, K, row0, col0, k0, As, Bs);
+            __syncthreads();
+            warp_tile.mma(As, Bs);
+            __syncthreads();
+        }
+        warp_tile.store(Cs);
+        __syncthreads();
+        for (int e = threadIdx.x; e < kBM * kBN; e += kThreads) {
+            const int64_t m = row0 + e / kBN, n = col0 + e % kBN;
+            if (m < M && n < N) store_c(&C[m * ldc + n], alpha, Cs[e / kBN][e % kBN], beta);
+        }
+        __syncthreads();  // Cs is rewritten for the next row tile
     }
 }
 
@@ -249,6 +310,21 @@ void tiled(int64_t M, int64_t N, int64_t K, float alpha, const T* A, int64_t lda
     }
 }
 
+template <bool TA, bool TB, typename T>
+void tensor_cores(int64_t M, int64_t N, int64_t K, float alpha, const T* A, int64_t lda, const T* B, int64_t ldb,
+                  float beta, T* C, int64_t ldc) {
+    using namespace detail::wmma_tile;
+    constexpr auto gemm_wmma = gemm_wmma_kernel<TA, TB, T>;
+    const dim3 grid(unsigned((N + kBN - 1) / kBN), grid_rows((M + kBM - 1) / kBM)), block(kThreads);
+    KILN_LAUNCH(gemm_wmma, grid, block, 0)(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+    KILN_CHECK_LAUNCH(gemm_wmma, grid, block);
+}
+
+// The engine's rule for f16 and bf16: the tensor cores when every dimension fills at least one
+// 16-wide fragment; below that (a matrix-vector product, K < 16) most of each 16×16×16 step
+// would multiply padding, and gemm_tiled does the few products instead.
+bool wmma_fits(int64_t M, int64_t N, int64_t K) { return M >= 16 && N >= 16 && K >= 16; }
+
 template <typename T>
 using GemmFn = void (*)(int64_t, int64_t, int64_t, float, const T*, int64_t, const T*, int64_t, float, T*, int64_t);
 
@@ -264,6 +340,9 @@ template <typename T>
 void gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const T* A, int64_t lda,
           const T* B, int64_t ldb, float beta, T* C, int64_t ldc) {
     if (gemm_trivial(M, N, K, alpha, beta, C, ldc)) return;
+    if constexpr (!std::is_same_v<T, float>) {
+        if (wmma_fits(M, N, K)) return lab::gemm_wmma(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+    }
     pick<T>(tiled<false, false>, tiled<false, true>, tiled<true, false>, tiled<true, true>, trans_a, trans_b)(
         M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
 }
@@ -286,6 +365,14 @@ void gemm_smem(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, floa
         M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
 }
 
+template <typename T>
+void gemm_wmma(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const T* A,
+               int64_t lda, const T* B, int64_t ldb, float beta, T* C, int64_t ldc) {
+    if (gemm_trivial(M, N, K, alpha, beta, C, ldc)) return;
+    pick<T>(tensor_cores<false, false>, tensor_cores<false, true>, tensor_cores<true, false>, tensor_cores<true, true>,
+            trans_a, trans_b)(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+}
+
 }  // namespace lab
 
 #define KILN_GEMM(T)                                                                                          \
@@ -296,5 +383,13 @@ void gemm_smem(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, floa
     template void lab::gemm_smem<T>(bool, bool, int64_t, int64_t, int64_t, float, const T*, int64_t,           \
                                     const T*, int64_t, float, T*, int64_t);
 KILN_FOR_EACH_FLOAT_TYPE(KILN_GEMM)
+#undef KILN_GEMM
+
+#define KILN_GEMM_WMMA(T)                                                                              \
+    template void lab::gemm_wmma<T>(bool, bool, int64_t, int64_t, int64_t, float, const T*, int64_t, \
+                                    const T*, int64_t, float, T*, int64_t);
+KILN_GEMM_WMMA(f16)
+KILN_GEMM_WMMA(bf16)
+#undef KILN_GEMM_WMMA
 
 }  // namespace kiln::cuda

@@ -1,6 +1,7 @@
 // gemm_versions.h — the teaching versions of cuda/gemm.cu, side by side.
 // All take cuda::gemm's arguments (src/ops/cuda_ops.h; device pointers, row-major, any
-// transposes) and compute the same C; the engine uses version 3, cuda::gemm.
+// transposes) and compute the same C; the engine, cuda::gemm, runs version 3, and version 5
+// for f16 and bf16 when the shapes allow.
 //
 //   version 1  gemm_naive   one thread per C element, each reading a row of op(A) and a column
 //                           of op(B) straight from global memory
@@ -8,15 +9,19 @@
 //                           loaded once per block instead of once per thread
 //   version 3  cuda::gemm   bigger tiles, and each thread computes a TM×TN patch of C from
 //                           registers (register blocking)
+//   version 5  gemm_wmma    T = f16 or bf16 only: each warp multiplies 16×16×16 fragments on
+//                           the tensor cores (nvcuda::wmma), sums in float; cuda::gemm uses it
+//                           for f16 and bf16 when M, N and K are all at least 16 (chapter 09)
 //
-// Tested against the CPU by `make test T='[cuda][gemm]'`; the kernel lab, cuda/lab/gemm.cu,
-// shows them under the same numbers (between a version 0 and a version 4 of its own) and times
-// them against cuBLAS on a GPU (`make CUDA=1 lab`). Like cuda::gemm, they take T = float, f16
-// or bf16 and sum in float.
+// Tested against the CPU by `make test T='[cuda][gemm]'` (version 5: T='[wmma]'); the kernel
+// lab, cuda/lab/gemm.cu, shows them under the same numbers (with a version 0 and a version 4 of
+// its own) and times them against cuBLAS on a GPU (`make CUDA=1 lab`). Like cuda::gemm,
+// versions 1 and 2 take T = float, f16 or bf16; all sum in float.
 #pragma once
 #include <cstdint>
 
 #include "core/dtype.h"
+#include "ops/params.h"  // Conv2dParams
 
 namespace kiln::cuda::lab {
 
@@ -26,5 +31,18 @@ void gemm_naive(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, flo
 template <typename T>
 void gemm_smem(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const T* A,
                int64_t lda, const T* B, int64_t ldb, float beta, T* C, int64_t ldc);
+template <typename T>  // T = f16 or bf16; any M, N, K
+void gemm_wmma(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const T* A,
+               int64_t lda, const T* B, int64_t ldb, float beta, T* C, int64_t ldc);
 
 }  // namespace kiln::cuda::lab
+
+namespace kiln::cuda {
+
+// The tensor-core variant of cuda::conv2d_forward_implicit_gemm (cuda/conv.cu), T = f16 or bf16:
+// the same product done as version 5. conv2d_forward_implicit_gemm takes it for f16 and bf16
+// when a group has at least 16 output channels and C/G·KH·KW ≥ 16; the tests call it directly.
+template <typename T>
+void conv2d_forward_implicit_gemm_wmma(const T* x, const T* w, const T* b, T* y, const Conv2dParams& p);
+
+}  // namespace kiln::cuda

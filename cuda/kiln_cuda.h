@@ -13,6 +13,8 @@
 //   KILN_DYNAMIC_SHARED(float, smem);         in a kernel: `extern __shared__ float smem[];`
 //                                             (all dynamic shared arrays of a kernel alias one
 //                                             buffer, its size the launch's shared_bytes)
+//   nvcuda::wmma::fragment, load_matrix_sync, mma_sync, ...   tensor cores (<mma.h>, or the
+//                                             emulator's cuda/emu/wmma.h)
 //
 // A kernel template with several arguments needs a name without a comma for the macros:
 //   constexpr auto gemm_64x64 = gemm_tiled<64, 64>;  KILN_LAUNCH(gemm_64x64, grid, block, 0)(...);
@@ -28,6 +30,7 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
+#include <mma.h>  // nvcuda::wmma, the tensor cores' warp-level matrix API
 
 #define KILN_LAUNCH(kernel, grid, block, shared_bytes) kernel<<<(grid), (block), (shared_bytes)>>>
 #define KILN_LAUNCH_STREAM(kernel, grid, block, shared_bytes, stream) \
@@ -45,6 +48,7 @@ inline std::string emulator_detail() { return {}; }
 #else  // g++: the emulator
 
 #include "emu/emu.h"
+#include "emu/wmma.h"  // the emulator's nvcuda::wmma
 
 #define KILN_LAUNCH(kernel, grid, block, shared_bytes) \
     ::kiln::emu::make_launch(#kernel, kernel, (grid), (block), (shared_bytes))

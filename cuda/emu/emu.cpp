@@ -19,9 +19,9 @@
 //
 // A round in which nothing can run while threads wait is a deadlock: a thread exited while
 // others wait at a barrier, or a warp collective's mask names a lane that never comes. The
-// block stops, its fibers are abandoned (no exception crosses a fiber; only the direct thread
-// unwinds, on its own stack), and the launch fails with cudaErrorLaunchFailure and a message
-// naming the kernel, block and threads.
+// block stops, its waiting fibers are abandoned (no exception crosses a fiber; a thread that
+// finds an error, and the direct thread, unwind on their own stacks), and the launch fails with
+// cudaErrorLaunchFailure and a message naming the kernel, block and threads.
 #include <omp.h>
 
 #include <algorithm>
@@ -92,7 +92,7 @@ const char* warp_op_name(WarpOp op) {
         "__syncwarp", "__shfl_sync", "__shfl_up_sync", "__shfl_down_sync", "__shfl_xor_sync",
         "__ballot_sync", "__any_sync", "__all_sync", "__reduce_add_sync", "__reduce_min_sync",
         "__reduce_max_sync", "__reduce_min_sync", "__reduce_max_sync", "__reduce_and_sync",
-        "__reduce_or_sync", "__reduce_xor_sync", "__match_any_sync"};
+        "__reduce_or_sync", "__reduce_xor_sync", "__match_any_sync", "a warp call"};
     return names[static_cast<int>(op)];
 }
 
@@ -170,6 +170,8 @@ std::string hex(unsigned v) {
     return buf;
 }
 
+std::atomic<std::uint64_t> warp_call_count{0};  // WarpCalls run, all launches
+
 // --- the emulated threads of a block ------------------------------------------------------------
 enum class State : unsigned char { NotStarted, Running, Ready, AtBarrier, AtWarp, Exited };
 
@@ -196,8 +198,9 @@ struct Warp {
     unsigned exited = 0;
 };
 
-// Thrown only on the OS thread's own stack, to unwind a direct thread's kernel frames when its
-// block fails; caught in Worker::run_direct.
+// Thrown to unwind a thread's kernel frames when its block fails, always on the stack it runs on
+// (the OS thread's for the direct thread, its fiber's otherwise); caught in Worker::run_direct
+// or Worker::fiber_main.
 struct BlockAbort {};
 
 void fiber_entry();
@@ -239,6 +242,7 @@ private:
     std::uint64_t lane_result(const Thread* lanes, unsigned lane, const Thread& t) const;
     std::string deadlock_message() const;
     std::string waiting_in(const Thread& t) const;
+    void check_same_call(Thread& t, const Thread& u);
     unsigned order_index(unsigned k) const;
     void shuffle_order();
 
@@ -294,6 +298,10 @@ Worker& running_worker(const char* what) {
 }
 
 std::string thread_name(const Thread& t) { return "thread " + dim_str(t.tid); }
+
+// What a thread waiting in a warp collective called: a WarpCall names itself.
+const WarpCall& call_of(const Thread& t) { return *reinterpret_cast<const WarpCall*>(t.value); }
+std::string op_name(const Thread& t) { return t.op == WarpOp::Call ? call_of(t).name : warp_op_name(t.op); }
 
 // --- set-up ------------------------------------------------------------------------------------------
 void Worker::prepare(LaunchState& L) {
@@ -480,17 +488,19 @@ KILN_EMU_INLINE void Worker::wait(Thread& t) {
     }
 }
 
-void Worker::abort_thread(Thread& t, const std::string& why) {
+// The failing thread unwinds its own stack (the message's temporaries in its frames are freed),
+// to run_direct or fiber_main; the scheduler then sees the failure.
+void Worker::abort_thread(Thread&, const std::string& why) {
     fail(why);
-    if (t.direct) throw BlockAbort{};
-    suspend(t);  // the scheduler sees the failure and never resumes this fiber
-    std::abort();
+    throw BlockAbort{};
 }
 
 void Worker::fiber_main() {
     Thread& t = *current_;
     try {
         launch_->run_thread(launch_->args);
+    } catch (const BlockAbort&) {
+        return;  // abort_thread has recorded why
     } catch (const std::exception& e) {
         fail(thread_name(t) + " threw an exception: " + e.what());
         return;
@@ -544,15 +554,20 @@ KILN_EMU_INLINE std::uint64_t Worker::warp(WarpOp op, unsigned mask, std::uint64
     Thread& t = *current_;
     const unsigned lane = t.linear % 32;
     Warp& w = warps_[t.linear / 32];
+    t.op = op;
+    t.value = value;
     if (!((mask >> lane) & 1u))
-        abort_thread(t, thread_name(t) + " (lane " + std::to_string(lane) + ") calls " + warp_op_name(op) +
+        abort_thread(t, thread_name(t) + " (lane " + std::to_string(lane) + ") calls " + op_name(t) +
                             " with mask " + hex(mask) + ", which leaves out its own lane");
     if (width < 1 || width > 32 || (width & (width - 1)) != 0)
-        abort_thread(t, thread_name(t) + " calls " + warp_op_name(op) + " with width " + std::to_string(width) +
+        abort_thread(t, thread_name(t) + " calls " + op_name(t) + " with width " + std::to_string(width) +
                             "; the width is a power of 2 from 1 to 32");
-    t.op = op;
+    if (op == WarpOp::Call && w.exists != ~0u)
+        abort_thread(t, thread_name(t) + " calls " + op_name(t) + ", which needs all 32 lanes of a warp, but warp " +
+                            std::to_string(t.linear / 32) + " of this block has only " +
+                            std::to_string(__builtin_popcount(w.exists)) +
+                            " threads: make the block's thread count a multiple of 32");
     t.mask = mask & w.exists;  // lanes past the block's last thread do not exist
-    t.value = value;
     t.arg = arg;
     t.width = width;
     t.state = State::AtWarp;
@@ -577,8 +592,15 @@ void Worker::release_warp(Thread& t) {
         const Thread& u = lanes[j];
         if (u.op != t.op || u.mask != mask)
             abort_thread(t, "the lanes of warp " + std::to_string(t.linear / 32) + " disagree: " + thread_name(u) +
-                                " calls " + warp_op_name(u.op) + " with mask " + hex(u.mask) + ", " + thread_name(t) +
-                                " calls " + warp_op_name(t.op) + " with mask " + hex(mask));
+                                " calls " + op_name(u) + " with mask " + hex(u.mask) + ", " + thread_name(t) +
+                                " calls " + op_name(t) + " with mask " + hex(mask));
+        if (t.op == WarpOp::Call) check_same_call(t, u);
+    }
+    if (t.op == WarpOp::Call) {  // run it once for the warp, while every lane waits
+        WarpCall* calls[32];
+        for (unsigned j = 0; j < 32; ++j) calls[j] = reinterpret_cast<WarpCall*>(lanes[j].value);
+        calls[0]->run(calls);
+        warp_call_count.fetch_add(1, std::memory_order_relaxed);
     }
     for (unsigned j = 0; j < 32; ++j)
         if ((mask >> j) & 1u) lanes[j].result = lane_result(lanes, j, t);
@@ -587,13 +609,31 @@ void Worker::release_warp(Thread& t) {
     warps_[t.linear / 32].arrived &= ~mask;
 }
 
+// Lanes u and t both wait in a WarpCall: it must be the same operation on the same fragment type
+// (one run function for each) with the same arguments.
+void Worker::check_same_call(Thread& t, const Thread& u) {
+    const WarpCall &a = call_of(u), &b = call_of(t);
+    if (a.run == b.run && a.args[0] == b.args[0] && a.args[1] == b.args[1] && a.args[2] == b.args[2]) return;
+    const auto call = [](const WarpCall& c) {
+        std::ostringstream os;
+        os << c.name << "(pointer " << reinterpret_cast<const void*>(c.args[0]) << ", ldm " << c.args[1]
+           << ", layout " << c.args[2] << ")";
+        return os.str();
+    };
+    abort_thread(t, "the lanes of warp " + std::to_string(t.linear / 32) + " disagree: " + thread_name(u) + " calls " +
+                        call(a) + ", " + thread_name(t) + " calls " + call(b) +
+                        " (or another fragment type); every lane must make the same call (did one skip a call?) "
+                        "with the same fragment type, pointer, ldm and layout");
+}
+
 // One lane's result. Shuffles follow PTX's shfl.sync: c packs the segment mask (32 - width)
 // and the clamp; a source outside the lane's segment, or not in the mask, gives its own value.
 std::uint64_t Worker::lane_result(const Thread* lanes, unsigned lane, const Thread& t) const {
     const unsigned mask = t.mask;
     auto in = [mask](unsigned j) { return ((mask >> j) & 1u) != 0; };
     switch (t.op) {
-    case WarpOp::SyncWarp: return 0;
+    case WarpOp::SyncWarp:
+    case WarpOp::Call: return 0;
     case WarpOp::ShflIdx:
     case WarpOp::ShflUp:
     case WarpOp::ShflDown:
@@ -651,7 +691,7 @@ std::uint64_t Worker::lane_result(const Thread* lanes, unsigned lane, const Thre
 // --- deadlock: say who waits for whom ---------------------------------------------------------------
 std::string Worker::waiting_in(const Thread& t) const {
     if (t.state == State::AtBarrier) return "__syncthreads()";
-    return std::string(warp_op_name(t.op)) + "(mask " + hex(t.mask) + ")";
+    return op_name(t) + "(mask " + hex(t.mask) + ")";
 }
 
 std::string Worker::deadlock_message() const {
@@ -737,6 +777,12 @@ int block_barrier(BarrierOp op, int predicate) { return running_worker("__syncth
 
 std::uint64_t warp_collective(WarpOp op, unsigned mask, std::uint64_t value, int arg, int width) {
     return running_worker(warp_op_name(op)).warp(op, mask, value, arg, width);
+}
+
+std::uint64_t warp_calls_run() { return warp_call_count.load(); }
+
+void warp_call(WarpCall& call) {
+    running_worker(call.name).warp(WarpOp::Call, ~0u, reinterpret_cast<std::uintptr_t>(&call), 0, warpSize);
 }
 
 }  // namespace kiln::emu

@@ -144,12 +144,29 @@ Launch<Params...> make_launch(const char* name, void (*kernel)(Params...), dim3 
 enum class WarpOp : unsigned char {
     SyncWarp, ShflIdx, ShflUp, ShflDown, ShflXor, Ballot, Any, All,
     ReduceAdd, ReduceMinI, ReduceMaxI, ReduceMinU, ReduceMaxU, ReduceAnd, ReduceOr, ReduceXor,
-    MatchAny,
+    MatchAny, Call,
 };
 const char* warp_op_name(WarpOp op);
 // Every lane in `mask` must make the same call; returns this lane's result. `value` holds the
 // lane's operand bits, `arg` the source lane / delta / xor mask, `width` the shuffle width.
 std::uint64_t warp_collective(WarpOp op, unsigned mask, std::uint64_t value, int arg, int width);
+
+// A warp-wide operation that needs every lane's data at once (wmma's load, store and mma,
+// wmma.h): each of the 32 lanes passes its own WarpCall; when the last one arrives, `run` is
+// called once with all 32 (in lane order) while the lanes wait. The lanes must agree on `run`
+// (one function per operation and fragment type) and on `args`.
+struct WarpCall {
+    const char* name;                      // for messages: "wmma::load_matrix_sync"
+    void (*run)(WarpCall* const* lanes);   // lanes[0..31]
+    std::uintptr_t args[3];                // what every lane must pass alike: pointer, ldm, layout
+    void* out;                             // this lane's result fragment (nullptr for a store)
+    const void* in[3];                     // this lane's operand fragments
+};
+// Every lane of the warp must call it (a partial warp or a missing lane fails the launch).
+void warp_call(WarpCall& call);
+// How many WarpCalls have run, over all launches so far: tests check with it that a path used
+// the tensor cores.
+std::uint64_t warp_calls_run();
 
 enum class BarrierOp : unsigned char { Sync, Count, And, Or };
 int block_barrier(BarrierOp op, int predicate);

@@ -1,7 +1,7 @@
-// gemm.cu — the kernel lab's matrix multiply: five versions of C = A·B side by side, each
+// gemm.cu — the kernel lab's matrix multiply: six versions of C = A·B side by side, each
 // validated against the CPU at several block sizes, then timed against cuBLAS on a GPU.
 // Versions 1 to 3 are chapter 04's, with its numbers (cuda/gemm.cu); the lab adds version 0
-// before them and version 4 after them.
+// before them and version 4 after them; version 5 is chapter 09's, on the tensor cores.
 //
 //   C[M,N] = A[M,K] · B[K,N]          all row-major (the engine's cuda::gemm also does
 //                                     transposes, alpha and beta; the lab times the plain case)
@@ -20,13 +20,18 @@
 //              Needs K and N to be multiples of 4 (rows stay 16-byte aligned). Block 128:
 //              64×64 tiles, 8×4 per thread; block 256: 128×128 tiles, 8×8 per thread.
 //   cuBLAS     cublasSgemm in true FP32 (no TF32 tensor cores), the reference on a GPU
+//   version 5  wmma_f16      (cuda/gemm.cu, chapter 09) A, B and C in f16, products and sums in
+//              f32 on the tensor cores: each warp multiplies 16×16×16 fragments (nvcuda::wmma).
+//              Validated against the CPU's f32 GEMM of the same (f16-rounded) inputs, timed
+//              beside the f32 versions and against its own reference, cublasGemmEx with f16
+//              inputs and output and f32 compute ("cublas_f16")
 //
 // Build and run (from the repository root; `make lab` builds and runs every lab file):
 //   make lab                   the emulator: validates every version at M, N, K = 67, 68, 44
 //   make CUDA=1 lab            a GPU: validates at 4096³, then prints one line per version
 //                              and block size: "bench gemm_4096_v4_float4_b256: ... GFLOP/s
 //                              (..% of cublas)"
-//   build-cuda/lab/gemm 3      version 3 only, the engine's (any version number, 0 to 4;
+//   build-cuda/lab/gemm 3      version 3 only, the engine's (any version number, 0 to 5;
 //                              build/lab/gemm 3 on the emulator)
 #include <cstdint>
 
@@ -165,6 +170,33 @@ const std::vector<Version> kVersions = {{0, "uncoalesced", {64, 256, 1024}},
                                         {2, "gemm_smem", {0}},
                                         {3, "gemm", {0}},
                                         {4, "float4", {128, 256}}};
+const std::vector<Version> kTensorCoreVersions = {{5, "wmma_f16", {0}}};  // f16 in and out
+
+// ---- version 5: f16 on the tensor cores, against the CPU's f32 GEMM of the same values -------
+// The inputs are a and b rounded to f16 (exact in f32, so the CPU computes on what the GPU
+// sees). Tolerance: the f32 versions' allowance for summing the K products in another order (a
+// few ulps of Σ|a·b| ≤ K: 2e-6·(K + 1)), plus the one rounding of C to f16: u = 2^-11 relative.
+struct HalfProblem {
+    DeviceArray<f16> A, B, C;
+    std::vector<float> want;
+};
+
+std::vector<f16> to_f16(const std::vector<float>& v) {
+    std::vector<f16> h(v.size());
+    for (size_t i = 0; i < v.size(); i++) h[i] = f16(v[i]);
+    return h;
+}
+std::vector<float> to_f32(const std::vector<f16>& h) {
+    std::vector<float> v(h.size());
+    for (size_t i = 0; i < h.size(); i++) v[i] = float(h[i]);
+    return v;
+}
+
+bool validate_half(const HalfProblem& p, int64_t K, const std::string& label) {
+    std::vector<f16> got(p.want.size());
+    KILN_CUDA_CHECK(cudaMemcpy(got.data(), p.C.get(), got.size() * sizeof(f16), cudaMemcpyDeviceToHost));
+    return validate_values(to_f32(got), p.want, label, 2e-6 * double(K + 1), 1.0 / (1 << 11));
+}
 
 bool run_lab(int chosen) {
     const int64_t M = kTiming ? 4096 : 67, N = kTiming ? 4096 : 68, K = kTiming ? 4096 : 44;
@@ -172,6 +204,13 @@ bool run_lab(int chosen) {
     const std::vector<float> a = random_floats(size_t(M * K), 1), b = random_floats(size_t(K * N), 2);
     std::vector<float> want(size_t(M * N));
     cpu::gemm(false, false, M, N, K, 1.0f, a.data(), K, b.data(), N, 0.0f, want.data(), N);
+    const std::vector<f16> a16 = to_f16(a), b16 = to_f16(b);
+    HalfProblem half{DeviceArray<f16>(a16), DeviceArray<f16>(b16), DeviceArray<f16>(want.size()),
+                     std::vector<float>(want.size())};
+    cpu::gemm(false, false, M, N, K, 1.0f, to_f32(a16).data(), K, to_f32(b16).data(), N, 0.0f, half.want.data(), N);
+    const auto launch_half = [&](int, int) {
+        cuda::lab::gemm_wmma(false, false, M, N, K, 1.0f, half.A.get(), K, half.B.get(), N, 0.0f, half.C.get(), N);
+    };
 
     DeviceArray<float> A(a), B(b), C(want.size());
     const auto launch = [&](int version, int block) { gemm(version, M, N, K, A.get(), B.get(), C.get(), block); };
@@ -183,7 +222,14 @@ bool run_lab(int chosen) {
             launch(version, block);
         },
         [&](const std::string& label) { return validate_result(C.get(), want, label, 2e-6 * double(K + 1), 1e-5); });
-    if (!ok || !kTiming) return ok;
+    const bool half_ok = validate_versions(
+        kTensorCoreVersions, chosen,
+        [&](int version, int block) {
+            half.C.poison();
+            launch_half(version, block);
+        },
+        [&](const std::string& label) { return validate_half(half, K, label); });
+    if (!ok || !half_ok || !kTiming) return ok && half_ok;
 #ifdef KILN_CUDA
     // Row-major C = A·B is column-major Cᵀ = Bᵀ·Aᵀ: cuBLAS gets B first, with M and N swapped.
     cublasHandle_t handle;
@@ -194,9 +240,17 @@ bool run_lab(int chosen) {
         CUBLAS_CHECK(cublasSgemm(handle, CUBLAS_OP_N, CUBLAS_OP_N, int(N), int(M), int(K), &one, B.get(), int(N),
                                  A.get(), int(K), &zero, C.get(), int(N)));
     });
+    // f16 A, B and C, f32 compute: the tensor cores, as version 5
+    const double cublas_f16_ms = time_ms([&] {
+        CUBLAS_CHECK(cublasGemmEx(handle, CUBLAS_OP_N, CUBLAS_OP_N, int(N), int(M), int(K), &one, half.B.get(),
+                                  CUDA_R_16F, int(N), half.A.get(), CUDA_R_16F, int(K), &zero, half.C.get(),
+                                  CUDA_R_16F, int(N), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+    });
     CUBLAS_CHECK(cublasDestroy(handle));
-    time_versions(kVersions, chosen, launch, "gemm_" + std::to_string(M), 2.0 * double(M * N * K) / 1e9, "GFLOP/s",
-                  cublas_ms, "cublas");
+    const std::string problem = "gemm_" + std::to_string(M);
+    const double gflop = 2.0 * double(M * N * K) / 1e9;
+    time_versions(kVersions, chosen, launch, problem, gflop, "GFLOP/s", cublas_ms, "cublas");
+    time_versions(kTensorCoreVersions, chosen, launch_half, problem, gflop, "GFLOP/s", cublas_f16_ms, "cublas_f16");
 #endif
     return true;
 }
@@ -205,5 +259,7 @@ bool run_lab(int chosen) {
 
 int main(int argc, char** argv) {
     using namespace kiln::lab;
-    return lab_main("gemm", [&] { return run_lab(chosen_version(argc, argv, kVersions)); });
+    std::vector<Version> all = kVersions;
+    all.insert(all.end(), kTensorCoreVersions.begin(), kTensorCoreVersions.end());
+    return lab_main("gemm", [&] { return run_lab(chosen_version(argc, argv, all)); });
 }
