@@ -184,6 +184,32 @@ __global__ void bias_grad_kernel(const T* dy, ConvDims d, T* db) {
 }
 
 // ---- the implicit GEMM ------------------------------------------------------------------------------
+// One column j = (n·P + p)·Q + q of the virtual column matrix of group g, decoded once by the
+// thread that gathers it: its row kg = (c·KH + kh)·KW + kw is x[n, g·Cg + c, ih, iw] with
+// ih = p·stride − padding + kh·dilation, iw = q·stride − padding + kw·dilation (0 on padding,
+// and for a column or row past the end).
+template <typename T>
+struct ImplicitColumn {
+    const T* xn;       // image n, the group's first channel
+    int64_t ih0, iw0;  // the window's top-left corner in x
+    bool ok;           // j < N·P·Q
+
+    __device__ ImplicitColumn(const T* x, const ConvDims& d, int64_t j, int64_t g) {
+        const int64_t PQ = d.P * d.Q;
+        ok = j < d.N * PQ;
+        const int64_t n = ok ? j / PQ : 0;
+        ih0 = j % PQ / d.Q * d.stride - d.padding;
+        iw0 = j % d.Q * d.stride - d.padding;
+        xn = x + (n * d.C + g * d.Cg) * d.H * d.W;
+    }
+    __device__ float at(int64_t kg, const ConvDims& d) const {
+        if (!ok || kg >= d.Kc) return 0.0f;
+        const int64_t KK = d.KH * d.KW, c = kg / KK;
+        const int64_t ih = ih0 + kg % KK / d.KW * d.dilation, iw = iw0 + kg % d.KW * d.dilation;
+        return ih >= 0 && ih < d.H && iw >= 0 && iw < d.W ? float(xn[(c * d.H + ih) * d.W + iw]) : 0.0f;
+    }
+};
+
 // Block (bx, by, g) computes y's group g at output channels o0 + [0, BM) and columns j0 + [0, BN)
 // of the virtual product (column j = (n·P + p)·Q + q); see the header for the steps.
 template <typename T, int BM, int BN, int BK, int TM, int TN>
@@ -195,7 +221,7 @@ __global__ void __launch_bounds__((BM / TM) * (BN / TN))
     __shared__ float Ws[BK][BM + 4];  // Ws[k][o]: k-major, a thread's TM values for one k are in one row
     __shared__ float Xs[BK][BN + 4];  // Xs[k][j]
     const int tid = threadIdx.x, tx = tid % kThreadsX, ty = tid / kThreadsX;
-    const int64_t PQ = d.P * d.Q, NPQ = d.N * PQ, KK = d.KH * d.KW, g = blockIdx.z;
+    const int64_t PQ = d.P * d.Q, NPQ = d.N * PQ, g = blockIdx.z;
     const int64_t o0 = int64_t(blockIdx.y) * BM, j0 = int64_t(blockIdx.x) * BN;
     const T* wg = w + g * d.Og * d.Kc;  // [Og, Kc]
 
@@ -203,11 +229,7 @@ __global__ void __launch_bounds__((BM / TM) * (BN / TN))
     // decode its output position once. Consecutive threads: consecutive q, so for stride 1 a
     // warp reads consecutive floats of one input row.
     const int jl = tid % BN;
-    const int64_t j = j0 + jl;
-    const bool column_ok = j < NPQ;
-    const int64_t n = column_ok ? j / PQ : 0;
-    const int64_t ih0 = j % PQ / d.Q * d.stride - d.padding, iw0 = j % d.Q * d.stride - d.padding;
-    const T* xn = x + (n * d.C + g * d.Cg) * d.H * d.W;  // image n, the group's first channel
+    const ImplicitColumn<T> column(x, d, j0 + jl, g);
 
     float acc[TM][TN];
     KILN_UNROLL
@@ -223,14 +245,7 @@ __global__ void __launch_bounds__((BM / TM) * (BN / TN))
         }
         for (int r = 0; r < BN * BK / kThreads; r++) {
             const int kk = tid / BN + r * (kThreads / BN);
-            const int64_t kg = k0 + kk;  // = (c·KH + kh)·KW + kw within the group
-            float v = 0.0f;
-            if (column_ok && kg < d.Kc) {
-                const int64_t c = kg / KK, ih = ih0 + kg % KK / d.KW * d.dilation;
-                const int64_t iw = iw0 + kg % d.KW * d.dilation;
-                if (ih >= 0 && ih < d.H && iw >= 0 && iw < d.W) v = float(xn[(c * d.H + ih) * d.W + iw]);
-            }
-            Xs[kk][jl] = v;
+            Xs[kk][jl] = column.at(k0 + kk, d);
         }
         __syncthreads();  // both tiles are complete
         KILN_UNROLL
@@ -278,16 +293,12 @@ __global__ void __launch_bounds__(detail::wmma_tile::kThreads)
     __shared__ __align__(32) T Xs[kBK][kLdB];
     __shared__ __align__(32) float Cs[kBM][kLdC];
     const int tid = threadIdx.x;
-    const int64_t PQ = d.P * d.Q, NPQ = d.N * PQ, KK = d.KH * d.KW, g = blockIdx.z;
+    const int64_t PQ = d.P * d.Q, NPQ = d.N * PQ, g = blockIdx.z;
     const int64_t o0 = int64_t(blockIdx.y) * kBM, j0 = int64_t(blockIdx.x) * kBN;
     const T* wg = w + g * d.Og * d.Kc;  // [Og, Kc]
     // This thread fills column jl of Xs, rows tid / 64 + 2r: its output position, decoded once.
     const int jl = tid % kBN;
-    const int64_t j = j0 + jl;
-    const bool column_ok = j < NPQ;
-    const int64_t n = column_ok ? j / PQ : 0;
-    const int64_t ih0 = j % PQ / d.Q * d.stride - d.padding, iw0 = j % d.Q * d.stride - d.padding;
-    const T* xn = x + (n * d.C + g * d.Cg) * d.H * d.W;  // image n, the group's first channel
+    const ImplicitColumn<T> column(x, d, j0 + jl, g);
 
     detail::WmmaWarpTile<T> warp_tile;
     for (int64_t k0 = 0; k0 < d.Kc; k0 += kBK) {
@@ -298,10 +309,7 @@ __global__ void __launch_bounds__(detail::wmma_tile::kThreads)
         }
         for (int r = 0; r < kBN * kBK / kThreads; r++) {
             const int kk = tid / kBN + r * (kThreads / kBN);
-            const int64_t kg = k0 + kk, c = kg / KK;  // kg = (c·KH + kh)·KW + kw
-            const int64_t ih = ih0 + kg % KK / d.KW * d.dilation, iw = iw0 + kg % d.KW * d.dilation;
-            const bool inside = column_ok && kg < d.Kc && ih >= 0 && ih < d.H && iw >= 0 && iw < d.W;
-            Xs[kk][jl] = inside ? xn[(c * d.H + ih) * d.W + iw] : T(0.0f);
+            Xs[kk][jl] = T(column.at(k0 + kk, d));  // T → float → T: exact
         }
         __syncthreads();
         warp_tile.mma(Ws, Xs);

@@ -366,4 +366,22 @@ TEST_CASE("wmma: f16 and bf16 matmul on CUDA take the tensor cores when the shap
         });
     }
 }
+
+TEST_CASE("wmma: an f16 and bf16 conv2d on CUDA takes the tensor cores when the shapes allow", "[wmma][cuda][lesson09]") {
+    Rng rng(919);
+    // The CIFAR net's block-1 shape, scaled down: 24 → 32 channels (Og = 32 < 64: the implicit
+    // GEMM; ≥ 16 with Kc = 24·9 ≥ 16: its wmma variant), 3×3, padding 1.
+    Conv2dArgs args;
+    args.padding = 1;
+    for (const Format& f : {kF16, kBF16}) {
+        INFO(dtype_name(f.dtype));
+        const Tensor x = random({2, 24, 6, 6}, rng, f.dtype), w = random({32, 24, 3, 3}, rng, f.dtype);
+        const Tensor b = random({32}, rng, f.dtype);
+        const uint64_t before = kiln::emu::warp_calls_run();
+        const Tensor y = conv2d(x.to(Device::CUDA), w.to(Device::CUDA), b.to(Device::CUDA), args);
+        CHECK(kiln::emu::warp_calls_run() > before);  // the engine's conv2d reached the tensor cores
+        const Tensor S = conv2d(abs_of(x), abs_of(w), abs_of(b), args);
+        require_within(y, conv2d(x.to(DType::F32), w.to(DType::F32), b.to(DType::F32), args), f, 24 * 9 + 1, S);
+    }
+}
 #endif  // KILN_CUDA
