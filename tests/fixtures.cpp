@@ -175,4 +175,9 @@ void require_identical(const Tensor& got_any, const Tensor& want_any) {
     REQUIRE(bad == 0);
 }
 
+LowFormat low_format(DType t) {
+    const FloatFormat f = float_format(t);
+    return {t, f.epsilon / 2, f.min_subnormal / 2};
+}
+
 }  // namespace kiln::test

@@ -57,4 +57,14 @@ void under_schedules(const std::function<void()>& f);
 void require_close(const Tensor& got, const Tensor& want, double tol, double abs = 0.0);
 void require_identical(const Tensor& got, const Tensor& want);
 
+// What a tolerance needs from a 16-bit format (chapter 09's tests), read off float_format
+// (core/dtype.h): u the unit roundoff, half the distance from 1 to the next value (f16 2^-11,
+// bf16 2^-8); tiny half the smallest subnormal (f16 2^-25, bf16 2^-134).
+struct LowFormat {
+    DType dtype;
+    double u;
+    double tiny;
+};
+LowFormat low_format(DType t);
+
 }  // namespace kiln::test

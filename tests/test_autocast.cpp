@@ -9,28 +9,28 @@
 #include <memory>
 
 #include "core/allocator.h"
+#include "fixtures.h"
 #include "nn/layers.h"
 #include "nn/misc.h"
 #include "nn/models.h"
 #include "ops/autocast.h"
 #include "ops/ops.h"
+#include "train/loop.h"
 
 using namespace kiln;
 
 namespace {
 
-// Unit roundoff (half the gap between 1 and the next number): f16 10 mantissa bits, bf16 7.
-double unit_roundoff(DType t) { return t == DType::F16 ? std::ldexp(1.0, -11) : std::ldexp(1.0, -8); }
+// Unit roundoff (half the gap between 1 and the next number): f16 2^-11, bf16 2^-8.
+double unit_roundoff(DType t) { return test::low_format(t).u; }
 
-// zero_grad, forward, loss, backward (the model's input needs no gradient), as train_step does;
-// with a loss scale s, backward runs on s·L and the gradients are divided by s after (a
-// GradScaler's work, optim/grad_scaler.h, without its inf checks).
+// zero_grad, then train_step's forward and backward (train/loop.h; the model's input needs no
+// gradient); with a loss scale s, backward runs on s·L and the gradients are divided by s
+// after (a GradScaler's work, optim/grad_scaler.h, without its inf checks).
 float forward_backward(Module& m, const Tensor& x, const Tensor& y, float loss_scale = 1.0f) {
     m.input_needs_grad = false;
     m.zero_grad();
-    CrossEntropyLoss criterion;
-    const float loss = criterion.forward(m.call(x), y);
-    m.call_backward(criterion.backward(loss_scale));
+    const float loss = kiln::forward_backward(m, x, y, loss_scale, nullptr).first;
     if (loss_scale != 1.0f)
         for (Parameter* p : m.parameters()) scale_(p->grad, 1.0f / loss_scale);
     return loss;

@@ -38,14 +38,9 @@ using test::under_schedules;
 
 namespace {
 
-// What the tolerance needs from a 16-bit format.
-struct Format {
-    DType dtype;
-    double u;     // unit roundoff: half the distance from 1 to the next value
-    double tiny;  // half the smallest subnormal
-};
-const Format kF16{DType::F16, std::ldexp(1.0, -11), std::ldexp(1.0, -25)};
-const Format kBF16{DType::BF16, std::ldexp(1.0, -8), std::ldexp(1.0, -134)};
+using Format = test::LowFormat;  // what the tolerance needs from a 16-bit format
+const Format kF16 = test::low_format(DType::F16);
+const Format kBF16 = test::low_format(DType::BF16);
 constexpr double kEps32 = std::numeric_limits<float>::epsilon();
 
 Tensor random(const Shape& shape, Rng& rng, float range = 1.0f) { return Tensor::uniform(shape, -range, range, rng); }

@@ -47,13 +47,9 @@ namespace {
 
 constexpr double kF32Unit = 0x1p-24;  // f32's unit roundoff
 
-struct LowType {
-    DType dtype;
-    double u;     // unit roundoff
-    double tiny;  // half the smallest subnormal
-};
-constexpr LowType kF16{DType::F16, 0x1p-11, 0x1p-25};
-constexpr LowType kBF16{DType::BF16, 0x1p-8, 0x1p-134};
+using LowType = test::LowFormat;  // unit roundoff u, half the smallest subnormal
+const LowType kF16 = test::low_format(DType::F16);
+const LowType kBF16 = test::low_format(DType::BF16);
 
 // Uniform values in [lo, hi), rounded to T and held as f32 on the CPU.
 Tensor values_in(const LowType& t, const Shape& shape, float lo, float hi, Rng& rng) {

@@ -47,12 +47,9 @@ using test::under_schedules;
 namespace {
 
 // ---- tolerance -------------------------------------------------------------------------------------
-struct Format {
-    DType dtype;
-    double u, tiny;  // unit roundoff, half the smallest subnormal
-};
-const Format kF16{DType::F16, std::ldexp(1.0, -11), std::ldexp(1.0, -25)};
-const Format kBF16{DType::BF16, std::ldexp(1.0, -8), std::ldexp(1.0, -134)};
+using Format = test::LowFormat;  // unit roundoff, half the smallest subnormal
+const Format kF16 = test::low_format(DType::F16);
+const Format kBF16 = test::low_format(DType::BF16);
 
 Tensor abs_of(const Tensor& x) {
     Tensor a = x.to(Device::CPU).to(DType::F32).clone();

@@ -11,16 +11,23 @@ namespace kiln {
 
 namespace {
 
-// f16's zone boundaries (grad_hist.h): 2^-24, 2^-14, and 65520, the midpoint between 65504
-// (the largest f16) and 65536 (the next value at f16's precision), from which values round to inf.
-constexpr double kF16SmallestSubnormal = 0x1p-24, kF16SmallestNormal = 0x1p-14, kF16Overflow = 65520.0;
+// f16's zone boundaries (grad_hist.h), read off its format (core/dtype.h): the smallest
+// subnormal 2^-24 and normal 2^-14, and 65520, the midpoint between 65504 (the largest f16) and
+// 65536 (the next value at f16's precision: max + ulp(max)/2), from which values round to inf.
+struct F16Zones {
+    double smallest_subnormal, smallest_normal, overflow;
+};
+const F16Zones kF16 = [] {
+    const FloatFormat f = float_format(DType::F16);
+    return F16Zones{f.min_subnormal, f.min_normal, f.max + f.epsilon * std::ldexp(1.0, std::ilogb(f.max)) / 2};
+}();
 
 enum class Zone { Underflow, Subnormal, Normal, Overflow };
 
 Zone f16_zone(double magnitude) {
-    if (magnitude < kF16SmallestSubnormal) return Zone::Underflow;
-    if (magnitude < kF16SmallestNormal) return Zone::Subnormal;
-    return magnitude < kF16Overflow ? Zone::Normal : Zone::Overflow;
+    if (magnitude < kF16.smallest_subnormal) return Zone::Underflow;
+    if (magnitude < kF16.smallest_normal) return Zone::Subnormal;
+    return magnitude < kF16.overflow ? Zone::Normal : Zone::Overflow;
 }
 
 const char* zone_name(Zone z) {
@@ -118,7 +125,8 @@ Svg grad_hist_svg(const GradHistogram& h, const std::string& title) {
         hi = std::max(hi, e);
         most = std::max(most, h.count(e));
     }
-    // f16's zones by exponent: underflow below -24, subnormal [-24, -14), normal [-14, 16), overflow.
+    // f16's zones by exponent (kF16): underflow below -24, subnormal [-24, -14), normal up to
+    // log2 65520 (just under 16), overflow.
     const Range x{std::min(double(lo), -28.0) - 1, std::max(hi + shift, 17.0) + 2};
     Svg svg(900, 380);
     svg.text({450, 24}, title, 16, Anchor::Middle);
@@ -131,10 +139,12 @@ Svg grad_hist_svg(const GradHistogram& h, const std::string& title) {
         svg.rect({x0, a.y, x1 - x0, a.h}, colour);
         svg.text({(x0 + x1) / 2, a.y + 14}, name, 11, Anchor::Middle, "#555555");
     };
-    band(x.lo, -24, "#f6d5d5", "f16 underflow");
-    band(-24, -14, "#fbefc8", "subnormal");
-    band(-14, 16, "#e2f1e2", "f16 normal");
-    band(16, x.hi, "#f6d5d5", "overflow");
+    const double subnormal = std::log2(kF16.smallest_subnormal), normal = std::log2(kF16.smallest_normal);
+    const double overflow = std::log2(kF16.overflow);  // 15.9996: the binade of 2^15 is normal
+    band(x.lo, subnormal, "#f6d5d5", "f16 underflow");
+    band(subnormal, normal, "#fbefc8", "subnormal");
+    band(normal, overflow, "#e2f1e2", "f16 normal");
+    band(overflow, x.hi, "#f6d5d5", "overflow");
     plot.axes("binary exponent e: |value| in [2^e, 2^(e+1))", "log10(1 + values)");
     const auto bar = [&](double from, int64_t count, const std::string& colour) {
         const Point top = plot.at(from + 0.1, height(count)), bottom = plot.at(from + 0.9, 0);
