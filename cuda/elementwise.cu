@@ -1,4 +1,4 @@
-// elementwise.cu — the CUDA twins of src/ops/cpu/elementwise.cpp: fill, add, axpy, scale, ReLU
+// elementwise.cu — the CUDA twins of src/ops/cpu/elementwise.cpp: fill, add, mul, axpy, scale, ReLU
 // forward and backward, and the dtype conversions. Each is the CPU loop body run by one thread
 // per element, a template on the element type T (float, f16, bf16): read as float, compute in
 // float, round once on the store.
@@ -34,6 +34,13 @@ template <typename T>
 __global__ void add_kernel(const T* a, const T* b, T* y, int64_t n) {
     for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
         y[i] = T(float(a[i]) + float(b[i]));
+}
+
+// y[i] = a[i] · b[i]  (y may be a)
+template <typename T>
+__global__ void mul_kernel(const T* a, const T* b, T* y, int64_t n) {
+    for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
+        y[i] = T(float(a[i]) * float(b[i]));
 }
 
 // y[i] += alpha·x[i]
@@ -93,6 +100,12 @@ template <typename T>
 void add(const T* a, const T* b, T* y, int64_t n) {
     constexpr auto add_kernel_t = add_kernel<T>;
     KILN_LAUNCH_1D(add_kernel_t, n, a, b, y, n);
+}
+
+template <typename T>
+void mul(const T* a, const T* b, T* y, int64_t n) {
+    constexpr auto mul_kernel_t = mul_kernel<T>;
+    KILN_LAUNCH_1D(mul_kernel_t, n, a, b, y, n);
 }
 
 template <typename T>

@@ -156,6 +156,13 @@ void require_close(const Tensor& got_any, const Tensor& want_any, double tol, do
     REQUIRE(bad == 0);
 }
 
+Tensor tensor_of(const Shape& shape, const std::vector<float>& values, Device device) {
+    REQUIRE(int64_t(values.size()) == shape.numel());
+    Tensor t = Tensor::empty(shape);
+    std::copy(values.begin(), values.end(), t.data<float>());
+    return t.to(device);
+}
+
 void require_identical(const Tensor& got_any, const Tensor& want_any) {
     const Tensor got = got_any.to(Device::CPU), want = want_any.to(Device::CPU);
     REQUIRE(got.shape() == want.shape());

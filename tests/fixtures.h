@@ -42,6 +42,9 @@ std::vector<uint8_t> make_tar(const std::vector<TarFile>& files);
 // Bytes of a string (for text files in archives).
 std::vector<uint8_t> bytes_of(const std::string& s);
 
+// A CPU f32 tensor of `shape` holding `values` (row-major), moved to `device`.
+Tensor tensor_of(const Shape& shape, const std::vector<float>& values, Device device = Device::CPU);
+
 // Runs f under each schedule the kernel emulator offers for a test: the threads of a block in
 // order, then in reverse between barriers (a kernel missing a __syncthreads() reads shared memory
 // before or after another thread writes it, which one of the two orders exposes), with the

@@ -74,8 +74,8 @@ Tensor Conv2d::forward(const Tensor& x) {
     check_on_device(weight.value, x.device(), name(), "the weight");  // the layer runs on x's device
     // Under autocast (chapter 09) the op reads x, w and b in f16/bf16; otherwise these are x, w, b.
     Tensor xa = autocast(x, AmpOp::Conv2d);
-    const Tensor& w = autocast_param(weight.value);
-    Tensor y = conv2d(xa, w, autocast_param(bias.value), args_of(*this));
+    const Tensor& w = autocast_param(weight.used());
+    Tensor y = conv2d(xa, w, autocast_param(bias.used()), args_of(*this));
     if (keeps_cache()) {
         x_ = xa;
         w_ = w;

@@ -24,9 +24,9 @@ Tensor Linear::forward(const Tensor& x) {
                x.desc(), " (a Flatten before it turns [N, C, H, W] into [N, C·H·W])");
     // Under autocast (chapter 09) the GEMM reads x and W in f16/bf16; otherwise these are x and W.
     Tensor xa = autocast(x, AmpOp::Linear);
-    const Tensor& w = autocast_param(weight.value);
+    const Tensor& w = autocast_param(weight.used());
     Tensor y = matmul(xa, w, false, true);  // [N, in] · [in, out]
-    if (bias.value.defined()) add_bias_(y, autocast_param(bias.value));
+    if (bias.value.defined()) add_bias_(y, autocast_param(bias.used()));
     if (keeps_cache()) {
         x_ = xa;
         w_ = w;

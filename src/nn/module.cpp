@@ -109,7 +109,32 @@ void Module::add_parameter(const std::string& local_name, Parameter& p, Tensor v
     params_.emplace_back(local_name, &p);
 }
 
-void Module::add_buffer(const std::string& local_name, Tensor& t) { buffers_.emplace_back(local_name, &t); }
+void Module::add_buffer(const std::string& local_name, Tensor& t) {
+    for (auto& [local, b] : buffers_)
+        KILN_CHECK(local != local_name, name(), ": there is already a buffer named \"", local_name, "\"");
+    buffers_.emplace_back(local_name, &t);
+}
+
+void Module::remove_buffer(const std::string& local_name) {
+    for (auto it = buffers_.begin(); it != buffers_.end(); ++it)
+        if (it->first == local_name) return (void)buffers_.erase(it);
+    KILN_FAIL(name(), ": no buffer named \"", local_name, "\" to remove");
+}
+
+Parameter* Module::own_parameter(const std::string& local_name) {
+    for (auto& [local, p] : params_)
+        if (local == local_name) return p;
+    return nullptr;
+}
+
+void Module::rename_parameter(const std::string& local_name, const std::string& new_name) {
+    Parameter* p = own_parameter(local_name);
+    KILN_CHECK(p != nullptr, name(), ": no parameter named \"", local_name, "\"");
+    KILN_CHECK(own_parameter(new_name) == nullptr, name(), ": there is already a parameter named \"", new_name, "\"");
+    for (auto& [local, q] : params_)
+        if (q == p) local = new_name;
+    p->name = join(path_, new_name);
+}
 
 Module& Module::add_child(std::string local_name, std::unique_ptr<Module> m) {
     KILN_CHECK(m != nullptr, name(), ": a child must not be null");
@@ -227,6 +252,8 @@ void Module::to(Device device) {
         }
     }
     for (auto& [name, t] : named_buffers()) *t = t->to(device);
+    for (Parameter* p : parameters())  // a pruned parameter's value ⊙ mask (nn/prune.h)
+        if (p->pruned.defined()) p->pruned = p->pruned.to(device);
 }
 
 // ---- slabs ---------------------------------------------------------------------------------

@@ -31,13 +31,6 @@
 
 namespace kiln {
 
-// A learnable tensor and the gradient of the loss with respect to it (same shape).
-struct Parameter {
-    std::string name;  // its full name in the model's tree ("fc1.weight"); "weight" on its own
-    Tensor value;      // Category::Parameter
-    Tensor grad;       // Category::Gradient, accumulated by backward, cleared by zero_grad
-};
-
 class Module;
 
 // ---- no-grad mode (PyTorch's torch.no_grad) ------------------------------------------------
@@ -98,6 +91,23 @@ public:
 private:
     Module* module_;
     uint64_t id_;
+};
+
+// A learnable tensor and the gradient of the loss with respect to it (same shape).
+struct Parameter {
+    std::string name;  // its full name in the model's tree ("fc1.weight"); "weight" on its own
+    Tensor value;      // Category::Parameter
+    Tensor grad;       // Category::Gradient, accumulated by backward, cleared by zero_grad
+
+    // Pruning (nn/prune.h, chapter 10) sets the rest; they stay empty otherwise. A pruned
+    // parameter is listed as "<name>_orig", its mask (0s and 1s, value's shape) as the buffer
+    // "<name>_mask", and the layer computes with pruned = value ⊙ mask, remade by a forward
+    // pre-hook before every forward; a backward hook then multiplies grad by the mask.
+    Tensor mask = {}, pruned = {};
+    std::vector<HookHandle> prune_hooks = {};
+
+    // What a layer computes with: value, or value ⊙ mask when pruned.
+    const Tensor& used() const { return pruned.defined() ? pruned : value; }
 };
 
 class Module {
@@ -161,6 +171,16 @@ public:
     // is unpacked (parameters back in their own blocks): pack() it again before training.
     std::unique_ptr<Module> replace_child(const std::string& path, std::unique_ptr<Module> replacement);
 
+    // ---- from outside the layer: pruning (nn/prune.h) ------------------------------------
+    // Pruning renames a layer's own parameter ("weight" -> "weight_orig", the same Parameter)
+    // and registers its mask as a buffer; remove() undoes both. Each fails naming the module and
+    // the name when there is no such entry, or when the new name is taken.
+    Parameter* own_parameter(const std::string& local_name);  // null when there is none
+    void rename_parameter(const std::string& local_name, const std::string& new_name);
+    // Declares non-learned state a checkpoint must keep (batch norm's running mean, a mask).
+    void add_buffer(const std::string& local_name, Tensor& t);
+    void remove_buffer(const std::string& local_name);
+
     // The module's name: its full name in the tree ("block1a.conv") once it has a parent, else
     // the name it was built with ("conv", "lenet"). Error messages start with it.
     const std::string& name() const { return path_.empty() ? label_ : path_; }
@@ -193,8 +213,6 @@ protected:
     // Declares a parameter of this module under its local name: p.value = value and p.grad a
     // zero tensor of its shape. `p` is a member of the layer, so the pointer kept stays valid.
     void add_parameter(const std::string& local_name, Parameter& p, Tensor value);
-    // Declares non-learned state a checkpoint must keep (batch norm's running mean).
-    void add_buffer(const std::string& local_name, Tensor& t);
     // Adopts `m` as the child `local_name` (containers do this) and returns it.
     Module& add_child(std::string local_name, std::unique_ptr<Module> m);
     Module& child(size_t i) { return *children_[i].module; }

@@ -30,13 +30,13 @@ Tensor BatchNorm::forward(const Tensor& x) {
     check_on_device(bias.value, d, name(), "bias");
     check_on_device(running_mean, d, name(), "running_mean");
     check_on_device(running_var, d, name(), "running_var");
-    if (!training()) return batchnorm_eval(x, weight.value, bias.value, running_mean, running_var, eps);
+    if (!training()) return batchnorm_eval(x, weight.used(), bias.used(), running_mean, running_var, eps);
     int64_t values_per_channel = x.size(0);
     for (int i = 2; i < x.ndim(); i++) values_per_channel *= x.size(i);
     KILN_CHECK(values_per_channel > 1, name(), ": training needs more than one value per channel, got input ",
                x.desc(), " (use a batch of at least 2, or eval())");
     Tensor mean, invstd;  // this batch's per-channel statistics, [C]
-    Tensor y = batchnorm_train(x, weight.value, bias.value, running_mean, running_var, eps, momentum, &mean, &invstd);
+    Tensor y = batchnorm_train(x, weight.used(), bias.used(), running_mean, running_var, eps, momentum, &mean, &invstd);
     if (keeps_cache()) {  // under a NoGradScope: batch statistics all the same, but no cache
         x_ = x;
         save_mean_ = mean;
@@ -53,7 +53,7 @@ Tensor BatchNorm::backward(const Tensor& dy) {
     check_on_device(dy, d, name(), "dy");
     check_on_device(weight.grad, d, name(), "weight.grad");
     check_on_device(bias.grad, d, name(), "bias.grad");
-    Tensor dx = batchnorm_backward(dy, x_, weight.value, save_mean_, save_invstd_, weight.grad, bias.grad);
+    Tensor dx = batchnorm_backward(dy, x_, weight.used(), save_mean_, save_invstd_, weight.grad, bias.grad);
     x_ = save_mean_ = save_invstd_ = Tensor();
     return dx;
 }
@@ -87,7 +87,7 @@ Tensor LayerNorm::forward(const Tensor& x) {
     check_on_device(bias.value, x.device(), name(), "bias");
     Tensor mean, invstd;
     Tensor xa = autocast(x, AmpOp::LayerNorm);  // under autocast: in f32 (ops/autocast.h)
-    Tensor y = layernorm(xa, weight.value, bias.value, eps, &mean, &invstd);
+    Tensor y = layernorm(xa, weight.used(), bias.used(), eps, &mean, &invstd);
     if (keeps_cache()) {
         x_ = xa;
         save_mean_ = mean;
@@ -102,7 +102,7 @@ Tensor LayerNorm::backward(const Tensor& dy) {
     KILN_CHECK(dy.shape() == x_.shape(), name(), ": dy should be ", x_.shape().str(), " (the forward output) but is ",
                dy.desc());
     check_on_device(dy, x_.device(), name(), "dy");
-    Tensor dx = layernorm_backward(dy, x_, weight.value, save_mean_, save_invstd_, weight.grad, bias.grad);
+    Tensor dx = layernorm_backward(dy, x_, weight.used(), save_mean_, save_invstd_, weight.grad, bias.grad);
     x_ = save_mean_ = save_invstd_ = Tensor();
     return dx.to(in_dtype_);
 }

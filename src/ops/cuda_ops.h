@@ -17,6 +17,7 @@ namespace kiln::cuda {
 // ---- elementwise (elementwise.cu) ----------------------------------------------------------
 template <typename T> void fill(T* x, int64_t n, float value);
 template <typename T> void add(const T* a, const T* b, T* y, int64_t n);
+template <typename T> void mul(const T* a, const T* b, T* y, int64_t n);
 template <typename T> void axpy(float alpha, const T* x, T* y, int64_t n);
 template <typename T> void scale(T* x, int64_t n, float s);
 template <typename T> void relu_forward(const T* x, T* y, int64_t n);

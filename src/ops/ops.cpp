@@ -64,6 +64,17 @@ Tensor add(const Tensor& a, const Tensor& b) {
     return y;
 }
 
+void mul_into(const Tensor& a, const Tensor& b, Tensor& y) {
+    check_args("mul_into", {{a, "a"}, {b, "b"}, {y, "y"}});
+    check_same_shape(a, b, "mul_into");
+    check_same_shape(a, y, "mul_into");
+    for_dtype(a, [&](auto tag) {
+        using T = decltype(tag);
+        if (on_cuda(a)) cuda::mul(a.data<T>(), b.data<T>(), y.data<T>(), a.numel());
+        else cpu::mul(a.data<T>(), b.data<T>(), y.data<T>(), a.numel());
+    });
+}
+
 void axpy_(Tensor& y, float alpha, const Tensor& x) {
     check_args("axpy_", {{y, "y"}, {x, "x"}});
     check_same_shape(y, x, "axpy_");

@@ -525,11 +525,16 @@ void save_model(StateDict& state, Module& model) {
 }
 
 void load_model(const StateDict& state, Module& model) {
+    const std::vector<std::pair<std::string, Tensor*>> tensors = model_tensors(model);
     std::set<std::string> names;
-    for (auto& [name, t] : model_tensors(model)) {
-        state.get_into(name, *t);
-        names.insert(name);
-    }
+    for (auto& [name, t] : tensors) names.insert(name);
+    const std::string mask = "_mask";  // a pruned layer's buffer (nn/prune.h)
+    for (const auto& [name, t] : state.tensors)
+        KILN_CHECK(names.count(name) || name.size() <= mask.size() ||
+                       name.compare(name.size() - mask.size(), mask.size(), mask) != 0,
+                   "load_model: the checkpoint holds a pruned model (it has \"", name, "\") and this model is not "
+                   "pruned there: call prune::prune_like(state, model) first (nn/prune.h) to prune it the same way");
+    for (auto& [name, t] : tensors) state.get_into(name, *t);
     for (const auto& [name, t] : state.tensors) {
         bool run_state = std::any_of(std::begin(kRunPrefixes), std::end(kRunPrefixes),
                                      [&](const char* prefix) { return starts_with(name, prefix); });

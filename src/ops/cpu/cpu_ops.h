@@ -23,6 +23,7 @@ namespace kiln::cpu {
 // ---- elementwise (n elements; elementwise.cpp) ---------------------------------------------
 template <typename T> void fill(T* x, int64_t n, float value);
 template <typename T> void add(const T* a, const T* b, T* y, int64_t n);              // y = a + b
+template <typename T> void mul(const T* a, const T* b, T* y, int64_t n);              // y = a ⊙ b (y may be a)
 template <typename T> void axpy(float alpha, const T* x, T* y, int64_t n);            // y += alpha·x
 template <typename T> void scale(T* x, int64_t n, float s);                           // x *= s
 template <typename T> void relu_forward(const T* x, T* y, int64_t n);                 // y = max(x, 0)
@@ -37,6 +38,7 @@ template <typename From, typename To> void convert(const From* x, To* y, int64_t
 #define KILN_ELEMENTWISE(T)                                                 \
     template void fill<T>(T*, int64_t, float);                              \
     template void add<T>(const T*, const T*, T*, int64_t);                  \
+    template void mul<T>(const T*, const T*, T*, int64_t);                  \
     template void axpy<T>(float, const T*, T*, int64_t);                    \
     template void scale<T>(T*, int64_t, float);                             \
     template void relu_forward<T>(const T*, T*, int64_t);                   \

@@ -1,4 +1,4 @@
-// elementwise.cpp — CPU kernels that touch each element once: fill, add, axpy, scale, ReLU
+// elementwise.cpp — CPU kernels that touch each element once: fill, add, mul, axpy, scale, ReLU
 // and the dtype conversions. Each is one OpenMP loop that g++ vectorizes; memory
 // bandwidth is the limit. The kernels for tensors are templates on the element type T (float,
 // f16, bf16): read as float, compute, round once. (The optimizers' fused updates are in optim.cpp.)
@@ -22,6 +22,11 @@ template <typename T> void fill(T* x, int64_t n, float value) {
 template <typename T> void add(const T* a, const T* b, T* y, int64_t n) {
 #pragma omp parallel for simd if (n > kParallelMin)
     for (int64_t i = 0; i < n; i++) y[i] = T(float(a[i]) + float(b[i]));
+}
+
+template <typename T> void mul(const T* a, const T* b, T* y, int64_t n) {
+#pragma omp parallel for simd if (n > kParallelMin)
+    for (int64_t i = 0; i < n; i++) y[i] = T(float(a[i]) * float(b[i]));
 }
 
 template <typename T> void axpy(float alpha, const T* x, T* y, int64_t n) {
