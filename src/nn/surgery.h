@@ -7,10 +7,11 @@
 //
 //   conv  w [O, C, KH, KW]  b [O]          ->  w [K, C, KH, KW]  b [K]        (K = keep.size())
 //   BN    weight, bias, running_mean, running_var [O]   ->   [K]   (eps, momentum unchanged)
-//   per-channel layers (GELU, ReLU, Dropout, max- and average-pool, Flatten)   unchanged
+//   per-channel layers: GELU, ReLU, Dropout, MaxPool2d, AvgPool2d, Flatten, GlobalAvgPool
+//                  unchanged
 //   next conv      w [O', O, KH', KW']         ->  w [O', K, KH', KW']
-//   or next Linear w [F, O·B]  (after Flatten: B = in_features / O values per channel, channel
-//                              c's inputs c·B ... c·B + B − 1)  ->  w [F, K·B]
+//   or next Linear w [F, O·B]  (after Flatten or GlobalAvgPool: B = in_features / O values per
+//                              channel, channel c's inputs c·B ... c·B + B − 1)  ->  w [F, K·B]
 //
 // each kept entry copied exactly. When the removed channels are dead (their conv rows and bias,
 // and the BN's weight and bias entries, all zero — what structured pruning leaves), the smaller
