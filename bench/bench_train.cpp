@@ -8,21 +8,51 @@
 //   lenet_train_cpu_f16, _bf16, cifar_net_train_cpu_f16, _bf16
 //                        the same in mixed precision (chapter 09: autocast, and with f16 a
 //                        GradScaler), then their ratio to f32 ("..._vs_f32")
+//   cifar_net_l06_*      chapter 10: lesson 06's CIFAR net (widths 32, 64, 128, stem 24), batch
+//                        128, against its twin with half the channels of every conv removed by
+//                        remove_channels (nn/surgery.h): parameters, a training step's peak
+//                        memory (chapter 08's prediction), training and inference img/s of
+//                        each (the two measured in turn, 5 times), and the speedups
+//                        ("..._speedup", the median of the 5 ratios, with their _min and _max)
+//   build/bench/bench_train surgery    only these
 // Threads: OMP_NUM_THREADS (make bench sets 2). The figure is the median of 5 timed rounds.
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <functional>
 #include <optional>
+#include <string>
 #include <vector>
 
+#include "nn/conv.h"
 #include "nn/layers.h"
 #include "nn/models.h"
+#include "nn/surgery.h"
 #include "ops/autocast.h"
 #include "optim/grad_scaler.h"
 #include "optim/optimizer.h"
+#include "train/memory_model.h"
 
 using namespace kiln;
+
+static double median(std::vector<double> v) {
+    std::sort(v.begin(), v.end());
+    return v[v.size() / 2];
+}
+
+// Median images/second of `rounds` rounds of `steps` calls of step, each on a batch of B images,
+// after 3 untimed calls (warm-up: caches, page faults, thread pool).
+static double median_rate(int64_t B, int steps, int rounds, const std::function<void()>& step) {
+    for (int i = 0; i < 3; i++) step();
+    std::vector<double> rates;
+    for (int r = 0; r < rounds; r++) {
+        auto t0 = std::chrono::steady_clock::now();
+        for (int i = 0; i < steps; i++) step();
+        double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+        rates.push_back(double(B) * steps / s);
+    }
+    return median(rates);
+}
 
 // Median images/second of `rounds` rounds of `steps` training steps at batch B, with the SGD
 // settings of the PyTorch script it is compared with; amp f16 or bf16: under autocast (f16 with
@@ -52,16 +82,7 @@ static double train_throughput(Module& model, const Shape& input, int64_t classe
         scaler.update();
         arena.reset();
     };
-    for (int i = 0; i < 3; i++) step();  // warm-up: caches, page faults, thread pool
-    std::vector<double> rates;
-    for (int r = 0; r < rounds; r++) {
-        auto t0 = std::chrono::steady_clock::now();
-        for (int i = 0; i < steps; i++) step();
-        double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-        rates.push_back(double(B) * steps / s);
-    }
-    std::sort(rates.begin(), rates.end());
-    return rates[rates.size() / 2];
+    return median_rate(B, steps, rounds, step);
 }
 
 // The model in f32, f16 and bf16 (each from the same initial weights), and each low type's ratio to f32.
@@ -82,7 +103,84 @@ static void bench_precisions(const char* name, const std::function<std::unique_p
     }
 }
 
-int main() {
+// Median images/second of `rounds` rounds of `steps` forward passes at batch B in eval mode under
+// a NoGradScope, as evaluate() runs them.
+static double infer_throughput(Module& model, const Shape& input, int steps, int rounds) {
+    Rng rng(0);
+    Tensor x = Tensor::normal(input, 0, 1, rng);
+    BumpAllocator arena("bench arena", Device::CPU, size_t(1) << 30);
+    NoGradScope no_grad;
+    model.eval();
+    auto step = [&] {
+        {
+            AllocatorScope scope(arena);
+            model.call(x);
+        }
+        arena.reset();
+    };
+    return median_rate(input[0], steps, rounds, step);
+}
+
+// Two measurements taken in turn, `pairs` times (a, b, a, b, ...), so that a change in the
+// load of a shared machine falls on both alike: the median of each, and of the pairs' ratios
+// b/a with their smallest and largest (the noise).
+struct InTurn {
+    double a, b, ratio, ratio_min, ratio_max;
+};
+static InTurn in_turn(int pairs, const std::function<double()>& a, const std::function<double()>& b) {
+    std::vector<double> as, bs, ratios;
+    for (int i = 0; i < pairs; i++) {
+        as.push_back(a());
+        bs.push_back(b());
+        ratios.push_back(bs.back() / as.back());
+    }
+    const auto [lo, hi] = std::minmax_element(ratios.begin(), ratios.end());
+    return {median(as), median(bs), median(ratios), *lo, *hi};
+}
+
+static void print_in_turn(const char* what, const InTurn& m) {
+    std::printf("bench cifar_net_l06_%s_cpu: %.0f img/s\n", what, m.a);
+    std::printf("bench cifar_net_l06_halved_%s_cpu: %.0f img/s\n", what, m.b);
+    std::printf("bench cifar_net_l06_halved_%s_speedup: %.2f ratio\n", what, m.ratio);
+    std::printf("bench cifar_net_l06_halved_%s_speedup_min: %.2f ratio\n", what, m.ratio_min);
+    std::printf("bench cifar_net_l06_halved_%s_speedup_max: %.2f ratio\n", what, m.ratio_max);
+    std::fflush(stdout);
+}
+
+// Lesson 06's CIFAR net, and the same net after structured pruning has removed half the output
+// channels of every conv (here the first half is kept: which half does not change the speed).
+static void bench_surgery() {
+    const Shape input{128, 3, 32, 32};
+    const SGD::Options sgd{0.9f, 0, 5e-4f, true};
+    Rng r(1);
+    auto dense = cifar_net(r, {32, 64, 128});
+    auto cut = cifar_net(r, {32, 64, 128});
+    std::vector<std::string> convs;
+    for (auto& [path, m] : cut->named_modules())
+        if (dynamic_cast<Conv2d*>(m)) convs.push_back(path);
+    for (const std::string& path : convs) {
+        std::vector<int64_t> keep(size_t(static_cast<Conv2d&>(cut->module_at(path)).out_channels / 2));
+        for (size_t i = 0; i < keep.size(); i++) keep[i] = int64_t(i);
+        remove_channels(*cut, path, keep);
+    }
+    std::printf("bench cifar_net_l06_params: %lld parameters\n", (long long)dense->num_parameters());
+    std::printf("bench cifar_net_l06_halved_params: %lld parameters\n", (long long)cut->num_parameters());
+    // A training step's peak memory (SGD with momentum, activations from the step's arena), as
+    // chapter 08's memory model predicts it from the layers' shapes.
+    const MemoryModelOptions step{input};
+    std::printf("bench cifar_net_l06_train_peak: %.1f MiB\n", double(predict_memory(*dense, step).peak) / (1 << 20));
+    std::printf("bench cifar_net_l06_halved_train_peak: %.1f MiB\n", double(predict_memory(*cut, step).peak) / (1 << 20));
+    print_in_turn("train", in_turn(5, [&] { return train_throughput(*dense, input, 10, 2, 1, sgd); },
+                                   [&] { return train_throughput(*cut, input, 10, 2, 1, sgd); }));
+    print_in_turn("infer", in_turn(5, [&] { return infer_throughput(*dense, input, 8, 1); },
+                                   [&] { return infer_throughput(*cut, input, 8, 1); }));
+}
+
+int main(int argc, char** argv) {
+    if (argc > 1 && std::string(argv[1]) == "surgery") {
+        bench_surgery();
+        return 0;
+    }
     Rng rng(1);
     auto net = mlp(rng);
     std::printf("bench mlp_train_cpu: %.0f img/s\n", train_throughput(*net, {64, 1, 28, 28}, 10, 100, 5, {0.9f, 0, 0, false}));
@@ -90,5 +188,6 @@ int main() {
     bench_precisions("lenet_train_cpu", [] { Rng r(1); return lenet(r); }, {64, 1, 28, 28}, 40, {0.5f, 0, 0, false});
     bench_precisions("cifar_net_train_cpu", [] { Rng r(1); return cifar_net(r); }, {256, 3, 32, 32}, 2,
                      {0.9f, 0, 5e-4f, true});
+    bench_surgery();
     return 0;
 }

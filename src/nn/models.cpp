@@ -72,9 +72,9 @@ static std::unique_ptr<Module> maybe_checkpoint(std::unique_ptr<Module> block, b
 
 std::unique_ptr<Sequential> cifar_net(Rng& rng, CifarNetWidths w, bool batch_norm, bool recompute) {
     auto m = std::make_unique<Sequential>(batch_norm ? "cifar-net" : "cifar-net-no-bn");
-    m->add("stem", std::make_unique<Conv2d>(3, 24, 2, rng));
+    m->add("stem", std::make_unique<Conv2d>(3, w.stem, 2, rng));
     m->add("stem_gelu", std::make_unique<GELU>());
-    int64_t in = 24, block = 1;
+    int64_t in = w.stem, block = 1;
     for (int64_t width : {w.w1, w.w2, w.w3}) {
         std::string name = "block" + std::to_string(block++);
         m->add(name + "a", maybe_checkpoint(conv_bn_gelu(in, width, rng, batch_norm, true), recompute));

@@ -21,14 +21,16 @@ std::unique_ptr<Sequential> mlp(Rng& rng, int64_t hidden1 = 512, int64_t hidden2
 std::unique_ptr<Sequential> lenet(Rng& rng);
 
 // Chapter 06, a convolutional net for CIFAR-10 in the layout of bench/torch_cifar_net.py
-// (airbench's): a 2×2 conv 3→24 with GELU, then three blocks of widths w1, w2, w3,
+// (airbench's): a 2×2 conv 3→stem (24) with GELU, then three blocks of widths w1, w2, w3,
 //   block(c→w): conv 3×3 c→w -> max-pool 2 -> BN -> GELU -> conv 3×3 w→w -> BN -> GELU
 // then max-pool 3 -> Flatten -> Linear w3→10 (no bias).
-//   x [N,3,32,32] -> [N,24,31,31] -> [N,w1,15,15] -> [N,w2,7,7] -> [N,w3,3,3] -> [N,w3] -> [N,10]
+//   x [N,3,32,32] -> [N,stem,31,31] -> [N,w1,15,15] -> [N,w2,7,7] -> [N,w3,3,3] -> [N,w3] -> [N,10]
 // With batch_norm = false the BN layers are left out and the convolutions get biases instead.
 // With recompute = true each block is wrapped in a Checkpoint (nn/recompute.h): its parameters
 // are then "block1a.inner.conv.weight", and only the blocks' inputs are kept for backward.
-struct CifarNetWidths { int64_t w1 = 64, w2 = 256, w3 = 256; };
+// stem comes last so that {w1, w2, w3} keeps meaning what it did; a net whose every conv lost
+// half its channels (nn/surgery.h) is cifar_net({w1/2, w2/2, w3/2, stem/2}).
+struct CifarNetWidths { int64_t w1 = 64, w2 = 256, w3 = 256, stem = 24; };
 std::unique_ptr<Sequential> cifar_net(Rng& rng, CifarNetWidths widths = {}, bool batch_norm = true,
                                       bool recompute = false);
 
