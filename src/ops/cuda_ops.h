@@ -122,4 +122,11 @@ void dropout_forward(const T* x, T* y, uint8_t* mask, int64_t n, float drop_p, u
 template <typename T>
 void dropout_backward(const T* dy, const uint8_t* mask, T* dx, int64_t n, float drop_p);
 
+
+// ---- sparse × dense (sparse.cu; chapter 10) ------------------------------------------------------
+// The twin of cpu::csr_linear (ops/cpu/cpu_ops.h has the formula): y [N, out] overwritten, the
+// terms of each output added in the same order.
+void csr_linear(const float* x, const float* values, const int32_t* col_index, const int32_t* row_start,
+                const float* bias, float* y, int64_t N, int64_t in, int64_t out);
+
 }  // namespace kiln::cuda

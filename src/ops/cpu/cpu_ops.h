@@ -89,4 +89,12 @@ void adam_update(float* p, const float* grad, float* m, float* v, float* v_max, 
 // whether any g[i] was inf or NaN before it was multiplied.
 bool unscale_and_check(float* g, int64_t n, float inv_scale);
 
+
+// ---- sparse × dense (sparse.cpp; chapter 10) ---------------------------------------------------
+// y [N, out] = x [N, in] · Wᵀ + b with W [out, in] in compressed sparse rows (ops/sparse.h):
+//   y[n, o] = Σ_{k = row_start[o]}^{row_start[o+1] − 1} values[k] · x[n, col_index[k]]  (+ bias[o])
+// the terms added in k's order, then the bias; bias may be null. f32 only. y is overwritten.
+void csr_linear(const float* x, const float* values, const int32_t* col_index, const int32_t* row_start,
+                const float* bias, float* y, int64_t N, int64_t in, int64_t out);
+
 }  // namespace kiln::cpu
