@@ -8,12 +8,18 @@
 //
 // MNIST (Han et al. 2015): train the dense net, then `--rounds` times: prune the weights of
 // smallest |w| over the whole net (global_unstructured) up to the round's sparsity (Zhu & Gupta's
-// schedule towards --sparsity), and fine-tune --finetune-epochs at a tenth of the lr. Then bake
-// the masks in and store the linear layers as CSR (SparseLinear): the bytes and the speed of the
-// sparse model against the dense one.
+// schedule towards --sparsity), and fine-tune --finetune-epochs (at a tenth of the lr, the last
+// at a hundredth). Then bake the masks in and store the linear layers as CSR (SparseLinear):
+// the bytes and the speed of the sparse model against the dense one.
 //
-// Next to run.json and curves.svg (the dense training) in --save DIR or runs/lesson-10/:
-//   pruning.svg   test accuracy against sparsity, after each pruning and after its fine-tuning
+// CIFAR-10 (Li et al. 2017): start from chapter 06's trained net (--from a checkpoint of
+// lesson-06 or lesson-09, or train it here), prune --channels of every conv's output channels
+// by the L1 norm of their filters (ln_structured), cut them out (remove_channels), and
+// fine-tune the smaller net --finetune-epochs.
+//
+// Next to run.json and curves.svg (of the training fit logs: MNIST's dense training, CIFAR's
+// fine-tuning) in --save DIR or runs/lesson-10/:
+//   pruning.svg   MNIST: test accuracy against sparsity, after each pruning and after its fine-tuning
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -21,9 +27,14 @@
 #include <vector>
 
 #include "core/allocator.h"       // defines: BumpAllocator
+#include "nn/conv.h"              // defines: Conv2d
 #include "nn/models.h"            // defines: mlp, lenet, cifar_net
-#include "nn/prune.h"             // defines: prune::global_unstructured, sparsity, remove, ...
+#include "nn/norm.h"              // defines: BatchNorm2d
+#include "nn/prune.h"             // defines: prune::global_unstructured, ln_structured, remove, ...
+#include "nn/sparse_linear.h"     // defines: SparseLinear, sparsify_linears
+#include "nn/surgery.h"           // defines: remove_channels
 #include "optim/optimizer.h"      // defines: SGD
+#include "train/checkpoint.h"     // defines: read_safetensors, load_model
 #include "train/cli.h"            // defines: Cli, CommonFlags
 #include "train/evaluate.h"       // defines: evaluate
 #include "train/fit.h"            // defines: MnistData, fit, report
@@ -64,17 +75,67 @@ void save_pruning_plot(const std::vector<Round>& rounds, double dense_acc, const
     std::printf("wrote %s\n", path.c_str());
 }
 
+// Test-set accuracy, and images per second of the forward passes (evaluate: eval mode, no
+// caches): the median of three passes over the test set.
+struct Scored {
+    double acc, images_per_second;
+};
+Scored score(Module& model, DataLoader& test, BumpAllocator& arena) {
+    double acc = 0.0;
+    std::vector<double> rates;
+    for (int i = 0; i < 3; i++) {
+        const auto t0 = std::chrono::steady_clock::now();
+        acc = evaluate(model, test, &arena);
+        const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+        rates.push_back(double(test.set().n) / s);
+    }
+    std::sort(rates.begin(), rates.end());
+    return {acc, rates[1]};
+}
+
+// What pruning was for, at last: the masks baked in (prune::remove), then every Linear's
+// weight stored as CSR (SparseLinear): the weights' bytes and the forward pass's speed, before
+// and after. The predictions do not change; only how the zeros are (not) stored.
+void sparse_savings(Module& model, DataLoader& test, BumpAllocator& arena) {
+    int64_t dense_bytes = 0, csr_bytes = 0;
+    for (auto& [m, name] : prune::prunable_weights(model)) {
+        prune::remove(*m, name);
+        if (auto* fc = dynamic_cast<Linear*>(m)) dense_bytes += int64_t(fc->weight.value.nbytes());
+    }
+    const Scored dense = score(model, test, arena);
+    sparsify_linears(model);
+    for (auto& [path, m] : model.named_modules())
+        if (auto* fc = dynamic_cast<SparseLinear*>(m)) csr_bytes += fc->weight.bytes();
+    const Scored sparse = score(model, test, arena);
+    std::printf("linear weights: dense %.1f KiB -> CSR %.1f KiB (%.1fx smaller); inference %.0f -> %.0f img/s "
+                "(%.2fx); test accuracy %.2f%% -> %.2f%%\n",
+                dense_bytes / 1024.0, csr_bytes / 1024.0, double(dense_bytes) / double(csr_bytes),
+                dense.images_per_second, sparse.images_per_second,
+                sparse.images_per_second / dense.images_per_second, 100 * dense.acc, 100 * sparse.acc);
+}
+
 double weight_sparsity(Module& model) { return prune::total_sparsity(prune::sparsity(model)).sparsity(); }
+
+// Fine-tuning after a pruning: epochs − 1 epochs at a tenth of the training lr, the last at a
+// hundredth (as the dense training ended), so that each round ends settled.
+double finetune(Module& model, SGD& sgd, MnistData& mnist, BumpAllocator& arena, float lr, int epochs) {
+    TrainOptions opt;
+    opt.arena = &arena;
+    double acc = 0.0;
+    for (auto [n, rate] : {std::pair{epochs - 1, lr / 10}, std::pair{1, lr / 100}}) {
+        if (n < 1) continue;
+        opt.epochs = n;
+        sgd.set_lr(rate);
+        acc = fit(model, sgd, mnist.train, mnist.test, opt);
+    }
+    return acc;
+}
 
 // The rounds: prune to the schedule's sparsity, score, fine-tune, score.
 std::vector<Round> prune_and_finetune(Module& model, SGD& sgd, MnistData& mnist, BumpAllocator& arena,
                                       const CommonFlags& flags, int rounds, double final_sparsity,
                                       int finetune_epochs) {
     std::vector<Round> done;
-    sgd.set_lr(flags.lr / 10);
-    TrainOptions opt;
-    opt.epochs = finetune_epochs;
-    opt.arena = &arena;
     for (int k = 1; k <= rounds; k++) {
         const double target = prune::sparsity_after_round(k, rounds, final_sparsity);
         const double amount = prune::amount_to_reach(weight_sparsity(model), target);
@@ -82,7 +143,7 @@ std::vector<Round> prune_and_finetune(Module& model, SGD& sgd, MnistData& mnist,
         Round r{weight_sparsity(model), evaluate(model, mnist.test, &arena), 0.0};
         std::printf("round %d/%d: pruned to %.2f%% sparsity, test accuracy %.2f%%; fine-tuning %d epochs\n", k, rounds,
                     100 * r.sparsity, 100 * r.acc_pruned, finetune_epochs);
-        r.acc_tuned = fit(model, sgd, mnist.train, mnist.test, opt);
+        r.acc_tuned = finetune(model, sgd, mnist, arena, flags.lr, finetune_epochs);
         done.push_back(r);
     }
     return done;
@@ -107,12 +168,129 @@ int run_mnist(const std::string& which, CommonFlags& flags, int rounds, double f
         prune_and_finetune(model, sgd, mnist, arena, flags, rounds, final_sparsity, finetune_epochs);
     prune::print_sparsity(model);
     save_pruning_plot(rounds_done, dense_acc, run_info(flags).dir + "/pruning.svg");
-
     const double pruned_acc = rounds_done.empty() ? dense_acc : rounds_done.back().acc_tuned;
     std::printf("dense %.2f%% -> pruned %.2f%% at %.2f%% sparsity (%+.2f points)\n", 100 * dense_acc,
                 100 * pruned_acc, 100 * weight_sparsity(model), 100 * (pruned_acc - dense_acc));
+    sparse_savings(model, mnist.test, arena);
     report(device, pruned_acc, start);
     return 0;
+}
+
+// ---- CIFAR-10: whole channels ------------------------------------------------------------
+// The Conv2d layers of the model, by path, in order.
+std::vector<std::string> conv_paths(Module& model) {
+    std::vector<std::string> paths;
+    for (auto& [path, m] : model.named_modules())
+        if (dynamic_cast<Conv2d*>(m)) paths.push_back(path);
+    return paths;
+}
+
+// The batch norm that normalizes a conv's output in cifar_net: "block1a.conv" -> "block1a.bn";
+// null for the stem, which has none.
+BatchNorm2d* bn_after(Module& model, const std::string& conv) {
+    const size_t dot = conv.rfind('.');
+    if (dot == std::string::npos) return nullptr;
+    const std::string bn = conv.substr(0, dot) + ".bn";
+    for (auto& [path, m] : model.named_modules())
+        if (path == bn) return dynamic_cast<BatchNorm2d*>(m);
+    return nullptr;
+}
+
+// The output channels a conv's weight mask still keeps (a row with any 1), and the [O] mask.
+std::vector<int64_t> kept_channels(const Conv2d& conv, Tensor* channel_mask = nullptr) {
+    const Tensor mask = conv.weight.mask.to(Device::CPU);
+    const int64_t O = conv.out_channels, per = mask.numel() / O;
+    std::vector<int64_t> keep;
+    if (channel_mask) *channel_mask = Tensor::zeros({O});
+    for (int64_t o = 0; o < O; o++) {
+        const float* row = mask.data<float>() + o * per;
+        if (std::any_of(row, row + per, [](float v) { return v != 0.0f; })) {
+            keep.push_back(o);
+            if (channel_mask) channel_mask->data<float>()[o] = 1.0f;
+        }
+    }
+    return keep;
+}
+
+// Structured pruning of every conv: the `fraction` of its output channels whose filters have
+// the smallest L1 norm. The same channels of the conv's bias and of its batch norm's γ and β
+// are masked too, so a pruned channel is exactly 0 after BN (x̂·0 + 0) and GELU: the masked
+// net computes what the smaller net will.
+void prune_channels(Module& model, double fraction) {
+    for (const std::string& path : conv_paths(model)) {
+        Conv2d& conv = static_cast<Conv2d&>(model.module_at(path));
+        prune::ln_structured(conv, "weight", fraction, 1.0, 0);
+        Tensor channels;
+        kept_channels(conv, &channels);
+        if (conv.bias.value.defined()) prune::custom_from_mask(conv, "bias", channels);
+        if (BatchNorm2d* bn = bn_after(model, path)) {
+            prune::custom_from_mask(*bn, "weight", channels);
+            prune::custom_from_mask(*bn, "bias", channels);
+        }
+    }
+}
+
+// Bakes every mask in (prune::remove) and cuts the pruned channels out: a smaller dense net.
+void cut_channels(Module& model) {
+    std::vector<std::pair<std::string, std::vector<int64_t>>> cuts;
+    for (const std::string& path : conv_paths(model))
+        cuts.emplace_back(path, kept_channels(static_cast<Conv2d&>(model.module_at(path))));
+    for (auto& [path, m] : model.named_modules())
+        for (const char* name : {"weight", "bias"})
+            if (m->own_parameter(std::string(name) + "_orig")) prune::remove(*m, name);
+    for (auto& [path, keep] : cuts) remove_channels(model, path, keep);
+}
+
+int run_cifar(CommonFlags& flags, const std::string& from, float fraction, int finetune_epochs) {
+    const Device device = flags.apply();
+    const auto start = std::chrono::steady_clock::now();
+    CifarData cifar(flags, device);
+    BumpAllocator arena("step arena", device);
+    Rng rng(flags.seed);
+    std::unique_ptr<Sequential> net = cifar_net(rng, {32, 64, 128});  // chapter 06's widths
+    Sequential& model = *net;
+    model.to(device);
+    const SGD::Options nesterov{0.9f, 0.0f, 5e-4f, true};  // chapter 06's optimizer
+    if (from.empty()) {
+        std::printf("lesson-10: chapter 06's CIFAR net, trained here first (%d epochs; --from a lesson-06 "
+                    "checkpoint skips this)\n", flags.epochs);
+        SGD sgd(model.parameters(), flags.lr, nesterov);
+        fit(model, sgd, cifar.train, cifar.test, flags, &arena);
+    } else {
+        load_model(read_safetensors(from), model);
+    }
+    const int64_t dense_params = model.num_parameters();
+    const Scored dense = score(model, cifar.test, arena);
+    std::printf("dense:  %lld parameters, test accuracy %.2f%%, inference %.0f img/s\n", (long long)dense_params,
+                100 * dense.acc, dense.images_per_second);
+
+    prune_channels(model, fraction);
+    const Scored masked = score(model, cifar.test, arena);
+    std::printf("masked: %.0f%% of every conv's channels zeroed, test accuracy %.2f%%, inference %.0f img/s "
+                "(masks save nothing)\n", 100.0 * fraction, 100 * masked.acc, masked.images_per_second);
+    cut_channels(model);
+    const Scored cut = score(model, cifar.test, arena);
+    std::printf("cut:    %lld parameters (%.2fx fewer), test accuracy %.2f%%, inference %.0f img/s (%.2fx)\n",
+                (long long)model.num_parameters(), double(dense_params) / double(model.num_parameters()),
+                100 * cut.acc, cut.images_per_second, cut.images_per_second / dense.images_per_second);
+
+    CommonFlags tune = flags;  // fine-tuning: chapter 06's schedule over --finetune-epochs
+    tune.epochs = finetune_epochs;
+    SGD sgd(model.parameters(), flags.lr, nesterov);  // a new optimizer: the layers are new
+    const double tuned = fit(model, sgd, cifar.train, cifar.test, tune, &arena);
+    std::printf("dense %.2f%% -> %.0f%% of the channels removed and fine-tuned %.2f%% (%+.2f points)\n",
+                100 * dense.acc, 100.0 * fraction, 100 * tuned, 100 * (tuned - dense.acc));
+    report(device, tuned, start);
+    return 0;
+}
+
+// "--model cifar" or "--model=cifar" on the command line.
+bool asks_for_cifar(int argc, char** argv) {
+    for (int i = 1; i < argc; i++)
+        if (std::string(argv[i]) == "--model=cifar" || (std::string(argv[i]) == "--model" && i + 1 < argc &&
+                                                         std::string(argv[i + 1]) == "cifar"))
+            return true;
+    return false;
 }
 
 }  // namespace
@@ -121,17 +299,25 @@ int main(int argc, char** argv) try {
     CommonFlags flags;
     flags.epochs = 10;
     flags.lr = 0.05f;
-    std::string model = "mlp";
+    std::string model = "mlp", from;
     int rounds = 6, finetune_epochs = 2;
-    float final_sparsity = 0.92f;
+    float final_sparsity = 0.92f, channels = 0.5f;
     Cli cli("lesson-10", "Prunes a network with masks, fine-tunes it, and measures what pruning saves.");
     flags.add_to(cli);
     cli.add("--model", &model, "mlp (LeNet-300-100), lenet (chapter 03's) or cifar (chapter 06's net)");
     cli.add("--rounds", &rounds, "MNIST: prune-and-fine-tune rounds");
     cli.add("--sparsity", &final_sparsity, "MNIST: the weights' sparsity after the last round");
     cli.add("--finetune-epochs", &finetune_epochs, "MNIST: epochs of fine-tuning after each pruning");
+    cli.add("--channels", &channels, "CIFAR: the fraction of every conv's output channels to remove");
+    cli.add("--from", &from, "CIFAR: the trained dense net, a lesson-06 checkpoint (else it is trained here)");
+    if (asks_for_cifar(argc, argv)) {  // chapter 06's settings, before the command line may change them
+        flags.batch_size = 128;
+        flags.data = "data/cifar10";
+        finetune_epochs = 10;
+    }
     cli.parse(argc, argv);
-    KILN_CHECK(model == "mlp" || model == "lenet", "--model ", model, ": mlp, lenet or cifar");
+    KILN_CHECK(model == "mlp" || model == "lenet" || model == "cifar", "--model ", model, ": mlp, lenet or cifar");
+    if (model == "cifar") return run_cifar(flags, from, channels, finetune_epochs);
     return run_mnist(model, flags, rounds, final_sparsity, finetune_epochs);
 } catch (const std::exception& e) {
     std::fprintf(stderr, "lesson-10: %s\n", e.what());
