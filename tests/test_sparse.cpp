@@ -194,7 +194,8 @@ TEST_CASE("csr_linear and to_csr name the bad argument", "[lesson10][sparse][cpu
     REQUIRE_THROWS_WITH(csr_linear(Tensor::ones({2, 5}), m), Contains("csr_linear") && Contains("[N, 6]"));
     REQUIRE_THROWS_WITH(csr_linear(Tensor::ones({2, 6}, DType::F16), m), Contains("'x' should be f32"));
     REQUIRE_THROWS_WITH(csr_linear(x, m, Tensor::ones({5})), Contains("'bias' should have shape [4]"));
-    REQUIRE_THROWS_WITH(csr_linear(x.to(Device::CUDA), m), Contains("csr_linear") && Contains(".to(Device"));
+    REQUIRE_THROWS_WITH(csr_linear(x.to(Device::CUDA), m),
+                        Contains("csr_linear: 'w.values' is on cpu but 'x' is on cuda") && Contains("model.to"));
     REQUIRE_THROWS_WITH(csr_linear(x, m, Tensor::ones({4}).to(Device::CUDA)), Contains("different devices"));
     CsrMatrix broken = m;
     broken.nnz += 1;

@@ -32,6 +32,9 @@
 
 namespace kiln {
 
+// Made by to_csr. csr_linear and to_dense check the arrays' dtypes, lengths and device, and
+// trust their contents as to_csr writes them (row_start ascending from 0 to nnz, every column
+// index in [0, cols)).
 struct CsrMatrix {
     int64_t rows = 0, cols = 0, nnz = 0;
     Tensor values;     // f32 [nnz]: the nonzeros in row-major order

@@ -27,7 +27,9 @@
 //   - two partial sums per row (even and odd k, added at the end, so that an accumulator
 //     waits for the previous add only every other nonzero): no clear gain within the noise of
 //     this machine, and the terms in another order than the CUDA twin's; not taken.
-// Rows past N in the last panel are packed as zeros and their results never stored.
+// Rows past N in the last panel are packed as zeros and their results never stored; so a batch
+// of one uses 1 lane of 16, and would be served better by the dot-product loop above (one
+// kernel is kept: the chapter's layers run batches).
 //
 // Vectors are GCC's vector extensions (as in gemm.cpp's portable micro-kernel): 8 floats, which
 // the compiler maps to whatever the -march it was given offers (one AVX register, two SSE or
