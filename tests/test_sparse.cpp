@@ -26,6 +26,7 @@
 #include "fixtures.h"
 #include "nn/models.h"
 #include "nn/sparse_linear.h"
+#include "train/checkpoint.h"
 #include "ops/ops.h"
 #include "ops/sparse.h"
 
@@ -70,24 +71,23 @@ void require_within_sum_bound(const Tensor& got, const Tensor& want, const Tenso
 
 }  // namespace
 
+// The example of ops/sparse.h, written out:
 // W = [ 0  2  0  0 ]    values    = [2, 1, 3, 4]     x = [ 1  2  3  4 ]   b = [0.5, −1, 2]
-//     [ 0  0  0  0 ]    col_index = [1, 0, 3, 2]         [−1  0  1  2 ]
-//     [ 1  0  4  3 ]    row_start = [0, 1, 1, 4]
-// (row 2's nonzeros in column order: 1 at 0, 4 at 2, 3 at 3; so col_index = [1, 0, 2, 3] and
-// values = [2, 1, 4, 3].)
-//   y = x · Wᵀ + b = [ 2·2 + 0.5    0 − 1    1 + 12 + 12 + 2 ]  = [ 4.5  −1  27 ]
-//                    [ 0 + 0.5      0 − 1   −1 +  4 +  6 + 2 ]    [ 0.5  −1  11 ]
+//     [ 0  0  0  0 ]    col_index = [1, 0, 2, 3]         [−1  0  1  2 ]
+//     [ 1  0  3  4 ]    row_start = [0, 1, 1, 4]
+//   y = x · Wᵀ + b = [ 2·2 + 0.5    0 − 1    1 + 9 + 16 + 2 ]  = [ 4.5  −1  28 ]
+//                    [ 2·0 + 0.5    0 − 1   −1 + 3 +  8 + 2 ]    [ 0.5  −1  12 ]
 // bytes: 4·4 (values) + 4·4 (col_index) + 4·4 (row_start) = 48, against 4·12 = 48 dense: at
 // 67% sparsity a 3×4 matrix is break-even, the row_start term weighing on so small a matrix.
 TEST_CASE("to_csr of a 3x4 matrix gives the arrays written out by hand", "[lesson10][sparse][cpu]") {
     Tensor w = Tensor::zeros({3, 4});
     w.set({0, 1}, 2);
     w.set({2, 0}, 1);
-    w.set({2, 2}, 4);
-    w.set({2, 3}, 3);
+    w.set({2, 2}, 3);
+    w.set({2, 3}, 4);
     const CsrMatrix m = to_csr(w);
     REQUIRE((m.rows == 3 && m.cols == 4 && m.nnz == 4));
-    const std::vector<float> values{2, 1, 4, 3};
+    const std::vector<float> values{2, 1, 3, 4};
     const std::vector<int32_t> col_index{1, 0, 2, 3}, row_start{0, 1, 1, 4};
     for (int64_t k = 0; k < 4; k++) {
         CHECK(m.values.data<float>()[k] == values[size_t(k)]);
@@ -106,10 +106,10 @@ TEST_CASE("to_csr of a 3x4 matrix gives the arrays written out by hand", "[lesso
     b.set({1}, -1);
     b.set({2}, 2);
     const Tensor y = csr_linear(x, m, b);
-    const std::vector<double> want{4.5, -1, 27, 0.5, -1, 11};
+    const std::vector<double> want{4.5, -1, 28, 0.5, -1, 12};
     for (int64_t i = 0; i < 6; i++) CHECK(y.data<float>()[i] == want[size_t(i)]);
     const Tensor y_no_bias = csr_linear(x, m);
-    CHECK((y_no_bias.get({0, 0}) == 4 && y_no_bias.get({1, 1}) == 0 && y_no_bias.get({1, 2}) == 9));
+    CHECK((y_no_bias.get({0, 0}) == 4 && y_no_bias.get({1, 1}) == 0 && y_no_bias.get({1, 2}) == 10));
 }
 
 TEST_CASE("to_csr keeps every nonzero and drops exact zeros; to_dense undoes it", "[lesson10][sparse][cpu]") {
@@ -194,7 +194,8 @@ TEST_CASE("csr_linear and to_csr name the bad argument", "[lesson10][sparse][cpu
     REQUIRE_THROWS_WITH(csr_linear(Tensor::ones({2, 5}), m), Contains("csr_linear") && Contains("[N, 6]"));
     REQUIRE_THROWS_WITH(csr_linear(Tensor::ones({2, 6}, DType::F16), m), Contains("'x' should be f32"));
     REQUIRE_THROWS_WITH(csr_linear(x, m, Tensor::ones({5})), Contains("'bias' should have shape [4]"));
-    REQUIRE_THROWS_WITH(csr_linear(x.to(Device::CUDA), m), Contains("csr_linear") && Contains(".to(Device"));
+    REQUIRE_THROWS_WITH(csr_linear(x.to(Device::CUDA), m),
+                        Contains("csr_linear: 'w.values' is on cpu but 'x' is on cuda") && Contains("model.to"));
     REQUIRE_THROWS_WITH(csr_linear(x, m, Tensor::ones({4}).to(Device::CUDA)), Contains("different devices"));
     CsrMatrix broken = m;
     broken.nnz += 1;
@@ -255,13 +256,24 @@ TEST_CASE("a pruned MLP with SparseLinear layers predicts what the dense one doe
     REQUIRE(sparsify_linears(*model) == 0);
 }
 
+namespace {
+
+// fc1 6→4 (no zero in its weight), fc2 4→3 without bias, its W[1, 2] set to 0; seed picks W.
+std::unique_ptr<Sequential> two_linears(uint64_t seed) {
+    Rng rng(seed);
+    auto model = std::make_unique<Sequential>("net");
+    model->add("fc1", std::make_unique<Linear>(6, 4, rng));
+    model->add("fc2", std::make_unique<Linear>(4, 3, rng, false));
+    model->module_at("fc2").named_parameters()[0].second->value.set({1, 2}, 0.0);
+    return model;
+}
+
+}  // namespace
+
 TEST_CASE("SparseLinear leaves a Linear without zeros dense and says what a step allocates",
           "[lesson10][sparse][cpu]") {
-    Rng rng(23);
-    Sequential model("net");
-    model.add("fc1", std::make_unique<Linear>(6, 4, rng));
-    model.add("fc2", std::make_unique<Linear>(4, 3, rng, false));
-    model.module_at("fc2").named_parameters()[0].second->value.set({1, 2}, 0.0);
+    auto net = two_linears(23);
+    Sequential& model = *net;
     REQUIRE(sparsify_linears(model) == 1);
     REQUIRE(dynamic_cast<Linear*>(&model.module_at("fc1")) != nullptr);
     auto& fc2 = dynamic_cast<SparseLinear&>(model.module_at("fc2"));
@@ -279,6 +291,19 @@ TEST_CASE("SparseLinear leaves a Linear without zeros dense and says what a step
     REQUIRE(mem.buffers == std::vector<Shape>{Shape{11}, Shape{11}, Shape{4}});
     REQUIRE(!mem.keeps_input);
     REQUIRE_THROWS_WITH(fc2.forward(Tensor::ones({2, 5})), Contains("fc2: expected input [N, 4]"));
+
+    // A checkpoint of the sparse model (safetensors, i32 index arrays included) loads into a
+    // model sparsified from other weights with the same zeros, and makes it compute the same.
+    test::TempDir dir;
+    StateDict saved;
+    save_model(saved, model);
+    write_safetensors(dir.file("sparse.safetensors"), saved);
+    auto other = two_linears(29);
+    REQUIRE(sparsify_linears(*other) == 1);
+    const Tensor x = Tensor::ones({2, 6});
+    load_model(read_safetensors(dir.file("sparse.safetensors")), *other);
+    require_identical(other->call(x), model.call(x));
+
     model.to(Device::CUDA);
     REQUIRE_THROWS_WITH(fc2.forward(Tensor::ones({2, 4})), Contains("fc2") && Contains("model.to"));
 }

@@ -13,8 +13,9 @@
 //
 // It is for inference: its backward throws. It holds no Parameter — the CSR arrays and the
 // bias are buffers ("weight_values", "weight_col_index", "weight_row_start", "bias"), so
-// model.to(device) moves them and a checkpoint saves them; a checkpoint loads back into a model
-// sparsified from the same pruned weights (the same nonzero count per array).
+// model.to(device) moves them and save_model/load_model (train/checkpoint.h) save and load
+// them; loading checks each array's shape, so a checkpoint loads into a model sparsified from
+// weights with the same number of nonzeros in each layer.
 #pragma once
 #include <memory>
 

@@ -6,6 +6,7 @@
 #include <limits>
 #include <vector>
 
+#include "ops/check.h"  // Arg
 #include "ops/cpu/cpu_ops.h"
 #include "ops/cuda_ops.h"
 
@@ -50,25 +51,25 @@ CsrMatrix to_csr(const Tensor& dense) {
 
 namespace {
 
-// The three arrays are what the CsrMatrix says they are (dtypes, lengths) and all on `device`;
-// `op` names the caller in the message.
-void check_csr(const CsrMatrix& w, Device device, const char* op) {
+// The three arrays are what the CsrMatrix says they are (dtypes, lengths) and all on `device`,
+// the device of `where` ("x", or "w.values" itself); `op` names the caller in the message.
+void check_csr(const CsrMatrix& w, Device device, const char* where, const char* op) {
     check_dtype(w.values, DType::F32, op, "w.values");
     check_dtype(w.col_index, DType::I32, op, "w.col_index");
     check_dtype(w.row_start, DType::I32, op, "w.row_start");
     check_shape(w.values, Shape{w.nnz}, op, "w.values");
     check_shape(w.col_index, Shape{w.nnz}, op, "w.col_index");
     check_shape(w.row_start, Shape{w.rows + 1}, op, "w.row_start");
-    for (const Tensor* t : {&w.values, &w.col_index, &w.row_start})
-        KILN_CHECK(t->device() == device, op, ": the CSR weight's arrays are on ", device_name(t->device()),
-                   " but the input is on ", device_name(device), "; move the weight with .to(Device::...)",
-                   " (a SparseLinear with model.to(device))");
+    for (const Arg& a : {Arg{w.values, "w.values"}, Arg{w.col_index, "w.col_index"}, Arg{w.row_start, "w.row_start"}})
+        KILN_CHECK(a.t.device() == device, op, ": '", a.name, "' is on ", device_name(a.t.device()), " but '", where,
+                   "' is on ", device_name(device), "; move the weight with w.to(Device::...) (a SparseLinear with ",
+                   "model.to(device))");
 }
 
 }  // namespace
 
 Tensor to_dense(const CsrMatrix& w) {
-    check_csr(w, w.device(), "to_dense");
+    check_csr(w, w.device(), "w.values", "to_dense");
     const CsrMatrix h = w.to(Device::CPU);
     Tensor dense = Tensor::zeros({w.rows, w.cols});
     const float* v = h.values.data<float>();
@@ -86,7 +87,7 @@ Tensor csr_linear(const Tensor& x, const CsrMatrix& w, const Tensor& bias) {
     KILN_CHECK(x.ndim() == 2 && x.size(1) == w.cols, op, ": 'x' should be [N, ", w.cols, "] for a CSR weight [",
                w.rows, ", ", w.cols, "] but is ", x.desc(), " (a Flatten before it turns [N, C, H, W] into [N, C·H·W])");
     const Device d = x.device();
-    check_csr(w, d, op);
+    check_csr(w, d, "x", op);
     if (bias.defined()) {
         check_dtype(bias, DType::F32, op, "bias");
         check_shape(bias, Shape{w.rows}, op, "bias");

@@ -23,11 +23,13 @@
 //   - L = 24 or 32 (three or four vectors of accumulators): 1.5–3× slower;
 //   - yᵀ = W · xᵀ as AXPYs over the whole batch (yᵀ[o, :] += v · xᵀ[c, :]): 1.2–4× slower,
 //     y's row is read and written once per nonzero instead of held in registers;
-//   - no packing, one dot product per (n, o) that gathers x[n, col_index[k]]: 2–10× slower;
-//   - two partial sums per row (even and odd k, added at the end): up to 1.3× faster, since
-//     each accumulator waits for the previous add only every other nonzero, but it adds the
-//     terms in another order than the CUDA twin; not taken, for the simpler loop.
-// Rows past N in the last panel are packed as zeros and their results never stored.
+//   - no packing, one dot product per (n, o) that gathers x[n, col_index[k]]: 2–13× slower;
+//   - two partial sums per row (even and odd k, added at the end, so that an accumulator
+//     waits for the previous add only every other nonzero): no clear gain within the noise of
+//     this machine, and the terms in another order than the CUDA twin's; not taken.
+// Rows past N in the last panel are packed as zeros and their results never stored; so a batch
+// of one uses 1 lane of 16, and would be served better by the dot-product loop above (one
+// kernel is kept: the chapter's layers run batches).
 //
 // Vectors are GCC's vector extensions (as in gemm.cpp's portable micro-kernel): 8 floats, which
 // the compiler maps to whatever the -march it was given offers (one AVX register, two SSE or
@@ -42,7 +44,7 @@
 // output is computed by one thread, its terms in k's order: the same bits on any thread count.
 #include <algorithm>
 #include <cstring>
-#include <vector>
+#include <memory>
 
 #include "ops/cpu/cpu_ops.h"
 
@@ -87,17 +89,17 @@ void panel_rows(const float* panel, const float* values, const int32_t* col_inde
 void csr_linear(const float* x, const float* values, const int32_t* col_index, const int32_t* row_start,
                 const float* bias, float* y, int64_t N, int64_t in, int64_t out) {
     const int64_t panels = (N + L - 1) / L, row_blocks = (out + kRowBlock - 1) / kRowBlock;
-    std::vector<float> packed(size_t(panels * in * L));  // [panels][in][L]
+    const std::unique_ptr<float[]> packed(new float[size_t(panels * in * L)]);  // [panels][in][L], all written by pack_panel
     const bool parallel = N * (row_start[out] + in) >= kParallelMin;
 #pragma omp parallel if (parallel)
     {
 #pragma omp for schedule(static)
         for (int64_t p = 0; p < panels; p++)
-            pack_panel(x + p * L * in, packed.data() + p * in * L, std::min(L, N - p * L), in);
+            pack_panel(x + p * L * in, packed.get() + p * in * L, std::min(L, N - p * L), in);
 #pragma omp for collapse(2) schedule(static)
         for (int64_t p = 0; p < panels; p++)
             for (int64_t r = 0; r < row_blocks; r++)
-                panel_rows(packed.data() + p * in * L, values, col_index, row_start, bias, y + p * L * out,
+                panel_rows(packed.get() + p * in * L, values, col_index, row_start, bias, y + p * L * out,
                            std::min(L, N - p * L), r * kRowBlock, std::min(out, (r + 1) * kRowBlock), out);
     }
 }
