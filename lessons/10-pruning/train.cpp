@@ -307,7 +307,7 @@ int main(int argc, char** argv) try {
     cli.add("--model", &model, "mlp (LeNet-300-100), lenet (chapter 03's) or cifar (chapter 06's net)");
     cli.add("--rounds", &rounds, "MNIST: prune-and-fine-tune rounds");
     cli.add("--sparsity", &final_sparsity, "MNIST: the weights' sparsity after the last round");
-    cli.add("--finetune-epochs", &finetune_epochs, "MNIST: epochs of fine-tuning after each pruning");
+    cli.add("--finetune-epochs", &finetune_epochs, "epochs of fine-tuning: after each pruning round (MNIST), after the cut (CIFAR, 10)");
     cli.add("--channels", &channels, "CIFAR: the fraction of every conv's output channels to remove");
     cli.add("--from", &from, "CIFAR: the trained dense net, a lesson-06 checkpoint (else it is trained here)");
     if (asks_for_cifar(argc, argv)) {  // chapter 06's settings, before the command line may change them
