@@ -50,26 +50,25 @@ struct Round {
     double sparsity, acc_pruned, acc_tuned;
 };
 
-// pruning.svg: accuracy against sparsity — right after each pruning (how much the cut costs)
-// and after fine-tuning (how much of it training wins back) — with the dense net's accuracy
-// as a dashed line.
+// pruning.svg: accuracy against sparsity as a saw — each pruning drops it (red), each
+// fine-tuning wins it back (blue) — with the dense net's accuracy as a dashed line.
 void save_pruning_plot(const std::vector<Round>& rounds, double dense_acc, const std::string& path) {
-    std::vector<double> s{0.0}, pruned{100 * dense_acc}, tuned{100 * dense_acc};
-    double lo = 100 * dense_acc, hi = lo;
+    std::vector<double> s{0.0}, acc{100 * dense_acc};
     for (const Round& r : rounds) {
-        s.push_back(100 * r.sparsity);
-        pruned.push_back(100 * r.acc_pruned);
-        tuned.push_back(100 * r.acc_tuned);
-        lo = std::min({lo, 100 * r.acc_pruned, 100 * r.acc_tuned});
-        hi = std::max({hi, 100 * r.acc_pruned, 100 * r.acc_tuned});
+        s.insert(s.end(), {100 * r.sparsity, 100 * r.sparsity});
+        acc.insert(acc.end(), {100 * r.acc_pruned, 100 * r.acc_tuned});
     }
+    const auto [lo, hi] = std::minmax_element(acc.begin(), acc.end());
     Svg svg(640, 380);
-    Plot plot(svg, {70, 40, 540, 280}, {0, 100}, {lo - 0.2, hi + 0.2});
+    Plot plot(svg, {70, 40, 540, 280}, {0, 100}, {*lo - 0.2, *hi + 0.2});
     plot.axes("sparsity of the weights (%)", "test accuracy (%)");
     svg.line(plot.at(0, 100 * dense_acc), plot.at(100, 100 * dense_acc), "#888888", 1, true);
-    svg.polyline(plot.points(s, pruned), "#d62728", 2);
-    svg.polyline(plot.points(s, tuned), "#1f77b4", 2);
-    plot.legend({{"after pruning", "#d62728"}, {"after fine-tuning", "#1f77b4"}, {"dense", "#888888"}});
+    svg.polyline(plot.points(s, acc), "#555555", 1.5);
+    for (size_t i = 1; i < s.size(); i++) {  // odd points: after pruning; even: after fine-tuning
+        const Point p = plot.at(s[i], acc[i]);
+        svg.rect({p.x - 3, p.y - 3, 6, 6}, i % 2 ? "#d62728" : "#1f77b4");
+    }
+    svg.legend({85, 250}, {{"after pruning", "#d62728"}, {"after fine-tuning", "#1f77b4"}, {"dense", "#888888"}});
     svg.text({320, 22}, "accuracy against sparsity: prune, fine-tune, repeat", 14, Anchor::Middle);
     svg.save(path);
     std::printf("wrote %s\n", path.c_str());
