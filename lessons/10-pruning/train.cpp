@@ -15,7 +15,7 @@
 // CIFAR-10 (Li et al. 2017): start from chapter 06's trained net (--from a checkpoint of
 // lesson-06 or lesson-09, or train it here), prune --channels of every conv's output channels
 // by the L1 norm of their filters (ln_structured), cut them out (remove_channels), and
-// fine-tune the smaller net --finetune-epochs.
+// fine-tune the smaller net --finetune-epochs (16) with chapter 07's one-cycle schedule.
 //
 // Next to run.json and curves.svg (of the training fit logs: MNIST's dense training, CIFAR's
 // fine-tuning) in --save DIR or runs/lesson-10/:
@@ -34,6 +34,7 @@
 #include "nn/sparse_linear.h"     // defines: SparseLinear, sparsify_linears
 #include "nn/surgery.h"           // defines: remove_channels
 #include "optim/optimizer.h"      // defines: SGD
+#include "optim/scheduler.h"      // defines: OneCycleLR
 #include "train/checkpoint.h"     // defines: read_safetensors, load_model
 #include "train/cli.h"            // defines: Cli, CommonFlags
 #include "train/evaluate.h"       // defines: evaluate
@@ -273,10 +274,17 @@ int run_cifar(CommonFlags& flags, const std::string& from, float fraction, int f
                 (long long)model.num_parameters(), double(dense_params) / double(model.num_parameters()),
                 100 * cut.acc, cut.images_per_second, cut.images_per_second / dense.images_per_second);
 
-    CommonFlags tune = flags;  // fine-tuning: chapter 06's schedule over --finetune-epochs
-    tune.epochs = finetune_epochs;
-    SGD sgd(model.parameters(), flags.lr, nesterov);  // a new optimizer: the layers are new
-    const double tuned = fit(model, sgd, cifar.train, cifar.test, tune, &arena);
+    // Fine-tuning with chapter 07's one-cycle schedule (up to lr 0.1 and down again, stepped
+    // after every batch), with a new optimizer: the layers are new.
+    SGD sgd(model.parameters(), flags.lr, nesterov);
+    OneCycleLR one_cycle(sgd, 0.1, finetune_epochs * cifar.train.num_batches());
+    TrainOptions opt;
+    opt.epochs = finetune_epochs;
+    opt.scheduler = &one_cycle;
+    opt.per_batch = true;
+    opt.arena = &arena;
+    opt.run = run_info(flags);  // run.json and curves.svg of the fine-tuning
+    const double tuned = fit(model, sgd, cifar.train, cifar.test, opt);
     std::printf("dense %.2f%% -> %.0f%% of the channels removed and fine-tuned %.2f%% (%+.2f points)\n",
                 100 * dense.acc, 100.0 * fraction, 100 * tuned, 100 * (tuned - dense.acc));
     report(device, tuned, start);
@@ -299,20 +307,20 @@ int main(int argc, char** argv) try {
     flags.epochs = 10;
     flags.lr = 0.05f;
     std::string model = "mlp", from;
-    int rounds = 6, finetune_epochs = 2;
+    int rounds = 6, finetune_epochs = 4;
     float final_sparsity = 0.92f, channels = 0.5f;
     Cli cli("lesson-10", "Prunes a network with masks, fine-tunes it, and measures what pruning saves.");
     flags.add_to(cli);
     cli.add("--model", &model, "mlp (LeNet-300-100), lenet (chapter 03's) or cifar (chapter 06's net)");
     cli.add("--rounds", &rounds, "MNIST: prune-and-fine-tune rounds");
     cli.add("--sparsity", &final_sparsity, "MNIST: the weights' sparsity after the last round");
-    cli.add("--finetune-epochs", &finetune_epochs, "epochs of fine-tuning: after each pruning round (MNIST), after the cut (CIFAR, 10)");
+    cli.add("--finetune-epochs", &finetune_epochs, "epochs of fine-tuning: after each pruning round (MNIST), after the cut (CIFAR, 16)");
     cli.add("--channels", &channels, "CIFAR: the fraction of every conv's output channels to remove");
     cli.add("--from", &from, "CIFAR: the trained dense net, a lesson-06 checkpoint (else it is trained here)");
     if (asks_for_cifar(argc, argv)) {  // chapter 06's settings, before the command line may change them
         flags.batch_size = 128;
         flags.data = "data/cifar10";
-        finetune_epochs = 10;
+        finetune_epochs = 16;
     }
     cli.parse(argc, argv);
     KILN_CHECK(model == "mlp" || model == "lenet" || model == "cifar", "--model ", model, ": mlp, lenet or cifar");
