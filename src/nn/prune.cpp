@@ -245,15 +245,21 @@ bool is_pruned(Module& m) {
     return false;
 }
 
+static const std::string kMaskSuffix = "_mask";
+
+bool is_mask_name(const std::string& key) {
+    return key.size() > kMaskSuffix.size() &&
+           key.compare(key.size() - kMaskSuffix.size(), kMaskSuffix.size(), kMaskSuffix) == 0;
+}
+
 // "block1a.conv.weight_mask" -> module "block1a.conv", parameter "weight"
 void prune_like(const StateDict& state, Module& model) {
-    const std::string suffix = "_mask";
     for (const auto& [key, t] : state.tensors) {
-        if (key.size() <= suffix.size() || key.compare(key.size() - suffix.size(), suffix.size(), suffix) != 0) continue;
+        if (!is_mask_name(key)) continue;
         const size_t dot = key.rfind('.');
         Module& m = dot == std::string::npos ? model : model.module_at(key.substr(0, dot));
         const std::string local = key.substr(dot == std::string::npos ? 0 : dot + 1);
-        const std::string name = local.substr(0, local.size() - suffix.size());
+        const std::string name = local.substr(0, local.size() - kMaskSuffix.size());
         if (m.own_parameter(name) != nullptr) identity(m, name);  // not pruned yet
     }
 }

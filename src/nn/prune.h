@@ -93,6 +93,9 @@ std::vector<std::pair<Module*, std::string>> prunable_weights(Module& model);
 // Is any parameter of m or below it pruned?
 bool is_pruned(Module& m);
 
+// Is `key` a pruned parameter's mask ("block1a.conv.weight_mask")?
+bool is_mask_name(const std::string& key);
+
 // Prunes each parameter `state` has a "<name>_mask" for with a mask of ones, so that
 // load_model / load_checkpoint find weight_orig and weight_mask where the checkpoint has them.
 void prune_like(const StateDict& state, Module& model);

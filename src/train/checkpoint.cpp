@@ -15,6 +15,7 @@
 
 #include "core/error.h"
 #include "data/archive.h"
+#include "nn/prune.h"  // is_mask_name: a pruned model's checkpoint
 
 // The data section is the tensors' bytes as they lie in memory: that is little-endian only on a
 // little-endian machine (x86, ARM as Linux runs it).
@@ -528,10 +529,8 @@ void load_model(const StateDict& state, Module& model) {
     const std::vector<std::pair<std::string, Tensor*>> tensors = model_tensors(model);
     std::set<std::string> names;
     for (auto& [name, t] : tensors) names.insert(name);
-    const std::string mask = "_mask";  // a pruned layer's buffer (nn/prune.h)
     for (const auto& [name, t] : state.tensors)
-        KILN_CHECK(names.count(name) || name.size() <= mask.size() ||
-                       name.compare(name.size() - mask.size(), mask.size(), mask) != 0,
+        KILN_CHECK(names.count(name) || !prune::is_mask_name(name),
                    "load_model: the checkpoint holds a pruned model (it has \"", name, "\") and this model is not "
                    "pruned there: call prune::prune_like(state, model) first (nn/prune.h) to prune it the same way");
     for (auto& [name, t] : tensors) state.get_into(name, *t);
