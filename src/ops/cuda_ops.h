@@ -11,6 +11,7 @@
 #include "ops/cpu/cpu_ops.h"  // the instantiation lists both twins use (KILN_ELEMENTWISE, ...)
 #include "ops/optim.h"   // AdamParams: shared with the CPU
 #include "ops/params.h"  // Conv2dParams, Pool2dParams, BatchNormParams, ConvAlgo
+#include "ops/cpu/quant_ops.h"  // QOutput: shared with the CPU
 
 namespace kiln::cuda {
 
@@ -128,5 +129,33 @@ void dropout_backward(const T* dy, const uint8_t* mask, T* dx, int64_t n, float 
 // terms of each output added in the same order.
 void csr_linear(const float* x, const float* values, const int32_t* col_index, const int32_t* row_start,
                 const float* bias, float* y, int64_t N, int64_t in, int64_t out);
+
+// ---- int8 inference and fake quantization (quant.cu; chapter 11) --------------------------------
+// The twins of ops/cpu/quant_ops.h (which has the formulas): the same integers, bit for bit.
+// QOutput's pointers, scale and zero_point arrays are device memory.
+template <typename Q>
+void quantize(const float* x, Q* q, int64_t n, float scale, int32_t zero_point, int32_t qmin, int32_t qmax);
+template <typename Q>
+void dequantize(const Q* q, float* x, int64_t n, float scale, int32_t zero_point);
+template <typename Q>
+void quantize_per_channel(const float* x, Q* q, int64_t outer, int64_t C, int64_t inner, const float* scale,
+                          const int32_t* zero_point, int32_t qmin, int32_t qmax);
+template <typename Q>
+void dequantize_per_channel(const Q* q, float* x, int64_t outer, int64_t C, int64_t inner, const float* scale,
+                            const int32_t* zero_point);
+void qgemm_u8s8(int64_t M, int64_t N, int64_t K, const uint8_t* A, int64_t lda, const int8_t* B, int64_t ldb,
+                int32_t* C, int64_t ldc, int32_t a_max);
+void requantize_rows(const int32_t* acc, uint8_t* y, int64_t M, int64_t O, const QOutput& out);
+void qlinear(const uint8_t* x, const int8_t* w, uint8_t* y, int64_t N, int64_t K, int64_t O, int32_t x_max,
+             const QOutput& out, int32_t* work);
+int64_t qconv2d_work_bytes(const Conv2dParams& p);
+void qconv2d(const uint8_t* x, const int8_t* w, uint8_t* y, const Conv2dParams& p, int32_t x_zero_point,
+             int32_t x_max, const QOutput& out, uint8_t* work);
+void qmaxpool2d(const uint8_t* x, uint8_t* y, const Pool2dParams& p);
+void lookup_u8(const uint8_t* x, uint8_t* y, int64_t outer, int64_t C, int64_t inner, const uint8_t* table);
+void fake_quantize_forward(const float* x, float* y, int64_t outer, int64_t C, int64_t inner, const float* scale,
+                           const int32_t* zero_point, int32_t qmin, int32_t qmax);
+void fake_quantize_backward(const float* x, const float* dy, float* dx, int64_t outer, int64_t C, int64_t inner,
+                            const float* scale, const int32_t* zero_point, int32_t qmin, int32_t qmax);
 
 }  // namespace kiln::cuda

@@ -1,0 +1,190 @@
+// quant.cpp — the CPU kernels of chapter 11 (declared, with their formulas, in quant_ops.h):
+// quantize and dequantize, requantization, the int8 Linear and convolution, u8 max pooling,
+// table lookups, and fake quantization for quantization-aware training. The int8 matrix
+// product itself, with its SIMD paths, is in qgemm.cpp.
+#include <algorithm>
+
+#include "ops/cpu/quant_ops.h"
+
+namespace kiln::cpu {
+
+// ==== quantize / dequantize =====================================================================
+template <typename Q>
+void quantize(const float* x, Q* q, int64_t n, float scale, int32_t zero_point, int32_t qmin, int32_t qmax) {
+    quantize_per_channel(x, q, 1, 1, n, &scale, &zero_point, qmin, qmax);
+}
+
+template <typename Q>
+void dequantize(const Q* q, float* x, int64_t n, float scale, int32_t zero_point) {
+    dequantize_per_channel(q, x, 1, 1, n, &scale, &zero_point);
+}
+
+template <typename Q>
+void quantize_per_channel(const float* x, Q* q, int64_t outer, int64_t C, int64_t inner, const float* scale,
+                          const int32_t* zero_point, int32_t qmin, int32_t qmax) {
+#pragma omp parallel for collapse(2) schedule(static)
+    for (int64_t o = 0; o < outer; o++)
+        for (int64_t c = 0; c < C; c++) {
+            const float inv = 1.0f / scale[c];
+            const int64_t base = (o * C + c) * inner;
+            for (int64_t i = 0; i < inner; i++)
+                q[base + i] = Q(quantize_value(x[base + i], inv, zero_point[c], qmin, qmax));
+        }
+}
+
+template <typename Q>
+void dequantize_per_channel(const Q* q, float* x, int64_t outer, int64_t C, int64_t inner, const float* scale,
+                            const int32_t* zero_point) {
+#pragma omp parallel for collapse(2) schedule(static)
+    for (int64_t o = 0; o < outer; o++)
+        for (int64_t c = 0; c < C; c++) {
+            const int64_t base = (o * C + c) * inner;
+            for (int64_t i = 0; i < inner; i++) x[base + i] = dequantize_value(q[base + i], scale[c], zero_point[c]);
+        }
+}
+
+#define KILN_QUANTIZE(Q)                                                                                      \
+    template void quantize<Q>(const float*, Q*, int64_t, float, int32_t, int32_t, int32_t);                   \
+    template void dequantize<Q>(const Q*, float*, int64_t, float, int32_t);                                   \
+    template void quantize_per_channel<Q>(const float*, Q*, int64_t, int64_t, int64_t, const float*,          \
+                                          const int32_t*, int32_t, int32_t);                                  \
+    template void dequantize_per_channel<Q>(const Q*, float*, int64_t, int64_t, int64_t, const float*,        \
+                                            const int32_t*);
+KILN_QUANTIZE(uint8_t)
+KILN_QUANTIZE(int8_t)
+#undef KILN_QUANTIZE
+
+// ==== the reference product ======================================================================
+void qgemm_u8s8_reference(int64_t M, int64_t N, int64_t K, const uint8_t* A, int64_t lda, const int8_t* B,
+                          int64_t ldb, int32_t* C, int64_t ldc) {
+    for (int64_t m = 0; m < M; m++)
+        for (int64_t n = 0; n < N; n++) {
+            int32_t acc = 0;
+            for (int64_t k = 0; k < K; k++) acc += int32_t(A[m * lda + k]) * int32_t(B[n * ldb + k]);
+            C[m * ldc + n] = acc;
+        }
+}
+
+// ==== requantization and the int8 Linear =========================================================
+void requantize_rows(const int32_t* acc, uint8_t* y, int64_t M, int64_t O, const QOutput& out) {
+#pragma omp parallel for schedule(static)
+    for (int64_t m = 0; m < M; m++)
+        for (int64_t o = 0; o < O; o++)
+            y[m * O + o] = requantize_value(acc[m * O + o] + out.bias[o], out.requant[o], out.zero_point, out.lo, out.hi);
+}
+
+void qlinear(const uint8_t* x, const int8_t* w, uint8_t* y, int64_t N, int64_t K, int64_t O, int32_t x_max,
+             const QOutput& out, int32_t* work) {
+    qgemm_u8s8(N, O, K, x, K, w, K, work, O, x_max);
+    requantize_rows(work, y, N, O, out);
+}
+
+// ==== the int8 convolution ========================================================================
+// One image at a time, as a matrix product whose operands are both read along k:
+//   rows [P·Q, C·KH·KW] u8: rows[p·Q + q][(c·KH + kh)·KW + kw] = x[c][ih][iw]  (z_x in the padding)
+//   acc  [P·Q, O]  int32  = rows · wᵀ                      (qgemm_u8s8, w [O, C·KH·KW] as stored)
+//   y[o][p·Q + q] = requantize(acc[p·Q + q][o] + bias[o])  (the transpose back to [O, P, Q])
+// rows is im2col's matrix transposed ("im2row"): one output pixel's receptive field per row.
+namespace {
+
+void im2row_u8(const uint8_t* x, const Conv2dParams& p, uint8_t pad, uint8_t* rows) {
+    const int64_t P = p.P(), Q = p.Q(), K = p.C * p.KH * p.KW;
+#pragma omp parallel for collapse(2) schedule(static)
+    for (int64_t op = 0; op < P; op++)
+        for (int64_t oq = 0; oq < Q; oq++) {
+            uint8_t* row = rows + (op * Q + oq) * K;
+            for (int64_t c = 0; c < p.C; c++)
+                for (int64_t kh = 0; kh < p.KH; kh++)
+                    for (int64_t kw = 0; kw < p.KW; kw++) {
+                        const int64_t ih = op * p.stride - p.padding + kh * p.dilation;
+                        const int64_t iw = oq * p.stride - p.padding + kw * p.dilation;
+                        const bool inside = ih >= 0 && ih < p.H && iw >= 0 && iw < p.W;
+                        row[(c * p.KH + kh) * p.KW + kw] = inside ? x[(c * p.H + ih) * p.W + iw] : pad;
+                    }
+        }
+}
+
+}  // namespace
+
+int64_t qconv2d_work_bytes(const Conv2dParams& p) {
+    const int64_t PQ = p.P() * p.Q(), K = p.C * p.KH * p.KW;
+    const int64_t rows = (PQ * K + 3) / 4 * 4;  // the int32 accumulators that follow stay aligned
+    return rows + PQ * p.O * int64_t(sizeof(int32_t));
+}
+
+void qconv2d(const uint8_t* x, const int8_t* w, uint8_t* y, const Conv2dParams& p, int32_t x_zero_point,
+             int32_t x_max, const QOutput& out, uint8_t* work) {
+    check_conv2d_params(p, "qconv2d");
+    const int64_t PQ = p.P() * p.Q(), K = p.C * p.KH * p.KW, O = p.O;
+    uint8_t* rows = work;
+    int32_t* acc = reinterpret_cast<int32_t*>(work + (PQ * K + 3) / 4 * 4);
+    for (int64_t n = 0; n < p.N; n++) {
+        im2row_u8(x + n * p.C * p.H * p.W, p, uint8_t(x_zero_point), rows);
+        qgemm_u8s8(PQ, O, K, rows, K, w, K, acc, O, x_max);
+        uint8_t* yn = y + n * O * PQ;
+#pragma omp parallel for schedule(static)
+        for (int64_t o = 0; o < O; o++)
+            for (int64_t i = 0; i < PQ; i++)
+                yn[o * PQ + i] = requantize_value(acc[i * O + o] + out.bias[o], out.requant[o], out.zero_point, out.lo, out.hi);
+    }
+}
+
+// ==== pooling and tables ==========================================================================
+void qmaxpool2d(const uint8_t* x, uint8_t* y, const Pool2dParams& p) {
+    const int64_t P = p.P(), Q = p.Q();
+#pragma omp parallel for schedule(static)
+    for (int64_t plane = 0; plane < p.N * p.C; plane++) {
+        const uint8_t* xp = x + plane * p.H * p.W;
+        for (int64_t op = 0; op < P; op++)
+            for (int64_t oq = 0; oq < Q; oq++) {
+                uint8_t m = 0;
+                for (int64_t kh = 0; kh < p.KH; kh++)
+                    for (int64_t kw = 0; kw < p.KW; kw++) {
+                        const int64_t ih = op * p.stride - p.padding + kh, iw = oq * p.stride - p.padding + kw;
+                        if (ih >= 0 && ih < p.H && iw >= 0 && iw < p.W) m = std::max(m, xp[ih * p.W + iw]);
+                    }
+                y[(plane * P + op) * Q + oq] = m;
+            }
+    }
+}
+
+void lookup_u8(const uint8_t* x, uint8_t* y, int64_t outer, int64_t C, int64_t inner, const uint8_t* table) {
+#pragma omp parallel for collapse(2) schedule(static)
+    for (int64_t o = 0; o < outer; o++)
+        for (int64_t c = 0; c < C; c++) {
+            const uint8_t* t = table + c * 256;
+            const int64_t base = (o * C + c) * inner;
+            for (int64_t i = 0; i < inner; i++) y[base + i] = t[x[base + i]];
+        }
+}
+
+// ==== fake quantization ============================================================================
+void fake_quantize_forward(const float* x, float* y, int64_t outer, int64_t C, int64_t inner, const float* scale,
+                           const int32_t* zero_point, int32_t qmin, int32_t qmax) {
+#pragma omp parallel for collapse(2) schedule(static)
+    for (int64_t o = 0; o < outer; o++)
+        for (int64_t c = 0; c < C; c++) {
+            const float inv = 1.0f / scale[c];
+            const int64_t base = (o * C + c) * inner;
+            for (int64_t i = 0; i < inner; i++) {
+                const int32_t q = quantize_value(x[base + i], inv, zero_point[c], qmin, qmax);
+                y[base + i] = dequantize_value(q, scale[c], zero_point[c]);
+            }
+        }
+}
+
+void fake_quantize_backward(const float* x, const float* dy, float* dx, int64_t outer, int64_t C, int64_t inner,
+                            const float* scale, const int32_t* zero_point, int32_t qmin, int32_t qmax) {
+#pragma omp parallel for collapse(2) schedule(static)
+    for (int64_t o = 0; o < outer; o++)
+        for (int64_t c = 0; c < C; c++) {
+            const float inv = 1.0f / scale[c];
+            const int64_t base = (o * C + c) * inner;
+            for (int64_t i = 0; i < inner; i++) {
+                const float q = rintf(x[base + i] * inv) + float(zero_point[c]);
+                dx[base + i] = q >= float(qmin) && q <= float(qmax) ? dy[base + i] : 0.0f;
+            }
+        }
+}
+
+}  // namespace kiln::cpu

@@ -1,0 +1,98 @@
+// quant_ops.h — the CPU kernels of int8 inference and of quantization-aware training, on raw
+// pointers (chapter 11). The arithmetic (quantize_value, requantize_value, Requant) is in
+// quant/qparams.h; the Tensor-level ops that check shapes and pick CPU or CUDA are in ops/quant.h.
+//
+// Each function has a twin with the same name and arguments in cuda/quant.cu (declared in
+// ops/cuda_ops.h). Integer kernels give exactly the same integers on both backends and for
+// every thread count and CPU path: integer sums do not depend on their order.
+//
+// Types: activations u8 (asymmetric, zero point z_x), weights i8 (symmetric, zero point 0),
+// accumulators int32. Letters as in ops/params.h (N, C, H, W, O, KH, KW, P, Q).
+#pragma once
+#include <cstdint>
+
+#include "ops/params.h"
+#include "quant/qparams.h"
+
+namespace kiln::cpu {
+
+// ==== quantize / dequantize (quant/qparams.h has the formulas) ==================================
+// Per tensor: x f32 [n] <-> q [n], Q = uint8_t or int8_t.
+template <typename Q>
+void quantize(const float* x, Q* q, int64_t n, float scale, int32_t zero_point, int32_t qmin, int32_t qmax);
+template <typename Q>
+void dequantize(const Q* q, float* x, int64_t n, float scale, int32_t zero_point);
+// Per channel: x viewed as [outer, C, inner], channel c with scale[c] and zero_point[c] (a
+// conv weight [O, C, KH, KW] along dim 0: outer = 1, C = O, inner = C·KH·KW).
+template <typename Q>
+void quantize_per_channel(const float* x, Q* q, int64_t outer, int64_t C, int64_t inner, const float* scale,
+                          const int32_t* zero_point, int32_t qmin, int32_t qmax);
+template <typename Q>
+void dequantize_per_channel(const Q* q, float* x, int64_t outer, int64_t C, int64_t inner, const float* scale,
+                            const int32_t* zero_point);
+
+// ==== int8 matrix product ========================================================================
+// C[m, n] = Σ_k A[m, k] · B[n, k]        A u8 [M, K] (row stride lda), B i8 [N, K] (row stride ldb),
+//                                        C int32 [M, N] (row stride ldc), overwritten
+// Both operands are read along k (B is a Linear's weight [out, in] as stored). Exact: no
+// rounding, no overflow while K·255·128 < 2^31 (K < 65793). a_max is the largest value A may
+// hold (255, or 127 for reduce_range): a fast path whose 16-bit pair sums would saturate on
+// larger values is taken only when a_max ≤ 127 (ops/cpu/qgemm.cpp).
+void qgemm_u8s8(int64_t M, int64_t N, int64_t K, const uint8_t* A, int64_t lda, const int8_t* B, int64_t ldb,
+                int32_t* C, int64_t ldc, int32_t a_max);
+// The triple loop qgemm_u8s8 is tested against (tests only).
+void qgemm_u8s8_reference(int64_t M, int64_t N, int64_t K, const uint8_t* A, int64_t lda, const int8_t* B,
+                          int64_t ldb, int32_t* C, int64_t ldc);
+
+// ==== from int32 accumulators to the next layer's u8 =============================================
+// Per output channel o: bias[o] (int32: round(b / (s_x·s_w[o])) − z_x·Σ_k w[o, k]) and the
+// multiplier requant[o] = s_x·s_w[o] / s_y in fixed point; one zero point z_y and a clamp range
+// [lo, hi] ⊆ [0, 255] for the output (lo = z_y when a ReLU is fused: max(0, y) in u8 is
+// max(z_y, q)). Pointers are on the kernel's device.
+struct QOutput {
+    const int32_t* bias = nullptr;     // [O]
+    const Requant* requant = nullptr;  // [O]
+    int32_t zero_point = 0;
+    int32_t lo = 0, hi = 255;
+};
+
+// Rows of M accumulators, channels along the row (a Linear's output [N, O]):
+//   y[m, o] = clamp(z_y + round((acc[m, o] + bias[o]) · M_o), lo, hi)
+void requantize_rows(const int32_t* acc, uint8_t* y, int64_t M, int64_t O, const QOutput& out);
+
+// ==== int8 layers ===============================================================================
+// y [N, O] u8 = requantize(x [N, K] u8 · w [O, K]ᵀ i8): a quantized Linear.
+// work: N·O int32 of workspace (the accumulators).
+void qlinear(const uint8_t* x, const int8_t* w, uint8_t* y, int64_t N, int64_t K, int64_t O, int32_t x_max,
+             const QOutput& out, int32_t* work);
+
+// y [N, O, P, Q] u8 = requantize(conv(x [N, C, H, W] u8, w [O, C/G, KH, KW] i8)), groups = 1:
+// padding reads as z_x (the u8 of the real value 0), so the zero-point correction in bias holds
+// at the borders too.
+// work: qconv2d_work_bytes(p) bytes of workspace.
+int64_t qconv2d_work_bytes(const Conv2dParams& p);
+void qconv2d(const uint8_t* x, const int8_t* w, uint8_t* y, const Conv2dParams& p, int32_t x_zero_point,
+             int32_t x_max, const QOutput& out, uint8_t* work);
+
+// Max pooling on u8 (padding never wins): the max of quantized values is the quantized max,
+// since q ↦ s·(q − z) is increasing; y keeps x's scale and zero point.
+void qmaxpool2d(const uint8_t* x, uint8_t* y, const Pool2dParams& p);
+
+// Any function of one value, as a table: y[i] = table[c][x[i]], x viewed as [outer, C, inner]
+// and table [C, 256] (C = 1: one table for the whole tensor). A unary op (GELU, ReLU, a batch
+// norm's per-channel affine, or both) on u8 in and u8 out has only 256 possible inputs per
+// channel, so its table is computed once (quant/qmodel.cpp) and applied with one load per value.
+void lookup_u8(const uint8_t* x, uint8_t* y, int64_t outer, int64_t C, int64_t inner, const uint8_t* table);
+
+// ==== fake quantization (quantization-aware training) ===========================================
+// Forward: y = (clamp(round(x / s) + z, qmin, qmax) − z) · s, i.e. dequantize(quantize(x)), in f32.
+// Backward (straight-through estimator, as PyTorch's fake_quantize_*_affine): the rounding is
+// treated as the identity, the clamp is not:
+//   dx = dy where qmin ≤ round(x / s) + z ≤ qmax, 0 elsewhere.
+// Per channel with x viewed as [outer, C, inner] and scale[c], zero_point[c]; per tensor: C = 1.
+void fake_quantize_forward(const float* x, float* y, int64_t outer, int64_t C, int64_t inner, const float* scale,
+                           const int32_t* zero_point, int32_t qmin, int32_t qmax);
+void fake_quantize_backward(const float* x, const float* dy, float* dx, int64_t outer, int64_t C, int64_t inner,
+                            const float* scale, const int32_t* zero_point, int32_t qmin, int32_t qmax);
+
+}  // namespace kiln::cpu
