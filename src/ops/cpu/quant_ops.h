@@ -14,6 +14,22 @@
 #include "ops/params.h"
 #include "quant/qparams.h"
 
+namespace kiln {
+
+// ==== from int32 accumulators to the next layer's u8 (both backends) =============================
+// Per output channel o: bias[o] (int32: round(b / (s_x·s_w[o])) − z_x·Σ_k w[o, k]) and the
+// multiplier requant[o] = s_x·s_w[o] / s_y in fixed point; one zero point z_y and a clamp range
+// [lo, hi] ⊆ [0, 255] for the output (lo = z_y when a ReLU is fused: max(0, y) in u8 is
+// max(z_y, q)). Pointers are on the kernel's device.
+struct QOutput {
+    const int32_t* bias = nullptr;     // [O]
+    const Requant* requant = nullptr;  // [O]
+    int32_t zero_point = 0;
+    int32_t lo = 0, hi = 255;
+};
+
+}  // namespace kiln
+
 namespace kiln::cpu {
 
 // ==== quantize / dequantize (quant/qparams.h has the formulas) ==================================
@@ -44,18 +60,7 @@ void qgemm_u8s8(int64_t M, int64_t N, int64_t K, const uint8_t* A, int64_t lda, 
 void qgemm_u8s8_reference(int64_t M, int64_t N, int64_t K, const uint8_t* A, int64_t lda, const int8_t* B,
                           int64_t ldb, int32_t* C, int64_t ldc);
 
-// ==== from int32 accumulators to the next layer's u8 =============================================
-// Per output channel o: bias[o] (int32: round(b / (s_x·s_w[o])) − z_x·Σ_k w[o, k]) and the
-// multiplier requant[o] = s_x·s_w[o] / s_y in fixed point; one zero point z_y and a clamp range
-// [lo, hi] ⊆ [0, 255] for the output (lo = z_y when a ReLU is fused: max(0, y) in u8 is
-// max(z_y, q)). Pointers are on the kernel's device.
-struct QOutput {
-    const int32_t* bias = nullptr;     // [O]
-    const Requant* requant = nullptr;  // [O]
-    int32_t zero_point = 0;
-    int32_t lo = 0, hi = 255;
-};
-
+// ==== requantization (QOutput: above) =============================================================
 // Rows of M accumulators, channels along the row (a Linear's output [N, O]):
 //   y[m, o] = clamp(z_y + round((acc[m, o] + bias[o]) · M_o), lo, hi)
 void requantize_rows(const int32_t* acc, uint8_t* y, int64_t M, int64_t O, const QOutput& out);
