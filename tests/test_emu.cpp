@@ -508,4 +508,22 @@ TEST_CASE("emu: half and bfloat16 conversions and math intrinsics", "[emu][cuda]
     CHECK(__brev(1u) == 0x80000000u);
 }
 
+// Byte i of a word is bits 8i .. 8i + 7: 0x04030201 holds the bytes 1, 2, 3, 4 (byte 0 first).
+TEST_CASE("emu: __dp4a multiplies four bytes, signed or unsigned, and wraps like a 32-bit adder", "[emu][cuda]") {
+    // 10 + 1·5 + 2·6 + 3·7 + 4·8
+    CHECK(__dp4a(0x04030201, 0x08070605, 10) == 80);
+    // signed bytes (−1, −128, 127, 0) · (1, −128, −128, 5) = −1 + 16384 − 16256 + 0
+    CHECK(__dp4a(int(0x007F80FFu), int(0x05808001u), 0) == 127);
+    // The same bits read as signed or unsigned: (2, 1, 0xFF, 0x80) · (5, 4, 3, 2) + 5
+    CHECK(__dp4a(int(0x80FF0102u), 0x02030405, 5) == 5 + 10 + 4 - 3 - 256);      // −1, −128
+    CHECK(__dp4a(0x80FF0102u, 0x02030405u, 5u) == 5u + 10u + 4u + 765u + 256u);  // 255, 128
+    // Wrap-around: INT_MAX + 4·(−128)·(−128) = 2^31 − 1 + 65536 − 2^32
+    CHECK(__dp4a(int(0x80808080u), int(0x80808080u), 2147483647) == -2147418113);
+    // unsigned: (2^32 − 1) + 4·255·255 = 260100 − 1 (mod 2^32)
+    CHECK(__dp4a(0xFFFFFFFFu, 0xFFFFFFFFu, 0xFFFFFFFFu) == 260099u);
+    // The vector overloads: .x is byte 0. (1, −2, 3, −4) · (−5, 6, −7, 8) = −5 − 12 − 21 − 32
+    CHECK(__dp4a(make_char4(1, -2, 3, -4), make_char4(-5, 6, -7, 8), 0) == -70);
+    CHECK(__dp4a(make_uchar4(1, 2, 3, 200), make_uchar4(4, 5, 6, 200), 1u) == 1u + 4u + 10u + 18u + 40000u);
+}
+
 #endif  // KILN_CUDA

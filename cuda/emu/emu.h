@@ -398,6 +398,34 @@ inline unsigned __umulhi(unsigned a, unsigned b) {
 inline int __mul24(int a, int b) { return a * b; }
 inline unsigned __umul24(unsigned a, unsigned b) { return a * b; }
 
+// __dp4a (sm_61 and later; PTX dp4a.s32.s32 and dp4a.u32.u32): a dot product of four bytes,
+//   c + a0·b0 + a1·b1 + a2·b2 + a3·b3,    ai = byte i of srcA (bits 8i .. 8i + 7), bi likewise,
+// bytes signed for int operands, unsigned for unsigned ones. The GPU adds in a 32-bit register,
+// so the sum wraps modulo 2^32; here it is taken in 64 bits (no signed overflow, which would be
+// undefined in C++) and wrapped on the way out.
+namespace kiln::emu {
+inline int byte_of(int word, int i) { return static_cast<int8_t>(static_cast<uint32_t>(word) >> (8 * i)); }
+inline unsigned byte_of(unsigned word, int i) { return (word >> (8 * i)) & 0xffu; }
+}  // namespace kiln::emu
+inline int __dp4a(int srcA, int srcB, int c) {
+    int64_t s = c;
+    for (int i = 0; i < 4; ++i) s += int64_t(kiln::emu::byte_of(srcA, i)) * kiln::emu::byte_of(srcB, i);
+    return static_cast<int>(static_cast<uint32_t>(s));  // modulo 2^32, as the GPU's adder
+}
+inline unsigned __dp4a(unsigned srcA, unsigned srcB, unsigned c) {
+    for (int i = 0; i < 4; ++i) c += kiln::emu::byte_of(srcA, i) * kiln::emu::byte_of(srcB, i);  // unsigned: wraps
+    return c;
+}
+// The vector overloads: .x is byte 0, .w byte 3.
+inline int __dp4a(char4 srcA, char4 srcB, int c) {
+    return __dp4a(kiln::emu::from_bits<int>(kiln::emu::to_bits(srcA)),
+                  kiln::emu::from_bits<int>(kiln::emu::to_bits(srcB)), c);
+}
+inline unsigned __dp4a(uchar4 srcA, uchar4 srcB, unsigned c) {
+    return __dp4a(kiln::emu::from_bits<unsigned>(kiln::emu::to_bits(srcA)),
+                  kiln::emu::from_bits<unsigned>(kiln::emu::to_bits(srcB)), c);
+}
+
 // Device code calls min/max unqualified, on ints and floats alike.
 #define KILN_EMU_MINMAX(T)                                    \
     inline T min(T a, T b) { return b < a ? b : a; }          \
