@@ -44,10 +44,10 @@ std::pair<const char*, bool> features_by_name(const CpuFeatures& f, int i) {
         {"avx2", f.avx2},         {"fma", f.fma},           {"f16c", f.f16c},
         {"avx512f", f.avx512f},   {"avx512bw", f.avx512bw}, {"avx512_bf16", f.avx512_bf16},
         {"avx512_fp16", f.avx512_fp16}, {"amx_tile", f.amx_tile}, {"amx_bf16", f.amx_bf16},
-        {"amx_int8", f.amx_int8}};
+        {"amx_int8", f.amx_int8}, {"avx512_vnni", f.avx512_vnni}, {"avx_vnni", f.avx_vnni}};
     return all[i];
 }
-constexpr int kFeatures = 10;
+constexpr int kFeatures = 12;
 
 }  // namespace
 

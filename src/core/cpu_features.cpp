@@ -4,8 +4,9 @@
 //   leaf 0            vendor string in EBX, EDX, ECX
 //   leaf 1       ECX  bit 12 FMA, 27 OSXSAVE (xgetbv usable), 29 F16C
 //   leaf 7.0     EBX  bit 5 AVX2, 16 AVX512F, 30 AVX512BW
+//                ECX  bit 11 AVX512-VNNI
 //                EDX  bit 22 AMX-BF16, 23 AVX512-FP16, 24 AMX-TILE, 25 AMX-INT8
-//   leaf 7.1     EAX  bit 5 AVX512-BF16
+//   leaf 7.1     EAX  bit 4 AVX-VNNI, 5 AVX512-BF16
 //   leaves 0x80000002-4   the brand string, 48 characters
 #include "core/cpu_features.h"
 
@@ -83,10 +84,15 @@ CpuFeatures read_features() {
         f.avx512f = os_avx512 && bit(l7.ebx, 16);
         f.avx512bw = os_avx512 && bit(l7.ebx, 30);
         f.avx512_fp16 = os_avx512 && bit(l7.edx, 23);
+        f.avx512_vnni = os_avx512 && bit(l7.ecx, 11);
         f.amx_bf16 = os_amx && bit(l7.edx, 22);
         f.amx_tile = os_amx && bit(l7.edx, 24);
         f.amx_int8 = os_amx && bit(l7.edx, 25);
-        if (l7.eax >= 1) f.avx512_bf16 = os_avx512 && bit(cpuid(7, 1).eax, 5);
+        if (l7.eax >= 1) {  // leaf 7's EAX: its highest subleaf
+            const Regs l71 = cpuid(7, 1);
+            f.avx_vnni = os_avx && bit(l71.eax, 4);
+            f.avx512_bf16 = os_avx512 && bit(l71.eax, 5);
+        }
     }
     return f;
 }
@@ -124,7 +130,7 @@ std::string cpu_features_line() {
         {f.avx2, "avx2"},         {f.fma, "fma"},           {f.f16c, "f16c"},
         {f.avx512f, "avx512f"},   {f.avx512bw, "avx512bw"}, {f.avx512_bf16, "avx512_bf16"},
         {f.avx512_fp16, "avx512_fp16"}, {f.amx_tile, "amx_tile"}, {f.amx_bf16, "amx_bf16"},
-        {f.amx_int8, "amx_int8"}};
+        {f.amx_int8, "amx_int8"}, {f.avx512_vnni, "avx512_vnni"}, {f.avx_vnni, "avx_vnni"}};
     std::string present;
     for (const auto& [has, name] : flags)
         if (has) present += (present.empty() ? "" : " ") + std::string(name);

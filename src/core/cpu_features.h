@@ -32,6 +32,10 @@ struct CpuFeatures {
     bool avx2 = false, fma = false, f16c = false;
     bool avx512f = false, avx512bw = false, avx512_bf16 = false, avx512_fp16 = false;
     bool amx_tile = false, amx_bf16 = false, amx_int8 = false;
+    // int8 dot products (chapter 11): vpdpbusd sums 4 u8×s8 products into each int32 lane, on
+    // zmm (AVX512-VNNI: Ice Lake, Zen 4) or on ymm with a VEX encoding (AVX-VNNI: Alder Lake,
+    // Sapphire Rapids, Zen 5).
+    bool avx512_vnni = false, avx_vnni = false;
 };
 
 // This CPU's features, read on the first call.

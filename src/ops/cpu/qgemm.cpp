@@ -1,19 +1,445 @@
 // qgemm.cpp — the int8 matrix product C = A · Bᵀ (u8 × i8 → int32) on the CPU (chapter 11).
-// The formula and its contract are in quant_ops.h.
+// The contract is in quant_ops.h, the paths' names and how one is picked in qgemm.h.
+//
+//   C[m, n] = Σ_k A[m, k] · B[n, k]      A u8 [M, K], B i8 [N, K] (a Linear's weight), C int32
+//
+// The scheme is chapter 03's f32 GEMM (gemm.cpp): operands packed into the order a register
+// micro-kernel reads them, blocks sized for the caches, threads on separate blocks of C. What
+// changes is the inner product: integers, several k at once.
+//
+// ---- One instruction, several products -----------------------------------------------------
+// An f32 FMA does one multiply-add per lane. The integer instructions multiply narrow values
+// and add neighbouring products inside the instruction, so one 32-bit lane receives 2 or 4
+// products of consecutive k:
+//   vpmaddwd   i16 × i16 → i32:  lane = a0·b0 + a1·b1                          (AVX2)
+//   vpmaddubsw u8 × i8 → i16:    lane = sat16(a0·b0 + a1·b1), 16 lanes          (AVX2)
+//   vpdpbusd   u8 × i8 → i32:    lane += a0·b0 + a1·b1 + a2·b2 + a3·b3         (AVX-VNNI, AVX512-VNNI)
+// So the packed operands keep k in groups of KG = 2 or 4 consecutive values, and the
+// micro-kernel broadcasts one group of A (32 bits: 2 i16 or 4 u8) against a vector of B that
+// holds one group for each of 8 (ymm) or 16 (zmm) columns of C:
+//   Ap: panels of MR rows:      Ap[panel][g][i][q] = A[i0 + i, g·KG + q]     (0 past M and K)
+//   Bp: panels of NR columns:   Bp[panel][g][j][q] = B[j0 + j, g·KG + q]     (0 past N and K)
+//   tile[i][j] (int32, MR×NR, in registers) += Σ_q Ap[g][i][q] · Bp[g][j][q],  g = 0, 1, ...
+// The zero padding adds 0·b or a·0: K, M and N need not be multiples of anything.
+//
+// ---- The paths -------------------------------------------------------------------------------
+//   portable      KG = 1, u8 and i8 as they are; plain C++ the compiler vectorizes as it can.
+//   avx2-madd     KG = 2: A and B widened to i16 while packing (u8 zero-extended, i8 sign-
+//                 extended, once per call), then vpmaddwd and vpaddd. Exact for every u8:
+//                 |a0·b0 + a1·b1| ≤ 2·255·128 = 65280, far inside int32.
+//   avx2-maddubs  KG = 4, u8 and i8 as they are: vpmaddubsw gives 16-bit sums of 2 products,
+//                 vpmaddwd with a vector of ones adds neighbouring pairs into i32, vpaddd
+//                 accumulates. Twice the products per instruction of avx2-madd and half the
+//                 bytes, but the 16-bit sum SATURATES: with u8 up to 255 and i8 down to −128,
+//                 2·255·127 = 64770 > 32767 (and 2·255·(−128) = −65280 < −32768). With A
+//                 held to [0, 127] (PyTorch's reduce_range, what fbgemm does on CPUs without
+//                 VNNI) it cannot: 2·127·127 = 32258 ≤ 32767 and 2·127·(−128) = −32512 ≥ −32768.
+//                 qgemm_u8s8 takes it only when the caller promises a_max ≤ 127.
+//   avx-vnni      KG = 4: vpdpbusd on ymm sums 4 u8 × i8 products straight into the i32 lane
+//                 (no 16-bit intermediate, no saturation: the full u8 range, in one instruction).
+//   avx512-vnni   the same on zmm: 16 lanes, NR = 32.
+// Every path gives the same C: integer sums are exact whatever their order (while they fit
+// in int32, which quant_ops.h's bound on K guarantees).
+//
+// ---- Blocking ----------------------------------------------------------------------------------
+// B, usually a layer's weight (small: [O, C·KH·KW]), is packed whole, once per call, by all the
+// threads together. Then each thread takes blocks of MC rows of C and, for each KC-block of k:
+// packs its MC×KC block of A (L2), and for each B panel (KC×NR, L1) sweeps the A panels,
+// adding each finished tile into C (stored on the first KC-block, added on the later ones).
+// KC is chosen so that a B panel's slice is 16 KiB, half of a 32 KiB L1; MC so that the A
+// block is 256 KiB.
+//
+// ---- Threads -----------------------------------------------------------------------------------
+// Rows of C are split into blocks of whole MR panels, at least 4 per thread when there are
+// rows enough, handed out dynamically. A product below about a million multiply-adds, or one
+// called from inside a parallel region (qconv2d runs one per image on each thread), runs on
+// the calling thread. The result cannot depend on the thread count: every element is the same
+// integer sum.
+#include "ops/cpu/qgemm.h"
+
+#include <omp.h>
+
+#include <algorithm>
+#include <cstring>
+#include <vector>
+
+#include "core/cpu_features.h"
+#include "core/error.h"
 #include "ops/cpu/quant_ops.h"
 
-namespace kiln::cpu {
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+#define KILN_QGEMM_X86 1
+// Compiled for these instruction sets one function at a time, so that the library still builds
+// for any x86-64 (make SAN=1 has no -march); called only where the CPU has them.
+#define KILN_TARGET_AVX2 __attribute__((target("avx2")))
+#define KILN_TARGET_AVX_VNNI __attribute__((target("avx2,avxvnni")))
+#define KILN_TARGET_AVX512_VNNI __attribute__((target("avx512f,avx512bw,avx512vnni")))
+#endif
 
-// The portable path: one dot product per C element, rows of C split over the threads.
-void qgemm_u8s8(int64_t M, int64_t N, int64_t K, const uint8_t* A, int64_t lda, const int8_t* B, int64_t ldb,
-                int32_t* C, int64_t ldc, int32_t /*a_max*/) {
-#pragma omp parallel for schedule(static)
-    for (int64_t m = 0; m < M; m++)
-        for (int64_t n = 0; n < N; n++) {
-            int32_t acc = 0;
-            for (int64_t k = 0; k < K; k++) acc += int32_t(A[m * lda + k]) * int32_t(B[n * ldb + k]);
-            C[m * ldc + n] = acc;
+namespace kiln::cpu {
+namespace {
+
+// ---- Packing ------------------------------------------------------------------------------------
+// One panel of L lines of X (rows of A, or rows of B: the columns of C), k in [0, kc), as
+// `groups` groups of KG:
+//   P[g][i][q] = T(X[i, g·KG + q])   for i < lines and g·KG + q < kc, 0 elsewhere
+// S is u8 (A) or i8 (B); T the same type, or i16 (avx2-madd: widened here, once per call).
+template <typename S, typename T, int L, int KG>
+void pack_panel(const S* X, int64_t ld, int64_t lines, int64_t kc, int64_t groups, void* out) {
+    T* P = static_cast<T*>(out);
+    for (int64_t g = 0; g < groups; ++g) {
+        const int64_t k0 = g * KG, valid = std::min<int64_t>(KG, kc - k0);  // this group's k below kc
+        for (int i = 0; i < L; ++i, P += KG) {
+            const S* src = X + i * ld + k0;
+            if (i < lines && valid == KG) {  // the common case: KG values as they are, or widened
+                if constexpr (sizeof(S) == sizeof(T))
+                    std::memcpy(P, src, KG);
+                else
+                    for (int q = 0; q < KG; ++q) P[q] = T(src[q]);
+            } else {
+                for (int q = 0; q < KG; ++q) P[q] = i < lines && q < valid ? T(src[q]) : T(0);
+            }
         }
+    }
+}
+
+// ---- Micro-kernels ------------------------------------------------------------------------------
+// tile[i][j] = Σ over `groups` groups of Ap[g][i][·] · Bp[g][j][·]   (tile: MR×NR int32, row-major)
+// The SIMD kernels' loops over i are unrolled completely, so that acc lives in registers.
+
+// portable: KG = 1, the outer product of MR values of A and NR of B per k.
+template <int MR, int NR>
+void tile_portable(int64_t groups, const void* ap, const void* bp, int32_t* tile) {
+    const uint8_t* A = static_cast<const uint8_t*>(ap);
+    const int8_t* B = static_cast<const int8_t*>(bp);
+    int32_t acc[MR][NR] = {};
+    for (int64_t k = 0; k < groups; ++k, A += MR, B += NR)
+        for (int i = 0; i < MR; ++i)
+            for (int j = 0; j < NR; ++j) acc[i][j] += int32_t(A[i]) * int32_t(B[j]);
+    std::memcpy(tile, acc, sizeof acc);
+}
+
+#if defined(KILN_QGEMM_X86)
+// The 32 bits of one group of A, to broadcast to every lane.
+inline int32_t group_bits(const void* p) {
+    int32_t v;
+    std::memcpy(&v, p, sizeof v);
+    return v;
+}
+
+// avx2-madd: KG = 2 (i16), NR = 16 = 2 ymm of 8 columns.
+//   lane j += A[i][0]·B[j][0] + A[i][1]·B[j][1]            (vpmaddwd, then vpaddd)
+template <int MR>
+KILN_TARGET_AVX2 void tile_avx2_madd(int64_t groups, const void* ap, const void* bp, int32_t* tile) {
+    const int16_t* A = static_cast<const int16_t*>(ap);
+    const int16_t* B = static_cast<const int16_t*>(bp);
+    __m256i acc[MR][2];
+#pragma GCC unroll 8
+    for (int i = 0; i < MR; ++i) acc[i][0] = acc[i][1] = _mm256_setzero_si256();
+    for (int64_t g = 0; g < groups; ++g, A += 2 * MR, B += 2 * 16) {
+        const __m256i b0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(B));
+        const __m256i b1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(B + 16));
+#pragma GCC unroll 8
+        for (int i = 0; i < MR; ++i) {
+            const __m256i a = _mm256_set1_epi32(group_bits(A + 2 * i));
+            acc[i][0] = _mm256_add_epi32(acc[i][0], _mm256_madd_epi16(a, b0));
+            acc[i][1] = _mm256_add_epi32(acc[i][1], _mm256_madd_epi16(a, b1));
+        }
+    }
+#pragma GCC unroll 8
+    for (int i = 0; i < MR; ++i)
+#pragma GCC unroll 2
+        for (int v = 0; v < 2; ++v) _mm256_storeu_si256(reinterpret_cast<__m256i*>(tile + i * 16 + 8 * v), acc[i][v]);
+}
+
+// avx2-maddubs: KG = 4 (u8, i8), NR = 16 = 2 ymm of 8 columns. Only for A ≤ 127 (header comment).
+//   pairs = sat16(a0·b0 + a1·b1), sat16(a2·b2 + a3·b3)     (vpmaddubsw: u8 first, i8 second)
+//   lane j += pairs[0] + pairs[1]                          (vpmaddwd with ones, then vpaddd)
+template <int MR>
+KILN_TARGET_AVX2 void tile_avx2_maddubs(int64_t groups, const void* ap, const void* bp, int32_t* tile) {
+    const uint8_t* A = static_cast<const uint8_t*>(ap);
+    const int8_t* B = static_cast<const int8_t*>(bp);
+    const __m256i ones = _mm256_set1_epi16(1);
+    __m256i acc[MR][2];
+#pragma GCC unroll 8
+    for (int i = 0; i < MR; ++i) acc[i][0] = acc[i][1] = _mm256_setzero_si256();
+    for (int64_t g = 0; g < groups; ++g, A += 4 * MR, B += 4 * 16) {
+        const __m256i b0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(B));
+        const __m256i b1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(B + 32));
+#pragma GCC unroll 8
+        for (int i = 0; i < MR; ++i) {
+            const __m256i a = _mm256_set1_epi32(group_bits(A + 4 * i));
+            acc[i][0] = _mm256_add_epi32(acc[i][0], _mm256_madd_epi16(_mm256_maddubs_epi16(a, b0), ones));
+            acc[i][1] = _mm256_add_epi32(acc[i][1], _mm256_madd_epi16(_mm256_maddubs_epi16(a, b1), ones));
+        }
+    }
+#pragma GCC unroll 8
+    for (int i = 0; i < MR; ++i)
+#pragma GCC unroll 2
+        for (int v = 0; v < 2; ++v) _mm256_storeu_si256(reinterpret_cast<__m256i*>(tile + i * 16 + 8 * v), acc[i][v]);
+}
+
+// avx-vnni: KG = 4 (u8, i8), NR = 16 = 2 ymm of 8 columns.
+//   lane j += a0·b0 + a1·b1 + a2·b2 + a3·b3                (vpdpbusd: u8 first, i8 second)
+template <int MR>
+KILN_TARGET_AVX_VNNI void tile_avx_vnni(int64_t groups, const void* ap, const void* bp, int32_t* tile) {
+    const uint8_t* A = static_cast<const uint8_t*>(ap);
+    const int8_t* B = static_cast<const int8_t*>(bp);
+    __m256i acc[MR][2];
+#pragma GCC unroll 8
+    for (int i = 0; i < MR; ++i) acc[i][0] = acc[i][1] = _mm256_setzero_si256();
+    for (int64_t g = 0; g < groups; ++g, A += 4 * MR, B += 4 * 16) {
+        const __m256i b0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(B));
+        const __m256i b1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(B + 32));
+#pragma GCC unroll 8
+        for (int i = 0; i < MR; ++i) {
+            const __m256i a = _mm256_set1_epi32(group_bits(A + 4 * i));
+            acc[i][0] = _mm256_dpbusd_avx_epi32(acc[i][0], a, b0);
+            acc[i][1] = _mm256_dpbusd_avx_epi32(acc[i][1], a, b1);
+        }
+    }
+#pragma GCC unroll 8
+    for (int i = 0; i < MR; ++i)
+#pragma GCC unroll 2
+        for (int v = 0; v < 2; ++v) _mm256_storeu_si256(reinterpret_cast<__m256i*>(tile + i * 16 + 8 * v), acc[i][v]);
+}
+
+// avx512-vnni: KG = 4 (u8, i8), NR = 32 = 2 zmm of 16 columns; the same sums as avx-vnni.
+template <int MR>
+KILN_TARGET_AVX512_VNNI void tile_avx512_vnni(int64_t groups, const void* ap, const void* bp, int32_t* tile) {
+    const uint8_t* A = static_cast<const uint8_t*>(ap);
+    const int8_t* B = static_cast<const int8_t*>(bp);
+    __m512i acc[MR][2];
+#pragma GCC unroll 8
+    for (int i = 0; i < MR; ++i) acc[i][0] = acc[i][1] = _mm512_setzero_si512();
+    for (int64_t g = 0; g < groups; ++g, A += 4 * MR, B += 4 * 32) {
+        const __m512i b0 = _mm512_loadu_si512(B);
+        const __m512i b1 = _mm512_loadu_si512(B + 64);
+#pragma GCC unroll 8
+        for (int i = 0; i < MR; ++i) {
+            const __m512i a = _mm512_set1_epi32(group_bits(A + 4 * i));
+            acc[i][0] = _mm512_dpbusd_epi32(acc[i][0], a, b0);
+            acc[i][1] = _mm512_dpbusd_epi32(acc[i][1], a, b1);
+        }
+    }
+#pragma GCC unroll 8
+    for (int i = 0; i < MR; ++i)
+#pragma GCC unroll 2
+        for (int v = 0; v < 2; ++v) _mm512_storeu_si512(tile + i * 32 + 16 * v, acc[i][v]);
+}
+#endif
+
+// ---- A path: its micro-kernel, tile and packing ---------------------------------------------------
+using TileFn = void (*)(int64_t groups, const void* Ap, const void* Bp, int32_t* tile);
+using PackAFn = void (*)(const uint8_t* A, int64_t lda, int64_t rows, int64_t kc, int64_t groups, void* Ap);
+using PackBFn = void (*)(const int8_t* B, int64_t ldb, int64_t cols, int64_t kc, int64_t groups, void* Bp);
+
+struct Kernel {
+    int mr, nr, kg;  // the tile of C, and k per group
+    int bytes;       // of one packed value: 1 (u8, i8) or 2 (i16)
+    TileFn tile;
+    PackAFn pack_a;
+    PackBFn pack_b;
+};
+constexpr int kMaxTile = 8 * 32;  // MR·NR of the largest tile (avx512-vnni)
+
+// TA, TB: the packed types of A and B.
+template <typename TA, typename TB, int MR, int NR, int KG>
+constexpr Kernel make_kernel(TileFn tile) {
+    static_assert(MR * NR <= kMaxTile && sizeof(TA) == sizeof(TB));
+    return Kernel{MR, NR, KG, int(sizeof(TA)), tile, pack_panel<uint8_t, TA, MR, KG>, pack_panel<int8_t, TB, NR, KG>};
+}
+
+// MR: as many rows as the 16 ymm registers hold beside B's 2 vectors, the broadcast of A and
+// the instructions' temporaries: 6×2 accumulators for vpdpbusd, 5×2 for vpmaddwd (one
+// temporary), 4×2 for vpmaddubsw (two temporaries and the ones); 8×2 of the 32 zmm.
+const Kernel& kernel_of(QgemmPath path) {
+    static const Kernel portable = make_kernel<uint8_t, int8_t, 4, 16, 1>(tile_portable<4, 16>);
+#if defined(KILN_QGEMM_X86)
+    static const Kernel madd = make_kernel<int16_t, int16_t, 5, 16, 2>(tile_avx2_madd<5>);
+    static const Kernel maddubs = make_kernel<uint8_t, int8_t, 4, 16, 4>(tile_avx2_maddubs<4>);
+    static const Kernel avx_vnni = make_kernel<uint8_t, int8_t, 6, 16, 4>(tile_avx_vnni<6>);
+    static const Kernel avx512_vnni = make_kernel<uint8_t, int8_t, 8, 32, 4>(tile_avx512_vnni<8>);
+    switch (path) {
+        case QgemmPath::Portable: break;
+        case QgemmPath::Avx2Madd: return madd;
+        case QgemmPath::Avx2Maddubs: return maddubs;
+        case QgemmPath::AvxVnni: return avx_vnni;
+        case QgemmPath::Avx512Vnni: return avx512_vnni;
+    }
+#endif
+    KILN_CHECK(path == QgemmPath::Portable, "qgemm: the ", qgemm_path_name(path), " path is not compiled in (not x86)");
+    return portable;
+}
+
+// ---- The blocked product ----------------------------------------------------------------------------
+constexpr int64_t kBPanelSliceBytes = 16 << 10;  // a B panel's KC-slice: half of L1
+constexpr int64_t kABlockBytes = 256 << 10;      // an MC×KC block of A: in L2
+constexpr int64_t kParallelMinMacs = int64_t(1) << 20;
+
+// Per-thread packing buffers, kept between calls (allocating them would cost more than a small
+// product). OpenMP keeps its worker threads, so their buffers live on too.
+thread_local std::vector<uint8_t> tls_a, tls_b;
+
+uint8_t* reserve(std::vector<uint8_t>& buffer, int64_t bytes) {
+    if (int64_t(buffer.size()) < bytes) buffer.resize(size_t(bytes));
+    return buffer.data();
+}
+
+// ceil(n / d)
+int64_t ceil_div(int64_t n, int64_t d) { return (n + d - 1) / d; }
+
+struct Product {
+    int64_t M, N, K;
+    const uint8_t* A;
+    int64_t lda;
+    int32_t* C;
+    int64_t ldc;
+    int64_t groups;       // ceil(K / KG): the packed depth
+    int64_t kc_groups;    // groups per KC-block
+    const uint8_t* Bp;    // B packed: ceil(N / NR) panels of groups·KG·NR values
+};
+
+// C[rows, cols] = tile (store) or C += tile (add): the part of an MR×NR tile inside C.
+void store_tile(const int32_t* tile, int nr, int64_t rows, int64_t cols, bool add, int32_t* C, int64_t ldc) {
+    for (int64_t i = 0; i < rows; ++i) {
+        const int32_t* t = tile + i * nr;
+        int32_t* c = C + i * ldc;
+        if (add)
+            for (int64_t j = 0; j < cols; ++j) c[j] += t[j];
+        else
+            for (int64_t j = 0; j < cols; ++j) c[j] = t[j];
+    }
+}
+
+// Rows [i0, i1) of C, on the calling thread (its own A buffer).
+void multiply_rows(const Kernel& kn, const Product& p, int64_t i0, int64_t i1) {
+    const int64_t mr = kn.mr, nr = kn.nr, kg = kn.kg, n_panels = ceil_div(p.N, nr);
+    const int64_t a_panel_values = mr * p.kc_groups * kg;
+    uint8_t* Ap = reserve(tls_a, ceil_div(i1 - i0, mr) * a_panel_values * kn.bytes);
+    alignas(64) int32_t tile[kMaxTile];
+    for (int64_t g0 = 0; g0 < p.groups; g0 += p.kc_groups) {
+        const int64_t groups = std::min(p.kc_groups, p.groups - g0), k0 = g0 * kg;
+        const int64_t kc = std::min(p.K - k0, groups * kg);  // the real k of this block
+        for (int64_t i = i0; i < i1; i += mr)
+            kn.pack_a(p.A + i * p.lda + k0, p.lda, std::min(mr, i1 - i), kc, groups,
+                      Ap + (i - i0) / mr * a_panel_values * kn.bytes);
+        for (int64_t jp = 0; jp < n_panels; ++jp) {
+            const uint8_t* bp = p.Bp + (jp * p.groups + g0) * kg * nr * kn.bytes;
+            const int64_t cols = std::min(nr, p.N - jp * nr);
+            for (int64_t i = i0; i < i1; i += mr) {
+                kn.tile(groups, Ap + (i - i0) / mr * a_panel_values * kn.bytes, bp, tile);
+                store_tile(tile, kn.nr, std::min(mr, i1 - i), cols, g0 > 0, p.C + i * p.ldc + jp * nr, p.ldc);
+            }
+        }
+    }
+}
+
+void check_args(int64_t M, int64_t N, int64_t K, const uint8_t* A, int64_t lda, const int8_t* B, int64_t ldb,
+                const int32_t* C, int64_t ldc, int32_t a_max) {
+    KILN_CHECK(M >= 0 && N >= 0 && K >= 0, "qgemm_u8s8: negative size M=", M, " N=", N, " K=", K);
+    KILN_CHECK(K <= 65792, "qgemm_u8s8: K=", K, " > 65792: the int32 sums of K products 255·(−128) could "
+               "overflow; split k into parts and add their int32 results in int64");
+    KILN_CHECK(lda >= K && ldb >= K, "qgemm_u8s8: lda=", lda, " and ldb=", ldb, " must be at least K=", K,
+               " (A is [M, K], B is [N, K], both read along k)");
+    KILN_CHECK(ldc >= N, "qgemm_u8s8: ldc=", ldc, " < N=", N, ", the row length of C");
+    KILN_CHECK(M * N == 0 || C != nullptr, "qgemm_u8s8: C is null for a ", M, "×", N, " result");
+    KILN_CHECK(M * N * K == 0 || (A != nullptr && B != nullptr), "qgemm_u8s8: A or B is null (M=", M, " N=", N,
+               " K=", K, ")");
+    KILN_CHECK(a_max >= 0 && a_max <= 255, "qgemm_u8s8: a_max=", a_max, " is not a u8 value: pass 255, or 127 "
+               "when A was quantized with reduce_range");
+}
+
+void run(const Kernel& kn, int64_t M, int64_t N, int64_t K, const uint8_t* A, int64_t lda, const int8_t* B,
+         int64_t ldb, int32_t* C, int64_t ldc) {
+    if (M == 0 || N == 0) return;
+    if (K == 0) {
+        for (int64_t i = 0; i < M; ++i) std::fill(C + i * ldc, C + i * ldc + N, 0);
+        return;
+    }
+    const int64_t mr = kn.mr, nr = kn.nr, kg = kn.kg;
+    const int64_t groups = ceil_div(K, kg), n_panels = ceil_div(N, nr);
+    // KC: the fewest blocks whose B panel slice fits kBPanelSliceBytes, all of one size.
+    const int64_t max_kc_groups = kBPanelSliceBytes / (nr * kg * kn.bytes);
+    const int64_t kc_groups = ceil_div(groups, ceil_div(groups, max_kc_groups));
+    const int64_t b_panel_bytes = groups * kg * nr * kn.bytes;
+    uint8_t* Bp = reserve(tls_b, n_panels * b_panel_bytes);
+    const Product p{M, N, K, A, lda, C, ldc, groups, kc_groups, Bp};
+    // MC: whole MR panels, the A block within kABlockBytes, and with threads at least 4 blocks
+    // each when there are panels enough.
+    const int threads = omp_in_parallel() || M * N * K < kParallelMinMacs ? 1 : omp_get_max_threads();
+    const int64_t m_panels = ceil_div(M, mr);
+    const int64_t max_mc_panels = std::max<int64_t>(1, kABlockBytes / (mr * kc_groups * kg * kn.bytes));
+    const int64_t blocks = std::min(m_panels, std::max(ceil_div(m_panels, max_mc_panels), int64_t(4) * threads));
+    const int64_t mc = ceil_div(m_panels, blocks) * mr;
+#pragma omp parallel num_threads(threads) if (threads > 1)
+    {
+#pragma omp for schedule(static)
+        for (int64_t jp = 0; jp < n_panels; ++jp)
+            kn.pack_b(B + jp * nr * ldb, ldb, std::min(nr, N - jp * nr), K, groups, Bp + jp * b_panel_bytes);
+#pragma omp for schedule(dynamic, 1)
+        for (int64_t i0 = 0; i0 < M; i0 += mc) multiply_rows(kn, p, i0, std::min(M, i0 + mc));
+    }
+}
+
+}  // namespace
+
+const char* qgemm_path_name(QgemmPath path) {
+    switch (path) {
+        case QgemmPath::Portable: return "portable";
+        case QgemmPath::Avx2Madd: return "avx2-madd";
+        case QgemmPath::Avx2Maddubs: return "avx2-maddubs";
+        case QgemmPath::AvxVnni: return "avx-vnni";
+        case QgemmPath::Avx512Vnni: return "avx512-vnni";
+    }
+    return "?";
+}
+
+bool qgemm_path_available(QgemmPath path) {
+    const CpuFeatures& f = cpu_features();
+    const CpuLevel level = detected_cpu_level();
+    switch (path) {
+        case QgemmPath::Portable: return true;
+        case QgemmPath::Avx2Madd:
+        case QgemmPath::Avx2Maddubs: return level >= CpuLevel::Avx2;
+        case QgemmPath::AvxVnni: return level >= CpuLevel::Avx2 && f.avx_vnni;
+        case QgemmPath::Avx512Vnni: return level >= CpuLevel::Avx512 && f.avx512_vnni;
+    }
+    return false;
+}
+
+std::vector<QgemmPath> qgemm_available_paths() {
+    std::vector<QgemmPath> paths;
+    for (QgemmPath p : {QgemmPath::Portable, QgemmPath::Avx2Madd, QgemmPath::Avx2Maddubs, QgemmPath::AvxVnni,
+                        QgemmPath::Avx512Vnni})
+        if (qgemm_path_available(p)) paths.push_back(p);
+    return paths;
+}
+
+QgemmPath qgemm_path(int32_t a_max) {
+    const CpuFeatures& f = cpu_features();
+    const CpuLevel level = cpu_level();
+    if (level >= CpuLevel::Avx512 && f.avx512_vnni) return QgemmPath::Avx512Vnni;
+    if (level >= CpuLevel::Avx2 && f.avx_vnni) return QgemmPath::AvxVnni;
+    if (level >= CpuLevel::Avx2) return a_max <= kActQmaxReduced ? QgemmPath::Avx2Maddubs : QgemmPath::Avx2Madd;
+    return QgemmPath::Portable;
+}
+
+void qgemm_u8s8_on(QgemmPath path, int64_t M, int64_t N, int64_t K, const uint8_t* A, int64_t lda,
+                   const int8_t* B, int64_t ldb, int32_t* C, int64_t ldc, int32_t a_max) {
+    check_args(M, N, K, A, lda, B, ldb, C, ldc, a_max);
+    KILN_CHECK(qgemm_path_available(path), "qgemm_u8s8: this CPU (", cpu_features_line(), ") cannot run the ",
+               qgemm_path_name(path), " path; qgemm_available_paths() lists those it can");
+    KILN_CHECK(path != QgemmPath::Avx2Maddubs || a_max <= kActQmaxReduced, "qgemm_u8s8: the avx2-maddubs path "
+               "needs A ≤ 127 (its 16-bit pair sums saturate above), but a_max=", a_max,
+               "; quantize A with reduce_range, or take avx2-madd");
+    run(kernel_of(path), M, N, K, A, lda, B, ldb, C, ldc);
+}
+
+void qgemm_u8s8(int64_t M, int64_t N, int64_t K, const uint8_t* A, int64_t lda, const int8_t* B, int64_t ldb,
+                int32_t* C, int64_t ldc, int32_t a_max) {
+    qgemm_u8s8_on(qgemm_path(a_max), M, N, K, A, lda, B, ldb, C, ldc, a_max);
 }
 
 }  // namespace kiln::cpu

@@ -2,8 +2,11 @@
 // quantize and dequantize, requantization, the int8 Linear and convolution, u8 max pooling,
 // table lookups, and fake quantization for quantization-aware training. The int8 matrix
 // product itself, with its SIMD paths, is in qgemm.cpp.
+#include <omp.h>
+
 #include <algorithm>
 
+#include "core/error.h"
 #include "ops/cpu/quant_ops.h"
 
 namespace kiln::cpu {
@@ -85,11 +88,25 @@ void qlinear(const uint8_t* x, const int8_t* w, uint8_t* y, int64_t N, int64_t K
 //   acc  [P·Q, O]  int32  = rows · wᵀ                      (qgemm_u8s8, w [O, C·KH·KW] as stored)
 //   y[o][p·Q + q] = requantize(acc[p·Q + q][o] + bias[o])  (the transpose back to [O, P, Q])
 // rows is im2col's matrix transposed ("im2row"): one output pixel's receptive field per row.
+//
+// The images are spread over the threads: each runs all three steps on its image, in its own
+// slot of the workspace (rows and acc of one image, in its L2), and the product on that thread
+// alone. There are min(N, kConvSlots) slots, so the workspace depends on the sizes only, not on
+// the thread count; at most that many threads share the images. With fewer images than threads
+// the images go one at a time through slot 0, and the product splits its rows over the threads.
 namespace {
 
+constexpr int64_t kConvSlots = 16;
+
+int64_t conv_slots(const Conv2dParams& p) { return std::min(p.N, kConvSlots); }
+
+// One slot: rows (rounded up to 4 bytes, so that acc is aligned), then acc.
+int64_t rows_bytes(const Conv2dParams& p) { return (p.P() * p.Q() * p.C * p.KH * p.KW + 3) / 4 * 4; }
+int64_t slot_bytes(const Conv2dParams& p) { return rows_bytes(p) + p.P() * p.Q() * p.O * int64_t(sizeof(int32_t)); }
+
+// One image x [C, H, W] -> rows [P·Q, C·KH·KW].
 void im2row_u8(const uint8_t* x, const Conv2dParams& p, uint8_t pad, uint8_t* rows) {
     const int64_t P = p.P(), Q = p.Q(), K = p.C * p.KH * p.KW;
-#pragma omp parallel for collapse(2) schedule(static)
     for (int64_t op = 0; op < P; op++)
         for (int64_t oq = 0; oq < Q; oq++) {
             uint8_t* row = rows + (op * Q + oq) * K;
@@ -104,28 +121,41 @@ void im2row_u8(const uint8_t* x, const Conv2dParams& p, uint8_t pad, uint8_t* ro
         }
 }
 
+// One image: x [C, H, W] -> y [O, P, Q], with one slot of workspace.
+void qconv2d_image(const uint8_t* x, const int8_t* w, uint8_t* y, const Conv2dParams& p, int32_t x_zero_point,
+                   int32_t x_max, const QOutput& out, uint8_t* slot) {
+    const int64_t PQ = p.P() * p.Q(), K = p.C * p.KH * p.KW, O = p.O;
+    uint8_t* rows = slot;
+    int32_t* acc = reinterpret_cast<int32_t*>(slot + rows_bytes(p));
+    im2row_u8(x, p, uint8_t(x_zero_point), rows);
+    qgemm_u8s8(PQ, O, K, rows, K, w, K, acc, O, x_max);
+    for (int64_t o = 0; o < O; o++)
+        for (int64_t i = 0; i < PQ; i++)
+            y[o * PQ + i] = requantize_value(acc[i * O + o] + out.bias[o], out.requant[o], out.zero_point, out.lo, out.hi);
+}
+
 }  // namespace
 
-int64_t qconv2d_work_bytes(const Conv2dParams& p) {
-    const int64_t PQ = p.P() * p.Q(), K = p.C * p.KH * p.KW;
-    const int64_t rows = (PQ * K + 3) / 4 * 4;  // the int32 accumulators that follow stay aligned
-    return rows + PQ * p.O * int64_t(sizeof(int32_t));
-}
+int64_t qconv2d_work_bytes(const Conv2dParams& p) { return conv_slots(p) * slot_bytes(p); }
 
 void qconv2d(const uint8_t* x, const int8_t* w, uint8_t* y, const Conv2dParams& p, int32_t x_zero_point,
              int32_t x_max, const QOutput& out, uint8_t* work) {
     check_conv2d_params(p, "qconv2d");
-    const int64_t PQ = p.P() * p.Q(), K = p.C * p.KH * p.KW, O = p.O;
-    uint8_t* rows = work;
-    int32_t* acc = reinterpret_cast<int32_t*>(work + (PQ * K + 3) / 4 * 4);
-    for (int64_t n = 0; n < p.N; n++) {
-        im2row_u8(x + n * p.C * p.H * p.W, p, uint8_t(x_zero_point), rows);
-        qgemm_u8s8(PQ, O, K, rows, K, w, K, acc, O, x_max);
-        uint8_t* yn = y + n * O * PQ;
-#pragma omp parallel for schedule(static)
-        for (int64_t o = 0; o < O; o++)
-            for (int64_t i = 0; i < PQ; i++)
-                yn[o * PQ + i] = requantize_value(acc[i * O + o] + out.bias[o], out.requant[o], out.zero_point, out.lo, out.hi);
+    KILN_CHECK(p.groups == 1, "qconv2d: groups=", p.groups, " but the int8 convolution has groups = 1 only; "
+               "run a grouped layer in f32");
+    const int64_t x_image = p.C * p.H * p.W, y_image = p.O * p.P() * p.Q();
+    const int threads = omp_in_parallel() ? 1 : omp_get_max_threads();
+    if (p.N < threads || threads == 1) {
+        for (int64_t n = 0; n < p.N; n++)
+            qconv2d_image(x + n * x_image, w, y + n * y_image, p, x_zero_point, x_max, out, work);
+        return;
+    }
+#pragma omp parallel num_threads(int(std::min<int64_t>(threads, conv_slots(p))))
+    {
+        uint8_t* slot = work + omp_get_thread_num() * slot_bytes(p);
+#pragma omp for schedule(dynamic, 1)
+        for (int64_t n = 0; n < p.N; n++)
+            qconv2d_image(x + n * x_image, w, y + n * y_image, p, x_zero_point, x_max, out, slot);
     }
 }
 

@@ -74,7 +74,9 @@ void qlinear(const uint8_t* x, const int8_t* w, uint8_t* y, int64_t N, int64_t K
 // y [N, O, P, Q] u8 = requantize(conv(x [N, C, H, W] u8, w [O, C/G, KH, KW] i8)), groups = 1:
 // padding reads as z_x (the u8 of the real value 0), so the zero-point correction in bias holds
 // at the borders too.
-// work: qconv2d_work_bytes(p) bytes of workspace.
+// work: qconv2d_work_bytes(p) bytes of workspace; it depends on the sizes p only, never on the
+// thread count (the CPU kernel: one image's unfolded rows and accumulators for each of up to 16
+// images in flight).
 int64_t qconv2d_work_bytes(const Conv2dParams& p);
 void qconv2d(const uint8_t* x, const int8_t* w, uint8_t* y, const Conv2dParams& p, int32_t x_zero_point,
              int32_t x_max, const QOutput& out, uint8_t* work);

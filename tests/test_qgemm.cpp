@@ -1,0 +1,306 @@
+// test_qgemm.cpp — the int8 CPU kernels (chapter 11): every qgemm_u8s8 path this CPU can run
+// against the triple loop qgemm_u8s8_reference, and qconv2d / qlinear against a direct integer
+// convolution written here. Integer sums are exact, so every comparison is equality: no
+// tolerance.
+//
+//   ./kiln_tests '[qgemm]'
+//
+// The paths this CPU lacks are named in a WARN: on an AVX2-only CPU the VNNI paths are
+// compiled but not run here; on a CPU with AVX-VNNI or AVX512-VNNI the same cases run them.
+#include <omp.h>
+
+#include <catch2/catch.hpp>
+#include <cmath>
+#include <cstdint>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "core/cpu_features.h"
+#include "core/error.h"
+#include "ops/cpu/qgemm.h"
+#include "ops/cpu/quant_ops.h"
+
+using namespace kiln;
+using namespace kiln::cpu;
+
+namespace {
+
+std::vector<uint8_t> random_u8(int64_t n, int32_t max, std::mt19937& rng) {
+    std::uniform_int_distribution<int32_t> d(0, max);
+    std::vector<uint8_t> v(static_cast<size_t>(n));
+    for (auto& x : v) x = uint8_t(d(rng));
+    return v;
+}
+
+std::vector<int8_t> random_i8(int64_t n, std::mt19937& rng) {
+    std::uniform_int_distribution<int32_t> d(-128, 127);
+    std::vector<int8_t> v(static_cast<size_t>(n));
+    for (auto& x : v) x = int8_t(d(rng));
+    return v;
+}
+
+// Runs `fn` with OpenMP limited to `threads`, then restores the previous limit.
+template <typename F>
+void with_threads(int threads, F&& fn) {
+    const int before = omp_get_max_threads();
+    omp_set_num_threads(threads);
+    fn();
+    omp_set_num_threads(before);
+}
+
+// The paths this CPU can run, named in a WARN with those it cannot.
+std::vector<QgemmPath> paths_here() {
+    std::string ran, missing;
+    for (QgemmPath p : {QgemmPath::Portable, QgemmPath::Avx2Madd, QgemmPath::Avx2Maddubs, QgemmPath::AvxVnni,
+                        QgemmPath::Avx512Vnni})
+        (qgemm_path_available(p) ? ran : missing) += std::string(" ") + qgemm_path_name(p);
+    WARN(cpu_features_line() << ": runs" << ran << (missing.empty() ? "" : "; cannot run" + missing));
+    return qgemm_available_paths();
+}
+
+// The largest A value a path may be given: avx2-maddubs only takes reduce_range's [0, 127].
+int32_t a_max_of(QgemmPath p) { return p == QgemmPath::Avx2Maddubs ? kActQmaxReduced : kActQmax; }
+
+struct Shape {
+    int64_t M, N, K;
+};
+
+// C = A · Bᵀ on `path`, A and B filled by the caller, with every leading dimension larger than
+// needed; the padding of C must come back untouched.
+void check_against_reference(QgemmPath path, const Shape& s, const std::vector<uint8_t>& A,
+                             const std::vector<int8_t>& B, int64_t lda, int64_t ldb) {
+    const int64_t ldc = s.N + 3;
+    constexpr int32_t kUntouched = 0x5eed;
+    std::vector<int32_t> C(size_t(s.M * ldc), kUntouched), R(size_t(s.M * ldc), kUntouched);
+    qgemm_u8s8_on(path, s.M, s.N, s.K, A.data(), lda, B.data(), ldb, C.data(), ldc, a_max_of(path));
+    qgemm_u8s8_reference(s.M, s.N, s.K, A.data(), lda, B.data(), ldb, R.data(), ldc);
+    INFO(qgemm_path_name(path) << " M=" << s.M << " N=" << s.N << " K=" << s.K);
+    CHECK(C == R);
+}
+
+}  // namespace
+
+TEST_CASE("qgemm_u8s8: every path equals the reference exactly, on any shape and stride",
+          "[lesson11][cpu][qgemm]") {
+    // 1×1×1; odd sizes; K not a multiple of 4, 16, 32 or 64; more columns than one panel; K past
+    // one KC-block (1024 k for u8, 512 for i16); large enough to split over threads.
+    const Shape shapes[] = {{1, 1, 1},   {1, 1, 5},    {3, 5, 7},     {7, 17, 33},    {13, 31, 67},
+                            {9, 33, 130}, {64, 20, 250}, {100, 50, 320}, {37, 45, 1027}, {257, 70, 300},
+                            {6, 40, 2100}};
+    std::mt19937 rng(11);
+    for (QgemmPath path : paths_here())
+        for (const Shape& s : shapes) {
+            const int64_t lda = s.K + 3, ldb = s.K + 5;
+            const auto A = random_u8(s.M * lda, a_max_of(path), rng);
+            const auto B = random_i8(s.N * ldb, rng);
+            check_against_reference(path, s, A, B, lda, ldb);
+        }
+}
+
+TEST_CASE("qgemm_u8s8: the extreme values, where a 16-bit pair sum would saturate",
+          "[lesson11][cpu][qgemm]") {
+    // A = a_max and B = −128 or 127 everywhere: C = K·a·b exactly. On avx2-maddubs a_max = 127:
+    // pair sums 2·127·(−128) = −32512 and 2·127·127 = 32258, both inside int16.
+    const Shape s{11, 19, 1031};  // K·255·128 = 33 652 | 480 < 2^31
+    for (QgemmPath path : paths_here())
+        for (int8_t b : {int8_t(-128), int8_t(127)}) {
+            const std::vector<uint8_t> A(size_t(s.M * s.K), uint8_t(a_max_of(path)));
+            const std::vector<int8_t> B(size_t(s.N * s.K), b);
+            std::vector<int32_t> C(size_t(s.M * s.N));
+            qgemm_u8s8_on(path, s.M, s.N, s.K, A.data(), s.K, B.data(), s.K, C.data(), s.N, a_max_of(path));
+            INFO(qgemm_path_name(path) << " b=" << int(b));
+            CHECK(C == std::vector<int32_t>(C.size(), int32_t(s.K) * a_max_of(path) * b));
+            check_against_reference(path, s, A, B, s.K, s.K);
+        }
+}
+
+TEST_CASE("qgemm_u8s8: one to two threads give the same integers", "[lesson11][cpu][qgemm]") {
+    const Shape s{300, 40, 200};  // 2.4 M multiply-adds: the rows are split over the threads
+    std::mt19937 rng(12);
+    const auto A = random_u8(s.M * s.K, kActQmax, rng);
+    const auto B = random_i8(s.N * s.K, rng);
+    for (QgemmPath path : paths_here()) {
+        if (path == QgemmPath::Avx2Maddubs) continue;  // A has values above 127
+        std::vector<int32_t> one(size_t(s.M * s.N)), two(one.size());
+        with_threads(1, [&] { qgemm_u8s8_on(path, s.M, s.N, s.K, A.data(), s.K, B.data(), s.K, one.data(), s.N, 255); });
+        with_threads(2, [&] { qgemm_u8s8_on(path, s.M, s.N, s.K, A.data(), s.K, B.data(), s.K, two.data(), s.N, 255); });
+        INFO(qgemm_path_name(path));
+        CHECK(one == two);
+    }
+}
+
+TEST_CASE("qgemm_path: VNNI where the CPU has it, maddubs only for a_max ≤ 127, KILN_CPU caps it",
+          "[lesson11][cpu][qgemm]") {
+    const CpuFeatures& f = cpu_features();
+    const CpuLevel level = detected_cpu_level();
+    INFO(cpu_features_line() << ": " << qgemm_path_name(qgemm_path(255)) << " for u8, "
+                             << qgemm_path_name(qgemm_path(127)) << " for reduce_range");
+    if (level >= CpuLevel::Avx512 && f.avx512_vnni) {
+        CHECK(qgemm_path(255) == QgemmPath::Avx512Vnni);
+    } else if (level >= CpuLevel::Avx2 && f.avx_vnni) {
+        CHECK(qgemm_path(255) == QgemmPath::AvxVnni);
+    } else if (level >= CpuLevel::Avx2) {
+        CHECK(qgemm_path(255) == QgemmPath::Avx2Madd);
+        CHECK(qgemm_path(128) == QgemmPath::Avx2Madd);
+        CHECK(qgemm_path(127) == QgemmPath::Avx2Maddubs);
+    }
+    const CpuLevel before = set_cpu_level_cap(CpuLevel::Portable);
+    CHECK(qgemm_path(255) == QgemmPath::Portable);
+    CHECK(qgemm_path(127) == QgemmPath::Portable);
+    set_cpu_level_cap(before);
+    CHECK(qgemm_available_paths().front() == QgemmPath::Portable);
+}
+
+TEST_CASE("qgemm_u8s8: bad arguments are explained", "[lesson11][cpu][qgemm]") {
+    const std::vector<uint8_t> A(12, 1);
+    const std::vector<int8_t> B(12, 1);
+    std::vector<int32_t> C(16);
+    CHECK_THROWS_WITH(qgemm_u8s8(3, 3, 4, A.data(), 3, B.data(), 4, C.data(), 3, 255),
+                      Catch::Contains("lda=3") && Catch::Contains("K=4"));
+    CHECK_THROWS_WITH(qgemm_u8s8(3, 3, 4, A.data(), 4, B.data(), 4, C.data(), 2, 255), Catch::Contains("ldc=2"));
+    CHECK_THROWS_WITH(qgemm_u8s8(3, 3, 4, A.data(), 4, B.data(), 4, C.data(), 3, 256),
+                      Catch::Contains("a_max=256") && Catch::Contains("reduce_range"));
+    CHECK_THROWS_WITH(qgemm_u8s8(1, 1, 70000, A.data(), 70000, B.data(), 70000, C.data(), 1, 255),
+                      Catch::Contains("K=70000") && Catch::Contains("overflow"));
+    if (qgemm_path_available(QgemmPath::Avx2Maddubs))
+        CHECK_THROWS_WITH(
+            qgemm_u8s8_on(QgemmPath::Avx2Maddubs, 3, 3, 4, A.data(), 4, B.data(), 4, C.data(), 3, 255),
+            Catch::Contains("needs A ≤ 127") && Catch::Contains("a_max=255"));
+    for (QgemmPath p : {QgemmPath::AvxVnni, QgemmPath::Avx512Vnni})
+        if (!qgemm_path_available(p))
+            CHECK_THROWS_WITH(qgemm_u8s8_on(p, 3, 3, 4, A.data(), 4, B.data(), 4, C.data(), 3, 255),
+                              Catch::Contains(std::string("cannot run the ") + qgemm_path_name(p)));
+}
+
+// ==== the int8 layers ===============================================================================
+namespace {
+
+// A layer's requantization, random but valid: bias[o], multipliers M_o in [2^-12, 2^-6], z_y and
+// a clamp range. Random sums of K products of ±128·[0, 255] are ~10^3 to 10^5: some land inside
+// the u8 range, some are clamped, so both branches of requantize_value run.
+struct RandomOutput {
+    std::vector<int32_t> bias;
+    std::vector<Requant> requant;
+    QOutput out;
+    RandomOutput(int64_t O, std::mt19937& rng, bool relu) {
+        std::uniform_int_distribution<int32_t> b(-20000, 20000);
+        std::uniform_real_distribution<double> e(-12.0, -6.0);
+        for (int64_t o = 0; o < O; ++o) {
+            bias.push_back(b(rng));
+            requant.push_back(make_requant(std::exp2(e(rng))));
+        }
+        out.bias = bias.data();
+        out.requant = requant.data();
+        out.zero_point = 97;
+        out.lo = relu ? out.zero_point : 0;  // a fused ReLU clamps at z_y
+        out.hi = 255;
+    }
+};
+
+// The convolution written out: acc = Σ w·x over the window, x read as z_x outside the image,
+// then y = requantize_value(acc + bias[o]).
+std::vector<uint8_t> direct_qconv2d(const std::vector<uint8_t>& x, const std::vector<int8_t>& w,
+                                    const Conv2dParams& p, int32_t z_x, const QOutput& out) {
+    const int64_t P = p.P(), Q = p.Q();
+    std::vector<uint8_t> y(size_t(p.N * p.O * P * Q));
+    for (int64_t n = 0; n < p.N; ++n)
+        for (int64_t o = 0; o < p.O; ++o)
+            for (int64_t op = 0; op < P; ++op)
+                for (int64_t oq = 0; oq < Q; ++oq) {
+                    int32_t acc = 0;
+                    for (int64_t c = 0; c < p.C; ++c)
+                        for (int64_t kh = 0; kh < p.KH; ++kh)
+                            for (int64_t kw = 0; kw < p.KW; ++kw) {
+                                const int64_t ih = op * p.stride - p.padding + kh * p.dilation;
+                                const int64_t iw = oq * p.stride - p.padding + kw * p.dilation;
+                                const bool inside = ih >= 0 && ih < p.H && iw >= 0 && iw < p.W;
+                                const int32_t xv = inside ? x[size_t(((n * p.C + c) * p.H + ih) * p.W + iw)] : z_x;
+                                acc += int32_t(w[size_t(((o * p.C + c) * p.KH + kh) * p.KW + kw)]) * xv;
+                            }
+                    y[size_t(((n * p.O + o) * P + op) * Q + oq)] =
+                        requantize_value(acc + out.bias[o], out.requant[o], out.zero_point, out.lo, out.hi);
+                }
+    return y;
+}
+
+Conv2dParams conv(int64_t N, int64_t C, int64_t H, int64_t W, int64_t O, int64_t KH, int64_t KW, int64_t stride,
+                  int64_t padding, int64_t dilation) {
+    Conv2dParams p;
+    p.N = N, p.C = C, p.H = H, p.W = W, p.O = O, p.KH = KH, p.KW = KW;
+    p.stride = stride, p.padding = padding, p.dilation = dilation;
+    return p;
+}
+
+std::vector<uint8_t> run_qconv2d(const std::vector<uint8_t>& x, const std::vector<int8_t>& w, const Conv2dParams& p,
+                                 int32_t z_x, int32_t x_max, const QOutput& out) {
+    std::vector<uint8_t> y(size_t(p.N * p.O * p.P() * p.Q())), work(size_t(qconv2d_work_bytes(p)));
+    qconv2d(x.data(), w.data(), y.data(), p, z_x, x_max, out, work.data());
+    return y;
+}
+
+}  // namespace
+
+TEST_CASE("qconv2d equals the direct integer convolution, with padding, stride and dilation",
+          "[lesson11][cpu][qgemm]") {
+    // LeNet's two convolutions, the CIFAR net's 2×2 stem and a padded 3×3, stride 2,
+    // dilation 2, 1×1; N = 5 > 2 threads (images spread), N = 1 (the product split).
+    const Conv2dParams shapes[] = {conv(5, 1, 28, 28, 10, 5, 5, 1, 0, 1), conv(3, 10, 12, 12, 20, 5, 5, 1, 0, 1),
+                                   conv(2, 3, 32, 32, 24, 2, 2, 1, 0, 1),  conv(5, 24, 15, 15, 32, 3, 3, 1, 1, 1),
+                                   conv(3, 6, 11, 13, 7, 3, 3, 2, 1, 1),   conv(3, 5, 14, 12, 9, 3, 3, 1, 2, 2),
+                                   conv(4, 17, 7, 7, 33, 1, 1, 1, 0, 1),   conv(1, 32, 16, 16, 64, 3, 3, 1, 1, 1)};
+    std::mt19937 rng(13);
+    for (const Conv2dParams& p : shapes)
+        for (int32_t x_max : {kActQmax, kActQmaxReduced}) {
+            const int32_t z_x = x_max / 3;
+            const auto x = random_u8(p.N * p.C * p.H * p.W, x_max, rng);
+            const auto w = random_i8(p.O * p.C * p.KH * p.KW, rng);
+            const RandomOutput r(p.O, rng, /*relu=*/x_max == kActQmax);
+            const auto expected = direct_qconv2d(x, w, p, z_x, r.out);
+            INFO("N=" << p.N << " C=" << p.C << " " << p.H << "×" << p.W << " O=" << p.O << " k" << p.KH << "×"
+                      << p.KW << " stride " << p.stride << " pad " << p.padding << " dil " << p.dilation
+                      << " x_max " << x_max << ", path " << qgemm_path_name(qgemm_path(x_max)));
+            std::vector<uint8_t> one, two;
+            with_threads(1, [&] { one = run_qconv2d(x, w, p, z_x, x_max, r.out); });
+            with_threads(2, [&] { two = run_qconv2d(x, w, p, z_x, x_max, r.out); });
+            CHECK(one == expected);
+            CHECK(two == expected);
+        }
+}
+
+TEST_CASE("qconv2d's workspace depends on the sizes only, and groups are refused", "[lesson11][cpu][qgemm]") {
+    const Conv2dParams p = conv(40, 3, 8, 8, 4, 3, 3, 1, 0, 1);
+    int64_t one = 0, two = 0;
+    with_threads(1, [&] { one = qconv2d_work_bytes(p); });
+    with_threads(2, [&] { two = qconv2d_work_bytes(p); });
+    CHECK(one == two);
+    Conv2dParams g = conv(1, 4, 8, 8, 4, 3, 3, 1, 0, 1);
+    g.groups = 2;
+    std::vector<uint8_t> x(4 * 64), y(4 * 36), work(size_t(qconv2d_work_bytes(g)));
+    std::vector<int8_t> w(4 * 2 * 9);
+    CHECK_THROWS_WITH(qconv2d(x.data(), w.data(), y.data(), g, 0, 255, QOutput{}, work.data()),
+                      Catch::Contains("groups=2"));
+}
+
+TEST_CASE("qlinear equals Σ w·x requantized, at the chapter's sizes", "[lesson11][cpu][qgemm]") {
+    const Shape shapes[] = {{64, 50, 320}, {1000, 10, 50}, {3, 7, 1}, {129, 33, 513}};  // {N, O, K}
+    std::mt19937 rng(14);
+    for (const Shape& s : shapes)
+        for (int32_t x_max : {kActQmax, kActQmaxReduced}) {
+            const auto x = random_u8(s.M * s.K, x_max, rng);
+            const auto w = random_i8(s.N * s.K, rng);
+            const RandomOutput r(s.N, rng, /*relu=*/false);
+            std::vector<uint8_t> expected(size_t(s.M * s.N)), y(expected.size());
+            for (int64_t n = 0; n < s.M; ++n)
+                for (int64_t o = 0; o < s.N; ++o) {
+                    int32_t acc = 0;
+                    for (int64_t k = 0; k < s.K; ++k) acc += int32_t(w[size_t(o * s.K + k)]) * x[size_t(n * s.K + k)];
+                    expected[size_t(n * s.N + o)] =
+                        requantize_value(acc + r.bias[size_t(o)], r.requant[size_t(o)], r.out.zero_point, r.out.lo, r.out.hi);
+                }
+            std::vector<int32_t> work(size_t(s.M * s.N));
+            qlinear(x.data(), w.data(), y.data(), s.M, s.K, s.N, x_max, r.out, work.data());
+            INFO("N=" << s.M << " O=" << s.N << " K=" << s.K << " x_max " << x_max);
+            CHECK(y == expected);
+        }
+}
