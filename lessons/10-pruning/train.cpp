@@ -75,24 +75,6 @@ void save_pruning_plot(const std::vector<Round>& rounds, double dense_acc, const
     std::printf("wrote %s\n", path.c_str());
 }
 
-// Test-set accuracy, and images per second of the forward passes (evaluate: eval mode, no
-// caches): the median of three passes over the test set.
-struct Scored {
-    double acc, images_per_second;
-};
-Scored score(Module& model, DataLoader& test, BumpAllocator& arena) {
-    double acc = 0.0;
-    std::vector<double> rates;
-    for (int i = 0; i < 3; i++) {
-        const auto t0 = std::chrono::steady_clock::now();
-        acc = evaluate(model, test, &arena);
-        const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-        rates.push_back(double(test.set().n) / s);
-    }
-    std::sort(rates.begin(), rates.end());
-    return {acc, rates[1]};
-}
-
 // What pruning was for, at last: the masks baked in (prune::remove), then every Linear's
 // weight stored as CSR (SparseLinear): the weights' bytes and the forward pass's speed, before
 // and after. The predictions do not change; only how the zeros are (not) stored.
@@ -102,11 +84,11 @@ void sparse_savings(Module& model, DataLoader& test, BumpAllocator& arena) {
         prune::remove(*m, name);
         if (auto* fc = dynamic_cast<Linear*>(m)) dense_bytes += int64_t(fc->weight.value.nbytes());
     }
-    const Scored dense = score(model, test, arena);
+    const TimedAccuracy dense = evaluate_timed(model, test, &arena);
     sparsify_linears(model);
     for (auto& [path, m] : model.named_modules())
         if (auto* fc = dynamic_cast<SparseLinear*>(m)) csr_bytes += fc->weight.bytes();
-    const Scored sparse = score(model, test, arena);
+    const TimedAccuracy sparse = evaluate_timed(model, test, &arena);
     std::printf("linear weights: dense %.1f KiB -> CSR %.1f KiB (%.1fx smaller); inference %.0f -> %.0f img/s "
                 "(%.2fx); test accuracy %.2f%% -> %.2f%%\n",
                 dense_bytes / 1024.0, csr_bytes / 1024.0, double(dense_bytes) / double(csr_bytes),
@@ -260,16 +242,16 @@ int run_cifar(CommonFlags& flags, const std::string& from, float fraction, int f
         load_model(read_safetensors(from), model);
     }
     const int64_t dense_params = model.num_parameters();
-    const Scored dense = score(model, cifar.test, arena);
+    const TimedAccuracy dense = evaluate_timed(model, cifar.test, &arena);
     std::printf("dense:  %lld parameters, test accuracy %.2f%%, inference %.0f img/s\n", (long long)dense_params,
                 100 * dense.acc, dense.images_per_second);
 
     prune_channels(model, fraction);
-    const Scored masked = score(model, cifar.test, arena);
+    const TimedAccuracy masked = evaluate_timed(model, cifar.test, &arena);
     std::printf("masked: %.0f%% of every conv's channels zeroed, test accuracy %.2f%%, inference %.0f img/s "
                 "(masks save nothing)\n", 100.0 * fraction, 100 * masked.acc, masked.images_per_second);
     cut_channels(model);
-    const Scored cut = score(model, cifar.test, arena);
+    const TimedAccuracy cut = evaluate_timed(model, cifar.test, &arena);
     std::printf("cut:    %lld parameters (%.2fx fewer), test accuracy %.2f%%, inference %.0f img/s (%.2fx)\n",
                 (long long)model.num_parameters(), double(dense_params) / double(model.num_parameters()),
                 100 * cut.acc, cut.images_per_second, cut.images_per_second / dense.images_per_second);

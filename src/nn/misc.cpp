@@ -1,4 +1,4 @@
-// misc.cpp — Dropout, GELU, Residual: the layers' checks (which name the layer), the caches, and
+// misc.cpp — Dropout, Identity, GELU, Residual: the layers' checks (which name the layer), the caches, and
 // the calls to the ops dropout and gelu (ops/cnn.h; kernels in ops/cpu/norm.cpp and cuda/norm.cu)
 // and add (ops/ops.h).
 #include "nn/misc.h"
@@ -46,6 +46,14 @@ LayerMemory Dropout::memory(const Shape& in, Device) const {
 }
 
 // ---- GELU ----------------------------------------------------------------------------------------
+// Nothing allocated: y is x, dx is dy.
+LayerMemory Identity::memory(const Shape& in, Device) const {
+    LayerMemory m;
+    m.output = in;
+    m.output_is_view = true;
+    return m;
+}
+
 Tensor GELU::forward(const Tensor& x) {
     check_defined(x, name().c_str(), "the input");
     Tensor y = gelu(x);

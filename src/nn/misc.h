@@ -1,4 +1,4 @@
-// misc.h — small layers of chapter 06 onwards: Dropout, GELU, Residual.
+// misc.h — small layers of chapter 06 onwards: Dropout, GELU, Residual, Identity.
 #pragma once
 #include <cstdint>
 #include <memory>
@@ -47,6 +47,16 @@ public:
 
 private:
     Tensor x_;
+};
+
+// y = x, dx = dy: what a layer becomes when its work has moved into another one (a batch norm
+// folded into the convolution before it, chapter 11). Returns its input itself: nothing allocated.
+class Identity : public Module {
+public:
+    explicit Identity(std::string name = "identity") : Module(std::move(name)) {}
+    Tensor forward(const Tensor& x) override { return x; }
+    Tensor backward(const Tensor& dy) override { return dy; }
+    LayerMemory memory(const Shape& in, Device device) const override;
 };
 
 // y = f(x) + shortcut(x)   (shortcut = identity when null; then f must keep x's shape)

@@ -1,7 +1,10 @@
 // evaluate.cpp — counting correct predictions.
 #include "train/evaluate.h"
 
+#include <algorithm>
+#include <chrono>
 #include <optional>
+#include <vector>
 
 #include "ops/ops.h"
 
@@ -52,6 +55,20 @@ MirrorAccuracy score(Module& model, DataLoader& loader, DataLoader* mirrored, Bu
 
 double evaluate(Module& model, DataLoader& loader, BumpAllocator* arena) {
     return score(model, loader, nullptr, arena).plain;
+}
+
+TimedAccuracy evaluate_timed(Module& model, DataLoader& loader, BumpAllocator* arena, int passes) {
+    KILN_CHECK(passes >= 1, "evaluate_timed: passes ", passes, " should be at least 1");
+    double acc = 0.0;
+    std::vector<double> rates;
+    for (int i = 0; i < passes; i++) {
+        const auto t0 = std::chrono::steady_clock::now();
+        acc = evaluate(model, loader, arena);
+        const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+        rates.push_back(double(loader.set().n) / s);
+    }
+    std::sort(rates.begin(), rates.end());
+    return {acc, rates[rates.size() / 2]};
 }
 
 MirrorAccuracy evaluate_with_mirror(Module& model, DataLoader& loader, DataLoader& mirrored, BumpAllocator* arena) {

@@ -15,6 +15,14 @@ int64_t count_correct(const Tensor& logits, const Tensor& labels);
 // mode no layer keeps a cache, so a batch size that trains within the arena evaluates within it.
 double evaluate(Module& model, DataLoader& loader, BumpAllocator* arena = nullptr);
 
+// Accuracy and speed of inference: `passes` runs of evaluate() over the whole loader, the
+// accuracy of the last and the median of their images per second (a machine's speed varies
+// from run to run; the median of an odd number ignores the odd slow one).
+struct TimedAccuracy {
+    double acc, images_per_second;
+};
+TimedAccuracy evaluate_timed(Module& model, DataLoader& loader, BumpAllocator* arena = nullptr, int passes = 3);
+
 // Test-time augmentation with mirror images. `mirrored` delivers the same images as `loader`,
 // in the same order, each flipped left to right (a RandomHorizontalFlip(1.0) transform). An
 // image's prediction is then the class with the largest sum of logits over the two views:

@@ -1,0 +1,228 @@
+// lesson-11 — int8 post-training quantization: a trained network's weights and activations in 8
+// bits, integer kernels, and what that buys (4× smaller, faster) and costs (accuracy).
+//
+//   make lesson-11                                  # LeNet: trained here (chapter 03's recipe), then int8
+//   make lesson-11 ARGS='--from runs/lesson-03/last.safetensors'          # a LeNet lesson-03 trained
+//   make lesson-11 ARGS='--model cifar --from runs/lesson-06/last.safetensors'   # chapter 06's net
+//   make lesson-11 ARGS='--model cifar --from ... --qat-epochs 1'         # + quantization-aware training
+//
+// The steps, each printed with what it gives:
+//   1. the f32 model: trained here or loaded (--from); its test accuracy and inference speed
+//   2. batch norm folded into the convolutions (quant/fold.h): the same accuracy
+//   3. calibration: --calib-batches training batches through the model with observers on every
+//      layer's output (quant/qmodel.h Calibrator; --observer histogram|minmax|moving)
+//   4. conversion to int8 (convert), its steps, its test accuracy and speed, and which int8
+//      kernel ran (ops/cpu/qgemm.h: avx512-vnni, avx-vnni, avx2-maddubs, avx2-madd, portable)
+//   5. both models saved (f32.safetensors, int8.safetensors in --save DIR or runs/lesson-11/)
+//      and their sizes; the int8 file loaded back gives the same logits
+//   6. histogram.svg: the first layer's output as the histogram observer saw it, with the clip
+//      range it chose
+//   7. with --qat-epochs N: quantization-aware fine-tuning (quant/qat.h), calibrated and
+//      converted again, against step 4
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <optional>
+#include <string>
+#include <sys/stat.h>
+
+#include "core/allocator.h"       // defines: BumpAllocator
+#include "core/cpu_features.h"    // defines: cpu_features_line
+#include "nn/models.h"            // defines: lenet, cifar_net
+#include "ops/quant.h"            // defines: int8_kernel_path
+#include "optim/optimizer.h"      // defines: SGD
+#include "quant/fold.h"           // defines: fold_batchnorm
+#include "quant/histogram_svg.h"  // defines: histogram_svg
+#include "quant/qat.h"            // defines: QuantAwareTraining
+#include "quant/qmodel.h"         // defines: Calibrator, convert, QuantizedNet, QuantizedModule
+#include "train/checkpoint.h"     // defines: read_safetensors, load_model, save_model, write_safetensors
+#include "train/cli.h"            // defines: Cli, CommonFlags
+#include "train/evaluate.h"       // defines: evaluate_timed
+#include "train/fit.h"            // defines: MnistData, CifarData, fit, report
+#include "train/run_log.h"        // defines: run_info (the run's folder)
+
+using namespace kiln;
+
+namespace {
+
+struct Options {
+    std::string model = "lenet", from, observer = "histogram", reduce_range = "auto";
+    int calib_batches = 32, qat_epochs = 0;
+    float qat_lr = 0.001f;
+};
+
+double file_kib(const std::string& path) {
+    struct stat st {};
+    KILN_CHECK(::stat(path.c_str(), &st) == 0, "cannot stat ", path);
+    return double(st.st_size) / 1024.0;
+}
+
+// Step 3: the observers see `batches` training batches.
+void calibrate(Calibrator& cal, DataLoader& train, int batches) {
+    train.start_epoch(0);
+    Batch b;
+    for (int i = 0; i < batches && train.next(b); i++) cal.run(b.x);
+}
+
+// Steps 3 and 4: calibrate, convert, score.
+QuantizedNet quantize_and_score(Module& model, const QuantConfig& config, DataLoader& train, DataLoader& test,
+                                int batches, const char* label, TimedAccuracy* scored) {
+    Calibrator cal(model, config);
+    calibrate(cal, train, batches);
+    QuantizedNet q = convert(model, cal);
+    QuantizedModule int8(q);
+    *scored = evaluate_timed(int8, test);
+    std::printf("%s: test accuracy %.2f%%, inference %.0f img/s\n", label, 100 * scored->acc, scored->images_per_second);
+    return q;
+}
+
+// Step 6: the first layer's output as its histogram observer saw it.
+void save_histogram(Module& model, const QuantConfig& config, DataLoader& train, int batches, const std::string& path) {
+    if (config.activations != QuantConfig::Observer::Histogram) return;
+    Calibrator cal(model, config);
+    calibrate(cal, train, batches);
+    std::string first;
+    for (auto& [name, m] : model.named_modules())
+        if (m->children().empty() && first.empty()) first = name;
+    const auto& obs = static_cast<const HistogramObserver&>(cal.observer(first));
+    histogram_svg(obs, first + " output over " + std::to_string(batches) + " calibration batches").save(path);
+    std::printf("wrote %s\n", path.c_str());
+}
+
+// Step 5: the two files, their sizes, and the int8 one read back.
+void save_both(Module& model, const QuantizedNet& q, const std::string& dir, const Tensor& probe) {
+    std::error_code error;
+    std::filesystem::create_directories(dir, error);
+    KILN_CHECK(!error, "cannot create the folder ", dir, ": ", error.message());
+    StateDict f32;
+    save_model(f32, model);
+    write_safetensors(dir + "/f32.safetensors", f32);
+    q.save(dir + "/int8.safetensors");
+    const double a = file_kib(dir + "/f32.safetensors"), b = file_kib(dir + "/int8.safetensors");
+    QuantizedNet back = QuantizedNet::load(dir + "/int8.safetensors");
+    back.to(q.device());
+    const Tensor l1 = q.forward(probe).to(Device::CPU), l2 = back.forward(probe).to(Device::CPU);
+    const bool same = std::memcmp(l1.data<float>(), l2.data<float>(), l1.nbytes()) == 0;
+    std::printf("files: f32 (folded) %.1f KiB, int8 %.1f KiB (%.1f%%, %.2fx smaller); int8 file loaded back: %s\n", a,
+                b, 100 * b / a, a / b, same ? "the same logits, bit for bit" : "DIFFERENT logits");
+}
+
+int run(CommonFlags& flags, const Options& o) {
+    const Device device = flags.apply();
+    const auto start = std::chrono::steady_clock::now();
+    const bool cifar = o.model == "cifar";
+    std::optional<MnistData> mnist;
+    std::optional<CifarData> cifar_data;
+    if (cifar) cifar_data.emplace(flags, device); else mnist.emplace(flags, device);
+    DataLoader& train = cifar ? cifar_data->train : mnist->train;
+    DataLoader& test = cifar ? cifar_data->test : mnist->test;
+    BumpAllocator arena("step arena", device);
+    Rng rng(flags.seed);
+    std::unique_ptr<Sequential> net = cifar ? cifar_net(rng, {32, 64, 128}) : lenet(rng);
+    Sequential& model = *net;
+    model.to(device);
+
+    // 1. the f32 model
+    if (o.from.empty()) {
+        std::printf("lesson-11: %s trained here first (%d epochs; --from a checkpoint skips this)\n",
+                    cifar ? "chapter 06's CIFAR net" : "LeNet", flags.epochs);
+        SGD sgd(model.parameters(), flags.lr, cifar ? SGD::Options{0.9f, 0.0f, 5e-4f, true} : SGD::Options{0.9f, 0.0f, 0.0f, false});
+        fit(model, sgd, train, test, flags, &arena);
+    } else {
+        load_model(read_safetensors(o.from), model);
+    }
+    const TimedAccuracy f32 = evaluate_timed(model, test, &arena);
+    std::printf("f32:    %lld parameters, test accuracy %.2f%%, inference %.0f img/s\n",
+                (long long)model.num_parameters(), 100 * f32.acc, f32.images_per_second);
+
+    // 2. batch norm folded
+    const auto folded = fold_batchnorm(model);
+    if (!folded.empty())
+        std::printf("folded: %zu batch norms into their convolutions, test accuracy %.2f%%\n", folded.size(),
+                    100 * evaluate_timed(model, test, &arena, 1).acc);
+
+    // 3, 4. calibration and conversion
+    QuantConfig config;
+    config.activations = parse_observer(o.observer);
+    config.reduce_range = o.reduce_range == "on" || (o.reduce_range == "auto" && reduced_range_is_faster(device));
+    std::printf("int8 kernels: %s, activations in [0, %d] (--reduce-range %s); %s\n",
+                int8_kernel_path(device, config.act_qmax()), config.act_qmax(), o.reduce_range.c_str(),
+                cpu_features_line().c_str());
+    TimedAccuracy ptq;
+    QuantizedNet q = quantize_and_score(model, config, train, test, o.calib_batches, "int8", &ptq);
+    std::printf("%s", q.summary().c_str());
+    std::printf("int8 against f32: %+.2f points, %.2fx the speed (%s observer, %d calibration batches)\n",
+                100 * (ptq.acc - f32.acc), ptq.images_per_second / f32.images_per_second, o.observer.c_str(),
+                o.calib_batches);
+
+    // 5, 6. the files and the figure
+    const std::string dir = run_info(flags).dir;
+    Batch probe;
+    test.start_epoch(0);
+    test.next(probe);
+    save_both(model, q, dir, probe.x);
+    save_histogram(model, config, train, o.calib_batches, dir + "/histogram.svg");
+
+    // 7. quantization-aware training
+    double final_acc = ptq.acc;
+    if (o.qat_epochs > 0) {
+        {
+            QuantAwareTraining qat(model, q, config);
+            SGD sgd(model.parameters(), o.qat_lr, SGD::Options{0.9f, 0.0f, cifar ? 5e-4f : 0.0f, cifar});
+            TrainOptions opt;
+            opt.epochs = o.qat_epochs;
+            opt.arena = &arena;
+            std::printf("quantization-aware training: %d epochs at lr %g\n", o.qat_epochs, o.qat_lr);
+            fit(model, sgd, train, test, opt);
+        }
+        TimedAccuracy qat_scored;
+        quantize_and_score(model, config, train, test, o.calib_batches, "int8 after QAT", &qat_scored);
+        std::printf("QAT against post-training int8: %+.2f points (f32 %.2f%%, PTQ %.2f%%, QAT %.2f%%)\n",
+                    100 * (qat_scored.acc - ptq.acc), 100 * f32.acc, 100 * ptq.acc, 100 * qat_scored.acc);
+        final_acc = qat_scored.acc;
+    }
+    report(device, final_acc, start);
+    return 0;
+}
+
+// "--model cifar" or "--model=cifar" on the command line.
+bool asks_for_cifar(int argc, char** argv) {
+    for (int i = 1; i < argc; i++)
+        if (std::string(argv[i]) == "--model=cifar" ||
+            (std::string(argv[i]) == "--model" && i + 1 < argc && std::string(argv[i + 1]) == "cifar"))
+            return true;
+    return false;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) try {
+    CommonFlags flags;
+    flags.epochs = 12;  // chapter 03's recipe for LeNet
+    flags.lr = 0.05f;
+    Options o;
+    Cli cli("lesson-11", "Quantizes a trained network to int8 and measures its size, accuracy and speed.");
+    flags.add_to(cli);
+    cli.add("--model", &o.model, "lenet (chapter 03's) or cifar (chapter 06's net)");
+    cli.add("--from", &o.from, "the trained f32 model: a lesson-03 (lenet) or lesson-06 (cifar) checkpoint; else trained here");
+    cli.add("--observer", &o.observer, "activation ranges: histogram (L2-optimal clipping), minmax or moving");
+    cli.add("--calib-batches", &o.calib_batches, "training batches the observers see");
+    cli.add("--reduce-range", &o.reduce_range, "activations in [0, 127]: auto (when the CPU's int8 path is faster so), on, off");
+    cli.add("--qat-epochs", &o.qat_epochs, "epochs of quantization-aware fine-tuning after post-training quantization (0: none)");
+    cli.add("--qat-lr", &o.qat_lr, "learning rate of the quantization-aware fine-tuning");
+    if (asks_for_cifar(argc, argv)) {  // chapter 06's settings, before the command line may change them
+        flags.batch_size = 128;
+        flags.data = "data/cifar10";
+        flags.epochs = 10;
+    }
+    cli.parse(argc, argv);
+    KILN_CHECK(o.model == "lenet" || o.model == "cifar", "--model ", o.model, ": lenet or cifar");
+    KILN_CHECK(o.reduce_range == "auto" || o.reduce_range == "on" || o.reduce_range == "off", "--reduce-range ",
+               o.reduce_range, ": auto, on or off");
+    KILN_CHECK(o.calib_batches >= 1, "--calib-batches ", o.calib_batches, ": at least 1");
+    return run(flags, o);
+} catch (const std::exception& e) {
+    std::fprintf(stderr, "lesson-11: %s\n", e.what());
+    return 1;
+}

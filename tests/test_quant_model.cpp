@@ -1,0 +1,295 @@
+// test_quant_model.cpp — chapter 11 from the top: the arithmetic of quant/qparams.h, the
+// Tensor-level ops' checks (ops/quant.h), batch-norm folding (quant/fold.h), and the int8
+// network (quant/qmodel.h): conversion, its accuracy against f32, its file, its errors.
+// The int8 kernels themselves are tested against integer references in test_qgemm.cpp (CPU) and
+// test_cuda_quant.cpp (CUDA); the observers in test_observer.cpp.
+//
+// Run: make build/tests/kiln_tests && build/tests/kiln_tests '[lesson11]'
+#include <cmath>
+#include <cstdio>
+#include <memory>
+#include <string>
+
+#include <unistd.h>  // getpid
+
+#include <catch2/catch.hpp>
+
+#include "fixtures.h"
+#include "nn/conv.h"
+#include "nn/layers.h"
+#include "nn/misc.h"
+#include "nn/models.h"
+#include "nn/norm.h"
+#include "nn/pool.h"
+#include "ops/quant.h"
+#include "quant/fold.h"
+#include "quant/qmodel.h"
+#include "quant/qparams.h"
+#include "train/checkpoint.h"
+
+using namespace kiln;
+using Catch::Matchers::Contains;
+using test::require_close;
+using test::require_identical;
+
+namespace {
+
+// A fresh path under /tmp for this test process.
+std::string temp_path(const std::string& name) {
+    return "/tmp/kiln-test-quant-" + std::to_string(::getpid()) + "-" + name;
+}
+
+// Every batch norm of the model with running statistics and an affine that are not the
+// identity: mean ~ N(0, 0.5), var ~ U(0.5, 2), γ ~ U(0.5, 1.5) (negated where `negative_gamma`
+// names the layer), β ~ N(0, 0.3).
+void randomize_batchnorms(Module& model, Rng& rng, const std::string& negative_gamma = "") {
+    for (auto& [name, m] : model.named_modules()) {
+        auto* bn = dynamic_cast<BatchNorm2d*>(m);
+        if (!bn) continue;
+        const Shape c{bn->num_features};
+        bn->running_mean = Tensor::normal(c, 0, 0.5f, rng);
+        bn->running_var = Tensor::uniform(c, 0.5f, 2.0f, rng);
+        bn->weight.value = Tensor::uniform(c, 0.5f, 1.5f, rng);
+        bn->bias.value = Tensor::normal(c, 0, 0.3f, rng);
+        if (name == negative_gamma) bn->weight.value.data<float>()[0] = -1.0f;
+    }
+}
+
+Tensor eval_forward(Module& model, const Tensor& x) {
+    model.eval();
+    NoGradScope no_grad;
+    return model.call(x);
+}
+
+}  // namespace
+
+// ---- the arithmetic -------------------------------------------------------------------------------
+TEST_CASE("quantize_value rounds half to even, saturates, and keeps the zero point exact",
+          "[lesson11][quant][cpu]") {
+    // scale 0.5: x / scale = 2x
+    const float inv = 2.0f;
+    CHECK(quantize_value(0.25f, inv, 0, 0, 255) == 0);    // 0.5 → 0 (even)
+    CHECK(quantize_value(0.75f, inv, 0, 0, 255) == 2);    // 1.5 → 2 (even)
+    CHECK(quantize_value(1.25f, inv, 10, 0, 255) == 12);  // 2.5 → 2, + 10
+    CHECK(quantize_value(0.0f, inv, 37, 0, 255) == 37);   // 0 is exactly the zero point
+    CHECK(quantize_value(1000.0f, inv, 0, 0, 255) == 255);
+    CHECK(quantize_value(-1000.0f, inv, 0, -128, 127) == -128);
+    CHECK(quantize_value(-3.0f, inv, 0, 0, 127) == 0);
+    CHECK(dequantize_value(12, 0.5f, 10) == 1.0f);
+}
+
+TEST_CASE("choose_qparams: PyTorch's rules on hand-computed ranges", "[lesson11][quant][cpu]") {
+    // [−1, 3] over [0, 255]: scale = 4/255, zero point = 0 − round(−1 / (4/255)) = round(63.75) = 64.
+    QParams a = choose_qparams_affine(-1.0f, 3.0f, 0, 255);
+    CHECK(a.scale == Approx(4.0 / 255).epsilon(1e-7));
+    CHECK(a.zero_point == 64);
+    // [2, 5]: the range is widened to [0, 5] so that 0 is exact: zero point 0.
+    a = choose_qparams_affine(2.0f, 5.0f, 0, 127);
+    CHECK(a.scale == Approx(5.0 / 127).epsilon(1e-7));
+    CHECK(a.zero_point == 0);
+    // [−4, −1] → [−4, 0]: zero point 255.
+    CHECK(choose_qparams_affine(-4.0f, -1.0f, 0, 255).zero_point == 255);
+    // all zero: the scale becomes float32's epsilon, not 0.
+    CHECK(choose_qparams_affine(0.0f, 0.0f, 0, 255).scale == std::numeric_limits<float>::epsilon());
+    // symmetric [−2, 1] over [−128, 127]: scale = 2 / 127.5, zero point 0.
+    const QParams s = choose_qparams_symmetric(-2.0f, 1.0f, -128, 127);
+    CHECK(s.scale == Approx(2.0 / 127.5).epsilon(1e-7));
+    CHECK(s.zero_point == 0);
+    CHECK_THROWS_WITH(choose_qparams_affine(1.0f, 0.0f, 0, 255), Contains("observe some data first"));
+}
+
+// M = m0 · 2^(−31 − shift) is within 2^-31 of the real multiplier, and apply_requant rounds
+// acc · M exactly: the reference is floor(acc · m0 / 2^(31 + shift) + 1/2) in long double, whose
+// 64-bit mantissa holds acc · m0 (≤ 2^24 · 2^31) exactly.
+TEST_CASE("requantization in fixed point is round(acc · M), half up", "[lesson11][quant][cpu]") {
+    Rng rng(11);
+    for (int i = 0; i < 2000; i++) {
+        const double M = std::exp(double(rng.next_below(1000000)) * 18e-6 - 16.0);  // 1e-7 .. 7
+        const Requant r = make_requant(M);
+        REQUIRE(r.m0 >= (1 << 30));
+        const long double Mq = std::ldexp((long double)r.m0, -31 - r.shift);
+        REQUIRE(std::fabs(double(Mq) - M) <= M * std::ldexp(1.0, -31));
+        const int32_t acc = int32_t(rng.next_below(1u << 25)) - (1 << 24);
+        const long double want = std::floor((long double)acc * Mq + 0.5L);
+        INFO("M " << M << " acc " << acc);
+        REQUIRE(apply_requant(acc, r) == int32_t(want));
+    }
+    CHECK(make_requant(0.0).m0 == 0);
+    CHECK(apply_requant(5, make_requant(0.5)) == 3);     // 2.5 → 3: half up
+    CHECK(apply_requant(-5, make_requant(0.5)) == -2);   // −2.5 → −2: half up
+    CHECK(requantize_value(1000, make_requant(0.5), 10, 0, 255) == 255);
+    CHECK(requantize_value(-100, make_requant(0.5), 10, 10, 255) == 10);  // a fused ReLU's clamp
+}
+
+TEST_CASE("quantize and dequantize ops: round trip within half a step, and their errors", "[lesson11][quant][cpu]") {
+    Rng rng(2);
+    const Tensor x = Tensor::uniform({3, 5}, -1.0f, 2.0f, rng);
+    const QParams qp = choose_qparams_affine(-1.0f, 2.0f, 0, 255);
+    const Tensor back = dequantize(quantize(x, qp, DType::U8), qp);
+    require_close(back, x, 0.0, qp.scale / 2 * (1 + 1e-6));  // |x − x̂| ≤ scale/2 inside the range
+    Tensor bad = x.to(Device::CPU);
+    bad.data<float>()[7] = std::nanf("");
+    CHECK_THROWS_WITH(quantize(bad, qp, DType::U8), Contains("needs finite values") && Contains("element 7"));
+    CHECK_THROWS_WITH(quantize(x, QParams{1.0f, 0, -128, 127}, DType::U8), Contains("does not fit u8"));
+    CHECK_THROWS_WITH(quantize(x, qp, DType::I32), Contains("u8 or i8"));
+    const Tensor s = Tensor::ones({4}), z = Tensor::zeros({4}, DType::I32);
+    CHECK_THROWS_WITH(quantize_per_channel(x, s, z, 0, -128, 127, DType::I8), Contains("scale"));
+    CHECK_THROWS_WITH(quantize_per_channel(x, s, z, 2, -128, 127, DType::I8), Contains("past the last dimension"));
+}
+
+// ---- batch norm folding ------------------------------------------------------------------------------
+// The folded net computes the same function up to rounding: each folded conv multiplies its
+// weights by a_c once (one rounding, u = 2^-24 relative) instead of scaling the sum after, so a
+// sum of K terms moves by about K·u of its largest terms; L = 8 layers of it (7 convs, the
+// head) give tol = 2·L·K·u relative to the largest logit, K = 16·9 the longest reduction.
+TEST_CASE("fold_batchnorm: the folded CIFAR net computes what the original does in eval mode",
+          "[lesson11][fold][cpu]") {
+    for (const std::string negative : {"", "block2a.bn"}) {
+        INFO("negative gamma in '" << negative << "'");
+        Rng rng(4);
+        auto model = cifar_net(rng, {8, 16, 16, 8});
+        randomize_batchnorms(*model, rng, negative);
+        const Tensor x = Tensor::normal({3, 3, 32, 32}, 0, 1, rng);
+        const Tensor want = eval_forward(*model, x);
+        const std::vector<std::string> folded = fold_batchnorm(*model);
+        // Six batch norms; one after a max-pool with a negative γ cannot fold (max would become min).
+        CHECK(folded.size() == (negative.empty() ? 6u : 5u));
+        if (!negative.empty()) CHECK(dynamic_cast<BatchNorm2d*>(&model->module_at(negative)) != nullptr);
+        CHECK(dynamic_cast<Identity*>(&model->module_at("block1b.bn")) != nullptr);
+        CHECK(static_cast<Conv2d&>(model->module_at("block1b.conv")).bias.value.defined());
+        const double tol = 2 * 8 * 16 * 9 / double(1 << 24);
+        require_close(eval_forward(*model, x), want, tol);
+    }
+}
+
+// ---- the int8 network -----------------------------------------------------------------------------------
+// LeNet with random weights, calibrated with min/max observers on the very inputs it is then
+// run on (so nothing is clipped): the int8 logits differ from f32 only by rounding. Each of the
+// 4 weighted layers rounds its weights and its output to 8 bits — half a step, 1/510 of the
+// range each — and the errors add up through the layers; 4 layers at ~1/255 of the range give
+// a bound of 4% of the logits' range, which a wrong zero point or scale exceeds many times over.
+TEST_CASE("convert: LeNet in int8 computes its f32 logits within rounding", "[lesson11][qmodel][cpu]") {
+    Rng rng(7);
+    auto model = lenet(rng);
+    const Tensor x = Tensor::normal({16, 1, 28, 28}, 0, 1, rng);
+    const Tensor want = eval_forward(*model, x);
+    QuantConfig config;
+    config.activations = QuantConfig::Observer::MinMax;
+    Calibrator cal(*model, config);
+    cal.run(x);
+    QuantizedNet q = convert(*model, cal);
+    // input, conv1 (+ReLU through the pool), pool, conv2, pool, flatten, fc1 (+ReLU), fc2, output
+    std::string kinds;
+    for (const auto& s : q.steps) kinds += s->kind + " ";
+    CHECK(kinds == "input conv maxpool conv maxpool flatten linear linear output ");
+    const Tensor got = q.forward(x);
+    double lo = 0, hi = 0;
+    for (int64_t i = 0; i < want.numel(); i++) lo = std::min(lo, double(want.data<float>()[i])), hi = std::max(hi, double(want.data<float>()[i]));
+    require_close(got, want, 0.0, 0.04 * (hi - lo));
+}
+
+TEST_CASE("convert: the CIFAR net with its batch norms folded, GELUs as tables", "[lesson11][qmodel][cpu]") {
+    Rng rng(8);
+    auto model = cifar_net(rng, {8, 16, 16, 8});
+    randomize_batchnorms(*model, rng, "block2a.bn");  // one batch norm stays: a per-channel table
+    fold_batchnorm(*model);
+    const Tensor x = Tensor::normal({4, 3, 32, 32}, 0, 1, rng);
+    QuantConfig config;
+    config.activations = QuantConfig::Observer::MinMax;
+    Calibrator cal(*model, config);
+    cal.run(x);
+    QuantizedNet q = convert(*model, cal);
+    int tables = 0, per_channel = 0;
+    for (const auto& s : q.steps)
+        if (s->kind == "table") {
+            tables++;
+            const std::string d = s->describe();
+            per_channel += d.find("bn+gelu, 16×256") != std::string::npos;
+        }
+    CHECK(tables == 7);       // stem's GELU and one per block
+    CHECK(per_channel == 1);  // block2a's unfolded batch norm and its GELU, one table per channel
+    CHECK(q.forward(x).shape() == Shape{4, 10});
+}
+
+// The int8 file: what is saved is what comes back (the same logits, bit for bit), at about a
+// quarter of the f32 checkpoint: the weights take 1 byte instead of 4, and the per-channel
+// scales, int32 biases, tables and the header add a little.
+TEST_CASE("QuantizedNet: save and load give the same network, at ≤ 27% of the f32 file",
+          "[lesson11][qmodel][cpu]") {
+    Rng rng(9);
+    auto model = cifar_net(rng, {32, 64, 128});
+    randomize_batchnorms(*model, rng);
+    const std::string f32_path = temp_path("f32.safetensors"), q_path = temp_path("int8.safetensors");
+    StateDict f32_state;
+    save_model(f32_state, *model);
+    write_safetensors(f32_path, f32_state);
+    fold_batchnorm(*model);
+    const Tensor x = Tensor::normal({2, 3, 32, 32}, 0, 1, rng);
+    Calibrator cal(*model, QuantConfig{});
+    cal.run(x);
+    const QuantizedNet q = convert(*model, cal);
+    q.save(q_path);
+    const QuantizedNet back = QuantizedNet::load(q_path);
+    require_identical(back.forward(x), q.forward(x));
+    CHECK(back.summary() == q.summary());
+    const auto file_size = [](const std::string& p) {
+        std::FILE* f = std::fopen(p.c_str(), "rb");
+        std::fseek(f, 0, SEEK_END);
+        const long n = std::ftell(f);
+        std::fclose(f);
+        return double(n);
+    };
+    const double ratio = file_size(q_path) / file_size(f32_path);
+    INFO("int8 file / f32 file = " << ratio);
+    CHECK(ratio <= 0.27);
+    std::remove(f32_path.c_str());
+    std::remove(q_path.c_str());
+}
+
+TEST_CASE("quantization's errors name the layer or the file and say what to do", "[lesson11][qmodel][cpu]") {
+    Rng rng(10);
+    auto model = lenet(rng);
+    {
+        Calibrator cal(*model, QuantConfig{});
+        CHECK_THROWS_WITH(convert(*model, cal), Contains("seen no batch"));
+        CHECK_THROWS_WITH(cal.observer("conv9"), Contains("no observer for layer 'conv9'"));
+    }
+    Sequential odd;
+    odd.add("conv", std::make_unique<Conv2d>(1, 2, 3, rng));
+    odd.add("avg", std::make_unique<AvgPool2d>(2));
+    {
+        Calibrator cal(odd, QuantConfig{});
+        cal.run(Tensor::normal({1, 1, 8, 8}, 0, 1, rng));
+        CHECK_THROWS_WITH(convert(odd, cal), Contains("avg: no int8 version of this layer"));
+    }
+    const std::string path = temp_path("not-int8.safetensors");
+    StateDict f32_state;
+    save_model(f32_state, *model);
+    write_safetensors(path, f32_state);
+    CHECK_THROWS_WITH(QuantizedNet::load(path), Contains("not an int8 network") && Contains("load_model"));
+    std::remove(path.c_str());
+    CHECK_THROWS_WITH(parse_observer("median"), Contains("minmax, moving or histogram"));
+    QuantizedNet empty;
+    CHECK_THROWS_WITH(empty.forward(Tensor::zeros({1, 1, 28, 28})), Contains("no steps"));
+}
+
+// The same int8 network on the GPU (the emulator here): integer kernels, so the same bits.
+TEST_CASE("QuantizedNet on cuda gives the CPU's logits bit for bit", "[lesson11][qmodel][cuda]") {
+    Rng rng(12);
+    auto model = cifar_net(rng, {8, 16, 16, 8});
+    randomize_batchnorms(*model, rng, "block2a.bn");
+    fold_batchnorm(*model);
+    auto lenet_model = lenet(rng);
+    for (Module* m : {static_cast<Module*>(model.get()), static_cast<Module*>(lenet_model.get())}) {
+        const bool is_lenet = m == lenet_model.get();
+        INFO((is_lenet ? "LeNet" : "CIFAR net"));
+        const Tensor x = is_lenet ? Tensor::normal({3, 1, 28, 28}, 0, 1, rng) : Tensor::normal({2, 3, 32, 32}, 0, 1, rng);
+        Calibrator cal(*m, QuantConfig{});
+        cal.run(x);
+        QuantizedNet q = convert(*m, cal);
+        const Tensor want = q.forward(x);
+        q.to(Device::CUDA);
+        require_identical(q.forward(x.to(Device::CUDA)), want);
+        CHECK_THROWS_WITH(q.forward(x), Contains("move one of them with to()"));
+    }
+}
