@@ -12,6 +12,26 @@
 namespace kiln::cpu {
 
 // ==== quantize / dequantize =====================================================================
+namespace {
+
+// Runs f(begin, end, c) over runs of elements of a tensor viewed as [outer, C, inner] that all
+// belong to channel c, the runs spread over the threads. A per-tensor call (C = 1) is cut into
+// runs of 4096 elements, so that it spreads too.
+template <typename F>
+void for_each_run(int64_t outer, int64_t C, int64_t inner, F&& f) {
+    if (C == 1) inner *= outer, outer = 1;
+    const int64_t run = C == 1 ? 4096 : inner;
+    const int64_t runs_per_block = inner == 0 ? 0 : (inner + run - 1) / run;
+    const int64_t total = outer * C * runs_per_block;
+#pragma omp parallel for schedule(static)
+    for (int64_t r = 0; r < total; r++) {
+        const int64_t block = r / runs_per_block, begin = block * inner + r % runs_per_block * run;
+        f(begin, std::min(begin + run, (block + 1) * inner), block % C);
+    }
+}
+
+}  // namespace
+
 template <typename Q>
 void quantize(const float* x, Q* q, int64_t n, float scale, int32_t zero_point, int32_t qmin, int32_t qmax) {
     quantize_per_channel(x, q, 1, 1, n, &scale, &zero_point, qmin, qmax);
@@ -25,25 +45,18 @@ void dequantize(const Q* q, float* x, int64_t n, float scale, int32_t zero_point
 template <typename Q>
 void quantize_per_channel(const float* x, Q* q, int64_t outer, int64_t C, int64_t inner, const float* scale,
                           const int32_t* zero_point, int32_t qmin, int32_t qmax) {
-#pragma omp parallel for collapse(2) schedule(static)
-    for (int64_t o = 0; o < outer; o++)
-        for (int64_t c = 0; c < C; c++) {
-            const float inv = 1.0f / scale[c];
-            const int64_t base = (o * C + c) * inner;
-            for (int64_t i = 0; i < inner; i++)
-                q[base + i] = Q(quantize_value(x[base + i], inv, zero_point[c], qmin, qmax));
-        }
+    for_each_run(outer, C, inner, [&](int64_t begin, int64_t end, int64_t c) {
+        const float inv = 1.0f / scale[c];
+        for (int64_t i = begin; i < end; i++) q[i] = Q(quantize_value(x[i], inv, zero_point[c], qmin, qmax));
+    });
 }
 
 template <typename Q>
 void dequantize_per_channel(const Q* q, float* x, int64_t outer, int64_t C, int64_t inner, const float* scale,
                             const int32_t* zero_point) {
-#pragma omp parallel for collapse(2) schedule(static)
-    for (int64_t o = 0; o < outer; o++)
-        for (int64_t c = 0; c < C; c++) {
-            const int64_t base = (o * C + c) * inner;
-            for (int64_t i = 0; i < inner; i++) x[base + i] = dequantize_value(q[base + i], scale[c], zero_point[c]);
-        }
+    for_each_run(outer, C, inner, [&](int64_t begin, int64_t end, int64_t c) {
+        for (int64_t i = begin; i < end; i++) x[i] = dequantize_value(q[i], scale[c], zero_point[c]);
+    });
 }
 
 #define KILN_QUANTIZE(Q)                                                                                      \
@@ -179,42 +192,31 @@ void qmaxpool2d(const uint8_t* x, uint8_t* y, const Pool2dParams& p) {
 }
 
 void lookup_u8(const uint8_t* x, uint8_t* y, int64_t outer, int64_t C, int64_t inner, const uint8_t* table) {
-#pragma omp parallel for collapse(2) schedule(static)
-    for (int64_t o = 0; o < outer; o++)
-        for (int64_t c = 0; c < C; c++) {
-            const uint8_t* t = table + c * 256;
-            const int64_t base = (o * C + c) * inner;
-            for (int64_t i = 0; i < inner; i++) y[base + i] = t[x[base + i]];
-        }
+    for_each_run(outer, C, inner, [&](int64_t begin, int64_t end, int64_t c) {
+        const uint8_t* t = table + c * 256;
+        for (int64_t i = begin; i < end; i++) y[i] = t[x[i]];
+    });
 }
 
 // ==== fake quantization ============================================================================
 void fake_quantize_forward(const float* x, float* y, int64_t outer, int64_t C, int64_t inner, const float* scale,
                            const int32_t* zero_point, int32_t qmin, int32_t qmax) {
-#pragma omp parallel for collapse(2) schedule(static)
-    for (int64_t o = 0; o < outer; o++)
-        for (int64_t c = 0; c < C; c++) {
-            const float inv = 1.0f / scale[c];
-            const int64_t base = (o * C + c) * inner;
-            for (int64_t i = 0; i < inner; i++) {
-                const int32_t q = quantize_value(x[base + i], inv, zero_point[c], qmin, qmax);
-                y[base + i] = dequantize_value(q, scale[c], zero_point[c]);
-            }
-        }
+    for_each_run(outer, C, inner, [&](int64_t begin, int64_t end, int64_t c) {
+        const float inv = 1.0f / scale[c];
+        for (int64_t i = begin; i < end; i++)
+            y[i] = dequantize_value(quantize_value(x[i], inv, zero_point[c], qmin, qmax), scale[c], zero_point[c]);
+    });
 }
 
 void fake_quantize_backward(const float* x, const float* dy, float* dx, int64_t outer, int64_t C, int64_t inner,
                             const float* scale, const int32_t* zero_point, int32_t qmin, int32_t qmax) {
-#pragma omp parallel for collapse(2) schedule(static)
-    for (int64_t o = 0; o < outer; o++)
-        for (int64_t c = 0; c < C; c++) {
-            const float inv = 1.0f / scale[c];
-            const int64_t base = (o * C + c) * inner;
-            for (int64_t i = 0; i < inner; i++) {
-                const float q = rintf(x[base + i] * inv) + float(zero_point[c]);
-                dx[base + i] = q >= float(qmin) && q <= float(qmax) ? dy[base + i] : 0.0f;
-            }
+    for_each_run(outer, C, inner, [&](int64_t begin, int64_t end, int64_t c) {
+        const float inv = 1.0f / scale[c];
+        for (int64_t i = begin; i < end; i++) {
+            const float q = rintf(x[i] * inv) + float(zero_point[c]);
+            dx[i] = q >= float(qmin) && q <= float(qmax) ? dy[i] : 0.0f;
         }
+    });
 }
 
 }  // namespace kiln::cpu
