@@ -227,6 +227,13 @@ TEST_CASE("HistogramObserver clips far outliers and the real L2 error drops", "[
     REQUIRE(r.hi < 10.0f);   // the outliers are clipped
     REQUIRE(r.hi > 3.0f);    // the normal's bulk is not
     REQUIRE(r.lo < -3.0f);
+    // The clip range's end is a bin edge, min + w·k (w = (max − min)/2048, k an integer), with the
+    // product and the sum each rounded to float, as PyTorch's tensor operations round them (one
+    // fused multiply-add, rounded once, misses by an ulp). In double the product of w and k ≤ 2048
+    // and the sum of two floats of like size are exact, so float() rounds each once.
+    const float w = (obs.max() - obs.min()) / 2048;
+    const double k = std::round((double(r.hi) - double(obs.min())) / double(w));
+    REQUIRE(r.hi == float(double(obs.min()) + double(float(double(w) * k))));
     double clipped = 0, full = 0;
     for (const Tensor& x : batches) {
         clipped += l2_error(x, obs.qparams());

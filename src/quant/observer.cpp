@@ -2,6 +2,14 @@
 // torch/ao/quantization/observer.py.
 #include "quant/observer.h"
 
+// PyTorch computes min + c·(batch_min − min), min + w·first, linspace's start + step·i, ... as
+// separate tensor operations, each rounded to float. With -march=native g++ would fuse a·b + c
+// into one FMA, rounded once, and a clip range's end could differ from PyTorch's by an ulp; this
+// keeps every product and sum in this file rounded on its own.
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC optimize("fp-contract=off")
+#endif
+
 #include <algorithm>
 #include <cmath>
 #include <limits>
