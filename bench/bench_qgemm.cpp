@@ -1,7 +1,7 @@
 // bench_qgemm.cpp — chapter 11's int8 matrix product (ops/cpu/qgemm.h) on every path this CPU
 // can run, against chapter 03's f32 GEMM (cpu::gemm<float>) on the same shapes.
 //
-//   make build/bench/bench_qgemm && OMP_NUM_THREADS=2 build/bench/bench_qgemm
+//   make build/bench/bench_qgemm && OMP_NUM_THREADS=2 build/bench/bench_qgemm [shape name]
 //
 // Shapes C [M, N] = A [M, K] · B [N, K]ᵀ: a large square product, and the chapter models' layers
 // as the products qconv2d and qlinear run (M = P·Q output pixels of one image, N = output
@@ -24,6 +24,7 @@
 #include <vector>
 
 #include "core/cpu_features.h"
+#include "ops/cpu/cnn_ops.h"
 #include "ops/cpu/gemm.h"
 #include "ops/cpu/qgemm.h"
 #include "ops/cpu/quant_ops.h"
@@ -74,6 +75,34 @@ int reps_for_2ms(F& f) {
 
 constexpr int kSamples = 9;
 
+// f32 and each of `runs` timed in turns, kSamples samples each, so that a change in the
+// machine's load touches all of them alike. Returns the median seconds per call of each run
+// and, in `speedups`, the medians of the sample-by-sample ratios f32 / run.
+template <typename F32>
+std::vector<double> time_against_f32(F32& f32, std::vector<std::function<void()>>& runs, double* f32_seconds,
+                                     std::vector<double>* speedups) {
+    const int f32_reps = reps_for_2ms(f32);
+    std::vector<int> reps;
+    for (auto& run : runs) reps.push_back(reps_for_2ms(run));
+    std::vector<double> f32_s;
+    std::vector<std::vector<double>> run_s(runs.size()), ratios(runs.size());
+    for (int sample = 0; sample < kSamples; ++sample) {
+        f32_s.push_back(seconds_per_call(f32, f32_reps));
+        for (size_t i = 0; i < runs.size(); ++i) {
+            run_s[i].push_back(seconds_per_call(runs[i], reps[i]));
+            ratios[i].push_back(f32_s.back() / run_s[i].back());
+        }
+    }
+    *f32_seconds = median(f32_s);
+    std::vector<double> medians;
+    speedups->clear();
+    for (size_t i = 0; i < runs.size(); ++i) {
+        medians.push_back(median(run_s[i]));
+        speedups->push_back(median(ratios[i]));
+    }
+    return medians;
+}
+
 void bench_shape(const Shape& s, std::mt19937& rng) {
     std::uniform_int_distribution<int> u8(0, 127), i8(-128, 127);  // A ≤ 127: every path can run
     std::vector<uint8_t> A(size_t(s.M * s.K));
@@ -92,37 +121,80 @@ void bench_shape(const Shape& s, std::mt19937& rng) {
             qgemm_u8s8_on(path, s.M, s.N, s.K, A.data(), s.K, B.data(), s.K, C.data(), s.N, a_max);
         });
     }
-    // The samples of f32 and of each path in turns, so that a change in the machine's load
-    // touches all of them alike; a speedup is the median of the sample-by-sample ratios.
-    const int f32_reps = reps_for_2ms(f32);
-    std::vector<int> reps;
-    for (auto& run : runs) reps.push_back(reps_for_2ms(run));
-    std::vector<double> f32_s;
-    std::vector<std::vector<double>> path_s(paths.size()), ratios(paths.size());
-    for (int sample = 0; sample < kSamples; ++sample) {
-        f32_s.push_back(seconds_per_call(f32, f32_reps));
-        for (size_t i = 0; i < paths.size(); ++i) {
-            path_s[i].push_back(seconds_per_call(runs[i], reps[i]));
-            ratios[i].push_back(f32_s.back() / path_s[i].back());
-        }
-    }
+    double f32_s = 0;
+    std::vector<double> speedups;
+    const std::vector<double> path_s = time_against_f32(f32, runs, &f32_s, &speedups);
     const double ops = 2.0 * s.M * s.N * s.K;
     for (size_t i = 0; i < paths.size(); ++i)
-        std::printf("bench qgemm_%s_%s: %.1f GOP/s\n", s.name, qgemm_path_name(paths[i]), ops / median(path_s[i]) / 1e9);
-    std::printf("bench qgemm_%s_f32: %.1f GOP/s\n", s.name, ops / median(f32_s) / 1e9);
-    auto ratio_of = [&](QgemmPath p) { return median(ratios[size_t(std::find(paths.begin(), paths.end(), p) - paths.begin())]); };
+        std::printf("bench qgemm_%s_%s: %.1f GOP/s\n", s.name, qgemm_path_name(paths[i]), ops / path_s[i] / 1e9);
+    std::printf("bench qgemm_%s_f32: %.1f GOP/s\n", s.name, ops / f32_s / 1e9);
+    auto speedup_of = [&](QgemmPath p) { return speedups[size_t(std::find(paths.begin(), paths.end(), p) - paths.begin())]; };
     const QgemmPath full = qgemm_path(kActQmax), reduced = qgemm_path(kActQmaxReduced);
-    std::printf("bench qgemm_%s_vs_f32: %.2f x\n", s.name, ratio_of(full));
-    if (reduced != full) std::printf("bench qgemm_%s_reduced_vs_f32: %.2f x\n", s.name, ratio_of(reduced));
+    std::printf("bench qgemm_%s_vs_f32: %.2f x\n", s.name, speedup_of(full));
+    if (reduced != full) std::printf("bench qgemm_%s_reduced_vs_f32: %.2f x\n", s.name, speedup_of(reduced));
+}
+
+// ---- whole layers: qconv2d (im2row, product, requantization) against conv2d_forward<float> -------
+struct Layer {
+    const char* name;
+    Conv2dParams p;
+};
+
+Conv2dParams conv(int64_t N, int64_t C, int64_t H, int64_t O, int64_t K, int64_t padding) {
+    Conv2dParams p;
+    p.N = N, p.C = C, p.H = p.W = H, p.O = O, p.KH = p.KW = K, p.padding = padding;
+    return p;
+}
+
+const Layer kLayers[] = {
+    {"lenet_conv1_b64", conv(64, 1, 28, 10, 5, 0)},  {"lenet_conv2_b64", conv(64, 10, 12, 20, 5, 0)},
+    {"cifar_conv1_b64", conv(64, 3, 32, 24, 2, 0)},  {"cifar_conv2_b64", conv(64, 24, 31, 32, 3, 1)},
+    {"cifar_conv_15x15_b64", conv(64, 32, 15, 64, 3, 1)}, {"cifar_conv_7x7_b64", conv(64, 64, 7, 128, 3, 1)},
+};
+
+void bench_layer(const Layer& l, std::mt19937& rng) {
+    const Conv2dParams& p = l.p;
+    const int64_t K = p.C * p.KH * p.KW;
+    std::uniform_int_distribution<int> u8(0, 255), i8(-128, 127);
+    std::vector<uint8_t> x(size_t(p.N * p.C * p.H * p.W)), y(size_t(p.N * p.O * p.P() * p.Q()));
+    std::vector<int8_t> w(size_t(p.O * K));
+    for (auto& v : x) v = uint8_t(u8(rng));
+    for (auto& v : w) v = int8_t(i8(rng));
+    const std::vector<int32_t> bias(size_t(p.O), 100);
+    const std::vector<Requant> requant(size_t(p.O), make_requant(1.0 / 4096));
+    const QOutput out{bias.data(), requant.data(), 10, 10, 255};
+    std::vector<uint8_t> work(size_t(qconv2d_work_bytes(p)));
+    // f32: the same layer as the trainers run it, im2col workspace for up to 32 MiB of images.
+    const std::vector<float> xf(x.begin(), x.end()), wf(w.begin(), w.end()), bf(size_t(p.O), 0.5f);
+    std::vector<float> yf(y.size());
+    const int64_t per_image = conv2d_col_elems_per_image(p);
+    const int64_t col_images = per_image ? std::clamp<int64_t>((32 << 20) / (per_image * 4), 1, p.N) : 0;
+    std::vector<float> col(size_t(per_image * col_images));
+    auto f32 = [&] { conv2d_forward<float>(xf.data(), wf.data(), bf.data(), yf.data(), p, col.data(), col_images); };
+    std::vector<std::function<void()>> runs;
+    for (int32_t x_max : {kActQmax, kActQmaxReduced})
+        runs.push_back([&, x_max] { qconv2d(x.data(), w.data(), y.data(), p, 10, x_max, out, work.data()); });
+    double f32_s = 0;
+    std::vector<double> speedups;
+    const std::vector<double> int8_s = time_against_f32(f32, runs, &f32_s, &speedups);
+    std::printf("bench qconv_%s_f32: %.0f img/s\n", l.name, double(p.N) / f32_s);
+    std::printf("bench qconv_%s_int8: %.0f img/s\n", l.name, double(p.N) / int8_s[0]);
+    std::printf("bench qconv_%s_vs_f32: %.2f x\n", l.name, speedups[0]);
+    if (qgemm_path(kActQmaxReduced) != qgemm_path(kActQmax))
+        std::printf("bench qconv_%s_reduced_vs_f32: %.2f x\n", l.name, speedups[1]);
 }
 
 }  // namespace
 
-int main() {
+int main(int argc, char** argv) {
+    const std::string only = argc > 1 ? argv[1] : "";  // a shape's name: that shape alone
     std::printf("# cpu: %s\n", cpu_features_line().c_str());
     std::printf("# qgemm_u8s8 takes %s for u8 and %s for reduce_range (a_max = 127); f32: cpu::gemm<float> (%s)\n",
                 qgemm_path_name(qgemm_path(kActQmax)), qgemm_path_name(qgemm_path(kActQmaxReduced)),
                 gemm_path<float>(cpu_level()));
     std::mt19937 rng(1);
-    for (const Shape& s : kShapes) bench_shape(s, rng);
+    for (const Shape& s : kShapes)
+        if (only.empty() || only == s.name) bench_shape(s, rng);
+    for (const Layer& l : kLayers)
+        if (only.empty() || only == l.name) bench_layer(l, rng);
 }

@@ -130,10 +130,34 @@ TEST_CASE("qgemm_u8s8: one to two threads give the same integers", "[lesson11][c
     }
 }
 
+TEST_CASE("qgemm_u8s8_packed: B packed once, C stored plain or transposed, equals the reference",
+          "[lesson11][cpu][qgemm]") {
+    const Shape shapes[] = {{1, 1, 1}, {61, 20, 250}, {300, 33, 77}, {5, 70, 1030}};
+    std::mt19937 rng(15);
+    for (const Shape& s : shapes)
+        for (int32_t a_max : {kActQmax, kActQmaxReduced}) {
+            const int64_t lda = s.K + 1, ldb = s.K + 2;
+            const auto A = random_u8(s.M * lda, a_max, rng);
+            const auto B = random_i8(s.N * ldb, rng);
+            const QgemmPackedB packed = qgemm_pack_b(s.N, s.K, B.data(), ldb, a_max);
+            CHECK(packed.path == qgemm_path(a_max));
+            std::vector<int32_t> R(size_t(s.M * s.N)), C(R.size()), Ct(R.size());
+            qgemm_u8s8_reference(s.M, s.N, s.K, A.data(), lda, B.data(), ldb, R.data(), s.N);
+            qgemm_u8s8_packed(s.M, A.data(), lda, packed, C.data(), s.N);
+            qgemm_u8s8_packed(s.M, A.data(), lda, packed, Ct.data(), s.M, /*transpose_c=*/true);
+            std::vector<int32_t> Rt(R.size());
+            for (int64_t m = 0; m < s.M; ++m)
+                for (int64_t n = 0; n < s.N; ++n) Rt[size_t(n * s.M + m)] = R[size_t(m * s.N + n)];
+            INFO(qgemm_path_name(packed.path) << " M=" << s.M << " N=" << s.N << " K=" << s.K);
+            CHECK(C == R);
+            CHECK(Ct == Rt);
+        }
+}
+
 TEST_CASE("qgemm_path: VNNI where the CPU has it, maddubs only for a_max ≤ 127, KILN_CPU caps it",
           "[lesson11][cpu][qgemm]") {
     const CpuFeatures& f = cpu_features();
-    const CpuLevel level = detected_cpu_level();
+    const CpuLevel level = cpu_level();  // capped by KILN_CPU
     INFO(cpu_features_line() << ": " << qgemm_path_name(qgemm_path(255)) << " for u8, "
                              << qgemm_path_name(qgemm_path(127)) << " for reduce_range");
     if (level >= CpuLevel::Avx512 && f.avx512_vnni) {
@@ -244,11 +268,13 @@ std::vector<uint8_t> run_qconv2d(const std::vector<uint8_t>& x, const std::vecto
 TEST_CASE("qconv2d equals the direct integer convolution, with padding, stride and dilation",
           "[lesson11][cpu][qgemm]") {
     // LeNet's two convolutions, the CIFAR net's 2×2 stem and a padded 3×3, stride 2,
-    // dilation 2, 1×1; N = 5 > 2 threads (images spread), N = 1 (the product split).
+    // dilation 2, 1×1, a 2×9 window (wider than im2row's 8-byte moves); N = 5 > 2 threads
+    // (images spread), N = 1 (the product split).
     const Conv2dParams shapes[] = {conv(5, 1, 28, 28, 10, 5, 5, 1, 0, 1), conv(3, 10, 12, 12, 20, 5, 5, 1, 0, 1),
                                    conv(2, 3, 32, 32, 24, 2, 2, 1, 0, 1),  conv(5, 24, 15, 15, 32, 3, 3, 1, 1, 1),
                                    conv(3, 6, 11, 13, 7, 3, 3, 2, 1, 1),   conv(3, 5, 14, 12, 9, 3, 3, 1, 2, 2),
-                                   conv(4, 17, 7, 7, 33, 1, 1, 1, 0, 1),   conv(1, 32, 16, 16, 64, 3, 3, 1, 1, 1)};
+                                   conv(4, 17, 7, 7, 33, 1, 1, 1, 0, 1),   conv(1, 32, 16, 16, 64, 3, 3, 1, 1, 1),
+                                   conv(3, 3, 10, 14, 4, 2, 9, 1, 1, 1)};
     std::mt19937 rng(13);
     for (const Conv2dParams& p : shapes)
         for (int32_t x_max : {kActQmax, kActQmaxReduced}) {

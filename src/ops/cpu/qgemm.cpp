@@ -42,8 +42,9 @@
 // in int32, which quant_ops.h's bound on K guarantees).
 //
 // ---- Blocking ----------------------------------------------------------------------------------
-// B, usually a layer's weight (small: [O, C·KH·KW]), is packed whole, once per call, by all the
-// threads together. Then each thread takes blocks of MC rows of C and, for each KC-block of k:
+// B, usually a layer's weight (small: [O, C·KH·KW]), is packed whole, once per call (qgemm_u8s8)
+// or once for many products (qgemm_pack_b: qconv2d packs its weight once for all the images).
+// Then each thread takes blocks of MC rows of C and, for each KC-block of k:
 // packs its MC×KC block of A (L2), and for each B panel (KC×NR, L1) sweeps the A panels,
 // adding each finished tile into C (stored on the first KC-block, added on the later ones).
 // KC is chosen so that a B panel's slice is 16 KiB, half of a 32 KiB L1; MC so that the A
@@ -85,21 +86,28 @@ namespace {
 // `groups` groups of KG:
 //   P[g][i][q] = T(X[i, g·KG + q])   for i < lines and g·KG + q < kc, 0 elsewhere
 // S is u8 (A) or i8 (B); T the same type, or i16 (avx2-madd: widened here, once per call).
+template <typename S, typename T, int KG>
+inline void copy_group(const S* src, T* dst) {
+    if constexpr (sizeof(S) == sizeof(T))
+        std::memcpy(dst, src, KG);  // one 32-bit move for KG = 4
+    else
+        for (int q = 0; q < KG; ++q) dst[q] = T(src[q]);
+}
+
 template <typename S, typename T, int L, int KG>
 void pack_panel(const S* X, int64_t ld, int64_t lines, int64_t kc, int64_t groups, void* out) {
     T* P = static_cast<T*>(out);
-    for (int64_t g = 0; g < groups; ++g) {
-        const int64_t k0 = g * KG, valid = std::min<int64_t>(KG, kc - k0);  // this group's k below kc
+    const int64_t whole = lines == L ? kc / KG : 0;  // groups of L lines and KG values: no tests
+    for (int64_t g = 0; g < whole; ++g)
+        for (int i = 0; i < L; ++i, P += KG) copy_group<S, T, KG>(X + i * ld + g * KG, P);
+    for (int64_t g = whole; g < groups; ++g) {  // the edges: lines past `lines`, k past kc
+        const int64_t valid = std::clamp<int64_t>(kc - g * KG, 0, KG);  // this group's k below kc
         for (int i = 0; i < L; ++i, P += KG) {
-            const S* src = X + i * ld + k0;
-            if (i < lines && valid == KG) {  // the common case: KG values as they are, or widened
-                if constexpr (sizeof(S) == sizeof(T))
-                    std::memcpy(P, src, KG);
-                else
-                    for (int q = 0; q < KG; ++q) P[q] = T(src[q]);
-            } else {
+            const S* src = X + i * ld + g * KG;
+            if (i < lines && valid == KG)
+                copy_group<S, T, KG>(src, P);
+            else
                 for (int q = 0; q < KG; ++q) P[q] = i < lines && q < valid ? T(src[q]) : T(0);
-            }
         }
     }
 }
@@ -276,7 +284,8 @@ const Kernel& kernel_of(QgemmPath path) {
 // ---- The blocked product ----------------------------------------------------------------------------
 constexpr int64_t kBPanelSliceBytes = 16 << 10;  // a B panel's KC-slice: half of L1
 constexpr int64_t kABlockBytes = 256 << 10;      // an MC×KC block of A: in L2
-constexpr int64_t kParallelMinMacs = int64_t(1) << 20;
+constexpr int64_t kParallelMinMacs = int64_t(1) << 20;  // below: the product on one thread
+constexpr int64_t kParallelMinPack = int64_t(1) << 16;  // B values; below: packed on one thread
 
 // Per-thread packing buffers, kept between calls (allocating them would cost more than a small
 // product). OpenMP keeps its worker threads, so their buffers live on too.
@@ -290,26 +299,50 @@ uint8_t* reserve(std::vector<uint8_t>& buffer, int64_t bytes) {
 // ceil(n / d)
 int64_t ceil_div(int64_t n, int64_t d) { return (n + d - 1) / d; }
 
+// Threads for `work` (multiply-adds, values packed): one inside a parallel region or below `min_work`.
+int threads_for(int64_t work, int64_t min_work) {
+    return omp_in_parallel() || work < min_work ? 1 : omp_get_max_threads();
+}
+
+// B packed: ceil(N / NR) panels of groups·KG·NR values each, groups = ceil(K / KG).
+int64_t b_panel_bytes(const Kernel& kn, int64_t K) { return ceil_div(K, kn.kg) * kn.kg * kn.nr * kn.bytes; }
+int64_t packed_b_bytes(const Kernel& kn, int64_t N, int64_t K) { return ceil_div(N, kn.nr) * b_panel_bytes(kn, K); }
+
+void pack_b(const Kernel& kn, int64_t N, int64_t K, const int8_t* B, int64_t ldb, uint8_t* Bp) {
+    const int64_t nr = kn.nr, panel = b_panel_bytes(kn, K);
+    const int threads = threads_for(N * K, kParallelMinPack);
+#pragma omp parallel for schedule(static) num_threads(threads) if (threads > 1)
+    for (int64_t jp = 0; jp < ceil_div(N, nr); ++jp)
+        kn.pack_b(B + jp * nr * ldb, ldb, std::min(nr, N - jp * nr), K, ceil_div(K, kn.kg), Bp + jp * panel);
+}
+
 struct Product {
     int64_t M, N, K;
     const uint8_t* A;
     int64_t lda;
+    const uint8_t* Bp;  // B packed (pack_b)
     int32_t* C;
     int64_t ldc;
-    int64_t groups;       // ceil(K / KG): the packed depth
-    int64_t kc_groups;    // groups per KC-block
-    const uint8_t* Bp;    // B packed: ceil(N / NR) panels of groups·KG·NR values
+    bool transpose_c;   // C[i, j] at C[j·ldc + i] instead of C[i·ldc + j]
+    int64_t groups;     // ceil(K / KG): the packed depth
+    int64_t kc_groups;  // groups per KC-block
 };
 
-// C[rows, cols] = tile (store) or C += tile (add): the part of an MR×NR tile inside C.
-void store_tile(const int32_t* tile, int nr, int64_t rows, int64_t cols, bool add, int32_t* C, int64_t ldc) {
-    for (int64_t i = 0; i < rows; ++i) {
-        const int32_t* t = tile + i * nr;
-        int32_t* c = C + i * ldc;
-        if (add)
-            for (int64_t j = 0; j < cols; ++j) c[j] += t[j];
-        else
-            for (int64_t j = 0; j < cols; ++j) c[j] = t[j];
+// The part of an MR×NR tile inside C: C[i, j] = tile[i][j] (store) or C[i, j] += tile[i][j]
+// (add), C[i, j] at C[i·ldc + j], or at C[j·ldc + i] when C is stored transposed.
+void store_tile(const int32_t* tile, int nr, int64_t rows, int64_t cols, bool add, bool transpose_c, int32_t* C,
+                int64_t ldc) {
+    if (!transpose_c) {
+        for (int64_t i = 0; i < rows; ++i) {
+            const int32_t* t = tile + i * nr;
+            int32_t* c = C + i * ldc;
+            for (int64_t j = 0; j < cols; ++j) c[j] = add ? c[j] + t[j] : t[j];
+        }
+        return;
+    }
+    for (int64_t j = 0; j < cols; ++j) {
+        int32_t* c = C + j * ldc;
+        for (int64_t i = 0; i < rows; ++i) c[i] = add ? c[i] + tile[i * nr + j] : tile[i * nr + j];
     }
 }
 
@@ -330,57 +363,55 @@ void multiply_rows(const Kernel& kn, const Product& p, int64_t i0, int64_t i1) {
             const int64_t cols = std::min(nr, p.N - jp * nr);
             for (int64_t i = i0; i < i1; i += mr) {
                 kn.tile(groups, Ap + (i - i0) / mr * a_panel_values * kn.bytes, bp, tile);
-                store_tile(tile, kn.nr, std::min(mr, i1 - i), cols, g0 > 0, p.C + i * p.ldc + jp * nr, p.ldc);
+                int32_t* c = p.transpose_c ? p.C + jp * nr * p.ldc + i : p.C + i * p.ldc + jp * nr;
+                store_tile(tile, kn.nr, std::min(mr, i1 - i), cols, g0 > 0, p.transpose_c, c, p.ldc);
             }
         }
     }
 }
 
-void check_args(int64_t M, int64_t N, int64_t K, const uint8_t* A, int64_t lda, const int8_t* B, int64_t ldb,
-                const int32_t* C, int64_t ldc, int32_t a_max) {
+// C = A · Bᵀ with B packed by pack_b; C[i, j] at C[i·ldc + j], or at C[j·ldc + i] (transpose_c).
+void multiply(const Kernel& kn, int64_t M, int64_t N, int64_t K, const uint8_t* A, int64_t lda, const uint8_t* Bp,
+              int32_t* C, int64_t ldc, bool transpose_c) {
+    if (M == 0 || N == 0) return;
+    if (K == 0) {
+        for (int64_t i = 0; i < M; ++i)
+            for (int64_t j = 0; j < N; ++j) (transpose_c ? C[j * ldc + i] : C[i * ldc + j]) = 0;
+        return;
+    }
+    const int64_t mr = kn.mr, groups = ceil_div(K, kn.kg);
+    // KC: the fewest blocks whose B panel slice fits kBPanelSliceBytes, all of one size.
+    const int64_t max_kc_groups = kBPanelSliceBytes / (kn.nr * kn.kg * kn.bytes);
+    const int64_t kc_groups = ceil_div(groups, ceil_div(groups, max_kc_groups));
+    const Product p{M, N, K, A, lda, Bp, C, ldc, transpose_c, groups, kc_groups};
+    // MC: whole MR panels, the A block within kABlockBytes, and with threads at least 4 blocks
+    // each when there are panels enough.
+    const int threads = threads_for(M * N * K, kParallelMinMacs);
+    const int64_t m_panels = ceil_div(M, mr);
+    const int64_t max_mc_panels = std::max<int64_t>(1, kABlockBytes / (mr * kc_groups * kn.kg * kn.bytes));
+    const int64_t blocks = std::min(m_panels, std::max(ceil_div(m_panels, max_mc_panels), int64_t(4) * threads));
+    const int64_t mc = ceil_div(m_panels, blocks) * mr;
+#pragma omp parallel for schedule(dynamic, 1) num_threads(threads) if (threads > 1)
+    for (int64_t i0 = 0; i0 < M; i0 += mc) multiply_rows(kn, p, i0, std::min(M, i0 + mc));
+}
+
+void check_sizes(int64_t M, int64_t N, int64_t K, int64_t lda, int64_t ldc) {
     KILN_CHECK(M >= 0 && N >= 0 && K >= 0, "qgemm_u8s8: negative size M=", M, " N=", N, " K=", K);
     KILN_CHECK(K <= 65792, "qgemm_u8s8: K=", K, " > 65792: the int32 sums of K products 255·(−128) could "
                "overflow; split k into parts and add their int32 results in int64");
-    KILN_CHECK(lda >= K && ldb >= K, "qgemm_u8s8: lda=", lda, " and ldb=", ldb, " must be at least K=", K,
-               " (A is [M, K], B is [N, K], both read along k)");
+    KILN_CHECK(lda >= K, "qgemm_u8s8: lda=", lda, " < K=", K, " (A is [M, K], read along k)");
     KILN_CHECK(ldc >= N, "qgemm_u8s8: ldc=", ldc, " < N=", N, ", the row length of C");
-    KILN_CHECK(M * N == 0 || C != nullptr, "qgemm_u8s8: C is null for a ", M, "×", N, " result");
-    KILN_CHECK(M * N * K == 0 || (A != nullptr && B != nullptr), "qgemm_u8s8: A or B is null (M=", M, " N=", N,
-               " K=", K, ")");
-    KILN_CHECK(a_max >= 0 && a_max <= 255, "qgemm_u8s8: a_max=", a_max, " is not a u8 value: pass 255, or 127 "
-               "when A was quantized with reduce_range");
 }
 
-void run(const Kernel& kn, int64_t M, int64_t N, int64_t K, const uint8_t* A, int64_t lda, const int8_t* B,
-         int64_t ldb, int32_t* C, int64_t ldc) {
-    if (M == 0 || N == 0) return;
-    if (K == 0) {
-        for (int64_t i = 0; i < M; ++i) std::fill(C + i * ldc, C + i * ldc + N, 0);
-        return;
-    }
-    const int64_t mr = kn.mr, nr = kn.nr, kg = kn.kg;
-    const int64_t groups = ceil_div(K, kg), n_panels = ceil_div(N, nr);
-    // KC: the fewest blocks whose B panel slice fits kBPanelSliceBytes, all of one size.
-    const int64_t max_kc_groups = kBPanelSliceBytes / (nr * kg * kn.bytes);
-    const int64_t kc_groups = ceil_div(groups, ceil_div(groups, max_kc_groups));
-    const int64_t b_panel_bytes = groups * kg * nr * kn.bytes;
-    uint8_t* Bp = reserve(tls_b, n_panels * b_panel_bytes);
-    const Product p{M, N, K, A, lda, C, ldc, groups, kc_groups, Bp};
-    // MC: whole MR panels, the A block within kABlockBytes, and with threads at least 4 blocks
-    // each when there are panels enough.
-    const int threads = omp_in_parallel() || M * N * K < kParallelMinMacs ? 1 : omp_get_max_threads();
-    const int64_t m_panels = ceil_div(M, mr);
-    const int64_t max_mc_panels = std::max<int64_t>(1, kABlockBytes / (mr * kc_groups * kg * kn.bytes));
-    const int64_t blocks = std::min(m_panels, std::max(ceil_div(m_panels, max_mc_panels), int64_t(4) * threads));
-    const int64_t mc = ceil_div(m_panels, blocks) * mr;
-#pragma omp parallel num_threads(threads) if (threads > 1)
-    {
-#pragma omp for schedule(static)
-        for (int64_t jp = 0; jp < n_panels; ++jp)
-            kn.pack_b(B + jp * nr * ldb, ldb, std::min(nr, N - jp * nr), K, groups, Bp + jp * b_panel_bytes);
-#pragma omp for schedule(dynamic, 1)
-        for (int64_t i0 = 0; i0 < M; i0 += mc) multiply_rows(kn, p, i0, std::min(M, i0 + mc));
-    }
+// The path can run here, and on A up to a_max.
+void check_path(QgemmPath path, int32_t a_max) {
+    KILN_CHECK(a_max >= 0 && a_max <= 255, "qgemm_u8s8: a_max=", a_max, " is not a u8 value: pass 255, or 127 "
+               "when A was quantized with reduce_range");
+    KILN_CHECK(qgemm_path_available(path), "qgemm_u8s8: this CPU (", cpu_features_line(), ") cannot run the ",
+               qgemm_path_name(path), " path; qgemm_available_paths() lists those it can");
+    KILN_CHECK(path != QgemmPath::Avx2Maddubs || a_max <= kActQmaxReduced, "qgemm_u8s8: the avx2-maddubs path "
+               "needs A ≤ 127 (its 16-bit pair sums saturate above), but a_max=", a_max,
+               "; quantize A with reduce_range, or take avx2-madd");
 }
 
 }  // namespace
@@ -428,18 +459,44 @@ QgemmPath qgemm_path(int32_t a_max) {
 
 void qgemm_u8s8_on(QgemmPath path, int64_t M, int64_t N, int64_t K, const uint8_t* A, int64_t lda,
                    const int8_t* B, int64_t ldb, int32_t* C, int64_t ldc, int32_t a_max) {
-    check_args(M, N, K, A, lda, B, ldb, C, ldc, a_max);
-    KILN_CHECK(qgemm_path_available(path), "qgemm_u8s8: this CPU (", cpu_features_line(), ") cannot run the ",
-               qgemm_path_name(path), " path; qgemm_available_paths() lists those it can");
-    KILN_CHECK(path != QgemmPath::Avx2Maddubs || a_max <= kActQmaxReduced, "qgemm_u8s8: the avx2-maddubs path "
-               "needs A ≤ 127 (its 16-bit pair sums saturate above), but a_max=", a_max,
-               "; quantize A with reduce_range, or take avx2-madd");
-    run(kernel_of(path), M, N, K, A, lda, B, ldb, C, ldc);
+    check_sizes(M, N, K, lda, ldc);
+    KILN_CHECK(ldb >= K, "qgemm_u8s8: ldb=", ldb, " < K=", K, " (B is [N, K], read along k)");
+    KILN_CHECK(M * N == 0 || C != nullptr, "qgemm_u8s8: C is null for a ", M, "×", N, " result");
+    KILN_CHECK(M * N * K == 0 || (A != nullptr && B != nullptr), "qgemm_u8s8: A or B is null (M=", M, " N=", N,
+               " K=", K, ")");
+    check_path(path, a_max);
+    const Kernel& kn = kernel_of(path);
+    uint8_t* Bp = reserve(tls_b, packed_b_bytes(kn, N, K));
+    pack_b(kn, N, K, B, ldb, Bp);
+    multiply(kn, M, N, K, A, lda, Bp, C, ldc, /*transpose_c=*/false);
 }
 
 void qgemm_u8s8(int64_t M, int64_t N, int64_t K, const uint8_t* A, int64_t lda, const int8_t* B, int64_t ldb,
                 int32_t* C, int64_t ldc, int32_t a_max) {
     qgemm_u8s8_on(qgemm_path(a_max), M, N, K, A, lda, B, ldb, C, ldc, a_max);
+}
+
+QgemmPackedB qgemm_pack_b(int64_t N, int64_t K, const int8_t* B, int64_t ldb, int32_t a_max) {
+    check_sizes(0, N, K, K, N);
+    KILN_CHECK(ldb >= K, "qgemm_pack_b: ldb=", ldb, " < K=", K, " (B is [N, K], read along k)");
+    KILN_CHECK(N * K == 0 || B != nullptr, "qgemm_pack_b: B is null for N=", N, " K=", K);
+    QgemmPackedB packed;
+    packed.path = qgemm_path(a_max);
+    check_path(packed.path, a_max);
+    packed.N = N, packed.K = K;
+    const Kernel& kn = kernel_of(packed.path);
+    packed.panels.resize(size_t(packed_b_bytes(kn, N, K)));
+    pack_b(kn, N, K, B, ldb, packed.panels.data());
+    return packed;
+}
+
+void qgemm_u8s8_packed(int64_t M, const uint8_t* A, int64_t lda, const QgemmPackedB& B, int32_t* C, int64_t ldc,
+                       bool transpose_c) {
+    check_sizes(M, B.N, B.K, lda, transpose_c ? B.N : ldc);
+    KILN_CHECK(!transpose_c || ldc >= M, "qgemm_u8s8_packed: ldc=", ldc, " < M=", M, ", the row length of Cᵀ");
+    KILN_CHECK(M * B.N == 0 || C != nullptr, "qgemm_u8s8_packed: C is null for a ", M, "×", B.N, " result");
+    KILN_CHECK(M * B.K == 0 || A != nullptr, "qgemm_u8s8_packed: A is null (M=", M, " K=", B.K, ")");
+    multiply(kernel_of(B.path), M, B.N, B.K, A, lda, B.panels.data(), C, ldc, transpose_c);
 }
 
 }  // namespace kiln::cpu

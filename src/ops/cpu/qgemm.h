@@ -32,4 +32,18 @@ std::vector<QgemmPath> qgemm_available_paths();
 void qgemm_u8s8_on(QgemmPath path, int64_t M, int64_t N, int64_t K, const uint8_t* A, int64_t lda,
                    const int8_t* B, int64_t ldb, int32_t* C, int64_t ldc, int32_t a_max);
 
+// B [N, K] packed once in the layout of the path qgemm_u8s8 takes for a_max, then multiplied by
+// many A: qconv2d packs a layer's weight once per call and runs one product per image.
+struct QgemmPackedB {
+    QgemmPath path = QgemmPath::Portable;
+    int64_t N = 0, K = 0;
+    std::vector<uint8_t> panels;  // the path's panels of B (qgemm.cpp, "Packing")
+};
+QgemmPackedB qgemm_pack_b(int64_t N, int64_t K, const int8_t* B, int64_t ldb, int32_t a_max);
+// C [M, N] = A [M, K] · Bᵀ: qgemm_u8s8 with B packed (A's values at most the a_max B was packed for).
+// With transpose_c, C is stored transposed: Cᵀ [N, M], C[m, n] at C[n·ldc + m] (ldc ≥ M); qconv2d
+// gets its accumulators as [O, P·Q], the layout of its output.
+void qgemm_u8s8_packed(int64_t M, const uint8_t* A, int64_t lda, const QgemmPackedB& B, int32_t* C, int64_t ldc,
+                       bool transpose_c = false);
+
 }  // namespace kiln::cpu
