@@ -272,16 +272,19 @@ void qmaxpool2d(const uint8_t* x, uint8_t* y, const Pool2dParams& p) {
 #pragma omp parallel for schedule(static)
     for (int64_t plane = 0; plane < p.N * p.C; plane++) {
         const uint8_t* xp = x + plane * p.H * p.W;
-        for (int64_t op = 0; op < P; op++)
+        for (int64_t op = 0; op < P; op++) {
+            // the window's rows and columns inside the image: [h0, h1) × [w0, w1)
+            const int64_t top = op * p.stride - p.padding;
+            const int64_t h0 = std::max<int64_t>(top, 0), h1 = std::min(top + p.KH, p.H);
             for (int64_t oq = 0; oq < Q; oq++) {
+                const int64_t left = oq * p.stride - p.padding;
+                const int64_t w0 = std::max<int64_t>(left, 0), w1 = std::min(left + p.KW, p.W);
                 uint8_t m = 0;
-                for (int64_t kh = 0; kh < p.KH; kh++)
-                    for (int64_t kw = 0; kw < p.KW; kw++) {
-                        const int64_t ih = op * p.stride - p.padding + kh, iw = oq * p.stride - p.padding + kw;
-                        if (ih >= 0 && ih < p.H && iw >= 0 && iw < p.W) m = std::max(m, xp[ih * p.W + iw]);
-                    }
+                for (int64_t ih = h0; ih < h1; ih++)
+                    for (int64_t iw = w0; iw < w1; iw++) m = std::max(m, xp[ih * p.W + iw]);
                 y[(plane * P + op) * Q + oq] = m;
             }
+        }
     }
 }
 
