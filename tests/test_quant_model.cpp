@@ -23,6 +23,7 @@
 #include "nn/pool.h"
 #include "ops/quant.h"
 #include "quant/fold.h"
+#include "quant/qat.h"
 #include "quant/qmodel.h"
 #include "quant/qparams.h"
 #include "train/checkpoint.h"
@@ -292,4 +293,83 @@ TEST_CASE("QuantizedNet on cuda gives the CPU's logits bit for bit", "[lesson11]
         require_identical(q.forward(x.to(Device::CUDA)), want);
         CHECK_THROWS_WITH(q.forward(x), Contains("move one of them with to()"));
     }
+}
+
+// ---- quantization-aware training -------------------------------------------------------------------------
+// FakeQuantize learns [−1, 3] from its first training batch (u8: scale 4/255, zero point 64),
+// rounds to that grid, and passes the gradient only where the value fell inside the range.
+TEST_CASE("FakeQuantize: the grid of its observed range, and the straight-through gradient",
+          "[lesson11][qat][cpu]") {
+    FakeQuantize fq;
+    const Tensor x = test::tensor_of({1, 4}, {-1.0f, 0.5f, 3.0f, 1.0f});
+    const Tensor y = fq.call(x);
+    const float s = 4.0f / 255;
+    // 0.5 → round(31.875) = 32 steps above the zero point; 1.0 → round(63.75) = 64
+    require_close(y, test::tensor_of({1, 4}, {-64 * s, 32 * s, 191 * s, 64 * s}), 1e-6);
+    CHECK(fq.qparams().zero_point == 64);
+    fq.call_backward(Tensor::ones({1, 4}));  // the training forward's cache, released
+    fq.eval();
+    const Tensor x2 = test::tensor_of({1, 3}, {-2.0f, 2.0f, 5.0f});  // eval: the range stays [−1, 3]
+    const Tensor y2 = fq.call(x2);
+    CHECK(y2.data<float>()[0] == Approx(-64 * s));  // clipped to the range's ends
+    CHECK(y2.data<float>()[2] == Approx(191 * s));
+    fq.train();
+    fq.call(x);
+    const Tensor dx = fq.call_backward(test::tensor_of({1, 4}, {1, 2, 3, 4}));
+    require_identical(dx, test::tensor_of({1, 4}, {1, 2, 3, 4}));  // all four inside [−1, 3]
+    fq.call(test::tensor_of({1, 2}, {-50.0f, 0.0f}));  // widens the range by 1% of the way: −1.49
+    const Tensor dx2 = fq.call_backward(test::tensor_of({1, 2}, {7, 8}));
+    require_identical(dx2, test::tensor_of({1, 2}, {0, 8}));  // −50 was clipped: no gradient
+}
+
+// QuantAwareTraining wraps the range points and hooks the weights; a training step runs; finish()
+// gives back the same tree with the trained weights.
+TEST_CASE("QuantAwareTraining: in, a step of training, and out again", "[lesson11][qat][cpu]") {
+    Rng rng(13);
+    auto model = lenet(rng);
+    const Tensor x = Tensor::normal({8, 1, 28, 28}, 0, 1, rng);
+    Tensor labels = Tensor::empty({8}, DType::I32);
+    for (int i = 0; i < 8; i++) labels.data<int32_t>()[i] = i % 10;
+    Calibrator cal(*model, QuantConfig{});
+    cal.run(x);
+    const QuantizedNet plan = convert(*model, cal);
+    std::vector<std::string> names_before;
+    for (auto& [name, p] : model->named_parameters()) names_before.push_back(name);
+    const Tensor w_before = static_cast<Conv2d&>(model->module_at("conv1")).weight.value.to(Device::CPU);
+    {
+        QuantAwareTraining qat(*model, plan);
+        CHECK(dynamic_cast<Sequential*>(&model->module_at("conv1")) != nullptr);  // the input's fake quant
+        CHECK(dynamic_cast<FakeQuantize*>(&model->module_at("fc2.fake_quant")) != nullptr);
+        model->train();
+        model->input_needs_grad = false;
+        model->zero_grad();
+        CrossEntropyLoss loss;
+        const float l = loss.forward(model->call(x), labels);
+        CHECK(std::isfinite(l));
+        model->call_backward(loss.backward());
+        Conv2d* conv1 = nullptr;
+        for (auto& [name, m] : model->named_modules())
+            if (auto* c = dynamic_cast<Conv2d*>(m); c && !conv1) conv1 = c;
+        REQUIRE(conv1 != nullptr);
+        // The layer computed with its weight on the i8 grid: each value a multiple of its channel's scale.
+        const Tensor used = conv1->weight.used().to(Device::CPU), w = conv1->weight.value.to(Device::CPU);
+        CHECK(conv1->weight.pruned.defined());
+        float amax = 0;
+        for (int64_t i = 0; i < 25; i++) amax = std::max(amax, std::fabs(w.data<float>()[i]));
+        const float scale = amax / 127.5f;
+        for (int64_t i = 0; i < 25; i++) {
+            const float steps = used.data<float>()[i] / scale;
+            CHECK(std::fabs(steps - std::nearbyint(steps)) < 1e-3);
+        }
+        double grad = 0;
+        for (int64_t i = 0; i < conv1->weight.grad.numel(); i++) grad += std::fabs(conv1->weight.grad.to(Device::CPU).data<float>()[i]);
+        CHECK(grad > 0);
+        conv1->weight.value.data<float>()[0] += 1.0f;  // "training" changed it
+    }
+    std::vector<std::string> names_after;
+    for (auto& [name, p] : model->named_parameters()) names_after.push_back(name);
+    CHECK(names_after == names_before);
+    Conv2d& conv1 = static_cast<Conv2d&>(model->module_at("conv1"));
+    CHECK_FALSE(conv1.weight.pruned.defined());
+    CHECK(conv1.weight.value.to(Device::CPU).data<float>()[0] == w_before.data<float>()[0] + 1.0f);
 }

@@ -27,7 +27,8 @@ Tensor FakeQuantize::forward(const Tensor& x) {
 Tensor FakeQuantize::backward(const Tensor& dy) {
     KILN_CHECK(x_.defined(), name(), ": backward without a forward in training mode");
     const QParams qp = observer_.qparams();
-    Tensor dx = fake_quantize_backward(x_, dy, scale_, zero_point_, -1, qp.qmin, qp.qmax);
+    // No dy when no one needs it: the network's input, whose first layer skips its dx.
+    Tensor dx = dy.defined() ? fake_quantize_backward(x_, dy, scale_, zero_point_, -1, qp.qmin, qp.qmax) : Tensor();
     x_ = scale_ = zero_point_ = Tensor();
     return dx;
 }
