@@ -90,16 +90,16 @@ const Observer& Calibrator::observer(const std::string& layer) const {
 // ==== the steps ==========================================================================================
 namespace {
 
-void put_qparams(StateDict& s, const std::string& key, const QParams& qp) {
+// A step's output range in the file: its scale and zero point ("<key>.scale", "<key>.zero_point").
+// The integer range is the network's (quant.qmin, quant.qmax), and a step's input range is the
+// output range of the step before it, so neither is stored twice.
+void put_range(StateDict& s, const std::string& key, const QParams& qp) {
     s.set(key + ".scale", double(qp.scale));
     s.set(key + ".zero_point", int64_t(qp.zero_point));
-    s.set(key + ".qmin", int64_t(qp.qmin));
-    s.set(key + ".qmax", int64_t(qp.qmax));
 }
 
-QParams get_qparams(const StateDict& s, const std::string& key) {
-    return QParams{float(s.get_double(key + ".scale")), int32_t(s.get_int(key + ".zero_point")),
-                   int32_t(s.get_int(key + ".qmin")), int32_t(s.get_int(key + ".qmax"))};
+QParams get_range(const StateDict& s, const std::string& key, int32_t qmin, int32_t qmax) {
+    return QParams{float(s.get_double(key + ".scale")), int32_t(s.get_int(key + ".zero_point")), qmin, qmax};
 }
 
 std::string qparams_text(const QParams& qp) {
@@ -113,7 +113,7 @@ class InputStep : public QStep {
 public:
     explicit InputStep(QParams qp) : QStep("input", "input"), qp(qp) {}
     Tensor forward(const Tensor& x) const override { return quantize(x, qp, DType::U8); }
-    void save(StateDict& s) const override { put_qparams(s, name, qp); }
+    void save(StateDict& s) const override { put_range(s, name, qp); }
     void to(Device) override {}
     std::string describe() const override { return "input    f32 → u8, " + qparams_text(qp); }
     QParams qp;
@@ -124,7 +124,7 @@ class OutputStep : public QStep {
 public:
     explicit OutputStep(QParams qp) : QStep("output", "output"), qp(qp) {}
     Tensor forward(const Tensor& x) const override { return dequantize(x, qp); }
-    void save(StateDict& s) const override { put_qparams(s, name, qp); }
+    void save(StateDict&) const override {}  // its range is the last step's
     void to(Device) override {}
     std::string describe() const override { return "output   u8 → f32, " + qparams_text(qp); }
     QParams qp;
@@ -157,9 +157,9 @@ public:
         s.put(name + ".weight", weight);
         s.put(name + ".weight_scale", weight_scale);
         s.put(name + ".bias", bias);
-        put_qparams(s, name + ".in", in);
-        put_qparams(s, name + ".out", out);
+        put_range(s, name, out);
         s.set(name + ".relu", int64_t(relu));
+        if (kind != "conv") return;
         s.set(name + ".stride", stride);
         s.set(name + ".padding", padding);
         s.set(name + ".dilation", dilation);
@@ -236,7 +236,7 @@ public:
     void save(StateDict& s) const override {
         s.put(name + ".table", table);
         s.set(name + ".what", what);
-        put_qparams(s, name + ".out", out);
+        put_range(s, name, out);
     }
     void to(Device device) override { table = table.to(device); }
     int64_t bytes() const override { return int64_t(table.nbytes()); }
@@ -449,8 +449,8 @@ QuantizedNet convert(Module& model, const Calibrator& cal) {
 }
 
 // ==== the file ============================================================================================
-// Tensors under "<step>.weight", "<step>.bias", ...; the numbers in the metadata; the steps'
-// order and kinds in "quant.steps" as "input:input,conv1:conv,...".
+// Tensors under "<step>.weight", "<step>.bias", ...; the numbers in the metadata (put_range);
+// the steps' order and kinds in "quant.steps" as "input:input,conv1:conv,...".
 void QuantizedNet::save(const std::string& path) const {
     StateDict s;
     std::string order;
@@ -459,6 +459,10 @@ void QuantizedNet::save(const std::string& path) const {
         order += (order.empty() ? "" : ",") + step->name + ":" + step->kind;
     }
     s.set("quant.steps", order);
+    const auto* input = steps.empty() ? nullptr : dynamic_cast<const InputStep*>(steps.front().get());
+    KILN_CHECK(input != nullptr, "QuantizedNet::save: the first step should be the input's quantize");
+    s.set("quant.qmin", int64_t(input->qp.qmin));
+    s.set("quant.qmax", int64_t(input->qp.qmax));
     write_safetensors(path, s);
 }
 
@@ -467,6 +471,8 @@ QuantizedNet QuantizedNet::load(const std::string& path) {
     KILN_CHECK(s.has("quant.steps"), path, " has no \"quant.steps\" entry: it is not an int8 network saved by "
                "QuantizedNet::save (an f32 checkpoint loads with load_model)");
     QuantizedNet net;
+    const int32_t qmin = int32_t(s.get_int("quant.qmin")), qmax = int32_t(s.get_int("quant.qmax"));
+    QParams cur;  // the range of the tensor the next step reads
     std::stringstream list(s.get_string("quant.steps"));
     std::string item;
     while (std::getline(list, item, ',')) {
@@ -478,22 +484,26 @@ QuantizedNet QuantizedNet::load(const std::string& path) {
             return s.tensors.at(name + what);
         };
         if (kind == "input") {
-            net.steps.push_back(std::make_unique<InputStep>(get_qparams(s, name)));
+            cur = get_range(s, name, qmin, qmax);
+            net.steps.push_back(std::make_unique<InputStep>(cur));
         } else if (kind == "output") {
-            net.steps.push_back(std::make_unique<OutputStep>(get_qparams(s, name)));
+            net.steps.push_back(std::make_unique<OutputStep>(cur));
         } else if (kind == "conv" || kind == "linear") {
+            const QParams out = get_range(s, name, qmin, qmax);
             auto step = std::make_unique<WeightedStep>(name, kind, tensor(".weight"), tensor(".weight_scale"),
-                                                       tensor(".bias"), get_qparams(s, name + ".in"),
-                                                       get_qparams(s, name + ".out"), s.get_int(name + ".relu") != 0);
-            step->stride = s.get_int(name + ".stride"), step->padding = s.get_int(name + ".padding");
-            step->dilation = s.get_int(name + ".dilation");
+                                                       tensor(".bias"), cur, out, s.get_int(name + ".relu") != 0);
+            if (kind == "conv") {
+                step->stride = s.get_int(name + ".stride"), step->padding = s.get_int(name + ".padding");
+                step->dilation = s.get_int(name + ".dilation");
+            }
             net.steps.push_back(std::move(step));
+            cur = out;
         } else if (kind == "maxpool") {
             net.steps.push_back(std::make_unique<MaxPoolStep>(name, s.get_int(name + ".kernel"),
                                                               s.get_int(name + ".stride"), s.get_int(name + ".padding")));
         } else if (kind == "table") {
-            net.steps.push_back(std::make_unique<TableStep>(name, s.get_string(name + ".what"), tensor(".table"),
-                                                            get_qparams(s, name + ".out")));
+            cur = get_range(s, name, qmin, qmax);
+            net.steps.push_back(std::make_unique<TableStep>(name, s.get_string(name + ".what"), tensor(".table"), cur));
         } else if (kind == "flatten") {
             net.steps.push_back(std::make_unique<FlattenStep>(name));
         } else {
