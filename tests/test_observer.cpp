@@ -207,8 +207,8 @@ TEST_CASE("HistogramObserver keeps the range of data that fills it evenly", "[le
 // the range from about [−5, 5] to [−5, 30] and re-bins). With min/max the step is 35/255 ≈ 0.14
 // for everyone: rounding error n·step²/12 ≈ 6600. Clipping near the normal's tail, at about ±4.2,
 // costs the four outliers about 4·(30 − 4.2)² ≈ 2700 and shrinks the step to about 8.4/255
-// (rounding error ≈ 380). The search must find
-// such a range, and the error measured by quantizing the data must be smaller.
+// (rounding error ≈ 380). The search must find such a range, and the error measured by
+// quantizing the data must be smaller.
 TEST_CASE("HistogramObserver clips far outliers and the real L2 error drops", "[lesson11][cpu][observer]") {
     HistogramObserver obs;
     MinMaxObserver minmax;
