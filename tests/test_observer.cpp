@@ -6,8 +6,8 @@
 #include <catch2/catch.hpp>
 
 #include <cmath>
+#include <cstdio>
 #include <numeric>
-#include <regex>
 #include <string>
 #include <vector>
 
@@ -207,8 +207,8 @@ TEST_CASE("HistogramObserver keeps the range of data that fills it evenly", "[le
 // the range from about [−5, 5] to [−5, 30] and re-bins). With min/max the step is 35/255 ≈ 0.14
 // for everyone: rounding error n·step²/12 ≈ 6600. Clipping near the normal's tail, at about ±4.2,
 // costs the four outliers about 4·(30 − 4.2)² ≈ 2700 and shrinks the step to about 8.4/255
-// (rounding error ≈ 380). The search must find
-// such a range, and the error measured by quantizing the data must be smaller.
+// (rounding error ≈ 380). The search must find such a range, and the error measured by
+// quantizing the data must be smaller.
 TEST_CASE("HistogramObserver clips far outliers and the real L2 error drops", "[lesson11][cpu][observer]") {
     HistogramObserver obs;
     MinMaxObserver minmax;
@@ -267,11 +267,13 @@ TEST_CASE("The histogram figure draws the histogram, both ranges and both scales
     // two vertical red lines (the clip range) strictly inside two dashed grey ones (min and max)
     auto vertical_lines = [&](const std::string& stroke) {
         std::vector<double> xs;
-        const std::regex line("<line x1=\"([0-9.]+)\" y1=\"[0-9.]+\" x2=\"([0-9.]+)\" y2=\"[0-9.]+\" stroke=\"" +
-                              stroke + "\"");
-        for (std::sregex_iterator it(svg.begin(), svg.end(), line), end; it != end; ++it) {
-            REQUIRE((*it)[1] == (*it)[2]);
-            xs.push_back(std::stod((*it)[1]));
+        const std::string mark = "\" stroke=\"" + stroke + "\"";
+        for (size_t at = svg.find(mark); at != std::string::npos; at = svg.find(mark, at + 1)) {
+            const char* element = svg.c_str() + svg.rfind('<', at);
+            double x1 = 0, y1 = 0, x2 = 0, y2 = 0;
+            REQUIRE(std::sscanf(element, "<line x1=\"%lf\" y1=\"%lf\" x2=\"%lf\" y2=\"%lf\"", &x1, &y1, &x2, &y2) == 4);
+            REQUIRE(x1 == x2);
+            xs.push_back(x1);
         }
         return xs;
     };
