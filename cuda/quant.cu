@@ -27,10 +27,10 @@
 //   quantize, dequantize, fake_quantize_*, requantize_rows, qmaxpool2d, lookup_u8   one thread per
 //        output element, 1-D grid-stride, block 256, the CPU's formula for that element.
 //   qgemm_u8s8   qgemm_dp4a_kernel: a 64×64 tile of C per block of 128 threads, 8×4 of it per
-//        thread in registers (gemm.cu's version 3, with words of 4 values in place of floats). K in steps
-//        of 32 values: both tiles are packed into words in shared memory, a barrier, then each
-//        thread runs 8 words × (8·4 dp4a for its products + 4 for its columns' Σ b), a barrier.
-//        grid (ceil(N/64), min(ceil(M/64), 65535)); blocks loop over row tiles beyond.
+//        thread in registers (gemm.cu's version 3, with words of 4 values in place of floats).
+//        K in steps of 32 values: both tiles are packed into words in shared memory, a barrier,
+//        then each thread runs 8 words × (8·4 dp4a for its products + 4 for its columns' Σ b),
+//        a barrier. grid (ceil(N/64), min(ceil(M/64), 65535)); blocks loop over row tiles beyond.
 //   qconv2d      two kernels, no im2col: pack_filters_kernel (one thread per filter) packs each
 //        filter's C·KH·KW weights into words and sums them; qconv2d_kernel gives each thread one
 //        output pixel (n, p, q) and kOT = 8 consecutive output channels: dp4a_conv_dot walks the
@@ -341,6 +341,7 @@ int64_t qconv2d_work_bytes(const Conv2dParams& p) {
     return padded_filters(p.O) * (Kw + 1) * int64_t(sizeof(int32_t));
 }
 
+// x_max does not matter here either (see qgemm_u8s8).
 void qconv2d(const uint8_t* x, const int8_t* w, uint8_t* y, const Conv2dParams& p, int32_t x_zero_point,
              int32_t /*x_max*/, const QOutput& out, uint8_t* work) {
     check_conv2d_params(p, "cuda::qconv2d");

@@ -56,7 +56,7 @@ class DeviceArray {
 public:
     explicit DeviceArray(const std::vector<T>& v) {
         Tensor t = Tensor::empty({int64_t(v.size() * sizeof(T))}, DType::U8);
-        std::memcpy(t.raw(), v.data(), v.size() * sizeof(T));
+        if (!v.empty()) std::memcpy(t.raw(), v.data(), v.size() * sizeof(T));  // (an empty one has no pointer)
         bytes_ = t.to(Device::CUDA);
     }
     explicit DeviceArray(int64_t n) : DeviceArray(std::vector<T>(static_cast<size_t>(n))) {}
@@ -64,7 +64,7 @@ public:
     std::vector<T> host() const {
         const Tensor t = bytes_.to(Device::CPU);
         std::vector<T> v(t.nbytes() / sizeof(T));
-        std::memcpy(v.data(), t.raw(), t.nbytes());
+        if (!v.empty()) std::memcpy(v.data(), t.raw(), t.nbytes());
         return v;
     }
 
@@ -146,80 +146,64 @@ double acc_spread(int64_t K) { return 5476.0 * std::sqrt(double(K)) + 1.0; }
 }  // namespace
 
 // ---- quantize and dequantize -------------------------------------------------------------------------
+namespace {
+
+// x [outer, C, inner] quantized to Q and back on both devices, with channel c's scale[c] and
+// zero_point[c]; per tensor (C = 1) through quantize/dequantize, which take them by value.
+template <typename Q>
+void check_round_trip(const std::vector<float>& x, int64_t outer, int64_t C, int64_t inner,
+                      const std::vector<float>& scale, const std::vector<int32_t>& zero_point, int32_t qmin,
+                      int32_t qmax) {
+    const int64_t n = outer * C * inner;
+    const bool per_tensor = C == 1;
+    INFO((per_tensor ? "per tensor" : "per channel") << ", qmin " << qmin << ", qmax " << qmax);
+    std::vector<Q> q(static_cast<size_t>(n));
+    std::vector<float> back(static_cast<size_t>(n));
+    if (per_tensor) {
+        cpu::quantize(x.data(), q.data(), n, scale[0], zero_point[0], qmin, qmax);
+        cpu::dequantize(q.data(), back.data(), n, scale[0], zero_point[0]);
+    } else {
+        cpu::quantize_per_channel(x.data(), q.data(), outer, C, inner, scale.data(), zero_point.data(), qmin, qmax);
+        cpu::dequantize_per_channel(q.data(), back.data(), outer, C, inner, scale.data(), zero_point.data());
+    }
+    DeviceArray<float> x_d(x), scale_d(scale);
+    DeviceArray<int32_t> zero_point_d(zero_point);
+    under_schedules([&] {
+        DeviceArray<Q> q_d(n);
+        DeviceArray<float> back_d(n);
+        if (per_tensor) {
+            cuda::quantize(x_d.get(), q_d.get(), n, scale[0], zero_point[0], qmin, qmax);
+            cuda::dequantize(q_d.get(), back_d.get(), n, scale[0], zero_point[0]);
+        } else {
+            cuda::quantize_per_channel(x_d.get(), q_d.get(), outer, C, inner, scale_d.get(), zero_point_d.get(), qmin,
+                                       qmax);
+            cuda::dequantize_per_channel(q_d.get(), back_d.get(), outer, C, inner, scale_d.get(), zero_point_d.get());
+        }
+        require_same_bits(q_d.host(), q);
+        require_same_bits(back_d.host(), back);
+    });
+}
+
+}  // namespace
+
 TEST_CASE("cuda quantize and dequantize match the CPU bit for bit", "[lesson11][cuda][quant]") {
     Rng rng(3);
     const int64_t outer = 3, C = 5, inner = 37, n = outer * C * inner;
     std::vector<float> x = random_floats(n, -3.0f, 3.0f, rng);
     const std::vector<float> scale = random_floats(C, 0.005f, 0.05f, rng);
-    const std::vector<int32_t> zp_u8 = random_ints<int32_t>(C, 0, 255, rng), zp_i8(static_cast<size_t>(C), 0);
     // Ties (x = (k + 0.5)·scale rounds to even), out-of-range values, infinities and a NaN (qmin).
     x[0] = 2.5f * scale[0];
     x[1] = -3.5f * scale[0];
     x[2] = 1e9f;
     x[3] = -std::numeric_limits<float>::infinity();
     x[4] = std::numeric_limits<float>::quiet_NaN();
-    DeviceArray<float> x_d(x), scale_d(scale);
-    DeviceArray<int32_t> zp_u8_d(zp_u8), zp_i8_d(zp_i8);
-
-    under_schedules([&] {
-        {  // per tensor, u8 with a reduced range
-            std::vector<uint8_t> want(static_cast<size_t>(n));
-            DeviceArray<uint8_t> got(n);
-            cpu::quantize(x.data(), want.data(), n, 0.02f, 37, kActQmin, kActQmaxReduced);
-            cuda::quantize(x_d.get(), got.get(), n, 0.02f, 37, kActQmin, kActQmaxReduced);
-            require_same_bits(got.host(), want);
-
-            std::vector<float> back(static_cast<size_t>(n));
-            DeviceArray<float> back_d(n);
-            cpu::dequantize(want.data(), back.data(), n, 0.02f, 37);
-            cuda::dequantize(got.get(), back_d.get(), n, 0.02f, 37);
-            require_same_bits(back_d.host(), back);
-        }
-        {  // per tensor, i8
-            std::vector<int8_t> want(static_cast<size_t>(n));
-            DeviceArray<int8_t> got(n);
-            cpu::quantize(x.data(), want.data(), n, 0.03f, 0, kWeightQmin, kWeightQmax);
-            cuda::quantize(x_d.get(), got.get(), n, 0.03f, 0, kWeightQmin, kWeightQmax);
-            require_same_bits(got.host(), want);
-
-            std::vector<float> back(static_cast<size_t>(n));
-            DeviceArray<float> back_d(n);
-            cpu::dequantize(want.data(), back.data(), n, 0.03f, 0);
-            cuda::dequantize(got.get(), back_d.get(), n, 0.03f, 0);
-            require_same_bits(back_d.host(), back);
-        }
-        {  // per channel, u8 (affine)
-            std::vector<uint8_t> want(static_cast<size_t>(n));
-            DeviceArray<uint8_t> got(n);
-            cpu::quantize_per_channel(x.data(), want.data(), outer, C, inner, scale.data(), zp_u8.data(), kActQmin,
-                                      kActQmax);
-            cuda::quantize_per_channel(x_d.get(), got.get(), outer, C, inner, scale_d.get(), zp_u8_d.get(),
-                                       kActQmin, kActQmax);
-            require_same_bits(got.host(), want);
-
-            std::vector<float> back(static_cast<size_t>(n));
-            DeviceArray<float> back_d(n);
-            cpu::dequantize_per_channel(want.data(), back.data(), outer, C, inner, scale.data(), zp_u8.data());
-            cuda::dequantize_per_channel(got.get(), back_d.get(), outer, C, inner, scale_d.get(), zp_u8_d.get());
-            require_same_bits(back_d.host(), back);
-        }
-        {  // per channel, i8 (symmetric): a conv weight [O, C·KH·KW] along dim 0
-            std::vector<int8_t> want(static_cast<size_t>(n));
-            DeviceArray<int8_t> got(n);
-            cpu::quantize_per_channel(x.data(), want.data(), 1, C, outer * inner, scale.data(), zp_i8.data(),
-                                      kWeightQmin, kWeightQmax);
-            cuda::quantize_per_channel(x_d.get(), got.get(), 1, C, outer * inner, scale_d.get(), zp_i8_d.get(),
-                                       kWeightQmin, kWeightQmax);
-            require_same_bits(got.host(), want);
-
-            std::vector<float> back(static_cast<size_t>(n));
-            DeviceArray<float> back_d(n);
-            cpu::dequantize_per_channel(want.data(), back.data(), 1, C, outer * inner, scale.data(), zp_i8.data());
-            cuda::dequantize_per_channel(got.get(), back_d.get(), 1, C, outer * inner, scale_d.get(),
-                                         zp_i8_d.get());
-            require_same_bits(back_d.host(), back);
-        }
-    });
+    // Per tensor: u8 with a reduced range, i8.
+    check_round_trip<uint8_t>(x, 1, 1, n, {0.02f}, {37}, kActQmin, kActQmaxReduced);
+    check_round_trip<int8_t>(x, 1, 1, n, {0.03f}, {0}, kWeightQmin, kWeightQmax);
+    // Per channel: u8 affine along dim 1, i8 symmetric along dim 0 (a conv weight [O, C·KH·KW]).
+    check_round_trip<uint8_t>(x, outer, C, inner, scale, random_ints<int32_t>(C, 0, 255, rng), kActQmin, kActQmax);
+    check_round_trip<int8_t>(x, 1, C, outer * inner, scale, std::vector<int32_t>(static_cast<size_t>(C), 0),
+                             kWeightQmin, kWeightQmax);
 }
 
 TEST_CASE("cuda fake quantization, forward and straight-through backward, matches the CPU", "[lesson11][cuda][quant]") {
