@@ -14,6 +14,7 @@
 
 #include <catch2/catch.hpp>
 
+#include "core/allocator.h"
 #include "fixtures.h"
 #include "nn/conv.h"
 #include "nn/layers.h"
@@ -343,10 +344,15 @@ TEST_CASE("QuantAwareTraining: in, a step of training, and out again", "[lesson1
         model->train();
         model->input_needs_grad = false;
         model->zero_grad();
-        CrossEntropyLoss loss;
-        const float l = loss.forward(model->call(x), labels);
-        CHECK(std::isfinite(l));
-        model->call_backward(loss.backward());
+        BumpAllocator arena("step arena", Device::CPU);  // as train_step runs a step: what lives
+        {                                                // on must not come from the arena
+            AllocatorScope scope(arena);
+            CrossEntropyLoss loss;
+            const float l = loss.forward(model->call(x), labels);
+            CHECK(std::isfinite(l));
+            model->call_backward(loss.backward());
+        }
+        arena.reset();
         Conv2d* conv1 = nullptr;
         for (auto& [name, m] : model->named_modules())
             if (auto* c = dynamic_cast<Conv2d*>(m); c && !conv1) conv1 = c;

@@ -36,7 +36,8 @@ Tensor FakeQuantize::backward(const Tensor& dy) {
 // ==== putting it in and taking it out ======================================================================
 namespace {
 
-// The weight rounded to i8 per output channel and back: scale_c = max |w_c| / 127.5.
+// The weight rounded to i8 per output channel and back, scale_c = max |w_c| / 127.5, into
+// p.pruned (allocated once, outside any step's arena: it lives from step to step).
 void fake_quantize_weight(Parameter& p) {
     PerChannelMinMaxObserver obs(0, kWeightQmin, kWeightQmax, true);
     obs.set_name(p.name);
@@ -46,7 +47,7 @@ void fake_quantize_weight(Parameter& p) {
     Tensor scale = Tensor::empty({C}), zero = Tensor::zeros({C}, DType::I32);
     for (int64_t c = 0; c < C; c++) scale.data<float>()[c] = qp[c].scale;
     const Device d = p.value.device();
-    p.pruned = fake_quantize(p.value, scale.to(d), zero.to(d), 0, kWeightQmin, kWeightQmax);
+    p.pruned.copy_from(fake_quantize(p.value, scale.to(d), zero.to(d), 0, kWeightQmin, kWeightQmax));
 }
 
 // The module at `path` replaced by a Sequential of it and a FakeQuantize (after it, or before it
@@ -78,6 +79,7 @@ QuantAwareTraining::QuantAwareTraining(Module& model, const QuantizedNet& plan, 
         Parameter* w = m->own_parameter("weight");
         KILN_CHECK(w != nullptr && !w->mask.defined(), name, ": its weight is pruned (or renamed); bake the mask in "
                    "with prune::remove before quantization-aware training");
+        w->pruned = Tensor::empty(w->value.shape(), DType::F32, w->value.device(), Category::Parameter);
         weight_hooks_.emplace_back(w, m->register_forward_pre_hook([w](Module&, const Tensor&) { fake_quantize_weight(*w); }));
     }
     model.pack();
