@@ -138,16 +138,8 @@ void dequantize_per_channel(const Q* q, float* x, int64_t outer, int64_t C, int6
     launch_dequantize(q, x, outer * C * inner, C, inner, ChannelQ{scale, zero_point, 0.0f, 0});
 }
 
-#define KILN_QUANTIZE(Q)                                                                                      \
-    template void quantize<Q>(const float*, Q*, int64_t, float, int32_t, int32_t, int32_t);                   \
-    template void dequantize<Q>(const Q*, float*, int64_t, float, int32_t);                                   \
-    template void quantize_per_channel<Q>(const float*, Q*, int64_t, int64_t, int64_t, const float*,          \
-                                          const int32_t*, int32_t, int32_t);                                  \
-    template void dequantize_per_channel<Q>(const Q*, float*, int64_t, int64_t, int64_t, const float*,        \
-                                            const int32_t*);
 KILN_QUANTIZE(uint8_t)
 KILN_QUANTIZE(int8_t)
-#undef KILN_QUANTIZE
 
 // ==== the int8 matrix product ===========================================================================
 //   C[m, n] = Σ_k A[m, k]·B[n, k] = Σ_k (A[m, k] − 128)·B[n, k] + 128·Σ_k B[n, k]

@@ -68,16 +68,8 @@ void dequantize_per_channel(const Q* q, float* x, int64_t outer, int64_t C, int6
     });
 }
 
-#define KILN_QUANTIZE(Q)                                                                                      \
-    template void quantize<Q>(const float*, Q*, int64_t, float, int32_t, int32_t, int32_t);                   \
-    template void dequantize<Q>(const Q*, float*, int64_t, float, int32_t);                                   \
-    template void quantize_per_channel<Q>(const float*, Q*, int64_t, int64_t, int64_t, const float*,          \
-                                          const int32_t*, int32_t, int32_t);                                  \
-    template void dequantize_per_channel<Q>(const Q*, float*, int64_t, int64_t, int64_t, const float*,        \
-                                            const int32_t*);
 KILN_QUANTIZE(uint8_t)
 KILN_QUANTIZE(int8_t)
-#undef KILN_QUANTIZE
 
 // ==== the reference product ======================================================================
 void qgemm_u8s8_reference(int64_t M, int64_t N, int64_t K, const uint8_t* A, int64_t lda, const int8_t* B,

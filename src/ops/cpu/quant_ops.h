@@ -47,6 +47,16 @@ template <typename Q>
 void dequantize_per_channel(const Q* q, float* x, int64_t outer, int64_t C, int64_t inner, const float* scale,
                             const int32_t* zero_point);
 
+// The explicit instantiations for Q = uint8_t and int8_t, one list for both twins (cpu/quant.cpp
+// and cuda/quant.cu): KILN_QUANTIZE(uint8_t) and KILN_QUANTIZE(int8_t) inside the namespace.
+#define KILN_QUANTIZE(Q)                                                                                      \
+    template void quantize<Q>(const float*, Q*, int64_t, float, int32_t, int32_t, int32_t);                   \
+    template void dequantize<Q>(const Q*, float*, int64_t, float, int32_t);                                   \
+    template void quantize_per_channel<Q>(const float*, Q*, int64_t, int64_t, int64_t, const float*,          \
+                                          const int32_t*, int32_t, int32_t);                                  \
+    template void dequantize_per_channel<Q>(const Q*, float*, int64_t, int64_t, int64_t, const float*,        \
+                                            const int32_t*);
+
 // ==== int8 matrix product ========================================================================
 // C[m, n] = Σ_k A[m, k] · B[n, k]        A u8 [M, K] (row stride lda), B i8 [N, K] (row stride ldb),
 //                                        C int32 [M, N] (row stride ldc), overwritten
