@@ -136,50 +136,32 @@ inline int32_t group_bits(const void* p) {
     return v;
 }
 
-// avx2-madd: KG = 2 (i16), NR = 16 = 2 ymm of 8 columns.
-//   lane j += A[i][0]·B[j][0] + A[i][1]·B[j][1]            (vpmaddwd, then vpaddd)
-template <int MR>
-KILN_TARGET_AVX2 void tile_avx2_madd(int64_t groups, const void* ap, const void* bp, int32_t* tile) {
-    const int16_t* A = static_cast<const int16_t*>(ap);
-    const int16_t* B = static_cast<const int16_t*>(bp);
-    __m256i acc[MR][2];
-#pragma GCC unroll 8
-    for (int i = 0; i < MR; ++i) acc[i][0] = acc[i][1] = _mm256_setzero_si256();
-    for (int64_t g = 0; g < groups; ++g, A += 2 * MR, B += 2 * 16) {
-        const __m256i b0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(B));
-        const __m256i b1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(B + 16));
-#pragma GCC unroll 8
-        for (int i = 0; i < MR; ++i) {
-            const __m256i a = _mm256_set1_epi32(group_bits(A + 2 * i));
-            acc[i][0] = _mm256_add_epi32(acc[i][0], _mm256_madd_epi16(a, b0));
-            acc[i][1] = _mm256_add_epi32(acc[i][1], _mm256_madd_epi16(a, b1));
-        }
-    }
-#pragma GCC unroll 8
-    for (int i = 0; i < MR; ++i)
-#pragma GCC unroll 2
-        for (int v = 0; v < 2; ++v) _mm256_storeu_si256(reinterpret_cast<__m256i*>(tile + i * 16 + 8 * v), acc[i][v]);
-}
-
-// avx2-maddubs: KG = 4 (u8, i8), NR = 16 = 2 ymm of 8 columns. Only for A ≤ 127 (header comment).
-//   pairs = sat16(a0·b0 + a1·b1), sat16(a2·b2 + a3·b3)     (vpmaddubsw: u8 first, i8 second)
-//   lane j += pairs[0] + pairs[1]                          (vpmaddwd with ones, then vpaddd)
-template <int MR>
-KILN_TARGET_AVX2 void tile_avx2_maddubs(int64_t groups, const void* ap, const void* bp, int32_t* tile) {
+// avx2-madd and avx2-maddubs: NR = 16 = 2 ymm of 8 columns; a group of one line of A or B is 4
+// bytes in both (2 i16, or 4 u8 / i8).
+//   avx2-madd (KG = 2):     lane j += A[i][0]·B[j][0] + A[i][1]·B[j][1]     (vpmaddwd, vpaddd)
+//   avx2-maddubs (KG = 4):  pairs = sat16(a0·b0 + a1·b1), sat16(a2·b2 + a3·b3)
+//                                        (vpmaddubsw: u8 first, i8 second; A ≤ 127: header comment)
+//                           lane j += pairs[0] + pairs[1]          (vpmaddwd with ones, vpaddd)
+template <int MR, bool kMaddubs>
+KILN_TARGET_AVX2 void tile_avx2(int64_t groups, const void* ap, const void* bp, int32_t* tile) {
     const uint8_t* A = static_cast<const uint8_t*>(ap);
-    const int8_t* B = static_cast<const int8_t*>(bp);
+    const uint8_t* B = static_cast<const uint8_t*>(bp);
     const __m256i ones = _mm256_set1_epi16(1);
     __m256i acc[MR][2];
 #pragma GCC unroll 8
     for (int i = 0; i < MR; ++i) acc[i][0] = acc[i][1] = _mm256_setzero_si256();
     for (int64_t g = 0; g < groups; ++g, A += 4 * MR, B += 4 * 16) {
-        const __m256i b0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(B));
-        const __m256i b1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(B + 32));
+        const __m256i b[2] = {_mm256_loadu_si256(reinterpret_cast<const __m256i*>(B)),
+                              _mm256_loadu_si256(reinterpret_cast<const __m256i*>(B + 32))};
 #pragma GCC unroll 8
         for (int i = 0; i < MR; ++i) {
             const __m256i a = _mm256_set1_epi32(group_bits(A + 4 * i));
-            acc[i][0] = _mm256_add_epi32(acc[i][0], _mm256_madd_epi16(_mm256_maddubs_epi16(a, b0), ones));
-            acc[i][1] = _mm256_add_epi32(acc[i][1], _mm256_madd_epi16(_mm256_maddubs_epi16(a, b1), ones));
+#pragma GCC unroll 2
+            for (int v = 0; v < 2; ++v) {
+                const __m256i sums = kMaddubs ? _mm256_madd_epi16(_mm256_maddubs_epi16(a, b[v]), ones)
+                                              : _mm256_madd_epi16(a, b[v]);
+                acc[i][v] = _mm256_add_epi32(acc[i][v], sums);
+            }
         }
     }
 #pragma GCC unroll 8
@@ -265,8 +247,8 @@ constexpr Kernel make_kernel(TileFn tile) {
 const Kernel& kernel_of(QgemmPath path) {
     static const Kernel portable = make_kernel<uint8_t, int8_t, 4, 16, 1>(tile_portable<4, 16>);
 #if defined(KILN_QGEMM_X86)
-    static const Kernel madd = make_kernel<int16_t, int16_t, 5, 16, 2>(tile_avx2_madd<5>);
-    static const Kernel maddubs = make_kernel<uint8_t, int8_t, 4, 16, 4>(tile_avx2_maddubs<4>);
+    static const Kernel madd = make_kernel<int16_t, int16_t, 5, 16, 2>(tile_avx2<5, false>);
+    static const Kernel maddubs = make_kernel<uint8_t, int8_t, 4, 16, 4>(tile_avx2<4, true>);
     static const Kernel avx_vnni = make_kernel<uint8_t, int8_t, 6, 16, 4>(tile_avx_vnni<6>);
     static const Kernel avx512_vnni = make_kernel<uint8_t, int8_t, 8, 32, 4>(tile_avx512_vnni<8>);
     switch (path) {
