@@ -56,6 +56,18 @@
 // called from inside a parallel region (qconv2d runs one per image on each thread), runs on
 // the calling thread. The result cannot depend on the thread count: every element is the same
 // integer sum.
+//
+// ---- Measured ----------------------------------------------------------------------------------
+// AMD EPYC (Zen 3: AVX2, no VNNI), 2 threads, bench/bench_qgemm.cpp, on a machine shared with
+// other jobs (figures moved by ±30% between runs; the ratios are of interleaved samples):
+//   1024×1024×1024      avx2-madd 1.8-2.2× cpu::gemm<float>, avx2-maddubs 3.1×
+//   qconv2d, batch 64   LeNet 1→10 5×5 2.0-3.0×, 10→20 5×5 2.3-2.8×; the CIFAR net's 24→32 3×3
+//   (u8, avx2-madd)     on 31×31 2.0×, 32→64 on 15×15 2.5×, 64→128 on 7×7 2.0-2.2× conv2d_forward
+//                       <float>; with reduce_range (avx2-maddubs) 3.0×, 3.3-3.7×, 2.9-3.1×. The
+//                       3→24 2×2 stem (K = 12) is 0.9×: too little arithmetic to pay for im2row.
+// Zen 3 issues two vpmaddwd or vpmaddubsw per cycle, as many as f32 FMAs, but each multiplies
+// 16 or 32 pairs against the FMA's 8. The VNNI paths were written for the machines that have
+// them (Zen 4 and 5, Ice Lake and later) and are tested there by the same cases.
 #include "ops/cpu/qgemm.h"
 
 #include <omp.h>
