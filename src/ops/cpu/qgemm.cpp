@@ -111,6 +111,7 @@ void pack_panel(const S* X, int64_t ld, int64_t lines, int64_t kc, int64_t group
     T* P = static_cast<T*>(out);
     const int64_t whole = lines == L ? kc / KG : 0;  // groups of L lines and KG values: no tests
     for (int64_t g = 0; g < whole; ++g)
+#pragma GCC unroll 8
         for (int i = 0; i < L; ++i, P += KG) copy_group<S, T, KG>(X + i * ld + g * KG, P);
     for (int64_t g = whole; g < groups; ++g) {  // the edges: lines past `lines`, k past kc
         const int64_t valid = std::clamp<int64_t>(kc - g * KG, 0, KG);  // this group's k below kc
