@@ -324,20 +324,18 @@ struct Product {
 };
 
 // The part of an MR×NR tile inside C: C[i, j] = tile[i][j] (store) or C[i, j] += tile[i][j]
-// (add), C[i, j] at C[i·ldc + j], or at C[j·ldc + i] when C is stored transposed.
+// (add), C[i, j] at C[i·ldc + j], or at C[j·ldc + i] when C is stored transposed. (A store
+// never reads C: with one KC-block, the common case, C is only written.)
 void store_tile(const int32_t* tile, int nr, int64_t rows, int64_t cols, bool add, bool transpose_c, int32_t* C,
                 int64_t ldc) {
-    if (!transpose_c) {
-        for (int64_t i = 0; i < rows; ++i) {
-            const int32_t* t = tile + i * nr;
-            int32_t* c = C + i * ldc;
-            for (int64_t j = 0; j < cols; ++j) c[j] = add ? c[j] + t[j] : t[j];
-        }
-        return;
-    }
-    for (int64_t j = 0; j < cols; ++j) {
-        int32_t* c = C + j * ldc;
-        for (int64_t i = 0; i < rows; ++i) c[i] = add ? c[i] + tile[i * nr + j] : tile[i * nr + j];
+    const int64_t row_step = transpose_c ? 1 : ldc, col_step = transpose_c ? ldc : 1;
+    for (int64_t i = 0; i < rows; ++i) {
+        const int32_t* t = tile + i * nr;
+        int32_t* c = C + i * row_step;
+        if (add)
+            for (int64_t j = 0; j < cols; ++j) c[j * col_step] += t[j];
+        else
+            for (int64_t j = 0; j < cols; ++j) c[j * col_step] = t[j];
     }
 }
 
