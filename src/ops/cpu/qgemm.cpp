@@ -60,11 +60,12 @@
 // ---- Measured ----------------------------------------------------------------------------------
 // AMD EPYC (Zen 3: AVX2, no VNNI), 2 threads, bench/bench_qgemm.cpp, on a machine shared with
 // other jobs (figures moved by ±30% between runs; the ratios are of interleaved samples):
-//   1024×1024×1024      avx2-madd 1.8-2.2× cpu::gemm<float>, avx2-maddubs 3.1×
-//   qconv2d, batch 64   LeNet 1→10 5×5 2.0-3.0×, 10→20 5×5 2.3-2.8×; the CIFAR net's 24→32 3×3
-//   (u8, avx2-madd)     on 31×31 2.0×, 32→64 on 15×15 2.5×, 64→128 on 7×7 2.0-2.2× conv2d_forward
-//                       <float>; with reduce_range (avx2-maddubs) 3.0×, 3.3-3.7×, 2.9-3.1×. The
-//                       3→24 2×2 stem (K = 12) is 0.9×: too little arithmetic to pay for im2row.
+//   1024×1024×1024      avx2-madd 1.8-1.9× cpu::gemm<float>, avx2-maddubs 2.6-3.1×
+//   qconv2d, batch 64   LeNet 1→10 5×5 1.7-2.0×, 10→20 5×5 3.0-3.6×; the CIFAR net's 24→32 3×3
+//   (u8, avx2-madd)     on 31×31 2.4-2.6×, 32→64 on 15×15 2.2-2.8×, 64→128 on 7×7 3.0-3.1×
+//                       conv2d_forward<float>; with reduce_range (avx2-maddubs) 1.8-2.5×,
+//                       4.5-5.9×, 3.2-3.5×, 3.2-3.4×, 4.1-5.1×. The 3→24 2×2 stem (K = 12) is
+//                       1.0-1.2×: too little arithmetic per byte of im2row.
 // Zen 3 issues two vpmaddwd or vpmaddubsw per cycle, as many as f32 FMAs, but each multiplies
 // 16 or 32 pairs against the FMA's 8. The VNNI paths were written for the machines that have
 // them (Zen 4 and 5, Ice Lake and later) and are tested there by the same cases.
