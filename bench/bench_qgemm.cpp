@@ -14,7 +14,12 @@
 //   bench qgemm_<shape>_vs_f32: <ratio> x                the path qgemm_u8s8 takes for u8 / f32
 //   bench qgemm_<shape>_reduced_vs_f32: <ratio> x        the same with a_max = 127 (reduce_range),
 //                                                        when that changes the path
-// Threads: OMP_NUM_THREADS (make bench sets 2). About 10 s on 2 cores.
+// and per layer of the chapter's models, batch 64, the whole of qconv2d (im2row, product,
+// requantization) against conv2d_forward<float> (im2col, GEMM, bias) as the trainers run it:
+//   bench qconv_<layer>_f32: <img/s> img/s      bench qconv_<layer>_int8: <img/s> img/s
+//   bench qconv_<layer>_vs_f32: <ratio> x       (and _reduced_vs_f32 as above)
+// A shape or layer name as the argument runs that one alone.
+// Threads: OMP_NUM_THREADS (make bench sets 2). About 15 s on 2 cores.
 #include <algorithm>
 #include <chrono>
 #include <cstdio>

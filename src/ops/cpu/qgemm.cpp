@@ -56,6 +56,19 @@
 // called from inside a parallel region (qconv2d runs one per image on each thread), runs on
 // the calling thread. The result cannot depend on the thread count: every element is the same
 // integer sum.
+//
+// ---- Measured ----------------------------------------------------------------------------------
+// AMD EPYC (Zen 3: AVX2, no VNNI), 2 threads, bench/bench_qgemm.cpp, on a machine shared with
+// other jobs (figures moved by ±30% between runs; the ratios are of interleaved samples):
+//   1024×1024×1024      avx2-madd 1.8-1.9× cpu::gemm<float>, avx2-maddubs 2.6-3.1×
+//   qconv2d, batch 64   LeNet 1→10 5×5 1.7-2.0×, 10→20 5×5 3.0-3.6×; the CIFAR net's 24→32 3×3
+//   (u8, avx2-madd)     on 31×31 2.4-2.6×, 32→64 on 15×15 2.2-2.8×, 64→128 on 7×7 3.0-3.1×
+//                       conv2d_forward<float>; with reduce_range (avx2-maddubs) 1.8-2.5×,
+//                       4.5-5.9×, 3.2-3.5×, 3.2-3.4×, 4.1-5.1×. The 3→24 2×2 stem (K = 12) is
+//                       1.0-1.2×: too little arithmetic per byte of im2row.
+// Zen 3 issues two vpmaddwd or vpmaddubsw per cycle, as many as f32 FMAs, but each multiplies
+// 16 or 32 pairs against the FMA's 8. The VNNI paths were written for the machines that have
+// them (Zen 4 and 5, Ice Lake and later) and are tested there by the same cases.
 #include "ops/cpu/qgemm.h"
 
 #include <omp.h>
@@ -99,6 +112,7 @@ void pack_panel(const S* X, int64_t ld, int64_t lines, int64_t kc, int64_t group
     T* P = static_cast<T*>(out);
     const int64_t whole = lines == L ? kc / KG : 0;  // groups of L lines and KG values: no tests
     for (int64_t g = 0; g < whole; ++g)
+#pragma GCC unroll 8
         for (int i = 0; i < L; ++i, P += KG) copy_group<S, T, KG>(X + i * ld + g * KG, P);
     for (int64_t g = whole; g < groups; ++g) {  // the edges: lines past `lines`, k past kc
         const int64_t valid = std::clamp<int64_t>(kc - g * KG, 0, KG);  // this group's k below kc
@@ -136,50 +150,32 @@ inline int32_t group_bits(const void* p) {
     return v;
 }
 
-// avx2-madd: KG = 2 (i16), NR = 16 = 2 ymm of 8 columns.
-//   lane j += A[i][0]·B[j][0] + A[i][1]·B[j][1]            (vpmaddwd, then vpaddd)
-template <int MR>
-KILN_TARGET_AVX2 void tile_avx2_madd(int64_t groups, const void* ap, const void* bp, int32_t* tile) {
-    const int16_t* A = static_cast<const int16_t*>(ap);
-    const int16_t* B = static_cast<const int16_t*>(bp);
-    __m256i acc[MR][2];
-#pragma GCC unroll 8
-    for (int i = 0; i < MR; ++i) acc[i][0] = acc[i][1] = _mm256_setzero_si256();
-    for (int64_t g = 0; g < groups; ++g, A += 2 * MR, B += 2 * 16) {
-        const __m256i b0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(B));
-        const __m256i b1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(B + 16));
-#pragma GCC unroll 8
-        for (int i = 0; i < MR; ++i) {
-            const __m256i a = _mm256_set1_epi32(group_bits(A + 2 * i));
-            acc[i][0] = _mm256_add_epi32(acc[i][0], _mm256_madd_epi16(a, b0));
-            acc[i][1] = _mm256_add_epi32(acc[i][1], _mm256_madd_epi16(a, b1));
-        }
-    }
-#pragma GCC unroll 8
-    for (int i = 0; i < MR; ++i)
-#pragma GCC unroll 2
-        for (int v = 0; v < 2; ++v) _mm256_storeu_si256(reinterpret_cast<__m256i*>(tile + i * 16 + 8 * v), acc[i][v]);
-}
-
-// avx2-maddubs: KG = 4 (u8, i8), NR = 16 = 2 ymm of 8 columns. Only for A ≤ 127 (header comment).
-//   pairs = sat16(a0·b0 + a1·b1), sat16(a2·b2 + a3·b3)     (vpmaddubsw: u8 first, i8 second)
-//   lane j += pairs[0] + pairs[1]                          (vpmaddwd with ones, then vpaddd)
-template <int MR>
-KILN_TARGET_AVX2 void tile_avx2_maddubs(int64_t groups, const void* ap, const void* bp, int32_t* tile) {
+// avx2-madd and avx2-maddubs: NR = 16 = 2 ymm of 8 columns; a group of one line of A or B is 4
+// bytes in both (2 i16, or 4 u8 / i8).
+//   avx2-madd (KG = 2):     lane j += A[i][0]·B[j][0] + A[i][1]·B[j][1]     (vpmaddwd, vpaddd)
+//   avx2-maddubs (KG = 4):  pairs = sat16(a0·b0 + a1·b1), sat16(a2·b2 + a3·b3)
+//                                        (vpmaddubsw: u8 first, i8 second; A ≤ 127: header comment)
+//                           lane j += pairs[0] + pairs[1]          (vpmaddwd with ones, vpaddd)
+template <int MR, bool kMaddubs>
+KILN_TARGET_AVX2 void tile_avx2(int64_t groups, const void* ap, const void* bp, int32_t* tile) {
     const uint8_t* A = static_cast<const uint8_t*>(ap);
-    const int8_t* B = static_cast<const int8_t*>(bp);
+    const uint8_t* B = static_cast<const uint8_t*>(bp);
     const __m256i ones = _mm256_set1_epi16(1);
     __m256i acc[MR][2];
 #pragma GCC unroll 8
     for (int i = 0; i < MR; ++i) acc[i][0] = acc[i][1] = _mm256_setzero_si256();
     for (int64_t g = 0; g < groups; ++g, A += 4 * MR, B += 4 * 16) {
-        const __m256i b0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(B));
-        const __m256i b1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(B + 32));
+        const __m256i b[2] = {_mm256_loadu_si256(reinterpret_cast<const __m256i*>(B)),
+                              _mm256_loadu_si256(reinterpret_cast<const __m256i*>(B + 32))};
 #pragma GCC unroll 8
         for (int i = 0; i < MR; ++i) {
             const __m256i a = _mm256_set1_epi32(group_bits(A + 4 * i));
-            acc[i][0] = _mm256_add_epi32(acc[i][0], _mm256_madd_epi16(_mm256_maddubs_epi16(a, b0), ones));
-            acc[i][1] = _mm256_add_epi32(acc[i][1], _mm256_madd_epi16(_mm256_maddubs_epi16(a, b1), ones));
+#pragma GCC unroll 2
+            for (int v = 0; v < 2; ++v) {
+                const __m256i sums = kMaddubs ? _mm256_madd_epi16(_mm256_maddubs_epi16(a, b[v]), ones)
+                                              : _mm256_madd_epi16(a, b[v]);
+                acc[i][v] = _mm256_add_epi32(acc[i][v], sums);
+            }
         }
     }
 #pragma GCC unroll 8
@@ -265,8 +261,8 @@ constexpr Kernel make_kernel(TileFn tile) {
 const Kernel& kernel_of(QgemmPath path) {
     static const Kernel portable = make_kernel<uint8_t, int8_t, 4, 16, 1>(tile_portable<4, 16>);
 #if defined(KILN_QGEMM_X86)
-    static const Kernel madd = make_kernel<int16_t, int16_t, 5, 16, 2>(tile_avx2_madd<5>);
-    static const Kernel maddubs = make_kernel<uint8_t, int8_t, 4, 16, 4>(tile_avx2_maddubs<4>);
+    static const Kernel madd = make_kernel<int16_t, int16_t, 5, 16, 2>(tile_avx2<5, false>);
+    static const Kernel maddubs = make_kernel<uint8_t, int8_t, 4, 16, 4>(tile_avx2<4, true>);
     static const Kernel avx_vnni = make_kernel<uint8_t, int8_t, 6, 16, 4>(tile_avx_vnni<6>);
     static const Kernel avx512_vnni = make_kernel<uint8_t, int8_t, 8, 32, 4>(tile_avx512_vnni<8>);
     switch (path) {
@@ -329,20 +325,18 @@ struct Product {
 };
 
 // The part of an MR×NR tile inside C: C[i, j] = tile[i][j] (store) or C[i, j] += tile[i][j]
-// (add), C[i, j] at C[i·ldc + j], or at C[j·ldc + i] when C is stored transposed.
+// (add), C[i, j] at C[i·ldc + j], or at C[j·ldc + i] when C is stored transposed. (A store
+// never reads C: with one KC-block, the common case, C is only written.)
 void store_tile(const int32_t* tile, int nr, int64_t rows, int64_t cols, bool add, bool transpose_c, int32_t* C,
                 int64_t ldc) {
-    if (!transpose_c) {
-        for (int64_t i = 0; i < rows; ++i) {
-            const int32_t* t = tile + i * nr;
-            int32_t* c = C + i * ldc;
-            for (int64_t j = 0; j < cols; ++j) c[j] = add ? c[j] + t[j] : t[j];
-        }
-        return;
-    }
-    for (int64_t j = 0; j < cols; ++j) {
-        int32_t* c = C + j * ldc;
-        for (int64_t i = 0; i < rows; ++i) c[i] = add ? c[i] + tile[i * nr + j] : tile[i * nr + j];
+    const int64_t row_step = transpose_c ? 1 : ldc, col_step = transpose_c ? ldc : 1;
+    for (int64_t i = 0; i < rows; ++i) {
+        const int32_t* t = tile + i * nr;
+        int32_t* c = C + i * row_step;
+        if (add)
+            for (int64_t j = 0; j < cols; ++j) c[j * col_step] += t[j];
+        else
+            for (int64_t j = 0; j < cols; ++j) c[j * col_step] = t[j];
     }
 }
 

@@ -83,8 +83,11 @@ void qgemm_u8s8_reference(int64_t M, int64_t N, int64_t K, const uint8_t* A, int
 }
 
 // ==== requantization and the int8 Linear =========================================================
+// Below kParallelMinValues values a team costs more than it saves (a Linear's output at batch 64).
+constexpr int64_t kParallelMinValues = int64_t(1) << 16;
+
 void requantize_rows(const int32_t* acc, uint8_t* y, int64_t M, int64_t O, const QOutput& out) {
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (M * O >= kParallelMinValues)
     for (int64_t m = 0; m < M; m++)
         for (int64_t o = 0; o < O; o++)
             y[m * O + o] = requantize_value(acc[m * O + o] + out.bias[o], out.requant[o], out.zero_point, out.lo, out.hi);
