@@ -371,6 +371,12 @@ TEST_CASE("QuantAwareTraining: in, a step of training, and out again", "[lesson1
         for (int64_t i = 0; i < conv1->weight.grad.numel(); i++) grad += std::fabs(conv1->weight.grad.to(Device::CPU).data<float>()[i]);
         CHECK(grad > 0);
         conv1->weight.value.data<float>()[0] += 1.0f;  // "training" changed it
+        // The int8 network with the ranges the fake quantizers learned (one training batch).
+        CHECK_THROWS_WITH(qat.range_of(), Contains("call finish() first"));
+        qat.finish();
+        const QuantizedNet tuned = convert(*model, qat.range_of());
+        CHECK(tuned.summary().size() > 0);
+        CHECK(tuned.steps.size() == plan.steps.size());
     }
     std::vector<std::string> names_after;
     for (auto& [name, p] : model->named_parameters()) names_after.push_back(name);

@@ -17,8 +17,8 @@
 //      and their sizes; the int8 file loaded back gives the same logits
 //   6. histogram.svg: the first layer's output as the histogram observer saw it, with the clip
 //      range it chose
-//   7. with --qat-epochs N: quantization-aware fine-tuning (quant/qat.h), calibrated and
-//      converted again, against step 4
+//   7. with --qat-epochs N: quantization-aware fine-tuning (quant/qat.h), converted again with
+//      the ranges it was fine-tuned with, against step 4
 #include <chrono>
 #include <cstdio>
 #include <cstring>
@@ -65,16 +65,19 @@ void calibrate(Calibrator& cal, DataLoader& train, int batches) {
     for (int i = 0; i < batches && train.next(b); i++) cal.run(b.x);
 }
 
-// Steps 3 and 4: calibrate, convert, score.
-QuantizedNet quantize_and_score(Module& model, const QuantConfig& config, DataLoader& train, DataLoader& test,
-                                int batches, const char* label, TimedAccuracy* scored) {
+// The int8 network's test accuracy and speed, printed with `label`.
+TimedAccuracy score_int8(const QuantizedNet& q, DataLoader& test, const char* label) {
+    QuantizedModule int8(q);
+    const TimedAccuracy scored = evaluate_timed(int8, test);
+    std::printf("%s: test accuracy %.2f%%, inference %.0f img/s\n", label, 100 * scored.acc, scored.images_per_second);
+    return scored;
+}
+
+// Steps 3 and 4: calibrate, convert.
+QuantizedNet calibrate_and_convert(Module& model, const QuantConfig& config, DataLoader& train, int batches) {
     Calibrator cal(model, config);
     calibrate(cal, train, batches);
-    QuantizedNet q = convert(model, cal);
-    QuantizedModule int8(q);
-    *scored = evaluate_timed(int8, test);
-    std::printf("%s: test accuracy %.2f%%, inference %.0f img/s\n", label, 100 * scored->acc, scored->images_per_second);
-    return q;
+    return convert(model, cal);
 }
 
 // Step 6: the first layer's output as its histogram observer saw it.
@@ -149,8 +152,8 @@ int run(CommonFlags& flags, const Options& o) {
     std::printf("int8 kernels: %s, activations in [0, %d] (--reduce-range %s); %s\n",
                 int8_kernel_path(device, config.act_qmax()), config.act_qmax(), o.reduce_range.c_str(),
                 cpu_features_line().c_str());
-    TimedAccuracy ptq;
-    QuantizedNet q = quantize_and_score(model, config, train, test, o.calib_batches, "int8", &ptq);
+    QuantizedNet q = calibrate_and_convert(model, config, train, o.calib_batches);
+    const TimedAccuracy ptq = score_int8(q, test, "int8");
     std::printf("%s", q.summary().c_str());
     std::printf("int8 against f32: %+.2f points, %.2fx the speed (%s observer, %d calibration batches)\n",
                 100 * (ptq.acc - f32.acc), ptq.images_per_second / f32.images_per_second, o.observer.c_str(),
@@ -167,20 +170,18 @@ int run(CommonFlags& flags, const Options& o) {
     // 7. quantization-aware training
     double final_acc = ptq.acc;
     if (o.qat_epochs > 0) {
-        {
-            QuantAwareTraining qat(model, q, config);
-            SGD sgd(model.parameters(), o.qat_lr, SGD::Options{0.9f, 0.0f, cifar ? 5e-4f : 0.0f, cifar});
-            TrainOptions opt;
-            opt.epochs = o.qat_epochs;
-            opt.arena = &arena;
-            std::printf("quantization-aware training: %d epochs at lr %g\n", o.qat_epochs, o.qat_lr);
-            fit(model, sgd, train, test, opt);
-        }
-        TimedAccuracy qat_scored;
-        quantize_and_score(model, config, train, test, o.calib_batches, "int8 after QAT", &qat_scored);
+        QuantAwareTraining qat(model, q, config);
+        SGD sgd(model.parameters(), o.qat_lr, SGD::Options{0.9f, 0.0f, cifar ? 5e-4f : 0.0f, cifar});
+        TrainOptions opt;
+        opt.epochs = o.qat_epochs;
+        opt.arena = &arena;
+        std::printf("quantization-aware training: %d epochs at lr %g\n", o.qat_epochs, o.qat_lr);
+        fit(model, sgd, train, test, opt);
+        qat.finish();
+        const TimedAccuracy tuned = score_int8(convert(model, qat.range_of()), test, "int8 after QAT");
         std::printf("QAT against post-training int8: %+.2f points (f32 %.2f%%, PTQ %.2f%%, QAT %.2f%%)\n",
-                    100 * (qat_scored.acc - ptq.acc), 100 * f32.acc, 100 * ptq.acc, 100 * qat_scored.acc);
-        final_acc = qat_scored.acc;
+                    100 * (tuned.acc - ptq.acc), 100 * f32.acc, 100 * ptq.acc, 100 * tuned.acc);
+        final_acc = tuned.acc;
     }
     report(device, final_acc, start);
     return 0;

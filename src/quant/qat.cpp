@@ -51,14 +51,17 @@ void fake_quantize_weight(Parameter& p) {
 }
 
 // The module at `path` replaced by a Sequential of it and a FakeQuantize (after it, or before it
-// for the model's input).
-void wrap(Module& model, const std::string& path, int32_t qmax, bool before) {
+// for the model's input); returns the FakeQuantize (owned by the model).
+FakeQuantize* wrap(Module& model, const std::string& path, int32_t qmax, bool before) {
     std::unique_ptr<Module> layer = model.replace_child(path, std::make_unique<Identity>());
     auto seq = std::make_unique<Sequential>(path);
-    if (before) seq->add("fake_quant", std::make_unique<FakeQuantize>(qmax));
+    auto fq = std::make_unique<FakeQuantize>(qmax);
+    FakeQuantize* out = fq.get();
+    if (before) seq->add("fake_quant", std::move(fq));
     seq->add("layer", std::move(layer));
-    if (!before) seq->add("fake_quant", std::make_unique<FakeQuantize>(qmax));
+    if (!before) seq->add("fake_quant", std::move(fq));
     model.replace_child(path, std::move(seq));
+    return out;
 }
 
 }  // namespace
@@ -71,8 +74,9 @@ QuantAwareTraining::QuantAwareTraining(Module& model, const QuantizedNet& plan, 
         if (!step->new_range) continue;
         const std::string& path = step->range_layer.empty() ? first_layer : step->range_layer;
         KILN_CHECK(!path.empty(), "QuantAwareTraining: step ", step->name, " has no layer in the model");
-        wrap(model, path, config.act_qmax(), step->range_layer.empty());
+        quantizers_.push_back(wrap(model, path, config.act_qmax(), step->range_layer.empty()));
         wrapped_.push_back(path);
+        range_layers_.push_back(step->range_layer);
     }
     for (auto& [name, m] : model.named_modules()) {
         if (!dynamic_cast<Conv2d*>(m) && !dynamic_cast<Linear*>(m)) continue;
@@ -92,10 +96,23 @@ void QuantAwareTraining::finish() {
         hook.remove();
         p->pruned = Tensor();
     }
+    for (size_t i = 0; i < quantizers_.size(); i++)
+        if (quantizers_[i]->observed()) ranges_[range_layers_[i]] = quantizers_[i]->qparams();
     for (auto it = wrapped_.rbegin(); it != wrapped_.rend(); ++it) {
         Module& seq = model_.module_at(*it);
         model_.replace_child(*it, seq.replace_child("layer", std::make_unique<Identity>()));
     }
+}
+
+RangeOf QuantAwareTraining::range_of() const {
+    KILN_CHECK(finished_, "QuantAwareTraining::range_of: call finish() first (the ranges are recorded as the "
+               "fake quantizers come out)");
+    return [ranges = ranges_](const std::string& layer) {
+        const auto it = ranges.find(layer);
+        KILN_CHECK(it != ranges.end(), "QuantAwareTraining: no fake quantizer stood for layer '", layer,
+                   "'; convert the model quantization-aware training was set up for");
+        return it->second;
+    };
 }
 
 QuantAwareTraining::~QuantAwareTraining() { finish(); }

@@ -2,11 +2,11 @@
 // pass rounds the way the int8 network will, so that the weights learn to live with the rounding.
 //
 //   QuantizedNet ptq = convert(model, cal);              // post-training quantization first:
-//   {                                                    // its steps say where the ranges are
-//       QuantAwareTraining qat(model, ptq);              // fake quantization in, model packed
-//       SGD sgd(model.parameters(), 1e-3f, ...);  fit(model, sgd, ...);
-//   }                                                    // fake quantization out again
-//   Calibrator cal2(model, config); ...; QuantizedNet q = convert(model, cal2);
+//   QuantAwareTraining qat(model, ptq);                  // its steps say where the ranges are:
+//   SGD sgd(model.parameters(), 1e-3f, ...);             // fake quantization in, model packed
+//   fit(model, sgd, ...);
+//   qat.finish();                                        // fake quantization out again
+//   QuantizedNet q = convert(model, qat.range_of());     // the ranges it was fine-tuned with
 //
 // Fake quantization (ops/quant.h fake_quantize) is y = dequantize(quantize(x)) in f32: the value
 // the int8 network would see, as a float. Two kinds, as PyTorch's prepare_qat puts them:
@@ -22,6 +22,7 @@
 // range and 0 where it was clipped (fake_quantize_backward). For the weights nothing is clipped
 // (the range is their own max), so their gradient passes as it is.
 #pragma once
+#include <map>
 #include <string>
 #include <vector>
 
@@ -41,6 +42,7 @@ public:
     Tensor forward(const Tensor& x) override;
     Tensor backward(const Tensor& dy) override;
     QParams qparams() const { return observer_.qparams(); }
+    bool observed() const { return observer_.observed(); }  // has seen a training batch
 
 private:
     MovingAverageMinMaxObserver observer_;
@@ -59,9 +61,18 @@ public:
     QuantAwareTraining& operator=(const QuantAwareTraining&) = delete;
     void finish();  // the model as it was, with the fine-tuned weights
 
+    // The ranges the FakeQuantize modules settled on, by the layer whose output each rounded
+    // ("" for the input): what the network was fine-tuned to, so what convert() should use
+    // (convert(model, qat.range_of()), as PyTorch's convert takes its fake quantizers' ranges).
+    // Recorded by finish(); an error before.
+    RangeOf range_of() const;
+
 private:
     Module& model_;
+    std::map<std::string, QParams> ranges_;  // by finish()
     std::vector<std::string> wrapped_;  // paths now holding {"layer", "fake_quant"} (or the reverse)
+    std::vector<std::string> range_layers_;  // the layer each wrapped path's fake quantizer stands for
+    std::vector<FakeQuantize*> quantizers_;  // and the fake quantizer (owned by the model until finish)
     std::vector<std::pair<Parameter*, HookHandle>> weight_hooks_;
     bool finished_ = false;
 };

@@ -297,7 +297,7 @@ namespace {
 // One step of the conversion: the model's layers in forward order and where the walk is.
 struct Walk {
     std::vector<std::pair<std::string, Module*>> layers;
-    const Calibrator& cal;
+    const RangeOf& range_of;
 
     // The next layer after i that computes something in eval mode (Dropout and Identity do
     // not), or layers.size().
@@ -309,7 +309,7 @@ struct Walk {
     }
     template <typename T> T* at(size_t i) const { return i < layers.size() ? dynamic_cast<T*>(layers[i].second) : nullptr; }
     // The u8 range of layer i's output, from its observer (affine, per tensor).
-    QParams range(size_t i) const { return cal.observer(layers[i].first).qparams(); }
+    QParams range(size_t i) const { return range_of(layers[i].first); }
 };
 
 // round(b[o] / (s_x · s_w[o])) as int32 (0 without a bias).
@@ -379,9 +379,13 @@ std::unique_ptr<QStep> with_range(std::unique_ptr<QStep> step, const std::string
 
 QuantizedNet convert(Module& model, const Calibrator& cal) {
     KILN_CHECK(cal.batches() > 0, "convert: the Calibrator has seen no batch; run it on a few training batches first");
-    Walk walk{leaves(model), cal};
+    return convert(model, [&cal](const std::string& layer) { return cal.observer(layer).qparams(); });
+}
+
+QuantizedNet convert(Module& model, const RangeOf& range_of) {
+    Walk walk{leaves(model), range_of};
     QuantizedNet net;
-    QParams cur = cal.observer("").qparams();
+    QParams cur = range_of("");
     net.steps.push_back(with_range(std::make_unique<InputStep>(cur), ""));
     std::vector<bool> done(walk.layers.size(), false);  // fused into an earlier step
     for (size_t i = 0; i < walk.layers.size(); i++) {

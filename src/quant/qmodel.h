@@ -26,6 +26,7 @@
 // What a learner can read off it: the weights take one byte instead of four; every activation
 // too; the only float arithmetic left is the input's quantize and the logits' dequantize.
 #pragma once
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -136,5 +137,9 @@ private:
 // Conv2d with groups 1, Linear, MaxPool2d, BatchNorm2d, ReLU, GELU, Flatten, Dropout, Identity,
 // inside Sequentials) are an error naming the layer.
 QuantizedNet convert(Module& model, const Calibrator& cal);
+// The same with the ranges from elsewhere: range_of(layer) is the u8 range of that layer's
+// output ("" for the model's input); quantization-aware training's own ranges (quant/qat.h).
+using RangeOf = std::function<QParams(const std::string& layer)>;
+QuantizedNet convert(Module& model, const RangeOf& range_of);
 
 }  // namespace kiln
