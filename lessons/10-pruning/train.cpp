@@ -273,15 +273,6 @@ int run_cifar(CommonFlags& flags, const std::string& from, float fraction, int f
     return 0;
 }
 
-// "--model cifar" or "--model=cifar" on the command line.
-bool asks_for_cifar(int argc, char** argv) {
-    for (int i = 1; i < argc; i++)
-        if (std::string(argv[i]) == "--model=cifar" || (std::string(argv[i]) == "--model" && i + 1 < argc &&
-                                                         std::string(argv[i + 1]) == "cifar"))
-            return true;
-    return false;
-}
-
 }  // namespace
 
 int main(int argc, char** argv) try {
@@ -299,7 +290,7 @@ int main(int argc, char** argv) try {
     cli.add("--finetune-epochs", &finetune_epochs, "epochs of fine-tuning: after each pruning round (MNIST), after the cut (CIFAR, 16)");
     cli.add("--channels", &channels, "CIFAR: the fraction of every conv's output channels to remove");
     cli.add("--from", &from, "CIFAR: the trained dense net, a lesson-06 checkpoint (else it is trained here)");
-    if (asks_for_cifar(argc, argv)) {  // chapter 06's settings, before the command line may change them
+    if (command_line_has(argc, argv, "--model", "cifar")) {  // chapter 06's settings, before the command line may change them
         flags.batch_size = 128;
         flags.data = "data/cifar10";
         finetune_epochs = 16;

@@ -187,15 +187,6 @@ int run(CommonFlags& flags, const Options& o) {
     return 0;
 }
 
-// "--model cifar" or "--model=cifar" on the command line.
-bool asks_for_cifar(int argc, char** argv) {
-    for (int i = 1; i < argc; i++)
-        if (std::string(argv[i]) == "--model=cifar" ||
-            (std::string(argv[i]) == "--model" && i + 1 < argc && std::string(argv[i + 1]) == "cifar"))
-            return true;
-    return false;
-}
-
 }  // namespace
 
 int main(int argc, char** argv) try {
@@ -212,7 +203,7 @@ int main(int argc, char** argv) try {
     cli.add("--reduce-range", &o.reduce_range, "activations in [0, 127]: auto (when the CPU's int8 path is faster so), on, off");
     cli.add("--qat-epochs", &o.qat_epochs, "epochs of quantization-aware fine-tuning after post-training quantization (0: none)");
     cli.add("--qat-lr", &o.qat_lr, "learning rate of the quantization-aware fine-tuning");
-    if (asks_for_cifar(argc, argv)) {  // chapter 06's settings, before the command line may change them
+    if (command_line_has(argc, argv, "--model", "cifar")) {  // chapter 06's settings, before the command line may change them
         flags.batch_size = 128;
         flags.data = "data/cifar10";
         flags.epochs = 10;

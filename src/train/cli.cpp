@@ -162,4 +162,12 @@ void CommonFlags::apply_memory_limit(Device device) const {
     set_memory_limit(device, limit);
 }
 
+bool command_line_has(int argc, char** argv, const std::string& flag, const std::string& value) {
+    for (int i = 1; i < argc; i++) {
+        const std::string arg = argv[i];
+        if (arg == flag + "=" + value || (arg == flag && i + 1 < argc && argv[i + 1] == value)) return true;
+    }
+    return false;
+}
+
 }  // namespace kiln

@@ -53,6 +53,11 @@ private:
     std::vector<std::string> arguments_;
 };
 
+// Whether the command line sets `flag` to `value` ("--model cifar" or "--model=cifar"), looked
+// up before Cli::parse: for a trainer whose defaults depend on one flag (lesson-10's and
+// lesson-11's --model cifar take chapter 06's batch size and data).
+bool command_line_has(int argc, char** argv, const std::string& flag, const std::string& value);
+
 struct CommonFlags {
     int epochs = 1;
     int64_t batch_size = 64;
