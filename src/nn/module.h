@@ -103,10 +103,12 @@ struct Parameter {
     // parameter is listed as "<name>_orig", its mask (0s and 1s, value's shape) as the buffer
     // "<name>_mask", and the layer computes with pruned = value ⊙ mask, remade by a forward
     // pre-hook before every forward; a backward hook then multiplies grad by the mask.
+    // Quantization-aware training (quant/qat.h, chapter 11) uses `pruned` too, without a mask:
+    // the weight rounded to 8 bits, remade by its own pre-hook.
     Tensor mask = {}, pruned = {};
     std::vector<HookHandle> prune_hooks = {};
 
-    // What a layer computes with: value, or value ⊙ mask when pruned.
+    // What a layer computes with: value, or pruned when set (value ⊙ mask, or the rounded weight).
     const Tensor& used() const { return pruned.defined() ? pruned : value; }
 };
 

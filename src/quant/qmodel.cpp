@@ -4,6 +4,7 @@
 
 #include <cmath>
 #include <functional>
+#include <optional>
 #include <sstream>
 
 #include "nn/conv.h"
@@ -344,28 +345,29 @@ std::unique_ptr<QStep> weighted_step(const std::string& name, const char* kind, 
     return std::make_unique<WeightedStep>(name, kind, wq, scale, bq, in, out, relu);
 }
 
-// y = f(x) as a table: entry q = quantize(f(dequantize(q))) for each of the 256 u8 values,
-// per channel when f depends on the channel.
-Tensor make_table(int64_t channels, const QParams& in, const QParams& out, const std::function<float(int64_t, float)>& f) {
-    Tensor t = Tensor::empty({channels, 256}, DType::U8);
-    const float inv = 1.0f / out.scale;
-    for (int64_t c = 0; c < channels; c++)
-        for (int32_t q = 0; q < 256; q++) {
-            const float v = f(c, dequantize_value(q, in.scale, in.zero_point));
-            t.data<uint8_t>()[c * 256 + q] = uint8_t(quantize_value(v, inv, out.zero_point, out.qmin, out.qmax));
-        }
-    return t;
+// The table of one or two of the model's own layers (a GELU or ReLU; a batch norm and the
+// activation after it): entry [c][q] = quantize_out(layers(dequantize_in(q))) for each of the
+// 256 u8 values q of each of `channels` channels, computed by running the layers in eval mode
+// on a [1, channels, 16, 16] tensor of those values — so the table is exactly what the f32
+// layers compute.
+Tensor make_table(const std::vector<Module*>& layers, int64_t channels, const QParams& in, const QParams& out) {
+    Tensor q = Tensor::empty({1, channels, 16, 16}, DType::U8);
+    for (int64_t i = 0; i < q.numel(); i++) q.data<uint8_t>()[i] = uint8_t(i % 256);
+    const auto params = layers.front()->parameters();
+    Tensor h = dequantize(q, in).to(params.empty() ? Device::CPU : params[0]->value.device());
+    NoGradScope no_grad;
+    for (Module* m : layers) {
+        m->eval();
+        h = m->call(h);
+    }
+    return quantize(h.to(Device::CPU), out, DType::U8).reshape({channels, 256});
 }
 
-float gelu(float v) { return 0.5f * v * (1.0f + std::erf(v * float(M_SQRT1_2))); }
-float relu(float v) { return v > 0.0f ? v : 0.0f; }
-
-// The activation after layer i, if it is one a table can take (GELU or ReLU): its index, else npos.
-std::pair<size_t, std::function<float(float)>> activation_after(const Walk& walk, size_t i) {
+// The activation after layer i, if a table can take it with the layer (GELU or ReLU): its index.
+std::optional<size_t> activation_after(const Walk& walk, size_t i) {
     const size_t j = walk.next(i);
-    if (walk.at<GELU>(j)) return {j, gelu};
-    if (walk.at<ReLU>(j)) return {j, relu};
-    return {std::string::npos, nullptr};
+    if (walk.at<GELU>(j) || walk.at<ReLU>(j)) return j;
+    return std::nullopt;
 }
 
 // Records where step's output range came from (QStep::range_layer) and returns the step.
@@ -419,27 +421,21 @@ QuantizedNet convert(Module& model, const RangeOf& range_of) {
             }
             cur = out;
         } else if (auto* bn = dynamic_cast<BatchNorm2d*>(m)) {
-            // y = act(a_c · v + (β_c − a_c · μ_c)), a_c = γ_c / √(σ²_c + ε): one table per channel.
-            const Tensor g = bn->weight.value.to(Device::CPU), be = bn->bias.value.to(Device::CPU);
-            const Tensor mu = bn->running_mean.to(Device::CPU), var = bn->running_var.to(Device::CPU);
-            auto [act_at, act] = activation_after(walk, i);
-            const size_t last = act ? act_at : i;
-            if (act) done[act_at] = true;
+            // A batch norm that did not fold, with the activation after it: one table per channel.
+            const std::optional<size_t> act = activation_after(walk, i);
+            const size_t last = act ? *act : i;
+            std::vector<Module*> layers{m};
+            if (act) done[*act] = true, layers.push_back(walk.layers[*act].second);
             const QParams out = walk.range(last);
-            const float eps = bn->eps;
-            Tensor table = make_table(bn->num_features, cur, out, [&, act = act](int64_t c, float v) {
-                const float a = float(double(g.data<float>()[c]) / std::sqrt(double(var.data<float>()[c]) + eps));
-                const float y = a * (v - mu.data<float>()[c]) + be.data<float>()[c];
-                return act ? act(y) : y;
-            });
-            const std::string what = act ? std::string("bn+") + (walk.at<GELU>(act_at) ? "gelu" : "relu") : "bn";
+            Tensor table = make_table(layers, bn->num_features, cur, out);
+            const std::string what = act ? std::string("bn+") + (walk.at<GELU>(*act) ? "gelu" : "relu") : "bn";
             net.steps.push_back(with_range(std::make_unique<TableStep>(name, what, table, out), walk.layers[last].first));
             cur = out;
         } else if (dynamic_cast<GELU*>(m) || dynamic_cast<ReLU*>(m)) {
-            const bool is_gelu = dynamic_cast<GELU*>(m) != nullptr;
             const QParams out = walk.range(i);
-            Tensor table = make_table(1, cur, out, [is_gelu](int64_t, float v) { return is_gelu ? gelu(v) : relu(v); });
-            net.steps.push_back(with_range(std::make_unique<TableStep>(name, is_gelu ? "gelu" : "relu", table, out), name));
+            Tensor table = make_table({m}, 1, cur, out);
+            const char* what = dynamic_cast<GELU*>(m) ? "gelu" : "relu";
+            net.steps.push_back(with_range(std::make_unique<TableStep>(name, what, table, out), name));
             cur = out;
         } else {
             throw Error(name + ": no int8 version of this layer; convert() handles Conv2d (groups 1), Linear, "
