@@ -44,11 +44,24 @@ NVFLAGS := -std=c++17 -O2 -Isrc -Icuda -DKILN_CUDA=1 --Werror all-warnings \
            -gencode arch=compute_80,code=sm_80 -gencode arch=compute_90,code=sm_90 \
            -gencode arch=compute_90,code=compute_90
 
+# MPI (chapter 12): only src/mpi/ includes <mpi.h>; it becomes its own library, libkiln_mpi.a,
+# linked into the programs that use MPI (lesson 12 and the tests in tests/mpi/) and no others.
+# (Its headers as system headers, without the C++ bindings kiln does not use: they do not compile
+# warning-free.)
+MPI_CFLAGS := $(patsubst -I%,-isystem %,$(shell mpicxx --showme:compile 2>/dev/null)) -DOMPI_SKIP_MPICXX
+MPI_LIBS   := $(filter-out -lmpi_cxx,$(shell mpicxx --showme:link 2>/dev/null))
+MPI_LESSONS := 12
+# How make test starts the MPI tests: 2 ranks; as root Open MPI wants --allow-run-as-root, and on a
+# machine reporting fewer cores than ranks, --oversubscribe.
+MPIRUN     ?= mpirun --allow-run-as-root --oversubscribe -np 2
+
 # --- sources -----------------------------------------------------------------------------
-LIB_SRCS  := $(shell find src -name '*.cpp' | sort)
+LIB_SRCS  := $(shell find src -name '*.cpp' -not -path 'src/mpi/*' | sort)
+MPI_SRCS  := $(sort $(wildcard src/mpi/*.cpp))
 CU_SRCS   := $(shell find cuda -name '*.cu' -not -path 'cuda/lab/*' | sort)
 EMU_SRCS  := $(shell find cuda/emu -name '*.cpp' 2>/dev/null | sort)
-TEST_SRCS := $(shell find tests -name '*.cpp' | sort)
+TEST_SRCS := $(shell find tests -name '*.cpp' -not -path 'tests/mpi/*' | sort)
+MPI_TEST_SRCS := $(sort $(wildcard tests/mpi/*.cpp))
 LESSONS   := $(sort $(wildcard lessons/[0-9][0-9]-*/train.cpp))
 BENCH_SRCS:= $(shell find bench -name '*.cpp' | sort)
 
@@ -58,9 +71,12 @@ ifneq ($(CUDA),1)
 endif
 TEST_OBJS := $(TEST_SRCS:%.cpp=$(BUILD)/%.o)
 LIB       := $(BUILD)/libkiln.a
+MPI_LIB   := $(BUILD)/libkiln_mpi.a
 TEST_BIN  := $(BUILD)/tests/kiln_tests
+MPI_TEST_BIN := $(BUILD)/tests/kiln_mpi_tests
 # lessons/02-backprop/train.cpp -> build/bin/lesson-02
-lesson_bin = $(BUILD)/bin/lesson-$(shell echo $(1) | sed -E 's|lessons/([0-9]+)-.*|\1|')
+lesson_num = $(shell echo $(1) | sed -E 's|lessons/([0-9]+)-.*|\1|')
+lesson_bin = $(BUILD)/bin/lesson-$(call lesson_num,$(1))
 LESSON_BINS := $(foreach l,$(LESSONS),$(call lesson_bin,$(l)))
 BENCH_BINS  := $(BENCH_SRCS:bench/%.cpp=$(BUILD)/bench/%)
 # cuda/lab/gemm.cu -> build/lab/gemm
@@ -71,7 +87,7 @@ LESSON_NUMS := $(patsubst $(BUILD)/bin/lesson-%,%,$(LESSON_BINS))
 
 .SECONDARY:
 .PHONY: all test data run bench lab lab-build accuracy gpu-check clean $(addprefix lesson-,$(LESSON_NUMS))
-all: $(LIB) $(LESSON_BINS) $(TEST_BIN)
+all: $(LIB) $(LESSON_BINS) $(TEST_BIN) $(MPI_TEST_BIN)
 
 # --- packages ----------------------------------------------------------------------------
 # Before the first compile, scripts/setup.sh --check names any missing Debian package and the
@@ -98,6 +114,8 @@ $(BUILD)/%.cu.o: %.cu | $(PACKAGES_OK)
 	$(CXX) $(CXXFLAGS) -x c++ -c $< -o $@
 endif
 
+$(BUILD)/src/mpi/%.o $(BUILD)/tests/mpi/%.o: CXXFLAGS += $(MPI_CFLAGS)
+
 # Catch2's own main trips g++ 12's -Wmaybe-uninitialized at -O1 (SAN=1): a false positive
 # inside the library's std::function use, not in kiln's code.
 $(BUILD)/tests/main.o: CXXFLAGS += -Wno-maybe-uninitialized
@@ -106,14 +124,25 @@ $(LIB): $(LIB_OBJS)
 	@mkdir -p $(dir $@)
 	rm -f $@ && ar rcs $@ $^
 
+$(MPI_LIB): $(MPI_SRCS:%.cpp=$(BUILD)/%.o)
+	@mkdir -p $(dir $@)
+	rm -f $@ && ar rcs $@ $^
+
 $(TEST_BIN): $(TEST_OBJS) $(LIB)
 	@mkdir -p $(dir $@)
 	$(CXX) $(CXXFLAGS) $(TEST_OBJS) $(LIB) -o $@ $(LDLIBS)
 
+$(MPI_TEST_BIN): $(MPI_TEST_SRCS:%.cpp=$(BUILD)/%.o) $(MPI_LIB) $(LIB)
+	@mkdir -p $(dir $@)
+	$(CXX) $(CXXFLAGS) $(filter %.o,$^) $(MPI_LIB) $(LIB) -o $@ $(LDLIBS) $(MPI_LIBS)
+
+# A chapter in MPI_LESSONS links libkiln_mpi.a and Open MPI too.
+lesson_libs = $(if $(filter $(1),$(MPI_LESSONS)),$(MPI_LIB) $(LIB),$(LIB))
+lesson_mpi  = $(if $(filter $(1),$(MPI_LESSONS)),$(MPI_LIBS))
 define LESSON_RULE
-$(call lesson_bin,$(1)): $(BUILD)/$(1:.cpp=.o) $(LIB)
+$(call lesson_bin,$(1)): $(BUILD)/$(1:.cpp=.o) $(call lesson_libs,$(call lesson_num,$(1)))
 	@mkdir -p $$(dir $$@)
-	$(CXX) $(CXXFLAGS) $$< $(LIB) -o $$@ $(LDLIBS)
+	$(CXX) $(CXXFLAGS) $$< $(call lesson_libs,$(call lesson_num,$(1))) -o $$@ $(LDLIBS) $(call lesson_mpi,$(call lesson_num,$(1)))
 endef
 $(foreach l,$(LESSONS),$(eval $(call LESSON_RULE,$(l))))
 
@@ -135,9 +164,10 @@ $(BUILD)/lab/%: $(BUILD)/cuda/lab/%.cu.o $(LIB)
 
 # --- run ---------------------------------------------------------------------------------
 # The tests read the real MNIST (pinned first losses); CIFAR-10 only in hidden [data-real] cases.
-test: $(TEST_BIN)
+# The MPI tests (tests/mpi/) run as 2 ranks under mpirun, after the others; one summary line for both.
+test: $(TEST_BIN) $(MPI_TEST_BIN)
 	@bash data/fetch.sh mnist
-	@bash tests/run.sh $(TEST_BIN) $(T)
+	@MPIRUN="$(MPIRUN)" bash tests/run.sh $(TEST_BIN) $(MPI_TEST_BIN) $(T)
 
 data:
 	@bash data/fetch.sh mnist cifar10

@@ -16,7 +16,7 @@ for arg in "$@"; do
         *) echo "usage: scripts/setup.sh [--bench] [--check]" >&2; exit 2 ;;
     esac
 done
-packages=(g++ make zlib1g-dev libstb-dev catch2 ca-certificates curl)
+packages=(g++ make zlib1g-dev libstb-dev catch2 ca-certificates curl libopenmpi-dev openmpi-bin)
 [[ $bench -eq 1 ]] && packages+=(libopenblas-dev python3-torch python3-numpy)
 
 if ! command -v dpkg-query >/dev/null; then

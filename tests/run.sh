@@ -1,22 +1,44 @@
 #!/usr/bin/env bash
-# run.sh — runs the Catch2 test binary and ends with the line "N passed, N failed"
-# (test cases), after Catch2's own summary.   Usage: tests/run.sh BINARY [TAGS...]
+# run.sh — runs the Catch2 test binary, then (if given) the MPI test binary as several ranks
+# under $MPIRUN, and ends with one line "N passed, N failed" (test cases, both binaries), after
+# Catch2's own summaries.   Usage: tests/run.sh BINARY [MPI_BINARY] [TAGS...]
+# MPI_BINARY is told from a tag by being a file; it runs only if one of its tests matches TAGS.
 set -o pipefail
 bin=$1; shift
-log=$(mktemp)
-"$bin" "$@" 2>&1 | tee "$log"
-rc=${PIPESTATUS[0]}
-summary=$(grep -E '^(All tests passed|test cases:)' "$log" | tail -n 1)
-passed=0; failed=0
-if [[ $summary =~ All\ tests\ passed.*in\ ([0-9]+)\ test\ case ]]; then
-    passed=${BASH_REMATCH[1]}
-elif [[ $summary =~ test\ cases:\ *([0-9]+)\ \|\ *([0-9]+)\ passed\ \|\ *([0-9]+)\ failed ]]; then
-    passed=${BASH_REMATCH[2]}; failed=${BASH_REMATCH[3]}
-elif [[ $summary =~ test\ cases:\ *([0-9]+)\ \|\ *([0-9]+)\ failed ]]; then
-    failed=${BASH_REMATCH[2]}
-elif [[ $rc -ne 0 ]]; then
-    failed=1   # the binary died before Catch2 could print its summary
+mpi_bin=
+if [[ $# -gt 0 && -f $1 ]]; then mpi_bin=$1; shift; fi
+mpirun_cmd=${MPIRUN:-mpirun --allow-run-as-root --oversubscribe -np 2}
+passed=0; failed=0; status=0
+
+# Runs one command, adds its test cases to the totals (from Catch2's summary on rank 0).
+run_one() {
+    local log rc summary p=0 f=0
+    log=$(mktemp)
+    "$@" 2>&1 | tee "$log"
+    rc=${PIPESTATUS[0]}
+    summary=$(grep -E '^(All tests passed|test cases:)' "$log" | tail -n 1)
+    if [[ $summary =~ All\ tests\ passed.*in\ ([0-9]+)\ test\ case ]]; then
+        p=${BASH_REMATCH[1]}
+    elif [[ $summary =~ test\ cases:\ *([0-9]+)\ \|\ *([0-9]+)\ passed\ \|\ *([0-9]+)\ failed ]]; then
+        p=${BASH_REMATCH[2]}; f=${BASH_REMATCH[3]}
+    elif [[ $summary =~ test\ cases:\ *([0-9]+)\ \|\ *([0-9]+)\ failed ]]; then
+        f=${BASH_REMATCH[2]}
+    fi
+    # died before its summary, or another rank failed where rank 0 passed
+    if [[ $rc -ne 0 && $f -eq 0 ]]; then f=1; fi
+    rm -f "$log"
+    passed=$((passed + p)); failed=$((failed + f))
+    [[ $rc -ne 0 ]] && status=$rc
+    return 0
+}
+
+run_one "$bin" "$@"
+if [[ -n $mpi_bin ]]; then
+    if [[ $# -eq 0 ]] || "$mpi_bin" --list-test-names-only "$@" 2>/dev/null | grep -q '[a-z]'; then
+        echo "=== the MPI tests: $mpirun_cmd $mpi_bin $*"
+        # shellcheck disable=SC2086  # the command's words
+        run_one $mpirun_cmd "$mpi_bin" "$@"
+    fi
 fi
-rm -f "$log"
 echo "$passed passed, $failed failed"
-exit $rc
+exit $status

@@ -15,6 +15,8 @@ DataLoader::DataLoader(const ImageSet& set, LoaderOptions options) : set_(set), 
                "DataLoader: mean and std need one value per channel (", set_.c, "), got ", opt_.mean.size(), " and ",
                opt_.std.size());
     for (float s : opt_.std) KILN_CHECK(s > 0.0f, "DataLoader: std must be positive, got ", s);
+    KILN_CHECK(opt_.world_size >= 1 && opt_.rank >= 0 && opt_.rank < opt_.world_size, "DataLoader: rank ", opt_.rank,
+               " of a world of ", opt_.world_size, ": the rank must be in [0, world size)");
     out_shape_ = {set_.c, set_.h, set_.w};
     for (auto& t : opt_.transforms) out_shape_ = t->output_shape(out_shape_);
     start_epoch(0);
@@ -29,25 +31,29 @@ void DataLoader::drop_prefetch() {
 }
 
 // Fisher–Yates shuffle driven by a stream seeded with (seed, epoch): every epoch has its own
-// order, and epoch e's order is the same in every run.
+// order, and epoch e's order is the same in every run. With world_size p > 1 this rank keeps
+// every p-th position of it (LoaderOptions::rank).
 void DataLoader::start_epoch(int64_t epoch) {
     drop_prefetch();
-    order_.resize(size_t(set_.n));
-    std::iota(order_.begin(), order_.end(), 0);
+    std::vector<int64_t> all(size_t(set_.n));
+    std::iota(all.begin(), all.end(), 0);
     if (opt_.shuffle) {
         Rng rng(splitmix64(opt_.seed) ^ uint64_t(epoch));
-        for (int64_t i = set_.n - 1; i > 0; i--) std::swap(order_[size_t(i)], order_[rng.next_below(uint64_t(i + 1))]);
+        for (int64_t i = set_.n - 1; i > 0; i--) std::swap(all[size_t(i)], all[rng.next_below(uint64_t(i + 1))]);
     }
+    const int64_t p = opt_.world_size, share = (set_.n + p - 1) / p;
+    order_.resize(size_t(share));
+    for (int64_t i = 0; i < share; i++) order_[size_t(i)] = all[size_t((i * p + opt_.rank) % set_.n)];
     epoch_ = epoch;
     pos_ = 0;
 }
 
 int64_t DataLoader::num_batches() const {
-    return opt_.drop_last ? set_.n / opt_.batch_size : (set_.n + opt_.batch_size - 1) / opt_.batch_size;
+    return opt_.drop_last ? size() / opt_.batch_size : (size() + opt_.batch_size - 1) / opt_.batch_size;
 }
 
 void DataLoader::seek(int64_t position) {
-    KILN_CHECK(position >= 0 && position <= set_.n, "DataLoader::seek(", position, "): outside [0, ", set_.n, "]");
+    KILN_CHECK(position >= 0 && position <= size(), "DataLoader::seek(", position, "): outside [0, ", size(), "]");
     drop_prefetch();
     pos_ = position;
 }
@@ -77,7 +83,9 @@ Batch DataLoader::make_batch(int64_t start, int64_t count, bool parallel) const 
         for (int64_t c = 0; c < C; c++)
             for (int64_t k = 0; k < HW; k++) first[c * HW + k] = float(px[c * HW + k]) * a[size_t(c)] + b[size_t(c)];
         ImageShape s{C, set_.h, set_.w};
-        uint64_t bits = augment.at(uint64_t(epoch_) * uint64_t(set_.n) + uint64_t(start + i));
+        // the image's position in the one-process order of the epoch (the same with any world size)
+        const int64_t global = (start + i) * opt_.world_size + opt_.rank;
+        uint64_t bits = augment.at(uint64_t(epoch_) * uint64_t(set_.n) + uint64_t(global));
         for (size_t t = 0; t < opt_.transforms.size(); t++) {
             ImageShape so = opt_.transforms[t]->output_shape(s);
             bool last = t + 1 == opt_.transforms.size();
@@ -94,7 +102,7 @@ Batch DataLoader::make_batch(int64_t start, int64_t count, bool parallel) const 
 
 bool DataLoader::next(Batch& batch) {
     auto count_at = [this](int64_t start) {
-        int64_t B = std::min(opt_.batch_size, set_.n - start);
+        int64_t B = std::min(opt_.batch_size, size() - start);
         return (B <= 0 || (opt_.drop_last && B < opt_.batch_size)) ? int64_t(0) : B;
     };
     int64_t B = count_at(pos_);

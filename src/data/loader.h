@@ -40,6 +40,13 @@ struct LoaderOptions {
     Device device = Device::CPU;      // where the batches go
     Transforms transforms = {};       // applied in order after Normalize
     bool prefetch = true;             // build the next batch on a background thread
+    // Data parallel training (chapter 12), as PyTorch's DistributedSampler: each epoch's order
+    // of all N images (from seed and epoch, the same on every rank) is padded to a multiple of
+    // world_size by repeating its first images, and rank r takes positions r, r + world_size,
+    // r + 2·world_size, … — ⌈N / world_size⌉ images, the same count on every rank. A batch of
+    // B on each of p ranks then holds the same images as one batch of p·B in the one-process
+    // order, and every image is augmented as it would be there (by its position in that order).
+    int rank = 0, world_size = 1;
 };
 
 class DataLoader {
@@ -51,7 +58,8 @@ public:
     void start_epoch(int64_t epoch);   // reorders (if shuffle) and rewinds
     bool next(Batch& batch);           // false once the epoch is over
     int64_t num_batches() const;       // per epoch
-    int64_t position() const { return pos_; }  // images handed out this epoch
+    int64_t position() const { return pos_; }  // images handed out this epoch (of this rank's share)
+    int64_t size() const { return int64_t(order_.size()); }  // images per epoch: N, or this rank's share
     void seek(int64_t position);       // continue an epoch from a checkpoint
     const ImageSet& set() const { return set_; }
     const LoaderOptions& options() const { return opt_; }

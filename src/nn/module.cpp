@@ -292,6 +292,11 @@ Tensor Module::grads_view() {
     return grad_slab_;
 }
 
+Tensor Module::values_view() {
+    KILN_CHECK(packed(), name(), ": values_view() needs the parameters in one slab: call pack() first");
+    return value_slab_;
+}
+
 void check_on_device(const Tensor& t, Device device, const std::string& layer, const char* what) {
     const char* to = device == Device::CUDA ? "Device::CUDA" : "Device::CPU";
     KILN_CHECK(t.device() == device, layer, ": ", what, " is on ", device_name(t.device()), " but the input is on ",

@@ -210,6 +210,9 @@ public:
     bool packed();  // pack() ran and every parameter and grad of the tree is still in the slabs
     // The gradient slab as one flat 1-D tensor (zero padding included); the model must be packed.
     Tensor grads_view();
+    // The parameter slab likewise, laid out as the gradient slab (the same offsets): data
+    // parallel training broadcasts it, ZeRO-1 all-gathers it (chapter 12).
+    Tensor values_view();
 
 protected:
     // Declares a parameter of this module under its local name: p.value = value and p.grad a

@@ -1,0 +1,131 @@
+// zero.cpp — ZeRO-1: reduce-scatter, update this rank's piece, all-gather (zero.h).
+#include "dist/zero.h"
+
+#include "core/error.h"
+#include "dist/data_parallel.h"
+#include "ops/ops.h"
+
+namespace kiln {
+
+namespace {
+
+Tensor flat(const Tensor& t) { return t.view(0, {t.numel()}); }
+
+// Elements [at, at + n) of a slab, as a 1-D tensor.
+Tensor range_of(const Tensor& slab, int64_t at, int64_t n) { return slab.view(size_t(at) * sizeof(float), {n}); }
+
+// The element offset of a parameter's tensor within its slab.
+int64_t offset_in(const Tensor& t, const Tensor& slab) {
+    return (static_cast<const char*>(t.raw()) - static_cast<const char*>(slab.raw())) / int64_t(sizeof(float));
+}
+
+}  // namespace
+
+ZeroOptimizer::ZeroOptimizer(Module& model, std::vector<ParamGroup> groups, Communicator& comm, const Factory& make)
+    : Optimizer(std::move(groups)), model_(model), comm_(comm) {
+    KILN_CHECK(model.packed(), model.name(), ": ZeRO-1 shards the parameter and gradient slabs; pack() the model first");
+    broadcast_model(model, comm);
+    values_ = flat(model.values_view());
+    grads_ = flat(model.grads_view());
+    pieces_ = even_pieces(grads_.numel(), comm.size(), 16);  // 16 floats: 64-byte pieces
+    const int64_t lo = pieces_[size_t(comm.rank())], hi = pieces_[size_t(comm.rank()) + 1];
+    KILN_CHECK(hi > lo, "ZeRO-1: ", grads_.numel(), " slab elements are too few for ", comm.size(),
+               " ranks (rank ", comm.rank(), " would own nothing): use fewer ranks or no --zero");
+
+    // This rank's piece of every parameter whose slab range meets [lo, hi).
+    std::vector<ParamGroup> inner_groups;
+    for (size_t g = 0; g < groups_.size(); g++) {
+        ParamGroup inner{{}, groups_[g].lr, groups_[g].weight_decay};
+        for (Parameter* p : groups_[g].params) {
+            const int64_t at = offset_in(p->grad, grads_), n = p->grad.numel();
+            KILN_CHECK(at >= 0 && at + n <= grads_.numel() && offset_in(p->value, values_) == at, "ZeRO-1: ",
+                       p->name, " is not in the model's slabs (is it the model's parameter, and the model packed?)");
+            const int64_t a = std::max(at, lo), b = std::min(at + n, hi);
+            if (a >= b) {
+                inner_of_.push_back(-1);
+                continue;
+            }
+            Parameter& shard = shards_.emplace_back();
+            shard.name = p->name;
+            shard.value = range_of(values_, a, b - a);
+            shard.grad = range_of(grads_, a, b - a);
+            inner_of_.push_back(int(mine_.size()));
+            mine_.push_back({inner_of_.size() - 1, a - at, &shard});
+            inner.params.push_back(&shard);
+        }
+        if (inner.params.empty()) continue;
+        inner_groups.push_back(std::move(inner));
+        outer_group_.push_back(g);
+    }
+    inner_ = make(std::move(inner_groups));
+}
+
+void ZeroOptimizer::step() {
+    const int r = comm_.rank();
+    const int64_t lo = pieces_[size_t(r)], hi = pieces_[size_t(r) + 1];
+    comm_.reduce_scatter(grads_, pieces_);  // 1. this rank's piece := Σ_ranks
+    Tensor mine = range_of(grads_, lo, hi - lo);
+    scale_(mine, 1.0f / float(comm_.size()));  //    the mean over ranks
+    auto& inner = inner_->param_groups();       // 2. the schedule's lr, then the update
+    for (size_t g = 0; g < inner.size(); g++) {
+        inner[g].lr = groups_[outer_group_[g]].lr;
+        inner[g].weight_decay = groups_[outer_group_[g]].weight_decay;
+    }
+    inner_->step();
+    steps_++;
+    comm_.all_gather(values_, pieces_);  // 3. every piece to every rank
+    for (auto& [name, buffer] : model_.named_buffers()) comm_.broadcast(*buffer, 0);
+}
+
+std::vector<Tensor> ZeroOptimizer::state_of(size_t i) const {
+    return i < inner_of_.size() && inner_of_[i] >= 0 ? inner_->state_of(size_t(inner_of_[i])) : std::vector<Tensor>{};
+}
+
+// Each rank writes its pieces of a parameter's state into a zero tensor of the parameter's
+// shape; the all-reduce's sum is then the whole state (x + 0 = x exactly).
+void ZeroOptimizer::save_state(StateDict& state, const std::string& prefix) const {
+    Optimizer::save_state(state, prefix);
+    StateDict pieces;
+    inner_->save_state(pieces, prefix);
+    std::vector<std::string> kinds;  // "momentum_buffer", or "exp_avg", "exp_avg_sq": the same on every rank
+    const std::string head = prefix + "." + mine_.front().shard->name + ".";
+    for (auto& [key, t] : pieces.tensors)
+        if (key.compare(0, head.size(), head) == 0) kinds.push_back(key.substr(head.size()));
+    size_t i = 0;
+    for (const ParamGroup& group : groups_)
+        for (const Parameter* p : group.params) {
+            for (const std::string& kind : kinds) {
+                const std::string key = prefix + "." + p->name + "." + kind;
+                Tensor whole = Tensor::zeros(p->value.shape(), DType::F32, p->value.device(), Category::OptimizerState);
+                if (inner_of_[i] >= 0) {
+                    const Piece& piece = mine_[size_t(inner_of_[i])];
+                    range_of(flat(whole), piece.offset, piece.shard->value.numel()).copy_from(pieces.tensors.at(key));
+                }
+                comm_.all_reduce(flat(whole));
+                state.put(key, whole);
+            }
+            i++;
+        }
+}
+
+// Every rank reads the whole state and keeps its pieces.
+void ZeroOptimizer::load_state(const StateDict& state, const std::string& prefix) {
+    Optimizer::load_state(state, prefix);
+    StateDict pieces;
+    pieces.values = state.values;
+    for (size_t g = 0; g < outer_group_.size(); g++)
+        pieces.set(prefix + ".group" + std::to_string(g) + ".lr", double(groups_[outer_group_[g]].lr));
+    for (const Piece& piece : mine_) {
+        const Parameter& shard = *piece.shard;
+        const std::string head = prefix + "." + shard.name + ".";
+        for (auto it = state.tensors.lower_bound(head); it != state.tensors.end() && it->first.compare(0, head.size(), head) == 0; ++it) {
+            const Tensor& whole = it->second;
+            KILN_CHECK(whole.numel() >= piece.offset + shard.value.numel(), it->first, ": ", whole.numel(),
+                       " elements in the checkpoint, but the parameter ", shard.name, " has more: a checkpoint of another model");
+            pieces.tensors[it->first] = range_of(flat(whole), piece.offset, shard.value.numel());
+        }
+    }
+    inner_->load_state(pieces, prefix);
+}
+
+}  // namespace kiln

@@ -1,0 +1,77 @@
+// zero.h — ZeRO stage 1 (Rajbhandari et al., 2020): the optimizer's state sharded over the ranks.
+//
+// In plain data parallel training every rank keeps the whole optimizer state — SGD's momentum
+// (1 float per parameter), Adam's two moments (2 floats) — and makes the same update p times.
+// ZeRO-1 gives each rank one piece of the parameter slab and only that piece's state:
+//
+//   1. reduce-scatter the gradient slab     rank r gets Σ_ranks g over its piece only, ÷ p
+//   2. the optimizer updates piece r        with piece r's state: 1/p of the state per rank
+//   3. all-gather the parameter slab        every rank has every updated piece again
+//
+// Reduce-scatter + all-gather move the same bytes as one all-reduce (the ring all-reduce is
+// exactly these two), so the memory saving is free in communication:
+//     optimizer state per rank   = k · 4 bytes · P / p      (k = 1 SGD with momentum, 2 Adam)
+// Stages 2 and 3 would shard the gradients and the parameters too; kiln stops at stage 1.
+//
+//   auto sgd = [&](std::vector<ParamGroup> g) { return std::make_unique<SGD>(std::move(g), options); };
+//   ZeroOptimizer zero(model, decay_groups(model, lr, wd), comm, sgd);
+//   train_step(model, zero, x, y, step_options);    // no DataParallel: ZeRO reduces the gradients
+//
+// Differences from plain data parallel: the reduction happens in step(), not during backward
+// (no overlap here), so anything that reads the gradients between backward and step — gradient
+// clipping, a GradScaler's inf check — would see one rank's gradients: the lesson-12 trainer
+// refuses --clip and --amp f16 with --zero 1. After step() the gradient slab outside this
+// rank's piece holds nothing meaningful (zero_grad clears it before the next backward). The
+// buffers (batch norm's running statistics) are broadcast from rank 0 after every step.
+//
+// Checkpoints: save_state gathers the pieces into the full state, laid out and named exactly as
+// the unsharded optimizer's (so a ZeRO-1 checkpoint resumes with or without ZeRO, on any number
+// of ranks); it is a collective: every rank calls it, rank 0 writes the file.
+#pragma once
+#include <deque>
+#include <functional>
+#include <memory>
+
+#include "dist/comm.h"
+#include "optim/optimizer.h"
+
+namespace kiln {
+
+class ZeroOptimizer : public Optimizer {
+public:
+    // Builds the real optimizer (SGD, Adam, …) over this rank's pieces of the groups' parameters.
+    using Factory = std::function<std::unique_ptr<Optimizer>(std::vector<ParamGroup>)>;
+
+    // The model must be packed; groups hold its parameters (decay_groups). Broadcasts rank 0's
+    // parameters and buffers (broadcast_model).
+    ZeroOptimizer(Module& model, std::vector<ParamGroup> groups, Communicator& comm, const Factory& make);
+
+    void step() override;  // steps 1-3 above, then the buffers from rank 0
+    // The state of this rank's piece of the i-th parameter (empty if the piece is elsewhere).
+    std::vector<Tensor> state_of(size_t i) const override;
+    void save_state(StateDict& state, const std::string& prefix) const override;  // collective
+    void load_state(const StateDict& state, const std::string& prefix) override;
+
+    const std::vector<int64_t>& pieces() const { return pieces_; }  // p + 1 offsets into the slab
+    const Optimizer& inner() const { return *inner_; }
+
+private:
+    // This rank's part of one parameter: elements [offset, offset + length) of it, as the
+    // parameter `shard` (1-D views into the value and gradient slabs) the inner optimizer updates.
+    struct Piece {
+        size_t outer = 0;     // the parameter's index over the groups, in order
+        int64_t offset = 0;   // first element within the parameter
+        Parameter* shard = nullptr;
+    };
+    Module& model_;
+    Communicator& comm_;
+    Tensor values_, grads_;           // the slabs, 1-D
+    std::vector<int64_t> pieces_;     // rank r owns slab elements [pieces_[r], pieces_[r + 1])
+    std::deque<Parameter> shards_;    // a deque: the inner optimizer keeps pointers to them
+    std::vector<Piece> mine_;         // in the inner optimizer's order
+    std::vector<int> inner_of_;       // outer parameter index → index in mine_, or −1
+    std::vector<size_t> outer_group_; // inner group → the outer group it comes from
+    std::unique_ptr<Optimizer> inner_;
+};
+
+}  // namespace kiln
