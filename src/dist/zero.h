@@ -31,6 +31,8 @@
 #include <deque>
 #include <functional>
 #include <memory>
+#include <string>
+#include <vector>
 
 #include "dist/comm.h"
 #include "optim/optimizer.h"
@@ -73,5 +75,11 @@ private:
     std::vector<size_t> outer_group_; // inner group → the outer group it comes from
     std::unique_ptr<Optimizer> inner_;
 };
+
+// Memory per rank of the model's state in f32 — parameters, gradients, optimizer state (k slabs:
+// state_slabs in train/memory_model.h) — for each world size in `ranks`, with and without ZeRO-1:
+//   stage 0: 4·P + 4·P + 4·k·P        stage 1: 4·P + 4·P + 4·k·P / p
+// (activations come on top, the same in both: they depend on each rank's batch).
+std::string zero_memory_table(int64_t parameters, int state_slabs, const std::vector<int>& ranks);
 
 }  // namespace kiln
