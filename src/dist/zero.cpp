@@ -53,7 +53,7 @@ ZeroOptimizer::ZeroOptimizer(Module& model, std::vector<ParamGroup> groups, Comm
             shard.value = range_of(values_, a, b - a);
             shard.grad = range_of(grads_, a, b - a);
             inner_of_.push_back(int(mine_.size()));
-            mine_.push_back({inner_of_.size() - 1, a - at, &shard});
+            mine_.push_back({p, inner_of_.size() - 1, a - at, &shard});
             inner.params.push_back(&shard);
         }
         if (inner.params.empty()) continue;
@@ -78,6 +78,17 @@ void ZeroOptimizer::step() {
     steps_++;
     comm_.all_gather(values_, pieces_);  // 3. every piece to every rank
     for (auto& [name, buffer] : model_.named_buffers()) comm_.broadcast(*buffer, 0);
+}
+
+std::vector<int64_t> ZeroOptimizer::state_elements(Module& model) const {
+    std::vector<int64_t> elements;
+    for (Parameter* p : model.parameters()) {
+        int64_t n = 0;
+        for (const Piece& piece : mine_)
+            if (piece.param == p) n = piece.shard->value.numel();
+        elements.push_back(n);
+    }
+    return elements;
 }
 
 std::vector<Tensor> ZeroOptimizer::state_of(size_t i) const {

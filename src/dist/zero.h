@@ -55,12 +55,16 @@ public:
     void load_state(const StateDict& state, const std::string& prefix) override;
 
     const std::vector<int64_t>& pieces() const { return pieces_; }  // p + 1 offsets into the slab
+    // For each of the model's parameters, in order: how many of its elements this rank updates
+    // and keeps state for (the memory model's ZeRO-1 prediction, train/memory_model.h).
+    std::vector<int64_t> state_elements(Module& model) const;
     const Optimizer& inner() const { return *inner_; }
 
 private:
     // This rank's part of one parameter: elements [offset, offset + length) of it, as the
     // parameter `shard` (1-D views into the value and gradient slabs) the inner optimizer updates.
     struct Piece {
+        const Parameter* param = nullptr;  // the model's parameter
         size_t outer = 0;     // the parameter's index over the groups, in order
         int64_t offset = 0;   // first element within the parameter
         Parameter* shard = nullptr;

@@ -24,6 +24,7 @@
 #include "optim/optimizer.h"
 #include "optim/scheduler.h"
 #include "train/fit.h"
+#include "train/memory_model.h"
 #include "train/loop.h"
 #include "world.h"
 
@@ -186,6 +187,10 @@ TEST_CASE("ZeRO-1 takes the same steps as plain data parallel, with half the opt
             const int64_t piece = zero.pieces()[size_t(rank) + 1] - zero.pieces()[size_t(rank)];
             REQUIRE(kept <= whole / plain->num_parameters() * piece);
             REQUIRE(kept > whole / 2 - whole / 10);
+            // chapter 08's prediction from shapes counts this rank's piece, tensor for tensor
+            const MemoryPrediction predicted = predict_memory(
+                *sharded, memory_model_options(*sharded, zero, Shape{32, 1, 28, 28}, Device::CPU, true, DType::F32));
+            REQUIRE(predicted.modules.front().optimizer_state == kept * 4);
 
             // the gathered checkpoint state is the unsharded optimizer's, name for name
             StateDict s_full, s_zero;
