@@ -20,9 +20,11 @@
 //   the same SGD step from the same g on every rank       (ZeRO-1: reduce-scatter, update
 //                                                           the own piece, all-gather)
 #include <omp.h>
+#include <sched.h>
 
 #include <chrono>
 #include <cstdio>
+#include <algorithm>
 #include <cstdlib>
 #include <functional>
 #include <memory>
@@ -70,13 +72,17 @@ void check_same_command_line(Communicator& comm, const Cli& cli) {
                    "rank with the same command line (mpirun -np N build/bin/lesson-12 FLAGS)");
 }
 
-// OpenMP threads per rank: the cores shared out among the ranks on this machine (mpirun tells
-// each rank how many run here), at least one. Two ranks × two threads on two cores would make
-// each rank's threads wait at every barrier for a partner that is not running.
+// OpenMP threads per rank: the machine's cores shared out among the ranks on it (mpirun tells
+// each rank how many run here), and no more than the cores this rank may run on (mpirun binds
+// each of 1 or 2 ranks to one core unless told --bind-to none); at least one. Two ranks × two
+// threads on two cores would make each rank's threads wait at every barrier for a partner
+// that is not running.
 int threads_per_rank(int world_size) {
     const char* local = std::getenv("OMPI_COMM_WORLD_LOCAL_SIZE");
     const int here = local ? std::max(1, std::atoi(local)) : world_size;
-    return std::max(1, int(std::thread::hardware_concurrency()) / here);
+    cpu_set_t mine;
+    const int allowed = sched_getaffinity(0, sizeof mine, &mine) == 0 ? CPU_COUNT(&mine) : 1;
+    return std::max(1, std::min(allowed, int(std::thread::hardware_concurrency()) / here));
 }
 
 std::unique_ptr<Communicator> nccl_or_none(const Flags& f, MpiCommunicator& mpi) {
