@@ -123,7 +123,7 @@ std::vector<uint8_t> bytes_of(const std::string& s) { return std::vector<uint8_t
 
 void under_schedules(const std::function<void()>& f) {
 #ifndef KILN_CUDA
-    for (emu::Schedule s : {emu::Schedule::InOrder, emu::Schedule::Reverse}) {
+    for (emu::Schedule s : {emu::Schedule::InOrder, emu::Schedule::Reverse, emu::Schedule::Shuffle}) {
         emu::ScopedSchedule scope(s);
         INFO("emulator schedule: " << emu::schedule_name(s));
         f();

@@ -46,9 +46,11 @@ std::vector<uint8_t> bytes_of(const std::string& s);
 Tensor tensor_of(const Shape& shape, const std::vector<float>& values, Device device = Device::CPU);
 
 // Runs f under each schedule the kernel emulator offers for a test: the threads of a block in
-// order, then in reverse between barriers (a kernel missing a __syncthreads() reads shared memory
-// before or after another thread writes it, which one of the two orders exposes), with the
-// schedule's name as Catch2 context. With make CUDA=1, once, on the GPU.
+// order, in reverse, then shuffled (a seeded random order, new at every barrier) between
+// barriers. A kernel missing a __syncthreads() reads shared memory before or after another
+// thread writes it; in order hides reads of lower threads' words, reversed hides reads of higher
+// ones, shuffled mixes both within one block. The schedule's name is the Catch2 context. With
+// make CUDA=1, once, on the GPU.
 void under_schedules(const std::function<void()>& f);
 
 // A device result against the CPU's (both any device; compared on the CPU), REQUIREd, with the

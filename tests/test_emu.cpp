@@ -10,11 +10,13 @@
 #ifndef KILN_CUDA
 #include <catch2/catch.hpp>
 
+#include <cmath>
 #include <cstdint>
 #include <numeric>
 #include <string>
 #include <vector>
 
+#include "fixtures.h"
 #include "kiln_cuda.h"
 
 using kiln::emu::Schedule;
@@ -177,6 +179,41 @@ __global__ void big_shared(float* out) {
     s[threadIdx.x] = 1.0f;
     __syncthreads();
     if (threadIdx.x == 0) out[0] = s[64 * 1024 / sizeof(float) - 1];
+}
+
+// BUG (on purpose): block_sum without the __syncthreads() inside the loop. Thread t runs all
+// its strides at once, reading s[t + stride] whether or not thread t + stride has added into it
+// yet. Reversed, every higher thread has finished before a lower one starts, so the sum comes
+// out right and the bug hides; in order it shows, and shuffled it shows whatever the seed.
+__global__ void block_sum_racy(const float* x, float* out, int n) {
+    __shared__ float s[256];
+    const int t = threadIdx.x, i = blockIdx.x * blockDim.x + t;
+    s[t] = i < n ? x[i] : 0.0f;
+    __syncthreads();
+    for (int stride = blockDim.x / 2; stride > 0; stride /= 2)
+        if (t < stride) s[t] += s[t + stride];
+    __syncthreads();
+    if (t == 0) out[blockIdx.x] = s[0];
+}
+
+// Sums the first `written` threads' values through dynamic shared memory: thread 0 adds all
+// blockDim.x words. BUG (on purpose) when written < blockDim.x: the words past it are never
+// written, so the sum reads uninitialised shared memory (the poison makes it NaN).
+__global__ void sum_through_shared(const float* x, float* out, int written) {
+    KILN_DYNAMIC_SHARED(float, s);
+    const int t = threadIdx.x;
+    if (t < written) s[t] = x[blockIdx.x * blockDim.x + t];
+    __syncthreads();
+    if (t != 0) return;
+    float sum = 0.0f;
+    for (unsigned j = 0; j < blockDim.x; ++j) sum += s[j];
+    out[blockIdx.x] = sum;
+}
+
+// out[i] += x[i]: correct only on an output someone has set (cudaMemset) first.
+__global__ void accumulate(const float* x, float* out, int n) {
+    const int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) out[i] += x[i];
 }
 
 // One record per thread: its thread and block coordinates.
@@ -524,6 +561,80 @@ TEST_CASE("emu: __dp4a multiplies four bytes, signed or unsigned, and wraps like
     // The vector overloads: .x is byte 0. (1, −2, 3, −4) · (−5, 6, −7, 8) = −5 − 12 − 21 − 32
     CHECK(__dp4a(make_char4(1, -2, 3, -4), make_char4(-5, 6, -7, 8), 0) == -70);
     CHECK(__dp4a(make_uchar4(1, 2, 3, 200), make_uchar4(4, 5, 6, 200), 1u) == 1u + 4u + 10u + 18u + 40000u);
+}
+
+// --- the checks: shuffled schedule, poison ----------------------------------------------------------
+
+TEST_CASE("emu: under_schedules runs the shuffled schedule, which shows a missing barrier reversed hides", "[emu][cuda]") {
+    const int blocks = 4, n = blocks * 256;
+    const auto x = iota_floats(n, 1.0f);  // integers: every partial sum is exact in f32
+    std::vector<float> want(blocks, 0.0f);
+    for (int i = 0; i < n; ++i) want[i / 256] += x[i];
+    auto right = [&](auto kernel) {
+        DeviceBuffer<float> dx(x), dout(blocks);
+        KILN_LAUNCH(kernel, blocks, 256, 0)(dx.get(), dout.get(), n);
+        KILN_CHECK_LAUNCH(kernel, blocks, 256);
+        return dout.host() == want;
+    };
+    std::vector<Schedule> seen;
+    std::vector<bool> racy_right;
+    kiln::test::under_schedules([&] {
+        seen.push_back(kiln::emu::schedule());
+        racy_right.push_back(right(block_sum_racy));
+        CHECK(right(block_sum<256>));  // the correct reduction passes under every schedule
+    });
+    REQUIRE(seen == std::vector<Schedule>{Schedule::InOrder, Schedule::Reverse, Schedule::Shuffle});
+    CHECK(racy_right[1]);        // reversed, the bug hides ...
+    CHECK_FALSE(racy_right[2]);  // ... shuffled, it shows
+    for (std::uint64_t seed = 2; seed <= 5; ++seed) {  // and it does not hinge on one lucky seed
+        ScopedSchedule scope(Schedule::Shuffle, seed);
+        INFO("seed " << seed);
+        CHECK_FALSE(right(block_sum_racy));
+    }
+}
+
+TEST_CASE("emu: poison makes a read of memory nobody wrote NaN", "[emu][cuda]") {
+    SECTION("dynamic shared memory, in every block and under every schedule") {
+        const int blocks = 3, block = 64;
+        const auto x = iota_floats(blocks * block);
+        for (Schedule s : kSchedules) {
+            ScopedSchedule scope(s);
+            INFO("schedule " << kiln::emu::schedule_name(s));
+            DeviceBuffer<float> dx(x), dout(blocks);
+            for (int written : {block, block - 1}) {  // all words written; the last one forgotten
+                KILN_LAUNCH(sum_through_shared, blocks, block, block * sizeof(float))(dx.get(), dout.get(), written);
+                KILN_CHECK_LAUNCH(sum_through_shared, blocks, block);
+                for (float v : dout.host()) CHECK(std::isnan(v) == (written < block));
+            }
+        }
+    }
+    SECTION("cudaMalloc: 0xFF bytes, which are NaN as f32, f16 and bf16") {
+        const int n = 100;
+        float* p = nullptr;
+        KILN_CUDA_CHECK(cudaMalloc(&p, n * sizeof(float)));
+        std::vector<std::uint32_t> bits(n);
+        KILN_CUDA_CHECK(cudaMemcpy(bits.data(), p, n * sizeof(float), cudaMemcpyDeviceToHost));
+        for (std::uint32_t b : bits) CHECK(b == 0xFFFFFFFFu);
+        CHECK(std::isnan(__half2float(__ushort_as_half(0xFFFF))));
+        CHECK(std::isnan(__bfloat162float(__ushort_as_bfloat16(0xFFFF))));
+        KILN_CUDA_CHECK(cudaFree(p));
+
+        // A kernel that accumulates into a fresh buffer reads the poison; after cudaMemset it is right.
+        const auto x = iota_floats(n);
+        DeviceBuffer<float> dx(x);
+        KILN_CUDA_CHECK(cudaMalloc(&p, n * sizeof(float)));
+        KILN_LAUNCH(accumulate, 1, 128, 0)(dx.get(), p, n);
+        KILN_CHECK_LAUNCH(accumulate, 1, 128);
+        std::vector<float> out(n);
+        KILN_CUDA_CHECK(cudaMemcpy(out.data(), p, n * sizeof(float), cudaMemcpyDeviceToHost));
+        for (float v : out) CHECK(std::isnan(v));
+        KILN_CUDA_CHECK(cudaMemset(p, 0, n * sizeof(float)));
+        KILN_LAUNCH(accumulate, 1, 128, 0)(dx.get(), p, n);
+        KILN_CHECK_LAUNCH(accumulate, 1, 128);
+        KILN_CUDA_CHECK(cudaMemcpy(out.data(), p, n * sizeof(float), cudaMemcpyDeviceToHost));
+        CHECK(out == x);
+        KILN_CUDA_CHECK(cudaFree(p));
+    }
 }
 
 #endif  // KILN_CUDA

@@ -328,7 +328,6 @@ void Worker::prepare(LaunchState& L) {
             std::fprintf(stderr, "kiln emu: cannot allocate %zu bytes of shared memory\n", L.shared);
             std::abort();
         }
-        std::memset(shared_, 0xff, L.shared);  // as uninitialised as on a GPU: floats read NaN
     }
     order_.resize(n_);
 }
@@ -355,9 +354,9 @@ void Worker::begin_block(std::uint64_t b) {
         for (const Stack& s : stacks_) asan_unpoison(s);
         stacks_dirty_ = false;
     }
-    // Under a debugging schedule, stale shared data from the previous block must not hide a
-    // missing barrier: refill it with NaN bytes.
-    if (L.shared > 0 && L.schedule != Schedule::InOrder) std::memset(shared_, 0xff, L.shared);
+    // Poison: every block starts with dynamic shared memory as unwritten as on a GPU (NaN bytes),
+    // so neither a read of a word no thread wrote nor the previous block's stale data can look right.
+    if (L.shared > 0) std::memset(shared_, kPoisonByte, L.shared);
     if (L.schedule == Schedule::Shuffle) {
         for (unsigned i = 0; i < n_; ++i) order_[i] = i;
         rng_ = L.seed * 0x9E3779B97F4A7C15ull + b + 1;

@@ -83,6 +83,10 @@ private:
     std::uint64_t old_seed_;
 };
 
+// The poison byte of fresh device memory (cudaMalloc) and of dynamic shared memory at the start
+// of every block: 0xFF bytes read as NaN in f32 (0xFFFFFFFF), f16 and bf16 (0xFFFF), -1 in ints.
+inline constexpr unsigned char kPoisonByte = 0xFF;
+
 // The emulator's explanation of the latest failed CUDA call or launch on this host thread
 // (which kernel, block and thread, what went wrong); empty after a call that succeeded
 // without error ever having been set.

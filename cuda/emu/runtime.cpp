@@ -192,6 +192,9 @@ cudaError_t cudaMalloc(void** ptr, size_t size) {
     void* p = nullptr;
     if (posix_memalign(&p, 256, size) != 0)
         return set_error(cudaErrorMemoryAllocation, "cudaMalloc: the host cannot provide " + std::to_string(size) + " bytes");
+    // Poison: a GPU hands out whatever the memory held; here every byte is 0xFF, which reads as
+    // NaN in f32, f16 and bf16 (and -1 in ints), so a kernel reading memory nobody wrote yields NaN.
+    std::memset(p, kiln::emu::kPoisonByte, size);
     std::lock_guard<std::mutex> lock(kiln::emu::memory_mutex());
     kiln::emu::allocations()[reinterpret_cast<std::uintptr_t>(p)] = size;
     kiln::emu::allocated_bytes() += size;
