@@ -2,7 +2,9 @@
 // g++ on the CPU. Each checks one thing a real kernel relies on: barriers and shared memory,
 // warp shuffles and votes, atomics across parallel blocks, launch shapes, the runtime API, and
 // that the emulator reports what a GPU would get wrong (a missing barrier, barrier divergence,
-// a bad launch) with a message naming the kernel.
+// a bad launch) with a message naming the kernel. Its checks each catch a planted bug: the
+// shuffled schedule a missing barrier, the poison a read of memory nobody wrote, the race
+// detector two threads writing one shared word.
 //
 // Every kernel runs under the three schedules (in order, reversed, shuffled) where it matters.
 // These test the emulator itself, so the GPU build (make CUDA=1, KILN_CUDA defined) leaves
@@ -214,6 +216,28 @@ __global__ void sum_through_shared(const float* x, float* out, int written) {
 __global__ void accumulate(const float* x, float* out, int n) {
     const int i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n) out[i] += x[i];
+}
+
+// BUG (on purpose) when `racy`: threads t and t + 32 both write word t % 32 of shared memory
+// with no barrier between, so which value survives depends on the order. Fixed: one writer each.
+__global__ void fold_to_warp(const float* x, float* out, bool racy) {
+    KILN_DYNAMIC_SHARED(float, s);
+    const int t = threadIdx.x;
+    if (racy || t < 32) s[t % 32] = x[t];
+    __syncthreads();
+    if (t >= 32) s[t % 32] = x[t];  // after the barrier: ordered, not a race
+    __syncthreads();
+    out[t] = s[t % 32];
+}
+
+// Every thread adds 1 to one shared counter: atomics on one word are not a race.
+__global__ void count_in_shared(int* out) {
+    KILN_DYNAMIC_SHARED(int, count);
+    if (threadIdx.x == 0) count[0] = 0;
+    __syncthreads();
+    atomicAdd(&count[0], 1);
+    __syncthreads();
+    if (threadIdx.x == 0) out[0] = count[0];
 }
 
 // One record per thread: its thread and block coordinates.
@@ -635,6 +659,32 @@ TEST_CASE("emu: poison makes a read of memory nobody wrote NaN", "[emu][cuda]") 
         CHECK(out == x);
         KILN_CUDA_CHECK(cudaFree(p));
     }
+}
+
+TEST_CASE("emu: the race detector names two threads writing one shared word between barriers", "[emu][cuda]") {
+    kiln::emu::ScopedRacecheck on(true);
+    const auto x = iota_floats(64, 1.0f);
+    DeviceBuffer<float> dx(x), dout(64);
+    KILN_LAUNCH(fold_to_warp, 1, 64, 32 * sizeof(float))(dx.get(), dout.get(), true);
+    CHECK(cudaGetLastError() == cudaErrorLaunchFailure);
+    CHECK_THAT(kiln::emu::last_error_detail(),
+               Catch::Contains("kernel fold_to_warp") && Catch::Contains("race in dynamic shared memory") &&
+                   Catch::Contains("thread (0, 0, 0) and thread (32, 0, 0)") && Catch::Contains("byte offset 0 "));
+    for (Schedule s : kSchedules) {  // the fixed kernel, and atomics, pass under every schedule
+        ScopedSchedule scope(s);
+        INFO("schedule " << kiln::emu::schedule_name(s));
+        KILN_LAUNCH(fold_to_warp, 1, 64, 32 * sizeof(float))(dx.get(), dout.get(), false);
+        KILN_CHECK_LAUNCH(fold_to_warp, 1, 64);
+        const auto out = dout.host();
+        for (int t = 0; t < 64; ++t) CHECK(out[t] == x[32 + t % 32]);
+        DeviceBuffer<int> dcount(1);
+        KILN_LAUNCH(count_in_shared, 2, 96, sizeof(int))(dcount.get());
+        KILN_CHECK_LAUNCH(count_in_shared, 2, 96);
+        CHECK(dcount.host()[0] == 96);
+    }
+    kiln::emu::ScopedRacecheck off(false);  // off (the default), the race goes unreported
+    KILN_LAUNCH(fold_to_warp, 1, 64, 32 * sizeof(float))(dx.get(), dout.get(), true);
+    KILN_CHECK_LAUNCH(fold_to_warp, 1, 64);
 }
 
 #endif  // KILN_CUDA

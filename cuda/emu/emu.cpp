@@ -17,6 +17,10 @@
 // Under the shuffled schedule every thread is a fiber from the start and each round has a new
 // order, drawn from the seed and the block index (the same whatever the thread count).
 //
+// Checks (README.md): dynamic shared memory is poisoned with NaN bytes at the start of every
+// block; with the race detector on, the words each stretch of a thread changed are recorded
+// until the next barrier, and a second thread changing one is a write-write race.
+//
 // A round in which nothing can run while threads wait is a deadlock: a thread exited while
 // others wait at a barrier, or a warp collective's mask names a lane that never comes. The
 // block stops, its waiting fibers are abandoned (no exception crosses a fiber; a thread that
@@ -52,6 +56,7 @@ namespace {
 struct ScheduleConfig {
     std::atomic<int> schedule{static_cast<int>(Schedule::InOrder)};
     std::atomic<std::uint64_t> seed{1};
+    std::atomic<bool> racecheck{false};
 };
 
 ScheduleConfig& schedule_config() {
@@ -65,6 +70,7 @@ ScheduleConfig& schedule_config() {
             else KILN_FAIL("KILN_EMU_SCHEDULE='", v, "' is not one of inorder, reverse, shuffle");
         }
         if (const char* s = std::getenv("KILN_EMU_SEED"); s && *s) c->seed = std::strtoull(s, nullptr, 0);
+        if (const char* s = std::getenv("KILN_EMU_RACECHECK"); s && *s) c->racecheck = std::string(s) != "0";
         return c;
     }();
     return *config;
@@ -76,6 +82,10 @@ void set_schedule(Schedule s, std::uint64_t seed) {
     schedule_config().schedule = static_cast<int>(s);
     schedule_config().seed = seed;
 }
+void set_racecheck(bool on) { schedule_config().racecheck = on; }
+bool racecheck() { return schedule_config().racecheck.load(); }
+__thread bool racecheck_running = false;
+
 Schedule schedule() { return static_cast<Schedule>(schedule_config().schedule.load()); }
 std::uint64_t schedule_seed() { return schedule_config().seed.load(); }
 const char* schedule_name(Schedule s) {
@@ -147,6 +157,7 @@ struct LaunchState {
     unsigned nthreads;
     Schedule schedule;
     std::uint64_t seed;
+    bool racecheck;
 
     std::atomic<bool> failed{false};
     std::mutex mutex;
@@ -222,6 +233,7 @@ public:
     KILN_EMU_INLINE std::uint64_t warp(WarpOp op, unsigned mask, std::uint64_t value, int arg, int width);
     unsigned active_mask() const;
     void* shared() const { return shared_; }
+    void note_atomic(const void* address);
     void fiber_main();
     Thread* current() const { return current_; }
 
@@ -243,6 +255,9 @@ private:
     std::string deadlock_message() const;
     std::string waiting_in(const Thread& t) const;
     void check_same_call(Thread& t, const Thread& u);
+    KILN_EMU_INLINE void end_stretch(Thread& t);
+    void check_writes(const Thread& t);
+    void forget_writers(unsigned lanes_of_warp, unsigned mask);
     unsigned order_index(unsigned k) const;
     void shuffle_order();
 
@@ -273,6 +288,12 @@ private:
 
     std::vector<unsigned> order_;  // the shuffled schedule's order of this round
     std::uint64_t rng_ = 0;
+
+    // The race detector, per 4-byte word of dynamic shared memory since the last barrier.
+    std::vector<unsigned char> before_;  // shared memory as the running thread found it
+    std::vector<int> writer_;            // the thread (linear index) that wrote it, or -1
+    std::vector<unsigned char> atomic_;  // touched by an atomic: not a race
+    std::string race_;                   // the first race found in this block
 };
 
 // Stacks lie a multiple of the page size apart, so their tops would all map to the same few
@@ -330,6 +351,7 @@ void Worker::prepare(LaunchState& L) {
         }
     }
     order_.resize(n_);
+    if (L.racecheck) before_.resize(L.shared);
 }
 
 void Worker::begin_block(std::uint64_t b) {
@@ -357,6 +379,12 @@ void Worker::begin_block(std::uint64_t b) {
     // Poison: every block starts with dynamic shared memory as unwritten as on a GPU (NaN bytes),
     // so neither a read of a word no thread wrote nor the previous block's stale data can look right.
     if (L.shared > 0) std::memset(shared_, kPoisonByte, L.shared);
+    racecheck_running = L.racecheck && L.shared > 0;
+    race_.clear();
+    if (racecheck_running) {
+        writer_.assign((L.shared + 3) / 4, -1);
+        atomic_.assign((L.shared + 3) / 4, 0);
+    }
     if (L.schedule == Schedule::Shuffle) {
         for (unsigned i = 0; i < n_; ++i) order_[i] = i;
         rng_ = L.seed * 0x9E3779B97F4A7C15ull + b + 1;
@@ -376,6 +404,8 @@ bool Worker::run_block(LaunchState& L, std::uint64_t b) {
     }
     if (ok && live_ > 0) ok = run_rounds(nullptr);
     current_ = nullptr;
+    racecheck_running = false;
+    if (ok && !race_.empty()) ok = false, why_ = race_;
     if (!ok) {
         stacks_dirty_ = true;
         L.fail("kernel " + std::string(L.name) + " <<<grid " + dim_str(L.grid) + ", block " +
@@ -404,13 +434,52 @@ void Worker::shuffle_order() {
     }
 }
 
+// A thread runs in stretches: from enter() to its next barrier, collective or exit.
 KILN_EMU_INLINE void Worker::enter(Thread& t) {
     current_ = &t;
     threadIdx = t.tid;
     t.state = State::Running;
+    if (racecheck_running) std::memcpy(before_.data(), shared_, launch_->shared);
+}
+
+KILN_EMU_INLINE void Worker::end_stretch(Thread& t) {
+    if (racecheck_running) check_writes(t);
+}
+
+// --- the race detector -----------------------------------------------------------------------------
+// The words this stretch changed were written by t; one another thread wrote since the last
+// barrier is a write-write race (unless an atomic touched it).
+void Worker::check_writes(const Thread& t) {
+    const auto* now = static_cast<const unsigned char*>(shared_);
+    const std::size_t bytes = launch_->shared;
+    for (std::size_t w = 0; w < writer_.size(); ++w) {
+        const std::size_t at = 4 * w, len = std::min<std::size_t>(4, bytes - at);
+        if (std::memcmp(now + at, before_.data() + at, len) == 0 || atomic_[w]) continue;
+        const int other = writer_[w];
+        if (other >= 0 && other != static_cast<int>(t.linear) && race_.empty())
+            race_ = "race in dynamic shared memory: " + thread_name(threads_[other]) + " and " + thread_name(t) +
+                    " both write the word at byte offset " + std::to_string(at) +
+                    " between two barriers, not through an atomic (add a __syncthreads() between the writes, "
+                    "or leave the word to one thread)";
+        writer_[w] = static_cast<int>(t.linear);
+    }
+}
+
+void Worker::note_atomic(const void* address) {
+    const auto a = reinterpret_cast<std::uintptr_t>(address), lo = reinterpret_cast<std::uintptr_t>(shared_);
+    if (a >= lo && a < lo + launch_->shared) atomic_[(a - lo) / 4] = 1;
+}
+
+// A warp collective orders its lanes: their earlier writes no longer race with later ones.
+void Worker::forget_writers(unsigned first_lane, unsigned mask) {
+    for (int& w : writer_)
+        if (w >= static_cast<int>(first_lane) && w < static_cast<int>(first_lane + 32) &&
+            ((mask >> (w - first_lane)) & 1u))
+            w = -1;
 }
 
 void Worker::exit_thread(Thread& t) {
+    end_stretch(t);
     t.state = State::Exited;
     t.direct = false;
     --live_;
@@ -524,6 +593,7 @@ void fiber_entry() {
 // --- __syncthreads ---------------------------------------------------------------------------------
 KILN_EMU_INLINE int Worker::barrier(BarrierOp op, int predicate) {
     Thread& t = *current_;
+    end_stretch(t);
     t.state = State::AtBarrier;
     t.barrier_op = op;
     acc_count_ += predicate != 0;
@@ -546,11 +616,16 @@ void Worker::release_block() {
     acc_count_ = 0, acc_and_ = 1, acc_or_ = 0;
     at_barrier_ = 0;
     for (unsigned i = 0; i < n_; ++i) threads_[i].state = State::Ready;
+    if (racecheck_running) {  // a barrier orders everything before it
+        std::fill(writer_.begin(), writer_.end(), -1);
+        std::fill(atomic_.begin(), atomic_.end(), 0);
+    }
 }
 
 // --- warp collectives -------------------------------------------------------------------------------
 KILN_EMU_INLINE std::uint64_t Worker::warp(WarpOp op, unsigned mask, std::uint64_t value, int arg, int width) {
     Thread& t = *current_;
+    end_stretch(t);
     const unsigned lane = t.linear % 32;
     Warp& w = warps_[t.linear / 32];
     t.op = op;
@@ -606,6 +681,7 @@ void Worker::release_warp(Thread& t) {
     for (unsigned j = 0; j < 32; ++j)
         if ((mask >> j) & 1u) lanes[j].state = State::Ready;
     warps_[t.linear / 32].arrived &= ~mask;
+    if (racecheck_running) forget_writers(t.linear & ~31u, mask);
 }
 
 // Lanes u and t both wait in a WarpCall: it must be the same operation on the same fragment type
@@ -756,7 +832,7 @@ void launch(const char* name, const void* kernel, dim3 grid, dim3 block, std::si
     L.name = name, L.grid = grid, L.block = block, L.shared = shared_bytes;
     L.run_thread = run_thread, L.args = args, L.id = next_id++;
     L.nthreads = block.x * block.y * block.z;
-    L.schedule = schedule(), L.seed = schedule_seed();
+    L.schedule = schedule(), L.seed = schedule_seed(), L.racecheck = racecheck();
 
     const auto nblocks = static_cast<std::int64_t>(std::uint64_t(grid.x) * grid.y * grid.z);
     const int nt = omp_get_max_threads();
@@ -769,6 +845,8 @@ void launch(const char* name, const void* kernel, dim3 grid, dim3 block, std::si
     }
     if (L.failed) set_error(cudaErrorLaunchFailure, L.message);
 }
+
+void note_atomic(const void* address) { running_worker("an atomic").note_atomic(address); }
 
 void* dynamic_shared_memory() { return running_worker("dynamic shared memory").shared(); }
 

@@ -83,6 +83,35 @@ private:
     std::uint64_t old_seed_;
 };
 
+// The race detector (off by default: it copies shared memory at every switch). Between two
+// __syncthreads(), two threads of a block that write the same 4-byte word of dynamic shared
+// memory, not through an atomic, fail the launch with a message naming the kernel, the block,
+// the word's byte offset and both threads, as compute-sanitizer's racecheck reports on a GPU.
+// It compares shared memory before and after each stretch a thread runs, so it sees writes
+// that change a word (write-write races), not reads. KILN_EMU_RACECHECK=1 switches it on.
+void set_racecheck(bool on);
+bool racecheck();
+
+// Switches the race detector on or off for one scope (a test), then puts it back.
+class ScopedRacecheck {
+public:
+    explicit ScopedRacecheck(bool on) : old_(racecheck()) { set_racecheck(on); }
+    ~ScopedRacecheck() { set_racecheck(old_); }
+    ScopedRacecheck(const ScopedRacecheck&) = delete;
+    ScopedRacecheck& operator=(const ScopedRacecheck&) = delete;
+
+private:
+    bool old_;
+};
+
+// Atomics tell the race detector the word they touch (an atomic is not a race); one test of a
+// per-OS-thread flag when it is off.
+extern __thread bool racecheck_running;
+void note_atomic(const void* address);
+inline void atomic_hook(const void* address) {
+    if (__builtin_expect(racecheck_running, 0)) note_atomic(address);
+}
+
 // The poison byte of fresh device memory (cudaMalloc) and of dynamic shared memory at the start
 // of every block: 0xFF bytes read as NaN in f32 (0xFFFFFFFF), f16 and bf16 (0xFFFF), -1 in ints.
 inline constexpr unsigned char kPoisonByte = 0xFF;
@@ -281,7 +310,10 @@ inline void __threadfence_system() { __atomic_thread_fence(__ATOMIC_SEQ_CST); }
 // Blocks run in parallel on OS threads, so these are real hardware atomics. Threads of one
 // block never interleave inside one (fibers switch only at barriers and collectives).
 #define KILN_EMU_ATOMIC(name, T, builtin)                                                      \
-    inline T name(T* address, T val) { return builtin(address, val, __ATOMIC_SEQ_CST); }
+    inline T name(T* address, T val) {                                                       \
+        kiln::emu::atomic_hook(address);                                                       \
+        return builtin(address, val, __ATOMIC_SEQ_CST);                                        \
+    }
 KILN_EMU_ATOMIC(atomicAdd, int, __atomic_fetch_add)
 KILN_EMU_ATOMIC(atomicAdd, unsigned, __atomic_fetch_add)
 KILN_EMU_ATOMIC(atomicAdd, unsigned long long, __atomic_fetch_add)
@@ -305,6 +337,7 @@ KILN_EMU_ATOMIC(atomicExch, unsigned long long, __atomic_exchange_n)
 namespace kiln::emu {
 template <typename T, typename F>
 T atomic_update(T* address, F f) {
+    atomic_hook(address);
     T old;
     __atomic_load(address, &old, __ATOMIC_RELAXED);
     T desired = f(old);
@@ -316,7 +349,7 @@ T atomic_update(T* address, F f) {
 
 inline float atomicAdd(float* a, float v) { return kiln::emu::atomic_update(a, [v](float o) { return o + v; }); }
 inline double atomicAdd(double* a, double v) { return kiln::emu::atomic_update(a, [v](double o) { return o + v; }); }
-inline float atomicExch(float* a, float v) { float old; __atomic_exchange(a, &v, &old, __ATOMIC_SEQ_CST); return old; }
+inline float atomicExch(float* a, float v) { kiln::emu::atomic_hook(a); float old; __atomic_exchange(a, &v, &old, __ATOMIC_SEQ_CST); return old; }
 
 #define KILN_EMU_ATOMIC_MINMAX(T)                                                                              \
     inline T atomicMax(T* a, T v) { return kiln::emu::atomic_update(a, [v](T o) { return o < v ? v : o; }); } \
@@ -337,6 +370,7 @@ inline unsigned atomicDec(unsigned* a, unsigned limit) {
 
 #define KILN_EMU_ATOMIC_CAS(T)                                                                  \
     inline T atomicCAS(T* a, T compare, T val) {                                                \
+        kiln::emu::atomic_hook(a);                                                              \
         __atomic_compare_exchange_n(a, &compare, val, false, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST); \
         return compare; /* holds the old value whether or not the swap happened */              \
     }
