@@ -92,12 +92,15 @@ private:
 };
 
 // Joining: rank 0's unique id reaches every rank through MPI (a CPU tensor of its 128 bytes).
-// The timeout starts as the MPI communicator's. The MPI broadcast has it: once it is through, every rank is there, and
-// ncclCommInitRank, which waits for all of them without one, returns.
+// The MPI broadcast has a timeout (the MPI communicator's, which this one starts with): once it
+// is through, every rank is there, and ncclCommInitRank, which waits for all without one, returns.
 NcclCommunicator::NcclCommunicator(MpiCommunicator& mpi, int device) : mpi_(mpi) {
     set_timeout(mpi.timeout_seconds());
     int devices = 0;
-    CUDA_CHECK(cudaGetDeviceCount(&devices));
+    const cudaError_t found = cudaGetDeviceCount(&devices);
+    KILN_CHECK(found == cudaSuccess, "NCCL communicator: rank ", rank(), " finds no GPU it can use (",
+               cudaGetErrorString(found), "): run on a machine with one GPU per rank (nvidia-smi lists them), "
+               "or train on CPUs with the MPI communicator (--backend mpi)");
     KILN_CHECK(device >= 0 && device < devices, "NCCL communicator: rank ", rank(), " asked for GPU ", device,
                " and this machine has ", devices, "; start at most one rank per GPU (mpirun -np N with N ≤ ",
                devices, " per machine)");
