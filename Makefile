@@ -51,7 +51,7 @@ NVFLAGS := -std=c++17 -O2 -Isrc -Icuda -DKILN_CUDA=1 --Werror all-warnings \
 MPI_CFLAGS := $(patsubst -I%,-isystem %,$(shell mpicxx --showme:compile 2>/dev/null)) -DOMPI_SKIP_MPICXX
 MPI_LIBS   := $(filter-out -lmpi_cxx,$(shell mpicxx --showme:link 2>/dev/null))
 MPI_LESSONS := 12
-# How make test starts the MPI tests: 2 ranks; as root Open MPI wants --allow-run-as-root, and on a
+# How make test and make lesson-12 start MPI programs: 2 ranks; as root Open MPI wants --allow-run-as-root, and on a
 # machine reporting fewer cores than ranks, --oversubscribe.
 MPIRUN     ?= mpirun --allow-run-as-root --oversubscribe -np 2
 
@@ -187,7 +187,7 @@ define LESSON_RUN_RULE
 lesson-$(1):
 	@bash data/fetch.sh $(if $(filter $(1),$(CIFAR_LESSONS)),cifar10,mnist)
 	@$$(MAKE) --no-print-directory $(BUILD)/bin/lesson-$(1)
-	$(BUILD)/bin/lesson-$(1) $$(ARGS)
+	$(if $(filter $(1),$(MPI_LESSONS)),$(MPIRUN) )$(BUILD)/bin/lesson-$(1) $$(ARGS)
 endef
 $(foreach n,$(LESSON_NUMS),$(eval $(call LESSON_RUN_RULE,$(n))))
 
@@ -215,7 +215,7 @@ lab-build: $(LAB_BINS)
 # The full training runs, each checked against its chapter's target accuracy (long).
 accuracy: $(LESSON_BINS)
 	@bash data/fetch.sh mnist cifar10
-	@bash scripts/accuracy.sh $(BUILD) $(LESSONS_TO_CHECK)
+	@MPIRUN="$(MPIRUN)" bash scripts/accuracy.sh $(BUILD) $(LESSONS_TO_CHECK)
 
 # On a machine with a GPU: the CUDA build, its tests under compute-sanitizer, GEMM vs cuBLAS.
 gpu-check:

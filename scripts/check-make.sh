@@ -2,7 +2,7 @@
 # check-make.sh — checks, with `make -n` (which prints the commands and runs none of them),
 # that the Makefile's run targets do what the README says:
 #   make lesson-NN ARGS=...   runs build/bin/lesson-NN with those flags, for every chapter that
-#                             has a lessons/NN-*/train.cpp
+#                             has a lessons/NN-*/train.cpp (under mpirun for chapter 12's ranks)
 #   make bench                runs scripts/setup.sh --bench (which installs OpenBLAS) before
 #                             it compiles or links anything
 # Prints one line per check and fails if any check fails. .ci/run runs it.
@@ -14,7 +14,7 @@ fail() { echo "check-make: FAIL $*"; failed=$((failed + 1)); }
 for train in lessons/[0-9][0-9]-*/train.cpp; do
     nn=$(basename "$(dirname "$train")" | cut -c1-2)
     out=$(make -n "lesson-$nn" ARGS='--epochs 1' 2>&1)
-    if grep -qxF "build/bin/lesson-$nn --epochs 1" <<<"$out"; then
+    if grep -qE "^(mpirun .* )?build/bin/lesson-$nn --epochs 1\$" <<<"$out"; then
         echo "check-make: make lesson-$nn runs build/bin/lesson-$nn"
     else
         fail "make -n lesson-$nn would not run build/bin/lesson-$nn --epochs 1; it prints:"

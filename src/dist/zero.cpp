@@ -1,6 +1,9 @@
 // zero.cpp — ZeRO-1: reduce-scatter, update this rank's piece, all-gather (zero.h).
 #include "dist/zero.h"
 
+#include <cstdio>
+
+#include "core/allocator.h"
 #include "core/error.h"
 #include "dist/data_parallel.h"
 #include "ops/ops.h"
@@ -50,7 +53,7 @@ ZeroOptimizer::ZeroOptimizer(Module& model, std::vector<ParamGroup> groups, Comm
             shard.value = range_of(values_, a, b - a);
             shard.grad = range_of(grads_, a, b - a);
             inner_of_.push_back(int(mine_.size()));
-            mine_.push_back({inner_of_.size() - 1, a - at, &shard});
+            mine_.push_back({p, inner_of_.size() - 1, a - at, &shard});
             inner.params.push_back(&shard);
         }
         if (inner.params.empty()) continue;
@@ -75,6 +78,17 @@ void ZeroOptimizer::step() {
     steps_++;
     comm_.all_gather(values_, pieces_);  // 3. every piece to every rank
     for (auto& [name, buffer] : model_.named_buffers()) comm_.broadcast(*buffer, 0);
+}
+
+std::vector<int64_t> ZeroOptimizer::state_elements(Module& model) const {
+    std::vector<int64_t> elements;
+    for (Parameter* p : model.parameters()) {
+        int64_t n = 0;
+        for (const Piece& piece : mine_)
+            if (piece.param == p) n = piece.shard->value.numel();
+        elements.push_back(n);
+    }
+    return elements;
 }
 
 std::vector<Tensor> ZeroOptimizer::state_of(size_t i) const {
@@ -126,6 +140,27 @@ void ZeroOptimizer::load_state(const StateDict& state, const std::string& prefix
         }
     }
     inner_->load_state(pieces, prefix);
+}
+
+std::string zero_memory_table(int64_t parameters, int state_slabs, const std::vector<int>& ranks) {
+    KILN_CHECK(parameters >= 0 && state_slabs >= 0, "zero_memory_table: ", parameters, " parameters, ", state_slabs,
+               " state slabs: want both ≥ 0");
+    const int64_t P = 4 * parameters, state = P * state_slabs;
+    std::string out = "memory per rank (f32, before activations): parameters " + format_bytes(P) + ", gradients " +
+                      format_bytes(P) + ", optimizer state " + std::to_string(state_slabs) + " × parameters\n";
+    char line[160];
+    std::snprintf(line, sizeof line, "  %6s  %14s  %14s  %14s  %14s\n", "ranks", "state ZeRO-0", "state ZeRO-1",
+                  "total ZeRO-0", "total ZeRO-1");
+    out += line;
+    for (int p : ranks) {
+        KILN_CHECK(p >= 1, "zero_memory_table: a world of ", p, " ranks");
+        const int64_t sharded = (state + p - 1) / p;
+        std::snprintf(line, sizeof line, "  %6d  %14s  %14s  %14s  %14s\n", p, format_bytes(state).c_str(),
+                      format_bytes(sharded).c_str(), format_bytes(2 * P + state).c_str(),
+                      format_bytes(2 * P + sharded).c_str());
+        out += line;
+    }
+    return out;
 }
 
 }  // namespace kiln

@@ -31,6 +31,8 @@
 #include <deque>
 #include <functional>
 #include <memory>
+#include <string>
+#include <vector>
 
 #include "dist/comm.h"
 #include "optim/optimizer.h"
@@ -53,12 +55,16 @@ public:
     void load_state(const StateDict& state, const std::string& prefix) override;
 
     const std::vector<int64_t>& pieces() const { return pieces_; }  // p + 1 offsets into the slab
+    // For each of the model's parameters, in order: how many of its elements this rank updates
+    // and keeps state for (the memory model's ZeRO-1 prediction, train/memory_model.h).
+    std::vector<int64_t> state_elements(Module& model) const;
     const Optimizer& inner() const { return *inner_; }
 
 private:
     // This rank's part of one parameter: elements [offset, offset + length) of it, as the
     // parameter `shard` (1-D views into the value and gradient slabs) the inner optimizer updates.
     struct Piece {
+        const Parameter* param = nullptr;  // the model's parameter
         size_t outer = 0;     // the parameter's index over the groups, in order
         int64_t offset = 0;   // first element within the parameter
         Parameter* shard = nullptr;
@@ -73,5 +79,11 @@ private:
     std::vector<size_t> outer_group_; // inner group → the outer group it comes from
     std::unique_ptr<Optimizer> inner_;
 };
+
+// Memory per rank of the model's state in f32 — parameters, gradients, optimizer state (k slabs:
+// state_slabs in train/memory_model.h) — for each world size in `ranks`, with and without ZeRO-1:
+//   stage 0: 4·P + 4·P + 4·k·P        stage 1: 4·P + 4·P + 4·k·P / p
+// (activations come on top, the same in both: they depend on each rank's batch).
+std::string zero_memory_table(int64_t parameters, int state_slabs, const std::vector<int>& ranks);
 
 }  // namespace kiln

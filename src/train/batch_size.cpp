@@ -99,7 +99,7 @@ void print_largest_batch(Module& model, const Optimizer& optimizer, const DataLo
     // beside it, the prediction from the shapes alone (train/memory_model.h), in an arena as the probes ran
     try {
         const MemoryPrediction p = predict_memory(
-            model, {Shape{s.largest, image.c, image.h, image.w}, optimizer_kind(optimizer), device, true, amp});
+            model, memory_model_options(model, optimizer, Shape{s.largest, image.c, image.h, image.w}, device, true, amp));
         std::printf("predicted from the shapes alone for batch %lld: peak %s in %s (%s)\n", (long long)s.largest,
                     format_bytes(p.peak).c_str(), p.peak_module.c_str(), phase_name(p.peak_phase));
     } catch (const Error& e) {

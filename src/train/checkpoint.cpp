@@ -404,6 +404,8 @@ std::vector<std::pair<std::string, Tensor*>> model_tensors(Module& model) {
 // the lrs as text ("%.9g": a float reads back exactly), separated by commas.
 const char* const kScheduleEpochs = "train.schedule.epochs";
 const char* const kScheduleLrs = "train.schedule.epoch_start_lrs";
+// The number of data parallel ranks that shared each epoch, saved only when it is above 1.
+const char* const kWorldSize = "train.loader.world_size";
 
 std::vector<std::string> lr_texts(const std::vector<float>& lrs) {
     std::vector<std::string> texts;
@@ -543,6 +545,10 @@ void load_model(const StateDict& state, Module& model) {
 }
 
 void save_checkpoint(const std::string& path, TrainingRun& run, const ResumePoint& at) {
+    write_safetensors(path, checkpoint_state(run, at));
+}
+
+StateDict checkpoint_state(TrainingRun& run, const ResumePoint& at) {
     // Written out before anything changes, so CPU tensors are shared, not copied; a model on a
     // GPU is copied to host memory, never to device memory.
     StateDict s;
@@ -558,6 +564,8 @@ void save_checkpoint(const std::string& path, TrainingRun& run, const ResumePoin
     if (run.loader) {
         s.set("train.loader.images", run.loader->set().n);
         s.set("train.loader.batches", run.loader->num_batches());
+        // a share of each epoch per rank (chapter 12): only when there are several
+        if (run.loader->options().world_size > 1) s.set(kWorldSize, int64_t(run.loader->options().world_size));
     }
     for (const auto& [name, rng] : run.rngs) {
         s.set_u64("train.rng." + name + ".seed", rng->seed_hash());
@@ -567,7 +575,7 @@ void save_checkpoint(const std::string& path, TrainingRun& run, const ResumePoin
         s.set(kScheduleEpochs, run.schedule.epochs);
         s.set(kScheduleLrs, join(lr_texts(run.schedule.epoch_start_lrs)));
     }
-    write_safetensors(path, s);
+    return s;
 }
 
 ResumePoint load_checkpoint(const std::string& path, TrainingRun& run) {
@@ -590,6 +598,10 @@ ResumePoint load_checkpoint(const std::string& path, TrainingRun& run) {
                        "the checkpoint was trained on ", s.get_string("train.loader.images"), " images in ",
                        s.get_string("train.loader.batches"), " batches an epoch; this run has ", loader.set().n,
                        " in ", loader.num_batches(), ". Resume with the same --limit and --batch-size");
+            const int64_t ranks = s.has(kWorldSize) ? s.get_int(kWorldSize) : 1;
+            KILN_CHECK(ranks == loader.options().world_size, "the checkpoint was written by a run of ", ranks,
+                       " data parallel rank(s); this run has ", loader.options().world_size, ". Resume with mpirun -np ",
+                       ranks, ": each rank's share of the data depends on it");
             loader.start_epoch(at.epoch);
             loader.seek(at.position);
         }

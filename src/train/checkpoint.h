@@ -123,11 +123,15 @@ struct ResumePoint {
 // ("scaler.": scale, growth tracker, factors, interval) + RNG counters, loader size, the
 // schedule record and `at` ("train.") into one file, written as write_safetensors does.
 void save_checkpoint(const std::string& path, TrainingRun& run, const ResumePoint& at);
+// What save_checkpoint writes, as a StateDict sharing the CPU tensors. Under data parallel
+// training (chapter 12) every rank builds it — a ZeRO-1 optimizer gathers its pieces here, with
+// every rank — and rank 0 alone writes it.
+StateDict checkpoint_state(TrainingRun& run, const ResumePoint& at);
 
 // Reads a checkpoint into a freshly built run (same model, optimizer and flags), puts the
 // loader at `at.epoch`, `at.position` and returns `at`. Errors name the file and the tensor or
 // value; a run set up differently (another training set size or batch size, seed, number of
-// epochs or schedule) is refused, naming the flag — so is a run with a GradScaler resuming a
+// epochs or schedule, or another number of data parallel ranks) is refused, naming the flag — so is a run with a GradScaler resuming a
 // checkpoint saved without one, or the reverse (the --amp f16 flag). After an error the run is
 // partly loaded and should not be trained on.
 ResumePoint load_checkpoint(const std::string& path, TrainingRun& run);

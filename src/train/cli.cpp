@@ -138,6 +138,9 @@ Device CommonFlags::apply() const {
     KILN_CHECK(threads >= 0, "--threads must be ≥ 0");
     KILN_CHECK(accumulate >= 1 && batch_size % accumulate == 0, "--accumulate ", accumulate,
                " must be at least 1 and divide --batch-size ", batch_size, " (micro-batches of batch-size/K images)");
+    KILN_CHECK(batch_size % (int64_t(world_size) * accumulate) == 0, "--batch-size ", batch_size, " must split into ",
+               world_size, " equal shares, one per rank", accumulate > 1 ? " (each cut into --accumulate micro-batches)" : "",
+               ": try a multiple of ", world_size * accumulate);
     if (threads > 0) omp_set_num_threads(threads);
     KILN_CHECK(device == "cpu" || device == "cuda", "--device must be cpu or cuda, got '", device, "'");
     Device d = device == "cuda" ? Device::CUDA : Device::CPU;

@@ -78,6 +78,10 @@ struct CommonFlags {
     int mem_trace_steps = 2;       // steps that --mem-trace records
     DType amp = DType::F32;        // --amp f16|bf16: mixed precision (F32: off); f16 adds a GradScaler
     bool grad_hist = false;        // print the first step's gradient exponents against f16's range
+    // Data parallel training (lesson 12; set by the trainer, not flags): this process is rank
+    // `rank` of world_size. --batch-size stays the whole batch: each rank's training loader takes
+    // batch_size / world_size images of its share of the epoch; only rank 0 writes files.
+    int rank = 0, world_size = 1;
 
     void add_to(Cli& cli);
     // Sets the OpenMP thread count and checks the flags; returns the chosen device.

@@ -32,7 +32,10 @@ int resume_from(const std::string& path, TrainingRun& run) {
 
 // --save: save_dir/last.safetensors, replaced atomically after every epoch; the one it
 // replaces becomes save_dir/prev.safetensors, so a damaged last checkpoint costs one epoch.
-void save_epoch(const std::string& save_dir, TrainingRun& run, int epochs_done) {
+// Not the main process (a data parallel rank but 0): the state is built, nothing is written.
+void save_epoch(const std::string& save_dir, TrainingRun& run, int epochs_done, bool main_process) {
+    const StateDict state = checkpoint_state(run, ResumePoint{epochs_done, 0, run.optimizer.steps()});
+    if (!main_process) return;
     std::error_code error;
     std::filesystem::create_directories(save_dir, error);
     KILN_CHECK(!error, "--save ", save_dir, ": cannot create the folder (", error.message(), ")");
@@ -40,7 +43,7 @@ void save_epoch(const std::string& save_dir, TrainingRun& run, int epochs_done) 
     if (std::filesystem::exists(path)) std::filesystem::rename(path, prev, error);
     KILN_CHECK(!error, "--save ", save_dir, ": cannot rename last.safetensors to prev.safetensors (",
                error.message(), ")");
-    save_checkpoint(path, run, ResumePoint{epochs_done, 0, run.optimizer.steps()});
+    write_safetensors(path, state);
     std::printf("saved %s\n", path.c_str());
 }
 
@@ -85,7 +88,7 @@ double fit(Module& model, Optimizer& optimizer, DataLoader& train, DataLoader& t
     TrainingRun run{model, optimizer, opt.scheduler, &train, {}, nullptr, schedule, opt.scaler};
     const int first = opt.resume.empty() ? 0 : resume_from(opt.resume, run);
     std::optional<RunLog> log;  // run.json and curves.svg; an unwritable folder fails here
-    if (!opt.run.trainer.empty()) log.emplace(opt.run, first);
+    if (!opt.run.trainer.empty() && opt.main_process) log.emplace(opt.run, first);
     // a finished run: its accuracy
     double test_acc = first < opt.epochs ? 0.0 : test_epoch(model, test, opt, first - 1, optimizer.lr());
     const Device device = train.options().device;
@@ -102,7 +105,7 @@ double fit(Module& model, Optimizer& optimizer, DataLoader& train, DataLoader& t
             log->add({epoch + 1, trained.loss, trained.accuracy, test_acc, lr, trained.images_per_second,
                       peak_memory(device), trained.loss_scale, trained.skipped});
         if (!opt.save_dir.empty())
-            measure_peak(device, peaks.saving, [&] { save_epoch(opt.save_dir, run, epoch + 1); });
+            measure_peak(device, peaks.saving, [&] { save_epoch(opt.save_dir, run, epoch + 1, opt.main_process); });
         std::fflush(stdout);
     }
     if (opt.memory) opt.memory->finish();  // a trace of more steps than the run had
@@ -117,6 +120,7 @@ double fit(Module& model, Optimizer& optimizer, DataLoader& train, DataLoader& t
                      run_info(flags)};
     const std::unique_ptr<MemoryRecording> memory = memory_recording(flags, model, optimizer, arena, train);
     opt.memory = memory.get();
+    opt.main_process = flags.rank == 0;
     const std::unique_ptr<GradScaler> scaler = set_precision(flags, opt);
     return fit(model, optimizer, train, test, opt);
 }
@@ -138,11 +142,20 @@ void report(Device device, double test_accuracy, std::chrono::steady_clock::time
     std::printf("%s\n", result_line(test_accuracy, seconds_since(start), peak_memory(device)).c_str());
 }
 
-int64_t test_batch_size(const CommonFlags& flags) { return flags.batch_size / flags.accumulate; }
+int64_t test_batch_size(const CommonFlags& flags) { return flags.batch_size / (flags.world_size * flags.accumulate); }
+
+// The training loader's share of the data under data parallel training (CommonFlags::rank).
+static void share(LoaderOptions& o, const CommonFlags& flags) {
+    o.rank = flags.rank;
+    o.world_size = flags.world_size;
+    o.batch_size = flags.batch_size / flags.world_size;
+}
 
 LoaderOptions mnist_loader_options(const CommonFlags& flags, Device device, bool train) {
     LoaderOptions o{flags.batch_size, true, false, flags.seed, {0.1307f}, {0.3081f}, device};
-    if (!train) {
+    if (train) {
+        share(o, flags);
+    } else {
         o.batch_size = test_batch_size(flags);
         o.shuffle = false;
     }
@@ -161,6 +174,7 @@ static LoaderOptions cifar_loader_options(const CommonFlags& flags, Device devic
                     {0.2470f, 0.2435f, 0.2616f}, device};
     if (train) {
         o.transforms = {std::make_shared<RandomCrop>(32, 4), std::make_shared<RandomHorizontalFlip>()};
+        share(o, flags);
     } else {
         o.batch_size = test_batch_size(flags);
         o.shuffle = false;

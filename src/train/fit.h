@@ -64,12 +64,13 @@ std::unique_ptr<GradScaler> set_precision(const CommonFlags& flags, TrainOptions
 void report(Device device, double test_accuracy, std::chrono::steady_clock::time_point start);
 
 // The test set is scored in batches of the training step's size (a micro-batch with
-// --accumulate), in the same arena: evaluation keeps no caches, so it never needs more memory
+// --accumulate, one rank's share under data parallel training), in the same arena: evaluation keeps no caches, so it never needs more memory
 // than a training step (a larger test batch would: LeNet's im2col for 1000 images is 57 MiB).
 int64_t test_batch_size(const CommonFlags& flags);
 
 // MNIST batches: pixels normalized with the training set's mean 0.1307 and std 0.3081.
-// train = true: shuffled batches of --batch-size from --seed; false: test_batch_size, in order.
+// train = true: shuffled batches of --batch-size from --seed (of this rank's share of each epoch,
+// batch_size / world_size at a time, under data parallel training); false: test_batch_size, in order.
 LoaderOptions mnist_loader_options(const CommonFlags& flags, Device device, bool train);
 
 // What an MNIST trainer reads: the training set (--limit images of it, if given) and the

@@ -109,6 +109,9 @@ struct TrainOptions {
     DType amp = DType::F32;            // mixed precision (StepOptions::amp), evaluation included
     bool grad_hist = false;            // train_epoch: print the first step's gradient exponents
                                        // against f16's range (train/grad_hist.h); fit: first epoch only
+    bool main_process = true;          // fit: false on data parallel ranks other than 0 (chapter 12),
+                                       // which build each checkpoint (a collective under ZeRO-1) but
+                                       // leave writing it, and run.json, to rank 0
 };
 
 // Trains one epoch (epoch counts from 0, of opt.epochs) with a progress bar. Throws kiln::Error

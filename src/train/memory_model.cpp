@@ -12,6 +12,7 @@
 #include "nn/layers.h"
 #include "nn/misc.h"
 #include "nn/recompute.h"
+#include "dist/zero.h"
 #include "optim/adam.h"
 
 namespace kiln {
@@ -31,8 +32,16 @@ OptimizerKind optimizer_kind(const Optimizer& optimizer) {
         return sgd->options().momentum != 0.0f ? OptimizerKind::SGDMomentum : OptimizerKind::SGD;
     if (auto* adam = dynamic_cast<const Adam*>(&optimizer))
         return adam->options().amsgrad ? OptimizerKind::AdamAMSGrad : OptimizerKind::Adam;
+    if (auto* zero = dynamic_cast<const ZeroOptimizer*>(&optimizer)) return optimizer_kind(zero->inner());
     KILN_FAIL("optimizer_kind: an optimizer other than SGD, Adam and AdamW; give predict_memory the OptimizerKind "
               "with as many state slabs as it keeps per parameter");
+}
+
+MemoryModelOptions memory_model_options(Module& model, const Optimizer& optimizer, const Shape& input, Device device,
+                                        bool arena, DType amp) {
+    MemoryModelOptions o{input, optimizer_kind(optimizer), device, arena, amp};
+    if (auto* zero = dynamic_cast<const ZeroOptimizer*>(&optimizer)) o.state_elements = zero->state_elements(model);
+    return o;
 }
 
 namespace {
@@ -105,6 +114,18 @@ struct LayerState {
     std::vector<Buf> cache;
 };
 
+// The optimizer state's slab: shaped like the parameters, or under ZeRO-1 (state_elements)
+// one 1-D piece for each parameter that has any state on this rank.
+std::vector<Shape> state_shapes(const std::vector<Shape>& params, const std::vector<int64_t>& pieces) {
+    if (pieces.empty()) return params;
+    KILN_CHECK(pieces.size() == params.size(), "predict_memory: ZeRO-1 pieces for ", pieces.size(),
+               " parameters, but the model has ", params.size());
+    std::vector<Shape> shapes;
+    for (int64_t e : pieces)
+        if (e > 0) shapes.push_back(Shape{e});
+    return shapes;
+}
+
 class StepReplay {
 public:
     explicit StepReplay(const MemoryModelOptions& o) : opt_(o) {}
@@ -138,7 +159,7 @@ public:
         set_context(nullptr, Phase::Optimizer);
         // On the first step: from the pool's cache too (a 2 MiB slab may get a freed 4 MiB block)
         for (int i = int(state_.size()); i < state_slabs(opt_.optimizer); i++)
-            state_.push_back(alloc(slab_bytes(params), Category::OptimizerState, true));
+            state_.push_back(alloc(slab_bytes(state_shapes(params, opt_.state_elements)), Category::OptimizerState, true));
     }
 
     // Peaks from here on: the measured step.
@@ -347,7 +368,9 @@ MemoryPrediction predict_memory(Module& model, const MemoryModelOptions& options
     // description, hence the slabs' sizes.
     std::vector<Shape> params, buffers;
     {
-        StepReplay scratch(options);
+        MemoryModelOptions shapes_only = options;
+        shapes_only.state_elements.clear();
+        StepReplay scratch(shapes_only);
         scratch.allocate_resident({}, {});
         scratch.step(model, {});
         collect_shapes(model, scratch.layers(), &params, &buffers);
@@ -362,6 +385,8 @@ MemoryPrediction predict_memory(Module& model, const MemoryModelOptions& options
     MemoryPrediction p;
     replay.fill(p);
     const int slabs = state_slabs(options.optimizer);
+    const std::vector<int64_t>& pieces = options.state_elements;
+    size_t next_param = 0;  // the model's parameters in order, as the modules come
     std::map<std::string, size_t> row_of;
     for (auto& [name, m] : model.named_modules()) {
         PredictedModule row;
@@ -370,7 +395,10 @@ MemoryPrediction predict_memory(Module& model, const MemoryModelOptions& options
         if (auto it = replay.outputs().find(m); it != replay.outputs().end()) row.output = it->second;
         if (auto it = replay.layers().find(m); it != replay.layers().end()) {
             row.parameters = row.gradients = f32_bytes(it->second.memory.parameters);
-            row.optimizer_state = slabs * row.parameters;
+            int64_t state = 0;  // elements whose optimizer state this rank keeps
+            for (const Shape& w : it->second.memory.parameters)
+                state += pieces.empty() ? w.numel() : pieces[next_param++];
+            row.optimizer_state = int64_t(slabs) * state * 4;
             row.buffers = f32_bytes(it->second.memory.buffers);
         }
         if (auto it = replay.kept().find(m); it != replay.kept().end()) row.activations = it->second;

@@ -36,7 +36,8 @@ namespace kiln {
 // (the momentum buffer), Adam and AdamW two (the moments m and v), with AMSGrad three.
 enum class OptimizerKind { SGD, SGDMomentum, Adam, AdamAMSGrad };
 int state_slabs(OptimizerKind kind);
-// The kind of SGD, Adam or AdamW (by its options); throws for another optimizer.
+// The kind of SGD, Adam or AdamW (by its options; a ZeroOptimizer's: the one it shards);
+// throws for another optimizer.
 OptimizerKind optimizer_kind(const Optimizer& optimizer);
 
 struct MemoryModelOptions {
@@ -45,7 +46,16 @@ struct MemoryModelOptions {
     Device device = Device::CPU;
     bool arena = true;  // activations from a step arena (StepOptions::arena), else from the pool
     DType amp = DType::F32;  // the step's --amp: the model replays f32 steps only, and refuses others
+    // ZeRO-1 (chapter 12, dist/zero.h): the optimizer keeps the state of this rank's piece of the
+    // slabs only, state_elements[i] elements for the model's i-th parameter (model order).
+    // Empty: every parameter's whole state.
+    std::vector<int64_t> state_elements = {};
 };
+
+// The options that predict a step of `optimizer` on `model` (its kind; under ZeRO-1, the state
+// of this rank's piece), on a batch of `input` on `device`.
+MemoryModelOptions memory_model_options(Module& model, const Optimizer& optimizer, const Shape& input, Device device,
+                                        bool arena, DType amp);
 
 // One module's share. A container's row adds up its subtree (the largest workspace for
 // `workspace`). Parameter, gradient and optimizer-state bytes are the tensors' own, 4 per

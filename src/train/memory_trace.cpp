@@ -530,7 +530,8 @@ std::string MemoryRecording::predicted_beside(int64_t measured_peak) const {
     if (options_.input.ndim == 0) return "";
     try {
         const MemoryPrediction p =
-            predict_memory(model_, {options_.input, optimizer_kind(optimizer_), device_, arena_ != nullptr, options_.amp});
+            predict_memory(model_, memory_model_options(model_, optimizer_, options_.input, device_, arena_ != nullptr,
+                                                        options_.amp));
         char line[200];
         std::snprintf(line, sizeof line, "peak of the step, in the allocators' rounded blocks: predicted %s, measured %s (%+.1f%%)\n",
                       format_bytes(p.peak).c_str(), format_bytes(measured_peak).c_str(),
@@ -572,7 +573,8 @@ std::unique_ptr<MemoryRecording> memory_recording(const CommonFlags& flags, Modu
                                                   const BumpAllocator* arena, const DataLoader& train) {
     if (!flags.mem_report && flags.mem_trace.empty()) return nullptr;
     const ImageShape image = train.image_shape();
-    const Shape input{flags.batch_size / flags.accumulate, image.c, image.h, image.w};
+    // one micro-batch of the loader's batches (of this rank's share, under data parallel training)
+    const Shape input{train.options().batch_size / flags.accumulate, image.c, image.h, image.w};
     return std::make_unique<MemoryRecording>(MemoryTraceOptions{flags.mem_report, flags.mem_trace, flags.mem_trace_steps, input, flags.amp},
                                              model, optimizer,
                                              optimizer.param_groups().front().params.front()->value.device(), arena);

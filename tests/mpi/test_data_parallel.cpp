@@ -7,8 +7,11 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <filesystem>
 #include <memory>
 #include <thread>
+
+#include <unistd.h>
 
 #include <catch2/catch.hpp>
 
@@ -19,6 +22,9 @@
 #include "ops/ops.h"
 #include "optim/adam.h"
 #include "optim/optimizer.h"
+#include "optim/scheduler.h"
+#include "train/fit.h"
+#include "train/memory_model.h"
 #include "train/loop.h"
 #include "world.h"
 
@@ -181,6 +187,10 @@ TEST_CASE("ZeRO-1 takes the same steps as plain data parallel, with half the opt
             const int64_t piece = zero.pieces()[size_t(rank) + 1] - zero.pieces()[size_t(rank)];
             REQUIRE(kept <= whole / plain->num_parameters() * piece);
             REQUIRE(kept > whole / 2 - whole / 10);
+            // chapter 08's prediction from shapes counts this rank's piece, tensor for tensor
+            const MemoryPrediction predicted = predict_memory(
+                *sharded, memory_model_options(*sharded, zero, Shape{32, 1, 28, 28}, Device::CPU, true, DType::F32));
+            REQUIRE(predicted.modules.front().optimizer_state == kept * 4);
 
             // the gathered checkpoint state is the unsharded optimizer's, name for name
             StateDict s_full, s_zero;
@@ -244,4 +254,46 @@ TEST_CASE("ranks that built different models are told so", "[lesson12][cpu][mpi]
     Rng rng(11);
     auto model = world().rank() == 0 ? lenet(rng) : mlp(rng, 32, 16);
     REQUIRE_THROWS_WITH(DataParallel(*model, world()), Contains("rank 1 built a model of") && Contains("same flags"));
+}
+
+TEST_CASE("rank 0 writes the checkpoints, and a data parallel run resumes from them exactly", "[lesson12][cpu][mpi][checkpoint]") {
+    Communicator& comm = world();
+    const int rank = comm.rank();
+    const ImageSet set = random_images(32 * 2 * 3);  // 3 steps an epoch
+    const std::string dir = "/tmp/kiln-mpi-test-" + std::to_string(comm.gather_all(int64_t(getpid()))[0]);
+    for (int zero : {0, 1}) {
+        DYNAMIC_SECTION("ZeRO-" << zero) {
+            // two epochs with --save; then the same run resumed from the first epoch's checkpoint
+            auto run = [&](const std::string& save, const std::string& resume) {
+                Rng rng(11);
+                auto model = lenet(rng);
+                auto make = [](std::vector<ParamGroup> g) -> std::unique_ptr<Optimizer> {
+                    return std::make_unique<SGD>(std::move(g), momentum());
+                };
+                std::unique_ptr<Optimizer> optimizer;
+                std::unique_ptr<DataParallel> dp;
+                if (zero) {
+                    optimizer = std::make_unique<ZeroOptimizer>(*model, decay_groups(*model, 0.05f, 5e-4f), comm, make);
+                } else {
+                    optimizer = make(decay_groups(*model, 0.05f, 5e-4f));
+                    dp = std::make_unique<DataParallel>(*model, comm);
+                }
+                LoaderOptions in_order = loader_options(64, 0, 1);
+                in_order.shuffle = false;
+                DataLoader train(set, loader_options(32, rank, 2)), test(set, in_order);
+                StepLR decay(*optimizer, 1, 0.5f);
+                TrainOptions o;
+                o.epochs = 2, o.scheduler = &decay, o.save_dir = save, o.resume = resume, o.main_process = rank == 0;
+                fit(*model, *optimizer, train, test, o);
+                return values_of(*model);
+            };
+            const std::vector<float> straight = run(dir, "");
+            comm.sum(0);  // rank 0 has written both checkpoints
+            REQUIRE(std::filesystem::exists(dir + "/prev.safetensors"));
+            const std::vector<float> resumed = run("", dir + "/prev.safetensors");
+            REQUIRE(resumed == straight);
+            comm.sum(0);  // both have read it
+            if (rank == 0) std::filesystem::remove_all(dir);
+        }
+    }
 }
