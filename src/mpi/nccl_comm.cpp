@@ -183,10 +183,7 @@ void NcclCommunicator::wait_for(cudaEvent_t done, const std::string& what) {
                            "and run with NCCL_DEBUG=WARN for NCCL's own account");
         const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
         if (waited >= timeout_seconds())
-            abort_and_fail("NCCL ", what, ": rank ", rank(), " of ", size(), " waited ", timeout_seconds(),
-                           " s and another rank never joined: it has stopped (an error, a crash, a kill) or runs "
-                           "another number of steps (different flags or data). Read the other ranks' messages; "
-                           "every rank must be started with the same flags");
+            abort_and_fail(never_joined("NCCL " + what, rank(), size(), timeout_seconds()));
         if (tries > 1000) std::this_thread::sleep_for(std::chrono::microseconds(20));
     }
 }
@@ -209,12 +206,7 @@ template <typename PerPiece>
 void NcclCommunicator::for_each_piece(Tensor& x, const std::vector<int64_t>& offsets, const char* op,
                                       const std::string& what, PerPiece&& call) {
     float* p = device_floats(x, op);
-    KILN_CHECK(int(offsets.size()) == size() + 1 && offsets.front() == 0 && offsets.back() == x.numel(), "NCCL ", op,
-               ": ", offsets.size(), " offsets for a world of ", size(), " ranks and ", x.numel(),
-               " elements (want size + 1 offsets from 0 to numel: even_pieces, dist/comm.h)");
-    for (size_t r = 0; r + 1 < offsets.size(); r++)
-        KILN_CHECK(offsets[r] <= offsets[r + 1], "NCCL ", op, ": offsets[", r, "] = ", offsets[r], " > offsets[",
-                   r + 1, "] = ", offsets[r + 1], " (the pieces must follow each other)");
+    check_pieces(offsets, size(), x.numel(), std::string("NCCL ") + op);
     wait(launch(what + " of " + std::to_string(x.numel()) + " floats", [&] {
         NCCL_CHECK(ncclGroupStart());
         for (int r = 0; r < size(); r++)
