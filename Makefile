@@ -63,6 +63,13 @@ MPIRUN     ?= mpirun --allow-run-as-root --oversubscribe -np 2
 # --- sources -----------------------------------------------------------------------------
 LIB_SRCS  := $(shell find src -name '*.cpp' -not -path 'src/mpi/*' | sort)
 MPI_SRCS  := $(sort $(wildcard src/mpi/*.cpp))
+# The NCCL communicator (src/mpi/nccl_comm.cpp) needs a GPU build: CUDA=1 compiles it into
+# libkiln_mpi.a and links NCCL (libnccl.so.2, in the toolkit's lib64) wherever Open MPI is linked.
+ifeq ($(CUDA),1)
+  MPI_LIBS += -lnccl
+else
+  MPI_SRCS := $(filter-out src/mpi/nccl_comm.cpp,$(MPI_SRCS))
+endif
 CU_SRCS   := $(shell find cuda -name '*.cu' -not -path 'cuda/lab/*' | sort)
 EMU_SRCS  := $(shell find cuda/emu -name '*.cpp' 2>/dev/null | sort)
 TEST_SRCS := $(shell find tests -name '*.cpp' -not -path 'tests/mpi/*' | sort)

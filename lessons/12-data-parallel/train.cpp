@@ -90,7 +90,8 @@ std::unique_ptr<Communicator> nccl_or_none(const Flags& f, MpiCommunicator& mpi)
     KILN_CHECK(f.backend == "nccl", "--backend must be mpi or nccl, got '", f.backend, "'");
 #ifdef KILN_CUDA
     KILN_CHECK(f.common.device == "cuda", "--backend nccl moves GPU memory: add --device cuda");
-    return make_nccl_communicator(mpi, 0);
+    const char* local_rank = std::getenv("OMPI_COMM_WORLD_LOCAL_RANK");  // one GPU per rank on each machine
+    return make_nccl_communicator(mpi, local_rank ? std::atoi(local_rank) : 0);
 #else
     (void)mpi;
     KILN_CHECK(false, "--backend nccl needs the CUDA build (make CUDA=1) and a GPU per rank; this build runs the ",

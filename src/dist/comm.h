@@ -74,4 +74,12 @@ private:
 // n is small). Returns the p + 1 offsets min(r·c, n), r = 0 … p.
 std::vector<int64_t> even_pieces(int64_t n, int p, int64_t align = 1);
 
+// Throws a kiln::Error naming op unless offsets are p + 1 non-decreasing offsets from 0 to n
+// (what reduce_scatter and all_gather take; even_pieces makes them).
+void check_pieces(const std::vector<int64_t>& offsets, int p, int64_t n, const std::string& op);
+
+// The message of a collective that timed out: "<what>: rank r of p waited T s and another rank
+// never joined: ..." with what to look at. Both communicators' waits end with it.
+std::string never_joined(const std::string& what, int rank, int p, double timeout_seconds);
+
 }  // namespace kiln

@@ -51,10 +51,7 @@ void wait_for(MPI_Request& request, const std::string& what, double timeout, int
         MPI_Test(&request, &done, MPI_STATUS_IGNORE);
         if (done) return;
         const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-        KILN_CHECK(waited < timeout, "MPI ", what, ": rank ", rank, " of ", size, " waited ", timeout,
-                   " s and another rank never joined: it has stopped (an error, a crash, a kill) or runs "
-                   "another number of steps (different flags or data). Read the other ranks' messages; "
-                   "every rank must be started with the same flags");
+        KILN_CHECK(waited < timeout, never_joined("MPI " + what, rank, size, timeout));
         if (tries > 1000) std::this_thread::sleep_for(std::chrono::microseconds(20));
     }
 }
@@ -114,8 +111,7 @@ void MpiCommunicator::progress() {
 // it is moved to its own place, offsets[rank].
 void MpiCommunicator::reduce_scatter(Tensor x, const std::vector<int64_t>& offsets) {
     float* p = host_floats(x, "reduce_scatter");
-    KILN_CHECK(int(offsets.size()) == size_ + 1 && offsets.back() == x.numel(), "reduce_scatter: ", offsets.size(),
-               " offsets for a world of ", size_, " ranks and ", x.numel(), " elements (want size + 1, ending at numel)");
+    check_pieces(offsets, size_, x.numel(), "MPI reduce_scatter");
     std::vector<int> counts(static_cast<size_t>(size_), 0);
     for (int r = 0; r < size_; r++) counts[size_t(r)] = count_of(offsets[size_t(r) + 1] - offsets[size_t(r)], "reduce-scatter");
     MPI_Request request;
@@ -127,8 +123,7 @@ void MpiCommunicator::reduce_scatter(Tensor x, const std::vector<int64_t>& offse
 // Each rank's piece is already at its place in x (MPI_IN_PLACE): only the others' arrive.
 void MpiCommunicator::all_gather(Tensor x, const std::vector<int64_t>& offsets) {
     float* p = host_floats(x, "all_gather");
-    KILN_CHECK(int(offsets.size()) == size_ + 1 && offsets.back() == x.numel(), "all_gather: ", offsets.size(),
-               " offsets for a world of ", size_, " ranks and ", x.numel(), " elements (want size + 1, ending at numel)");
+    check_pieces(offsets, size_, x.numel(), "MPI all_gather");
     std::vector<int> counts(static_cast<size_t>(size_)), displs(static_cast<size_t>(size_));
     for (int r = 0; r < size_; r++) {
         counts[size_t(r)] = count_of(offsets[size_t(r) + 1] - offsets[size_t(r)], "all-gather");

@@ -297,3 +297,15 @@ TEST_CASE("rank 0 writes the checkpoints, and a data parallel run resumes from t
         }
     }
 }
+
+TEST_CASE("a collective on the wrong dtype or with wrong pieces is refused by name, on every rank", "[lesson12][cpu][mpi][comm]") {
+    Communicator& comm = world();
+    Tensor ints = Tensor::zeros({8}, DType::I32);
+    REQUIRE_THROWS_WITH(comm.all_reduce(ints), Contains("all_reduce") && Contains("i32"));
+    Tensor x = Tensor::zeros({10});
+    REQUIRE_THROWS_WITH(comm.reduce_scatter(x, {0, 5}), Contains("2 offsets for a world of 2 ranks"));
+    REQUIRE_THROWS_WITH(comm.all_gather(x, {0, 11, 10}), Contains("offsets[1] = 11 > offsets[2]"));
+    REQUIRE_THROWS_WITH(comm.broadcast(x, 2), Contains("broadcast from rank 2 in a world of 2"));
+    comm.all_reduce(x);  // the ranks are still in step: nothing was started
+    REQUIRE(x.data<float>()[0] == 0.0f);
+}
