@@ -41,7 +41,15 @@ void broadcast_model(Module& model, Communicator& comm) {
                    " buffers, rank 0 one of ", counts[0], " and ", nbuffers[0],
                    ": start every rank with the same flags (mpirun runs one command on all of them)");
     comm.broadcast(model.values_view(), 0);
-    for (auto& [name, buffer] : buffers) comm.broadcast(*buffer, 0);
+    broadcast_buffers(model, comm);
+}
+
+void broadcast_buffers(Module& model, Communicator& comm) {
+    for (auto& [name, buffer] : model.named_buffers()) comm.broadcast(*buffer, 0);
+}
+
+int64_t offset_in_slab(const Tensor& view, const Tensor& slab) {
+    return (static_cast<const char*>(view.raw()) - static_cast<const char*>(slab.raw())) / int64_t(sizeof(float));
 }
 
 DataParallel::DataParallel(Module& model, Communicator& comm, DataParallelOptions options)
@@ -59,9 +67,8 @@ DataParallel::DataParallel(Module& model, Communicator& comm, DataParallelOption
     std::vector<Parameter*> params;
     std::vector<std::pair<int64_t, int64_t>> ranges;
     std::map<std::string, std::vector<Parameter*>> owned;
-    const auto* base = static_cast<const char*>(slab_.raw());
     for (auto& [name, p] : named) {
-        const int64_t at = (static_cast<const char*>(p->grad.raw()) - base) / int64_t(sizeof(float));
+        const int64_t at = offset_in_slab(p->grad, slab_);
         params.push_back(p);
         ranges.push_back({at, at + p->grad.numel()});
         const size_t dot = name.rfind('.');
@@ -85,7 +92,7 @@ DataParallel::DataParallel(Module& model, Communicator& comm, DataParallelOption
     hooks_.push_back(model.register_backward_hook([this](Module&, const Tensor&, Tensor&) { finish_backward(); }));
     if (opt_.broadcast_buffers && !model.named_buffers().empty())
         hooks_.push_back(model.register_forward_pre_hook([this](Module& m, const Tensor&) {
-            if (m.keeps_cache()) broadcast_buffers();
+            if (m.keeps_cache()) broadcast_buffers(model_, comm_);
         }));
 }
 
@@ -124,10 +131,6 @@ void DataParallel::finish_backward() {
     scale_(slab_, 1.0f / float(comm_.size()));
     started_ = 0;
     for (size_t b = 0; b < buckets_.size(); b++) waiting_[b] = int(buckets_[b].params.size());
-}
-
-void DataParallel::broadcast_buffers() {
-    for (auto& [name, buffer] : model_.named_buffers()) comm_.broadcast(*buffer, 0);
 }
 
 }  // namespace kiln

@@ -96,11 +96,17 @@ private:
     void start_ready_buckets();
     void start(size_t bucket);
     void finish_backward();             // the last hook: start the rest, wait, average
-    void broadcast_buffers();
 };
 
 // Broadcasts rank 0's parameters (the value slab) and buffers to every rank, after checking that
 // every rank has as many parameters and buffers: what DataParallel and ZeRO do at the start.
 void broadcast_model(Module& model, Communicator& comm);
+// Rank 0's buffers (batch norm's running statistics) to every rank: before each training
+// forward (DataParallel) or after each step (ZeRO-1).
+void broadcast_buffers(Module& model, Communicator& comm);
+
+// The element offset of a tensor that is a view into an f32 slab (a parameter's grad in the
+// gradient slab, its value in the value slab).
+int64_t offset_in_slab(const Tensor& view, const Tensor& slab);
 
 }  // namespace kiln

@@ -17,11 +17,6 @@ Tensor flat(const Tensor& t) { return t.view(0, {t.numel()}); }
 // Elements [at, at + n) of a slab, as a 1-D tensor.
 Tensor range_of(const Tensor& slab, int64_t at, int64_t n) { return slab.view(size_t(at) * sizeof(float), {n}); }
 
-// The element offset of a parameter's tensor within its slab.
-int64_t offset_in(const Tensor& t, const Tensor& slab) {
-    return (static_cast<const char*>(t.raw()) - static_cast<const char*>(slab.raw())) / int64_t(sizeof(float));
-}
-
 }  // namespace
 
 ZeroOptimizer::ZeroOptimizer(Module& model, std::vector<ParamGroup> groups, Communicator& comm, const Factory& make)
@@ -40,8 +35,8 @@ ZeroOptimizer::ZeroOptimizer(Module& model, std::vector<ParamGroup> groups, Comm
     for (size_t g = 0; g < groups_.size(); g++) {
         ParamGroup inner{{}, groups_[g].lr, groups_[g].weight_decay};
         for (Parameter* p : groups_[g].params) {
-            const int64_t at = offset_in(p->grad, grads_), n = p->grad.numel();
-            KILN_CHECK(at >= 0 && at + n <= grads_.numel() && offset_in(p->value, values_) == at, "ZeRO-1: ",
+            const int64_t at = offset_in_slab(p->grad, grads_), n = p->grad.numel();
+            KILN_CHECK(at >= 0 && at + n <= grads_.numel() && offset_in_slab(p->value, values_) == at, "ZeRO-1: ",
                        p->name, " is not in the model's slabs (is it the model's parameter, and the model packed?)");
             const int64_t a = std::max(at, lo), b = std::min(at + n, hi);
             if (a >= b) {
@@ -77,7 +72,7 @@ void ZeroOptimizer::step() {
     inner_->step();
     steps_++;
     comm_.all_gather(values_, pieces_);  // 3. every piece to every rank
-    for (auto& [name, buffer] : model_.named_buffers()) comm_.broadcast(*buffer, 0);
+    broadcast_buffers(model_, comm_);
 }
 
 std::vector<int64_t> ZeroOptimizer::state_elements(Module& model) const {

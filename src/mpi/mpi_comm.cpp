@@ -15,8 +15,11 @@
 namespace kiln {
 
 struct MpiCommunicator::Pending {
-    std::map<CommRequest, MPI_Request> requests;
-    std::map<CommRequest, std::string> what;  // "all-reduce of 61,706 floats", for a timeout's message
+    struct Started {
+        MPI_Request request;
+        std::string what;  // "all-reduce of 61706 floats", for a timeout's message
+    };
+    std::map<CommRequest, Started> started;
     CommRequest next = 0;
     bool initialized_here = false;  // this object called MPI_Init, so it calls MPI_Finalize
 };
@@ -73,7 +76,7 @@ MpiCommunicator::MpiCommunicator(int* argc, char*** argv) : pending_(std::make_u
 }
 
 MpiCommunicator::~MpiCommunicator() {
-    for (auto& [id, request] : pending_->requests) MPI_Wait(&request, MPI_STATUS_IGNORE);
+    for (auto& [id, c] : pending_->started) MPI_Wait(&c.request, MPI_STATUS_IGNORE);
     if (pending_->initialized_here) MPI_Finalize();
 }
 
@@ -86,24 +89,22 @@ CommRequest MpiCommunicator::all_reduce_start(Tensor x) {
     MPI_Request request;
     MPI_Iallreduce(MPI_IN_PLACE, p, n, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD, &request);
     const CommRequest id = pending_->next++;
-    pending_->requests[id] = request;
-    pending_->what[id] = "all-reduce of " + std::to_string(n) + " floats";
+    pending_->started[id] = {request, "all-reduce of " + std::to_string(n) + " floats"};
     return id;
 }
 
 // A collective that times out stays pending: a later wait() may still finish it.
 void MpiCommunicator::wait(CommRequest id) {
-    auto it = pending_->requests.find(id);
-    KILN_CHECK(it != pending_->requests.end(), "MpiCommunicator::wait(", id, "): no such collective running");
-    wait_for(it->second, pending_->what[id], timeout_seconds(), rank_, size_);
-    pending_->requests.erase(id);
-    pending_->what.erase(id);
+    auto it = pending_->started.find(id);
+    KILN_CHECK(it != pending_->started.end(), "MpiCommunicator::wait(", id, "): no such collective running");
+    wait_for(it->second.request, it->second.what, timeout_seconds(), rank_, size_);
+    pending_->started.erase(it);
 }
 
 void MpiCommunicator::progress() {
-    for (auto& [id, request] : pending_->requests) {
+    for (auto& [id, c] : pending_->started) {
         int done = 0;
-        MPI_Test(&request, &done, MPI_STATUS_IGNORE);  // a finished request becomes MPI_REQUEST_NULL
+        MPI_Test(&c.request, &done, MPI_STATUS_IGNORE);  // a finished request becomes MPI_REQUEST_NULL
     }
 }
 
