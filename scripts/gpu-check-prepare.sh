@@ -12,8 +12,8 @@
 # bench/torch_lenet.py it imports; MANIFEST.txt (what was built, from which commit, with which
 # CUDA, and each file's size).
 # Checks, each failing with what to do:
-#   - every binary loads only libraries the GPU machine has: the C library's, and for the lab
-#     cuBLAS and cuDNN (everything else is linked statically; the Makefile's GPUCHECK says how);
+#   - every binary loads only libraries the GPU machine has (SYSTEM_LIBS below; everything else
+#     is linked statically, as the Makefile's GPUCHECK says);
 #   - the folder plus the rest of the working tree a device call sends stays under 64 MiB.
 # Prints the newest C library version the binaries need (the GPU machine's must be as new).
 set -euo pipefail
@@ -22,9 +22,11 @@ BUILD=$1; shift
 DIR=gpu-check
 LIMIT_MIB=64                                 # what one device call carries
 MNIST=(train-images-idx3-ubyte.gz train-labels-idx1-ubyte.gz t10k-images-idx3-ubyte.gz t10k-labels-idx1-ubyte.gz)
-# The shared libraries a binary may load: the C library's own, and for the lab, cuBLAS and cuDNN,
-# too large to carry (the GPU machine has them with its CUDA or its PyTorch).
-SYSTEM_LIBS='^(libc|libm|libdl|librt|libpthread|ld-linux-x86-64)\.so|^lib(cublas|cublasLt|cudnn)\.so'
+# The shared libraries a binary may load: the C library's own; zlib's, where no libz.a was found
+# to link (every Debian and Ubuntu system has libz.so.1, only its headers may be missing); and
+# for the lab, cuBLAS and cuDNN, too large to carry (the GPU machine has them with its CUDA or
+# its PyTorch).
+SYSTEM_LIBS='^(libc|libm|libdl|librt|libpthread|ld-linux-x86-64|libz)\.so|^lib(cublas|cublasLt|cudnn)\.so'
 
 fail() { echo "gpu-check-prepare: $*" >&2; exit 1; }
 
@@ -33,11 +35,13 @@ mib() { awk -v b="$1" 'BEGIN { printf "%.1f", b / 1048576 }'; }
 
 rm -rf "$DIR"
 mkdir -p "$DIR/data/mnist" "$DIR/bench"
-newest_glibc=
+newest_glibc='' loaded=''
 for b in "$@"; do
     [[ -x $BUILD/$b ]] || fail "$BUILD/$b was not built: run \`make gpu-check-prepare\`, not this script alone"
-    others=$(readelf -d "$BUILD/$b" | sed -n 's/.*(NEEDED).*\[\(.*\)\]/\1/p' | grep -vE "$SYSTEM_LIBS" || true)
-    [[ -z $others ]] || fail "$BUILD/$b loads $(echo "$others" | tr '\n' ' ')which the GPU machine may not have: link it statically (the Makefile's GPUCHECK flags)"
+    needed=$(readelf -d "$BUILD/$b" | sed -n 's/.*(NEEDED).*\[\(.*\)\]/\1/p')
+    loaded=$(printf '%s\n' "$loaded" "$needed" | grep . | sort -u)
+    others=$(grep -vE "$SYSTEM_LIBS" <<<"$needed" || true)
+    [[ -z $others ]] || fail "$BUILD/$b loads $(tr '\n' ' ' <<<"$others")which the GPU machine may not have: link it statically (the Makefile's GPUCHECK flags)"
     newest_glibc=$( (echo "$newest_glibc"; objdump -T "$BUILD/$b" | grep -o 'GLIBC_[0-9.]*' || true) | sort -V | tail -n 1)
     mkdir -p "$DIR/$(dirname "$b")"
     cp "$BUILD/$b" "$DIR/$b"
@@ -62,8 +66,7 @@ tree=$(git ls-files -z --cached --others --exclude-standard | xargs -0 stat -c %
 total=$((folder + tree))
 echo "gpu-check-prepare: $DIR/ is $(mib "$folder") MiB ($# binaries, MNIST, the scripts); with the rest" \
      "of the working tree ($(mib "$tree") MiB) a device call carries $(mib "$total") MiB of $LIMIT_MIB"
-echo "gpu-check-prepare: the binaries need $newest_glibc or newer and load no libraries beyond the C library's" \
-     "(and cuBLAS and cuDNN for the lab)"
+echo "gpu-check-prepare: the binaries need $newest_glibc or newer and load only $(tr "\n" " " <<<"$loaded")"
 ((total <= LIMIT_MIB * 1048576)) ||
-    fail "that is over the $LIMIT_MIB MiB a device call carries: leave a binary out, or strip the binaries' host symbols (strip --strip-debug)"
+    fail "that is over the $LIMIT_MIB MiB a device call carries: leave a binary out of the Makefile's GPU_CHECK_BINS"
 echo "gpu-check-prepare: ready. On the GPU machine, one device call that carries $DIR runs: bash $DIR/gpu-check.sh"
