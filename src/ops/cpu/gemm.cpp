@@ -58,13 +58,14 @@
 // block is a sliver.
 //
 // ---- Threads, and why the result never depends on their number ------------------------------
-// C is cut into rectangles, a few per OpenMP thread, and a thread runs the loops above on one
-// rectangle at a time, with its own packing buffers: no barriers, no shared writes (an OpenMP
-// barrier costs microseconds; the 5 loops would need 2 or 3 per block). Every C element is
+// C is cut into rectangles, a few per thread, and a thread runs the loops above on one
+// rectangle at a time, with its own packing buffers: no barriers, no shared writes (a barrier
+// costs microseconds; the 5 loops would need 2 or 3 per block). The rectangles are chunks of
+// one parallel_chunks (core/parallel.h): a thread that loses its core does fewer. Every C element is
 // then computed by exactly one thread, summing over k in an order set by KC alone: KC-blocks
 // in order, k in order within one. No thread ever adds a partial sum of another, so 1, 2 or
 // 3 threads give bitwise the same C (tested in tests/test_gemm.cpp).
-// Small products run on the calling thread only: waking a team costs microseconds.
+// Small products run on the calling thread only: waking the pool's workers costs microseconds.
 //
 // ---- f16 and bf16 -----------------------------------------------------------------------------
 // The micro-kernel computes in f32 only. For T = f16 or bf16, packing is where the types meet:
@@ -84,9 +85,8 @@
 #include <memory>
 #include <type_traits>
 
-#include <omp.h>
-
 #include "core/error.h"
+#include "core/parallel.h"
 #include "ops/cpu/convert_simd.h"
 #include "ops/cpu/gemm_tile.h"
 
@@ -113,7 +113,7 @@ constexpr int64_t KC_MAX = 256;
 constexpr int64_t MC_MAX = 240;
 constexpr int64_t NC_MAX = 4096;
 // Below this many flops (2·M·N·K) the product runs on one thread: a 128³ product takes ~30 µs
-// on one core; starting an OpenMP team and waiting for it costs ~5 µs, more on a busy machine.
+// on one core; waking the pool's workers costs ~5 µs, more on a busy machine.
 constexpr double PARALLEL_MIN_FLOPS = 2.0 * 128 * 128 * 128;
 
 // Split n into the fewest blocks of at most max_block, all of (nearly) the same size,
@@ -128,8 +128,8 @@ int64_t split_evenly(int64_t n, int64_t max_block, int64_t unit) {
 // One pair of buffers per thread (≤ 240 KiB for A, ≤ 4 MiB for B), kept between calls
 // (and, for an f16 or bf16 GEMM, the calling thread's M×N f32 product and each thread's
 // widened Aᵀ block, ≤ 240 KiB):
-// allocating them each time would cost more than a small product. OpenMP keeps its worker
-// threads alive between parallel regions, so their buffers live on too.
+// allocating them each time would cost more than a small product. The pool keeps its worker
+// threads alive between loops, so their buffers live on too.
 struct AlignedFree {
     void operator()(float* p) const { std::free(p); }
 };
@@ -419,24 +419,22 @@ void parallel_gemm(const Problem<T>& p, int64_t kc_block, int threads) {
     const int64_t NR = p.kernel->cols;
     const Grid g = choose_grid(p.M, p.N, NR, wanted);
     const int64_t parts = g.tm * g.tn;
-    const int team = static_cast<int>(std::min<int64_t>(threads, parts));
-#pragma omp parallel for schedule(dynamic, 1) num_threads(team)
-    for (int64_t r = 0; r < parts; ++r) {
+    parallel_chunks(parts, [&](int64_t r) {
         int64_t i0, i1, j0, j1;
         split_range(p.M, MR, g.tm, r / g.tn, i0, i1);
         split_range(p.N, NR, g.tn, r % g.tn, j0, j1);
         if (i0 < i1 && j0 < j1) blocked_gemm(sub_problem(p, i0, i1, j0, j1), kc_block);
-    }
+    });
 }
 
-// The blocked product, on one thread or on the team.
+// The blocked product, on one thread or on the pool.
 template <typename T>
 void product(const Problem<T>& p) {
     // KC depends on K only, never on the thread count: this is what makes C deterministic.
     const int64_t kc_block = split_evenly(p.K, KC_MAX, 1);
-    const int threads = omp_in_parallel() ? 1 : omp_get_max_threads();
+    const int threads = in_parallel() ? 1 : max_threads();
     if (threads == 1 || 2.0 * p.M * p.N * p.K < PARALLEL_MIN_FLOPS)
-        blocked_gemm(p, kc_block);  // small: waking the team would cost more than it saves
+        blocked_gemm(p, kc_block);  // small: waking the pool would cost more than it saves
     else
         parallel_gemm(p, kc_block, threads);
 }
