@@ -234,6 +234,16 @@ struct SharedRegion {
     const StaticShared* array;  // nullptr for the dynamic shared memory
 };
 
+// Whether the n <= 8 bytes at a and b are equal: one 64-bit compare for a full run, so that an
+// unchanged region costs a load and a compare per 8 bytes.
+inline bool same_run(const unsigned char* a, const unsigned char* b, std::size_t n) {
+    if (n < 8) return std::memcmp(a, b, n) == 0;
+    std::uint64_t x, y;
+    std::memcpy(&x, a, 8);
+    std::memcpy(&y, b, 8);
+    return x == y;
+}
+
 std::string region_name(const SharedRegion& r) {
     return r.array ? "__shared__ array " + r.array->name : "dynamic shared memory";
 }
@@ -292,6 +302,7 @@ private:
     std::string waiting_in(const Thread& t) const;
     void check_same_call(Thread& t, const Thread& u);
     KILN_EMU_INLINE void end_stretch(Thread& t);
+    void snapshot_shared();
     void check_writes(const Thread& t);
     void forget_writers(unsigned lanes_of_warp, unsigned mask);
     unsigned order_index(unsigned k) const;
@@ -437,6 +448,7 @@ void Worker::begin_block(std::uint64_t b) {
     if (racecheck_running) {
         writer_.assign(shared_bytes_, -1);
         atomic_.assign(shared_bytes_, 0);
+        snapshot_shared();
     }
     if (L.schedule == Schedule::Shuffle) {
         for (unsigned i = 0; i < n_; ++i) order_[i] = i;
@@ -492,8 +504,6 @@ KILN_EMU_INLINE void Worker::enter(Thread& t) {
     current_ = &t;
     threadIdx = t.tid;
     t.state = State::Running;
-    if (racecheck_running)
-        for (const SharedRegion& r : regions_) std::memcpy(&before_[r.first], r.at, r.bytes);
 }
 
 KILN_EMU_INLINE void Worker::end_stretch(Thread& t) {
@@ -501,17 +511,26 @@ KILN_EMU_INLINE void Worker::end_stretch(Thread& t) {
 }
 
 // --- the race detector -----------------------------------------------------------------------------
+// The race detector's copy of shared memory, as the next stretch finds it. Only the scheduler
+// writes shared memory between stretches: the poison, and a WarpCall (a wmma fragment stored).
+void Worker::snapshot_shared() {
+    for (const SharedRegion& r : regions_) std::memcpy(&before_[r.first], r.at, r.bytes);
+}
+
 // The bytes this stretch changed were written by t; one another thread wrote since the last
-// barrier is a write-write race (unless an atomic touched it). Unchanged 8-byte runs are skipped.
+// barrier is a write-write race (unless an atomic touched it). Unchanged 8-byte runs are
+// skipped; changed bytes are copied, so the copy is again what the next stretch finds.
 void Worker::check_writes(const Thread& t) {
     for (const SharedRegion& r : regions_) {
-        const unsigned char* before = &before_[r.first];
+        unsigned char* before = &before_[r.first];
         for (std::size_t run = 0; run < r.bytes; run += 8) {
             const std::size_t end = std::min(run + 8, r.bytes);
-            if (std::memcmp(r.at + run, before + run, end - run) == 0) continue;
+            if (same_run(r.at + run, before + run, end - run)) continue;
             for (std::size_t at = run; at < end; ++at) {
                 const std::size_t b = r.first + at;
-                if (r.at[at] == before[at] || atomic_[b]) continue;
+                if (r.at[at] == before[at]) continue;
+                before[at] = r.at[at];
+                if (atomic_[b]) continue;
                 if (writer_[b] >= 0 && writer_[b] != static_cast<int>(t.linear) && race_.empty())
                     race_ = "race in " + region_name(r) + ": " + thread_name(threads_[writer_[b]]) + " and " + thread_name(t) +
                             " both write at byte offset " + std::to_string(at) +
@@ -736,6 +755,7 @@ void Worker::release_warp(Thread& t) {
         for (unsigned j = 0; j < 32; ++j) calls[j] = reinterpret_cast<WarpCall*>(lanes[j].value);
         calls[0]->run(calls);
         warp_call_count.fetch_add(1, std::memory_order_relaxed);
+        if (racecheck_running) snapshot_shared();  // its writes belong to no thread's stretch
     }
     for (unsigned j = 0; j < 32; ++j)
         if ((mask >> j) & 1u) lanes[j].result = lane_result(lanes, j, t);
@@ -880,8 +900,8 @@ std::string check_shape(dim3 grid, dim3 block, std::size_t shared, const void* k
 // --- the race detector in global memory --------------------------------------------------------------
 // Copying the watched allocations before every block costs their size times the blocks; past
 // this many bytes a launch is left unwatched (an elementwise kernel over 4 MiB has 4096 blocks of
-// 256 threads: 16 GiB of copies).
-constexpr std::uint64_t kGlobalCheckBytes = std::uint64_t(1) << 28;
+// 256 threads: 16 GiB of copies). Outputs written by many blocks are small (partial sums, bins).
+constexpr std::uint64_t kGlobalCheckBytes = std::uint64_t(1) << 26;
 
 // The allocations the kernel's writable pointer arguments point into, each once.
 void watch_writable(LaunchState& L, const WritableArgs& writable, std::uint64_t nblocks) {
@@ -909,7 +929,7 @@ std::string check_global_writes(LaunchState& L, std::uint64_t b) {
     for (GlobalRegion& r : L.global) {
         for (std::size_t run = 0; run < r.bytes; run += 8) {
             const std::size_t end = std::min(run + 8, r.bytes);
-            if (std::memcmp(r.at + run, r.before.data() + run, end - run) == 0) continue;
+            if (same_run(r.at + run, r.before.data() + run, end - run)) continue;
             for (std::size_t at = run; at < end; ++at) {
                 if (r.at[at] == r.before[at] || r.atomic[at]) continue;
                 if (r.writer[at] != 0 && r.writer[at] != b + 1 && race.empty()) {

@@ -84,7 +84,7 @@ private:
     std::uint64_t old_seed_;
 };
 
-// The race detector (off by default: it copies shared memory at every switch). Between two
+// The race detector (off by default: it compares shared memory at every switch). Between two
 // __syncthreads(), two threads of a block that write the same byte of shared memory (dynamic or
 // a static __shared__ array), not through an atomic, fail the launch with a message naming the
 // kernel, the block, the array, the byte offset and both threads, as compute-sanitizer's
