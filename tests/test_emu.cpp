@@ -707,7 +707,10 @@ TEST_CASE("emu: the race detector names two threads writing one shared word betw
     const auto x = iota_floats(64, 1.0f);
     DeviceBuffer<float> dx(x), dout(64);
     auto caught = [&](auto kernel, std::size_t shared, const std::string& where) {
-        KILN_LAUNCH(kernel, 1, 64, shared)(dx.get(), dout.get(), true);
+        {
+            ScopedSchedule in_order(Schedule::InOrder);  // thread 0 writes first, whatever KILN_EMU_SCHEDULE says
+            KILN_LAUNCH(kernel, 1, 64, shared)(dx.get(), dout.get(), true);
+        }
         CHECK(cudaGetLastError() == cudaErrorLaunchFailure);
         CHECK_THAT(kiln::emu::last_error_detail(),
                    Catch::Contains("race in " + where + ": thread (0, 0, 0) and thread (32, 0, 0)") &&
