@@ -84,10 +84,10 @@ void Pool::grow(int workers) {
     }
 }
 
-// Polls for a new generation for about 50 µs (a training step starts its loops microseconds
+// Polls for a new generation for about 300 µs (a training step starts its loops microseconds
 // apart), then sleeps until run() wakes it.
 void Pool::wait_for_job(uint32_t seen) {
-    const auto until = std::chrono::steady_clock::now() + std::chrono::microseconds(50);
+    const auto until = std::chrono::steady_clock::now() + std::chrono::microseconds(300);
     for (int spin = 1;; ++spin) {
         if (generation(state_.load(std::memory_order_acquire)) != seen) return;
         if (spin % 64 == 0 && std::chrono::steady_clock::now() > until) break;
