@@ -39,6 +39,9 @@ struct SumOp {
 struct MaxOp {
     __device__ float operator()(float a, float b) const { return fmaxf(a, b); }
 };
+struct MinOp {
+    __device__ long long operator()(long long a, long long b) const { return a < b ? a : b; }
+};
 
 // Reduces one value per thread to one value for the whole block, returned to every thread.
 // T (blockDim.x) must be a power of two from 64 to 1024; `sh` is shared memory for T values.

@@ -270,6 +270,41 @@ TEST_CASE("cuda softmax cross-entropy matches the CPU", "[cuda][lesson04][loss]"
     }
 }
 
+// The training step's one read-back: the loss, the rows predicted right and the labels' check.
+TEST_CASE("cuda softmax cross-entropy counts the correct rows and checks the labels on the device",
+          "[cuda][lesson04][loss]") {
+    Rng rng(33);
+    const int64_t N = 300, C = 7;  // N > 65535 is not needed: the grid-stride loop is the same code
+    Tensor z = random({N, C}, rng, -1.0f, 1.0f);
+    Tensor y = Tensor::empty({N}, DType::I32);
+    for (int64_t n = 0; n < N; n++) y.data<int32_t>()[n] = int32_t(rng.next_below(uint64_t(C)));
+    // Ties: the first maximum is the prediction (argmax_rows), so row 0 is right and row 1 wrong.
+    for (int64_t n : {0, 1}) {
+        z.set({n, 2}, 5.0);
+        z.set({n, 4}, 5.0);
+    }
+    y.set({0}, 2);
+    y.set({1}, 4);
+    const int64_t want = count_equal(argmax_rows(z), y);
+    REQUIRE(want > 1);  // some rows right, some wrong: the count is not trivially 0 or N
+    REQUIRE(want < N);
+    int64_t cpu_correct = -1;
+    softmax_cross_entropy(z, y, nullptr, &cpu_correct);
+    REQUIRE(cpu_correct == want);
+    const Tensor zc = cuda_copy(z), yc = cuda_copy(y);
+    under_schedules([&] {
+        int64_t correct = -1;
+        Tensor dz;
+        softmax_cross_entropy(zc, yc, &dz, &correct);
+        REQUIRE(correct == want);
+    });
+    // A label outside [0, C): the first such row is named, as on the CPU.
+    y.set({150}, -1);
+    y.set({40}, int(C));
+    for (Device device : {Device::CPU, Device::CUDA})
+        REQUIRE_THROWS_WITH(softmax_cross_entropy(z.to(device), y.to(device)), Catch::Contains("label 7 at row 40"));
+}
+
 // ---- optimizer -------------------------------------------------------------------------------------
 TEST_CASE("cuda sgd_update matches the CPU", "[cuda][lesson04][optim]") {
     Rng rng(37);
