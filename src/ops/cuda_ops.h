@@ -42,6 +42,16 @@ template <typename T>
 void gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const T* A, int64_t lda,
           const T* B, int64_t ldb, float beta, T* C, int64_t ldc);
 
+// Split-K (gemm.cu) for a small C and a long K — the convolution's weight gradient, M = Og,
+// N = Kc, K = L, whose 64×64 tiles number 1 to 36 where a GPU has 132 SMs: K is cut into S
+// slices summed by S times more blocks into float partials, which a second pass adds in order
+// (deterministic, no atomics) into C = alpha·Σ + beta·C. S = gemm_split_k_slices: enough blocks
+// for two per SM, slices of at least 256; S = 1, and f16/bf16 (their tensor-core path), is gemm.
+template <typename T>
+void gemm_split_k(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const T* A, int64_t lda,
+                  const T* B, int64_t ldb, float beta, T* C, int64_t ldc);
+int64_t gemm_split_k_slices(int64_t M, int64_t N, int64_t K);
+
 // ---- loss (loss.cu) ------------------------------------------------------------------------------
 // With the mean loss, in the same read-back: *correct (if not null) = the rows whose first
 // maximum is their label (argmax_rows's answer), and the labels' check (a kiln::Error naming the
