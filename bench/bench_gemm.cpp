@@ -14,7 +14,7 @@
 // that one lucky sample cannot pick the winner of a shape). Prints one comment line per core
 // type, then per shape three lines in the `make bench` format:
 //   # OpenBLAS Haswell: 1024 150.2 mlp_256x256x784 80.3 ... GFLOP/s
-//   bench gemm_f32_1024: 123.4 GFLOP/s
+//   bench gemm_f32_1024: 123.4 GFLOP/s (path avx2-fma)
 //   bench openblas_gemm_f32_1024: 150.2 GFLOP/s (core type Haswell, the fastest of 9)
 //   bench gemm_f32_1024_vs_openblas: 0.82 ratio
 // GFLOP/s = 2·M·N·K / seconds / 1e9, the median of 11 timed samples (each ~10 ms) after
@@ -24,14 +24,16 @@
 // OpenBLAS runs, so that OpenBLAS sizes its blocks for the cache it detects. OpenBLAS is linked
 // into this benchmark only, never into kiln.
 //
-// Then kiln's gemm on f16 and bf16 operands (chapter 09), on each path this CPU can take: the
-// one cpu_level() picks (KILN_CPU caps it) and the portable one beside it, after a comment line
-// with the CPU's features (core/cpu_features.h):
+// Then kiln's f32 gemm on the portable path (the micro-kernel in the compiler's 4-float vectors,
+// gemm_tile.h), and its gemm on f16 and bf16 operands (chapter 09), on each path this CPU can
+// take: the one cpu_level() picks (KILN_CPU caps it) and the portable one beside it, after a
+// comment line with the CPU's features (core/cpu_features.h):
 //   # cpu: AMD EPYC 7B13 · avx2 fma f16c (level avx2; the CPU's best is avx2, KILN_CPU caps it)
+//   bench gemm_f32_1024_portable: 30.2 GFLOP/s (path vectors)
 //   bench gemm_f16_1024: 98.7 GFLOP/s (path avx2-f16c)
 //   bench gemm_f16_1024_portable: 80.1 GFLOP/s (path portable)
-// The paths differ in how f16/bf16 become f32 and back (gemm.h, "How the path is picked"); the
-// products are f32 FMA on every path. The AVX512-FP16, vdpbf16ps and AMX products that would
+// The 16-bit paths differ in how f16/bf16 become f32 and back (gemm.h, "How the path is
+// picked") and in the micro-kernel; the products are f32 FMA on every path. The AVX512-FP16, vdpbf16ps and AMX products that would
 // replace packing and micro-kernel for 16-bit types, and where they slot in, are described
 // there too; each would add its line here.
 #include <cblas.h>
@@ -240,20 +242,23 @@ void print_comparison(const std::map<std::string, double>& kiln, const std::vect
     const CoreRun& best = fastest(ran);
     for (const Shape& s : kShapes) {
         const double g_blas = best.gflops.at(s.name), g_kiln = kiln.at(s.name);
-        std::printf("bench gemm_f32_%s: %.1f GFLOP/s\n", s.name.c_str(), g_kiln);
+        std::printf("bench gemm_f32_%s: %.1f GFLOP/s (path %s)\n", s.name.c_str(), g_kiln,
+                    kiln::cpu::gemm_path<float>(kiln::cpu_level()));
         std::printf("bench openblas_gemm_f32_%s: %.1f GFLOP/s (core type %s, the fastest of %zu)\n", s.name.c_str(),
                     g_blas, best.core.c_str(), ran.size());
         std::printf("bench gemm_f32_%s_vs_openblas: %.2f ratio\n", s.name.c_str(), g_kiln / g_blas);
     }
 }
 
-// kiln's gemm in T on every shape: on cpu_level()'s path, and on the portable one if it differs.
+// kiln's gemm in T on every shape: on cpu_level()'s path (unless with_main is false: f32's main
+// figures are printed beside OpenBLAS's), and on the portable one if it differs.
 template <typename T>
-void bench_lowp(const char* type) {
+void bench_paths(const char* type, bool with_main) {
     using kiln::CpuLevel;
     using kiln::cpu::gemm_path;
-    std::vector<CpuLevel> levels{kiln::cpu_level()};
-    if (std::strcmp(gemm_path<T>(levels[0]), gemm_path<T>(CpuLevel::Portable)) != 0)
+    std::vector<CpuLevel> levels;
+    if (with_main) levels.push_back(kiln::cpu_level());
+    if (std::strcmp(gemm_path<T>(kiln::cpu_level()), gemm_path<T>(CpuLevel::Portable)) != 0)
         levels.push_back(CpuLevel::Portable);
     for (const Shape& s : kShapes) {
         Operands<T> o = make_operands<T>(s);
@@ -262,7 +267,7 @@ void bench_lowp(const char* type) {
             const double g = gflops(s, [&] { run_kiln(s, o); });
             kiln::set_cpu_level_cap(before);
             std::printf("bench gemm_%s_%s%s: %.1f GFLOP/s (path %s)\n", type, s.name.c_str(),
-                        level == levels[0] ? "" : "_portable", g, gemm_path<T>(level));
+                        level == CpuLevel::Portable ? "_portable" : "", g, gemm_path<T>(level));
             std::fflush(stdout);
         }
     }
@@ -290,8 +295,9 @@ int main(int argc, char** argv) {
     }
     std::printf("# cpu: %s (level %s; the CPU's best is %s, KILN_CPU caps it)\n", kiln::cpu_features_line().c_str(),
                 kiln::cpu_level_name(kiln::cpu_level()), kiln::cpu_level_name(kiln::detected_cpu_level()));
-    bench_lowp<kiln::f16>("f16");
-    bench_lowp<kiln::bf16>("bf16");
+    bench_paths<float>("f32", false);
+    bench_paths<kiln::f16>("f16", true);
+    bench_paths<kiln::bf16>("bf16", true);
     std::this_thread::sleep_for(std::chrono::milliseconds(300));  // kiln's threads fall asleep
 
     const std::vector<CoreRun> ran = run_core_types();

@@ -15,6 +15,9 @@
 //                        each (the two measured in turn, 5 times), and the speedups
 //                        ("..._speedup", the median of the 5 ratios, with their _min and _max)
 //   build/bench/bench_train surgery    only these
+//   build/bench/bench_train busy       lenet_train_cpu_busy, cifar_net_train_cpu_busy: f32 only,
+//                        named for the run bench/run.sh makes while another program keeps one
+//                        core busy (a learner's machine is rarely idle)
 // Threads: OMP_NUM_THREADS (make bench sets 2). The figure is the median of 5 timed rounds.
 #include <algorithm>
 #include <chrono>
@@ -181,13 +184,22 @@ int main(int argc, char** argv) {
         bench_surgery();
         return 0;
     }
+    const SGD::Options lenet_sgd{0.5f, 0, 0, false}, cifar_sgd{0.9f, 0, 5e-4f, true};
+    if (argc > 1 && std::string(argv[1]) == "busy") {
+        Rng r(1);
+        auto le = lenet(r), cifar = cifar_net(r);
+        std::printf("bench lenet_train_cpu_busy: %.0f img/s\n", train_throughput(*le, {64, 1, 28, 28}, 10, 40, 5, lenet_sgd));
+        std::fflush(stdout);
+        std::printf("bench cifar_net_train_cpu_busy: %.0f img/s\n",
+                    train_throughput(*cifar, {256, 3, 32, 32}, 10, 2, 5, cifar_sgd));
+        return 0;
+    }
     Rng rng(1);
     auto net = mlp(rng);
     std::printf("bench mlp_train_cpu: %.0f img/s\n", train_throughput(*net, {64, 1, 28, 28}, 10, 100, 5, {0.9f, 0, 0, false}));
     std::fflush(stdout);
-    bench_precisions("lenet_train_cpu", [] { Rng r(1); return lenet(r); }, {64, 1, 28, 28}, 40, {0.5f, 0, 0, false});
-    bench_precisions("cifar_net_train_cpu", [] { Rng r(1); return cifar_net(r); }, {256, 3, 32, 32}, 2,
-                     {0.9f, 0, 5e-4f, true});
+    bench_precisions("lenet_train_cpu", [] { Rng r(1); return lenet(r); }, {64, 1, 28, 28}, 40, lenet_sgd);
+    bench_precisions("cifar_net_train_cpu", [] { Rng r(1); return cifar_net(r); }, {256, 3, 32, 32}, 2, cifar_sgd);
     bench_surgery();
     return 0;
 }

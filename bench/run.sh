@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # run.sh — `make bench`: runs every benchmark binary in BUILD/bench (each prints lines
 # "bench <name>: <value> <unit>"), then the PyTorch references bench/torch_lenet.py and
-# bench/torch_cifar_net.py in the same run at the same thread count, and the ratios kiln / PyTorch.
+# bench/torch_cifar_net.py in the same run at the same thread count, and the ratios kiln / PyTorch;
+# then LeNet and the CIFAR net again, kiln's and PyTorch's, while another program (`yes`) keeps
+# one core busy: "_busy" figures and their ratio.
 # Threads: KILN_THREADS (default 2, the course's reference machine).
 set -eu
 build=$1
@@ -29,6 +31,18 @@ if "$py" -c 'import torch' 2>/dev/null; then
     }
     ratio lenet_train_cpu_vs_torch lenet_train_cpu torch_lenet_train_cpu
     ratio cifar_net_train_cpu_vs_torch cifar_net_train_cpu torch_cifar_net_train_cpu
+
+    yes > /dev/null &  # one core busy
+    busy=$!
+    trap 'kill "$busy" 2>/dev/null; rm -f "$out"' EXIT
+    "$build/bench/bench_train" busy | tee -a "$out"
+    lenet=$("$py" bench/torch_lenet.py data/mnist "$threads" 0.2 | grep -oE '[0-9]+ train img/s' | cut -d' ' -f1)
+    echo "bench torch_lenet_train_cpu_busy: $lenet img/s" | tee -a "$out"
+    cifar=$("$py" bench/torch_cifar_net.py "$threads" 256 20 | grep -oE '[0-9]+ train img/s' | cut -d' ' -f1)
+    echo "bench torch_cifar_net_train_cpu_busy: $cifar img/s" | tee -a "$out"
+    kill "$busy"
+    ratio lenet_train_cpu_busy_vs_torch lenet_train_cpu_busy torch_lenet_train_cpu_busy
+    ratio cifar_net_train_cpu_busy_vs_torch cifar_net_train_cpu_busy torch_cifar_net_train_cpu_busy
 else
     echo "bench: no PyTorch (python3-torch at $py): the reference figures are skipped"
 fi

@@ -1,6 +1,8 @@
 // fixtures.cpp — see fixtures.h.
 #include "fixtures.h"
 
+#include "ops/cpu/gemm_tile.h"
+
 #include <zlib.h>
 
 #include <algorithm>
@@ -185,6 +187,21 @@ void require_identical(const Tensor& got_any, const Tensor& want_any) {
 LowFormat low_format(DType t) {
     const FloatFormat f = float_format(t);
     return {t, f.epsilon / 2, f.min_subnormal / 2};
+}
+
+std::vector<CpuLevel> runnable_levels() {
+    std::vector<CpuLevel> levels{CpuLevel::Portable};
+    for (CpuLevel level : {CpuLevel::Avx2, CpuLevel::Avx512})
+        if (detected_cpu_level() >= level) levels.push_back(level);
+    if (levels.size() == 1) WARN("this CPU has no AVX2 + FMA + F16C: only the portable kernels are checked");
+    return levels;
+}
+
+std::vector<CpuLevel> fused_gemm_levels() {
+    std::vector<CpuLevel> levels;
+    for (CpuLevel level : runnable_levels())
+        if (cpu::micro_kernel(level).fused) levels.push_back(level);
+    return levels;
 }
 
 }  // namespace kiln::test

@@ -1,13 +1,15 @@
 // fixtures.h — helpers for tests that need small files on disk: a temporary folder removed
 // at the end of the test, gzip compression, and a tar writer (so the readers in src/data/
-// are tested against archives whose every byte the test controls); and, for the CUDA kernel
-// tests, a run under each schedule of the kernel emulator.
+// are tested against archives whose every byte the test controls); for the CUDA kernel
+// tests, a run under each schedule of the kernel emulator; and for the CPU kernels, a run on
+// each path the CPU can take.
 #pragma once
 #include <cstdint>
 #include <functional>
 #include <string>
 #include <vector>
 
+#include "core/cpu_features.h"
 #include "core/tensor.h"
 
 namespace kiln::test {
@@ -71,5 +73,30 @@ struct LowFormat {
     double tiny;
 };
 LowFormat low_format(DType t);
+
+// The CPU levels (core/cpu_features.h) this CPU can run, lowest first: portable, then avx2
+// and avx512 where it has them.
+std::vector<CpuLevel> runnable_levels();
+
+// The runnable levels whose GEMM micro-kernel fuses each multiply-add (ops/cpu/gemm_tile.h): they
+// give the same bits. A portable kernel compiled without FMA (make SAN=1) rounds twice.
+std::vector<CpuLevel> fused_gemm_levels();
+
+// Runs f once with each of `levels` as the cap (what KILN_CPU sets), and returns the results.
+template <typename F>
+auto under_levels(const std::vector<CpuLevel>& levels, F f) {
+    std::vector<decltype(f())> results;
+    for (CpuLevel level : levels) {
+        const CpuLevel before = set_cpu_level_cap(level);
+        results.push_back(f());
+        set_cpu_level_cap(before);
+    }
+    return results;
+}
+
+template <typename F>
+auto under_each_level(F f) {
+    return under_levels(runnable_levels(), f);
+}
 
 }  // namespace kiln::test

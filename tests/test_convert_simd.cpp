@@ -20,18 +20,13 @@
 #include "core/tensor.h"
 #include "ops/cpu/convert_simd.h"
 #include "ops/cpu/gemm.h"
+#include "fixtures.h"
 
 using namespace kiln;
+using test::runnable_levels;
+using test::under_each_level;
 
 namespace {
-
-// The levels this CPU can run, lowest first: portable, and avx2 when it has it.
-std::vector<CpuLevel> runnable_levels() {
-    std::vector<CpuLevel> levels{CpuLevel::Portable};
-    if (detected_cpu_level() >= CpuLevel::Avx2) levels.push_back(CpuLevel::Avx2);
-    else WARN("this CPU has no AVX2 + FMA + F16C: only the portable kernels are checked");
-    return levels;
-}
 
 uint32_t bits(float x) { return bits_of(x); }
 
@@ -130,18 +125,6 @@ TEST_CASE("convert_kernel refuses a level above the CPU's", "[cpu][lowp][lesson0
 
 namespace {
 
-// Runs f once with each runnable level as the cap, and returns the results.
-template <typename F>
-auto under_each_level(F f) {
-    std::vector<decltype(f())> results;
-    for (CpuLevel level : runnable_levels()) {
-        const CpuLevel before = set_cpu_level_cap(level);
-        results.push_back(f());
-        set_cpu_level_cap(before);
-    }
-    return results;
-}
-
 template <typename T>
 std::vector<T> random_lowp(size_t n, uint32_t seed) {
     std::mt19937 rng(seed);
@@ -170,15 +153,17 @@ std::vector<uint16_t> lowp_gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t 
 template <typename T>
 void check_gemm_paths_agree() {
     // Edge tiles (M, N not multiples of 6 or 16; K across two KC-blocks), every transpose,
-    // beta 0, 1 and general (C's store widens, fuses and narrows).
+    // beta 0, 1 and general (C's store widens, fuses and narrows). The levels each pick their
+    // micro-kernel too: those that fuse give the same sums (fixtures.h).
+    const std::vector<CpuLevel> levels = test::fused_gemm_levels();
     for (bool ta : {false, true})
         for (bool tb : {false, true})
             for (float beta : {0.0f, 1.0f, -0.5f}) {
                 INFO("ta " << ta << " tb " << tb << " beta " << beta);
-                const auto r = under_each_level([&] { return lowp_gemm<T>(ta, tb, 37, 45, 301, beta); });
+                const auto r = test::under_levels(levels, [&] { return lowp_gemm<T>(ta, tb, 37, 45, 301, beta); });
                 for (size_t i = 1; i < r.size(); ++i) CHECK(r[i] == r[0]);
             }
-    const auto big = under_each_level([] { return lowp_gemm<T>(false, true, 130, 200, 96, 0.0f); });
+    const auto big = test::under_levels(levels, [] { return lowp_gemm<T>(false, true, 130, 200, 96, 0.0f); });
     for (size_t i = 1; i < big.size(); ++i) CHECK(big[i] == big[0]);
 }
 

@@ -1,6 +1,6 @@
 // test_gemm.cpp — kiln::cpu::gemm against the textbook triple loop (gemm_reference), for odd
 // shapes, every transpose combination, padded rows, general alpha/beta; plus determinism:
-// the same bits whatever the number of OpenMP threads.
+// the same bits whatever the number of OpenMP threads; and each micro-kernel the CPU can run.
 //
 //   ./kiln_tests '[gemm]'
 #include <omp.h>
@@ -11,9 +11,12 @@
 #include <cstring>
 #include <limits>
 #include <random>
+#include <string>
 #include <vector>
 
+#include "fixtures.h"
 #include "ops/cpu/gemm.h"
+#include "ops/cpu/gemm_tile.h"
 
 using kiln::cpu::gemm;
 using kiln::cpu::gemm_reference;
@@ -209,4 +212,32 @@ TEST_CASE("gemm gives the same bits with 1, 2 and 3 threads", "[gemm][cpu][lesso
                                   results[0].size() * sizeof(float)) == 0);
             }
     omp_set_num_threads(saved);
+}
+
+TEST_CASE("every micro-kernel this CPU runs matches the reference; the fused ones agree bit for bit",
+          "[gemm][cpu][lesson03]") {
+    using namespace kiln;
+    for (CpuLevel level : test::runnable_levels()) {
+        const CpuLevel before = set_cpu_level_cap(level);
+        INFO("level " << cpu_level_name(level) << ", micro-kernel " << cpu::micro_kernel(level).name);
+        CHECK(std::string(cpu::gemm_path<float>(level)) == cpu::micro_kernel(level).name);
+        // Edge tiles of every kernel's width (NR = 8, 16, 64), several KC-blocks and B chunks.
+        for (bool ta : {false, true})
+            for (bool tb : {false, true}) {
+                check_case({ta, tb, 37, 45, 301, 0.75f, 0.5f});
+                check_case({ta, tb, 13, 300, 40, 1.0f, 1.0f, 3});
+            }
+        set_cpu_level_cap(before);
+    }
+    if (detected_cpu_level() >= CpuLevel::Avx2) CHECK(std::string(cpu::micro_kernel(CpuLevel::Avx2).name) == "avx2-fma");
+    if (detected_cpu_level() >= CpuLevel::Avx512) CHECK(std::string(cpu::micro_kernel(CpuLevel::Avx512).name) == "avx512");
+    const int64_t M = 64, N = 333, K = 600;  // 3 KC-blocks, a partial B chunk and panel
+    const auto A = random_vector(size_t(M * K), 5), B = random_vector(size_t(K * N), 6);
+    const auto C = test::under_levels(test::fused_gemm_levels(), [&] {
+        std::vector<float> c(size_t(M * N));
+        gemm(false, false, M, N, K, 1.0f, A.data(), K, B.data(), N, 0.0f, c.data(), N);
+        return c;
+    });
+    for (size_t i = 1; i < C.size(); ++i)
+        CHECK(std::memcmp(C[i].data(), C[0].data(), C[0].size() * sizeof(float)) == 0);
 }

@@ -5,6 +5,7 @@
 #include <sstream>
 
 #include "core/cuda_memory.h"
+#include "core/parallel.h"
 #include "core/rng.h"
 
 namespace kiln {
@@ -105,8 +106,9 @@ Tensor Tensor::uniform(const Shape& shape, float low, float high, Rng& rng, Devi
     float* p = t.data<float>();
     int64_t n = t.numel();
     uint64_t first = rng.take(uint64_t(n));
-#pragma omp parallel for schedule(static)
-    for (int64_t i = 0; i < n; i++) p[i] = low + (high - low) * Rng::to_unit(rng.at(first + uint64_t(i)));
+    parallel_for(n, 1 << 15, [&](int64_t i0, int64_t i1) {
+        for (int64_t i = i0; i < i1; i++) p[i] = low + (high - low) * Rng::to_unit(rng.at(first + uint64_t(i)));
+    });
     return t.to(device);
 }
 
@@ -115,11 +117,12 @@ Tensor Tensor::normal(const Shape& shape, float mean, float stddev, Rng& rng, De
     float* p = t.data<float>();
     int64_t n = t.numel();
     uint64_t first = rng.take(2 * uint64_t(n));
-#pragma omp parallel for schedule(static)
-    for (int64_t i = 0; i < n; i++) {
-        uint64_t k = first + 2 * uint64_t(i);
-        p[i] = mean + stddev * normal_from(rng.at(k), rng.at(k + 1));
-    }
+    parallel_for(n, 1 << 15, [&](int64_t i0, int64_t i1) {
+        for (int64_t i = i0; i < i1; i++) {
+            uint64_t k = first + 2 * uint64_t(i);
+            p[i] = mean + stddev * normal_from(rng.at(k), rng.at(k + 1));
+        }
+    });
     return t.to(device);
 }
 

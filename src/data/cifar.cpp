@@ -11,6 +11,7 @@
 #include <tuple>
 
 #include "core/error.h"
+#include "core/parallel.h"
 #include "data/archive.h"
 
 // stb_image, compiled into this file only (STB_IMAGE_STATIC: no symbols exported, so another
@@ -273,13 +274,14 @@ ImageSet load_image_folders(const std::vector<Item>& items, const std::string& s
     std::vector<std::string> errors(picks.size());
 
     // Decode in parallel; each image writes only its own slot, so the result does not depend
-    // on the thread count or the schedule. Exceptions cannot leave an OpenMP loop: errors are
-    // collected per image and the first one (in data set order) is thrown afterwards.
-#pragma omp parallel for schedule(dynamic, 256)
-    for (int64_t i = 0; i < set.n; ++i) {
-        set.labels[size_t(i)] = label_of.at(picks[size_t(i)].cls);
-        errors[size_t(i)] = decode_into(*picks[size_t(i)].item, set.pixels.data() + i * kImageBytes);
-    }
+    // on the thread count or the schedule. Errors are collected per image and the first one
+    // (in data set order) is thrown afterwards.
+    parallel_for(set.n, 256, [&](int64_t i0, int64_t i1) {
+        for (int64_t i = i0; i < i1; i++) {
+            set.labels[size_t(i)] = label_of.at(picks[size_t(i)].cls);
+            errors[size_t(i)] = decode_into(*picks[size_t(i)].item, set.pixels.data() + i * kImageBytes);
+        }
+    });
     size_t bad = 0;
     const std::string* first = nullptr;
     for (const std::string& e : errors) {

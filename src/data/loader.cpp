@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <numeric>
 
+#include "core/parallel.h"
 #include "core/rng.h"
 
 namespace kiln {
@@ -74,29 +75,30 @@ Batch DataLoader::make_batch(int64_t start, int64_t count, bool parallel) const 
     }
     Rng augment(splitmix64(opt_.seed) + 1);  // the augmentations' stream, apart from the order's
     bool chained = !opt_.transforms.empty();
-#pragma omp parallel for schedule(static) if (parallel && count * C * HW > (1 << 16))
-    for (int64_t i = 0; i < count; i++) {
-        int64_t src = order_[size_t(start + i)];
-        const uint8_t* px = set_.pixels.data() + src * C * HW;
-        std::vector<float> cur(chained ? size_t(C * HW) : 0), next;
-        float* first = chained ? cur.data() : xp + i * C * HW;
-        for (int64_t c = 0; c < C; c++)
-            for (int64_t k = 0; k < HW; k++) first[c * HW + k] = float(px[c * HW + k]) * a[size_t(c)] + b[size_t(c)];
-        ImageShape s{C, set_.h, set_.w};
-        // the image's position in the one-process order of the epoch (the same with any world size)
-        const int64_t global = (start + i) * opt_.world_size + opt_.rank;
-        uint64_t bits = augment.at(uint64_t(epoch_) * uint64_t(set_.n) + uint64_t(global));
-        for (size_t t = 0; t < opt_.transforms.size(); t++) {
-            ImageShape so = opt_.transforms[t]->output_shape(s);
-            bool last = t + 1 == opt_.transforms.size();
-            next.resize(last ? 0 : size_t(so.c * so.h * so.w));
-            float* dst = last ? xp + i * o.c * o.h * o.w : next.data();
-            opt_.transforms[t]->apply(cur.data(), s, dst, splitmix64(bits + t));
-            cur.swap(next);
-            s = so;
+    parallel_for(count, parallel ? grain_of(1 << 16, C * HW) : count, [&](int64_t i0, int64_t i1) {
+        for (int64_t i = i0; i < i1; i++) {
+            int64_t src = order_[size_t(start + i)];
+            const uint8_t* px = set_.pixels.data() + src * C * HW;
+            std::vector<float> cur(chained ? size_t(C * HW) : 0), next;
+            float* first = chained ? cur.data() : xp + i * C * HW;
+            for (int64_t c = 0; c < C; c++)
+                for (int64_t k = 0; k < HW; k++) first[c * HW + k] = float(px[c * HW + k]) * a[size_t(c)] + b[size_t(c)];
+            ImageShape s{C, set_.h, set_.w};
+            // the image's position in the one-process order of the epoch (the same with any world size)
+            const int64_t global = (start + i) * opt_.world_size + opt_.rank;
+            uint64_t bits = augment.at(uint64_t(epoch_) * uint64_t(set_.n) + uint64_t(global));
+            for (size_t t = 0; t < opt_.transforms.size(); t++) {
+                ImageShape so = opt_.transforms[t]->output_shape(s);
+                bool last = t + 1 == opt_.transforms.size();
+                next.resize(last ? 0 : size_t(so.c * so.h * so.w));
+                float* dst = last ? xp + i * o.c * o.h * o.w : next.data();
+                opt_.transforms[t]->apply(cur.data(), s, dst, splitmix64(bits + t));
+                cur.swap(next);
+                s = so;
+            }
+            yp[i] = set_.labels[size_t(src)];
         }
-        yp[i] = set_.labels[size_t(src)];
-    }
+    });
     return {x, y};
 }
 

@@ -43,7 +43,7 @@
 // product whose arithmetic does not depend on where it runs or on the group. A chunk of one
 // image instead gives all threads to the GEMM, which is itself bitwise independent of the
 // thread count.
-// dw: a sum over images. The columns of a chunk are built in parallel, then each thread takes
+// dw: a sum over images. The columns of a chunk are built in parallel, then each task takes
 // a band of dw's columns and adds the images into it one after the other, in image order.
 // The order of the sum depends on N only, never on threads or on the chunk size, so even a
 // tiny workspace gives bitwise the same dw.
@@ -64,9 +64,8 @@
 #include <cstring>
 #include <type_traits>
 
-#include <omp.h>
-
 #include "core/error.h"
+#include "core/parallel.h"
 #include "ops/cpu/cnn_ops.h"
 #include "ops/cpu/gemm.h"
 
@@ -97,18 +96,28 @@ inline void valid_range(int64_t off, int64_t W, int64_t stride, int64_t Q, int64
 // barrier take microseconds — much more when the cores are shared with other programs).
 constexpr double kParallelMinFlops = 2.0 * 96 * 96 * 96;  // the same bar as gemm.cpp's
 
+// The grain of a loop of n iterations that do total_flops between them: at least
+// kParallelMinFlops a chunk, so a small loop stays on one thread.
+int64_t flop_grain(int64_t n, double total_flops) {
+    const double per_iteration = std::max(1.0, total_flops / double(std::max<int64_t>(n, 1)));
+    return std::max<int64_t>(1, int64_t(kParallelMinFlops / per_iteration));
+}
+
 // Runs body(n, k, slot) for the images n0 .. n0 + count − 1 in groups of up to `group`
 // consecutive ones: body does images n .. n + k − 1, and its workspace starts at image `slot`
 // (slot = n − n0). Several groups: one group per thread at a time. One group, or little work:
 // on this thread (the GEMMs inside then use every thread if they are big enough).
-// Groups are handed out one at a time (dynamic): on a machine shared with other programs, a
-// thread that loses its core for a while then simply does fewer of them, instead of the whole
-// team waiting for it. Which thread does a group never changes its result.
+// Groups are handed out one at a time (parallel_chunks): on a machine shared with other
+// programs, a thread that loses its core for a while then simply does fewer of them, instead of
+// the others waiting for it. Which thread does a group never changes its result.
 template <typename Body>
 void for_images(int64_t n0, int64_t count, int64_t group, double flops_per_image, Body body) {
     const int64_t groups = (count + group - 1) / group;
-#pragma omp parallel for schedule(dynamic, 1) if (groups > 1 && double(count) * flops_per_image >= kParallelMinFlops)
-    for (int64_t j = 0; j < groups; j++) body(n0 + j * group, std::min(group, count - j * group), j * group);
+    const auto one_group = [&](int64_t j) { body(n0 + j * group, std::min(group, count - j * group), j * group); };
+    if (groups > 1 && double(count) * flops_per_image >= kParallelMinFlops)
+        parallel_chunks(groups, one_group);
+    else
+        for (int64_t j = 0; j < groups; j++) one_group(j);
 }
 
 // Multiply-adds ×2 of one image's convolution (any of the three passes).
@@ -121,56 +130,58 @@ double flops_per_image(const Conv2dParams& p) {
 template <typename T>
 void depthwise_forward(const T* x, const T* w, const T* b, T* y, const Conv2dParams& p) {
     const int64_t H = p.H, W = p.W, P = p.P(), Q = p.Q(), s = p.stride, C = p.C;
-#pragma omp parallel for schedule(static) if (double(p.N) * flops_per_image(p) >= kParallelMinFlops)
-    for (int64_t nc = 0; nc < p.N * C; nc++) {
-        const int64_t c = nc % C;
-        const T* xp = x + nc * H * W;
-        F32Plane<T> plane(y + nc * P * Q, P * Q, b ? float(b[c]) : 0.0f);
-        float* yp = plane.data();
-        for (int64_t kh = 0; kh < p.KH; kh++)
-            for (int64_t kw = 0; kw < p.KW; kw++) {
-                const float wv = float(w[(c * p.KH + kh) * p.KW + kw]);
-                const int64_t off_w = kw * p.dilation - p.padding;
-                int64_t q_lo, q_hi;
-                valid_range(off_w, W, s, Q, q_lo, q_hi);
-                for (int64_t op = 0; op < P; op++) {
-                    const int64_t ih = op * s + kh * p.dilation - p.padding;
-                    if (ih < 0 || ih >= H) continue;
-                    const T* src = xp + ih * W + off_w;
-                    float* dst = yp + op * Q;
-                    for (int64_t q = q_lo; q < q_hi; q++) dst[q] += wv * float(src[q * s]);
+    parallel_for(p.N * C, flop_grain(p.N * C, double(p.N) * flops_per_image(p)), [&](int64_t nc0, int64_t nc1) {
+        for (int64_t nc = nc0; nc < nc1; nc++) {
+            const int64_t c = nc % C;
+            const T* xp = x + nc * H * W;
+            F32Plane<T> plane(y + nc * P * Q, P * Q, b ? float(b[c]) : 0.0f);
+            float* yp = plane.data();
+            for (int64_t kh = 0; kh < p.KH; kh++)
+                for (int64_t kw = 0; kw < p.KW; kw++) {
+                    const float wv = float(w[(c * p.KH + kh) * p.KW + kw]);
+                    const int64_t off_w = kw * p.dilation - p.padding;
+                    int64_t q_lo, q_hi;
+                    valid_range(off_w, W, s, Q, q_lo, q_hi);
+                    for (int64_t op = 0; op < P; op++) {
+                        const int64_t ih = op * s + kh * p.dilation - p.padding;
+                        if (ih < 0 || ih >= H) continue;
+                        const T* src = xp + ih * W + off_w;
+                        float* dst = yp + op * Q;
+                        for (int64_t q = q_lo; q < q_hi; q++) dst[q] += wv * float(src[q * s]);
+                    }
                 }
-            }
-        plane.store();
-    }
+            plane.store();
+        }
+    });
 }
 
 // dx[n, c, ih, iw] = Σ over the (p, q, kh, kw) that read it of w[c, kh, kw] · dy[n, c, p, q]
 template <typename T>
 void depthwise_backward_data(const T* dy, const T* w, T* dx, const Conv2dParams& p) {
     const int64_t H = p.H, W = p.W, P = p.P(), Q = p.Q(), s = p.stride, C = p.C;
-#pragma omp parallel for schedule(static) if (double(p.N) * flops_per_image(p) >= kParallelMinFlops)
-    for (int64_t nc = 0; nc < p.N * C; nc++) {
-        const int64_t c = nc % C;
-        const T* dyp = dy + nc * P * Q;
-        F32Plane<T> plane(dx + nc * H * W, H * W);
-        float* dxp = plane.data();
-        for (int64_t kh = 0; kh < p.KH; kh++)
-            for (int64_t kw = 0; kw < p.KW; kw++) {
-                const float wv = float(w[(c * p.KH + kh) * p.KW + kw]);
-                const int64_t off_w = kw * p.dilation - p.padding;
-                int64_t q_lo, q_hi;
-                valid_range(off_w, W, s, Q, q_lo, q_hi);
-                for (int64_t op = 0; op < P; op++) {
-                    const int64_t ih = op * s + kh * p.dilation - p.padding;
-                    if (ih < 0 || ih >= H) continue;
-                    float* dst = dxp + ih * W + off_w;
-                    const T* src = dyp + op * Q;
-                    for (int64_t q = q_lo; q < q_hi; q++) dst[q * s] += wv * float(src[q]);
+    parallel_for(p.N * C, flop_grain(p.N * C, double(p.N) * flops_per_image(p)), [&](int64_t nc0, int64_t nc1) {
+        for (int64_t nc = nc0; nc < nc1; nc++) {
+            const int64_t c = nc % C;
+            const T* dyp = dy + nc * P * Q;
+            F32Plane<T> plane(dx + nc * H * W, H * W);
+            float* dxp = plane.data();
+            for (int64_t kh = 0; kh < p.KH; kh++)
+                for (int64_t kw = 0; kw < p.KW; kw++) {
+                    const float wv = float(w[(c * p.KH + kh) * p.KW + kw]);
+                    const int64_t off_w = kw * p.dilation - p.padding;
+                    int64_t q_lo, q_hi;
+                    valid_range(off_w, W, s, Q, q_lo, q_hi);
+                    for (int64_t op = 0; op < P; op++) {
+                        const int64_t ih = op * s + kh * p.dilation - p.padding;
+                        if (ih < 0 || ih >= H) continue;
+                        float* dst = dxp + ih * W + off_w;
+                        const T* src = dyp + op * Q;
+                        for (int64_t q = q_lo; q < q_hi; q++) dst[q * s] += wv * float(src[q]);
+                    }
                 }
-            }
-        plane.store();
-    }
+            plane.store();
+        }
+    });
 }
 
 // dw[c, kh, kw] += Σ_n Σ_{p,q} dy[n, c, p, q] · x[n, c, ih, iw]: one channel per thread, images
@@ -178,31 +189,32 @@ void depthwise_backward_data(const T* dy, const T* w, T* dx, const Conv2dParams&
 template <typename T>
 void depthwise_backward_weight(const T* x, const T* dy, T* dw, const Conv2dParams& p) {
     const int64_t H = p.H, W = p.W, P = p.P(), Q = p.Q(), s = p.stride, C = p.C;
-#pragma omp parallel for schedule(static) if (double(p.N) * flops_per_image(p) >= kParallelMinFlops)
-    for (int64_t c = 0; c < C; c++) {
-        for (int64_t kh = 0; kh < p.KH; kh++)
-            for (int64_t kw = 0; kw < p.KW; kw++) {
-                const int64_t off_w = kw * p.dilation - p.padding;
-                int64_t q_lo, q_hi;
-                valid_range(off_w, W, s, Q, q_lo, q_hi);
-                double acc = 0.0;
-                for (int64_t n = 0; n < p.N; n++) {
-                    const T* xp = x + (n * C + c) * H * W;
-                    const T* dyp = dy + (n * C + c) * P * Q;
-                    float part = 0.0f;  // one image's sum; every lane pattern fixed by the sizes
-                    for (int64_t op = 0; op < P; op++) {
-                        const int64_t ih = op * s + kh * p.dilation - p.padding;
-                        if (ih < 0 || ih >= H) continue;
-                        const T* src = xp + ih * W + off_w;
-                        const T* g = dyp + op * Q;
-                        for (int64_t q = q_lo; q < q_hi; q++) part += float(g[q]) * float(src[q * s]);
+    parallel_for(C, flop_grain(C, double(p.N) * flops_per_image(p)), [&](int64_t c0, int64_t c1) {
+        for (int64_t c = c0; c < c1; c++) {
+            for (int64_t kh = 0; kh < p.KH; kh++)
+                for (int64_t kw = 0; kw < p.KW; kw++) {
+                    const int64_t off_w = kw * p.dilation - p.padding;
+                    int64_t q_lo, q_hi;
+                    valid_range(off_w, W, s, Q, q_lo, q_hi);
+                    double acc = 0.0;
+                    for (int64_t n = 0; n < p.N; n++) {
+                        const T* xp = x + (n * C + c) * H * W;
+                        const T* dyp = dy + (n * C + c) * P * Q;
+                        float part = 0.0f;  // one image's sum; every lane pattern fixed by the sizes
+                        for (int64_t op = 0; op < P; op++) {
+                            const int64_t ih = op * s + kh * p.dilation - p.padding;
+                            if (ih < 0 || ih >= H) continue;
+                            const T* src = xp + ih * W + off_w;
+                            const T* g = dyp + op * Q;
+                            for (int64_t q = q_lo; q < q_hi; q++) part += float(g[q]) * float(src[q * s]);
+                        }
+                        acc += part;
                     }
-                    acc += part;
+                    T& dwv = dw[(c * p.KH + kh) * p.KW + kw];
+                    dwv = T(float(dwv) + float(acc));
                 }
-                T& dwv = dw[(c * p.KH + kh) * p.KW + kw];
-                dwv = T(float(dwv) + float(acc));
-            }
-    }
+        }
+    });
 }
 
 }  // namespace
@@ -394,8 +406,9 @@ void backward_weight_side_by_side(const T* x, const T* dy, T* dw, const Conv2dPa
         const int64_t k = std::min(chunk, p.N - n0), L = k * PQ;
         T* cols = col;
         T* rows = col + CK * L;
-#pragma omp parallel for schedule(static) if (double(k) * flops_per_image(p) >= kParallelMinFlops)
-        for (int64_t i = 0; i < k; i++) im2col(x + (n0 + i) * CHW, p.C, p, cols + i * PQ, L);
+        parallel_for(k, flop_grain(k, double(k) * flops_per_image(p)), [&](int64_t i0, int64_t i1) {
+            for (int64_t i = i0; i < i1; i++) im2col(x + (n0 + i) * CHW, p.C, p, cols + i * PQ, L);
+        });
         gather_rows(dy, p, n0, k, rows);
         for (int64_t g = 0; g < G; g++)
             gemm(false, true, Og, Kc, L, 1.0f, rows + g * Og * L, L, cols + g * Kc * L, L, 1.0f, dw + g * Og * Kc, Kc);
@@ -410,17 +423,18 @@ void conv2d_backward_weight(const T* x, const T* dy, T* dw, T* db, const Conv2dP
     check_conv2d_params(p, "conv2d_backward_weight");
     const int64_t PQ = p.P() * p.Q();
     if (db) {
-#pragma omp parallel for schedule(static) if (double(p.N * p.O * PQ) >= kParallelMinFlops)
-        for (int64_t o = 0; o < p.O; o++) {
-            double acc = 0.0;
-            for (int64_t n = 0; n < p.N; n++) {
-                const T* g = dy + (n * p.O + o) * PQ;
-                float part = 0.0f;
-                for (int64_t i = 0; i < PQ; i++) part += float(g[i]);
-                acc += part;
+        parallel_for(p.O, flop_grain(p.O, double(p.N * p.O * PQ)), [&](int64_t o0, int64_t o1) {
+            for (int64_t o = o0; o < o1; o++) {
+                double acc = 0.0;
+                for (int64_t n = 0; n < p.N; n++) {
+                    const T* g = dy + (n * p.O + o) * PQ;
+                    float part = 0.0f;
+                    for (int64_t i = 0; i < PQ; i++) part += float(g[i]);
+                    acc += part;
+                }
+                db[o] = T(float(db[o]) + float(acc));
             }
-            db[o] = T(float(db[o]) + float(acc));
-        }
+        });
     }
     const ConvAlgo algo = conv2d_algo(p);
     if (algo == ConvAlgo::Depthwise) return depthwise_backward_weight(x, dy, dw, p);
@@ -430,23 +444,23 @@ void conv2d_backward_weight(const T* x, const T* dy, T* dw, T* db, const Conv2dP
     if constexpr (!std::is_same_v<T, float>)
         if (algo == ConvAlgo::Im2col) return backward_weight_side_by_side(x, dy, dw, p, col, chunk);
 
-    // One parallel region per chunk: the chunk's columns are built (one image per thread),
-    // then thread t adds every image of the chunk, in order, into its own band of dw's columns
-    // [j0, j1) — bands are multiples of 64 columns (a multiple of the GEMM's NR tile), so each
-    // dw element goes through exactly the arithmetic of one full GEMM, whatever the bands.
-    const int64_t bands = (Kc + 63) / 64;
+    // Per chunk of images: their columns are built (one image per task), then each task adds
+    // every image of the chunk, in order, into its own band of dw's columns [j0, j1) — bands are
+    // multiples of 64 columns (a multiple of every GEMM tile width NR), so each dw element goes
+    // through exactly the arithmetic of one full GEMM, whatever the bands. Up to 4 bands a
+    // thread: one that loses its core for a while does fewer.
+    const int64_t blocks = (Kc + 63) / 64;
     const double chunk_flops = double(std::min(chunk, p.N)) * flops_per_image(p);
+    const int64_t bands = chunk_flops >= kParallelMinFlops ? std::min<int64_t>(blocks, 4 * max_threads()) : 1;
     for (int64_t n0 = 0; n0 < p.N; n0 += chunk) {
         const int64_t count = std::min(chunk, p.N - n0);
-#pragma omp parallel if (chunk_flops >= kParallelMinFlops)
-        {
-            if (algo == ConvAlgo::Im2col) {
-#pragma omp for schedule(static)
-                for (int64_t i = 0; i < count; i++) im2col(x + (n0 + i) * CHW, p.C, p, col + i * col_size);
-            }  // (the implicit barrier: every column is ready)
-            const int64_t threads = omp_get_num_threads(), t = omp_get_thread_num();
-            const int64_t j0 = std::min(Kc, bands * t / threads * 64);
-            const int64_t j1 = std::min(Kc, bands * (t + 1) / threads * 64);
+        if (algo == ConvAlgo::Im2col)
+            parallel_for(count, flop_grain(count, chunk_flops), [&](int64_t i0, int64_t i1) {
+                for (int64_t i = i0; i < i1; i++) im2col(x + (n0 + i) * CHW, p.C, p, col + i * col_size);
+            });
+        parallel_chunks(bands, [&](int64_t band) {
+            const int64_t j0 = std::min(Kc, blocks * band / bands * 64);
+            const int64_t j1 = std::min(Kc, blocks * (band + 1) / bands * 64);
             for (int64_t i = 0; i < count && j0 < j1; i++) {  // in image order: the sum's order is fixed
                 const int64_t n = n0 + i;
                 const T* cols = algo == ConvAlgo::Im2col ? col + i * col_size : x + n * CHW;
@@ -455,7 +469,7 @@ void conv2d_backward_weight(const T* x, const T* dy, T* dw, T* db, const Conv2dP
                     gemm(false, true, Og, j1 - j0, PQ, 1.0f, dyn + g * Og * PQ, PQ, cols + (g * Kc + j0) * PQ, PQ,
                          1.0f, dw + g * Og * Kc + j0, Kc);
             }
-        }
+        });
     }
 }
 

@@ -1,10 +1,11 @@
 // elementwise.cpp — CPU kernels that touch each element once: fill, add, mul, axpy, scale, ReLU
-// and the dtype conversions. Each is one OpenMP loop that g++ vectorizes; memory
+// and the dtype conversions. Each is one parallel_for (core/parallel.h) whose chunks g++ vectorizes; memory
 // bandwidth is the limit. The kernels for tensors are templates on the element type T (float,
 // f16, bf16): read as float, compute, round once. (The optimizers' fused updates are in optim.cpp.)
 #include <algorithm>
 #include <cmath>
 
+#include "core/parallel.h"
 #include "ops/cpu/convert_simd.h"
 #include "ops/cpu/cpu_ops.h"
 
@@ -15,40 +16,54 @@ static constexpr int64_t kParallelMin = 1 << 15;
 
 template <typename T> void fill(T* x, int64_t n, float value) {
     const T v = T(value);
-#pragma omp parallel for simd if (n > kParallelMin)
-    for (int64_t i = 0; i < n; i++) x[i] = v;
+    parallel_for(n, kParallelMin, [&](int64_t i0, int64_t i1) {
+#pragma omp simd
+        for (int64_t i = i0; i < i1; i++) x[i] = v;
+    });
 }
 
 template <typename T> void add(const T* a, const T* b, T* y, int64_t n) {
-#pragma omp parallel for simd if (n > kParallelMin)
-    for (int64_t i = 0; i < n; i++) y[i] = T(float(a[i]) + float(b[i]));
+    parallel_for(n, kParallelMin, [&](int64_t i0, int64_t i1) {
+#pragma omp simd
+        for (int64_t i = i0; i < i1; i++) y[i] = T(float(a[i]) + float(b[i]));
+    });
 }
 
 template <typename T> void mul(const T* a, const T* b, T* y, int64_t n) {
-#pragma omp parallel for simd if (n > kParallelMin)
-    for (int64_t i = 0; i < n; i++) y[i] = T(float(a[i]) * float(b[i]));
+    parallel_for(n, kParallelMin, [&](int64_t i0, int64_t i1) {
+#pragma omp simd
+        for (int64_t i = i0; i < i1; i++) y[i] = T(float(a[i]) * float(b[i]));
+    });
 }
 
 template <typename T> void axpy(float alpha, const T* x, T* y, int64_t n) {
-#pragma omp parallel for simd if (n > kParallelMin)
-    for (int64_t i = 0; i < n; i++) y[i] = T(float(y[i]) + alpha * float(x[i]));
+    parallel_for(n, kParallelMin, [&](int64_t i0, int64_t i1) {
+#pragma omp simd
+        for (int64_t i = i0; i < i1; i++) y[i] = T(float(y[i]) + alpha * float(x[i]));
+    });
 }
 
 template <typename T> void scale(T* x, int64_t n, float s) {
-#pragma omp parallel for simd if (n > kParallelMin)
-    for (int64_t i = 0; i < n; i++) x[i] = T(float(x[i]) * s);
+    parallel_for(n, kParallelMin, [&](int64_t i0, int64_t i1) {
+#pragma omp simd
+        for (int64_t i = i0; i < i1; i++) x[i] = T(float(x[i]) * s);
+    });
 }
 
 template <typename T> void relu_forward(const T* x, T* y, int64_t n) {
-#pragma omp parallel for simd if (n > kParallelMin)
-    for (int64_t i = 0; i < n; i++) y[i] = T(std::max(float(x[i]), 0.0f));
+    parallel_for(n, kParallelMin, [&](int64_t i0, int64_t i1) {
+#pragma omp simd
+        for (int64_t i = i0; i < i1; i++) y[i] = T(std::max(float(x[i]), 0.0f));
+    });
 }
 
 // The gradient flows where the output was positive: dx = dy · [y > 0].
 template <typename T> void relu_backward(const T* y, const T* dy, T* dx, int64_t n) {
     const T zero = T(0.0f);
-#pragma omp parallel for simd if (n > kParallelMin)
-    for (int64_t i = 0; i < n; i++) dx[i] = float(y[i]) > 0.0f ? dy[i] : zero;
+    parallel_for(n, kParallelMin, [&](int64_t i0, int64_t i1) {
+#pragma omp simd
+        for (int64_t i = i0; i < i1; i++) dx[i] = float(y[i]) > 0.0f ? dy[i] : zero;
+    });
 }
 
 // f16/bf16 <-> f32 go through convert_simd.h's kernel for the CPU's level (F16C, AVX2 shifts:
@@ -58,12 +73,13 @@ template <typename From, typename To> void convert(const From* x, To* y, int64_t
     if constexpr (has_convert_kernel<From, To>) {
         const auto kernel = convert_kernel<From, To>(cpu_level()).run;
         const int64_t blocks = (n + kParallelMin - 1) / kParallelMin;
-#pragma omp parallel for if (blocks > 1)
-        for (int64_t b = 0; b < blocks; b++)
+        parallel_chunks(blocks, [&](int64_t b) {
             kernel(x + b * kParallelMin, y + b * kParallelMin, std::min(kParallelMin, n - b * kParallelMin));
+        });
     } else {
-#pragma omp parallel for if (n > kParallelMin)
-        for (int64_t i = 0; i < n; i++) y[i] = cast<To>(x[i]);
+        parallel_for(n, kParallelMin, [&](int64_t i0, int64_t i1) {
+            for (int64_t i = i0; i < i1; i++) y[i] = cast<To>(x[i]);
+        });
     }
 }
 

@@ -32,7 +32,9 @@
 // FMAs: 24 FMAs for 4 + 6 loads with AVX-512 (12 FMAs for 2 + 6 loads with AVX2). The
 // accumulators never leave the registers until the tile is done; that is what keeps the FMA
 // units busy. (24 independent accumulators also hide the FMA latency: 2 FMAs/cycle × 4
-// cycles needs at least 8 in flight.)
+// cycles needs at least 8 in flight.) The micro-kernel lives in gemm_tile_body.h, compiled
+// once per instruction set and picked at run time from what the CPU reports (gemm_tile.h);
+// everything in this file works for any tile width NR.
 //
 // ---- Packing: contiguous streams ----------------------------------------------------------
 // The micro-kernel wants, for each k, MR consecutive numbers of A and NR consecutive numbers
@@ -56,13 +58,14 @@
 // block is a sliver.
 //
 // ---- Threads, and why the result never depends on their number ------------------------------
-// C is cut into rectangles, a few per OpenMP thread, and a thread runs the loops above on one
-// rectangle at a time, with its own packing buffers: no barriers, no shared writes (an OpenMP
-// barrier costs microseconds; the 5 loops would need 2 or 3 per block). Every C element is
+// C is cut into rectangles, a few per thread, and a thread runs the loops above on one
+// rectangle at a time, with its own packing buffers: no barriers, no shared writes (a barrier
+// costs microseconds; the 5 loops would need 2 or 3 per block). The rectangles are chunks of
+// one parallel_chunks (core/parallel.h): a thread that loses its core does fewer. Every C element is
 // then computed by exactly one thread, summing over k in an order set by KC alone: KC-blocks
 // in order, k in order within one. No thread ever adds a partial sum of another, so 1, 2 or
 // 3 threads give bitwise the same C (tested in tests/test_gemm.cpp).
-// Small products run on the calling thread only: waking a team costs microseconds.
+// Small products run on the calling thread only: waking the pool's workers costs microseconds.
 //
 // ---- f16 and bf16 -----------------------------------------------------------------------------
 // The micro-kernel computes in f32 only. For T = f16 or bf16, packing is where the types meet:
@@ -82,68 +85,20 @@
 #include <memory>
 #include <type_traits>
 
-#include <omp.h>
-
 #include "core/error.h"
+#include "core/parallel.h"
 #include "ops/cpu/convert_simd.h"
+#include "ops/cpu/gemm_tile.h"
 
-#if defined(__AVX512F__) || (defined(__AVX2__) && defined(__FMA__))
-#include <immintrin.h>
-#endif
 
 namespace kiln::cpu {
 namespace {
 
-// ---- SIMD: the five vector operations the micro-kernel needs --------------------------------
-// VL floats per vector. One implementation per instruction set; the portable fallback uses
-// GCC's vector extensions, which the compiler maps to whatever the target offers.
-#if defined(__AVX512F__)
-using vec = __m512;
-constexpr const char* kMicroKernelIsa = "avx512";  // gemm_path<float>
-constexpr int VL = 16;
-constexpr int NV = 4;  // 6×4 = 24 accumulators + 4 B vectors + 1 broadcast of the 32 zmm
-inline vec vzero() { return _mm512_setzero_ps(); }
-inline vec vload(const float* p) { return _mm512_loadu_ps(p); }
-inline void vstore(float* p, vec v) { _mm512_storeu_ps(p, v); }
-inline vec vbroadcast(float x) { return _mm512_set1_ps(x); }
-inline vec vfma(vec a, vec b, vec c) { return _mm512_fmadd_ps(a, b, c); }  // a*b + c
-inline vec vmul(vec a, vec b) { return _mm512_mul_ps(a, b); }
-inline vec vadd(vec a, vec b) { return _mm512_add_ps(a, b); }
-#elif defined(__AVX2__) && defined(__FMA__)
-using vec = __m256;
-constexpr const char* kMicroKernelIsa = "avx2-fma";  // gemm_path<float>
-constexpr int VL = 8;
-constexpr int NV = 2;  // 6×2 = 12 accumulators + 2 B vectors + 1 broadcast of the 16 ymm
-inline vec vzero() { return _mm256_setzero_ps(); }
-inline vec vload(const float* p) { return _mm256_loadu_ps(p); }
-inline void vstore(float* p, vec v) { _mm256_storeu_ps(p, v); }
-inline vec vbroadcast(float x) { return _mm256_set1_ps(x); }
-inline vec vfma(vec a, vec b, vec c) { return _mm256_fmadd_ps(a, b, c); }
-inline vec vmul(vec a, vec b) { return _mm256_mul_ps(a, b); }
-inline vec vadd(vec a, vec b) { return _mm256_add_ps(a, b); }
-#else
-typedef float vec __attribute__((vector_size(16)));  // SSE, NEON, ...: 4 floats
-constexpr const char* kMicroKernelIsa = "vectors";  // gemm_path<float>
-constexpr int VL = 4;
-constexpr int NV = 2;  // 6×2 = 12 accumulators: fits 16 registers
-inline vec vzero() { return vec{}; }
-inline vec vload(const float* p) {
-    vec v;
-    std::memcpy(&v, p, sizeof v);  // unaligned-safe; compiles to one vector load
-    return v;
-}
-inline void vstore(float* p, vec v) { std::memcpy(p, &v, sizeof v); }
-inline vec vbroadcast(float x) { return vec{} + x; }
-inline vec vfma(vec a, vec b, vec c) { return a * b + c; }
-inline vec vmul(vec a, vec b) { return a * b; }
-inline vec vadd(vec a, vec b) { return a + b; }
-#endif
-
-// The micro-tile: MR rows × NR columns of C, NV vectors per row; NR = 64 floats (AVX-512),
-// 16 (AVX2) or 8 (neither). Rows of C past a multiple of MR still cost a whole tile, so a
-// small MR wastes little on the channel counts of real layers: 64 rows take 11 tiles of 6.
-constexpr int MR = 6;
-constexpr int NR = NV * VL;
+// The micro-tile: MR rows × NR columns of C, NR = 64 floats (AVX-512), 16 (AVX2) or 8 (neither):
+// the micro-kernel's own (gemm_tile.h), picked at run time. Rows of C past a multiple of MR
+// still cost a whole tile, so a small MR wastes little on the channel counts of real layers:
+// 64 rows take 11 tiles of 6.
+constexpr int MR = kTileRows;
 
 // ---- Block sizes (upper bounds; see split_evenly) ---------------------------------------------
 // KC: the depth of one pass. A B micro-panel is KC×NR floats: 16 KiB with AVX2, in L1; 64 KiB
@@ -158,7 +113,7 @@ constexpr int64_t KC_MAX = 256;
 constexpr int64_t MC_MAX = 240;
 constexpr int64_t NC_MAX = 4096;
 // Below this many flops (2·M·N·K) the product runs on one thread: a 128³ product takes ~30 µs
-// on one core; starting an OpenMP team and waiting for it costs ~5 µs, more on a busy machine.
+// on one core; waking the pool's workers costs ~5 µs, more on a busy machine.
 constexpr double PARALLEL_MIN_FLOPS = 2.0 * 128 * 128 * 128;
 
 // Split n into the fewest blocks of at most max_block, all of (nearly) the same size,
@@ -173,8 +128,8 @@ int64_t split_evenly(int64_t n, int64_t max_block, int64_t unit) {
 // One pair of buffers per thread (≤ 240 KiB for A, ≤ 4 MiB for B), kept between calls
 // (and, for an f16 or bf16 GEMM, the calling thread's M×N f32 product and each thread's
 // widened Aᵀ block, ≤ 240 KiB):
-// allocating them each time would cost more than a small product. OpenMP keeps its worker
-// threads alive between parallel regions, so their buffers live on too.
+// allocating them each time would cost more than a small product. The pool keeps its worker
+// threads alive between loops, so their buffers live on too.
 struct AlignedFree {
     void operator()(float* p) const { std::free(p); }
 };
@@ -239,103 +194,66 @@ void pack_a_panel(bool trans_a, const T* A, int64_t lda, int64_t i0, int64_t mr,
     }
 }
 
-// Pack rows [k0, k0+kc) × columns [j0, j0+nr) of op(B) as one micro-panel:
-//   Bp[k*NR + j] = op(B)[k0+k, j0+j],  columns j >= nr filled with 0.
+// Pack rows [k0, k0+kc) × columns [j0, j0+n) of op(B), n <= KC_MAX, as micro-panels of NR
+// columns, the micro-kernel's width:
+//   Bp[q*kc*NR + k*NR + j] = op(B)[k0+k, j0 + q*NR + j],  columns past n filled with 0.
+// A B that is not transposed is read a row at a time, n floats left to right. Read one panel
+// at a time instead, its NR floats of each row lie ldb floats apart, each row in another
+// page: no prefetcher follows such a stride, and the copy would wait for memory once per row
+// (on the 64×4096×576 product of a conv layer, that wait took twice the multiply's time).
 template <typename T>
-void pack_b_panel(bool trans_b, const T* B, int64_t ldb, int64_t k0, int64_t kc,
-                  int64_t j0, int64_t nr, Widen<T> widen, float* Bp) {
-    alignas(64) float scratch[KC_MAX];  // kc, nr <= KC_MAX
+void pack_b_panels(bool trans_b, const T* B, int64_t ldb, int64_t k0, int64_t kc, int64_t j0,
+                   int64_t n, int64_t NR, Widen<T> widen, float* Bp) {
+    alignas(64) float scratch[KC_MAX];  // kc, n <= KC_MAX
+    for (int64_t q = 0; q * NR < n; ++q) {  // zero the columns past n in the last panel
+        const int64_t cols = std::min(NR, n - q * NR);
+        for (int64_t k = 0; cols < NR && k < kc; ++k)
+            std::fill(Bp + q * kc * NR + k * NR + cols, Bp + q * kc * NR + (k + 1) * NR, 0.0f);
+    }
     if (trans_b) {  // op(B)[k,j] = B[j*ldb + k]: read rows of B, write with stride NR
-        for (int64_t j = 0; j < nr; ++j) {
+        for (int64_t j = 0; j < n; ++j) {
             const float* src = as_f32(B + (j0 + j) * ldb + k0, kc, widen, scratch);
-            for (int64_t k = 0; k < kc; ++k) Bp[k * NR + j] = src[k];
+            float* dst = Bp + (j / NR) * kc * NR + j % NR;
+            for (int64_t k = 0; k < kc; ++k) dst[k * NR] = src[k];
         }
-        for (int64_t j = nr; j < NR; ++j)
-            for (int64_t k = 0; k < kc; ++k) Bp[k * NR + j] = 0.0f;
-    } else {  // op(B)[k,j] = B[k*ldb + j]: NR consecutive floats per k
+    } else {  // op(B)[k,j] = B[k*ldb + j]: n consecutive floats per k, NR to each panel
         for (int64_t k = 0; k < kc; ++k) {
-            const float* src = as_f32(B + (k0 + k) * ldb + j0, nr, widen, scratch);
-            float* dst = Bp + k * NR;
-            for (int64_t j = 0; j < nr; ++j) dst[j] = src[j];
-            for (int64_t j = nr; j < NR; ++j) dst[j] = 0.0f;
+            const float* src = as_f32(B + (k0 + k) * ldb + j0, n, widen, scratch);
+            for (int64_t q = 0; q * NR < n; ++q)
+                std::copy_n(src + q * NR, std::min(NR, n - q * NR), Bp + q * kc * NR + k * NR);
         }
     }
 }
 
-// ---- The micro-kernel ----------------------------------------------------------------------
-// acc[MR×NR] = Σ_k Ap[k][0..MR) ⊗ Bp[k][0..NR), k = 0, 1, ..., kc-1 in order.
-// The loops over i and j are unrolled completely, so acc lives in registers.
-struct Tile {
-    vec v[MR][NV];
-};
-
-inline void multiply_panels(int64_t kc, const float* __restrict Ap, const float* __restrict Bp,
-                            Tile& acc) {
-#pragma GCC unroll 16
-    for (int i = 0; i < MR; ++i)
-#pragma GCC unroll 4
-        for (int j = 0; j < NV; ++j) acc.v[i][j] = vzero();
-    for (int64_t k = 0; k < kc; ++k) {
-        vec b[NV];
-#pragma GCC unroll 4
-        for (int j = 0; j < NV; ++j) b[j] = vload(Bp + k * NR + j * VL);
-#pragma GCC unroll 16
-        for (int i = 0; i < MR; ++i) {
-            const vec a = vbroadcast(Ap[k * MR + i]);
-#pragma GCC unroll 4
-            for (int j = 0; j < NV; ++j) acc.v[i][j] = vfma(a, b[j], acc.v[i][j]);
-        }
+// ---- Prefetching C -------------------------------------------------------------------------------
+// The rows of a C tile are ldc floats apart, each in another page: nothing brings them into the
+// cache before store_tile reads them, and each would be a wait for memory. Asking for them
+// before the micro-kernel runs hides that wait behind its ~kc·12 FMAs (measured: the 1024³
+// product 1.5× faster on a machine whose other cores kept memory busy).
+void prefetch_tile(const float* C, int64_t ldc, int64_t mr, int64_t nr) {
+    for (int64_t i = 0; i < mr; ++i) {
+        __builtin_prefetch(C + i * ldc, 1);           // 1: for writing
+        __builtin_prefetch(C + i * ldc + nr - 1, 1);  // the row's last line
     }
 }
 
-// Write one row of a finished tile into C (NR floats, the full width):
+// ---- Storing a tile -----------------------------------------------------------------------------
+// The micro-kernel (gemm_tile.h) leaves acc = Σ_k Ap ⊗ Bp in `tile`, rows of NR floats; its
+// first mr×nr elements go into C:
 //   C = alpha*acc                 when beta == 0 (C is not read)
 //   C = alpha*acc + C             when beta == 1 (the second and later KC-blocks)
 //   C = alpha*acc + beta*C        otherwise
-inline void store_row(const vec* acc, float alpha, float beta, float* c) {
-    const vec va = vbroadcast(alpha), vb = vbroadcast(beta);
-#pragma GCC unroll 4
-    for (int j = 0; j < NV; ++j) {
-        const vec ab = vmul(va, acc[j]);
-        if (beta == 0.0f)
-            vstore(c + j * VL, ab);
-        else if (beta == 1.0f)
-            vstore(c + j * VL, vadd(ab, vload(c + j * VL)));
-        else
-            vstore(c + j * VL, vfma(vb, vload(c + j * VL), ab));
-    }
-}
-
-// The same for the first nr < NR floats of a row, one at a time, with the same arithmetic
-// (std::fma rounds once, like vfma), so a C element gets the same bits in either.
-void store_row_part(const vec* acc, int64_t nr, float alpha, float beta, float* c) {
-    alignas(64) float t[NR];
-    for (int j = 0; j < NV; ++j) vstore(t + j * VL, acc[j]);
-    for (int64_t j = 0; j < nr; ++j) {
-        const float ab = alpha * t[j];
-        if (beta == 0.0f)
-            c[j] = ab;
-        else if (beta == 1.0f)
-            c[j] = ab + c[j];
-        else
-            c[j] = std::fma(beta, c[j], ab);
-    }
-}
-
-// A full MR×NR tile: the loop is unrolled, so acc stays in registers.
-inline void store_full_tile(const Tile& acc, float alpha, float beta, float* C, int64_t ldc) {
-#pragma GCC unroll 16
-    for (int i = 0; i < MR; ++i) store_row(acc.v[i], alpha, beta, C + i * ldc);
-}
-
-// An edge tile, mr×nr < MR×NR, at the bottom or right border of C.
-inline void store_edge_tile(const Tile& acc, int64_t mr, int64_t nr, float alpha, float beta,
-                     float* C, int64_t ldc) {
+void store_tile(const float* tile, int64_t NR, int64_t mr, int64_t nr, float alpha, float beta,
+                float* C, int64_t ldc) {
     for (int64_t i = 0; i < mr; ++i) {
-        if (nr == NR)
-            store_row(acc.v[i], alpha, beta, C + i * ldc);
+        const float* t = tile + i * NR;
+        float* c = C + i * ldc;
+        if (beta == 0.0f)
+            for (int64_t j = 0; j < nr; ++j) c[j] = alpha * t[j];
+        else if (beta == 1.0f)
+            for (int64_t j = 0; j < nr; ++j) c[j] = alpha * t[j] + c[j];
         else
-            store_row_part(acc.v[i], nr, alpha, beta, C + i * ldc);
+            for (int64_t j = 0; j < nr; ++j) c[j] = std::fma(beta, c[j], alpha * t[j]);
     }
 }
 
@@ -382,6 +300,7 @@ struct Problem {
     float* C;
     int64_t ldc;
     Widen<T> widen = nullptr;  // f16/bf16 -> f32 for the packers (unused for float)
+    const MicroKernel* kernel = nullptr;  // the CPU level's (unused by pack_a_block)
 };
 
 // Pack op(A)[ic:ic+mc, pc:pc+kc] into Ap, one MR-row micro-panel after another.
@@ -406,26 +325,29 @@ void pack_a_block(const Problem<T>& p, int64_t ic, int64_t mc, int64_t pc, int64
 // C[ic:ic+mc, jc:jc+nc] (+)= alpha * Ap · Bp, one MR×NR tile at a time: for each B
 // micro-panel (held in L1), sweep all the A micro-panels of the block (held in L2).
 // beta is the caller's beta for the first KC-block and 1 for the later ones.
-// With pack_b, each B micro-panel op(B)[pc:pc+kc, jc+j0 : jc+j0+NR] is packed just before
-// its sweep (the first A block does this), so it is used while it is still in L1; the later
-// A blocks find it packed. When M fits in one A block, B is read from memory exactly once.
+// With pack_b, the B micro-panels op(B)[pc:pc+kc, jc+j0 : jc+j0+KC_MAX] are packed just before
+// the first of them is swept (the first A block does this), so they are used while they are
+// still in L2; the later A blocks find them packed. When M fits in one A block, B is read from
+// memory exactly once.
 template <typename T>
 void multiply_block(const Problem<T>& p, int64_t ic, int64_t mc, int64_t jc, int64_t nc,
                     int64_t pc, int64_t kc, float beta, const float* Ap, float* Bp,
                     bool pack_b) {
+    const MicroKernel& mk = *p.kernel;
+    const int64_t NR = mk.cols;
+    alignas(64) float tile[kTileRows * kTileColsMax];
     for (int64_t j0 = 0; j0 < nc; j0 += NR) {
         const int64_t nr = std::min<int64_t>(NR, nc - j0);
         float* bp = Bp + j0 * kc;  // panel j0/NR, kc×NR floats each
-        if (pack_b) pack_b_panel(p.trans_b, p.B, p.ldb, pc, kc, jc + j0, nr, p.widen, bp);
+        if (pack_b && j0 % KC_MAX == 0)  // KC_MAX is a multiple of every NR
+            pack_b_panels(p.trans_b, p.B, p.ldb, pc, kc, jc + j0, std::min(KC_MAX, nc - j0), NR,
+                          p.widen, bp);
         for (int64_t i0 = 0; i0 < mc; i0 += MR) {
-            const int64_t mr = std::min<int64_t>(MR, mc - i0);
-            Tile acc;
-            multiply_panels(kc, Ap + i0 * kc, bp, acc);
             float* c = p.C + (ic + i0) * p.ldc + jc + j0;
-            if (mr == MR && nr == NR)
-                store_full_tile(acc, p.alpha, beta, c, p.ldc);
-            else
-                store_edge_tile(acc, mr, nr, p.alpha, beta, c, p.ldc);
+            const int64_t mr = std::min<int64_t>(MR, mc - i0);
+            prefetch_tile(c, p.ldc, mr, nr);
+            mk.multiply(kc, Ap + i0 * kc, bp, tile);
+            store_tile(tile, NR, mr, nr, p.alpha, beta, c, p.ldc);
         }
     }
 }
@@ -435,7 +357,7 @@ void multiply_block(const Problem<T>& p, int64_t ic, int64_t mc, int64_t jc, int
 template <typename T>
 void blocked_gemm(const Problem<T>& p, int64_t kc_block) {
     const int64_t mc_block = split_evenly(p.M, MC_MAX, MR);
-    const int64_t nc_block = split_evenly(p.N, NC_MAX, NR);
+    const int64_t nc_block = split_evenly(p.N, NC_MAX, p.kernel->cols);
     Workspace& ws = tls_workspace;
     float* Ap = reserve(ws.a, ws.a_cap, mc_block * kc_block);
     float* Bp = reserve(ws.b, ws.b_cap, kc_block * nc_block);
@@ -465,7 +387,7 @@ struct Grid {
 };
 
 // The grid of at most `parts` rectangles, as many as possible, with the least packing.
-Grid choose_grid(int64_t M, int64_t N, int64_t parts) {
+Grid choose_grid(int64_t M, int64_t N, int64_t NR, int64_t parts) {
     const int64_t m_panels = (M + MR - 1) / MR, n_panels = (N + NR - 1) / NR;
     Grid best{1, 1};
     double best_cost = 0;
@@ -508,26 +430,25 @@ void parallel_gemm(const Problem<T>& p, int64_t kc_block, int threads) {
     const double flops = 2.0 * p.M * p.N * p.K;
     const int64_t wanted = std::max<int64_t>(
         threads, std::min<double>(4.0 * threads, flops / PARALLEL_MIN_FLOPS));
-    const Grid g = choose_grid(p.M, p.N, wanted);
+    const int64_t NR = p.kernel->cols;
+    const Grid g = choose_grid(p.M, p.N, NR, wanted);
     const int64_t parts = g.tm * g.tn;
-    const int team = static_cast<int>(std::min<int64_t>(threads, parts));
-#pragma omp parallel for schedule(dynamic, 1) num_threads(team)
-    for (int64_t r = 0; r < parts; ++r) {
+    parallel_chunks(parts, [&](int64_t r) {
         int64_t i0, i1, j0, j1;
         split_range(p.M, MR, g.tm, r / g.tn, i0, i1);
         split_range(p.N, NR, g.tn, r % g.tn, j0, j1);
         if (i0 < i1 && j0 < j1) blocked_gemm(sub_problem(p, i0, i1, j0, j1), kc_block);
-    }
+    });
 }
 
-// The blocked product, on one thread or on the team.
+// The blocked product, on one thread or on the pool.
 template <typename T>
 void product(const Problem<T>& p) {
     // KC depends on K only, never on the thread count: this is what makes C deterministic.
     const int64_t kc_block = split_evenly(p.K, KC_MAX, 1);
-    const int threads = omp_in_parallel() ? 1 : omp_get_max_threads();
+    const int threads = in_parallel() ? 1 : max_threads();
     if (threads == 1 || 2.0 * p.M * p.N * p.K < PARALLEL_MIN_FLOPS)
-        blocked_gemm(p, kc_block);  // small: waking the team would cost more than it saves
+        blocked_gemm(p, kc_block);  // small: waking the pool would cost more than it saves
     else
         parallel_gemm(p, kc_block, threads);
 }
@@ -559,14 +480,15 @@ void gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alp
     check_args("gemm", trans_a, trans_b, M, N, K, A, lda, B, ldb, C, ldc);
     if (M == 0 || N == 0) return;
     if (K == 0 || alpha == 0.0f) return scale_c(M, N, beta, C, ldc);
+    const CpuLevel level = cpu_level();  // read once: one path for the whole product
+    const MicroKernel* kernel = &micro_kernel(level);
     if constexpr (std::is_same_v<T, float>) {
-        product(Problem<float>{trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc});
+        product(Problem<float>{trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, nullptr, kernel});
     } else {  // the f32 product alpha·op(A)·op(B), then C = T(product + beta·C)
-        const CpuLevel level = cpu_level();  // read once: one path for the whole product
         const Widen<T> widen = convert_kernel<T, float>(level).run;
         Workspace& ws = tls_workspace;
         float* acc = reserve(ws.c, ws.c_cap, M * N);
-        product(Problem<T>{trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, 0.0f, acc, N, widen});
+        product(Problem<T>{trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, 0.0f, acc, N, widen, kernel});
         round_into(M, N, acc, beta, C, ldc, widen, convert_kernel<float, T>(level).run);
     }
 }
@@ -593,8 +515,7 @@ void gemm_reference(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K,
 template <typename T>
 const char* gemm_path(CpuLevel level) {
     if constexpr (std::is_same_v<T, float>) {
-        (void)level;  // the f32 path is compiled in
-        return kMicroKernelIsa;
+        return micro_kernel(level).name;
     } else {
         return convert_kernel<T, float>(level).name;
     }

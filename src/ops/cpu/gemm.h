@@ -22,15 +22,17 @@
 // products are summed in f32 whatever T is; C is rounded to T once, at the end.
 //
 // ---- How the path is picked (chapter 09) ------------------------------------------------------
-// The micro-kernel, where the time goes, is f32 FMA for every T, and its instruction set is
-// fixed when the library is compiled (-march: AVX-512, AVX2 + FMA, or the compiler's vectors).
-// What is picked at run time is how f16/bf16 become f32 and back: the packing of A and B
-// panels and the store of C convert runs of elements with convert_simd.h's kernels, for
-// cpu_level() (core/cpu_features.h: the CPU's best level, capped by KILN_CPU):
+// Two things are picked at run time, both for cpu_level() (core/cpu_features.h: the CPU's
+// best level, capped by KILN_CPU), which gemm() reads once per call:
+//  - the micro-kernel, where the time goes: f32 FMA for every T, in AVX-512, AVX2 + FMA or the
+//    compiler's vectors (gemm_tile.h), whatever -march the library was compiled with;
+//  - how f16/bf16 become f32 and back: the packing of A and B panels and the store of C
+//    convert runs of elements with convert_simd.h's kernels:
 //   portable    dtype.h's integer conversion, one element at a time     gemm_path: "portable"
 //   avx2        F16C for f16, AVX2 shifts for bf16, 8 at a time         "avx2-f16c" / "avx2"
-// gemm() reads cpu_level() once per call; every path gives the same bits (each conversion
-// gives dtype.h's bits for every input), so KILN_CPU=portable changes the speed, never a result.
+// The conversions give dtype.h's bits for every input and the fused micro-kernels the same
+// sums (gemm_tile.h), so KILN_CPU changes the speed, not a result — except the portable
+// micro-kernel of a library compiled without FMA, which rounds twice per multiply-add.
 //
 // Where the faster products would slot in (not written: the machine this was written on
 // cannot run them). Each replaces the packing and the micro-kernel of a 16-bit T, with a
@@ -59,7 +61,8 @@ void gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alp
           const T* A, int64_t lda, const T* B, int64_t ldb, float beta, T* C, int64_t ldc);
 
 // The name of the path gemm<T> takes at `level` (a level this CPU supports), as above; for
-// float, the micro-kernel's compiled instruction set ("avx512", "avx2-fma" or "vectors").
+// float, the micro-kernel's instruction set ("avx512", "avx2-fma" or "vectors"); for f16 and
+// bf16, the conversions' (the micro-kernel is the float one of the same level).
 template <typename T>
 const char* gemm_path(CpuLevel level);
 

@@ -5,6 +5,7 @@
 #include <cmath>
 #include <vector>
 
+#include "core/parallel.h"
 #include "ops/cpu/cpu_ops.h"
 
 namespace kiln::cpu {
@@ -17,24 +18,25 @@ static constexpr int64_t kParallelMin = 1 << 14;
 // Each row's loss is kept apart and the rows are added in order: the same bits on any thread count.
 template <typename T> float softmax_cross_entropy(const T* z, const int32_t* y, T* dz, int64_t N, int64_t C) {
     std::vector<double> row_loss(static_cast<size_t>(N));
-#pragma omp parallel for schedule(static) if (N * C > kParallelMin)
-    for (int64_t n = 0; n < N; n++) {
-        const T* zn = z + n * C;
-        float m = float(zn[0]);
-        for (int64_t c = 1; c < C; c++) m = std::max(m, float(zn[c]));
-        double s = 0.0;
-        for (int64_t c = 0; c < C; c++) s += std::exp(double(float(zn[c]) - m));
-        double lse = double(m) + std::log(s);
-        row_loss[size_t(n)] = lse - double(float(zn[y[n]]));
-        if (dz) {
-            T* dn = dz + n * C;
-            for (int64_t c = 0; c < C; c++) {
-                float g = float(std::exp(double(float(zn[c])) - lse) / double(N));
-                if (c == y[n]) g -= 1.0f / float(N);
-                dn[c] = T(g);
+    parallel_for(N, grain_of(kParallelMin, C), [&](int64_t n0, int64_t n1) {
+        for (int64_t n = n0; n < n1; n++) {
+            const T* zn = z + n * C;
+            float m = float(zn[0]);
+            for (int64_t c = 1; c < C; c++) m = std::max(m, float(zn[c]));
+            double s = 0.0;
+            for (int64_t c = 0; c < C; c++) s += std::exp(double(float(zn[c]) - m));
+            double lse = double(m) + std::log(s);
+            row_loss[size_t(n)] = lse - double(float(zn[y[n]]));
+            if (dz) {
+                T* dn = dz + n * C;
+                for (int64_t c = 0; c < C; c++) {
+                    float g = float(std::exp(double(float(zn[c])) - lse) / double(N));
+                    if (c == y[n]) g -= 1.0f / float(N);
+                    dn[c] = T(g);
+                }
             }
         }
-    }
+    });
     double total = 0.0;
     for (double l : row_loss) total += l;
     return float(total / double(N));

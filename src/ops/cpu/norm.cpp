@@ -21,6 +21,7 @@
 #include <cstring>
 
 #include "core/error.h"
+#include "core/parallel.h"
 #include "core/rng.h"
 #include "ops/cpu/cnn_ops.h"
 
@@ -65,44 +66,46 @@ void batchnorm_forward_train(const T* x, const float* gamma, const float* beta, 
     const int64_t M = p.N * p.S;
     KILN_CHECK(M > 1, "batchnorm_forward_train: needs more than one value per channel to train, got N=", p.N,
                " S=", p.S);
-#pragma omp parallel for schedule(static) if (p.N * p.C * p.S > kParallelMin)
-    for (int64_t c = 0; c < p.C; c++) {
-        // pass 1: mean;  pass 2: biased variance around it
-        const double mean_d = channel_sum(p, c, [&](int64_t i) { return float(x[i]); }) / double(M);
-        const float mean = float(mean_d);
-        const double var = channel_sum(p, c, [&](int64_t i) {
-                               const float d = float(x[i]) - mean;
-                               return d * d;
-                           }) /
-                           double(M);
-        const float invstd = float(1.0 / std::sqrt(var + double(p.eps)));
-        // pass 3: y = gamma · (x − mean) · invstd + beta
-        const float scale = gamma[c] * invstd, shift = beta[c];
-        for (int64_t n = 0; n < p.N; n++) {
-            const int64_t base = (n * p.C + c) * p.S;
-            for (int64_t s = 0; s < p.S; s++) y[base + s] = T((float(x[base + s]) - mean) * scale + shift);
+    parallel_for(p.C, grain_of(kParallelMin, p.N * p.S), [&](int64_t c0, int64_t c1) {
+        for (int64_t c = c0; c < c1; c++) {
+            // pass 1: mean;  pass 2: biased variance around it
+            const double mean_d = channel_sum(p, c, [&](int64_t i) { return float(x[i]); }) / double(M);
+            const float mean = float(mean_d);
+            const double var = channel_sum(p, c, [&](int64_t i) {
+                                   const float d = float(x[i]) - mean;
+                                   return d * d;
+                               }) /
+                               double(M);
+            const float invstd = float(1.0 / std::sqrt(var + double(p.eps)));
+            // pass 3: y = gamma · (x − mean) · invstd + beta
+            const float scale = gamma[c] * invstd, shift = beta[c];
+            for (int64_t n = 0; n < p.N; n++) {
+                const int64_t base = (n * p.C + c) * p.S;
+                for (int64_t s = 0; s < p.S; s++) y[base + s] = T((float(x[base + s]) - mean) * scale + shift);
+            }
+            save_mean[c] = mean;
+            save_invstd[c] = invstd;
+            const double m = p.momentum;
+            running_mean[c] = float((1.0 - m) * running_mean[c] + m * mean_d);
+            running_var[c] = float((1.0 - m) * running_var[c] + m * var * double(M) / double(M - 1));
         }
-        save_mean[c] = mean;
-        save_invstd[c] = invstd;
-        const double m = p.momentum;
-        running_mean[c] = float((1.0 - m) * running_mean[c] + m * mean_d);
-        running_var[c] = float((1.0 - m) * running_var[c] + m * var * double(M) / double(M - 1));
-    }
+    });
 }
 
 template <typename T>
 void batchnorm_forward_eval(const T* x, const float* gamma, const float* beta, const float* running_mean,
                             const float* running_var, T* y, const BatchNormParams& p) {
     check_params(p, "batchnorm_forward_eval");
-#pragma omp parallel for schedule(static) if (p.N * p.C * p.S > kParallelMin)
-    for (int64_t c = 0; c < p.C; c++) {
-        const float mean = running_mean[c];
-        const float scale = gamma[c] / std::sqrt(running_var[c] + p.eps), shift = beta[c];
-        for (int64_t n = 0; n < p.N; n++) {
-            const int64_t base = (n * p.C + c) * p.S;
-            for (int64_t s = 0; s < p.S; s++) y[base + s] = T((float(x[base + s]) - mean) * scale + shift);
+    parallel_for(p.C, grain_of(kParallelMin, p.N * p.S), [&](int64_t c0, int64_t c1) {
+        for (int64_t c = c0; c < c1; c++) {
+            const float mean = running_mean[c];
+            const float scale = gamma[c] / std::sqrt(running_var[c] + p.eps), shift = beta[c];
+            for (int64_t n = 0; n < p.N; n++) {
+                const int64_t base = (n * p.C + c) * p.S;
+                for (int64_t s = 0; s < p.S; s++) y[base + s] = T((float(x[base + s]) - mean) * scale + shift);
+            }
         }
-    }
+    });
 }
 
 // pass 1: Σ dy and Σ dy·(x − mean);   pass 2: dx = gamma·invstd·(dy − Σdy/M − (x − mean)·invstd²·Σdy(x−mean)/M)
@@ -112,25 +115,26 @@ void batchnorm_backward(const T* dy, const T* x, const float* gamma, const float
                         const float* save_invstd, T* dx, float* dgamma, float* dbeta, const BatchNormParams& p) {
     check_params(p, "batchnorm_backward");
     const int64_t M = p.N * p.S;
-#pragma omp parallel for schedule(static) if (p.N * p.C * p.S > kParallelMin)
-    for (int64_t c = 0; c < p.C; c++) {
-        const float mean = save_mean[c], invstd = save_invstd[c];
-        const double sum_dy = channel_sum(p, c, [&](int64_t i) { return float(dy[i]); });
-        const double sum_dy_xm = channel_sum(p, c, [&](int64_t i) { return float(dy[i]) * (float(x[i]) - mean); });
-        const double sum_dy_xhat = sum_dy_xm * invstd;
-        const float k_dy = float(sum_dy / double(M));                               // Σdy / M
-        const float k_x = float(sum_dy_xhat * double(invstd) / double(M));          // Σ(dy·x̂)·invstd / M
-        const float g = gamma[c] * invstd;
-        for (int64_t n = 0; n < p.N; n++) {
-            const int64_t base = (n * p.C + c) * p.S;
-            for (int64_t s = 0; s < p.S; s++) {
-                const int64_t i = base + s;
-                dx[i] = T(g * (float(dy[i]) - k_dy - (float(x[i]) - mean) * k_x));
+    parallel_for(p.C, grain_of(kParallelMin, p.N * p.S), [&](int64_t c0, int64_t c1) {
+        for (int64_t c = c0; c < c1; c++) {
+            const float mean = save_mean[c], invstd = save_invstd[c];
+            const double sum_dy = channel_sum(p, c, [&](int64_t i) { return float(dy[i]); });
+            const double sum_dy_xm = channel_sum(p, c, [&](int64_t i) { return float(dy[i]) * (float(x[i]) - mean); });
+            const double sum_dy_xhat = sum_dy_xm * invstd;
+            const float k_dy = float(sum_dy / double(M));                               // Σdy / M
+            const float k_x = float(sum_dy_xhat * double(invstd) / double(M));          // Σ(dy·x̂)·invstd / M
+            const float g = gamma[c] * invstd;
+            for (int64_t n = 0; n < p.N; n++) {
+                const int64_t base = (n * p.C + c) * p.S;
+                for (int64_t s = 0; s < p.S; s++) {
+                    const int64_t i = base + s;
+                    dx[i] = T(g * (float(dy[i]) - k_dy - (float(x[i]) - mean) * k_x));
+                }
             }
+            dgamma[c] += float(sum_dy_xhat);
+            dbeta[c] += float(sum_dy);
         }
-        dgamma[c] += float(sum_dy_xhat);
-        dbeta[c] += float(sum_dy);
-    }
+    });
 }
 
 // ---- layer norm ----------------------------------------------------------------------------------
@@ -140,21 +144,22 @@ template <typename T>
 void layernorm_forward(const T* x, const float* gamma, const float* beta, T* y, float* save_mean, float* save_invstd,
                        int64_t R, int64_t D, float eps) {
     KILN_CHECK(R >= 0 && D > 0, "layernorm_forward: bad sizes R=", R, " D=", D);
-#pragma omp parallel for schedule(static) if (R * D > kParallelMin)
-    for (int64_t r = 0; r < R; r++) {
-        const T* xr = x + r * D;
-        const float mean = float(lane_sum(D, [&](int64_t d) { return float(xr[d]); }) / double(D));
-        const double var = lane_sum(D, [&](int64_t d) {
-                               const float c = float(xr[d]) - mean;
-                               return c * c;
-                           }) /
-                           double(D);
-        const float invstd = float(1.0 / std::sqrt(var + double(eps)));
-        T* yr = y + r * D;
-        for (int64_t d = 0; d < D; d++) yr[d] = T((float(xr[d]) - mean) * invstd * gamma[d] + beta[d]);
-        save_mean[r] = mean;
-        save_invstd[r] = invstd;
-    }
+    parallel_for(R, grain_of(kParallelMin, D), [&](int64_t r0, int64_t r1) {
+        for (int64_t r = r0; r < r1; r++) {
+            const T* xr = x + r * D;
+            const float mean = float(lane_sum(D, [&](int64_t d) { return float(xr[d]); }) / double(D));
+            const double var = lane_sum(D, [&](int64_t d) {
+                                   const float c = float(xr[d]) - mean;
+                                   return c * c;
+                               }) /
+                               double(D);
+            const float invstd = float(1.0 / std::sqrt(var + double(eps)));
+            T* yr = y + r * D;
+            for (int64_t d = 0; d < D; d++) yr[d] = T((float(xr[d]) - mean) * invstd * gamma[d] + beta[d]);
+            save_mean[r] = mean;
+            save_invstd[r] = invstd;
+        }
+    });
 }
 
 // dx: one row per thread, pass 1 Σ g and Σ g·x̂ (g = gamma·dy), pass 2 dx.
@@ -164,40 +169,42 @@ template <typename T>
 void layernorm_backward(const T* dy, const T* x, const float* gamma, const float* save_mean, const float* save_invstd,
                         T* dx, float* dgamma, float* dbeta, int64_t R, int64_t D) {
     KILN_CHECK(R >= 0 && D > 0, "layernorm_backward: bad sizes R=", R, " D=", D);
-#pragma omp parallel for schedule(static) if (R * D > kParallelMin)
-    for (int64_t r = 0; r < R; r++) {
-        const T* xr = x + r * D;
-        const T* gr = dy + r * D;
-        const float mean = save_mean[r], invstd = save_invstd[r];
-        const float sum_g = float(lane_sum(D, [&](int64_t d) { return gamma[d] * float(gr[d]); }));
-        const float sum_gx = float(
-            lane_sum(D, [&](int64_t d) { return gamma[d] * float(gr[d]) * ((float(xr[d]) - mean) * invstd); }));
-        const float k_g = sum_g / float(D), k_x = sum_gx / float(D);
-        T* dxr = dx + r * D;
-        for (int64_t d = 0; d < D; d++) {
-            const float xhat = (float(xr[d]) - mean) * invstd;
-            dxr[d] = T(invstd * (gamma[d] * float(gr[d]) - k_g - xhat * k_x));
-        }
-    }
-    constexpr int64_t kColumns = 64;
-    const int64_t blocks = (D + kColumns - 1) / kColumns;
-#pragma omp parallel for schedule(static) if (R * D > kParallelMin)
-    for (int64_t b = 0; b < blocks; b++) {
-        const int64_t d0 = b * kColumns, d1 = std::min(D, d0 + kColumns);
-        double acc_gamma[kColumns] = {}, acc_beta[kColumns] = {};
-        for (int64_t r = 0; r < R; r++) {
+    parallel_for(R, grain_of(kParallelMin, D), [&](int64_t r0, int64_t r1) {
+        for (int64_t r = r0; r < r1; r++) {
+            const T* xr = x + r * D;
+            const T* gr = dy + r * D;
             const float mean = save_mean[r], invstd = save_invstd[r];
-            for (int64_t d = d0; d < d1; d++) {
-                const float g = float(dy[r * D + d]);
-                acc_gamma[d - d0] += g * ((float(x[r * D + d]) - mean) * invstd);
-                acc_beta[d - d0] += g;
+            const float sum_g = float(lane_sum(D, [&](int64_t d) { return gamma[d] * float(gr[d]); }));
+            const float sum_gx = float(
+                lane_sum(D, [&](int64_t d) { return gamma[d] * float(gr[d]) * ((float(xr[d]) - mean) * invstd); }));
+            const float k_g = sum_g / float(D), k_x = sum_gx / float(D);
+            T* dxr = dx + r * D;
+            for (int64_t d = 0; d < D; d++) {
+                const float xhat = (float(xr[d]) - mean) * invstd;
+                dxr[d] = T(invstd * (gamma[d] * float(gr[d]) - k_g - xhat * k_x));
             }
         }
-        for (int64_t d = d0; d < d1; d++) {
-            dgamma[d] += float(acc_gamma[d - d0]);
-            dbeta[d] += float(acc_beta[d - d0]);
+    });
+    constexpr int64_t kColumns = 64;
+    const int64_t blocks = (D + kColumns - 1) / kColumns;
+    parallel_for(blocks, grain_of(kParallelMin, R * kColumns), [&](int64_t b0, int64_t b1) {
+        for (int64_t b = b0; b < b1; b++) {
+            const int64_t d0 = b * kColumns, d1 = std::min(D, d0 + kColumns);
+            double acc_gamma[kColumns] = {}, acc_beta[kColumns] = {};
+            for (int64_t r = 0; r < R; r++) {
+                const float mean = save_mean[r], invstd = save_invstd[r];
+                for (int64_t d = d0; d < d1; d++) {
+                    const float g = float(dy[r * D + d]);
+                    acc_gamma[d - d0] += g * ((float(x[r * D + d]) - mean) * invstd);
+                    acc_beta[d - d0] += g;
+                }
+            }
+            for (int64_t d = d0; d < d1; d++) {
+                dgamma[d] += float(acc_gamma[d - d0]);
+                dbeta[d] += float(acc_beta[d - d0]);
+            }
         }
-    }
+    });
 }
 
 // ---- GELU --------------------------------------------------------------------------------------
@@ -265,32 +272,34 @@ template <typename T>
 void gelu_forward(const T* x, T* y, int64_t n) {
     constexpr float kInvSqrt2 = 0.70710678118654752f;
     const int64_t blocks = (n + kSimdBlock - 1) / kSimdBlock;
-#pragma omp parallel for schedule(static) if (n > kParallelMin)
-    for (int64_t b = 0; b < blocks; b++) {
-        const int64_t end = std::min(n, (b + 1) * kSimdBlock);
+    parallel_for(blocks, grain_of(kParallelMin, kSimdBlock), [&](int64_t b0, int64_t b1) {
+        for (int64_t b = b0; b < b1; b++) {
+            const int64_t end = std::min(n, (b + 1) * kSimdBlock);
 #pragma omp simd
-        for (int64_t i = b * kSimdBlock; i < end; i++) {
-            const float v = float(x[i]);
-            y[i] = T(0.5f * v * (1.0f + erf_approx(v * kInvSqrt2)));
+            for (int64_t i = b * kSimdBlock; i < end; i++) {
+                const float v = float(x[i]);
+                y[i] = T(0.5f * v * (1.0f + erf_approx(v * kInvSqrt2)));
+            }
         }
-    }
+    });
 }
 
 template <typename T>
 void gelu_backward(const T* x, const T* dy, T* dx, int64_t n) {
     constexpr float kInvSqrt2 = 0.70710678118654752f, kInvSqrt2Pi = 0.39894228040143268f;
     const int64_t blocks = (n + kSimdBlock - 1) / kSimdBlock;
-#pragma omp parallel for schedule(static) if (n > kParallelMin)
-    for (int64_t b = 0; b < blocks; b++) {
-        const int64_t end = std::min(n, (b + 1) * kSimdBlock);
+    parallel_for(blocks, grain_of(kParallelMin, kSimdBlock), [&](int64_t b0, int64_t b1) {
+        for (int64_t b = b0; b < b1; b++) {
+            const int64_t end = std::min(n, (b + 1) * kSimdBlock);
 #pragma omp simd
-        for (int64_t i = b * kSimdBlock; i < end; i++) {
-            const float v = float(x[i]);
-            const float cdf = 0.5f * (1.0f + erf_approx(v * kInvSqrt2));
-            const float pdf = kInvSqrt2Pi * exp_nonpositive(-0.5f * v * v);
-            dx[i] = T(float(dy[i]) * (cdf + v * pdf));
+            for (int64_t i = b * kSimdBlock; i < end; i++) {
+                const float v = float(x[i]);
+                const float cdf = 0.5f * (1.0f + erf_approx(v * kInvSqrt2));
+                const float pdf = kInvSqrt2Pi * exp_nonpositive(-0.5f * v * v);
+                dx[i] = T(float(dy[i]) * (cdf + v * pdf));
+            }
         }
-    }
+    });
 }
 
 // ---- dropout -------------------------------------------------------------------------------------
@@ -301,20 +310,22 @@ void dropout_forward(const T* x, T* y, uint8_t* mask, int64_t n, float drop_p, u
     KILN_CHECK(drop_p >= 0.0f && drop_p <= 1.0f, "dropout_forward: drop probability ", drop_p,
                " is outside [0, 1]");
     const float scale = drop_p < 1.0f ? 1.0f / (1.0f - drop_p) : 0.0f;
-#pragma omp parallel for schedule(static) if (n > kParallelMin)
-    for (int64_t i = 0; i < n; i++) {
-        const float u = Rng::to_unit(splitmix64(seed_hash ^ splitmix64(first + uint64_t(i))));
-        const uint8_t keep = u >= drop_p ? 1 : 0;
-        mask[i] = keep;
-        y[i] = T(keep ? float(x[i]) * scale : 0.0f);
-    }
+    parallel_for(n, kParallelMin, [&](int64_t i0, int64_t i1) {
+        for (int64_t i = i0; i < i1; i++) {
+            const float u = Rng::to_unit(splitmix64(seed_hash ^ splitmix64(first + uint64_t(i))));
+            const uint8_t keep = u >= drop_p ? 1 : 0;
+            mask[i] = keep;
+            y[i] = T(keep ? float(x[i]) * scale : 0.0f);
+        }
+    });
 }
 
 template <typename T>
 void dropout_backward(const T* dy, const uint8_t* mask, T* dx, int64_t n, float drop_p) {
     const float scale = drop_p < 1.0f ? 1.0f / (1.0f - drop_p) : 0.0f;
-#pragma omp parallel for schedule(static) if (n > kParallelMin)
-    for (int64_t i = 0; i < n; i++) dx[i] = T(mask[i] ? float(dy[i]) * scale : 0.0f);
+    parallel_for(n, kParallelMin, [&](int64_t i0, int64_t i1) {
+        for (int64_t i = i0; i < i1; i++) dx[i] = T(mask[i] ? float(dy[i]) * scale : 0.0f);
+    });
 }
 
 KILN_FOR_EACH_FLOAT_TYPE(KILN_NORM)  // the list is in cnn_ops.h

@@ -1,10 +1,12 @@
 // optim.cpp — the optimizers' fused updates on the CPU (the twins of cuda/optim.cu): one pass
 // that reads each parameter, its gradient and its optimizer buffers once and writes the new
-// values. Each is one OpenMP loop; memory bandwidth is the limit. Also GradScaler's unscale
+// values. Each is one parallel_for (core/parallel.h); memory bandwidth is the limit. Also GradScaler's unscale
 // with its inf/NaN check (chapter 09), one pass over the gradients.
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 
+#include "core/parallel.h"
 #include "ops/cpu/cpu_ops.h"
 
 // Below this many elements a parallel region costs more than it saves.
@@ -14,15 +16,17 @@ namespace kiln::cpu {
 
 void sgd_update(float* p, const float* grad, float* buf, int64_t n, float lr, float momentum, float dampening,
                 float weight_decay, bool nesterov, bool first_step) {
-#pragma omp parallel for simd if (n > kParallelMin)
-    for (int64_t i = 0; i < n; i++) {
-        float g = grad[i] + weight_decay * p[i];
-        if (momentum != 0.0f) {
-            buf[i] = first_step ? g : momentum * buf[i] + (1.0f - dampening) * g;
-            g = nesterov ? g + momentum * buf[i] : buf[i];
+    parallel_for(n, kParallelMin, [&](int64_t i0, int64_t i1) {
+#pragma omp simd
+        for (int64_t i = i0; i < i1; i++) {
+            float g = grad[i] + weight_decay * p[i];
+            if (momentum != 0.0f) {
+                buf[i] = first_step ? g : momentum * buf[i] + (1.0f - dampening) * g;
+                g = nesterov ? g + momentum * buf[i] : buf[i];
+            }
+            p[i] -= lr * g;
         }
-        p[i] -= lr * g;
-    }
+    });
 }
 
 // The scalars are rounded to float once, as PyTorch passes them to its float kernels; then each
@@ -35,28 +39,34 @@ void adam_update(float* p, const float* grad, float* m, float* v, float* v_max, 
     const float step_size = float(a.step_size()), bc2_sqrt = float(a.bias_correction2_sqrt()),
                 decay = float(a.decay());
     const bool decoupled = a.decoupled;
-#pragma omp parallel for simd if (n > kParallelMin)
-    for (int64_t i = 0; i < n; i++) {
-        float g = grad[i];
-        if (decoupled) p[i] *= decay;
-        else g += wd * p[i];
-        m[i] = beta1 * m[i] + (1.0f - beta1) * g;
-        v[i] = beta2 * v[i] + (1.0f - beta2) * g * g;
-        const float v_used = v_max ? (v_max[i] = std::max(v_max[i], v[i])) : v[i];
-        p[i] -= step_size * m[i] / (std::sqrt(v_used) / bc2_sqrt + eps);
-    }
+    parallel_for(n, kParallelMin, [&](int64_t i0, int64_t i1) {
+#pragma omp simd
+        for (int64_t i = i0; i < i1; i++) {
+            float g = grad[i];
+            if (decoupled) p[i] *= decay;
+            else g += wd * p[i];
+            m[i] = beta1 * m[i] + (1.0f - beta1) * g;
+            v[i] = beta2 * v[i] + (1.0f - beta2) * g * g;
+            const float v_used = v_max ? (v_max[i] = std::max(v_max[i], v[i])) : v[i];
+            p[i] -= step_size * m[i] / (std::sqrt(v_used) / bc2_sqrt + eps);
+        }
+    });
 }
 
-// One read and one write per element; the flag is an OR over the elements, which OpenMP
-// combines across threads (reduction), so the result does not depend on the thread count.
+// One read and one write per element; the flag is an OR over the elements (each chunk's, then
+// the chunks'), so the result does not depend on the thread count.
 bool unscale_and_check(float* g, int64_t n, float inv_scale) {
-    int found_inf = 0;
-#pragma omp parallel for simd reduction(| : found_inf) if (n > kParallelMin)
-    for (int64_t i = 0; i < n; i++) {
-        found_inf |= !std::isfinite(g[i]);
-        g[i] *= inv_scale;
-    }
-    return found_inf != 0;
+    std::atomic<bool> found_inf{false};
+    parallel_for(n, kParallelMin, [&](int64_t i0, int64_t i1) {
+        int found = 0;
+#pragma omp simd reduction(| : found)
+        for (int64_t i = i0; i < i1; i++) {
+            found |= !std::isfinite(g[i]);
+            g[i] *= inv_scale;
+        }
+        if (found) found_inf.store(true, std::memory_order_relaxed);
+    });
+    return found_inf.load();
 }
 
 }  // namespace kiln::cpu

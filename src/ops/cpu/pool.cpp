@@ -21,6 +21,7 @@
 #include <limits>
 
 #include "core/error.h"
+#include "core/parallel.h"
 #include "ops/cpu/cnn_ops.h"
 
 namespace kiln::cpu {
@@ -90,56 +91,58 @@ void maxpool2d_forward(const T* x, T* y, int32_t* argmax, const Pool2dParams& p)
     const int64_t H = p.H, W = p.W, P = p.P(), Q = p.Q();
     KILN_CHECK(H * W <= std::numeric_limits<int32_t>::max(), "maxpool2d_forward: plane too large for i32 argmax");
     const bool two_by_two = p.KH == 2 && p.KW == 2 && p.stride == 2 && p.padding == 0;
-#pragma omp parallel for schedule(static) if (p.N * p.C * H * W > kParallelMin)
-    for (int64_t nc = 0; nc < p.N * p.C; nc++) {
-        const T* xp = x + nc * H * W;
-        T* yp = y + nc * P * Q;
-        int32_t* ap = argmax + nc * P * Q;
-        if (two_by_two) {
-            maxpool2x2_plane(xp, yp, ap, W, P, Q);
-            continue;
-        }
-        for (int64_t op = 0; op < P; op++) {
-            int64_t h0, h1;
-            window(op, p.stride, p.padding, p.KH, H, h0, h1);
-            for (int64_t oq = 0; oq < Q; oq++) {
-                int64_t w0, w1;
-                window(oq, p.stride, p.padding, p.KW, W, w0, w1);
-                float m = -std::numeric_limits<float>::infinity();
-                int64_t at = -1;  // stays −1 only if the window lies wholly in the padding
-                for (int64_t ih = h0; ih < h1; ih++) {
-                    const T* row = xp + ih * W;
-                    for (int64_t iw = w0; iw < w1; iw++) {
-                        const float v = float(row[iw]);
-                        // the first value, any larger one, or a NaN (which then stays: v > NaN is false)
-                        if (at < 0 || v > m || (std::isnan(v) && !std::isnan(m))) {
-                            m = v;
-                            at = ih * W + iw;
+    parallel_for(p.N * p.C, grain_of(kParallelMin, H * W), [&](int64_t nc0, int64_t nc1) {
+        for (int64_t nc = nc0; nc < nc1; nc++) {
+            const T* xp = x + nc * H * W;
+            T* yp = y + nc * P * Q;
+            int32_t* ap = argmax + nc * P * Q;
+            if (two_by_two) {
+                maxpool2x2_plane(xp, yp, ap, W, P, Q);
+                continue;
+            }
+            for (int64_t op = 0; op < P; op++) {
+                int64_t h0, h1;
+                window(op, p.stride, p.padding, p.KH, H, h0, h1);
+                for (int64_t oq = 0; oq < Q; oq++) {
+                    int64_t w0, w1;
+                    window(oq, p.stride, p.padding, p.KW, W, w0, w1);
+                    float m = -std::numeric_limits<float>::infinity();
+                    int64_t at = -1;  // stays −1 only if the window lies wholly in the padding
+                    for (int64_t ih = h0; ih < h1; ih++) {
+                        const T* row = xp + ih * W;
+                        for (int64_t iw = w0; iw < w1; iw++) {
+                            const float v = float(row[iw]);
+                            // the first value, any larger one, or a NaN (which then stays: v > NaN is false)
+                            if (at < 0 || v > m || (std::isnan(v) && !std::isnan(m))) {
+                                m = v;
+                                at = ih * W + iw;
+                            }
                         }
                     }
+                    yp[op * Q + oq] = T(m);
+                    ap[op * Q + oq] = int32_t(at);
                 }
-                yp[op * Q + oq] = T(m);
-                ap[op * Q + oq] = int32_t(at);
             }
         }
-    }
+    });
 }
 
 template <typename T>
 void maxpool2d_backward(const T* dy, const int32_t* argmax, T* dx, const Pool2dParams& p) {
     check_params(p, "maxpool2d_backward");
     const int64_t S = p.H * p.W, PQ = p.P() * p.Q();
-#pragma omp parallel for schedule(static) if (p.N * p.C * S > kParallelMin)
-    for (int64_t nc = 0; nc < p.N * p.C; nc++) {
-        T* dxp = dx + nc * S;
-        const T* dyp = dy + nc * PQ;
-        const int32_t* ap = argmax + nc * PQ;
-        F32Plane<T> plane(dxp, S);  // overlapping windows add into one dx in f32, rounded once
-        float* acc = plane.data();
-        for (int64_t i = 0; i < PQ; i++)
-            if (ap[i] >= 0) acc[ap[i]] += float(dyp[i]);
-        plane.store();
-    }
+    parallel_for(p.N * p.C, grain_of(kParallelMin, S), [&](int64_t nc0, int64_t nc1) {
+        for (int64_t nc = nc0; nc < nc1; nc++) {
+            T* dxp = dx + nc * S;
+            const T* dyp = dy + nc * PQ;
+            const int32_t* ap = argmax + nc * PQ;
+            F32Plane<T> plane(dxp, S);  // overlapping windows add into one dx in f32, rounded once
+            float* acc = plane.data();
+            for (int64_t i = 0; i < PQ; i++)
+                if (ap[i] >= 0) acc[ap[i]] += float(dyp[i]);
+            plane.store();
+        }
+    });
 }
 
 // ---- average ------------------------------------------------------------------------------------
@@ -148,23 +151,24 @@ void avgpool2d_forward(const T* x, T* y, const Pool2dParams& p) {
     check_params(p, "avgpool2d_forward");
     const int64_t H = p.H, W = p.W, P = p.P(), Q = p.Q();
     const float inv = 1.0f / float(p.KH * p.KW);  // count_include_pad: always the full window
-#pragma omp parallel for schedule(static) if (p.N * p.C * H * W > kParallelMin)
-    for (int64_t nc = 0; nc < p.N * p.C; nc++) {
-        const T* xp = x + nc * H * W;
-        T* yp = y + nc * P * Q;
-        for (int64_t op = 0; op < P; op++) {
-            int64_t h0, h1;
-            window(op, p.stride, p.padding, p.KH, H, h0, h1);
-            for (int64_t oq = 0; oq < Q; oq++) {
-                int64_t w0, w1;
-                window(oq, p.stride, p.padding, p.KW, W, w0, w1);
-                float s = 0.0f;
-                for (int64_t ih = h0; ih < h1; ih++)
-                    for (int64_t iw = w0; iw < w1; iw++) s += float(xp[ih * W + iw]);
-                yp[op * Q + oq] = T(s * inv);
+    parallel_for(p.N * p.C, grain_of(kParallelMin, H * W), [&](int64_t nc0, int64_t nc1) {
+        for (int64_t nc = nc0; nc < nc1; nc++) {
+            const T* xp = x + nc * H * W;
+            T* yp = y + nc * P * Q;
+            for (int64_t op = 0; op < P; op++) {
+                int64_t h0, h1;
+                window(op, p.stride, p.padding, p.KH, H, h0, h1);
+                for (int64_t oq = 0; oq < Q; oq++) {
+                    int64_t w0, w1;
+                    window(oq, p.stride, p.padding, p.KW, W, w0, w1);
+                    float s = 0.0f;
+                    for (int64_t ih = h0; ih < h1; ih++)
+                        for (int64_t iw = w0; iw < w1; iw++) s += float(xp[ih * W + iw]);
+                    yp[op * Q + oq] = T(s * inv);
+                }
             }
         }
-    }
+    });
 }
 
 template <typename T>
@@ -172,25 +176,26 @@ void avgpool2d_backward(const T* dy, T* dx, const Pool2dParams& p) {
     check_params(p, "avgpool2d_backward");
     const int64_t H = p.H, W = p.W, P = p.P(), Q = p.Q();
     const float inv = 1.0f / float(p.KH * p.KW);
-#pragma omp parallel for schedule(static) if (p.N * p.C * H * W > kParallelMin)
-    for (int64_t nc = 0; nc < p.N * p.C; nc++) {
-        T* dxp = dx + nc * H * W;
-        const T* dyp = dy + nc * P * Q;
-        F32Plane<T> plane(dxp, H * W);  // overlapping windows add into one dx in f32, rounded once
-        float* acc = plane.data();
-        for (int64_t op = 0; op < P; op++) {
-            int64_t h0, h1;
-            window(op, p.stride, p.padding, p.KH, H, h0, h1);
-            for (int64_t oq = 0; oq < Q; oq++) {
-                int64_t w0, w1;
-                window(oq, p.stride, p.padding, p.KW, W, w0, w1);
-                const float g = float(dyp[op * Q + oq]) * inv;
-                for (int64_t ih = h0; ih < h1; ih++)
-                    for (int64_t iw = w0; iw < w1; iw++) acc[ih * W + iw] += g;
+    parallel_for(p.N * p.C, grain_of(kParallelMin, H * W), [&](int64_t nc0, int64_t nc1) {
+        for (int64_t nc = nc0; nc < nc1; nc++) {
+            T* dxp = dx + nc * H * W;
+            const T* dyp = dy + nc * P * Q;
+            F32Plane<T> plane(dxp, H * W);  // overlapping windows add into one dx in f32, rounded once
+            float* acc = plane.data();
+            for (int64_t op = 0; op < P; op++) {
+                int64_t h0, h1;
+                window(op, p.stride, p.padding, p.KH, H, h0, h1);
+                for (int64_t oq = 0; oq < Q; oq++) {
+                    int64_t w0, w1;
+                    window(oq, p.stride, p.padding, p.KW, W, w0, w1);
+                    const float g = float(dyp[op * Q + oq]) * inv;
+                    for (int64_t ih = h0; ih < h1; ih++)
+                        for (int64_t iw = w0; iw < w1; iw++) acc[ih * W + iw] += g;
+                }
             }
+            plane.store();
         }
-        plane.store();
-    }
+    });
 }
 
 // ---- global average: [N·C planes of S] → [N·C] ---------------------------------------------------
@@ -199,29 +204,31 @@ void avgpool2d_backward(const T* dy, T* dx, const Pool2dParams& p) {
 template <typename T>
 void global_avgpool_forward(const T* x, T* y, int64_t NC, int64_t S) {
     KILN_CHECK(NC >= 0 && S > 0, "global_avgpool_forward: bad sizes NC=", NC, " S=", S);
-#pragma omp parallel for schedule(static) if (NC * S > kParallelMin)
-    for (int64_t i = 0; i < NC; i++) {
-        const T* xp = x + i * S;
-        float lane[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-        int64_t s = 0;
-        for (; s + 8 <= S; s += 8)
-            for (int j = 0; j < 8; j++) lane[j] += float(xp[s + j]);
-        double total = 0.0;
-        for (int j = 0; j < 8; j++) total += lane[j];
-        for (; s < S; s++) total += float(xp[s]);
-        y[i] = T(total / double(S));
-    }
+    parallel_for(NC, grain_of(kParallelMin, S), [&](int64_t i0, int64_t i1) {
+        for (int64_t i = i0; i < i1; i++) {
+            const T* xp = x + i * S;
+            float lane[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+            int64_t s = 0;
+            for (; s + 8 <= S; s += 8)
+                for (int j = 0; j < 8; j++) lane[j] += float(xp[s + j]);
+            double total = 0.0;
+            for (int j = 0; j < 8; j++) total += lane[j];
+            for (; s < S; s++) total += float(xp[s]);
+            y[i] = T(total / double(S));
+        }
+    });
 }
 
 template <typename T>
 void global_avgpool_backward(const T* dy, T* dx, int64_t NC, int64_t S) {
     KILN_CHECK(NC >= 0 && S > 0, "global_avgpool_backward: bad sizes NC=", NC, " S=", S);
     const float inv = 1.0f / float(S);
-#pragma omp parallel for schedule(static) if (NC * S > kParallelMin)
-    for (int64_t i = 0; i < NC; i++) {
-        const T g = T(float(dy[i]) * inv);
-        std::fill(dx + i * S, dx + (i + 1) * S, g);
-    }
+    parallel_for(NC, grain_of(kParallelMin, S), [&](int64_t i0, int64_t i1) {
+        for (int64_t i = i0; i < i1; i++) {
+            const T g = T(float(dy[i]) * inv);
+            std::fill(dx + i * S, dx + (i + 1) * S, g);
+        }
+    });
 }
 
 KILN_FOR_EACH_FLOAT_TYPE(KILN_POOL)  // the list is in cnn_ops.h

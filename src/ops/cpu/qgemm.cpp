@@ -71,14 +71,13 @@
 // them (Zen 4 and 5, Ice Lake and later) and are tested there by the same cases.
 #include "ops/cpu/qgemm.h"
 
-#include <omp.h>
-
 #include <algorithm>
 #include <cstring>
 #include <vector>
 
 #include "core/cpu_features.h"
 #include "core/error.h"
+#include "core/parallel.h"
 #include "ops/cpu/quant_ops.h"
 
 #if defined(__x86_64__) || defined(__i386__)
@@ -297,7 +296,7 @@ int64_t ceil_div(int64_t n, int64_t d) { return (n + d - 1) / d; }
 
 // Threads for `work` (multiply-adds, values packed): one inside a parallel region or below `min_work`.
 int threads_for(int64_t work, int64_t min_work) {
-    return omp_in_parallel() || work < min_work ? 1 : omp_get_max_threads();
+    return in_parallel() || work < min_work ? 1 : max_threads();
 }
 
 // B packed: ceil(N / NR) panels of groups·KG·NR values each, groups = ceil(K / KG).
@@ -307,9 +306,13 @@ int64_t packed_b_bytes(const Kernel& kn, int64_t N, int64_t K) { return ceil_div
 void pack_b(const Kernel& kn, int64_t N, int64_t K, const int8_t* B, int64_t ldb, uint8_t* Bp) {
     const int64_t nr = kn.nr, panel = b_panel_bytes(kn, K);
     const int threads = threads_for(N * K, kParallelMinPack);
-#pragma omp parallel for schedule(static) num_threads(threads) if (threads > 1)
-    for (int64_t jp = 0; jp < ceil_div(N, nr); ++jp)
+    const auto pack_panel = [&](int64_t jp) {
         kn.pack_b(B + jp * nr * ldb, ldb, std::min(nr, N - jp * nr), K, ceil_div(K, kn.kg), Bp + jp * panel);
+    };
+    if (threads > 1)
+        parallel_chunks(ceil_div(N, nr), pack_panel);
+    else
+        for (int64_t jp = 0; jp < ceil_div(N, nr); ++jp) pack_panel(jp);
 }
 
 struct Product {
@@ -385,8 +388,11 @@ void multiply(const Kernel& kn, int64_t M, int64_t N, int64_t K, const uint8_t* 
     const int64_t max_mc_panels = std::max<int64_t>(1, kABlockBytes / (mr * kc_groups * kn.kg * kn.bytes));
     const int64_t blocks = std::min(m_panels, std::max(ceil_div(m_panels, max_mc_panels), int64_t(4) * threads));
     const int64_t mc = ceil_div(m_panels, blocks) * mr;
-#pragma omp parallel for schedule(dynamic, 1) num_threads(threads) if (threads > 1)
-    for (int64_t i0 = 0; i0 < M; i0 += mc) multiply_rows(kn, p, i0, std::min(M, i0 + mc));
+    const auto row_block = [&](int64_t b) { multiply_rows(kn, p, b * mc, std::min(M, (b + 1) * mc)); };
+    if (threads > 1)
+        parallel_chunks(ceil_div(M, mc), row_block);
+    else
+        for (int64_t b = 0; b < ceil_div(M, mc); ++b) row_block(b);
 }
 
 void check_sizes(int64_t M, int64_t N, int64_t K, int64_t lda, int64_t ldc) {

@@ -2,13 +2,13 @@
 // quantize and dequantize, requantization, the int8 Linear and convolution, u8 max pooling,
 // table lookups, and fake quantization for quantization-aware training. The int8 matrix
 // product itself, with its SIMD paths, is in qgemm.cpp.
-#include <omp.h>
-
 #include <algorithm>
+#include <atomic>
 #include <cstring>
 
 #include "core/cpu_features.h"
 #include "core/error.h"
+#include "core/parallel.h"
 #include "ops/cpu/qgemm.h"
 #include "ops/cpu/quant_ops.h"
 
@@ -32,11 +32,12 @@ void for_each_run(int64_t outer, int64_t C, int64_t inner, F&& f) {
     const int64_t run = C == 1 ? 4096 : inner;
     const int64_t runs_per_block = inner == 0 ? 0 : (inner + run - 1) / run;
     const int64_t total = outer * C * runs_per_block;
-#pragma omp parallel for schedule(static)
-    for (int64_t r = 0; r < total; r++) {
-        const int64_t block = r / runs_per_block, begin = block * inner + r % runs_per_block * run;
-        f(begin, std::min(begin + run, (block + 1) * inner), block % C);
-    }
+    parallel_for(total, grain_of(1 << 15, run), [&](int64_t r0, int64_t r1) {
+        for (int64_t r = r0; r < r1; r++) {
+            const int64_t block = r / runs_per_block, begin = block * inner + r % runs_per_block * run;
+            f(begin, std::min(begin + run, (block + 1) * inner), block % C);
+        }
+    });
 }
 
 }  // namespace
@@ -87,10 +88,11 @@ void qgemm_u8s8_reference(int64_t M, int64_t N, int64_t K, const uint8_t* A, int
 constexpr int64_t kParallelMinValues = int64_t(1) << 16;
 
 void requantize_rows(const int32_t* acc, uint8_t* y, int64_t M, int64_t O, const QOutput& out) {
-#pragma omp parallel for schedule(static) if (M * O >= kParallelMinValues)
-    for (int64_t m = 0; m < M; m++)
-        for (int64_t o = 0; o < O; o++)
-            y[m * O + o] = requantize_value(acc[m * O + o] + out.bias[o], out.requant[o], out.zero_point, out.lo, out.hi);
+    parallel_for(M, grain_of(kParallelMinValues, O), [&](int64_t m0, int64_t m1) {
+        for (int64_t m = m0; m < m1; m++)
+            for (int64_t o = 0; o < O; o++)
+                y[m * O + o] = requantize_value(acc[m * O + o] + out.bias[o], out.requant[o], out.zero_point, out.lo, out.hi);
+    });
 }
 
 void qlinear(const uint8_t* x, const int8_t* w, uint8_t* y, int64_t N, int64_t K, int64_t O, int32_t x_max,
@@ -246,41 +248,42 @@ void qconv2d(const uint8_t* x, const int8_t* w, uint8_t* y, const Conv2dParams& 
     const int64_t x_image = p.C * p.H * p.W, y_image = p.O * p.P() * p.Q();
     const QgemmPackedB wp = qgemm_pack_b(p.O, p.C * p.KH * p.KW, w, p.C * p.KH * p.KW, x_max);  // once for all images
     const RequantizeChannel requantize = requantize_channel_kernel();
-    const int threads = omp_in_parallel() ? 1 : omp_get_max_threads();
+    const int threads = in_parallel() ? 1 : max_threads();
     if (p.N < threads || threads == 1) {
         for (int64_t n = 0; n < p.N; n++)
             qconv2d_image(x + n * x_image, wp, y + n * y_image, p, x_zero_point, out, requantize, work);
         return;
     }
-#pragma omp parallel num_threads(int(std::min<int64_t>(threads, conv_slots(p))))
-    {
-        uint8_t* slot = work + omp_get_thread_num() * slot_bytes(p);
-#pragma omp for schedule(dynamic, 1)
-        for (int64_t n = 0; n < p.N; n++)
+    // One task per workspace slot; each takes the next image until none is left.
+    std::atomic<int64_t> next{0};
+    parallel_chunks(std::min<int64_t>(threads, conv_slots(p)), [&](int64_t task) {
+        uint8_t* slot = work + task * slot_bytes(p);
+        for (int64_t n = next++; n < p.N; n = next++)
             qconv2d_image(x + n * x_image, wp, y + n * y_image, p, x_zero_point, out, requantize, slot);
-    }
+    });
 }
 
 // ==== pooling and tables ==========================================================================
 void qmaxpool2d(const uint8_t* x, uint8_t* y, const Pool2dParams& p) {
     const int64_t P = p.P(), Q = p.Q();
-#pragma omp parallel for schedule(static)
-    for (int64_t plane = 0; plane < p.N * p.C; plane++) {
-        const uint8_t* xp = x + plane * p.H * p.W;
-        for (int64_t op = 0; op < P; op++) {
-            // the window's rows and columns inside the image: [h0, h1) × [w0, w1)
-            const int64_t top = op * p.stride - p.padding;
-            const int64_t h0 = std::max<int64_t>(top, 0), h1 = std::min(top + p.KH, p.H);
-            for (int64_t oq = 0; oq < Q; oq++) {
-                const int64_t left = oq * p.stride - p.padding;
-                const int64_t w0 = std::max<int64_t>(left, 0), w1 = std::min(left + p.KW, p.W);
-                uint8_t m = 0;
-                for (int64_t ih = h0; ih < h1; ih++)
-                    for (int64_t iw = w0; iw < w1; iw++) m = std::max(m, xp[ih * p.W + iw]);
-                y[(plane * P + op) * Q + oq] = m;
+    parallel_for(p.N * p.C, grain_of(1 << 15, p.H * p.W), [&](int64_t plane0, int64_t plane1) {
+        for (int64_t plane = plane0; plane < plane1; plane++) {
+            const uint8_t* xp = x + plane * p.H * p.W;
+            for (int64_t op = 0; op < P; op++) {
+                // the window's rows and columns inside the image: [h0, h1) × [w0, w1)
+                const int64_t top = op * p.stride - p.padding;
+                const int64_t h0 = std::max<int64_t>(top, 0), h1 = std::min(top + p.KH, p.H);
+                for (int64_t oq = 0; oq < Q; oq++) {
+                    const int64_t left = oq * p.stride - p.padding;
+                    const int64_t w0 = std::max<int64_t>(left, 0), w1 = std::min(left + p.KW, p.W);
+                    uint8_t m = 0;
+                    for (int64_t ih = h0; ih < h1; ih++)
+                        for (int64_t iw = w0; iw < w1; iw++) m = std::max(m, xp[ih * p.W + iw]);
+                    y[(plane * P + op) * Q + oq] = m;
+                }
             }
         }
-    }
+    });
 }
 
 void lookup_u8(const uint8_t* x, uint8_t* y, int64_t outer, int64_t C, int64_t inner, const uint8_t* table) {

@@ -11,6 +11,7 @@
 #include <limits>
 #include <vector>
 
+#include "core/parallel.h"
 #include "ops/cpu/cpu_ops.h"
 
 namespace kiln::cpu {
@@ -21,12 +22,11 @@ static constexpr int64_t kChunk = 1 << 14;
 template <typename Term> static double chunked_sum(int64_t n, Term term) {
     int64_t chunks = (n + kChunk - 1) / kChunk;
     std::vector<double> part(size_t(std::max<int64_t>(chunks, 1)), 0.0);
-#pragma omp parallel for schedule(static) if (chunks > 1)
-    for (int64_t c = 0; c < chunks; c++) {
+    parallel_chunks(chunks, [&](int64_t c) {
         double s = 0.0;
         for (int64_t i = c * kChunk; i < std::min(n, (c + 1) * kChunk); i++) s += term(i);
         part[size_t(c)] = s;
-    }
+    });
     double total = 0.0;
     for (double p : part) total += p;
     return total;
@@ -45,39 +45,46 @@ template <typename T> double sum_squares(const T* x, int64_t n) {
 }
 
 template <typename T> float max(const T* x, int64_t n) {
-    float m = -std::numeric_limits<float>::infinity();
-#pragma omp parallel for reduction(max : m) if (n > kChunk)
-    for (int64_t i = 0; i < n; i++) m = std::max(m, float(x[i]));
-    return m;  // max is exact: the order does not matter
+    const int64_t chunks = (n + kChunk - 1) / kChunk;
+    std::vector<float> part(size_t(std::max<int64_t>(chunks, 1)), -std::numeric_limits<float>::infinity());
+    parallel_chunks(chunks, [&](int64_t c) {
+        float m = part[size_t(c)];
+        for (int64_t i = c * kChunk; i < std::min(n, (c + 1) * kChunk); i++) m = std::max(m, float(x[i]));
+        part[size_t(c)] = m;
+    });
+    return *std::max_element(part.begin(), part.end());  // max is exact: the order does not matter
 }
 
 // ---- rows of an N×C matrix ---------------------------------------------------------------------
 template <typename T> void add_bias(T* y, const T* b, int64_t N, int64_t C) {
-#pragma omp parallel for if (N * C > kChunk)
-    for (int64_t n = 0; n < N; n++)
-        for (int64_t c = 0; c < C; c++) y[n * C + c] = T(float(y[n * C + c]) + float(b[c]));
+    parallel_for(N, grain_of(kChunk, C), [&](int64_t n0, int64_t n1) {
+        for (int64_t n = n0; n < n1; n++)
+            for (int64_t c = 0; c < C; c++) y[n * C + c] = T(float(y[n * C + c]) + float(b[c]));
+    });
 }
 
 // db[c] = Σ_n dy[n,c] + beta·db[c]. Each column is summed (in float) by one thread in row order,
 // so the result does not depend on the thread count.
 template <typename T> void sum_rows(const T* dy, T* db, int64_t N, int64_t C, float beta) {
-#pragma omp parallel for if (N * C > kChunk)
-    for (int64_t c = 0; c < C; c++) {
-        float s = 0.0f;
-        for (int64_t n = 0; n < N; n++) s += float(dy[n * C + c]);
-        db[c] = T(s + (beta == 0.0f ? 0.0f : beta * float(db[c])));
-    }
+    parallel_for(C, grain_of(kChunk, N), [&](int64_t c0, int64_t c1) {
+        for (int64_t c = c0; c < c1; c++) {
+            float s = 0.0f;
+            for (int64_t n = 0; n < N; n++) s += float(dy[n * C + c]);
+            db[c] = T(s + (beta == 0.0f ? 0.0f : beta * float(db[c])));
+        }
+    });
 }
 
 template <typename T> void argmax_rows(const T* x, int32_t* out, int64_t N, int64_t C) {
-#pragma omp parallel for if (N * C > kChunk)
-    for (int64_t n = 0; n < N; n++) {
-        const T* row = x + n * C;
-        int64_t best = 0;
-        for (int64_t c = 1; c < C; c++)
-            if (float(row[c]) > float(row[best])) best = c;  // first maximum wins, like PyTorch
-        out[n] = int32_t(best);
-    }
+    parallel_for(N, grain_of(kChunk, C), [&](int64_t n0, int64_t n1) {
+        for (int64_t n = n0; n < n1; n++) {
+            const T* row = x + n * C;
+            int64_t best = 0;
+            for (int64_t c = 1; c < C; c++)
+                if (float(row[c]) > float(row[best])) best = c;  // first maximum wins, like PyTorch
+            out[n] = int32_t(best);
+        }
+    });
 }
 
 KILN_FOR_EACH_FLOAT_TYPE(KILN_REDUCE)  // the list is in cpu_ops.h

@@ -46,6 +46,7 @@
 #include <cstring>
 #include <memory>
 
+#include "core/parallel.h"
 #include "ops/cpu/cpu_ops.h"
 
 namespace kiln::cpu {
@@ -91,16 +92,18 @@ void csr_linear(const float* x, const float* values, const int32_t* col_index, c
     const int64_t panels = (N + L - 1) / L, row_blocks = (out + kRowBlock - 1) / kRowBlock;
     const std::unique_ptr<float[]> packed(new float[size_t(panels * in * L)]);  // [panels][in][L], all written by pack_panel
     const bool parallel = N * (row_start[out] + in) >= kParallelMin;
-#pragma omp parallel if (parallel)
-    {
-#pragma omp for schedule(static)
-        for (int64_t p = 0; p < panels; p++)
-            pack_panel(x + p * L * in, packed.get() + p * in * L, std::min(L, N - p * L), in);
-#pragma omp for collapse(2) schedule(static)
-        for (int64_t p = 0; p < panels; p++)
-            for (int64_t r = 0; r < row_blocks; r++)
-                panel_rows(packed.get() + p * in * L, values, col_index, row_start, bias, y + p * L * out,
-                           std::min(L, N - p * L), r * kRowBlock, std::min(out, (r + 1) * kRowBlock), out);
+    const auto pack = [&](int64_t p) { pack_panel(x + p * L * in, packed.get() + p * in * L, std::min(L, N - p * L), in); };
+    const auto multiply = [&](int64_t task) {  // task = one panel of x times one block of rows
+        const int64_t p = task / row_blocks, r = task % row_blocks;
+        panel_rows(packed.get() + p * in * L, values, col_index, row_start, bias, y + p * L * out,
+                   std::min(L, N - p * L), r * kRowBlock, std::min(out, (r + 1) * kRowBlock), out);
+    };
+    if (parallel) {
+        parallel_chunks(panels, pack);
+        parallel_chunks(panels * row_blocks, multiply);
+    } else {
+        for (int64_t p = 0; p < panels; p++) pack(p);
+        for (int64_t task = 0; task < panels * row_blocks; task++) multiply(task);
     }
 }
 

@@ -1,0 +1,41 @@
+// gemm_tile.h — the GEMM's micro-kernels, one per instruction set, picked at run time
+// (chapter 03; gemm.cpp's header comment says what a micro-kernel is).
+//
+// A binary built on one machine runs on others: a learner's laptop with AVX2 only, a server
+// with AVX-512. So the micro-kernel — where nearly all of a GEMM's time goes — is compiled
+// three times, each in a file of its own that tells the compiler its instruction set
+// (`#pragma GCC target`) and includes the one body, gemm_tile_body.h:
+//   gemm_tile_avx512.cpp   AVX-512 F      6×64 tile: 24 zmm accumulators   "avx512"
+//   gemm_tile_avx2.cpp     AVX2 + FMA     6×16 tile: 12 ymm accumulators   "avx2-fma"
+//   gemm_tile_portable.cpp the compiler's 4-float vectors for the -march it was given   "vectors"
+// gemm() takes the best one at or below cpu_level() (core/cpu_features.h), so KILN_CPU=avx2
+// runs the AVX2 kernel on an AVX-512 machine, and the AVX-512 kernel runs on any CPU that has
+// it even when the library was compiled for less (-march=x86-64-v3).
+//
+// Every kernel sums k in order, lane by lane, with one fused multiply-add (one rounding) per
+// step, so the AVX-512 and AVX2 kernels give the same bits. The portable one fuses too where
+// the compiler was told of FMA (-march); without it (make SAN=1 builds for plain x86-64), it
+// multiplies and adds, rounding twice, and its bits differ in the last place.
+#pragma once
+#include <cstdint>
+
+#include "core/cpu_features.h"
+
+namespace kiln::cpu {
+
+constexpr int kTileRows = 6;     // MR: the rows of a tile, the same for every kernel
+constexpr int kTileColsMax = 64;  // the widest NR (AVX-512): sizes the callers' tile buffers
+
+struct MicroKernel {
+    const char* name;  // "avx512", "avx2-fma" or "vectors" (gemm_path<float>)
+    int cols;          // NR: the tile's columns; B is packed in panels this wide
+    bool fused;        // one rounding per multiply-add: the bits of every other fused kernel
+    // tile[i*cols + j] = Σ_k Ap[k*MR + i] · Bp[k*cols + j], k = 0 .. kc-1 in order:
+    // Ap is a packed MR-row panel of A, Bp a packed cols-wide panel of B (gemm.cpp, "Packing").
+    void (*multiply)(int64_t kc, const float* Ap, const float* Bp, float* tile);
+};
+
+// The kernel for `level` (a level this CPU supports): the best one compiled in at or below it.
+const MicroKernel& micro_kernel(CpuLevel level);
+
+}  // namespace kiln::cpu
