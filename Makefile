@@ -11,9 +11,12 @@
 #   make lab             the kernel lab (cuda/lab/): every version of each kernel checked against the
 #                        CPU on the emulator; with CUDA=1, on a GPU, then timed against cuBLAS/cuDNN
 #   make accuracy        train every chapter fully and check its accuracy (long; LESSONS_TO_CHECK='01 03')
-#   make CUDA=1          the same with nvcc for a real GPU   make gpu-check   on a GPU machine
+#   make CUDA=1          the same with nvcc for a real GPU
+#   make gpu-check-prepare   the CUDA binaries, MNIST and the check in gpu-check/, for a GPU machine
+#   make gpu-check       on that machine: runs them (no build there)
 #
-# Objects go to build/ (build-san/ with SAN=1, build-cuda/ with CUDA=1).
+# Objects go to build/ (build-san/ with SAN=1, build-cuda/ with CUDA=1, build-gpucheck/ for the
+# GPU check).
 
 CXX      ?= g++
 NVCC     ?= /usr/local/cuda/bin/nvcc
@@ -48,6 +51,25 @@ NVFLAGS := -std=c++17 -O2 -Isrc -Icuda -DKILN_CUDA=1 --Werror all-warnings \
            -Xcompiler -Wall,-Wextra,-Werror,-fopenmp \
            -gencode arch=compute_80,code=sm_80 -gencode arch=compute_90,code=sm_90 \
            -gencode arch=compute_90,code=compute_90
+
+# make gpu-check-prepare (scripts/gpu-check-prepare.sh) builds with CUDA=1 GPUCHECK=1 the binaries
+# that travel to a GPU machine which is not this one and has no compiler step to run. They go to
+# their own folder, build-gpucheck/, so that build-cuda/ keeps this CPU's -march=native: their
+# host code is for any x86-64 with AVX2 (-march=x86-64-v3), their kernels carry -lineinfo (so
+# compute-sanitizer names the source line) and are compressed for size (5x smaller than nvcc's
+# default: each binary holds all of libkiln's kernels, and a device call carries 64 MiB), and
+# what that machine may lack is linked statically:
+# the C++ and gcc runtimes, OpenMP's libgomp (--as-needed drops the shared one -fopenmp adds),
+# zlib where libz.a is installed, and the CUDA runtime. cuBLAS and cuDNN (the lab) stay shared.
+ifeq ($(GPUCHECK),1)
+  BUILD    := build-gpucheck
+  CXXFLAGS := $(filter-out -march=native,$(CXXFLAGS)) -march=x86-64-v3
+  NVFLAGS  += -lineinfo --compress-mode=size
+  LIBZ_A   := $(shell $(CXX) -print-file-name=libz.a)
+  LDLIBS   := $(filter-out -lz -fopenmp -lcudart,$(LDLIBS)) -Wl,--as-needed \
+              $(shell $(CXX) -print-file-name=libgomp.a) $(if $(filter /%,$(LIBZ_A)),$(LIBZ_A),-lz) \
+              -lcudart_static -ldl -lrt -static-libstdc++ -static-libgcc
+endif
 
 # MPI (chapter 12): only src/mpi/ includes <mpi.h>; it becomes its own library, libkiln_mpi.a,
 # linked into the programs that use MPI (lesson 12 and the tests in tests/mpi/) and no others.
@@ -98,7 +120,7 @@ LAB_BINS    := $(LAB_SRCS:cuda/lab/%.cu=$(BUILD)/lab/%)
 LESSON_NUMS := $(patsubst $(BUILD)/bin/lesson-%,%,$(LESSON_BINS))
 
 .SECONDARY:
-.PHONY: all test data run bench lab lab-build accuracy gpu-check clean $(addprefix lesson-,$(LESSON_NUMS))
+.PHONY: all test data run bench lab lab-build accuracy gpu-check gpu-check-prepare clean $(addprefix lesson-,$(LESSON_NUMS))
 all: $(LIB) $(LESSON_BINS) $(TEST_BIN) $(MPI_TEST_BIN)
 
 # --- packages ----------------------------------------------------------------------------
@@ -222,11 +244,21 @@ accuracy: $(LESSON_BINS)
 	@bash data/fetch.sh mnist cifar10
 	@MPIRUN="$(MPIRUN)" bash scripts/accuracy.sh $(BUILD) $(LESSONS_TO_CHECK)
 
-# On a machine with a GPU: the CUDA build, its tests under compute-sanitizer, GEMM vs cuBLAS.
+# The GPU check in two halves, for a GPU machine that builds nothing (scripts/gpu-check.sh says
+# how the device tool runs it). gpu-check-prepare, here: the CUDA binaries the check runs, built
+# into build-gpucheck/ (GPUCHECK above), gathered with MNIST and the scripts into gpu-check/,
+# under the 64 MiB a device call carries. gpu-check, there: runs them (tests, compute-sanitizer,
+# the lab against cuBLAS/cuDNN, lesson 05 beside PyTorch), no make and no compiler.
+GPU_CHECK_BINS := tests/kiln_tests bin/lesson-04 bin/lesson-05 $(LAB_SRCS:cuda/lab/%.cu=lab/%)
+gpu-check-prepare:
+	@bash data/fetch.sh mnist
+	@$(MAKE) --no-print-directory CUDA=1 GPUCHECK=1 $(addprefix build-gpucheck/,$(GPU_CHECK_BINS))
+	@bash scripts/gpu-check-prepare.sh build-gpucheck $(GPU_CHECK_BINS)
+
 gpu-check:
 	@bash scripts/gpu-check.sh
 
 clean:
-	rm -rf build build-san build-cuda
+	rm -rf build build-san build-cuda build-gpucheck gpu-check
 
 -include $(shell find $(BUILD) -name '*.d' 2>/dev/null)

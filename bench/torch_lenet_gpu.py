@@ -6,8 +6,9 @@ on MNIST, on the GPU, to set beside `build-cuda/bin/lesson-05 --epochs 1 --devic
 Usage: /usr/bin/python3 bench/torch_lenet_gpu.py [MNIST_DIR] [EPOCHS]
 MNIST_DIR holds the four IDX files (plain or .gz); without them (or without a MNIST_DIR) the
 epoch runs on 60,000 random 28x28 images, which costs the same. Batch 64, SGD lr 0.01
-momentum 0.5, as the lesson. The whole set sits on the GPU, so the loop measures the
-training steps, not a data loader. Prints the epoch's seconds and images per second, the
+momentum 0.5, as the lesson; TF32 off (kiln's kernels compute in f32, so PyTorch's
+convolutions and matrix products must too). The whole set sits on the GPU, so the loop
+measures the training steps, not a data loader. Prints the epoch's seconds and images per second, the
 test accuracy when the data is real, and the line
     bench torch_lenet_train_gpu: <images per second> img/s
 Needs a PyTorch built with CUDA; exits with status 1 and says so otherwise.
@@ -23,6 +24,15 @@ if not torch.cuda.is_available():
     sys.exit(f"torch_lenet_gpu: this PyTorch ({torch.__version__}) sees no CUDA GPU")
 dev = torch.device('cuda')
 torch.manual_seed(0)
+
+# TF32 off. PyTorch >= 2.9 has one setting per backend and refuses a mix with the older flags;
+# before it, cuDNN's allow_tf32 (on by default) and cuBLAS's.
+if hasattr(torch.backends.cudnn, 'conv') and hasattr(torch.backends.cudnn.conv, 'fp32_precision'):
+    torch.backends.cudnn.conv.fp32_precision = 'ieee'
+    torch.backends.cuda.matmul.fp32_precision = 'ieee'
+else:
+    torch.backends.cudnn.allow_tf32 = False
+    torch.backends.cuda.matmul.allow_tf32 = False
 
 norm = lambda a: torch.tensor((a / 255.0 - 0.1307) / 0.3081, dtype=torch.float32, device=dev)
 real = bool(d) and any(os.path.exists(os.path.join(d, 'train-images-idx3-ubyte' + z)) for z in ('', '.gz'))
@@ -62,5 +72,5 @@ if real:
     with torch.no_grad():
         acc = f", test accuracy {(m(Xt).argmax(1) == Yt).float().mean().item() * 100:.2f}%"
 print(f"pytorch {torch.__version__} on {torch.cuda.get_device_name()}: {seen} {'MNIST' if real else 'random'} "
-      f"images in {t:.2f} s, {seen / t:.0f} train img/s (batch {B}){acc}")
+      f"images in {t:.2f} s, {seen / t:.0f} train img/s (batch {B}, TF32 off){acc}")
 print(f"bench torch_lenet_train_gpu: {seen / t:.0f} img/s")

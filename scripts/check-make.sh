@@ -5,6 +5,10 @@
 #                             has a lessons/NN-*/train.cpp (under mpirun for chapter 12's ranks)
 #   make bench                runs scripts/setup.sh --bench (which installs OpenBLAS) before
 #                             it compiles or links anything
+#   make gpu-check-prepare    builds into build-gpucheck/ the kernels with -lineinfo for sm_80 and
+#                             sm_90, the host code for -march=x86-64-v3 (never native), the tests,
+#                             lessons 04 and 05 and the lab linked with the static CUDA and C++
+#                             runtimes, then gathers them (scripts/gpu-check-prepare.sh)
 # Prints one line per check and fails if any check fails. .ci/run runs it.
 set -u
 cd "$(dirname "$0")/.." || exit 1
@@ -29,6 +33,23 @@ if [[ -n $setup && ( -z $compile || $setup -lt $compile ) ]]; then
     echo "check-make: make bench installs its packages before it builds"
 else
     fail "make -n bench does not run scripts/setup.sh --bench before compiling (setup at line ${setup:-none}, first compile at line ${compile:-none})"
+fi
+
+out=$(make -n -B gpu-check-prepare 2>&1)
+nvcc_lines=$(grep -E '(^| |/)nvcc ' <<<"$out")
+link_lines=$(grep -E -- '-o build-gpucheck/(tests/kiln_tests|bin/lesson-0[45]|lab/gemm)( |$)' <<<"$out")
+if ! grep -q -- '-lineinfo' <<<"$nvcc_lines" || grep -v -- '-lineinfo' <<<"$nvcc_lines" | grep -q . ||
+   ! grep -q 'code=sm_80' <<<"$nvcc_lines" || ! grep -q 'code=sm_90' <<<"$nvcc_lines"; then
+    fail "make -n gpu-check-prepare does not compile every kernel with nvcc -lineinfo for sm_80 and sm_90"
+elif grep -q -- '-march=native' <<<"$out" || ! grep -q -- '-march=x86-64-v3' <<<"$out"; then
+    fail "make -n gpu-check-prepare compiles host code for -march=native, not -march=x86-64-v3"
+elif [[ $(grep -c -- '-lcudart_static.*-static-libstdc++' <<<"$link_lines") -ne 4 ]]; then
+    fail "make -n gpu-check-prepare does not link kiln_tests, lessons 04-05 and the lab statically; its links:"
+    sed 's/^/    /' <<<"$link_lines"
+elif ! tail -n 1 <<<"$out" | grep -q '^bash scripts/gpu-check-prepare.sh build-gpucheck '; then
+    fail "make -n gpu-check-prepare does not end by gathering build-gpucheck/ (scripts/gpu-check-prepare.sh)"
+else
+    echo "check-make: make gpu-check-prepare builds portable, statically linked CUDA binaries with -lineinfo"
 fi
 
 [[ $failed -eq 0 ]] && echo "check-make: all passed" || echo "check-make: $failed failed"

@@ -3,8 +3,9 @@
 // warp shuffles and votes, atomics across parallel blocks, launch shapes, the runtime API, and
 // that the emulator reports what a GPU would get wrong (a missing barrier, barrier divergence,
 // a bad launch) with a message naming the kernel. Its checks each catch a planted bug: the
-// shuffled schedule a missing barrier, the poison a read of memory nobody wrote, the race
-// detector two threads writing one shared word.
+// shuffled schedule a missing barrier, the poison a read of memory nobody wrote (static and
+// dynamic shared memory, cudaMalloc), the race detector two threads writing one shared word
+// (static or dynamic) and two blocks writing one global word.
 //
 // Every kernel runs under the three schedules (in order, reversed, shuffled) where it matters.
 // These test the emulator itself, so the GPU build (make CUDA=1, KILN_CUDA defined) leaves
@@ -12,14 +13,17 @@
 #ifndef KILN_CUDA
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <numeric>
 #include <string>
 #include <vector>
 
+#include "emu/symbols.h"
 #include "fixtures.h"
 #include "kiln_cuda.h"
+#include "ops/ops.h"
 
 using kiln::emu::Schedule;
 using kiln::emu::ScopedSchedule;
@@ -198,11 +202,15 @@ __global__ void block_sum_racy(const float* x, float* out, int n) {
     if (t == 0) out[blockIdx.x] = s[0];
 }
 
-// Sums the first `written` threads' values through dynamic shared memory: thread 0 adds all
-// blockDim.x words. BUG (on purpose) when written < blockDim.x: the words past it are never
-// written, so the sum reads uninitialised shared memory (the poison makes it NaN).
+// Sums the first `written` threads' values through shared memory, a static __shared__ array
+// (kStatic) or dynamic shared memory: thread 0 adds all blockDim.x (<= 64) words. BUG (on
+// purpose) when written < blockDim.x: the words past it are never written, so the sum reads
+// uninitialised shared memory (the poison makes it NaN).
+template <bool kStatic>
 __global__ void sum_through_shared(const float* x, float* out, int written) {
-    KILN_DYNAMIC_SHARED(float, s);
+    __shared__ float tile[64];
+    KILN_DYNAMIC_SHARED(float, dynamic);
+    float* s = kStatic ? tile : dynamic;
     const int t = threadIdx.x;
     if (t < written) s[t] = x[blockIdx.x * blockDim.x + t];
     __syncthreads();
@@ -219,9 +227,13 @@ __global__ void accumulate(const float* x, float* out, int n) {
 }
 
 // BUG (on purpose) when `racy`: threads t and t + 32 both write word t % 32 of shared memory
-// with no barrier between, so which value survives depends on the order. Fixed: one writer each.
+// (a static __shared__ array if kStatic, else dynamic) with no barrier between, so which value
+// survives depends on the order. Fixed: one writer each.
+template <bool kStatic>
 __global__ void fold_to_warp(const float* x, float* out, bool racy) {
-    KILN_DYNAMIC_SHARED(float, s);
+    __shared__ float tile[32];
+    KILN_DYNAMIC_SHARED(float, dynamic);
+    float* s = kStatic ? tile : dynamic;
     const int t = threadIdx.x;
     if (racy || t < 32) s[t % 32] = x[t];
     __syncthreads();
@@ -238,6 +250,27 @@ __global__ void count_in_shared(int* out) {
     atomicAdd(&count[0], 1);
     __syncthreads();
     if (threadIdx.x == 0) out[0] = count[0];
+}
+
+// out[i] = in[i - 1] + in[i] + in[i + 1] within a block (0 past its ends), through a tile in
+// shared memory. BUG (on purpose) when `racy`: no barrier between the tile's load and the
+// neighbours' reads (a read-write race), so a thread reads a neighbour's word before the
+// neighbour wrote it and gets the poison (NaN): in order the right one, reversed the left one.
+__global__ void stencil3(const float* in, float* out, bool racy) {
+    __shared__ float tile[64];
+    const int t = threadIdx.x, n = blockDim.x, i = blockIdx.x * n + t;
+    tile[t] = in[i];
+    if (!racy) __syncthreads();
+    out[i] = (t > 0 ? tile[t - 1] : 0.0f) + tile[t] + (t + 1 < n ? tile[t + 1] : 0.0f);
+}
+
+// bins[x[i]] += 1 over all threads of the grid. BUG (on purpose) unless `atomic`: two blocks
+// add to one bin with a plain read-modify-write, so on a GPU one increment can be lost.
+__global__ void histogram(const int* x, int n, int* bins, bool atomic) {
+    const int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n) return;
+    if (atomic) atomicAdd(&bins[x[i]], 1);
+    else bins[x[i]] += 1;
 }
 
 // One record per thread: its thread and block coordinates.
@@ -618,19 +651,27 @@ TEST_CASE("emu: under_schedules runs the shuffled schedule, which shows a missin
 }
 
 TEST_CASE("emu: poison makes a read of memory nobody wrote NaN", "[emu][cuda]") {
-    SECTION("dynamic shared memory, in every block and under every schedule") {
-        const int blocks = 3, block = 64;
-        const auto x = iota_floats(blocks * block);
+    // Static __shared__ arrays too: without the poison they would start at zero and keep the
+    // previous block's values, and the forgotten word would look written.
+    const int blocks = 3, block = 64;
+    const auto x = iota_floats(blocks * block);
+    auto poisoned = [&](auto kernel, std::size_t shared) {
         for (Schedule s : kSchedules) {
             ScopedSchedule scope(s);
             INFO("schedule " << kiln::emu::schedule_name(s));
             DeviceBuffer<float> dx(x), dout(blocks);
             for (int written : {block, block - 1}) {  // all words written; the last one forgotten
-                KILN_LAUNCH(sum_through_shared, blocks, block, block * sizeof(float))(dx.get(), dout.get(), written);
-                KILN_CHECK_LAUNCH(sum_through_shared, blocks, block);
+                KILN_LAUNCH(kernel, blocks, block, shared)(dx.get(), dout.get(), written);
+                KILN_CHECK_LAUNCH(kernel, blocks, block);
                 for (float v : dout.host()) CHECK(std::isnan(v) == (written < block));
             }
         }
+    };
+    SECTION("dynamic shared memory, in every block and under every schedule") {
+        poisoned(sum_through_shared<false>, block * sizeof(float));
+    }
+    SECTION("a static __shared__ array, in every block and under every schedule") {
+        poisoned(sum_through_shared<true>, 0);
     }
     SECTION("cudaMalloc: 0xFF bytes, which are NaN as f32, f16 and bf16") {
         const int n = 100;
@@ -665,26 +706,117 @@ TEST_CASE("emu: the race detector names two threads writing one shared word betw
     kiln::emu::ScopedRacecheck on(true);
     const auto x = iota_floats(64, 1.0f);
     DeviceBuffer<float> dx(x), dout(64);
-    KILN_LAUNCH(fold_to_warp, 1, 64, 32 * sizeof(float))(dx.get(), dout.get(), true);
-    CHECK(cudaGetLastError() == cudaErrorLaunchFailure);
-    CHECK_THAT(kiln::emu::last_error_detail(),
-               Catch::Contains("kernel fold_to_warp") && Catch::Contains("race in dynamic shared memory") &&
-                   Catch::Contains("thread (0, 0, 0) and thread (32, 0, 0)") && Catch::Contains("byte offset 0 "));
-    for (Schedule s : kSchedules) {  // the fixed kernel, and atomics, pass under every schedule
+    auto caught = [&](auto kernel, std::size_t shared, const std::string& where) {
+        {
+            ScopedSchedule in_order(Schedule::InOrder);  // thread 0 writes first, whatever KILN_EMU_SCHEDULE says
+            KILN_LAUNCH(kernel, 1, 64, shared)(dx.get(), dout.get(), true);
+        }
+        CHECK(cudaGetLastError() == cudaErrorLaunchFailure);
+        CHECK_THAT(kiln::emu::last_error_detail(),
+                   Catch::Contains("race in " + where + ": thread (0, 0, 0) and thread (32, 0, 0)") &&
+                       Catch::Matches(".* at byte offset [0-3] .*"));  // a byte of word 0 that changed
+        for (Schedule s : kSchedules) {  // the fixed kernel, and atomics, pass under every schedule
+            ScopedSchedule scope(s);
+            INFO("schedule " << kiln::emu::schedule_name(s));
+            KILN_LAUNCH(kernel, 1, 64, shared)(dx.get(), dout.get(), false);
+            KILN_CHECK_LAUNCH(kernel, 1, 64);
+            const auto out = dout.host();
+            for (int t = 0; t < 64; ++t) CHECK(out[t] == x[32 + t % 32]);
+        }
+        kiln::emu::ScopedRacecheck off(false);  // off (the default), the race goes unreported
+        KILN_LAUNCH(kernel, 1, 64, shared)(dx.get(), dout.get(), true);
+        KILN_CHECK_LAUNCH(kernel, 1, 64);
+    };
+    SECTION("dynamic shared memory") {
+        caught(fold_to_warp<false>, 32 * sizeof(float), "dynamic shared memory");
+        KILN_LAUNCH(fold_to_warp<false>, 1, 64, 32 * sizeof(float))(dx.get(), dout.get(), true);
+        CHECK_THAT(kiln::emu::last_error_detail(), Catch::Contains("kernel fold_to_warp<false>"));
+    }
+    SECTION("a static __shared__ array, named") {
+        caught(fold_to_warp<true>, 0, "__shared__ array tile");
+    }
+    SECTION("atomics on one word are not a race") {
+        for (Schedule s : kSchedules) {
+            ScopedSchedule scope(s);
+            DeviceBuffer<int> dcount(1);
+            KILN_LAUNCH(count_in_shared, 2, 96, sizeof(int))(dcount.get());
+            KILN_CHECK_LAUNCH(count_in_shared, 2, 96);
+            CHECK(dcount.host()[0] == 96);
+        }
+    }
+}
+
+// The static arrays are found through the symbol table: each with its size and declared name.
+TEST_CASE("emu: a kernel's static __shared__ arrays are found by its address", "[emu][cuda]") {
+    const auto& arrays = kiln::emu::static_shared_arrays(reinterpret_cast<const void*>(&block_sum<256>));
+    REQUIRE(arrays.size() == 1);
+    CHECK(arrays[0].name == "s");
+    CHECK(arrays[0].bytes == 256 * sizeof(float));
+    CHECK(kiln::emu::static_shared_arrays(reinterpret_cast<const void*>(&block_sum<1024>))[0].bytes ==
+          1024 * sizeof(float));
+    CHECK(kiln::emu::static_shared_arrays(reinterpret_cast<const void*>(&accumulate)).empty());
+}
+
+// A read-write race (a thread reads a word another writes between the same two barriers) is not
+// reported: the race detector sees only writes. The poison and the schedules catch this one:
+// whichever neighbour runs later has not written its word yet, so the read finds NaN.
+TEST_CASE("emu: a stencil missing its barrier reads the poison under every schedule", "[emu][cuda]") {
+    const int blocks = 3, block = 64, n = blocks * block;
+    const auto x = iota_floats(n, 1.0f);  // small integers: every sum is exact in f32
+    std::vector<float> want(n);
+    for (int i = 0; i < n; ++i) {
+        const int t = i % block;
+        want[i] = (t > 0 ? x[i - 1] : 0.0f) + x[i] + (t + 1 < block ? x[i + 1] : 0.0f);
+    }
+    for (Schedule s : kSchedules) {
         ScopedSchedule scope(s);
         INFO("schedule " << kiln::emu::schedule_name(s));
-        KILN_LAUNCH(fold_to_warp, 1, 64, 32 * sizeof(float))(dx.get(), dout.get(), false);
-        KILN_CHECK_LAUNCH(fold_to_warp, 1, 64);
-        const auto out = dout.host();
-        for (int t = 0; t < 64; ++t) CHECK(out[t] == x[32 + t % 32]);
-        DeviceBuffer<int> dcount(1);
-        KILN_LAUNCH(count_in_shared, 2, 96, sizeof(int))(dcount.get());
-        KILN_CHECK_LAUNCH(count_in_shared, 2, 96);
-        CHECK(dcount.host()[0] == 96);
+        DeviceBuffer<float> dx(x), dout(n);
+        KILN_LAUNCH(stencil3, blocks, block, 0)(dx.get(), dout.get(), false);
+        KILN_CHECK_LAUNCH(stencil3, blocks, block);
+        CHECK(dout.host() == want);
+        KILN_LAUNCH(stencil3, blocks, block, 0)(dx.get(), dout.get(), true);
+        KILN_CHECK_LAUNCH(stencil3, blocks, block);
+        const auto racy = dout.host();
+        CHECK(std::any_of(racy.begin(), racy.end(), [](float v) { return std::isnan(v); }));
     }
-    kiln::emu::ScopedRacecheck off(false);  // off (the default), the race goes unreported
-    KILN_LAUNCH(fold_to_warp, 1, 64, 32 * sizeof(float))(dx.get(), dout.get(), true);
-    KILN_CHECK_LAUNCH(fold_to_warp, 1, 64);
+}
+
+// Global memory: two blocks changing one byte of an allocation a pointer argument points into.
+TEST_CASE("emu: the race detector names two blocks writing one global word without an atomic", "[emu][cuda]") {
+    kiln::emu::ScopedRacecheck on(true);
+    const int n = 256, block = 64, nbins = 16;
+    std::vector<int> x(n);
+    for (int i = 0; i < n; ++i) x[i] = i % nbins;  // every block adds to every bin
+    DeviceBuffer<int> dx(x), dbins(nbins);
+    KILN_LAUNCH(histogram, n / block, block, 0)(dx.get(), n, dbins.get(), false);
+    CHECK(cudaGetLastError() == cudaErrorLaunchFailure);
+    CHECK_THAT(kiln::emu::last_error_detail(),
+               Catch::Contains("kernel histogram") && Catch::Contains("race in global memory") &&
+                   Catch::Contains("block (0, 0, 0) and block (1, 0, 0)") &&
+                   Catch::Contains("of the 64-byte allocation") && Catch::Contains("argument 2 points into it"));
+    DeviceBuffer<int> dfresh(nbins);  // with atomics: no race, and the count is right
+    KILN_LAUNCH(histogram, n / block, block, 0)(dx.get(), n, dfresh.get(), true);
+    KILN_CHECK_LAUNCH(histogram, n / block, block);
+    CHECK(dfresh.host() == std::vector<int>(nbins, n / nbins));
+}
+
+// kiln's own kernels, static shared arrays included, pass the race detector: its GEMM (tiles in
+// static __shared__ arrays, barriers between their loads and uses) and its sum (a tree reduction).
+TEST_CASE("emu: kiln's GEMM and sum kernels pass the race detector", "[emu][cuda]") {
+    kiln::emu::ScopedRacecheck on(true);
+    auto small_ints = [](int n) {  // -8 .. 8: products <= 64, 70-term sums < 2^24, exact in f32
+        std::vector<float> v(n);
+        for (int i = 0; i < n; ++i) v[i] = float(i % 17 - 8);
+        return v;
+    };
+    const kiln::Tensor a = kiln::test::tensor_of({40, 70}, small_ints(40 * 70));
+    const kiln::Tensor b = kiln::test::tensor_of({70, 30}, small_ints(70 * 30));
+    kiln::test::under_schedules([&] {
+        kiln::test::require_identical(kiln::matmul(a.to(kiln::Device::CUDA), b.to(kiln::Device::CUDA)),
+                                      kiln::matmul(a, b));
+        CHECK(kiln::sum(a.to(kiln::Device::CUDA)) == kiln::sum(a));
+    });
 }
 
 #endif  // KILN_CUDA

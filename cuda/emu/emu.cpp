@@ -17,9 +17,10 @@
 // Under the shuffled schedule every thread is a fiber from the start and each round has a new
 // order, drawn from the seed and the block index (the same whatever the thread count).
 //
-// Checks (README.md): dynamic shared memory is poisoned with NaN bytes at the start of every
-// block; with the race detector on, the words each stretch of a thread changed are recorded
-// until the next barrier, and a second thread changing one is a write-write race.
+// Checks (README.md): shared memory, dynamic and the kernel's static __shared__ arrays (found by
+// symbols.h), is poisoned with NaN bytes at the start of every block; with the race detector on,
+// the words each stretch of a thread changed are recorded until the next barrier, and a second
+// thread changing one is a write-write race.
 //
 // A round in which nothing can run while threads wait is a deadlock: a thread exited while
 // others wait at a barrier, or a warp collective's mask names a lane that never comes. The
@@ -41,6 +42,7 @@
 #include "core/error.h"
 #include "emu.h"
 #include "fiber.h"
+#include "symbols.h"
 
 // The built-in variables: per OS thread, rewritten before each emulated thread runs.
 __thread uint3 threadIdx;
@@ -147,10 +149,22 @@ namespace kiln::emu {
 namespace {
 
 // --- one launch ------------------------------------------------------------------------------------
+// An allocation the kernel may write (a pointer argument points into it), which the race detector
+// compares before and after each block: per byte, the block that changed it since the launch began.
+struct GlobalRegion {
+    unsigned char* at;
+    std::size_t bytes;
+    int arg;                            // the first argument that points into it, from 0
+    std::vector<unsigned char> before;  // as the running block found it
+    std::vector<std::uint64_t> writer;  // 1 + the block (linear index) that changed it, or 0
+    std::vector<unsigned char> atomic;  // touched by an atomic: not a race
+};
+
 struct LaunchState {
     const char* name;
     dim3 grid, block;
     std::size_t shared;
+    const std::vector<StaticShared>* static_shared;  // the kernel's __shared__ arrays
     ThreadFn run_thread;
     const void* args;
     std::uint64_t id;
@@ -158,6 +172,7 @@ struct LaunchState {
     Schedule schedule;
     std::uint64_t seed;
     bool racecheck;
+    std::vector<GlobalRegion> global;  // with the race detector on: the memory it may write
 
     std::atomic<bool> failed{false};
     std::mutex mutex;
@@ -175,6 +190,12 @@ std::string dim_str(dim3 d) {
     return os.str();
 }
 std::string dim_str(uint3 d) { return dim_str(dim3(d)); }
+
+// Block b of the grid, counted x fastest.
+uint3 block_of(dim3 grid, std::uint64_t b) {
+    return uint3{static_cast<unsigned>(b % grid.x), static_cast<unsigned>((b / grid.x) % grid.y),
+                 static_cast<unsigned>(b / (std::uint64_t(grid.x) * grid.y))};
+}
 std::string hex(unsigned v) {
     char buf[16];
     std::snprintf(buf, sizeof buf, "0x%08x", v);
@@ -202,6 +223,30 @@ struct Thread {
     std::uint64_t value = 0;
     std::uint64_t result = 0;
 };
+
+// A stretch of shared memory the checks cover: the dynamic shared memory or one static
+// __shared__ array. The race detector numbers the bytes of all regions one after the other:
+// this one's are first, first + 1, ..., first + bytes - 1.
+struct SharedRegion {
+    unsigned char* at;
+    std::size_t bytes;
+    std::size_t first;
+    const StaticShared* array;  // nullptr for the dynamic shared memory
+};
+
+// Whether the n <= 8 bytes at a and b are equal: one 64-bit compare for a full run, so that an
+// unchanged region costs a load and a compare per 8 bytes.
+inline bool same_run(const unsigned char* a, const unsigned char* b, std::size_t n) {
+    if (n < 8) return std::memcmp(a, b, n) == 0;
+    std::uint64_t x, y;
+    std::memcpy(&x, a, 8);
+    std::memcpy(&y, b, 8);
+    return x == y;
+}
+
+std::string region_name(const SharedRegion& r) {
+    return r.array ? "__shared__ array " + r.array->name : "dynamic shared memory";
+}
 
 struct Warp {
     unsigned exists = 0;   // lanes the block has (the last warp may be partial)
@@ -233,12 +278,13 @@ public:
     KILN_EMU_INLINE std::uint64_t warp(WarpOp op, unsigned mask, std::uint64_t value, int arg, int width);
     unsigned active_mask() const;
     void* shared() const { return shared_; }
-    void note_atomic(const void* address);
+    void note_atomic(const void* address, std::size_t bytes);
     void fiber_main();
     Thread* current() const { return current_; }
 
 private:
     void prepare(LaunchState& L);
+    void find_regions(const LaunchState& L);
     void begin_block(std::uint64_t b);
     bool run_direct(Thread& t);
     bool run_rounds(Thread* g);
@@ -256,6 +302,7 @@ private:
     std::string waiting_in(const Thread& t) const;
     void check_same_call(Thread& t, const Thread& u);
     KILN_EMU_INLINE void end_stretch(Thread& t);
+    void snapshot_shared();
     void check_writes(const Thread& t);
     void forget_writers(unsigned lanes_of_warp, unsigned mask);
     unsigned order_index(unsigned k) const;
@@ -271,6 +318,8 @@ private:
     std::vector<Warp> warps_;
     bool stacks_dirty_ = false;  // a failed block abandoned frames on them (ASan shadow)
     void* shared_ = nullptr;     // dynamic shared memory
+    std::vector<SharedRegion> regions_;  // dynamic shared memory, then the static arrays
+    std::size_t shared_bytes_ = 0;       // in all regions
 
     Thread* current_ = nullptr;
     Context os_ctx_;
@@ -289,9 +338,10 @@ private:
     std::vector<unsigned> order_;  // the shuffled schedule's order of this round
     std::uint64_t rng_ = 0;
 
-    // The race detector, per 4-byte word of dynamic shared memory since the last barrier.
+    // The race detector, per byte of shared memory since the last barrier (bytes, not words: two
+    // threads may write the two halves of a word of f16 values).
     std::vector<unsigned char> before_;  // shared memory as the running thread found it
-    std::vector<int> writer_;            // the thread (linear index) that wrote it, or -1
+    std::vector<std::int16_t> writer_;   // the thread (linear index, < 1024) that wrote it, or -1
     std::vector<unsigned char> atomic_;  // touched by an atomic: not a race
     std::string race_;                   // the first race found in this block
 };
@@ -351,13 +401,27 @@ void Worker::prepare(LaunchState& L) {
         }
     }
     order_.resize(n_);
-    if (L.racecheck) before_.resize(L.shared);
+    find_regions(L);
+    if (L.racecheck) before_.resize(shared_bytes_);
+}
+
+// The static arrays live in this OS thread's copy of the thread-local variables, at their
+// distance from its threadIdx.
+void Worker::find_regions(const LaunchState& L) {
+    regions_.clear();
+    shared_bytes_ = 0;
+    auto add = [this](void* at, std::size_t bytes, const StaticShared* array) {
+        regions_.push_back({static_cast<unsigned char*>(at), bytes, shared_bytes_, array});
+        shared_bytes_ += bytes;
+    };
+    if (L.shared > 0) add(shared_, L.shared, nullptr);
+    for (const StaticShared& a : *L.static_shared)
+        add(reinterpret_cast<char*>(&threadIdx) + a.from_thread_idx, a.bytes, &a);
 }
 
 void Worker::begin_block(std::uint64_t b) {
     const LaunchState& L = *launch_;
-    blockIdx = uint3{static_cast<unsigned>(b % L.grid.x), static_cast<unsigned>((b / L.grid.x) % L.grid.y),
-                     static_cast<unsigned>(b / (std::uint64_t(L.grid.x) * L.grid.y))};
+    blockIdx = block_of(L.grid, b);
     blockDim = L.block;
     gridDim = L.grid;
     for (unsigned i = 0; i < n_; ++i) {
@@ -376,14 +440,15 @@ void Worker::begin_block(std::uint64_t b) {
         for (const Stack& s : stacks_) asan_unpoison(s);
         stacks_dirty_ = false;
     }
-    // Poison: every block starts with dynamic shared memory as unwritten as on a GPU (NaN bytes),
-    // so neither a read of a word no thread wrote nor the previous block's stale data can look right.
-    if (L.shared > 0) std::memset(shared_, kPoisonByte, L.shared);
-    racecheck_running = L.racecheck && L.shared > 0;
+    // Poison: every block starts with shared memory as unwritten as on a GPU (NaN bytes), so
+    // neither a read of a word no thread wrote nor the previous block's stale data can look right.
+    for (const SharedRegion& r : regions_) std::memset(r.at, kPoisonByte, r.bytes);
+    racecheck_running = L.racecheck && (shared_bytes_ > 0 || !L.global.empty());
     race_.clear();
     if (racecheck_running) {
-        writer_.assign((L.shared + 3) / 4, -1);
-        atomic_.assign((L.shared + 3) / 4, 0);
+        writer_.assign(shared_bytes_, -1);
+        atomic_.assign(shared_bytes_, 0);
+        snapshot_shared();
     }
     if (L.schedule == Schedule::Shuffle) {
         for (unsigned i = 0; i < n_; ++i) order_[i] = i;
@@ -439,7 +504,6 @@ KILN_EMU_INLINE void Worker::enter(Thread& t) {
     current_ = &t;
     threadIdx = t.tid;
     t.state = State::Running;
-    if (racecheck_running) std::memcpy(before_.data(), shared_, launch_->shared);
 }
 
 KILN_EMU_INLINE void Worker::end_stretch(Thread& t) {
@@ -447,32 +511,48 @@ KILN_EMU_INLINE void Worker::end_stretch(Thread& t) {
 }
 
 // --- the race detector -----------------------------------------------------------------------------
-// The words this stretch changed were written by t; one another thread wrote since the last
-// barrier is a write-write race (unless an atomic touched it).
+// The race detector's copy of shared memory, as the next stretch finds it. Only the scheduler
+// writes shared memory between stretches: the poison, and a WarpCall (a wmma fragment stored).
+void Worker::snapshot_shared() {
+    for (const SharedRegion& r : regions_) std::memcpy(&before_[r.first], r.at, r.bytes);
+}
+
+// The bytes this stretch changed were written by t; one another thread wrote since the last
+// barrier is a write-write race (unless an atomic touched it). Unchanged 8-byte runs are
+// skipped; changed bytes are copied, so the copy is again what the next stretch finds.
 void Worker::check_writes(const Thread& t) {
-    const auto* now = static_cast<const unsigned char*>(shared_);
-    const std::size_t bytes = launch_->shared;
-    for (std::size_t w = 0; w < writer_.size(); ++w) {
-        const std::size_t at = 4 * w, len = std::min<std::size_t>(4, bytes - at);
-        if (std::memcmp(now + at, before_.data() + at, len) == 0 || atomic_[w]) continue;
-        const int other = writer_[w];
-        if (other >= 0 && other != static_cast<int>(t.linear) && race_.empty())
-            race_ = "race in dynamic shared memory: " + thread_name(threads_[other]) + " and " + thread_name(t) +
-                    " both write the word at byte offset " + std::to_string(at) +
-                    " between two barriers, not through an atomic (add a __syncthreads() between the writes, "
-                    "or leave the word to one thread)";
-        writer_[w] = static_cast<int>(t.linear);
+    for (const SharedRegion& r : regions_) {
+        unsigned char* before = &before_[r.first];
+        for (std::size_t run = 0; run < r.bytes; run += 8) {
+            const std::size_t end = std::min(run + 8, r.bytes);
+            if (same_run(r.at + run, before + run, end - run)) continue;
+            for (std::size_t at = run; at < end; ++at) {
+                const std::size_t b = r.first + at;
+                if (r.at[at] == before[at]) continue;
+                before[at] = r.at[at];
+                if (atomic_[b]) continue;
+                if (writer_[b] >= 0 && writer_[b] != static_cast<int>(t.linear) && race_.empty())
+                    race_ = "race in " + region_name(r) + ": " + thread_name(threads_[writer_[b]]) + " and " + thread_name(t) +
+                            " both write at byte offset " + std::to_string(at) +
+                            " between two barriers, not through an atomic (add a __syncthreads() between the "
+                            "writes, or leave the word to one thread)";
+                writer_[b] = static_cast<std::int16_t>(t.linear);
+            }
+        }
     }
 }
 
-void Worker::note_atomic(const void* address) {
-    const auto a = reinterpret_cast<std::uintptr_t>(address), lo = reinterpret_cast<std::uintptr_t>(shared_);
-    if (a >= lo && a < lo + launch_->shared) atomic_[(a - lo) / 4] = 1;
+void Worker::note_atomic(const void* address, std::size_t bytes) {
+    const auto* a = static_cast<const unsigned char*>(address);
+    for (const SharedRegion& r : regions_)
+        if (a >= r.at && a + bytes <= r.at + r.bytes) std::fill_n(&atomic_[r.first + std::size_t(a - r.at)], bytes, 1);
+    for (GlobalRegion& r : launch_->global)
+        if (a >= r.at && a + bytes <= r.at + r.bytes) std::fill_n(&r.atomic[std::size_t(a - r.at)], bytes, 1);
 }
 
 // A warp collective orders its lanes: their earlier writes no longer race with later ones.
 void Worker::forget_writers(unsigned first_lane, unsigned mask) {
-    for (int& w : writer_)
+    for (std::int16_t& w : writer_)
         if (w >= static_cast<int>(first_lane) && w < static_cast<int>(first_lane + 32) &&
             ((mask >> (w - first_lane)) & 1u))
             w = -1;
@@ -675,6 +755,7 @@ void Worker::release_warp(Thread& t) {
         for (unsigned j = 0; j < 32; ++j) calls[j] = reinterpret_cast<WarpCall*>(lanes[j].value);
         calls[0]->run(calls);
         warp_call_count.fetch_add(1, std::memory_order_relaxed);
+        if (racecheck_running) snapshot_shared();  // its writes belong to no thread's stretch
     }
     for (unsigned j = 0; j < 32; ++j)
         if ((mask >> j) & 1u) lanes[j].result = lane_result(lanes, j, t);
@@ -816,10 +897,61 @@ std::string check_shape(dim3 grid, dim3 block, std::size_t shared, const void* k
     return {};
 }
 
+// --- the race detector in global memory --------------------------------------------------------------
+// Copying the watched allocations before every block costs their size times the blocks; past
+// this many bytes a launch is left unwatched (an elementwise kernel over 4 MiB has 4096 blocks of
+// 256 threads: 16 GiB of copies). Outputs written by many blocks are small (partial sums, bins).
+constexpr std::uint64_t kGlobalCheckBytes = std::uint64_t(1) << 26;
+
+// The allocations the kernel's writable pointer arguments point into, each once.
+void watch_writable(LaunchState& L, const WritableArgs& writable, std::uint64_t nblocks) {
+    std::uint64_t bytes = 0;
+    for (int i = 0; i < writable.n; ++i) {
+        const DeviceAllocation d = device_allocation(writable.at[i]);
+        const bool seen = std::any_of(L.global.begin(), L.global.end(),
+                                      [&](const GlobalRegion& r) { return r.at == d.at; });
+        if (!d.at || d.bytes == 0 || seen) continue;
+        bytes += d.bytes;
+        if (bytes * nblocks > kGlobalCheckBytes) return L.global.clear();
+        L.global.push_back({d.at, d.bytes, writable.arg[i], std::vector<unsigned char>(d.bytes),
+                            std::vector<std::uint64_t>(d.bytes, 0), std::vector<unsigned char>(d.bytes, 0)});
+    }
+}
+
+void snapshot_global(LaunchState& L) {
+    for (GlobalRegion& r : L.global) std::memcpy(r.before.data(), r.at, r.bytes);
+}
+
+// After block b ran: the bytes it changed are its; one an earlier block changed too is a race
+// (unless an atomic touched it). Returns the first race, or "".
+std::string check_global_writes(LaunchState& L, std::uint64_t b) {
+    std::string race;
+    for (GlobalRegion& r : L.global) {
+        for (std::size_t run = 0; run < r.bytes; run += 8) {
+            const std::size_t end = std::min(run + 8, r.bytes);
+            if (same_run(r.at + run, r.before.data() + run, end - run)) continue;
+            for (std::size_t at = run; at < end; ++at) {
+                if (r.at[at] == r.before[at] || r.atomic[at]) continue;
+                if (r.writer[at] != 0 && r.writer[at] != b + 1 && race.empty()) {
+                    std::ostringstream os;
+                    os << "race in global memory: block " << dim_str(block_of(L.grid, r.writer[at] - 1))
+                       << " and block " << dim_str(block_of(L.grid, b)) << " both write byte offset " << at
+                       << " of the " << r.bytes << "-byte allocation at " << static_cast<const void*>(r.at)
+                       << " (argument " << r.arg << " points into it), not through an atomic (use an atomic, "
+                       << "or give each block its own outputs)";
+                    race = os.str();
+                }
+                r.writer[at] = b + 1;
+            }
+        }
+    }
+    return race;
+}
+
 }  // namespace
 
 void launch(const char* name, const void* kernel, dim3 grid, dim3 block, std::size_t shared_bytes,
-            ThreadFn run_thread, const void* args) {
+            ThreadFn run_thread, const void* args, const WritableArgs& writable) {
     cudaError_t code = cudaSuccess;
     const std::string bad = check_shape(grid, block, shared_bytes, kernel, &code);
     if (!bad.empty()) {
@@ -830,23 +962,31 @@ void launch(const char* name, const void* kernel, dim3 grid, dim3 block, std::si
     static std::atomic<std::uint64_t> next_id{1};
     LaunchState L;
     L.name = name, L.grid = grid, L.block = block, L.shared = shared_bytes;
+    L.static_shared = &static_shared_arrays(kernel);
     L.run_thread = run_thread, L.args = args, L.id = next_id++;
     L.nthreads = block.x * block.y * block.z;
     L.schedule = schedule(), L.seed = schedule_seed(), L.racecheck = racecheck();
-
     const auto nblocks = static_cast<std::int64_t>(std::uint64_t(grid.x) * grid.y * grid.z);
+    if (L.racecheck) watch_writable(L, writable, static_cast<std::uint64_t>(nblocks));
     const int nt = omp_get_max_threads();
-    // Dynamic scheduling: blocks may differ in cost; chunks keep the hand-out cheap.
+    // Dynamic scheduling: blocks may differ in cost; chunks keep the hand-out cheap. Watched
+    // global memory is compared block by block, so those blocks run one at a time.
     const std::int64_t chunk = std::max<std::int64_t>(1, nblocks / (std::int64_t(nt) * 16));
-#pragma omp parallel for schedule(dynamic, chunk) if (nblocks > 1 && nt > 1)
+#pragma omp parallel for schedule(dynamic, chunk) if (nblocks > 1 && nt > 1 && L.global.empty())
     for (std::int64_t b = 0; b < nblocks; ++b) {
         if (L.failed.load(std::memory_order_relaxed)) continue;  // a failed grid stops, as on a GPU
-        worker().run_block(L, static_cast<std::uint64_t>(b));
+        if (!L.global.empty()) snapshot_global(L);
+        const bool ok = worker().run_block(L, static_cast<std::uint64_t>(b));
+        if (!ok || L.global.empty()) continue;
+        const std::string race = check_global_writes(L, static_cast<std::uint64_t>(b));
+        if (!race.empty())
+            L.fail("kernel " + std::string(name) + " <<<grid " + dim_str(grid) + ", block " + dim_str(block) +
+                   ">>>: " + race);
     }
     if (L.failed) set_error(cudaErrorLaunchFailure, L.message);
 }
 
-void note_atomic(const void* address) { running_worker("an atomic").note_atomic(address); }
+void note_atomic(const void* address, std::size_t bytes) { running_worker("an atomic").note_atomic(address, bytes); }
 
 void* dynamic_shared_memory() { return running_worker("dynamic shared memory").shared(); }
 

@@ -12,7 +12,8 @@
 //   - threadIdx/blockIdx/blockDim/gridDim are per-OS-thread variables that the scheduler
 //     sets before it runs a thread. __shared__ is `static thread_local`: all fibers of a
 //     block run on one OS thread, so they share it, and other blocks (other OS threads)
-//     have their own copy.
+//     have their own copy. The scheduler finds these arrays in the symbol table (symbols.h)
+//     to poison and race-check them.
 //   - __syncthreads() and the warp collectives (__shfl*_sync, __ballot_sync, ...) switch to
 //     the block's scheduler, which resumes the other threads until all have arrived.
 //   - The schedule (in order, reversed, shuffled) decides the order threads run between
@@ -83,12 +84,14 @@ private:
     std::uint64_t old_seed_;
 };
 
-// The race detector (off by default: it copies shared memory at every switch). Between two
-// __syncthreads(), two threads of a block that write the same 4-byte word of dynamic shared
-// memory, not through an atomic, fail the launch with a message naming the kernel, the block,
-// the word's byte offset and both threads, as compute-sanitizer's racecheck reports on a GPU.
-// It compares shared memory before and after each stretch a thread runs, so it sees writes
-// that change a word (write-write races), not reads. KILN_EMU_RACECHECK=1 switches it on.
+// The race detector (off by default: it compares shared memory at every switch). Between two
+// __syncthreads(), two threads of a block that write the same byte of shared memory (dynamic or
+// a static __shared__ array), not through an atomic, fail the launch with a message naming the
+// kernel, the block, the array, the byte offset and both threads, as compute-sanitizer's
+// racecheck reports on a GPU; so do two blocks that write the same byte of the device memory a
+// kernel's pointer argument points into (blocks then run one at a time). It compares memory
+// before and after each stretch a thread (or block) runs, so it sees writes that change a
+// byte (write-write races), not reads. KILN_EMU_RACECHECK=1 switches it on.
 void set_racecheck(bool on);
 bool racecheck();
 
@@ -104,17 +107,25 @@ private:
     bool old_;
 };
 
-// Atomics tell the race detector the word they touch (an atomic is not a race); one test of a
+// Atomics tell the race detector the bytes they touch (an atomic is not a race); one test of a
 // per-OS-thread flag when it is off.
 extern __thread bool racecheck_running;
-void note_atomic(const void* address);
-inline void atomic_hook(const void* address) {
-    if (__builtin_expect(racecheck_running, 0)) note_atomic(address);
+void note_atomic(const void* address, std::size_t bytes);
+template <typename T>
+inline void atomic_hook(const T* address) {
+    if (__builtin_expect(racecheck_running, 0)) note_atomic(address, sizeof(T));
 }
 
 // The poison byte of fresh device memory (cudaMalloc) and of dynamic shared memory at the start
 // of every block: 0xFF bytes read as NaN in f32 (0xFFFFFFFF), f16 and bf16 (0xFFFF), -1 in ints.
 inline constexpr unsigned char kPoisonByte = 0xFF;
+
+// The cudaMalloc allocation that holds p: its first byte and size; {nullptr, 0} if none.
+struct DeviceAllocation {
+    unsigned char* at = nullptr;
+    std::size_t bytes = 0;
+};
+DeviceAllocation device_allocation(const void* p);
 
 // The emulator's explanation of the latest failed CUDA call or launch on this host thread
 // (which kernel, block and thread, what went wrong); empty after a call that succeeded
@@ -128,8 +139,23 @@ cudaError_t set_error(cudaError_t code, std::string detail);
 // A kernel launch hands the emulator a type-erased "run one thread" function and the
 // argument block it reads, like CUDA's parameter buffer.
 using ThreadFn = void (*)(const void* args);
+
+// The kernel's pointer arguments to non-const data, the memory it may write: the race detector
+// watches the allocations they point into (the first kMax of them).
+struct WritableArgs {
+    static constexpr int kMax = 8;
+    const void* at[kMax] = {};
+    int arg[kMax] = {};  // which argument, from 0
+    int n = 0;
+};
+template <typename P>
+void collect_writable(const P& param, int arg, WritableArgs& out) {
+    if constexpr (std::is_pointer_v<P> && !std::is_const_v<std::remove_pointer_t<P>>)
+        if (param && out.n < WritableArgs::kMax) out.at[out.n] = param, out.arg[out.n++] = arg;
+}
+
 void launch(const char* name, const void* kernel, dim3 grid, dim3 block, std::size_t shared_bytes,
-            ThreadFn run_thread, const void* args);
+            ThreadFn run_thread, const void* args, const WritableArgs& writable);
 
 // The dynamic shared memory of the running block (the size given at launch).
 void* dynamic_shared_memory();
@@ -147,8 +173,10 @@ public:
         static_assert(sizeof...(Args) == sizeof...(Params),
                       "kernel launched with a different number of arguments than it takes");
         const Frame frame{kernel_, std::tuple<std::decay_t<Params>...>(std::forward<Args>(args)...)};
+        WritableArgs writable;
+        if (racecheck()) collect_all_writable(frame.params, writable, std::index_sequence_for<Params...>{});
         launch(name_, reinterpret_cast<const void*>(kernel_), grid_, block_, shared_,
-               &run_thread, &frame);
+               &run_thread, &frame, writable);
     }
 
 private:
@@ -156,6 +184,10 @@ private:
         void (*kernel)(Params...);
         std::tuple<std::decay_t<Params>...> params;
     };
+    template <typename Tuple, std::size_t... I>
+    static void collect_all_writable(const Tuple& params, WritableArgs& out, std::index_sequence<I...>) {
+        (collect_writable(std::get<I>(params), static_cast<int>(I), out), ...);
+    }
     static void run_thread(const void* p) {
         const Frame& f = *static_cast<const Frame*>(p);
         std::apply(f.kernel, f.params);  // the kernel takes its parameters by value: a copy each

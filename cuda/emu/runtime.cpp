@@ -50,16 +50,26 @@ std::size_t& allocated_bytes() {
     return n;
 }
 
-// The allocation holding [p, p + bytes), if any: 0 none, 1 inside one, -1 overruns its end.
-int device_range(const void* p, std::size_t bytes, std::size_t* alloc_size = nullptr) {
+}  // namespace
+
+DeviceAllocation device_allocation(const void* p) {
     const auto a = reinterpret_cast<std::uintptr_t>(p);
     std::lock_guard<std::mutex> lock(memory_mutex());
     auto it = allocations().upper_bound(a);
-    if (it == allocations().begin()) return 0;
+    if (it == allocations().begin()) return {};
     --it;
-    if (a >= it->first + it->second && !(a == it->first && it->second == 0)) return 0;
-    if (alloc_size) *alloc_size = it->second;
-    return a + bytes <= it->first + it->second ? 1 : -1;
+    if (a >= it->first + it->second && !(a == it->first && it->second == 0)) return {};
+    return {reinterpret_cast<unsigned char*>(it->first), it->second};
+}
+
+namespace {
+
+// The allocation holding [p, p + bytes), if any: 0 none, 1 inside one, -1 overruns its end.
+int device_range(const void* p, std::size_t bytes, std::size_t* alloc_size = nullptr) {
+    const DeviceAllocation d = device_allocation(p);
+    if (!d.at) return 0;
+    if (alloc_size) *alloc_size = d.bytes;
+    return static_cast<const unsigned char*>(p) + bytes <= d.at + d.bytes ? 1 : -1;
 }
 
 std::string ptr_str(const void* p) {
