@@ -39,6 +39,18 @@ struct SumOp {
 struct MaxOp {
     __device__ float operator()(float a, float b) const { return fmaxf(a, b); }
 };
+struct MinOp {
+    __device__ long long operator()(long long a, long long b) const { return a < b ? a : b; }
+};
+
+// Reduces one value per lane of a warp (all 32 lanes present) to lane 0:
+//   v = op(v, v of lane + 16), then + 8, 4, 2, 1     registers only: no shared memory, no barrier
+// Lanes other than 0 end with partial results. The order is fixed by the lane alone.
+template <typename V, typename Op>
+__device__ V warp_reduce(V v, Op op) {
+    for (int offset = 16; offset > 0; offset >>= 1) v = op(v, __shfl_down_sync(0xffffffffu, v, offset));
+    return v;
+}
 
 // Reduces one value per thread to one value for the whole block, returned to every thread.
 // T (blockDim.x) must be a power of two from 64 to 1024; `sh` is shared memory for T values.
@@ -63,8 +75,7 @@ __device__ V block_reduce(V v, V* sh, Op op) {
         __syncthreads();
     }
     if (t < 32) {
-        v = op(sh[t], sh[t + 32]);
-        for (int offset = 16; offset > 0; offset >>= 1) v = op(v, __shfl_down_sync(0xffffffffu, v, offset));
+        v = warp_reduce(op(sh[t], sh[t + 32]), op);
         if (t == 0) sh[0] = v;
     }
     __syncthreads();

@@ -40,7 +40,8 @@
 //       Ws[k][o] = w[g·Og + o, k0 + k]        the weight tile, loaded as a plain matrix
 //       Xs[k][j] = x[n, g·Cg + c, ih, iw]     the column tile, gathered: (n, p, q) of a thread's
 //                                             column are decoded once per block (its column is the
-//                                             same in every step), (c, kh, kw) once per element
+//                                             same in every step); its rows k advance by a fixed
+//                                             step, so (c, kh, kw) are stepped, not divided out
 //       barrier; each thread multiplies a TM×TN patch from registers (as gemm.cu's version 3);
 //       barrier
 //     store: y[n, g·Og + o, p, q] = acc + b[g·Og + o]
@@ -66,9 +67,12 @@
 //       of dx (a gather, the CPU's col2im turned around): it adds, in a fixed (kh, kw) order, the
 //       entries of dcols that im2col copied from its position — no two threads write one place,
 //       so no atomics, and dx is overwritten.
-//   dw  per chunk: im2col, rows = dy as above; cuda::gemm × G with beta = 1:
+//   dw  per chunk: im2col, rows = dy as above; cuda::gemm_split_k × G with beta = 1:
 //       dw[g·Og.., Kc] += rows[g·Og.., L] · cols[g·Kc.., L]ᵀ   (the sum over the chunk's images is
-//       the GEMM's K dimension; chunks are added in order)
+//       the GEMM's K dimension; chunks are added in order). C is small (Og × Kc: 1 to 36 tiles of
+//       64×64 in kiln's models) and K long, so the product is split along K into slices summed
+//       by more blocks, then added in order by a second pass (gemm.cu's split-K): enough blocks
+//       to fill the GPU, and the same result on every run.
 //   db  bias_grad_kernel: one block of 256 threads per output channel o; thread t sums
 //       dy[n, o, i] for the flat indices n·P·Q + i = t, t + 256, ... in double, then
 //       detail::block_reduce (a fixed tree): db[o] += Σ.
@@ -184,29 +188,43 @@ __global__ void bias_grad_kernel(const T* dy, ConvDims d, T* db) {
 }
 
 // ---- the implicit GEMM ------------------------------------------------------------------------------
-// One column j = (n·P + p)·Q + q of the virtual column matrix of group g, decoded once by the
-// thread that gathers it: its row kg = (c·KH + kh)·KW + kw is x[n, g·Cg + c, ih, iw] with
-// ih = p·stride − padding + kh·dilation, iw = q·stride − padding + kw·dilation (0 on padding,
-// and for a column or row past the end).
+// One column j = (n·P + p)·Q + q of the virtual column matrix of group g, gathered by one thread:
+// its row kg = (c·KH + kh)·KW + kw is x[n, g·Cg + c, ih, iw] with ih = p·stride − padding +
+// kh·dilation, iw = q·stride − padding + kw·dilation (0 on padding, and for a column or row past
+// the end). The thread reads the rows kg = first, first + s, first + 2s, ... in that order (s:
+// the threads of a block over the tile's width), so it keeps (c, kh, kw) of its next row and
+// steps it by s = (sc·KH + skh)·KW + skw with two carries, instead of dividing kg by KH·KW and
+// KW for every element (a 64-bit division is a ~70-instruction subroutine on a GPU). Indices
+// within one image group are 32-bit (the launchers check Cg·H·W < 2^31).
 template <typename T>
 struct ImplicitColumn {
     const T* xn;       // image n, the group's first channel
-    int64_t ih0, iw0;  // the window's top-left corner in x
+    int ih0, iw0;      // the window's top-left corner in x
     bool ok;           // j < N·P·Q
+    int c, kh, kw;     // the next row to gather
+    int sc, skh, skw;  // the step s between this thread's rows, decomposed once
 
-    __device__ ImplicitColumn(const T* x, const ConvDims& d, int64_t j, int64_t g) {
+    __device__ ImplicitColumn(const T* x, const ConvDims& d, int64_t j, int64_t g, int first, int s) {
         const int64_t PQ = d.P * d.Q;
         ok = j < d.N * PQ;
         const int64_t n = ok ? j / PQ : 0;
-        ih0 = j % PQ / d.Q * d.stride - d.padding;
-        iw0 = j % d.Q * d.stride - d.padding;
+        ih0 = int(j % PQ / d.Q * d.stride - d.padding);
+        iw0 = int(j % d.Q * d.stride - d.padding);
         xn = x + (n * d.C + g * d.Cg) * d.H * d.W;
+        const int KW = int(d.KW), KK = int(d.KH * d.KW);
+        c = first / KK, kh = first % KK / KW, kw = first % KW;
+        sc = s / KK, skh = s % KK / KW, skw = s % KW;
     }
-    __device__ float at(int64_t kg, const ConvDims& d) const {
-        if (!ok || kg >= d.Kc) return 0.0f;
-        const int64_t KK = d.KH * d.KW, c = kg / KK;
-        const int64_t ih = ih0 + kg % KK / d.KW * d.dilation, iw = iw0 + kg % d.KW * d.dilation;
-        return ih >= 0 && ih < d.H && iw >= 0 && iw < d.W ? float(xn[(c * d.H + ih) * d.W + iw]) : 0.0f;
+    // x at the next row (0 past Kc or on padding), then the cursor moves s rows on.
+    __device__ float next(const ConvDims& d) {
+        const int H = int(d.H), W = int(d.W);
+        const int ih = ih0 + kh * int(d.dilation), iw = iw0 + kw * int(d.dilation);
+        const bool inside = ok && c < d.Cg && ih >= 0 && ih < H && iw >= 0 && iw < W;
+        const float v = inside ? float(xn[(c * H + ih) * W + iw]) : 0.0f;
+        kw += skw, kh += skh, c += sc;
+        if (kw >= d.KW) kw -= int(d.KW), kh++;  // skw < KW and skh < KH: one carry each
+        if (kh >= d.KH) kh -= int(d.KH), c++;
+        return v;
     }
 };
 
@@ -229,7 +247,7 @@ __global__ void __launch_bounds__((BM / TM) * (BN / TN))
     // decode its output position once. Consecutive threads: consecutive q, so for stride 1 a
     // warp reads consecutive floats of one input row.
     const int jl = tid % BN;
-    const ImplicitColumn<T> column(x, d, j0 + jl, g);
+    ImplicitColumn<T> column(x, d, j0 + jl, g, tid / BN, kThreads / BN);
 
     float acc[TM][TN];
     KILN_UNROLL
@@ -243,10 +261,7 @@ __global__ void __launch_bounds__((BM / TM) * (BN / TN))
             const bool ok = o0 + m < d.Og && k0 + kk < d.Kc;
             Ws[kk][m] = ok ? float(wg[(o0 + m) * d.Kc + k0 + kk]) : 0.0f;
         }
-        for (int r = 0; r < BN * BK / kThreads; r++) {
-            const int kk = tid / BN + r * (kThreads / BN);
-            Xs[kk][jl] = column.at(k0 + kk, d);
-        }
+        for (int r = 0; r < BN * BK / kThreads; r++) Xs[tid / BN + r * (kThreads / BN)][jl] = column.next(d);
         __syncthreads();  // both tiles are complete
         KILN_UNROLL
         for (int kk = 0; kk < BK; kk++) {
@@ -298,7 +313,7 @@ __global__ void __launch_bounds__(detail::wmma_tile::kThreads)
     const T* wg = w + g * d.Og * d.Kc;  // [Og, Kc]
     // This thread fills column jl of Xs, rows tid / 64 + 2r: its output position, decoded once.
     const int jl = tid % kBN;
-    const ImplicitColumn<T> column(x, d, j0 + jl, g);
+    ImplicitColumn<T> column(x, d, j0 + jl, g, tid / kBN, kThreads / kBN);
 
     detail::WmmaWarpTile<T> warp_tile;
     for (int64_t k0 = 0; k0 < d.Kc; k0 += kBK) {
@@ -307,10 +322,8 @@ __global__ void __launch_bounds__(detail::wmma_tile::kThreads)
             const bool ok = o0 + m < d.Og && k0 + kk < d.Kc;
             Ws[kk][m] = ok ? wg[(o0 + m) * d.Kc + k0 + kk] : T(0.0f);
         }
-        for (int r = 0; r < kBN * kBK / kThreads; r++) {
-            const int kk = tid / kBN + r * (kThreads / kBN);
-            Xs[kk][jl] = T(column.at(k0 + kk, d));  // T → float → T: exact
-        }
+        for (int r = 0; r < kBN * kBK / kThreads; r++)  // T → float → T: exact
+            Xs[tid / kBN + r * (kThreads / kBN)][jl] = T(column.next(d));
         __syncthreads();
         warp_tile.mma(Ws, Xs);
         __syncthreads();
@@ -420,9 +433,10 @@ void conv2d_forward_implicit_gemm(const T* x, const T* w, const T* b, T* y, cons
     const int64_t NPQ = d.N * d.P * d.Q;
     const bool narrow = d.Og <= 16;
     const int64_t BM = narrow ? 16 : 64, BN = narrow ? 128 : 64;
-    KILN_CHECK(p.groups <= 65535 && (d.Og + BM - 1) / BM <= 65535 && (NPQ + BN - 1) / BN <= 0x7fffffff,
-               "cuda::conv2d_forward_implicit_gemm: groups=", p.groups, ", O/G=", d.Og, " or N·P·Q=", NPQ,
-               " exceed the grid's limits; use cuda::conv2d_forward_im2col");
+    KILN_CHECK(p.groups <= 65535 && (d.Og + BM - 1) / BM <= 65535 && (NPQ + BN - 1) / BN <= 0x7fffffff &&
+                   d.Cg * d.H * d.W <= 0x7fffffff,
+               "cuda::conv2d_forward_implicit_gemm: groups=", p.groups, ", O/G=", d.Og, ", N·P·Q=", NPQ, " or C/G·H·W=",
+               d.Cg * d.H * d.W, " exceed the grid's or 32-bit indices' limits; use cuda::conv2d_forward_im2col");
     const dim3 grid(unsigned((NPQ + BN - 1) / BN), unsigned((d.Og + BM - 1) / BM), unsigned(p.groups)), block(256);
     // 64×64 tiles (4×4 per thread), or 16×128 tiles (2×4 per thread) for groups of at most 16
     // output channels; 256 threads each. (Names without commas, for the launch macros.)
@@ -444,9 +458,11 @@ void conv2d_forward_implicit_gemm_wmma(const T* x, const T* w, const T* b, T* y,
     if (p.N == 0) return;
     const ConvDims d = dims_of(p);
     const int64_t NPQ = d.N * d.P * d.Q, tile = detail::wmma_tile::kBM;
-    KILN_CHECK(p.groups <= 65535 && (d.Og + tile - 1) / tile <= 65535 && (NPQ + tile - 1) / tile <= 0x7fffffff,
-               "cuda::conv2d_forward_implicit_gemm_wmma: groups=", p.groups, ", O/G=", d.Og, " or N·P·Q=", NPQ,
-               " exceed the grid's limits; use cuda::conv2d_forward_im2col");
+    KILN_CHECK(p.groups <= 65535 && (d.Og + tile - 1) / tile <= 65535 && (NPQ + tile - 1) / tile <= 0x7fffffff &&
+                   d.Cg * d.H * d.W <= 0x7fffffff,
+               "cuda::conv2d_forward_implicit_gemm_wmma: groups=", p.groups, ", O/G=", d.Og, ", N·P·Q=", NPQ,
+               " or C/G·H·W=", d.Cg * d.H * d.W, " exceed the grid's or 32-bit indices' limits; use "
+               "cuda::conv2d_forward_im2col");
     constexpr auto conv_implicit_wmma = conv2d_implicit_gemm_wmma_kernel<T>;
     const dim3 grid(unsigned((NPQ + tile - 1) / tile), unsigned((d.Og + tile - 1) / tile), unsigned(p.groups));
     const dim3 block(detail::wmma_tile::kThreads);
@@ -503,8 +519,8 @@ void conv2d_backward_weight(const T* x, const T* dy, T* dw, T* db, const Conv2dP
         im2col(x, d, n0, k, cols);
         nchw_to_rows(dy, d, n0, k, rows);
         for (int64_t g = 0; g < p.groups; g++)
-            gemm(false, true, d.Og, d.Kc, L, 1.0f, rows + g * d.Og * L, L, cols + g * d.Kc * L, L, 1.0f,
-                 dw + g * d.Og * d.Kc, d.Kc);
+            gemm_split_k(false, true, d.Og, d.Kc, L, 1.0f, rows + g * d.Og * L, L, cols + g * d.Kc * L, L, 1.0f,
+                         dw + g * d.Og * d.Kc, d.Kc);
     }
 }
 

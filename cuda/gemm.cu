@@ -148,29 +148,47 @@ __device__ __forceinline__ void load_tiles(const T* A, int64_t lda, const T* B, 
 
 // ---- version 3: register blocking ------------------------------------------------------------------
 // Thread (tx, ty) owns the TM×TN patch of the block's C tile at rows ty + i·(BM/TM) (strided:
-// the warp's threads share a few rows, so an As read is a broadcast) and columns tx·TN + j
-// (contiguous: its TN values of Bs are neighbours, which the GPU reads as one 16-byte load and
-// g++ turns into one SIMD multiply-add per row on the emulator).
+// the warp's threads share a few rows, so an As read is a broadcast) and columns in groups of
+// four: group g (g < TN/4) is columns g·4·TX + tx·4 + 0..3, TX = BN/TN threads across. A
+// group's four values of Bs are neighbours on a 16-byte boundary: one float4 load (LDS.128)
+// instead of four scalar ones (g++ turns it into one SIMD multiply-add per row on the
+// emulator). The groups are interleaved rather than contiguous (tx·TN + j) for the banks:
+// shared memory has 32 banks of 4 bytes, and contiguous columns put lane tx's word w at bank
+// (tx·TN + w) mod 32 — lanes tx and tx + 32/TN on one bank, a 2-way (TN = 4) or 4-way (TN = 8)
+// conflict that serializes the load. With groups, the 8 lanes of a quarter-warp (which a
+// 16-byte load serves together) read 8 consecutive float4s: 32 different banks.
 //
 //   for each k0 = 0, BK, 2·BK, ...:
 //       As[k][m] = op(A)[row0 + m, k0 + k]     BM·BK values, BM·BK/threads per thread
 //       Bs[k][n] = op(B)[k0 + k, col0 + n]     BK·BN values                              barrier
-//       for k in 0..BK-1:   a[i] = As[k][ty + i·BM/TM],  b[j] = Bs[k][tx·TN + j]
-//                           acc[i][j] += a[i]·b[j]          (TM·TN FMAs from TM + TN loads)  barrier
-//   C[row0 + ty + i·BM/TM, col0 + tx·TN + j] = alpha·acc[i][j] + beta·C[...]
-template <int BM, int BN, int BK, int TM, int TN, bool TA, bool TB, typename T>
+//       for k in 0..BK-1:   a[i] = As[k][ty + i·BM/TM],  b[4g..4g+3] = Bs[k][g·4·TX + tx·4 ..+3]
+//                           acc[i][j] += a[i]·b[j]          (TM·TN FMAs from TM + TN/4 loads) barrier
+//   C[row0 + ty + i·BM/TM, col0 + column of j] = alpha·acc[i][j] + beta·C[...]
+//
+// Registers (nvcc -Xptxas -v): the 64×64 variant takes 168 to 255 per thread, most of them for
+// the unrolled k loop's loads that nvcc hoists ahead. Capping it at 128 (__launch_bounds__ with
+// 4 blocks per SM) makes ptxas spill 200 to 580 bytes per thread to local memory, worse than
+// fewer resident blocks; fewer live values (warp tiling, a partly unrolled k loop) are the way.
+//
+// Split-K (gemm_split_k below): block z of the grid sums only k in [z·k_slice, (z+1)·k_slice) and
+// writes its own C at C + z·c_slice. One slice (gridDim.z = 1, k_slice = K) is the plain product.
+template <int BM, int BN, int BK, int TM, int TN, bool TA, bool TB, typename T, typename CT>
 __global__ void __launch_bounds__((BM / TM) * (BN / TN))
     gemm_tiled(int64_t M, int64_t N, int64_t K, float alpha, const T* A, int64_t lda, const T* B,
-               int64_t ldb, float beta, T* C, int64_t ldc) {
+               int64_t ldb, float beta, CT* C, int64_t ldc, int64_t k_slice, int64_t c_slice) {
     constexpr int kThreadsX = BN / TN, kThreadsY = BM / TM, kThreads = kThreadsX * kThreadsY;
+    static_assert(TN % 4 == 0, "a thread's columns come in float4 groups");
     // Stored k-major, so a thread's TM (or TN) values for one k are in one row. The +4 padding
-    // spreads the stores of the k-contiguous layouts over different banks.
+    // spreads the stores of the k-contiguous layouts over different banks and keeps each row a
+    // multiple of 16 bytes, so the float4 groups of Bs stay aligned.
     __shared__ float As[BK][BM + 4];
-    __shared__ float Bs[BK][BN + 4];
+    __shared__ __align__(16) float Bs[BK][BN + 4];
     const int tid = threadIdx.x;
     const int tx = tid % kThreadsX, ty = tid / kThreadsX;
     const int64_t col0 = int64_t(blockIdx.x) * BN;
     const int64_t tiles_m = (M + BM - 1) / BM;
+    const int64_t k_begin = int64_t(blockIdx.z) * k_slice, k_end = K < k_begin + k_slice ? K : k_begin + k_slice;
+    C += int64_t(blockIdx.z) * c_slice;
     for (int64_t tile = blockIdx.y; tile < tiles_m; tile += gridDim.y) {
         const int64_t row0 = tile * BM;
         float acc[TM][TN];
@@ -179,8 +197,8 @@ __global__ void __launch_bounds__((BM / TM) * (BN / TN))
             KILN_UNROLL
             for (int j = 0; j < TN; j++) acc[i][j] = 0.0f;
         }
-        for (int64_t k0 = 0; k0 < K; k0 += BK) {
-            load_tiles<BM, BN, BK, kThreads, TA, TB>(A, lda, B, ldb, M, N, K, row0, col0, k0, As, Bs);
+        for (int64_t k0 = k_begin; k0 < k_end; k0 += BK) {  // columns past k_end load as zeros
+            load_tiles<BM, BN, BK, kThreads, TA, TB>(A, lda, B, ldb, M, N, k_end, row0, col0, k0, As, Bs);
             __syncthreads();
             KILN_UNROLL
             for (int k = 0; k < BK; k++) {
@@ -188,7 +206,10 @@ __global__ void __launch_bounds__((BM / TM) * (BN / TN))
                 KILN_UNROLL
                 for (int i = 0; i < TM; i++) a[i] = As[k][ty + i * kThreadsY];
                 KILN_UNROLL
-                for (int j = 0; j < TN; j++) b[j] = Bs[k][tx * TN + j];
+                for (int g = 0; g < TN / 4; g++) {
+                    const float4 v = *reinterpret_cast<const float4*>(&Bs[k][g * 4 * kThreadsX + tx * 4]);
+                    b[4 * g] = v.x, b[4 * g + 1] = v.y, b[4 * g + 2] = v.z, b[4 * g + 3] = v.w;
+                }
                 KILN_UNROLL
                 for (int i = 0; i < TM; i++) {
                     KILN_UNROLL
@@ -202,7 +223,7 @@ __global__ void __launch_bounds__((BM / TM) * (BN / TN))
             const int64_t m = row0 + ty + i * kThreadsY;
             KILN_UNROLL
             for (int j = 0; j < TN; j++) {
-                const int64_t n = col0 + tx * TN + j;
+                const int64_t n = col0 + j / 4 * 4 * kThreadsX + tx * 4 + j % 4;  // group j / 4
                 if (m < M && n < N) store_c(&C[m * ldc + n], alpha, acc[i][j], beta);
             }
         }
@@ -245,6 +266,20 @@ __global__ void __launch_bounds__(detail::wmma_tile::kThreads)
             if (m < M && n < N) store_c(&C[m * ldc + n], alpha, Cs[e / kBN][e % kBN], beta);
         }
         __syncthreads();  // Cs is rewritten for the next row tile
+    }
+}
+
+// ---- split-K: the second pass ---------------------------------------------------------------------------
+// C[m,n] = alpha · (Σ_s partial[s][m][n]) + beta · C[m,n], the S slices added in order s = 0, 1, ...:
+// the same sum on every run (no atomics), one thread per element of C.
+template <typename T>
+__global__ void gemm_sum_slices_kernel(const float* partial, int64_t S, int64_t M, int64_t N, float alpha,
+                                       float beta, T* C, int64_t ldc) {
+    const int64_t MN = M * N;
+    for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < MN; i += int64_t(gridDim.x) * blockDim.x) {
+        float acc = 0.0f;
+        for (int64_t sl = 0; sl < S; sl++) acc += partial[sl * MN + i];
+        store_c(&C[(i / N) * ldc + i % N], alpha, acc, beta);
     }
 }
 
@@ -296,18 +331,49 @@ void smem(int64_t M, int64_t N, int64_t K, float alpha, const T* A, int64_t lda,
 template <bool TA, bool TB, typename T>
 void tiled(int64_t M, int64_t N, int64_t K, float alpha, const T* A, int64_t lda, const T* B, int64_t ldb,
            float beta, T* C, int64_t ldc) {
-    constexpr auto gemm_128x128 = gemm_tiled<128, 128, 8, 8, 8, TA, TB, T>;
-    constexpr auto gemm_64x64 = gemm_tiled<64, 64, 32, 8, 4, TA, TB, T>;
+    constexpr auto gemm_128x128 = gemm_tiled<128, 128, 8, 8, 8, TA, TB, T, T>;
+    constexpr auto gemm_64x64 = gemm_tiled<64, 64, 32, 8, 4, TA, TB, T, T>;
     const int64_t big_tiles = ((M + 127) / 128) * ((N + 127) / 128);
     if (big_tiles >= 256) {
         const dim3 grid(unsigned((N + 127) / 128), grid_rows((M + 127) / 128)), block(256);
-        KILN_LAUNCH(gemm_128x128, grid, block, 0)(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+        KILN_LAUNCH(gemm_128x128, grid, block, 0)(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, K, 0);
         KILN_CHECK_LAUNCH(gemm_128x128, grid, block);
     } else {
         const dim3 grid(unsigned((N + 63) / 64), grid_rows((M + 63) / 64)), block(128);
-        KILN_LAUNCH(gemm_64x64, grid, block, 0)(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+        KILN_LAUNCH(gemm_64x64, grid, block, 0)(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, K, 0);
         KILN_CHECK_LAUNCH(gemm_64x64, grid, block);
     }
+}
+
+// Split-K, S slices of k_slice: pass 1, the 64×64 kernel on grid (N/64, M/64, S), slice s into
+// partial[s] = op(A)[:, slice s] · op(B)[slice s, :] (M×N floats, alpha 1, beta 0); pass 2,
+// gemm_sum_slices_kernel, C = alpha · Σ_s partial[s] + beta · C.
+template <bool TA, bool TB, typename T>
+void split_k(int64_t M, int64_t N, int64_t K, float alpha, const T* A, int64_t lda, const T* B, int64_t ldb,
+             float beta, T* C, int64_t ldc, int64_t S, int64_t k_slice) {
+    detail::Workspace ws(size_t(S * M * N) * sizeof(float));
+    float* partial = ws.as<float>();
+    constexpr auto gemm_64x64_slices = gemm_tiled<64, 64, 32, 8, 4, TA, TB, T, float>;
+    const dim3 grid(unsigned((N + 63) / 64), grid_rows((M + 63) / 64), unsigned(S)), block(128);
+    KILN_LAUNCH(gemm_64x64_slices, grid, block, 0)(M, N, K, 1.0f, A, lda, B, ldb, 0.0f, partial, N, k_slice, M * N);
+    KILN_CHECK_LAUNCH(gemm_64x64_slices, grid, block);
+    constexpr auto gemm_sum_slices = gemm_sum_slices_kernel<T>;
+    const dim3 grid2(detail::blocks_for(M * N)), block2(detail::kBlock);
+    KILN_LAUNCH(gemm_sum_slices, grid2, block2, 0)(partial, S, M, N, alpha, beta, C, ldc);
+    KILN_CHECK_LAUNCH(gemm_sum_slices, grid2, block2);
+}
+
+// The device's multiprocessors (SMs), asked once: 132 on an H100 or H200, the OpenMP threads
+// on the emulator.
+int64_t multiprocessors() {
+    static const int64_t count = [] {
+        cudaDeviceProp prop{};
+        int device = 0;
+        KILN_CUDA_CHECK(cudaGetDevice(&device));
+        KILN_CUDA_CHECK(cudaGetDeviceProperties(&prop, device));
+        return int64_t(std::max(1, prop.multiProcessorCount));
+    }();
+    return count;
 }
 
 template <bool TA, bool TB, typename T>
@@ -347,6 +413,34 @@ void gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alp
         M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
 }
 
+// Two 128-thread blocks per SM keep every SM busy while one block waits at a barrier or for
+// memory; a slice of at least kMinSlice values of k keeps the partial sums few against the work
+// (a slice writes M·N partials, which pass 2 reads back, for M·N·k_slice multiply-adds).
+constexpr int64_t kMinSlice = 256;
+
+int64_t gemm_split_k_slices(int64_t M, int64_t N, int64_t K) {
+    const int64_t tiles = ((M + 63) / 64) * ((N + 63) / 64), wanted = 2 * multiprocessors();
+    if (tiles >= wanted) return 1;
+    return std::max<int64_t>(1, std::min(wanted / tiles, K / kMinSlice));
+}
+
+template <typename T>
+void gemm_split_k(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const T* A,
+                  int64_t lda, const T* B, int64_t ldb, float beta, T* C, int64_t ldc) {
+    const int64_t S = std::is_same_v<T, float> && M > 0 && N > 0 ? gemm_split_k_slices(M, N, K) : 1;
+    if (S == 1 || alpha == 0.0f) return gemm(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+    if constexpr (std::is_same_v<T, float>) {
+        // Slices of whole BK = 32 steps, so every slice but the last runs full tiles; S is
+        // recounted from the rounded length (no slice is empty).
+        const int64_t k_slice = ((K + S - 1) / S + 31) / 32 * 32;
+        using Fn = void (*)(int64_t, int64_t, int64_t, float, const T*, int64_t, const T*, int64_t, float, T*,
+                            int64_t, int64_t, int64_t);
+        const Fn fn = trans_a ? (trans_b ? split_k<true, true, T> : split_k<true, false, T>)
+                              : (trans_b ? split_k<false, true, T> : split_k<false, false, T>);
+        fn(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, (K + k_slice - 1) / k_slice, k_slice);
+    }
+}
+
 namespace lab {
 
 template <typename T>
@@ -378,6 +472,8 @@ void gemm_wmma(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, floa
 #define KILN_GEMM(T)                                                                                          \
     template void gemm<T>(bool, bool, int64_t, int64_t, int64_t, float, const T*, int64_t, const T*, int64_t, \
                           float, T*, int64_t);                                                                \
+    template void gemm_split_k<T>(bool, bool, int64_t, int64_t, int64_t, float, const T*, int64_t, const T*,   \
+                                  int64_t, float, T*, int64_t);                                               \
     template void lab::gemm_naive<T>(bool, bool, int64_t, int64_t, int64_t, float, const T*, int64_t,          \
                                      const T*, int64_t, float, T*, int64_t);                                  \
     template void lab::gemm_smem<T>(bool, bool, int64_t, int64_t, int64_t, float, const T*, int64_t,           \

@@ -8,7 +8,9 @@
 //   KILN_LAUNCH(kernel, grid, block, shared_bytes)(args...);   kernel<<<grid, block, shared_bytes>>>(args...)
 //   KILN_LAUNCH_STREAM(kernel, grid, block, shared_bytes, stream)(args...);
 //   KILN_CHECK_LAUNCH(kernel, grid, block);   after every launch: throws kiln::Error naming the
-//                                             kernel, its shapes, the CUDA error and what to try
+//                                             kernel, its shapes, the CUDA error and what to try;
+//                                             with KILN_SYNC_LAUNCHES=1 in the environment it
+//                                             also waits for the kernel to finish (below)
 //   KILN_CUDA_CHECK(cudaMemcpy(...));         any runtime call: throws kiln::Error on failure
 //   KILN_DYNAMIC_SHARED(float, smem);         in a kernel: `extern __shared__ float smem[];`
 //                                             (all dynamic shared arrays of a kernel alias one
@@ -20,6 +22,10 @@
 //   constexpr auto gemm_64x64 = gemm_tiled<64, 64>;  KILN_LAUNCH(gemm_64x64, grid, block, 0)(...);
 #pragma once
 
+#include <atomic>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
 #include <sstream>
 #include <string>
 
@@ -68,6 +74,46 @@ inline std::string emulator_detail() {
 
 namespace kiln::cuda_detail {
 
+// ---- KILN_SYNC_LAUNCHES=1: blame an asynchronous fault on its kernel ---------------------------
+// A launch returns before its kernel runs. A kernel that reads out of bounds is reported by the
+// next call that waits for the GPU (a cudaMemcpy, the loss read back), which names that call and
+// not the kernel. With KILN_SYNC_LAUNCHES=1, KILN_CHECK_LAUNCH calls cudaDeviceSynchronize after
+// every launch, so the fault surfaces at the launch that made it (slow: the CPU waits for every
+// kernel; for debugging only). Read once, at the first launch; read_sync_launches_env() reads it
+// again (the tests). Off: one relaxed atomic load per launch.
+inline bool sync_launches_env() {
+    const char* v = std::getenv("KILN_SYNC_LAUNCHES");
+    return v && std::strcmp(v, "1") == 0;
+}
+inline std::atomic<bool>& sync_launches() {
+    static std::atomic<bool> on{sync_launches_env()};
+    return on;
+}
+inline void read_sync_launches_env() { sync_launches().store(sync_launches_env()); }
+// How many launches have waited for their kernel (the tests check that the switch is honoured).
+inline std::atomic<int64_t>& launch_syncs() {
+    static std::atomic<int64_t> n{0};
+    return n;
+}
+
+// The launch's error, or with KILN_SYNC_LAUNCHES=1 the kernel's own (after it has finished).
+inline cudaError_t launch_status() {
+    const cudaError_t e = cudaGetLastError();
+    if (e != cudaSuccess || !sync_launches().load(std::memory_order_relaxed)) return e;
+    launch_syncs()++;
+    return cudaDeviceSynchronize();
+}
+
+// A kernel's fault found by a later call: what to set to find the kernel.
+inline const char* async_fault_hint(cudaError_t e) {
+    const bool kernel_fault = e == cudaErrorLaunchFailure || e == cudaErrorIllegalAddress ||
+                              e == cudaErrorMisalignedAddress || e == cudaErrorIllegalInstruction ||
+                              e == cudaErrorAssert;
+    return kernel_fault && !sync_launches().load() ? ". A kernel launched earlier may have made this fault: run again "
+                                                      "with KILN_SYNC_LAUNCHES=1 to have it reported at its launch"
+                                                    : "";
+}
+
 inline std::string dim_str(dim3 d) {
     std::ostringstream os;
     os << "(" << d.x << ", " << d.y << ", " << d.z << ")";
@@ -98,7 +144,7 @@ inline std::string launch_failure(const char* kernel, dim3 grid, dim3 block, cud
     std::ostringstream os;
     os << "kernel " << kernel << " <<<grid " << dim_str(grid) << ", block " << dim_str(block)
        << ">>> failed: " << cudaGetErrorString(e) << " (" << cudaGetErrorName(e) << ")"
-       << emulator_detail() << ". Try: " << launch_hint(e);
+       << emulator_detail() << ". Try: " << launch_hint(e) << async_fault_hint(e);
     return os.str();
 }
 
@@ -110,12 +156,13 @@ inline std::string launch_failure(const char* kernel, dim3 grid, dim3 block, cud
         if (kiln_cuda_err_ != cudaSuccess)                                                   \
             KILN_FAIL(#call, " failed: ", cudaGetErrorString(kiln_cuda_err_), " (",          \
                       cudaGetErrorName(kiln_cuda_err_), ")",                                 \
-                      ::kiln::cuda_detail::emulator_detail());                               \
+                      ::kiln::cuda_detail::emulator_detail(),                                \
+                      ::kiln::cuda_detail::async_fault_hint(kiln_cuda_err_));                \
     } while (0)
 
 #define KILN_CHECK_LAUNCH(kernel, grid, block)                                                  \
     do {                                                                                        \
-        const cudaError_t kiln_cuda_err_ = cudaGetLastError();                                  \
+        const cudaError_t kiln_cuda_err_ = ::kiln::cuda_detail::launch_status();                \
         if (kiln_cuda_err_ != cudaSuccess)                                                      \
             KILN_FAIL(::kiln::cuda_detail::launch_failure(#kernel, dim3(grid), dim3(block),     \
                                                           kiln_cuda_err_));                     \

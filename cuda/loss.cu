@@ -12,12 +12,22 @@
 //   2. s   = Σ_c exp(z[n,c] − m)           block_reduce with +   (every exp ≤ 1: no overflow)
 //   3. loss_n  = (m − z[n, y_n]) + log s             thread 0 writes it to row_loss[n]
 //   4. dz[n,c] = exp(z[n,c] − m) / s / N − [c = y_n] / N         (if dz is wanted)
+//   5. first   = min { c : z[n,c] = m }       block_reduce with min: argmax_rows's answer;
+//                correct += [first = y_n]     (an integer atomic: the same count in any order)
 // Steps 3 and 4 never form lse = m + log s: in float, at |m| = 1e4, adding log s ≈ 1e-5 to m
 // would round it away (floats there are 0.001 apart). The CPU works in double and may form it.
-// Then cuda::sum (reduce.cu: two passes, no atomics) adds the N row losses in a fixed order,
-// so the loss is the same on every run; the launcher divides by N.
+// Then cuda::sum_on_device (reduce.cu: two passes, no atomics) adds the N row losses in a
+// fixed order, so the loss is the same on every run; the launcher divides by N.
 //
-// Launch shape: softmax_cross_entropy_kernel<<<min(N, 65535), 128>>>, then sum's two launches.
+// One wait per call: the labels are checked by the kernel (a row whose label is outside [0, C)
+// is skipped and recorded: bad = max over such rows of N − n, so N − bad is the first), and the
+// sum, the correct count and bad come back to the host in one copy (LossReadback). The host
+// never copies the labels to check them, and count_correct's argmax needs no copy of its own.
+// (A NaN logit makes the loss NaN, which stops training; the count then may differ from
+// argmax_rows', whose loop never lets a NaN win after column 0.)
+//
+// Launch shape: softmax_cross_entropy_kernel<<<min(N, 65535), 128>>>, then sum's two launches,
+// then one 24-byte copy to the host.
 //
 //   make test T='[cuda][loss]'
 #include <cmath>
@@ -29,23 +39,45 @@ namespace kiln::cuda {
 
 constexpr int kLossBlock = 128;  // a power of two ≥ 64, as block_reduce needs
 
+// What the host reads after the kernel and the sum, in one copy (zeroed before the kernel).
+struct LossReadback {
+    double total;                  // Σ_n loss_n
+    unsigned long long correct;    // rows whose first maximum is their label
+    unsigned long long bad;        // max over rows with a label outside [0, C) of N − n; 0: none
+};
+
 // loss_n = log Σ_c exp(z_c) − z_y = (m + log Σ_c exp(z_c − m)) − z_y,   m = max_c z_c
 // dz_c   = (exp(z_c − m) / Σ exp(z − m) − [c = y]) / N
 template <typename T>
-__global__ void softmax_cross_entropy_kernel(const T* z, const int32_t* y, T* dz, float* row_loss, int64_t N,
-                                             int64_t C) {
+__global__ void softmax_cross_entropy_kernel(const T* z, const int32_t* y, T* dz, float* row_loss,
+                                             LossReadback* out, int64_t N, int64_t C) {
     __shared__ float sh[kLossBlock];
+    __shared__ long long shi[kLossBlock];
     const int64_t t = threadIdx.x, B = blockDim.x;
     for (int64_t n = blockIdx.x; n < N; n += gridDim.x) {
+        const int32_t label = y[n];
+        if (label < 0 || label >= C) {  // the same for the whole block: no thread reaches a barrier alone
+            if (t == 0) {
+                row_loss[n] = NAN;
+                atomicMax(&out->bad, (unsigned long long)(N - n));
+            }
+            continue;
+        }
         const T* zn = z + n * C;
         float m = -INFINITY;
         for (int64_t c = t; c < C; c += B) m = fmaxf(m, float(zn[c]));
         m = detail::block_reduce(m, sh, detail::MaxOp{});
+        long long first = C;  // each thread's first c with z_c = m, then the block's
+        for (int64_t c = t; c < C && first == C; c += B)
+            if (float(zn[c]) == m) first = c;
+        first = detail::block_reduce(first, shi, detail::MinOp{});
         float s = 0.0f;
         for (int64_t c = t; c < C; c += B) s += expf(float(zn[c]) - m);
         s = detail::block_reduce(s, sh, detail::SumOp{});
-        const int32_t label = y[n];
-        if (t == 0) row_loss[n] = (m - float(zn[label])) + logf(s);
+        if (t == 0) {
+            row_loss[n] = (m - float(zn[label])) + logf(s);
+            if (first == label) atomicAdd(&out->correct, 1ull);
+        }
         if (dz) {
             const float inv_n = 1.0f / float(N), inv_sn = 1.0f / (s * float(N));
             for (int64_t c = t; c < C; c += B) {
@@ -58,18 +90,32 @@ __global__ void softmax_cross_entropy_kernel(const T* z, const int32_t* y, T* dz
 }
 
 template <typename T>
-float softmax_cross_entropy(const T* z, const int32_t* y, T* dz, int64_t N, int64_t C) {
+float softmax_cross_entropy(const T* z, const int32_t* y, T* dz, int64_t N, int64_t C, int64_t* correct) {
+    if (correct) *correct = 0;
     if (N == 0) return 0.0f;
-    detail::Workspace ws(size_t(N) * sizeof(float));
-    float* row_loss = ws.as<float>();
+    detail::Workspace ws(sizeof(LossReadback) + size_t(N) * sizeof(float));
+    LossReadback* out = ws.as<LossReadback>();
+    float* row_loss = reinterpret_cast<float*>(out + 1);
+    KILN_CUDA_CHECK(cudaMemsetAsync(out, 0, sizeof *out, 0));
     constexpr auto softmax_cross_entropy_kernel_t = softmax_cross_entropy_kernel<T>;
     const dim3 grid(unsigned(std::min<int64_t>(N, 65535))), block(kLossBlock);
-    KILN_LAUNCH(softmax_cross_entropy_kernel_t, grid, block, 0)(z, y, dz, row_loss, N, C);
+    KILN_LAUNCH(softmax_cross_entropy_kernel_t, grid, block, 0)(z, y, dz, row_loss, out, N, C);
     KILN_CHECK_LAUNCH(softmax_cross_entropy_kernel_t, grid, block);
-    return float(sum(row_loss, N) / double(N));
+    sum_on_device(row_loss, N, &out->total);
+    LossReadback host{};
+    KILN_CUDA_CHECK(cudaMemcpy(&host, out, sizeof host, cudaMemcpyDeviceToHost));  // the one wait
+    if (host.bad != 0) {
+        const int64_t row = N - int64_t(host.bad);
+        int32_t label = 0;
+        KILN_CUDA_CHECK(cudaMemcpy(&label, y + row, sizeof label, cudaMemcpyDeviceToHost));
+        KILN_FAIL("softmax_cross_entropy: label ", label, " at row ", row, " is outside [0, ", C, ") classes");
+    }
+    if (correct) *correct = int64_t(host.correct);
+    return float(host.total / double(N));
 }
 
-#define KILN_LOSS(T) template float softmax_cross_entropy<T>(const T*, const int32_t*, T*, int64_t, int64_t);
+#define KILN_LOSS(T) \
+    template float softmax_cross_entropy<T>(const T*, const int32_t*, T*, int64_t, int64_t, int64_t*);
 KILN_FOR_EACH_FLOAT_TYPE(KILN_LOSS)
 
 }  // namespace kiln::cuda

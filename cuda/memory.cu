@@ -14,6 +14,7 @@
 //   free_device     ignores cudaErrorCudartUnloading: at program exit the runtime may be torn
 //                   down before the last static allocator gives its blocks back.
 #include <cstdio>
+#include <cstring>
 #include <mutex>
 
 #include "core/cuda_memory.h"
@@ -89,6 +90,45 @@ void memory_info(size_t* free_bytes, size_t* total_bytes) {
 }
 
 void synchronize() { KILN_CUDA_CHECK(cudaDeviceSynchronize()); }
+
+PinnedStaging::~PinnedStaging() {
+    if (done_) {
+        (void)cudaEventSynchronize(static_cast<cudaEvent_t>(done_));  // no copy may read freed memory
+        (void)cudaEventDestroy(static_cast<cudaEvent_t>(done_));
+    }
+    if (buffer_) (void)cudaFreeHost(buffer_);
+}
+
+void PinnedStaging::begin(size_t bytes) {
+    if (!done_) {
+        cudaEvent_t e = nullptr;
+        KILN_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+        done_ = e;
+    }
+    KILN_CUDA_CHECK(cudaEventSynchronize(static_cast<cudaEvent_t>(done_)));  // the last round has been copied
+    if (bytes > capacity_) {
+        if (buffer_) KILN_CUDA_CHECK(cudaFreeHost(buffer_));
+        buffer_ = nullptr;
+        KILN_CUDA_CHECK(cudaMallocHost(&buffer_, bytes));
+        capacity_ = bytes;
+    }
+    used_ = 0;
+    round_ = bytes;
+}
+
+void PinnedStaging::copy_to_device(void* dst, const void* src, size_t bytes) {
+    KILN_CHECK(done_ && used_ + bytes <= round_, "PinnedStaging: a copy of ", bytes, " bytes past the ", round_,
+               " bytes begin() was given (", used_, " used); call begin() with the round's total");
+    if (bytes == 0) return;
+    char* staged = static_cast<char*>(buffer_) + used_;
+    std::memcpy(staged, src, bytes);
+    KILN_CUDA_CHECK(cudaMemcpyAsync(dst, staged, bytes, cudaMemcpyHostToDevice, 0));
+    KILN_CUDA_CHECK(cudaEventRecord(static_cast<cudaEvent_t>(done_), 0));
+    used_ += bytes;
+}
+
+void read_sync_launches_env() { cuda_detail::read_sync_launches_env(); }
+int64_t launch_syncs() { return cuda_detail::launch_syncs().load(); }
 
 const char* emulator_note() {
     return is_emulated() ? "note: no GPU build — CUDA kernels run on kiln's emulator (slow, exact)" : nullptr;

@@ -17,8 +17,10 @@
 //            p from ceil((ih + padding − KH + 1) / stride) to floor((ih + padding) / stride)
 //        (clipped to [0, P)), q likewise, and adds their contributions itself, in ascending
 //        (p, q) — the order in which the CPU's scatter adds them (see Determinism below).
-//   global_avgpool_forward   one block of 256 per plane (grid-stride over the N·C planes):
-//        thread t sums values t, t + B, ... in double, then detail::block_reduce.
+//   global_avgpool_forward   one warp per plane (8 warps per block of 256, grid-stride over
+//        the N·C planes): lane l sums values l, l + 32, ... in double, then detail::warp_reduce
+//        (shuffles: no shared memory, no barrier). The planes are small — 3×3 to 8×8 in kiln's
+//        models — so a block of 256 per plane would leave 247 of 256 threads idle at S = 9.
 //   global_avgpool_backward  one thread per element: dx = dy[plane] / S.
 //
 // Determinism: no atomics anywhere; every output is computed by one thread (or one block's
@@ -190,16 +192,21 @@ void avgpool2d_backward(const T* dy, T* dx, const Pool2dParams& p) {
 }
 
 // ---- global average: [N·C planes of S] → [N·C] ------------------------------------------------------
-// y[plane] = (Σ_s x[plane, s]) / S, the sum in double: block b does planes b, b + gridDim.x, ...
+// y[plane] = (Σ_s x[plane, s]) / S, the sum in double: warp w of the grid (W warps in all) does
+// planes w, w + W, ...
+constexpr int kWarpsPerBlock = kBlock / 32;
+
 template <typename T>
 __global__ void global_avgpool_forward_kernel(const T* x, T* y, int64_t NC, int64_t S) {
-    __shared__ double sh[kBlock];
-    for (int64_t plane = blockIdx.x; plane < NC; plane += gridDim.x) {  // the same count for every thread
+    const int lane = threadIdx.x % 32;
+    const int64_t warps = int64_t(gridDim.x) * kWarpsPerBlock;
+    // the same count for the 32 lanes of a warp, as warp_reduce needs
+    for (int64_t plane = int64_t(blockIdx.x) * kWarpsPerBlock + threadIdx.x / 32; plane < NC; plane += warps) {
         const T* xp = x + plane * S;
         double s = 0.0;
-        for (int64_t i = threadIdx.x; i < S; i += blockDim.x) s += float(xp[i]);
-        s = detail::block_reduce(s, sh, detail::SumOp{});
-        if (threadIdx.x == 0) y[plane] = T(s / double(S));
+        for (int64_t i = lane; i < S; i += 32) s += float(xp[i]);
+        s = detail::warp_reduce(s, detail::SumOp{});
+        if (lane == 0) y[plane] = T(s / double(S));
     }
 }
 
@@ -214,7 +221,7 @@ __global__ void global_avgpool_backward_kernel(const T* dy, T* dx, int64_t NC, i
 template <typename T>
 void global_avgpool_forward(const T* x, T* y, int64_t NC, int64_t S) {
     if (NC == 0) return;
-    const dim3 grid(unsigned(std::min<int64_t>(NC, 65535))), block(kBlock);
+    const dim3 grid(blocks_for(NC, kWarpsPerBlock)), block(kBlock);
     KILN_LAUNCH(global_avgpool_forward_kernel<T>, grid, block, 0)(x, y, NC, S);
     KILN_CHECK_LAUNCH(global_avgpool_forward_kernel<T>, grid, block);
 }

@@ -69,26 +69,39 @@ __global__ void reduce_kernel(const In* x, int64_t n, Acc identity, Acc* partial
 constexpr auto sum_pass2 = reduce_kernel<double, double, detail::SumOp>;
 constexpr auto max_pass2 = reduce_kernel<float, float, detail::MaxOp>;
 
-// Σ_i x[i] (pass1 = reduce_kernel<T, double, SumOp>) or Σ_i x[i]² (with Square), in double.
+// *total (device memory) = Σ_i x[i] (pass1 = reduce_kernel<T, double, SumOp>) or Σ_i x[i]²
+// (with Square), in double; n ≥ 1. Nothing waits for the GPU.
 template <typename T>
-static double two_pass_sum(void (*pass1)(const T*, int64_t, double, double*), const T* x, int64_t n) {
-    if (n == 0) return 0.0;
+static void two_pass_sum_on_device(void (*pass1)(const T*, int64_t, double, double*), const T* x, int64_t n,
+                                   double* total) {
     const unsigned P = blocks_for(n, kBlock, 1024);
-    detail::Workspace ws((P + 1) * sizeof(double));  // P partials, then the total
+    detail::Workspace ws(P * sizeof(double));  // the P partials
     double* partial = ws.as<double>();
     const dim3 grid1(P), grid2(1), block(kBlock);
     KILN_LAUNCH(pass1, grid1, block, 0)(x, n, 0.0, partial);
     KILN_CHECK_LAUNCH(pass1, grid1, block);
-    KILN_LAUNCH(sum_pass2, grid2, block, 0)(partial, int64_t(P), 0.0, partial + P);
+    KILN_LAUNCH(sum_pass2, grid2, block, 0)(partial, int64_t(P), 0.0, total);
     KILN_CHECK_LAUNCH(sum_pass2, grid2, block);
+}
+
+// The same, read back to the host (the copy waits for both passes).
+template <typename T>
+static double two_pass_sum(void (*pass1)(const T*, int64_t, double, double*), const T* x, int64_t n) {
+    if (n == 0) return 0.0;
+    detail::Workspace ws(sizeof(double));
+    two_pass_sum_on_device(pass1, x, n, ws.as<double>());
     double total = 0.0;
-    KILN_CUDA_CHECK(cudaMemcpy(&total, partial + P, sizeof total, cudaMemcpyDeviceToHost));
+    KILN_CUDA_CHECK(cudaMemcpy(&total, ws.as<double>(), sizeof total, cudaMemcpyDeviceToHost));
     return total;
 }
 
 template <typename T>
 double sum(const T* x, int64_t n) {
     return two_pass_sum(reduce_kernel<T, double, detail::SumOp>, x, n);
+}
+
+void sum_on_device(const float* x, int64_t n, double* total) {
+    two_pass_sum_on_device(reduce_kernel<float, double, detail::SumOp>, x, n, total);
 }
 
 template <typename T>

@@ -130,8 +130,9 @@ TEST_CASE("cuda max pooling keeps the first maximum of a window on ties", "[cuda
 
 TEST_CASE("cuda global average pooling matches the CPU", "[cuda][pool][lesson05]") {
     Rng rng(4);
-    // S = 1; S = 49 < 256 threads; S = 300 > 256: threads take several values
-    for (const Shape& s : {Shape{1, 1, 1, 1}, Shape{3, 5, 7, 7}, Shape{2, 2, 15, 20}}) {
+    // One warp per plane: S = 1; S = 49 and 300 > 32 lanes: lanes take several values; 256
+    // planes of 3×3 (the CIFAR net's last layer): 32 blocks of 8 warps.
+    for (const Shape& s : {Shape{1, 1, 1, 1}, Shape{3, 5, 7, 7}, Shape{2, 2, 15, 20}, Shape{4, 64, 3, 3}}) {
         INFO("x " << s.str());
         const Tensor x = Tensor::uniform(s, -2.0f, 3.0f, rng);
         GlobalAvgPool cpu_pool, gpu_pool;

@@ -206,6 +206,35 @@ TEST_CASE("cuda gemm's 128×128 tiles (big matrices) match the CPU", "[cuda][les
     });
 }
 
+TEST_CASE("cuda gemm split along K (convolution weight gradients) matches the CPU", "[cuda][lesson05][gemm]") {
+    Rng rng(21);
+    // One 64×64 tile of C and a long K, as LeNet's weight gradients (Og × Kc = 6 × 25, 16 × 150,
+    // K = L the chunk's output pixels): fewer tiles than two per SM, so K is split (S ≥ 2 on the
+    // emulator too, whose SMs are its OpenMP threads). K not a multiple of the 32-wide slices
+    // leaves a short last slice. Tolerance (check_gemm's): each slice sums K/S products, then S
+    // partials are added: an error bound of (K/S + S)·u·Σ|a·b| ≤ K·u·Σ|a·b|, as for one sum.
+    const int64_t shapes[][3] = {{6, 25, 3000}, {16, 64, 1000}, {33, 50, 777}};
+    for (auto [M, N, K] : shapes) {
+        INFO("M = " << M << ", N = " << N << ", K = " << K);
+        REQUIRE(cuda::gemm_split_k_slices(M, N, K) >= 2);
+        under_schedules([&] {
+            for (bool ta : {false, true})
+                for (bool tb : {false, true})
+                    for (float beta : {0.0f, 1.0f}) check_gemm(cuda::gemm_split_k<float>, ta, tb, M, N, K, 0.75f, beta, rng);
+        });
+    }
+    // Enough tiles to fill the device already: no split.
+    REQUIRE(cuda::gemm_split_k_slices(64 * 100, 64 * 100, 100000) == 1);
+    // The same bytes on every run: the partials are added in a fixed order, without atomics.
+    Tensor A = random({6, 3000}, rng), B = random({25, 3000}, rng);
+    Tensor C1 = Tensor::zeros({6, 25}).to(Device::CUDA), C2 = Tensor::zeros({6, 25}).to(Device::CUDA);
+    const Tensor dA = cuda_copy(A), dB = cuda_copy(B);
+    for (Tensor* C : {&C1, &C2})
+        cuda::gemm_split_k(false, true, 6, 25, 3000, 1.0f, dA.data<float>(), 3000, dB.data<float>(), 3000, 0.0f,
+                           C->data<float>(), 25);
+    test::require_identical(C1, C2);
+}
+
 TEST_CASE("cuda gemm versions 1 and 2 (naive, shared-memory tiles) match the CPU", "[cuda][lesson04][gemm]") {
     Rng rng(23);
     const int64_t shapes[][3] = {{1, 1, 1}, {16, 16, 16}, {17, 33, 65}, {40, 7, 31}};
@@ -268,6 +297,41 @@ TEST_CASE("cuda softmax cross-entropy matches the CPU", "[cuda][lesson04][loss]"
             });
         }
     }
+}
+
+// The training step's one read-back: the loss, the rows predicted right and the labels' check.
+TEST_CASE("cuda softmax cross-entropy counts the correct rows and checks the labels on the device",
+          "[cuda][lesson04][loss]") {
+    Rng rng(33);
+    const int64_t N = 300, C = 7;  // N > 65535 is not needed: the grid-stride loop is the same code
+    Tensor z = random({N, C}, rng, -1.0f, 1.0f);
+    Tensor y = Tensor::empty({N}, DType::I32);
+    for (int64_t n = 0; n < N; n++) y.data<int32_t>()[n] = int32_t(rng.next_below(uint64_t(C)));
+    // Ties: the first maximum is the prediction (argmax_rows), so row 0 is right and row 1 wrong.
+    for (int64_t n : {0, 1}) {
+        z.set({n, 2}, 5.0);
+        z.set({n, 4}, 5.0);
+    }
+    y.set({0}, 2);
+    y.set({1}, 4);
+    const int64_t want = count_equal(argmax_rows(z), y);
+    REQUIRE(want > 1);  // some rows right, some wrong: the count is not trivially 0 or N
+    REQUIRE(want < N);
+    int64_t cpu_correct = -1;
+    softmax_cross_entropy(z, y, nullptr, &cpu_correct);
+    REQUIRE(cpu_correct == want);
+    const Tensor zc = cuda_copy(z), yc = cuda_copy(y);
+    under_schedules([&] {
+        int64_t correct = -1;
+        Tensor dz;
+        softmax_cross_entropy(zc, yc, &dz, &correct);
+        REQUIRE(correct == want);
+    });
+    // A label outside [0, C): the first such row is named, as on the CPU.
+    y.set({150}, -1);
+    y.set({40}, int(C));
+    for (Device device : {Device::CPU, Device::CUDA})
+        REQUIRE_THROWS_WITH(softmax_cross_entropy(z.to(device), y.to(device)), Catch::Contains("label 7 at row 40"));
 }
 
 // ---- optimizer -------------------------------------------------------------------------------------

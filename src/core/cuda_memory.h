@@ -17,6 +17,33 @@ void memset_device(void* dst, int value, size_t bytes);
 void memory_info(size_t* free_bytes, size_t* total_bytes);
 bool is_emulated();  // true when kernels run on the CPU emulator
 void synchronize();
+// Host-to-device copies that do not wait: a copy from pageable memory (cudaMemcpy from a
+// std::vector or a CPU tensor) blocks the CPU until the GPU has taken the bytes, and the GPU
+// finishes its queue first. PinnedStaging copies the bytes into page-locked host memory it owns
+// and queues cudaMemcpyAsync from there: the CPU goes on launching the step's kernels, which the
+// stream runs after the copy. One round (begin, then copies at consecutive offsets) per batch;
+// begin waits for the previous round's copies before reusing the buffer — by then the step's
+// loss read-back has waited for them, so that wait costs nothing.
+class PinnedStaging {
+public:
+    PinnedStaging() = default;
+    ~PinnedStaging();
+    PinnedStaging(const PinnedStaging&) = delete;
+    PinnedStaging& operator=(const PinnedStaging&) = delete;
+    void begin(size_t bytes);  // a round of copies of `bytes` in all
+    void copy_to_device(void* dst, const void* src, size_t bytes);
+
+private:
+    void* buffer_ = nullptr;  // page-locked (cudaMallocHost)
+    size_t capacity_ = 0, used_ = 0, round_ = 0;
+    void* done_ = nullptr;    // a cudaEvent_t recorded after each copy
+};
+
+// KILN_SYNC_LAUNCHES=1 (cuda/kiln_cuda.h): every launch waits for its kernel, so a fault is
+// reported at the launch that made it. read_sync_launches_env reads the variable again (it is
+// read once, at the first launch); launch_syncs counts the launches that have waited.
+void read_sync_launches_env();
+int64_t launch_syncs();
 // "note: no GPU build — CUDA kernels run on kiln's emulator (slow, exact)" on the emulator,
 // nullptr on a GPU build; a trainer run with --device cuda prints it once (first call only).
 const char* emulator_note();

@@ -119,8 +119,16 @@ bool DataLoader::next(Batch& batch) {
         pending_start_ = pos_;
         pending_ = std::async(std::launch::async, [this, start = pos_, nb] { return make_batch(start, nb, false); });
     }
-    batch.x = host.x.to(opt_.device);
-    batch.y = host.y.to(opt_.device);
+    if (opt_.device != Device::CUDA) {
+        batch = host;
+        return true;
+    }
+    if (!staging_) staging_ = std::make_unique<cuda::PinnedStaging>();
+    staging_->begin(host.x.nbytes() + host.y.nbytes());
+    for (auto [from, to] : {std::pair{&host.x, &batch.x}, std::pair{&host.y, &batch.y}}) {
+        *to = Tensor::empty(from->shape(), from->dtype(), Device::CUDA, from->category());
+        staging_->copy_to_device(to->raw(), from->raw(), from->nbytes());
+    }
     return true;
 }
 

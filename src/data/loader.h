@@ -17,8 +17,10 @@
 // while the current one trains.
 #pragma once
 #include <future>
+#include <memory>
 #include <vector>
 
+#include "core/cuda_memory.h"
 #include "core/tensor.h"
 #include "data/image_set.h"
 #include "data/transforms.h"
@@ -76,6 +78,7 @@ private:
     int64_t epoch_ = 0, pos_ = 0;
     std::future<Batch> pending_;  // the batch that starts at pending_start_
     int64_t pending_start_ = -1;
+    std::unique_ptr<cuda::PinnedStaging> staging_;  // Device::CUDA: batches go up without a wait
 };
 
 // n images spread evenly over the set — image ⌊i·N/n⌋ for i < n — (all of them if n ≤ 0 or

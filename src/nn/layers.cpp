@@ -127,9 +127,9 @@ Tensor Sequential::backward(const Tensor& dy) {
 }
 
 // ---- CrossEntropyLoss ----------------------------------------------------------------------
-float CrossEntropyLoss::forward(const Tensor& logits, const Tensor& labels) {
+float CrossEntropyLoss::forward(const Tensor& logits, const Tensor& labels, int64_t* correct) {
     logits_dtype_ = logits.dtype();
-    return softmax_cross_entropy(autocast(logits, AmpOp::CrossEntropy), labels, &dz_);
+    return softmax_cross_entropy(autocast(logits, AmpOp::CrossEntropy), labels, &dz_, correct);
 }
 
 Tensor CrossEntropyLoss::backward(float scale) {

@@ -101,7 +101,8 @@ public:
 class CrossEntropyLoss {
 public:
     // Under autocast (chapter 09) the loss is computed from the logits in f32, whatever their type.
-    float forward(const Tensor& logits, const Tensor& labels);  // keeps dz for backward
+    // correct (if not null): the rows predicted right (softmax_cross_entropy, ops.h).
+    float forward(const Tensor& logits, const Tensor& labels, int64_t* correct = nullptr);  // keeps dz for backward
     // scale · dL/dlogits, in the logits' type (and releases it). scale: a micro-batch's share of
     // the batch (train/loop.h) times a GradScaler's loss scale (optim/grad_scaler.h); applied in
     // f32, before the gradient is rounded to an f16 logits' type.

@@ -34,14 +34,30 @@ template <typename T> void argmax_rows(const T* x, int32_t* out, int64_t N, int6
 template <typename T> double sum(const T* x, int64_t n);
 template <typename T> double sum_squares(const T* x, int64_t n);
 template <typename T> float max(const T* x, int64_t n);
+// *total (device memory) = Σ x[i] in double, as sum adds them, without reading it back; n ≥ 1.
+void sum_on_device(const float* x, int64_t n, double* total);
 
 // ---- GEMM (gemm.cu; row-major, like cpu::gemm) -------------------------------------------------
 template <typename T>
 void gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const T* A, int64_t lda,
           const T* B, int64_t ldb, float beta, T* C, int64_t ldc);
 
+// Split-K (gemm.cu) for a small C and a long K — the convolution's weight gradient, M = Og,
+// N = Kc, K = L, whose 64×64 tiles number 1 to 36 where a GPU has 132 SMs: K is cut into S
+// slices summed by S times more blocks into float partials, which a second pass adds in order
+// (deterministic, no atomics) into C = alpha·Σ + beta·C. S = gemm_split_k_slices: enough blocks
+// for two per SM, slices of at least 256; S = 1, and f16/bf16 (their tensor-core path), is gemm.
+template <typename T>
+void gemm_split_k(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const T* A, int64_t lda,
+                  const T* B, int64_t ldb, float beta, T* C, int64_t ldc);
+int64_t gemm_split_k_slices(int64_t M, int64_t N, int64_t K);
+
 // ---- loss (loss.cu) ------------------------------------------------------------------------------
-template <typename T> float softmax_cross_entropy(const T* z, const int32_t* y, T* dz, int64_t N, int64_t C);
+// With the mean loss, in the same read-back: *correct (if not null) = the rows whose first
+// maximum is their label (argmax_rows's answer), and the labels' check (a kiln::Error naming the
+// first row with a label outside [0, C)).
+template <typename T>
+float softmax_cross_entropy(const T* z, const int32_t* y, T* dz, int64_t N, int64_t C, int64_t* correct = nullptr);
 
 // ---- optimizer update (one fused pass over n parameters) -----------------------------------
 // PyTorch's SGD:  g = grad + wd·p;  buf = first ? g : momentum·buf + (1 − dampening)·g;

@@ -193,6 +193,17 @@ Tensor argmax_rows(const Tensor& x) {
     return out;
 }
 
+int64_t count_equal(const Tensor& a, const Tensor& b) {
+    check_dtype(a, DType::I32, "count_equal", "a");
+    check_dtype(b, DType::I32, "count_equal", "b");
+    check_shape(b, a.shape(), "count_equal", "b");
+    const Tensor ha = a.to(Device::CPU), hb = b.to(Device::CPU);
+    const int32_t *pa = ha.data<int32_t>(), *pb = hb.data<int32_t>();
+    int64_t equal = 0;
+    for (int64_t i = 0; i < ha.numel(); i++) equal += pa[i] == pb[i];
+    return equal;
+}
+
 // ---- reductions ------------------------------------------------------------------------------
 double sum(const Tensor& x) {
     check_args("sum", {{x, "x"}});
@@ -225,7 +236,7 @@ float max(const Tensor& x) {
 }
 
 // ---- loss ------------------------------------------------------------------------------------
-float softmax_cross_entropy(const Tensor& logits, const Tensor& labels, Tensor* dlogits) {
+float softmax_cross_entropy(const Tensor& logits, const Tensor& labels, Tensor* dlogits, int64_t* correct) {
     check_args("softmax_cross_entropy", {{logits, "logits"}});
     check_dtype(labels, DType::I32, "softmax_cross_entropy", "labels");
     check_same_device(logits, labels, "softmax_cross_entropy");
@@ -233,21 +244,27 @@ float softmax_cross_entropy(const Tensor& logits, const Tensor& labels, Tensor* 
                "softmax_cross_entropy: logits should be [N, C] and labels [N], got ", logits.desc(), " and ",
                labels.desc());
     int64_t N = logits.size(0), C = logits.size(1);
-    // Labels out of range would read outside a row: check them (on the CPU copy).
-    Tensor host_labels = labels.to(Device::CPU);
-    const int32_t* y = host_labels.data<int32_t>();
-    for (int64_t n = 0; n < N; n++)
-        KILN_CHECK(y[n] >= 0 && y[n] < C, "softmax_cross_entropy: label ", y[n], " at row ", n,
-                   " is outside [0, ", C, ") classes");
     if (dlogits) {
         if (!dlogits->defined() || dlogits->shape() != logits.shape() || dlogits->dtype() != logits.dtype() ||
             dlogits->device() != logits.device())
             *dlogits = Tensor::empty(logits.shape(), logits.dtype(), logits.device(), Category::Activation);
     }
+    // On the GPU the kernel checks the labels and counts the correct rows, read back with the loss.
+    if (on_cuda(logits))
+        return for_dtype(logits, [&](auto tag) {
+            using T = decltype(tag);
+            T* dz = dlogits ? dlogits->data<T>() : nullptr;
+            return cuda::softmax_cross_entropy(logits.data<T>(), labels.data<int32_t>(), dz, N, C, correct);
+        });
+    // Labels out of range would read outside a row: check them.
+    const int32_t* y = labels.data<int32_t>();
+    for (int64_t n = 0; n < N; n++)
+        KILN_CHECK(y[n] >= 0 && y[n] < C, "softmax_cross_entropy: label ", y[n], " at row ", n,
+                   " is outside [0, ", C, ") classes");
+    if (correct) *correct = count_equal(argmax_rows(logits), labels);
     return for_dtype(logits, [&](auto tag) {
         using T = decltype(tag);
         T* dz = dlogits ? dlogits->data<T>() : nullptr;
-        if (on_cuda(logits)) return cuda::softmax_cross_entropy(logits.data<T>(), labels.data<int32_t>(), dz, N, C);
         return cpu::softmax_cross_entropy(logits.data<T>(), y, dz, N, C);
     });
 }

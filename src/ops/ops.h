@@ -30,6 +30,7 @@ Tensor matmul(const Tensor& a, const Tensor& b, bool trans_a = false, bool trans
 void add_bias_(Tensor& y, const Tensor& bias);             // y[N,C] += bias[C] on each row
 void sum_rows_into(const Tensor& dy, Tensor& db, float beta = 0.0f);  // db[C] = Σ_n dy[n,:] + beta·db
 Tensor argmax_rows(const Tensor& x);                       // x[N,C] -> i32[N]
+int64_t count_equal(const Tensor& a, const Tensor& b);     // i32[N], i32[N]: #{n : a[n] = b[n]}, on the CPU
 
 // ---- reductions (deterministic on any thread count) ----------------------------------------
 double sum(const Tensor& x);
@@ -45,6 +46,9 @@ float max(const Tensor& x);
 // so it feeds the backward GEMM of the layer that made the logits in that layer's type. In f16,
 // entries below 2^-24 flush to 0 there: chapter 09's loss scaling is what keeps them.
 // A dlogits of another shape, dtype or device is replaced.
-float softmax_cross_entropy(const Tensor& logits, const Tensor& labels, Tensor* dlogits = nullptr);
+// correct (if not null): how many rows' argmax_rows is their label; on the GPU it comes back with
+// the loss in one copy, with no copy of the labels to check them (cuda/loss.cu).
+float softmax_cross_entropy(const Tensor& logits, const Tensor& labels, Tensor* dlogits = nullptr,
+                            int64_t* correct = nullptr);
 
 }  // namespace kiln

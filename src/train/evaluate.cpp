@@ -10,16 +10,7 @@
 
 namespace kiln {
 
-int64_t count_correct(const Tensor& logits, const Tensor& labels) {
-    Tensor pred = argmax_rows(logits).to(Device::CPU);
-    Tensor y = labels.to(Device::CPU);
-    check_shape(y, pred.shape(), "count_correct", "labels");
-    const int32_t* p = pred.data<int32_t>();
-    const int32_t* t = y.data<int32_t>();
-    int64_t correct = 0;
-    for (int64_t i = 0; i < pred.numel(); i++) correct += p[i] == t[i];
-    return correct;
-}
+int64_t count_correct(const Tensor& logits, const Tensor& labels) { return count_equal(argmax_rows(logits), labels); }
 
 namespace {
 

@@ -62,8 +62,8 @@ std::pair<float, int64_t> forward_backward(Module& model, const Tensor& x, const
     if (arena) scope.emplace(*arena);  // this micro-batch's activations come from the arena
     CrossEntropyLoss criterion;
     Tensor logits = model.call(x);
-    const float loss = criterion.forward(logits, y);
-    const int64_t correct = count_correct(logits, y);
+    int64_t correct = 0;
+    const float loss = criterion.forward(logits, y, &correct);  // one read-back on a GPU for both
     model.call_backward(criterion.backward(scale));
     return {loss, correct};
 }  // every tensor of the micro-batch is gone here
