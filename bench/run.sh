@@ -34,7 +34,7 @@ if "$py" -c 'import torch' 2>/dev/null; then
 
     yes > /dev/null &  # one core busy
     busy=$!
-    trap 'kill "$busy" 2>/dev/null; rm -f "$out"' EXIT
+    trap 'kill "$busy" 2>/dev/null || true; rm -f "$out"' EXIT  # yes is gone by then; a failed kill must not fail the script (set -e)
     "$build/bench/bench_train" busy | tee -a "$out"
     lenet=$("$py" bench/torch_lenet.py data/mnist "$threads" 0.2 | grep -oE '[0-9]+ train img/s' | cut -d' ' -f1)
     echo "bench torch_lenet_train_cpu_busy: $lenet img/s" | tee -a "$out"
