@@ -174,9 +174,9 @@ int max_threads() { return std::max(1, omp_get_max_threads()); }
 
 bool in_parallel() { return t_in_parallel || omp_in_parallel(); }
 
-void parallel_chunks(int64_t chunks, const std::function<void(int64_t chunk)>& body) {
+void parallel_chunks(int64_t chunks, const std::function<void(int64_t chunk)>& body, bool parallel) {
     if (chunks <= 0) return;
-    const int threads = in_parallel() ? 1 : max_threads();
+    const int threads = !parallel || in_parallel() ? 1 : max_threads();
     if (chunks == 1 || threads == 1) {
         for (int64_t c = 0; c < chunks; ++c) body(c);
         return;

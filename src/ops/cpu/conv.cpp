@@ -113,11 +113,9 @@ int64_t flop_grain(int64_t n, double total_flops) {
 template <typename Body>
 void for_images(int64_t n0, int64_t count, int64_t group, double flops_per_image, Body body) {
     const int64_t groups = (count + group - 1) / group;
-    const auto one_group = [&](int64_t j) { body(n0 + j * group, std::min(group, count - j * group), j * group); };
-    if (groups > 1 && double(count) * flops_per_image >= kParallelMinFlops)
-        parallel_chunks(groups, one_group);
-    else
-        for (int64_t j = 0; j < groups; j++) one_group(j);
+    parallel_chunks(
+        groups, [&](int64_t j) { body(n0 + j * group, std::min(group, count - j * group), j * group); },
+        double(count) * flops_per_image >= kParallelMinFlops);
 }
 
 // Multiply-adds ×2 of one image's convolution (any of the three passes).

@@ -309,10 +309,7 @@ void pack_b(const Kernel& kn, int64_t N, int64_t K, const int8_t* B, int64_t ldb
     const auto pack_panel = [&](int64_t jp) {
         kn.pack_b(B + jp * nr * ldb, ldb, std::min(nr, N - jp * nr), K, ceil_div(K, kn.kg), Bp + jp * panel);
     };
-    if (threads > 1)
-        parallel_chunks(ceil_div(N, nr), pack_panel);
-    else
-        for (int64_t jp = 0; jp < ceil_div(N, nr); ++jp) pack_panel(jp);
+    parallel_chunks(ceil_div(N, nr), pack_panel, threads > 1);
 }
 
 struct Product {
@@ -389,10 +386,7 @@ void multiply(const Kernel& kn, int64_t M, int64_t N, int64_t K, const uint8_t* 
     const int64_t blocks = std::min(m_panels, std::max(ceil_div(m_panels, max_mc_panels), int64_t(4) * threads));
     const int64_t mc = ceil_div(m_panels, blocks) * mr;
     const auto row_block = [&](int64_t b) { multiply_rows(kn, p, b * mc, std::min(M, (b + 1) * mc)); };
-    if (threads > 1)
-        parallel_chunks(ceil_div(M, mc), row_block);
-    else
-        for (int64_t b = 0; b < ceil_div(M, mc); ++b) row_block(b);
+    parallel_chunks(ceil_div(M, mc), row_block, threads > 1);
 }
 
 void check_sizes(int64_t M, int64_t N, int64_t K, int64_t lda, int64_t ldc) {

@@ -98,13 +98,8 @@ void csr_linear(const float* x, const float* values, const int32_t* col_index, c
         panel_rows(packed.get() + p * in * L, values, col_index, row_start, bias, y + p * L * out,
                    std::min(L, N - p * L), r * kRowBlock, std::min(out, (r + 1) * kRowBlock), out);
     };
-    if (parallel) {
-        parallel_chunks(panels, pack);
-        parallel_chunks(panels * row_blocks, multiply);
-    } else {
-        for (int64_t p = 0; p < panels; p++) pack(p);
-        for (int64_t task = 0; task < panels * row_blocks; task++) multiply(task);
-    }
+    parallel_chunks(panels, pack, parallel);
+    parallel_chunks(panels * row_blocks, multiply, parallel);
 }
 
 }  // namespace kiln::cpu
