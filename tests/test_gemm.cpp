@@ -1,6 +1,7 @@
 // test_gemm.cpp — kiln::cpu::gemm against the textbook triple loop (gemm_reference), for odd
 // shapes, every transpose combination, padded rows, general alpha/beta; plus determinism:
-// the same bits whatever the number of OpenMP threads; and each micro-kernel the CPU can run.
+// the same bits whatever the number of OpenMP threads; each micro-kernel the CPU can run; and
+// a packed A (PackedA) giving gemm's own bits.
 //
 //   ./kiln_tests '[gemm]'
 #include <omp.h>
@@ -240,4 +241,55 @@ TEST_CASE("every micro-kernel this CPU runs matches the reference; the fused one
     });
     for (size_t i = 1; i < C.size(); ++i)
         CHECK(std::memcmp(C[i].data(), C[0].data(), C[0].size() * sizeof(float)) == 0);
+}
+
+TEST_CASE("gemm with a packed A gives the bits of gemm on A itself", "[gemm][cpu][lesson03]") {
+    using kiln::cpu::PackedA;
+    const int saved = omp_get_max_threads();
+    // Edge panels (M not a multiple of 6), several KC-blocks (K = 600), several MC blocks and
+    // rectangles of C (M = 1000), a layer's shape (64 × 4096 × 576).
+    const int64_t shapes[][3] = {{37, 45, 301}, {1000, 40, 600}, {64, 4096, 576}, {5, 3, 2}};
+    for (bool ta : {false, true})
+        for (bool tb : {false, true})
+            for (const auto& s : shapes)
+                for (float beta : {0.0f, 1.0f, 0.5f})
+                    for (int threads : {1, 2}) {
+                        const int64_t M = s[0], N = s[1], K = s[2];
+                        INFO("ta=" << ta << " tb=" << tb << " M=" << M << " N=" << N << " K=" << K << " beta=" << beta
+                                   << " threads=" << threads);
+                        omp_set_num_threads(threads);
+                        const auto A = random_vector(size_t(M * K), 21), B = random_vector(size_t(K * N), 22);
+                        auto want = random_vector(size_t(M * N), 23), got = want;
+                        gemm(ta, tb, M, N, K, 0.75f, A.data(), ta ? M : K, B.data(), tb ? K : N, beta, want.data(), N);
+                        const PackedA packed(ta, M, K, A.data(), ta ? M : K);
+                        REQUIRE(packed.rows() == M);
+                        REQUIRE(packed.depth() == K);
+                        gemm(packed, tb, N, 0.75f, B.data(), tb ? K : N, beta, got.data(), N);
+                        CHECK(std::memcmp(got.data(), want.data(), got.size() * sizeof(float)) == 0);
+                    }
+    omp_set_num_threads(saved);
+}
+
+TEST_CASE("gemm with a packed A in f16 and bf16 gives the bits of gemm on A itself", "[gemm][cpu][lowp][lesson09]") {
+    using kiln::cpu::PackedA;
+    auto run = [](auto tag) {
+        using T = decltype(tag);
+        const int64_t M = 37, N = 45, K = 301;
+        auto lowp = [](const std::vector<float>& v) {
+            std::vector<T> r;
+            for (float x : v) r.push_back(T(x));
+            return r;
+        };
+        const auto A = lowp(random_vector(size_t(M * K), 31)), B = lowp(random_vector(size_t(K * N), 32));
+        for (bool ta : {false, true}) {
+            INFO("ta=" << ta);
+            auto want = lowp(random_vector(size_t(M * N), 33)), got = want;
+            gemm(ta, false, M, N, K, 0.75f, A.data(), ta ? M : K, B.data(), N, 0.5f, want.data(), N);
+            const PackedA packed(ta, M, K, A.data(), ta ? M : K);
+            gemm(packed, false, N, 0.75f, B.data(), N, 0.5f, got.data(), N);
+            CHECK(std::memcmp(got.data(), want.data(), got.size() * sizeof(T)) == 0);
+        }
+    };
+    run(kiln::f16{});
+    run(kiln::bf16{});
 }

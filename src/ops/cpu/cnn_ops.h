@@ -49,11 +49,12 @@ void im2col(const T* x, int64_t C, const Conv2dParams& p, T* col) {
     im2col(x, C, p, col, p.P() * p.Q());
 }
 // The adjoint of im2col: dx = 0, then dx[c][ih][iw] += col[...] for every column entry that
-// im2col read from (c, ih, iw). dx is [C, H, W] and is overwritten.
+// im2col read from (c, ih, iw). dx is [C, H, W] and is overwritten. col is scratch: the entries
+// that fell on padding may be set to 0 (conv.cpp says why).
 template <typename T>
-void col2im(const T* col, int64_t C, const Conv2dParams& p, T* dx, int64_t ld);
+void col2im(T* col, int64_t C, const Conv2dParams& p, T* dx, int64_t ld);
 template <typename T>
-void col2im(const T* col, int64_t C, const Conv2dParams& p, T* dx) {
+void col2im(T* col, int64_t C, const Conv2dParams& p, T* dx) {
     col2im(col, C, p, dx, p.P() * p.Q());
 }
 

@@ -31,7 +31,8 @@
 // Per k it loads NR/VL vectors of B and broadcasts MR numbers of A, then does MR·NR/VL
 // FMAs: 24 FMAs for 4 + 6 loads with AVX-512 (12 FMAs for 2 + 6 loads with AVX2). The
 // accumulators never leave the registers until the tile is done; that is what keeps the FMA
-// units busy. (24 independent accumulators also hide the FMA latency: 2 FMAs/cycle × 4
+// units busy. Then the kernel itself adds them into C, a vector at a time (a scalar loop over
+// the tile after the kernel took a fifth of a CIFAR net's training step). (24 independent accumulators also hide the FMA latency: 2 FMAs/cycle × 4
 // cycles needs at least 8 in flight.) The micro-kernel lives in gemm_tile_body.h, compiled
 // once per instruction set and picked at run time from what the CPU reports (gemm_tile.h);
 // everything in this file works for any tile width NR.
@@ -45,6 +46,8 @@
 //     Bp: micro-panels of NR columns: Bp[panel][k][0..NR)     (columns past N padded with 0)
 // Packing costs O(MK + KN) copies, paid back by O(MNK) fast reads; it also removes every
 // transpose/stride/alignment case from the micro-kernel, which sees one layout only.
+// When many products share one A (a conv layer's weights, multiplied by one group of images'
+// columns after another), A is packed once for all of them: PackedA in gemm.h.
 //
 // ---- Blocking: the cache levels -----------------------------------------------------------
 //   for jc over N, NC at a time          the packed B block (KC×NC) lives in L3
@@ -148,7 +151,8 @@ float* reserve(Buffer& buf, int64_t& capacity, int64_t floats) {
 struct Workspace {
     Buffer a, b, c;  // c: the f32 product of an f16 or bf16 GEMM (the calling thread's)
     Buffer a32;      // an f16 or bf16 Aᵀ block widened to f32 (see pack_a_block)
-    int64_t a_cap = 0, b_cap = 0, c_cap = 0, a32_cap = 0;
+    Buffer packed;   // the buffer of the last PackedA this thread made, for the next one
+    int64_t a_cap = 0, b_cap = 0, c_cap = 0, a32_cap = 0, packed_cap = 0;
 };
 thread_local Workspace tls_workspace;
 
@@ -237,26 +241,6 @@ void prefetch_tile(const float* C, int64_t ldc, int64_t mr, int64_t nr) {
     }
 }
 
-// ---- Storing a tile -----------------------------------------------------------------------------
-// The micro-kernel (gemm_tile.h) leaves acc = Σ_k Ap ⊗ Bp in `tile`, rows of NR floats; its
-// first mr×nr elements go into C:
-//   C = alpha*acc                 when beta == 0 (C is not read)
-//   C = alpha*acc + C             when beta == 1 (the second and later KC-blocks)
-//   C = alpha*acc + beta*C        otherwise
-void store_tile(const float* tile, int64_t NR, int64_t mr, int64_t nr, float alpha, float beta,
-                float* C, int64_t ldc) {
-    for (int64_t i = 0; i < mr; ++i) {
-        const float* t = tile + i * NR;
-        float* c = C + i * ldc;
-        if (beta == 0.0f)
-            for (int64_t j = 0; j < nr; ++j) c[j] = alpha * t[j];
-        else if (beta == 1.0f)
-            for (int64_t j = 0; j < nr; ++j) c[j] = alpha * t[j] + c[j];
-        else
-            for (int64_t j = 0; j < nr; ++j) c[j] = std::fma(beta, c[j], alpha * t[j]);
-    }
-}
-
 // ---- Argument checks and the trivial cases ----------------------------------------------------
 void check_args(const char* fn, bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K,
                 const void* A, int64_t lda, const void* B, int64_t ldb, const void* C,
@@ -301,6 +285,8 @@ struct Problem {
     int64_t ldc;
     Widen<T> widen = nullptr;  // f16/bf16 -> f32 for the packers (unused for float)
     const MicroKernel* kernel = nullptr;  // the CPU level's (unused by pack_a_block)
+    const PackedA* packed_a = nullptr;    // A already packed (then A is not read) ...
+    int64_t row0 = 0;                     // ... and the row of it where this problem's rows start
 };
 
 // Pack op(A)[ic:ic+mc, pc:pc+kc] into Ap, one MR-row micro-panel after another.
@@ -335,7 +321,6 @@ void multiply_block(const Problem<T>& p, int64_t ic, int64_t mc, int64_t jc, int
                     bool pack_b) {
     const MicroKernel& mk = *p.kernel;
     const int64_t NR = mk.cols;
-    alignas(64) float tile[kTileRows * kTileColsMax];
     for (int64_t j0 = 0; j0 < nc; j0 += NR) {
         const int64_t nr = std::min<int64_t>(NR, nc - j0);
         float* bp = Bp + j0 * kc;  // panel j0/NR, kc×NR floats each
@@ -346,8 +331,7 @@ void multiply_block(const Problem<T>& p, int64_t ic, int64_t mc, int64_t jc, int
             float* c = p.C + (ic + i0) * p.ldc + jc + j0;
             const int64_t mr = std::min<int64_t>(MR, mc - i0);
             prefetch_tile(c, p.ldc, mr, nr);
-            mk.multiply(kc, Ap + i0 * kc, bp, tile);
-            store_tile(tile, NR, mr, nr, p.alpha, beta, c, p.ldc);
+            mk.multiply(kc, Ap + i0 * kc, bp, p.alpha, beta, c, p.ldc, int(mr), int(nr));
         }
     }
 }
@@ -359,7 +343,7 @@ void blocked_gemm(const Problem<T>& p, int64_t kc_block) {
     const int64_t mc_block = split_evenly(p.M, MC_MAX, MR);
     const int64_t nc_block = split_evenly(p.N, NC_MAX, p.kernel->cols);
     Workspace& ws = tls_workspace;
-    float* Ap = reserve(ws.a, ws.a_cap, mc_block * kc_block);
+    float* Ap = p.packed_a ? nullptr : reserve(ws.a, ws.a_cap, mc_block * kc_block);
     float* Bp = reserve(ws.b, ws.b_cap, kc_block * nc_block);
     for (int64_t jc = 0; jc < p.N; jc += nc_block) {
         const int64_t nc = std::min(nc_block, p.N - jc);
@@ -368,8 +352,12 @@ void blocked_gemm(const Problem<T>& p, int64_t kc_block) {
             const float beta = (pc == 0) ? p.beta : 1.0f;
             for (int64_t ic = 0; ic < p.M; ic += mc_block) {
                 const int64_t mc = std::min(mc_block, p.M - ic);
-                pack_a_block(p, ic, mc, pc, kc, Ap);
-                multiply_block(p, ic, mc, jc, nc, pc, kc, beta, Ap, Bp, /*pack_b=*/ic == 0);
+                const float* ap = Ap;
+                if (p.packed_a)
+                    ap = p.packed_a->panel(pc, p.row0 + ic, kc);
+                else
+                    pack_a_block(p, ic, mc, pc, kc, Ap);
+                multiply_block(p, ic, mc, jc, nc, pc, kc, beta, ap, Bp, /*pack_b=*/ic == 0);
             }
         }
     }
@@ -418,7 +406,8 @@ Problem<T> sub_problem(const Problem<T>& p, int64_t i0, int64_t i1, int64_t j0, 
     Problem<T> s = p;
     s.M = i1 - i0;
     s.N = j1 - j0;
-    s.A = p.trans_a ? p.A + i0 : p.A + i0 * p.lda;
+    s.row0 = p.row0 + i0;
+    if (!p.packed_a) s.A = p.trans_a ? p.A + i0 : p.A + i0 * p.lda;
     s.B = p.trans_b ? p.B + j0 * p.ldb : p.B + j0;
     s.C = p.C + i0 * p.ldc + j0;
     return s;
@@ -471,7 +460,64 @@ void round_into(int64_t M, int64_t N, float* acc, float beta, T* C, int64_t ldc,
     }
 }
 
+// Runs p (C not yet set) into C on the CPU's level: for float, straight into C; for f16 and
+// bf16, the f32 product alpha·op(A)·op(B), then C = T(product + beta·C).
+template <typename T>
+void run(Problem<T> p, T* C, int64_t ldc) {
+    const CpuLevel level = cpu_level();  // read once: one path for the whole product
+    p.kernel = &micro_kernel(level);
+    if constexpr (std::is_same_v<T, float>) {
+        p.C = C, p.ldc = ldc;
+        product(p);
+    } else {
+        p.widen = convert_kernel<T, float>(level).run;
+        Workspace& ws = tls_workspace;
+        const float beta = p.beta;
+        p.C = reserve(ws.c, ws.c_cap, p.M * p.N), p.ldc = p.N, p.beta = 0.0f;
+        product(p);
+        round_into(p.M, p.N, p.C, beta, C, ldc, p.widen, convert_kernel<float, T>(level).run);
+    }
+}
+
 }  // namespace
+
+// ---- PackedA (gemm.h) -----------------------------------------------------------------------------
+// The KC-blocks of K one after another; in each, the MR-row micro-panels of all M rows, as
+// pack_a_block lays out one MC block:
+//   data[pc·Mp + r·kc + k·MR + i] = op(A)[r + i, pc + k],   Mp = M rounded up to MR
+// so the panel of rows r.. of a KC-block is at pc·Mp + r·kc, whatever MC block it falls in, and
+// a rectangle of C (its rows start at a multiple of MR: parallel_gemm) finds its panels there.
+template <typename T>
+PackedA::PackedA(bool trans_a, int64_t M, int64_t K, const T* A, int64_t lda)
+    : M_(M), K_(K), padded_rows_((M + MR - 1) / MR * MR), data_(nullptr), capacity_(0) {
+    check_args("PackedA", trans_a, false, M, 0, K, A, lda, A, 0, nullptr, 0);
+    KILN_CHECK(M * K == 0 || A != nullptr, "PackedA: A is null for a ", M, "×", K, " matrix");
+    Workspace& ws = tls_workspace;
+    const int64_t floats = std::max<int64_t>(1, padded_rows_ * K);
+    reserve(ws.packed, ws.packed_cap, floats);
+    data_ = ws.packed.release(), capacity_ = ws.packed_cap, ws.packed_cap = 0;  // ours until ~PackedA
+    Problem<T> p{trans_a, false, M, 0, K, 1.0f, A, lda, nullptr, 0, 0.0f, nullptr, 0};
+    if constexpr (!std::is_same_v<T, float>) p.widen = convert_kernel<T, float>(cpu_level()).run;
+    const int64_t kc_block = split_evenly(K, KC_MAX, 1), panels = padded_rows_ / MR;
+    for (int64_t pc = 0; pc < K; pc += kc_block) {
+        const int64_t kc = std::min(kc_block, K - pc);
+        parallel_for(panels, 16, [&](int64_t q0, int64_t q1) {
+            const int64_t r0 = q0 * MR, r1 = std::min(M, q1 * MR);
+            pack_a_block(p, r0, r1 - r0, pc, kc, data_ + pc * padded_rows_ + r0 * kc);
+        });
+    }
+}
+
+// Gives the buffer back to this thread's workspace for the next PackedA (unless it keeps a bigger one).
+PackedA::~PackedA() {
+    Workspace& ws = tls_workspace;
+    if (capacity_ > ws.packed_cap) {
+        ws.packed.reset(data_);
+        ws.packed_cap = capacity_;
+    } else {
+        std::free(data_);
+    }
+}
 
 template <typename T>
 void gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,
@@ -480,17 +526,19 @@ void gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alp
     check_args("gemm", trans_a, trans_b, M, N, K, A, lda, B, ldb, C, ldc);
     if (M == 0 || N == 0) return;
     if (K == 0 || alpha == 0.0f) return scale_c(M, N, beta, C, ldc);
-    const CpuLevel level = cpu_level();  // read once: one path for the whole product
-    const MicroKernel* kernel = &micro_kernel(level);
-    if constexpr (std::is_same_v<T, float>) {
-        product(Problem<float>{trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, nullptr, kernel});
-    } else {  // the f32 product alpha·op(A)·op(B), then C = T(product + beta·C)
-        const Widen<T> widen = convert_kernel<T, float>(level).run;
-        Workspace& ws = tls_workspace;
-        float* acc = reserve(ws.c, ws.c_cap, M * N);
-        product(Problem<T>{trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, 0.0f, acc, N, widen, kernel});
-        round_into(M, N, acc, beta, C, ldc, widen, convert_kernel<float, T>(level).run);
-    }
+    run(Problem<T>{trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, nullptr, 0}, C, ldc);
+}
+
+template <typename T>
+void gemm(const PackedA& A, bool trans_b, int64_t N, float alpha, const T* B, int64_t ldb, float beta, T* C,
+          int64_t ldc) {
+    const int64_t M = A.rows(), K = A.depth();
+    check_args("gemm (packed A)", false, trans_b, M, N, K, &A, K, B, ldb, C, ldc);
+    if (M == 0 || N == 0) return;
+    if (K == 0 || alpha == 0.0f) return scale_c(M, N, beta, C, ldc);
+    Problem<T> p{false, trans_b, M, N, K, alpha, nullptr, K, B, ldb, beta, nullptr, 0};
+    p.packed_a = &A;
+    run(p, C, ldc);
 }
 
 // v1 of the header comment: one dot product per C element, k in order.
@@ -522,6 +570,8 @@ const char* gemm_path(CpuLevel level) {
 }
 
 #define KILN_GEMM(T)                                                                             \
+    template PackedA::PackedA(bool, int64_t, int64_t, const T*, int64_t);                         \
+    template void gemm<T>(const PackedA&, bool, int64_t, float, const T*, int64_t, float, T*, int64_t); \
     template const char* gemm_path<T>(CpuLevel);                                                  \
     template void gemm<T>(bool, bool, int64_t, int64_t, int64_t, float, const T*, int64_t,        \
                           const T*, int64_t, float, T*, int64_t);                                \

@@ -60,6 +60,40 @@ template <typename T>
 void gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,
           const T* A, int64_t lda, const T* B, int64_t ldb, float beta, T* C, int64_t ldc);
 
+// ---- A packed once, for many products -----------------------------------------------------------
+// A convolution multiplies the same weights by the columns of one group of images after another
+// (ops/cpu/conv.cpp). gemm() packs its A (gemm.cpp, "Packing") on every call, so the weights
+// were packed once per group, for the 7×7 and 3×3 layers of the CIFAR net once per 300 columns
+// of B. PackedA packs op(A) once, widened to f32 and cut into KC-blocks exactly as gemm() cuts
+// them, and gemm(PackedA, ...) uses it as it is: the same arithmetic, so the same bits as
+// gemm() on A itself, with one copy of A per layer instead of one per group.
+// The copy is op(A) in f32, M·K floats (M rounded up to 6): it lives in a buffer of the thread
+// that packs (kept for the next PackedA, as gemm()'s own packing buffers are), and the products
+// may run on any thread while the PackedA lives.
+class PackedA {
+public:
+    template <typename T>
+    PackedA(bool trans_a, int64_t M, int64_t K, const T* A, int64_t lda);
+    ~PackedA();
+    PackedA(const PackedA&) = delete;
+    PackedA& operator=(const PackedA&) = delete;
+
+    int64_t rows() const { return M_; }   // M
+    int64_t depth() const { return K_; }  // K
+    // The micro-panel of rows r .. r+5 (r a multiple of 6) in the KC-block starting at k = pc.
+    const float* panel(int64_t pc, int64_t r, int64_t kc) const { return data_ + pc * padded_rows_ + r * kc; }
+
+private:
+    int64_t M_, K_, padded_rows_;
+    float* data_;
+    int64_t capacity_;  // floats
+};
+
+// C[M,N] = alpha · A · op(B)[K,N] + beta · C, with A packed (its M and K); as gemm() otherwise.
+template <typename T>
+void gemm(const PackedA& A, bool trans_b, int64_t N, float alpha, const T* B, int64_t ldb, float beta, T* C,
+          int64_t ldc);
+
 // The name of the path gemm<T> takes at `level` (a level this CPU supports), as above; for
 // float, the micro-kernel's instruction set ("avx512", "avx2-fma" or "vectors"); for f16 and
 // bf16, the conversions' (the micro-kernel is the float one of the same level).

@@ -4,6 +4,7 @@
 // of the MicroKernel to define), after a `#pragma GCC target` for its instruction set.
 #include "ops/cpu/gemm_tile.h"
 
+#include <cmath>
 #include <cstring>
 
 #if KILN_TILE_ISA != 0
@@ -13,7 +14,7 @@
 namespace kiln::cpu {
 namespace {
 
-// ---- SIMD: the four vector operations the micro-kernel needs ---------------------------------
+// ---- SIMD: the vector operations the micro-kernel needs ---------------------------------
 // VL floats per vector, NV vectors per tile row: NR = NV·VL columns.
 #if KILN_TILE_ISA == 512
 using vec = __m512;
@@ -25,6 +26,7 @@ inline vec vload(const float* p) { return _mm512_loadu_ps(p); }
 inline void vstore(float* p, vec v) { _mm512_storeu_ps(p, v); }
 inline vec vbroadcast(float x) { return _mm512_set1_ps(x); }
 inline vec vfma(vec a, vec b, vec c) { return _mm512_fmadd_ps(a, b, c); }  // a*b + c
+inline vec vmul(vec a, vec b) { return _mm512_mul_ps(a, b); }
 #elif KILN_TILE_ISA == 256
 using vec = __m256;
 constexpr const char* kName = "avx2-fma";
@@ -35,6 +37,7 @@ inline vec vload(const float* p) { return _mm256_loadu_ps(p); }
 inline void vstore(float* p, vec v) { _mm256_storeu_ps(p, v); }
 inline vec vbroadcast(float x) { return _mm256_set1_ps(x); }
 inline vec vfma(vec a, vec b, vec c) { return _mm256_fmadd_ps(a, b, c); }
+inline vec vmul(vec a, vec b) { return _mm256_mul_ps(a, b); }
 #else
 typedef float vec __attribute__((vector_size(16)));  // SSE, NEON, ...: 4 floats
 constexpr const char* kName = "vectors";
@@ -49,6 +52,7 @@ inline vec vload(const float* p) {
 inline void vstore(float* p, vec v) { std::memcpy(p, &v, sizeof v); }
 inline vec vbroadcast(float x) { return vec{} + x; }
 inline vec vfma(vec a, vec b, vec c) { return a * b + c; }  // fused where the target has FMA (kFused)
+inline vec vmul(vec a, vec b) { return a * b; }
 #endif
 
 #if KILN_TILE_ISA != 0 || defined(__FMA__)
@@ -61,10 +65,63 @@ constexpr int MR = kTileRows;
 constexpr int NR = NV * VL;
 static_assert(NR <= kTileColsMax, "kTileColsMax sizes the callers' tile buffers");
 
-// acc[MR×NR] = Σ_k Ap[k][0..MR) ⊗ Bp[k][0..NR), k = 0, 1, ..., kc-1 in order.
+// The scalar twin of vfma, for the elements of a partial tile: the same rounding as the vectors.
+inline float sfma(float a, float b, float c) {
+    if constexpr (kFused) return std::fma(a, b, c);
+    return a * b + c;
+}
+
+// ---- Storing the tile --------------------------------------------------------------------------
+//   C = alpha·acc            when beta == 0 (C is not read: it may hold NaN)
+//   C = alpha·acc + C        when beta == 1 (the second and later KC-blocks), one fused step
+//   C = alpha·acc + beta·C   otherwise
+// A full tile goes from the registers straight to C, a vector at a time: the rows of C are
+// ldc floats apart, so each row is NV vector loads and stores. (Done as a scalar loop after
+// the kernel, through a buffer, this store took a fifth of a CIFAR net's training step.)
+// A partial tile (the last rows or columns of C) goes through a buffer, element by element,
+// with the same arithmetic. So does every tile of the portable kernel: whether the compiler
+// fuses its vectors' a·b + c there is the compiler's choice (measured: it did in the k loop, not
+// in the store), and the element loop's std::fma is not.
+inline vec store_one(vec acc, vec alpha, float beta, const float* c) {
+    if (beta == 0.0f) return vmul(alpha, acc);
+    if (beta == 1.0f) return vfma(alpha, acc, vload(c));
+    return vfma(vbroadcast(beta), vload(c), vmul(alpha, acc));
+}
+
+inline float store_one(float acc, float alpha, float beta, float c) {
+    if (beta == 0.0f) return alpha * acc;
+    if (beta == 1.0f) return sfma(alpha, acc, c);
+    return sfma(beta, c, alpha * acc);
+}
+
+void store(const vec (&acc)[MR][NV], float alpha, float beta, float* C, int64_t ldc, int mr, int nr) {
+    if (KILN_TILE_ISA != 0 && mr == MR && nr == NR) {
+        const vec va = vbroadcast(alpha);
+#pragma GCC unroll 16
+        for (int i = 0; i < MR; ++i)
+#pragma GCC unroll 4
+            for (int j = 0; j < NV; ++j) {
+                float* c = C + i * ldc + j * VL;
+                vstore(c, store_one(acc[i][j], va, beta, c));
+            }
+        return;
+    }
+    alignas(64) float tile[MR * NR];
+    for (int i = 0; i < MR; ++i)
+        for (int j = 0; j < NV; ++j) vstore(tile + i * NR + j * VL, acc[i][j]);
+    for (int i = 0; i < mr; ++i)
+        for (int j = 0; j < nr; ++j) {
+            float& c = C[i * ldc + j];
+            c = store_one(tile[i * NR + j], alpha, beta, beta == 0.0f ? 0.0f : c);
+        }
+}
+
+// acc[MR×NR] = Σ_k Ap[k][0..MR) ⊗ Bp[k][0..NR), k = 0, 1, ..., kc-1 in order, then stored
+// into C's first mr rows and nr columns as above.
 // The loops over i and j are unrolled completely, so acc lives in registers; k is unrolled
 // by 4, which saves the loop's own instructions (they compete with the FMAs for issue slots).
-void multiply(int64_t kc, const float* __restrict Ap, const float* __restrict Bp, float* __restrict tile) {
+void multiply(int64_t kc, const float* __restrict Ap, const float* __restrict Bp, float alpha, float beta,
+              float* __restrict C, int64_t ldc, int mr, int nr) {
     vec acc[MR][NV];
 #pragma GCC unroll 16
     for (int i = 0; i < MR; ++i)
@@ -82,10 +139,7 @@ void multiply(int64_t kc, const float* __restrict Ap, const float* __restrict Bp
             for (int j = 0; j < NV; ++j) acc[i][j] = vfma(a, b[j], acc[i][j]);
         }
     }
-#pragma GCC unroll 16
-    for (int i = 0; i < MR; ++i)
-#pragma GCC unroll 4
-        for (int j = 0; j < NV; ++j) vstore(tile + i * NR + j * VL, acc[i][j]);
+    store(acc, alpha, beta, C, ldc, mr, nr);
 }
 
 }  // namespace
