@@ -204,6 +204,7 @@ TEST_CASE("Conv2d gives the same bits on 1 and 2 threads", "[conv][cpu][lesson03
     struct T { const char* what; int64_t C, O, K; ConvOptions opt; };
     const T cases[] = {
         {"3x3 im2col", 16, 32, 3, {1, 1, 1, 1, true}},
+        {"3x3 im2col, dw too big for slices: bands", 64, 512, 3, {1, 1, 1, 1, true}},
         {"1x1", 32, 32, 1, {1, 0, 1, 1, true}},
         {"depthwise", 16, 16, 3, {1, 1, 1, 16, true}},
         {"groups 2, stride 2", 16, 16, 3, {2, 1, 1, 2, true}},

@@ -44,9 +44,11 @@
 // image instead gives all threads to the GEMM, which is itself bitwise independent of the
 // thread count.
 // dw: a sum over images. The columns of a chunk are built in parallel, then each task takes
-// a band of dw's columns and adds the images into it one after the other, in image order.
-// The order of the sum depends on N only, never on threads or on the chunk size, so even a
-// tiny workspace gives bitwise the same dw.
+// a band of dw's columns and adds the images into it one after the other, in image order. A
+// small dw (f32) is summed in 8 slices of images instead, each into its own partial sum, added
+// up in slice order at the end (conv2d_backward_weight_slices). Either way the order of the sum
+// depends on N only, never on threads or on the chunk size, so even a tiny workspace gives
+// bitwise the same dw.
 //
 // ---- f16 and bf16 ------------------------------------------------------------------------------
 // The same code for T = float, f16 and bf16: x, w, b, y, dy, dx, dw, db and the workspace all
@@ -242,6 +244,17 @@ inline SameWidthRun same_width_run(int64_t op_lo, int64_t op_hi, int64_t q_lo, i
     return {op_lo * W + q_lo, (op_lo + off_h) * W + q_lo + off_w, (op_hi - op_lo - 1) * W + q_hi - q_lo};
 }
 
+// Zeroes the columns q < q_lo and q ≥ q_hi of the rows op_lo .. op_hi − 1 of one col row: one or
+// two entries per row for a 3×3 kernel, so a loop down each column (a call to memset per entry
+// would cost more than the entry).
+template <typename T>
+void zero_padding_columns(T* row, int64_t op_lo, int64_t op_hi, int64_t q_lo, int64_t q_hi, int64_t Q) {
+    for (int64_t q = 0; q < q_lo; q++)
+        for (int64_t op = op_lo; op < op_hi; op++) row[op * Q + q] = T(0);
+    for (int64_t q = q_hi; q < Q; q++)
+        for (int64_t op = op_lo; op < op_hi; op++) row[op * Q + q] = T(0);
+}
+
 template <typename T>
 void im2col(const T* x, int64_t C, const Conv2dParams& p, T* col, int64_t ld) {
     const int64_t H = p.H, W = p.W, P = p.P(), Q = p.Q(), s = p.stride;
@@ -260,10 +273,7 @@ void im2col(const T* x, int64_t C, const Conv2dParams& p, T* col, int64_t ld) {
                     std::fill(row, row + r.col_start, T(0));
                     std::memcpy(row + r.col_start, xc + r.x_start, size_t(r.length) * sizeof(T));
                     std::fill(row + r.col_start + r.length, row + P * Q, T(0));
-                    for (int64_t op = op_lo; op < op_hi; op++) {  // the columns over the padding
-                        std::fill(row + op * Q, row + op * Q + q_lo, T(0));
-                        std::fill(row + op * Q + q_hi, row + (op + 1) * Q, T(0));
-                    }
+                    zero_padding_columns(row, op_lo, op_hi, q_lo, q_hi, Q);
                     continue;
                 }
                 for (int64_t op = 0; op < P; op++) {
@@ -309,10 +319,7 @@ void col2im(T* col, int64_t C, const Conv2dParams& p, T* dx, int64_t ld) {
                 valid_range(off_h, H, s, P, op_lo, op_hi);  // the rows: the same with H and P
                 if (same_width && q_lo < q_hi && op_lo < op_hi) {
                     const SameWidthRun r = same_width_run(op_lo, op_hi, q_lo, q_hi, off_h, off_w, W);
-                    for (int64_t op = op_lo; op < op_hi; op++) {
-                        std::fill(row + op * Q, row + op * Q + q_lo, T(0));
-                        std::fill(row + op * Q + q_hi, row + (op + 1) * Q, T(0));
-                    }
+                    zero_padding_columns(row, op_lo, op_hi, q_lo, q_hi, Q);
                     float* dst = dxc + r.x_start;
                     const T* src = row + r.col_start;
 #pragma omp simd
@@ -476,7 +483,64 @@ void backward_weight_side_by_side(const T* x, const T* dy, T* dw, const Conv2dPa
     }
 }
 
-// f32 (and Pointwise in every type):
+// The columns of the chunk's images n0 .. n0 + count − 1, image i at col + i·(its workspace), one
+// image per task.
+template <typename T>
+void build_columns(const T* x, const Conv2dParams& p, int64_t n0, int64_t count, double flops_per_chunk, T* col) {
+    const int64_t CHW = p.C * p.H * p.W, col_size = conv2d_col_elems_per_image(p);
+    parallel_for(count, flop_grain(count, flops_per_chunk), [&](int64_t i0, int64_t i1) {
+        for (int64_t i = i0; i < i1; i++) im2col(x + (n0 + i) * CHW, p.C, p, col + i * col_size);
+    });
+}
+
+// f32, small dw (the first layers: 64 × 216 floats): slices of images, partial sums.
+// A band of such a dw's columns is too little work for a task — each band packed every dy_n
+// again for a few dozen columns. So the images are dealt into kSlices slices, image n to
+// slice n mod kSlices (every chunk of the workspace then holds images of every slice); each
+// slice adds its images, in order, into a partial dw of its own (one task per slice, one GEMM
+// per image, each operand packed once), and at the end
+//   dw += partial_0 + partial_1 + ... + partial_{kSlices−1}        (in this order)
+// The slices depend on n alone: the bits depend neither on the threads nor on the workspace.
+// The partial sums are kSlices copies of dw, at most kSlicesBytesMax on the heap, outside the
+// workspace (and outside the memory report of chapter 08, like the GEMM's packing buffers).
+constexpr int64_t kSlices = 8;
+constexpr int64_t kSlicesBytesMax = 8 << 20;
+
+bool backward_weight_in_slices(const Conv2dParams& p) {
+    const int64_t dw_floats = p.O * p.Cg() * p.KH * p.KW;
+    return p.N >= kSlices && kSlices * dw_floats * int64_t(sizeof(float)) <= kSlicesBytesMax;
+}
+
+void conv2d_backward_weight_slices(const float* x, const float* dy, float* dw, const Conv2dParams& p, ConvAlgo algo,
+                                   float* col, int64_t chunk) {
+    const int64_t G = p.groups, Og = p.Og(), PQ = p.P() * p.Q(), Kc = p.Cg() * p.KH * p.KW;
+    const int64_t CHW = p.C * p.H * p.W, col_size = conv2d_col_elems_per_image(p), dw_floats = p.O * Kc;
+    std::vector<float> partial(size_t(kSlices * dw_floats), 0.0f);
+    for (int64_t n0 = 0; n0 < p.N; n0 += chunk) {
+        const int64_t count = std::min(chunk, p.N - n0);
+        const double chunk_flops = double(count) * flops_per_image(p);
+        if (algo == ConvAlgo::Im2col) build_columns(x, p, n0, count, chunk_flops, col);
+        parallel_chunks(kSlices, [&](int64_t slice) {
+            float* part = partial.data() + slice * dw_floats;
+            for (int64_t n = n0 + (slice - n0 % kSlices + kSlices) % kSlices; n < n0 + count; n += kSlices) {
+                const float* cols = algo == ConvAlgo::Im2col ? col + (n - n0) * col_size : x + n * CHW;
+                const float* dyn = dy + n * p.O * PQ;
+                for (int64_t g = 0; g < G; g++)
+                    gemm(false, true, Og, Kc, PQ, 1.0f, dyn + g * Og * PQ, PQ, cols + g * Kc * PQ, PQ, 1.0f,
+                         part + g * Og * Kc, Kc);
+            }
+        }, chunk_flops >= kParallelMinFlops);
+    }
+    parallel_for(dw_floats, grain_of(32768, kSlices), [&](int64_t i0, int64_t i1) {
+        for (int64_t i = i0; i < i1; i++) {
+            float sum = dw[i];
+            for (int64_t slice = 0; slice < kSlices; slice++) sum += partial[size_t(slice * dw_floats + i)];
+            dw[i] = sum;
+        }
+    });
+}
+
+// f32 with a big dw (and Pointwise in every type):
 //   dw[g·Og .. , Kc] += dy_n[g·Og .. , P·Q] · col_n[g·Kc .. , P·Q]ᵀ     for n = 0 .. N−1 in order
 //   db[o] += Σ_n Σ_pq dy[n, o, pq]                                       (one channel per thread)
 template <typename T>
@@ -502,8 +566,11 @@ void conv2d_backward_weight(const T* x, const T* dy, T* dw, T* db, const Conv2dP
     const int64_t G = p.groups, Og = p.Og(), Kc = p.Cg() * p.KH * p.KW;
     const int64_t CHW = p.C * p.H * p.W, col_size = conv2d_col_elems_per_image(p);
     const int64_t chunk = images_per_chunk(p, algo, col, col_images, "conv2d_backward_weight");
-    if constexpr (!std::is_same_v<T, float>)
+    if constexpr (std::is_same_v<T, float>) {
+        if (backward_weight_in_slices(p)) return conv2d_backward_weight_slices(x, dy, dw, p, algo, col, chunk);
+    } else {
         if (algo == ConvAlgo::Im2col) return backward_weight_side_by_side(x, dy, dw, p, col, chunk);
+    }
 
     // Per chunk of images: their columns are built (one image per task), then each task adds
     // every image of the chunk, in order, into its own band of dw's columns [j0, j1) — bands are
@@ -515,10 +582,7 @@ void conv2d_backward_weight(const T* x, const T* dy, T* dw, T* db, const Conv2dP
     const int64_t bands = chunk_flops >= kParallelMinFlops ? std::min<int64_t>(blocks, 4 * max_threads()) : 1;
     for (int64_t n0 = 0; n0 < p.N; n0 += chunk) {
         const int64_t count = std::min(chunk, p.N - n0);
-        if (algo == ConvAlgo::Im2col)
-            parallel_for(count, flop_grain(count, chunk_flops), [&](int64_t i0, int64_t i1) {
-                for (int64_t i = i0; i < i1; i++) im2col(x + (n0 + i) * CHW, p.C, p, col + i * col_size);
-            });
+        if (algo == ConvAlgo::Im2col) build_columns(x, p, n0, count, chunk_flops, col);
         parallel_chunks(bands, [&](int64_t band) {
             const int64_t j0 = std::min(Kc, blocks * band / bands * 64);
             const int64_t j1 = std::min(Kc, blocks * (band + 1) / bands * 64);

@@ -26,15 +26,24 @@ namespace kiln::cpu {
 constexpr int kTileRows = 6;     // MR: the rows of a tile, the same for every kernel
 constexpr int kTileColsMax = 64;  // the widest NR (AVX-512)
 
+// Where a micro-kernel puts its tile: C[i*ldc + j] = alpha·acc + beta·C for i < rows, j < cols
+// (C not read when beta == 0). A struct passed by address: alpha and beta as arguments would sit
+// in two of the 16 vector registers through the k loop, and an accumulator would spill (measured).
+struct TileOut {
+    float* C;
+    int64_t ldc;
+    int rows, cols;
+    float alpha, beta;
+};
+
 struct MicroKernel {
     const char* name;  // "avx512", "avx2-fma" or "vectors" (gemm_path<float>)
     int cols;          // NR: the tile's columns; B is packed in panels this wide
     bool fused;        // one rounding per multiply-add: the bits of every other fused kernel
     // acc[i][j] = Σ_k Ap[k*MR + i] · Bp[k*cols + j], k = 0 .. kc-1 in order
     // (Ap: a packed MR-row panel of A, Bp: a packed cols-wide panel of B; gemm.cpp, "Packing"),
-    // then for i < mr, j < nr:  C[i*ldc + j] = alpha·acc + beta·C, C not read when beta == 0.
-    void (*multiply)(int64_t kc, const float* Ap, const float* Bp, float alpha, float beta, float* C,
-                     int64_t ldc, int mr, int nr);
+    // then stored as `out` says.
+    void (*multiply)(int64_t kc, const float* Ap, const float* Bp, const TileOut& out);
 };
 
 // The kernel for `level` (a level this CPU supports): the best one compiled in at or below it.

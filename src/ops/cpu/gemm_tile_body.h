@@ -94,25 +94,12 @@ inline float store_one(float acc, float alpha, float beta, float c) {
     return sfma(beta, c, alpha * acc);
 }
 
-void store(const vec (&acc)[MR][NV], float alpha, float beta, float* C, int64_t ldc, int mr, int nr) {
-    if (KILN_TILE_ISA != 0 && mr == MR && nr == NR) {
-        const vec va = vbroadcast(alpha);
-#pragma GCC unroll 16
-        for (int i = 0; i < MR; ++i)
-#pragma GCC unroll 4
-            for (int j = 0; j < NV; ++j) {
-                float* c = C + i * ldc + j * VL;
-                vstore(c, store_one(acc[i][j], va, beta, c));
-            }
-        return;
-    }
-    alignas(64) float tile[MR * NR];
-    for (int i = 0; i < MR; ++i)
-        for (int j = 0; j < NV; ++j) vstore(tile + i * NR + j * VL, acc[i][j]);
-    for (int i = 0; i < mr; ++i)
-        for (int j = 0; j < nr; ++j) {
-            float& c = C[i * ldc + j];
-            c = store_one(tile[i * NR + j], alpha, beta, beta == 0.0f ? 0.0f : c);
+// The elements of a partial tile: tile[i·NR + j] holds acc.
+void store_partial(const float* tile, const TileOut& out) {
+    for (int i = 0; i < out.rows; ++i)
+        for (int j = 0; j < out.cols; ++j) {
+            float& c = out.C[i * out.ldc + j];
+            c = store_one(tile[i * NR + j], out.alpha, out.beta, out.beta == 0.0f ? 0.0f : c);
         }
 }
 
@@ -120,8 +107,7 @@ void store(const vec (&acc)[MR][NV], float alpha, float beta, float* C, int64_t 
 // into C's first mr rows and nr columns as above.
 // The loops over i and j are unrolled completely, so acc lives in registers; k is unrolled
 // by 4, which saves the loop's own instructions (they compete with the FMAs for issue slots).
-void multiply(int64_t kc, const float* __restrict Ap, const float* __restrict Bp, float alpha, float beta,
-              float* __restrict C, int64_t ldc, int mr, int nr) {
+void multiply(int64_t kc, const float* __restrict Ap, const float* __restrict Bp, const TileOut& out) {
     vec acc[MR][NV];
 #pragma GCC unroll 16
     for (int i = 0; i < MR; ++i)
@@ -139,7 +125,25 @@ void multiply(int64_t kc, const float* __restrict Ap, const float* __restrict Bp
             for (int j = 0; j < NV; ++j) acc[i][j] = vfma(a, b[j], acc[i][j]);
         }
     }
-    store(acc, alpha, beta, C, ldc, mr, nr);
+    // The store, written out here: passing acc to a function by reference made the compiler keep
+    // it in memory (a spill in the k loop, measured).
+    if (KILN_TILE_ISA != 0 && out.rows == MR && out.cols == NR) {
+        const vec va = vbroadcast(out.alpha);
+#pragma GCC unroll 16
+        for (int i = 0; i < MR; ++i)
+#pragma GCC unroll 4
+            for (int j = 0; j < NV; ++j) {
+                float* c = out.C + i * out.ldc + j * VL;
+                vstore(c, store_one(acc[i][j], va, out.beta, c));
+            }
+        return;
+    }
+    alignas(64) float tile[MR * NR];
+#pragma GCC unroll 16
+    for (int i = 0; i < MR; ++i)
+#pragma GCC unroll 4
+        for (int j = 0; j < NV; ++j) vstore(tile + i * NR + j * VL, acc[i][j]);
+    store_partial(tile, out);
 }
 
 }  // namespace
