@@ -243,9 +243,9 @@ void pack_b_panels(bool trans_b, const T* B, int64_t ldb, int64_t k0, int64_t kc
 
 // ---- Prefetching C -------------------------------------------------------------------------------
 // The rows of a C tile are ldc floats apart, each in another page: nothing brings them into the
-// cache before store_tile reads them, and each would be a wait for memory. Asking for them
-// before the micro-kernel runs hides that wait behind its ~kc·12 FMAs (measured: the 1024³
-// product 1.5× faster on a machine whose other cores kept memory busy).
+// cache before the micro-kernel's store reads them, and each would be a wait for memory. Asking
+// for them before the micro-kernel runs hides that wait behind its ~kc·12 FMAs (measured: the
+// 1024³ product 1.5× faster on a machine whose other cores kept memory busy).
 void prefetch_tile(const float* C, int64_t ldc, int64_t mr, int64_t nr) {
     for (int64_t i = 0; i < mr; ++i) {
         __builtin_prefetch(C + i * ldc, 1);           // 1: for writing

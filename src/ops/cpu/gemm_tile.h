@@ -24,7 +24,6 @@
 namespace kiln::cpu {
 
 constexpr int kTileRows = 6;     // MR: the rows of a tile, the same for every kernel
-constexpr int kTileColsMax = 64;  // the widest NR (AVX-512)
 
 // Where a micro-kernel puts its tile: C[i*ldc + j] = alpha·acc + beta·C for i < rows, j < cols
 // (C not read when beta == 0). A struct passed by address: alpha and beta as arguments would sit

@@ -63,7 +63,6 @@ constexpr bool kFused = false;  // a * b + c rounds twice
 
 constexpr int MR = kTileRows;
 constexpr int NR = NV * VL;
-static_assert(NR <= kTileColsMax, "kTileColsMax sizes the callers' tile buffers");
 
 // The scalar twin of vfma, for the elements of a partial tile: the same rounding as the vectors.
 inline float sfma(float a, float b, float c) {
