@@ -230,8 +230,8 @@ void depthwise_backward_weight(const T* x, const T* dy, T* dw, const Conv2dParam
 // shortcut. There, consecutive output rows read consecutive input rows of the same length, so
 // the valid rows op_lo .. op_hi−1 of one (c, kh, kw) are a single run of x shifted by a constant:
 //   col_row[op·Q + q] = x_c[(op + off_h)·W + q + off_w]   for every valid (op, q)
-// One long copy fills them (instead of one copy of 3 to 32 floats per output row: measured 3 to
-// 10× faster on the CIFAR net's planes); the columns over the left and right padding, which the
+// One long copy fills them (instead of one copy of 3 to 31 floats per output row: measured 3×
+// faster on 31×31 planes, 1.7× on 7×7); the columns over the left and right padding, which the
 // copy filled with the neighbouring row's ends, are zeroed after it.
 
 // Where the run of one (kh, kw) starts and how long it is: from (op_lo, q_lo) to (op_hi−1, q_hi−1)
@@ -344,8 +344,9 @@ void col2im(T* col, int64_t C, const Conv2dParams& p, T* dx, int64_t ld) {
 // One GEMM per image is a thin product for CIFAR's later layers: an image has only 7×7 or 3×3
 // output positions, so a 9-column product used 9 of the micro-tile's 64 columns, and the
 // weights (256 × 2304 floats) were packed for 9 columns of work. (The weights are now packed
-// once per call, for every GEMM of it: pack_weights below.) So a thread takes k consecutive images (k·P·Q ≥ kGroupColumns) and lays their
-// columns side by side, image i at column i·P·Q of one matrix of L = k·P·Q columns:
+// once per call, for every GEMM of it: pack_weights below.) So a thread takes k consecutive
+// images (k·P·Q ≥ kGroupColumns) and lays their columns side by side, image i at column i·P·Q
+// of one matrix of L = k·P·Q columns:
 //   cols [C·KH·KW, L]   (im2col with ld = L)        rows [O, L]   (y or dy of the k images)
 // then does one GEMM with N = L. The price is a copy of y (or dy) between rows and NCHW, where
 // each image's [O, P·Q] block is apart; with k = 1 (big planes) rows is the image's own block

@@ -103,7 +103,7 @@ void store_partial(const float* tile, const TileOut& out) {
 }
 
 // acc[MR×NR] = Σ_k Ap[k][0..MR) ⊗ Bp[k][0..NR), k = 0, 1, ..., kc-1 in order, then stored
-// into C's first mr rows and nr columns as above.
+// into C's first out.rows rows and out.cols columns as above.
 // The loops over i and j are unrolled completely, so acc lives in registers; k is unrolled
 // by 4, which saves the loop's own instructions (they compete with the FMAs for issue slots).
 void multiply(int64_t kc, const float* __restrict Ap, const float* __restrict Bp, const TileOut& out) {
