@@ -494,6 +494,20 @@ void build_columns(const T* x, const Conv2dParams& p, int64_t n0, int64_t count,
     });
 }
 
+// target[g·Og .. , j0:j1] += dy_n[g·Og .. , P·Q] · col_n[g·Kc + j0 .. g·Kc + j1, P·Q]ᵀ for the one
+// image n (its columns at slot n − n0 of the chunk's workspace, or x_n itself for Pointwise);
+// target has dw's shape, rows Kc apart. One GEMM per conv group.
+template <typename T>
+void add_image_to_dw(const T* x, const T* dy, const T* col, int64_t n, int64_t n0, ConvAlgo algo,
+                     const Conv2dParams& p, int64_t j0, int64_t j1, T* target) {
+    const int64_t Og = p.Og(), PQ = p.P() * p.Q(), Kc = p.Cg() * p.KH * p.KW;
+    const T* cols = algo == ConvAlgo::Im2col ? col + (n - n0) * conv2d_col_elems_per_image(p) : x + n * p.C * p.H * p.W;
+    const T* dyn = dy + n * p.O * PQ;
+    for (int64_t g = 0; g < p.groups; g++)
+        gemm(false, true, Og, j1 - j0, PQ, 1.0f, dyn + g * Og * PQ, PQ, cols + (g * Kc + j0) * PQ, PQ, 1.0f,
+             target + g * Og * Kc + j0, Kc);
+}
+
 // f32, small dw (the first layers: 64 × 216 floats): slices of images, partial sums.
 // A band of such a dw's columns is too little work for a task — each band packed every dy_n
 // again for a few dozen columns. So the images are dealt into kSlices slices, image n to
@@ -514,8 +528,7 @@ bool backward_weight_in_slices(const Conv2dParams& p) {
 
 void conv2d_backward_weight_slices(const float* x, const float* dy, float* dw, const Conv2dParams& p, ConvAlgo algo,
                                    float* col, int64_t chunk) {
-    const int64_t G = p.groups, Og = p.Og(), PQ = p.P() * p.Q(), Kc = p.Cg() * p.KH * p.KW;
-    const int64_t CHW = p.C * p.H * p.W, col_size = conv2d_col_elems_per_image(p), dw_floats = p.O * Kc;
+    const int64_t Kc = p.Cg() * p.KH * p.KW, dw_floats = p.O * Kc;
     std::vector<float> partial(size_t(kSlices * dw_floats), 0.0f);
     for (int64_t n0 = 0; n0 < p.N; n0 += chunk) {
         const int64_t count = std::min(chunk, p.N - n0);
@@ -523,13 +536,8 @@ void conv2d_backward_weight_slices(const float* x, const float* dy, float* dw, c
         if (algo == ConvAlgo::Im2col) build_columns(x, p, n0, count, chunk_flops, col);
         parallel_chunks(kSlices, [&](int64_t slice) {
             float* part = partial.data() + slice * dw_floats;
-            for (int64_t n = n0 + (slice - n0 % kSlices + kSlices) % kSlices; n < n0 + count; n += kSlices) {
-                const float* cols = algo == ConvAlgo::Im2col ? col + (n - n0) * col_size : x + n * CHW;
-                const float* dyn = dy + n * p.O * PQ;
-                for (int64_t g = 0; g < G; g++)
-                    gemm(false, true, Og, Kc, PQ, 1.0f, dyn + g * Og * PQ, PQ, cols + g * Kc * PQ, PQ, 1.0f,
-                         part + g * Og * Kc, Kc);
-            }
+            for (int64_t n = n0 + (slice - n0 % kSlices + kSlices) % kSlices; n < n0 + count; n += kSlices)
+                add_image_to_dw(x, dy, col, n, n0, algo, p, 0, Kc, part);
         }, chunk_flops >= kParallelMinFlops);
     }
     parallel_for(dw_floats, grain_of(32768, kSlices), [&](int64_t i0, int64_t i1) {
@@ -564,8 +572,7 @@ void conv2d_backward_weight(const T* x, const T* dy, T* dw, T* db, const Conv2dP
     }
     const ConvAlgo algo = conv2d_algo(p);
     if (algo == ConvAlgo::Depthwise) return depthwise_backward_weight(x, dy, dw, p);
-    const int64_t G = p.groups, Og = p.Og(), Kc = p.Cg() * p.KH * p.KW;
-    const int64_t CHW = p.C * p.H * p.W, col_size = conv2d_col_elems_per_image(p);
+    const int64_t Kc = p.Cg() * p.KH * p.KW;
     const int64_t chunk = images_per_chunk(p, algo, col, col_images, "conv2d_backward_weight");
     if constexpr (std::is_same_v<T, float>) {
         if (backward_weight_in_slices(p)) return conv2d_backward_weight_slices(x, dy, dw, p, algo, col, chunk);
@@ -587,14 +594,8 @@ void conv2d_backward_weight(const T* x, const T* dy, T* dw, T* db, const Conv2dP
         parallel_chunks(bands, [&](int64_t band) {
             const int64_t j0 = std::min(Kc, blocks * band / bands * 64);
             const int64_t j1 = std::min(Kc, blocks * (band + 1) / bands * 64);
-            for (int64_t i = 0; i < count && j0 < j1; i++) {  // in image order: the sum's order is fixed
-                const int64_t n = n0 + i;
-                const T* cols = algo == ConvAlgo::Im2col ? col + i * col_size : x + n * CHW;
-                const T* dyn = dy + n * p.O * PQ;
-                for (int64_t g = 0; g < G; g++)
-                    gemm(false, true, Og, j1 - j0, PQ, 1.0f, dyn + g * Og * PQ, PQ, cols + (g * Kc + j0) * PQ, PQ,
-                         1.0f, dw + g * Og * Kc + j0, Kc);
-            }
+            for (int64_t n = n0; n < n0 + count && j0 < j1; n++)  // in image order: the sum's order is fixed
+                add_image_to_dw(x, dy, col, n, n0, algo, p, j0, j1, dw);
         });
     }
 }

@@ -127,13 +127,17 @@ void multiply(int64_t kc, const float* __restrict Ap, const float* __restrict Bp
     // The store, written out here: passing acc to a function by reference made the compiler keep
     // it in memory (a spill in the k loop, measured).
     if (KILN_TILE_ISA != 0 && out.rows == MR && out.cols == NR) {
+        // Read once: out could alias C as far as the compiler knows, so each store would reload it.
+        float* const C = out.C;
+        const int64_t ldc = out.ldc;
+        const float beta = out.beta;
         const vec va = vbroadcast(out.alpha);
 #pragma GCC unroll 16
         for (int i = 0; i < MR; ++i)
 #pragma GCC unroll 4
             for (int j = 0; j < NV; ++j) {
-                float* c = out.C + i * out.ldc + j * VL;
-                vstore(c, store_one(acc[i][j], va, out.beta, c));
+                float* c = C + i * ldc + j * VL;
+                vstore(c, store_one(acc[i][j], va, beta, c));
             }
         return;
     }
