@@ -234,13 +234,16 @@ TEST_CASE("every micro-kernel this CPU runs matches the reference; the fused one
     if (detected_cpu_level() >= CpuLevel::Avx512) CHECK(std::string(cpu::micro_kernel(CpuLevel::Avx512).name) == "avx512");
     const int64_t M = 64, N = 333, K = 600;  // 3 KC-blocks, a partial B chunk and panel
     const auto A = random_vector(size_t(M * K), 5), B = random_vector(size_t(K * N), 6);
-    const auto C = test::under_levels(test::fused_gemm_levels(), [&] {
-        std::vector<float> c(size_t(M * N));
-        gemm(false, false, M, N, K, 1.0f, A.data(), K, B.data(), N, 0.0f, c.data(), N);
-        return c;
-    });
-    for (size_t i = 1; i < C.size(); ++i)
-        CHECK(std::memcmp(C[i].data(), C[0].data(), C[0].size() * sizeof(float)) == 0);
+    for (bool tb : {false, true}) {  // tb: B packed by each kernel's own transposing copy
+        INFO("trans_b " << tb);
+        const auto C = test::under_levels(test::fused_gemm_levels(), [&] {
+            std::vector<float> c(size_t(M * N));
+            gemm(false, tb, M, N, K, 1.0f, A.data(), K, B.data(), tb ? K : N, 0.0f, c.data(), N);
+            return c;
+        });
+        for (size_t i = 1; i < C.size(); ++i)
+            CHECK(std::memcmp(C[i].data(), C[0].data(), C[0].size() * sizeof(float)) == 0);
+    }
 }
 
 TEST_CASE("gemm with a packed A gives the bits of gemm on A itself", "[gemm][cpu][lesson03]") {

@@ -219,14 +219,23 @@ inline void copy_floats(const float* src, int64_t n, float* dst) {
 // (on the 64×4096×576 product of a conv layer, that wait took twice the multiply's time).
 template <typename T>
 void pack_b_panels(bool trans_b, const T* B, int64_t ldb, int64_t k0, int64_t kc, int64_t j0,
-                   int64_t n, int64_t NR, Widen<T> widen, float* Bp) {
+                   int64_t n, const MicroKernel& mk, Widen<T> widen, float* Bp) {
     alignas(64) float scratch[KC_MAX];  // kc, n <= KC_MAX
+    const int64_t NR = mk.cols;
     for (int64_t q = 0; q * NR < n; ++q) {  // zero the columns past n in the last panel
         const int64_t cols = std::min(NR, n - q * NR);
         for (int64_t k = 0; cols < NR && k < kc; ++k)
             std::fill(Bp + q * kc * NR + k * NR + cols, Bp + q * kc * NR + (k + 1) * NR, 0.0f);
     }
-    if (trans_b) {  // op(B)[k,j] = B[j*ldb + k]: read rows of B, write with stride NR
+    if constexpr (std::is_same_v<T, float>) {
+        if (trans_b) {  // the kernel's own transposing copy, a panel at a time (gemm_tile.h)
+            for (int64_t q = 0; q * NR < n; ++q)
+                mk.pack_b_transposed(kc, B + (j0 + q * NR) * ldb + k0, ldb, std::min(NR, n - q * NR),
+                                     Bp + q * kc * NR);
+            return;
+        }
+    }
+    if (trans_b) {  // f16, bf16: op(B)[k,j] = B[j*ldb + k]: widen rows of B, write with stride NR
         for (int64_t j = 0; j < n; ++j) {
             const float* src = as_f32(B + (j0 + j) * ldb + k0, kc, widen, scratch);
             float* dst = Bp + (j / NR) * kc * NR + j % NR;
@@ -340,7 +349,7 @@ void multiply_block(const Problem<T>& p, int64_t ic, int64_t mc, int64_t jc, int
         const int64_t nr = std::min<int64_t>(NR, nc - j0);
         float* bp = Bp + (one_a_block ? j0 % KC_MAX : j0) * kc;  // panel j0/NR, kc×NR floats each
         if (pack_b && j0 % KC_MAX == 0)  // KC_MAX is a multiple of every NR
-            pack_b_panels(p.trans_b, p.B, p.ldb, pc, kc, jc + j0, std::min(KC_MAX, nc - j0), NR,
+            pack_b_panels(p.trans_b, p.B, p.ldb, pc, kc, jc + j0, std::min(KC_MAX, nc - j0), mk,
                           p.widen, bp);
         for (int64_t i0 = 0; i0 < mc; i0 += MR) {
             float* c = p.C + (ic + i0) * p.ldc + jc + j0;

@@ -43,6 +43,9 @@ struct MicroKernel {
     // (Ap: a packed MR-row panel of A, Bp: a packed cols-wide panel of B; gemm.cpp, "Packing"),
     // then stored as `out` says.
     void (*multiply)(int64_t kc, const float* Ap, const float* Bp, const TileOut& out);
+    // One micro-panel of a transposed B: Bp[k*cols + j] = B[j*ldb + k] for j < n <= cols, k < kc
+    // (columns n .. cols-1 untouched). With the kernel because it is written in the same vectors.
+    void (*pack_b_transposed)(int64_t kc, const float* B, int64_t ldb, int64_t n, float* Bp);
 };
 
 // The kernel for `level` (a level this CPU supports): the best one compiled in at or below it.
