@@ -26,14 +26,17 @@
 //
 // Then kiln's f32 gemm on the portable path (the micro-kernel in the compiler's 4-float vectors,
 // gemm_tile.h), and its gemm on f16 and bf16 operands (chapter 09), on each path this CPU can
-// take: the one cpu_level() picks (KILN_CPU caps it) and the portable one beside it, after a
-// comment line with the CPU's features (core/cpu_features.h):
-//   # cpu: AMD EPYC 7B13 · avx2 fma f16c (level avx2; the CPU's best is avx2, KILN_CPU caps it)
+// take: the one cpu_level() picks (KILN_CPU caps it), then the avx2 level's and the portable
+// one's where they differ ("_avx2", "_portable"), after a comment line with the CPU's features
+// (core/cpu_features.h):
+//   # cpu: AMD EPYC · avx2 fma f16c avx512f avx512bw avx512_bf16 avx512_vnni (level avx512; ...)
+//   bench gemm_f32_1024_avx2: 90.2 GFLOP/s (path avx2-fma)
 //   bench gemm_f32_1024_portable: 30.2 GFLOP/s (path vectors)
-//   bench gemm_f16_1024: 98.7 GFLOP/s (path avx2-f16c)
-//   bench gemm_f16_1024_portable: 80.1 GFLOP/s (path portable)
+//   bench gemm_bf16_1024: 280.0 GFLOP/s (path avx512-bf16)
+//   bench gemm_bf16_1024_avx2: 151.3 GFLOP/s (path avx2)
 // The 16-bit paths differ in how f16/bf16 become f32 and back (gemm.h, "How the path is
-// picked") and in the micro-kernel; the products are f32 FMA on every path. The AVX512-FP16, vdpbf16ps and AMX products that would
+// picked") and in the micro-kernel: f32 FMA on every path but bf16's on a CPU with AVX512-BF16
+// where vdpbf16ps is the faster (gemm_tile.h). The AVX512-FP16 and AMX products that would
 // replace packing and micro-kernel for 16-bit types, and where they slot in, are described
 // there too; each would add its line here.
 #include <cblas.h>
@@ -251,23 +254,27 @@ void print_comparison(const std::map<std::string, double>& kiln, const std::vect
 }
 
 // kiln's gemm in T on every shape: on cpu_level()'s path (unless with_main is false: f32's main
-// figures are printed beside OpenBLAS's), and on the portable one if it differs.
+// figures are printed beside OpenBLAS's), then on the avx2 and the portable level's if they differ.
 template <typename T>
 void bench_paths(const char* type, bool with_main) {
     using kiln::CpuLevel;
     using kiln::cpu::gemm_path;
-    std::vector<CpuLevel> levels;
-    if (with_main) levels.push_back(kiln::cpu_level());
-    if (std::strcmp(gemm_path<T>(kiln::cpu_level()), gemm_path<T>(CpuLevel::Portable)) != 0)
-        levels.push_back(CpuLevel::Portable);
+    std::vector<CpuLevel> levels;  // the main level, then each lower one whose path differs
+    for (CpuLevel level : {kiln::cpu_level(), CpuLevel::Avx2, CpuLevel::Portable}) {
+        bool seen = level > kiln::cpu_level();
+        for (CpuLevel l : levels) seen = seen || std::strcmp(gemm_path<T>(l), gemm_path<T>(level)) == 0;
+        if (!seen) levels.push_back(level);
+    }
+    if (!with_main) levels.erase(levels.begin());
     for (const Shape& s : kShapes) {
         Operands<T> o = make_operands<T>(s);
         for (CpuLevel level : levels) {
             const CpuLevel before = kiln::set_cpu_level_cap(level);
             const double g = gflops(s, [&] { run_kiln(s, o); });
             kiln::set_cpu_level_cap(before);
-            std::printf("bench gemm_%s_%s%s: %.1f GFLOP/s (path %s)\n", type, s.name.c_str(),
-                        level == CpuLevel::Portable ? "_portable" : "", g, gemm_path<T>(level));
+            const std::string suffix = level == kiln::cpu_level() ? "" : std::string("_") + kiln::cpu_level_name(level);
+            std::printf("bench gemm_%s_%s%s: %.1f GFLOP/s (path %s)\n", type, s.name.c_str(), suffix.c_str(), g,
+                        gemm_path<T>(level));
             std::fflush(stdout);
         }
     }

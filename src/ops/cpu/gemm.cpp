@@ -76,6 +76,8 @@
 // element anyway), so the micro-kernel and its speed are the f32 ones. The sums are kept in
 // f32 too: the product goes to an f32 M×N buffer (a KC-block's partial sums are never rounded
 // to 16 bits), and one last pass rounds C = T(alpha·Σ + beta·C) once per element.
+// bf16 on a CPU with AVX512-BF16 skips the widening where vdpbf16ps is the faster: "bf16 pairs"
+// below.
 // Both conversions run a row at a time through the vector kernels of convert_simd.h (F16C for
 // f16, AVX2 shifts for bf16, or the portable loop: gemm.h says how the path is picked); they
 // give dtype.h's bits on every path, so the path never changes C.
@@ -308,13 +310,91 @@ struct Problem {
     const MicroKernel* kernel = nullptr;  // the CPU level's (unused by pack_a_block)
     const PackedA* packed_a = nullptr;    // A already packed (then A is not read) ...
     int64_t row0 = 0;                     // ... and the row of it where this problem's rows start
+    bool pairs = false;                   // bf16 packed as pairs for the vdpbf16ps kernel
 };
+
+// ---- bf16 pairs ---------------------------------------------------------------------------------
+// The AVX512-BF16 kernel (gemm_tile_avx512bf16.cpp) multiplies bf16 as they are, two k at a time:
+// each 32-bit slot of its panels holds the bf16 of k (low half) and of k+1 (high half), so a
+// panel of kc values of k takes (kc+1)/2 slots, a zero in the high half of the last when kc is
+// odd. A row of MR (or NR) slots is as wide in bytes as one f32 row, so the buffers, the five
+// loops and the kernel's interface are those of f32, with (kc+1)/2 for kc. Nothing is widened:
+// the packers copy bits.
+//   Ap[kp·MR + i] = op(A)[i0+i, k0+2kp] | op(A)[i0+i, k0+2kp+1] << 16
+//   Bp[q·kps·NR + kp·NR + j] = the same for op(B)[k0+2kp .., j0 + q·NR + j]
+int64_t pair_depth(int64_t kc) { return (kc + 1) / 2; }
+
+// The slot of the pair (x[0], x[1] if `both`, else 0) and of (x[0], y[0]).
+inline uint32_t pair_at(const bf16* x, bool both) { return x[0].bits | (both ? uint32_t(x[1].bits) << 16 : 0u); }
+inline uint32_t pair_of(const bf16* x, const bf16* y) { return x->bits | (y ? uint32_t(y->bits) << 16 : 0u); }
+
+// Slots [0, n) of a panel row: pairs of two rows of X, x0[j] and x1[j] (x1 null: zeros).
+inline void interleave_rows(const bf16* x0, const bf16* x1, int64_t n, float* slots) {
+    for (int64_t j = 0; j < n; ++j) {
+        const uint32_t v = pair_of(x0 + j, x1 ? x1 + j : nullptr);
+        std::memcpy(slots + j, &v, sizeof v);
+    }
+}
+
+// One MR-row panel of op(A)[i0.., k0..k0+kc), rows past mr zero. op(A)[i, k] = A[i·lda + k], a
+// row's pairs side by side in memory, unless trans_a (A[k·lda + i]: two rows of A interleaved).
+void pack_a_pairs(bool trans_a, const bf16* A, int64_t lda, int64_t i0, int64_t mr, int64_t k0, int64_t kc,
+                  float* Ap) {
+    std::fill(Ap, Ap + pair_depth(kc) * MR, 0.0f);  // all-zero bits: the rows past mr, as bf16 zeros
+    for (int64_t kp = 0; kp < pair_depth(kc); ++kp) {
+        const int64_t k = k0 + 2 * kp;
+        const bool both = 2 * kp + 1 < kc;
+        if (trans_a) {
+            interleave_rows(A + k * lda + i0, both ? A + (k + 1) * lda + i0 : nullptr, mr, Ap + kp * MR);
+        } else {
+            for (int64_t i = 0; i < mr; ++i) {
+                const uint32_t v = pair_at(A + (i0 + i) * lda + k, both);
+                std::memcpy(Ap + kp * MR + i, &v, sizeof v);
+            }
+        }
+    }
+}
+
+// The NR-column panels of op(B)[k0..k0+kc, j0..j0+n), columns past n zero. op(B)[k, j] = B[k·ldb + j]
+// (two rows of B interleaved) unless trans_b (B[j·ldb + k]: a column's pairs side by side).
+// With trans_b, an even ldb and an even kc (gemm picks even KC-blocks for pairs), the pairs are
+// 32-bit words, ldb/2 apart from one column to the next: the f32 transposing copy packs them.
+void pack_b_pairs(bool trans_b, const bf16* B, int64_t ldb, int64_t k0, int64_t kc, int64_t j0, int64_t n,
+                  const MicroKernel& mk, float* Bp) {
+    const int64_t NR = mk.cols, kps = pair_depth(kc);
+    for (int64_t q = 0; q * NR < n; ++q) {
+        const int64_t cols = std::min(NR, n - q * NR), jq = j0 + q * NR;
+        float* panel = Bp + q * kps * NR;
+        if (cols < NR) std::fill(panel, panel + kps * NR, 0.0f);
+        if (trans_b && ldb % 2 == 0 && kc % 2 == 0) {
+            mk.pack_b_transposed(kps, reinterpret_cast<const float*>(B + jq * ldb + k0), ldb / 2, cols, panel);
+        } else if (trans_b) {
+            for (int64_t kp = 0; kp < kps; ++kp)
+                for (int64_t j = 0; j < cols; ++j) {
+                    const uint32_t v = pair_at(B + (jq + j) * ldb + k0 + 2 * kp, 2 * kp + 1 < kc);
+                    std::memcpy(panel + kp * NR + j, &v, sizeof v);
+                }
+        } else {
+            for (int64_t kp = 0; kp < kps; ++kp) {
+                const bf16* x0 = B + (k0 + 2 * kp) * ldb + jq;
+                interleave_rows(x0, 2 * kp + 1 < kc ? x0 + ldb : nullptr, cols, panel + kp * NR);
+            }
+        }
+    }
+}
 
 // Pack op(A)[ic:ic+mc, pc:pc+kc] into Ap, one MR-row micro-panel after another.
 // An f16 or bf16 Aᵀ would be widened MR elements at a time, too few for the vector kernels:
 // its block (kc rows of mc elements in A) is widened to f32 first, then packed as an f32 Aᵀ.
 template <typename T>
 void pack_a_block(const Problem<T>& p, int64_t ic, int64_t mc, int64_t pc, int64_t kc, float* Ap) {
+    if constexpr (std::is_same_v<T, bf16>) {
+        if (p.pairs) {
+            for (int64_t i0 = 0; i0 < mc; i0 += MR, Ap += pair_depth(kc) * MR)
+                pack_a_pairs(p.trans_a, p.A, p.lda, ic + i0, std::min<int64_t>(MR, mc - i0), pc, kc, Ap);
+            return;
+        }
+    }
     if constexpr (!std::is_same_v<T, float>) {
         if (p.trans_a) {
             Workspace& ws = tls_workspace;
@@ -345,17 +425,21 @@ void multiply_block(const Problem<T>& p, int64_t ic, int64_t mc, int64_t jc, int
                     bool pack_b, bool one_a_block) {
     const MicroKernel& mk = *p.kernel;
     const int64_t NR = mk.cols;
+    const int64_t depth = p.pairs ? pair_depth(kc) : kc;  // rows of a panel
     for (int64_t j0 = 0; j0 < nc; j0 += NR) {
         const int64_t nr = std::min<int64_t>(NR, nc - j0);
-        float* bp = Bp + (one_a_block ? j0 % KC_MAX : j0) * kc;  // panel j0/NR, kc×NR floats each
-        if (pack_b && j0 % KC_MAX == 0)  // KC_MAX is a multiple of every NR
-            pack_b_panels(p.trans_b, p.B, p.ldb, pc, kc, jc + j0, std::min(KC_MAX, nc - j0), mk,
-                          p.widen, bp);
+        float* bp = Bp + (one_a_block ? j0 % KC_MAX : j0) * depth;  // panel j0/NR, depth×NR floats each
+        if (pack_b && j0 % KC_MAX == 0) {  // KC_MAX is a multiple of every NR
+            const int64_t n = std::min(KC_MAX, nc - j0);
+            if constexpr (std::is_same_v<T, bf16>)
+                if (p.pairs) pack_b_pairs(p.trans_b, p.B, p.ldb, pc, kc, jc + j0, n, mk, bp);
+            if (!p.pairs) pack_b_panels(p.trans_b, p.B, p.ldb, pc, kc, jc + j0, n, mk, p.widen, bp);
+        }
         for (int64_t i0 = 0; i0 < mc; i0 += MR) {
             float* c = p.C + (ic + i0) * p.ldc + jc + j0;
             const int64_t mr = std::min<int64_t>(MR, mc - i0);
             prefetch_tile(c, p.ldc, mr, nr);
-            mk.multiply(kc, Ap + i0 * kc, bp, TileOut{c, p.ldc, int(mr), int(nr), p.alpha, beta});
+            mk.multiply(depth, Ap + i0 * depth, bp, TileOut{c, p.ldc, int(mr), int(nr), p.alpha, beta});
         }
     }
 }
@@ -459,7 +543,7 @@ void parallel_gemm(const Problem<T>& p, int64_t kc_block, int threads) {
 template <typename T>
 void product(const Problem<T>& p) {
     // KC depends on K only, never on the thread count: this is what makes C deterministic.
-    const int64_t kc_block = split_evenly(p.K, KC_MAX, 1);
+    const int64_t kc_block = split_evenly(p.K, KC_MAX, p.pairs ? 2 : 1);
     const int threads = in_parallel() ? 1 : max_threads();
     if (threads == 1 || 2.0 * p.M * p.N * p.K < PARALLEL_MIN_FLOPS)
         blocked_gemm(p, kc_block);  // small: waking the pool would cost more than it saves
@@ -491,6 +575,10 @@ template <typename T>
 void run(Problem<T> p, T* C, int64_t ldc) {
     const CpuLevel level = cpu_level();  // read once: one path for the whole product
     p.kernel = &micro_kernel(level);
+    if constexpr (std::is_same_v<T, bf16>) {
+        const MicroKernel* pairs = bf16_pair_kernel(level);
+        if (pairs && !p.packed_a) p.kernel = pairs, p.pairs = true;  // a PackedA holds f32 panels
+    }
     if constexpr (std::is_same_v<T, float>) {
         p.C = C, p.ldc = ldc;
         product(p);
@@ -589,6 +677,8 @@ template <typename T>
 const char* gemm_path(CpuLevel level) {
     if constexpr (std::is_same_v<T, float>) {
         return micro_kernel(level).name;
+    } else if (const MicroKernel* pairs = std::is_same_v<T, bf16> ? bf16_pair_kernel(level) : nullptr) {
+        return pairs->name;
     } else {
         return convert_kernel<T, float>(level).name;
     }

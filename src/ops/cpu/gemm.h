@@ -22,7 +22,7 @@
 // products are summed in f32 whatever T is; C is rounded to T once, at the end.
 //
 // ---- How the path is picked (chapter 09) ------------------------------------------------------
-// Two things are picked at run time, both for cpu_level() (core/cpu_features.h: the CPU's
+// Three things are picked at run time, all for cpu_level() (core/cpu_features.h: the CPU's
 // best level, capped by KILN_CPU), which gemm() reads once per call:
 //  - the micro-kernel, where the time goes: f32 FMA for every T, in AVX-512, AVX2 + FMA or the
 //    compiler's vectors (gemm_tile.h), whatever -march the library was compiled with;
@@ -30,18 +30,22 @@
 //    convert runs of elements with convert_simd.h's kernels:
 //   portable    dtype.h's integer conversion, one element at a time     gemm_path: "portable"
 //   avx2        F16C for f16, AVX2 shifts for bf16, 8 at a time         "avx2-f16c" / "avx2"
+//  - for bf16 at the avx512 level on a CPU with AVX512-BF16: vdpbf16ps instead of both, when it
+//    measures faster here (bf16_pair_kernel in gemm_tile.h)                       "avx512-bf16"
+//    The packers copy bf16 pairs without widening them, and the kernel multiplies them as they
+//    are: 32 products per instruction, summed pairwise into 16 f32 lanes. On a Zen 4 core that is
+//    2× the f32 FMA rate (bf16 1024³ at ~280-340 GFLOP/s on 2 threads, f32 ~165). Its sums round
+//    in another order and flush subnormals, so C may differ from the other paths by an ulp of
+//    bf16: tested within that bound, not bit for bit. gemm(PackedA, ...) keeps the f32 path: a
+//    PackedA holds f32 panels.
 // The conversions give dtype.h's bits for every input and the fused micro-kernels the same
-// sums (gemm_tile.h), so KILN_CPU changes the speed, not a result — except the portable
-// micro-kernel of a library compiled without FMA, which rounds twice per multiply-add.
+// sums (gemm_tile.h), so apart from vdpbf16ps, KILN_CPU changes the speed, not a result —
+// except the portable micro-kernel of a library compiled without FMA, which rounds twice per
+// multiply-add.
 //
-// Where the faster products would slot in (not written: the machine this was written on
-// cannot run them). Each replaces the packing and the micro-kernel of a 16-bit T, with a
-// `level >=` test in gemm() before product(), and would be picked per shape by measurement
-// (make bench). Unlike the conversions they change the last bits of C (their sums round in
-// another order and flush subnormals), so their tests compare within a bound, not bit for bit:
-//   avx512 + avx512_bf16   vdpbf16ps: 32 bf16 products summed pairwise into 16 f32 lanes,
-//                          B packed as k-pairs. Measured slower than f32 FMA on one machine,
-//                          so it must win on a shape to be taken.
+// Where the other faster products would slot in (not written: the machines this was written on
+// cannot run them). Each replaces the packing and the micro-kernel of a 16-bit T, as the bf16
+// pairs do, and would be picked by measurement too:
 //   avx512 + avx512_fp16   vfmadd...ph: 32 f16 lanes, about 2× f32 FMA, but it sums in f16;
 //                          kiln sums in f32, so only short k-runs could be summed in f16.
 //   amx (+ amx_permission) tdpbf16ps: 16×32 bf16 tiles into 16×16 f32 tiles, about 6.5× one

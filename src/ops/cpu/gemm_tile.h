@@ -8,6 +8,7 @@
 //   gemm_tile_avx512.cpp   AVX-512 F      6×64 tile: 24 zmm accumulators   "avx512"
 //   gemm_tile_avx2.cpp     AVX2 + FMA     6×16 tile: 12 ymm accumulators   "avx2-fma"
 //   gemm_tile_portable.cpp the compiler's 4-float vectors for the -march it was given   "vectors"
+//   gemm_tile_avx512bf16.cpp  AVX512-BF16, bf16 operands only: 6×64, vdpbf16ps        "avx512-bf16"
 // gemm() takes the best one at or below cpu_level() (core/cpu_features.h), so KILN_CPU=avx2
 // runs the AVX2 kernel on an AVX-512 machine, and the AVX-512 kernel runs on any CPU that has
 // it even when the library was compiled for less (-march=x86-64-v3).
@@ -50,5 +51,14 @@ struct MicroKernel {
 
 // The kernel for `level` (a level this CPU supports): the best one compiled in at or below it.
 const MicroKernel& micro_kernel(CpuLevel level);
+
+// For bf16 operands: the kernel "avx512-bf16" (gemm_tile_avx512bf16.cpp: vdpbf16ps on panels of
+// bf16 pairs, not the bits of the f32 kernels) when `level` is avx512 or above, the CPU has
+// AVX512-BF16, and it is the faster one here; null otherwise. Faster is measured, once per process:
+// vdpbf16ps does twice the multiply-adds of an FMA per instruction, but CPUs run it at different
+// rates (a Zen 4 core: 2× its f32 FMA rate; an Intel Emerald Rapids: slower than f32 FMA). The
+// first call times both kernels on one L1-resident tile and takes the pairs when they do a
+// multiply-add in at most 0.8 of the time (a margin, so that noise cannot flip a near tie).
+const MicroKernel* bf16_pair_kernel(CpuLevel level);
 
 }  // namespace kiln::cpu

@@ -2,6 +2,8 @@
 // gemm_tile_avx512.cpp, gemm_tile_avx2.cpp and gemm_tile_portable.cpp. Each defines, before
 // including it, KILN_TILE_ISA (512, 256 or 0: the vector type) and KILN_TILE_KERNEL (the name
 // of the MicroKernel to define), after a `#pragma GCC target` for its instruction set.
+// gemm_tile_avx512bf16.cpp also defines KILN_TILE_BF16_PAIRS: its panels hold pairs of bf16 and
+// each step of the k loop is a vdpbf16ps instead of an FMA (see vstep).
 #include "ops/cpu/gemm_tile.h"
 
 #include <cmath>
@@ -61,6 +63,21 @@ constexpr bool kFused = true;
 constexpr bool kFused = false;  // a * b + c rounds twice
 #endif
 
+// One step of the k loop: acc += a·b, lane by lane.
+#if defined(KILN_TILE_BF16_PAIRS) && KILN_TILE_ISA == 512
+// Here each 32-bit lane of a and b holds two bf16, the values of k and k+1 (gemm.cpp, "bf16 pairs"),
+// and vdpbf16ps computes acc + (a_hi·b_hi + a_lo·b_lo): the products are exact in f32 (8-bit
+// significands), the two additions round, and subnormal inputs and results are flushed to zero.
+// One instruction does 32 multiply-adds where an f32 FMA does 16.
+constexpr const char* kStepName = "avx512-bf16";
+constexpr bool kStepFused = false;  // not the bits of the f32 kernels
+inline vec vstep(vec a, vec b, vec acc) { return _mm512_dpbf16_ps(acc, (__m512bh)a, (__m512bh)b); }
+#else
+constexpr const char* kStepName = kName;
+constexpr bool kStepFused = kFused;
+inline vec vstep(vec a, vec b, vec acc) { return vfma(a, b, acc); }
+#endif
+
 constexpr int MR = kTileRows;
 constexpr int NR = NV * VL;
 
@@ -103,7 +120,7 @@ void store_partial(const float* tile, const TileOut& out) {
 }
 
 // acc[MR×NR] = Σ_k Ap[k][0..MR) ⊗ Bp[k][0..NR), k = 0, 1, ..., kc-1 in order, then stored
-// into C's first out.rows rows and out.cols columns as above.
+// into C's first out.rows rows and out.cols columns as above. (With bf16 pairs, k counts pairs.)
 // The loops over i and j are unrolled completely, so acc lives in registers; k is unrolled
 // by 4, which saves the loop's own instructions (they compete with the FMAs for issue slots).
 void multiply(int64_t kc, const float* __restrict Ap, const float* __restrict Bp, const TileOut& out) {
@@ -121,7 +138,7 @@ void multiply(int64_t kc, const float* __restrict Ap, const float* __restrict Bp
         for (int i = 0; i < MR; ++i) {
             const vec a = vbroadcast(Ap[k * MR + i]);
 #pragma GCC unroll 4
-            for (int j = 0; j < NV; ++j) acc[i][j] = vfma(a, b[j], acc[i][j]);
+            for (int j = 0; j < NV; ++j) acc[i][j] = vstep(a, b[j], acc[i][j]);
         }
     }
     // The store, written out here: passing acc to a function by reference made the compiler keep
@@ -187,6 +204,10 @@ inline void transpose_8x8(const float* src, int64_t ld_src, float* dst, int64_t 
 }
 #endif
 
+// B may be bf16 pairs seen as 32-bit words (gemm.cpp, "bf16 pairs"), at any 2-byte boundary: the
+// elements are copied as 4 bytes (memcpy), never read as float objects.
+inline void copy_word(const float* src, float* dst) { std::memcpy(dst, src, sizeof(float)); }
+
 void pack_b_transposed(int64_t kc, const float* B, int64_t ldb, int64_t n, float* Bp) {
     int64_t j = 0;
 #if KILN_TILE_ISA != 0
@@ -194,15 +215,15 @@ void pack_b_transposed(int64_t kc, const float* B, int64_t ldb, int64_t n, float
         int64_t k = 0;
         for (; k + 8 <= kc; k += 8) transpose_8x8(B + j * ldb + k, ldb, Bp + k * NR + j, NR);
         for (; k < kc; ++k)
-            for (int64_t i = 0; i < 8; ++i) Bp[k * NR + j + i] = B[(j + i) * ldb + k];
+            for (int64_t i = 0; i < 8; ++i) copy_word(B + (j + i) * ldb + k, Bp + k * NR + j + i);
     }
 #endif
     for (; j < n; ++j)
-        for (int64_t k = 0; k < kc; ++k) Bp[k * NR + j] = B[j * ldb + k];
+        for (int64_t k = 0; k < kc; ++k) copy_word(B + j * ldb + k, Bp + k * NR + j);
 }
 
 }  // namespace
 
-extern const MicroKernel KILN_TILE_KERNEL{kName, NR, kFused, multiply, pack_b_transposed};
+extern const MicroKernel KILN_TILE_KERNEL{kStepName, NR, kStepFused, multiply, pack_b_transposed};
 
 }  // namespace kiln::cpu
