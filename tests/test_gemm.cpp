@@ -291,6 +291,11 @@ TEST_CASE("gemm with a packed A in f16 and bf16 gives the bits of gemm on A itse
             const PackedA packed(ta, M, K, A.data(), ta ? M : K);
             gemm(packed, false, N, 0.75f, B.data(), N, 0.5f, got.data(), N);
             CHECK(std::memcmp(got.data(), want.data(), got.size() * sizeof(T)) == 0);
+            if (packed.pair_kernel()) {  // bf16 pairs (vdpbf16ps) multiply bf16 only
+                std::vector<float> B32(size_t(K * N)), C32(size_t(M * N));
+                CHECK_THROWS_WITH(gemm(packed, false, N, 1.0f, B32.data(), N, 0.0f, C32.data(), N),
+                                  Catch::Contains("holds bf16 pairs"));
+            }
         }
     };
     run(kiln::f16{});

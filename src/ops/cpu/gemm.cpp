@@ -575,9 +575,9 @@ template <typename T>
 void run(Problem<T> p, T* C, int64_t ldc) {
     const CpuLevel level = cpu_level();  // read once: one path for the whole product
     p.kernel = &micro_kernel(level);
-    if constexpr (std::is_same_v<T, bf16>) {
-        const MicroKernel* pairs = bf16_pair_kernel(level);
-        if (pairs && !p.packed_a) p.kernel = pairs, p.pairs = true;  // a PackedA holds f32 panels
+    if constexpr (std::is_same_v<T, bf16>) {  // a PackedA was packed for its own kernel
+        const MicroKernel* pairs = p.packed_a ? p.packed_a->pair_kernel() : bf16_pair_kernel(level);
+        if (pairs) p.kernel = pairs, p.pairs = true;
     }
     if constexpr (std::is_same_v<T, float>) {
         p.C = C, p.ldc = ldc;
@@ -611,12 +611,13 @@ PackedA::PackedA(bool trans_a, int64_t M, int64_t K, const T* A, int64_t lda)
     data_ = ws.packed.release(), capacity_ = ws.packed_cap, ws.packed_cap = 0;  // ours until ~PackedA
     Problem<T> p{trans_a, false, M, 0, K, 1.0f, A, lda, nullptr, 0, 0.0f, nullptr, 0};
     if constexpr (!std::is_same_v<T, float>) p.widen = convert_kernel<T, float>(cpu_level()).run;
-    const int64_t kc_block = split_evenly(K, KC_MAX, 1), panels = padded_rows_ / MR;
+    if constexpr (std::is_same_v<T, bf16>) pairs_ = bf16_pair_kernel(cpu_level()), p.pairs = pairs_ != nullptr;
+    const int64_t kc_block = split_evenly(K, KC_MAX, p.pairs ? 2 : 1), panels = padded_rows_ / MR;
     for (int64_t pc = 0; pc < K; pc += kc_block) {
         const int64_t kc = std::min(kc_block, K - pc);
         parallel_for(panels, 16, [&](int64_t q0, int64_t q1) {
             const int64_t r0 = q0 * MR, r1 = std::min(M, q1 * MR);
-            pack_a_block(p, r0, r1 - r0, pc, kc, data_ + pc * padded_rows_ + r0 * kc);
+            pack_a_block(p, r0, r1 - r0, pc, kc, const_cast<float*>(panel(pc, r0, kc)));
         });
     }
 }
@@ -649,6 +650,9 @@ void gemm(const PackedA& A, bool trans_b, int64_t N, float alpha, const T* B, in
     check_args("gemm (packed A)", false, trans_b, M, N, K, &A, K, B, ldb, C, ldc);
     if (M == 0 || N == 0) return;
     if (K == 0 || alpha == 0.0f) return scale_c(M, N, beta, C, ldc);
+    KILN_CHECK(!A.pair_kernel() || (std::is_same_v<T, bf16>),
+               "gemm (packed A): this PackedA holds bf16 pairs (made from a bf16 A on a CPU with AVX512-BF16); "
+               "multiply it by a bf16 B, or pack A from f32");
     Problem<T> p{false, trans_b, M, N, K, alpha, nullptr, K, B, ldb, beta, nullptr, 0};
     p.packed_a = &A;
     run(p, C, ldc);

@@ -36,8 +36,7 @@
 //    are: 32 products per instruction, summed pairwise into 16 f32 lanes. On a Zen 4 core that is
 //    2× the f32 FMA rate (bf16 1024³ at ~280-340 GFLOP/s on 2 threads, f32 ~165). Its sums round
 //    in another order and flush subnormals, so C may differ from the other paths by an ulp of
-//    bf16: tested within that bound, not bit for bit. gemm(PackedA, ...) keeps the f32 path: a
-//    PackedA holds f32 panels.
+//    bf16: tested within that bound, not bit for bit. A PackedA made from bf16 holds pairs too.
 // The conversions give dtype.h's bits for every input and the fused micro-kernels the same
 // sums (gemm_tile.h), so apart from vdpbf16ps, KILN_CPU changes the speed, not a result —
 // except the portable micro-kernel of a library compiled without FMA, which rounds twice per
@@ -73,7 +72,11 @@ void gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alp
 // gemm() on A itself, with one copy of A per layer instead of one per group.
 // The copy is op(A) in f32, M·K floats (M rounded up to 6): it lives in a buffer of the thread
 // that packs (kept for the next PackedA, as gemm()'s own packing buffers are), and the products
-// may run on any thread while the PackedA lives.
+// may run on any thread while the PackedA lives. A bf16 A on a CPU whose bf16 GEMM takes the
+// vdpbf16ps kernel ("How the path is picked") is packed as that kernel's bf16 pairs instead, half
+// the bytes, and is multiplied by that kernel; its B must then be bf16 too.
+struct MicroKernel;  // gemm_tile.h
+
 class PackedA {
 public:
     template <typename T>
@@ -84,13 +87,19 @@ public:
 
     int64_t rows() const { return M_; }   // M
     int64_t depth() const { return K_; }  // K
-    // The micro-panel of rows r .. r+5 (r a multiple of 6) in the KC-block starting at k = pc.
-    const float* panel(int64_t pc, int64_t r, int64_t kc) const { return data_ + pc * padded_rows_ + r * kc; }
+    // The kernel its panels are for when they hold bf16 pairs; null when they hold f32.
+    const MicroKernel* pair_kernel() const { return pairs_; }
+    // The micro-panel of rows r .. r+5 (r a multiple of 6) in the KC-block starting at k = pc
+    // (kc rows of f32, or (kc+1)/2 of pairs: the KC-blocks of a pair product are even, pc too).
+    const float* panel(int64_t pc, int64_t r, int64_t kc) const {
+        return pairs_ ? data_ + pc / 2 * padded_rows_ + r * ((kc + 1) / 2) : data_ + pc * padded_rows_ + r * kc;
+    }
 
 private:
     int64_t M_, K_, padded_rows_;
     float* data_;
     int64_t capacity_;  // floats
+    const MicroKernel* pairs_ = nullptr;
 };
 
 // C[M,N] = alpha · A · op(B)[K,N] + beta · C, with A packed (its M and K); as gemm() otherwise.
