@@ -307,7 +307,7 @@ struct Problem {
     float* C;
     int64_t ldc;
     Widen<T> widen = nullptr;  // f16/bf16 -> f32 for the packers (unused for float)
-    const MicroKernel* kernel = nullptr;  // the CPU level's (unused by pack_a_block)
+    const MicroKernel* kernel = nullptr;  // the CPU level's
     const PackedA* packed_a = nullptr;    // A already packed (then A is not read) ...
     int64_t row0 = 0;                     // ... and the row of it where this problem's rows start
     bool pairs = false;                   // bf16 packed as pairs for the vdpbf16ps kernel
@@ -404,9 +404,16 @@ void pack_a_block(const Problem<T>& p, int64_t ic, int64_t mc, int64_t pc, int64
             return pack_a_block(block, 0, mc, 0, kc, Ap);
         }
     }
-    for (int64_t i0 = 0; i0 < mc; i0 += MR, Ap += kc * MR)
-        pack_a_panel(p.trans_a, p.A, p.lda, ic + i0, std::min<int64_t>(MR, mc - i0), pc, kc, p.widen,
-                     Ap);
+    for (int64_t i0 = 0; i0 < mc; i0 += MR, Ap += kc * MR) {
+        const int64_t mr = std::min<int64_t>(MR, mc - i0);
+        if constexpr (std::is_same_v<T, float>) {
+            if (!p.trans_a && mr == MR) {  // the kernel's own transposing copy (gemm_tile.h)
+                p.kernel->pack_a_rows(kc, p.A + (ic + i0) * p.lda + pc, p.lda, Ap);
+                continue;
+            }
+        }
+        pack_a_panel(p.trans_a, p.A, p.lda, ic + i0, mr, pc, kc, p.widen, Ap);
+    }
 }
 
 // C[ic:ic+mc, jc:jc+nc] (+)= alpha * Ap · Bp, one MR×NR tile at a time: for each B
@@ -610,6 +617,7 @@ PackedA::PackedA(bool trans_a, int64_t M, int64_t K, const T* A, int64_t lda)
     reserve(ws.packed, ws.packed_cap, floats);
     data_ = ws.packed.release(), capacity_ = ws.packed_cap, ws.packed_cap = 0;  // ours until ~PackedA
     Problem<T> p{trans_a, false, M, 0, K, 1.0f, A, lda, nullptr, 0, 0.0f, nullptr, 0};
+    p.kernel = &micro_kernel(cpu_level());  // its packers
     if constexpr (!std::is_same_v<T, float>) p.widen = convert_kernel<T, float>(cpu_level()).run;
     if constexpr (std::is_same_v<T, bf16>) pairs_ = bf16_pair_kernel(cpu_level()), p.pairs = pairs_ != nullptr;
     const int64_t kc_block = split_evenly(K, KC_MAX, p.pairs ? 2 : 1), panels = padded_rows_ / MR;

@@ -47,6 +47,8 @@ struct MicroKernel {
     // One micro-panel of a transposed B: Bp[k*cols + j] = B[j*ldb + k] for j < n <= cols, k < kc
     // (columns n .. cols-1 untouched). With the kernel because it is written in the same vectors.
     void (*pack_b_transposed)(int64_t kc, const float* B, int64_t ldb, int64_t n, float* Bp);
+    // One full micro-panel of a row-major A: Ap[k*MR + i] = A[i*lda + k] for i < MR, k < kc.
+    void (*pack_a_rows)(int64_t kc, const float* A, int64_t lda, float* Ap);
 };
 
 // The kernel for `level` (a level this CPU supports): the best one compiled in at or below it.
