@@ -1,0 +1,172 @@
+// test_capstone_parts.cpp — the pieces chapter 13's fast CIFAR-10 trainer adds: the symmetric
+// eigen-solver, dirac and patch-whitening initialization (nn/init.h), and Lookahead weight
+// averaging (optim/lookahead.h). Hand-computed cases first, then the properties each promises.
+//
+//   make test T='[lesson13]'
+#include <catch2/catch.hpp>
+
+#include <cmath>
+#include <vector>
+
+#include "core/rng.h"
+#include "nn/conv.h"
+#include "nn/init.h"
+#include "nn/norm.h"
+#include "nn/layers.h"
+#include "nn/module.h"
+#include "optim/lookahead.h"
+
+using namespace kiln;
+
+namespace {
+
+// A · v for a row-major n×n A.
+std::vector<double> times(const std::vector<double>& A, const double* v, int64_t n) {
+    std::vector<double> r(static_cast<size_t>(n), 0.0);
+    for (int64_t i = 0; i < n; ++i)
+        for (int64_t j = 0; j < n; ++j) r[size_t(i)] += A[size_t(i * n + j)] * v[j];
+    return r;
+}
+
+}  // namespace
+
+TEST_CASE("symmetric_eigen: a hand-computed 3×3 case", "[lesson13][init][cpu]") {
+    // [[2, 1, 0], [1, 2, 0], [0, 0, 5]]: eigenvalues 1 (along (1, −1, 0)/√2), 3 ((1, 1, 0)/√2), 5 ((0, 0, 1)).
+    std::vector<double> values, vectors;
+    symmetric_eigen({2, 1, 0, 1, 2, 0, 0, 0, 5}, 3, values, vectors);
+    CHECK(values[0] == Approx(1.0).margin(1e-12));
+    CHECK(values[1] == Approx(3.0).margin(1e-12));
+    CHECK(values[2] == Approx(5.0).margin(1e-12));
+    const double s = std::sqrt(0.5);
+    CHECK(std::fabs(vectors[0]) == Approx(s));
+    CHECK(vectors[1] == Approx(-vectors[0]));  // (1, −1, 0) up to its sign
+    CHECK(vectors[3] == Approx(vectors[4]));   // (1, 1, 0)
+    CHECK(std::fabs(vectors[8]) == Approx(1.0));
+    REQUIRE_THROWS_WITH(symmetric_eigen({1, 2, 3, 4}, 2, values, vectors), Catch::Contains("not symmetric"));
+}
+
+TEST_CASE("symmetric_eigen: A v = λ v with orthonormal v on a random 12×12 matrix", "[lesson13][init][cpu]") {
+    Rng rng(3);
+    const int64_t n = 12;
+    std::vector<double> B(size_t(n * n)), A(size_t(n * n), 0.0);
+    for (double& b : B) b = Rng::to_unit(rng.next_u64()) * 2.0 - 1.0;
+    for (int64_t i = 0; i < n; ++i)  // A = B Bᵀ: symmetric, positive semi-definite
+        for (int64_t j = 0; j < n; ++j)
+            for (int64_t k = 0; k < n; ++k) A[size_t(i * n + j)] += B[size_t(i * n + k)] * B[size_t(j * n + k)];
+    std::vector<double> values, vectors;
+    symmetric_eigen(A, n, values, vectors);
+    for (int64_t i = 0; i < n; ++i) {
+        if (i > 0) CHECK(values[size_t(i - 1)] <= values[size_t(i)]);
+        const double* v = vectors.data() + i * n;
+        const std::vector<double> Av = times(A, v, n);
+        for (int64_t j = 0; j < n; ++j) CHECK(Av[size_t(j)] == Approx(values[size_t(i)] * v[j]).margin(1e-9));
+        for (int64_t k = 0; k < n; ++k) {
+            double dot = 0;
+            for (int64_t j = 0; j < n; ++j) dot += v[j] * vectors[size_t(k * n + j)];
+            CHECK(dot == Approx(i == k ? 1.0 : 0.0).margin(1e-12));
+        }
+    }
+}
+
+TEST_CASE("dirac_init: the first C output channels are the input", "[lesson13][init][cpu]") {
+    Rng rng(5);
+    ConvOptions same;
+    same.padding = 1, same.bias = false;
+    Conv2d conv(4, 6, 3, rng, same);
+    dirac_init(conv);
+    const Tensor x = Tensor::normal({2, 4, 5, 7}, 0, 1, rng);
+    const Tensor y = conv.forward(x);
+    int64_t bad = 0, others_nonzero = 0;
+    for (int64_t n = 0; n < 2; ++n)
+        for (int64_t o = 0; o < 6; ++o)
+            for (int64_t i = 0; i < 35; ++i) {
+                const float got = y.data<float>()[(n * 6 + o) * 35 + i];
+                if (o < 4) bad += got != x.data<float>()[(n * 4 + o) * 35 + i];
+                else others_nonzero += got != 0.0f;
+            }
+    CHECK(bad == 0);
+    CHECK(others_nonzero > 0);  // filters 4 and 5 kept their random initialization
+    ConvOptions grouped = same;
+    grouped.groups = 2;
+    Conv2d g(4, 4, 3, rng, grouped);
+    REQUIRE_THROWS_WITH(dirac_init(g), Catch::Contains("one group"));
+}
+
+TEST_CASE("whitening_init: the patches come out decorrelated with unit variance, and negated", "[lesson13][init][cpu]") {
+    // Images whose 2×2 patches are strongly correlated: a smooth random field per channel
+    // (each pixel the mean of a 4×4 block of noise) mixed across the 3 channels, plus a little noise.
+    Rng rng(9);
+    const int64_t N = 64, C = 3, H = 12, W = 12;
+    const Tensor noise = Tensor::normal({N, C, H + 3, W + 3}, 0, 1, rng), fine = Tensor::normal({N, C, H, W}, 0, 0.1f, rng);
+    Tensor x = Tensor::zeros({N, C, H, W});
+    for (int64_t n = 0; n < N; ++n)
+        for (int64_t c = 0; c < C; ++c)
+            for (int64_t i = 0; i < H; ++i)
+                for (int64_t j = 0; j < W; ++j) {
+                    float v = 0;
+                    for (int64_t cc = 0; cc < C; ++cc)
+                        for (int64_t a = 0; a < 4; ++a)
+                            for (int64_t b = 0; b < 4; ++b)
+                                v += (cc == c ? 1.0f : 0.5f) * noise.data<float>()[((n * C + cc) * (H + 3) + i + a) * (W + 3) + j + b] / 16;
+                    x.data<float>()[((n * C + c) * H + i) * W + j] = v + 3.0f + fine.data<float>()[((n * C + c) * H + i) * W + j];
+                }
+    ConvOptions valid;
+    valid.bias = false;
+    Conv2d conv(3, 24, 2, rng, valid);
+    whitening_init(conv, x, 1e-9f);
+    const Tensor y = conv.forward(x);  // [N, 24, 11, 11]
+    const int64_t D = 12, L = 11 * 11, count = N * L;
+    std::vector<double> mean(size_t(D), 0.0), cov(size_t(D * D), 0.0);
+    for (int64_t n = 0; n < N; ++n)
+        for (int64_t l = 0; l < L; ++l)
+            for (int64_t a = 0; a < D; ++a) {
+                const double ya = y.data<float>()[(n * 24 + a) * L + l];
+                mean[size_t(a)] += ya / double(count);
+                for (int64_t b = 0; b < D; ++b) cov[size_t(a * D + b)] += ya * y.data<float>()[(n * 24 + b) * L + l] / double(count);
+                CHECK(y.data<float>()[(n * 24 + D + a) * L + l] == -float(ya));
+            }
+    int64_t bad = 0;
+    for (int64_t a = 0; a < D; ++a)
+        for (int64_t b = 0; b < D; ++b) {
+            const double c = cov[size_t(a * D + b)] - mean[size_t(a)] * mean[size_t(b)];
+            if (!(std::fabs(c - (a == b ? 1.0 : 0.0)) < 2e-3) && bad++ < 3)
+                UNSCOPED_INFO("covariance of outputs " << a << ", " << b << ": " << c);
+        }
+    CHECK(bad == 0);
+    Conv2d wrong(3, 12, 2, rng, valid);
+    REQUIRE_THROWS_WITH(whitening_init(wrong, x), Catch::Contains("needs 24 output channels"));
+}
+
+TEST_CASE("Lookahead: slow = decay·slow + (1 − decay)·fast, then fast = slow, buffers too", "[lesson13][optim][cpu]") {
+    Rng rng(2);
+    Sequential model("net");
+    ConvOptions o;
+    o.bias = false;
+    auto& conv = model.add(std::make_unique<Conv2d>(1, 1, 1, rng, o));
+    auto& bn = model.add(std::make_unique<BatchNorm2d>(1));
+    conv.weight.value.data<float>()[0] = 2.0f;
+    Lookahead slow(model);  // slow: w = 2, bn weight 1, bias 0, running mean 0, var 1
+    conv.weight.value.data<float>()[0] = 6.0f;
+    Tensor* running_mean = nullptr;
+    for (auto& [name, b] : model.named_buffers())
+        if (name.find("running_mean") != std::string::npos) running_mean = b;
+    REQUIRE(running_mean != nullptr);
+    running_mean->data<float>()[0] = 4.0f;
+    slow.update(model, 0.75f);  // 0.75·2 + 0.25·6 = 3;  0.75·0 + 0.25·4 = 1
+    CHECK(conv.weight.value.data<float>()[0] == 3.0f);
+    CHECK(running_mean->data<float>()[0] == 1.0f);
+    conv.weight.value.data<float>()[0] = 11.0f;
+    slow.update(model, 1.0f);  // back to the slow weights
+    CHECK(conv.weight.value.data<float>()[0] == 3.0f);
+    slow.update(model, 0.0f);  // keep the fast ones (and make them the slow ones)
+    CHECK(conv.weight.value.data<float>()[0] == 3.0f);
+    (void)bn;
+    StateDict state;
+    slow.save_state(state, "lookahead");
+    conv.weight.value.data<float>()[0] = 7.0f;
+    slow.update(model, 0.0f);  // slow = 7
+    slow.load_state(state, "lookahead");  // slow = 3 again
+    slow.update(model, 1.0f);
+    CHECK(conv.weight.value.data<float>()[0] == 3.0f);
+    REQUIRE_THROWS_WITH(slow.update(model, 1.5f), Catch::Contains("decay must be in [0, 1]"));
+}
