@@ -16,6 +16,10 @@
 //                correct += [first = y_n]     (an integer atomic: the same count in any order)
 // Steps 3 and 4 never form lse = m + log s: in float, at |m| = 1e4, adding log s ≈ 1e-5 to m
 // would round it away (floats there are 0.001 apart). The CPU works in double and may form it.
+// With label smoothing ε (target q_c = (1 − ε)·[c = y] + ε/C), a sixth reduction sums
+// d = Σ_c (m − z_c), and, as (1 − ε) + ε = 1,
+//   3'. loss_n = (1 − ε)·(m − z_y) + (ε/C)·d + log s          (every term ≥ 0)
+//   4'. dz_c   = exp(z_c − m) / s / N − ε/(C·N) − [c = y]·(1 − ε)/N
 // Then cuda::sum_on_device (reduce.cu: two passes, no atomics) adds the N row losses in a
 // fixed order, so the loss is the same on every run; the launcher divides by N.
 //
@@ -50,7 +54,7 @@ struct LossReadback {
 // dz_c   = (exp(z_c − m) / Σ exp(z − m) − [c = y]) / N
 template <typename T>
 __global__ void softmax_cross_entropy_kernel(const T* z, const int32_t* y, T* dz, float* row_loss,
-                                             LossReadback* out, int64_t N, int64_t C) {
+                                             LossReadback* out, int64_t N, int64_t C, float smoothing) {
     __shared__ float sh[kLossBlock];
     __shared__ long long shi[kLossBlock];
     const int64_t t = threadIdx.x, B = blockDim.x;
@@ -74,15 +78,25 @@ __global__ void softmax_cross_entropy_kernel(const T* z, const int32_t* y, T* dz
         float s = 0.0f;
         for (int64_t c = t; c < C; c += B) s += expf(float(zn[c]) - m);
         s = detail::block_reduce(s, sh, detail::SumOp{});
+        float d = 0.0f;  // Σ_c (m − z_c), for label smoothing only
+        if (smoothing != 0.0f) {
+            for (int64_t c = t; c < C; c += B) d += m - float(zn[c]);
+            d = detail::block_reduce(d, sh, detail::SumOp{});
+        }
         if (t == 0) {
-            row_loss[n] = (m - float(zn[label])) + logf(s);
+            if (smoothing != 0.0f)
+                row_loss[n] = (1.0f - smoothing) * (m - float(zn[label])) + smoothing / float(C) * d + logf(s);
+            else
+                row_loss[n] = (m - float(zn[label])) + logf(s);
             if (first == label) atomicAdd(&out->correct, 1ull);
         }
         if (dz) {
             const float inv_n = 1.0f / float(N), inv_sn = 1.0f / (s * float(N));
+            const float spread = smoothing / float(C) / float(N), hit = (1.0f - smoothing) / float(N);
             for (int64_t c = t; c < C; c += B) {
                 float g = expf(float(zn[c]) - m) * inv_sn;
-                if (c == label) g -= inv_n;
+                if (smoothing != 0.0f) g -= spread;
+                if (c == label) g -= smoothing != 0.0f ? hit : inv_n;
                 dz[n * C + c] = T(g);
             }
         }
@@ -90,7 +104,8 @@ __global__ void softmax_cross_entropy_kernel(const T* z, const int32_t* y, T* dz
 }
 
 template <typename T>
-float softmax_cross_entropy(const T* z, const int32_t* y, T* dz, int64_t N, int64_t C, int64_t* correct) {
+float softmax_cross_entropy(const T* z, const int32_t* y, T* dz, int64_t N, int64_t C, int64_t* correct,
+                           float smoothing) {
     if (correct) *correct = 0;
     if (N == 0) return 0.0f;
     detail::Workspace ws(sizeof(LossReadback) + size_t(N) * sizeof(float));
@@ -99,7 +114,7 @@ float softmax_cross_entropy(const T* z, const int32_t* y, T* dz, int64_t N, int6
     KILN_CUDA_CHECK(cudaMemsetAsync(out, 0, sizeof *out, 0));
     constexpr auto softmax_cross_entropy_kernel_t = softmax_cross_entropy_kernel<T>;
     const dim3 grid(unsigned(std::min<int64_t>(N, 65535))), block(kLossBlock);
-    KILN_LAUNCH(softmax_cross_entropy_kernel_t, grid, block, 0)(z, y, dz, row_loss, out, N, C);
+    KILN_LAUNCH(softmax_cross_entropy_kernel_t, grid, block, 0)(z, y, dz, row_loss, out, N, C, smoothing);
     KILN_CHECK_LAUNCH(softmax_cross_entropy_kernel_t, grid, block);
     sum_on_device(row_loss, N, &out->total);
     LossReadback host{};
@@ -115,7 +130,7 @@ float softmax_cross_entropy(const T* z, const int32_t* y, T* dz, int64_t N, int6
 }
 
 #define KILN_LOSS(T) \
-    template float softmax_cross_entropy<T>(const T*, const int32_t*, T*, int64_t, int64_t, int64_t*);
+    template float softmax_cross_entropy<T>(const T*, const int32_t*, T*, int64_t, int64_t, int64_t*, float);
 KILN_FOR_EACH_FLOAT_TYPE(KILN_LOSS)
 
 }  // namespace kiln::cuda

@@ -1,6 +1,8 @@
 // test_capstone_parts.cpp — the pieces chapter 13's fast CIFAR-10 trainer adds: the symmetric
-// eigen-solver, dirac and patch-whitening initialization (nn/init.h), and Lookahead weight
-// averaging (optim/lookahead.h). Hand-computed cases first, then the properties each promises.
+// eigen-solver, dirac and patch-whitening initialization (nn/init.h), Lookahead weight
+// averaging (optim/lookahead.h) and label smoothing (ops.h softmax_cross_entropy; its CUDA twin
+// is checked against the CPU in test_cuda_ops.cpp). Hand-computed cases first, then the
+// properties each promises.
 //
 //   make test T='[lesson13]'
 #include <catch2/catch.hpp>
@@ -12,6 +14,7 @@
 #include "nn/conv.h"
 #include "nn/init.h"
 #include "nn/norm.h"
+#include "ops/ops.h"
 #include "nn/layers.h"
 #include "nn/module.h"
 #include "optim/lookahead.h"
@@ -169,4 +172,49 @@ TEST_CASE("Lookahead: slow = decay·slow + (1 − decay)·fast, then fast = slow
     slow.update(model, 1.0f);
     CHECK(conv.weight.value.data<float>()[0] == 3.0f);
     REQUIRE_THROWS_WITH(slow.update(model, 1.5f), Catch::Contains("decay must be in [0, 1]"));
+}
+
+TEST_CASE("label smoothing: a hand-computed case, PyTorch's definition, and finite differences", "[lesson13][loss][cpu]") {
+    // z = (ln 3, 0), y = 0, ε = 0.2: softmax p = (3/4, 1/4), target q = (1 − ε + ε/2, ε/2) = (0.9, 0.1),
+    //   loss = −Σ q_c log p_c = −0.9 ln 0.75 − 0.1 ln 0.25 = 0.397542...,   dz = p − q = (−0.15, 0.15).
+    Tensor z = Tensor::zeros({1, 2});
+    z.data<float>()[0] = std::log(3.0f);
+    Tensor y = Tensor::zeros({1}, DType::I32);
+    Tensor dz;
+    const float loss = softmax_cross_entropy(z, y, &dz, nullptr, 0.2f);
+    CHECK(loss == Approx(-0.9 * std::log(0.75) - 0.1 * std::log(0.25)).epsilon(1e-6));
+    CHECK(dz.data<float>()[0] == Approx(-0.15f).epsilon(1e-5));
+    CHECK(dz.data<float>()[1] == Approx(0.15f).epsilon(1e-5));
+    // A batch: the mean over rows of −Σ_c q_c log softmax_c, and dz against central differences.
+    Rng rng(4);
+    const int64_t N = 5, C = 7;
+    Tensor zs = Tensor::normal({N, C}, 0, 2, rng), ys = Tensor::empty({N}, DType::I32);
+    for (int64_t n = 0; n < N; ++n) ys.data<int32_t>()[n] = int32_t(rng.next_below(C));
+    const float eps = 0.3f;
+    const auto loss_of = [&](const Tensor& logits) {  // the definition, in double
+        double total = 0;
+        for (int64_t n = 0; n < N; ++n) {
+            const float* r = logits.data<float>() + n * C;
+            double s = 0;
+            for (int64_t c = 0; c < C; ++c) s += std::exp(double(r[c]));
+            for (int64_t c = 0; c < C; ++c) {
+                const double q = (c == ys.data<int32_t>()[n] ? 1.0 - eps : 0.0) + eps / C;
+                total -= q * (double(r[c]) - std::log(s));
+            }
+        }
+        return total / N;
+    };
+    Tensor dzs;
+    CHECK(softmax_cross_entropy(zs, ys, &dzs, nullptr, eps) == Approx(loss_of(zs)).epsilon(1e-6));
+    for (int64_t i = 0; i < N * C; ++i) {
+        Tensor plus = zs.clone(), minus = zs.clone();
+        plus.data<float>()[i] += 1e-2f;
+        minus.data<float>()[i] -= 1e-2f;
+        const double numeric = (loss_of(plus) - loss_of(minus)) / (double(plus.data<float>()[i]) - minus.data<float>()[i]);
+        CHECK(dzs.data<float>()[i] == Approx(numeric).margin(2e-5));
+    }
+    // ε = 0 is the plain loss, bit for bit.
+    Tensor d0, d1;
+    CHECK(softmax_cross_entropy(zs, ys, &d0, nullptr, 0.0f) == softmax_cross_entropy(zs, ys, &d1));
+    REQUIRE_THROWS_WITH(softmax_cross_entropy(zs, ys, nullptr, nullptr, 1.0f), Catch::Contains("label smoothing must be in [0, 1)"));
 }

@@ -277,23 +277,24 @@ TEST_CASE("cuda softmax cross-entropy matches the CPU", "[cuda][lesson04][loss]"
     Rng rng(31);
     // C = 300 > 128 threads: each thread takes several classes of its row.
     const int64_t shapes[][2] = {{1, 1}, {1, 10}, {64, 10}, {3, 300}, {200, 7}};
-    for (auto [N, C] : shapes) {
-        INFO("N = " << N << ", C = " << C);
+    for (auto [N, C] : shapes)
+    for (float smoothing : {0.0f, 0.2f}) {  // 0.2: label smoothing (chapter 13)
+        INFO("N = " << N << ", C = " << C << ", label smoothing " << smoothing);
         for (float range : {3.0f, 1e4f}) {  // ±1e4: exp would overflow without subtracting the max
             INFO("logits in ±" << range);
             Tensor z = random({N, C}, rng, -range, range);
             Tensor y = Tensor::empty({N}, DType::I32);
             for (int64_t n = 0; n < N; n++) y.data<int32_t>()[n] = int32_t(rng.next_below(uint64_t(C)));
             Tensor dz;
-            const float want = softmax_cross_entropy(z, y, &dz);
+            const float want = softmax_cross_entropy(z, y, &dz, nullptr, smoothing);
             Tensor dz_cuda;
             const Tensor zc = cuda_copy(z), yc = cuda_copy(y);
             under_schedules([&] {
-                const float got = softmax_cross_entropy(zc, yc, &dz_cuda);
+                const float got = softmax_cross_entropy(zc, yc, &dz_cuda, nullptr, smoothing);
                 REQUIRE(std::isfinite(got));
                 REQUIRE(got == Approx(want).epsilon(1e-5).margin(1e-6));
                 require_close(dz_cuda, dz, 1e-5, 1e-7);
-                REQUIRE(softmax_cross_entropy(zc, yc) == got);  // without the gradient, the same loss
+                REQUIRE(softmax_cross_entropy(zc, yc, nullptr, nullptr, smoothing) == got);  // without the gradient, the same loss
             });
         }
     }

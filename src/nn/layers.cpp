@@ -129,7 +129,7 @@ Tensor Sequential::backward(const Tensor& dy) {
 // ---- CrossEntropyLoss ----------------------------------------------------------------------
 float CrossEntropyLoss::forward(const Tensor& logits, const Tensor& labels, int64_t* correct) {
     logits_dtype_ = logits.dtype();
-    return softmax_cross_entropy(autocast(logits, AmpOp::CrossEntropy), labels, &dz_, correct);
+    return softmax_cross_entropy(autocast(logits, AmpOp::CrossEntropy), labels, &dz_, correct, label_smoothing_);
 }
 
 Tensor CrossEntropyLoss::backward(float scale) {

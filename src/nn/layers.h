@@ -98,8 +98,10 @@ public:
 
 // Softmax cross-entropy, averaged over the batch.
 //   loss = 1/N Σ_n [ log Σ_c exp(z[n,c]) − z[n, y_n] ]      dz = (softmax(z) − onehot(y)) / N
+// With label_smoothing ε the target is (1 − ε)·onehot(y) + ε/C (ops.h, softmax_cross_entropy).
 class CrossEntropyLoss {
 public:
+    explicit CrossEntropyLoss(float label_smoothing = 0.0f) : label_smoothing_(label_smoothing) {}
     // Under autocast (chapter 09) the loss is computed from the logits in f32, whatever their type.
     // correct (if not null): the rows predicted right (softmax_cross_entropy, ops.h).
     float forward(const Tensor& logits, const Tensor& labels, int64_t* correct = nullptr);  // keeps dz for backward
@@ -109,6 +111,7 @@ public:
     Tensor backward(float scale = 1.0f);
 
 private:
+    float label_smoothing_;
     Tensor dz_;
     DType logits_dtype_ = DType::F32;
 };

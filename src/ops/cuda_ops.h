@@ -55,9 +55,10 @@ int64_t gemm_split_k_slices(int64_t M, int64_t N, int64_t K);
 // ---- loss (loss.cu) ------------------------------------------------------------------------------
 // With the mean loss, in the same read-back: *correct (if not null) = the rows whose first
 // maximum is their label (argmax_rows's answer), and the labels' check (a kiln::Error naming the
-// first row with a label outside [0, C)).
+// first row with a label outside [0, C)). smoothing: label smoothing ε (ops.h).
 template <typename T>
-float softmax_cross_entropy(const T* z, const int32_t* y, T* dz, int64_t N, int64_t C, int64_t* correct = nullptr);
+float softmax_cross_entropy(const T* z, const int32_t* y, T* dz, int64_t N, int64_t C, int64_t* correct = nullptr,
+                            float smoothing = 0.0f);
 
 // ---- optimizer update (one fused pass over n parameters) -----------------------------------
 // PyTorch's SGD:  g = grad + wd·p;  buf = first ? g : momentum·buf + (1 − dampening)·g;

@@ -236,8 +236,11 @@ float max(const Tensor& x) {
 }
 
 // ---- loss ------------------------------------------------------------------------------------
-float softmax_cross_entropy(const Tensor& logits, const Tensor& labels, Tensor* dlogits, int64_t* correct) {
+float softmax_cross_entropy(const Tensor& logits, const Tensor& labels, Tensor* dlogits, int64_t* correct,
+                            float smoothing) {
     check_args("softmax_cross_entropy", {{logits, "logits"}});
+    KILN_CHECK(smoothing >= 0.0f && smoothing < 1.0f, "softmax_cross_entropy: label smoothing must be in [0, 1), got ",
+               smoothing);
     check_dtype(labels, DType::I32, "softmax_cross_entropy", "labels");
     check_same_device(logits, labels, "softmax_cross_entropy");
     KILN_CHECK(logits.ndim() == 2 && labels.ndim() == 1 && labels.size(0) == logits.size(0) && logits.size(0) > 0,
@@ -254,7 +257,7 @@ float softmax_cross_entropy(const Tensor& logits, const Tensor& labels, Tensor* 
         return for_dtype(logits, [&](auto tag) {
             using T = decltype(tag);
             T* dz = dlogits ? dlogits->data<T>() : nullptr;
-            return cuda::softmax_cross_entropy(logits.data<T>(), labels.data<int32_t>(), dz, N, C, correct);
+            return cuda::softmax_cross_entropy(logits.data<T>(), labels.data<int32_t>(), dz, N, C, correct, smoothing);
         });
     // Labels out of range would read outside a row: check them.
     const int32_t* y = labels.data<int32_t>();
@@ -265,7 +268,7 @@ float softmax_cross_entropy(const Tensor& logits, const Tensor& labels, Tensor* 
     return for_dtype(logits, [&](auto tag) {
         using T = decltype(tag);
         T* dz = dlogits ? dlogits->data<T>() : nullptr;
-        return cpu::softmax_cross_entropy(logits.data<T>(), y, dz, N, C);
+        return cpu::softmax_cross_entropy(logits.data<T>(), y, dz, N, C, smoothing);
     });
 }
 

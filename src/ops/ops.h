@@ -48,7 +48,11 @@ float max(const Tensor& x);
 // A dlogits of another shape, dtype or device is replaced.
 // correct (if not null): how many rows' argmax_rows is their label; on the GPU it comes back with
 // the loss in one copy, with no copy of the labels to check them (cuda/loss.cu).
+// smoothing: PyTorch's label_smoothing ε in [0, 1): the target is (1 − ε)·onehot(y) + ε/C, so
+//   loss = 1/N Σ_n [ log Σ_c exp(z[n,c]) − (1 − ε)·z[n,y_n] − (ε/C)·Σ_c z[n,c] ]
+//   dz   = (softmax(z) − (1 − ε)·onehot(y) − ε/C) / N
+// A net is then never pushed to make one logit infinitely larger than the others (chapter 13).
 float softmax_cross_entropy(const Tensor& logits, const Tensor& labels, Tensor* dlogits = nullptr,
-                            int64_t* correct = nullptr);
+                            int64_t* correct = nullptr, float smoothing = 0.0f);
 
 }  // namespace kiln

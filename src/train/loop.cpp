@@ -57,10 +57,10 @@ void print_grad_hist(Module& model, float loss_scale, const RunInfo& run) {
 }  // namespace
 
 std::pair<float, int64_t> forward_backward(Module& model, const Tensor& x, const Tensor& y, float scale,
-                                           BumpAllocator* arena) {
+                                           BumpAllocator* arena, float label_smoothing) {
     std::optional<AllocatorScope> scope;
     if (arena) scope.emplace(*arena);  // this micro-batch's activations come from the arena
-    CrossEntropyLoss criterion;
+    CrossEntropyLoss criterion(label_smoothing);
     Tensor logits = model.call(x);
     int64_t correct = 0;
     const float loss = criterion.forward(logits, y, &correct);  // one read-back on a GPU for both
@@ -84,7 +84,7 @@ StepResult train_step(Module& model, Optimizer& optimizer, const Tensor& x, cons
         const float share = float(n) / float(B);
         const float grad_scale = opt.scaler ? share * r.loss_scale : share;  // × S with a GradScaler
         const auto [loss_i, correct_i] =
-            forward_backward(model, rows(x, first, n), rows(y, first, n), grad_scale, opt.arena);
+            forward_backward(model, rows(x, first, n), rows(y, first, n), grad_scale, opt.arena, opt.label_smoothing);
         loss += double(share) * loss_i;
         r.correct += correct_i;
         first += n;
@@ -122,7 +122,7 @@ EpochResult train_epoch(Module& model, Optimizer& optimizer, DataLoader& loader,
     };
     while (next()) {
         const StepResult r = train_step(model, optimizer, batch.x, batch.y,
-                                        StepOptions{opt.arena, opt.clip_norm, opt.accumulate, opt.scaler, opt.amp});
+                                        StepOptions{opt.arena, opt.clip_norm, opt.accumulate, opt.scaler, opt.amp, opt.label_smoothing});
         if (opt.memory) opt.memory->step_ends();
         KILN_CHECK(r.finite() || opt.scaler, "training diverged: the ", r.loss_finite ? "gradient norm" : "loss",
                    " is ", r.loss_finite ? r.grad_norm : r.loss, " at epoch ", epoch + 1, ", step ", step + 1,

@@ -54,6 +54,7 @@ struct StepOptions {
     GradScaler* scaler = nullptr;    // loss scaling (--amp f16); null: none, the step unchanged
     DType amp = DType::F32;          // f16/bf16: forward and backward under an AutocastScope
                                      // (ops/autocast.h, --amp); f32: none
+    float label_smoothing = 0.0f;    // the loss's ε (CrossEntropyLoss; chapter 13)
 };
 
 // What a step did. A non-finite loss or gradient norm is reported, not thrown: the optimizer
@@ -76,7 +77,7 @@ struct StepResult {
 // whole batch, which is then not touched): adds to the parameters' grads, returns its mean loss
 // and its correct count. train_step runs it once per micro-batch; --find-batch-size probes with it.
 std::pair<float, int64_t> forward_backward(Module& model, const Tensor& x, const Tensor& y, float scale,
-                                           BumpAllocator* arena);
+                                           BumpAllocator* arena, float label_smoothing = 0.0f);
 
 // One step on the batch (x, y): zero the model's grads, forward, softmax cross-entropy, backward (the
 // model's input_needs_grad set to false: x is data) — once per micro-batch —, optional clipping,
@@ -109,6 +110,7 @@ struct TrainOptions {
     DType amp = DType::F32;            // mixed precision (StepOptions::amp), evaluation included
     bool grad_hist = false;            // train_epoch: print the first step's gradient exponents
                                        // against f16's range (train/grad_hist.h); fit: first epoch only
+    float label_smoothing = 0.0f;      // the loss's ε (StepOptions::label_smoothing)
     bool main_process = true;          // fit: false on data parallel ranks other than 0 (chapter 12),
                                        // which build each checkpoint (a collective under ZeRO-1) but
                                        // leave writing it, and run.json, to rank 0

@@ -70,8 +70,10 @@ template <typename T> float max(const T* x, int64_t n);
 //   loss = 1/N Σ_n [ log Σ_c exp(z[n,c]) − z[n,y_n] ]
 // computed as m + log Σ exp(z − m) with m = max_c z[n,c], so exp never overflows; in double
 // whatever T is. dz (if not null) = (softmax(z) − onehot(y)) / N, rounded once to T. Returns
-// the loss.
-template <typename T> float softmax_cross_entropy(const T* z, const int32_t* y, T* dz, int64_t N, int64_t C);
+// the loss. With label smoothing ε > 0 the target is q = (1 − ε)·onehot(y) + ε/C instead of
+// onehot(y) (ops.h): loss_n = log Σ exp(z) − Σ_c q_c z_c, dz = (softmax(z) − q) / N.
+template <typename T>
+float softmax_cross_entropy(const T* z, const int32_t* y, T* dz, int64_t N, int64_t C, float smoothing = 0.0f);
 
 // ---- optimizer update (one fused pass over n parameters; optim.cpp) -------------------------
 // PyTorch's SGD:  g = grad + wd·p;  buf = first ? g : momentum·buf + (1 − dampening)·g;

@@ -15,8 +15,11 @@ static constexpr int64_t kParallelMin = 1 << 14;
 
 // loss_n = log Σ_c exp(z_c) − z_y = (m + log Σ_c exp(z_c − m)) − z_y,   m = max_c z_c
 // dz_c   = (exp(z_c − m) / Σ exp(z − m) − [c = y]) / N
+// With label smoothing ε the target q_c = (1 − ε)·[c = y] + ε/C replaces [c = y] in both:
+// loss_n = lse − (1 − ε)·z_y − (ε/C)·Σ_c z_c, dz_c = (softmax_c − q_c) / N.
 // Each row's loss is kept apart and the rows are added in order: the same bits on any thread count.
-template <typename T> float softmax_cross_entropy(const T* z, const int32_t* y, T* dz, int64_t N, int64_t C) {
+template <typename T>
+float softmax_cross_entropy(const T* z, const int32_t* y, T* dz, int64_t N, int64_t C, float smoothing) {
     std::vector<double> row_loss(static_cast<size_t>(N));
     parallel_for(N, grain_of(kParallelMin, C), [&](int64_t n0, int64_t n1) {
         for (int64_t n = n0; n < n1; n++) {
@@ -27,11 +30,18 @@ template <typename T> float softmax_cross_entropy(const T* z, const int32_t* y, 
             for (int64_t c = 0; c < C; c++) s += std::exp(double(float(zn[c]) - m));
             double lse = double(m) + std::log(s);
             row_loss[size_t(n)] = lse - double(float(zn[y[n]]));
+            if (smoothing != 0.0f) {
+                double zsum = 0.0;
+                for (int64_t c = 0; c < C; c++) zsum += double(float(zn[c]));
+                row_loss[size_t(n)] = lse - (1.0 - smoothing) * double(float(zn[y[n]])) - smoothing * zsum / double(C);
+            }
             if (dz) {
                 T* dn = dz + n * C;
+                const float spread = smoothing / float(C) / float(N), hit = (1.0f - smoothing) / float(N);
                 for (int64_t c = 0; c < C; c++) {
                     float g = float(std::exp(double(float(zn[c])) - lse) / double(N));
-                    if (c == y[n]) g -= 1.0f / float(N);
+                    if (smoothing != 0.0f) g -= spread;
+                    if (c == y[n]) g -= smoothing != 0.0f ? hit : 1.0f / float(N);
                     dn[c] = T(g);
                 }
             }
@@ -42,7 +52,7 @@ template <typename T> float softmax_cross_entropy(const T* z, const int32_t* y, 
     return float(total / double(N));
 }
 
-#define KILN_LOSS(T) template float softmax_cross_entropy<T>(const T*, const int32_t*, T*, int64_t, int64_t);
+#define KILN_LOSS(T) template float softmax_cross_entropy<T>(const T*, const int32_t*, T*, int64_t, int64_t, float);
 KILN_FOR_EACH_FLOAT_TYPE(KILN_LOSS)
 
 }  // namespace kiln::cpu
