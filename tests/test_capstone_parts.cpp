@@ -1,23 +1,30 @@
 // test_capstone_parts.cpp — the pieces chapter 13's fast CIFAR-10 trainer adds: the symmetric
 // eigen-solver, dirac and patch-whitening initialization (nn/init.h), Lookahead weight
-// averaging (optim/lookahead.h) and label smoothing (ops.h softmax_cross_entropy; its CUDA twin
-// is checked against the CPU in test_cuda_ops.cpp). Hand-computed cases first, then the
-// properties each promises.
+// averaging (optim/lookahead.h), label smoothing (ops.h softmax_cross_entropy; its CUDA twin
+// is checked against the CPU in test_cuda_ops.cpp), reflected shifts and alternating flips of the
+// data (data/transforms.h, data/loader.h), test-time views (train/evaluate.h) and Scale
+// (nn/misc.h). Hand-computed cases first, then the properties each promises.
 //
 //   make test T='[lesson13]'
 #include <catch2/catch.hpp>
 
 #include <cmath>
+#include <memory>
+#include <set>
 #include <vector>
 
 #include "core/rng.h"
+#include "data/loader.h"
+#include "data/transforms.h"
 #include "nn/conv.h"
 #include "nn/init.h"
 #include "nn/norm.h"
 #include "ops/ops.h"
 #include "nn/layers.h"
+#include "nn/misc.h"
 #include "nn/module.h"
 #include "optim/lookahead.h"
+#include "train/evaluate.h"
 
 using namespace kiln;
 
@@ -217,4 +224,110 @@ TEST_CASE("label smoothing: a hand-computed case, PyTorch's definition, and fini
     Tensor d0, d1;
     CHECK(softmax_cross_entropy(zs, ys, &d0, nullptr, 0.0f) == softmax_cross_entropy(zs, ys, &d1));
     REQUIRE_THROWS_WITH(softmax_cross_entropy(zs, ys, nullptr, nullptr, 1.0f), Catch::Contains("label smoothing must be in [0, 1)"));
+}
+
+TEST_CASE("Translate: a fixed shift, reflected or zero-padded at the edges", "[lesson13][transforms][cpu]") {
+    // in = [[1, 2, 3], [4, 5, 6], [7, 8, 9]];  out[y, x] = in[y + dy, x + dx], row −1 reads row 1.
+    const std::vector<float> in{1, 2, 3, 4, 5, 6, 7, 8, 9};
+    std::vector<float> out(9);
+    Translate(-1, -1).apply(in.data(), {1, 3, 3}, out.data(), 0);
+    CHECK(out == std::vector<float>{5, 4, 5, 2, 1, 2, 5, 4, 5});
+    Translate(1, 1).apply(in.data(), {1, 3, 3}, out.data(), 0);
+    CHECK(out == std::vector<float>{5, 6, 5, 8, 9, 8, 5, 6, 5});
+    Translate(1, 0, Padding::Zeros).apply(in.data(), {1, 3, 3}, out.data(), 0);
+    CHECK(out == std::vector<float>{4, 5, 6, 7, 8, 9, 0, 0, 0});
+    REQUIRE_THROWS_WITH(Translate(3, 0).output_shape({1, 3, 3}), Catch::Contains("smaller than the image"));
+}
+
+TEST_CASE("RandomCrop with reflection never reads a zero and covers every shift", "[lesson13][transforms][cpu]") {
+    // A 4×4 image of the values 1..16, padded by 2 with its reflection, 4×4 windows: each output
+    // holds only image values, and its corner takes every place a shift can bring it from.
+    std::vector<float> in(16);
+    for (int i = 0; i < 16; ++i) in[size_t(i)] = float(i + 1);
+    const RandomCrop crop(4, 2, Padding::Reflect);
+    std::set<float> corners;
+    std::vector<float> out(16);
+    for (uint64_t bits = 0; bits < 200; ++bits) {
+        crop.apply(in.data(), {1, 4, 4}, out.data(), bits * 7919);
+        for (float v : out) REQUIRE(v >= 1.0f);
+        corners.insert(out[0]);
+    }
+    // The corner reads (reflect(top), reflect(left)), top and left in −2..2: rows and columns 2, 1,
+    // 0, 1, 2 — the 9 values of the image's top-left 3×3.
+    CHECK(corners == std::set<float>{1, 2, 3, 5, 6, 7, 9, 10, 11});
+    REQUIRE_THROWS_WITH(RandomCrop(4, 4, Padding::Reflect).output_shape({1, 4, 4}), Catch::Contains("reflecting 4 pixels"));
+}
+
+TEST_CASE("alternating flip: every image mirrored in exactly one of two epochs running", "[lesson13][loader][cpu]") {
+    // 64 images of 1×1×2 pixels (i, 255 − i): mirrored, the pair swaps.
+    ImageSet s;
+    s.n = 64, s.c = 1, s.h = 1, s.w = 2;
+    for (int64_t i = 0; i < s.n; i++) {
+        s.pixels.push_back(uint8_t(i));
+        s.pixels.push_back(uint8_t(255 - i));
+        s.labels.push_back(int32_t(i % 10));
+    }
+    LoaderOptions o;
+    o.batch_size = 16, o.shuffle = false, o.prefetch = false, o.alternating_flip = true, o.seed = 3;
+    DataLoader loader(s, o);
+    const auto mirrored = [&](int64_t epoch) {  // image i mirrored in this epoch?
+        std::vector<bool> m;
+        loader.start_epoch(epoch);
+        Batch b;
+        while (loader.next(b))
+            for (int64_t i = 0; i < b.size(); i++) m.push_back(b.x.data<float>()[2 * i] > b.x.data<float>()[2 * i + 1]);
+        return m;
+    };
+    const auto e0 = mirrored(0), e1 = mirrored(1), e2 = mirrored(2);
+    int64_t flipped0 = 0;
+    for (size_t i = 0; i < e0.size(); i++) {
+        CHECK(e0[i] != e1[i]);
+        CHECK(e0[i] == e2[i]);
+        flipped0 += e0[i];
+    }
+    CHECK(flipped0 > 16);  // about half: a fixed random half, not all or none
+    CHECK(flipped0 < 48);
+}
+
+TEST_CASE("evaluate_views weighs each view's logits", "[lesson13][cpu]") {
+    // 10 images of two pixels (25·i, 250 − 25·i) and a head with logit_c = c · (first pixel): the
+    // plain view predicts class 0 for image 0 and 9 for the rest (2 right), the mirrored one 9 for
+    // all (1 right). The weights pick which view's logits count.
+    ImageSet s;
+    s.n = 10, s.c = 1, s.h = 1, s.w = 2;
+    for (int64_t i = 0; i < s.n; i++) {
+        s.pixels.push_back(uint8_t(25 * i));
+        s.pixels.push_back(uint8_t(250 - 25 * i));
+        s.labels.push_back(int32_t(i));
+    }
+    LoaderOptions o;
+    o.batch_size = 4, o.shuffle = false, o.prefetch = false;
+    DataLoader plain(s, o);
+    o.transforms.push_back(std::make_shared<RandomHorizontalFlip>(1.0f));
+    DataLoader mirrored(s, o);
+    Rng rng(1);
+    Sequential net("net");
+    net.add(std::make_unique<Flatten>());
+    auto& head = net.add(std::make_unique<Linear>(2, 10, rng, false));
+    for (int64_t c = 0; c < 10; c++) {
+        head.weight.value.data<float>()[c * 2 + 0] = float(c);
+        head.weight.value.data<float>()[c * 2 + 1] = 0.0f;
+    }
+    const double alone = evaluate(net, plain), flipped_alone = evaluate(net, mirrored);
+    REQUIRE(alone == Approx(0.2));
+    REQUIRE(flipped_alone == Approx(0.1));
+    CHECK(evaluate_views(net, plain, {&mirrored}, {1.0f, 0.0f}).averaged == alone);
+    CHECK(evaluate_views(net, plain, {&mirrored}, {0.0f, 1.0f}).averaged == flipped_alone);
+    CHECK(evaluate_views(net, plain, {&mirrored}, {1.0f, 0.0f}).plain == alone);
+    REQUIRE_THROWS_WITH(evaluate_views(net, plain, {&mirrored}, {1.0f}), Catch::Contains("1 weights for 2 views"));
+}
+
+TEST_CASE("Scale: y = s·x, dx = s·dy", "[lesson13][cpu]") {
+    Scale scale(1.0f / 9);
+    Tensor x = Tensor::full({2, 3}, 4.5);
+    const Tensor y = scale.forward(x), dx = scale.backward(Tensor::full({2, 3}, 18.0));
+    for (int64_t i = 0; i < 6; i++) {
+        CHECK(y.data<float>()[i] == 0.5f);
+        CHECK(dx.data<float>()[i] == 2.0f);
+    }
 }

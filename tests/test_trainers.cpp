@@ -246,7 +246,7 @@ TEST_CASE("evaluate_with_mirror: each image's logits plus its mirror image's", "
     other_batches.batch_size = 2;
     DataLoader wrong(set, other_batches);
     REQUIRE_THROWS_WITH(evaluate_with_mirror(model, loader, wrong),
-                        Catch::Contains("mirrored loader has 4 batches") && Catch::Contains("3"));
+                        Catch::Contains("view 1 (the mirrored or shifted loader) has 4 batches") && Catch::Contains("3"));
 }
 
 TEST_CASE("--mem-limit below what the model alone takes says so and what the minimum is", "[trainer][memory][cpu][lesson08]") {

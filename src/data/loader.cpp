@@ -74,6 +74,7 @@ Batch DataLoader::make_batch(int64_t start, int64_t count, bool parallel) const 
         b[size_t(c)] = -opt_.mean[size_t(c)] / opt_.std[size_t(c)];
     }
     Rng augment(splitmix64(opt_.seed) + 1);  // the augmentations' stream, apart from the order's
+    const Rng flip_half(splitmix64(opt_.seed) + 2);  // alternating_flip: image i starts mirrored if bit 0 is set
     bool chained = !opt_.transforms.empty();
     parallel_for(count, parallel ? grain_of(1 << 16, C * HW) : count, [&](int64_t i0, int64_t i1) {
         for (int64_t i = i0; i < i1; i++) {
@@ -84,6 +85,8 @@ Batch DataLoader::make_batch(int64_t start, int64_t count, bool parallel) const 
             for (int64_t c = 0; c < C; c++)
                 for (int64_t k = 0; k < HW; k++) first[c * HW + k] = float(px[c * HW + k]) * a[size_t(c)] + b[size_t(c)];
             ImageShape s{C, set_.h, set_.w};
+            if (opt_.alternating_flip && ((flip_half.at(uint64_t(src)) ^ uint64_t(epoch_)) & 1))
+                for (int64_t row = 0; row < C * set_.h; row++) std::reverse(first + row * set_.w, first + (row + 1) * set_.w);
             // the image's position in the one-process order of the epoch (the same with any world size)
             const int64_t global = (start + i) * opt_.world_size + opt_.rank;
             uint64_t bits = augment.at(uint64_t(epoch_) * uint64_t(set_.n) + uint64_t(global));

@@ -42,6 +42,11 @@ struct LoaderOptions {
     Device device = Device::CPU;      // where the batches go
     Transforms transforms = {};       // applied in order after Normalize
     bool prefetch = true;             // build the next batch on a background thread
+    // Alternating flip (airbench, chapter 13), before the transforms: a fixed random half of the
+    // images (from seed) is mirrored in even epochs, the other half in odd ones, so that every
+    // image is seen both ways in any two epochs in a row — where independent random flips leave
+    // a quarter of them unmirrored or mirrored twice running.
+    bool alternating_flip = false;
     // Data parallel training (chapter 12), as PyTorch's DistributedSampler: each epoch's order
     // of all N images (from seed and epoch, the same on every rank) is padded to a multiple of
     // world_size by repeating its first images, and rank r takes positions r, r + world_size,

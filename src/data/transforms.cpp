@@ -10,13 +10,37 @@
 namespace kiln {
 
 // ---- RandomCrop ----------------------------------------------------------------------------
-RandomCrop::RandomCrop(int64_t size, int64_t padding) : size_(size), padding_(padding) {
+// The h×w window of the image whose top-left corner is (top, left) in image coordinates (either
+// may be negative, or the window may pass the far edge): out[c, y, x] = in[c, top + y, left + x],
+// outside the image 0 or the reflection (Padding).
+static void copy_window(const float* in, ImageShape s, int64_t top, int64_t left, int64_t h, int64_t w,
+                        Padding mode, float* out) {
+    const auto reflect = [](int64_t i, int64_t n) { return i < 0 ? -i : i >= n ? 2 * n - 2 - i : i; };
+    for (int64_t c = 0; c < s.c; c++)
+        for (int64_t y = 0; y < h; y++) {
+            int64_t sy = top + y;
+            float* row = out + (c * h + y) * w;
+            for (int64_t x = 0; x < w; x++) {
+                int64_t sx = left + x;
+                if (mode == Padding::Reflect) {
+                    row[x] = in[(c * s.h + reflect(sy, s.h)) * s.w + reflect(sx, s.w)];
+                } else {
+                    bool inside = sy >= 0 && sy < s.h && sx >= 0 && sx < s.w;
+                    row[x] = inside ? in[(c * s.h + sy) * s.w + sx] : 0.0f;
+                }
+            }
+        }
+}
+
+RandomCrop::RandomCrop(int64_t size, int64_t padding, Padding mode) : size_(size), padding_(padding), mode_(mode) {
     KILN_CHECK(size > 0 && padding >= 0, "RandomCrop(", size, ", ", padding, "): size > 0 and padding ≥ 0");
 }
 
 ImageShape RandomCrop::output_shape(ImageShape in) const {
     KILN_CHECK(in.h + 2 * padding_ >= size_ && in.w + 2 * padding_ >= size_, "RandomCrop(", size_, ") of a ", in.h,
                "×", in.w, " image padded by ", padding_, ": the window does not fit");
+    KILN_CHECK(mode_ == Padding::Zeros || (padding_ < in.h && padding_ < in.w), "RandomCrop: reflecting ", padding_,
+               " pixels needs an image larger than that, got ", in.h, "×", in.w);
     return {in.c, size_, size_};
 }
 
@@ -24,16 +48,20 @@ void RandomCrop::apply(const float* in, ImageShape s, float* out, uint64_t bits)
     // the window's top-left corner in padded coordinates: [0, H + 2p − size]
     int64_t top = int64_t(splitmix64(bits) % uint64_t(s.h + 2 * padding_ - size_ + 1)) - padding_;
     int64_t left = int64_t(splitmix64(bits + 1) % uint64_t(s.w + 2 * padding_ - size_ + 1)) - padding_;
-    for (int64_t c = 0; c < s.c; c++)
-        for (int64_t y = 0; y < size_; y++) {
-            int64_t sy = top + y;
-            float* row = out + (c * size_ + y) * size_;
-            for (int64_t x = 0; x < size_; x++) {
-                int64_t sx = left + x;
-                bool inside = sy >= 0 && sy < s.h && sx >= 0 && sx < s.w;
-                row[x] = inside ? in[(c * s.h + sy) * s.w + sx] : 0.0f;
-            }
-        }
+    copy_window(in, s, top, left, size_, size_, mode_, out);
+}
+
+// ---- Translate -------------------------------------------------------------------------------
+Translate::Translate(int64_t dy, int64_t dx, Padding mode) : dy_(dy), dx_(dx), mode_(mode) {}
+
+ImageShape Translate::output_shape(ImageShape in) const {
+    KILN_CHECK(std::abs(dy_) < in.h && std::abs(dx_) < in.w, "Translate(", dy_, ", ", dx_, ") of a ", in.h, "×", in.w,
+               " image: the shift must be smaller than the image");
+    return in;
+}
+
+void Translate::apply(const float* in, ImageShape s, float* out, uint64_t) const {
+    copy_window(in, s, dy_, dx_, s.h, s.w, mode_, out);
 }
 
 // ---- RandomHorizontalFlip --------------------------------------------------------------------

@@ -21,16 +21,34 @@ public:
     virtual void apply(const float* in, ImageShape s, float* out, uint64_t bits) const = 0;
 };
 
-// Pads each side with `padding` zeros (the mean after Normalize), then cuts a size×size
-// window at a random position: the net sees the object shifted by up to `padding` pixels.
+// What a window reads outside the image: zeros (the mean after Normalize), or the image mirrored
+// at its edge without repeating the edge (PyTorch's "reflect": row −1 reads row 1, row H reads H−2).
+enum class Padding { Zeros, Reflect };
+
+// Pads each side with `padding` pixels, then cuts a size×size window at a random position: the
+// net sees the object shifted by up to `padding` pixels.
 class RandomCrop : public Transform {
 public:
-    RandomCrop(int64_t size, int64_t padding);
+    RandomCrop(int64_t size, int64_t padding, Padding mode = Padding::Zeros);
     ImageShape output_shape(ImageShape in) const override;
     void apply(const float* in, ImageShape s, float* out, uint64_t bits) const override;
 
 private:
     int64_t size_, padding_;
+    Padding mode_;
+};
+
+// The image moved by a fixed (dy, dx): out[y, x] = in[y + dy, x + dx], what lies outside read
+// as `mode` says. A test-time view (chapter 13: airbench scores shifts by one pixel too).
+class Translate : public Transform {
+public:
+    Translate(int64_t dy, int64_t dx, Padding mode = Padding::Reflect);
+    ImageShape output_shape(ImageShape in) const override;
+    void apply(const float* in, ImageShape s, float* out, uint64_t bits) const override;
+
+private:
+    int64_t dy_, dx_;
+    Padding mode_;
 };
 
 // Mirrors the image left-right with probability p.

@@ -71,6 +71,21 @@ Tensor GELU::backward(const Tensor& dy) {
     return dx;
 }
 
+// ---- Scale -----------------------------------------------------------------------------------------
+Tensor Scale::forward(const Tensor& x) {
+    check_defined(x, name().c_str(), "the input");
+    Tensor y = x.clone();
+    scale_(y, s_);
+    return y;
+}
+
+Tensor Scale::backward(const Tensor& dy) {
+    check_defined(dy, name().c_str(), "dy");
+    Tensor dx = dy.clone();
+    scale_(dx, s_);
+    return dx;
+}
+
 // ---- Residual ------------------------------------------------------------------------------------
 Residual::Residual(std::unique_ptr<Module> f, std::unique_ptr<Module> shortcut, std::string name)
     : Module(std::move(name)) {

@@ -59,6 +59,20 @@ public:
     LayerMemory memory(const Shape& in, Device device) const override;
 };
 
+// y = s · x,  dx = s · dy: a fixed factor, e.g. airbench's 1/9 on the logits (chapter 13), which
+// makes the softmax softer at the start than the head's initialization alone would.
+// Memory: Module::memory's default (y [in], dx [in]; keeps nothing).
+class Scale : public Module {
+public:
+    explicit Scale(float s, std::string name = "scale") : Module(std::move(name)), s_(s) {}
+    Tensor forward(const Tensor& x) override;
+    Tensor backward(const Tensor& dy) override;
+    float factor() const { return s_; }
+
+private:
+    float s_;
+};
+
 // y = f(x) + shortcut(x)   (shortcut = identity when null; then f must keep x's shape)
 // backward: dx = f.backward(dy) + shortcut.backward(dy)   (+ dy for the identity)
 // Its children: f named "body", then the shortcut (if any) named "shortcut".

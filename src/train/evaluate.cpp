@@ -16,36 +16,51 @@ namespace {
 
 // One epoch of `loader` through the model in evaluation mode (restored after) and without
 // caches for backward (a NoGradScope; eval mode keeps none already — the scope says so), and of
-// `mirrored` in step with it if given: the correct counts of f(x) and of f(x) + f(flip(x)).
+// each of `views` in step with it: the correct counts of f(x) and of
+//   weights[0] · f(x) + Σ_v weights[v + 1] · f(views[v](x)).
 // With an arena, each batch's activations come from it and it is reset after the batch.
-MirrorAccuracy score(Module& model, DataLoader& loader, DataLoader* mirrored, BumpAllocator* arena) {
+MirrorAccuracy score(Module& model, DataLoader& loader, const std::vector<DataLoader*>& views,
+                     const std::vector<float>& weights, BumpAllocator* arena) {
+    KILN_CHECK(weights.size() == views.size() + 1, "evaluate: ", weights.size(), " weights for ", views.size() + 1,
+               " views (the loader and ", views.size(), " more)");
+    for (size_t v = 0; v < views.size(); v++)
+        KILN_CHECK(views[v]->num_batches() == loader.num_batches(), "evaluate: view ", v + 1, " (the mirrored or shifted ",
+                   "loader) has ", views[v]->num_batches(), " batches, the loader ", loader.num_batches(),
+                   "; build every view from the same set with the same batch size");
     NoGradScope no_grad;
     bool was_training = model.training();
     model.eval();
     loader.start_epoch(0);
-    if (mirrored) mirrored->start_epoch(0);
-    int64_t plain = 0, averaged = 0, seen = 0;
-    Batch b, m;
-    while (loader.next(b) && (!mirrored || mirrored->next(m))) {
+    for (DataLoader* v : views) v->start_epoch(0);
+    int64_t plain = 0, combined = 0, seen = 0;
+    Batch b;
+    std::vector<Batch> vb(views.size());
+    while (loader.next(b)) {
+        for (size_t v = 0; v < views.size(); v++) KILN_CHECK(views[v]->next(vb[v]), "evaluate: a view ran out of batches");
         {
             std::optional<AllocatorScope> scope;
             if (arena) scope.emplace(*arena);
             Tensor logits = model.call(b.x);  // [N, classes]
             plain += count_correct(logits, b.y);
-            if (mirrored) averaged += count_correct(add(logits, model.call(m.x)), b.y);
+            if (!views.empty()) {
+                Tensor sum = logits.clone();
+                if (weights[0] != 1.0f) scale_(sum, weights[0]);
+                for (size_t v = 0; v < views.size(); v++) axpy_(sum, weights[v + 1], model.call(vb[v].x));
+                combined += count_correct(sum, b.y);
+            }
         }  // the batch's activations are gone here
         if (arena) arena->reset();
         seen += b.size();
     }
     model.train(was_training);
     if (seen == 0) return {0.0, 0.0};
-    return {double(plain) / double(seen), double(averaged) / double(seen)};
+    return {double(plain) / double(seen), double(combined) / double(seen)};
 }
 
 }  // namespace
 
 double evaluate(Module& model, DataLoader& loader, BumpAllocator* arena) {
-    return score(model, loader, nullptr, arena).plain;
+    return score(model, loader, {}, {1.0f}, arena).plain;
 }
 
 TimedAccuracy evaluate_timed(Module& model, DataLoader& loader, BumpAllocator* arena, int passes) {
@@ -63,10 +78,12 @@ TimedAccuracy evaluate_timed(Module& model, DataLoader& loader, BumpAllocator* a
 }
 
 MirrorAccuracy evaluate_with_mirror(Module& model, DataLoader& loader, DataLoader& mirrored, BumpAllocator* arena) {
-    KILN_CHECK(loader.num_batches() == mirrored.num_batches(), "evaluate_with_mirror: the mirrored loader has ",
-               mirrored.num_batches(), " batches, the loader ", loader.num_batches(),
-               "; build both from the same set with the same batch size");
-    return score(model, loader, &mirrored, arena);
+    return score(model, loader, {&mirrored}, {1.0f, 1.0f}, arena);
+}
+
+MirrorAccuracy evaluate_views(Module& model, DataLoader& loader, const std::vector<DataLoader*>& views,
+                              const std::vector<float>& weights, BumpAllocator* arena) {
+    return score(model, loader, views, weights, arena);
 }
 
 }  // namespace kiln

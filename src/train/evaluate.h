@@ -1,5 +1,7 @@
 // evaluate.h — accuracy of a model over a whole data set, in evaluation mode.
 #pragma once
+#include <vector>
+
 #include "core/allocator.h"
 #include "data/loader.h"
 #include "nn/module.h"
@@ -35,5 +37,12 @@ struct MirrorAccuracy {
 };
 MirrorAccuracy evaluate_with_mirror(Module& model, DataLoader& loader, DataLoader& mirrored,
                                     BumpAllocator* arena = nullptr);
+
+// The same with any views (chapter 13): each loader in `views` delivers the loader's images in
+// its order through a fixed transform of its own (a mirror, a shift by a pixel: Translate), and
+//   pred = argmax_c ( weights[0] · f(x)_c + Σ_v weights[v + 1] · f(view_v(x))_c ).
+// `averaged` is that prediction's accuracy, `plain` f(x)'s alone.
+MirrorAccuracy evaluate_views(Module& model, DataLoader& loader, const std::vector<DataLoader*>& views,
+                              const std::vector<float>& weights, BumpAllocator* arena = nullptr);
 
 }  // namespace kiln
