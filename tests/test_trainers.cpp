@@ -16,6 +16,7 @@
 #include "optim/optimizer.h"
 #include "optim/scheduler.h"
 #include "train/evaluate.h"
+#include "train/airbench.h"
 #include "train/cli.h"
 #include "train/fit.h"
 #include "train/loop.h"
@@ -104,6 +105,29 @@ TEST_CASE("lesson 06: the CIFAR net's first losses, with and without batch norm"
     require_close(plain, {2.3020639f, 2.3017778f, 2.3013701f, 2.3008542f, 2.3002415f});
     REQUIRE(bn.back() < 0.2f * bn.front());                 // with BN it memorizes the batch;
     REQUIRE(plain.front() - plain.back() < 0.01f);           // without, the signal has vanished
+}
+
+TEST_CASE("lesson 13: the capstone net's first losses (whitened, identity-started, smoothed labels)", "[trainer][cpu][lesson13]") {
+    // As lesson 06's: a fixed random batch. The whitening is computed from 64 other random images.
+    Rng data(7);
+    const Tensor x = Tensor::normal({32, 3, 32, 32}, 0, 1, data), sample = Tensor::normal({64, 3, 32, 32}, 0, 1, data);
+    Tensor y = Tensor::empty({32}, DType::I32);
+    for (int64_t i = 0; i < 32; i++) y.data<int32_t>()[i] = int32_t(data.next_below(10));
+    Rng rng(1);
+    auto model = airbench_net(rng, &sample, true);
+    SGD sgd(airbench_groups(*model, 1.5f, 0.0019957f, 64.0f, true), {0.85f, 0, 0, true});
+    REQUIRE(sgd.param_groups().size() == 3);
+    REQUIRE(sgd.param_groups()[0].params.size() == 6);   // the six batch norms' β
+    REQUIRE(sgd.param_groups()[1].params.size() == 1);   // the stem's bias
+    REQUIRE(sgd.param_groups()[2].params.size() == 7);   // six 3×3 convs and the head
+    BumpAllocator arena("test arena", Device::CPU, size_t(512) << 20);
+    StepOptions step{&arena, 0.0f};
+    step.label_smoothing = 0.2f;
+    std::vector<float> losses;
+    for (int i = 0; i < 5; i++) losses.push_back(train_step(*model, sgd, x, y, step).loss);
+    // memorizing the batch; label smoothing 0.2 keeps the loss above H(q) = 0.8669 (10 classes)
+    require_close(losses, {2.2947035f, 1.7909223f, 1.6515040f, 0.9371973f, 0.9112704f}, 2e-3);
+    REQUIRE(losses.back() > 0.8668f);
 }
 
 TEST_CASE("lesson 02: a short run's loss falls", "[trainer][cpu][lesson02]") {
