@@ -153,7 +153,7 @@ TEST_CASE("Lookahead: slow = decay·slow + (1 − decay)·fast, then fast = slow
     ConvOptions o;
     o.bias = false;
     auto& conv = model.add(std::make_unique<Conv2d>(1, 1, 1, rng, o));
-    auto& bn = model.add(std::make_unique<BatchNorm2d>(1));
+    model.add(std::make_unique<BatchNorm2d>(1));
     conv.weight.value.data<float>()[0] = 2.0f;
     Lookahead slow(model);  // slow: w = 2, bn weight 1, bias 0, running mean 0, var 1
     conv.weight.value.data<float>()[0] = 6.0f;
@@ -170,7 +170,6 @@ TEST_CASE("Lookahead: slow = decay·slow + (1 − decay)·fast, then fast = slow
     CHECK(conv.weight.value.data<float>()[0] == 3.0f);
     slow.update(model, 0.0f);  // keep the fast ones (and make them the slow ones)
     CHECK(conv.weight.value.data<float>()[0] == 3.0f);
-    (void)bn;
     StateDict state;
     slow.save_state(state, "lookahead");
     conv.weight.value.data<float>()[0] = 7.0f;

@@ -82,8 +82,8 @@ Tensor whitening_sample(const ImageSet& train, const Flags& f) {
 // The test images through the views of --tta, with airbench's weights: the image and its mirror
 // ½ together, each 1-pixel shift (up-left, down-right) and its mirror ½ together. Without the
 // step arena: an arena frees nothing until its reset, and six views of a batch would all stay.
-double test_accuracy(const Flags& f, Module& net, const ImageSet& test) {
-    DataLoader plain(test, test_options(f, {}));
+// `plain` is the test set's loader as it is; the views get loaders of their own.
+double test_accuracy(const Flags& f, Module& net, const ImageSet& test, DataLoader& plain) {
     if (f.tta == 0) return evaluate(net, plain);
     const auto flip = std::make_shared<RandomHorizontalFlip>(1.0f);
     std::vector<std::unique_ptr<DataLoader>> views;
@@ -136,7 +136,7 @@ int main(int argc, char** argv) try {
                                 Device::CPU};
     train_options.alternating_flip = true;
     train_options.transforms = {std::make_shared<RandomCrop>(32, 2, Padding::Reflect)};
-    DataLoader train(train_set, train_options);
+    DataLoader train(train_set, train_options), test(test_set, test_options(f, {}));
     KILN_CHECK(train.num_batches() > 0, "lesson-13: ", train_set.n, " training images make no batch of ",
                f.common.batch_size, "; lower --batch-size");
 
@@ -186,13 +186,13 @@ int main(int argc, char** argv) try {
         train_seconds += secs;
         std::printf("epoch %2d  loss %.4f  train %.2f%%  %.0f s (%.0f img/s)", epoch + 1, loss / double(seen),
                     100.0 * double(correct) / double(seen), secs, double(seen) / secs);
-        if (f.eval_each_epoch) std::printf("  test %.2f%%", 100.0 * evaluate(*net, *std::make_unique<DataLoader>(test_set, test_options(f, {})), &arena));
+        if (f.eval_each_epoch) std::printf("  test %.2f%%", 100.0 * evaluate(*net, test, &arena));
         std::printf("\n");
         std::fflush(stdout);
     }
     if (lookahead) lookahead->update(*net, 1.0f);
-    const double plain = evaluate(*net, *std::make_unique<DataLoader>(test_set, test_options(f, {})), &arena);
-    const double acc = test_accuracy(f, *net, test_set);
+    const double plain = evaluate(*net, test, &arena);
+    const double acc = test_accuracy(f, *net, test_set, test);
     std::printf("lesson-13: training %.0f s (%.1f min); test accuracy %.2f%% alone, %.2f%% with test-time views (--tta %d)\n",
                 train_seconds, train_seconds / 60, 100 * plain, 100 * acc, f.tta);
     report(device, acc, start);

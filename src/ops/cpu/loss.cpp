@@ -29,12 +29,13 @@ float softmax_cross_entropy(const T* z, const int32_t* y, T* dz, int64_t N, int6
             double s = 0.0;
             for (int64_t c = 0; c < C; c++) s += std::exp(double(float(zn[c]) - m));
             double lse = double(m) + std::log(s);
-            row_loss[size_t(n)] = lse - double(float(zn[y[n]]));
+            double target = double(float(zn[y[n]]));  // Σ_c q_c z_c: z_y, or smoothed
             if (smoothing != 0.0f) {
                 double zsum = 0.0;
                 for (int64_t c = 0; c < C; c++) zsum += double(float(zn[c]));
-                row_loss[size_t(n)] = lse - (1.0 - smoothing) * double(float(zn[y[n]])) - smoothing * zsum / double(C);
+                target = (1.0 - smoothing) * target + smoothing * zsum / double(C);
             }
+            row_loss[size_t(n)] = lse - target;
             if (dz) {
                 T* dn = dz + n * C;
                 const float spread = smoothing / float(C) / float(N), hit = (1.0f - smoothing) / float(N);
