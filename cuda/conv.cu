@@ -57,7 +57,8 @@
 // instead (each x value serves up to KH·KW columns from L1/L2), is faster and needs no memory.
 // With many (Og ≥ 64), the unfolding is amortized over Og rows and the engine's GEMM, whose
 // 128×128 tiles do 8×8 multiply-adds per thread and step against the implicit kernel's 4×4,
-// wins. So:   conv2d_algo(p) = ImplicitGemm when Og < 64, else Im2col.
+// wins. So:   conv2d_algo(p) = ImplicitGemm when Og < 64, else Im2col (and Depthwise, below,
+// for one filter per channel).
 // (A rule from the traffic count, not from timings: the kernel lab, cuda/lab/, times both on the
 // LeNet and CIFAR-net shapes on a GPU.)
 //
@@ -80,8 +81,47 @@
 //   is the same on every run and under every emulator schedule. (It may differ from the CPU in the
 //   last bits: the GEMMs add in another order.)
 //
+// ---- depthwise: G == C == O, w [C, 1, KH, KW] (MobileNet's 3×3 layers) ----------------------------
+//   Each channel is convolved with its own KH×KW filter: no sum over channels at all.
+//     y[n, c, p, q] = b[c] + Σ_{kh, kw} w[c, kh, kw] · x[n, c, p·stride − padding + kh·dilation,
+//                                                          q·stride − padding + kw·dilation]
+//   Seen as the product above, each of the C groups is y[1, N·P·Q] = w[1, K] · X[K, N·P·Q] with
+//   K = KH·KW (9 for 3×3): a matrix "product" with one row. A GEMM earns its speed by reusing
+//   each loaded value across a tile's rows and columns; here there is one row, so a loaded x
+//   value meets one weight per tap and nothing is reused: the implicit GEMM's 16×128 tiles are
+//   15/16 padding rows (C layers of them in the grid), and im2col would write and read back K
+//   copies of x to do K multiply-adds per output (the backward passes did, with one GEMM call
+//   per group: C calls per chunk). So, directly:
+//     forward       depthwise_forward_kernel        1-D grid-stride, one thread per element of y
+//                   (consecutive threads: consecutive q, so reads and writes coalesce); it adds
+//                   b[c], then the taps in (kh, kw) order, skipping those on the padding.
+//     dx            depthwise_backward_data_kernel  one thread per element of dx, a gather: it
+//                   adds, in (kh, kw) order, w·dy of the outputs (p, q) that read it — p = (ih +
+//                   padding − kh·dilation) / stride when that is a whole number in [0, P), q
+//                   likewise. No two threads write one place: no atomics, dx overwritten.
+//     dw            depthwise_backward_weight_kernel  one block of 256 per (c, kh, kw): the box
+//                   of outputs (n, p, q) whose input for that tap is inside the image, in flat
+//                   order, is dealt to the threads (t, t + 256, ...; BoxWalk steps (n, p, q)
+//                   without dividing), each summing dy·x in double; then detail::block_reduce
+//                   (a fixed tree), and dw[c, kh, kw] += Σ.
+//     db            bias_grad_kernel, as above (one block per channel; db += Σ).
+//   Traffic per output: KH·KW reads of x, most of them hits in L1/L2 (neighbouring threads read
+//   the same rows), and one write of y; what DRAM sees is about x once and y once, the least any
+//   forward can move. With K multiply-adds per output the layer is bound by memory (and by the
+//   index arithmetic), never by the multiply-adds: tiles and tensor cores have nothing to win.
+//   Indices are 32-bit when every element count of x and y fits (depthwise_int_indices), so that
+//   decoding e into (plane, p, q) costs a few 32-bit divisions; 64-bit otherwise.
+//   Memory: none beyond x, w and y: the depthwise paths ignore col and col_images (null and 0
+//   are fine), and conv2d_algo says Depthwise, so the layer allocates no workspace for them.
+//   (cuda::conv2d_col_elems_per_image still counts the im2col workspace, which the named
+//   strategies conv2d_forward_im2col and _implicit_gemm may be asked to use on these shapes.)
+//   Each result is summed in an order fixed by the sizes — y and dx in the CPU's own order
+//   (depthwise_forward, _backward_data in cpu/conv.cpp) — and rounded to T once when stored.
+//   The kernel lab (cuda/lab/depthwise.cu) times this kernel against the groups-of-one implicit
+//   GEMM, cuDNN and a variant that stages planes in shared memory (4 outputs per thread).
+//
 // Build and run: part of the engine (make, or make CUDA=1); tested against the CPU by
-//   make test T='[conv][cuda]'
+//   make test T='[conv][cuda]'        (the depthwise kernels alone: T='[depthwise]')
 #include <type_traits>
 
 #include "common.cuh"
@@ -338,6 +378,116 @@ __global__ void __launch_bounds__(detail::wmma_tile::kThreads)
     }
 }
 
+// ---- depthwise: G == C == O, w [C, 1, KH, KW] --------------------------------------------------------
+// See the header. The element-wise kernels index with I = int or int64_t (depthwise_int_indices);
+// a plane is one (n, c): plane = n·C + c, so x[n, c] starts at plane·H·W and y[n, c] at plane·P·Q.
+
+// y[n, c, p, q] = b[c] + Σ_{kh, kw} w[c, kh, kw] · x[n, c, p·stride − padding + kh·dilation,
+//                                                      q·stride − padding + kw·dilation]
+// thread e → y[e], e = (plane·P + p)·Q + q: consecutive threads, consecutive q.
+template <typename T, typename I>
+__global__ void depthwise_forward_kernel(const T* x, const T* w, const T* b, T* y, ConvDims d) {
+    const I C = I(d.C), H = I(d.H), W = I(d.W), P = I(d.P), Q = I(d.Q), KH = I(d.KH), KW = I(d.KW);
+    const I stride = I(d.stride), pad = I(d.padding), dil = I(d.dilation), total = I(d.N) * C * P * Q;
+    for (I e = I(blockIdx.x) * I(blockDim.x) + I(threadIdx.x); e < total; e += I(gridDim.x) * I(blockDim.x)) {
+        const I plane = e / (P * Q), p = e / Q % P, q = e % Q, c = plane % C;
+        const T* xp = x + plane * H * W;  // x[n, c]   [H, W]
+        const T* wc = w + c * KH * KW;    // w[c, 0]   [KH, KW]
+        float acc = b ? float(b[c]) : 0.0f;
+        for (I kh = 0; kh < KH; kh++) {
+            const I ih = p * stride - pad + kh * dil;
+            if (ih < 0 || ih >= H) continue;  // the whole row of taps is on the padding
+            for (I kw = 0; kw < KW; kw++) {
+                const I iw = q * stride - pad + kw * dil;
+                if (iw >= 0 && iw < W) acc += float(wc[kh * KW + kw]) * float(xp[ih * W + iw]);
+            }
+        }
+        y[e] = T(acc);
+    }
+}
+
+// dx[n, c, ih, iw] = Σ_{kh, kw} w[c, kh, kw] · dy[n, c, p, q]   over the taps that read (ih, iw):
+//   p = (ih + padding − kh·dilation) / stride a whole number in [0, P), q = (iw + ...) / stride likewise
+// thread e → dx[e], e = (plane·H + ih)·W + iw. A gather: no two threads write one place.
+template <typename T, typename I>
+__global__ void depthwise_backward_data_kernel(const T* dy, const T* w, T* dx, ConvDims d) {
+    const I C = I(d.C), H = I(d.H), W = I(d.W), P = I(d.P), Q = I(d.Q), KH = I(d.KH), KW = I(d.KW);
+    const I stride = I(d.stride), pad = I(d.padding), dil = I(d.dilation), total = I(d.N) * C * H * W;
+    for (I e = I(blockIdx.x) * I(blockDim.x) + I(threadIdx.x); e < total; e += I(gridDim.x) * I(blockDim.x)) {
+        const I plane = e / (H * W), ih = e / W % H, iw = e % W, c = plane % C;
+        const T* dyp = dy + plane * P * Q;  // dy[n, c]   [P, Q]
+        const T* wc = w + c * KH * KW;      // w[c, 0]    [KH, KW]
+        float acc = 0.0f;
+        for (I kh = 0; kh < KH; kh++) {
+            const I tp = ih + pad - kh * dil;  // = p·stride
+            if (tp < 0) break;                 // and for every later kh too
+            if (tp % stride != 0 || tp / stride >= P) continue;
+            for (I kw = 0; kw < KW; kw++) {
+                const I tq = iw + pad - kw * dil;  // = q·stride
+                if (tq < 0) break;
+                if (tq % stride == 0 && tq / stride < Q)
+                    acc += float(wc[kh * KW + kw]) * float(dyp[tp / stride * Q + tq / stride]);
+            }
+        }
+        dx[e] = T(acc);
+    }
+}
+
+// [lo, hi): the output positions o in [0, O) whose input o·stride + off lies in [0, size) (empty:
+// lo = hi). The CPU's valid_range (cpu/conv.cpp).
+__device__ inline void depthwise_valid_range(int off, int size, int stride, int O, int& lo, int& hi) {
+    lo = off >= 0 ? 0 : (-off + stride - 1) / stride;
+    hi = size - 1 - off >= 0 ? (size - 1 - off) / stride + 1 : 0;
+    hi = hi < O ? hi : O;
+    lo = lo < hi ? lo : hi;
+}
+
+// The positions j = first, first + step, ... of a box [N, Pb, Qb] (j = (n·Pb + p)·Qb + q), as
+// (n, p, q): the step is decomposed once, step = (sn·Pb + sp)·Qb + sq, and each move adds it
+// with one carry per coordinate (sq < Qb, sp < Pb) — no division per position (ImplicitColumn's
+// trick). The walk is over when n ≥ N. Pb, Qb ≥ 1.
+struct BoxWalk {
+    int n, p, q;     // the current position
+    int sn, sp, sq;  // the step
+    int Pb, Qb;
+
+    __device__ BoxWalk(int Pb_, int Qb_, int first, int step) : Pb(Pb_), Qb(Qb_) {
+        n = first / (Pb * Qb), p = first / Qb % Pb, q = first % Qb;
+        sn = step / (Pb * Qb), sp = step / Qb % Pb, sq = step % Qb;
+    }
+    __device__ void next() {
+        q += sq, p += sp, n += sn;
+        if (q >= Qb) q -= Qb, p++;
+        if (p >= Pb) p -= Pb, n++;
+    }
+};
+
+// dw[c, kh, kw] += Σ_{n, p, q} dy[n, c, p, q] · x[n, c, p·stride + off_h, q·stride + off_w]
+//   off_h = kh·dilation − padding, off_w likewise; only the box N × [p_lo, p_hi) × [q_lo, q_hi) of
+//   outputs whose input is inside the image contributes (the rest reads padding: 0)
+// Block cell = (c·KH + kh)·KW + kw (dw's own index), blockDim.x = kBlock threads: thread t sums
+// the box's positions t, t + B, ... in double, then the block folds them in a fixed tree.
+template <typename T>
+__global__ void depthwise_backward_weight_kernel(const T* x, const T* dy, T* dw, ConvDims d) {
+    __shared__ double sh[kBlock];
+    const int64_t cell = blockIdx.x, KK = d.KH * d.KW, c = cell / KK;
+    const int kh = int(cell % KK / d.KW), kw = int(cell % d.KW), stride = int(d.stride);
+    const int off_h = kh * int(d.dilation) - int(d.padding), off_w = kw * int(d.dilation) - int(d.padding);
+    int p_lo, p_hi, q_lo, q_hi;
+    depthwise_valid_range(off_h, int(d.H), stride, int(d.P), p_lo, p_hi);
+    depthwise_valid_range(off_w, int(d.W), stride, int(d.Q), q_lo, q_hi);
+    double acc = 0.0;
+    if (p_lo < p_hi && q_lo < q_hi) {  // else the tap only ever reads padding
+        for (BoxWalk at(p_hi - p_lo, q_hi - q_lo, int(threadIdx.x), int(blockDim.x)); at.n < d.N; at.next()) {
+            const int64_t plane = at.n * d.C + c, p = p_lo + at.p, q = q_lo + at.q;
+            const float g = float(dy[(plane * d.P + p) * d.Q + q]);
+            acc += double(g * float(x[(plane * d.H + p * stride + off_h) * d.W + q * stride + off_w]));
+        }
+    }
+    acc = detail::block_reduce(acc, sh, detail::SumOp{});
+    if (threadIdx.x == 0) dw[cell] = T(float(dw[cell]) + float(acc));
+}
+
 // ---- launchers ----------------------------------------------------------------------------------------
 namespace {
 
@@ -390,9 +540,78 @@ void nchw_to_rows(const T* dy, const ConvDims& d, int64_t n0, int64_t k, T* rows
 // padding (LeNet's first layer: 6 channels, Kc = 25), and the float kernel's 16×128 tiles fit.
 bool conv_wmma_fits(const ConvDims& d) { return d.Og >= 16 && d.Kc >= 16; }
 
+// ---- depthwise --------------------------------------------------------------------------------------
+// The CPU's rule (cpu::conv2d_algo): one filter per channel, one channel per filter.
+bool is_depthwise(const Conv2dParams& p) { return p.groups == p.C && p.O == p.C; }
+
+// The element-wise depthwise kernels may index with int when x's and y's element counts, plus
+// the grid-stride loop's last step past the end (≤ 1024 blocks of kBlock: blocks_for), stay
+// below 2^31. Otherwise they take int64_t (and the 64-bit divisions that come with it).
+bool depthwise_int_indices(const ConvDims& d) {
+    return d.N * d.C * std::max(d.H * d.W, d.P * d.Q) + int64_t(1024) * kBlock <= 0x7fffffff;
+}
+
+// 1-D grid over y (forward) or dx (backward data), block 256.
+template <typename I, typename T>
+void depthwise_forward_indexed(const T* x, const T* w, const T* b, T* y, const ConvDims& d) {
+    constexpr auto depthwise_forward = depthwise_forward_kernel<T, I>;
+    const dim3 grid(blocks_for(d.N * d.C * d.P * d.Q)), block(kBlock);
+    KILN_LAUNCH(depthwise_forward, grid, block, 0)(x, w, b, y, d);
+    KILN_CHECK_LAUNCH(depthwise_forward, grid, block);
+}
+
+template <typename I, typename T>
+void depthwise_backward_data_indexed(const T* dy, const T* w, T* dx, const ConvDims& d) {
+    constexpr auto depthwise_backward_data = depthwise_backward_data_kernel<T, I>;
+    const dim3 grid(blocks_for(d.N * d.C * d.H * d.W)), block(kBlock);
+    KILN_LAUNCH(depthwise_backward_data, grid, block, 0)(dy, w, dx, d);
+    KILN_CHECK_LAUNCH(depthwise_backward_data, grid, block);
+}
+
+template <typename T>
+void conv2d_forward_depthwise(const T* x, const T* w, const T* b, T* y, const Conv2dParams& p) {
+    check_conv2d_params(p, "cuda::conv2d_forward (depthwise)");
+    if (p.N == 0) return;
+    const ConvDims d = dims_of(p);
+    if (depthwise_int_indices(d)) depthwise_forward_indexed<int>(x, w, b, y, d);
+    else depthwise_forward_indexed<int64_t>(x, w, b, y, d);
+}
+
+template <typename T>
+void conv2d_backward_data_depthwise(const T* dy, const T* w, T* dx, const Conv2dParams& p) {
+    check_conv2d_params(p, "cuda::conv2d_backward_data (depthwise)");
+    if (p.N == 0) return;
+    const ConvDims d = dims_of(p);
+    if (depthwise_int_indices(d)) depthwise_backward_data_indexed<int>(dy, w, dx, d);
+    else depthwise_backward_data_indexed<int64_t>(dy, w, dx, d);
+}
+
+// db: bias_grad_kernel (one block per channel); dw: one block of kBlock per (c, kh, kw).
+template <typename T>
+void conv2d_backward_weight_depthwise(const T* x, const T* dy, T* dw, T* db, const Conv2dParams& p) {
+    check_conv2d_params(p, "cuda::conv2d_backward_weight (depthwise)");
+    if (p.N == 0) return;
+    const ConvDims d = dims_of(p);
+    KILN_CHECK(d.N <= 0x7fffffff && d.H * d.W <= 0x7fffffff && d.P * d.Q <= 0x7fffffff &&
+                   d.C * d.KH * d.KW <= 0x7fffffff,
+               "cuda::conv2d_backward_weight (depthwise): N=", d.N, ", H·W=", d.H * d.W, " or C·KH·KW=",
+               d.C * d.KH * d.KW, " exceed the 32-bit positions or the grid of its dw kernel");
+    if (db) {
+        const dim3 grid(unsigned(d.C)), block(kBlock);
+        KILN_LAUNCH(bias_grad_kernel<T>, grid, block, 0)(dy, d, db);
+        KILN_CHECK_LAUNCH(bias_grad_kernel<T>, grid, block);
+    }
+    const dim3 grid(unsigned(d.C * d.KH * d.KW)), block(kBlock);
+    KILN_LAUNCH(depthwise_backward_weight_kernel<T>, grid, block, 0)(x, dy, dw, d);
+    KILN_CHECK_LAUNCH(depthwise_backward_weight_kernel<T>, grid, block);
+}
+
 }  // namespace
 
-ConvAlgo conv2d_algo(const Conv2dParams& p) { return p.Og() < 64 ? ConvAlgo::ImplicitGemm : ConvAlgo::Im2col; }
+ConvAlgo conv2d_algo(const Conv2dParams& p) {
+    if (is_depthwise(p)) return ConvAlgo::Depthwise;
+    return p.Og() < 64 ? ConvAlgo::ImplicitGemm : ConvAlgo::Im2col;
+}
 
 int64_t conv2d_col_elems_per_image(const Conv2dParams& p) {
     return (p.C * p.KH * p.KW + p.O) * p.P() * p.Q();  // its columns + its rows of y (or dy)
@@ -473,16 +692,20 @@ template void conv2d_forward_implicit_gemm_wmma<f16>(const f16*, const f16*, con
 template void conv2d_forward_implicit_gemm_wmma<bf16>(const bf16*, const bf16*, const bf16*, bf16*,
                                                       const Conv2dParams&);
 
+// Depthwise shapes take the direct kernel; the others the strategy conv2d_algo names.
 template <typename T>
 void conv2d_forward(const T* x, const T* w, const T* b, T* y, const Conv2dParams& p, T* col, int64_t col_images) {
+    if (is_depthwise(p)) return conv2d_forward_depthwise(x, w, b, y, p);
     if (cuda::conv2d_algo(p) == ConvAlgo::ImplicitGemm)
         return conv2d_forward_implicit_gemm(x, w, b, y, p, col, col_images);
     conv2d_forward_im2col(x, w, b, y, p, col, col_images);
 }
 
 // Per chunk: rows = dy;   dcols[g·Kc.., L] = w[g·Og.., Kc]ᵀ · rows[g·Og.., L];   dx = col2im(dcols)
+// (depthwise: the direct gather, no workspace)
 template <typename T>
 void conv2d_backward_data(const T* dy, const T* w, T* dx, const Conv2dParams& p, T* col, int64_t col_images) {
+    if (is_depthwise(p)) return conv2d_backward_data_depthwise(dy, w, dx, p);
     check_conv2d_params(p, "cuda::conv2d_backward_data");
     if (p.N == 0) return;
     check_workspace(p, col, col_images, "cuda::conv2d_backward_data");
@@ -500,9 +723,10 @@ void conv2d_backward_data(const T* dy, const T* w, T* dx, const Conv2dParams& p,
 }
 
 // db[o] += Σ dy[:, o];   per chunk: cols = im2col(x), rows = dy,
-//   dw[g·Og.., Kc] += rows[g·Og.., L] · cols[g·Kc.., L]ᵀ
+//   dw[g·Og.., Kc] += rows[g·Og.., L] · cols[g·Kc.., L]ᵀ        (depthwise: the direct kernels, no workspace)
 template <typename T>
 void conv2d_backward_weight(const T* x, const T* dy, T* dw, T* db, const Conv2dParams& p, T* col, int64_t col_images) {
+    if (is_depthwise(p)) return conv2d_backward_weight_depthwise(x, dy, dw, db, p);
     check_conv2d_params(p, "cuda::conv2d_backward_weight");
     if (p.N == 0) return;
     check_workspace(p, col, col_images, "cuda::conv2d_backward_weight");

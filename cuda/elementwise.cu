@@ -1,7 +1,7 @@
 // elementwise.cu — the CUDA twins of src/ops/cpu/elementwise.cpp: fill, add, mul, axpy, scale, ReLU
-// forward and backward, and the dtype conversions. Each is the CPU loop body run by one thread
-// per element, a template on the element type T (float, f16, bf16): read as float, compute in
-// float, round once on the store.
+// forward and backward (with ReLU6's upper bound), and the dtype conversions. Each is the CPU
+// loop body run by one thread per element, a template on the element type T (float, f16, bf16):
+// read as float, compute in float, round once on the store.
 //
 // How they work: thread t of block b handles element i = b·T + t, then i + gridDim.x·T, ...
 // (a grid-stride loop), so one launch shape serves any n. Consecutive threads of a warp touch
@@ -57,18 +57,22 @@ __global__ void scale_kernel(T* x, int64_t n, float s) {
         x[i] = T(float(x[i]) * s);
 }
 
-// y[i] = max(x[i], 0)
+// y[i] = min(max(x[i], 0), cap)    (cap = +∞: ReLU; 6: ReLU6)
 template <typename T>
-__global__ void relu_forward_kernel(const T* x, T* y, int64_t n) {
+__global__ void relu_forward_kernel(const T* x, T* y, int64_t n, float cap) {
     for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
-        y[i] = T(fmaxf(float(x[i]), 0.0f));
+        y[i] = T(fminf(fmaxf(float(x[i]), 0.0f), cap));
 }
 
-// dx[i] = dy[i]·[y[i] > 0]    (y is ReLU's output)
+// dx[i] = dy[i]·[0 < y[i] < cap]    (y is the layer's output; without a cap only y > 0 is asked)
 template <typename T>
-__global__ void relu_backward_kernel(const T* y, const T* dy, T* dx, int64_t n) {
-    for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
-        dx[i] = float(y[i]) > 0.0f ? dy[i] : T(0.0f);
+__global__ void relu_backward_kernel(const T* y, const T* dy, T* dx, int64_t n, float cap) {
+    const bool capped = isfinite(cap);
+    for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
+        const float v = float(y[i]);
+        const bool inside = (v > 0.0f) & (!capped | (v < cap));
+        dx[i] = inside ? dy[i] : T(0.0f);
+    }
 }
 
 // y[i] = cast<To>(x[i])   (core/dtype.h: the same rounding as the CPU's, bit for bit)
@@ -121,15 +125,15 @@ void scale(T* x, int64_t n, float s) {
 }
 
 template <typename T>
-void relu_forward(const T* x, T* y, int64_t n) {
+void relu_forward(const T* x, T* y, int64_t n, float cap) {
     constexpr auto relu_forward_kernel_t = relu_forward_kernel<T>;
-    KILN_LAUNCH_1D(relu_forward_kernel_t, n, x, y, n);
+    KILN_LAUNCH_1D(relu_forward_kernel_t, n, x, y, n, cap);
 }
 
 template <typename T>
-void relu_backward(const T* y, const T* dy, T* dx, int64_t n) {
+void relu_backward(const T* y, const T* dy, T* dx, int64_t n, float cap) {
     constexpr auto relu_backward_kernel_t = relu_backward_kernel<T>;
-    KILN_LAUNCH_1D(relu_backward_kernel_t, n, y, dy, dx, n);
+    KILN_LAUNCH_1D(relu_backward_kernel_t, n, y, dy, dx, n, cap);
 }
 
 template <typename From, typename To>

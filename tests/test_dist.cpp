@@ -147,3 +147,33 @@ TEST_CASE("ZeRO-1's memory table: the optimizer state divided by the ranks", "[l
                         Contains(format_bytes(16000000)) && Contains(format_bytes(9000000)));
     REQUIRE_THROWS_WITH(zero_memory_table(10, 1, {0}), Contains("a world of 0 ranks"));
 }
+
+TEST_CASE("ZeRO-1's pieces without a communicator: every element kept by exactly one rank", "[lesson12][cpu][dist][zero]") {
+    Rng rng(3);
+    std::unique_ptr<Sequential> net = mlp(rng, 24, 16);  // 784·24+24, 24·16+16, 16·10+10 = 19,410 parameters
+    net->pack();
+    const std::vector<Parameter*> params = net->parameters();
+    const int64_t slab = net->grads_view().numel();  // the 19,410 and the gaps that align each tensor
+    REQUIRE(slab >= 19410);
+    for (int world : {1, 2, 8}) {
+        INFO("world " << world);
+        std::vector<int64_t> total(params.size(), 0);
+        int64_t rank0 = 0;
+        for (int r = 0; r < world; r++) {
+            const std::vector<int64_t> e = zero_state_elements(*net, r, world);
+            REQUIRE(e.size() == params.size());
+            for (size_t i = 0; i < e.size(); i++) total[i] += e[i];
+            if (r == 0) for (int64_t n : e) rank0 += n;
+        }
+        for (size_t i = 0; i < params.size(); i++) CHECK(total[i] == params[i]->value.numel());
+        // rank 0 owns the slab's first ⌈slab / (16·world)⌉·16 elements: over 2 or 8 ranks all of
+        // them within the first weight (784·24 = 18,816 elements); alone, every parameter (the
+        // gaps between them hold no parameter)
+        CHECK(rank0 == (world == 1 ? 19410 : (slab + 16 * world - 1) / (16 * world) * 16));
+    }
+    // the first weight starts the slab and is cut between the 2 ranks at rank 0's piece's end
+    const int64_t half = (slab + 31) / 32 * 16;
+    CHECK(zero_state_elements(*net, 0, 2)[0] == half);
+    CHECK(zero_state_elements(*net, 1, 2)[0] == 18816 - half);
+    REQUIRE_THROWS_WITH(zero_state_elements(*net, 2, 2), Contains("0 <= rank < world"));
+}

@@ -11,6 +11,7 @@
 // The engine's kernels come from libkiln.a, declared in ops/cuda_ops.h and gemm_versions.h;
 // the lab never copies them. cuBLAS and cuDNN are linked into the lab binaries only.
 #pragma once
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -20,6 +21,7 @@
 #include <vector>
 
 #include "kiln_cuda.h"
+#include "ops/params.h"
 
 #ifdef KILN_CUDA
 #include <cublas_v2.h>
@@ -214,6 +216,61 @@ void time_versions(const std::vector<Version>& versions, int chosen, Run run, co
     }
     std::printf("bench %s_%s: %.1f %s\n", problem.c_str(), reference, work / (reference_ms * 1e-3), unit);
 }
+
+#ifdef KILN_CUDA
+// The reference of the convolution pages: cuDNN's forward of p in f32 (y = conv(x, w) + b, b may
+// be null; groups as p says), FMA math only (no TF32), with the fastest algorithm
+// cudnnFindConvolutionForwardAlgorithm reports. Runs it once into y, validates that with
+// check("cudnn_algoN") (ok becomes the check's result), then returns its time in milliseconds.
+template <typename Check>
+double cudnn_conv2d_forward(const Conv2dParams& p, const float* x, const float* w, const float* b, float* y,
+                            const std::string& problem, Check check, bool& ok) {
+    cudnnHandle_t handle;
+    CUDNN_CHECK(cudnnCreate(&handle));
+    cudnnTensorDescriptor_t x_desc, y_desc, b_desc;
+    cudnnFilterDescriptor_t w_desc;
+    cudnnConvolutionDescriptor_t conv_desc;
+    CUDNN_CHECK(cudnnCreateTensorDescriptor(&x_desc));
+    CUDNN_CHECK(cudnnCreateTensorDescriptor(&y_desc));
+    CUDNN_CHECK(cudnnCreateTensorDescriptor(&b_desc));
+    CUDNN_CHECK(cudnnCreateFilterDescriptor(&w_desc));
+    CUDNN_CHECK(cudnnCreateConvolutionDescriptor(&conv_desc));
+    CUDNN_CHECK(cudnnSetTensor4dDescriptor(x_desc, CUDNN_TENSOR_NCHW, CUDNN_DATA_FLOAT, int(p.N), int(p.C), int(p.H),
+                                           int(p.W)));
+    CUDNN_CHECK(cudnnSetTensor4dDescriptor(y_desc, CUDNN_TENSOR_NCHW, CUDNN_DATA_FLOAT, int(p.N), int(p.O), int(p.P()),
+                                           int(p.Q())));
+    CUDNN_CHECK(cudnnSetTensor4dDescriptor(b_desc, CUDNN_TENSOR_NCHW, CUDNN_DATA_FLOAT, 1, int(p.O), 1, 1));
+    CUDNN_CHECK(cudnnSetFilter4dDescriptor(w_desc, CUDNN_DATA_FLOAT, CUDNN_TENSOR_NCHW, int(p.O), int(p.Cg()),
+                                           int(p.KH), int(p.KW)));
+    CUDNN_CHECK(cudnnSetConvolution2dDescriptor(conv_desc, int(p.padding), int(p.padding), int(p.stride),
+                                                int(p.stride), int(p.dilation), int(p.dilation),
+                                                CUDNN_CROSS_CORRELATION, CUDNN_DATA_FLOAT));
+    CUDNN_CHECK(cudnnSetConvolutionGroupCount(conv_desc, int(p.groups)));
+    CUDNN_CHECK(cudnnSetConvolutionMathType(conv_desc, CUDNN_FMA_MATH));
+    cudnnConvolutionFwdAlgoPerf_t perf[CUDNN_CONVOLUTION_FWD_ALGO_COUNT];
+    int found = 0;
+    CUDNN_CHECK(cudnnFindConvolutionForwardAlgorithm(handle, x_desc, w_desc, conv_desc, y_desc,
+                                                     CUDNN_CONVOLUTION_FWD_ALGO_COUNT, &found, perf));
+    KILN_CHECK(found > 0 && perf[0].status == CUDNN_STATUS_SUCCESS, "cuDNN found no forward algorithm for ", problem);
+    DeviceArray<char> workspace(std::max<size_t>(perf[0].memory, 1));
+    const float one = 1.0f, zero = 0.0f;
+    const auto forward = [&] {
+        CUDNN_CHECK(cudnnConvolutionForward(handle, &one, x_desc, x, w_desc, w, conv_desc, perf[0].algo,
+                                            workspace.get(), perf[0].memory, &zero, y_desc, y));
+        if (b) CUDNN_CHECK(cudnnAddTensor(handle, &one, b_desc, b, &one, y_desc, y));
+    };
+    forward();
+    ok = check("cudnn_algo" + std::to_string(int(perf[0].algo)));
+    const double ms = time_ms(forward);
+    CUDNN_CHECK(cudnnDestroyConvolutionDescriptor(conv_desc));
+    CUDNN_CHECK(cudnnDestroyFilterDescriptor(w_desc));
+    CUDNN_CHECK(cudnnDestroyTensorDescriptor(b_desc));
+    CUDNN_CHECK(cudnnDestroyTensorDescriptor(y_desc));
+    CUDNN_CHECK(cudnnDestroyTensorDescriptor(x_desc));
+    CUDNN_CHECK(cudnnDestroy(handle));
+    return ms;
+}
+#endif
 
 // main's body for every lab file: runs body, turns kiln::Error (a failed CUDA call, a bad
 // argument) into a message and exit status 2; a validation failure is exit status 1.

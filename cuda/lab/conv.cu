@@ -128,50 +128,8 @@ bool run_layer(int chosen, const Layer& layer) {
         check);
     if (!ok) return false;
 #ifdef KILN_CUDA
-    cudnnHandle_t handle;
-    CUDNN_CHECK(cudnnCreate(&handle));
-    cudnnTensorDescriptor_t x_desc, y_desc, b_desc;
-    cudnnFilterDescriptor_t w_desc;
-    cudnnConvolutionDescriptor_t conv_desc;
-    CUDNN_CHECK(cudnnCreateTensorDescriptor(&x_desc));
-    CUDNN_CHECK(cudnnCreateTensorDescriptor(&y_desc));
-    CUDNN_CHECK(cudnnCreateTensorDescriptor(&b_desc));
-    CUDNN_CHECK(cudnnCreateFilterDescriptor(&w_desc));
-    CUDNN_CHECK(cudnnCreateConvolutionDescriptor(&conv_desc));
-    CUDNN_CHECK(cudnnSetTensor4dDescriptor(x_desc, CUDNN_TENSOR_NCHW, CUDNN_DATA_FLOAT, int(p.N), int(p.C), int(p.H),
-                                           int(p.W)));
-    CUDNN_CHECK(cudnnSetTensor4dDescriptor(y_desc, CUDNN_TENSOR_NCHW, CUDNN_DATA_FLOAT, int(p.N), int(p.O), int(P),
-                                           int(Q)));
-    CUDNN_CHECK(cudnnSetTensor4dDescriptor(b_desc, CUDNN_TENSOR_NCHW, CUDNN_DATA_FLOAT, 1, int(p.O), 1, 1));
-    CUDNN_CHECK(cudnnSetFilter4dDescriptor(w_desc, CUDNN_DATA_FLOAT, CUDNN_TENSOR_NCHW, int(p.O), int(p.Cg()),
-                                           int(p.KH), int(p.KW)));
-    CUDNN_CHECK(cudnnSetConvolution2dDescriptor(conv_desc, int(p.padding), int(p.padding), int(p.stride),
-                                                int(p.stride), int(p.dilation), int(p.dilation),
-                                                CUDNN_CROSS_CORRELATION, CUDNN_DATA_FLOAT));
-    CUDNN_CHECK(cudnnSetConvolutionGroupCount(conv_desc, int(p.groups)));
-    CUDNN_CHECK(cudnnSetConvolutionMathType(conv_desc, CUDNN_FMA_MATH));
-    cudnnConvolutionFwdAlgoPerf_t perf[CUDNN_CONVOLUTION_FWD_ALGO_COUNT];
-    int found = 0;
-    CUDNN_CHECK(cudnnFindConvolutionForwardAlgorithm(handle, x_desc, w_desc, conv_desc, y_desc,
-                                                     CUDNN_CONVOLUTION_FWD_ALGO_COUNT, &found, perf));
-    KILN_CHECK(found > 0 && perf[0].status == CUDNN_STATUS_SUCCESS, "cuDNN found no forward algorithm for ", problem);
-    DeviceArray<char> cudnn_workspace(std::max<size_t>(perf[0].memory, 1));
-    const float one = 1.0f, zero = 0.0f;
-    const auto cudnn_forward = [&] {
-        CUDNN_CHECK(cudnnConvolutionForward(handle, &one, x_desc, dx.get(), w_desc, dw.get(), conv_desc, perf[0].algo,
-                                            cudnn_workspace.get(), perf[0].memory, &zero, y_desc, dy.get()));
-        if (bias) CUDNN_CHECK(cudnnAddTensor(handle, &one, b_desc, bias, &one, y_desc, dy.get()));
-    };
     dy.poison();
-    cudnn_forward();
-    ok = check("cudnn_algo" + std::to_string(int(perf[0].algo)));
-    const double cudnn_ms = time_ms(cudnn_forward);
-    CUDNN_CHECK(cudnnDestroyConvolutionDescriptor(conv_desc));
-    CUDNN_CHECK(cudnnDestroyFilterDescriptor(w_desc));
-    CUDNN_CHECK(cudnnDestroyTensorDescriptor(b_desc));
-    CUDNN_CHECK(cudnnDestroyTensorDescriptor(y_desc));
-    CUDNN_CHECK(cudnnDestroyTensorDescriptor(x_desc));
-    CUDNN_CHECK(cudnnDestroy(handle));
+    const double cudnn_ms = cudnn_conv2d_forward(p, dx.get(), dw.get(), bias, dy.get(), problem, check, ok);
     const double gflop = 2.0 * double(y_count) * double(p.Cg() * p.KH * p.KW) / 1e9;
     time_versions(kVersions, chosen, launch, problem, gflop, "GFLOP/s", cudnn_ms, "cudnn");
 #endif

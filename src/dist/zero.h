@@ -80,6 +80,13 @@ private:
     std::unique_ptr<Optimizer> inner_;
 };
 
+// For each of the (packed) model's parameters, in order: how many of its elements rank `rank` of
+// `world` updates and keeps optimizer state for under ZeRO-1 — what ZeroOptimizer::state_elements
+// reports on that rank, computed without a communicator (the memory model's ZeRO-1 prediction
+// for a world this machine cannot run). The slab is cut as the optimizer cuts it: even pieces
+// of 64 bytes.
+std::vector<int64_t> zero_state_elements(Module& model, int rank, int world);
+
 // Memory per rank of the model's state in f32 — parameters, gradients, optimizer state (k slabs:
 // state_slabs in train/memory_model.h) — for each world size in `ranks`, with and without ZeRO-1:
 //   stage 0: 4·P + 4·P + 4·k·P        stage 1: 4·P + 4·P + 4·k·P / p

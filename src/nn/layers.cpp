@@ -1,4 +1,4 @@
-// layers.cpp — Linear, ReLU, Flatten, Sequential, CrossEntropyLoss.
+// layers.cpp — Linear, ReLU and ReLU6, Flatten, Sequential, CrossEntropyLoss.
 #include "nn/layers.h"
 
 #include <algorithm>
@@ -62,25 +62,31 @@ LayerMemory Linear::memory(const Shape& in, Device) const {
     return m;
 }
 
-// ---- ReLU ----------------------------------------------------------------------------------
-Tensor ReLU::forward(const Tensor& x) {
+// ---- ReLU, ReLU6 ---------------------------------------------------------------------------
+CappedReLU::CappedReLU(Mode mode, float cap, std::string name) : Module(std::move(name)), mode(mode), cap_(cap) {}
+
+ReLU::ReLU(Mode mode, std::string name) : CappedReLU(mode, kNoCap, std::move(name)) {}
+
+ReLU6::ReLU6(Mode mode, std::string name) : CappedReLU(mode, 6.0f, std::move(name)) {}
+
+Tensor CappedReLU::forward(const Tensor& x) {
     Tensor y = x;  // in place: y is x's bytes, overwritten
-    if (mode == InPlace) relu_(y);
-    else y = relu(x);
+    if (mode == InPlace) relu_(y, cap_);
+    else y = relu(x, cap_);
     if (keeps_cache()) y_ = y;
     return y;
 }
 
-Tensor ReLU::backward(const Tensor& dy) {
+Tensor CappedReLU::backward(const Tensor& dy) {
     KILN_CHECK(y_.defined(), name(), ": backward without a training-mode forward");
     Tensor y = y_;
     y_ = Tensor();
     if (!dy.defined()) return Tensor();  // no one needs dx (input_needs_grad below us is false)
-    return relu_backward(y, dy);
+    return relu_backward(y, dy, cap_);
 }
 
 // y [in] kept instead of x; in place, y is written over x (no y allocated).
-LayerMemory ReLU::memory(const Shape& in, Device) const {
+LayerMemory CappedReLU::memory(const Shape& in, Device) const {
     LayerMemory m;
     m.output = in;
     m.in_place = mode == InPlace;

@@ -30,34 +30,58 @@ private:
     DType in_dtype_ = DType::F32;  // the input's own type: dx goes back in it
 };
 
-// y = max(x, 0);  dx = dy · [y > 0]   (an undefined dy, when no one needs dx, gives an undefined dx)
+// The ReLU family: y = min(max(x, 0), cap);  dx = dy · [0 < y < cap]   (an undefined dy, when no
+// one needs dx, gives an undefined dx). ReLU is cap = +∞ (then dx = dy · [y > 0]), ReLU6 cap = 6.
+// Both are this class with their cap; the ops are relu, relu_ and relu_backward with that cap
+// (ops/ops.h). They are two types, not one, so that code asking "is this a ReLU?" (quantization
+// fusing a ReLU into the conv before it, model surgery) is not told yes for a ReLU6.
 //
 // In place (ReLU::InPlace, PyTorch's nn.ReLU(inplace=True)): y is written over x's bytes, so
 // the layer allocates nothing — x and y are never both alive (one activation fewer at the
 // peak), and a step arena, which frees nothing before its reset, holds one activation fewer per
-// ReLU. Backward needs only y's sign, and y is what the layer keeps. The rule: in place is allowed when no one else
+// ReLU. Backward needs only where y lies, and y is what the layer keeps: 0 < y < cap exactly when
+// 0 < x < cap. The rule: in place is allowed when no one else
 // reads x afterwards — not the layer before for its backward, not anyone in the forward:
 //   after BatchNorm     yes: BN keeps its input and statistics, not its output
 //   after MaxPool2d     yes: it keeps the argmax indices
 //   after Linear, Conv  yes: they keep their input (for dW), not their output
 //   after GELU          yes: GELU keeps its input
+//   after a Residual    yes: the sum it returns is kept by no one (a ResNet block's last ReLU)
 //   after a layer whose backward reads its own output (sigmoid, tanh, softmax, a ReLU): no
 //   first in a network, a Residual's body or a Checkpoint: no — x is the data, the input the
 //                       shortcut adds, or the input the Checkpoint recomputes from
 // The model builder decides (models.cpp); the values computed are the same either way.
-class ReLU : public Module {
+class CappedReLU : public Module {
 public:
     enum Mode { OutOfPlace, InPlace };
-    explicit ReLU(Mode mode = OutOfPlace, std::string name = "relu") : Module(std::move(name)), mode(mode) {}
     Tensor forward(const Tensor& x) override;
     Tensor backward(const Tensor& dy) override;
-    // y [in] allocated and kept (not x: backward needs only y's sign); dx [in] in backward.
+    // y [in] allocated and kept (not x: backward needs only y); dx [in] in backward.
     LayerMemory memory(const Shape& in, Device device) const override;
+    float cap() const { return cap_; }
 
     Mode mode;
 
+protected:
+    CappedReLU(Mode mode, float cap, std::string name);
+
 private:
-    Tensor y_;  // the output: its sign is all backward needs
+    float cap_;
+    Tensor y_;  // the output: where it lies in [0, cap] is all backward needs
+};
+
+// y = max(x, 0);  dx = dy · [y > 0]
+class ReLU : public CappedReLU {
+public:
+    explicit ReLU(Mode mode = OutOfPlace, std::string name = "relu");
+};
+
+// y = min(max(x, 0), 6);  dx = dy · [0 < x < 6], strict at both ends as PyTorch's nn.ReLU6
+// (hardtanh(x, 0, 6), whose backward passes dy only where min_val < x < max_val). MobileNetV2's
+// activation (chapter 13): bounded, so it keeps its range in low precision.
+class ReLU6 : public CappedReLU {
+public:
+    explicit ReLU6(Mode mode = OutOfPlace, std::string name = "relu6");
 };
 
 // [N, C, H, W] -> [N, C·H·W]: a view, no copy; backward reshapes dy back (an undefined dy, when

@@ -1,6 +1,7 @@
 // models.cpp — the chapters' networks.
 #include "nn/models.h"
 
+#include <algorithm>
 #include <string>
 
 #include "nn/conv.h"
@@ -14,8 +15,8 @@ namespace kiln {
 // Each builder packs the model (Module::pack): parameters and gradients in two slabs.
 // Children are named like the layers of the PyTorch scripts they mirror, so the checkpoint keys
 // read "fc1.weight", "block1a.conv.weight"; layers without parameters keep their position
-// ("0", "2", ...). Every ReLU follows a layer that does not keep its output for backward (a
-// Linear, a max-pool, a BN), so it runs in place (layers.h has the rule).
+// ("0", "2", ...). Every ReLU (and ReLU6) follows a layer that does not keep its output for
+// backward (a Linear, a max-pool, a BN, a Residual's sum), so it runs in place (layers.h has the rule).
 std::unique_ptr<Sequential> softmax_regression(Rng& rng) {
     auto m = std::make_unique<Sequential>("softmax-regression");
     m->emplace<Flatten>();
@@ -112,6 +113,117 @@ std::unique_ptr<Sequential> make_deep_net(Rng& rng, int64_t depth, int64_t width
     }
     m->add("pool", std::make_unique<GlobalAvgPool>());
     m->add("head", std::make_unique<Linear>(width, 10, rng));
+    m->pack();
+    return m;
+}
+
+// ---- MobileNetV2 (chapter 13) -----------------------------------------------------------------
+// torchvision's _make_divisible: v to the nearest multiple of `divisor` (at least divisor), one
+// multiple more if that rounded it down by more than 10%.
+static int64_t make_divisible(double v, int64_t divisor = 8) {
+    int64_t r = std::max(divisor, int64_t(v + double(divisor) / 2) / divisor * divisor);
+    if (double(r) < 0.9 * v) r += divisor;
+    return r;
+}
+
+// conv k×k (padding k/2, no bias; groups = 1, or depthwise) -> BN [-> ReLU6 in place], children
+// "conv", "bn", "relu6": torchvision's Conv2dNormActivation, or the linear projection without it.
+static std::unique_ptr<Sequential> conv_bn_relu6(int64_t in, int64_t out, int64_t kernel, int64_t stride,
+                                                 int64_t groups, Rng& rng, bool activation = true) {
+    auto m = std::make_unique<Sequential>(activation ? "conv-bn-relu6" : "conv-bn");
+    m->add("conv", std::make_unique<Conv2d>(in, out, kernel, rng, ConvOptions{stride, kernel / 2, 1, groups, false}));
+    m->add("bn", std::make_unique<BatchNorm2d>(out));
+    if (activation) m->add("relu6", std::make_unique<ReLU6>(ReLU6::InPlace));
+    return m;
+}
+
+// The inverted residual: expand (unless t = 1), depthwise, project; inside a Residual when the
+// shape stays (stride 1, in = out). The expand's input is the block's (kept by its conv, and by
+// the shortcut): no activation ever writes over it.
+static std::unique_ptr<Module> inverted_residual(int64_t in, int64_t out, int64_t stride, int64_t t, Rng& rng) {
+    const int64_t hidden = in * t;
+    auto body = std::make_unique<Sequential>("inverted-residual");
+    if (t != 1) body->add("expand", conv_bn_relu6(in, hidden, 1, 1, 1, rng));
+    body->add("depthwise", conv_bn_relu6(hidden, hidden, 3, stride, hidden, rng));
+    body->add("project", conv_bn_relu6(hidden, out, 1, 1, 1, rng, false));
+    if (stride == 1 && in == out) return std::make_unique<Residual>(std::move(body));
+    return body;
+}
+
+std::unique_ptr<Sequential> mobilenet_v2(Rng& rng, int64_t classes, float width_mult) {
+    KILN_CHECK(classes > 0 && width_mult > 0.0f, "mobilenet_v2: classes ", classes, " and width_mult ", width_mult,
+               " must be positive");
+    struct Stage { int64_t t, c, n, s; };
+    // torchvision's table, with stage 2's stride 2 made 1 for 32×32 inputs.
+    const Stage stages[] = {{1, 16, 1, 1}, {6, 24, 2, 1}, {6, 32, 3, 2}, {6, 64, 4, 2},
+                            {6, 96, 3, 1}, {6, 160, 3, 2}, {6, 320, 1, 1}};
+    const double w = width_mult;
+    auto m = std::make_unique<Sequential>("mobilenet-v2");
+    int64_t in = make_divisible(32 * w);
+    m->add("stem", conv_bn_relu6(3, in, 3, 1, 1, rng));
+    int64_t stage = 1;
+    for (const Stage& st : stages) {
+        const int64_t out = make_divisible(double(st.c) * w);
+        for (int64_t i = 0; i < st.n; i++) {
+            const std::string name = "block" + std::to_string(stage) + char('a' + i);
+            m->add(name, inverted_residual(in, out, i == 0 ? st.s : 1, st.t, rng));
+            in = out;
+        }
+        stage++;
+    }
+    const int64_t last = make_divisible(1280 * std::max(1.0, w));
+    m->add("last", conv_bn_relu6(in, last, 1, 1, 1, rng));
+    m->add("pool", std::make_unique<GlobalAvgPool>());
+    m->add("head", std::make_unique<Linear>(last, classes, rng));
+    m->pack();
+    return m;
+}
+
+// ---- ResNet-50 (chapter 13) -------------------------------------------------------------------
+// relu(body(x) + shortcut(x)) as a Sequential: "residual" (a Residual, "body" and, where the
+// shape changes, the projection "shortcut") and "relu". The ReLU writes over the sum, which
+// nothing keeps; the block's input stays untouched for conv1 and the shortcut (and a Checkpoint).
+static std::unique_ptr<Sequential> bottleneck(int64_t in, int64_t width, int64_t stride, Rng& rng) {
+    const int64_t out = 4 * width;
+    const ConvOptions one{1, 0, 1, 1, false}, three{stride, 1, 1, 1, false};
+    auto body = std::make_unique<Sequential>("bottleneck-body");
+    body->add("conv1", std::make_unique<Conv2d>(in, width, 1, rng, one));
+    body->add("bn1", std::make_unique<BatchNorm2d>(width));
+    body->add("relu1", std::make_unique<ReLU>(ReLU::InPlace));
+    body->add("conv2", std::make_unique<Conv2d>(width, width, 3, rng, three));
+    body->add("bn2", std::make_unique<BatchNorm2d>(width));
+    body->add("relu2", std::make_unique<ReLU>(ReLU::InPlace));
+    body->add("conv3", std::make_unique<Conv2d>(width, out, 1, rng, one));
+    body->add("bn3", std::make_unique<BatchNorm2d>(out));
+    std::unique_ptr<Sequential> shortcut;
+    if (stride != 1 || in != out) {
+        shortcut = std::make_unique<Sequential>("projection");
+        shortcut->add("conv", std::make_unique<Conv2d>(in, out, 1, rng, ConvOptions{stride, 0, 1, 1, false}));
+        shortcut->add("bn", std::make_unique<BatchNorm2d>(out));
+    }
+    auto block = std::make_unique<Sequential>("bottleneck");
+    block->add("residual", std::make_unique<Residual>(std::move(body), std::move(shortcut)));
+    block->add("relu", std::make_unique<ReLU>(ReLU::InPlace));
+    return block;
+}
+
+std::unique_ptr<Sequential> resnet50(Rng& rng, int64_t classes, bool recompute) {
+    KILN_CHECK(classes > 0, "resnet50: classes ", classes, " must be positive");
+    struct Stage { int64_t width, n, s; };
+    const Stage stages[] = {{64, 3, 1}, {128, 4, 2}, {256, 6, 2}, {512, 3, 2}};
+    auto m = std::make_unique<Sequential>("resnet50");
+    m->add("stem", conv_bn_relu(3, 64, rng));
+    int64_t in = 64, stage = 1;
+    for (const Stage& st : stages) {
+        for (int64_t i = 0; i < st.n; i++) {
+            const std::string name = "block" + std::to_string(stage) + char('a' + i);
+            m->add(name, maybe_checkpoint(bottleneck(in, st.width, i == 0 ? st.s : 1, rng), recompute));
+            in = 4 * st.width;
+        }
+        stage++;
+    }
+    m->add("pool", std::make_unique<GlobalAvgPool>());
+    m->add("head", std::make_unique<Linear>(in, classes, rng));
     m->pack();
     return m;
 }

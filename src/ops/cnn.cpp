@@ -67,11 +67,13 @@ void check_conv_bias(const Tensor& b, const Conv2dParams& p, const char* op, con
         KILN_CHECK(b.ndim() == 1 && b.size(0) == p.O, op, ": '", name, "' should be [", p.O, "] but is ", b.desc());
 }
 
-// Elements of workspace one image needs for a pass on a device: the CPU's direct paths need none,
-// nor does the CUDA forward by implicit GEMM; every other pass unfolds images into columns.
+// Elements of workspace one image needs for a pass on a device: the direct depthwise paths (CPU
+// and CUDA) and the CPU's pointwise one need none, nor does the CUDA forward by implicit GEMM;
+// every other pass unfolds images into columns.
 int64_t col_per_image(const Conv2dParams& p, Device device, bool forward) {
     if (!on_cuda(device)) return cpu::conv2d_col_elems_per_image(p);
-    if (forward && cuda::conv2d_algo(p) == ConvAlgo::ImplicitGemm) return 0;
+    const ConvAlgo algo = cuda::conv2d_algo(p);
+    if (algo == ConvAlgo::Depthwise || (forward && algo == ConvAlgo::ImplicitGemm)) return 0;
     return cuda::conv2d_col_elems_per_image(p);
 }
 

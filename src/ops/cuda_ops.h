@@ -21,8 +21,8 @@ template <typename T> void add(const T* a, const T* b, T* y, int64_t n);
 template <typename T> void mul(const T* a, const T* b, T* y, int64_t n);
 template <typename T> void axpy(float alpha, const T* x, T* y, int64_t n);
 template <typename T> void scale(T* x, int64_t n, float s);
-template <typename T> void relu_forward(const T* x, T* y, int64_t n);
-template <typename T> void relu_backward(const T* y, const T* dy, T* dx, int64_t n);
+template <typename T> void relu_forward(const T* x, T* y, int64_t n, float cap);
+template <typename T> void relu_backward(const T* y, const T* dy, T* dx, int64_t n, float cap);
 template <typename From, typename To> void convert(const From* x, To* y, int64_t n);
 
 // ---- rows of an N×C matrix (reduce.cu) -------------------------------------------------------
@@ -77,9 +77,9 @@ bool unscale_and_check(float* g, int64_t n, float inv_scale);
 // the batch is done that many images at a time) and the same results: dx is overwritten,
 // dw and db accumulate, b and db may be null. Templates on the element type T (float, f16 or
 // bf16), like the CPU's; cuda/conv.cu explains each kernel.
-ConvAlgo conv2d_algo(const Conv2dParams& p);  // the forward strategy: ImplicitGemm or Im2col
-// (C·KH·KW + O)·P·Q: one image's columns and its rows of y (or dy). Every shape needs it, since
-// the backward passes always unfold; only the implicit-GEMM forward leaves it unused.
+ConvAlgo conv2d_algo(const Conv2dParams& p);  // the strategy: Depthwise, else ImplicitGemm or Im2col
+// (C·KH·KW + O)·P·Q: one image's columns and its rows of y (or dy). Every shape but a depthwise
+// one needs it, since the backward passes unfold; the implicit-GEMM forward leaves it unused.
 int64_t conv2d_col_elems_per_image(const Conv2dParams& p);
 
 // The forward by conv2d_algo(p), and each strategy by name (one signature, so the kernel lab

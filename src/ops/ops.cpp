@@ -94,35 +94,43 @@ void scale_(Tensor& x, float s) {
     });
 }
 
-Tensor relu(const Tensor& x) {
+// cap: +∞ (ReLU) or a positive bound (ReLU6's 6); 0, a negative or a NaN bound is a mistake.
+static void check_cap(float cap, const char* op) {
+    KILN_CHECK(cap > 0.0f, op, ": the upper bound cap must be positive (kNoCap for plain ReLU), got ", cap);
+}
+
+Tensor relu(const Tensor& x, float cap) {
     check_args("relu", {{x, "x"}});
+    check_cap(cap, "relu");
     Tensor y = Tensor::empty(x.shape(), x.dtype(), x.device(), Category::Activation);
     for_dtype(x, [&](auto tag) {
         using T = decltype(tag);
-        if (on_cuda(x)) cuda::relu_forward(x.data<T>(), y.data<T>(), x.numel());
-        else cpu::relu_forward(x.data<T>(), y.data<T>(), x.numel());
+        if (on_cuda(x)) cuda::relu_forward(x.data<T>(), y.data<T>(), x.numel(), cap);
+        else cpu::relu_forward(x.data<T>(), y.data<T>(), x.numel(), cap);
     });
     return y;
 }
 
 // The same kernel with its output over its input: each element is read before it is written.
-void relu_(Tensor& x) {
+void relu_(Tensor& x, float cap) {
     check_args("relu_", {{x, "x"}});
+    check_cap(cap, "relu_");
     for_dtype(x, [&](auto tag) {
         using T = decltype(tag);
-        if (on_cuda(x)) cuda::relu_forward(x.data<T>(), x.data<T>(), x.numel());
-        else cpu::relu_forward(x.data<T>(), x.data<T>(), x.numel());
+        if (on_cuda(x)) cuda::relu_forward(x.data<T>(), x.data<T>(), x.numel(), cap);
+        else cpu::relu_forward(x.data<T>(), x.data<T>(), x.numel(), cap);
     });
 }
 
-Tensor relu_backward(const Tensor& y, const Tensor& dy) {
+Tensor relu_backward(const Tensor& y, const Tensor& dy, float cap) {
     check_args("relu_backward", {{y, "y"}, {dy, "dy"}});
     check_same_shape(y, dy, "relu_backward");
+    check_cap(cap, "relu_backward");
     Tensor dx = Tensor::empty(y.shape(), y.dtype(), y.device(), Category::Activation);
     for_dtype(y, [&](auto tag) {
         using T = decltype(tag);
-        if (on_cuda(y)) cuda::relu_backward(y.data<T>(), dy.data<T>(), dx.data<T>(), y.numel());
-        else cpu::relu_backward(y.data<T>(), dy.data<T>(), dx.data<T>(), y.numel());
+        if (on_cuda(y)) cuda::relu_backward(y.data<T>(), dy.data<T>(), dx.data<T>(), y.numel(), cap);
+        else cpu::relu_backward(y.data<T>(), dy.data<T>(), dx.data<T>(), y.numel(), cap);
     });
     return dx;
 }

@@ -26,8 +26,9 @@ template <typename T> void add(const T* a, const T* b, T* y, int64_t n);        
 template <typename T> void mul(const T* a, const T* b, T* y, int64_t n);              // y = a ⊙ b (y may be a)
 template <typename T> void axpy(float alpha, const T* x, T* y, int64_t n);            // y += alpha·x
 template <typename T> void scale(T* x, int64_t n, float s);                           // x *= s
-template <typename T> void relu_forward(const T* x, T* y, int64_t n);                 // y = max(x, 0)
-template <typename T> void relu_backward(const T* y, const T* dy, T* dx, int64_t n);  // dx = dy·[y > 0]
+// ReLU with an upper bound (ops.h relu): cap = +∞ for ReLU, 6 for ReLU6.
+template <typename T> void relu_forward(const T* x, T* y, int64_t n, float cap);      // y = min(max(x, 0), cap)
+template <typename T> void relu_backward(const T* y, const T* dy, T* dx, int64_t n, float cap);  // dx = dy·[0 < y < cap]
 // y[i] = cast<To>(x[i]) (dtype.h: floats round to nearest even, integers also saturate), for
 // every pair of the six element types: what Tensor::to(DType) runs.
 template <typename From, typename To> void convert(const From* x, To* y, int64_t n);
@@ -41,8 +42,8 @@ template <typename From, typename To> void convert(const From* x, To* y, int64_t
     template void mul<T>(const T*, const T*, T*, int64_t);                  \
     template void axpy<T>(float, const T*, T*, int64_t);                    \
     template void scale<T>(T*, int64_t, float);                             \
-    template void relu_forward<T>(const T*, T*, int64_t);                   \
-    template void relu_backward<T>(const T*, const T*, T*, int64_t);
+    template void relu_forward<T>(const T*, T*, int64_t, float);            \
+    template void relu_backward<T>(const T*, const T*, T*, int64_t, float);
 #define KILN_CONVERT(From, To) template void convert<From, To>(const From*, To*, int64_t);
 
 // ---- rows of an N×C matrix (reduce.cpp) ------------------------------------------------------

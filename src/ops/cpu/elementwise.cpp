@@ -1,7 +1,8 @@
 // elementwise.cpp — CPU kernels that touch each element once: fill, add, mul, axpy, scale, ReLU
-// and the dtype conversions. Each is one parallel_for (core/parallel.h) whose chunks g++ vectorizes; memory
-// bandwidth is the limit. The kernels for tensors are templates on the element type T (float,
-// f16, bf16): read as float, compute, round once. (The optimizers' fused updates are in optim.cpp.)
+// (and ReLU6: the same kernels with an upper bound) and the dtype conversions. Each is one
+// parallel_for (core/parallel.h) whose chunks g++ vectorizes; memory bandwidth is the limit.
+// The kernels for tensors are templates on the element type T (float, f16, bf16): read as
+// float, compute, round once. (The optimizers' fused updates are in optim.cpp.)
 #include <algorithm>
 #include <cmath>
 
@@ -50,19 +51,27 @@ template <typename T> void scale(T* x, int64_t n, float s) {
     });
 }
 
-template <typename T> void relu_forward(const T* x, T* y, int64_t n) {
+// y = min(max(x, 0), cap): ReLU with cap = +∞ (the min then changes nothing), ReLU6 with cap = 6.
+template <typename T> void relu_forward(const T* x, T* y, int64_t n, float cap) {
     parallel_for(n, kParallelMin, [&](int64_t i0, int64_t i1) {
 #pragma omp simd
-        for (int64_t i = i0; i < i1; i++) y[i] = T(std::max(float(x[i]), 0.0f));
+        for (int64_t i = i0; i < i1; i++) y[i] = T(std::min(std::max(float(x[i]), 0.0f), cap));
     });
 }
 
-// The gradient flows where the output was positive: dx = dy · [y > 0].
-template <typename T> void relu_backward(const T* y, const T* dy, T* dx, int64_t n) {
+// The gradient flows where the output is strictly inside (0, cap): dx = dy · [0 < y < cap].
+// Without a cap (ReLU) only y > 0 is asked, so y = +∞ lets dy through.
+template <typename T> void relu_backward(const T* y, const T* dy, T* dx, int64_t n, float cap) {
     const T zero = T(0.0f);
+    const bool capped = std::isfinite(cap);
     parallel_for(n, kParallelMin, [&](int64_t i0, int64_t i1) {
 #pragma omp simd
-        for (int64_t i = i0; i < i1; i++) dx[i] = float(y[i]) > 0.0f ? dy[i] : zero;
+        for (int64_t i = i0; i < i1; i++) {
+            const float v = float(y[i]);
+            // & and |, not && and ||: no branch in the loop, so g++ vectorizes it
+            const bool inside = (v > 0.0f) & (!capped | (v < cap));
+            dx[i] = inside ? dy[i] : zero;
+        }
     });
 }
 
