@@ -103,6 +103,9 @@ TEST_CASE("hooks run around forward and backward, may replace results, and can b
     HookHandle post = fc2.register_forward_hook([&](Module& m, const Tensor&, Tensor& y) {
         log.push_back("forward " + m.name() + " " + y.shape().str());
     });
+    HookHandle back_pre = net->module_at("fc3").register_backward_pre_hook([&](Module& m, const Tensor& dy) {
+        log.push_back("backward pre " + m.name() + " " + dy.shape().str());
+    });
     HookHandle back = net->module_at("fc3").register_backward_hook([&](Module& m, const Tensor& dy, Tensor& dx) {
         log.push_back("backward " + m.name() + " " + dy.shape().str() + " -> " + dx.shape().str());
         dx = Tensor::zeros(dx.shape());  // what reaches fc2: nothing
@@ -110,15 +113,18 @@ TEST_CASE("hooks run around forward and backward, may replace results, and can b
     Tensor x = Tensor::ones({3, 1, 28, 28});
     net->call(x);
     net->call_backward(Tensor::ones({3, 10}));
-    REQUIRE(log == std::vector<std::string>{"pre fc2 [3, 8]", "forward fc2 [3, 4]", "backward fc3 [3, 10] -> [3, 4]"});
+    REQUIRE(log == std::vector<std::string>{"pre fc2 [3, 8]", "forward fc2 [3, 4]", "backward pre fc3 [3, 10]",
+                                            "backward fc3 [3, 10] -> [3, 4]"});
     REQUIRE(static_cast<Linear&>(fc2).weight.grad.get({0, 0}) == 0);  // the hook's zero dx reached fc2
     REQUIRE(static_cast<Linear&>(fc2).bias.grad.get({0}) == 0);
     pre.remove();
     post.remove();
+    back_pre.remove();
     back.remove();
     pre.remove();  // twice: nothing
     log.clear();
     net->call(x);
+    net->call_backward(Tensor::ones({3, 10}));
     REQUIRE(log.empty());
 }
 

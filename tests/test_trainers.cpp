@@ -20,6 +20,7 @@
 #include "train/cli.h"
 #include "train/fit.h"
 #include "train/loop.h"
+#include "train/time_report.h"
 
 using namespace kiln;
 
@@ -124,10 +125,23 @@ TEST_CASE("lesson 13: the capstone net's first losses (whitened, identity-starte
     StepOptions step{&arena, 0.0f};
     step.label_smoothing = 0.2f;
     std::vector<float> losses;
-    for (int i = 0; i < 5; i++) losses.push_back(train_step(*model, sgd, x, y, step).loss);
+    StepTimer timer(*model, Device::CPU);  // --time-report: timing changes nothing the step computes
+    for (int i = 0; i < 5; i++) {
+        timer.step_begins();
+        timer.batch_loaded();
+        losses.push_back(train_step(*model, sgd, x, y, step).loss);
+        timer.step_ends();
+    }
     // memorizing the batch; label smoothing 0.2 keeps the loss above H(q) = 0.8669 (10 classes)
     require_close(losses, {2.2947035f, 1.7909223f, 1.6515040f, 0.9371973f, 0.9112704f}, 2e-3);
     REQUIRE(losses.back() > 0.8668f);
+    const TimeReport& t = timer.report();
+    REQUIRE(t.steps == 4);
+    REQUIRE(t.layers.size() == 27);  // stem, its GELU, 3 × 7 in the blocks, pool, flatten, head, scale
+    CHECK(t.layers[9].name == "block2a.conv");
+    CHECK(t.layers[9].output == Shape{32, 256, 15, 15});
+    CHECK(t.layers[9].backward > 0);
+    CHECK(t.step >= t.in_layers());
 }
 
 TEST_CASE("lesson 02: a short run's loss falls", "[trainer][cpu][lesson02]") {

@@ -5,6 +5,7 @@
 //   make lesson-13 ARGS='--amp bf16'            # much faster on a CPU with AVX512-BF16 (chapter 09)
 //   make lesson-13 ARGS='--limit 5000 --epochs 1'   # a quick look
 //   make lesson-13 ARGS='--no-lookahead --tta 0'    # take a trick out, to see what it buys
+//   make lesson-13 ARGS='--time-report 5 --time-svg time.svg'   # an epoch's time by layer, then stop
 //
 // The network is chapter 06's cifar_net at airbench's widths (src/train/airbench.h):
 //   x [N,3,32,32] -> conv 2×2 3→24 (+bias), GELU -> 3 × block(conv 3×3, max-pool 2, BN, GELU,
@@ -42,6 +43,7 @@
 #include "train/evaluate.h"     // defines: evaluate, evaluate_views
 #include "train/fit.h"          // defines: report
 #include "train/loop.h"         // defines: train_step, StepOptions
+#include "train/time_report.h"  // defines: StepTimer, format_time_report
 
 using namespace kiln;
 
@@ -58,6 +60,8 @@ struct Flags {
     bool no_whitening = false;      // the first conv keeps its random initialization and trains
     bool no_dirac = false;
     int tta = 2;                    // 0: the images alone, 1: + mirrors, 2: + 1-pixel shifts
+    int time_report = 0;            // > 0: time this many steps (after the first) by layer, print, stop
+    std::string time_svg;           // with --time-report: the figure of it, to this file
     bool eval_each_epoch = false;
 };
 
@@ -123,8 +127,12 @@ int main(int argc, char** argv) try {
     cli.add("--no-dirac", &f.no_dirac, "the 3×3 convs keep their random initialization");
     cli.add("--tta", &f.tta, "test-time views: 0 the images alone, 1 with mirrors, 2 with mirrors and 1-pixel shifts");
     cli.add("--eval-each-epoch", &f.eval_each_epoch, "score the test images (alone) after every epoch");
+    cli.add("--time-report", &f.time_report, "time N steps after the first, layer by layer, print an epoch's budget and stop");
+    cli.add("--time-svg", &f.time_svg, "with --time-report: also draw it, to this .svg file");
     cli.parse(argc, argv);
     KILN_CHECK(f.tta >= 0 && f.tta <= 2, "lesson-13: --tta ", f.tta, " must be 0, 1 or 2");
+    KILN_CHECK(f.time_report >= 0, "lesson-13: --time-report ", f.time_report, " must count steps: 1 or more (0: off)");
+    KILN_CHECK(f.time_svg.empty() || f.time_report > 0, "lesson-13: --time-svg draws --time-report's table; add --time-report N");
     KILN_CHECK(f.common.save.empty() && f.common.resume.empty() && f.common.accumulate == 1,
                "lesson-13: --save, --resume and --accumulate are not supported by this trainer (chapter 07's are)");
     Device device = f.common.apply();
@@ -165,6 +173,18 @@ int main(int argc, char** argv) try {
                 (long long)train_set.n, dtype_name(f.common.amp));
 
     const StepOptions step_options{&arena, 0.0f, 1, nullptr, f.common.amp, f.smoothing};
+    std::unique_ptr<StepTimer> timer;  // --time-report
+    if (f.time_report > 0) timer = std::make_unique<StepTimer>(*net, device);
+    const auto print_time_report = [&] {
+        std::printf("%s", format_time_report(timer->report(), train.num_batches()).c_str());
+        if (!f.time_svg.empty()) {
+            write_time_report_svg(timer->report(), f.time_svg,
+                                  "lesson-13: one step of batch " + std::to_string(f.common.batch_size) + ", amp " +
+                                      dtype_name(f.common.amp));
+            std::printf("wrote %s\n", f.time_svg.c_str());
+        }
+        return 0;
+    };
     double train_seconds = 0;
     int64_t step = 0;
     for (int epoch = 0; epoch < f.common.epochs; ++epoch) {
@@ -175,13 +195,21 @@ int main(int argc, char** argv) try {
         double loss = 0;
         int64_t correct = 0, seen = 0;
         Batch b;
-        while (train.next(b)) {
+        const auto next = [&] {
+            if (timer) timer->step_begins();
+            const bool more = train.next(b);
+            if (timer && more) timer->batch_loaded();
+            return more;
+        };
+        while (next()) {
             const StepResult r = train_step(*net, sgd, b.x, b.y, step_options);
             KILN_CHECK(r.finite(), "lesson-13: the loss or the gradients stopped being finite at step ", step);
             schedule.step();
             ++step;
             // Lookahead: decay 0.95⁵ · (step/steps)³, every 5 steps; the last step takes the average.
             if (lookahead && step % 5 == 0) lookahead->update(*net, float(std::pow(0.95, 5) * std::pow(double(step) / double(steps), 3)));
+            if (timer) timer->step_ends();
+            if (timer && timer->steps_timed() == f.time_report) return print_time_report();
             loss += double(r.loss) * double(b.size());
             correct += r.correct;
             seen += b.size();
@@ -194,6 +222,7 @@ int main(int argc, char** argv) try {
         std::printf("\n");
         std::fflush(stdout);
     }
+    if (timer) return print_time_report();  // fewer steps than asked for
     if (lookahead) lookahead->update(*net, 1.0f);
     const double plain = evaluate(*net, test, &arena);
     const double acc = test_accuracy(f, *net, test_set, test);

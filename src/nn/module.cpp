@@ -11,8 +11,9 @@ struct Module::Hooks {
     uint64_t next_id = 1;
     std::vector<std::pair<uint64_t, ForwardPreHook>> forward_pre;
     std::vector<std::pair<uint64_t, ForwardHook>> forward;
+    std::vector<std::pair<uint64_t, BackwardPreHook>> backward_pre;
     std::vector<std::pair<uint64_t, BackwardHook>> backward;
-    bool empty() const { return forward_pre.empty() && forward.empty() && backward.empty(); }
+    bool empty() const { return forward_pre.empty() && forward.empty() && backward_pre.empty() && backward.empty(); }
 };
 
 Module::Module(std::string name) : label_(std::move(name)) {}
@@ -61,6 +62,7 @@ Tensor Module::call_with_hooks(const Tensor& x) {
 }
 
 Tensor Module::call_backward_with_hooks(const Tensor& dy) {
+    for (auto& [id, hook] : hooks_->backward_pre) hook(*this, dy);
     Tensor dx = backward(dy);
     for (auto& [id, hook] : hooks_->backward) hook(*this, dy, dx);
     return dx;
@@ -83,6 +85,11 @@ HookHandle Module::register_forward_hook(ForwardHook hook) {
     return HookHandle(this, append(hooks_->forward, hooks_->next_id++, std::move(hook)));
 }
 
+HookHandle Module::register_backward_pre_hook(BackwardPreHook hook) {
+    if (!hooks_) hooks_ = std::make_unique<Hooks>();
+    return HookHandle(this, append(hooks_->backward_pre, hooks_->next_id++, std::move(hook)));
+}
+
 HookHandle Module::register_backward_hook(BackwardHook hook) {
     if (!hooks_) hooks_ = std::make_unique<Hooks>();
     return HookHandle(this, append(hooks_->backward, hooks_->next_id++, std::move(hook)));
@@ -97,6 +104,7 @@ void HookHandle::remove() {
     };
     drop(hooks->forward_pre);
     drop(hooks->forward);
+    drop(hooks->backward_pre);
     drop(hooks->backward);
     if (hooks->empty()) hooks.reset();  // back to the hook-free path
 }

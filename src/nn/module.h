@@ -74,11 +74,14 @@ struct LayerMemory {
     bool releases_before_dx = false; // backward lets its cache go before it allocates dx (Linear)
 };
 
-// Hooks (PyTorch's register_forward_pre_hook, register_forward_hook and
-// register_full_backward_hook): run by call() and call_backward() around forward and backward.
-// A forward hook may replace the output y, a backward hook the input gradient dx.
+// Hooks (PyTorch's register_forward_pre_hook, register_forward_hook,
+// register_full_backward_pre_hook and register_full_backward_hook): run by call() and
+// call_backward() around forward and backward. A forward hook may replace the output y, a
+// backward hook the input gradient dx. A backward pre-hook only looks at dy (PyTorch's may
+// replace it; no kiln hook needs that).
 using ForwardPreHook = std::function<void(Module& m, const Tensor& x)>;
 using ForwardHook = std::function<void(Module& m, const Tensor& x, Tensor& y)>;
+using BackwardPreHook = std::function<void(Module& m, const Tensor& dy)>;
 using BackwardHook = std::function<void(Module& m, const Tensor& dy, Tensor& dx)>;
 
 // What register_*_hook returns: remove() takes the hook off again (once). It must not outlive
@@ -148,6 +151,7 @@ public:
     // ---- hooks ------------------------------------------------------------------------
     HookHandle register_forward_pre_hook(ForwardPreHook hook);
     HookHandle register_forward_hook(ForwardHook hook);
+    HookHandle register_backward_pre_hook(BackwardPreHook hook);
     HookHandle register_backward_hook(BackwardHook hook);
 
     // ---- the tree ---------------------------------------------------------------------

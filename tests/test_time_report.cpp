@@ -1,0 +1,150 @@
+// test_time_report.cpp — the step timer and its report (src/train/time_report.h), with layers
+// that sleep for known times: each layer is charged at least its own sleeps, forward apart from
+// backward, the first step is not timed, the rest of the step is what no layer ran, and the
+// hooks go when the timer does; then the table and the figure.
+//
+//   make test T='[time]'
+#include <catch2/catch.hpp>
+
+#include <chrono>
+#include <cstdlib>
+#include <fstream>
+#include <memory>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "fixtures.h"
+#include "nn/layers.h"
+#include "train/time_report.h"
+
+using namespace kiln;
+
+namespace {
+
+void sleep_ms(int ms) { std::this_thread::sleep_for(std::chrono::milliseconds(ms)); }
+
+// Sleeps `forward_ms` in forward and `backward_ms` in backward; passes x and dy through.
+class Sleeper : public Module {
+public:
+    Sleeper(int forward_ms, int backward_ms) : Module("sleeper"), forward_ms_(forward_ms), backward_ms_(backward_ms) {}
+    Tensor forward(const Tensor& x) override {
+        sleep_ms(forward_ms_);
+        return x;
+    }
+    Tensor backward(const Tensor& dy) override {
+        sleep_ms(backward_ms_);
+        return dy;
+    }
+
+private:
+    int forward_ms_, backward_ms_;
+};
+
+std::unique_ptr<Sequential> two_sleepers() {
+    auto m = std::make_unique<Sequential>("net");
+    m->add("a", std::make_unique<Sleeper>(4, 8));
+    m->add("b", std::make_unique<Sleeper>(2, 1));
+    return m;
+}
+
+// One step as a trainer runs it: 3 ms loading the batch, the model, 5 ms outside the layers.
+void step(StepTimer& timer, Module& model) {
+    timer.step_begins();
+    sleep_ms(3);
+    timer.batch_loaded();
+    model.call(Tensor::ones({2, 3}));
+    model.call_backward(Tensor::ones({2, 3}));
+    sleep_ms(5);
+    timer.step_ends();
+}
+
+// The numbers of the report's row that starts with `name` ("12.5%" as 12.5; a shape's "[8," skipped).
+std::vector<double> numbers_in_row(const std::string& report, const std::string& name) {
+    std::istringstream lines(report);
+    for (std::string line; std::getline(lines, line);) {
+        if (line.compare(0, name.size() + 1, name + " ") != 0) continue;
+        std::istringstream words(line.substr(name.size()));
+        std::vector<double> numbers;
+        for (std::string w; words >> w;) {
+            if (!w.empty() && w.back() == '%') w.pop_back();
+            char* end = nullptr;
+            const double v = std::strtod(w.c_str(), &end);
+            if (!w.empty() && *end == '\0') numbers.push_back(v);
+        }
+        return numbers;
+    }
+    return {};
+}
+
+}  // namespace
+
+TEST_CASE("the step timer charges each layer its own forward and backward, after the untimed first step",
+          "[time][cpu][lesson13]") {
+    auto net = two_sleepers();
+    StepTimer timer(*net, Device::CPU, /*skip=*/1);
+    for (int i = 0; i < 4; ++i) step(timer, *net);
+    const TimeReport& r = timer.report();
+    REQUIRE(r.steps == 3);  // the first of 4 not timed
+    REQUIRE(r.layers.size() == 2);  // the layers, not the Sequential
+    CHECK(r.layers[0].name == "a");
+    CHECK(r.layers[1].name == "b");
+    CHECK(r.layers[0].output == Shape{2, 3});
+    // Lower bounds are the sleeps (3 steps each); upper bounds only catch a layer charged another's time.
+    CHECK(r.layers[0].forward >= 3 * 0.004);
+    CHECK(r.layers[0].forward < 3 * 0.008);
+    CHECK(r.layers[0].backward >= 3 * 0.008);
+    CHECK(r.layers[1].forward >= 3 * 0.002);
+    CHECK(r.layers[1].forward < 3 * 0.004);
+    CHECK(r.layers[1].backward >= 3 * 0.001);
+    CHECK(r.layers[1].backward < 3 * 0.004);
+    CHECK(r.data >= 3 * 0.003);
+    CHECK(r.data < 3 * 0.006);
+    CHECK(r.outside() >= 3 * 0.005 * 0.9);  // the step's rest: its 5 ms sleep (clock reads apart)
+    CHECK(r.step >= r.data + r.in_layers());
+}
+
+TEST_CASE("the time report prints a row per layer, the batch, the rest and the step, scaled to an epoch",
+          "[time][cpu][lesson13]") {
+    TimeReport r;
+    r.steps = 2;
+    r.layers = {{"conv", Shape{8, 4, 6, 6}, 0.010, 0.030}, {"fc", Shape{8, 10}, 0.002, 0.002}};
+    r.data = 0.004;
+    r.step = 0.100;  // 50 ms a step: conv 20 ms (40%), fc 2 ms, data 2 ms, outside 26 ms
+    const std::string s = format_time_report(r, 100);
+    INFO(s);
+    CHECK(s.find("the mean of 2 timed steps, 100 steps per epoch") != std::string::npos);
+    CHECK(s.find("conv                         [8, 4, 6, 6]") != std::string::npos);
+    // forward, backward, total ms per step; share %; seconds per epoch
+    CHECK(numbers_in_row(s, "conv") == std::vector<double>{5, 15, 20, 40, 2});
+    CHECK(numbers_in_row(s, "fc") == std::vector<double>{1, 1, 2, 4, 0.2});
+    CHECK(numbers_in_row(s, "(loading the batch)") == std::vector<double>{2, 4, 0.2});
+    CHECK(numbers_in_row(s, "(outside the layers)") == std::vector<double>{26, 52, 2.6});
+    CHECK(numbers_in_row(s, "step") == std::vector<double>{50, 100, 5});
+    REQUIRE_THROWS_WITH(format_time_report(TimeReport{}, 10), Catch::Contains("no step was timed"));
+
+    // The figure: a bar per layer (forward and backward), the batch's and the outside's.
+    test::TempDir dir;
+    const std::string svg_path = dir.file("time.svg");
+    write_time_report_svg(r, svg_path, "two layers");
+    std::ifstream in(svg_path);
+    const std::string svg((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    CHECK(svg.find(">conv</text>") != std::string::npos);
+    CHECK(svg.find(">(outside the layers)</text>") != std::string::npos);
+    CHECK(svg.find(">two layers</text>") != std::string::npos);
+    REQUIRE_THROWS_WITH(write_time_report_svg(r, dir.file("no/such/dir/t.svg"), "x"), Catch::Contains("no/such/dir"));
+}
+
+TEST_CASE("the step timer's hooks go with it", "[time][cpu][lesson13]") {
+    auto net = two_sleepers();
+    {
+        StepTimer timer(*net, Device::CPU, 0);
+        step(timer, *net);
+        REQUIRE(timer.steps_timed() == 1);
+    }
+    // The hooks would write into the destroyed timer: sanitizers (make test SAN=1) would see it.
+    net->call(Tensor::ones({2, 3}));
+    net->call_backward(Tensor::ones({2, 3}));
+    REQUIRE_THROWS_WITH(StepTimer(*net, Device::CPU, -1), Catch::Contains("skip is -1"));
+}
