@@ -127,6 +127,13 @@ TEST_CASE("ReLU6 clamps to [0, 6]; its gradient passes strictly inside (0, 6)", 
     CHECK(values(relu(big)) == std::vector<float>{0, 0, 6, inf});
     CHECK(values(relu_backward(relu(big), tensor_of({4}, {1, 2, 3, 4}))) == std::vector<float>{0, 0, 3, 4});
     CHECK(values(relu_backward(relu(big, 6.0f), tensor_of({4}, {1, 2, 3, 4}), 6.0f)) == std::vector<float>{0, 0, 0, 0});
+    // A NaN stays NaN through both, as with torch.relu and torch.nn.functional.relu6, and -∞ gives 0.
+    const Tensor odd = tensor_of({2}, {std::nanf(""), -inf});
+    for (float cap : {inf, 6.0f}) {
+        const std::vector<float> y = values(relu(odd, cap));
+        CHECK(std::isnan(y[0]));
+        CHECK(y[1] == 0);
+    }
     REQUIRE_THROWS_WITH(relu(big, 0.0f), Catch::Contains("relu: the upper bound cap must be positive"));
     REQUIRE_THROWS_WITH(relu_backward(big, big, -1.0f), Catch::Contains("relu_backward: the upper bound"));
 }

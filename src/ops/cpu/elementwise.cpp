@@ -52,10 +52,17 @@ template <typename T> void scale(T* x, int64_t n, float s) {
 }
 
 // y = min(max(x, 0), cap): ReLU with cap = +∞ (the min then changes nothing), ReLU6 with cap = 6.
+// Written as two selects, in std::max's and std::min's order (a NaN stays NaN), with cap captured
+// by value: std::min and std::max return references, and with them (and cap read through a
+// reference y might alias) g++ left this loop scalar, with branches: 4.6× slower than a copy of
+// the same tensor (measured on a Zen 3, 18.9 M floats).
 template <typename T> void relu_forward(const T* x, T* y, int64_t n, float cap) {
-    parallel_for(n, kParallelMin, [&](int64_t i0, int64_t i1) {
+    parallel_for(n, kParallelMin, [=](int64_t i0, int64_t i1) {
 #pragma omp simd
-        for (int64_t i = i0; i < i1; i++) y[i] = T(std::min(std::max(float(x[i]), 0.0f), cap));
+        for (int64_t i = i0; i < i1; i++) {
+            const float v = float(x[i]), positive = v < 0.0f ? 0.0f : v;
+            y[i] = T(cap < positive ? cap : positive);
+        }
     });
 }
 
@@ -64,7 +71,7 @@ template <typename T> void relu_forward(const T* x, T* y, int64_t n, float cap) 
 template <typename T> void relu_backward(const T* y, const T* dy, T* dx, int64_t n, float cap) {
     const T zero = T(0.0f);
     const bool capped = std::isfinite(cap);
-    parallel_for(n, kParallelMin, [&](int64_t i0, int64_t i1) {
+    parallel_for(n, kParallelMin, [=](int64_t i0, int64_t i1) {  // by value, as relu_forward
 #pragma omp simd
         for (int64_t i = i0; i < i1; i++) {
             const float v = float(y[i]);
