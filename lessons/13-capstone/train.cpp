@@ -60,7 +60,7 @@ struct Flags {
     bool no_whitening = false;      // the first conv keeps its random initialization and trains
     bool no_dirac = false;
     int tta = 2;                    // 0: the images alone, 1: + mirrors, 2: + 1-pixel shifts
-    int time_report = 0;            // > 0: time this many steps (after the first) by layer, print, stop
+    int time_report = 0;            // > 0: time this many steps (after the first two) by layer, print, stop
     std::string time_svg;           // with --time-report: the figure of it, to this file
     bool eval_each_epoch = false;
 };
@@ -127,7 +127,7 @@ int main(int argc, char** argv) try {
     cli.add("--no-dirac", &f.no_dirac, "the 3×3 convs keep their random initialization");
     cli.add("--tta", &f.tta, "test-time views: 0 the images alone, 1 with mirrors, 2 with mirrors and 1-pixel shifts");
     cli.add("--eval-each-epoch", &f.eval_each_epoch, "score the test images (alone) after every epoch");
-    cli.add("--time-report", &f.time_report, "time N steps after the first, layer by layer, print an epoch's budget and stop");
+    cli.add("--time-report", &f.time_report, "time N steps after the first two, layer by layer, print an epoch's budget and stop");
     cli.add("--time-svg", &f.time_svg, "with --time-report: also draw it, to this .svg file");
     cli.parse(argc, argv);
     KILN_CHECK(f.tta >= 0 && f.tta <= 2, "lesson-13: --tta ", f.tta, " must be 0, 1 or 2");

@@ -19,8 +19,9 @@
 // steps; a layer run twice in a step (recomputed in backward, chapter 08) is charged twice. What
 // runs outside every layer — the loss, clearing gradients, the optimizer, Lookahead — is the
 // step's time less the layers' and the batch's.
-// The first `skip` steps are not timed: the first step grows the arena, allocates the packing
-// buffers and touches fresh pages. On CUDA each hook synchronizes the device first, so a layer
+// The first `skip` steps are not timed: the first step grows the arena in chunks, allocates the
+// packing buffers and touches fresh pages; reset() then trades the chunks for one slab, whose
+// pages the second step touches for the first time (each first touch a page fault: zeroing 4 KiB). On CUDA each hook synchronizes the device first, so a layer
 // is charged its kernels rather than their launches (and the step runs slower than untimed).
 #pragma once
 #include <chrono>
@@ -53,7 +54,7 @@ class StepTimer {
 public:
     // Registers the hooks on every layer of `model` (which must outlive the timer) and times the
     // steps after the first `skip`.
-    StepTimer(Module& model, Device device, int skip = 1);
+    StepTimer(Module& model, Device device, int skip = 2);
     ~StepTimer();  // removes the hooks
     StepTimer(const StepTimer&) = delete;
     StepTimer& operator=(const StepTimer&) = delete;

@@ -53,8 +53,8 @@
 // ---- f16 and bf16 ------------------------------------------------------------------------------
 // The same code for T = float, f16 and bf16: x, w, b, y, dy, dx, dw, db and the workspace all
 // hold T. The GEMMs (gemm.h) sum in f32 and round their output once; the direct loops sum in
-// float (or double) and round once; scatters (col2im, depthwise) add into a float plane
-// (F32Plane, cnn_ops.h) rounded once. Two places round twice:
+// float (or double) and round once; scatters (col2im, depthwise's dx) add into a float plane
+// (F32Plane, cnn_ops.h; depthwise's is padded) rounded once. Two places round twice:
 //   dx (Im2col)  the GEMM's dcol is stored in T, then col2im adds up to KH·KW of its entries
 //                (in f32) and rounds again: |dx_T − dx| ≤ 2u·Σ|terms| rather than u.
 //   dw           adding image after image into a dw of T would round once per image (and in
