@@ -19,11 +19,13 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <type_traits>
 
 #include "core/error.h"
 #include "core/parallel.h"
 #include "core/rng.h"
 #include "ops/cpu/cnn_ops.h"
+#include "ops/cpu/convert_simd.h"
 
 namespace kiln::cpu {
 namespace {
@@ -266,38 +268,72 @@ inline float exp_nonpositive(float t) {
 // thread count — the bits do not depend on it.
 constexpr int64_t kSimdBlock = 4096;
 
+// The two GELU loops in f32, over one block: y = GELU(x) and dx = dy · GELU'(x).
+void gelu_block(const float* x, float* y, int64_t n) {
+    constexpr float kInvSqrt2 = 0.70710678118654752f;
+#pragma omp simd
+    for (int64_t i = 0; i < n; i++) y[i] = 0.5f * x[i] * (1.0f + erf_approx(x[i] * kInvSqrt2));
+}
+
+void gelu_backward_block(const float* x, const float* dy, float* dx, int64_t n) {
+    constexpr float kInvSqrt2 = 0.70710678118654752f, kInvSqrt2Pi = 0.39894228040143268f;
+#pragma omp simd
+    for (int64_t i = 0; i < n; i++) {
+        const float v = x[i];
+        const float cdf = 0.5f * (1.0f + erf_approx(v * kInvSqrt2));
+        const float pdf = kInvSqrt2Pi * exp_nonpositive(-0.5f * v * v);
+        dx[i] = dy[i] * (cdf + v * pdf);
+    }
+}
+
+// Runs block(i0, count) over [0, n) in blocks of kSimdBlock, the blocks shared among the threads.
+template <typename Block>
+void for_simd_blocks(int64_t n, Block block) {
+    const int64_t blocks = (n + kSimdBlock - 1) / kSimdBlock;
+    parallel_for(blocks, grain_of(kParallelMin, kSimdBlock), [&](int64_t b0, int64_t b1) {
+        for (int64_t b = b0; b < b1; b++) block(b * kSimdBlock, std::min(kSimdBlock, n - b * kSimdBlock));
+    });
+}
+
+// An f16 or bf16 block in f32: x widened by the CPU's conversion kernel (convert_simd.h) into
+// `out`, which holds kSimdBlock floats. g++ does not vectorize a loop that converts element by
+// element: GELU in bf16 ran 7 times slower than in f32 on a Zen 3 that way. Widening is exact and
+// the f32 result is rounded to T once, as before.
+template <typename T>
+const float* widened(const T* x, int64_t n, float* out) {
+    convert_kernel<T, float>(cpu_level()).run(x, out, n);
+    return out;
+}
+
+template <typename T>
+void narrow_into(const float* y, T* out, int64_t n) {
+    convert_kernel<float, T>(cpu_level()).run(y, out, n);
+}
+
 }  // namespace
 
 template <typename T>
 void gelu_forward(const T* x, T* y, int64_t n) {
-    constexpr float kInvSqrt2 = 0.70710678118654752f;
-    const int64_t blocks = (n + kSimdBlock - 1) / kSimdBlock;
-    parallel_for(blocks, grain_of(kParallelMin, kSimdBlock), [&](int64_t b0, int64_t b1) {
-        for (int64_t b = b0; b < b1; b++) {
-            const int64_t end = std::min(n, (b + 1) * kSimdBlock);
-#pragma omp simd
-            for (int64_t i = b * kSimdBlock; i < end; i++) {
-                const float v = float(x[i]);
-                y[i] = T(0.5f * v * (1.0f + erf_approx(v * kInvSqrt2)));
-            }
+    for_simd_blocks(n, [&](int64_t i0, int64_t m) {
+        if constexpr (std::is_same_v<T, float>) {
+            gelu_block(x + i0, y + i0, m);
+        } else {
+            float xb[kSimdBlock], yb[kSimdBlock];
+            gelu_block(widened(x + i0, m, xb), yb, m);
+            narrow_into(yb, y + i0, m);
         }
     });
 }
 
 template <typename T>
 void gelu_backward(const T* x, const T* dy, T* dx, int64_t n) {
-    constexpr float kInvSqrt2 = 0.70710678118654752f, kInvSqrt2Pi = 0.39894228040143268f;
-    const int64_t blocks = (n + kSimdBlock - 1) / kSimdBlock;
-    parallel_for(blocks, grain_of(kParallelMin, kSimdBlock), [&](int64_t b0, int64_t b1) {
-        for (int64_t b = b0; b < b1; b++) {
-            const int64_t end = std::min(n, (b + 1) * kSimdBlock);
-#pragma omp simd
-            for (int64_t i = b * kSimdBlock; i < end; i++) {
-                const float v = float(x[i]);
-                const float cdf = 0.5f * (1.0f + erf_approx(v * kInvSqrt2));
-                const float pdf = kInvSqrt2Pi * exp_nonpositive(-0.5f * v * v);
-                dx[i] = T(float(dy[i]) * (cdf + v * pdf));
-            }
+    for_simd_blocks(n, [&](int64_t i0, int64_t m) {
+        if constexpr (std::is_same_v<T, float>) {
+            gelu_backward_block(x + i0, dy + i0, dx + i0, m);
+        } else {
+            float xb[kSimdBlock], dyb[kSimdBlock], dxb[kSimdBlock];
+            gelu_backward_block(widened(x + i0, m, xb), widened(dy + i0, m, dyb), dxb, m);
+            narrow_into(dxb, dx + i0, m);
         }
     });
 }
