@@ -1,15 +1,17 @@
 // quant.cu — the CUDA twins of src/ops/cpu/quant_ops.h (chapter 11): quantize and dequantize, the
-// int8 matrix product on __dp4a, requantization, the int8 Linear and convolution, u8 max pooling,
-// table lookups, and fake quantization for quantization-aware training. Same names and arguments
-// as the CPU's (declared in ops/cuda_ops.h); every pointer is device memory, QOutput's too.
+// int8 matrix product on __dp4a, requantization, the int8 Linear and convolution (groups 1 and
+// depthwise), u8 max and global average pooling, table lookups, the sum of two u8 tensors, and
+// fake quantization for quantization-aware training. Same names and arguments as the CPU's
+// (declared in ops/cuda_ops.h); every pointer is device memory, QOutput's too.
 //
 // Every result is the CPU's, bit for bit:
 //   - the integer kernels add exact int32 products, and integer addition gives the same sum in
 //     any order (no overflow while K < 65793, quant_ops.h's bound), so no tiling changes a bit;
-//   - quantize, dequantize, fake quantization and requantization call the CPU's own arithmetic
-//     (quant/qparams.h, KILN_HOST_DEVICE): one correctly rounded float division (1/scale, as the
-//     CPU takes it per channel; nvcc divides exactly unless -use_fast_math), one multiply,
-//     rintf, integer shifts — operations that round the same way on both.
+//   - quantize, dequantize, fake quantization, requantization and qadd call the CPU's own
+//     arithmetic (quant/qparams.h, quant_ops.h's qadd_value, KILN_HOST_DEVICE): one correctly
+//     rounded float division (1/scale, as the CPU takes it per channel; nvcc divides exactly
+//     unless -use_fast_math), one multiply, rintf, integer shifts — operations that round the
+//     same way on both.
 //
 // ---- __dp4a, and u8 read as s8 ------------------------------------------------------------------
 // __dp4a(a, b, c) (sm_61 and later) treats two 32-bit words as 4 bytes each and returns
@@ -24,15 +26,17 @@
 // its products are 0 and it adds 0 to Σ b.
 //
 // Thread/block mapping:
-//   quantize, dequantize, fake_quantize_*, requantize_rows, qmaxpool2d, lookup_u8   one thread per
-//        output element, 1-D grid-stride, block 256, the CPU's formula for that element.
+//   quantize, dequantize, fake_quantize_*, requantize_rows, qmaxpool2d, lookup_u8, qadd, and
+//        qconv2d when depthwise   one thread per output element, 1-D grid-stride, block 256, the
+//        CPU's formula for that element (a depthwise output: its KH·KW taps in an int32 sum).
+//   qglobal_avgpool   one thread per plane (n, c), 1-D grid-stride: its H·W values in an int64 sum.
 //   qgemm_u8s8   qgemm_dp4a_kernel: a 64×64 tile of C per block of 128 threads, 8×4 of it per
 //        thread in registers (gemm.cu's version 3, with words of 4 values in place of floats).
 //        K in steps of 32 values: both tiles are packed into words in shared memory, a barrier,
 //        then each thread runs 8 words × (8·4 dp4a for its products + 4 for its columns' Σ b),
 //        a barrier. grid (ceil(N/64), min(ceil(M/64), 65535)); blocks loop over row tiles beyond.
-//   qconv2d      two kernels, no im2col: pack_filters_kernel (one thread per filter) packs each
-//        filter's C·KH·KW weights into words and sums them; qconv2d_kernel gives each thread one
+//   qconv2d, groups 1   two kernels, no im2col: pack_filters_kernel (one thread per filter) packs
+//        each filter's C·KH·KW weights into words and sums them; qconv2d_kernel gives each thread one
 //        output pixel (n, p, q) and kOT = 8 consecutive output channels: dp4a_conv_dot walks the
 //        pixel's receptive field 4 values at a time, one dp4a per filter, then the 8 results are
 //        corrected and requantized. grid (ceil(N·P·Q/128), ceil(O/8)), block 128; a warp's 32
@@ -243,7 +247,7 @@ void qlinear(const uint8_t* x, const int8_t* w, uint8_t* y, int64_t N, int64_t K
     requantize_rows(work, y, N, O, out);
 }
 
-// ==== the int8 convolution (groups = 1) ==================================================================
+// ==== the int8 convolution (groups = 1; depthwise below) ===================================================
 // The sizes the kernels need, worked out on the host (Conv2dParams' methods are host code).
 struct QConvDims {
     int64_t N, C, H, W, O, KH, KW, stride, padding, dilation, P, Q;
@@ -328,7 +332,30 @@ __global__ void qconv2d_kernel(const uint8_t* x, const int32_t* words, const int
     }
 }
 
+// ---- depthwise: G = C = O, w [C, 1, KH, KW] -----------------------------------------------------------
+// thread e → y[e], e = (plane·P + p)·Q + q with plane = n·C + c:
+//   y[e] = requantize(Σ_{kh, kw} w[c, kh, kw] · x[n, c, ih, iw] + bias[c])      (z_x outside the image)
+// The sum is exact in int32 (KH·KW·255·128 is far below 2^31): the CPU's integers, in any order.
+__global__ void qconv2d_depthwise_kernel(const uint8_t* x, const int8_t* w, uint8_t* y, QConvDims d, QOutput out) {
+    const int64_t total = d.N * d.C * d.P * d.Q;
+    for (int64_t e = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; e < total; e += int64_t(gridDim.x) * blockDim.x) {
+        const int64_t plane = e / (d.P * d.Q), p = e / d.Q % d.P, q = e % d.Q, c = plane % d.C;
+        const uint8_t* xp = x + plane * d.H * d.W;  // x[n, c]   [H, W]
+        const int8_t* wc = w + c * d.KH * d.KW;     // w[c, 0]   [KH, KW]
+        int32_t acc = 0;
+        for (int64_t kh = 0; kh < d.KH; kh++)
+            for (int64_t kw = 0; kw < d.KW; kw++) {
+                const int64_t ih = p * d.stride - d.padding + kh * d.dilation;
+                const int64_t iw = q * d.stride - d.padding + kw * d.dilation;
+                const bool inside = ih >= 0 && ih < d.H && iw >= 0 && iw < d.W;
+                acc += int32_t(wc[kh * d.KW + kw]) * int32_t(inside ? uint32_t(xp[ih * d.W + iw]) : d.pad);
+            }
+        y[e] = requantize_value(acc + out.bias[c], out.requant[c], out.zero_point, out.lo, out.hi);
+    }
+}
+
 int64_t qconv2d_work_bytes(const Conv2dParams& p) {
+    if (qconv2d_is_depthwise(p)) return 0;
     const int64_t Kw = (p.C * p.KH * p.KW + 3) / 4;
     return padded_filters(p.O) * (Kw + 1) * int64_t(sizeof(int32_t));
 }
@@ -337,13 +364,20 @@ int64_t qconv2d_work_bytes(const Conv2dParams& p) {
 void qconv2d(const uint8_t* x, const int8_t* w, uint8_t* y, const Conv2dParams& p, int32_t x_zero_point,
              int32_t /*x_max*/, const QOutput& out, uint8_t* work) {
     check_conv2d_params(p, "cuda::qconv2d");
-    KILN_CHECK(p.groups == 1, "cuda::qconv2d: groups=", p.groups, " is not supported; int8 convolutions take groups=1");
+    KILN_CHECK(p.groups == 1 || qconv2d_is_depthwise(p), "cuda::qconv2d: groups=", p.groups,
+               " is not supported; int8 convolutions take groups=1 or depthwise groups=C=O");
     KILN_CHECK(x_zero_point >= 0 && x_zero_point <= 255, "cuda::qconv2d: x_zero_point=", x_zero_point,
                " is not a u8; take it from the input's QParams (choose_qparams_affine)");
     const QConvDims d{p.N,        p.C,   p.H,   p.W, p.O, p.KH, p.KW, p.stride, p.padding,
                       p.dilation, p.P(), p.Q(), (p.C * p.KH * p.KW + 3) / 4, uint32_t(x_zero_point)};
     const int64_t pixels = d.N * d.P * d.Q, Opad = padded_filters(p.O);
     if (pixels == 0) return;
+    if (qconv2d_is_depthwise(p)) {
+        const dim3 dw_grid(blocks_for(pixels * d.C)), dw_block(kBlock);
+        KILN_LAUNCH(qconv2d_depthwise_kernel, dw_grid, dw_block, 0)(x, w, y, d, out);
+        KILN_CHECK_LAUNCH(qconv2d_depthwise_kernel, dw_grid, dw_block);
+        return;
+    }
     int32_t* words = reinterpret_cast<int32_t*>(work);
     int32_t* sums = words + Opad * d.Kw;
 
@@ -382,6 +416,22 @@ void qmaxpool2d(const uint8_t* x, uint8_t* y, const Pool2dParams& p) {
     KILN_CHECK_LAUNCH(qmaxpool2d_kernel, grid, block);
 }
 
+// y[i] = (Σ_s x[i, s] + ⌊S/2⌋) / S      one thread per plane i < NC, x [NC, S]
+__global__ void qglobal_avgpool_kernel(const uint8_t* x, uint8_t* y, int64_t NC, int64_t S) {
+    for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < NC; i += int64_t(gridDim.x) * blockDim.x) {
+        int64_t sum = 0;
+        for (int64_t s = 0; s < S; s++) sum += x[i * S + s];
+        y[i] = uint8_t((sum + S / 2) / S);
+    }
+}
+
+void qglobal_avgpool(const uint8_t* x, uint8_t* y, int64_t NC, int64_t S) {
+    if (NC == 0) return;
+    const dim3 grid(blocks_for(NC)), block(kBlock);
+    KILN_LAUNCH(qglobal_avgpool_kernel, grid, block, 0)(x, y, NC, S);
+    KILN_CHECK_LAUNCH(qglobal_avgpool_kernel, grid, block);
+}
+
 // y[i] = table[c][x[i]], x viewed as [outer, C, inner]
 __global__ void lookup_u8_kernel(const uint8_t* x, uint8_t* y, int64_t n, int64_t C, int64_t inner,
                                  const uint8_t* table) {
@@ -395,6 +445,20 @@ void lookup_u8(const uint8_t* x, uint8_t* y, int64_t outer, int64_t C, int64_t i
     const dim3 grid(blocks_for(n)), block(kBlock);
     KILN_LAUNCH(lookup_u8_kernel, grid, block, 0)(x, y, n, C, inner, table);
     KILN_CHECK_LAUNCH(lookup_u8_kernel, grid, block);
+}
+
+// ==== the sum of two u8 tensors ==============================================================================
+// y[i] = qadd_value(a[i], b[i], q)   (quant_ops.h: the fixed-point formula, shared with the CPU)
+__global__ void qadd_kernel(const uint8_t* a, const uint8_t* b, uint8_t* y, int64_t n, QAddParams q) {
+    for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
+        y[i] = qadd_value(a[i], b[i], q);
+}
+
+void qadd(const uint8_t* a, const uint8_t* b, uint8_t* y, int64_t n, const QAddParams& q) {
+    if (n == 0) return;
+    const dim3 grid(blocks_for(n)), block(kBlock);
+    KILN_LAUNCH(qadd_kernel, grid, block, 0)(a, b, y, n, q);
+    KILN_CHECK_LAUNCH(qadd_kernel, grid, block);
 }
 
 // ==== fake quantization ======================================================================================

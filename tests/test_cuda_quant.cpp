@@ -2,7 +2,8 @@
 // (ops/cpu/quant_ops.h), on random data and on the edges: odd sizes, K not a multiple of 4 (the
 // dp4a words' padding), row strides wider than the rows, padding, stride and dilation, the extreme
 // values (A = 255, B = −128, up to the largest K of the contract), per-channel requantization with
-// a fused ReLU (lo = z_y).
+// a fused ReLU (lo = z_y); a MobileNetV2's other kernels: depthwise qconv2d, qglobal_avgpool and
+// qadd (on every pair of u8 values), and their Tensor-level ops on both devices.
 //
 // No tolerance anywhere: the integer kernels add exact products (integer sums do not depend on
 // their order), and quantize, dequantize and fake quantization run the same float operations on
@@ -26,11 +27,13 @@
 #include "fixtures.h"
 #include "ops/cpu/quant_ops.h"
 #include "ops/cuda_ops.h"
+#include "ops/quant.h"
 #ifndef KILN_CUDA
 #include "kiln_cuda.h"  // the emulator's schedule switch
 #endif
 
 using namespace kiln;
+using test::require_identical;
 using test::under_schedules;
 
 namespace {
@@ -438,4 +441,126 @@ TEST_CASE("cuda qmaxpool2d and lookup_u8 match the CPU", "[lesson11][cuda][quant
         });
         require_varied(want);
     }
+}
+
+// ---- a MobileNetV2's other int8 kernels: depthwise qconv2d, qglobal_avgpool, qadd ------------------------
+namespace {
+
+// A depthwise convolution: groups = O = C, w [C, 1, K, K].
+Conv2dParams depthwise_params(int64_t N, int64_t C, int64_t H, int64_t W, int64_t K, int64_t stride, int64_t padding,
+                              int64_t dilation) {
+    Conv2dParams p;
+    p.N = N, p.C = C, p.H = H, p.W = W, p.O = C, p.KH = K, p.KW = K;
+    p.stride = stride, p.padding = padding, p.dilation = dilation, p.groups = C;
+    return p;
+}
+
+}  // namespace
+
+TEST_CASE("cuda qconv2d depthwise matches the CPU exactly", "[lesson11][cuda][quant][qconv][depthwise]") {
+    Rng rng(14);
+    // MobileNetV2's 3×3 at stride 1 and 2 with padding 1, a 5×5, dilation 2, no padding at an odd size.
+    for (const Conv2dParams& p : {depthwise_params(2, 5, 7, 9, 3, 1, 1, 1), depthwise_params(3, 8, 10, 10, 3, 2, 1, 1),
+                                  depthwise_params(1, 3, 6, 5, 5, 1, 2, 1), depthwise_params(2, 4, 9, 9, 3, 1, 2, 2),
+                                  depthwise_params(2, 6, 8, 7, 3, 2, 0, 1)}) {
+        const int64_t K = p.KH * p.KW, ny = p.N * p.O * p.P() * p.Q();
+        INFO("N=" << p.N << " C=" << p.C << " H=" << p.H << " W=" << p.W << " K=" << p.KH << "x" << p.KW
+                  << " stride=" << p.stride << " padding=" << p.padding << " dilation=" << p.dilation);
+        const std::vector<uint8_t> x = random_ints<uint8_t>(p.N * p.C * p.H * p.W, 0, 255, rng);
+        const std::vector<int8_t> w = random_ints<int8_t>(p.C * K, -128, 127, rng);
+        DeviceArray<uint8_t> x_d(x);
+        DeviceArray<int8_t> w_d(w);
+        REQUIRE(cpu::qconv2d_work_bytes(p) == 0);
+        REQUIRE(cuda::qconv2d_work_bytes(p) == 0);
+        for (int32_t z_x : {0, 255, int32_t(rng.next_below(256))}) {
+            const bool relu = z_x != 0;
+            INFO("z_x = " << z_x << ", relu fused: " << relu);
+            Output out(p.O, acc_spread(K), relu, rng, w);
+            std::vector<uint8_t> want(static_cast<size_t>(ny));
+            cpu::qconv2d(x.data(), w.data(), want.data(), p, z_x, 255, out.on_host(), nullptr);
+            under_schedules([&] {
+                DeviceArray<uint8_t> got(ny);
+                cuda::qconv2d(x_d.get(), w_d.get(), got.get(), p, z_x, 255, out.on_device(), nullptr);
+                require_same_bits(got.host(), want);
+            });
+            require_varied(want);
+        }
+    }
+}
+
+TEST_CASE("cuda qglobal_avgpool matches the CPU", "[lesson11][cuda][quant]") {
+    Rng rng(15);
+    // Planes of 1, 16 (4×4), 49 (7×7) and 1000 values, and the largest sums (all 255).
+    for (int64_t S : {int64_t(1), int64_t(16), int64_t(49), int64_t(1000)}) {
+        for (bool full : {false, true}) {
+            const int64_t NC = 2 * 37;
+            INFO("S=" << S << (full ? ", all 255" : ""));
+            const std::vector<uint8_t> x = full ? std::vector<uint8_t>(static_cast<size_t>(NC * S), 255)
+                                                : random_ints<uint8_t>(NC * S, 0, 255, rng);
+            std::vector<uint8_t> want(static_cast<size_t>(NC));
+            cpu::qglobal_avgpool(x.data(), want.data(), NC, S);
+            DeviceArray<uint8_t> x_d(x);
+            under_schedules([&] {
+                DeviceArray<uint8_t> got(NC);
+                cuda::qglobal_avgpool(x_d.get(), got.get(), NC, S);
+                require_same_bits(got.host(), want);
+            });
+        }
+    }
+}
+
+TEST_CASE("cuda qadd matches the CPU bit for bit on every pair of u8 values", "[lesson11][cuda][quant][qadd]") {
+    // s_a = s_b, s_a = 10·s_b, s_b = 10·s_a, a fused ReLU's range, the largest scale ratio allowed.
+    struct Ranges {
+        QParams a, b, y;
+    };
+    const Ranges cases[] = {{{0.05f, 128}, {0.05f, 100}, {0.1f, 110}},
+                            {{0.5f, 0}, {0.05f, 200}, {0.6f, 40}},
+                            {{0.02f, 30}, {0.2f, 128}, {0.25f, 128}},
+                            {{0.1f, 10}, {0.1f, 10}, {0.2f, 30, 30, 255}},
+                            {{1.0f, 5}, {1.0f / 4096, 128}, {1.0f, 0}}};
+    std::vector<uint8_t> a(65536), b(65536);  // every pair once: a = i mod 256, b = i / 256
+    for (size_t i = 0; i < a.size(); i++) a[i] = uint8_t(i % 256), b[i] = uint8_t(i / 256);
+    DeviceArray<uint8_t> a_d(a), b_d(b);
+    for (const Ranges& r : cases) {
+        INFO("s_a " << r.a.scale << ", s_b " << r.b.scale << ", s_y " << r.y.scale);
+        const QAddParams q = qadd_params(r.a, r.b, r.y);
+        std::vector<uint8_t> want(a.size());
+        cpu::qadd(a.data(), b.data(), want.data(), int64_t(a.size()), q);
+        under_schedules([&] {
+            DeviceArray<uint8_t> got(int64_t(a.size()));
+            cuda::qadd(a_d.get(), b_d.get(), got.get(), int64_t(a.size()), q);
+            require_same_bits(got.host(), want);
+        });
+        require_varied(want);
+    }
+}
+
+TEST_CASE("the Tensor-level depthwise qconv2d, qadd and qglobal_avgpool on cuda give the CPU's bytes",
+          "[lesson11][cuda][quant]") {
+    Rng rng(16);
+    const int64_t N = 2, C = 6;
+    // A CPU tensor of `shape` holding v's bytes.
+    auto tensor = [](const Shape& shape, DType dtype, const auto& v) {
+        Tensor t = Tensor::empty(shape, dtype);
+        std::memcpy(t.raw(), v.data(), t.nbytes());
+        return t;
+    };
+    const Tensor x = tensor({N, C, 7, 5}, DType::U8, random_ints<uint8_t>(N * C * 35, 0, 255, rng));
+    const Tensor x2 = tensor({N, C, 7, 5}, DType::U8, random_ints<uint8_t>(N * C * 35, 0, 255, rng));
+    const std::vector<int8_t> wv = random_ints<int8_t>(C * 9, -128, 127, rng);
+    const Tensor w = tensor({C, 1, 3, 3}, DType::I8, wv);
+    Output o(C, acc_spread(9), true, rng, wv);
+    const Tensor bias = tensor({C}, DType::I32, o.bias), requant = tensor({C, 2}, DType::I32, o.requant);
+    const QLayerOutput out{bias, requant, o.zero_point, o.lo, o.hi};
+    const QLayerOutput out_d{bias.to(Device::CUDA), requant.to(Device::CUDA), o.zero_point, o.lo, o.hi};
+    const Tensor x_d = x.to(Device::CUDA);
+    for (int64_t stride : {int64_t(1), int64_t(2)}) {
+        const Tensor y = qconv2d(x, w, out, stride, 1, 1, C, 128, 255);
+        require_identical(qconv2d(x_d, w.to(Device::CUDA), out_d, stride, 1, 1, C, 128, 255), y);
+    }
+    const QParams qa{0.04f, 120}, qb{0.03f, 70}, qy{0.06f, 100};
+    require_identical(qadd(x_d, qa, x2.to(Device::CUDA), qb, qy), qadd(x, qa, x2, qb, qy));
+    require_identical(qglobal_avgpool(x_d), qglobal_avgpool(x));
+    REQUIRE_THROWS_WITH(qadd(x, qa, x_d, qb, qy), Catch::Contains("qadd: tensors on different devices"));
 }

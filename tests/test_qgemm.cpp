@@ -1,14 +1,17 @@
 // test_qgemm.cpp — the int8 CPU kernels (chapter 11): every qgemm_u8s8 path this CPU can run
-// against the triple loop qgemm_u8s8_reference, and qconv2d / qlinear against a direct integer
-// convolution written here. Integer sums are exact, so every comparison is equality: no
-// tolerance.
+// against the triple loop qgemm_u8s8_reference, and qconv2d (groups 1 and depthwise) / qlinear
+// against a direct integer convolution written here. Integer sums are exact, so every comparison
+// is equality: no tolerance. Then the other kernels of a MobileNetV2's int8 form: depthwise
+// qconv2d also by hand, qglobal_avgpool against its definition, and qadd within 1 of its formula
+// in double (the one tolerance: both round once). The Tensor-level ops: test_quant_model.cpp.
 //
-//   ./kiln_tests '[qgemm]'
+//   ./kiln_tests '[qgemm]'        ./kiln_tests '[quant][cpu]'
 //
 // The paths this CPU lacks are named in a WARN: on an AVX2-only CPU the VNNI paths are
 // compiled but not run here; on a CPU with AVX-VNNI or AVX512-VNNI the same cases run them.
 #include <omp.h>
 
+#include <algorithm>
 #include <catch2/catch.hpp>
 #include <cmath>
 #include <cstdint>
@@ -222,25 +225,27 @@ struct RandomOutput {
     }
 };
 
-// The convolution written out: acc = Σ w·x over the window, x read as z_x outside the image,
-// then y = requantize_value(acc + bias[o]).
+// The convolution written out: acc = Σ w·x over the window and the Cg channels of o's group
+// (those from (o / Og)·Cg: all C for groups 1, channel o alone for depthwise), x read as z_x
+// outside the image, then y = requantize_value(acc + bias[o]).
 std::vector<uint8_t> direct_qconv2d(const std::vector<uint8_t>& x, const std::vector<int8_t>& w,
                                     const Conv2dParams& p, int32_t z_x, const QOutput& out) {
-    const int64_t P = p.P(), Q = p.Q();
+    const int64_t P = p.P(), Q = p.Q(), Cg = p.Cg();
     std::vector<uint8_t> y(size_t(p.N * p.O * P * Q));
     for (int64_t n = 0; n < p.N; ++n)
         for (int64_t o = 0; o < p.O; ++o)
             for (int64_t op = 0; op < P; ++op)
                 for (int64_t oq = 0; oq < Q; ++oq) {
                     int32_t acc = 0;
-                    for (int64_t c = 0; c < p.C; ++c)
+                    for (int64_t c = 0; c < Cg; ++c)
                         for (int64_t kh = 0; kh < p.KH; ++kh)
                             for (int64_t kw = 0; kw < p.KW; ++kw) {
+                                const int64_t xc = o / p.Og() * Cg + c;  // x's channel
                                 const int64_t ih = op * p.stride - p.padding + kh * p.dilation;
                                 const int64_t iw = oq * p.stride - p.padding + kw * p.dilation;
                                 const bool inside = ih >= 0 && ih < p.H && iw >= 0 && iw < p.W;
-                                const int32_t xv = inside ? x[size_t(((n * p.C + c) * p.H + ih) * p.W + iw)] : z_x;
-                                acc += int32_t(w[size_t(((o * p.C + c) * p.KH + kh) * p.KW + kw)]) * xv;
+                                const int32_t xv = inside ? x[size_t(((n * p.C + xc) * p.H + ih) * p.W + iw)] : z_x;
+                                acc += int32_t(w[size_t(((o * Cg + c) * p.KH + kh) * p.KW + kw)]) * xv;
                             }
                     y[size_t(((n * p.O + o) * P + op) * Q + oq)] =
                         requantize_value(acc + out.bias[o], out.requant[o], out.zero_point, out.lo, out.hi);
@@ -253,6 +258,14 @@ Conv2dParams conv(int64_t N, int64_t C, int64_t H, int64_t W, int64_t O, int64_t
     Conv2dParams p;
     p.N = N, p.C = C, p.H = H, p.W = W, p.O = O, p.KH = KH, p.KW = KW;
     p.stride = stride, p.padding = padding, p.dilation = dilation;
+    return p;
+}
+
+// A depthwise convolution: groups = O = C, w [C, 1, KH, KW].
+Conv2dParams depthwise(int64_t N, int64_t C, int64_t H, int64_t W, int64_t K, int64_t stride, int64_t padding,
+                       int64_t dilation) {
+    Conv2dParams p = conv(N, C, H, W, C, K, K, stride, padding, dilation);
+    p.groups = C;
     return p;
 }
 
@@ -329,4 +342,113 @@ TEST_CASE("qlinear equals Σ w·x requantized, at the chapter's sizes", "[lesson
             INFO("N=" << s.M << " O=" << s.N << " K=" << s.K << " x_max " << x_max);
             CHECK(y == expected);
         }
+}
+
+// ==== depthwise convolution, global average pooling, the sum of two u8 tensors ========================
+TEST_CASE("qconv2d depthwise by hand: a box filter and a two-tap one, padding read as z_x, stride 1 and 2",
+          "[lesson11][cpu][quant][depthwise]") {
+    // x [1, 2, 3, 3]: channel 0 holds 1..9, channel 1 holds 9..1; padding 1 reads z_x = 10.
+    // w [2, 1, 3, 3]: channel 0 all ones (y = its window's sum: a corner sees five 10s, an edge
+    // three), channel 1 is 2 at the centre and −1 at the top left (y = 2·x[p, q] − x[p − 1, q − 1]).
+    // Bias 0 and multiplier 1 (make_requant(1.0) = 2^30 · 2^-30, exact), z_y = 20: y = 20 + acc.
+    const std::vector<uint8_t> x = {1, 2, 3, 4, 5, 6, 7, 8, 9, 9, 8, 7, 6, 5, 4, 3, 2, 1};
+    std::vector<int8_t> w(18, 0);
+    std::fill(w.begin(), w.begin() + 9, int8_t(1));
+    w[9] = -1, w[9 + 4] = 2;
+    const std::vector<int32_t> bias(2, 0);
+    const std::vector<Requant> requant(2, make_requant(1.0));
+    const QOutput out{bias.data(), requant.data(), 20, 0, 255};
+    const Conv2dParams s1 = depthwise(1, 2, 3, 3, 3, 1, 1, 1), s2 = depthwise(1, 2, 3, 3, 3, 2, 1, 1);
+    const std::vector<uint8_t> y1 = {82, 71, 86, 77, 65, 83, 94, 89, 98, 28, 26, 24, 22, 21, 20, 16, 18, 17};
+    const std::vector<uint8_t> y2 = {82, 86, 94, 98, 28, 24, 16, 17};  // the corners of y1's planes
+    CHECK(run_qconv2d(x, w, s1, 10, 255, out) == y1);
+    CHECK(run_qconv2d(x, w, s2, 10, 255, out) == y2);
+    CHECK(direct_qconv2d(x, w, s1, 10, out) == y1);
+    CHECK(direct_qconv2d(x, w, s2, 10, out) == y2);
+}
+
+TEST_CASE("qconv2d depthwise equals the direct integer convolution, stride 1 and 2, padding, dilation",
+          "[lesson11][cpu][quant][depthwise]") {
+    // MobileNetV2's 3×3 at stride 1 and 2 with padding 1, a 5×5, dilation 2, no padding at an odd
+    // size, 96 small planes (spread over the threads); no workspace.
+    const Conv2dParams shapes[] = {depthwise(2, 5, 7, 9, 3, 1, 1, 1), depthwise(3, 8, 10, 10, 3, 2, 1, 1),
+                                   depthwise(1, 3, 6, 5, 5, 1, 2, 1), depthwise(2, 4, 9, 9, 3, 1, 2, 2),
+                                   depthwise(2, 6, 8, 7, 3, 2, 0, 1), depthwise(4, 24, 4, 4, 3, 1, 1, 1)};
+    std::mt19937 rng(16);
+    for (const Conv2dParams& p : shapes)
+        for (int32_t z_x : {0, 255, 77}) {
+            const auto x = random_u8(p.N * p.C * p.H * p.W, kActQmax, rng);
+            const auto w = random_i8(p.C * p.KH * p.KW, rng);
+            const RandomOutput r(p.O, rng, /*relu=*/z_x == 77);
+            const auto expected = direct_qconv2d(x, w, p, z_x, r.out);
+            INFO("N=" << p.N << " C=" << p.C << " " << p.H << "×" << p.W << " k" << p.KH << " stride " << p.stride
+                      << " pad " << p.padding << " dil " << p.dilation << " z_x " << z_x);
+            CHECK(qconv2d_work_bytes(p) == 0);
+            std::vector<uint8_t> one, two;
+            with_threads(1, [&] { one = run_qconv2d(x, w, p, z_x, kActQmax, r.out); });
+            with_threads(2, [&] { two = run_qconv2d(x, w, p, z_x, kActQmax, r.out); });
+            CHECK(one == expected);
+            CHECK(two == expected);
+        }
+}
+
+TEST_CASE("qglobal_avgpool: the mean rounded half up, by hand and against the definition", "[lesson11][cpu][quant]") {
+    // [1, 3, 2, 2]: 10/4 = 2.5 → 3, 1019/4 = 254.75 → 255, 2/4 = 0.5 → 1 (ties go up);
+    // [1, 2, 1, 3]: 4/3 → 1, 5/3 → 2 (an odd plane has no ties).
+    std::vector<uint8_t> y(3);
+    const std::vector<uint8_t> even = {1, 2, 3, 4, 255, 255, 255, 254, 0, 0, 1, 1}, odd = {1, 1, 2, 2, 2, 1};
+    qglobal_avgpool(even.data(), y.data(), 3, 4);
+    CHECK(y == std::vector<uint8_t>{3, 255, 1});
+    qglobal_avgpool(odd.data(), y.data(), 2, 3);
+    CHECK(std::vector<uint8_t>(y.begin(), y.begin() + 2) == std::vector<uint8_t>{1, 2});
+    // Random planes of 1, 16 (4×4), 49 (7×7) and 1000 values: floor(mean + 1/2) in double is exact
+    // here (a tie is k + 1/2 exactly; any other mean is at least 1/(2S) away from one).
+    std::mt19937 rng(18);
+    for (int64_t S : {int64_t(1), int64_t(16), int64_t(49), int64_t(1000)}) {
+        const int64_t NC = 37;
+        const auto x = random_u8(NC * S, kActQmax, rng);
+        std::vector<uint8_t> got(static_cast<size_t>(NC)), want(static_cast<size_t>(NC));
+        for (int64_t i = 0; i < NC; i++) {
+            int64_t sum = 0;
+            for (int64_t s = 0; s < S; s++) sum += x[size_t(i * S + s)];
+            want[size_t(i)] = uint8_t(std::floor(double(sum) / double(S) + 0.5));
+        }
+        qglobal_avgpool(x.data(), got.data(), NC, S);
+        INFO("S=" << S);
+        CHECK(got == want);
+    }
+}
+
+TEST_CASE("qadd is within 1 of its formula in double on every pair of u8 values, for scale ratios 1, 10, 1/10",
+          "[lesson11][cpu][quant][qadd]") {
+    struct Ranges {
+        QParams a, b, y;
+    };
+    const Ranges cases[] = {
+        {{0.05f, 128}, {0.05f, 100}, {0.1f, 110}},                          // s_a = s_b
+        {{0.5f, 0}, {0.05f, 200}, {0.6f, 40}},                              // s_a = 10·s_b
+        {{0.02f, 30}, {0.2f, 128}, {0.25f, 128}},                           // s_b = 10·s_a
+        {{0.0123f, 17}, {0.0456f, 250}, {0.0321f, 90}},                     // s_y between theirs: clamps
+        {{0.1f, 10}, {0.1f, 10}, {0.2f, 30, 30, 255}},                      // a fused ReLU: qmin = z_y
+        {{0.03f, 64, 0, 127}, {0.07f, 3, 0, 127}, {0.09f, 20, 0, 127}},     // reduce_range's [0, 127]
+        {{1.0f, 5}, {1.0f / 4096, 128}, {1.0f, 0}},                         // the largest ratio allowed
+    };
+    std::vector<uint8_t> a(65536), b(65536), y(65536);  // every pair once: a = i mod 256, b = i / 256
+    for (size_t i = 0; i < a.size(); i++) a[i] = uint8_t(i % 256), b[i] = uint8_t(i / 256);
+    for (const Ranges& r : cases) {
+        INFO("s_a " << r.a.scale << " z_a " << r.a.zero_point << ", s_b " << r.b.scale << " z_b " << r.b.zero_point
+                    << ", s_y " << r.y.scale << " z_y " << r.y.zero_point << " [" << r.y.qmin << ", " << r.y.qmax
+                    << "]");
+        qadd(a.data(), b.data(), y.data(), int64_t(a.size()), qadd_params(r.a, r.b, r.y));
+        int64_t off = 0, equal = 0;
+        for (size_t i = 0; i < a.size(); i++) {
+            const double sum = double(r.a.scale) * (a[i] - r.a.zero_point) + double(r.b.scale) * (b[i] - r.b.zero_point);
+            const double v = sum / double(r.y.scale);
+            const double want = std::clamp(r.y.zero_point + std::floor(v + 0.5), double(r.y.qmin), double(r.y.qmax));
+            const double d = std::abs(double(y[i]) - want);
+            off += d > 1, equal += d == 0;
+        }
+        INFO(equal << " of 65536 equal");
+        CHECK(off == 0);
+    }
 }

@@ -1,10 +1,12 @@
 // test_quant_model.cpp — chapter 11 from the top: the arithmetic of quant/qparams.h, the
-// Tensor-level ops' checks (ops/quant.h), batch-norm folding (quant/fold.h), and the int8
-// network (quant/qmodel.h): conversion, its accuracy against f32, its file, its errors.
+// Tensor-level ops' checks (ops/quant.h) and depthwise qconv2d against f32's conv2d, batch-norm
+// folding (quant/fold.h), and the int8 network (quant/qmodel.h): conversion, its accuracy against
+// f32, its file, its errors.
 // The int8 kernels themselves are tested against integer references in test_qgemm.cpp (CPU) and
 // test_cuda_quant.cpp (CUDA); the observers in test_observer.cpp.
 //
 // Run: make build/tests/kiln_tests && build/tests/kiln_tests '[lesson11]'
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <memory>
@@ -22,6 +24,7 @@
 #include "nn/models.h"
 #include "nn/norm.h"
 #include "nn/pool.h"
+#include "ops/cnn.h"
 #include "ops/quant.h"
 #include "quant/fold.h"
 #include "quant/qat.h"
@@ -137,6 +140,90 @@ TEST_CASE("quantize and dequantize ops: round trip within half a step, and their
     const Tensor s = Tensor::ones({4}), z = Tensor::zeros({4}, DType::I32);
     CHECK_THROWS_WITH(quantize_per_channel(x, s, z, 0, -128, 127, DType::I8), Contains("scale"));
     CHECK_THROWS_WITH(quantize_per_channel(x, s, z, 2, -128, 127, DType::I8), Contains("past the last dimension"));
+}
+
+// ---- the int8 ops of a MobileNetV2: depthwise qconv2d, qadd, qglobal_avgpool ---------------------------
+TEST_CASE("qconv2d depthwise is within 1 of f32's depthwise conv2d of the dequantized tensors, quantized",
+          "[lesson11][cpu][quant][depthwise]") {
+    // Both compute ŷ = conv(x̂, ŵ) + b on the same dequantized x̂ and ŵ, then round ŷ / s_y once. The
+    // int8 layer's sum is exact but for its bias, rounded to a unit of s_x·s_w[c] (half of one is
+    // M_c / 2 of a step of y, M_c = s_x·s_w[c] / s_y: a few thousandths here), and its multiplier
+    // (2^-31 relative); f32's sum of 10 terms is off by a few ulps. So the two values rounded are
+    // less than 1 apart, and their integers at most 1.
+    Rng rng(17);
+    const int64_t N = 2, C = 6;
+    for (int64_t stride : {int64_t(1), int64_t(2)}) {
+        INFO("stride " << stride);
+        const Tensor x = Tensor::uniform({N, C, 9, 8}, -1.0f, 2.0f, rng);
+        const Tensor w = Tensor::uniform({C, 1, 3, 3}, -1.0f, 1.0f, rng);
+        const Tensor b = Tensor::uniform({C}, -0.5f, 0.5f, rng);
+        const QParams x_qp = choose_qparams_affine(-1.0f, 2.0f, kActQmin, kActQmax);
+        Tensor w_scale = Tensor::empty({C}), w_zero = Tensor::zeros({C}, DType::I32);
+        for (int64_t c = 0; c < C; c++) {
+            const float* wc = w.data<float>() + c * 9;
+            w_scale.data<float>()[c] =
+                choose_qparams_symmetric(*std::min_element(wc, wc + 9), *std::max_element(wc, wc + 9), kWeightQmin,
+                                         kWeightQmax).scale;
+        }
+        const Tensor xq = quantize(x, x_qp, DType::U8);
+        const Tensor wq = quantize_per_channel(w, w_scale, w_zero, 0, kWeightQmin, kWeightQmax, DType::I8);
+        Conv2dArgs args;
+        args.stride = stride, args.padding = 1, args.groups = C;
+        const Tensor y = conv2d(dequantize(xq, x_qp), dequantize_per_channel(wq, w_scale, w_zero, 0), b, args);
+        const float* yv = y.data<float>();
+        const QParams y_qp = choose_qparams_affine(*std::min_element(yv, yv + y.numel()),
+                                                   *std::max_element(yv, yv + y.numel()), kActQmin, kActQmax);
+        const Tensor want = quantize(y, y_qp, DType::U8);
+        // The int8 layer: bias[c] = round(b[c] / (s_x·s_w[c])) − z_x·Σ w[c], M_c = s_x·s_w[c] / s_y.
+        Tensor bias = Tensor::empty({C}, DType::I32), requant = Tensor::empty({C, 2}, DType::I32);
+        for (int64_t c = 0; c < C; c++) {
+            const double s_xw = double(x_qp.scale) * double(w_scale.data<float>()[c]);
+            int32_t wsum = 0;
+            for (int64_t k = 0; k < 9; k++) wsum += wq.data<int8_t>()[c * 9 + k];
+            bias.data<int32_t>()[c] = int32_t(std::lround(double(b.data<float>()[c]) / s_xw)) - x_qp.zero_point * wsum;
+            const Requant r = make_requant(s_xw / double(y_qp.scale));
+            requant.data<int32_t>()[2 * c] = r.m0, requant.data<int32_t>()[2 * c + 1] = r.shift;
+        }
+        const QLayerOutput out{bias, requant, y_qp.zero_point, kActQmin, kActQmax};
+        const Tensor got = qconv2d(xq, wq, out, stride, 1, 1, C, x_qp.zero_point, kActQmax);
+        REQUIRE(got.shape() == want.shape());
+        int64_t off = 0, equal = 0;
+        for (int64_t i = 0; i < got.numel(); i++) {
+            const int d = std::abs(int(got.data<uint8_t>()[i]) - int(want.data<uint8_t>()[i]));
+            off += d > 1, equal += d == 0;
+        }
+        INFO(equal << " of " << got.numel() << " equal");
+        CHECK(off == 0);
+    }
+}
+
+TEST_CASE("qconv2d, qadd and qglobal_avgpool refuse bad input with a message naming the op",
+          "[lesson11][cpu][quant]") {
+    const Tensor x = Tensor::zeros({1, 4, 5, 5}, DType::U8), w = Tensor::zeros({4, 1, 3, 3}, DType::I8);
+    const QLayerOutput out{Tensor::zeros({4}, DType::I32), Tensor::zeros({4, 2}, DType::I32), 0, 0, 255};
+    CHECK(qconv2d(x, w, out, 1, 1, 1, 4, 0, 255).shape() == Shape{1, 4, 5, 5});  // depthwise
+    CHECK_THROWS_WITH(qconv2d(Tensor::zeros({1, 4, 5, 5}), w, out, 1, 1, 1, 4, 0, 255),
+                      Contains("qconv2d: 'x' should be u8"));
+    CHECK_THROWS_WITH(qconv2d(x, Tensor::zeros({4, 1, 3, 3}, DType::U8), out, 1, 1, 1, 4, 0, 255),
+                      Contains("qconv2d: 'w' should be i8"));
+    CHECK_THROWS_WITH(qconv2d(x, w, out, 1, 1, 1, 2, 0, 255), Contains("qconv2d") && Contains("C/groups"));
+    CHECK_THROWS_WITH(qconv2d(x, Tensor::zeros({4, 2, 3, 3}, DType::I8), out, 1, 1, 1, 2, 0, 255),
+                      Contains("qconv2d: groups=2") && Contains("depthwise"));
+    const QLayerOutput out8{Tensor::zeros({8}, DType::I32), Tensor::zeros({8, 2}, DType::I32), 0, 0, 255};
+    CHECK_THROWS_WITH(qconv2d(x, Tensor::zeros({8, 1, 3, 3}, DType::I8), out8, 1, 1, 1, 4, 0, 255),
+                      Contains("qconv2d: groups=4"));  // groups = C but O = 2·C: not depthwise
+
+    const Tensor a = Tensor::zeros({2, 3}, DType::U8);
+    const QParams q{0.1f, 5};
+    CHECK_THROWS_WITH(qadd(a, q, Tensor::zeros({3, 2}, DType::U8), q, q), Contains("qadd: 'b' should have shape"));
+    CHECK_THROWS_WITH(qadd(Tensor::zeros({2, 3}, DType::I8), q, a, q, q), Contains("qadd: 'a' should be u8"));
+    CHECK_THROWS_WITH(qadd(a, q, a, QParams{1e-5f, 5}, q), Contains("qadd") && Contains("4096"));
+    CHECK_THROWS_WITH(qadd(a, q, a, q, QParams{0.0f, 5}), Contains("qadd") && Contains("positive"));
+    CHECK_THROWS_WITH(qadd(a, q, a, q, QParams{0.1f, 5, 0, 300}), Contains("qadd") && Contains("[0, 255]"));
+
+    CHECK_THROWS_WITH(qglobal_avgpool(Tensor::zeros({1, 4, 5, 5})), Contains("qglobal_avgpool: 'x' should be u8"));
+    CHECK_THROWS_WITH(qglobal_avgpool(a), Contains("qglobal_avgpool: 'x' should be [N, C, H, W]"));
+    CHECK_THROWS_WITH(qglobal_avgpool(Tensor::zeros({1, 4, 0, 5}, DType::U8)), Contains("H·W > 0"));
 }
 
 // ---- batch norm folding ------------------------------------------------------------------------------

@@ -169,6 +169,8 @@ int64_t qconv2d_work_bytes(const Conv2dParams& p);
 void qconv2d(const uint8_t* x, const int8_t* w, uint8_t* y, const Conv2dParams& p, int32_t x_zero_point,
              int32_t x_max, const QOutput& out, uint8_t* work);
 void qmaxpool2d(const uint8_t* x, uint8_t* y, const Pool2dParams& p);
+void qglobal_avgpool(const uint8_t* x, uint8_t* y, int64_t NC, int64_t S);
+void qadd(const uint8_t* a, const uint8_t* b, uint8_t* y, int64_t n, const QAddParams& q);
 void lookup_u8(const uint8_t* x, uint8_t* y, int64_t outer, int64_t C, int64_t inner, const uint8_t* table);
 void fake_quantize_forward(const float* x, float* y, int64_t outer, int64_t C, int64_t inner, const float* scale,
                            const int32_t* zero_point, int32_t qmin, int32_t qmax);

@@ -168,19 +168,22 @@ Tensor qlinear(const Tensor& x, const Tensor& w, const QLayerOutput& out, int32_
 }
 
 Tensor qconv2d(const Tensor& x, const Tensor& w, const QLayerOutput& out, int64_t stride, int64_t padding,
-               int64_t dilation, int32_t x_zero_point, int32_t x_max) {
+               int64_t dilation, int64_t groups, int32_t x_zero_point, int32_t x_max) {
     const char* op = "qconv2d";
     check_dtype(x, DType::U8, op, "x");
     check_dtype(w, DType::I8, op, "w");
-    KILN_CHECK(x.ndim() == 4 && w.ndim() == 4 && w.size(1) == x.size(1), op,
-               ": 'x' should be [N, C, H, W] and 'w' [O, C, KH, KW] with the same C, but they are ", x.desc(),
-               " and ", w.desc());
+    KILN_CHECK(x.ndim() == 4 && w.ndim() == 4 && groups > 0 && w.size(1) * groups == x.size(1), op,
+               ": 'x' should be [N, C, H, W] and 'w' [O, C/groups, KH, KW] with groups=", groups,
+               ", but they are ", x.desc(), " and ", w.desc());
     check_same_device(w, x, op);
     Conv2dParams p;
     p.N = x.size(0), p.C = x.size(1), p.H = x.size(2), p.W = x.size(3);
     p.O = w.size(0), p.KH = w.size(2), p.KW = w.size(3);
-    p.stride = stride, p.padding = padding, p.dilation = dilation;
+    p.stride = stride, p.padding = padding, p.dilation = dilation, p.groups = groups;
     check_conv2d_params(p, op);
+    KILN_CHECK(groups == 1 || qconv2d_is_depthwise(p), op, ": groups=", groups,
+               " but the int8 convolution takes groups 1 or depthwise (groups = C = O), and 'x' is ", x.desc(),
+               ", 'w' ", w.desc());
     const QOutput o = kernel_output(out, p.O, x, op);
     const Device d = x.device();
     const bool cuda = d == Device::CUDA;
@@ -189,6 +192,19 @@ Tensor qconv2d(const Tensor& x, const Tensor& w, const QLayerOutput& out, int64_
                                 Category::Workspace);
     (cuda ? cuda::qconv2d : cpu::qconv2d)(x.data<uint8_t>(), w.data<int8_t>(), y.data<uint8_t>(), p, x_zero_point,
                                           x_max, o, work.data<uint8_t>());
+    return y;
+}
+
+Tensor qadd(const Tensor& a, const QParams& a_qp, const Tensor& b, const QParams& b_qp, const QParams& out) {
+    const char* op = "qadd";
+    check_dtype(a, DType::U8, op, "a");
+    check_dtype(b, DType::U8, op, "b");
+    check_shape(b, a.shape(), op, "b");
+    check_same_device(b, a, op);
+    const QAddParams q = qadd_params(a_qp, b_qp, out);
+    Tensor y = Tensor::empty(a.shape(), DType::U8, a.device(), Category::Activation);
+    (a.device() == Device::CUDA ? cuda::qadd : cpu::qadd)(a.data<uint8_t>(), b.data<uint8_t>(), y.data<uint8_t>(),
+                                                          a.numel(), q);
     return y;
 }
 
@@ -204,6 +220,18 @@ Tensor qmaxpool2d(const Tensor& x, int64_t kernel, int64_t stride, int64_t paddi
                " does not fit ", x.desc());
     Tensor y = Tensor::empty({p.N, p.C, p.P(), p.Q()}, DType::U8, x.device(), Category::Activation);
     (x.device() == Device::CUDA ? cuda::qmaxpool2d : cpu::qmaxpool2d)(x.data<uint8_t>(), y.data<uint8_t>(), p);
+    return y;
+}
+
+Tensor qglobal_avgpool(const Tensor& x) {
+    const char* op = "qglobal_avgpool";
+    check_dtype(x, DType::U8, op, "x");
+    KILN_CHECK(x.ndim() == 4 && x.size(2) * x.size(3) > 0, op, ": 'x' should be [N, C, H, W] with H·W > 0 but is ",
+               x.desc());
+    const int64_t N = x.size(0), C = x.size(1);
+    Tensor y = Tensor::empty({N, C}, DType::U8, x.device(), Category::Activation);
+    (x.device() == Device::CUDA ? cuda::qglobal_avgpool : cpu::qglobal_avgpool)(x.data<uint8_t>(), y.data<uint8_t>(),
+                                                                                N * C, x.size(2) * x.size(3));
     return y;
 }
 

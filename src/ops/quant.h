@@ -2,7 +2,8 @@
 // each checks its tensors' dtypes, shapes and devices once, then calls the CPU kernel
 // (ops/cpu/quant_ops.h, which has the formulas) or its CUDA twin (cuda/quant.cu).
 //
-//   f32 ──quantize──> u8 ──qconv2d / qlinear──> u8 ──qmaxpool2d, lookup_u8──> u8 ──dequantize──> f32
+//   f32 ──quantize──> u8 ──qconv2d / qlinear──> u8 ──qmaxpool2d, qglobal_avgpool, lookup_u8, qadd──> u8
+//       ──dequantize──> f32
 //
 // Activations are u8 with one (scale, zero point) per tensor; weights are i8, symmetric, one
 // scale per output channel; a layer's bias and requantization come in a QLayerOutput.
@@ -39,12 +40,23 @@ struct QLayerOutput {
 // CPU path whose 16-bit sums would saturate on larger values run (ops/cpu/quant_ops.h).
 // y u8 [N, O] from x u8 [N, K] and w i8 [O, K].
 Tensor qlinear(const Tensor& x, const Tensor& w, const QLayerOutput& out, int32_t x_max);
-// y u8 [N, O, P, Q] from x u8 [N, C, H, W] and w i8 [O, C, KH, KW] (groups 1); padding reads as
-// x_zero_point.
+// y u8 [N, O, P, Q] from x u8 [N, C, H, W] and w i8 [O, C/groups, KH, KW]: groups 1, or
+// depthwise (groups = C = O, w [C, 1, KH, KW]); other groups are an error naming the op.
+// padding reads as x_zero_point.
 Tensor qconv2d(const Tensor& x, const Tensor& w, const QLayerOutput& out, int64_t stride, int64_t padding,
-               int64_t dilation, int32_t x_zero_point, int32_t x_max);
+               int64_t dilation, int64_t groups, int32_t x_zero_point, int32_t x_max);
+// The sum of two u8 tensors of the same shape and device with their own ranges, into a third
+// range (a residual connection's add):
+//   y = clamp(z_y + round((s_a·(a − z_a) + s_b·(b − z_b)) / s_y), out.qmin, out.qmax)
+// in integer arithmetic (fixed-point multipliers, quant/qparams.h's Requant / make_requant; the
+// formula is ops/cpu/quant_ops.h's QAddParams), so the CPU and CUDA give the same integers; within
+// 1 of the formula evaluated in double. Scales more than 4096 times apart are an error.
+Tensor qadd(const Tensor& a, const QParams& a_qp, const Tensor& b, const QParams& b_qp, const QParams& out);
 // u8 max pooling (stride 0 means stride = kernel); y keeps x's scale and zero point.
 Tensor qmaxpool2d(const Tensor& x, int64_t kernel, int64_t stride, int64_t padding);
+// Global average pooling on u8: y[n, c] = round-half-up(Σ_hw x[n, c, h, w] / (H·W)), x u8 [N, C, H, W] → y u8
+// [N, C]; y keeps x's scale and zero point (the mean of s·(q − z) is s·(mean q − z)).
+Tensor qglobal_avgpool(const Tensor& x);
 // y[n, c, ...] = table[c][x[n, c, ...]] with table u8 [C, 256] (C = x.size(1), per channel) or
 // [1, 256] (one table for every value). x u8 of rank ≥ 2 ([N, C] or [N, C, H, W]).
 Tensor lookup_u8(const Tensor& x, const Tensor& table);

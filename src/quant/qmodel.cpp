@@ -151,7 +151,7 @@ public:
 
     Tensor forward(const Tensor& x) const override {
         if (kind == "linear") return qlinear(x, weight, output, in.qmax);
-        return qconv2d(x, weight, output, stride, padding, dilation, in.zero_point, in.qmax);
+        return qconv2d(x, weight, output, stride, padding, dilation, 1, in.zero_point, in.qmax);
     }
 
     void save(StateDict& s) const override {

@@ -1,10 +1,13 @@
 // quant.cpp — the CPU kernels of chapter 11 (declared, with their formulas, in quant_ops.h):
-// quantize and dequantize, requantization, the int8 Linear and convolution, u8 max pooling,
-// table lookups, and fake quantization for quantization-aware training. The int8 matrix
-// product itself, with its SIMD paths, is in qgemm.cpp.
+// quantize and dequantize, requantization, the int8 Linear and convolution (groups 1 and
+// depthwise), u8 max and global average pooling, table lookups, the sum of two u8 tensors, and
+// fake quantization for quantization-aware training. The int8 matrix product itself, with its
+// SIMD paths, is in qgemm.cpp.
 #include <algorithm>
 #include <atomic>
+#include <cmath>
 #include <cstring>
+#include <vector>
 
 #include "core/cpu_features.h"
 #include "core/error.h"
@@ -17,6 +20,30 @@
 #define KILN_QUANT_X86 1
 #define KILN_TARGET_AVX2 __attribute__((target("avx2")))  // called only where cpu_level() ≥ avx2
 #endif
+
+namespace kiln {
+
+// ==== qadd's fixed-point numbers (quant_ops.h has the formula) ====================================
+QAddParams qadd_params(const QParams& a, const QParams& b, const QParams& out) {
+    const char* op = "qadd";
+    for (const QParams* qp : {&a, &b, &out})
+        KILN_CHECK(std::isfinite(qp->scale) && qp->scale > 0, op, ": a scale of ", qp->scale,
+                   " is not a positive number; take the scales from the tensors' QParams");
+    const double lo = std::min({a.scale, b.scale, out.scale}), hi = std::max({a.scale, b.scale, out.scale});
+    KILN_CHECK(hi <= kQAddMaxScaleRatio * lo, op, ": the scales of a (", a.scale, "), b (", b.scale,
+               ") and the sum (", out.scale, ") are more than ", kQAddMaxScaleRatio,
+               " times apart, past what its fixed point adds within 1");
+    KILN_CHECK(0 <= a.zero_point && a.zero_point <= 255 && 0 <= b.zero_point && b.zero_point <= 255, op,
+               ": the zero points of a (", a.zero_point, ") and b (", b.zero_point, ") should be u8 values");
+    KILN_CHECK(0 <= out.qmin && out.qmin <= out.zero_point && out.zero_point <= out.qmax && out.qmax <= 255, op,
+               ": the output range qmin ", out.qmin, " ≤ zero_point ", out.zero_point, " ≤ qmax ", out.qmax,
+               " must lie in [0, 255]");
+    const double m = 2.0 * std::max(a.scale, b.scale);
+    return QAddParams{a.zero_point, b.zero_point, make_requant(a.scale / m), make_requant(b.scale / m),
+                      make_requant(m / (double(1 << kQAddShift) * out.scale)), out.zero_point, out.qmin, out.qmax};
+}
+
+}  // namespace kiln
 
 namespace kiln::cpu {
 
@@ -102,7 +129,7 @@ void qlinear(const uint8_t* x, const int8_t* w, uint8_t* y, int64_t N, int64_t K
 }
 
 // ==== the int8 convolution ========================================================================
-// One image at a time, as a matrix product whose operands are both read along k:
+// groups = 1: one image at a time, as a matrix product whose operands are both read along k:
 //   rows [P·Q, C·KH·KW] u8: rows[p·Q + q][(c·KH + kh)·KW + kw] = x[c][ih][iw]  (z_x in the padding)
 //   acc  [O, P·Q]  int32  = (rows · wᵀ)ᵀ                   (qgemm_u8s8_packed, C stored transposed)
 //   y[o][p·Q + q] = requantize(acc[o][p·Q + q] + bias[o])  (one run of P·Q values per channel)
@@ -114,6 +141,7 @@ void qlinear(const uint8_t* x, const int8_t* w, uint8_t* y, int64_t N, int64_t K
 // alone. There are min(N, kConvSlots) slots, so the workspace depends on the sizes only, not on
 // the thread count; at most that many threads share the images. With fewer images than threads
 // the images go one at a time through slot 0, and the product splits its rows over the threads.
+// Depthwise layers take direct loops instead (below): a product of K = KH·KW would be all overhead.
 namespace {
 
 constexpr int64_t kConvSlots = 16;
@@ -236,15 +264,59 @@ void qconv2d_image(const uint8_t* x, const QgemmPackedB& w, uint8_t* y, const Co
     for (int64_t o = 0; o < p.O; o++) requantize(acc + o * PQ, PQ, out.bias[o], out.requant[o], out, y + o * PQ);
 }
 
+// ---- depthwise: G = C = O, w [C, 1, KH, KW] ---------------------------------------------------------
+// Each plane (n, c) is its own small convolution, with no product and no workspace: the plane is
+// copied into one padded with z_x on every side (H + 2·padding rows of W + 2·padding), where every
+// tap reads, then
+//   acc[p, q] = Σ_{kh, kw} w[c, kh, kw] · xpad[p·stride + kh·dilation, q·stride + kw·dilation]
+//   y[n, c]   = requantize(acc + bias[c])      (one run of P·Q values, as qconv2d_image's channels)
+// a tap at a time along a row of acc.
+
+// acc[q] += w · x[q·s] for q < n; with s = 1 a loop of its own, which g++ vectorizes.
+inline void tap_row(int32_t w, const uint8_t* x, int64_t s, int32_t* acc, int64_t n) {
+    if (s == 1) {
+#pragma omp simd
+        for (int64_t q = 0; q < n; q++) acc[q] += w * int32_t(x[q]);
+    } else {
+        for (int64_t q = 0; q < n; q++) acc[q] += w * int32_t(x[q * s]);
+    }
+}
+
+void qconv2d_depthwise(const uint8_t* x, const int8_t* w, uint8_t* y, const Conv2dParams& p, int32_t x_zero_point,
+                       const QOutput& out) {
+    const int64_t P = p.P(), Q = p.Q(), s = p.stride, d = p.dilation, pad = p.padding;
+    const int64_t Wp = p.W + 2 * pad, taps = p.KH * p.KW;
+    const RequantizeChannel requantize = requantize_channel_kernel();
+    parallel_for(p.N * p.C, grain_of(kParallelMinValues, P * Q * taps), [&](int64_t nc0, int64_t nc1) {
+        std::vector<uint8_t> xpad(static_cast<size_t>((p.H + 2 * pad) * Wp), uint8_t(x_zero_point));  // [H+2pad, Wp]
+        std::vector<int32_t> acc(static_cast<size_t>(P * Q));                                           // [P, Q]
+        for (int64_t nc = nc0; nc < nc1; nc++) {
+            const int64_t c = nc % p.C;
+            for (int64_t h = 0; h < p.H; h++)  // the border keeps z_x
+                std::memcpy(xpad.data() + (h + pad) * Wp + pad, x + (nc * p.H + h) * p.W, static_cast<size_t>(p.W));
+            std::fill(acc.begin(), acc.end(), 0);
+            for (int64_t op = 0; op < P; op++)
+                for (int64_t kh = 0; kh < p.KH; kh++)
+                    for (int64_t kw = 0; kw < p.KW; kw++)
+                        tap_row(w[c * taps + kh * p.KW + kw], xpad.data() + (op * s + kh * d) * Wp + kw * d, s,
+                                acc.data() + op * Q, Q);
+            requantize(acc.data(), P * Q, out.bias[c], out.requant[c], out, y + nc * P * Q);
+        }
+    });
+}
+
 }  // namespace
 
-int64_t qconv2d_work_bytes(const Conv2dParams& p) { return conv_slots(p) * slot_bytes(p); }
+int64_t qconv2d_work_bytes(const Conv2dParams& p) {
+    return qconv2d_is_depthwise(p) ? 0 : conv_slots(p) * slot_bytes(p);
+}
 
 void qconv2d(const uint8_t* x, const int8_t* w, uint8_t* y, const Conv2dParams& p, int32_t x_zero_point,
              int32_t x_max, const QOutput& out, uint8_t* work) {
     check_conv2d_params(p, "qconv2d");
-    KILN_CHECK(p.groups == 1, "qconv2d: groups=", p.groups, " but the int8 convolution has groups = 1 only; "
-               "run a grouped layer in f32");
+    if (qconv2d_is_depthwise(p)) return qconv2d_depthwise(x, w, y, p, x_zero_point, out);
+    KILN_CHECK(p.groups == 1, "qconv2d: groups=", p.groups, " but the int8 convolution takes groups = 1 or "
+               "depthwise (groups = C = O; here C=", p.C, ", O=", p.O, "); run another grouped layer in f32");
     const int64_t x_image = p.C * p.H * p.W, y_image = p.O * p.P() * p.Q();
     const QgemmPackedB wp = qgemm_pack_b(p.O, p.C * p.KH * p.KW, w, p.C * p.KH * p.KW, x_max);  // once for all images
     const RequantizeChannel requantize = requantize_channel_kernel();
@@ -286,10 +358,27 @@ void qmaxpool2d(const uint8_t* x, uint8_t* y, const Pool2dParams& p) {
     });
 }
 
+void qglobal_avgpool(const uint8_t* x, uint8_t* y, int64_t NC, int64_t S) {
+    parallel_for(NC, grain_of(1 << 15, S), [&](int64_t i0, int64_t i1) {
+        for (int64_t i = i0; i < i1; i++) {
+            int64_t sum = 0;
+            for (int64_t s = 0; s < S; s++) sum += x[i * S + s];
+            y[i] = uint8_t((sum + S / 2) / S);
+        }
+    });
+}
+
 void lookup_u8(const uint8_t* x, uint8_t* y, int64_t outer, int64_t C, int64_t inner, const uint8_t* table) {
     for_each_run(outer, C, inner, [&](int64_t begin, int64_t end, int64_t c) {
         const uint8_t* t = table + c * 256;
         for (int64_t i = begin; i < end; i++) y[i] = t[x[i]];
+    });
+}
+
+// ==== the sum of two u8 tensors ======================================================================
+void qadd(const uint8_t* a, const uint8_t* b, uint8_t* y, int64_t n, const QAddParams& q) {
+    for_each_run(1, 1, n, [&](int64_t begin, int64_t end, int64_t) {
+        for (int64_t i = begin; i < end; i++) y[i] = qadd_value(a[i], b[i], q);
     });
 }
 

@@ -28,6 +28,46 @@ struct QOutput {
     int32_t lo = 0, hi = 255;
 };
 
+// ==== the two int8 convolutions (both backends) ==================================================
+// Whether qconv2d takes p as depthwise (groups = C = O > 1: one KH×KW filter per channel) rather
+// than as a product over all C channels (groups = 1). Any other groups is refused.
+inline bool qconv2d_is_depthwise(const Conv2dParams& p) { return p.groups > 1 && p.groups == p.C && p.O == p.C; }
+
+// ==== the sum of two u8 tensors, each with its own range (a residual connection's add) ===========
+//   y = clamp(z_y + round((s_a·(a − z_a) + s_b·(b − z_b)) / s_y), qmin, qmax)
+// in fixed point, as TFLite's quantized ADD: with m = 2·max(s_a, s_b) and 20 bits of headroom,
+//   a' = round((a − z_a)·2^20 · s_a/m)          s_a/m ≤ 1/2: |a'| < 2^27
+//   b' = round((b − z_b)·2^20 · s_b/m)
+//   y  = clamp(z_y + round((a' + b') · m/(2^20·s_y)), qmin, qmax)
+// each multiplier a Requant and each round apply_requant's (half up), so both backends give the
+// same integers. Within 1 of the formula in double, when the three scales lie within a factor
+// kQAddMaxScaleRatio = 2^12 of each other (qadd_params refuses others): the multipliers are exact
+// to 2^-31 relative, so a' and b' are each within 1/2 + 2^27·2^-31 = 9/16 of their exact values,
+// and with m/(2^20·s_y) ≤ 2^-7 the value rounded last is within 1.125·2^-7 + 2^21·2^-31 of the
+// exact quotient (whose size is at most 510·2^12 < 2^21); two values less than 1 apart round to
+// integers at most 1 apart, and the clamp keeps them so. The ratio also keeps every multiplier
+// in apply_requant's range: s_a/m, s_b/m ≥ 2^-13 and m/(2^20·s_y) ≥ 2^-31.
+constexpr int kQAddShift = 20;
+constexpr double kQAddMaxScaleRatio = 4096.0;
+
+struct QAddParams {
+    int32_t a_zero_point = 0, b_zero_point = 0;
+    Requant a_mult, b_mult, y_mult;  // s_a/m, s_b/m, m/(2^20·s_y)
+    int32_t y_zero_point = 0, qmin = 0, qmax = 255;
+};
+
+// The fixed-point numbers of a, b and out's QParams; a kiln::Error naming qadd for a scale that is
+// not positive and finite, scales further apart than kQAddMaxScaleRatio, an input zero point
+// outside [0, 255] or an output range that is not 0 ≤ qmin ≤ zero_point ≤ qmax ≤ 255.
+QAddParams qadd_params(const QParams& a, const QParams& b, const QParams& out);
+
+// The formula above for one pair (a, b): both twins call it. (a − z_a)·2^20 is exact in int32.
+KILN_HOST_DEVICE inline uint8_t qadd_value(int32_t a, int32_t b, const QAddParams& q) {
+    const int32_t a2 = apply_requant((a - q.a_zero_point) * (1 << kQAddShift), q.a_mult);
+    const int32_t b2 = apply_requant((b - q.b_zero_point) * (1 << kQAddShift), q.b_mult);
+    return requantize_value(a2 + b2, q.y_mult, q.y_zero_point, q.qmin, q.qmax);
+}
+
 }  // namespace kiln
 
 namespace kiln::cpu {
@@ -81,12 +121,13 @@ void requantize_rows(const int32_t* acc, uint8_t* y, int64_t M, int64_t O, const
 void qlinear(const uint8_t* x, const int8_t* w, uint8_t* y, int64_t N, int64_t K, int64_t O, int32_t x_max,
              const QOutput& out, int32_t* work);
 
-// y [N, O, P, Q] u8 = requantize(conv(x [N, C, H, W] u8, w [O, C/G, KH, KW] i8)), groups = 1:
-// padding reads as z_x (the u8 of the real value 0), so the zero-point correction in bias holds
-// at the borders too.
+// y [N, O, P, Q] u8 = requantize(conv(x [N, C, H, W] u8, w [O, C/G, KH, KW] i8)), groups = 1 or
+// depthwise (qconv2d_is_depthwise: G = C = O, w [C, 1, KH, KW], output channel c reads channel c
+// only): padding reads as z_x (the u8 of the real value 0), so the zero-point correction in bias
+// holds at the borders too.
 // work: qconv2d_work_bytes(p) bytes of workspace; it depends on the sizes p only, never on the
 // thread count (the CPU kernel: one image's unfolded rows and accumulators for each of up to 16
-// images in flight).
+// images in flight; depthwise: none, 0).
 int64_t qconv2d_work_bytes(const Conv2dParams& p);
 void qconv2d(const uint8_t* x, const int8_t* w, uint8_t* y, const Conv2dParams& p, int32_t x_zero_point,
              int32_t x_max, const QOutput& out, uint8_t* work);
@@ -94,6 +135,14 @@ void qconv2d(const uint8_t* x, const int8_t* w, uint8_t* y, const Conv2dParams& 
 // Max pooling on u8 (padding never wins): the max of quantized values is the quantized max,
 // since q ↦ s·(q − z) is increasing; y keeps x's scale and zero point.
 void qmaxpool2d(const uint8_t* x, uint8_t* y, const Pool2dParams& p);
+
+// Global average pooling on u8, x [NC, S] (S = H·W) → y [NC]:
+//   y[i] = round-half-up(Σ_s x[i, s] / S) = (Σ_s x[i, s] + ⌊S/2⌋) / S   in integers (an odd S has
+// no ties); y keeps x's scale and zero point: the mean of s·(q − z) is s·(mean q − z).
+void qglobal_avgpool(const uint8_t* x, uint8_t* y, int64_t NC, int64_t S);
+
+// y[i] = qadd_value(a[i], b[i], q) for i < n (QAddParams: above).
+void qadd(const uint8_t* a, const uint8_t* b, uint8_t* y, int64_t n, const QAddParams& q);
 
 // Any function of one value, as a table: y[i] = table[c][x[i]], x viewed as [outer, C, inner]
 // and table [C, 256] (C = 1: one table for the whole tensor). A unary op (GELU, ReLU, a batch
