@@ -10,6 +10,7 @@
 #include <cmath>
 #include <cstdio>
 #include <memory>
+#include <sstream>
 #include <string>
 
 #include <unistd.h>  // getpid
@@ -64,6 +65,55 @@ Tensor eval_forward(Module& model, const Tensor& x) {
     model.eval();
     NoGradScope no_grad;
     return model.call(x);
+}
+
+// The kinds of the steps, from the summary (one line per step, a residual's own steps below it,
+// indented two more spaces): "input conv residual( conv conv ) ... output".
+std::string step_kinds(const QuantizedNet& q) {
+    std::istringstream lines(q.summary());
+    std::string line, kinds;
+    size_t depth = 1;
+    while (std::getline(lines, line)) {
+        const size_t indent = line.find_first_not_of(' ') / 2;
+        for (; depth > indent; depth--) kinds += ") ";
+        const size_t colon = line.find(": ");
+        const std::string kind = line.substr(colon + 2, line.find(' ', colon + 2) - colon - 2);
+        kinds += kind + (kind == "residual" ? "( " : " ");
+        depth = kind == "residual" ? indent + 1 : indent;
+    }
+    return kinds;
+}
+
+// A small residual net with a shortcut, as ResNet's blocks are: relu(body(x) + shortcut(x)).
+//   stem conv 3→8 3×3 + ReLU, block: Residual(body: conv 8→16 3×3 stride 2 + ReLU, conv 16→16 3×3;
+//   shortcut: conv 8→16 1×1 stride 2) then ReLU, global average pool, linear 16→10
+std::unique_ptr<Sequential> shortcut_net(Rng& rng) {
+    auto body = std::make_unique<Sequential>("body");
+    body->add("conv1", std::make_unique<Conv2d>(8, 16, 3, rng, ConvOptions{2, 1}));
+    body->add("relu", std::make_unique<ReLU>());
+    body->add("conv2", std::make_unique<Conv2d>(16, 16, 3, rng, ConvOptions{1, 1}));
+    auto block = std::make_unique<Sequential>("block");
+    block->add("residual", std::make_unique<Residual>(std::move(body),
+                                                      std::make_unique<Conv2d>(8, 16, 1, rng, ConvOptions{2, 0})));
+    block->add("relu", std::make_unique<ReLU>());
+    auto net = std::make_unique<Sequential>("shortcut-net");
+    net->add("stem", std::make_unique<Conv2d>(3, 8, 3, rng, ConvOptions{1, 1}));
+    net->add("relu", std::make_unique<ReLU>());
+    net->add("block", std::move(block));
+    net->add("pool", std::make_unique<GlobalAvgPool>());
+    net->add("fc", std::make_unique<Linear>(16, 10, rng));
+    return net;
+}
+
+// The largest |got − want| over the logits, as a fraction of the f32 logits' range.
+double error_of_range(const Tensor& got, const Tensor& want) {
+    double lo = 0, hi = 0, err = 0;
+    for (int64_t i = 0; i < want.numel(); i++) {
+        const double w = want.data<float>()[i];
+        lo = std::min(lo, w), hi = std::max(hi, w);
+        err = std::max(err, std::abs(double(got.data<float>()[i]) - w));
+    }
+    return err / (hi - lo);
 }
 
 }  // namespace
@@ -300,6 +350,59 @@ TEST_CASE("convert: the CIFAR net with its batch norms folded, GELUs as tables",
     CHECK(q.forward(x).shape() == Shape{4, 10});
 }
 
+// MobileNetV2 (chapter 13) at width 0.25: every kind of its layers has an int8 step — the
+// depthwise convs, ReLU6 fused as a clamp into the conv before it, the residual adds (qadd),
+// the global average pool — and the logits stay close to f32's through 53 convolutions.
+TEST_CASE("convert: MobileNetV2 in int8, depthwise convs, ReLU6 clamps, residual adds", "[lesson11][qmodel][cpu]") {
+    Rng rng(13);
+    auto model = mobilenet_v2(rng, 10, 0.25f);
+    randomize_batchnorms(*model, rng);
+    fold_batchnorm(*model);
+    const Tensor x = Tensor::normal({8, 3, 32, 32}, 0, 1, rng);
+    const Tensor want = eval_forward(*model, x);
+    QuantConfig config;
+    config.activations = QuantConfig::Observer::MinMax;
+    Calibrator cal(*model, config);
+    cal.run(x);
+    const QuantizedNet q = convert(*model, cal);
+    const std::string kinds = step_kinds(q), summary = q.summary();
+    const auto count = [](const std::string& text, const std::string& what) {
+        size_t n = 0;
+        for (size_t at = text.find(what); at != std::string::npos; at = text.find(what, at + 1)) n++;
+        return n;
+    };
+    INFO(summary);
+    size_t residuals = 0;  // the blocks with stride 1 and as many channels out as in: 12 at this width
+    for (auto& [name, m] : model->named_modules()) residuals += dynamic_cast<Residual*>(m) != nullptr;
+    CHECK(residuals == 12);
+    CHECK(count(kinds, "residual(") == residuals);
+    CHECK(count(summary, " depthwise") == 17);  // one per block
+    CHECK(count(summary, "+ ReLU ≤ 6") == 35);  // stem, 17 depthwise, 16 expansions, the 1280-wide conv
+    CHECK(count(kinds, "table") == 0);          // every ReLU6 fused, every batch norm folded
+    CHECK(kinds.find("avgpool linear output") != std::string::npos);
+    // 53 layers, each rounding its output to 1/255 of its range: a few percent of the logits'
+    // range, where LeNet's 5 layers stay within 4%.
+    CHECK(error_of_range(q.forward(x), want) < 0.08);
+}
+
+// A shortcut with a layer of its own, and a ReLU after the sum: the body's last conv must not take
+// that ReLU (it acts on the sum), so it is a table after the residual step.
+TEST_CASE("convert: a residual with a shortcut conv, and the ReLU after the sum", "[lesson11][qmodel][cpu]") {
+    Rng rng(14);
+    auto model = shortcut_net(rng);
+    const Tensor x = Tensor::normal({6, 3, 12, 12}, 0, 1, rng);
+    const Tensor want = eval_forward(*model, x);
+    QuantConfig config;
+    config.activations = QuantConfig::Observer::MinMax;
+    Calibrator cal(*model, config);
+    cal.run(x);
+    const QuantizedNet q = convert(*model, cal);
+    INFO(q.summary());
+    CHECK(step_kinds(q) == "input conv residual( conv conv conv ) table avgpool linear output ");
+    CHECK(q.summary().find("block.residual.body.conv2: conv     [16, 16, 3, 3] i8, out") != std::string::npos);
+    CHECK(error_of_range(q.forward(x), want) < 0.04);
+}
+
 // The int8 file: what is saved is what comes back (the same logits, bit for bit), at about a
 // quarter of the f32 checkpoint: the weights take 1 byte instead of 4, and the per-channel
 // scales, int32 biases, tables and the header add a little.
@@ -335,6 +438,29 @@ TEST_CASE("QuantizedNet: save and load give the same network, at ≤ 27% of the 
     std::remove(q_path.c_str());
 }
 
+// Residual steps in the file: their own steps follow them in "quant.steps", and load rebuilds the
+// same nesting (the same summary) and the same logits.
+TEST_CASE("QuantizedNet: residual steps saved and loaded, bit for bit", "[lesson11][qmodel][cpu]") {
+    Rng rng(15);
+    auto mobilenet = mobilenet_v2(rng, 10, 0.25f);
+    randomize_batchnorms(*mobilenet, rng);
+    fold_batchnorm(*mobilenet);
+    auto shortcut = shortcut_net(rng);
+    for (Module* m : {static_cast<Module*>(mobilenet.get()), static_cast<Module*>(shortcut.get())}) {
+        INFO(m->name());
+        const Tensor x = Tensor::normal({2, 3, 32, 32}, 0, 1, rng);
+        Calibrator cal(*m, QuantConfig{});
+        cal.run(x);
+        const QuantizedNet q = convert(*m, cal);
+        const std::string path = temp_path("residual-int8.safetensors");
+        q.save(path);
+        const QuantizedNet back = QuantizedNet::load(path);
+        std::remove(path.c_str());
+        CHECK(back.summary() == q.summary());
+        require_identical(back.forward(x), q.forward(x));
+    }
+}
+
 TEST_CASE("quantization's errors name the layer or the file and say what to do", "[lesson11][qmodel][cpu]") {
     Rng rng(10);
     auto model = lenet(rng);
@@ -350,6 +476,20 @@ TEST_CASE("quantization's errors name the layer or the file and say what to do",
         Calibrator cal(odd, QuantConfig{});
         cal.run(Tensor::normal({1, 1, 8, 8}, 0, 1, rng));
         CHECK_THROWS_WITH(convert(odd, cal), Contains("avg: no int8 version of this layer"));
+    }
+    Sequential grouped;
+    grouped.add("conv", std::make_unique<Conv2d>(4, 4, 3, rng, ConvOptions{1, 1, 1, 2}));
+    {
+        Calibrator cal(grouped, QuantConfig{});
+        cal.run(Tensor::normal({1, 4, 8, 8}, 0, 1, rng));
+        CHECK_THROWS_WITH(convert(grouped, cal), Contains("conv: an int8 convolution with groups 2 is not written"));
+    }
+    auto residual_net = shortcut_net(rng);
+    {
+        Calibrator cal(*residual_net, QuantConfig{});
+        cal.run(Tensor::normal({1, 3, 8, 8}, 0, 1, rng));
+        const QuantizedNet plan = convert(*residual_net, cal);
+        CHECK_THROWS_WITH(QuantAwareTraining(*residual_net, plan), Contains("block.residual is a Residual"));
     }
     const std::string path = temp_path("not-int8.safetensors");
     StateDict f32_state;
@@ -369,9 +509,13 @@ TEST_CASE("QuantizedNet on cuda gives the CPU's logits bit for bit", "[lesson11]
     randomize_batchnorms(*model, rng, "block2a.bn");
     fold_batchnorm(*model);
     auto lenet_model = lenet(rng);
-    for (Module* m : {static_cast<Module*>(model.get()), static_cast<Module*>(lenet_model.get())}) {
+    auto mobilenet = mobilenet_v2(rng, 10, 0.25f);  // depthwise convs and residual adds
+    randomize_batchnorms(*mobilenet, rng);
+    fold_batchnorm(*mobilenet);
+    for (Module* m : {static_cast<Module*>(model.get()), static_cast<Module*>(lenet_model.get()),
+                      static_cast<Module*>(mobilenet.get())}) {
         const bool is_lenet = m == lenet_model.get();
-        INFO((is_lenet ? "LeNet" : "CIFAR net"));
+        INFO(m->name());
         const Tensor x = is_lenet ? Tensor::normal({3, 1, 28, 28}, 0, 1, rng) : Tensor::normal({2, 3, 32, 32}, 0, 1, rng);
         Calibrator cal(*m, QuantConfig{});
         cal.run(x);

@@ -5,6 +5,7 @@
 //   make lesson-10 ARGS='--model lenet --sparsity 0.9 --rounds 8'   # chapter 03's LeNet, to 90%
 //   make lesson-10 ARGS='--model cifar'              # chapter 06's CIFAR net, half of every conv's channels removed
 //   make lesson-10 ARGS='--limit 5000 --epochs 1 --rounds 2 --finetune-epochs 1'   # a quick look
+//   make lesson-10 ARGS='--model mobilenet --from runs/lesson-13-mobilenet/last.safetensors'   # chapter 13's MobileNetV2
 //
 // MNIST (Han et al. 2015): train the dense net, then `--rounds` times: prune the weights of
 // smallest |w| over the whole net (global_unstructured) up to the round's sparsity (Zhu & Gupta's
@@ -17,9 +18,15 @@
 // by the L1 norm of their filters (ln_structured), cut them out (remove_channels), and
 // fine-tune the smaller net --finetune-epochs (16) with chapter 07's one-cycle schedule.
 //
+// MobileNetV2 (chapter 13; --from a checkpoint of lesson-13-mobilenet --save, --width as it was
+// trained): the MNIST rounds on CIFAR-10 — global_unstructured over every conv and the head —
+// with --finetune-epochs 0 by default (an epoch of it takes 20 minutes on two cores): how far
+// one-shot magnitude pruning goes before the accuracy falls.
+//
 // Next to run.json and curves.svg (of the training fit logs: MNIST's dense training, CIFAR's
 // fine-tuning) in --save DIR or runs/lesson-10/:
-//   pruning.svg   MNIST: test accuracy against sparsity, after each pruning and after its fine-tuning
+//   pruning.svg   MNIST, MobileNetV2: test accuracy against sparsity, after each pruning and after
+//                 its fine-tuning
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -28,12 +35,12 @@
 
 #include "core/allocator.h"       // defines: BumpAllocator
 #include "nn/conv.h"              // defines: Conv2d
-#include "nn/models.h"            // defines: mlp, lenet, cifar_net
+#include "nn/models.h"            // defines: mlp, lenet, cifar_net, mobilenet_v2
 #include "nn/norm.h"              // defines: BatchNorm2d
 #include "nn/prune.h"             // defines: prune::global_unstructured, ln_structured, remove, ...
 #include "nn/sparse_linear.h"     // defines: SparseLinear, sparsify_linears
 #include "nn/surgery.h"           // defines: remove_channels
-#include "optim/optimizer.h"      // defines: SGD
+#include "optim/optimizer.h"      // defines: SGD, decay_groups
 #include "optim/scheduler.h"      // defines: OneCycleLR
 #include "train/checkpoint.h"     // defines: read_safetensors, load_model
 #include "train/cli.h"            // defines: Cli, CommonFlags
@@ -52,8 +59,9 @@ struct Round {
 };
 
 // pruning.svg: accuracy against sparsity as a saw — each pruning drops it (red), each
-// fine-tuning wins it back (blue) — with the dense net's accuracy as a dashed line.
-void save_pruning_plot(const std::vector<Round>& rounds, double dense_acc, const std::string& path) {
+// fine-tuning wins it back (blue) — with the dense net's accuracy as a dashed line. Without
+// fine-tuning (tuned = false) only the red points: one-shot pruning at each sparsity.
+void save_pruning_plot(const std::vector<Round>& rounds, double dense_acc, bool tuned, const std::string& path) {
     std::vector<double> s{0.0}, acc{100 * dense_acc};
     for (const Round& r : rounds) {
         s.insert(s.end(), {100 * r.sparsity, 100 * r.sparsity});
@@ -66,11 +74,16 @@ void save_pruning_plot(const std::vector<Round>& rounds, double dense_acc, const
     svg.line(plot.at(0, 100 * dense_acc), plot.at(100, 100 * dense_acc), "#888888", 1, true);
     svg.polyline(plot.points(s, acc), "#555555", 1.5);
     for (size_t i = 1; i < s.size(); i++) {  // odd points: after pruning; even: after fine-tuning
+        if (i % 2 == 0 && !tuned) continue;
         const Point p = plot.at(s[i], acc[i]);
         svg.rect({p.x - 3, p.y - 3, 6, 6}, i % 2 ? "#d62728" : "#1f77b4");
     }
-    svg.legend({85, 250}, {{"after pruning", "#d62728"}, {"after fine-tuning", "#1f77b4"}, {"dense", "#888888"}});
-    svg.text({320, 22}, "accuracy against sparsity: prune, fine-tune, repeat", 14, Anchor::Middle);
+    if (tuned)
+        svg.legend({85, 250}, {{"after pruning", "#d62728"}, {"after fine-tuning", "#1f77b4"}, {"dense", "#888888"}});
+    else
+        svg.legend({85, 250}, {{"after pruning", "#d62728"}, {"dense", "#888888"}});
+    svg.text({320, 22}, tuned ? "accuracy against sparsity: prune, fine-tune, repeat" : "accuracy against sparsity: "
+             "pruning without fine-tuning", 14, Anchor::Middle);
     svg.save(path);
     std::printf("wrote %s\n", path.c_str());
 }
@@ -100,7 +113,8 @@ double weight_sparsity(Module& model) { return prune::total_sparsity(prune::spar
 
 // Fine-tuning after a pruning: epochs − 1 epochs at a tenth of the training lr, the last at a
 // hundredth (as the dense training ended), so that each round ends settled.
-double finetune(Module& model, SGD& sgd, MnistData& mnist, BumpAllocator& arena, float lr, int epochs) {
+double finetune(Module& model, SGD& sgd, DataLoader& train, DataLoader& test, BumpAllocator& arena, float lr,
+                int epochs) {
     TrainOptions opt;
     opt.arena = &arena;
     double acc = 0.0;
@@ -108,27 +122,40 @@ double finetune(Module& model, SGD& sgd, MnistData& mnist, BumpAllocator& arena,
         if (n < 1) continue;
         opt.epochs = n;
         sgd.set_lr(rate);
-        acc = fit(model, sgd, mnist.train, mnist.test, opt);
+        acc = fit(model, sgd, train, test, opt);
     }
     return acc;
 }
 
-// The rounds: prune to the schedule's sparsity, score, fine-tune, score.
-std::vector<Round> prune_and_finetune(Module& model, SGD& sgd, MnistData& mnist, BumpAllocator& arena,
-                                      const CommonFlags& flags, int rounds, double final_sparsity,
-                                      int finetune_epochs) {
+// The rounds: prune to the schedule's sparsity, score, fine-tune (when finetune_epochs > 0), score.
+std::vector<Round> prune_and_finetune(Module& model, SGD& sgd, DataLoader& train, DataLoader& test,
+                                      BumpAllocator& arena, const CommonFlags& flags, int rounds,
+                                      double final_sparsity, int finetune_epochs) {
     std::vector<Round> done;
     for (int k = 1; k <= rounds; k++) {
         const double target = prune::sparsity_after_round(k, rounds, final_sparsity);
         const double amount = prune::amount_to_reach(weight_sparsity(model), target);
         prune::global_unstructured(prune::prunable_weights(model), prune::Method::L1Unstructured, amount);
-        Round r{weight_sparsity(model), evaluate(model, mnist.test, &arena), 0.0};
+        Round r{weight_sparsity(model), evaluate(model, test, &arena), 0.0};
         std::printf("round %d/%d: pruned to %.2f%% sparsity, test accuracy %.2f%%; fine-tuning %d epochs\n", k, rounds,
                     100 * r.sparsity, 100 * r.acc_pruned, finetune_epochs);
-        r.acc_tuned = finetune(model, sgd, mnist, arena, flags.lr, finetune_epochs);
+        r.acc_tuned = finetune_epochs > 0 ? finetune(model, sgd, train, test, arena, flags.lr, finetune_epochs)
+                                          : r.acc_pruned;
         done.push_back(r);
     }
     return done;
+}
+
+// After the rounds: each layer's sparsity, pruning.svg, and the accuracy before and after; returns
+// the pruned net's accuracy.
+double summarize_rounds(Module& model, const std::vector<Round>& rounds_done, double dense_acc, bool tuned,
+                        const CommonFlags& flags) {
+    prune::print_sparsity(model);
+    save_pruning_plot(rounds_done, dense_acc, tuned, run_info(flags).dir + "/pruning.svg");
+    const double pruned_acc = rounds_done.empty() ? dense_acc : rounds_done.back().acc_tuned;
+    std::printf("dense %.2f%% -> pruned %.2f%% at %.2f%% sparsity (%+.2f points)\n", 100 * dense_acc,
+                100 * pruned_acc, 100 * weight_sparsity(model), 100 * (pruned_acc - dense_acc));
+    return pruned_acc;
 }
 
 int run_mnist(const std::string& which, CommonFlags& flags, int rounds, double final_sparsity, int finetune_epochs) {
@@ -147,12 +174,8 @@ int run_mnist(const std::string& which, CommonFlags& flags, int rounds, double f
 
     const double dense_acc = fit(model, sgd, mnist.train, mnist.test, flags, &arena);
     const std::vector<Round> rounds_done =
-        prune_and_finetune(model, sgd, mnist, arena, flags, rounds, final_sparsity, finetune_epochs);
-    prune::print_sparsity(model);
-    save_pruning_plot(rounds_done, dense_acc, run_info(flags).dir + "/pruning.svg");
-    const double pruned_acc = rounds_done.empty() ? dense_acc : rounds_done.back().acc_tuned;
-    std::printf("dense %.2f%% -> pruned %.2f%% at %.2f%% sparsity (%+.2f points)\n", 100 * dense_acc,
-                100 * pruned_acc, 100 * weight_sparsity(model), 100 * (pruned_acc - dense_acc));
+        prune_and_finetune(model, sgd, mnist.train, mnist.test, arena, flags, rounds, final_sparsity, finetune_epochs);
+    const double pruned_acc = summarize_rounds(model, rounds_done, dense_acc, finetune_epochs > 0, flags);
     sparse_savings(model, mnist.test, arena);
     report(device, pruned_acc, start);
     return 0;
@@ -273,6 +296,32 @@ int run_cifar(CommonFlags& flags, const std::string& from, float fraction, int f
     return 0;
 }
 
+// ---- MobileNetV2 (chapter 13): the MNIST rounds on CIFAR-10 -------------------------------
+int run_mobilenet(CommonFlags& flags, const std::string& from, float width, int rounds, double final_sparsity,
+                  int finetune_epochs) {
+    KILN_CHECK(!from.empty(), "--model mobilenet needs --from: the checkpoint of a lesson-13-mobilenet run with "
+               "--save DIR (DIR/last.safetensors); training it takes hours, so lesson-10 does not");
+    const Device device = flags.apply();
+    const auto start = std::chrono::steady_clock::now();
+    CifarData cifar(flags, device);
+    BumpAllocator arena("step arena", device);
+    Rng rng(flags.seed);
+    std::unique_ptr<Sequential> net = mobilenet_v2(rng, 10, width);
+    Sequential& model = *net;
+    model.to(device);
+    load_model(read_safetensors(from), model);
+    const double dense_acc = evaluate(model, cifar.test, &arena);
+    std::printf("lesson-10: MobileNetV2 width %.2f from %s, %lld parameters, test accuracy %.2f%%; %d rounds to "
+                "%.0f%% sparsity, %d fine-tuning epochs each\n", double(width), from.c_str(),
+                (long long)model.num_parameters(), 100 * dense_acc, rounds, 100 * final_sparsity, finetune_epochs);
+    SGD sgd(decay_groups(model, flags.lr, 5e-4f), SGD::Options{0.9f, 0.0f, 0.0f, true});  // lesson-13-mobilenet's
+    const std::vector<Round> rounds_done =
+        prune_and_finetune(model, sgd, cifar.train, cifar.test, arena, flags, rounds, final_sparsity, finetune_epochs);
+    const double pruned_acc = summarize_rounds(model, rounds_done, dense_acc, finetune_epochs > 0, flags);
+    report(device, pruned_acc, start);
+    return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) try {
@@ -280,24 +329,37 @@ int main(int argc, char** argv) try {
     flags.epochs = 10;
     flags.lr = 0.05f;
     std::string model = "mlp", from;
+    float width = 1.0f;
     int rounds = 6, finetune_epochs = 4;
     float final_sparsity = 0.92f, channels = 0.5f;
     Cli cli("lesson-10", "Prunes a network with masks, fine-tunes it, and measures what pruning saves.");
     flags.add_to(cli);
-    cli.add("--model", &model, "mlp (LeNet-300-100), lenet (chapter 03's) or cifar (chapter 06's net)");
-    cli.add("--rounds", &rounds, "MNIST: prune-and-fine-tune rounds");
-    cli.add("--sparsity", &final_sparsity, "MNIST: the weights' sparsity after the last round");
+    cli.add("--model", &model, "mlp (LeNet-300-100), lenet (chapter 03's), cifar (chapter 06's net) or mobilenet "
+            "(chapter 13's MobileNetV2)");
+    cli.add("--rounds", &rounds, "MNIST, MobileNetV2: prune-and-fine-tune rounds");
+    cli.add("--sparsity", &final_sparsity, "MNIST, MobileNetV2: the weights' sparsity after the last round");
     cli.add("--finetune-epochs", &finetune_epochs, "epochs of fine-tuning: after each pruning round (MNIST), after the cut (CIFAR, 16)");
     cli.add("--channels", &channels, "CIFAR: the fraction of every conv's output channels to remove");
-    cli.add("--from", &from, "CIFAR: the trained dense net, a lesson-06 checkpoint (else it is trained here)");
+    cli.add("--from", &from, "CIFAR: the trained dense net, a lesson-06 checkpoint (else it is trained here); "
+            "MobileNetV2: a lesson-13-mobilenet checkpoint (needed)");
+    cli.add("--width", &width, "MobileNetV2: the width multiplier it was trained with");
     if (command_line_has(argc, argv, "--model", "cifar")) {  // chapter 06's settings, before the command line may change them
         flags.batch_size = 128;
         flags.data = "data/cifar10";
         finetune_epochs = 16;
     }
+    if (command_line_has(argc, argv, "--model", "mobilenet")) {  // lesson-13-mobilenet's settings
+        flags.batch_size = 128;
+        flags.data = "data/cifar10-png";
+        flags.lr = 0.1f;
+        finetune_epochs = 0;
+        final_sparsity = 0.9f;
+    }
     cli.parse(argc, argv);
-    KILN_CHECK(model == "mlp" || model == "lenet" || model == "cifar", "--model ", model, ": mlp, lenet or cifar");
+    KILN_CHECK(model == "mlp" || model == "lenet" || model == "cifar" || model == "mobilenet", "--model ", model,
+               ": mlp, lenet, cifar or mobilenet");
     if (model == "cifar") return run_cifar(flags, from, channels, finetune_epochs);
+    if (model == "mobilenet") return run_mobilenet(flags, from, width, rounds, final_sparsity, finetune_epochs);
     return run_mnist(model, flags, rounds, final_sparsity, finetune_epochs);
 } catch (const std::exception& e) {
     std::fprintf(stderr, "lesson-10: %s\n", e.what());

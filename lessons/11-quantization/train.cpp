@@ -5,9 +5,11 @@
 //   make lesson-11 ARGS='--from runs/lesson-03/last.safetensors'          # a LeNet lesson-03 trained
 //   make lesson-11 ARGS='--model cifar --from runs/lesson-06/last.safetensors'   # chapter 06's net
 //   make lesson-11 ARGS='--model cifar --from ... --qat-epochs 1'         # + quantization-aware training
+//   make lesson-11 ARGS='--model mobilenet --from runs/lesson-13-mobilenet/last.safetensors'   # chapter 13's
 //
 // The steps, each printed with what it gives:
-//   1. the f32 model: trained here or loaded (--from); its test accuracy and inference speed
+//   1. the f32 model: trained here or loaded (--from; MobileNetV2, hours to train, is only
+//      loaded); its test accuracy and inference speed
 //   2. batch norm folded into the convolutions (quant/fold.h): the same accuracy
 //   3. calibration: --calib-batches training batches through the model with observers on every
 //      layer's output (quant/qmodel.h Calibrator; --observer histogram|minmax|moving)
@@ -15,7 +17,7 @@
 //      kernel ran (ops/cpu/qgemm.h: avx512-vnni, avx-vnni, avx2-maddubs, avx2-madd, portable)
 //   5. both models saved (f32.safetensors, int8.safetensors in --save DIR or runs/lesson-11/)
 //      and their sizes; the int8 file loaded back gives the same logits
-//   6. histogram.svg: the first layer's output as the histogram observer saw it, with the clip
+//   6. histogram.svg: the first layer's output (or --histogram LAYER's) as the histogram observer saw it, with the clip
 //      range it chose
 //   7. with --qat-epochs N: quantization-aware fine-tuning (quant/qat.h), converted again with
 //      the ranges it was fine-tuned with, against step 4
@@ -29,7 +31,7 @@
 
 #include "core/allocator.h"       // defines: BumpAllocator
 #include "core/cpu_features.h"    // defines: cpu_features_line
-#include "nn/models.h"            // defines: lenet, cifar_net
+#include "nn/models.h"            // defines: lenet, cifar_net, mobilenet_v2
 #include "ops/quant.h"            // defines: int8_kernel_path
 #include "optim/optimizer.h"      // defines: SGD
 #include "quant/fold.h"           // defines: fold_batchnorm
@@ -48,8 +50,9 @@ namespace {
 
 struct Options {
     std::string model = "lenet", from, observer = "histogram", reduce_range = "auto";
+    std::string histogram;  // the layer whose output histogram.svg shows; "": the first
     int calib_batches = 32, qat_epochs = 0;
-    float qat_lr = 0.001f;
+    float qat_lr = 0.001f, width = 1.0f;  // width: MobileNetV2's multiplier
 };
 
 double file_kib(const std::string& path) {
@@ -80,16 +83,16 @@ QuantizedNet calibrate_and_convert(Module& model, const QuantConfig& config, Dat
     return convert(model, cal);
 }
 
-// Step 6: the first layer's output as its histogram observer saw it.
-void save_histogram(Module& model, const QuantConfig& config, DataLoader& train, int batches, const std::string& path) {
+// Step 6: a layer's output as its histogram observer saw it (`layer`, or the first).
+void save_histogram(Module& model, const QuantConfig& config, DataLoader& train, int batches, std::string layer,
+                    const std::string& path) {
     if (config.activations != QuantConfig::Observer::Histogram) return;
     Calibrator cal(model, config);
     calibrate(cal, train, batches);
-    std::string first;
     for (auto& [name, m] : model.named_modules())
-        if (m->children().empty() && first.empty()) first = name;
-    const auto& obs = static_cast<const HistogramObserver&>(cal.observer(first));
-    histogram_svg(obs, first + " output over " + std::to_string(batches) + " calibration batches").save(path);
+        if (m->children().empty() && layer.empty()) layer = name;
+    const auto& obs = static_cast<const HistogramObserver&>(cal.observer(layer));
+    histogram_svg(obs, layer + " output over " + std::to_string(batches) + " calibration batches").save(path);
     std::printf("wrote %s\n", path.c_str());
 }
 
@@ -114,7 +117,7 @@ void save_both(Module& model, const QuantizedNet& q, const std::string& dir, con
 int run(CommonFlags& flags, const Options& o) {
     const Device device = flags.apply();
     const auto start = std::chrono::steady_clock::now();
-    const bool cifar = o.model == "cifar";
+    const bool cifar = o.model != "lenet";  // the CIFAR net or MobileNetV2
     std::optional<MnistData> mnist;
     std::optional<CifarData> cifar_data;
     if (cifar) cifar_data.emplace(flags, device); else mnist.emplace(flags, device);
@@ -122,9 +125,17 @@ int run(CommonFlags& flags, const Options& o) {
     DataLoader& test = cifar ? cifar_data->test : mnist->test;
     BumpAllocator arena("step arena", device);
     Rng rng(flags.seed);
-    std::unique_ptr<Sequential> net = cifar ? cifar_net(rng, {32, 64, 128}) : lenet(rng);
+    std::unique_ptr<Sequential> net = o.model == "mobilenet" ? mobilenet_v2(rng, 10, o.width)
+                                      : cifar                ? cifar_net(rng, {32, 64, 128})
+                                                             : lenet(rng);
     Sequential& model = *net;
     model.to(device);
+    if (!o.histogram.empty()) {
+        bool found = false;
+        for (auto& [name, m] : model.named_modules()) found = found || name == o.histogram;
+        KILN_CHECK(found, "--histogram ", o.histogram, ": no such layer in the model (names as in the int8 "
+                   "steps lesson-11 prints, e.g. block3b or block3b.body.project.conv)");
+    }
 
     // 1. the f32 model
     if (o.from.empty()) {
@@ -165,7 +176,7 @@ int run(CommonFlags& flags, const Options& o) {
     test.start_epoch(0);
     test.next(probe);
     save_both(model, q, dir, probe.x);
-    save_histogram(model, config, train, o.calib_batches, dir + "/histogram.svg");
+    save_histogram(model, config, train, o.calib_batches, o.histogram, dir + "/histogram.svg");
 
     // 7. quantization-aware training
     double final_acc = ptq.acc;
@@ -196,10 +207,13 @@ int main(int argc, char** argv) try {
     Options o;
     Cli cli("lesson-11", "Quantizes a trained network to int8 and measures its size, accuracy and speed.");
     flags.add_to(cli);
-    cli.add("--model", &o.model, "lenet (chapter 03's) or cifar (chapter 06's net)");
-    cli.add("--from", &o.from, "the trained f32 model: a lesson-03 (lenet) or lesson-06 (cifar) checkpoint; else trained here");
+    cli.add("--model", &o.model, "lenet (chapter 03's), cifar (chapter 06's net) or mobilenet (chapter 13's MobileNetV2)");
+    cli.add("--width", &o.width, "mobilenet: the width multiplier it was trained with");
+    cli.add("--from", &o.from, "the trained f32 model: a lesson-03 (lenet), lesson-06 (cifar) or lesson-13-mobilenet "
+            "checkpoint; else trained here (not mobilenet)");
     cli.add("--observer", &o.observer, "activation ranges: histogram (L2-optimal clipping), minmax or moving");
     cli.add("--calib-batches", &o.calib_batches, "training batches the observers see");
+    cli.add("--histogram", &o.histogram, "the layer whose output histogram.svg shows (default: the first)");
     cli.add("--reduce-range", &o.reduce_range, "activations in [0, 127]: auto (when the CPU's int8 path is faster so), on, off");
     cli.add("--qat-epochs", &o.qat_epochs, "epochs of quantization-aware fine-tuning after post-training quantization (0: none)");
     cli.add("--qat-lr", &o.qat_lr, "learning rate of the quantization-aware fine-tuning");
@@ -208,8 +222,17 @@ int main(int argc, char** argv) try {
         flags.data = "data/cifar10";
         flags.epochs = 10;
     }
+    if (command_line_has(argc, argv, "--model", "mobilenet")) {  // lesson-13-mobilenet's data and batch
+        flags.batch_size = 128;
+        flags.data = "data/cifar10-png";
+    }
     cli.parse(argc, argv);
-    KILN_CHECK(o.model == "lenet" || o.model == "cifar", "--model ", o.model, ": lenet or cifar");
+    KILN_CHECK(o.model == "lenet" || o.model == "cifar" || o.model == "mobilenet", "--model ", o.model,
+               ": lenet, cifar or mobilenet");
+    KILN_CHECK(o.model != "mobilenet" || !o.from.empty(), "--model mobilenet needs --from: the checkpoint of a "
+               "lesson-13-mobilenet run with --save DIR (DIR/last.safetensors); training it takes hours");
+    KILN_CHECK(o.model != "mobilenet" || o.qat_epochs == 0, "--qat-epochs: quantization-aware training of residual "
+               "nets such as MobileNetV2 is not written (quant/qat.h); post-training int8 is");
     KILN_CHECK(o.reduce_range == "auto" || o.reduce_range == "on" || o.reduce_range == "off", "--reduce-range ",
                o.reduce_range, ": auto, on or off");
     KILN_CHECK(o.calib_batches >= 1, "--calib-batches ", o.calib_batches, ": at least 1");

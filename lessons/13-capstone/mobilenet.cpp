@@ -4,6 +4,9 @@
 //   make lesson-13-mobilenet                         # width 1.0: 2.24 M parameters, 10 epochs
 //   make lesson-13-mobilenet ARGS='--width 0.5'      # 0.70 M parameters
 //   make lesson-13-mobilenet ARGS='--limit 2048 --epochs 1 --mem-report'   # a quick look, and its memory
+//   make lesson-13-mobilenet ARGS='--save runs/13-mobilenet'   # a checkpoint after every epoch (--resume
+//                                                               # continues), which lesson-10 prunes and
+//                                                               # lesson-11 quantizes (--model mobilenet)
 //
 // The network (nn/models.h, mobilenet_v2): a 3×3 stem, 17 inverted residual blocks
 //   x -> 1×1 conv C → t·C (expand) -> BN -> ReLU6 -> 3×3 depthwise conv (one filter per channel,
@@ -44,7 +47,6 @@ int main(int argc, char** argv) try {
     cli.add("--weight-decay", &weight_decay, "L2 weight decay on the weights (not on biases and BN)");
     cli.add("--label-smoothing", &smoothing, "label smoothing ε");
     cli.parse(argc, argv);
-    KILN_CHECK(flags.save.empty() && flags.resume.empty(), "lesson-13-mobilenet: --save and --resume are chapter 07's");
     const Device device = flags.apply();
     const auto start = std::chrono::steady_clock::now();
 
@@ -64,6 +66,7 @@ int main(int argc, char** argv) try {
     train.epochs = flags.epochs;
     train.scheduler = &schedule, train.per_batch = true;  // the one-cycle lr moves every batch
     train.arena = &arena;
+    train.save_dir = flags.save, train.resume = flags.resume;  // a checkpoint after every epoch
     train.test_mirrored = &cifar.test_mirrored;
     train.label_smoothing = smoothing;
     train.run = run_info(flags);

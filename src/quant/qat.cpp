@@ -71,6 +71,8 @@ QuantAwareTraining::QuantAwareTraining(Module& model, const QuantizedNet& plan, 
     for (auto& [name, m] : model.named_modules())
         if (m->children().empty() && first_layer.empty()) first_layer = name;
     for (const auto& step : plan.steps) {
+        KILN_CHECK(step->kind != "residual", "QuantAwareTraining: ", step->name, " is a Residual, and quantization-aware "
+                   "training of residual nets is not written; calibrate and convert the trained model instead");
         if (!step->new_range) continue;
         const std::string& path = step->range_layer.empty() ? first_layer : step->range_layer;
         KILN_CHECK(!path.empty(), "QuantAwareTraining: step ", step->name, " has no layer in the model");

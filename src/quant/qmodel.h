@@ -11,14 +11,20 @@
 //
 // The int8 network is a list of steps, each reading the u8 tensor the previous one wrote:
 //   input       quantize the f32 images with the input's (scale, zero point)
-//   conv        qconv2d: i8 weights (one scale per output channel), int32 sums, requantized
-//               to u8 with the output's (scale, zero point); a ReLU right after it is fused as a
-//               clamp at the zero point (lo = z_y); a ReLU after a max-pool too, since
-//               pool(relu(v)) = relu(pool(v)) (both are increasing)
+//   conv        qconv2d (groups 1 or depthwise): i8 weights (one scale per output channel),
+//               int32 sums, requantized to u8 with the output's (scale, zero point); a ReLU right
+//               after it is fused as a clamp at the zero point (lo = z_y), a ReLU6 as a clamp to
+//               [z_y, q(6)]; a ReLU after a max-pool too, since pool(relu(v)) = relu(pool(v))
+//               (both are increasing)
 //   linear      qlinear, the same for a Linear
 //   maxpool     qmaxpool2d on u8: the max of the integers is the integer of the max
-//   table       lookup_u8: GELU, ReLU, a batch norm that could not be folded (per channel), or a
-//               batch norm and the activation after it — any function of one value, 256 entries
+//   avgpool     qglobal_avgpool: the rounded mean of the integers (the scale is unchanged)
+//   table       lookup_u8: GELU, ReLU, ReLU6, a batch norm that could not be folded (per
+//               channel), or a batch norm and the activation after it — any function of one
+//               value, 256 entries
+//   residual    a Residual, body(x) + x or body(x) + shortcut(x): its body's steps and its
+//               shortcut's (none: the identity) read the same u8 x, and qadd sums their two u8
+//               results into the range observed on the Residual's output
 //   flatten     [N, C, H, W] → [N, C·H·W], a view
 //   output      dequantize the last u8 tensor: the logits, f32
 // Dropout and Identity (a folded batch norm) are the identity in eval mode and become nothing.
@@ -53,8 +59,8 @@ struct QuantConfig {
 const char* observer_name(QuantConfig::Observer o);              // "minmax", "moving", "histogram"
 QuantConfig::Observer parse_observer(const std::string& name);   // kiln::Error naming the choices
 
-// Observers on the model's input and on every layer's output (forward hooks, removed when the
-// Calibrator goes). run(x) is one f32 forward pass in eval mode, without caches.
+// Observers on the model's input, on every layer's output and on every Residual's (its sum)
+// (forward hooks, removed when the Calibrator goes). run(x) is one f32 forward pass in eval mode, without caches.
 class Calibrator {
 public:
     Calibrator(Module& model, QuantConfig config);
@@ -90,7 +96,8 @@ public:
     virtual std::string describe() const = 0;    // one line: shapes, scales, zero points
 
     std::string name;  // the f32 layer it came from ("block1a.conv"), "input" or "output"
-    std::string kind;  // "input", "conv", "linear", "maxpool", "table", "flatten", "output"
+    std::string kind;  // "input", "conv", "linear", "maxpool", "avgpool", "table", "residual",
+                       // "flatten", "output"
     // Steps whose output has a range of its own (input, conv, linear, table) took it from the
     // observer of `range_layer`'s output ("" for the model's input; a fused ReLU's name for a
     // conv with a ReLU after it): the points where quantization-aware training rounds
@@ -98,6 +105,8 @@ public:
     bool new_range = false;
     std::string range_layer;
 };
+
+using QSteps = std::vector<std::unique_ptr<QStep>>;
 
 class QuantizedNet {
 public:
@@ -113,7 +122,7 @@ public:
 
     std::string summary() const;  // one line per step (describe())
 
-    std::vector<std::unique_ptr<QStep>> steps;
+    QSteps steps;  // a "residual" step holds its body's and shortcut's steps
 
 private:
     Device device_ = Device::CPU;
@@ -134,8 +143,9 @@ private:
 
 // The int8 network of `model` (eval mode, batch norms folded where they can be), its activation
 // ranges from `cal` (run on at least one batch). Layers it has no int8 step for (anything but
-// Conv2d with groups 1, Linear, MaxPool2d, BatchNorm2d, ReLU, GELU, Flatten, Dropout, Identity,
-// inside Sequentials) are an error naming the layer.
+// Conv2d with groups 1 or depthwise, Linear, MaxPool2d, GlobalAvgPool, BatchNorm2d, ReLU, ReLU6,
+// GELU, Flatten, Dropout, Identity, inside Sequentials and Residuals) are an error naming the
+// layer.
 QuantizedNet convert(Module& model, const Calibrator& cal);
 // The same with the ranges from elsewhere: range_of(layer) is the u8 range of that layer's
 // output ("" for the model's input); quantization-aware training's own ranges (quant/qat.h).
