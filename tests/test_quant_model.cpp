@@ -67,6 +67,16 @@ Tensor eval_forward(Module& model, const Tensor& x) {
     return model.call(x);
 }
 
+// The int8 network of `model`, calibrated with min/max observers on x itself: nothing is clipped,
+// so it differs from f32 only by rounding.
+QuantizedNet minmax_int8(Module& model, const Tensor& x) {
+    QuantConfig config;
+    config.activations = QuantConfig::Observer::MinMax;
+    Calibrator cal(model, config);
+    cal.run(x);
+    return convert(model, cal);
+}
+
 // The kinds of the steps, from the summary (one line per step, a residual's own steps below it,
 // indented two more spaces): "input conv residual( conv conv ) ... output".
 std::string step_kinds(const QuantizedNet& q) {
@@ -312,11 +322,7 @@ TEST_CASE("convert: LeNet in int8 computes its f32 logits within rounding", "[le
     auto model = lenet(rng);
     const Tensor x = Tensor::normal({16, 1, 28, 28}, 0, 1, rng);
     const Tensor want = eval_forward(*model, x);
-    QuantConfig config;
-    config.activations = QuantConfig::Observer::MinMax;
-    Calibrator cal(*model, config);
-    cal.run(x);
-    QuantizedNet q = convert(*model, cal);
+    QuantizedNet q = minmax_int8(*model, x);
     // input, conv1 (+ReLU through the pool), pool, conv2, pool, flatten, fc1 (+ReLU), fc2, output
     std::string kinds;
     for (const auto& s : q.steps) kinds += s->kind + " ";
@@ -333,11 +339,7 @@ TEST_CASE("convert: the CIFAR net with its batch norms folded, GELUs as tables",
     randomize_batchnorms(*model, rng, "block2a.bn");  // one batch norm stays: a per-channel table
     fold_batchnorm(*model);
     const Tensor x = Tensor::normal({4, 3, 32, 32}, 0, 1, rng);
-    QuantConfig config;
-    config.activations = QuantConfig::Observer::MinMax;
-    Calibrator cal(*model, config);
-    cal.run(x);
-    QuantizedNet q = convert(*model, cal);
+    QuantizedNet q = minmax_int8(*model, x);
     int tables = 0, per_channel = 0;
     for (const auto& s : q.steps)
         if (s->kind == "table") {
@@ -360,11 +362,7 @@ TEST_CASE("convert: MobileNetV2 in int8, depthwise convs, ReLU6 clamps, residual
     fold_batchnorm(*model);
     const Tensor x = Tensor::normal({8, 3, 32, 32}, 0, 1, rng);
     const Tensor want = eval_forward(*model, x);
-    QuantConfig config;
-    config.activations = QuantConfig::Observer::MinMax;
-    Calibrator cal(*model, config);
-    cal.run(x);
-    const QuantizedNet q = convert(*model, cal);
+    const QuantizedNet q = minmax_int8(*model, x);
     const std::string kinds = step_kinds(q), summary = q.summary();
     const auto count = [](const std::string& text, const std::string& what) {
         size_t n = 0;
@@ -392,11 +390,7 @@ TEST_CASE("convert: a residual with a shortcut conv, and the ReLU after the sum"
     auto model = shortcut_net(rng);
     const Tensor x = Tensor::normal({6, 3, 12, 12}, 0, 1, rng);
     const Tensor want = eval_forward(*model, x);
-    QuantConfig config;
-    config.activations = QuantConfig::Observer::MinMax;
-    Calibrator cal(*model, config);
-    cal.run(x);
-    const QuantizedNet q = convert(*model, cal);
+    const QuantizedNet q = minmax_int8(*model, x);
     INFO(q.summary());
     CHECK(step_kinds(q) == "input conv residual( conv conv conv ) table avgpool linear output ");
     CHECK(q.summary().find("block.residual.body.conv2: conv     [16, 16, 3, 3] i8, out") != std::string::npos);

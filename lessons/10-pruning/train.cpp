@@ -30,6 +30,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <filesystem>
 #include <string>
 #include <vector>
 
@@ -127,15 +128,24 @@ double finetune(Module& model, SGD& sgd, DataLoader& train, DataLoader& test, Bu
     return acc;
 }
 
+// Prunes the model's weights from sparsity `now` to `target`: the smallest |w| of the whole net
+// (global_unstructured), or of each layer, every layer to the same sparsity (per_layer).
+void prune_to(Module& model, double now, double target, bool per_layer) {
+    const double amount = prune::amount_to_reach(now, target);
+    if (!per_layer) return prune::global_unstructured(prune::prunable_weights(model), prune::Method::L1Unstructured, amount);
+    for (auto& [m, name] : prune::prunable_weights(model)) prune::l1_unstructured(*m, name, amount);
+}
+
 // The rounds: prune to the schedule's sparsity, score, fine-tune (when finetune_epochs > 0), score.
 std::vector<Round> prune_and_finetune(Module& model, SGD& sgd, DataLoader& train, DataLoader& test,
                                       BumpAllocator& arena, const CommonFlags& flags, int rounds,
-                                      double final_sparsity, int finetune_epochs) {
+                                      double final_sparsity, int finetune_epochs, bool per_layer) {
     std::vector<Round> done;
+    double reached = 0.0;  // every layer's sparsity after the last round (per_layer)
     for (int k = 1; k <= rounds; k++) {
         const double target = prune::sparsity_after_round(k, rounds, final_sparsity);
-        const double amount = prune::amount_to_reach(weight_sparsity(model), target);
-        prune::global_unstructured(prune::prunable_weights(model), prune::Method::L1Unstructured, amount);
+        prune_to(model, per_layer ? reached : weight_sparsity(model), target, per_layer);
+        reached = target;
         Round r{weight_sparsity(model), evaluate(model, test, &arena), 0.0};
         std::printf("round %d/%d: pruned to %.2f%% sparsity, test accuracy %.2f%%; fine-tuning %d epochs\n", k, rounds,
                     100 * r.sparsity, 100 * r.acc_pruned, finetune_epochs);
@@ -151,14 +161,19 @@ std::vector<Round> prune_and_finetune(Module& model, SGD& sgd, DataLoader& train
 double summarize_rounds(Module& model, const std::vector<Round>& rounds_done, double dense_acc, bool tuned,
                         const CommonFlags& flags) {
     prune::print_sparsity(model);
-    save_pruning_plot(rounds_done, dense_acc, tuned, run_info(flags).dir + "/pruning.svg");
+    const std::string dir = run_info(flags).dir;
+    std::error_code error;
+    std::filesystem::create_directories(dir, error);  // fit makes it for MNIST; MobileNetV2 runs no fit
+    KILN_CHECK(!error, "cannot create the folder ", dir, ": ", error.message());
+    save_pruning_plot(rounds_done, dense_acc, tuned, dir + "/pruning.svg");
     const double pruned_acc = rounds_done.empty() ? dense_acc : rounds_done.back().acc_tuned;
     std::printf("dense %.2f%% -> pruned %.2f%% at %.2f%% sparsity (%+.2f points)\n", 100 * dense_acc,
                 100 * pruned_acc, 100 * weight_sparsity(model), 100 * (pruned_acc - dense_acc));
     return pruned_acc;
 }
 
-int run_mnist(const std::string& which, CommonFlags& flags, int rounds, double final_sparsity, int finetune_epochs) {
+int run_mnist(const std::string& which, CommonFlags& flags, int rounds, double final_sparsity, int finetune_epochs,
+              bool per_layer) {
     const Device device = flags.apply();
     const auto start = std::chrono::steady_clock::now();
     MnistData mnist(flags, device);
@@ -174,7 +189,8 @@ int run_mnist(const std::string& which, CommonFlags& flags, int rounds, double f
 
     const double dense_acc = fit(model, sgd, mnist.train, mnist.test, flags, &arena);
     const std::vector<Round> rounds_done =
-        prune_and_finetune(model, sgd, mnist.train, mnist.test, arena, flags, rounds, final_sparsity, finetune_epochs);
+        prune_and_finetune(model, sgd, mnist.train, mnist.test, arena, flags, rounds, final_sparsity, finetune_epochs,
+                           per_layer);
     const double pruned_acc = summarize_rounds(model, rounds_done, dense_acc, finetune_epochs > 0, flags);
     sparse_savings(model, mnist.test, arena);
     report(device, pruned_acc, start);
@@ -298,7 +314,7 @@ int run_cifar(CommonFlags& flags, const std::string& from, float fraction, int f
 
 // ---- MobileNetV2 (chapter 13): the MNIST rounds on CIFAR-10 -------------------------------
 int run_mobilenet(CommonFlags& flags, const std::string& from, float width, int rounds, double final_sparsity,
-                  int finetune_epochs) {
+                  int finetune_epochs, bool per_layer) {
     KILN_CHECK(!from.empty(), "--model mobilenet needs --from: the checkpoint of a lesson-13-mobilenet run with "
                "--save DIR (DIR/last.safetensors); training it takes hours, so lesson-10 does not");
     const Device device = flags.apply();
@@ -312,11 +328,13 @@ int run_mobilenet(CommonFlags& flags, const std::string& from, float width, int 
     load_model(read_safetensors(from), model);
     const double dense_acc = evaluate(model, cifar.test, &arena);
     std::printf("lesson-10: MobileNetV2 width %.2f from %s, %lld parameters, test accuracy %.2f%%; %d rounds to "
-                "%.0f%% sparsity, %d fine-tuning epochs each\n", double(width), from.c_str(),
-                (long long)model.num_parameters(), 100 * dense_acc, rounds, 100 * final_sparsity, finetune_epochs);
+                "%.0f%% sparsity (%s), %d fine-tuning epochs each\n", double(width), from.c_str(),
+                (long long)model.num_parameters(), 100 * dense_acc, rounds, 100 * final_sparsity,
+                per_layer ? "every layer alike" : "global", finetune_epochs);
     SGD sgd(decay_groups(model, flags.lr, 5e-4f), SGD::Options{0.9f, 0.0f, 0.0f, true});  // lesson-13-mobilenet's
     const std::vector<Round> rounds_done =
-        prune_and_finetune(model, sgd, cifar.train, cifar.test, arena, flags, rounds, final_sparsity, finetune_epochs);
+        prune_and_finetune(model, sgd, cifar.train, cifar.test, arena, flags, rounds, final_sparsity, finetune_epochs,
+                           per_layer);
     const double pruned_acc = summarize_rounds(model, rounds_done, dense_acc, finetune_epochs > 0, flags);
     report(device, pruned_acc, start);
     return 0;
@@ -330,6 +348,7 @@ int main(int argc, char** argv) try {
     flags.lr = 0.05f;
     std::string model = "mlp", from;
     float width = 1.0f;
+    bool per_layer = false;
     int rounds = 6, finetune_epochs = 4;
     float final_sparsity = 0.92f, channels = 0.5f;
     Cli cli("lesson-10", "Prunes a network with masks, fine-tunes it, and measures what pruning saves.");
@@ -343,6 +362,8 @@ int main(int argc, char** argv) try {
     cli.add("--from", &from, "CIFAR: the trained dense net, a lesson-06 checkpoint (else it is trained here); "
             "MobileNetV2: a lesson-13-mobilenet checkpoint (needed)");
     cli.add("--width", &width, "MobileNetV2: the width multiplier it was trained with");
+    cli.add("--per-layer", &per_layer, "MNIST, MobileNetV2: prune every layer to the round's sparsity (l1_unstructured) "
+            "instead of the smallest weights of the whole net (global_unstructured)");
     if (command_line_has(argc, argv, "--model", "cifar")) {  // chapter 06's settings, before the command line may change them
         flags.batch_size = 128;
         flags.data = "data/cifar10";
@@ -359,8 +380,8 @@ int main(int argc, char** argv) try {
     KILN_CHECK(model == "mlp" || model == "lenet" || model == "cifar" || model == "mobilenet", "--model ", model,
                ": mlp, lenet, cifar or mobilenet");
     if (model == "cifar") return run_cifar(flags, from, channels, finetune_epochs);
-    if (model == "mobilenet") return run_mobilenet(flags, from, width, rounds, final_sparsity, finetune_epochs);
-    return run_mnist(model, flags, rounds, final_sparsity, finetune_epochs);
+    if (model == "mobilenet") return run_mobilenet(flags, from, width, rounds, final_sparsity, finetune_epochs, per_layer);
+    return run_mnist(model, flags, rounds, final_sparsity, finetune_epochs, per_layer);
 } catch (const std::exception& e) {
     std::fprintf(stderr, "lesson-10: %s\n", e.what());
     return 1;
