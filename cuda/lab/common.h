@@ -272,6 +272,38 @@ double cudnn_conv2d_forward(const Conv2dParams& p, const float* x, const float* 
 }
 #endif
 
+// Steps 1 and 2 of a convolution page for one layer: every chosen version validated against
+// the CPU's `want` (y poisoned before each run), then, on a GPU, timed beside cuDNN's forward of
+// the same problem. work is what one forward does, in unit ("GFLOP/s": GFLOP, "GB/s": GB).
+struct ConvProblem {
+    std::string name;
+    const Conv2dParams& p;
+    const float *x, *w, *b;  // on the device; b may be null
+    DeviceArray<float>& y;
+    const std::vector<float>& want;
+    double atol;
+};
+
+template <typename Launch>
+bool validate_and_time_conv(const std::vector<Version>& versions, int chosen, Launch launch, const ConvProblem& c,
+                            double work, const char* unit) {
+    const auto check = [&](const std::string& label) { return validate_result(c.y.get(), c.want, label, c.atol, 1e-5); };
+    const auto run = [&](int version, int block) {
+        c.y.poison();
+        launch(version, block);
+    };
+    bool ok = validate_versions(versions, chosen, run, check);
+    if (!ok) return false;
+#ifdef KILN_CUDA
+    c.y.poison();
+    const double cudnn_ms = cudnn_conv2d_forward(c.p, c.x, c.w, c.b, c.y.get(), c.name, check, ok);
+    time_versions(versions, chosen, launch, c.name, work, unit, cudnn_ms, "cudnn");
+#else
+    (void)work, (void)unit;  // nothing is timed on the emulator
+#endif
+    return ok;
+}
+
 // main's body for every lab file: runs body, turns kiln::Error (a failed CUDA call, a bad
 // argument) into a message and exit status 2; a validation failure is exit status 1.
 template <typename Body>

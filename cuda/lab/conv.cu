@@ -118,22 +118,9 @@ bool run_layer(int chosen, const Layer& layer) {
     // Sums of Cg·KH·KW products of values in [-1, 1], added in another order than the CPU:
     // a few ulps of Σ|w·x| ≤ Cg·KH·KW + 1, as for the GEMM.
     const double atol = 2e-6 * double(p.Cg() * p.KH * p.KW + 1);
-    const auto check = [&](const std::string& label) { return validate_result(dy.get(), want, label, atol, 1e-5); };
-    bool ok = validate_versions(
-        kVersions, chosen,
-        [&](int version, int block) {
-            dy.poison();
-            launch(version, block);
-        },
-        check);
-    if (!ok) return false;
-#ifdef KILN_CUDA
-    dy.poison();
-    const double cudnn_ms = cudnn_conv2d_forward(p, dx.get(), dw.get(), bias, dy.get(), problem, check, ok);
     const double gflop = 2.0 * double(y_count) * double(p.Cg() * p.KH * p.KW) / 1e9;
-    time_versions(kVersions, chosen, launch, problem, gflop, "GFLOP/s", cudnn_ms, "cudnn");
-#endif
-    return ok;
+    return validate_and_time_conv(kVersions, chosen, launch, {problem, p, dx.get(), dw.get(), bias, dy, want, atol},
+                                  gflop, "GFLOP/s");
 }
 
 // The layers of the CIFAR net (src/nn/models.cpp, cifar_net) for widths w1, w2, w3 at batch N

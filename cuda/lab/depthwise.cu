@@ -202,23 +202,10 @@ bool run_layer(int chosen, const Layer& layer) {
     // Sums of K·K + 1 products of values in [-1, 1]; versions 2 and 3 add in the CPU's order,
     // the implicit GEMM (and cuDNN) perhaps not: a few ulps of Σ|w·x| ≤ K·K + 1.
     const double atol = 2e-6 * double(p.KH * p.KW + 1);
-    const auto check = [&](const std::string& label) { return validate_result(dy.get(), want, label, atol, 1e-5); };
-    bool ok = validate_versions(
-        kVersions, chosen,
-        [&](int version, int block) {
-            dy.poison();
-            launch(version, block);
-        },
-        check);
-    if (!ok) return false;
-#ifdef KILN_CUDA
-    dy.poison();
-    const double cudnn_ms = cudnn_conv2d_forward(p, dx.get(), dw.get(), bias, dy.get(), problem, check, ok);
     // the least traffic: x and w read once, y written once (and b)
     const double gb = double(x_count + w_count + y_count + (layer.bias ? size_t(p.C) : 0)) * sizeof(float) / 1e9;
-    time_versions(kVersions, chosen, launch, problem, gb, "GB/s", cudnn_ms, "cudnn");
-#endif
-    return ok;
+    return validate_and_time_conv(kVersions, chosen, launch, {problem, p, dx.get(), dw.get(), bias, dy, want, atol},
+                                  gb, "GB/s");
 }
 
 // The 3×3 depthwise layers of MobileNetV2 for CIFAR (32×32 inputs; expansion 6, so C = 6 × the

@@ -14,8 +14,7 @@
 #include "nn/models.h"            // defines: softmax_regression (Flatten, Linear)
 #include "optim/optimizer.h"      // defines: SGD
 #include "train/cli.h"            // defines: Cli, CommonFlags
-#include "train/batch_size.h"     // defines: print_largest_batch
-#include "train/fit.h"            // defines: MnistData, fit, report
+#include "train/fit.h"            // defines: MnistData, only_measure, fit, report
 
 using namespace kiln;
 
@@ -41,10 +40,8 @@ int main(int argc, char** argv) try {
     model.to(device);
     SGD sgd(model.parameters(), flags.lr);
     flags.apply_memory_limit(device);  // --mem-limit, now that the model and its optimizer exist
-    if (flags.find_batch_size) {  // print the largest batch that fits in --mem-limit, and stop
-        print_largest_batch(model, sgd, mnist.train, flags.amp);
-        return 0;
-    }
+    // --find-batch-size or --time-report N: measure, print, stop (train/fit.h)
+    if (only_measure(model, sgd, mnist.train, flags, &arena)) return 0;
 
     // What the model is made of: each tensor, its dtype, and the bytes it takes.
     std::printf("lesson-01: softmax regression on %lld MNIST images, device %s\n", (long long)mnist.train_set.n,

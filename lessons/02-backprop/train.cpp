@@ -13,8 +13,7 @@
 #include "nn/models.h"            // defines: mlp (Linear, ReLU, Flatten, Sequential)
 #include "optim/optimizer.h"      // defines: SGD
 #include "train/cli.h"            // defines: Cli, CommonFlags
-#include "train/batch_size.h"     // defines: print_largest_batch
-#include "train/fit.h"            // defines: MnistData, fit, report
+#include "train/fit.h"            // defines: MnistData, only_measure, fit, report
 
 using namespace kiln;
 
@@ -46,10 +45,8 @@ int main(int argc, char** argv) try {
     model.to(device);
     SGD sgd(model.parameters(), flags.lr, {momentum, 0.0f, 0.0f, false});
     flags.apply_memory_limit(device);  // --mem-limit, now that the model and its optimizer exist
-    if (flags.find_batch_size) {  // print the largest batch that fits in --mem-limit, and stop
-        print_largest_batch(model, sgd, mnist.train, flags.amp);
-        return 0;
-    }
+    // --find-batch-size or --time-report N: measure, print, stop (train/fit.h)
+    if (only_measure(model, sgd, mnist.train, flags, &arena)) return 0;
     std::printf("lesson-02: MLP 784-%lld-%lld-10, %lld parameters, %lld training images, device %s\n",
                 (long long)hidden1, (long long)hidden2, (long long)model.num_parameters(),
                 (long long)mnist.train_set.n, device_name(device));

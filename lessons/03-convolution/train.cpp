@@ -20,8 +20,7 @@
 #include "ops/ops.h"              // defines: argmax_rows
 #include "optim/optimizer.h"      // defines: SGD
 #include "train/cli.h"            // defines: Cli, CommonFlags
-#include "train/batch_size.h"     // defines: print_largest_batch
-#include "train/fit.h"            // defines: MnistData, fit, report
+#include "train/fit.h"            // defines: MnistData, only_measure, fit, report
 #include "train/images.h"         // defines: Image, grey_tile, grid, with_caption, save_png
 #include "train/run_log.h"        // defines: run_info (the run's folder)
 
@@ -92,10 +91,8 @@ int main(int argc, char** argv) try {
     model.to(device);
     SGD sgd(model.parameters(), flags.lr, {momentum, 0.0f, 0.0f, false});
     flags.apply_memory_limit(device);  // --mem-limit, now that the model and its optimizer exist
-    if (flags.find_batch_size) {  // print the largest batch that fits in --mem-limit, and stop
-        print_largest_batch(model, sgd, mnist.train, flags.amp);
-        return 0;
-    }
+    // --find-batch-size or --time-report N: measure, print, stop (train/fit.h)
+    if (only_measure(model, sgd, mnist.train, flags, &arena)) return 0;
     std::printf("lesson-03: LeNet, %lld parameters, %lld training images, device %s\n",
                 (long long)model.num_parameters(), (long long)mnist.train_set.n, device_name(device));
 

@@ -21,8 +21,7 @@
 #include "nn/models.h"            // defines: lenet (Conv2d, MaxPool2d, ReLU, Linear)
 #include "optim/optimizer.h"      // defines: SGD
 #include "train/cli.h"            // defines: Cli, CommonFlags
-#include "train/batch_size.h"     // defines: print_largest_batch
-#include "train/fit.h"            // defines: MnistData, fit, report
+#include "train/fit.h"            // defines: MnistData, only_measure, fit, report
 
 using namespace kiln;
 
@@ -51,10 +50,8 @@ int main(int argc, char** argv) try {
     model->to(device);
     SGD sgd(model->parameters(), flags.lr, {momentum, 0.0f, 0.0f, false});
     flags.apply_memory_limit(device);  // --mem-limit, now that the model and its optimizer exist
-    if (flags.find_batch_size) {  // print the largest batch that fits in --mem-limit, and stop
-        print_largest_batch(*model, sgd, mnist.train, flags.amp);
-        return 0;
-    }
+    // --find-batch-size or --time-report N: measure, print, stop (train/fit.h)
+    if (only_measure(*model, sgd, mnist.train, flags, &arena)) return 0;
     std::printf("lesson-05: LeNet, %lld parameters, %lld training images, device %s\n",
                 (long long)model->num_parameters(), (long long)mnist.train_set.n, device_name(device));
 

@@ -17,8 +17,7 @@
 #include "nn/models.h"            // defines: cifar_net (Conv2d, BatchNorm2d, GELU, MaxPool2d, Linear)
 #include "optim/optimizer.h"      // defines: SGD
 #include "train/cli.h"            // defines: Cli, CommonFlags
-#include "train/batch_size.h"     // defines: print_largest_batch
-#include "train/fit.h"            // defines: CifarData, fit, report
+#include "train/fit.h"            // defines: CifarData, only_measure, fit, report
 
 using namespace kiln;
 
@@ -57,10 +56,8 @@ int main(int argc, char** argv) try {
     model.to(device);
     SGD sgd(model.parameters(), flags.lr, {0.9f, 0.0f, weight_decay, true});
     flags.apply_memory_limit(device);  // --mem-limit, now that the model and its optimizer exist
-    if (flags.find_batch_size) {  // print the largest batch that fits in --mem-limit, and stop
-        print_largest_batch(model, sgd, cifar.train, flags.amp);
-        return 0;
-    }
+    // --find-batch-size or --time-report N: measure, print, stop (train/fit.h)
+    if (only_measure(model, sgd, cifar.train, flags, arena ? &*arena : nullptr)) return 0;
     std::printf("lesson-06: %s, widths %lld/%lld/%lld, %lld parameters, %lld training images, device %s\n",
                 model.name().c_str(), (long long)widths.w1, (long long)widths.w2, (long long)widths.w3,
                 (long long)model.num_parameters(), (long long)cifar.train_set.n, device_name(device));

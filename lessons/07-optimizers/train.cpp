@@ -22,9 +22,8 @@
 #include "optim/adam.h"           // defines: Adam, AdamW
 #include "optim/optimizer.h"      // defines: SGD, decay_groups
 #include "optim/scheduler.h"      // defines: OneCycleLR, LinearLR, CosineAnnealingLR, SequentialLR
-#include "train/batch_size.h"     // defines: print_largest_batch
 #include "train/cli.h"            // defines: Cli, CommonFlags
-#include "train/fit.h"            // defines: CifarData, fit, report
+#include "train/fit.h"            // defines: CifarData, only_measure, fit, report
 #include "train/memory_trace.h"   // defines: memory_recording
 #include "train/run_log.h"        // defines: run_info (run.json and curves.svg: --save DIR or runs/lesson-07/)
 
@@ -104,10 +103,8 @@ int main(int argc, char** argv) try {
     model->to(device);
     std::unique_ptr<Optimizer> opt = make_optimizer(f, *model);
     f.common.apply_memory_limit(device);  // --mem-limit, now that the model and its optimizer exist
-    if (f.common.find_batch_size) {  // print the largest batch that fits in --mem-limit, and stop
-        print_largest_batch(*model, *opt, cifar.train, f.common.amp);
-        return 0;
-    }
+    // --find-batch-size or --time-report N: measure, print, stop (train/fit.h)
+    if (only_measure(*model, *opt, cifar.train, f.common, arena ? &*arena : nullptr)) return 0;
     std::vector<std::unique_ptr<LRScheduler>> parts;
     std::unique_ptr<LRScheduler> schedule = make_schedule(f, *opt, cifar.train.num_batches(), parts);
     std::printf("lesson-07: %s %lld/%lld/%lld, %lld parameters, %s + %s, %lld training images, device %s\n",

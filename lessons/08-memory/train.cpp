@@ -18,9 +18,8 @@
 #include "nn/conv.h"              // defines: set_conv_workspace_limit
 #include "nn/models.h"            // defines: cifar_net (with recompute), CifarNetWidths
 #include "optim/optimizer.h"      // defines: SGD
-#include "train/batch_size.h"     // defines: print_largest_batch
 #include "train/cli.h"            // defines: Cli, CommonFlags
-#include "train/fit.h"            // defines: CifarData, fit, report
+#include "train/fit.h"            // defines: CifarData, only_measure, fit, report
 
 using namespace kiln;
 
@@ -58,10 +57,8 @@ int main(int argc, char** argv) try {
     model.to(device);
     SGD sgd(model.parameters(), flags.lr, {0.9f, 0.0f, weight_decay, true});
     flags.apply_memory_limit(device);  // --mem-limit, now that the model and its optimizer exist
-    if (flags.find_batch_size) {  // print the largest batch that fits in --mem-limit, and stop
-        print_largest_batch(model, sgd, cifar.train, flags.amp);
-        return 0;
-    }
+    // --find-batch-size or --time-report N: measure, print, stop (train/fit.h)
+    if (only_measure(model, sgd, cifar.train, flags, arena ? &*arena : nullptr)) return 0;
     std::printf("lesson-08: %s, %lld parameters, batch %lld as %d micro-batches, %s, %lld training images, "
                 "limit %s, device %s\n",
                 model.name().c_str(), (long long)model.num_parameters(), (long long)flags.batch_size,

@@ -18,9 +18,8 @@
 #include "core/dtype.h"           // defines: float_format
 #include "nn/models.h"            // defines: cifar_net, CifarNetWidths
 #include "optim/optimizer.h"      // defines: SGD
-#include "train/batch_size.h"     // defines: print_largest_batch
 #include "train/cli.h"            // defines: Cli, CommonFlags
-#include "train/fit.h"            // defines: CifarData, fit (--amp, GradScaler), report
+#include "train/fit.h"            // defines: CifarData, only_measure, fit (--amp, GradScaler), report
 
 using namespace kiln;
 
@@ -60,10 +59,8 @@ int main(int argc, char** argv) try {
     model.to(device);
     SGD sgd(model.parameters(), flags.lr, {0.9f, 0.0f, weight_decay, true});
     flags.apply_memory_limit(device);
-    if (flags.find_batch_size) {
-        print_largest_batch(model, sgd, cifar.train, flags.amp);
-        return 0;
-    }
+    // --find-batch-size or --time-report N: measure, print, stop (train/fit.h)
+    if (only_measure(model, sgd, cifar.train, flags, &arena)) return 0;
     std::printf("lesson-09: %s, %lld parameters, %lld training images, device %s, %s%s\n", model.name().c_str(),
                 (long long)model.num_parameters(), (long long)cifar.train_set.n, device_name(device),
                 flags.amp == DType::F32 ? "f32 (no autocast)" : dtype_name(flags.amp),

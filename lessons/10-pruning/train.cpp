@@ -46,7 +46,7 @@
 #include "train/checkpoint.h"     // defines: read_safetensors, load_model
 #include "train/cli.h"            // defines: Cli, CommonFlags
 #include "train/evaluate.h"       // defines: evaluate
-#include "train/fit.h"            // defines: MnistData, fit, report
+#include "train/fit.h"            // defines: MnistData, only_measure, fit, report
 #include "train/run_log.h"        // defines: run_info (the run's folder)
 #include "train/svg.h"            // defines: Svg, Plot
 
@@ -183,6 +183,7 @@ int run_mnist(const std::string& which, CommonFlags& flags, int rounds, double f
     Sequential& model = *net;
     model.to(device);
     SGD sgd(model.parameters(), flags.lr, {0.9f, 0.0f, 0.0f, false});
+    if (only_measure(model, sgd, mnist.train, flags, &arena)) return 0;  // --find-batch-size, --time-report
     std::printf("lesson-10: %s, %lld parameters; dense training, %d epochs\n",
                 which == "lenet" ? "LeNet" : "LeNet-300-100 (784-300-100-10)", (long long)model.num_parameters(),
                 flags.epochs);
@@ -276,6 +277,7 @@ int run_cifar(CommonFlags& flags, const std::string& from, float fraction, int f
         std::printf("lesson-10: chapter 06's CIFAR net, trained here first (%d epochs; --from a lesson-06 "
                     "checkpoint skips this)\n", flags.epochs);
         SGD sgd(model.parameters(), flags.lr, nesterov);
+        if (only_measure(model, sgd, cifar.train, flags, &arena)) return 0;  // --find-batch-size, --time-report
         fit(model, sgd, cifar.train, cifar.test, flags, &arena);
     } else {
         load_model(read_safetensors(from), model);
@@ -379,6 +381,8 @@ int main(int argc, char** argv) try {
     cli.parse(argc, argv);
     KILN_CHECK(model == "mlp" || model == "lenet" || model == "cifar" || model == "mobilenet", "--model ", model,
                ": mlp, lenet, cifar or mobilenet");
+    KILN_CHECK(!flags.measures() || from.empty(), "--find-batch-size and --time-report measure the dense training "
+               "step, which --from skips: drop --from", model == "mobilenet" ? " (lesson-13-mobilenet measures MobileNetV2's)" : "");
     if (model == "cifar") return run_cifar(flags, from, channels, finetune_epochs);
     if (model == "mobilenet") return run_mobilenet(flags, from, width, rounds, final_sparsity, finetune_epochs, per_layer);
     return run_mnist(model, flags, rounds, final_sparsity, finetune_epochs, per_layer);

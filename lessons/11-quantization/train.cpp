@@ -41,7 +41,7 @@
 #include "train/checkpoint.h"     // defines: read_safetensors, load_model, save_model, write_safetensors
 #include "train/cli.h"            // defines: Cli, CommonFlags
 #include "train/evaluate.h"       // defines: evaluate_timed
-#include "train/fit.h"            // defines: MnistData, CifarData, fit, report
+#include "train/fit.h"            // defines: MnistData, CifarData, only_measure, fit, report
 #include "train/run_log.h"        // defines: run_info (the run's folder)
 
 using namespace kiln;
@@ -142,6 +142,7 @@ int run(CommonFlags& flags, const Options& o) {
         std::printf("lesson-11: %s trained here first (%d epochs; --from a checkpoint skips this)\n",
                     cifar ? "chapter 06's CIFAR net" : "LeNet", flags.epochs);
         SGD sgd(model.parameters(), flags.lr, cifar ? SGD::Options{0.9f, 0.0f, 5e-4f, true} : SGD::Options{0.9f, 0.0f, 0.0f, false});
+        if (only_measure(model, sgd, train, flags, &arena)) return 0;  // --find-batch-size, --time-report
         fit(model, sgd, train, test, flags, &arena);
     } else {
         load_model(read_safetensors(o.from), model);
@@ -236,6 +237,8 @@ int main(int argc, char** argv) try {
     KILN_CHECK(o.reduce_range == "auto" || o.reduce_range == "on" || o.reduce_range == "off", "--reduce-range ",
                o.reduce_range, ": auto, on or off");
     KILN_CHECK(o.calib_batches >= 1, "--calib-batches ", o.calib_batches, ": at least 1");
+    KILN_CHECK(!flags.measures() || o.from.empty(), "--find-batch-size and --time-report measure the f32 training "
+               "step, which --from skips: drop --from", o.model == "mobilenet" ? " (lesson-13-mobilenet measures MobileNetV2's)" : "");
     return run(flags, o);
 } catch (const std::exception& e) {
     std::fprintf(stderr, "lesson-11: %s\n", e.what());

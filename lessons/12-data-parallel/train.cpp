@@ -176,6 +176,8 @@ int run(int argc, char** argv, MpiCommunicator& mpi) {
     if (flags.threads == 0) flags.threads = threads_per_rank(mpi.size());
     KILN_CHECK(f.model == "lenet" || f.model == "cifar", "--model must be lenet or cifar, got '", f.model, "'");
     KILN_CHECK(f.zero == 0 || f.zero == 1, "--zero must be 0 or 1 (kiln implements ZeRO stage 1), got ", f.zero);
+    KILN_CHECK(!flags.measures(), "--find-batch-size and --time-report time one process's step; with several ranks use "
+               "--measure N (compute and communication per step)");
     KILN_CHECK(f.bucket_mb > 0, "--bucket-mb must be positive, got ", f.bucket_mb);
     KILN_CHECK(!(f.zero == 1 && flags.amp == DType::F16), "--zero 1 reduces the gradients inside the optimizer step, ",
                "after a GradScaler would have checked them for inf/NaN on one rank only: use --amp bf16 (no ",

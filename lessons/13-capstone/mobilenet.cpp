@@ -28,7 +28,7 @@
 #include "optim/optimizer.h"      // defines: SGD, decay_groups
 #include "optim/scheduler.h"      // defines: OneCycleLR
 #include "train/cli.h"            // defines: Cli, CommonFlags
-#include "train/fit.h"            // defines: CifarData, fit, report, set_precision
+#include "train/fit.h"            // defines: CifarData, only_measure, fit, report, set_precision
 #include "train/memory_trace.h"   // defines: memory_recording
 #include "train/run_log.h"        // defines: run_info
 
@@ -57,6 +57,7 @@ int main(int argc, char** argv) try {
     model->to(device);
     SGD sgd(decay_groups(*model, flags.lr, weight_decay), SGD::Options{0.9f, 0.0f, 0.0f, true});
     flags.apply_memory_limit(device);
+    if (only_measure(*model, sgd, cifar.train, flags, &arena)) return 0;  // --find-batch-size, --time-report
     OneCycleLR schedule(sgd, flags.lr, int64_t(flags.epochs) * cifar.train.num_batches());
     std::printf("lesson-13-mobilenet: %s width %.2f, %lld parameters, batch %lld, %lld training images, device %s\n",
                 model->name().c_str(), double(width), (long long)model->num_parameters(), (long long)flags.batch_size,

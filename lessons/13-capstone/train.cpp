@@ -43,7 +43,7 @@
 #include "train/evaluate.h"     // defines: evaluate, evaluate_views
 #include "train/fit.h"          // defines: report
 #include "train/loop.h"         // defines: train_step, StepOptions
-#include "train/time_report.h"  // defines: StepTimer, format_time_report
+#include "train/time_report.h"  // defines: StepTimer, print_time_report
 
 using namespace kiln;
 
@@ -60,8 +60,6 @@ struct Flags {
     bool no_whitening = false;      // the first conv keeps its random initialization and trains
     bool no_dirac = false;
     int tta = 2;                    // 0: the images alone, 1: + mirrors, 2: + 1-pixel shifts
-    int time_report = 0;            // > 0: time this many steps (after the first two) by layer, print, stop
-    std::string time_svg;           // with --time-report: the figure of it, to this file
     bool eval_each_epoch = false;
 };
 
@@ -127,14 +125,11 @@ int main(int argc, char** argv) try {
     cli.add("--no-dirac", &f.no_dirac, "the 3×3 convs keep their random initialization");
     cli.add("--tta", &f.tta, "test-time views: 0 the images alone, 1 with mirrors, 2 with mirrors and 1-pixel shifts");
     cli.add("--eval-each-epoch", &f.eval_each_epoch, "score the test images (alone) after every epoch");
-    cli.add("--time-report", &f.time_report, "time N steps after the first two, layer by layer, print an epoch's budget and stop");
-    cli.add("--time-svg", &f.time_svg, "with --time-report: also draw it, to this .svg file");
     cli.parse(argc, argv);
     KILN_CHECK(f.tta >= 0 && f.tta <= 2, "lesson-13: --tta ", f.tta, " must be 0, 1 or 2");
-    KILN_CHECK(f.time_report >= 0, "lesson-13: --time-report ", f.time_report, " must count steps: 1 or more (0: off)");
-    KILN_CHECK(f.time_svg.empty() || f.time_report > 0, "lesson-13: --time-svg draws --time-report's table; add --time-report N");
-    KILN_CHECK(f.common.save.empty() && f.common.resume.empty() && f.common.accumulate == 1,
-               "lesson-13: --save, --resume and --accumulate are not supported by this trainer (chapter 07's are)");
+    KILN_CHECK(f.common.save.empty() && f.common.resume.empty() && f.common.accumulate == 1 && !f.common.find_batch_size,
+               "lesson-13: --save, --resume, --accumulate and --find-batch-size are not supported by this trainer "
+               "(chapter 07's are)");
     Device device = f.common.apply();
     KILN_CHECK(device == Device::CPU, "lesson-13: this trainer runs on the CPU");
     const auto start = std::chrono::steady_clock::now();
@@ -174,15 +169,11 @@ int main(int argc, char** argv) try {
 
     const StepOptions step_options{&arena, 0.0f, 1, nullptr, f.common.amp, f.smoothing};
     std::unique_ptr<StepTimer> timer;  // --time-report
-    if (f.time_report > 0) timer = std::make_unique<StepTimer>(*net, device);
-    const auto print_time_report = [&] {
-        std::printf("%s", format_time_report(timer->report(), train.num_batches()).c_str());
-        if (!f.time_svg.empty()) {
-            write_time_report_svg(timer->report(), f.time_svg,
-                                  "lesson-13: one step of batch " + std::to_string(f.common.batch_size) + ", amp " +
-                                      dtype_name(f.common.amp));
-            std::printf("wrote %s\n", f.time_svg.c_str());
-        }
+    if (f.common.time_report > 0) timer = std::make_unique<StepTimer>(*net, device);
+    const auto print_times = [&] {
+        print_time_report(timer->report(), train.num_batches(), f.common.time_svg,
+                          "lesson-13: one step of batch " + std::to_string(f.common.batch_size) + ", amp " +
+                              dtype_name(f.common.amp));
         return 0;
     };
     double train_seconds = 0;
@@ -209,7 +200,7 @@ int main(int argc, char** argv) try {
             // Lookahead: decay 0.95⁵ · (step/steps)³, every 5 steps; the last step takes the average.
             if (lookahead && step % 5 == 0) lookahead->update(*net, float(std::pow(0.95, 5) * std::pow(double(step) / double(steps), 3)));
             if (timer) timer->step_ends();
-            if (timer && timer->steps_timed() == f.time_report) return print_time_report();
+            if (timer && timer->steps_timed() == f.common.time_report) return print_times();
             loss += double(r.loss) * double(b.size());
             correct += r.correct;
             seen += b.size();
@@ -222,7 +213,7 @@ int main(int argc, char** argv) try {
         std::printf("\n");
         std::fflush(stdout);
     }
-    if (timer) return print_time_report();  // fewer steps than asked for
+    if (timer) return print_times();  // fewer steps than asked for
     if (lookahead) lookahead->update(*net, 1.0f);
     const double plain = evaluate(*net, test, &arena);
     const double acc = test_accuracy(f, *net, test_set, test);

@@ -309,18 +309,15 @@ public:
         return qadd(f, body_out, shortcut.empty() ? x : run_steps(shortcut, x), shortcut_out, out);
     }
     void save(StateDict& s) const override {
-        for (const QSteps* branch : {&body, &shortcut})
-            for (const auto& step : *branch) step->save(s);
+        for_each_step([&](QStep& step) { step.save(s); });
         put_range(s, name, out);
     }
     void to(Device device) override {
-        for (QSteps* branch : {&body, &shortcut})
-            for (auto& step : *branch) step->to(device);
+        for_each_step([&](QStep& step) { step.to(device); });
     }
     int64_t bytes() const override {
         int64_t total = 0;
-        for (const QSteps* branch : {&body, &shortcut})
-            for (const auto& step : *branch) total += step->bytes();
+        for_each_step([&](QStep& step) { total += step.bytes(); });
         return total;
     }
     std::string describe() const override {
@@ -331,6 +328,14 @@ public:
 
     QSteps body, shortcut;
     QParams body_out, shortcut_out, out;
+
+private:
+    // f(step) for every step of both branches, the body's first.
+    template <typename F>
+    void for_each_step(F f) const {
+        for (const QSteps* branch : {&body, &shortcut})
+            for (const auto& step : *branch) f(*step);
+    }
 };
 
 // One line per step, a residual's own steps below it, indented.

@@ -130,6 +130,8 @@ void CommonFlags::add_to(Cli& cli) {
     cli.add("--amp", &amp, "mixed precision: f16 (with a GradScaler: loss scaling) or bf16; f32 is off",
             {DType::F16, DType::BF16, DType::F32});
     cli.add("--grad-hist", &grad_hist, "print the first step's gradient values by binary exponent against f16's range (what underflows without loss scaling, what overflows at the scale)");
+    cli.add("--time-report", &time_report, "time N training steps after the first two, layer by layer, print an epoch's time budget, and stop");
+    cli.add("--time-svg", &time_svg, "with --time-report: also draw it, to this .svg file");
     cli.add("--resume", &resume, "continue from this checkpoint (same flags as the run that wrote it: a different --epochs, --lr, --limit, --batch-size or --seed is refused)");
 }
 
@@ -147,6 +149,10 @@ Device CommonFlags::apply() const {
     if (d == Device::CUDA) cuda::print_emulator_note_once();  // says so when there is no GPU build
     if (!mem_limit.empty()) parse_bytes(mem_limit);  // a malformed size fails now, not after loading
     if (!mem_trace.empty()) check_trace_path(mem_trace);  // fail now, not after loading the data
+    KILN_CHECK(time_report >= 0, "--time-report ", time_report, " must count steps: 1 or more (0: off)");
+    KILN_CHECK(time_svg.empty() || time_report > 0, "--time-svg draws --time-report's table; add --time-report N");
+    KILN_CHECK(!(find_batch_size && time_report > 0), "--find-batch-size and --time-report each stop the trainer; "
+               "ask for one at a time");
     return d;
 }
 

@@ -6,7 +6,7 @@
 //   f.add_to(cli);                       // --epochs --batch-size --lr --seed --threads --data
 //   cli.add("--hidden", &hidden, "hidden units");   //   --limit --device --mem-limit --save --resume
 //                                                   //   --mem-report --mem-trace --mem-trace-steps
-//                                                   //   --amp --grad-hist
+//                                                   //   --amp --grad-hist --time-report --time-svg
 //   cli.parse(argc, argv);               // --help prints the usage and exits
 //   Device d = f.apply();                // sets the thread count, picks the device
 //   ... build the model and optimizer ...
@@ -78,12 +78,16 @@ struct CommonFlags {
     int mem_trace_steps = 2;       // steps that --mem-trace records
     DType amp = DType::F32;        // --amp f16|bf16: mixed precision (F32: off); f16 adds a GradScaler
     bool grad_hist = false;        // print the first step's gradient exponents against f16's range
+    int time_report = 0;           // > 0: time this many steps (after the first two) by layer, print, stop
+    std::string time_svg;          // with time_report: its figure, to this file
     // Data parallel training (lesson 12; set by the trainer, not flags): this process is rank
     // `rank` of world_size. --batch-size stays the whole batch: each rank's training loader takes
     // batch_size / world_size images of its share of the epoch; only rank 0 writes files.
     int rank = 0, world_size = 1;
 
     void add_to(Cli& cli);
+    // --find-batch-size or --time-report: the trainer measures a step instead of training
+    bool measures() const { return find_batch_size || time_report > 0; }
     // Sets the OpenMP thread count and checks the flags; returns the chosen device.
     Device apply() const;
     // Sets --mem-limit on the device, once the model and its optimizer are built: fails, saying

@@ -9,12 +9,14 @@
 #include "data/cifar.h"
 #include "data/idx.h"
 #include "ops/autocast.h"
+#include "train/batch_size.h"
 #include "train/checkpoint.h"
 #include "train/evaluate.h"
 #include "train/loop.h"
 #include "train/memory_trace.h"
 #include "train/progress.h"
 #include "train/run_log.h"
+#include "train/time_report.h"
 
 namespace kiln {
 
@@ -123,6 +125,36 @@ double fit(Module& model, Optimizer& optimizer, DataLoader& train, DataLoader& t
     opt.main_process = flags.rank == 0;
     const std::unique_ptr<GradScaler> scaler = set_precision(flags, opt);
     return fit(model, optimizer, train, test, opt);
+}
+
+// --time-report N: training steps of the first epoch, the first two untimed (StepTimer's skip),
+// until N are timed or the epoch ends; then the table and, with --time-svg, the figure.
+static void print_step_times(Module& model, Optimizer& optimizer, DataLoader& train, const CommonFlags& flags,
+                             BumpAllocator* arena) {
+    const std::unique_ptr<GradScaler> scaler = grad_scaler(flags);
+    const StepOptions options{arena, 0.0f, flags.accumulate, scaler.get(), flags.amp};
+    StepTimer timer(model, train.options().device);
+    model.train();
+    train.start_epoch(0);
+    Batch batch;
+    while (timer.steps_timed() < flags.time_report) {
+        timer.step_begins();
+        if (!train.next(batch)) break;
+        timer.batch_loaded();
+        train_step(model, optimizer, batch.x, batch.y, options);
+        timer.step_ends();
+    }
+    const std::string program = flags.cli ? flags.cli->program() : "kiln";
+    print_time_report(timer.report(), train.num_batches(), flags.time_svg,
+                      program + ": one step of batch " + std::to_string(flags.batch_size) + ", amp " +
+                          dtype_name(flags.amp));
+}
+
+bool only_measure(Module& model, Optimizer& optimizer, DataLoader& train, const CommonFlags& flags,
+                  BumpAllocator* arena) {
+    if (flags.find_batch_size) print_largest_batch(model, optimizer, train, flags.amp);
+    if (flags.time_report > 0) print_step_times(model, optimizer, train, flags, arena);
+    return flags.measures();
 }
 
 std::unique_ptr<GradScaler> grad_scaler(const CommonFlags& flags) {

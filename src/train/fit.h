@@ -50,6 +50,14 @@ double fit(Module& model, Optimizer& optimizer, DataLoader& train, DataLoader& t
 double fit(Module& model, Optimizer& optimizer, DataLoader& train, DataLoader& test, const CommonFlags& flags,
            BumpAllocator* arena);
 
+// --find-batch-size and --time-report N measure instead of training: runs the one asked for
+// (the largest batch that fits in --mem-limit, train/batch_size.h; or N training steps after the
+// first two, timed layer by layer, train/time_report.h), prints it and returns true, for the
+// trainer to stop; returns false when neither was asked for.
+//   if (only_measure(model, sgd, cifar.train, flags, &arena)) return 0;
+bool only_measure(Module& model, Optimizer& optimizer, DataLoader& train, const CommonFlags& flags,
+                  BumpAllocator* arena);
+
 // The GradScaler a trainer's flags ask for: PyTorch's defaults with --amp f16 (f16's range
 // needs loss scaling), none otherwise (null) — bf16 has f32's exponent range, and f32 needs none.
 // A trainer that builds its own TrainOptions calls set_precision below.
