@@ -1,6 +1,6 @@
 // test_convert_simd.cpp — the vector f16/bf16 ↔ f32 kernels (ops/cpu/convert_simd.h) give
-// dtype.h's bits for every input, and so do the GEMM and Tensor::to that use them, whichever
-// path runs (chapter 09).
+// dtype.h's bits for every input, and so do the GEMM, Tensor::to and the elementwise kernels
+// (ops/cpu/f32_blocks.h) that use them, whichever path runs (chapter 09).
 //
 //   ./kiln_tests '[lowp]'
 //
@@ -10,9 +10,12 @@
 // quiet and signalling NaNs with payloads, then 4 million random bit patterns.
 // On a CPU without AVX2 + F16C only the portable kernels exist; the cases say so and check those.
 #include <catch2/catch.hpp>
+#include <omp.h>
+
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <iterator>
 #include <random>
 #include <type_traits>
 #include <vector>
@@ -20,7 +23,9 @@
 #include "core/cpu_features.h"
 #include "core/rng.h"
 #include "core/tensor.h"
+#include "ops/cpu/cnn_ops.h"
 #include "ops/cpu/convert_simd.h"
+#include "ops/cpu/cpu_ops.h"
 #include "ops/cpu/gemm.h"
 #include "ops/cpu/gemm_tile.h"
 #include "fixtures.h"
@@ -248,4 +253,202 @@ TEST_CASE("Tensor::to between f32 and f16/bf16 gives the same bits on every path
             CHECK(back[i] == back[0]);
         }
     }
+}
+
+// ---- the kernels that run their f32 loop in blocks (ops/cpu/f32_blocks.h) ---------------------
+namespace {
+
+// n values of T: uniform in [-2, 2], and every 37th (from `first` on) one of the cases where
+// rounding and NaN handling differ: ±0, ±inf, a NaN, subnormals (of f16: 3e-6, 7e-8; of bf16:
+// 1e-39), values near f16's and bf16's largest.
+// a and b take different `first`, so no index holds a NaN in both: which of two NaNs a + b
+// returns (its sign) IEEE 754 leaves to the machine.
+template <typename T>
+std::vector<T> with_specials(size_t n, uint32_t seed, size_t first) {
+    const float specials[] = {0.0f, -0.0f, INFINITY, -INFINITY, NAN, 3e-6f, -7e-8f, 1e-39f, 6.5e4f, -3.3e38f};
+    std::vector<T> v = random_lowp<T>(n, seed);
+    for (size_t i = first, k = 0; i < n; i += 37, k++) v[i] = T(specials[k % std::size(specials)]);
+    return v;
+}
+
+template <typename T>
+std::vector<float> widen_each(const std::vector<T>& v) {
+    std::vector<float> w(v.size());
+    for (size_t i = 0; i < v.size(); ++i) w[i] = float(v[i]);
+    return w;
+}
+
+// op(a, b, y) run on T and on float: y in T must hold, bit for bit, the float y rounded element
+// by element with dtype.h's T(float).
+template <typename T, typename Op>
+void check_rounded_once(const char* name, const std::vector<T>& a, const std::vector<T>& b, Op op) {
+    INFO(name << " on " << a.size() << " elements");
+    std::vector<T> y(a.size());
+    std::vector<float> y32(a.size());
+    op(a, b, y);
+    op(widen_each(a), widen_each(b), y32);
+    REQUIRE(y.size() == y32.size());
+    size_t wrong = 0, first = 0;
+    for (size_t i = 0; i < y.size(); ++i)
+        if (y[i].bits != T(y32[i]).bits && wrong++ == 0) first = i;
+    INFO(wrong << " wrong results, the first at index " << first);
+    CHECK(wrong == 0);
+}
+
+template <typename T>
+void check_elementwise_blocks() {
+    // 1 and 7: one short block; 4095 and 4097 either side of a block (4096); 37865 = 9 blocks and
+    // 1001 more: past the parallel threshold (2^15), not a multiple of 8.
+    for (size_t n : {size_t(1), size_t(7), size_t(4095), size_t(4097), size_t(37865)}) {
+        const std::vector<T> a = with_specials<T>(n, 11, 0), b = with_specials<T>(n, 12, 18);
+        const int64_t m = int64_t(n);
+        check_rounded_once("add", a, b, [m](const auto& a, const auto& b, auto& y) {
+            cpu::add(a.data(), b.data(), y.data(), m);
+        });
+        check_rounded_once("mul", a, b, [m](const auto& a, const auto& b, auto& y) {
+            cpu::mul(a.data(), b.data(), y.data(), m);
+        });
+        check_rounded_once("mul into a", a, b, [m](const auto& a, const auto& b, auto& y) {
+            y = a;
+            cpu::mul(y.data(), b.data(), y.data(), m);
+        });
+        check_rounded_once("axpy", a, b, [m](const auto& a, const auto& b, auto& y) {
+            y = b;
+            cpu::axpy(-0.75f, a.data(), y.data(), m);
+        });
+        check_rounded_once("scale", a, b, [m](const auto& a, const auto&, auto& y) {
+            y = a;
+            cpu::scale(y.data(), m, 1.7f);
+        });
+        for (float cap : {INFINITY, 6.0f}) {
+            check_rounded_once("relu_forward", a, b, [m, cap](const auto& a, const auto&, auto& y) {
+                cpu::relu_forward(a.data(), y.data(), m, cap);
+            });
+            check_rounded_once("relu_backward", a, b, [m, cap](const auto& a, const auto& b, auto& y) {
+                cpu::relu_backward(a.data(), b.data(), y.data(), m, cap);
+            });
+        }
+        check_rounded_once("gelu_forward", a, b, [m](const auto& a, const auto&, auto& y) {
+            cpu::gelu_forward(a.data(), y.data(), m);
+        });
+        check_rounded_once("gelu_backward", a, b, [m](const auto& a, const auto& b, auto& y) {
+            cpu::gelu_backward(a.data(), b.data(), y.data(), m);
+        });
+        std::vector<uint8_t> mask(n);
+        check_rounded_once("dropout_forward", a, b, [m, &mask](const auto& a, const auto&, auto& y) {
+            cpu::dropout_forward(a.data(), y.data(), mask.data(), m, 0.3f, 0x5eedu, 1000);
+        });
+        check_rounded_once("dropout_backward", a, b, [m, &mask](const auto&, const auto& b, auto& y) {
+            cpu::dropout_backward(b.data(), mask.data(), y.data(), m, 0.3f);
+        });
+    }
+    // relu_backward copies dy's bits where the gradient flows: a NaN keeps its payload (in f32
+    // and back, an f16 NaN would become the one quiet NaN 0x7e00).
+    std::vector<T> y(4097, T(1.0f)), dy(4097, T(2.0f)), dx(4097);
+    dy[4096].bits = 0x7f81;  // f16 and bf16: a signalling NaN with a payload
+    cpu::relu_backward(y.data(), dy.data(), dx.data(), 4097, INFINITY);
+    CHECK(dx[4096].bits == 0x7f81);
+}
+
+// Rows of S values in {-2, -1.5, ..., 2}, each row's value at s and at S - 1 - s opposite (0 in
+// the middle): every row sums to exactly 0, and the norms' sums below (of x, x², dy, dy·x,
+// γ·dy·x̂ with γ in quarters and x̂ = 2x) are exact in any order, fused or not. So f32 and T
+// compute the same statistics, and the T kernel's y must be the f32 kernel's y rounded once.
+template <typename T>
+std::vector<T> opposite_pairs(int64_t rows, int64_t S, uint32_t seed) {
+    std::mt19937 rng(seed);
+    std::uniform_int_distribution<int> half(-4, 4);
+    std::vector<T> v(size_t(rows * S), T(0.0f));
+    for (int64_t r = 0; r < rows; r++)
+        for (int64_t s = 0; s < S / 2; s++) {
+            const float x = 0.5f * float(half(rng));
+            v[size_t(r * S + s)] = T(x);
+            v[size_t(r * S + S - 1 - s)] = T(-x);
+        }
+    return v;
+}
+
+// The norms and the pooling backwards: y in T is the f32 kernel's y rounded once.
+template <typename T>
+void check_norm_and_pool_blocks() {
+    // S = 5: rows shorter than a block; S = 4100: a row of a whole block and 4 more.
+    for (int64_t S : {int64_t(5), int64_t(4100)}) {
+        BatchNormParams p;
+        p.N = 3, p.C = 4, p.S = S;
+        const std::vector<T> x = opposite_pairs<T>(p.N * p.C, S, 21), dy = opposite_pairs<T>(p.N * p.C, S, 22);
+        const std::vector<float> gamma = {0.5f, 1.25f, -0.75f, 2.0f}, beta = {0.1f, -0.2f, 0.0f, 0.3f};
+        check_rounded_once("batchnorm_forward_train", x, dy, [&](const auto& x, const auto&, auto& y) {
+            std::vector<float> rm(4), rv(4, 1.0f), sm(4), si(4);
+            cpu::batchnorm_forward_train(x.data(), gamma.data(), beta.data(), y.data(), rm.data(), rv.data(),
+                                         sm.data(), si.data(), p);
+        });
+        check_rounded_once("batchnorm_forward_eval", x, dy, [&](const auto& x, const auto&, auto& y) {
+            const std::vector<float> rm = {0.1f, -0.3f, 0.0f, 0.5f}, rv = {0.9f, 1.1f, 2.0f, 0.5f};
+            cpu::batchnorm_forward_eval(x.data(), gamma.data(), beta.data(), rm.data(), rv.data(), y.data(), p);
+        });
+        check_rounded_once("batchnorm_backward", x, dy, [&](const auto& x, const auto& dy, auto& dx) {
+            const std::vector<float> sm(4, 0.0f), si = {1.1f, 0.9f, 0.7f, 1.3f};
+            std::vector<float> dg(4), db(4);
+            cpu::batchnorm_backward(dy.data(), x.data(), gamma.data(), sm.data(), si.data(), dx.data(), dg.data(),
+                                    db.data(), p);
+        });
+        // layer norm: R = N·C rows of D = S
+        const int64_t R = p.N * p.C, D = S;
+        const size_t rows = static_cast<size_t>(R), cols = static_cast<size_t>(D);
+        std::vector<float> lg(cols), lb(cols);
+        for (size_t d = 0; d < cols; d++) lg[d] = 1.0f + 0.25f * float(d % 4), lb[d] = 0.01f * float(d % 7);
+        check_rounded_once("layernorm_forward", x, dy, [&](const auto& x, const auto&, auto& y) {
+            std::vector<float> mean(rows), invstd(rows);
+            cpu::layernorm_forward(x.data(), lg.data(), lb.data(), y.data(), mean.data(), invstd.data(), R, D, 1e-5f);
+        });
+        check_rounded_once("layernorm_backward", x, dy, [&](const auto& x, const auto& dy, auto& dx) {
+            std::vector<float> mean(rows, 0.0f), invstd(rows, 2.0f), dg(cols), db(cols);
+            cpu::layernorm_backward(dy.data(), x.data(), lg.data(), mean.data(), invstd.data(), dx.data(), dg.data(),
+                                    db.data(), R, D);
+        });
+    }
+    // Pooling backward: overlapping 3×3 windows, stride 2, summed in an F32Plane and rounded once.
+    Pool2dParams p;
+    p.N = 2, p.C = 3, p.H = 13, p.W = 11, p.KH = 3, p.KW = 3, p.stride = 2, p.padding = 1;
+    const size_t nx = size_t(p.N * p.C * p.H * p.W);
+    const std::vector<T> x = random_lowp<T>(nx, 31), dy = random_lowp<T>(nx, 32);  // dy: the first N·C·P·Q
+    std::vector<int32_t> argmax(size_t(p.N * p.C * p.P() * p.Q()));
+    std::vector<T> y(argmax.size());
+    cpu::maxpool2d_forward(x.data(), y.data(), argmax.data(), p);
+    check_rounded_once("maxpool2d_backward", x, dy, [&](const auto&, const auto& dy, auto& dx) {
+        cpu::maxpool2d_backward(dy.data(), argmax.data(), dx.data(), p);
+    });
+    check_rounded_once("avgpool2d_backward", x, dy, [&](const auto&, const auto& dy, auto& dx) {
+        cpu::avgpool2d_backward(dy.data(), dx.data(), p);
+    });
+}
+
+// Each check at every runnable level (the portable and the vector conversions) on 1 and 2 threads.
+template <typename F>
+void on_each_level_and_thread_count(F check) {
+    const int saved = omp_get_max_threads();
+    for (int threads : {1, 2}) {
+        omp_set_num_threads(threads);
+        INFO(threads << " thread(s)");
+        under_each_level([&] {
+            INFO("level " << cpu_level_name(cpu_level()));
+            check();
+            return 0;
+        });
+    }
+    omp_set_num_threads(saved);
+}
+
+}  // namespace
+
+TEST_CASE("f16 and bf16 elementwise kernels in f32 blocks give the f32 kernel's result rounded once, bit for bit",
+          "[cpu][lowp][lesson09][elementwise][relu][gelu][dropout]") {
+    on_each_level_and_thread_count(check_elementwise_blocks<f16>);
+    on_each_level_and_thread_count(check_elementwise_blocks<bf16>);
+}
+
+TEST_CASE("f16 and bf16 batch norm, layer norm and pooling backward give the f32 kernel's result rounded once",
+          "[cpu][lowp][lesson09][batchnorm][layernorm][pool]") {
+    on_each_level_and_thread_count(check_norm_and_pool_blocks<f16>);
+    on_each_level_and_thread_count(check_norm_and_pool_blocks<bf16>);
 }

@@ -25,6 +25,7 @@
 #include <vector>
 
 #include "core/dtype.h"
+#include "ops/cpu/convert_simd.h"
 #include "ops/params.h"
 
 namespace kiln::cpu {
@@ -155,16 +156,15 @@ void dropout_backward(const T* dy, const uint8_t* mask, T* dx, int64_t n, float 
 // terms into one output element with +=. In f16 or bf16 each += would round; instead the plane
 // is summed in a float scratch and rounded into the output once, at the end:
 //     F32Plane<T> acc(out, n, init);   float* a = acc.data();   a[i] += term; ...   acc.store();
-// a[0 .. n) starts at init. For T = float the scratch is the output itself: the f32 kernels
-// add into it exactly as they would without it, and store() does nothing.
+// a[0 .. n) starts at init. store() rounds the plane with the CPU's vector kernel
+// (convert_simd.h). For T = float the scratch is the output itself: the f32 kernels add into it
+// exactly as they would without it, and store() does nothing.
 template <typename T>
 class F32Plane {
 public:
     F32Plane(T* out, int64_t n, float init = 0.0f) : out_(out), sum_(size_t(n), init) {}
     float* data() { return sum_.data(); }
-    void store() {
-        for (size_t i = 0; i < sum_.size(); i++) out_[i] = T(sum_[i]);
-    }
+    void store() { narrow_into(sum_.data(), int64_t(sum_.size()), out_); }
 
 private:
     T* out_;

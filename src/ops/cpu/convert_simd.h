@@ -46,9 +46,11 @@ constexpr bool has_convert_kernel =
     (std::is_same_v<From, float> && (std::is_same_v<To, f16> || std::is_same_v<To, bf16>)) ||
     (std::is_same_v<To, float> && (std::is_same_v<From, f16> || std::is_same_v<From, bf16>));
 
-// Running f32 code over f16/bf16 data a block at a time: g++ leaves a loop that converts element
-// by element scalar (GELU in bf16 ran 7 times slower than in f32 so), so a kernel widens a block
-// into floats, runs its f32 loop and narrows the result, each conversion by the CPU's kernel.
+// Running f32 code over f16/bf16 data: g++ leaves a loop that converts element by element scalar
+// (GELU in bf16 ran 7 times slower than in f32 so), so a kernel widens its inputs into floats,
+// runs its f32 loop and narrows the result, each conversion by the CPU's kernel. f32_blocks.h
+// does it a block at a time for the elementwise kernels; the max pool and F32Plane (cnn_ops.h)
+// a plane at a time.
 // widened: x[0, n) as floats in out (n of them), which it returns. narrow_into: out[i] = T(y[i]).
 template <typename T>
 const float* widened(const T* x, int64_t n, float* out) {

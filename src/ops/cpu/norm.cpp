@@ -19,13 +19,12 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
-#include <type_traits>
 
 #include "core/error.h"
 #include "core/parallel.h"
 #include "core/rng.h"
 #include "ops/cpu/cnn_ops.h"
-#include "ops/cpu/convert_simd.h"
+#include "ops/cpu/f32_blocks.h"
 
 namespace kiln::cpu {
 namespace {
@@ -58,6 +57,19 @@ template <typename F> inline double channel_sum(const BatchNormParams& p, int64_
     return total;
 }
 
+// Pass 3 of the forward: y = (x − mean)·scale + shift over the M values of channel c, a row of
+// S at a time, in f32 blocks (f32_blocks.h).
+template <typename T>
+void normalize_channel(const T* x, T* y, const BatchNormParams& p, int64_t c, float mean, float scale, float shift) {
+    for (int64_t n = 0; n < p.N; n++) {
+        const int64_t base = (n * p.C + c) * p.S;
+        f32_blocks(p.S, x + base, y + base, [=](const float* x, float* y, int64_t m, int64_t) {
+#pragma omp simd
+            for (int64_t s = 0; s < m; s++) y[s] = (x[s] - mean) * scale + shift;
+        });
+    }
+}
+
 }  // namespace
 
 // ---- batch norm --------------------------------------------------------------------------------
@@ -80,11 +92,7 @@ void batchnorm_forward_train(const T* x, const float* gamma, const float* beta, 
                                double(M);
             const float invstd = float(1.0 / std::sqrt(var + double(p.eps)));
             // pass 3: y = gamma · (x − mean) · invstd + beta
-            const float scale = gamma[c] * invstd, shift = beta[c];
-            for (int64_t n = 0; n < p.N; n++) {
-                const int64_t base = (n * p.C + c) * p.S;
-                for (int64_t s = 0; s < p.S; s++) y[base + s] = T((float(x[base + s]) - mean) * scale + shift);
-            }
+            normalize_channel(x, y, p, c, mean, gamma[c] * invstd, beta[c]);
             save_mean[c] = mean;
             save_invstd[c] = invstd;
             const double m = p.momentum;
@@ -100,12 +108,7 @@ void batchnorm_forward_eval(const T* x, const float* gamma, const float* beta, c
     check_params(p, "batchnorm_forward_eval");
     parallel_for(p.C, grain_of(kParallelMin, p.N * p.S), [&](int64_t c0, int64_t c1) {
         for (int64_t c = c0; c < c1; c++) {
-            const float mean = running_mean[c];
-            const float scale = gamma[c] / std::sqrt(running_var[c] + p.eps), shift = beta[c];
-            for (int64_t n = 0; n < p.N; n++) {
-                const int64_t base = (n * p.C + c) * p.S;
-                for (int64_t s = 0; s < p.S; s++) y[base + s] = T((float(x[base + s]) - mean) * scale + shift);
-            }
+            normalize_channel(x, y, p, c, running_mean[c], gamma[c] / std::sqrt(running_var[c] + p.eps), beta[c]);
         }
     });
 }
@@ -128,10 +131,11 @@ void batchnorm_backward(const T* dy, const T* x, const float* gamma, const float
             const float g = gamma[c] * invstd;
             for (int64_t n = 0; n < p.N; n++) {
                 const int64_t base = (n * p.C + c) * p.S;
-                for (int64_t s = 0; s < p.S; s++) {
-                    const int64_t i = base + s;
-                    dx[i] = T(g * (float(dy[i]) - k_dy - (float(x[i]) - mean) * k_x));
-                }
+                f32_blocks(p.S, dy + base, x + base, dx + base,
+                           [=](const float* dy, const float* x, float* dx, int64_t m, int64_t) {
+#pragma omp simd
+                               for (int64_t s = 0; s < m; s++) dx[s] = g * (dy[s] - k_dy - (x[s] - mean) * k_x);
+                           });
             }
             dgamma[c] += float(sum_dy_xhat);
             dbeta[c] += float(sum_dy);
@@ -156,8 +160,10 @@ void layernorm_forward(const T* x, const float* gamma, const float* beta, T* y, 
                                }) /
                                double(D);
             const float invstd = float(1.0 / std::sqrt(var + double(eps)));
-            T* yr = y + r * D;
-            for (int64_t d = 0; d < D; d++) yr[d] = T((float(xr[d]) - mean) * invstd * gamma[d] + beta[d]);
+            f32_blocks(D, xr, y + r * D, [&](const float* x, float* y, int64_t m, int64_t d0) {
+#pragma omp simd
+                for (int64_t d = 0; d < m; d++) y[d] = (x[d] - mean) * invstd * gamma[d0 + d] + beta[d0 + d];
+            });
             save_mean[r] = mean;
             save_invstd[r] = invstd;
         }
@@ -180,11 +186,13 @@ void layernorm_backward(const T* dy, const T* x, const float* gamma, const float
             const float sum_gx = float(
                 lane_sum(D, [&](int64_t d) { return gamma[d] * float(gr[d]) * ((float(xr[d]) - mean) * invstd); }));
             const float k_g = sum_g / float(D), k_x = sum_gx / float(D);
-            T* dxr = dx + r * D;
-            for (int64_t d = 0; d < D; d++) {
-                const float xhat = (float(xr[d]) - mean) * invstd;
-                dxr[d] = T(invstd * (gamma[d] * float(gr[d]) - k_g - xhat * k_x));
-            }
+            f32_blocks(D, gr, xr, dx + r * D, [&](const float* g, const float* x, float* dx, int64_t m, int64_t d0) {
+#pragma omp simd
+                for (int64_t d = 0; d < m; d++) {
+                    const float xhat = (x[d] - mean) * invstd;
+                    dx[d] = invstd * (gamma[d0 + d] * g[d] - k_g - xhat * k_x);
+                }
+            });
         }
     });
     constexpr int64_t kColumns = 64;
@@ -243,9 +251,10 @@ inline float erf_approx(float x) {
 // exp(t) for t ≤ 0 (Cephes' expf): split t = k·ln2 + r with k an integer and |r| ≤ ln2/2, so
 //   exp(t) = 2^k · exp(r),   exp(r) ≈ 1 + r + r²·(a polynomial of degree 5)   (rel. error < 1e-7)
 // and 2^k is built directly in the exponent bits of a float. Below t = −87, 2^k would leave
-// the normal floats; exp(−87) ≈ 1.6e-38 is 0 for any use here.
+// the normal floats; exp(−87) ≈ 1.6e-38 is 0 for any use here. A NaN t is taken as −87 too:
+// int32_t(k) of a NaN k is undefined behaviour (GELU's x·φ(x) is NaN for a NaN x either way).
 inline float exp_nonpositive(float t) {
-    t = std::max(t, -87.0f);
+    t = t > -87.0f ? t : -87.0f;
     // k = round(t / ln2): adding 1.5·2^23 pushes the fraction bits out (round to nearest)
     const float k = (t * 1.44269504088896341f + 12582912.0f) - 12582912.0f;
     const float r = (t - k * 0.693145751953125f) - k * 1.42860682030941723e-6f;  // ln2 in two parts
@@ -262,13 +271,7 @@ inline float exp_nonpositive(float t) {
     return p * two_k;
 }
 
-// Elementwise loops run in blocks of kSimdBlock elements: threads share out whole blocks, and
-// inside a block the compiler's vector loop always starts at the block's first element, so
-// every element goes through the same instructions (vector body or scalar tail) whatever the
-// thread count — the bits do not depend on it.
-constexpr int64_t kSimdBlock = 4096;
-
-// The two GELU loops in f32, over one block: y = GELU(x) and dx = dy · GELU'(x).
+// The two GELU loops in f32, over one block (f32_blocks.h): y = GELU(x) and dx = dy · GELU'(x).
 void gelu_block(const float* x, float* y, int64_t n) {
     constexpr float kInvSqrt2 = 0.70710678118654752f;
 #pragma omp simd
@@ -286,40 +289,17 @@ void gelu_backward_block(const float* x, const float* dy, float* dx, int64_t n) 
     }
 }
 
-// Runs block(i0, count) over [0, n) in blocks of kSimdBlock, the blocks shared among the threads.
-template <typename Block>
-void for_simd_blocks(int64_t n, Block block) {
-    const int64_t blocks = (n + kSimdBlock - 1) / kSimdBlock;
-    parallel_for(blocks, grain_of(kParallelMin, kSimdBlock), [&](int64_t b0, int64_t b1) {
-        for (int64_t b = b0; b < b1; b++) block(b * kSimdBlock, std::min(kSimdBlock, n - b * kSimdBlock));
-    });
-}
-
 }  // namespace
 
 template <typename T>
 void gelu_forward(const T* x, T* y, int64_t n) {
-    for_simd_blocks(n, [&](int64_t i0, int64_t m) {
-        if constexpr (std::is_same_v<T, float>) {
-            gelu_block(x + i0, y + i0, m);
-        } else {
-            float xb[kSimdBlock], yb[kSimdBlock];  // f16/bf16: in f32 a block at a time (convert_simd.h)
-            gelu_block(widened(x + i0, m, xb), yb, m);
-            narrow_into(yb, m, y + i0);
-        }
-    });
+    parallel_f32_blocks(n, x, y, [](const float* x, float* y, int64_t m, int64_t) { gelu_block(x, y, m); });
 }
 
 template <typename T>
 void gelu_backward(const T* x, const T* dy, T* dx, int64_t n) {
-    for_simd_blocks(n, [&](int64_t i0, int64_t m) {
-        if constexpr (std::is_same_v<T, float>) {
-            gelu_backward_block(x + i0, dy + i0, dx + i0, m);
-        } else {
-            float xb[kSimdBlock], dyb[kSimdBlock], dxb[kSimdBlock];
-            gelu_backward_block(widened(x + i0, m, xb), widened(dy + i0, m, dyb), dxb, m);
-            narrow_into(dxb, m, dx + i0);
-        }
+    parallel_f32_blocks(n, x, dy, dx, [](const float* x, const float* dy, float* dx, int64_t m, int64_t) {
+        gelu_backward_block(x, dy, dx, m);
     });
 }
 
@@ -331,12 +311,12 @@ void dropout_forward(const T* x, T* y, uint8_t* mask, int64_t n, float drop_p, u
     KILN_CHECK(drop_p >= 0.0f && drop_p <= 1.0f, "dropout_forward: drop probability ", drop_p,
                " is outside [0, 1]");
     const float scale = drop_p < 1.0f ? 1.0f / (1.0f - drop_p) : 0.0f;
-    parallel_for(n, kParallelMin, [&](int64_t i0, int64_t i1) {
-        for (int64_t i = i0; i < i1; i++) {
-            const float u = Rng::to_unit(splitmix64(seed_hash ^ splitmix64(first + uint64_t(i))));
+    parallel_f32_blocks(n, x, y, [&](const float* x, float* y, int64_t m, int64_t i0) {
+        for (int64_t i = 0; i < m; i++) {
+            const float u = Rng::to_unit(splitmix64(seed_hash ^ splitmix64(first + uint64_t(i0 + i))));
             const uint8_t keep = u >= drop_p ? 1 : 0;
-            mask[i] = keep;
-            y[i] = T(keep ? float(x[i]) * scale : 0.0f);
+            mask[i0 + i] = keep;
+            y[i] = keep ? x[i] * scale : 0.0f;
         }
     });
 }
@@ -344,8 +324,12 @@ void dropout_forward(const T* x, T* y, uint8_t* mask, int64_t n, float drop_p, u
 template <typename T>
 void dropout_backward(const T* dy, const uint8_t* mask, T* dx, int64_t n, float drop_p) {
     const float scale = drop_p < 1.0f ? 1.0f / (1.0f - drop_p) : 0.0f;
-    parallel_for(n, kParallelMin, [&](int64_t i0, int64_t i1) {
-        for (int64_t i = i0; i < i1; i++) dx[i] = T(mask[i] ? float(dy[i]) * scale : 0.0f);
+    parallel_f32_blocks(n, dy, dx, [=](const float* dy, float* dx, int64_t m, int64_t i0) {
+#pragma omp simd
+        for (int64_t i = 0; i < m; i++) {
+            const float kept = dy[i] * scale;  // read whatever the mask says: no masked load, so g++ vectorizes
+            dx[i] = mask[i0 + i] ? kept : 0.0f;
+        }
     });
 }
 
