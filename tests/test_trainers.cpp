@@ -4,6 +4,8 @@
 // The pinned values were produced by this code; a change that alters them changes what every
 // learner sees, so it must be deliberate (update the numbers and say why in the commit).
 #include <catch2/catch.hpp>
+#include <cstring>
+#include <fstream>
 #include <limits>
 #include <vector>
 
@@ -333,4 +335,41 @@ TEST_CASE("lesson 08: recomputation, 4 micro-batches and a 4 MiB workspace halve
     const int64_t plain = step_peak(false), lesson08 = step_peak(true);
     INFO("plain " << format_bytes(plain) << ", lesson 08 " << format_bytes(lesson08));
     REQUIRE(2 * lesson08 < plain);
+}
+
+TEST_CASE("--time-report N: only_measure trains N steps after the first two, timed, draws them and says stop",
+          "[trainer][time][cpu][lesson08]") {
+    ImageSet small = take_spread(mnist_train(), 640);  // 10 batches of 64
+    DataLoader loader(small, {64, true, false, 1, {0.1307f}, {0.3081f}, Device::CPU});
+    Rng rng(1);
+    auto model = mlp(rng, 32, 16);
+    SGD sgd(model->parameters(), 0.05f);
+    BumpAllocator arena("test arena", Device::CPU, size_t(16) << 20);
+    const Tensor before = model->parameters()[0]->value.clone();
+    test::TempDir dir;
+    CommonFlags flags;
+    REQUIRE_FALSE(only_measure(*model, sgd, loader, flags, &arena));  // neither flag: the trainer trains
+    REQUIRE(sgd.steps() == 0);
+
+    flags.time_report = 3;
+    flags.time_svg = dir.file("time.svg");
+    flags.apply();
+    REQUIRE(only_measure(*model, sgd, loader, flags, &arena));
+    REQUIRE(sgd.steps() == 5);  // two untimed, three timed
+    REQUIRE(std::ifstream(flags.time_svg).good());
+    const Tensor after = model->parameters()[0]->value;
+    REQUIRE(std::memcmp(after.data<float>(), before.data<float>(), size_t(after.nbytes())) != 0);  // the steps trained
+
+    flags.time_report = 100, flags.time_svg.clear();  // more than an epoch has: its 8 timed steps
+    REQUIRE(only_measure(*model, sgd, loader, flags, &arena));
+    REQUIRE(sgd.steps() == 15);
+
+    // bad combinations are refused before any data is read
+    CommonFlags bad;
+    bad.time_report = -1;
+    REQUIRE_THROWS_WITH(bad.apply(), Catch::Contains("--time-report -1 must count steps"));
+    bad.time_report = 0, bad.time_svg = "t.svg";
+    REQUIRE_THROWS_WITH(bad.apply(), Catch::Contains("add --time-report N"));
+    bad.time_report = 2, bad.find_batch_size = true;
+    REQUIRE_THROWS_WITH(bad.apply(), Catch::Contains("ask for one at a time"));
 }
