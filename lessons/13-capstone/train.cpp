@@ -41,9 +41,9 @@
 #include "train/airbench.h"      // defines: airbench_net, airbench_groups (the model and its groups)
 #include "train/cli.h"          // defines: Cli, CommonFlags
 #include "train/evaluate.h"     // defines: evaluate, evaluate_views
-#include "train/fit.h"          // defines: report
+#include "train/fit.h"          // defines: report, print_time_report
 #include "train/loop.h"         // defines: train_step, StepOptions
-#include "train/time_report.h"  // defines: StepTimer, print_time_report
+#include "train/time_report.h"  // defines: StepTimer
 
 using namespace kiln;
 
@@ -171,9 +171,7 @@ int main(int argc, char** argv) try {
     std::unique_ptr<StepTimer> timer;  // --time-report
     if (f.common.time_report > 0) timer = std::make_unique<StepTimer>(*net, device);
     const auto print_times = [&] {
-        print_time_report(timer->report(), train.num_batches(), f.common.time_svg,
-                          "lesson-13: one step of batch " + std::to_string(f.common.batch_size) + ", amp " +
-                              dtype_name(f.common.amp));
+        print_time_report(timer->report(), train.num_batches(), f.common);
         return 0;
     };
     double train_seconds = 0;

@@ -16,7 +16,6 @@
 #include "train/memory_trace.h"
 #include "train/progress.h"
 #include "train/run_log.h"
-#include "train/time_report.h"
 
 namespace kiln {
 
@@ -127,6 +126,15 @@ double fit(Module& model, Optimizer& optimizer, DataLoader& train, DataLoader& t
     return fit(model, optimizer, train, test, opt);
 }
 
+void print_time_report(const TimeReport& r, int64_t steps_per_epoch, const CommonFlags& flags) {
+    std::printf("%s", format_time_report(r, steps_per_epoch).c_str());
+    if (flags.time_svg.empty()) return;
+    const std::string program = flags.cli ? flags.cli->program() : "kiln";
+    write_time_report_svg(r, flags.time_svg, program + ": one step of batch " + std::to_string(flags.batch_size) +
+                                                 ", amp " + dtype_name(flags.amp));
+    std::printf("wrote %s\n", flags.time_svg.c_str());
+}
+
 // --time-report N: training steps of the first epoch, the first two untimed (StepTimer's skip),
 // until N are timed or the epoch ends; then the table and, with --time-svg, the figure.
 static void print_step_times(Module& model, Optimizer& optimizer, DataLoader& train, const CommonFlags& flags,
@@ -144,10 +152,7 @@ static void print_step_times(Module& model, Optimizer& optimizer, DataLoader& tr
         train_step(model, optimizer, batch.x, batch.y, options);
         timer.step_ends();
     }
-    const std::string program = flags.cli ? flags.cli->program() : "kiln";
-    print_time_report(timer.report(), train.num_batches(), flags.time_svg,
-                      program + ": one step of batch " + std::to_string(flags.batch_size) + ", amp " +
-                          dtype_name(flags.amp));
+    print_time_report(timer.report(), train.num_batches(), flags);
 }
 
 bool only_measure(Module& model, Optimizer& optimizer, DataLoader& train, const CommonFlags& flags,

@@ -22,6 +22,7 @@
 #include "optim/scheduler.h"
 #include "train/cli.h"
 #include "train/loop.h"
+#include "train/time_report.h"
 
 namespace kiln {
 
@@ -57,6 +58,10 @@ double fit(Module& model, Optimizer& optimizer, DataLoader& train, DataLoader& t
 //   if (only_measure(model, sgd, cifar.train, flags, &arena)) return 0;
 bool only_measure(Module& model, Optimizer& optimizer, DataLoader& train, const CommonFlags& flags,
                   BumpAllocator* arena);
+
+// What --time-report prints: the table of r (format_time_report, train/time_report.h) and, with
+// --time-svg, its figure, titled "<trainer>: one step of batch B, amp A".
+void print_time_report(const TimeReport& r, int64_t steps_per_epoch, const CommonFlags& flags);
 
 // The GradScaler a trainer's flags ask for: PyTorch's defaults with --amp f16 (f16's range
 // needs loss scaling), none otherwise (null) — bf16 has f32's exponent range, and f32 needs none.

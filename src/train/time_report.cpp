@@ -162,11 +162,4 @@ void write_time_report_svg(const TimeReport& r, const std::string& path, const s
     svg.save(path);
 }
 
-void print_time_report(const TimeReport& r, int64_t steps_per_epoch, const std::string& svg, const std::string& title) {
-    std::printf("%s", format_time_report(r, steps_per_epoch).c_str());
-    if (svg.empty()) return;
-    write_time_report_svg(r, svg, title);
-    std::printf("wrote %s\n", svg.c_str());
-}
-
 }  // namespace kiln

@@ -87,7 +87,4 @@ std::string format_time_report(const TimeReport& r, int64_t steps_per_epoch);
 // then the batch's and the outside's bars. Throws kiln::Error naming the path if it cannot write.
 void write_time_report_svg(const TimeReport& r, const std::string& path, const std::string& title);
 
-// What --time-report prints: the table, then, with svg not empty, the figure written there.
-void print_time_report(const TimeReport& r, int64_t steps_per_epoch, const std::string& svg, const std::string& title);
-
 }  // namespace kiln
