@@ -11,12 +11,17 @@
 // openblas_get_corename() shows) or this CPU cannot run (the run dies of an illegal
 // instruction) is reported and left out. kiln is compared with the fastest core type: the one
 // whose GFLOP/s have the highest geometric mean over the shapes (one type for all shapes, so
-// that one lucky sample cannot pick the winner of a shape). Prints one comment line per core
-// type, then per shape three lines in the `make bench` format:
+// that one lucky sample cannot pick the winner of a shape).
+// The comparison itself is paired: kiln and that core type take turns, kPairedRounds times, each
+// round's ratio is kiln's figure over OpenBLAS's from seconds later, and the medians over the
+// rounds are printed. A shared machine's speed drifts over minutes (on a 2-core Zen 4 VM, three
+// `make bench` runs of the same code measured 1024³ at 0.66, 0.80 and 0.93× OpenBLAS when kiln
+// was timed once and OpenBLAS a minute later). Prints one comment line per core type, then per
+// shape three lines in the `make bench` format:
 //   # OpenBLAS Haswell: 1024 150.2 mlp_256x256x784 80.3 ... GFLOP/s
 //   bench gemm_f32_1024: 123.4 GFLOP/s (path avx2-fma)
 //   bench openblas_gemm_f32_1024: 150.2 GFLOP/s (core type Haswell, the fastest of 9)
-//   bench gemm_f32_1024_vs_openblas: 0.82 ratio
+//   bench gemm_f32_1024_vs_openblas: 0.82 ratio (median of 5 paired rounds)
 // GFLOP/s = 2·M·N·K / seconds / 1e9, the median of 11 timed samples (each ~10 ms) after
 // warm-up. Each library runs in its own process, so neither one's idle threads, which spin for
 // a while after a call (OpenBLAS's for ~0.1 s), steal the cores from the other.
@@ -240,16 +245,41 @@ const CoreRun& fastest(const std::vector<CoreRun>& ran) {
                              [&](const CoreRun& a, const CoreRun& b) { return log_mean(a) < log_mean(b); });
 }
 
-// The three `make bench` lines of each shape: kiln, the fastest core type, their ratio.
-void print_comparison(const std::map<std::string, double>& kiln, const std::vector<CoreRun>& ran) {
-    const CoreRun& best = fastest(ran);
+// kiln's f32 GFLOP/s on every shape, by name.
+std::map<std::string, double> kiln_figures() {
+    std::map<std::string, double> g;
     for (const Shape& s : kShapes) {
-        const double g_blas = best.gflops.at(s.name), g_kiln = kiln.at(s.name);
-        std::printf("bench gemm_f32_%s: %.1f GFLOP/s (path %s)\n", s.name.c_str(), g_kiln,
+        Operands<> o = make_operands(s);
+        g[s.name] = gflops(s, [&] { run_kiln(s, o); });
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));  // kiln's threads fall asleep
+    return g;
+}
+
+// The three `make bench` lines of each shape: kiln, the core type `best`, their ratio, each the
+// median of kPairedRounds rounds of kiln then `best` (header comment).
+constexpr int kPairedRounds = 5;
+
+void print_comparison(const std::string& self, const CoreRun& best, size_t core_types) {
+    std::map<std::string, std::vector<double>> kiln, blas, ratio;
+    for (int round = 0; round < kPairedRounds; ++round) {
+        const std::map<std::string, double> k = kiln_figures();
+        const CoreRun b = run_core_type(self, best.core.c_str());
+        for (const Shape& s : kShapes) {
+            if (!b.why.empty()) continue;  // a failed round is left out
+            kiln[s.name].push_back(k.at(s.name));
+            blas[s.name].push_back(b.gflops.at(s.name));
+            ratio[s.name].push_back(k.at(s.name) / b.gflops.at(s.name));
+        }
+    }
+    for (const Shape& s : kShapes) {
+        if (ratio[s.name].empty()) continue;
+        std::printf("bench gemm_f32_%s: %.1f GFLOP/s (path %s)\n", s.name.c_str(), median(kiln[s.name]),
                     kiln::cpu::gemm_path<float>(kiln::cpu_level()));
         std::printf("bench openblas_gemm_f32_%s: %.1f GFLOP/s (core type %s, the fastest of %zu)\n", s.name.c_str(),
-                    g_blas, best.core.c_str(), ran.size());
-        std::printf("bench gemm_f32_%s_vs_openblas: %.2f ratio\n", s.name.c_str(), g_kiln / g_blas);
+                    median(blas[s.name]), best.core.c_str(), core_types);
+        std::printf("bench gemm_f32_%s_vs_openblas: %.2f ratio (median of %zu paired rounds)\n", s.name.c_str(),
+                    median(ratio[s.name]), ratio[s.name].size());
     }
 }
 
@@ -288,18 +318,14 @@ int main(int argc, char** argv) {
         openblas_child(threads);
         return 0;
     }
-    std::printf("# kiln gemm vs OpenBLAS at its best core type, %d thread(s), median of 11 samples\n", threads);
+    std::printf("# kiln gemm vs OpenBLAS at its best core type, %d thread(s), each figure the median of 11 samples\n",
+                threads);
     if (const char* env = std::getenv("OPENBLAS_CORETYPE")) {
         std::printf("# OpenBLAS runs as %s here (OPENBLAS_CORETYPE=%s)\n", openblas_get_corename(), env);
     } else {
         std::printf("# OpenBLAS detects this CPU as %s\n", openblas_get_corename());
     }
     std::fflush(stdout);
-    std::map<std::string, double> kiln;
-    for (const Shape& s : kShapes) {
-        Operands<> o = make_operands(s);
-        kiln[s.name] = gflops(s, [&] { run_kiln(s, o); });
-    }
     std::printf("# cpu: %s (level %s; the CPU's best is %s, KILN_CPU caps it)\n", kiln::cpu_features_line().c_str(),
                 kiln::cpu_level_name(kiln::cpu_level()), kiln::cpu_level_name(kiln::detected_cpu_level()));
     bench_paths<float>("f32", false);
@@ -312,6 +338,6 @@ int main(int argc, char** argv) {
         std::printf("bench_gemm: no OpenBLAS core type ran\n");
         return 1;
     }
-    print_comparison(kiln, ran);
+    print_comparison(self_path(), fastest(ran), ran.size());
     return 0;
 }

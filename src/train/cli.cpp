@@ -84,6 +84,13 @@ std::string Cli::usage() const {
     return os.str();
 }
 
+void Cli::remove(const std::string& flag) {
+    const auto named = [&](const Flag& f) { return f.name == flag; };
+    KILN_CHECK(std::any_of(flags_.begin(), flags_.end(), named), program_, ": cannot remove flag ", flag,
+               ", which was never added");
+    flags_.erase(std::remove_if(flags_.begin(), flags_.end(), named), flags_.end());
+}
+
 void Cli::parse(int argc, char** argv) {
     arguments_.assign(argv + 1, argv + argc);
     for (int i = 1; i < argc; i++) {

@@ -34,6 +34,9 @@ public:
     // An element type named as dtype_name writes it ("f16"); one not in `choices` is an error
     // listing them.
     void add(const std::string& flag, DType* target, const std::string& help, std::vector<DType> choices);
+    // Takes back a flag added before (CommonFlags' shared ones, for a trainer that cannot honour
+    // one): --help no longer lists it, and the command line gets "unknown flag" for it.
+    void remove(const std::string& flag);
     // Unknown flags and bad values throw kiln::Error with the usage; --help prints it and exits.
     void parse(int argc, char** argv);
     std::string usage() const;
