@@ -14,7 +14,7 @@
 //   bench qgemm_<shape>_vs_f32: <ratio> x                the path qgemm_u8s8 takes for u8 / f32
 //   bench qgemm_<shape>_reduced_vs_f32: <ratio> x        the same with a_max = 127 (reduce_range),
 //                                                        when that changes the path
-// and per layer of the chapter's models, batch 64, the whole of qconv2d (im2row, product,
+// and per layer of the chapter's models, batch 64, the whole of qconv2d (im2col, product,
 // requantization) against conv2d_forward<float> (im2col, GEMM, bias) as the trainers run it:
 //   bench qconv_<layer>_f32: <img/s> img/s      bench qconv_<layer>_int8: <img/s> img/s
 //   bench qconv_<layer>_vs_f32: <ratio> x       (and _reduced_vs_f32 as above)
@@ -139,7 +139,7 @@ void bench_shape(const Shape& s, std::mt19937& rng) {
     if (reduced != full) std::printf("bench qgemm_%s_reduced_vs_f32: %.2f x\n", s.name, speedup_of(reduced));
 }
 
-// ---- whole layers: qconv2d (im2row, product, requantization) against conv2d_forward<float> -------
+// ---- whole layers: qconv2d (im2col, product, requantization) against conv2d_forward<float> -------
 struct Layer {
     const char* name;
     Conv2dParams p;
@@ -155,6 +155,8 @@ const Layer kLayers[] = {
     {"lenet_conv1_b64", conv(64, 1, 28, 10, 5, 0)},  {"lenet_conv2_b64", conv(64, 10, 12, 20, 5, 0)},
     {"cifar_conv1_b64", conv(64, 3, 32, 24, 2, 0)},  {"cifar_conv2_b64", conv(64, 24, 31, 32, 3, 1)},
     {"cifar_conv_15x15_b64", conv(64, 32, 15, 64, 3, 1)}, {"cifar_conv_7x7_b64", conv(64, 64, 7, 128, 3, 1)},
+    // MobileNetV2's 1×1 convolutions (chapter 13), its second stage at 32×32: expand 24 -> 144, project back
+    {"mobilenet_expand_b64", conv(64, 24, 32, 144, 1, 0)}, {"mobilenet_project_b64", conv(64, 144, 32, 24, 1, 0)},
 };
 
 void bench_layer(const Layer& l, std::mt19937& rng) {

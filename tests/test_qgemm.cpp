@@ -133,28 +133,52 @@ TEST_CASE("qgemm_u8s8: one to two threads give the same integers", "[lesson11][c
     }
 }
 
-TEST_CASE("qgemm_u8s8_packed: B packed once, C stored plain or transposed, equals the reference",
+TEST_CASE("qgemm_s8u8: the weight first, B [K, N], every path equals the reference exactly",
           "[lesson11][cpu][qgemm]") {
-    const Shape shapes[] = {{1, 1, 1}, {61, 20, 250}, {300, 33, 77}, {5, 70, 1030}};
+    // As qgemm_u8s8's shapes, with M the output channels (few: 1 to 257 of them) and N the pixels
+    // (e.g. 1×1 convs: M = 144, K = 24, N = 1024), and the largest values at both ends.
+    const Shape shapes[] = {{1, 1, 1},    {1, 1, 5},     {3, 5, 7},      {17, 7, 33},     {31, 13, 67},
+                            {33, 9, 130}, {20, 64, 250}, {144, 1024, 24}, {24, 300, 144}, {45, 37, 1027},
+                            {6, 40, 2100}};
     std::mt19937 rng(15);
-    for (const Shape& s : shapes)
-        for (int32_t a_max : {kActQmax, kActQmaxReduced}) {
-            const int64_t lda = s.K + 1, ldb = s.K + 2;
-            const auto A = random_u8(s.M * lda, a_max, rng);
-            const auto B = random_i8(s.N * ldb, rng);
-            const QgemmPackedB packed = qgemm_pack_b(s.N, s.K, B.data(), ldb, a_max);
-            CHECK(packed.path == qgemm_path(a_max));
-            std::vector<int32_t> R(size_t(s.M * s.N)), C(R.size()), Ct(R.size());
-            qgemm_u8s8_reference(s.M, s.N, s.K, A.data(), lda, B.data(), ldb, R.data(), s.N);
-            qgemm_u8s8_packed(s.M, A.data(), lda, packed, C.data(), s.N);
-            qgemm_u8s8_packed(s.M, A.data(), lda, packed, Ct.data(), s.M, /*transpose_c=*/true);
-            std::vector<int32_t> Rt(R.size());
-            for (int64_t m = 0; m < s.M; ++m)
-                for (int64_t n = 0; n < s.N; ++n) Rt[size_t(n * s.M + m)] = R[size_t(m * s.N + n)];
-            INFO(qgemm_path_name(packed.path) << " M=" << s.M << " N=" << s.N << " K=" << s.K);
-            CHECK(C == R);
-            CHECK(Ct == Rt);
+    for (QgemmPath path : paths_here())
+        for (const Shape& s : shapes) {
+            const int64_t lda = s.K + 3, ldb = s.N + 5, ldc = s.N + 2;
+            auto A = random_i8(s.M * lda, rng);
+            auto B = random_u8(s.K * ldb, a_max_of(path), rng);
+            A[0] = -128, B[0] = uint8_t(a_max_of(path));
+            constexpr int32_t kUntouched = 0x5eed;
+            std::vector<int32_t> C(size_t(s.M * ldc), kUntouched), R(C);
+            for (int64_t m = 0; m < s.M; ++m)  // the reference: C[m, n] = Σ_k A[m, k] · B[k, n]
+                for (int64_t n = 0; n < s.N; ++n) {
+                    int32_t sum = 0;
+                    for (int64_t k = 0; k < s.K; ++k) sum += int32_t(A[size_t(m * lda + k)]) * B[size_t(k * ldb + n)];
+                    R[size_t(m * ldc + n)] = sum;
+                }
+            std::vector<int32_t> one(C), two(C);
+            with_threads(1, [&] {
+                qgemm_s8u8_on(path, s.M, s.N, s.K, A.data(), lda, B.data(), ldb, one.data(), ldc, a_max_of(path));
+            });
+            with_threads(2, [&] {
+                qgemm_s8u8_on(path, s.M, s.N, s.K, A.data(), lda, B.data(), ldb, two.data(), ldc, a_max_of(path));
+            });
+            INFO(qgemm_path_name(path) << " M=" << s.M << " N=" << s.N << " K=" << s.K);
+            CHECK(one == R);
+            CHECK(two == R);
         }
+}
+
+TEST_CASE("qgemm_s8u8 refuses bad sizes and paths with a message naming B", "[lesson11][cpu][qgemm]") {
+    std::vector<int8_t> A(64, 1);
+    std::vector<uint8_t> B(64, 1);
+    std::vector<int32_t> C(64);
+    CHECK_THROWS_WITH(qgemm_s8u8(2, 8, 4, A.data(), 4, B.data(), 7, C.data(), 8, 255),
+                      Catch::Contains("qgemm_s8u8: ldb=7 < N=8 (B is [K, N], a row per k)"));
+    CHECK_THROWS_WITH(qgemm_s8u8(2, 8, 4, A.data(), 4, B.data(), 8, C.data(), 8, 300),
+                      Catch::Contains("B's largest value 300 is not a u8 value"));
+    if (qgemm_path_available(QgemmPath::Avx2Maddubs))
+        CHECK_THROWS_WITH(qgemm_s8u8_on(QgemmPath::Avx2Maddubs, 2, 8, 4, A.data(), 4, B.data(), 8, C.data(), 8, 255),
+                          Catch::Contains("the avx2-maddubs path needs B ≤ 127"));
 }
 
 TEST_CASE("qgemm_path: VNNI where the CPU has it, maddubs only for a_max ≤ 127, KILN_CPU caps it",
@@ -187,13 +211,13 @@ TEST_CASE("qgemm_u8s8: bad arguments are explained", "[lesson11][cpu][qgemm]") {
                       Catch::Contains("lda=3") && Catch::Contains("K=4"));
     CHECK_THROWS_WITH(qgemm_u8s8(3, 3, 4, A.data(), 4, B.data(), 4, C.data(), 2, 255), Catch::Contains("ldc=2"));
     CHECK_THROWS_WITH(qgemm_u8s8(3, 3, 4, A.data(), 4, B.data(), 4, C.data(), 3, 256),
-                      Catch::Contains("a_max=256") && Catch::Contains("reduce_range"));
+                      Catch::Contains("A's largest value 256") && Catch::Contains("reduce_range"));
     CHECK_THROWS_WITH(qgemm_u8s8(1, 1, 70000, A.data(), 70000, B.data(), 70000, C.data(), 1, 255),
                       Catch::Contains("K=70000") && Catch::Contains("overflow"));
     if (qgemm_path_available(QgemmPath::Avx2Maddubs))
         CHECK_THROWS_WITH(
             qgemm_u8s8_on(QgemmPath::Avx2Maddubs, 3, 3, 4, A.data(), 4, B.data(), 4, C.data(), 3, 255),
-            Catch::Contains("needs A ≤ 127") && Catch::Contains("a_max=255"));
+            Catch::Contains("needs A ≤ 127") && Catch::Contains("largest value is 255"));
     for (QgemmPath p : {QgemmPath::AvxVnni, QgemmPath::Avx512Vnni})
         if (!qgemm_path_available(p))
             CHECK_THROWS_WITH(qgemm_u8s8_on(p, 3, 3, 4, A.data(), 4, B.data(), 4, C.data(), 3, 255),
@@ -281,13 +305,14 @@ std::vector<uint8_t> run_qconv2d(const std::vector<uint8_t>& x, const std::vecto
 TEST_CASE("qconv2d equals the direct integer convolution, with padding, stride and dilation",
           "[lesson11][cpu][qgemm]") {
     // LeNet's two convolutions, the CIFAR net's 2×2 stem and a padded 3×3, stride 2,
-    // dilation 2, 1×1, a 2×9 window (wider than im2row's 8-byte moves); N = 5 > 2 threads
-    // (images spread), N = 1 (the product split).
+    // dilation 2, 1×1 (the image itself as B; with stride 2 through im2col), a 2×9 window;
+    // N = 5 > 2 threads (images spread), N = 1 (the product split).
     const Conv2dParams shapes[] = {conv(5, 1, 28, 28, 10, 5, 5, 1, 0, 1), conv(3, 10, 12, 12, 20, 5, 5, 1, 0, 1),
                                    conv(2, 3, 32, 32, 24, 2, 2, 1, 0, 1),  conv(5, 24, 15, 15, 32, 3, 3, 1, 1, 1),
                                    conv(3, 6, 11, 13, 7, 3, 3, 2, 1, 1),   conv(3, 5, 14, 12, 9, 3, 3, 1, 2, 2),
                                    conv(4, 17, 7, 7, 33, 1, 1, 1, 0, 1),   conv(1, 32, 16, 16, 64, 3, 3, 1, 1, 1),
-                                   conv(3, 3, 10, 14, 4, 2, 9, 1, 1, 1)};
+                                   conv(3, 3, 10, 14, 4, 2, 9, 1, 1, 1),   conv(1, 40, 16, 16, 24, 1, 1, 1, 0, 1),
+                                   conv(2, 8, 9, 9, 16, 1, 1, 2, 0, 1)};
     std::mt19937 rng(13);
     for (const Conv2dParams& p : shapes)
         for (int32_t x_max : {kActQmax, kActQmaxReduced}) {

@@ -40,11 +40,12 @@ ConvAlgo conv2d_algo(const Conv2dParams& p);
 int64_t conv2d_col_elems_per_image(const Conv2dParams& p);
 
 // One image (or one group of channels of it), C channels of H×W:
-//   col[(c·KH + kh)·KW + kw][p·Q + q] = x[c][ih][iw]   (0 where (ih, iw) is padding)
+//   col[(c·KH + kh)·KW + kw][p·Q + q] = x[c][ih][iw]   (pad where (ih, iw) is padding)
 // col is [C·KH·KW, P·Q] with rows ld elements apart (ld ≥ P·Q: several images side by side).
-// Only the H, W, KH, KW, stride, padding, dilation of p are used.
+// Only the H, W, KH, KW, stride, padding, dilation of p are used. T is a float type, or uint8_t
+// for the int8 convolution (chapter 11), whose padding is the zero point z_x.
 template <typename T>
-void im2col(const T* x, int64_t C, const Conv2dParams& p, T* col, int64_t ld);
+void im2col(const T* x, int64_t C, const Conv2dParams& p, T* col, int64_t ld, T pad = T(0));
 template <typename T>
 void im2col(const T* x, int64_t C, const Conv2dParams& p, T* col) {
     im2col(x, C, p, col, p.P() * p.Q());

@@ -291,19 +291,19 @@ inline SameWidthRun same_width_run(int64_t op_lo, int64_t op_hi, int64_t q_lo, i
     return {op_lo * W + q_lo, (op_lo + off_h) * W + q_lo + off_w, (op_hi - op_lo - 1) * W + q_hi - q_lo};
 }
 
-// Zeroes the columns q < q_lo and q ≥ q_hi of the rows op_lo .. op_hi − 1 of one col row: one or
-// two entries per row for a 3×3 kernel, so a loop down each column (a call to memset per entry
-// would cost more than the entry).
+// Sets the columns q < q_lo and q ≥ q_hi of the rows op_lo .. op_hi − 1 of one col row to pad:
+// one or two entries per row for a 3×3 kernel, so a loop down each column (a call to memset per
+// entry would cost more than the entry).
 template <typename T>
-void zero_padding_columns(T* row, int64_t op_lo, int64_t op_hi, int64_t q_lo, int64_t q_hi, int64_t Q) {
+void fill_padding_columns(T* row, int64_t op_lo, int64_t op_hi, int64_t q_lo, int64_t q_hi, int64_t Q, T pad) {
     for (int64_t q = 0; q < q_lo; q++)
-        for (int64_t op = op_lo; op < op_hi; op++) row[op * Q + q] = T(0);
+        for (int64_t op = op_lo; op < op_hi; op++) row[op * Q + q] = pad;
     for (int64_t q = q_hi; q < Q; q++)
-        for (int64_t op = op_lo; op < op_hi; op++) row[op * Q + q] = T(0);
+        for (int64_t op = op_lo; op < op_hi; op++) row[op * Q + q] = pad;
 }
 
 template <typename T>
-void im2col(const T* x, int64_t C, const Conv2dParams& p, T* col, int64_t ld) {
+void im2col(const T* x, int64_t C, const Conv2dParams& p, T* col, int64_t ld, T pad) {
     const int64_t H = p.H, W = p.W, P = p.P(), Q = p.Q(), s = p.stride;
     const bool same_width = s == 1 && Q == W;
     for (int64_t c = 0; c < C; c++) {
@@ -317,27 +317,27 @@ void im2col(const T* x, int64_t C, const Conv2dParams& p, T* col, int64_t ld) {
                 valid_range(off_h, H, s, P, op_lo, op_hi);  // the rows: the same with H and P
                 if (same_width && q_lo < q_hi && op_lo < op_hi) {
                     const SameWidthRun r = same_width_run(op_lo, op_hi, q_lo, q_hi, off_h, off_w, W);
-                    std::fill(row, row + r.col_start, T(0));
+                    std::fill(row, row + r.col_start, pad);
                     std::memcpy(row + r.col_start, xc + r.x_start, size_t(r.length) * sizeof(T));
-                    std::fill(row + r.col_start + r.length, row + P * Q, T(0));
-                    zero_padding_columns(row, op_lo, op_hi, q_lo, q_hi, Q);
+                    std::fill(row + r.col_start + r.length, row + P * Q, pad);
+                    fill_padding_columns(row, op_lo, op_hi, q_lo, q_hi, Q, pad);
                     continue;
                 }
                 for (int64_t op = 0; op < P; op++) {
                     T* dst = row + op * Q;
                     const int64_t ih = op * s + off_h;
                     if (op < op_lo || op >= op_hi) {
-                        std::memset(dst, 0, size_t(Q) * sizeof(T));
+                        std::fill(dst, dst + Q, pad);
                         continue;
                     }
                     const T* src = xc + ih * W + off_w;  // src[q·s] is x[c][ih][q·s + off_w]
-                    for (int64_t q = 0; q < q_lo; q++) dst[q] = T(0);
+                    for (int64_t q = 0; q < q_lo; q++) dst[q] = pad;
                     if (s == 1) {
 #pragma omp simd  // rows are short (8 to 32 floats): an inline vector copy beats a call to memcpy
                         for (int64_t q = q_lo; q < q_hi; q++) dst[q] = src[q];
                     } else
                         for (int64_t q = q_lo; q < q_hi; q++) dst[q] = src[q * s];
-                    for (int64_t q = q_hi; q < Q; q++) dst[q] = T(0);
+                    for (int64_t q = q_hi; q < Q; q++) dst[q] = pad;
                 }
             }
     }
@@ -366,7 +366,7 @@ void col2im(T* col, int64_t C, const Conv2dParams& p, T* dx, int64_t ld) {
                 valid_range(off_h, H, s, P, op_lo, op_hi);  // the rows: the same with H and P
                 if (same_width && q_lo < q_hi && op_lo < op_hi) {
                     const SameWidthRun r = same_width_run(op_lo, op_hi, q_lo, q_hi, off_h, off_w, W);
-                    zero_padding_columns(row, op_lo, op_hi, q_lo, q_hi, Q);
+                    fill_padding_columns(row, op_lo, op_hi, q_lo, q_hi, Q, T(0));
                     float* dst = dxc + r.x_start;
                     const T* src = row + r.col_start;
 #pragma omp simd
@@ -647,10 +647,11 @@ void conv2d_backward_weight(const T* x, const T* dy, T* dw, T* db, const Conv2dP
     }
 }
 
-#define KILN_CONV_CPU(T)                                                         \
-    template void im2col<T>(const T*, int64_t, const Conv2dParams&, T*, int64_t); \
+#define KILN_CONV_CPU(T)                                                            \
+    template void im2col<T>(const T*, int64_t, const Conv2dParams&, T*, int64_t, T); \
     template void col2im<T>(T*, int64_t, const Conv2dParams&, T*, int64_t);
 KILN_FOR_EACH_FLOAT_TYPE(KILN_CONV)  // the list is in cnn_ops.h
 KILN_FOR_EACH_FLOAT_TYPE(KILN_CONV_CPU)
+template void im2col<uint8_t>(const uint8_t*, int64_t, const Conv2dParams&, uint8_t*, int64_t, uint8_t);  // chapter 11
 
 }  // namespace kiln::cpu

@@ -1,7 +1,9 @@
-// qgemm.cpp — the int8 matrix product C = A · Bᵀ (u8 × i8 → int32) on the CPU (chapter 11).
-// The contract is in quant_ops.h, the paths' names and how one is picked in qgemm.h.
+// qgemm.cpp — the int8 matrix products on the CPU (chapter 11), u8 × i8 → int32. The contract
+// is in quant_ops.h, the paths' names and how one is picked in qgemm.h.
 //
-//   C[m, n] = Σ_k A[m, k] · B[n, k]      A u8 [M, K], B i8 [N, K] (a Linear's weight), C int32
+//   qgemm_u8s8: C[m, n] = Σ_k A[m, k] · B[n, k]   A u8 [M, K], B i8 [N, K] (a Linear's weight)
+//   qgemm_s8u8: C[m, n] = Σ_k A[m, k] · B[k, n]   A i8 [M, K] (a conv's weight [O, C·KH·KW]),
+//                                                 B u8 [K, N] (an image [C, H·W], or its im2col)
 //
 // The scheme is chapter 03's f32 GEMM (gemm.cpp): operands packed into the order a register
 // micro-kernel reads them, blocks sized for the caches, threads on separate blocks of C. What
@@ -21,6 +23,16 @@
 //   Bp: panels of NR columns:   Bp[panel][g][j][q] = B[j0 + j, g·KG + q]     (0 past N and K)
 //   tile[i][j] (int32, MR×NR, in registers) += Σ_q Ap[g][i][q] · Bp[g][j][q],  g = 0, 1, ...
 // The zero padding adds 0·b or a·0: K, M and N need not be multiples of anything.
+//
+// ---- Weights first: qgemm_s8u8 ---------------------------------------------------------------
+// A convolution's output is [O, P·Q]: a row per channel. As qgemm_u8s8 (pixels as the rows of
+// A, the weight as B) the product gave it as Cᵀ, and the tile went into C column by column: a
+// scalar store per element, each ldc apart, which on a Zen 4 took 8 times the micro-kernel's
+// own time for a 1×1 conv of K = 24 (perf). So qgemm_s8u8 swaps the operands' places: the weight
+// is A, broadcast a group at a time; the pixels are B, a vector of NR columns; each tile row is
+// a run of one output channel, stored as vectors. The instructions take either order (vpdpbusd
+// and vpmaddubsw want the u8 operand first, which is then the vector), the panels are the same
+// (pack_panel), and B, stored [K, N], is packed by pack_panel_transposed: k runs down the rows.
 //
 // ---- The paths -------------------------------------------------------------------------------
 //   portable      KG = 1, u8 and i8 as they are; plain C++ the compiler vectorizes as it can.
@@ -42,9 +54,8 @@
 // in int32, which quant_ops.h's bound on K guarantees).
 //
 // ---- Blocking ----------------------------------------------------------------------------------
-// B, usually a layer's weight (small: [O, C·KH·KW]), is packed whole, once per call (qgemm_u8s8)
-// or once for many products (qgemm_pack_b: qconv2d packs its weight once for all the images).
-// Then each thread takes blocks of MC rows of C and, for each KC-block of k:
+// B (a Linear's weight for qgemm_u8s8, one image's pixels for qgemm_s8u8) is packed whole, once
+// per call. Then each thread takes blocks of MC rows of C and, for each KC-block of k:
 // packs its MC×KC block of A (L2), and for each B panel (KC×NR, L1) sweeps the A panels,
 // adding each finished tile into C (stored on the first KC-block, added on the later ones).
 // KC is chosen so that a B panel's slice is 16 KiB, half of a 32 KiB L1; MC so that the A
@@ -65,7 +76,13 @@
 //   (u8, avx2-madd)     on 31×31 2.4-2.6×, 32→64 on 15×15 2.2-2.8×, 64→128 on 7×7 3.0-3.1×
 //                       conv2d_forward<float>; with reduce_range (avx2-maddubs) 1.8-2.5×,
 //                       4.5-5.9×, 3.2-3.5×, 3.2-3.4×, 4.1-5.1×. The 3→24 2×2 stem (K = 12) is
-//                       1.0-1.2×: too little arithmetic per byte of im2row.
+//                       1.0-1.2×: too little arithmetic per byte of its unfolded input.
+// (Those qconv2d figures predate qgemm_s8u8. With it, on a 2-core Zen 4 with AVX512-VNNI, two
+// alternating runs against the pixels-first product: MobileNetV2's 1×1 expand 24→144 and
+// project 144→24 on 32×32 went from 0.46-0.55× to 1.40-2.18× f32, the CIFAR stem from 0.74× to
+// 1.44-1.50×, 24→32 3×3 1.33→2.03×, 32→64 1.86→2.43-2.69×, 64→128 about the same (1.7-1.9×);
+// LeNet's 10→20 5×5 fell from 2.1-2.2× to 1.1-1.3×: 20 channels fill three 8-row panels, and
+// its 8-wide output rows make im2col copy 8 bytes at a time.)
 // Zen 3 issues two vpmaddwd or vpmaddubsw per cycle, as many as f32 FMAs, but each multiplies
 // 16 or 32 pairs against the FMA's 8. The VNNI paths were written for the machines that have
 // them (Zen 4 and 5, Ice Lake and later) and are tested there by the same cases.
@@ -107,7 +124,8 @@ inline void copy_group(const S* src, T* dst) {
 }
 
 template <typename S, typename T, int L, int KG>
-void pack_panel(const S* X, int64_t ld, int64_t lines, int64_t kc, int64_t groups, void* out) {
+void pack_panel(const void* src, int64_t ld, int64_t lines, int64_t kc, int64_t groups, void* out) {
+    const S* X = static_cast<const S*>(src);
     T* P = static_cast<T*>(out);
     const int64_t whole = lines == L ? kc / KG : 0;  // groups of L lines and KG values: no tests
     for (int64_t g = 0; g < whole; ++g)
@@ -125,15 +143,41 @@ void pack_panel(const S* X, int64_t ld, int64_t lines, int64_t kc, int64_t group
     }
 }
 
+// The same panel from a transposed X, X[k·ld + i] (the L lines side by side along each k):
+//   P[g][i][q] = T(X[(g·KG + q)·ld + i])
+// qgemm_s8u8's B [K, N]: an image [C, H·W] as it lies (k = channel, line = pixel), or its im2col.
+template <typename S, typename T, int L, int KG>
+void pack_panel_transposed(const void* src, int64_t ld, int64_t lines, int64_t kc, int64_t groups, void* out) {
+    const S* X = static_cast<const S*>(src);
+    T* P = static_cast<T*>(out);
+    const int64_t whole = lines == L ? kc / KG : 0;  // as pack_panel: no tests inside
+    for (int64_t g = 0; g < whole; ++g, P += L * KG) {
+        const S* x = X + g * KG * ld;
+#pragma GCC unroll 4
+        for (int q = 0; q < KG; ++q)
+#pragma GCC unroll 8
+            for (int i = 0; i < L; ++i) P[i * KG + q] = T(x[q * ld + i]);
+    }
+    for (int64_t g = whole; g < groups; ++g, P += L * KG)
+        for (int i = 0; i < L; ++i)
+            for (int q = 0; q < KG; ++q) {
+                const int64_t k = g * KG + q;
+                P[i * KG + q] = i < lines && k < kc ? T(X[k * ld + i]) : T(0);
+            }
+}
+
 // ---- Micro-kernels ------------------------------------------------------------------------------
 // tile[i][j] = Σ over `groups` groups of Ap[g][i][·] · Bp[g][j][·]   (tile: MR×NR int32, row-major)
 // The SIMD kernels' loops over i are unrolled completely, so that acc lives in registers.
+// kU8B: B holds the u8 and A the i8 (qgemm_s8u8); otherwise A the u8 and B the i8.
 
 // portable: KG = 1, the outer product of MR values of A and NR of B per k.
-template <int MR, int NR>
+template <int MR, int NR, bool kU8B>
 void tile_portable(int64_t groups, const void* ap, const void* bp, int32_t* tile) {
-    const uint8_t* A = static_cast<const uint8_t*>(ap);
-    const int8_t* B = static_cast<const int8_t*>(bp);
+    using TA = std::conditional_t<kU8B, int8_t, uint8_t>;
+    using TB = std::conditional_t<kU8B, uint8_t, int8_t>;
+    const TA* A = static_cast<const TA*>(ap);
+    const TB* B = static_cast<const TB*>(bp);
     int32_t acc[MR][NR] = {};
     for (int64_t k = 0; k < groups; ++k, A += MR, B += NR)
         for (int i = 0; i < MR; ++i)
@@ -155,7 +199,7 @@ inline int32_t group_bits(const void* p) {
 //   avx2-maddubs (KG = 4):  pairs = sat16(a0·b0 + a1·b1), sat16(a2·b2 + a3·b3)
 //                                        (vpmaddubsw: u8 first, i8 second; A ≤ 127: header comment)
 //                           lane j += pairs[0] + pairs[1]          (vpmaddwd with ones, vpaddd)
-template <int MR, bool kMaddubs>
+template <int MR, bool kMaddubs, bool kU8B>
 KILN_TARGET_AVX2 void tile_avx2(int64_t groups, const void* ap, const void* bp, int32_t* tile) {
     const uint8_t* A = static_cast<const uint8_t*>(ap);
     const uint8_t* B = static_cast<const uint8_t*>(bp);
@@ -171,8 +215,8 @@ KILN_TARGET_AVX2 void tile_avx2(int64_t groups, const void* ap, const void* bp, 
             const __m256i a = _mm256_set1_epi32(group_bits(A + 4 * i));
 #pragma GCC unroll 2
             for (int v = 0; v < 2; ++v) {
-                const __m256i sums = kMaddubs ? _mm256_madd_epi16(_mm256_maddubs_epi16(a, b[v]), ones)
-                                              : _mm256_madd_epi16(a, b[v]);
+                const __m256i pairs = kU8B ? _mm256_maddubs_epi16(b[v], a) : _mm256_maddubs_epi16(a, b[v]);
+                const __m256i sums = kMaddubs ? _mm256_madd_epi16(pairs, ones) : _mm256_madd_epi16(a, b[v]);
                 acc[i][v] = _mm256_add_epi32(acc[i][v], sums);
             }
         }
@@ -185,10 +229,10 @@ KILN_TARGET_AVX2 void tile_avx2(int64_t groups, const void* ap, const void* bp, 
 
 // avx-vnni: KG = 4 (u8, i8), NR = 16 = 2 ymm of 8 columns.
 //   lane j += a0·b0 + a1·b1 + a2·b2 + a3·b3                (vpdpbusd: u8 first, i8 second)
-template <int MR>
+template <int MR, bool kU8B>
 KILN_TARGET_AVX_VNNI void tile_avx_vnni(int64_t groups, const void* ap, const void* bp, int32_t* tile) {
     const uint8_t* A = static_cast<const uint8_t*>(ap);
-    const int8_t* B = static_cast<const int8_t*>(bp);
+    const uint8_t* B = static_cast<const uint8_t*>(bp);
     __m256i acc[MR][2];
 #pragma GCC unroll 8
     for (int i = 0; i < MR; ++i) acc[i][0] = acc[i][1] = _mm256_setzero_si256();
@@ -198,8 +242,8 @@ KILN_TARGET_AVX_VNNI void tile_avx_vnni(int64_t groups, const void* ap, const vo
 #pragma GCC unroll 8
         for (int i = 0; i < MR; ++i) {
             const __m256i a = _mm256_set1_epi32(group_bits(A + 4 * i));
-            acc[i][0] = _mm256_dpbusd_avx_epi32(acc[i][0], a, b0);
-            acc[i][1] = _mm256_dpbusd_avx_epi32(acc[i][1], a, b1);
+            acc[i][0] = kU8B ? _mm256_dpbusd_avx_epi32(acc[i][0], b0, a) : _mm256_dpbusd_avx_epi32(acc[i][0], a, b0);
+            acc[i][1] = kU8B ? _mm256_dpbusd_avx_epi32(acc[i][1], b1, a) : _mm256_dpbusd_avx_epi32(acc[i][1], a, b1);
         }
     }
 #pragma GCC unroll 8
@@ -209,10 +253,10 @@ KILN_TARGET_AVX_VNNI void tile_avx_vnni(int64_t groups, const void* ap, const vo
 }
 
 // avx512-vnni: KG = 4 (u8, i8), NR = 32 = 2 zmm of 16 columns; the same sums as avx-vnni.
-template <int MR>
+template <int MR, bool kU8B>
 KILN_TARGET_AVX512_VNNI void tile_avx512_vnni(int64_t groups, const void* ap, const void* bp, int32_t* tile) {
     const uint8_t* A = static_cast<const uint8_t*>(ap);
-    const int8_t* B = static_cast<const int8_t*>(bp);
+    const uint8_t* B = static_cast<const uint8_t*>(bp);
     __m512i acc[MR][2];
 #pragma GCC unroll 8
     for (int i = 0; i < MR; ++i) acc[i][0] = acc[i][1] = _mm512_setzero_si512();
@@ -222,8 +266,8 @@ KILN_TARGET_AVX512_VNNI void tile_avx512_vnni(int64_t groups, const void* ap, co
 #pragma GCC unroll 8
         for (int i = 0; i < MR; ++i) {
             const __m512i a = _mm512_set1_epi32(group_bits(A + 4 * i));
-            acc[i][0] = _mm512_dpbusd_epi32(acc[i][0], a, b0);
-            acc[i][1] = _mm512_dpbusd_epi32(acc[i][1], a, b1);
+            acc[i][0] = kU8B ? _mm512_dpbusd_epi32(acc[i][0], b0, a) : _mm512_dpbusd_epi32(acc[i][0], a, b0);
+            acc[i][1] = kU8B ? _mm512_dpbusd_epi32(acc[i][1], b1, a) : _mm512_dpbusd_epi32(acc[i][1], a, b1);
         }
     }
 #pragma GCC unroll 8
@@ -235,35 +279,45 @@ KILN_TARGET_AVX512_VNNI void tile_avx512_vnni(int64_t groups, const void* ap, co
 
 // ---- A path: its micro-kernel, tile and packing ---------------------------------------------------
 using TileFn = void (*)(int64_t groups, const void* Ap, const void* Bp, int32_t* tile);
-using PackAFn = void (*)(const uint8_t* A, int64_t lda, int64_t rows, int64_t kc, int64_t groups, void* Ap);
-using PackBFn = void (*)(const int8_t* B, int64_t ldb, int64_t cols, int64_t kc, int64_t groups, void* Bp);
+using PackFn = void (*)(const void* X, int64_t ld, int64_t lines, int64_t kc, int64_t groups, void* P);
 
 struct Kernel {
     int mr, nr, kg;  // the tile of C, and k per group
     int bytes;       // of one packed value: 1 (u8, i8) or 2 (i16)
     TileFn tile;
-    PackAFn pack_a;
-    PackBFn pack_b;
+    PackFn pack_a;   // MR lines of A [M, K]
+    PackFn pack_b;   // NR lines of B: [N, K] (qgemm_u8s8), or [K, N] with b_by_k (qgemm_s8u8)
+    bool b_by_k;
 };
 constexpr int kMaxTile = 8 * 32;  // MR·NR of the largest tile (avx512-vnni)
 
-// TA, TB: the packed types of A and B.
-template <typename TA, typename TB, int MR, int NR, int KG>
+// The kernel of qgemm_u8s8 (A u8, B i8 [N, K]) or, with kU8B, of qgemm_s8u8 (A i8, B u8 [K, N]).
+// TA, TB: the packed types of A and B (i16 for both on avx2-madd).
+template <typename TA, typename TB, int MR, int NR, int KG, bool kU8B>
 constexpr Kernel make_kernel(TileFn tile) {
     static_assert(MR * NR <= kMaxTile && sizeof(TA) == sizeof(TB));
-    return Kernel{MR, NR, KG, int(sizeof(TA)), tile, pack_panel<uint8_t, TA, MR, KG>, pack_panel<int8_t, TB, NR, KG>};
+    using SA = std::conditional_t<kU8B, int8_t, uint8_t>;  // A's stored type
+    using SB = std::conditional_t<kU8B, uint8_t, int8_t>;
+    if constexpr (kU8B)
+        return Kernel{MR, NR, KG, int(sizeof(TA)), tile, pack_panel<SA, TA, MR, KG>,
+                      pack_panel_transposed<SB, TB, NR, KG>, true};
+    else
+        return Kernel{MR, NR, KG, int(sizeof(TA)), tile, pack_panel<SA, TA, MR, KG>, pack_panel<SB, TB, NR, KG>, false};
 }
 
 // MR: as many rows as the 16 ymm registers hold beside B's 2 vectors, the broadcast of A and
 // the instructions' temporaries: 6×2 accumulators for vpdpbusd, 5×2 for vpmaddwd (one
 // temporary), 4×2 for vpmaddubsw (two temporaries and the ones); 8×2 of the 32 zmm.
-const Kernel& kernel_of(QgemmPath path) {
-    static const Kernel portable = make_kernel<uint8_t, int8_t, 4, 16, 1>(tile_portable<4, 16>);
+template <bool kU8B>
+const Kernel& kernel_for(QgemmPath path) {
+    using TA = std::conditional_t<kU8B, int8_t, uint8_t>;  // packed as stored (but avx2-madd)
+    using TB = std::conditional_t<kU8B, uint8_t, int8_t>;
+    static const Kernel portable = make_kernel<TA, TB, 4, 16, 1, kU8B>(tile_portable<4, 16, kU8B>);
 #if defined(KILN_QGEMM_X86)
-    static const Kernel madd = make_kernel<int16_t, int16_t, 5, 16, 2>(tile_avx2<5, false>);
-    static const Kernel maddubs = make_kernel<uint8_t, int8_t, 4, 16, 4>(tile_avx2<4, true>);
-    static const Kernel avx_vnni = make_kernel<uint8_t, int8_t, 6, 16, 4>(tile_avx_vnni<6>);
-    static const Kernel avx512_vnni = make_kernel<uint8_t, int8_t, 8, 32, 4>(tile_avx512_vnni<8>);
+    static const Kernel madd = make_kernel<int16_t, int16_t, 5, 16, 2, kU8B>(tile_avx2<5, false, kU8B>);
+    static const Kernel maddubs = make_kernel<TA, TB, 4, 16, 4, kU8B>(tile_avx2<4, true, kU8B>);
+    static const Kernel avx_vnni = make_kernel<TA, TB, 6, 16, 4, kU8B>(tile_avx_vnni<6, kU8B>);
+    static const Kernel avx512_vnni = make_kernel<TA, TB, 8, 32, 4, kU8B>(tile_avx512_vnni<8, kU8B>);
     switch (path) {
         case QgemmPath::Portable: break;
         case QgemmPath::Avx2Madd: return madd;
@@ -303,40 +357,39 @@ int threads_for(int64_t work, int64_t min_work) {
 int64_t b_panel_bytes(const Kernel& kn, int64_t K) { return ceil_div(K, kn.kg) * kn.kg * kn.nr * kn.bytes; }
 int64_t packed_b_bytes(const Kernel& kn, int64_t N, int64_t K) { return ceil_div(N, kn.nr) * b_panel_bytes(kn, K); }
 
-void pack_b(const Kernel& kn, int64_t N, int64_t K, const int8_t* B, int64_t ldb, uint8_t* Bp) {
+// B: 1-byte values, [N, K], or [K, N] for the kernels with b_by_k (panel jp starts at column jp·NR).
+void pack_b(const Kernel& kn, int64_t N, int64_t K, const uint8_t* B, int64_t ldb, uint8_t* Bp) {
     const int64_t nr = kn.nr, panel = b_panel_bytes(kn, K);
     const int threads = threads_for(N * K, kParallelMinPack);
     const auto pack_panel = [&](int64_t jp) {
-        kn.pack_b(B + jp * nr * ldb, ldb, std::min(nr, N - jp * nr), K, ceil_div(K, kn.kg), Bp + jp * panel);
+        kn.pack_b(kn.b_by_k ? B + jp * nr : B + jp * nr * ldb, ldb, std::min(nr, N - jp * nr), K, ceil_div(K, kn.kg),
+                  Bp + jp * panel);
     };
     parallel_chunks(ceil_div(N, nr), pack_panel, threads > 1);
 }
 
 struct Product {
     int64_t M, N, K;
-    const uint8_t* A;
+    const uint8_t* A;   // 1-byte values (u8 or i8), [M, K]
     int64_t lda;
     const uint8_t* Bp;  // B packed (pack_b)
     int32_t* C;
     int64_t ldc;
-    bool transpose_c;   // C[i, j] at C[j·ldc + i] instead of C[i·ldc + j]
     int64_t groups;     // ceil(K / KG): the packed depth
     int64_t kc_groups;  // groups per KC-block
 };
 
 // The part of an MR×NR tile inside C: C[i, j] = tile[i][j] (store) or C[i, j] += tile[i][j]
-// (add), C[i, j] at C[i·ldc + j], or at C[j·ldc + i] when C is stored transposed. (A store
-// never reads C: with one KC-block, the common case, C is only written.)
-void store_tile(const int32_t* tile, int nr, int64_t rows, int64_t cols, bool add, bool transpose_c, int32_t* C,
-                int64_t ldc) {
-    const int64_t row_step = transpose_c ? 1 : ldc, col_step = transpose_c ? ldc : 1;
+// (add), a row's run of `cols` values at a time. (A store never reads C: with one KC-block, the
+// common case, C is only written.)
+void store_tile(const int32_t* tile, int nr, int64_t rows, int64_t cols, bool add, int32_t* C, int64_t ldc) {
     for (int64_t i = 0; i < rows; ++i) {
         const int32_t* t = tile + i * nr;
-        int32_t* c = C + i * row_step;
+        int32_t* c = C + i * ldc;
         if (add)
-            for (int64_t j = 0; j < cols; ++j) c[j * col_step] += t[j];
+            for (int64_t j = 0; j < cols; ++j) c[j] += t[j];
         else
-            for (int64_t j = 0; j < cols; ++j) c[j * col_step] = t[j];
+            std::memcpy(c, t, size_t(cols) * sizeof(int32_t));
     }
 }
 
@@ -357,27 +410,26 @@ void multiply_rows(const Kernel& kn, const Product& p, int64_t i0, int64_t i1) {
             const int64_t cols = std::min(nr, p.N - jp * nr);
             for (int64_t i = i0; i < i1; i += mr) {
                 kn.tile(groups, Ap + (i - i0) / mr * a_panel_values * kn.bytes, bp, tile);
-                int32_t* c = p.transpose_c ? p.C + jp * nr * p.ldc + i : p.C + i * p.ldc + jp * nr;
-                store_tile(tile, kn.nr, std::min(mr, i1 - i), cols, g0 > 0, p.transpose_c, c, p.ldc);
+                store_tile(tile, kn.nr, std::min(mr, i1 - i), cols, g0 > 0, p.C + i * p.ldc + jp * nr, p.ldc);
             }
         }
     }
 }
 
-// C = A · Bᵀ with B packed by pack_b; C[i, j] at C[i·ldc + j], or at C[j·ldc + i] (transpose_c).
+// C = A · B with B packed by pack_b.
 void multiply(const Kernel& kn, int64_t M, int64_t N, int64_t K, const uint8_t* A, int64_t lda, const uint8_t* Bp,
-              int32_t* C, int64_t ldc, bool transpose_c) {
+              int32_t* C, int64_t ldc) {
     if (M == 0 || N == 0) return;
     if (K == 0) {
         for (int64_t i = 0; i < M; ++i)
-            for (int64_t j = 0; j < N; ++j) (transpose_c ? C[j * ldc + i] : C[i * ldc + j]) = 0;
+            std::fill(C + i * ldc, C + i * ldc + N, 0);
         return;
     }
     const int64_t mr = kn.mr, groups = ceil_div(K, kn.kg);
     // KC: the fewest blocks whose B panel slice fits kBPanelSliceBytes, all of one size.
     const int64_t max_kc_groups = kBPanelSliceBytes / (kn.nr * kn.kg * kn.bytes);
     const int64_t kc_groups = ceil_div(groups, ceil_div(groups, max_kc_groups));
-    const Product p{M, N, K, A, lda, Bp, C, ldc, transpose_c, groups, kc_groups};
+    const Product p{M, N, K, A, lda, Bp, C, ldc, groups, kc_groups};
     // MC: whole MR panels, the A block within kABlockBytes, and with threads at least 4 blocks
     // each when there are panels enough.
     const int threads = threads_for(M * N * K, kParallelMinMacs);
@@ -389,23 +441,40 @@ void multiply(const Kernel& kn, int64_t M, int64_t N, int64_t K, const uint8_t* 
     parallel_chunks(ceil_div(M, mc), row_block, threads > 1);
 }
 
-void check_sizes(int64_t M, int64_t N, int64_t K, int64_t lda, int64_t ldc) {
-    KILN_CHECK(M >= 0 && N >= 0 && K >= 0, "qgemm_u8s8: negative size M=", M, " N=", N, " K=", K);
-    KILN_CHECK(K <= 65792, "qgemm_u8s8: K=", K, " > 65792: the int32 sums of K products 255·(−128) could "
+// The arguments of qgemm_u8s8 (fn, its B [N, K]) or qgemm_s8u8 (B [K, N], b_by_k).
+void check_args(const char* fn, int64_t M, int64_t N, int64_t K, const void* A, int64_t lda, const void* B,
+                int64_t ldb, bool b_by_k, const int32_t* C, int64_t ldc) {
+    KILN_CHECK(M >= 0 && N >= 0 && K >= 0, fn, ": negative size M=", M, " N=", N, " K=", K);
+    KILN_CHECK(K <= 65792, fn, ": K=", K, " > 65792: the int32 sums of K products 255·(−128) could "
                "overflow; split k into parts and add their int32 results in int64");
-    KILN_CHECK(lda >= K, "qgemm_u8s8: lda=", lda, " < K=", K, " (A is [M, K], read along k)");
-    KILN_CHECK(ldc >= N, "qgemm_u8s8: ldc=", ldc, " < N=", N, ", the row length of C");
+    KILN_CHECK(lda >= K, fn, ": lda=", lda, " < K=", K, " (A is [M, K], read along k)");
+    if (b_by_k)
+        KILN_CHECK(ldb >= N, fn, ": ldb=", ldb, " < N=", N, " (B is [K, N], a row per k)");
+    else
+        KILN_CHECK(ldb >= K, fn, ": ldb=", ldb, " < K=", K, " (B is [N, K], read along k)");
+    KILN_CHECK(ldc >= N, fn, ": ldc=", ldc, " < N=", N, ", the row length of C");
+    KILN_CHECK(M * N == 0 || C != nullptr, fn, ": C is null for a ", M, "×", N, " result");
+    KILN_CHECK(M * N * K == 0 || (A != nullptr && B != nullptr), fn, ": A or B is null (M=", M, " N=", N, " K=", K,
+               ")");
 }
 
-// The path can run here, and on A up to a_max.
-void check_path(QgemmPath path, int32_t a_max) {
-    KILN_CHECK(a_max >= 0 && a_max <= 255, "qgemm_u8s8: a_max=", a_max, " is not a u8 value: pass 255, or 127 "
-               "when A was quantized with reduce_range");
-    KILN_CHECK(qgemm_path_available(path), "qgemm_u8s8: this CPU (", cpu_features_line(), ") cannot run the ",
+// The path can run here, and on a u8 operand (named `u8`: A or B) up to u8_max.
+void check_path(const char* fn, QgemmPath path, int32_t u8_max, const char* u8) {
+    KILN_CHECK(u8_max >= 0 && u8_max <= 255, fn, ": ", u8, "'s largest value ", u8_max, " is not a u8 value: pass "
+               "255, or 127 when ", u8, " was quantized with reduce_range");
+    KILN_CHECK(qgemm_path_available(path), fn, ": this CPU (", cpu_features_line(), ") cannot run the ",
                qgemm_path_name(path), " path; qgemm_available_paths() lists those it can");
-    KILN_CHECK(path != QgemmPath::Avx2Maddubs || a_max <= kActQmaxReduced, "qgemm_u8s8: the avx2-maddubs path "
-               "needs A ≤ 127 (its 16-bit pair sums saturate above), but a_max=", a_max,
-               "; quantize A with reduce_range, or take avx2-madd");
+    KILN_CHECK(path != QgemmPath::Avx2Maddubs || u8_max <= kActQmaxReduced, fn, ": the avx2-maddubs path needs ", u8,
+               " ≤ 127 (its 16-bit pair sums saturate above), but its largest value is ", u8_max, "; quantize ", u8,
+               " with reduce_range, or take avx2-madd");
+}
+
+// Packs B into this thread's buffer, then C = A · B on the kernel kn.
+void run(const Kernel& kn, int64_t M, int64_t N, int64_t K, const void* A, int64_t lda, const void* B, int64_t ldb,
+         int32_t* C, int64_t ldc) {
+    uint8_t* Bp = reserve(tls_b, packed_b_bytes(kn, N, K));
+    pack_b(kn, N, K, static_cast<const uint8_t*>(B), ldb, Bp);
+    multiply(kn, M, N, K, static_cast<const uint8_t*>(A), lda, Bp, C, ldc);
 }
 
 }  // namespace
@@ -453,16 +522,9 @@ QgemmPath qgemm_path(int32_t a_max) {
 
 void qgemm_u8s8_on(QgemmPath path, int64_t M, int64_t N, int64_t K, const uint8_t* A, int64_t lda,
                    const int8_t* B, int64_t ldb, int32_t* C, int64_t ldc, int32_t a_max) {
-    check_sizes(M, N, K, lda, ldc);
-    KILN_CHECK(ldb >= K, "qgemm_u8s8: ldb=", ldb, " < K=", K, " (B is [N, K], read along k)");
-    KILN_CHECK(M * N == 0 || C != nullptr, "qgemm_u8s8: C is null for a ", M, "×", N, " result");
-    KILN_CHECK(M * N * K == 0 || (A != nullptr && B != nullptr), "qgemm_u8s8: A or B is null (M=", M, " N=", N,
-               " K=", K, ")");
-    check_path(path, a_max);
-    const Kernel& kn = kernel_of(path);
-    uint8_t* Bp = reserve(tls_b, packed_b_bytes(kn, N, K));
-    pack_b(kn, N, K, B, ldb, Bp);
-    multiply(kn, M, N, K, A, lda, Bp, C, ldc, /*transpose_c=*/false);
+    check_args("qgemm_u8s8", M, N, K, A, lda, B, ldb, /*b_by_k=*/false, C, ldc);
+    check_path("qgemm_u8s8", path, a_max, "A");
+    run(kernel_for</*kU8B=*/false>(path), M, N, K, A, lda, B, ldb, C, ldc);
 }
 
 void qgemm_u8s8(int64_t M, int64_t N, int64_t K, const uint8_t* A, int64_t lda, const int8_t* B, int64_t ldb,
@@ -470,27 +532,16 @@ void qgemm_u8s8(int64_t M, int64_t N, int64_t K, const uint8_t* A, int64_t lda, 
     qgemm_u8s8_on(qgemm_path(a_max), M, N, K, A, lda, B, ldb, C, ldc, a_max);
 }
 
-QgemmPackedB qgemm_pack_b(int64_t N, int64_t K, const int8_t* B, int64_t ldb, int32_t a_max) {
-    check_sizes(0, N, K, K, N);
-    KILN_CHECK(ldb >= K, "qgemm_pack_b: ldb=", ldb, " < K=", K, " (B is [N, K], read along k)");
-    KILN_CHECK(N * K == 0 || B != nullptr, "qgemm_pack_b: B is null for N=", N, " K=", K);
-    QgemmPackedB packed;
-    packed.path = qgemm_path(a_max);
-    check_path(packed.path, a_max);
-    packed.N = N, packed.K = K;
-    const Kernel& kn = kernel_of(packed.path);
-    packed.panels.resize(size_t(packed_b_bytes(kn, N, K)));
-    pack_b(kn, N, K, B, ldb, packed.panels.data());
-    return packed;
+void qgemm_s8u8_on(QgemmPath path, int64_t M, int64_t N, int64_t K, const int8_t* A, int64_t lda,
+                   const uint8_t* B, int64_t ldb, int32_t* C, int64_t ldc, int32_t b_max) {
+    check_args("qgemm_s8u8", M, N, K, A, lda, B, ldb, /*b_by_k=*/true, C, ldc);
+    check_path("qgemm_s8u8", path, b_max, "B");
+    run(kernel_for</*kU8B=*/true>(path), M, N, K, A, lda, B, ldb, C, ldc);
 }
 
-void qgemm_u8s8_packed(int64_t M, const uint8_t* A, int64_t lda, const QgemmPackedB& B, int32_t* C, int64_t ldc,
-                       bool transpose_c) {
-    check_sizes(M, B.N, B.K, lda, transpose_c ? B.N : ldc);
-    KILN_CHECK(!transpose_c || ldc >= M, "qgemm_u8s8_packed: ldc=", ldc, " < M=", M, ", the row length of Cᵀ");
-    KILN_CHECK(M * B.N == 0 || C != nullptr, "qgemm_u8s8_packed: C is null for a ", M, "×", B.N, " result");
-    KILN_CHECK(M * B.K == 0 || A != nullptr, "qgemm_u8s8_packed: A is null (M=", M, " K=", B.K, ")");
-    multiply(kernel_of(B.path), M, B.N, B.K, A, lda, B.panels.data(), C, ldc, transpose_c);
+void qgemm_s8u8(int64_t M, int64_t N, int64_t K, const int8_t* A, int64_t lda, const uint8_t* B, int64_t ldb,
+                int32_t* C, int64_t ldc, int32_t b_max) {
+    qgemm_s8u8_on(qgemm_path(b_max), M, N, K, A, lda, B, ldb, C, ldc, b_max);
 }
 
 }  // namespace kiln::cpu

@@ -1,7 +1,7 @@
-// qgemm.h — the paths of the int8 matrix product qgemm_u8s8 (quant_ops.h has its contract),
-// for tests, benchmarks and logs (chapter 11). qgemm.cpp explains each one.
+// qgemm.h — the paths of the int8 matrix products qgemm_u8s8 and qgemm_s8u8 (quant_ops.h has
+// their contracts), for tests, benchmarks and logs (chapter 11). qgemm.cpp explains each one.
 //
-// qgemm_u8s8 picks its path on every call from what the CPU reports (core/cpu_features.h),
+// Each picks its path on every call from what the CPU reports (core/cpu_features.h),
 // capped by cpu_level() (KILN_CPU=portable forces the portable path):
 //   avx512-vnni   cpu_level() ≥ avx512 and AVX512-VNNI: vpdpbusd on zmm, 4 products per lane
 //   avx-vnni      cpu_level() ≥ avx2 and AVX-VNNI: the same instruction on ymm
@@ -19,7 +19,7 @@ enum class QgemmPath : uint8_t { Portable, Avx2Madd, Avx2Maddubs, AvxVnni, Avx51
 
 const char* qgemm_path_name(QgemmPath path);  // "portable", "avx2-madd", ... as above
 
-// The path qgemm_u8s8 takes now for an A whose values are at most a_max.
+// The path qgemm_u8s8 takes now for an A whose values are at most a_max (and qgemm_s8u8 for such a B).
 QgemmPath qgemm_path(int32_t a_max);
 
 // Whether this CPU can run `path` (cpu_features(); the KILN_CPU cap does not count), and all
@@ -32,18 +32,8 @@ std::vector<QgemmPath> qgemm_available_paths();
 void qgemm_u8s8_on(QgemmPath path, int64_t M, int64_t N, int64_t K, const uint8_t* A, int64_t lda,
                    const int8_t* B, int64_t ldb, int32_t* C, int64_t ldc, int32_t a_max);
 
-// B [N, K] packed once in the layout of the path qgemm_u8s8 takes for a_max, then multiplied by
-// many A: qconv2d packs a layer's weight once per call and runs one product per image.
-struct QgemmPackedB {
-    QgemmPath path = QgemmPath::Portable;
-    int64_t N = 0, K = 0;
-    std::vector<uint8_t> panels;  // the path's panels of B (qgemm.cpp, "Packing")
-};
-QgemmPackedB qgemm_pack_b(int64_t N, int64_t K, const int8_t* B, int64_t ldb, int32_t a_max);
-// C [M, N] = A [M, K] · Bᵀ: qgemm_u8s8 with B packed (A's values at most the a_max B was packed for).
-// With transpose_c, C is stored transposed: Cᵀ [N, M], C[m, n] at C[n·ldc + m] (ldc ≥ M); qconv2d
-// gets its accumulators as [O, P·Q], the layout of its output.
-void qgemm_u8s8_packed(int64_t M, const uint8_t* A, int64_t lda, const QgemmPackedB& B, int32_t* C, int64_t ldc,
-                       bool transpose_c = false);
+// qgemm_s8u8 (quant_ops.h) on a given path, as qgemm_u8s8_on; b_max bounds B, its u8 operand.
+void qgemm_s8u8_on(QgemmPath path, int64_t M, int64_t N, int64_t K, const int8_t* A, int64_t lda,
+                   const uint8_t* B, int64_t ldb, int32_t* C, int64_t ldc, int32_t b_max);
 
 }  // namespace kiln::cpu

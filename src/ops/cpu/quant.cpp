@@ -12,6 +12,7 @@
 #include "core/cpu_features.h"
 #include "core/error.h"
 #include "core/parallel.h"
+#include "ops/cpu/cnn_ops.h"
 #include "ops/cpu/qgemm.h"
 #include "ops/cpu/quant_ops.h"
 
@@ -129,15 +130,15 @@ void qlinear(const uint8_t* x, const int8_t* w, uint8_t* y, int64_t N, int64_t K
 }
 
 // ==== the int8 convolution ========================================================================
-// groups = 1: one image at a time, as a matrix product whose operands are both read along k:
-//   rows [P·Q, C·KH·KW] u8: rows[p·Q + q][(c·KH + kh)·KW + kw] = x[c][ih][iw]  (z_x in the padding)
-//   acc  [O, P·Q]  int32  = (rows · wᵀ)ᵀ                   (qgemm_u8s8_packed, C stored transposed)
+// groups = 1: one image at a time, as a matrix product with the weight first (qgemm_s8u8):
+//   cols [C·KH·KW, P·Q] u8: cols[(c·KH + kh)·KW + kw][p·Q + q] = x[c][ih][iw]  (z_x in the padding)
+//   acc  [O, P·Q]  int32  = w [O, C·KH·KW] · cols
 //   y[o][p·Q + q] = requantize(acc[o][p·Q + q] + bias[o])  (one run of P·Q values per channel)
-// rows is im2col's matrix transposed ("im2row"): one output pixel's receptive field per row.
-// w [O, C·KH·KW] is packed once for all the images.
+// cols is chapter 03's im2col, in u8, padded with z_x (the u8 of the real 0). A 1×1 convolution
+// with stride 1 and no padding needs none: its cols would be the image [C, H·W] itself.
 //
 // The images are spread over the threads: each runs all three steps on its image, in its own
-// slot of the workspace (rows and acc of one image, in its L2), and the product on that thread
+// slot of the workspace (cols and acc of one image, in its L2), and the product on that thread
 // alone. There are min(N, kConvSlots) slots, so the workspace depends on the sizes only, not on
 // the thread count; at most that many threads share the images. With fewer images than threads
 // the images go one at a time through slot 0, and the product splits its rows over the threads.
@@ -148,54 +149,14 @@ constexpr int64_t kConvSlots = 16;
 
 int64_t conv_slots(const Conv2dParams& p) { return std::min(p.N, kConvSlots); }
 
-// The rows are kRowSlack bytes longer than C·KH·KW (the product reads them with lda = that
-// stride): im2row copies a window row of KW ≤ 8 values with one 8-byte move, whose extra bytes
-// land in the next window row (written after it) or, for the last one, in the slack.
-constexpr int64_t kRowSlack = 8;
-int64_t row_stride(const Conv2dParams& p) { return p.C * p.KH * p.KW + kRowSlack; }
+// Whether the product reads the image as it lies, with no cols (above).
+bool reads_image(const Conv2dParams& p) { return p.KH == 1 && p.KW == 1 && p.stride == 1 && p.padding == 0; }
 
-// One slot: rows (rounded up to 4 bytes, so that acc is aligned), then acc.
-int64_t rows_bytes(const Conv2dParams& p) { return (p.P() * p.Q() * row_stride(p) + 3) / 4 * 4; }
-int64_t slot_bytes(const Conv2dParams& p) { return rows_bytes(p) + p.P() * p.Q() * p.O * int64_t(sizeof(int32_t)); }
-
-// One window row of one pixel: x[c][ih][iw0 + kw·dilation] for kw < KW from x's row xr (the
-// offset of (c, ih)), pad where (ih, iw) is outside the image.
-void window_row(const uint8_t* x, int64_t xr, bool row_inside, int64_t iw0, const Conv2dParams& p, uint8_t pad,
-                uint8_t* dst) {
-    for (int64_t kw = 0; kw < p.KW; kw++) {
-        const int64_t iw = iw0 + kw * p.dilation;
-        dst[kw] = row_inside && iw >= 0 && iw < p.W ? x[xr + iw] : pad;
-    }
+// One slot: cols (rounded up to 4 bytes, so that acc is aligned; none when reads_image), then acc.
+int64_t cols_bytes(const Conv2dParams& p) {
+    return reads_image(p) ? 0 : (p.C * p.KH * p.KW * p.P() * p.Q() + 3) / 4 * 4;
 }
-
-// One image x [C, H, W] -> rows [P·Q][C][KH][KW] (row stride ld), one window row (c, kh) of
-// every pixel of an output row op at a time (pixel oq: iw0 = oq·stride − padding). Without
-// dilation and with KW ≤ 8, the pixels whose window row lies inside the image, and whose 8
-// bytes from iw0 lie inside x, take one 8-byte move each: oq in [first, last).
-void im2row_u8(const uint8_t* x, const Conv2dParams& p, uint8_t pad, uint8_t* rows, int64_t ld) {
-    const int64_t P = p.P(), Q = p.Q(), KW = p.KW, s = p.stride, x_end = p.C * p.H * p.W;
-    const bool moves = p.dilation == 1 && KW <= kRowSlack;
-    for (int64_t op = 0; op < P; op++)
-        for (int64_t c = 0; c < p.C; c++)
-            for (int64_t kh = 0; kh < p.KH; kh++) {
-                const int64_t ih = op * s - p.padding + kh * p.dilation;
-                const bool row_inside = ih >= 0 && ih < p.H;
-                const int64_t xr = (c * p.H + ih) * p.W;  // x's row ih of channel c
-                uint8_t* dst = rows + op * Q * ld + (c * p.KH + kh) * KW;  // pixel (op, 0)
-                // the moves: 0 ≤ iw0 ≤ last_iw0, i.e. iw0 + KW ≤ W and xr + iw0 + 8 ≤ x_end
-                const int64_t last_iw0 = std::min(p.W - KW, x_end - 8 - xr);
-                int64_t first = Q, last = Q;
-                if (moves && row_inside && last_iw0 >= 0) {
-                    first = std::min(Q, (p.padding + s - 1) / s);
-                    last = std::max(first, std::min(Q, (last_iw0 + p.padding) / s + 1));
-                }
-                for (int64_t oq = 0; oq < first; oq++)
-                    window_row(x, xr, row_inside, oq * s - p.padding, p, pad, dst + oq * ld);
-                for (int64_t oq = first; oq < last; oq++) std::memcpy(dst + oq * ld, x + xr + oq * s - p.padding, 8);
-                for (int64_t oq = last; oq < Q; oq++)
-                    window_row(x, xr, row_inside, oq * s - p.padding, p, pad, dst + oq * ld);
-            }
-}
+int64_t slot_bytes(const Conv2dParams& p) { return cols_bytes(p) + p.P() * p.Q() * p.O * int64_t(sizeof(int32_t)); }
 
 // One output channel: y[i] = requantize_value(acc[i] + bias, r, z_y, lo, hi) for i < n.
 using RequantizeChannel = void (*)(const int32_t* acc, int64_t n, int32_t bias, Requant r, const QOutput& out,
@@ -252,15 +213,14 @@ RequantizeChannel requantize_channel_kernel() {
     return requantize_channel;
 }
 
-// One image: x [C, H, W] -> y [O, P, Q], with one slot of workspace (acc [O, P·Q]: the product
-// stores C transposed, so that each output channel is one run of P·Q accumulators).
-void qconv2d_image(const uint8_t* x, const QgemmPackedB& w, uint8_t* y, const Conv2dParams& p, int32_t x_zero_point,
-                   const QOutput& out, RequantizeChannel requantize, uint8_t* slot) {
-    const int64_t PQ = p.P() * p.Q(), ld = row_stride(p);
-    uint8_t* rows = slot;
-    int32_t* acc = reinterpret_cast<int32_t*>(slot + rows_bytes(p));
-    im2row_u8(x, p, uint8_t(x_zero_point), rows, ld);
-    qgemm_u8s8_packed(PQ, rows, ld, w, acc, PQ, /*transpose_c=*/true);
+// One image: x [C, H, W] -> y [O, P, Q], with one slot of workspace.
+void qconv2d_image(const uint8_t* x, const int8_t* w, uint8_t* y, const Conv2dParams& p, int32_t x_zero_point,
+                   int32_t x_max, const QOutput& out, RequantizeChannel requantize, uint8_t* slot) {
+    const int64_t PQ = p.P() * p.Q(), K = p.C * p.KH * p.KW;
+    uint8_t* cols = slot;
+    int32_t* acc = reinterpret_cast<int32_t*>(slot + cols_bytes(p));
+    if (!reads_image(p)) im2col(x, p.C, p, cols, PQ, uint8_t(x_zero_point));
+    qgemm_s8u8(p.O, PQ, K, w, K, reads_image(p) ? x : cols, PQ, acc, PQ, x_max);
     for (int64_t o = 0; o < p.O; o++) requantize(acc + o * PQ, PQ, out.bias[o], out.requant[o], out, y + o * PQ);
 }
 
@@ -318,12 +278,11 @@ void qconv2d(const uint8_t* x, const int8_t* w, uint8_t* y, const Conv2dParams& 
     KILN_CHECK(p.groups == 1, "qconv2d: groups=", p.groups, " but the int8 convolution takes groups = 1 or "
                "depthwise (groups = C = O; here C=", p.C, ", O=", p.O, "); run another grouped layer in f32");
     const int64_t x_image = p.C * p.H * p.W, y_image = p.O * p.P() * p.Q();
-    const QgemmPackedB wp = qgemm_pack_b(p.O, p.C * p.KH * p.KW, w, p.C * p.KH * p.KW, x_max);  // once for all images
     const RequantizeChannel requantize = requantize_channel_kernel();
     const int threads = in_parallel() ? 1 : max_threads();
     if (p.N < threads || threads == 1) {
         for (int64_t n = 0; n < p.N; n++)
-            qconv2d_image(x + n * x_image, wp, y + n * y_image, p, x_zero_point, out, requantize, work);
+            qconv2d_image(x + n * x_image, w, y + n * y_image, p, x_zero_point, x_max, out, requantize, work);
         return;
     }
     // One task per workspace slot; each takes the next image until none is left.
@@ -331,7 +290,7 @@ void qconv2d(const uint8_t* x, const int8_t* w, uint8_t* y, const Conv2dParams& 
     parallel_chunks(std::min<int64_t>(threads, conv_slots(p)), [&](int64_t task) {
         uint8_t* slot = work + task * slot_bytes(p);
         for (int64_t n = next++; n < p.N; n = next++)
-            qconv2d_image(x + n * x_image, wp, y + n * y_image, p, x_zero_point, out, requantize, slot);
+            qconv2d_image(x + n * x_image, w, y + n * y_image, p, x_zero_point, x_max, out, requantize, slot);
     });
 }
 

@@ -106,6 +106,13 @@ void dequantize_per_channel(const Q* q, float* x, int64_t outer, int64_t C, int6
 // larger values is taken only when a_max ≤ 127 (ops/cpu/qgemm.cpp).
 void qgemm_u8s8(int64_t M, int64_t N, int64_t K, const uint8_t* A, int64_t lda, const int8_t* B, int64_t ldb,
                 int32_t* C, int64_t ldc, int32_t a_max);
+// C[m, n] = Σ_k A[m, k] · B[k, n]        A i8 [M, K] (row stride lda), B u8 [K, N] (row stride ldb),
+//                                        C int32 [M, N] (row stride ldc), overwritten
+// The weights first: a convolution's w [O, C·KH·KW] times one image's pixels [C·KH·KW, P·Q] (the
+// image itself for a 1×1 conv, else its im2col), C a row per output channel, as y lies. The same
+// exactness and K bound; b_max is the largest value B may hold (255, or 127 for reduce_range).
+void qgemm_s8u8(int64_t M, int64_t N, int64_t K, const int8_t* A, int64_t lda, const uint8_t* B, int64_t ldb,
+                int32_t* C, int64_t ldc, int32_t b_max);
 // The triple loop qgemm_u8s8 is tested against (tests only).
 void qgemm_u8s8_reference(int64_t M, int64_t N, int64_t K, const uint8_t* A, int64_t lda, const int8_t* B,
                           int64_t ldb, int32_t* C, int64_t ldc);
@@ -126,8 +133,9 @@ void qlinear(const uint8_t* x, const int8_t* w, uint8_t* y, int64_t N, int64_t K
 // only): padding reads as z_x (the u8 of the real value 0), so the zero-point correction in bias
 // holds at the borders too.
 // work: qconv2d_work_bytes(p) bytes of workspace; it depends on the sizes p only, never on the
-// thread count (the CPU kernel: one image's unfolded rows and accumulators for each of up to 16
-// images in flight; depthwise: none, 0).
+// thread count (the CPU kernel: one image's im2col columns and accumulators for each of up to 16
+// images in flight, the accumulators alone for a 1×1 conv with stride 1 and no padding;
+// depthwise: none, 0).
 int64_t qconv2d_work_bytes(const Conv2dParams& p);
 void qconv2d(const uint8_t* x, const int8_t* w, uint8_t* y, const Conv2dParams& p, int32_t x_zero_point,
              int32_t x_max, const QOutput& out, uint8_t* work);
