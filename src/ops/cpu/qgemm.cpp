@@ -298,11 +298,8 @@ constexpr Kernel make_kernel(TileFn tile) {
     static_assert(MR * NR <= kMaxTile && sizeof(TA) == sizeof(TB));
     using SA = std::conditional_t<kU8B, int8_t, uint8_t>;  // A's stored type
     using SB = std::conditional_t<kU8B, uint8_t, int8_t>;
-    if constexpr (kU8B)
-        return Kernel{MR, NR, KG, int(sizeof(TA)), tile, pack_panel<SA, TA, MR, KG>,
-                      pack_panel_transposed<SB, TB, NR, KG>, true};
-    else
-        return Kernel{MR, NR, KG, int(sizeof(TA)), tile, pack_panel<SA, TA, MR, KG>, pack_panel<SB, TB, NR, KG>, false};
+    const PackFn pack_b = kU8B ? pack_panel_transposed<SB, TB, NR, KG> : pack_panel<SB, TB, NR, KG>;
+    return Kernel{MR, NR, KG, int(sizeof(TA)), tile, pack_panel<SA, TA, MR, KG>, pack_b, kU8B};
 }
 
 // MR: as many rows as the 16 ymm registers hold beside B's 2 vectors, the broadcast of A and

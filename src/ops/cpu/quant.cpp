@@ -219,8 +219,12 @@ void qconv2d_image(const uint8_t* x, const int8_t* w, uint8_t* y, const Conv2dPa
     const int64_t PQ = p.P() * p.Q(), K = p.C * p.KH * p.KW;
     uint8_t* cols = slot;
     int32_t* acc = reinterpret_cast<int32_t*>(slot + cols_bytes(p));
-    if (!reads_image(p)) im2col(x, p.C, p, cols, PQ, uint8_t(x_zero_point));
-    qgemm_s8u8(p.O, PQ, K, w, K, reads_image(p) ? x : cols, PQ, acc, PQ, x_max);
+    const uint8_t* b = x;  // [K, P·Q]: the image itself, or its im2col
+    if (!reads_image(p)) {
+        im2col(x, p.C, p, cols, PQ, uint8_t(x_zero_point));
+        b = cols;
+    }
+    qgemm_s8u8(p.O, PQ, K, w, K, b, PQ, acc, PQ, x_max);
     for (int64_t o = 0; o < p.O; o++) requantize(acc + o * PQ, PQ, out.bias[o], out.requant[o], out, y + o * PQ);
 }
 
