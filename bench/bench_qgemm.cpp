@@ -174,7 +174,7 @@ void bench_layer(const Layer& l, std::mt19937& rng) {
     // f32: the same layer as the trainers run it, im2col workspace for up to 32 MiB of images.
     const std::vector<float> xf(x.begin(), x.end()), wf(w.begin(), w.end()), bf(size_t(p.O), 0.5f);
     std::vector<float> yf(y.size());
-    const int64_t per_image = conv2d_col_elems_per_image(p);
+    const int64_t per_image = conv2d_col_elems_per_image(p, DType::F32);
     const int64_t col_images = per_image ? std::clamp<int64_t>((32 << 20) / (per_image * 4), 1, p.N) : 0;
     std::vector<float> col(size_t(per_image * col_images));
     auto f32 = [&] { conv2d_forward<float>(xf.data(), wf.data(), bf.data(), yf.data(), p, col.data(), col_images); };

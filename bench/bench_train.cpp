@@ -14,7 +14,11 @@
 //                        memory (chapter 08's prediction), training and inference img/s of
 //                        each (the two measured in turn, 5 times), and the speedups
 //                        ("..._speedup", the median of the 5 ratios, with their _min and _max)
-//   build/bench/bench_train surgery    only these
+//   cifar_net_train_cpu_im2col, _winograd, _winograd_speedup
+//                        the CIFAR net with every conv by im2col (as KILN_CONV=im2col) and with
+//                        its big 3×3 layers by Winograd (chapter 03), in turn, 5 times: the
+//                        medians, and of the 5 ratios (with their _min and _max)
+//   build/bench/bench_train surgery    only the cifar_net_l06_* figures
 //   build/bench/bench_train busy       lenet_train_cpu_busy, cifar_net_train_cpu_busy: f32 only,
 //                        named for the run bench/run.sh makes while another program keeps one
 //                        core busy (a learner's machine is rarely idle)
@@ -32,6 +36,7 @@
 #include "nn/models.h"
 #include "nn/surgery.h"
 #include "ops/autocast.h"
+#include "ops/cpu/winograd.h"
 #include "optim/grad_scaler.h"
 #include "optim/optimizer.h"
 #include "train/memory_model.h"
@@ -141,12 +146,15 @@ static InTurn in_turn(int pairs, const std::function<double()>& a, const std::fu
     return {median(as), median(bs), median(ratios), *lo, *hi};
 }
 
-static void print_in_turn(const char* what, const InTurn& m) {
-    std::printf("bench cifar_net_l06_%s_cpu: %.0f img/s\n", what, m.a);
-    std::printf("bench cifar_net_l06_halved_%s_cpu: %.0f img/s\n", what, m.b);
-    std::printf("bench cifar_net_l06_halved_%s_speedup: %.2f ratio\n", what, m.ratio);
-    std::printf("bench cifar_net_l06_halved_%s_speedup_min: %.2f ratio\n", what, m.ratio_min);
-    std::printf("bench cifar_net_l06_halved_%s_speedup_max: %.2f ratio\n", what, m.ratio_max);
+// The two figures a and b (img/s) named a_name and b_name, and b's speedup over a as
+// speedup_name with its _min and _max.
+static void print_in_turn(const std::string& a_name, const std::string& b_name, const std::string& speedup_name,
+                          const InTurn& m) {
+    std::printf("bench %s: %.0f img/s\n", a_name.c_str(), m.a);
+    std::printf("bench %s: %.0f img/s\n", b_name.c_str(), m.b);
+    std::printf("bench %s: %.2f ratio\n", speedup_name.c_str(), m.ratio);
+    std::printf("bench %s_min: %.2f ratio\n", speedup_name.c_str(), m.ratio_min);
+    std::printf("bench %s_max: %.2f ratio\n", speedup_name.c_str(), m.ratio_max);
     std::fflush(stdout);
 }
 
@@ -173,10 +181,30 @@ static void bench_surgery() {
     const MemoryModelOptions step{input};
     std::printf("bench cifar_net_l06_train_peak: %.1f MiB\n", double(predict_memory(*dense, step).peak) / (1 << 20));
     std::printf("bench cifar_net_l06_halved_train_peak: %.1f MiB\n", double(predict_memory(*cut, step).peak) / (1 << 20));
-    print_in_turn("train", in_turn(5, [&] { return train_throughput(*dense, input, 10, 2, 1, sgd); },
-                                   [&] { return train_throughput(*cut, input, 10, 2, 1, sgd); }));
-    print_in_turn("infer", in_turn(5, [&] { return infer_throughput(*dense, input, 8, 1); },
-                                   [&] { return infer_throughput(*cut, input, 8, 1); }));
+    for (const std::string what : {"train", "infer"}) {
+        const bool train = what == "train";
+        auto rate = [&](Module& m) {
+            return train ? train_throughput(m, input, 10, 2, 1, sgd) : infer_throughput(m, input, 8, 1);
+        };
+        print_in_turn("cifar_net_l06_" + what + "_cpu", "cifar_net_l06_halved_" + what + "_cpu",
+                      "cifar_net_l06_halved_" + what + "_speedup",
+                      in_turn(5, [&] { return rate(*dense); }, [&] { return rate(*cut); }));
+    }
+}
+
+// The CIFAR net's training with its big 3×3 layers by Winograd (the default) and with every
+// layer by im2col (as KILN_CONV=im2col), in turn (chapter 03).
+static void bench_winograd(const SGD::Options& sgd) {
+    Rng r(1);
+    auto net = cifar_net(r);
+    auto rate = [&](bool winograd) {
+        cpu::set_winograd_choice(winograd ? cpu::WinogradChoice::Auto : cpu::WinogradChoice::Never);
+        const double v = train_throughput(*net, {256, 3, 32, 32}, 10, 2, 1, sgd);
+        cpu::set_winograd_choice(cpu::WinogradChoice::Auto);
+        return v;
+    };
+    print_in_turn("cifar_net_train_cpu_im2col", "cifar_net_train_cpu_winograd", "cifar_net_train_cpu_winograd_speedup",
+                  in_turn(5, [&] { return rate(false); }, [&] { return rate(true); }));
 }
 
 int main(int argc, char** argv) {
@@ -200,6 +228,7 @@ int main(int argc, char** argv) {
     std::fflush(stdout);
     bench_precisions("lenet_train_cpu", [] { Rng r(1); return lenet(r); }, {64, 1, 28, 28}, 40, lenet_sgd);
     bench_precisions("cifar_net_train_cpu", [] { Rng r(1); return cifar_net(r); }, {256, 3, 32, 32}, 2, cifar_sgd);
+    bench_winograd(cifar_sgd);
     bench_surgery();
     return 0;
 }

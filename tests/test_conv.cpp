@@ -1,5 +1,6 @@
 // test_conv.cpp — Conv2d (chapter 03) against a direct 7-loop convolution, finite differences,
-// the bounded workspace, thread-count determinism and error messages.
+// the bounded workspace, thread-count determinism and error messages; the Winograd path
+// (ops/cpu/winograd.cpp) against the same reference, and its choice of shapes.
 //
 // Run: make build/tests/kiln_tests && build/tests/kiln_tests '[conv]'
 #include <algorithm>
@@ -12,6 +13,7 @@
 #include "gradcheck.h"
 #include "nn/conv.h"
 #include "ops/cpu/cnn_ops.h"
+#include "ops/cpu/winograd.h"
 
 using namespace kiln;
 
@@ -107,6 +109,9 @@ const Case kCases[] = {
     {"3x3, padding 1 (the CIFAR nets' convs)", 2, 3, 6, 7, 4, 3, 3, {1, 1, 1, 1, true}},
     {"5x5, padding 2, on a 2x3 image", 2, 2, 2, 3, 3, 5, 5, {1, 2, 1, 1, true}},
     {"1x3, padding 1 (P = H + 2)", 2, 2, 4, 5, 3, 1, 3, {1, 1, 1, 1, true}},
+    // Big enough for the Winograd path (winograd_applies): even, and odd planes (a tile past the edge)
+    {"3x3, padding 1, 64 -> 64 on 12x12 (Winograd)", 2, 64, 12, 12, 64, 3, 3, {1, 1, 1, 1, true}},
+    {"3x3, padding 1, 64 -> 72 on 13x11 (Winograd, odd plane)", 2, 64, 13, 11, 72, 3, 3, {1, 1, 1, 1, false}},
 };
 
 }  // namespace
@@ -250,4 +255,154 @@ TEST_CASE("Conv2d errors name the layer and the shapes", "[conv][cpu][lesson03]"
     conv.forward(Tensor::zeros({2, 3, 8, 8}));
     REQUIRE_THROWS_WITH(conv.backward(Tensor::zeros({2, 4, 5, 5})), Contains("conv1") && Contains("[2, 4, 6, 6]"));
     REQUIRE_THROWS_WITH(Conv2d(4, 6, 3, rng, {1, 0, 1, 4, true}, "conv2"), Contains("conv2") && Contains("groups"));
+}
+
+// ---- Winograd F(2x2, 3x3) ----------------------------------------------------------------------
+namespace {
+
+Conv2dParams same_3x3(int64_t N, int64_t C, int64_t H, int64_t W, int64_t O) {
+    Conv2dParams p;
+    p.N = N, p.C = C, p.H = H, p.W = W, p.O = O, p.KH = p.KW = 3, p.padding = 1;
+    return p;
+}
+
+}  // namespace
+
+TEST_CASE("Winograd is chosen for big 3x3 stride-1 f32 convolutions only", "[conv][cpu][lesson03][winograd]") {
+    const Conv2dParams big = same_3x3(8, 64, 15, 15, 64);  // C·O·H·W = 921,600
+    CHECK(cpu::winograd_applies(big));
+    CHECK(cpu::conv2d_algo(big, DType::F32) == ConvAlgo::Winograd);
+    CHECK(cpu::conv2d_algo(big, DType::BF16) == ConvAlgo::Im2col);  // f16 and bf16 keep im2col
+    CHECK(std::string(conv_algo_name(ConvAlgo::Winograd)) == "winograd");
+    CHECK(cpu::conv2d_col_elems_per_image(big, DType::F32) == cpu::winograd_elems_per_image(big));
+    CHECK(cpu::winograd_elems_per_image(big) == 16 * (64 * (64 + 64) + 2 * 16));  // 8×8 tiles, + the skew
+    auto changed = [&](auto edit) {
+        Conv2dParams p = big;
+        edit(p);
+        return cpu::winograd_applies(p);
+    };
+    CHECK_FALSE(changed([](Conv2dParams& p) { p.stride = 2; }));
+    CHECK_FALSE(changed([](Conv2dParams& p) { p.padding = 0; }));
+    CHECK_FALSE(changed([](Conv2dParams& p) { p.dilation = 2, p.padding = 2; }));
+    CHECK_FALSE(changed([](Conv2dParams& p) { p.KH = p.KW = 5, p.padding = 2; }));
+    CHECK_FALSE(changed([](Conv2dParams& p) { p.groups = 2; }));
+    CHECK_FALSE(changed([](Conv2dParams& p) { p.C = 32; }));                // too few channels
+    CHECK_FALSE(changed([](Conv2dParams& p) { p.H = p.W = 3; }));           // a plane of one tile
+    CHECK_FALSE(changed([](Conv2dParams& p) { p.H = p.W = 7; }));           // 64·64·49: too little work
+    CHECK(changed([](Conv2dParams& p) { p.C = p.O = 128, p.H = p.W = 7; }));  // 128·128·49 is enough
+
+    const Conv2dParams small = same_3x3(8, 16, 8, 8, 16);
+    CHECK(cpu::conv2d_algo(small, DType::F32) == ConvAlgo::Im2col);
+    cpu::set_winograd_choice(cpu::WinogradChoice::Never);  // as KILN_CONV=im2col
+    CHECK(cpu::conv2d_algo(big, DType::F32) == ConvAlgo::Im2col);
+    cpu::set_winograd_choice(cpu::WinogradChoice::Always);  // as KILN_CONV=winograd
+    CHECK(cpu::conv2d_algo(small, DType::F32) == ConvAlgo::Winograd);
+    CHECK(cpu::conv2d_algo(same_3x3(8, 16, 8, 8, 16), DType::F16) == ConvAlgo::Im2col);
+    Conv2dParams strided = small;
+    strided.stride = 2;
+    CHECK(cpu::conv2d_algo(strided, DType::F32) == ConvAlgo::Im2col);  // it cannot
+    cpu::set_winograd_choice(cpu::WinogradChoice::Auto);
+}
+
+TEST_CASE("Winograd passes match the direct convolution on small and odd planes", "[conv][cpu][lesson03][winograd]") {
+    // Called directly (below the speed bounds of winograd_applies, which only choose it).
+    const Case cases[] = {
+        {"4x4", 3, 2, 4, 4, 3, 3, 3, {1, 1, 1, 1, true}},
+        {"7x5 (odd: tiles past both edges)", 2, 3, 7, 5, 4, 3, 3, {1, 1, 1, 1, true}},
+        {"1x1 plane", 2, 2, 1, 1, 2, 3, 3, {1, 1, 1, 1, false}},
+        {"2x9, 17 images (groups of 8, 8, 1)", 17, 4, 2, 9, 5, 3, 3, {1, 1, 1, 1, true}},
+    };
+    for (const Case& k : cases) {
+        SECTION(k.what) {
+            const Conv2dParams p = same_3x3(k.N, k.C, k.H, k.W, k.O);
+            Rng rng(13);
+            Tensor x = Tensor::normal({k.N, k.C, k.H, k.W}, 0, 1, rng), w = Tensor::normal({k.O, k.C, 3, 3}, 0, 1, rng);
+            Tensor b = Tensor::normal({k.O}, 0, 1, rng), dy = Tensor::normal({k.N, k.O, k.H, k.W}, 0, 1, rng);
+            Tensor y = Tensor::empty(dy.shape()), dx = Tensor::empty(x.shape());
+            Tensor dw = Tensor::normal(w.shape(), 0, 1, rng);
+            const Tensor dw0 = dw.clone();
+            std::vector<float> ws(size_t(k.N * cpu::winograd_elems_per_image(p)));
+            const float* bias = k.opt.bias ? b.data<float>() : nullptr;
+            cpu::winograd_forward(x.data<float>(), w.data<float>(), bias, y.data<float>(), p, ws.data(), k.N);
+            cpu::winograd_backward_data(dy.data<float>(), w.data<float>(), dx.data<float>(), p, ws.data(), k.N);
+            cpu::winograd_backward_weight(x.data<float>(), dy.data<float>(), dw.data<float>(), p, ws.data(), k.N);
+
+            Tensor y_ref = Tensor::zeros(y.shape()), dx_ref = Tensor::zeros(x.shape());
+            Tensor dw_ref = Tensor::zeros(w.shape()), db_ref = Tensor::zeros({k.O});
+            naive_forward(k, x.data<float>(), w.data<float>(), bias, y_ref.data<float>(), k.H, k.W);
+            naive_backward(k, x.data<float>(), w.data<float>(), dy.data<float>(), dx_ref.data<float>(),
+                           dw_ref.data<float>(), db_ref.data<float>(), k.H, k.W);
+            for (int64_t i = 0; i < dw_ref.numel(); i++) dw_ref.data<float>()[i] += dw0.data<float>()[i];  // dw +=
+            CHECK(rel_diff(y.data<float>(), y_ref.data<float>(), y.numel()) < 1e-5);
+            CHECK(rel_diff(dx.data<float>(), dx_ref.data<float>(), dx.numel()) < 1e-5);
+            CHECK(rel_diff(dw.data<float>(), dw_ref.data<float>(), dw.numel()) < 1e-5);
+        }
+    }
+}
+
+TEST_CASE("Winograd gives the same bits whatever the workspace and the threads",
+          "[conv][cpu][lesson03][winograd][threads]") {
+    // 12×12 planes: 36 tiles, so groups of ⌈256/36⌉ = 8 images; 20 images are groups of 8, 8 and 4
+    const int64_t N = 20, C = 64, H = 12, O = 64;
+    REQUIRE(cpu::winograd_applies(same_3x3(N, C, H, H, O)));
+    Rng rng(6);
+    Tensor x = Tensor::normal({N, C, H, H}, 0, 1, rng), dy = Tensor::normal({N, O, H, H}, 0, 1, rng);
+    struct Run {
+        Tensor y, dx, dw;
+    };
+    auto run = [&](int64_t limit, int threads) {
+        const int saved = omp_get_max_threads();
+        omp_set_num_threads(threads);
+        Rng init(9);
+        Conv2d conv(C, O, 3, init, {1, 1, 1, 1, false});
+        conv.workspace_limit = limit;
+        Run r;
+        r.y = conv.forward(x);
+        r.dx = conv.backward(dy);
+        r.dw = conv.weight.grad.clone();
+        omp_set_num_threads(saved);
+        return r;
+    };
+    const int64_t per_image = cpu::winograd_elems_per_image(same_3x3(N, C, H, H, O)) * int64_t(sizeof(float));
+    const Run whole = run(kDefaultConvWorkspace, 2);                     // the batch in one chunk
+    const Run chunks = run(1, 2);                                        // below one group: chunks of one group
+    const Run two_groups = run(19 * per_image, 2);                       // 19 images fit: chunks of 16 and 4
+    const Run one_thread = run(19 * per_image, 1);
+    for (const Run* r : {&chunks, &two_groups, &one_thread}) {
+        CHECK(same_bits(r->y, whole.y));
+        CHECK(same_bits(r->dx, whole.dx));
+        CHECK(same_bits(r->dw, whole.dw));
+    }
+    // The chunks conv2d_workspace asks for: whole groups (or the batch)
+    Conv2dParams p = same_3x3(N, C, H, H, O);
+    CHECK(conv2d_workspace(p, Device::CPU, true, 1).images == 8);
+    CHECK(conv2d_workspace(p, Device::CPU, true, 19 * per_image).images == 16);
+    CHECK(conv2d_workspace(p, Device::CPU, true, kDefaultConvWorkspace).images == N);
+}
+
+TEST_CASE("Winograd and im2col agree, and KILN_CONV=im2col switches Winograd off", "[conv][cpu][lesson03][winograd]") {
+    Rng rng(21);
+    Tensor x = Tensor::normal({3, 64, 12, 12}, 0, 1, rng), dy = Tensor::normal({3, 64, 12, 12}, 0, 1, rng);
+    Tensor y[2], dx[2], dw[2];
+    for (int winograd = 0; winograd < 2; winograd++) {
+        cpu::set_winograd_choice(winograd ? cpu::WinogradChoice::Auto : cpu::WinogradChoice::Never);
+        Rng init(2);
+        Conv2d conv(64, 64, 3, init, {1, 1, 1, 1, true});
+        y[winograd] = conv.forward(x);
+        dx[winograd] = conv.backward(dy);
+        dw[winograd] = conv.weight.grad.clone();
+    }
+    cpu::set_winograd_choice(cpu::WinogradChoice::Auto);
+    CHECK(rel_diff(y[1].data<float>(), y[0].data<float>(), y[0].numel()) < 1e-5);
+    CHECK(rel_diff(dx[1].data<float>(), dx[0].data<float>(), dx[0].numel()) < 1e-5);
+    CHECK(rel_diff(dw[1].data<float>(), dw[0].data<float>(), dw[0].numel()) < 1e-5);
+    CHECK_FALSE(same_bits(y[0], y[1]));  // two different computations (so both really ran)
+}
+
+TEST_CASE("Winograd without a workspace is an error naming the pass", "[conv][cpu][lesson03][winograd]") {
+    const Conv2dParams p = same_3x3(2, 64, 12, 12, 64);
+    std::vector<float> x(size_t(2 * 64 * 144)), w(size_t(64 * 64 * 9)), y(x.size());
+    using Catch::Matchers::Contains;
+    REQUIRE_THROWS_WITH(cpu::conv2d_forward<float>(x.data(), w.data(), nullptr, y.data(), p, nullptr, 0),
+                        Contains("winograd_forward") && Contains("workspace"));
 }

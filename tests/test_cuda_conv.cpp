@@ -86,7 +86,7 @@ TEST_CASE("cuda conv2d: both forward strategies and both backward passes match t
             Tensor dw0 = Tensor::uniform(w.shape(), -1, 1, rng), db0 = Tensor::uniform({k.O}, -1, 1, rng);
 
             // The CPU: y, dx, and dw, db accumulated onto dw0, db0.
-            Tensor cpu_col = Tensor::empty({std::max<int64_t>(1, k.N * cpu::conv2d_col_elems_per_image(p))});
+            Tensor cpu_col = Tensor::empty({std::max<int64_t>(1, k.N * cpu::conv2d_col_elems_per_image(p, DType::F32))});
             Tensor y = Tensor::empty({k.N, k.O, P, Q}), dx = Tensor::empty(x.shape());
             Tensor dw = dw0.clone(), db = db0.clone();
             const float* bias = k.bias ? b.data<float>() : nullptr;
@@ -263,7 +263,7 @@ struct DepthwiseResults {
 };
 
 DepthwiseResults cpu_depthwise(const Conv2dParams& p, const DepthwiseInputs& in, bool bias) {
-    REQUIRE(cpu::conv2d_algo(p) == ConvAlgo::Depthwise);
+    REQUIRE(cpu::conv2d_algo(p, DType::F32) == ConvAlgo::Depthwise);
     DepthwiseResults r{Tensor::empty(in.dy.shape()), Tensor::empty(in.x.shape()), in.dw0.clone(), in.db0.clone()};
     const float* b = bias ? in.b.data<float>() : nullptr;
     cpu::conv2d_forward<float>(in.x.data<float>(), in.w.data<float>(), b, r.y.data<float>(), p, nullptr, 0);

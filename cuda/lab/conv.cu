@@ -98,7 +98,7 @@ bool run_layer(int chosen, const Layer& layer) {
                 conv_algo_name(cuda::conv2d_algo(p)));
     const std::vector<float> x = random_floats(x_count, 1), w = random_floats(w_count, 2), b = random_floats(size_t(p.O), 3);
     std::vector<float> want(y_count);
-    const int64_t cpu_per_image = cpu::conv2d_col_elems_per_image(p);
+    const int64_t cpu_per_image = cpu::conv2d_col_elems_per_image(p, DType::F32);
     const int64_t cpu_images = cpu_per_image ? images_within(cpu_per_image, p.N, kDefaultConvWorkspace) : 0;
     std::vector<float> cpu_col(size_t(cpu_images * cpu_per_image));
     cpu::conv2d_forward(x.data(), w.data(), layer.bias ? b.data() : nullptr, want.data(), p, cpu_col.data(), cpu_images);

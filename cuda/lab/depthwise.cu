@@ -187,7 +187,7 @@ bool run_layer(int chosen, const Layer& layer) {
     const std::vector<float> x = random_floats(x_count, 1), w = random_floats(w_count, 2),
                              b = random_floats(size_t(p.C), 3);
     std::vector<float> want(y_count);
-    KILN_CHECK(cpu::conv2d_algo(p) == ConvAlgo::Depthwise, problem, " is not depthwise");
+    KILN_CHECK(cpu::conv2d_algo(p, DType::F32) == ConvAlgo::Depthwise, problem, " is not depthwise");
     cpu::conv2d_forward<float>(x.data(), w.data(), layer.bias ? b.data() : nullptr, want.data(), p, nullptr, 0);
 
     DeviceArray<float> dx(x), dw(w), db(b), dy(y_count);

@@ -23,6 +23,7 @@ const char* conv_algo_name(ConvAlgo a) {
         case ConvAlgo::Pointwise: return "pointwise";
         case ConvAlgo::Depthwise: return "depthwise";
         case ConvAlgo::ImplicitGemm: return "implicit-gemm";
+        case ConvAlgo::Winograd: return "winograd";
     }
     return "?";
 }
@@ -69,9 +70,9 @@ void check_conv_bias(const Tensor& b, const Conv2dParams& p, const char* op, con
 
 // Elements of workspace one image needs for a pass on a device: the direct depthwise paths (CPU
 // and CUDA) and the CPU's pointwise one need none, nor does the CUDA forward by implicit GEMM;
-// every other pass unfolds images into columns.
-int64_t col_per_image(const Conv2dParams& p, Device device, bool forward) {
-    if (!on_cuda(device)) return cpu::conv2d_col_elems_per_image(p);
+// the CPU's Winograd holds transformed tiles; every other pass unfolds images into columns.
+int64_t col_per_image(const Conv2dParams& p, Device device, bool forward, DType dtype) {
+    if (!on_cuda(device)) return cpu::conv2d_col_elems_per_image(p, dtype);
     const ConvAlgo algo = cuda::conv2d_algo(p);
     if (algo == ConvAlgo::Depthwise || (forward && algo == ConvAlgo::ImplicitGemm)) return 0;
     return cuda::conv2d_col_elems_per_image(p);
@@ -92,10 +93,11 @@ Tensor column_workspace(const Conv2dParams& p, const Tensor& x, bool forward, in
 }  // namespace
 
 ConvWorkspace conv2d_workspace(const Conv2dParams& p, Device device, bool forward, int64_t limit, DType dtype) {
-    const int64_t per_image = col_per_image(p, device, forward);
+    const int64_t per_image = col_per_image(p, device, forward, dtype);
     const int64_t elem_bytes = int64_t(dtype_size(dtype));
     if (per_image == 0 || p.N == 0) return ConvWorkspace{0, 0, elem_bytes};
-    return ConvWorkspace{std::clamp<int64_t>(limit / (per_image * elem_bytes), 1, p.N), per_image, elem_bytes};
+    const int64_t fit = std::clamp<int64_t>(limit / (per_image * elem_bytes), 1, p.N);
+    return ConvWorkspace{on_cuda(device) ? fit : cpu::conv2d_chunk_images(p, dtype, fit), per_image, elem_bytes};
 }
 
 Tensor conv2d(const Tensor& x, const Tensor& w, const Tensor& b, const Conv2dArgs& a) {

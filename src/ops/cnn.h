@@ -32,9 +32,10 @@ struct Conv2dArgs {
 
 // The im2col workspace conv2d (forward) or conv2d_backward takes from the device's pool, of x's
 // dtype: the columns of `images` images at once, each (C·K·K + O)·P·Q elements on the CPU's
-// im2col path (none for its pointwise and depthwise paths, none for the CUDA forward by implicit
-// GEMM), and
+// im2col path, 16·⌈H/2⌉·⌈W/2⌉·(C + O) on its Winograd path (none for its pointwise and depthwise
+// paths, none for the CUDA forward by implicit GEMM), and
 //   images = clamp(limit / (elems_per_image · elem_bytes), 1, N)     elem_bytes = 4 (f32) or 2
+// except that Winograd rounds it down to whole groups of images (at least one group: winograd.h).
 // Chapter 08's memory model predicts the workspace from it.
 struct ConvWorkspace {
     int64_t images = 0, elems_per_image = 0, elem_bytes = 4;

@@ -29,15 +29,16 @@ struct Conv2dParams {
 };
 
 // How a convolution's forward is computed. Each backend's conv2d_algo(p) returns one of the
-// strategies it implements: the CPU Im2col, Pointwise or Depthwise (ops/cpu/conv.cpp explains
-// them), CUDA Im2col or ImplicitGemm (cuda/conv.cu).
+// strategies it implements: the CPU Im2col, Pointwise, Depthwise or Winograd (ops/cpu/conv.cpp
+// explains them), CUDA Im2col or ImplicitGemm (cuda/conv.cu).
 enum class ConvAlgo {
     Im2col,        // unfold each image into columns, then GEMMs; needs a workspace
     Pointwise,     // 1×1, stride 1, no padding: the image already is its column matrix
     Depthwise,     // G == C == O: one small K×K filter per channel, direct loops, no GEMM
     ImplicitGemm,  // one kernel gathers x's columns into shared memory as it goes; no workspace
+    Winograd,      // 3×3, stride 1: 2×2 output tiles by F(2×2, 3×3), 16 GEMMs; needs a workspace
 };
-const char* conv_algo_name(ConvAlgo a);  // "im2col", "pointwise", "depthwise", "implicit-gemm"
+const char* conv_algo_name(ConvAlgo a);  // "im2col", "pointwise", "depthwise", "implicit-gemm", "winograd"
 
 // Throws a kiln::Error naming op when the sizes are not a valid convolution (non-positive
 // sizes, groups not dividing C and O, a kernel that does not fit). Both backends' kernels call it.

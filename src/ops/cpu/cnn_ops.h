@@ -31,13 +31,18 @@
 namespace kiln::cpu {
 
 // ==== convolution (the formula: ops/params.h) ================================================
-// The forward strategy for a shape: Depthwise, Pointwise or Im2col (ops/params.h).
-ConvAlgo conv2d_algo(const Conv2dParams& p);
+// The strategy for a shape and element type: Depthwise, Pointwise, Winograd (f32 only) or Im2col
+// (ops/params.h); all three passes follow it.
+ConvAlgo conv2d_algo(const Conv2dParams& p, DType dtype);
 
-// Elements (of T) of workspace one image needs: (C·KH·KW + O) · P·Q for Im2col — its columns,
-// and its output (or dy) as rows of the GEMM that does several images at once (conv.cpp,
-// "Several images in one GEMM"); 0 for Pointwise and Depthwise.
-int64_t conv2d_col_elems_per_image(const Conv2dParams& p);
+// Elements (of the dtype) of workspace one image needs: (C·KH·KW + O) · P·Q for Im2col — its
+// columns, and its output (or dy) as rows of the GEMM that does several images at once (conv.cpp,
+// "Several images in one GEMM"); 16·⌈H/2⌉·⌈W/2⌉·(C + O) for Winograd (winograd.h); 0 for
+// Pointwise and Depthwise.
+int64_t conv2d_col_elems_per_image(const Conv2dParams& p, DType dtype);
+// The images per workspace chunk when `fit` of them fit in the byte limit (1 ≤ fit ≤ N): fit,
+// except for Winograd, whose chunks are whole numbers of its image groups (winograd.h).
+int64_t conv2d_chunk_images(const Conv2dParams& p, DType dtype, int64_t fit);
 
 // One image (or one group of channels of it), C channels of H×W:
 //   col[(c·KH + kh)·KW + kw][p·Q + q] = x[c][ih][iw]   (pad where (ih, iw) is padding)
@@ -61,7 +66,7 @@ void col2im(T* col, int64_t C, const Conv2dParams& p, T* dx) {
 }
 
 // The three passes. col is workspace for col_images images (col_images ≥ 1 and
-// col_images · conv2d_col_elems_per_image(p) elements), or may be null when that is 0.
+// col_images · conv2d_col_elems_per_image(p, dtype) elements), or may be null when that is 0.
 // The batch is processed col_images images at a time, so the workspace stays bounded.
 //   forward          y  = conv(x, w) + b                          (b may be null)
 //   backward_data    dx = conv_transpose(dy, w)                   (dx is overwritten)

@@ -71,19 +71,33 @@
 #include "core/error.h"
 #include "core/parallel.h"
 #include "ops/cpu/cnn_ops.h"
+#include "ops/cpu/conv_tasks.h"
 #include "ops/cpu/gemm.h"
+#include "ops/cpu/winograd.h"
 
 namespace kiln::cpu {
 
-ConvAlgo conv2d_algo(const Conv2dParams& p) {
+// im2col's workspace per image: its columns and its rows of y (or dy), "Several images in one
+// GEMM" below.
+static int64_t im2col_elems_per_image(const Conv2dParams& p) { return (p.C * p.KH * p.KW + p.O) * p.P() * p.Q(); }
+
+ConvAlgo conv2d_algo(const Conv2dParams& p, DType dtype) {
     if (p.groups == p.C && p.O == p.C) return ConvAlgo::Depthwise;
     if (p.KH == 1 && p.KW == 1 && p.stride == 1 && p.padding == 0) return ConvAlgo::Pointwise;
+    if (dtype == DType::F32 && winograd_chosen(p)) return ConvAlgo::Winograd;
     return ConvAlgo::Im2col;
 }
 
-int64_t conv2d_col_elems_per_image(const Conv2dParams& p) {
-    if (conv2d_algo(p) != ConvAlgo::Im2col) return 0;
-    return (p.C * p.KH * p.KW + p.O) * p.P() * p.Q();  // its columns + its rows of y (or dy)
+int64_t conv2d_col_elems_per_image(const Conv2dParams& p, DType dtype) {
+    switch (conv2d_algo(p, dtype)) {
+        case ConvAlgo::Im2col: return im2col_elems_per_image(p);
+        case ConvAlgo::Winograd: return winograd_elems_per_image(p);
+        default: return 0;
+    }
+}
+
+int64_t conv2d_chunk_images(const Conv2dParams& p, DType dtype, int64_t fit) {
+    return conv2d_algo(p, dtype) == ConvAlgo::Winograd ? winograd_chunk_images(p, fit) : fit;
 }
 
 namespace {
@@ -94,37 +108,6 @@ inline void valid_range(int64_t off, int64_t W, int64_t stride, int64_t Q, int64
     lo = off >= 0 ? 0 : (-off + stride - 1) / stride;
     hi = (W - 1 - off) >= 0 ? std::min(Q, (W - 1 - off) / stride + 1) : 0;
     lo = std::min(lo, hi);
-}
-
-// Below this many flops a parallel region costs more than it saves (waking a team and its
-// barrier take microseconds — much more when the cores are shared with other programs).
-constexpr double kParallelMinFlops = 2.0 * 96 * 96 * 96;  // the same bar as gemm.cpp's
-
-// The grain of a loop of n iterations that do total_flops between them: at least
-// kParallelMinFlops a chunk, so a small loop stays on one thread.
-int64_t flop_grain(int64_t n, double total_flops) {
-    const double per_iteration = std::max(1.0, total_flops / double(std::max<int64_t>(n, 1)));
-    return std::max<int64_t>(1, int64_t(kParallelMinFlops / per_iteration));
-}
-
-// Runs body(n, k, slot) for the images n0 .. n0 + count − 1 in groups of up to `group`
-// consecutive ones: body does images n .. n + k − 1, and its workspace starts at image `slot`
-// (slot = n − n0). Several groups: one group per thread at a time. One group, or little work:
-// on this thread (the GEMMs inside then use every thread if they are big enough).
-// Groups are handed out one at a time (parallel_chunks): on a machine shared with other
-// programs, a thread that loses its core for a while then simply does fewer of them, instead of
-// the others waiting for it. Which thread does a group never changes its result.
-template <typename Body>
-void for_images(int64_t n0, int64_t count, int64_t group, double flops_per_image, Body body) {
-    const int64_t groups = (count + group - 1) / group;
-    parallel_chunks(
-        groups, [&](int64_t j) { body(n0 + j * group, std::min(group, count - j * group), j * group); },
-        double(count) * flops_per_image >= kParallelMinFlops);
-}
-
-// Multiply-adds ×2 of one image's convolution (any of the three passes).
-double flops_per_image(const Conv2dParams& p) {
-    return 2.0 * double(p.O) * double(p.P() * p.Q()) * double(p.Cg() * p.KH * p.KW);
 }
 
 // ---- depthwise: G == C == O, w [C, 1, KH, KW] --------------------------------------------------
@@ -399,20 +382,15 @@ void col2im(T* col, int64_t C, const Conv2dParams& p, T* dx, int64_t ld) {
 // each image's [O, P·Q] block is apart; with k = 1 (big planes) rows is the image's own block
 // and nothing is copied. Each output element is still one dot product over the same K with the
 // same blocking, so the bits do not depend on k (nor on the workspace or the threads).
-constexpr int64_t kGroupColumns = 256;
+// (kGroupColumns and images_per_group: conv_tasks.h.)
 
 // Images per workspace chunk: col_images for Im2col (the caller must give a workspace of at
 // least one image's columns), the whole batch for Pointwise, which needs no workspace.
 template <typename T>
 int64_t images_per_chunk(const Conv2dParams& p, ConvAlgo algo, const T* col, int64_t col_images, const char* op) {
     KILN_CHECK(algo != ConvAlgo::Im2col || (col && col_images >= 1), op, ": needs a workspace of ",
-               conv2d_col_elems_per_image(p), " elements per image");
+               im2col_elems_per_image(p), " elements per image");
     return algo == ConvAlgo::Im2col ? col_images : p.N;
-}
-
-int64_t images_per_group(const Conv2dParams& p, int64_t chunk) {
-    const int64_t PQ = p.P() * p.Q();
-    return std::clamp<int64_t>((kGroupColumns + PQ - 1) / PQ, 1, chunk);
 }
 
 // The weights of each conv group, packed once for every group GEMM of the call (gemm.h): as
@@ -443,13 +421,15 @@ void gather_rows(const T* dy, const Conv2dParams& p, int64_t n, int64_t k, T* ro
 template <typename T>
 void conv2d_forward(const T* x, const T* w, const T* b, T* y, const Conv2dParams& p, T* col, int64_t col_images) {
     check_conv2d_params(p, "conv2d_forward");
-    const ConvAlgo algo = conv2d_algo(p);
+    const ConvAlgo algo = conv2d_algo(p, dtype_of<T>::value);
     if (algo == ConvAlgo::Depthwise) return depthwise_forward(x, w, b, y, p);
+    if constexpr (std::is_same_v<T, float>)
+        if (algo == ConvAlgo::Winograd) return winograd_forward(x, w, b, y, p, col, col_images);
     const int64_t G = p.groups, Og = p.Og(), PQ = p.P() * p.Q(), Kc = p.Cg() * p.KH * p.KW;
-    const int64_t CHW = p.C * p.H * p.W, per_image = conv2d_col_elems_per_image(p), CK = p.C * p.KH * p.KW;
+    const int64_t CHW = p.C * p.H * p.W, per_image = im2col_elems_per_image(p), CK = p.C * p.KH * p.KW;
     const int64_t chunk = images_per_chunk(p, algo, col, col_images, "conv2d_forward");
     // Pointwise: x_n is [C, H·W], its own column matrix: one image per GEMM, no copies
-    const int64_t k_max = algo == ConvAlgo::Im2col ? images_per_group(p, chunk) : 1;
+    const int64_t k_max = algo == ConvAlgo::Im2col ? images_per_group(p.P() * p.Q(), chunk) : 1;
     const auto packed = pack_weights(w, p, false);
 
     auto group = [&](int64_t n, int64_t k, int64_t slot) {
@@ -481,12 +461,14 @@ void conv2d_forward(const T* x, const T* w, const T* b, T* y, const Conv2dParams
 template <typename T>
 void conv2d_backward_data(const T* dy, const T* w, T* dx, const Conv2dParams& p, T* col, int64_t col_images) {
     check_conv2d_params(p, "conv2d_backward_data");
-    const ConvAlgo algo = conv2d_algo(p);
+    const ConvAlgo algo = conv2d_algo(p, dtype_of<T>::value);
     if (algo == ConvAlgo::Depthwise) return depthwise_backward_data(dy, w, dx, p);
+    if constexpr (std::is_same_v<T, float>)
+        if (algo == ConvAlgo::Winograd) return winograd_backward_data(dy, w, dx, p, col, col_images);
     const int64_t G = p.groups, Og = p.Og(), PQ = p.P() * p.Q(), Kc = p.Cg() * p.KH * p.KW;
-    const int64_t CHW = p.C * p.H * p.W, per_image = conv2d_col_elems_per_image(p), CK = p.C * p.KH * p.KW;
+    const int64_t CHW = p.C * p.H * p.W, per_image = im2col_elems_per_image(p), CK = p.C * p.KH * p.KW;
     const int64_t chunk = images_per_chunk(p, algo, col, col_images, "conv2d_backward_data");
-    const int64_t k_max = algo == ConvAlgo::Im2col ? images_per_group(p, chunk) : 1;
+    const int64_t k_max = algo == ConvAlgo::Im2col ? images_per_group(p.P() * p.Q(), chunk) : 1;
     const auto packed = pack_weights(w, p, true);
 
     auto group = [&](int64_t n, int64_t k, int64_t slot) {
@@ -535,7 +517,7 @@ void backward_weight_side_by_side(const T* x, const T* dy, T* dw, const Conv2dPa
 // image per task.
 template <typename T>
 void build_columns(const T* x, const Conv2dParams& p, int64_t n0, int64_t count, double flops_per_chunk, T* col) {
-    const int64_t CHW = p.C * p.H * p.W, col_size = conv2d_col_elems_per_image(p);
+    const int64_t CHW = p.C * p.H * p.W, col_size = im2col_elems_per_image(p);
     parallel_for(count, flop_grain(count, flops_per_chunk), [&](int64_t i0, int64_t i1) {
         for (int64_t i = i0; i < i1; i++) im2col(x + (n0 + i) * CHW, p.C, p, col + i * col_size);
     });
@@ -548,7 +530,7 @@ template <typename T>
 void add_image_to_dw(const T* x, const T* dy, const T* col, int64_t n, int64_t n0, ConvAlgo algo,
                      const Conv2dParams& p, int64_t j0, int64_t j1, T* target) {
     const int64_t Og = p.Og(), PQ = p.P() * p.Q(), Kc = p.Cg() * p.KH * p.KW;
-    const T* cols = algo == ConvAlgo::Im2col ? col + (n - n0) * conv2d_col_elems_per_image(p) : x + n * p.C * p.H * p.W;
+    const T* cols = algo == ConvAlgo::Im2col ? col + (n - n0) * im2col_elems_per_image(p) : x + n * p.C * p.H * p.W;
     const T* dyn = dy + n * p.O * PQ;
     for (int64_t g = 0; g < p.groups; g++)
         gemm(false, true, Og, j1 - j0, PQ, 1.0f, dyn + g * Og * PQ, PQ, cols + (g * Kc + j0) * PQ, PQ, 1.0f,
@@ -617,8 +599,10 @@ void conv2d_backward_weight(const T* x, const T* dy, T* dw, T* db, const Conv2dP
             }
         });
     }
-    const ConvAlgo algo = conv2d_algo(p);
+    const ConvAlgo algo = conv2d_algo(p, dtype_of<T>::value);
     if (algo == ConvAlgo::Depthwise) return depthwise_backward_weight(x, dy, dw, p);
+    if constexpr (std::is_same_v<T, float>)
+        if (algo == ConvAlgo::Winograd) return winograd_backward_weight(x, dy, dw, p, col, col_images);
     const int64_t Kc = p.Cg() * p.KH * p.KW;
     const int64_t chunk = images_per_chunk(p, algo, col, col_images, "conv2d_backward_weight");
     if constexpr (std::is_same_v<T, float>) {

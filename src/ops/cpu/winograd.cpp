@@ -1,0 +1,433 @@
+// winograd.cpp — 3×3 convolution with fewer multiplications: Winograd's F(2×2, 3×3), as Lavin
+// and Gray use it for CNNs ("Fast Algorithms for Convolutional Neural Networks", 2015).
+//
+// ---- The idea, in one dimension --------------------------------------------------------------
+// Two outputs of a 3-tap filter g over four inputs d0..d3,
+//   y0 = d0·g0 + d1·g1 + d2·g2        y1 = d1·g0 + d2·g1 + d3·g2
+// cost 6 multiplications. Winograd's F(2, 3) does it with 4:
+//   m0 = (d0 − d2)·g0                 m1 = (d1 + d2)·(g0 + g1 + g2)/2
+//   m3 = (d1 − d3)·g2                 m2 = (d2 − d1)·(g0 − g1 + g2)/2
+//   y0 = m0 + m1 + m2                 y1 = m1 − m2 − m3
+// In matrices: y = Aᵀ [(G g) ⊙ (Bᵀ d)], with
+//   Bᵀ = | 1  0 −1  0 |     G = | 1    0    0  |     Aᵀ = | 1  1  1  0 |
+//        | 0  1  1  0 |         | ½    ½    ½  |          | 0  1 −1 −1 |
+//        | 0 −1  1  0 |         | ½   −½    ½  |
+//        | 0  1  0 −1 |         | 0    0    1  |
+// Nested, for a 2×2 tile of outputs from a 4×4 tile d of the input: Y = Aᵀ [U ⊙ V] A with
+//   U = G g Gᵀ (the filter, 4×4)      V = Bᵀ d B (the input tile, 4×4)
+// 16 multiplications where the direct formula takes 36: 2.25× fewer.
+//
+// ---- Many channels: 16 matrix products -------------------------------------------------------
+// A layer sums over its C input channels, and the sum can move inside the transform:
+//   Y[o, tile] = Aᵀ [ Σ_c U[o, c] ⊙ V[c, tile] ] A
+// For each of the 16 positions ξ = 4i + j of the 4×4 tiles, Σ_c U[ξ][o, c] · V[ξ][c, tile] is a
+// matrix product, so the layer becomes
+//   V[ξ] [C, tiles] = input transform of every tile      (Bᵀ d B: additions only)
+//   M[ξ] [O, tiles] = U[ξ] [O, C] · V[ξ] [C, tiles]      16 GEMMs (gemm.h), K = C
+//   y tile          = Aᵀ M[·][o, tile] A                  (output transform: additions)
+// The GEMMs do 16·O·C multiply-adds per tile of 4 outputs, im2col's one does 9·O·C per output:
+// 36/16 = 2.25× fewer. The tiles cover ⌈H/2⌉·⌈W/2⌉·4 positions, more than H·W when H or W is
+// odd (a 7×7 plane takes 16 tiles, 64 positions for 49: the gain falls to 1.7×), and the
+// transforms read and write every tile, so tiny planes and few channels gain nothing
+// (winograd.h's bounds).
+//
+// ---- The backward pass -------------------------------------------------------------------------
+//   dx  a 3×3 convolution of dy with padding 1 and the filter flipped and transposed
+//       (w'[c, o] = w[o, c] turned 180°): the same pass. Its transform needs no new work:
+//       G·J = S·G (J reverses a filter row, S swaps G's rows 0 and 3), so
+//         U'[ξ = 4i + j][c, o] = U[4·s(i) + s(j)][o, c]      s swaps 0 and 3
+//   dw  the gradient of the computation above: with dM = A dY Aᵀ (4×4 per tile, dY the 2×2
+//       tile of dy, zero past the plane's edge),
+//         dU[ξ] [O, C] = Σ_tiles dM[ξ] [O, tiles] · V[ξ] [C, tiles]ᵀ    16 GEMMs, K = tiles
+//         dw[o, c] += Gᵀ dU[o, c] G
+// In exact arithmetic both equal the direct formulas; in f32 the transforms add a few roundings
+// (tests/test_conv.cpp bounds the difference from the direct convolution).
+//
+// ---- Memory ------------------------------------------------------------------------------------
+// One image's V and M: 16·⌈H/2⌉⌈W/2⌉·(C + O) floats, ≈ 4·H·W·(C + O): less than im2col's
+// 9·H·W·C + H·W·O once C ≥ O/5 (plus one cache line a plane, "Operands" below). U is 16·O·C
+// floats, 1.8× the weights, on the heap for the call.
+//
+// ---- Threads and bits --------------------------------------------------------------------------
+// forward and dx: groups of images (k·tiles ≥ 256 GEMM columns, conv_tasks.h), one group per
+// task; each output is one GEMM dot product over K = C plus a fixed transform, so its bits do
+// not depend on the group, the workspace or the threads. dw: the groups' transforms in parallel,
+// then one task per ξ adds the groups' products into dU[ξ], group after group in image order.
+// The groups are fixed by the batch (winograd_chunk_images keeps workspace chunks whole numbers
+// of groups), so dw's bits depend on neither the threads nor the workspace.
+#include "ops/cpu/winograd.h"
+
+#include <algorithm>
+#include <atomic>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <vector>
+
+#include "core/error.h"
+#include "ops/cpu/conv_tasks.h"
+#include "ops/cpu/gemm.h"
+
+namespace kiln::cpu {
+
+namespace {
+
+constexpr int64_t kXi = 16;  // transformed values per tile, ξ = 4i + j (row i, column j)
+
+// The tiles of one plane: TH rows of TW, 2×2 outputs each.
+struct TileGrid {
+    int64_t H, W, TH, TW;
+    int64_t tiles() const { return TH * TW; }
+};
+TileGrid tile_grid(const Conv2dParams& p) { return {p.H, p.W, (p.H + 1) / 2, (p.W + 1) / 2}; }
+
+// dst[0 .. n) = src[0 .. n): rows of a plane, 3 to 32 floats, where an inline vector copy beats
+// a call to memcpy.
+inline void copy_row(float* dst, const float* src, int64_t n) {
+#pragma omp simd
+    for (int64_t i = 0; i < n; i++) dst[i] = src[i];
+}
+
+// plane [2·TH, 2·TW] = dy's plane [H, W] with zeros past its edges (a row and a column when H or
+// W is odd): each tile's 2×2 block of dy, whole.
+void grad_plane(const float* dy, const TileGrid& g, float* plane) {
+    const int64_t Wo = 2 * g.TW;
+    for (int64_t h = 0; h < g.H; h++) {
+        copy_row(plane + h * Wo, dy + h * g.W, g.W);
+        std::fill(plane + h * Wo + g.W, plane + (h + 1) * Wo, 0.0f);
+    }
+    std::fill(plane + g.H * Wo, plane + 2 * g.TH * Wo, 0.0f);
+}
+
+// U[ξ·OC + o·C + c] = (G g Gᵀ)[ξ] for each filter g = w[o, c] (3×3).
+std::vector<float> weight_transform(const float* w, int64_t O, int64_t C) {
+    const int64_t OC = O * C;
+    std::vector<float> U(size_t(kXi * OC));
+    for (int64_t oc = 0; oc < OC; oc++) {
+        const float* g = w + oc * 9;
+        float t[4][3];  // G g
+        for (int b = 0; b < 3; b++) {
+            t[0][b] = g[b];
+            t[1][b] = 0.5f * (g[b] + g[3 + b] + g[6 + b]);
+            t[2][b] = 0.5f * (g[b] - g[3 + b] + g[6 + b]);
+            t[3][b] = g[6 + b];
+        }
+        for (int i = 0; i < 4; i++) {  // (G g) Gᵀ
+            U[size_t((4 * i + 0) * OC + oc)] = t[i][0];
+            U[size_t((4 * i + 1) * OC + oc)] = 0.5f * (t[i][0] + t[i][1] + t[i][2]);
+            U[size_t((4 * i + 2) * OC + oc)] = 0.5f * (t[i][0] - t[i][1] + t[i][2]);
+            U[size_t((4 * i + 3) * OC + oc)] = t[i][2];
+        }
+    }
+    return U;
+}
+
+// dw[o, c] += Gᵀ dU[·][o, c] G for every filter (dU laid out as U).
+void weight_grad_transform(const float* dU, int64_t O, int64_t C, float* dw) {
+    const int64_t OC = O * C;
+    for (int64_t oc = 0; oc < OC; oc++) {
+        float r[3][4];  // Gᵀ dU
+        for (int j = 0; j < 4; j++) {
+            const float d0 = dU[(0 + j) * OC + oc], d1 = dU[(4 + j) * OC + oc];
+            const float d2 = dU[(8 + j) * OC + oc], d3 = dU[(12 + j) * OC + oc];
+            r[0][j] = d0 + 0.5f * (d1 + d2);
+            r[1][j] = 0.5f * (d1 - d2);
+            r[2][j] = 0.5f * (d1 + d2) + d3;
+        }
+        float* g = dw + oc * 9;
+        for (int a = 0; a < 3; a++) {  // (Gᵀ dU) G
+            g[a * 3 + 0] += r[a][0] + 0.5f * (r[a][1] + r[a][2]);
+            g[a * 3 + 1] += 0.5f * (r[a][1] - r[a][2]);
+            g[a * 3 + 2] += 0.5f * (r[a][1] + r[a][2]) + r[a][3];
+        }
+    }
+}
+
+// The 1-D transforms, on four (or two) values: each 2-D one applies them down the columns, then
+// along the rows. Scalars in and out (no arrays, no structs), so that g++ vectorizes the loops
+// over tiles around them.
+inline void bt(float d0, float d1, float d2, float d3, float& v0, float& v1, float& v2, float& v3) {  // Bᵀ d
+    v0 = d0 - d2;
+    v1 = d1 + d2;
+    v2 = d2 - d1;
+    v3 = d1 - d3;
+}
+inline void at(float m0, float m1, float m2, float m3, float& y0, float& y1) {  // Aᵀ m
+    y0 = m0 + m1 + m2;
+    y1 = m1 - m2 - m3;
+}
+inline void a(float g0, float g1, float& v0, float& v1, float& v2, float& v3) {  // A g
+    v0 = g0;
+    v1 = g0 + g1;
+    v2 = g0 - g1;
+    v3 = -g1;
+}
+
+// One row of the padded input plane, its even and odd columns apart: even[j] is padded column
+// 2j (input column 2j − 1), odd[j] is padded column 2j + 1 (input column 2j); TW + 1 of each,
+// zeros past the input's edges. A tile's four columns 2·tx .. 2·tx + 3 are then even[tx],
+// odd[tx], even[tx + 1], odd[tx + 1]: unit-stride loads in the loop over tx, which vectorizes.
+void split_row(const float* x, int64_t W, int64_t TW, float* even, float* odd) {
+    std::fill(even, even + TW + 1, 0.0f);
+    std::fill(odd, odd + TW + 1, 0.0f);
+    for (int64_t w = 0; w < W; w += 2) odd[w / 2] = x[w];
+    for (int64_t w = 1; w < W; w += 2) even[(w + 1) / 2] = x[w];
+}
+
+// split[r] = split_row of padded row r (input row r − 1, zeros above and below the input) for
+// r = 0 .. 2·TH + 1: rows of 2·(TW + 1) floats, the even columns then the odd ones.
+void split_plane(const float* x, const TileGrid& g, float* split) {
+    const int64_t rw = 2 * (g.TW + 1);
+    std::fill(split, split + rw, 0.0f);  // the padding row above
+    for (int64_t h = 0; h < g.H; h++) {
+        float* row = split + (h + 1) * rw;
+        split_row(x + h * g.W, g.W, g.TW, row, row + g.TW + 1);
+    }
+    std::fill(split + (g.H + 1) * rw, split + (2 * g.TH + 2) * rw, 0.0f);  // and below
+}
+
+// v[ξ·vs + t] = (Bᵀ d_t B)[ξ] for every tile t = ty·TW + tx of one plane, d_t the 4×4 window of
+// input rows 2·ty − 1 .. 2·ty + 2 and columns 2·tx − 1 .. 2·tx + 2 (split_plane's rows 2·ty ..).
+void input_transform(const float* split, const TileGrid& g, float* v, int64_t vs) {
+    const int64_t rw = 2 * (g.TW + 1);
+    for (int64_t ty = 0; ty < g.TH; ty++) {
+        const float* e0 = split + 2 * ty * rw;
+        const float *e1 = e0 + rw, *e2 = e1 + rw, *e3 = e2 + rw;
+        const float *o0 = e0 + g.TW + 1, *o1 = e1 + g.TW + 1, *o2 = e2 + g.TW + 1, *o3 = e3 + g.TW + 1;
+        float* out = v + ty * g.TW;
+#pragma omp simd
+        for (int64_t tx = 0; tx < g.TW; tx++) {
+            // Bᵀ d: the four rows combined, in each column j (c_ij: row i, column j)
+            float c00, c10, c20, c30, c01, c11, c21, c31, c02, c12, c22, c32, c03, c13, c23, c33;
+            bt(e0[tx], e1[tx], e2[tx], e3[tx], c00, c10, c20, c30);
+            bt(o0[tx], o1[tx], o2[tx], o3[tx], c01, c11, c21, c31);
+            bt(e0[tx + 1], e1[tx + 1], e2[tx + 1], e3[tx + 1], c02, c12, c22, c32);
+            bt(o0[tx + 1], o1[tx + 1], o2[tx + 1], o3[tx + 1], c03, c13, c23, c33);
+            // (Bᵀ d) B: the four columns combined, in each row i: v[4i .. 4i + 3]
+            float* t = out + tx;
+            bt(c00, c01, c02, c03, t[0 * vs], t[1 * vs], t[2 * vs], t[3 * vs]);
+            bt(c10, c11, c12, c13, t[4 * vs], t[5 * vs], t[6 * vs], t[7 * vs]);
+            bt(c20, c21, c22, c23, t[8 * vs], t[9 * vs], t[10 * vs], t[11 * vs]);
+            bt(c30, c31, c32, c33, t[12 * vs], t[13 * vs], t[14 * vs], t[15 * vs]);
+        }
+    }
+}
+
+// plane[(2·ty + a)·2TW + 2·tx + b] = bias + (Aᵀ m_t A)[a][b]: each tile's 2×2 outputs, from its 16
+// values m_t[ξ] = m[ξ·ms + t]. The plane is 2·TH × 2·TW (a row or column past an odd plane's edge).
+void output_transform(const float* m, int64_t ms, const TileGrid& g, float bias, float* plane) {
+    const int64_t Wo = 2 * g.TW;
+    for (int64_t ty = 0; ty < g.TH; ty++) {
+        const float* mt = m + ty * g.TW;
+        float* y0 = plane + 2 * ty * Wo;
+        float* y1 = y0 + Wo;
+#pragma omp simd
+        for (int64_t tx = 0; tx < g.TW; tx++) {
+            float a00, a01, a02, a03, a10, a11, a12, a13;  // Aᵀ m: the four rows combined, in each column
+            at(mt[0 * ms + tx], mt[4 * ms + tx], mt[8 * ms + tx], mt[12 * ms + tx], a00, a10);
+            at(mt[1 * ms + tx], mt[5 * ms + tx], mt[9 * ms + tx], mt[13 * ms + tx], a01, a11);
+            at(mt[2 * ms + tx], mt[6 * ms + tx], mt[10 * ms + tx], mt[14 * ms + tx], a02, a12);
+            at(mt[3 * ms + tx], mt[7 * ms + tx], mt[11 * ms + tx], mt[15 * ms + tx], a03, a13);
+            float y00, y01, y10, y11;  // (Aᵀ m) A
+            at(a00, a01, a02, a03, y00, y01);
+            at(a10, a11, a12, a13, y10, y11);
+            y0[2 * tx] = bias + y00;
+            y0[2 * tx + 1] = bias + y01;
+            y1[2 * tx] = bias + y10;
+            y1[2 * tx + 1] = bias + y11;
+        }
+    }
+}
+
+// dm[ξ·ms + t] = (A dY_t Aᵀ)[ξ] for every tile, dY_t the 2×2 block at (2·ty, 2·tx) of `plane`
+// (dy padded with zeros to 2·TH × 2·TW): the gradient of output_transform.
+void grad_output_transform(const float* plane, const TileGrid& g, float* dm, int64_t ms) {
+    const int64_t Wo = 2 * g.TW;
+    for (int64_t ty = 0; ty < g.TH; ty++) {
+        const float* g0 = plane + 2 * ty * Wo;
+        const float* g1 = g0 + Wo;
+        float* out = dm + ty * g.TW;
+#pragma omp simd
+        for (int64_t tx = 0; tx < g.TW; tx++) {
+            float c00, c10, c20, c30, c01, c11, c21, c31;  // A dY (c_ij: row i, column j)
+            a(g0[2 * tx], g1[2 * tx], c00, c10, c20, c30);
+            a(g0[2 * tx + 1], g1[2 * tx + 1], c01, c11, c21, c31);
+            float* t = out + tx;  // (A dY) Aᵀ, row by row: dm[4i .. 4i + 3]
+            a(c00, c01, t[0 * ms], t[1 * ms], t[2 * ms], t[3 * ms]);
+            a(c10, c11, t[4 * ms], t[5 * ms], t[6 * ms], t[7 * ms]);
+            a(c20, c21, t[8 * ms], t[9 * ms], t[10 * ms], t[11 * ms]);
+            a(c30, c31, t[12 * ms], t[13 * ms], t[14 * ms], t[15 * ms]);
+        }
+    }
+}
+
+// A group's GEMM operands in the workspace, for k images of T tiles (L = k·T columns):
+//   in   [16][Cin][L]    the input tiles V (of x, or of dy for dx)
+//   out  [16][Cout][L]   the output tiles M (or, for dw, dy's tiles dM)
+// Each ξ-plane is kSkew floats longer than its rows: planes a multiple of 4 KiB apart share one
+// set of the L1 cache, and the transforms read or write all 16 of them at once (with planes of
+// C·L floats that took 3 times the GEMMs' time; one cache line of skew puts each in its own set).
+constexpr int64_t kSkew = 16;
+struct Operands {
+    float *in, *out;
+    int64_t L, in_plane, out_plane;  // columns, and the floats from one ξ-plane to the next
+};
+Operands operands(float* ws, int64_t Cin, int64_t Cout, int64_t L) {
+    const int64_t in_plane = Cin * L + kSkew, out_plane = Cout * L + kSkew;
+    return {ws, ws + kXi * in_plane, L, in_plane, out_plane};
+}
+
+// The GEMM groups: ⌈256 / tiles⌉ images (conv_tasks.h), at most the batch.
+int64_t group_images(const Conv2dParams& p) {
+    return images_per_group(tile_grid(p).tiles(), std::max<int64_t>(p.N, 1));
+}
+
+// The chunk a pass works in, from the caller's workspace: winograd_chunk_images, never more
+// than the workspace holds.
+int64_t chunk_images(const Conv2dParams& p, const float* ws, int64_t ws_images, const char* op) {
+    KILN_CHECK(ws && ws_images >= 1, op, ": needs a workspace of ", winograd_elems_per_image(p),
+               " floats per image");
+    return std::min(ws_images, winograd_chunk_images(p, ws_images));
+}
+
+// The transformed input tiles of the k images at `in` (Cin channels each), side by side:
+//   V[ξ][c][i·T + t]    (T tiles an image; rows of L = k·T columns, ξ-planes `plane` floats apart)
+void transform_inputs(const float* in, int64_t Cin, int64_t k, const TileGrid& g, float* V, int64_t L, int64_t plane) {
+    std::vector<float> split(size_t((2 * g.TH + 2) * 2 * (g.TW + 1)));
+    for (int64_t i = 0; i < k; i++)
+        for (int64_t c = 0; c < Cin; c++) {
+            split_plane(in + (i * Cin + c) * g.H * g.W, g, split.data());
+            input_transform(split.data(), g, V + c * L + i * g.tiles(), plane);
+        }
+}
+
+// One conv pass of all images: out_n = (Cin → Cout) convolution of in_n by the transformed
+// filters `U` (one packed A [Cout, Cin] per ξ), plus b (or nothing when b is null).
+void winograd_pass(const float* in, int64_t Cin, const std::vector<std::unique_ptr<PackedA>>& U, const float* b,
+                   float* out, int64_t Cout, const Conv2dParams& p, float* ws, int64_t chunk) {
+    const TileGrid g = tile_grid(p);
+    const int64_t HW = p.H * p.W, per_image = winograd_elems_per_image(p);
+    auto group = [&](int64_t n, int64_t k, int64_t slot) {
+        const Operands op = operands(ws + slot * per_image, Cin, Cout, k * g.tiles());
+        transform_inputs(in + n * Cin * HW, Cin, k, g, op.in, op.L, op.in_plane);
+        for (int64_t xi = 0; xi < kXi; xi++)  // M[ξ] = U[ξ] · V[ξ]
+            gemm(*U[size_t(xi)], false, op.L, 1.0f, op.in + xi * op.in_plane, op.L, 0.0f, op.out + xi * op.out_plane,
+                 op.L);
+        std::vector<float> plane(size_t(4 * g.tiles()));
+        for (int64_t i = 0; i < k; i++)
+            for (int64_t o = 0; o < Cout; o++) {
+                output_transform(op.out + o * op.L + i * g.tiles(), op.out_plane, g, b ? b[o] : 0.0f, plane.data());
+                float* y = out + ((n + i) * Cout + o) * HW;
+                for (int64_t h = 0; h < p.H; h++) copy_row(y + h * p.W, plane.data() + h * 2 * g.TW, p.W);
+            }
+    };
+    const int64_t k_max = std::min(group_images(p), chunk);
+    for (int64_t n0 = 0; n0 < p.N; n0 += chunk)
+        for_images(n0, std::min(chunk, p.N - n0), k_max, flops_per_image(p), group);
+}
+
+}  // namespace
+
+bool winograd_computes(const Conv2dParams& p) {
+    return p.KH == 3 && p.KW == 3 && p.stride == 1 && p.padding == 1 && p.dilation == 1 && p.groups == 1;
+}
+
+bool winograd_applies(const Conv2dParams& p) {
+    return winograd_computes(p) && p.C >= kWinogradMinChannels && p.O >= kWinogradMinChannels &&
+           p.H >= kWinogradMinPlane && p.W >= kWinogradMinPlane && p.C * p.O * p.H * p.W >= kWinogradMinWork;
+}
+
+namespace {
+std::atomic<WinogradChoice>& choice() {
+    static std::atomic<WinogradChoice> value{[] {
+        const char* env = std::getenv("KILN_CONV");
+        if (!env || !*env || std::strcmp(env, "auto") == 0) return WinogradChoice::Auto;
+        if (std::strcmp(env, "im2col") == 0) return WinogradChoice::Never;
+        KILN_CHECK(std::strcmp(env, "winograd") == 0, "KILN_CONV=", env,
+                   ": expected auto (Winograd where it is faster), im2col or winograd (wherever it can)");
+        return WinogradChoice::Always;
+    }()};
+    return value;
+}
+}  // namespace
+
+void set_winograd_choice(WinogradChoice c) { choice() = c; }
+
+bool winograd_chosen(const Conv2dParams& p) {
+    switch (choice().load()) {
+        case WinogradChoice::Never: return false;
+        case WinogradChoice::Always: return winograd_computes(p);
+        default: return winograd_applies(p);
+    }
+}
+
+int64_t winograd_elems_per_image(const Conv2dParams& p) {
+    return kXi * (tile_grid(p).tiles() * (p.C + p.O) + 2 * kSkew);  // a group's skew fits in its first image's share
+}
+
+int64_t winograd_chunk_images(const Conv2dParams& p, int64_t fit) {
+    if (fit >= p.N) return p.N;
+    const int64_t g = group_images(p);
+    return std::max(g, fit / g * g);
+}
+
+void winograd_forward(const float* x, const float* w, const float* b, float* y, const Conv2dParams& p, float* ws,
+                      int64_t ws_images) {
+    const int64_t chunk = chunk_images(p, ws, ws_images, "winograd_forward");
+    const std::vector<float> U = weight_transform(w, p.O, p.C);
+    std::vector<std::unique_ptr<PackedA>> packed;  // A = U[ξ] [O, C]
+    for (int64_t xi = 0; xi < kXi; xi++)
+        packed.push_back(std::make_unique<PackedA>(false, p.O, p.C, U.data() + xi * p.O * p.C, p.C));
+    winograd_pass(x, p.C, packed, b, y, p.O, p, ws, chunk);
+}
+
+void winograd_backward_data(const float* dy, const float* w, float* dx, const Conv2dParams& p, float* ws,
+                            int64_t ws_images) {
+    const int64_t chunk = chunk_images(p, ws, ws_images, "winograd_backward_data");
+    const std::vector<float> U = weight_transform(w, p.O, p.C);
+    // The flipped, transposed filter's U'[4i + j] = U[4·s(i) + s(j)]ᵀ (the header): A = U'[ξ] [C, O]
+    const int s[4] = {3, 1, 2, 0};
+    std::vector<std::unique_ptr<PackedA>> packed;
+    for (int64_t xi = 0; xi < kXi; xi++) {
+        const int64_t from = 4 * s[xi / 4] + s[xi % 4];
+        packed.push_back(std::make_unique<PackedA>(true, p.C, p.O, U.data() + from * p.O * p.C, p.C));
+    }
+    winograd_pass(dy, p.O, packed, nullptr, dx, p.C, p, ws, chunk);
+}
+
+void winograd_backward_weight(const float* x, const float* dy, float* dw, const Conv2dParams& p, float* ws,
+                              int64_t ws_images) {
+    const int64_t chunk = chunk_images(p, ws, ws_images, "winograd_backward_weight");
+    const TileGrid g = tile_grid(p);
+    const int64_t HW = p.H * p.W, per_image = winograd_elems_per_image(p), OC = p.O * p.C;
+    const int64_t k_max = std::min(group_images(p), chunk);
+    std::vector<float> dU(size_t(kXi * OC), 0.0f);  // Σ over the batch, f32, [16][O][C]
+    // A group's operands: x's tiles V [16][C][L] and dy's dM [16][O][L]
+    auto group_operands = [&](int64_t slot, int64_t k) {
+        return operands(ws + slot * per_image, p.C, p.O, k * g.tiles());
+    };
+    for (int64_t n0 = 0; n0 < p.N; n0 += chunk) {
+        const int64_t count = std::min(chunk, p.N - n0);
+        for_images(n0, count, k_max, flops_per_image(p), [&](int64_t n, int64_t k, int64_t slot) {
+            const Operands op = group_operands(slot, k);
+            transform_inputs(x + n * p.C * HW, p.C, k, g, op.in, op.L, op.in_plane);
+            std::vector<float> plane(size_t(4 * g.tiles()));
+            for (int64_t i = 0; i < k; i++)
+                for (int64_t o = 0; o < p.O; o++) {
+                    grad_plane(dy + ((n + i) * p.O + o) * HW, g, plane.data());
+                    grad_output_transform(plane.data(), g, op.out + o * op.L + i * g.tiles(), op.out_plane);
+                }
+        });
+        // dU[ξ] += dM[ξ] · V[ξ]ᵀ, group after group (one task per ξ)
+        parallel_chunks(kXi, [&](int64_t xi) {
+            for (int64_t slot = 0; slot < count; slot += k_max) {
+                const Operands op = group_operands(slot, std::min(k_max, count - slot));
+                gemm(false, true, p.O, p.C, op.L, 1.0f, op.out + xi * op.out_plane, op.L, op.in + xi * op.in_plane, op.L,
+                     1.0f, dU.data() + xi * OC, p.C);
+            }
+        }, double(count) * flops_per_image(p) >= kParallelMinFlops);
+    }
+    weight_grad_transform(dU.data(), p.O, p.C, dw);
+}
+
+}  // namespace kiln::cpu

@@ -1,0 +1,55 @@
+// winograd.h — 3×3 convolution by Winograd's minimal filtering F(2×2, 3×3) on the CPU: version v4
+// of ops/cpu/conv.cpp, which picks it (ConvAlgo::Winograd) for the shapes winograd_applies
+// accepts. winograd.cpp explains the method; conv.cpp's three passes call the three below.
+#pragma once
+#include <cstdint>
+
+#include "ops/params.h"
+
+namespace kiln::cpu {
+
+// The shapes it can compute: a 3×3 kernel, stride 1, padding 1, dilation 1, one group (so
+// P = H, Q = W). f32 only: conv.cpp asks only for f32 (f16 and bf16 keep im2col).
+bool winograd_computes(const Conv2dParams& p);
+
+// And those where it is faster than im2col, where conv2d_algo chooses it: its transforms cost
+// in proportion to C + O per tile, the GEMM multiply-adds it saves in proportion to C·O, so it
+// needs many channels and a plane of more than a few tiles. Measured on a Zen 4, 2 threads,
+// batch 256, forward + backward: 1.4× at 64→64 on 15×15, 1.2–1.3× at 64→256 on 15×15 and
+// 256→256 on 7×7, 1.1× at 128→128 on 7×7; slower than im2col at 64→64 and 64→128 on 7×7 and
+// with 32 or fewer channels (dw most of all). bench/bench_conv.cpp measures both ways.
+constexpr int64_t kWinogradMinChannels = 64;            // C and O
+constexpr int64_t kWinogradMinPlane = 4;                // H and W
+constexpr int64_t kWinogradMinWork = int64_t(1) << 19;  // C·O·H·W
+bool winograd_applies(const Conv2dParams& p);
+
+// Whether conv2d_algo takes Winograd: Auto where winograd_applies (the default), Never, or
+// Always where winograd_computes. From the environment, KILN_CONV=auto, im2col or winograd (to
+// compare the two, or to rule Winograd out while hunting a difference); set_winograd_choice
+// changes it while the program runs (the tests, bench/bench_conv.cpp).
+enum class WinogradChoice { Auto, Never, Always };
+void set_winograd_choice(WinogradChoice choice);
+bool winograd_chosen(const Conv2dParams& p);
+
+// Workspace elements per image: its 16 transformed planes of input tiles and of output tiles,
+//   16 · ⌈H/2⌉ · ⌈W/2⌉ · (C + O)
+int64_t winograd_elems_per_image(const Conv2dParams& p);
+
+// Images per workspace chunk when `fit` images fit in the byte limit (fit ≥ 1): the batch if it
+// fits, else a whole number of the GEMM groups of images (at least one group, even when that is
+// more than fit), so that dw's sum is cut into the same groups whatever the workspace.
+int64_t winograd_chunk_images(const Conv2dParams& p, int64_t fit);
+
+// The three passes, with conv2d_forward's contract (cnn_ops.h): ws holds ws_images ≥ 1 images
+// of winograd_elems_per_image(p) floats.
+//   forward          y  = conv(x, w) + b        (b may be null)
+//   backward_data    dx = conv_transpose(dy, w)
+//   backward_weight  dw += Σ_n dy_n ⋆ x_n       (db: conv.cpp)
+void winograd_forward(const float* x, const float* w, const float* b, float* y, const Conv2dParams& p, float* ws,
+                      int64_t ws_images);
+void winograd_backward_data(const float* dy, const float* w, float* dx, const Conv2dParams& p, float* ws,
+                            int64_t ws_images);
+void winograd_backward_weight(const float* x, const float* dy, float* dw, const Conv2dParams& p, float* ws,
+                              int64_t ws_images);
+
+}  // namespace kiln::cpu
