@@ -305,9 +305,11 @@ std::vector<uint8_t> run_qconv2d(const std::vector<uint8_t>& x, const std::vecto
 TEST_CASE("qconv2d equals the direct integer convolution, with padding, stride and dilation",
           "[lesson11][cpu][qgemm]") {
     // LeNet's two convolutions, the CIFAR net's 2×2 stem and a padded 3×3, stride 2,
-    // dilation 2, 1×1 (the image itself as B; with stride 2 through im2col), a 2×9 window;
-    // N = 5 > 2 threads (images spread), N = 1 (the product split).
+    // dilation 2, 1×1 (the image itself as B on a 16×16 plane; on 7×7 planes, and with stride 2,
+    // through im2col), a 2×9 window; N = 5 > 2 threads (images spread), N = 1 (the product split);
+    // small planes in groups of images side by side (LeNet's conv2 at N = 9: groups of 4, 4, 1).
     const Conv2dParams shapes[] = {conv(5, 1, 28, 28, 10, 5, 5, 1, 0, 1), conv(3, 10, 12, 12, 20, 5, 5, 1, 0, 1),
+                                   conv(9, 10, 12, 12, 20, 5, 5, 1, 0, 1),
                                    conv(2, 3, 32, 32, 24, 2, 2, 1, 0, 1),  conv(5, 24, 15, 15, 32, 3, 3, 1, 1, 1),
                                    conv(3, 6, 11, 13, 7, 3, 3, 2, 1, 1),   conv(3, 5, 14, 12, 9, 3, 3, 1, 2, 2),
                                    conv(4, 17, 7, 7, 33, 1, 1, 1, 0, 1),   conv(1, 32, 16, 16, 64, 3, 3, 1, 1, 1),

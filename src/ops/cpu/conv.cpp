@@ -104,9 +104,16 @@ namespace {
 
 // The range [lo, hi) of output positions q whose input position q·stride + off lies in [0, W).
 // Computed once per kernel offset, so the inner loops need no test and no division.
+// (Stride 1, the common case, without the two integer divisions: they cost more than copying
+// the 8-value rows of a small layer's im2col.)
 inline void valid_range(int64_t off, int64_t W, int64_t stride, int64_t Q, int64_t& lo, int64_t& hi) {
-    lo = off >= 0 ? 0 : (-off + stride - 1) / stride;
-    hi = (W - 1 - off) >= 0 ? std::min(Q, (W - 1 - off) / stride + 1) : 0;
+    if (stride == 1) {
+        lo = std::max<int64_t>(0, -off);
+        hi = std::max<int64_t>(0, std::min(Q, W - off));
+    } else {
+        lo = off >= 0 ? 0 : (-off + stride - 1) / stride;
+        hi = (W - 1 - off) >= 0 ? std::min(Q, (W - 1 - off) / stride + 1) : 0;
+    }
     lo = std::min(lo, hi);
 }
 
@@ -285,6 +292,34 @@ void fill_padding_columns(T* row, int64_t op_lo, int64_t op_hi, int64_t q_lo, in
         for (int64_t op = op_lo; op < op_hi; op++) row[op * Q + q] = pad;
 }
 
+// dst[0 .. n) = src[0 .. n) for one output row of im2col, 3 to 32 values: an inline copy beats a
+// call to memcpy. Floats: a loop g++ vectorizes. Bytes (the int8 convolution, chapter 11) and
+// 16-bit values: as memcpy does small sizes, two moves of 16, 8 or 4 bytes that overlap in the
+// middle (n = 12 bytes: bytes 0–7, then 4–11) — the vectorized loop's 64-byte vectors never
+// filled on the 8-byte rows of LeNet's conv2, which it then copied a byte at a time (two thirds
+// of that int8 layer's time went to im2col).
+template <int kBytes>
+inline void copy_overlapping(unsigned char* d, const unsigned char* s, int64_t bytes) {
+    for (int64_t i = 0; i + kBytes < bytes; i += kBytes) std::memcpy(d + i, s + i, kBytes);
+    std::memcpy(d + bytes - kBytes, s + bytes - kBytes, kBytes);
+}
+template <typename T>
+inline void copy_short_run(T* dst, const T* src, int64_t n) {
+    if constexpr (sizeof(T) >= 4) {
+#pragma omp simd
+        for (int64_t q = 0; q < n; q++) dst[q] = src[q];
+    } else {
+        const int64_t bytes = n * int64_t(sizeof(T));
+        auto* d = reinterpret_cast<unsigned char*>(dst);
+        const auto* s = reinterpret_cast<const unsigned char*>(src);
+        if (bytes >= 16) copy_overlapping<16>(d, s, bytes);
+        else if (bytes >= 8) copy_overlapping<8>(d, s, bytes);
+        else if (bytes >= 4) copy_overlapping<4>(d, s, bytes);
+        else
+            for (int64_t i = 0; i < bytes; i++) d[i] = s[i];
+    }
+}
+
 template <typename T>
 void im2col(const T* x, int64_t C, const Conv2dParams& p, T* col, int64_t ld, T pad) {
     const int64_t H = p.H, W = p.W, P = p.P(), Q = p.Q(), s = p.stride;
@@ -315,10 +350,9 @@ void im2col(const T* x, int64_t C, const Conv2dParams& p, T* col, int64_t ld, T 
                     }
                     const T* src = xc + ih * W + off_w;  // src[q·s] is x[c][ih][q·s + off_w]
                     for (int64_t q = 0; q < q_lo; q++) dst[q] = pad;
-                    if (s == 1) {
-#pragma omp simd  // rows are short (8 to 32 floats): an inline vector copy beats a call to memcpy
-                        for (int64_t q = q_lo; q < q_hi; q++) dst[q] = src[q];
-                    } else
+                    if (s == 1)
+                        copy_short_run(dst + q_lo, src + q_lo, q_hi - q_lo);
+                    else
                         for (int64_t q = q_lo; q < q_hi; q++) dst[q] = src[q * s];
                     for (int64_t q = q_hi; q < Q; q++) dst[q] = pad;
                 }

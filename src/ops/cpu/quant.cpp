@@ -13,6 +13,7 @@
 #include "core/error.h"
 #include "core/parallel.h"
 #include "ops/cpu/cnn_ops.h"
+#include "ops/cpu/conv_tasks.h"
 #include "ops/cpu/qgemm.h"
 #include "ops/cpu/quant_ops.h"
 
@@ -130,33 +131,45 @@ void qlinear(const uint8_t* x, const int8_t* w, uint8_t* y, int64_t N, int64_t K
 }
 
 // ==== the int8 convolution ========================================================================
-// groups = 1: one image at a time, as a matrix product with the weight first (qgemm_s8u8):
-//   cols [C·KH·KW, P·Q] u8: cols[(c·KH + kh)·KW + kw][p·Q + q] = x[c][ih][iw]  (z_x in the padding)
-//   acc  [O, P·Q]  int32  = w [O, C·KH·KW] · cols
-//   y[o][p·Q + q] = requantize(acc[o][p·Q + q] + bias[o])  (one run of P·Q values per channel)
-// cols is chapter 03's im2col, in u8, padded with z_x (the u8 of the real 0). A 1×1 convolution
-// with stride 1 and no padding needs none: its cols would be the image [C, H·W] itself.
+// groups = 1: a group of k images at a time, as one matrix product with the weight first
+// (qgemm_s8u8), the images' columns side by side (L = k·P·Q):
+//   cols [C·KH·KW, L] u8: cols[(c·KH + kh)·KW + kw][i·P·Q + p·Q + q] = x_i[c][ih][iw]  (z_x in the padding)
+//   acc  [O, L]  int32  = w [O, C·KH·KW] · cols
+//   y_i[o][p·Q + q] = requantize(acc[o][i·P·Q + p·Q + q] + bias[o])   (runs of P·Q values)
+// cols is chapter 03's im2col, in u8, padded with z_x (the u8 of the real 0). k is chapter 03's
+// ⌈256 / P·Q⌉ ("Several images in one GEMM"): each product packs the weights again, and for
+// LeNet's conv2 (20 × 250 weights, 8×8 outputs) a product per image packed as many bytes as it
+// did multiply-adds per 64-lane instruction — one image at a time ran at half the speed. A 1×1
+// convolution with stride 1 and no padding, one image at a time (planes of 256 and more), needs
+// no cols: they would be the image [C, H·W] itself.
 //
-// The images are spread over the threads: each runs all three steps on its image, in its own
-// slot of the workspace (cols and acc of one image, in its L2), and the product on that thread
-// alone. There are min(N, kConvSlots) slots, so the workspace depends on the sizes only, not on
-// the thread count; at most that many threads share the images. With fewer images than threads
-// the images go one at a time through slot 0, and the product splits its rows over the threads.
+// The groups are spread over the threads: each runs all three steps on its group, in its own
+// slot of the workspace (cols and acc of k images), and the product on that thread alone. There
+// are min(groups, kConvSlots) slots, so the workspace depends on the sizes only, not on the
+// thread count; at most that many threads share the groups. With fewer groups than threads the
+// groups go one at a time through slot 0, and the product splits its rows over the threads.
 // Depthwise layers take direct loops instead (below): a product of K = KH·KW would be all overhead.
 namespace {
 
 constexpr int64_t kConvSlots = 16;
 
-int64_t conv_slots(const Conv2dParams& p) { return std::min(p.N, kConvSlots); }
+int64_t group_images(const Conv2dParams& p) { return images_per_group(p.P() * p.Q(), std::max<int64_t>(p.N, 1)); }
+int64_t conv_groups(const Conv2dParams& p) { return (p.N + group_images(p) - 1) / group_images(p); }
+int64_t conv_slots(const Conv2dParams& p) { return std::min(conv_groups(p), kConvSlots); }
 
 // Whether the product reads the image as it lies, with no cols (above).
-bool reads_image(const Conv2dParams& p) { return p.KH == 1 && p.KW == 1 && p.stride == 1 && p.padding == 0; }
-
-// One slot: cols (rounded up to 4 bytes, so that acc is aligned; none when reads_image), then acc.
-int64_t cols_bytes(const Conv2dParams& p) {
-    return reads_image(p) ? 0 : (p.C * p.KH * p.KW * p.P() * p.Q() + 3) / 4 * 4;
+bool reads_image(const Conv2dParams& p) {
+    return group_images(p) == 1 && p.KH == 1 && p.KW == 1 && p.stride == 1 && p.padding == 0;
 }
-int64_t slot_bytes(const Conv2dParams& p) { return cols_bytes(p) + p.P() * p.Q() * p.O * int64_t(sizeof(int32_t)); }
+
+// One slot: cols of a group (rounded up to 4 bytes, so that acc is aligned; none when
+// reads_image), then its acc.
+int64_t cols_bytes(const Conv2dParams& p) {
+    return reads_image(p) ? 0 : (group_images(p) * p.C * p.KH * p.KW * p.P() * p.Q() + 3) / 4 * 4;
+}
+int64_t slot_bytes(const Conv2dParams& p) {
+    return cols_bytes(p) + group_images(p) * p.P() * p.Q() * p.O * int64_t(sizeof(int32_t));
+}
 
 // One output channel: y[i] = requantize_value(acc[i] + bias, r, z_y, lo, hi) for i < n.
 using RequantizeChannel = void (*)(const int32_t* acc, int64_t n, int32_t bias, Requant r, const QOutput& out,
@@ -213,19 +226,23 @@ RequantizeChannel requantize_channel_kernel() {
     return requantize_channel;
 }
 
-// One image: x [C, H, W] -> y [O, P, Q], with one slot of workspace.
-void qconv2d_image(const uint8_t* x, const int8_t* w, uint8_t* y, const Conv2dParams& p, int32_t x_zero_point,
-                   int32_t x_max, const QOutput& out, RequantizeChannel requantize, uint8_t* slot) {
-    const int64_t PQ = p.P() * p.Q(), K = p.C * p.KH * p.KW;
+// The k images from x (each [C, H, W]) -> y (each [O, P, Q]), with one slot of workspace.
+void qconv2d_group(const uint8_t* x, int64_t k, const int8_t* w, uint8_t* y, const Conv2dParams& p,
+                   int32_t x_zero_point, int32_t x_max, const QOutput& out, RequantizeChannel requantize,
+                   uint8_t* slot) {
+    const int64_t PQ = p.P() * p.Q(), L = k * PQ, K = p.C * p.KH * p.KW;
     uint8_t* cols = slot;
     int32_t* acc = reinterpret_cast<int32_t*>(slot + cols_bytes(p));
-    const uint8_t* b = x;  // [K, P·Q]: the image itself, or its im2col
+    const uint8_t* b = x;  // [K, L]: the image itself, or the images' im2col
     if (!reads_image(p)) {
-        im2col(x, p.C, p, cols, PQ, uint8_t(x_zero_point));
+        for (int64_t i = 0; i < k; i++)
+            im2col(x + i * p.C * p.H * p.W, p.C, p, cols + i * PQ, L, uint8_t(x_zero_point));
         b = cols;
     }
-    qgemm_s8u8(p.O, PQ, K, w, K, b, PQ, acc, PQ, x_max);
-    for (int64_t o = 0; o < p.O; o++) requantize(acc + o * PQ, PQ, out.bias[o], out.requant[o], out, y + o * PQ);
+    qgemm_s8u8(p.O, L, K, w, K, b, L, acc, L, x_max);
+    for (int64_t i = 0; i < k; i++)
+        for (int64_t o = 0; o < p.O; o++)
+            requantize(acc + o * L + i * PQ, PQ, out.bias[o], out.requant[o], out, y + (i * p.O + o) * PQ);
 }
 
 // ---- depthwise: G = C = O, w [C, 1, KH, KW] ---------------------------------------------------------
@@ -233,7 +250,7 @@ void qconv2d_image(const uint8_t* x, const int8_t* w, uint8_t* y, const Conv2dPa
 // copied into one padded with z_x on every side (H + 2·padding rows of W + 2·padding), where every
 // tap reads, then
 //   acc[p, q] = Σ_{kh, kw} w[c, kh, kw] · xpad[p·stride + kh·dilation, q·stride + kw·dilation]
-//   y[n, c]   = requantize(acc + bias[c])      (one run of P·Q values, as qconv2d_image's channels)
+//   y[n, c]   = requantize(acc + bias[c])      (one run of P·Q values, as qconv2d_group's channels)
 // a tap at a time along a row of acc.
 
 // acc[q] += w · x[q·s] for q < n; with s = 1 a loop of its own, which g++ vectorizes.
@@ -281,20 +298,22 @@ void qconv2d(const uint8_t* x, const int8_t* w, uint8_t* y, const Conv2dParams& 
     if (qconv2d_is_depthwise(p)) return qconv2d_depthwise(x, w, y, p, x_zero_point, out);
     KILN_CHECK(p.groups == 1, "qconv2d: groups=", p.groups, " but the int8 convolution takes groups = 1 or "
                "depthwise (groups = C = O; here C=", p.C, ", O=", p.O, "); run another grouped layer in f32");
-    const int64_t x_image = p.C * p.H * p.W, y_image = p.O * p.P() * p.Q();
+    const int64_t x_image = p.C * p.H * p.W, y_image = p.O * p.P() * p.Q(), k = group_images(p);
     const RequantizeChannel requantize = requantize_channel_kernel();
+    auto group = [&](int64_t j, uint8_t* slot) {  // images j·k .. j·k + k − 1 (fewer in the last group)
+        const int64_t n = j * k;
+        qconv2d_group(x + n * x_image, std::min(k, p.N - n), w, y + n * y_image, p, x_zero_point, x_max, out,
+                      requantize, slot);
+    };
     const int threads = in_parallel() ? 1 : max_threads();
-    if (p.N < threads || threads == 1) {
-        for (int64_t n = 0; n < p.N; n++)
-            qconv2d_image(x + n * x_image, w, y + n * y_image, p, x_zero_point, x_max, out, requantize, work);
+    if (conv_groups(p) < threads || threads == 1) {
+        for (int64_t j = 0; j < conv_groups(p); j++) group(j, work);
         return;
     }
-    // One task per workspace slot; each takes the next image until none is left.
+    // One task per workspace slot; each takes the next group until none is left.
     std::atomic<int64_t> next{0};
     parallel_chunks(std::min<int64_t>(threads, conv_slots(p)), [&](int64_t task) {
-        uint8_t* slot = work + task * slot_bytes(p);
-        for (int64_t n = next++; n < p.N; n = next++)
-            qconv2d_image(x + n * x_image, w, y + n * y_image, p, x_zero_point, x_max, out, requantize, slot);
+        for (int64_t j = next++; j < conv_groups(p); j = next++) group(j, work + task * slot_bytes(p));
     });
 }
 

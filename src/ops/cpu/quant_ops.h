@@ -133,8 +133,9 @@ void qlinear(const uint8_t* x, const int8_t* w, uint8_t* y, int64_t N, int64_t K
 // only): padding reads as z_x (the u8 of the real value 0), so the zero-point correction in bias
 // holds at the borders too.
 // work: qconv2d_work_bytes(p) bytes of workspace; it depends on the sizes p only, never on the
-// thread count (the CPU kernel: one image's im2col columns and accumulators for each of up to 16
-// images in flight, the accumulators alone for a 1×1 conv with stride 1 and no padding;
+// thread count (the CPU kernel: the im2col columns and accumulators of a group of images — one
+// image, or several small ones side by side — for each of up to 16 groups in flight; the
+// accumulators alone for a 1×1 conv with stride 1 and no padding on planes of 256 or more;
 // depthwise: none, 0).
 int64_t qconv2d_work_bytes(const Conv2dParams& p);
 void qconv2d(const uint8_t* x, const int8_t* w, uint8_t* y, const Conv2dParams& p, int32_t x_zero_point,
