@@ -15,9 +15,10 @@ bool winograd_computes(const Conv2dParams& p);
 // And those where it is faster than im2col, where conv2d_algo chooses it: its transforms cost
 // in proportion to C + O per tile, the GEMM multiply-adds it saves in proportion to C·O, so it
 // needs many channels and a plane of more than a few tiles. Measured on a Zen 4, 2 threads,
-// batch 256, forward + backward: 1.4× at 64→64 on 15×15, 1.2–1.3× at 64→256 on 15×15 and
-// 256→256 on 7×7, 1.1× at 128→128 on 7×7; slower than im2col at 64→64 and 64→128 on 7×7 and
-// with 32 or fewer channels (dw most of all). bench/bench_conv.cpp measures both ways.
+// batch 256, forward + backward (medians of three make bench runs): 1.33× at 64→64 on 15×15,
+// 1.18× at 64→256 on 15×15, 1.11× at 256→256 on 7×7; 0.90× at 64→128 on 7×7 and at 24→64 on
+// 31×31, 0.97× at 32→64 on 15×15 (dw suffers most with few channels). bench/bench_conv.cpp
+// measures both ways (lesson 03 has the table).
 constexpr int64_t kWinogradMinChannels = 64;            // C and O
 constexpr int64_t kWinogradMinPlane = 4;                // H and W
 constexpr int64_t kWinogradMinWork = int64_t(1) << 19;  // C·O·H·W
