@@ -269,6 +269,7 @@ Conv2dParams same_3x3(int64_t N, int64_t C, int64_t H, int64_t W, int64_t O) {
 }  // namespace
 
 TEST_CASE("Winograd is chosen for big 3x3 stride-1 f32 convolutions only", "[conv][cpu][lesson03][winograd]") {
+    cpu::set_winograd_choice(cpu::WinogradChoice::Auto);  // the default, whatever KILN_CONV says
     const Conv2dParams big = same_3x3(8, 64, 15, 15, 64);  // C·O·H·W = 921,600
     CHECK(cpu::winograd_applies(big));
     CHECK(cpu::conv2d_algo(big, DType::F32) == ConvAlgo::Winograd);
@@ -302,6 +303,13 @@ TEST_CASE("Winograd is chosen for big 3x3 stride-1 f32 convolutions only", "[con
     strided.stride = 2;
     CHECK(cpu::conv2d_algo(strided, DType::F32) == ConvAlgo::Im2col);  // it cannot
     cpu::set_winograd_choice(cpu::WinogradChoice::Auto);
+
+    CHECK(cpu::parse_winograd_choice("im2col", "KILN_CONV") == cpu::WinogradChoice::Never);
+    CHECK(cpu::parse_winograd_choice("winograd", "KILN_CONV") == cpu::WinogradChoice::Always);
+    CHECK(cpu::parse_winograd_choice("", "KILN_CONV") == cpu::WinogradChoice::Auto);
+    using Catch::Matchers::Contains;
+    CHECK_THROWS_WITH(cpu::parse_winograd_choice("fast", "KILN_CONV"),
+                      Contains("KILN_CONV=fast") && Contains("auto") && Contains("im2col") && Contains("winograd"));
 }
 
 TEST_CASE("Winograd passes match the direct convolution on small and odd planes", "[conv][cpu][lesson03][winograd]") {
@@ -344,7 +352,8 @@ TEST_CASE("Winograd gives the same bits whatever the workspace and the threads",
           "[conv][cpu][lesson03][winograd][threads]") {
     // 12×12 planes: 36 tiles, so groups of ⌈256/36⌉ = 8 images; 20 images are groups of 8, 8 and 4
     const int64_t N = 20, C = 64, H = 12, O = 64;
-    REQUIRE(cpu::winograd_applies(same_3x3(N, C, H, H, O)));
+    cpu::set_winograd_choice(cpu::WinogradChoice::Auto);  // whatever KILN_CONV says
+    REQUIRE(cpu::conv2d_algo(same_3x3(N, C, H, H, O), DType::F32) == ConvAlgo::Winograd);
     Rng rng(6);
     Tensor x = Tensor::normal({N, C, H, H}, 0, 1, rng), dy = Tensor::normal({N, O, H, H}, 0, 1, rng);
     struct Run {

@@ -337,15 +337,19 @@ bool winograd_applies(const Conv2dParams& p) {
            p.H >= kWinogradMinPlane && p.W >= kWinogradMinPlane && p.C * p.O * p.H * p.W >= kWinogradMinWork;
 }
 
+WinogradChoice parse_winograd_choice(const char* value, const char* what) {
+    if (!*value || std::strcmp(value, "auto") == 0) return WinogradChoice::Auto;
+    if (std::strcmp(value, "im2col") == 0) return WinogradChoice::Never;
+    KILN_CHECK(std::strcmp(value, "winograd") == 0, what, "=", value,
+               ": expected auto (Winograd where it is faster), im2col or winograd (wherever it can)");
+    return WinogradChoice::Always;
+}
+
 namespace {
 std::atomic<WinogradChoice>& choice() {
     static std::atomic<WinogradChoice> value{[] {
         const char* env = std::getenv("KILN_CONV");
-        if (!env || !*env || std::strcmp(env, "auto") == 0) return WinogradChoice::Auto;
-        if (std::strcmp(env, "im2col") == 0) return WinogradChoice::Never;
-        KILN_CHECK(std::strcmp(env, "winograd") == 0, "KILN_CONV=", env,
-                   ": expected auto (Winograd where it is faster), im2col or winograd (wherever it can)");
-        return WinogradChoice::Always;
+        return env ? parse_winograd_choice(env, "KILN_CONV") : WinogradChoice::Auto;
     }()};
     return value;
 }

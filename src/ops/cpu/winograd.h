@@ -30,6 +30,9 @@ bool winograd_applies(const Conv2dParams& p);
 // changes it while the program runs (the tests, bench/bench_conv.cpp).
 enum class WinogradChoice { Auto, Never, Always };
 void set_winograd_choice(WinogradChoice choice);
+// "auto", "im2col" or "winograd" (an empty value: auto); anything else is a kiln::Error that
+// names `what` (the variable) and the three values.
+WinogradChoice parse_winograd_choice(const char* value, const char* what);
 bool winograd_chosen(const Conv2dParams& p);
 
 // Workspace elements per image: its 16 transformed planes of input tiles and of output tiles,
