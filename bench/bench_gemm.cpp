@@ -22,6 +22,10 @@
 //   bench gemm_f32_1024: 123.4 GFLOP/s (path avx2-fma)
 //   bench openblas_gemm_f32_1024: 150.2 GFLOP/s (core type Haswell, the fastest of 9)
 //   bench gemm_f32_1024_vs_openblas: 0.82 ratio (median of 5 paired rounds)
+// On a CPU with AVX-512, the same three lines again with kiln capped at avx2 (KILN_CPU=avx2) and
+// the faster of OpenBLAS's AVX2 core types (Haswell, Zen) — what a CPU without AVX-512 compares,
+// approximated on this one:
+//   bench gemm_f32_1024_avx2_vs_openblas_avx2: 0.95 ratio (median of 5 paired rounds)
 // GFLOP/s = 2·M·N·K / seconds / 1e9, the median of 11 timed samples (each ~10 ms) after
 // warm-up. Each library runs in its own process, so neither one's idle threads, which spin for
 // a while after a call (OpenBLAS's for ~0.1 s), steal the cores from the other.
@@ -245,25 +249,40 @@ const CoreRun& fastest(const std::vector<CoreRun>& ran) {
                              [&](const CoreRun& a, const CoreRun& b) { return log_mean(a) < log_mean(b); });
 }
 
-// kiln's f32 GFLOP/s on every shape, by name.
-std::map<std::string, double> kiln_figures() {
+// The fastest of the core types in `ran` whose kernels use AVX2 at most (Haswell, Zen): what
+// OpenBLAS runs on a CPU without AVX-512. Null if none ran.
+const CoreRun* fastest_avx2(const std::vector<CoreRun>& ran) {
+    std::vector<CoreRun> avx2;
+    for (const CoreRun& run : ran)
+        if (run.core == "Haswell" || run.core == "Zen") avx2.push_back(run);
+    if (avx2.empty()) return nullptr;
+    const std::string core = fastest(avx2).core;
+    return &*std::find_if(ran.begin(), ran.end(), [&](const CoreRun& run) { return run.core == core; });
+}
+
+// kiln's f32 GFLOP/s on every shape, by name, at CPU level `level`.
+std::map<std::string, double> kiln_figures(kiln::CpuLevel level) {
+    const kiln::CpuLevel before = kiln::set_cpu_level_cap(level);
     std::map<std::string, double> g;
     for (const Shape& s : kShapes) {
         Operands<> o = make_operands(s);
         g[s.name] = gflops(s, [&] { run_kiln(s, o); });
     }
+    kiln::set_cpu_level_cap(before);
     std::this_thread::sleep_for(std::chrono::milliseconds(300));  // kiln's threads fall asleep
     return g;
 }
 
-// The three `make bench` lines of each shape: kiln, the core type `best`, their ratio, each the
-// median of kPairedRounds rounds of kiln then `best` (header comment).
+// The three `make bench` lines of each shape: kiln at CPU level `level`, the core type `best`,
+// their ratio, each the median of kPairedRounds rounds of kiln then `best` (header comment).
+// `suffix` tells the lines apart when kiln is capped below its level ("_avx2").
 constexpr int kPairedRounds = 5;
 
-void print_comparison(const std::string& self, const CoreRun& best, size_t core_types) {
+void print_comparison(const std::string& self, const CoreRun& best, size_t core_types, kiln::CpuLevel level,
+                      const std::string& suffix) {
     std::map<std::string, std::vector<double>> kiln, blas, ratio;
     for (int round = 0; round < kPairedRounds; ++round) {
-        const std::map<std::string, double> k = kiln_figures();
+        const std::map<std::string, double> k = kiln_figures(level);
         const CoreRun b = run_core_type(self, best.core.c_str());
         for (const Shape& s : kShapes) {
             if (!b.why.empty()) continue;  // a failed round is left out
@@ -274,12 +293,13 @@ void print_comparison(const std::string& self, const CoreRun& best, size_t core_
     }
     for (const Shape& s : kShapes) {
         if (ratio[s.name].empty()) continue;
-        std::printf("bench gemm_f32_%s: %.1f GFLOP/s (path %s)\n", s.name.c_str(), median(kiln[s.name]),
-                    kiln::cpu::gemm_path<float>(kiln::cpu_level()));
-        std::printf("bench openblas_gemm_f32_%s: %.1f GFLOP/s (core type %s, the fastest of %zu)\n", s.name.c_str(),
-                    median(blas[s.name]), best.core.c_str(), core_types);
-        std::printf("bench gemm_f32_%s_vs_openblas: %.2f ratio (median of %zu paired rounds)\n", s.name.c_str(),
-                    median(ratio[s.name]), ratio[s.name].size());
+        const char* name = s.name.c_str();
+        std::printf("bench gemm_f32_%s%s: %.1f GFLOP/s (path %s)\n", name, suffix.c_str(), median(kiln[s.name]),
+                    kiln::cpu::gemm_path<float>(level));
+        std::printf("bench openblas_gemm_f32_%s%s: %.1f GFLOP/s (core type %s, the fastest of %zu)\n", name,
+                    suffix.c_str(), median(blas[s.name]), best.core.c_str(), core_types);
+        std::printf("bench gemm_f32_%s%s_vs_openblas%s: %.2f ratio (median of %zu paired rounds)\n", name,
+                    suffix.c_str(), suffix.c_str(), median(ratio[s.name]), ratio[s.name].size());
     }
 }
 
@@ -338,6 +358,11 @@ int main(int argc, char** argv) {
         std::printf("bench_gemm: no OpenBLAS core type ran\n");
         return 1;
     }
-    print_comparison(self_path(), fastest(ran), ran.size());
+    print_comparison(self_path(), fastest(ran), ran.size(), kiln::cpu_level(), "");
+    // On an AVX-512 CPU, also what a learner's AVX2 CPU would compare: kiln's avx2 path against
+    // OpenBLAS's AVX2 kernels (on this CPU, not on an AVX2 one: a proxy).
+    const CoreRun* avx2 = fastest_avx2(ran);
+    if (kiln::cpu_level() > kiln::CpuLevel::Avx2 && avx2)
+        print_comparison(self_path(), *avx2, 2, kiln::CpuLevel::Avx2, "_avx2");
     return 0;
 }
