@@ -44,9 +44,10 @@
 // (tests/test_conv.cpp bounds the difference from the direct convolution).
 //
 // ---- Memory ------------------------------------------------------------------------------------
-// One image's V and M: 16·⌈H/2⌉⌈W/2⌉·(C + O) floats, ≈ 4·H·W·(C + O): less than im2col's
-// 9·H·W·C + H·W·O once C ≥ O/5 (plus one cache line a plane, "Operands" below). U is 16·O·C
-// floats, 1.8× the weights, on the heap for the call.
+// One image's V and M: 16·⌈H/2⌉⌈W/2⌉·(C + O) floats (plus a cache line a plane, "Operands"
+// below), ≈ 4·H·W·(C + O): less than im2col's 9·H·W·C + H·W·O when C ≥ 3·O/5, more when the
+// layer widens faster (64→256 on 15×15: 1.75× im2col's). U is 16·O·C floats, 1.8× the weights,
+// on the heap for the call.
 //
 // ---- Threads and bits --------------------------------------------------------------------------
 // forward and dx: groups of images (k·tiles ≥ 256 GEMM columns, conv_tasks.h), one group per
