@@ -1,4 +1,5 @@
-// conv.cpp — 2-D convolution on the CPU: im2col + GEMM, and two direct paths (chapter 03).
+// conv.cpp — 2-D convolution on the CPU: im2col + GEMM, two direct paths, and the choice of
+// Winograd's path for big 3×3 layers (chapter 03).
 //
 // Build and test just the convolution:
 //   make build/src/ops/cpu/conv.o build/src/nn/conv.o build/tests/test_conv.o
@@ -22,6 +23,9 @@
 //                  GEMM reads the input directly — no workspace, no copy.
 //       Depthwise  G == C == O: each channel has one KH×KW filter; a GEMM with M = 1 is all
 //                  overhead, so direct loops, vectorized along a row of the output.
+//   v4  fewer multiplications: a 3×3, stride-1 layer as 2×2 output tiles by Winograd's
+//       F(2×2, 3×3), 16 GEMMs on transformed tiles with 2.25× fewer multiply-adds (winograd.cpp),
+//       where winograd.h's bounds say it is faster (f32, at least 64 channels in and out).
 //
 // ---- The backward pass ----------------------------------------------------------------------
 //   dx:  dcol_n = wᵀ · dy_n   (per group), then col2im scatters dcol back onto the image
