@@ -39,6 +39,7 @@
 //   dw  the gradient of the computation above: with dM = A dY Aᵀ (4×4 per tile, dY the 2×2
 //       tile of dy, zero past the plane's edge),
 //         dU[ξ] [O, C] = Σ_tiles dM[ξ] [O, tiles] · V[ξ] [C, tiles]ᵀ    16 GEMMs, K = tiles
+//       (computed as its transpose when C is narrow: winograd_backward_weight)
 //         dw[o, c] += Gᵀ dU[o, c] G
 // In exact arithmetic both equal the direct formulas; in f32 the transforms add a few roundings
 // (tests/test_conv.cpp bounds the difference from the direct convolution).
@@ -74,6 +75,7 @@ namespace kiln::cpu {
 namespace {
 
 constexpr int64_t kXi = 16;  // transformed values per tile, ξ = 4i + j (row i, column j)
+constexpr int64_t kWideTile = 64;  // columns of the GEMM's widest register tile (AVX-512's 6×64)
 
 // The tiles of one plane: TH rows of TW, 2×2 outputs each.
 struct TileGrid {
@@ -123,14 +125,16 @@ std::vector<float> weight_transform(const float* w, int64_t O, int64_t C) {
     return U;
 }
 
-// dw[o, c] += Gᵀ dU[·][o, c] G for every filter (dU laid out as U).
-void weight_grad_transform(const float* dU, int64_t O, int64_t C, float* dw) {
+// dw[o, c] += Gᵀ dU[·][o, c] G for every filter, dU[ξ][o, c] at dU[ξ·OC + o·so + c·sc] (laid out
+// as U, so = C and sc = 1, or transposed, so = 1 and sc = O).
+void weight_grad_transform(const float* dU, int64_t O, int64_t C, int64_t so, int64_t sc, float* dw) {
     const int64_t OC = O * C;
     for (int64_t oc = 0; oc < OC; oc++) {
+        const int64_t at = oc / C * so + oc % C * sc;  // (o, c) in dU
         float r[3][4];  // Gᵀ dU
         for (int j = 0; j < 4; j++) {
-            const float d0 = dU[(0 + j) * OC + oc], d1 = dU[(4 + j) * OC + oc];
-            const float d2 = dU[(8 + j) * OC + oc], d3 = dU[(12 + j) * OC + oc];
+            const float d0 = dU[(0 + j) * OC + at], d1 = dU[(4 + j) * OC + at];
+            const float d2 = dU[(8 + j) * OC + at], d3 = dU[(12 + j) * OC + at];
             r[0][j] = d0 + 0.5f * (d1 + d2);
             r[1][j] = 0.5f * (d1 - d2);
             r[2][j] = 0.5f * (d1 + d2) + d3;
@@ -334,8 +338,9 @@ bool winograd_computes(const Conv2dParams& p) {
 }
 
 bool winograd_applies(const Conv2dParams& p) {
-    return winograd_computes(p) && p.C >= kWinogradMinChannels && p.O >= kWinogradMinChannels &&
-           p.H >= kWinogradMinPlane && p.W >= kWinogradMinPlane && p.C * p.O * p.H * p.W >= kWinogradMinWork;
+    const int64_t channels = std::min(p.C, p.O), plane = std::min(p.H, p.W);
+    return winograd_computes(p) && channels >= kWinogradMinChannels &&
+           (plane >= kWinogradMinPlane || (channels >= kWinogradWideChannels && plane >= 4));
 }
 
 WinogradChoice parse_winograd_choice(const char* value, const char* what) {
@@ -406,7 +411,11 @@ void winograd_backward_weight(const float* x, const float* dy, float* dw, const 
     const TileGrid g = tile_grid(p);
     const int64_t HW = p.H * p.W, per_image = winograd_elems_per_image(p), OC = p.O * p.C;
     const int64_t k_max = std::min(group_images(p), chunk);
-    std::vector<float> dU(size_t(kXi * OC), 0.0f);  // Σ over the batch, f32, [16][O][C]
+    // Σ over the batch, in f32: dU [16][O][C] = dM · Vᵀ, or transposed, dUᵀ [16][C][O] = V · dMᵀ, so
+    // that the GEMM's N, the width of its register tile (64 floats with AVX-512), is a full 64
+    // whenever one of C and O is: with N = C = 24 or 32 the tiles ran half empty.
+    const bool transposed = p.C < kWideTile && p.O > p.C;
+    std::vector<float> dU(size_t(kXi * OC), 0.0f);
     // A group's operands: x's tiles V [16][C][L] and dy's dM [16][O][L]
     auto group_operands = [&](int64_t slot, int64_t k) {
         return operands(ws + slot * per_image, p.C, p.O, k * g.tiles());
@@ -423,16 +432,19 @@ void winograd_backward_weight(const float* x, const float* dy, float* dw, const 
                     grad_output_transform(plane.data(), g, op.out + o * op.L + i * g.tiles(), op.out_plane);
                 }
         });
-        // dU[ξ] += dM[ξ] · V[ξ]ᵀ, group after group (one task per ξ)
+        // dU[ξ] += dM[ξ] · V[ξ]ᵀ (or its transpose), group after group (one task per ξ)
         parallel_chunks(kXi, [&](int64_t xi) {
             for (int64_t slot = 0; slot < count; slot += k_max) {
                 const Operands op = group_operands(slot, std::min(k_max, count - slot));
-                gemm(false, true, p.O, p.C, op.L, 1.0f, op.out + xi * op.out_plane, op.L, op.in + xi * op.in_plane, op.L,
-                     1.0f, dU.data() + xi * OC, p.C);
+                const float* V = op.in + xi * op.in_plane;
+                const float* dM = op.out + xi * op.out_plane;
+                float* target = dU.data() + xi * OC;
+                if (transposed) gemm(false, true, p.C, p.O, op.L, 1.0f, V, op.L, dM, op.L, 1.0f, target, p.O);
+                else gemm(false, true, p.O, p.C, op.L, 1.0f, dM, op.L, V, op.L, 1.0f, target, p.C);
             }
         }, double(count) * flops_per_image(p) >= kParallelMinFlops);
     }
-    weight_grad_transform(dU.data(), p.O, p.C, dw);
+    weight_grad_transform(dU.data(), p.O, p.C, transposed ? 1 : p.C, transposed ? p.O : 1, dw);
 }
 
 }  // namespace kiln::cpu
