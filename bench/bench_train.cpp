@@ -14,11 +14,10 @@
 //                        memory (chapter 08's prediction), training and inference img/s of
 //                        each (the two measured in turn, 5 times), and the speedups
 //                        ("..._speedup", the median of the 5 ratios, with their _min and _max)
-//   cifar_net_train_cpu_im2col, _winograd, _winograd_speedup, and cifar_net_l06_train_cpu_...
-//                        the CIFAR net and lesson 06's with every conv by im2col (as
-//                        KILN_CONV=im2col) and with 3×3 layers by Winograd where it is chosen
-//                        (chapter 03), in turn, 5 times: the medians, and of the 5 ratios (with
-//                        their _min and _max)
+//   cifar_net_train_cpu_im2col, _winograd, _winograd_speedup
+//                        the CIFAR net with every conv by im2col (as KILN_CONV=im2col) and with
+//                        its big 3×3 layers by Winograd (chapter 03), in turn, 5 times: the
+//                        medians, and of the 5 ratios (with their _min and _max)
 //   build/bench/bench_train surgery    only the cifar_net_l06_* figures
 //   build/bench/bench_train busy       lenet_train_cpu_busy, cifar_net_train_cpu_busy: f32 only,
 //                        named for the run bench/run.sh makes while another program keeps one
@@ -193,24 +192,19 @@ static void bench_surgery() {
     }
 }
 
-// The CIFAR nets' training with their 3×3 layers by Winograd where it is chosen (the default)
-// and with every layer by im2col (as KILN_CONV=im2col), in turn (chapter 03): the net of
-// bench/torch_cifar_net.py at batch 256, and lesson 06's at 128.
+// The CIFAR net's training with its big 3×3 layers by Winograd (the default) and with every
+// layer by im2col (as KILN_CONV=im2col), in turn (chapter 03).
 static void bench_winograd(const SGD::Options& sgd) {
-    auto rate = [&](Module& net, const Shape& input, bool winograd) {
+    Rng r(1);
+    auto net = cifar_net(r);
+    auto rate = [&](bool winograd) {
         cpu::set_winograd_choice(winograd ? cpu::WinogradChoice::Auto : cpu::WinogradChoice::Never);
-        const double v = train_throughput(net, input, 10, 2, 1, sgd);
+        const double v = train_throughput(*net, {256, 3, 32, 32}, 10, 2, 1, sgd);
         cpu::set_winograd_choice(cpu::WinogradChoice::Auto);
         return v;
     };
-    for (const bool l06 : {false, true}) {
-        Rng r(1);
-        auto net = l06 ? cifar_net(r, {32, 64, 128}) : cifar_net(r);
-        const Shape input{l06 ? 128 : 256, 3, 32, 32};
-        const std::string name = l06 ? "cifar_net_l06_train_cpu" : "cifar_net_train_cpu";
-        print_in_turn(name + "_im2col", name + "_winograd", name + "_winograd_speedup",
-                      in_turn(5, [&] { return rate(*net, input, false); }, [&] { return rate(*net, input, true); }));
-    }
+    print_in_turn("cifar_net_train_cpu_im2col", "cifar_net_train_cpu_winograd", "cifar_net_train_cpu_winograd_speedup",
+                  in_turn(5, [&] { return rate(false); }, [&] { return rate(true); }));
 }
 
 int main(int argc, char** argv) {

@@ -270,7 +270,7 @@ Conv2dParams same_3x3(int64_t N, int64_t C, int64_t H, int64_t W, int64_t O) {
 
 TEST_CASE("Winograd is chosen for big 3x3 stride-1 f32 convolutions only", "[conv][cpu][lesson03][winograd]") {
     cpu::set_winograd_choice(cpu::WinogradChoice::Auto);  // the default, whatever KILN_CONV says
-    const Conv2dParams big = same_3x3(8, 64, 15, 15, 64);
+    const Conv2dParams big = same_3x3(8, 64, 15, 15, 64);  // C·O·H·W = 921,600
     CHECK(cpu::winograd_applies(big));
     CHECK(cpu::conv2d_algo(big, DType::F32) == ConvAlgo::Winograd);
     CHECK(cpu::conv2d_algo(big, DType::BF16) == ConvAlgo::Im2col);  // f16 and bf16 keep im2col
@@ -287,10 +287,9 @@ TEST_CASE("Winograd is chosen for big 3x3 stride-1 f32 convolutions only", "[con
     CHECK_FALSE(changed([](Conv2dParams& p) { p.dilation = 2, p.padding = 2; }));
     CHECK_FALSE(changed([](Conv2dParams& p) { p.KH = p.KW = 5, p.padding = 2; }));
     CHECK_FALSE(changed([](Conv2dParams& p) { p.groups = 2; }));
-    CHECK(changed([](Conv2dParams& p) { p.C = 24; }));
-    CHECK_FALSE(changed([](Conv2dParams& p) { p.C = 16; }));                  // too few channels
-    CHECK_FALSE(changed([](Conv2dParams& p) { p.H = 7; }));                   // a small plane...
-    CHECK(changed([](Conv2dParams& p) { p.C = p.O = 128, p.H = p.W = 7; }));  // ...wants many channels
+    CHECK_FALSE(changed([](Conv2dParams& p) { p.C = 32; }));                  // too few channels
+    CHECK_FALSE(changed([](Conv2dParams& p) { p.H = p.W = 7; }));             // 64·64·49: too little work
+    CHECK(changed([](Conv2dParams& p) { p.C = p.O = 128, p.H = p.W = 7; }));  // 128·128·49 is enough
     CHECK_FALSE(changed([](Conv2dParams& p) { p.C = p.O = 256, p.H = p.W = 3; }));  // a plane of 4 tiles
 
     const Conv2dParams small = same_3x3(8, 16, 8, 8, 16);

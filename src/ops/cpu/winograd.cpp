@@ -338,9 +338,8 @@ bool winograd_computes(const Conv2dParams& p) {
 }
 
 bool winograd_applies(const Conv2dParams& p) {
-    const int64_t channels = std::min(p.C, p.O), plane = std::min(p.H, p.W);
-    return winograd_computes(p) && channels >= kWinogradMinChannels &&
-           (plane >= kWinogradMinPlane || (channels >= kWinogradWideChannels && plane >= 4));
+    return winograd_computes(p) && p.C >= kWinogradMinChannels && p.O >= kWinogradMinChannels &&
+           p.H >= kWinogradMinPlane && p.W >= kWinogradMinPlane && p.C * p.O * p.H * p.W >= kWinogradMinWork;
 }
 
 WinogradChoice parse_winograd_choice(const char* value, const char* what) {

@@ -12,16 +12,17 @@ namespace kiln::cpu {
 // P = H, Q = W). f32 only: conv.cpp asks only for f32 (f16 and bf16 keep im2col).
 bool winograd_computes(const Conv2dParams& p);
 
-// And those where it is faster than im2col, where conv2d_algo chooses it: its transforms cost
-// in proportion to C + O per tile, the GEMM multiply-adds it saves in proportion to C·O, and a
-// 7×7 plane takes 16 tiles (64 positions for 49): so at least 24 channels in and out on planes
-// of 8×8 or more, and 128 on planes of 4×4 to 7×7. Measured on a Zen 4, 2 threads, batch 256,
-// forward + backward (lesson 03 has the table): 1.1–1.2× for 24→32 and 24→64 on 31×31 and
-// 32→64 on 15×15, 1.35–1.45× for 64→64 on 15×15, 1.15× for 64→256 on 15×15, 1.1–1.2× for
-// 256→256 on 7×7; 0.9–1.0× for 64→128 on 7×7. bench/bench_conv.cpp measures both ways.
-constexpr int64_t kWinogradMinChannels = 24;    // C and O
-constexpr int64_t kWinogradMinPlane = 8;        // H and W ...
-constexpr int64_t kWinogradWideChannels = 128;  // ... or this many channels on planes of 4 or more
+// And those where conv2d_algo chooses it: where it is clearly faster than im2col. Its transforms
+// cost in proportion to C + O per tile, the GEMM multiply-adds it saves in proportion to C·O,
+// and a 7×7 plane takes 16 tiles (64 positions for 49). Measured on a Zen 4, 2 threads, batch
+// 256, forward + backward (lesson 03 has the table): 1.35× for 64→64 on 15×15, 1.2× for 64→256
+// on 15×15, 1.15× for 256→256 on 7×7; 0.9× for 64→64 and 64→128 on 7×7. With 24 or 32 channels
+// on planes of 15×15 and 31×31 it gains 1.0–1.1×: too little to change the last bits of lesson
+// 06's net (chapters 06 to 10 quote its runs), so those layers keep im2col unless KILN_CONV says
+// winograd. bench/bench_conv.cpp measures both ways.
+constexpr int64_t kWinogradMinChannels = 64;            // C and O
+constexpr int64_t kWinogradMinPlane = 4;                // H and W
+constexpr int64_t kWinogradMinWork = int64_t(1) << 19;  // C·O·H·W
 bool winograd_applies(const Conv2dParams& p);
 
 // Whether conv2d_algo takes Winograd: Auto where winograd_applies (the default), Never, or
