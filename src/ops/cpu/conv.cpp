@@ -296,34 +296,6 @@ void fill_padding_columns(T* row, int64_t op_lo, int64_t op_hi, int64_t q_lo, in
         for (int64_t op = op_lo; op < op_hi; op++) row[op * Q + q] = pad;
 }
 
-// dst[0 .. n) = src[0 .. n) for one output row of im2col, 3 to 32 values: an inline copy beats a
-// call to memcpy. Floats: a loop g++ vectorizes. Bytes (the int8 convolution, chapter 11) and
-// 16-bit values: as memcpy does small sizes, two moves of 16, 8 or 4 bytes that overlap in the
-// middle (n = 12 bytes: bytes 0–7, then 4–11) — the vectorized loop's 64-byte vectors never
-// filled on the 8-byte rows of LeNet's conv2, which it then copied a byte at a time (two thirds
-// of that int8 layer's time went to im2col).
-template <int kBytes>
-inline void copy_overlapping(unsigned char* d, const unsigned char* s, int64_t bytes) {
-    for (int64_t i = 0; i + kBytes < bytes; i += kBytes) std::memcpy(d + i, s + i, kBytes);
-    std::memcpy(d + bytes - kBytes, s + bytes - kBytes, kBytes);
-}
-template <typename T>
-inline void copy_short_run(T* dst, const T* src, int64_t n) {
-    if constexpr (sizeof(T) >= 4) {
-#pragma omp simd
-        for (int64_t q = 0; q < n; q++) dst[q] = src[q];
-    } else {
-        const int64_t bytes = n * int64_t(sizeof(T));
-        auto* d = reinterpret_cast<unsigned char*>(dst);
-        const auto* s = reinterpret_cast<const unsigned char*>(src);
-        if (bytes >= 16) copy_overlapping<16>(d, s, bytes);
-        else if (bytes >= 8) copy_overlapping<8>(d, s, bytes);
-        else if (bytes >= 4) copy_overlapping<4>(d, s, bytes);
-        else
-            for (int64_t i = 0; i < bytes; i++) d[i] = s[i];
-    }
-}
-
 template <typename T>
 void im2col(const T* x, int64_t C, const Conv2dParams& p, T* col, int64_t ld, T pad) {
     const int64_t H = p.H, W = p.W, P = p.P(), Q = p.Q(), s = p.stride;

@@ -84,19 +84,12 @@ struct TileGrid {
 };
 TileGrid tile_grid(const Conv2dParams& p) { return {p.H, p.W, (p.H + 1) / 2, (p.W + 1) / 2}; }
 
-// dst[0 .. n) = src[0 .. n): rows of a plane, 3 to 32 floats, where an inline vector copy beats
-// a call to memcpy.
-inline void copy_row(float* dst, const float* src, int64_t n) {
-#pragma omp simd
-    for (int64_t i = 0; i < n; i++) dst[i] = src[i];
-}
-
 // plane [2·TH, 2·TW] = dy's plane [H, W] with zeros past its edges (a row and a column when H or
 // W is odd): each tile's 2×2 block of dy, whole.
 void grad_plane(const float* dy, const TileGrid& g, float* plane) {
     const int64_t Wo = 2 * g.TW;
     for (int64_t h = 0; h < g.H; h++) {
-        copy_row(plane + h * Wo, dy + h * g.W, g.W);
+        copy_short_run(plane + h * Wo, dy + h * g.W, g.W);
         std::fill(plane + h * Wo + g.W, plane + (h + 1) * Wo, 0.0f);
     }
     std::fill(plane + g.H * Wo, plane + 2 * g.TH * Wo, 0.0f);
@@ -323,7 +316,7 @@ void winograd_pass(const float* in, int64_t Cin, const std::vector<std::unique_p
             for (int64_t o = 0; o < Cout; o++) {
                 output_transform(op.out + o * op.L + i * g.tiles(), op.out_plane, g, b ? b[o] : 0.0f, plane.data());
                 float* y = out + ((n + i) * Cout + o) * HW;
-                for (int64_t h = 0; h < p.H; h++) copy_row(y + h * p.W, plane.data() + h * 2 * g.TW, p.W);
+                for (int64_t h = 0; h < p.H; h++) copy_short_run(y + h * p.W, plane.data() + h * 2 * g.TW, p.W);
             }
     };
     const int64_t k_max = std::min(group_images(p), chunk);
