@@ -35,8 +35,8 @@
 //
 // Then kiln's f32 gemm on the portable path (the micro-kernel in the compiler's 4-float vectors,
 // gemm_tile.h), and its gemm on f16 and bf16 operands (chapter 09), on each path this CPU can
-// take: the one cpu_level() picks (KILN_CPU caps it), then the avx2 level's and the portable
-// one's where they differ ("_avx2", "_portable"), after a comment line with the CPU's features
+// take: the one cpu_level() picks (KILN_CPU caps it), then the avx512, avx2 and portable levels'
+// where they differ ("_avx512", "_avx2", "_portable"), after a comment line with the CPU's features
 // (core/cpu_features.h):
 //   # cpu: AMD EPYC · avx2 fma f16c avx512f avx512bw avx512_bf16 avx512_vnni (level avx512; ...)
 //   bench gemm_f32_1024_avx2: 90.2 GFLOP/s (path avx2-fma)
@@ -45,9 +45,8 @@
 //   bench gemm_bf16_1024_avx2: 151.3 GFLOP/s (path avx2)
 // The 16-bit paths differ in how f16/bf16 become f32 and back (gemm.h, "How the path is
 // picked") and in the micro-kernel: f32 FMA on every path but bf16's on a CPU with AVX512-BF16
-// where vdpbf16ps is the faster (gemm_tile.h). The AVX512-FP16 and AMX products that would
-// replace packing and micro-kernel for 16-bit types, and where they slot in, are described
-// there too; each would add its line here.
+// where vdpbf16ps is the faster (gemm_tile.h), and bf16's on AMX tiles where those are faster
+// (path amx-bf16; the "_avx512" line is then the path they replace).
 #include <cblas.h>
 #include <omp.h>
 
@@ -304,13 +303,13 @@ void print_comparison(const std::string& self, const CoreRun& best, size_t core_
 }
 
 // kiln's gemm in T on every shape: on cpu_level()'s path (unless with_main is false: f32's main
-// figures are printed beside OpenBLAS's), then on the avx2 and the portable level's if they differ.
+// figures are printed beside OpenBLAS's), then on the avx512, avx2 and portable levels' if they differ.
 template <typename T>
 void bench_paths(const char* type, bool with_main) {
     using kiln::CpuLevel;
     using kiln::cpu::gemm_path;
     std::vector<CpuLevel> levels;  // the main level, then each lower one whose path differs
-    for (CpuLevel level : {kiln::cpu_level(), CpuLevel::Avx2, CpuLevel::Portable}) {
+    for (CpuLevel level : {kiln::cpu_level(), CpuLevel::Avx512, CpuLevel::Avx2, CpuLevel::Portable}) {
         bool seen = level > kiln::cpu_level();
         for (CpuLevel l : levels) seen = seen || std::strcmp(gemm_path<T>(l), gemm_path<T>(level)) == 0;
         if (!seen) levels.push_back(level);

@@ -6,6 +6,7 @@
 #pragma once
 #include <cstdint>
 #include <functional>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -97,6 +98,16 @@ auto under_levels(const std::vector<CpuLevel>& levels, F f) {
 template <typename F>
 auto under_each_level(F f) {
     return under_levels(runnable_levels(), f);
+}
+
+// n values of T (f16, bf16, float), uniform in [-2, 2] before rounding to T.
+template <typename T>
+std::vector<T> random_lowp(size_t n, uint32_t seed) {
+    std::mt19937 rng(seed);
+    std::uniform_real_distribution<float> dist(-2.0f, 2.0f);
+    std::vector<T> v(n);
+    for (T& x : v) x = T(dist(rng));
+    return v;
 }
 
 }  // namespace kiln::test

@@ -15,6 +15,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <functional>
 #include <iterator>
 #include <random>
 #include <type_traits>
@@ -133,14 +134,7 @@ TEST_CASE("convert_kernel refuses a level above the CPU's", "[cpu][lowp][lesson0
 
 namespace {
 
-template <typename T>
-std::vector<T> random_lowp(size_t n, uint32_t seed) {
-    std::mt19937 rng(seed);
-    std::uniform_real_distribution<float> dist(-2.0f, 2.0f);
-    std::vector<T> v(n);
-    for (T& x : v) x = T(dist(rng));
-    return v;
-}
+using test::random_lowp;
 
 template <typename T>
 std::vector<uint16_t> bits_of_all(const std::vector<T>& v) {
@@ -163,10 +157,10 @@ void check_gemm_paths_agree() {
     // Edge tiles (M, N not multiples of 6 or 16; K across two KC-blocks), every transpose,
     // beta 0, 1 and general (C's store widens, fuses and narrows). The levels each pick their
     // micro-kernel too: those that fuse give the same sums (fixtures.h).
-    // (A level whose bf16 product is vdpbf16ps's sums is left out: its own test is below.)
+    // (A level whose bf16 product is vdpbf16ps's or AMX's sums is left out: their own tests are below.)
     std::vector<CpuLevel> levels;
     for (CpuLevel level : test::fused_gemm_levels())
-        if (!std::is_same_v<T, bf16> || !cpu::bf16_pair_kernel(level)) levels.push_back(level);
+        if (!std::is_same_v<T, bf16> || !(cpu::bf16_pair_kernel(level) || cpu::amx_kernel(level))) levels.push_back(level);
     for (bool ta : {false, true})
         for (bool tb : {false, true})
             for (float beta : {0.0f, 1.0f, -0.5f}) {
@@ -188,18 +182,17 @@ TEST_CASE("bf16 gemm gives the same bits on the portable and the vector path", "
     check_gemm_paths_agree<bf16>();
 }
 
-TEST_CASE("bf16 gemm on the vdpbf16ps kernel stays within the f32 sums' bound of the FMA path",
-          "[cpu][lowp][lesson09][gemm]") {
-    if (!cpu::bf16_pair_kernel(detected_cpu_level())) {
-        WARN("this CPU has no AVX512-BF16 kernel that runs faster than its f32 one: the bf16-pair path is not checked");
-        return;
-    }
-    // vdpbf16ps sums (a_hi·b_hi + a_lo·b_lo) + acc: exact products, two roundings per pair where
-    // the FMA path rounds twice per pair too, but in another order. Both then round C to bf16
-    // once, so they may differ by 1 bf16 ulp (2^-7 of |C| at most), plus the two f32 sums' error,
-    // each within (K + 2)·2^-24 · Σ|a·b| (the bound of test_gemm.cpp).
-    // Shapes: edge tiles, odd K (a zero in the last pair), several KC-blocks, every transpose; an
-    // even K (600) takes the 32-bit transposing copy of a transposed B, an odd one the pair loop.
+namespace {
+
+// Runs a bf16 path whose sums round in their own order (`other`: vdpbf16ps, AMX) and the FMA path
+// (the avx2 level) on the same products, and checks C within their difference's bound:
+// vdpbf16ps and tdpbf16ps sum (a_hi·b_hi + a_lo·b_lo) + acc, exact products and two roundings per
+// pair, as the FMA path does but in another order. Both then round C to bf16 once, so they may
+// differ by 1 bf16 ulp (2^-7 of |C| at most), plus the two f32 sums' error, each within
+// (K + 2)·2^-24 · Σ|a·b| (the bound of test_gemm.cpp).
+// Shapes: edge tiles, odd K (a zero in the last pair), several KC-blocks, every transpose; an
+// even K (600) takes the 32-bit transposing copy of a transposed B, an odd one the pair loop.
+void check_within_fma_bound(const std::function<void(const std::function<void()>&)>& on_other_path) {
     const int64_t shapes[][3] = {{37, 45, 301}, {6, 64, 2}, {13, 130, 1}, {64, 200, 513}, {7, 5, 3}, {20, 70, 600}};
     for (const auto& sh : shapes)
         for (bool ta : {false, true})
@@ -209,15 +202,15 @@ TEST_CASE("bf16 gemm on the vdpbf16ps kernel stays within the f32 sums' bound of
                     INFO("M " << M << " N " << N << " K " << K << " ta " << ta << " tb " << tb << " beta " << beta);
                     const auto A = random_lowp<bf16>(size_t(M * K), 1), B = random_lowp<bf16>(size_t(K * N), 2);
                     const auto C0 = random_lowp<bf16>(size_t(M * N), 3);
-                    auto pairs = C0, fma = C0;
-                    const auto run = [&](CpuLevel level, std::vector<bf16>& C) {
-                        const CpuLevel before = set_cpu_level_cap(level);
+                    auto other = C0, fma = C0;
+                    const auto run = [&](std::vector<bf16>& C) {
                         cpu::gemm<bf16>(ta, tb, M, N, K, 0.75f, A.data(), ta ? M : K, B.data(), tb ? K : N, beta,
                                         C.data(), N);
-                        set_cpu_level_cap(before);
                     };
-                    run(CpuLevel::Avx512, pairs);
-                    run(CpuLevel::Avx2, fma);
+                    on_other_path([&] { run(other); });
+                    const CpuLevel before = set_cpu_level_cap(CpuLevel::Avx2);
+                    run(fma);
+                    set_cpu_level_cap(before);
                     int64_t bad = 0;
                     for (int64_t i = 0; i < M; ++i)
                         for (int64_t j = 0; j < N; ++j) {
@@ -225,14 +218,54 @@ TEST_CASE("bf16 gemm on the vdpbf16ps kernel stays within the f32 sums' bound of
                             for (int64_t k = 0; k < K; ++k)
                                 bound += 0.75 * std::fabs(float(A[size_t(ta ? k * M + i : i * K + k)]) *
                                                           float(B[size_t(tb ? j * K + k : k * N + j)]));
-                            const double p = float(pairs[size_t(i * N + j)]), f = float(fma[size_t(i * N + j)]);
+                            const double p = float(other[size_t(i * N + j)]), f = float(fma[size_t(i * N + j)]);
                             const double tol = std::ldexp(std::max(std::fabs(p), std::fabs(f)), -7) +
                                                2.0 * (K + 2) * std::ldexp(bound, -24);
                             if (!(std::fabs(p - f) <= tol) && bad++ < 3)
-                                UNSCOPED_INFO("C[" << i << "," << j << "]: pairs " << p << ", fma " << f << ", tolerance " << tol);
+                                UNSCOPED_INFO("C[" << i << "," << j << "]: other path " << p << ", fma " << f
+                                                   << ", tolerance " << tol);
                         }
                     CHECK(bad == 0);
                 }
+}
+
+}  // namespace
+
+TEST_CASE("bf16 gemm on the vdpbf16ps kernel stays within the f32 sums' bound of the FMA path",
+          "[cpu][lowp][lesson09][gemm]") {
+    if (!cpu::bf16_pair_kernel(detected_cpu_level())) {
+        WARN("this CPU has no AVX512-BF16 kernel that runs faster than its f32 one: the bf16-pair path is not checked");
+        return;
+    }
+    check_within_fma_bound([](const std::function<void()>& run) {
+        const CpuLevel before = set_cpu_level_cap(CpuLevel::Avx512);
+        run();
+        set_cpu_level_cap(before);
+    });
+}
+
+TEST_CASE("bf16 gemm on AMX tiles, emulated and (where the CPU has them) real, stays within the bound of the FMA path",
+          "[cpu][lowp][lesson09][gemm][amx]") {
+    {
+        INFO("the emulated tiles (amx_tiles.h)");
+        check_within_fma_bound([](const std::function<void()>& run) {
+            const bool before = cpu::set_amx_emulation(true);
+            CHECK(std::string(cpu::gemm_path<bf16>(cpu_level())) == "amx-bf16-emulated");
+            run();
+            cpu::set_amx_emulation(before);
+        });
+    }
+    if (!cpu::amx_kernel(detected_cpu_level())) {
+        WARN("this CPU runs no AMX kernel (none, no permission, or not faster): only the emulated tiles are checked");
+        return;
+    }
+    INFO("the CPU's tiles");
+    check_within_fma_bound([](const std::function<void()>& run) {
+        const CpuLevel before = set_cpu_level_cap(CpuLevel::Amx);
+        CHECK(std::string(cpu::gemm_path<bf16>(CpuLevel::Amx)) == "amx-bf16");
+        run();
+        set_cpu_level_cap(before);
+    });
 }
 
 TEST_CASE("Tensor::to between f32 and f16/bf16 gives the same bits on every path", "[cpu][lowp][lesson09]") {

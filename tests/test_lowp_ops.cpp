@@ -39,6 +39,8 @@
 #include "core/tensor.h"
 #include "fixtures.h"
 #include "ops/cnn.h"
+#include "ops/cpu/gemm.h"
+#include "ops/cpu/gemm_tile.h"
 
 using namespace kiln;
 using Catch::Matchers::Contains;
@@ -431,4 +433,16 @@ TEST_CASE("lowp cnn ops: a mixed pair names the tensor; a norm's f16 parameter i
                         Contains("layernorm") && Contains("'beta' is bf16") && Contains("should be f32"));
     // f32 parameters with f16 activations are the contract: this one runs
     REQUIRE(batchnorm_eval(x, Tensor::ones({3}), Tensor::zeros({3}), mean, var, 1e-5f).dtype() == DType::F16);
+}
+
+TEST_CASE("bf16 conv2d on AMX tiles (emulated), every strategy, forward and backward, within the bound of f32",
+          "[lowp][lesson09][cpu][conv][amx]") {
+    struct Emulated {  // on for this test only, even when a check fails
+        bool before = cpu::set_amx_emulation(true);
+        ~Emulated() { cpu::set_amx_emulation(before); }
+    } emulated;
+    REQUIRE(std::string(cpu::gemm_path<bf16>(cpu_level())) == "amx-bf16-emulated");
+    for (const ConvCase& k : kConvCases) {
+        SECTION(k.what) { check_against_f32(conv_check(k, kBF16), Device::CPU, kBF16); }
+    }
 }

@@ -77,7 +77,8 @@
 // f32 too: the product goes to an f32 M×N buffer (a KC-block's partial sums are never rounded
 // to 16 bits), and one last pass rounds C = T(alpha·Σ + beta·C) once per element.
 // bf16 on a CPU with AVX512-BF16 skips the widening where vdpbf16ps is the faster: "bf16 pairs"
-// below.
+// below; on a CPU with AMX, where its tiles are the faster, bf16 leaves these loops for
+// gemm_amx.cpp's (run_amx).
 // Both conversions run a row at a time through the vector kernels of convert_simd.h (F16C for
 // f16, AVX2 shifts for bf16, or the portable loop: gemm.h says how the path is picked); they
 // give dtype.h's bits on every path, so the path never changes C.
@@ -93,6 +94,8 @@
 #include "core/error.h"
 #include "core/parallel.h"
 #include "ops/cpu/convert_simd.h"
+#include "ops/cpu/gemm_amx.h"
+#include "ops/cpu/gemm_blocks.h"
 #include "ops/cpu/gemm_tile.h"
 
 
@@ -120,14 +123,6 @@ constexpr int64_t NC_MAX = 4096;
 // Below this many flops (2·M·N·K) the product runs on one thread: a 128³ product takes ~30 µs
 // on one core; waking the pool's workers costs ~5 µs, more on a busy machine.
 constexpr double PARALLEL_MIN_FLOPS = 2.0 * 128 * 128 * 128;
-
-// Split n into the fewest blocks of at most max_block, all of (nearly) the same size,
-// rounded up to a multiple of unit: n = 784, max 256, unit 1 -> 196.
-int64_t split_evenly(int64_t n, int64_t max_block, int64_t unit) {
-    const int64_t blocks = (n + max_block - 1) / max_block;
-    const int64_t size = (n + blocks - 1) / blocks;
-    return (size + unit - 1) / unit * unit;
-}
 
 // ---- Workspace: the packing buffers ---------------------------------------------------------
 // One pair of buffers per thread (≤ 240 KiB for A, ≤ 4 MiB for B), kept between calls
@@ -498,43 +493,7 @@ void blocked_gemm(const Problem<T>& p, int64_t kc_block) {
     }
 }
 
-// ---- Threads: each rectangle of C is one task --------------------------------------------------
-// C is cut into tm × tn rectangles on MR/NR boundaries; a thread takes a rectangle, runs
-// blocked_gemm on it with its own packing buffers, and takes the next: no barrier, no shared
-// writes. There are up to 4 rectangles per thread, handed out dynamically, so that a thread
-// slowed down (another process on its core, the data loader) gets fewer of them.
-// The price: A is packed once per column of rectangles, B once per row, so we pick the grid
-// with the least packing, tn·M·K + tm·K·N.
-struct Grid {
-    int64_t tm, tn;
-};
-
-// The grid of at most `parts` rectangles, as many as possible, with the least packing.
-Grid choose_grid(int64_t M, int64_t N, int64_t NR, int64_t parts) {
-    const int64_t m_panels = (M + MR - 1) / MR, n_panels = (N + NR - 1) / NR;
-    Grid best{1, 1};
-    double best_cost = 0;
-    for (int64_t tm = 1; tm <= parts; ++tm) {
-        const int64_t tn = std::min(parts / tm, n_panels);
-        if (tm > m_panels) break;
-        const double cost = static_cast<double>(tn) * M + static_cast<double>(tm) * N;
-        const bool more_parts = tm * tn > best.tm * best.tn;
-        if (more_parts || (tm * tn == best.tm * best.tn && cost < best_cost)) {
-            best = {tm, tn};
-            best_cost = cost;
-        }
-    }
-    return best;
-}
-
-// Part `index` of `parts` of n items that come in units of `unit`: [begin, end).
-void split_range(int64_t n, int64_t unit, int64_t parts, int64_t index, int64_t& begin,
-                 int64_t& end) {
-    const int64_t units = (n + unit - 1) / unit;
-    begin = std::min(n, units * index / parts * unit);
-    end = std::min(n, units * (index + 1) / parts * unit);
-}
-
+// ---- Threads: each rectangle of C is one task (gemm_blocks.h) ---------------------------------
 // The sub-problem C[i0:i1, j0:j1] = alpha op(A)[i0:i1, :] op(B)[:, j0:j1] + beta C[i0:i1, j0:j1].
 template <typename T>
 Problem<T> sub_problem(const Problem<T>& p, int64_t i0, int64_t i1, int64_t j0, int64_t j1) {
@@ -555,7 +514,7 @@ void parallel_gemm(const Problem<T>& p, int64_t kc_block, int threads) {
     const int64_t wanted = std::max<int64_t>(
         threads, std::min<double>(4.0 * threads, flops / PARALLEL_MIN_FLOPS));
     const int64_t NR = p.kernel->cols;
-    const Grid g = choose_grid(p.M, p.N, NR, wanted);
+    const Grid g = choose_grid(p.M, p.N, MR, NR, wanted);
     const int64_t parts = g.tm * g.tn;
     parallel_chunks(parts, [&](int64_t r) {
         int64_t i0, i1, j0, j1;
@@ -565,26 +524,33 @@ void parallel_gemm(const Problem<T>& p, int64_t kc_block, int threads) {
     });
 }
 
+// The threads a product of M×N×K may use: 1 when it is small (waking the pool would cost more
+// than it saves) or runs inside a parallel loop.
+int threads_for(int64_t M, int64_t N, int64_t K) {
+    return in_parallel() || 2.0 * M * N * K < PARALLEL_MIN_FLOPS ? 1 : max_threads();
+}
+
 // The blocked product, on one thread or on the pool.
 template <typename T>
 void product(const Problem<T>& p) {
     // KC depends on K only, never on the thread count: this is what makes C deterministic.
     const int64_t kc_block = split_evenly(p.K, KC_MAX, p.pairs ? 2 : 1);
-    const int threads = in_parallel() ? 1 : max_threads();
-    if (threads == 1 || 2.0 * p.M * p.N * p.K < PARALLEL_MIN_FLOPS)
-        blocked_gemm(p, kc_block);  // small: waking the pool would cost more than it saves
+    const int threads = threads_for(p.M, p.N, p.K);
+    if (threads == 1)
+        blocked_gemm(p, kc_block);
     else
         parallel_gemm(p, kc_block, threads);
 }
 
 // C = T(acc + beta·C), one rounding per element (C is not read when beta == 0), a row at a
 // time: acc += beta·C in f32 (C widened KC_MAX elements at a time), then the row narrowed.
+// acc's rows are ld_acc floats apart.
 template <typename T>
-void round_into(int64_t M, int64_t N, float* acc, float beta, T* C, int64_t ldc, Widen<T> widen,
+void round_into(int64_t M, int64_t N, float* acc, int64_t ld_acc, float beta, T* C, int64_t ldc, Widen<T> widen,
                 void (*narrow)(const float*, T*, int64_t)) {
     alignas(64) float c32[KC_MAX];
     for (int64_t i = 0; i < M; ++i) {
-        float* a = acc + i * N;
+        float* a = acc + i * ld_acc;
         T* c = C + i * ldc;
         for (int64_t j0 = 0; beta != 0.0f && j0 < N; j0 += KC_MAX) {
             const int64_t n = std::min(KC_MAX, N - j0);
@@ -595,6 +561,19 @@ void round_into(int64_t M, int64_t N, float* acc, float beta, T* C, int64_t ldc,
     }
 }
 
+// bf16 on AMX tiles (gemm_amx.h): the f32 product alpha·op(A)·op(B) in a buffer of whole 32×32
+// blocks, then C = bf16(product + beta·C) as on the other paths.
+void run_amx(const AmxKernel& amx, const Problem<bf16>& p, bf16* C, int64_t ldc, CpuLevel level) {
+    Workspace& ws = tls_workspace;
+    const int64_t ld = amx_padded(p.N);
+    float* acc = reserve(ws.c, ws.c_cap, amx_padded(p.M) * ld);
+    const bf16* tiles = p.packed_a ? p.packed_a->amx_tiles() : nullptr;
+    amx_product(amx, AmxProblem{p.trans_a, p.trans_b, p.M, p.N, p.K, p.alpha, p.A, p.lda, tiles, p.B, p.ldb, acc, ld},
+                threads_for(p.M, p.N, p.K));
+    round_into(p.M, p.N, acc, ld, p.beta, C, ldc, convert_kernel<bf16, float>(level).run,
+               convert_kernel<float, bf16>(level).run);
+}
+
 // Runs p (C not yet set) into C on the CPU's level: for float, straight into C; for f16 and
 // bf16, the f32 product alpha·op(A)·op(B), then C = T(product + beta·C).
 template <typename T>
@@ -602,6 +581,8 @@ void run(Problem<T> p, T* C, int64_t ldc) {
     const CpuLevel level = cpu_level();  // read once: one path for the whole product
     p.kernel = &micro_kernel(level);
     if constexpr (std::is_same_v<T, bf16>) {  // a PackedA was packed for its own kernel
+        const AmxKernel* amx = p.packed_a ? p.packed_a->amx_tile_kernel() : amx_kernel(level);
+        if (amx) return run_amx(*amx, p, C, ldc, level);
         const MicroKernel* pairs = p.packed_a ? p.packed_a->pair_kernel() : bf16_pair_kernel(level);
         if (pairs) p.kernel = pairs, p.pairs = true;
     }
@@ -614,7 +595,7 @@ void run(Problem<T> p, T* C, int64_t ldc) {
         const float beta = p.beta;
         p.C = reserve(ws.c, ws.c_cap, p.M * p.N), p.ldc = p.N, p.beta = 0.0f;
         product(p);
-        round_into(p.M, p.N, p.C, beta, C, ldc, p.widen, convert_kernel<float, T>(level).run);
+        round_into(p.M, p.N, p.C, p.N, beta, C, ldc, p.widen, convert_kernel<float, T>(level).run);
     }
 }
 
@@ -626,15 +607,27 @@ void run(Problem<T> p, T* C, int64_t ldc) {
 //   data[pc·Mp + r·kc + k·MR + i] = op(A)[r + i, pc + k],   Mp = M rounded up to MR
 // so the panel of rows r.. of a KC-block is at pc·Mp + r·kc, whatever MC block it falls in, and
 // a rectangle of C (its rows start at a multiple of MR: parallel_gemm) finds its panels there.
+// A bf16 A on a CPU whose bf16 GEMM takes AMX tiles is packed as AMX tiles instead (gemm_amx.h).
 template <typename T>
 PackedA::PackedA(bool trans_a, int64_t M, int64_t K, const T* A, int64_t lda)
     : M_(M), K_(K), padded_rows_((M + MR - 1) / MR * MR), data_(nullptr), capacity_(0) {
     check_args("PackedA", trans_a, false, M, 0, K, A, lda, A, 0, nullptr, 0);
     KILN_CHECK(M * K == 0 || A != nullptr, "PackedA: A is null for a ", M, "×", K, " matrix");
+    if constexpr (std::is_same_v<T, bf16>) amx_ = amx_kernel(cpu_level());
     Workspace& ws = tls_workspace;
-    const int64_t floats = std::max<int64_t>(1, padded_rows_ * K);
+    const int64_t floats = std::max<int64_t>(1, amx_ ? (amx_packed_a_elems(M, K) + 1) / 2 : padded_rows_ * K);
     reserve(ws.packed, ws.packed_cap, floats);
     data_ = ws.packed.release(), capacity_ = ws.packed_cap, ws.packed_cap = 0;  // ours until ~PackedA
+    if constexpr (std::is_same_v<T, bf16>) {
+        if (amx_) {  // 32 rows (two tiles' worth) per task, KC-block after KC-block
+            bf16* tiles = reinterpret_cast<bf16*>(data_);
+            for (int64_t pc = 0; pc < K; pc += amx_kc_block(K))
+                parallel_for(amx_padded(M) / kAmxBlock, 4, [&](int64_t q0, int64_t q1) {
+                    amx_pack_a_rows(trans_a, A, lda, M, K, pc, q0 * kAmxBlock, std::min(M, q1 * kAmxBlock), tiles);
+                });
+            return;
+        }
+    }
     Problem<T> p{trans_a, false, M, 0, K, 1.0f, A, lda, nullptr, 0, 0.0f, nullptr, 0};
     p.kernel = &micro_kernel(cpu_level());  // its packers
     if constexpr (!std::is_same_v<T, float>) p.widen = convert_kernel<T, float>(cpu_level()).run;
@@ -677,9 +670,10 @@ void gemm(const PackedA& A, bool trans_b, int64_t N, float alpha, const T* B, in
     check_args("gemm (packed A)", false, trans_b, M, N, K, &A, K, B, ldb, C, ldc);
     if (M == 0 || N == 0) return;
     if (K == 0 || alpha == 0.0f) return scale_c(M, N, beta, C, ldc);
-    KILN_CHECK(!A.pair_kernel() || (std::is_same_v<T, bf16>),
-               "gemm (packed A): this PackedA holds bf16 pairs (made from a bf16 A on a CPU with AVX512-BF16); "
-               "multiply it by a bf16 B, or pack A from f32");
+    KILN_CHECK(!(A.pair_kernel() || A.amx_tile_kernel()) || (std::is_same_v<T, bf16>),
+               "gemm (packed A): this PackedA holds ", A.amx_tile_kernel() ? "AMX tiles" : "bf16 pairs",
+               " (made from a bf16 A on a CPU with ", A.amx_tile_kernel() ? "AMX" : "AVX512-BF16",
+               "); multiply it by a bf16 B, or pack A from f32");
     Problem<T> p{false, trans_b, M, N, K, alpha, nullptr, K, B, ldb, beta, nullptr, 0};
     p.packed_a = &A;
     run(p, C, ldc);
@@ -708,6 +702,8 @@ template <typename T>
 const char* gemm_path(CpuLevel level) {
     if constexpr (std::is_same_v<T, float>) {
         return micro_kernel(level).name;
+    } else if (const AmxKernel* amx = std::is_same_v<T, bf16> ? amx_kernel(level) : nullptr) {
+        return amx->name;
     } else if (const MicroKernel* pairs = std::is_same_v<T, bf16> ? bf16_pair_kernel(level) : nullptr) {
         return pairs->name;
     } else {

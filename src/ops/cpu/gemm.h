@@ -22,7 +22,7 @@
 // products are summed in f32 whatever T is; C is rounded to T once, at the end.
 //
 // ---- How the path is picked (chapter 09) ------------------------------------------------------
-// Three things are picked at run time, all for cpu_level() (core/cpu_features.h: the CPU's
+// Four things are picked at run time, all for cpu_level() (core/cpu_features.h: the CPU's
 // best level, capped by KILN_CPU), which gemm() reads once per call:
 //  - the micro-kernel, where the time goes: f32 FMA for every T, in AVX-512, AVX2 + FMA or the
 //    compiler's vectors (gemm_tile.h), whatever -march the library was compiled with;
@@ -37,19 +37,19 @@
 //    2× the f32 FMA rate (bf16 1024³ at ~280-340 GFLOP/s on 2 threads, f32 ~165). Its sums round
 //    in another order and flush subnormals, so C may differ from the other paths by an ulp of
 //    bf16: tested within that bound, not bit for bit. A PackedA made from bf16 holds pairs too.
+//  - for bf16 at the amx level (a CPU with AMX-BF16 whose kernel grants the tiles): AMX tiles,
+//    when tdpbf16ps measures faster than the path above (amx_kernel in gemm_tile.h)  "amx-bf16"
+//    Its own packing into 16×32 tiles and 32×32 blocks of C (gemm_amx.h), the same five loops;
+//    about 6.5× one core's f32 FMA rate where it was measured. Its sums round in the
+//    instruction's order and flush subnormals, as vdpbf16ps's do: tested within the same bound.
+//    A PackedA made from bf16 then holds AMX tiles. KILN_AMX=emulate runs it on a model of the
+//    tiles on any CPU (amx_tiles.h), slowly                                 "amx-bf16-emulated"
 // The conversions give dtype.h's bits for every input and the fused micro-kernels the same
-// sums (gemm_tile.h), so apart from vdpbf16ps, KILN_CPU changes the speed, not a result —
+// sums (gemm_tile.h), so apart from vdpbf16ps and AMX, KILN_CPU changes the speed, not a result —
 // except the portable micro-kernel of a library compiled without FMA, which rounds twice per
 // multiply-add.
-//
-// Where the other faster products would slot in (not written: the machines this was written on
-// cannot run them). Each replaces the packing and the micro-kernel of a 16-bit T, as the bf16
-// pairs do, and would be picked by measurement too:
-//   avx512 + avx512_fp16   vfmadd...ph: 32 f16 lanes, about 2× f32 FMA, but it sums in f16;
-//                          kiln sums in f32, so only short k-runs could be summed in f16.
-//   amx (+ amx_permission) tdpbf16ps: 16×32 bf16 tiles into 16×16 f32 tiles, about 6.5× one
-//                          core's f32 FMA rate; the micro-kernel becomes tile loads and one
-//                          tdpbf16ps per tile, in the same five loops.
+// Not used: AVX512-FP16's vfmadd...ph (32 f16 lanes, about 2× f32 FMA) sums in f16, and kiln
+// sums in f32 whatever T is; AMX-FP16 (f16 tiles) comes after the CPUs kiln has met.
 #pragma once
 #include <cstdint>
 
@@ -76,6 +76,7 @@ void gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alp
 // vdpbf16ps kernel ("How the path is picked") is packed as that kernel's bf16 pairs instead, half
 // the bytes, and is multiplied by that kernel; its B must then be bf16 too.
 struct MicroKernel;  // gemm_tile.h
+struct AmxKernel;    // gemm_tile.h
 
 class PackedA {
 public:
@@ -89,6 +90,10 @@ public:
     int64_t depth() const { return K_; }  // K
     // The kernel its panels are for when they hold bf16 pairs; null when they hold f32.
     const MicroKernel* pair_kernel() const { return pairs_; }
+    // The AMX kernel its tiles are for when it holds AMX tiles (gemm_amx.h's layout, bf16 A on a
+    // CPU whose bf16 GEMM takes AMX); null otherwise. The tiles themselves:
+    const AmxKernel* amx_tile_kernel() const { return amx_; }
+    const bf16* amx_tiles() const { return reinterpret_cast<const bf16*>(data_); }
     // The micro-panel of rows r .. r+5 (r a multiple of 6) in the KC-block starting at k = pc
     // (kc rows of f32, or (kc+1)/2 of pairs: the KC-blocks of a pair product are even, pc too).
     const float* panel(int64_t pc, int64_t r, int64_t kc) const {
@@ -100,6 +105,7 @@ private:
     float* data_;
     int64_t capacity_;  // floats
     const MicroKernel* pairs_ = nullptr;
+    const AmxKernel* amx_ = nullptr;
 };
 
 // C[M,N] = alpha · A · op(B)[K,N] + beta · C, with A packed (its M and K); as gemm() otherwise.

@@ -9,6 +9,8 @@
 //   gemm_tile_avx2.cpp     AVX2 + FMA     6×16 tile: 12 ymm accumulators   "avx2-fma"
 //   gemm_tile_portable.cpp the compiler's 4-float vectors for the -march it was given   "vectors"
 //   gemm_tile_avx512bf16.cpp  AVX512-BF16, bf16 operands only: 6×64, vdpbf16ps        "avx512-bf16"
+// and, for bf16 operands on a CPU with AMX, a kernel of another shape (AmxKernel below):
+//   gemm_tile_amx.cpp      AMX tiles: 32×32, tdpbf16ps                             "amx-bf16"
 // gemm() takes the best one at or below cpu_level() (core/cpu_features.h), so KILN_CPU=avx2
 // runs the AVX2 kernel on an AVX-512 machine, and the AVX-512 kernel runs on any CPU that has
 // it even when the library was compiled for less (-march=x86-64-v3).
@@ -21,6 +23,7 @@
 #include <cstdint>
 
 #include "core/cpu_features.h"
+#include "core/dtype.h"
 
 namespace kiln::cpu {
 
@@ -62,5 +65,47 @@ const MicroKernel& micro_kernel(CpuLevel level);
 // first call times both kernels on one L1-resident tile and takes the pairs when they do a
 // multiply-add in at most 0.8 of the time (a margin, so that noise cannot flip a near tie).
 const MicroKernel* bf16_pair_kernel(CpuLevel level);
+
+// ---- AMX tiles (chapter 09) ----------------------------------------------------------------------
+// AMX gives a core eight tile registers of 16 rows × 64 bytes and one multiply, tdpbf16ps, that
+// adds a 16×32 bf16 tile times a 32×16 one into a 16×16 f32 tile: 16,384 multiply-adds in one
+// instruction. Its operands have their own layouts (gemm_amx.cpp, "Tiles"), so the AMX kernel
+// is not a MicroKernel: it computes a 32×32 block of C from tiles packed for it, 32 values of k
+// per step, four products per step on two A tiles and two B tiles:
+//   C[0:16, 0:16]  += A_top · B_left     C[0:16, 16:32]  += A_top · B_right
+//   C[16:32, 0:16] += A_bottom · B_left   C[16:32, 16:32] += A_bottom · B_right
+// The same kernel (gemm_amx_body.h) is compiled twice: on the instructions (gemm_tile_amx.cpp,
+// "amx-bf16") and on amx_tiles.h's model of them ("amx-bf16-emulated"), which runs it, slowly,
+// on any CPU, and so tests it on machines without AMX.
+constexpr int64_t kAmxBlock = 32;  // rows and columns of C one block() computes
+constexpr int64_t kAmxDepth = 32;  // values of k per step
+constexpr int64_t kAmxTileElems = 16 * 32;  // bf16 in one A or B tile (1 KiB)
+
+struct AmxBlock {
+    int64_t steps;       // steps of kAmxDepth values of k
+    const bf16* a[2];    // rows 0-15 and 16-31: `steps` A tiles each, one after another
+    const bf16* b[2];    // columns 0-15 and 16-31: `steps` B tiles each, one after another
+    float* c;            // the 32×32 block of C, ldc floats from one row to the next
+    int64_t ldc;
+    bool accumulate;     // C += the product (else C = the product)
+};
+
+struct AmxKernel {
+    const char* name;  // "amx-bf16" or "amx-bf16-emulated"
+    void (*begin)();   // configure the calling thread's tiles for block() (ldtilecfg)
+    void (*end)();     // release them (tilerelease)
+    void (*block)(const AmxBlock& b);
+};
+
+// For bf16 operands: the AMX kernel when `level` is amx, the kernel let this process use the
+// tiles (amx_permission), and they do a multiply-add in at most 0.8 of the time of the bf16 path
+// they replace (measured once per process, as bf16_pair_kernel does); null otherwise. Under
+// amx emulation (below), the emulated kernel on any CPU and at any level.
+const AmxKernel* amx_kernel(CpuLevel level);
+
+// Emulation: bf16 GEMMs run the AMX kernel on amx_tiles.h's model of the tiles, to follow or test
+// the AMX path on a CPU without it (thousands of times slower than the real tiles). Starts as the
+// environment says (KILN_AMX=emulate; KILN_AMX=auto or unset: off); returns the previous setting.
+bool set_amx_emulation(bool on);
 
 }  // namespace kiln::cpu

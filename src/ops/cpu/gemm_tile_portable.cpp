@@ -1,8 +1,13 @@
 // gemm_tile_portable.cpp — the GEMM micro-kernel in the compiler's 4-float vectors, for any CPU
 // (gemm_tile.h), and the choice of kernel for a CPU level.
 #include <algorithm>
+#include <atomic>
 #include <chrono>
+#include <cstdlib>
+#include <string>
 #include <vector>
+
+#include "core/error.h"
 
 #define KILN_TILE_ISA 0
 #define KILN_TILE_KERNEL kTilePortable
@@ -13,7 +18,9 @@ namespace kiln::cpu {
 #if defined(__x86_64__)
 extern const MicroKernel kTileAvx512, kTileAvx2;  // gemm_tile_avx512.cpp, gemm_tile_avx2.cpp
 extern const MicroKernel kTileAvx512Bf16;         // gemm_tile_avx512bf16.cpp
+extern const AmxKernel kAmxTiles;                 // gemm_tile_amx.cpp
 #endif
+extern const AmxKernel kAmxEmulated;              // amx_tiles.cpp
 
 const MicroKernel& micro_kernel([[maybe_unused]] CpuLevel level) {
 #if defined(__x86_64__)
@@ -42,6 +49,36 @@ double seconds_per_multiply_add(const MicroKernel& k, int64_t steps, int64_t per
     return best / (200.0 * kTileRows * k.cols * steps * per_step);
 }
 
+// The same for the AMX kernel on one 32×32 block of `steps` steps, its tiles (zeros) in L1.
+double amx_seconds_per_multiply_add(const AmxKernel& k, int64_t steps) {
+    const int64_t run = steps * kAmxTileElems;
+    std::vector<bf16> tiles(size_t(4 * run));
+    std::vector<float> C(size_t(kAmxBlock * kAmxBlock));
+    const bf16* t = tiles.data();
+    const AmxBlock block{steps, {t, t + run}, {t + 2 * run, t + 3 * run}, C.data(), kAmxBlock, false};
+    k.begin();
+    double best = 1e9;
+    for (int round = 0; round < 5; ++round) {
+        const auto t0 = std::chrono::steady_clock::now();
+        for (int call = 0; call < 200; ++call) k.block(block);
+        best = std::min(best, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+    }
+    k.end();
+    return best / (200.0 * kAmxBlock * kAmxBlock * steps * kAmxDepth);
+}
+
+// Whether bf16 GEMMs run on the emulated tiles: KILN_AMX at first, then set_amx_emulation.
+std::atomic<bool>& amx_emulation() {
+    static std::atomic<bool> on{[] {
+        const std::string env = std::getenv("KILN_AMX") ? std::getenv("KILN_AMX") : "";
+        KILN_CHECK(env.empty() || env == "auto" || env == "emulate", "KILN_AMX='", env, "' is not a choice: use ",
+                   "auto (AMX tiles where the CPU has them and they are faster; the default) or emulate (bf16 ",
+                   "GEMMs on a model of the tiles, on any CPU, slowly)");
+        return env == "emulate";
+    }()};
+    return on;
+}
+
 }  // namespace
 
 const MicroKernel* bf16_pair_kernel([[maybe_unused]] CpuLevel level) {
@@ -54,5 +91,22 @@ const MicroKernel* bf16_pair_kernel([[maybe_unused]] CpuLevel level) {
     return nullptr;
 #endif
 }
+
+const AmxKernel* amx_kernel([[maybe_unused]] CpuLevel level) {
+    if (amx_emulation().load(std::memory_order_relaxed)) return &kAmxEmulated;
+#if defined(__x86_64__)
+    if (level < CpuLevel::Amx || !amx_permission()) return nullptr;
+    static const bool faster = [] {  // against the bf16 path the avx512 level takes
+        const MicroKernel* pairs = bf16_pair_kernel(CpuLevel::Avx512);
+        const double other = pairs ? seconds_per_multiply_add(*pairs, 64, 2) : seconds_per_multiply_add(kTileAvx512, 128, 1);
+        return amx_seconds_per_multiply_add(kAmxTiles, 16) <= 0.8 * other;
+    }();
+    return faster ? &kAmxTiles : nullptr;
+#else
+    return nullptr;
+#endif
+}
+
+bool set_amx_emulation(bool on) { return amx_emulation().exchange(on); }
 
 }  // namespace kiln::cpu
