@@ -180,22 +180,43 @@ void padded_plane(const T* x, int64_t H, int64_t W, int64_t pad, float* out) {
     }
 }
 
+// Stride 1: a tap reads the padded plane shifted by (kh·d, kw·d), so over rows as wide as the
+// padded plane's, the P rows of y are one run (as in the int8 kernel, quant.cpp's taps_flat):
+//   wide[i] = bias, then wide[i] += w[c, kh, kw] · xpad[i + kh·d·Wp + kw·d] for i < (P−1)·Wp + Q,
+// taps in (kh, kw) order, and row p of y is wide[p·Wp .. p·Wp + Q). One loop of ~P·Wp values per
+// tap where rows gave loops of Q (MobileNetV2's 4×4 and 8×8 planes: too short to vectorize); every
+// value sees the same operations in the same order as row by row, so the same bits.
+void taps_flat(const float* xpad, int64_t Wp, const float* wc, const Conv2dParams& p, float bias, float* wide,
+               float* y) {
+    const int64_t P = p.P(), Q = p.Q(), d = p.dilation, n = (P - 1) * Wp + Q;
+    std::fill(wide, wide + n, bias);
+    for (int64_t kh = 0; kh < p.KH; kh++)
+        for (int64_t kw = 0; kw < p.KW; kw++) axpy_strided(wc[kh * p.KW + kw], xpad + kh * d * Wp + kw * d, 1, wide, 1, n);
+    for (int64_t op = 0; op < P; op++) std::copy(wide + op * Wp, wide + op * Wp + Q, y + op * Q);
+}
+
 template <typename T>
 void depthwise_forward(const T* x, const T* w, const T* b, T* y, const Conv2dParams& p) {
     const int64_t H = p.H, W = p.W, P = p.P(), Q = p.Q(), s = p.stride, C = p.C, d = p.dilation;
     const int64_t Wp = W + 2 * p.padding, taps = p.KH * p.KW;
     parallel_for(p.N * C, flop_grain(p.N * C, double(p.N) * flops_per_image(p)), [&](int64_t nc0, int64_t nc1) {
         std::vector<float> xpad(static_cast<size_t>((H + 2 * p.padding) * Wp));
+        std::vector<float> wide(static_cast<size_t>(s == 1 ? P * Wp : 0)), wc(static_cast<size_t>(taps));
         for (int64_t nc = nc0; nc < nc1; nc++) {
             const int64_t c = nc % C;
+            const float bias = b ? float(b[c]) : 0.0f;
             padded_plane(x + nc * H * W, H, W, p.padding, xpad.data());
-            F32Plane<T> plane(y + nc * P * Q, P * Q, b ? float(b[c]) : 0.0f);
-            for (int64_t op = 0; op < P; op++) {  // a row of y stays in L1 while its taps add in
-                float* yr = plane.data() + op * Q;
-                for (int64_t kh = 0; kh < p.KH; kh++) {
-                    const float* xr = xpad.data() + (op * s + kh * d) * Wp;  // padded row op·s + kh·d
-                    for (int64_t kw = 0; kw < p.KW; kw++)
-                        axpy_strided(float(w[c * taps + kh * p.KW + kw]), xr + kw * d, s, yr, 1, Q);
+            for (int64_t t = 0; t < taps; t++) wc[size_t(t)] = float(w[c * taps + t]);
+            F32Plane<T> plane(y + nc * P * Q, P * Q, bias);
+            if (s == 1) {
+                taps_flat(xpad.data(), Wp, wc.data(), p, bias, wide.data(), plane.data());
+            } else {
+                for (int64_t op = 0; op < P; op++) {  // a row of y stays in L1 while its taps add in
+                    float* yr = plane.data() + op * Q;
+                    for (int64_t kh = 0; kh < p.KH; kh++) {
+                        const float* xr = xpad.data() + (op * s + kh * d) * Wp;  // padded row op·s + kh·d
+                        for (int64_t kw = 0; kw < p.KW; kw++) axpy_strided(wc[size_t(kh * p.KW + kw)], xr + kw * d, s, yr, 1, Q);
+                    }
                 }
             }
             plane.store();
