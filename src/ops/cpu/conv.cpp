@@ -227,22 +227,38 @@ void depthwise_forward(const T* x, const T* w, const T* b, T* y, const Conv2dPar
 // dx[n, c, ih, iw] = Σ over the (p, q, kh, kw) that read it of w[c, kh, kw] · dy[n, c, p, q]: added into
 // a padded f32 plane (what lands on the padding is dropped), taps in (kh, kw) order, then rounded
 // into dx once.
+// Stride 1, as taps_flat: dy laid out in rows as wide as the padded plane, zeros past Q, is one run
+// per tap: dxpad[i + kh·d·Wp + kw·d] += w · dy_wide[i] for i < (P−1)·Wp + Q. With finite weights the
+// zeros add ±0, which leaves every sum as it was (dxpad starts at +0, and sums that start at +0 never
+// reach −0), and each element takes its taps in the same (kh, kw) order: the bits of the row-by-row
+// loop (below, for the other strides).
 template <typename T>
 void depthwise_backward_data(const T* dy, const T* w, T* dx, const Conv2dParams& p) {
     const int64_t H = p.H, W = p.W, P = p.P(), Q = p.Q(), s = p.stride, C = p.C, d = p.dilation;
     const int64_t Wp = W + 2 * p.padding, taps = p.KH * p.KW;
     parallel_for(p.N * C, flop_grain(p.N * C, double(p.N) * flops_per_image(p)), [&](int64_t nc0, int64_t nc1) {
         std::vector<float> dxpad(static_cast<size_t>((H + 2 * p.padding) * Wp));
+        std::vector<float> dy_wide(static_cast<size_t>(s == 1 ? P * Wp : 0));  // [P, Wp], zeros past Q
         for (int64_t nc = nc0; nc < nc1; nc++) {
             const int64_t c = nc % C;
             const T* dyp = dy + nc * P * Q;
             std::fill(dxpad.begin(), dxpad.end(), 0.0f);
-            for (int64_t kh = 0; kh < p.KH; kh++)
-                for (int64_t kw = 0; kw < p.KW; kw++) {
-                    const float wv = float(w[c * taps + kh * p.KW + kw]);
-                    for (int64_t op = 0; op < P; op++)
-                        axpy_strided(wv, dyp + op * Q, 1, dxpad.data() + (op * s + kh * d) * Wp + kw * d, s, Q);
-                }
+            if (s == 1) {
+                const int64_t n = (P - 1) * Wp + Q;
+                for (int64_t op = 0; op < P; op++)
+                    for (int64_t q = 0; q < Q; q++) dy_wide[size_t(op * Wp + q)] = float(dyp[op * Q + q]);
+                for (int64_t kh = 0; kh < p.KH; kh++)
+                    for (int64_t kw = 0; kw < p.KW; kw++)
+                        axpy_strided(float(w[c * taps + kh * p.KW + kw]), dy_wide.data(), 1,
+                                     dxpad.data() + kh * d * Wp + kw * d, 1, n);
+            } else {
+                for (int64_t kh = 0; kh < p.KH; kh++)
+                    for (int64_t kw = 0; kw < p.KW; kw++) {
+                        const float wv = float(w[c * taps + kh * p.KW + kw]);
+                        for (int64_t op = 0; op < P; op++)
+                            axpy_strided(wv, dyp + op * Q, 1, dxpad.data() + (op * s + kh * d) * Wp + kw * d, s, Q);
+                    }
+            }
             T* out = dx + nc * H * W;
             for (int64_t h = 0; h < H; h++) {
                 const float* row = dxpad.data() + (h + p.padding) * Wp + p.padding;
