@@ -415,3 +415,58 @@ TEST_CASE("Winograd without a workspace is an error naming the pass", "[conv][cp
     REQUIRE_THROWS_WITH(cpu::conv2d_forward<float>(x.data(), w.data(), nullptr, y.data(), p, nullptr, 0),
                         Contains("winograd_forward") && Contains("workspace"));
 }
+
+TEST_CASE("depthwise conv2d gives the bits of the textbook loops, taps in (kh, kw) order", "[conv][cpu][depthwise][lesson13]") {
+    // The kernels run stride 1 as one loop per tap over rows as wide as the padded plane (conv.cpp,
+    // taps_flat), other strides row by row; either way each output must see the same operations in
+    // the same order as these loops:
+    //   y[p, q] = b; y += w[kh, kw] · x_padded[p·s + kh·d, q·s + kw·d]   for kh, then kw
+    //   dx_padded[p·s + kh·d, q·s + kw·d] += w[kh, kw] · dy[p, q]   for kh, kw, then p, q; cropped
+    // dy holds exact zeros of both signs, as after a ReLU6.
+    struct S { int64_t N, C, H, W, K, stride, pad, dil; };
+    const S shapes[] = {{2, 5, 8, 8, 3, 1, 1, 1}, {2, 4, 4, 4, 3, 1, 1, 1}, {1, 3, 7, 9, 5, 1, 2, 1},
+                        {2, 3, 9, 9, 3, 1, 2, 2}, {2, 3, 8, 7, 3, 1, 0, 1}, {2, 4, 9, 8, 3, 2, 1, 1}};
+    for (const S& sh : shapes) {
+        Conv2dParams p;
+        p.N = sh.N, p.C = p.O = p.groups = sh.C, p.H = sh.H, p.W = sh.W, p.KH = p.KW = sh.K;
+        p.stride = sh.stride, p.padding = sh.pad, p.dilation = sh.dil;
+        const int64_t P = p.P(), Q = p.Q(), Hp = p.H + 2 * p.padding, Wp = p.W + 2 * p.padding;
+        INFO(p.H << "×" << p.W << " k" << p.KH << " stride " << p.stride << " pad " << p.padding << " dil " << p.dilation);
+        Rng rng(3);
+        const Tensor x = Tensor::normal({p.N, p.C, p.H, p.W}, 0.0f, 1.0f, rng);
+        const Tensor w = Tensor::normal({p.C, 1, p.KH, p.KW}, 0.0f, 1.0f, rng);
+        const Tensor b = Tensor::normal({p.C}, 0.0f, 1.0f, rng);
+        Tensor dy = Tensor::normal({p.N, p.C, P, Q}, 0.0f, 1.0f, rng);
+        for (int64_t i = 0; i < dy.numel(); i += 3) dy.data<float>()[i] = i % 2 ? 0.0f : -0.0f;
+        Tensor y = Tensor::zeros({p.N, p.C, P, Q}), dx = Tensor::zeros({p.N, p.C, p.H, p.W});
+        cpu::conv2d_forward<float>(x.data<float>(), w.data<float>(), b.data<float>(), y.data<float>(), p, nullptr, 0);
+        cpu::conv2d_backward_data<float>(dy.data<float>(), w.data<float>(), dx.data<float>(), p, nullptr, 0);
+        Tensor y_ref = Tensor::zeros(y.shape()), dx_ref = Tensor::zeros(dx.shape());
+        for (int64_t nc = 0; nc < p.N * p.C; nc++) {
+            const int64_t c = nc % p.C;
+            const float* xp = x.data<float>() + nc * p.H * p.W;
+            const float* wc = w.data<float>() + c * p.KH * p.KW;
+            std::vector<float> xpad(size_t(Hp * Wp), 0.0f), dxpad(size_t(Hp * Wp), 0.0f);
+            for (int64_t h = 0; h < p.H; h++)
+                for (int64_t v = 0; v < p.W; v++) xpad[size_t((h + p.padding) * Wp + v + p.padding)] = xp[h * p.W + v];
+            float* yr = y_ref.data<float>() + nc * P * Q;
+            const float* dyr = dy.data<float>() + nc * P * Q;
+            for (int64_t i = 0; i < P * Q; i++) yr[i] = b.data<float>()[c];
+            for (int64_t kh = 0; kh < p.KH; kh++)
+                for (int64_t kw = 0; kw < p.KW; kw++) {
+                    const float wv = wc[kh * p.KW + kw];
+                    for (int64_t op = 0; op < P; op++)
+                        for (int64_t q = 0; q < Q; q++) {
+                            const int64_t at = (op * p.stride + kh * p.dilation) * Wp + q * p.stride + kw * p.dilation;
+                            yr[op * Q + q] += wv * xpad[size_t(at)];
+                            dxpad[size_t(at)] += wv * dyr[op * Q + q];
+                        }
+                }
+            for (int64_t h = 0; h < p.H; h++)
+                for (int64_t v = 0; v < p.W; v++)
+                    dx_ref.data<float>()[nc * p.H * p.W + h * p.W + v] = dxpad[size_t((h + p.padding) * Wp + v + p.padding)];
+        }
+        CHECK(same_bits(y, y_ref));
+        CHECK(same_bits(dx, dx_ref));
+    }
+}
