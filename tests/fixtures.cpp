@@ -204,4 +204,7 @@ std::vector<CpuLevel> fused_gemm_levels() {
     return levels;
 }
 
+AmxEmulation::AmxEmulation() : before_(cpu::set_amx_emulation(true)) {}
+AmxEmulation::~AmxEmulation() { cpu::set_amx_emulation(before_); }
+
 }  // namespace kiln::test

@@ -100,6 +100,19 @@ auto under_each_level(F f) {
     return under_levels(runnable_levels(), f);
 }
 
+// bf16 GEMMs on the model of AMX's tiles (ops/cpu/gemm_tile.h) while this lives, even when a check
+// fails, then as before.
+class AmxEmulation {
+public:
+    AmxEmulation();
+    ~AmxEmulation();
+    AmxEmulation(const AmxEmulation&) = delete;
+    AmxEmulation& operator=(const AmxEmulation&) = delete;
+
+private:
+    bool before_;
+};
+
 // n values of T (f16, bf16, float), uniform in [-2, 2] before rounding to T.
 template <typename T>
 std::vector<T> random_lowp(size_t n, uint32_t seed) {

@@ -16,7 +16,6 @@
 #include "fixtures.h"
 #include "ops/cpu/amx_tiles.h"
 #include "ops/cpu/gemm.h"
-#include "ops/cpu/gemm_tile.h"
 
 using namespace kiln;
 namespace amx = kiln::cpu::amx;
@@ -38,12 +37,6 @@ std::vector<bf16> bf16s(std::initializer_list<float> xs) {
 }
 
 std::vector<bf16> random_bf16(size_t n, uint32_t seed) { return test::random_lowp<bf16>(n, seed); }
-
-// Emulation on for one scope.
-struct Emulated {
-    bool before = cpu::set_amx_emulation(true);
-    ~Emulated() { cpu::set_amx_emulation(before); }
-};
 
 }  // namespace
 
@@ -123,7 +116,7 @@ TEST_CASE("the AMX model faults where the CPU would, with a message", "[amx][cpu
 }
 
 TEST_CASE("bf16 gemm on AMX tiles gives the same bits with 1, 2 and 3 threads", "[amx][gemm][cpu][lesson09]") {
-    const Emulated emulated;
+    const test::AmxEmulation emulated;
     const int saved = omp_get_max_threads();
     const int64_t shapes[][3] = {{130, 100, 600}, {64, 520, 96}, {300, 40, 64}};
     for (bool ta : {false, true})
@@ -147,7 +140,7 @@ TEST_CASE("bf16 gemm on AMX tiles gives the same bits with 1, 2 and 3 threads", 
 }
 
 TEST_CASE("a bf16 PackedA on AMX tiles gives the bits of gemm on A itself", "[amx][gemm][cpu][lesson09]") {
-    const Emulated emulated;
+    const test::AmxEmulation emulated;
     // Two KC-blocks (K = 600), rows past a 32-row block, columns past a 32-column one.
     const int64_t M = 37, N = 45, K = 600;
     const auto A = random_bf16(size_t(M * K), 31), B = random_bf16(size_t(K * N), 32);

@@ -249,10 +249,9 @@ TEST_CASE("bf16 gemm on AMX tiles, emulated and (where the CPU has them) real, s
     {
         INFO("the emulated tiles (amx_tiles.h)");
         check_within_fma_bound([](const std::function<void()>& run) {
-            const bool before = cpu::set_amx_emulation(true);
+            const test::AmxEmulation emulated;
             CHECK(std::string(cpu::gemm_path<bf16>(cpu_level())) == "amx-bf16-emulated");
             run();
-            cpu::set_amx_emulation(before);
         });
     }
     if (!cpu::amx_kernel(detected_cpu_level())) {

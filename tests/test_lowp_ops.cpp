@@ -40,7 +40,6 @@
 #include "fixtures.h"
 #include "ops/cnn.h"
 #include "ops/cpu/gemm.h"
-#include "ops/cpu/gemm_tile.h"
 
 using namespace kiln;
 using Catch::Matchers::Contains;
@@ -437,10 +436,7 @@ TEST_CASE("lowp cnn ops: a mixed pair names the tensor; a norm's f16 parameter i
 
 TEST_CASE("bf16 conv2d on AMX tiles (emulated), every strategy, forward and backward, within the bound of f32",
           "[lowp][lesson09][cpu][conv][amx]") {
-    struct Emulated {  // on for this test only, even when a check fails
-        bool before = cpu::set_amx_emulation(true);
-        ~Emulated() { cpu::set_amx_emulation(before); }
-    } emulated;
+    const test::AmxEmulation emulated;
     REQUIRE(std::string(cpu::gemm_path<bf16>(cpu_level())) == "amx-bf16-emulated");
     for (const ConvCase& k : kConvCases) {
         SECTION(k.what) { check_against_f32(conv_check(k, kBF16), Device::CPU, kBF16); }

@@ -35,18 +35,25 @@ const MicroKernel& micro_kernel([[maybe_unused]] CpuLevel level) {
 namespace kiln::cpu {
 namespace {
 
-// Seconds per multiply-add of kernel k on one 6×NR tile whose panels (zeros) sit in L1: the best
-// of 5 rounds of 200 calls, each `steps` steps of its k loop doing `per_step` values of k.
-double seconds_per_multiply_add(const MicroKernel& k, int64_t steps, int64_t per_step) {
-    std::vector<float> Ap(size_t(kTileRows * steps)), Bp(size_t(k.cols * steps)), C(size_t(kTileRows * k.cols));
-    const TileOut out{C.data(), k.cols, kTileRows, k.cols, 1.0f, 0.0f};
+// The best of 5 rounds of 200 calls of `call`, in seconds per call.
+template <typename Call>
+double best_seconds_per_call(Call call) {
     double best = 1e9;
     for (int round = 0; round < 5; ++round) {
         const auto t0 = std::chrono::steady_clock::now();
-        for (int call = 0; call < 200; ++call) k.multiply(steps, Ap.data(), Bp.data(), out);
+        for (int i = 0; i < 200; ++i) call();
         best = std::min(best, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
     }
-    return best / (200.0 * kTileRows * k.cols * steps * per_step);
+    return best / 200.0;
+}
+
+// Seconds per multiply-add of kernel k on one 6×NR tile whose panels (zeros) sit in L1, each call
+// `steps` steps of its k loop doing `per_step` values of k.
+double seconds_per_multiply_add(const MicroKernel& k, int64_t steps, int64_t per_step) {
+    std::vector<float> Ap(size_t(kTileRows * steps)), Bp(size_t(k.cols * steps)), C(size_t(kTileRows * k.cols));
+    const TileOut out{C.data(), k.cols, kTileRows, k.cols, 1.0f, 0.0f};
+    const double call = best_seconds_per_call([&] { k.multiply(steps, Ap.data(), Bp.data(), out); });
+    return call / double(kTileRows * k.cols * steps * per_step);
 }
 
 // The same for the AMX kernel on one 32×32 block of `steps` steps, its tiles (zeros) in L1.
@@ -57,14 +64,9 @@ double amx_seconds_per_multiply_add(const AmxKernel& k, int64_t steps) {
     const bf16* t = tiles.data();
     const AmxBlock block{steps, {t, t + run}, {t + 2 * run, t + 3 * run}, C.data(), kAmxBlock, false};
     k.begin();
-    double best = 1e9;
-    for (int round = 0; round < 5; ++round) {
-        const auto t0 = std::chrono::steady_clock::now();
-        for (int call = 0; call < 200; ++call) k.block(block);
-        best = std::min(best, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
-    }
+    const double call = best_seconds_per_call([&] { k.block(block); });
     k.end();
-    return best / (200.0 * kAmxBlock * kAmxBlock * steps * kAmxDepth);
+    return call / double(kAmxBlock * kAmxBlock * steps * kAmxDepth);
 }
 
 // Whether bf16 GEMMs run on the emulated tiles: KILN_AMX at first, then set_amx_emulation.
@@ -98,7 +100,8 @@ const AmxKernel* amx_kernel([[maybe_unused]] CpuLevel level) {
     if (level < CpuLevel::Amx || !amx_permission()) return nullptr;
     static const bool faster = [] {  // against the bf16 path the avx512 level takes
         const MicroKernel* pairs = bf16_pair_kernel(CpuLevel::Avx512);
-        const double other = pairs ? seconds_per_multiply_add(*pairs, 64, 2) : seconds_per_multiply_add(kTileAvx512, 128, 1);
+        const double other =
+            pairs ? seconds_per_multiply_add(*pairs, 64, 2) : seconds_per_multiply_add(kTileAvx512, 128, 1);
         return amx_seconds_per_multiply_add(kAmxTiles, 16) <= 0.8 * other;
     }();
     return faster ? &kAmxTiles : nullptr;
