@@ -319,6 +319,9 @@ TEST_CASE("Winograd passes match the direct convolution on small and odd planes"
         {"7x5 (odd: tiles past both edges)", 2, 3, 7, 5, 4, 3, 3, {1, 1, 1, 1, true}},
         {"1x1 plane", 2, 2, 1, 1, 2, 3, 3, {1, 1, 1, 1, false}},
         {"2x9, 17 images (groups of 8, 8, 1)", 17, 4, 2, 9, 5, 3, 3, {1, 1, 1, 1, true}},
+        // Rows of tiles inside the plane copied in blocks of 8 (for_blocks): exactly one, and two that overlap
+        {"5x19 (8 tiles a row inside: one block)", 1, 2, 5, 19, 3, 3, 3, {1, 1, 1, 1, false}},
+        {"3x31 (14 tiles a row inside: two blocks, overlapping)", 2, 3, 3, 31, 4, 3, 3, {1, 1, 1, 1, true}},
     };
     for (const Case& k : cases) {
         SECTION(k.what) {

@@ -84,17 +84,6 @@ struct TileGrid {
 };
 TileGrid tile_grid(const Conv2dParams& p) { return {p.H, p.W, (p.H + 1) / 2, (p.W + 1) / 2}; }
 
-// plane [2·TH, 2·TW] = dy's plane [H, W] with zeros past its edges (a row and a column when H or
-// W is odd): each tile's 2×2 block of dy, whole.
-void grad_plane(const float* dy, const TileGrid& g, float* plane) {
-    const int64_t Wo = 2 * g.TW;
-    for (int64_t h = 0; h < g.H; h++) {
-        copy_short_run(plane + h * Wo, dy + h * g.W, g.W);
-        std::fill(plane + h * Wo + g.W, plane + (h + 1) * Wo, 0.0f);
-    }
-    std::fill(plane + g.H * Wo, plane + 2 * g.TH * Wo, 0.0f);
-}
-
 // U[ξ·OC + o·C + c] = (G g Gᵀ)[ξ] for each filter g = w[o, c] (3×3).
 std::vector<float> weight_transform(const float* w, int64_t O, int64_t C) {
     const int64_t OC = O * C;
@@ -161,101 +150,160 @@ inline void a(float g0, float g1, float& v0, float& v1, float& v2, float& v3) { 
     v3 = -g1;
 }
 
-// One row of the padded input plane, its even and odd columns apart: even[j] is padded column
-// 2j (input column 2j − 1), odd[j] is padded column 2j + 1 (input column 2j); TW + 1 of each,
-// zeros past the input's edges. A tile's four columns 2·tx .. 2·tx + 3 are then even[tx],
-// odd[tx], even[tx + 1], odd[tx + 1]: unit-stride loads in the loop over tx, which vectorizes.
-void split_row(const float* x, int64_t W, int64_t TW, float* even, float* odd) {
-    std::fill(even, even + TW + 1, 0.0f);
-    std::fill(odd, odd + TW + 1, 0.0f);
-    for (int64_t w = 0; w < W; w += 2) odd[w / 2] = x[w];
-    for (int64_t w = 1; w < W; w += 2) even[(w + 1) / 2] = x[w];
-}
+// ---- The transforms: one loop over all the tiles of a plane ------------------------------------
+// A tile's 16 values are independent of its neighbours', so each transform is one loop over the
+// plane's T = TH·TW tiles, t = ty·TW + tx, which g++ vectorizes (#pragma omp simd): what tile t
+// reads or writes is first laid out in arrays of rows TW wide, where it is element t (or, one
+// tile row down, t + TW). A loop along one row of tiles at a time ran TW iterations: 4 on a 7×7
+// plane, half a vector, and the rest in scalar code.
 
-// split[r] = split_row of padded row r (input row r − 1, zeros above and below the input) for
-// r = 0 .. 2·TH + 1: rows of 2·(TW + 1) floats, the even columns then the odd ones.
-void split_plane(const float* x, const TileGrid& g, float* split) {
-    const int64_t rw = 2 * (g.TW + 1);
-    std::fill(split, split + rw, 0.0f);  // the padding row above
-    for (int64_t h = 0; h < g.H; h++) {
-        float* row = split + (h + 1) * rw;
-        split_row(x + h * g.W, g.W, g.TW, row, row + g.TW + 1);
+// Calls body(j0, kBlock) for blocks j0 .. j0 + kBlock − 1 that cover [begin, end), the last one
+// moved back to end inside it (the blocks overlap there: a body that only copies writes the same
+// values twice), or, when the range is shorter than a block, body(j, 1) for each j. A row of 31
+// values has 14 tiles inside it: a loop of 16-lane vectors never ran, and its scalar remainder
+// did all the work; two blocks of 8 lanes do it.
+constexpr int64_t kBlock = 8;
+template <typename Body>
+void for_blocks(int64_t begin, int64_t end, Body body) {
+    if (end - begin < kBlock) {
+        for (int64_t j = begin; j < end; j++) body(j, 1);
+        return;
     }
-    std::fill(split + (g.H + 1) * rw, split + (2 * g.TH + 2) * rw, 0.0f);  // and below
+    for (int64_t j = begin; j < end; j += kBlock) body(std::min(j, end - kBlock), kBlock);
 }
 
-// v[ξ·vs + t] = (Bᵀ d_t B)[ξ] for every tile t = ty·TW + tx of one plane, d_t the 4×4 window of
-// input rows 2·ty − 1 .. 2·ty + 2 and columns 2·tx − 1 .. 2·tx + 2 (split_plane's rows 2·ty ..).
-void input_transform(const float* split, const TileGrid& g, float* v, int64_t vs) {
-    const int64_t rw = 2 * (g.TW + 1);
-    for (int64_t ty = 0; ty < g.TH; ty++) {
-        const float* e0 = split + 2 * ty * rw;
-        const float *e1 = e0 + rw, *e2 = e1 + rw, *e3 = e2 + rw;
-        const float *o0 = e0 + g.TW + 1, *o1 = e1 + g.TW + 1, *o2 = e2 + g.TW + 1, *o3 = e3 + g.TW + 1;
-        float* out = v + ty * g.TW;
+// even[j] = row[2j], odd[j] = row[2j + 1] for j < n, zero past the row's W values.
+void deinterleave(const float* row, int64_t W, int64_t n, float* even, float* odd) {
+    const int64_t pairs = W / 2;
 #pragma omp simd
-        for (int64_t tx = 0; tx < g.TW; tx++) {
-            // Bᵀ d: the four rows combined, in each column j (c_ij: row i, column j)
-            float c00, c10, c20, c30, c01, c11, c21, c31, c02, c12, c22, c32, c03, c13, c23, c33;
-            bt(e0[tx], e1[tx], e2[tx], e3[tx], c00, c10, c20, c30);
-            bt(o0[tx], o1[tx], o2[tx], o3[tx], c01, c11, c21, c31);
-            bt(e0[tx + 1], e1[tx + 1], e2[tx + 1], e3[tx + 1], c02, c12, c22, c32);
-            bt(o0[tx + 1], o1[tx + 1], o2[tx + 1], o3[tx + 1], c03, c13, c23, c33);
-            // (Bᵀ d) B: the four columns combined, in each row i: v[4i .. 4i + 3]
-            float* t = out + tx;
-            bt(c00, c01, c02, c03, t[0 * vs], t[1 * vs], t[2 * vs], t[3 * vs]);
-            bt(c10, c11, c12, c13, t[4 * vs], t[5 * vs], t[6 * vs], t[7 * vs]);
-            bt(c20, c21, c22, c23, t[8 * vs], t[9 * vs], t[10 * vs], t[11 * vs]);
-            bt(c30, c31, c32, c33, t[12 * vs], t[13 * vs], t[14 * vs], t[15 * vs]);
-        }
+    for (int64_t j = 0; j < pairs; j++) {
+        even[j] = row[2 * j];
+        odd[j] = row[2 * j + 1];
+    }
+    for (int64_t j = pairs; j < n; j++) {
+        even[j] = 2 * j < W ? row[2 * j] : 0.0f;
+        odd[j] = 0.0f;
     }
 }
 
-// plane[(2·ty + a)·2TW + 2·tx + b] = bias + (Aᵀ m_t A)[a][b]: each tile's 2×2 outputs, from its 16
-// values m_t[ξ] = m[ξ·ms + t]. The plane is 2·TH × 2·TW (a row or column past an odd plane's edge).
-void output_transform(const float* m, int64_t ms, const TileGrid& g, float bias, float* plane) {
-    const int64_t Wo = 2 * g.TW;
-    for (int64_t ty = 0; ty < g.TH; ty++) {
-        const float* mt = m + ty * g.TW;
-        float* y0 = plane + 2 * ty * Wo;
-        float* y1 = y0 + Wo;
+// row[2j] = even[j], row[2j + 1] = odd[j]: the W values of a row.
+void interleave(const float* even, const float* odd, int64_t W, float* row) {
+    const int64_t pairs = W / 2;
 #pragma omp simd
-        for (int64_t tx = 0; tx < g.TW; tx++) {
-            float a00, a01, a02, a03, a10, a11, a12, a13;  // Aᵀ m: the four rows combined, in each column
-            at(mt[0 * ms + tx], mt[4 * ms + tx], mt[8 * ms + tx], mt[12 * ms + tx], a00, a10);
-            at(mt[1 * ms + tx], mt[5 * ms + tx], mt[9 * ms + tx], mt[13 * ms + tx], a01, a11);
-            at(mt[2 * ms + tx], mt[6 * ms + tx], mt[10 * ms + tx], mt[14 * ms + tx], a02, a12);
-            at(mt[3 * ms + tx], mt[7 * ms + tx], mt[11 * ms + tx], mt[15 * ms + tx], a03, a13);
-            float y00, y01, y10, y11;  // (Aᵀ m) A
-            at(a00, a01, a02, a03, y00, y01);
-            at(a10, a11, a12, a13, y10, y11);
-            y0[2 * tx] = bias + y00;
-            y0[2 * tx + 1] = bias + y01;
-            y1[2 * tx] = bias + y10;
-            y1[2 * tx + 1] = bias + y11;
+    for (int64_t j = 0; j < pairs; j++) {
+        row[2 * j] = even[j];
+        row[2 * j + 1] = odd[j];
+    }
+    if (W % 2) row[W - 1] = even[pairs];
+}
+
+// cols [2][4][TH + 1][TW]: cols[r % 2][k][r / 2][tx] = the padded plane's row r, column 2·tx + k,
+// that is x[r − 1][2·tx + k − 1] (zero past x's edges: padding 1), for padded rows r = 0 .. 2·TH + 1.
+// Tile t's 4×4 window (padded rows 2·ty .. 2·ty + 3, columns 2·tx .. 2·tx + 3) is then
+//   d[i][k] = cols[i % 2][k][t + (i / 2)·TW]
+void tile_columns(const float* x, const TileGrid& g, float* cols) {
+    const int64_t S = (g.TH + 1) * g.TW;       // one [TH + 1][TW] array
+    const int64_t inside = (g.W - 1) / 2;      // tiles 1 .. inside − 1 have all four columns in x
+    for (int64_t r = 0; r < 2 * g.TH + 2; r++) {
+        float* c0 = cols + (r % 2) * 4 * S + (r / 2) * g.TW;
+        float *c1 = c0 + S, *c2 = c1 + S, *c3 = c2 + S;
+        const int64_t h = r - 1;  // x's row
+        if (h < 0 || h >= g.H) {
+            for (float* c : {c0, c1, c2, c3}) std::fill(c, c + g.TW, 0.0f);
+            continue;
         }
+        const float* row = x + h * g.W;
+        for_blocks(1, inside, [&](int64_t t0, int64_t n) {
+#pragma omp simd
+            for (int64_t tx = t0; tx < t0 + n; tx++) {
+                c0[tx] = row[2 * tx - 1];
+                c1[tx] = row[2 * tx];
+                c2[tx] = row[2 * tx + 1];
+                c3[tx] = row[2 * tx + 2];
+            }
+        });
+        auto at = [&](int64_t w) { return w < g.W ? row[w] : 0.0f; };  // w ≥ 0 below
+        c0[0] = 0.0f, c1[0] = row[0], c2[0] = at(1), c3[0] = at(2);
+        for (int64_t tx = std::max<int64_t>(inside, 1); tx < g.TW; tx++)
+            c0[tx] = row[2 * tx - 1], c1[tx] = at(2 * tx), c2[tx] = at(2 * tx + 1), c3[tx] = at(2 * tx + 2);
     }
 }
 
-// dm[ξ·ms + t] = (A dY_t Aᵀ)[ξ] for every tile, dY_t the 2×2 block at (2·ty, 2·tx) of `plane`
-// (dy padded with zeros to 2·TH × 2·TW): the gradient of output_transform.
-void grad_output_transform(const float* plane, const TileGrid& g, float* dm, int64_t ms) {
-    const int64_t Wo = 2 * g.TW;
-    for (int64_t ty = 0; ty < g.TH; ty++) {
-        const float* g0 = plane + 2 * ty * Wo;
-        const float* g1 = g0 + Wo;
-        float* out = dm + ty * g.TW;
+// v[ξ·vs + t] = (Bᵀ d_t B)[ξ] for every tile t of one plane, from its tile_columns.
+void input_transform(const float* cols, const TileGrid& g, float* v, int64_t vs) {
+    const int64_t S = (g.TH + 1) * g.TW, TW = g.TW;
+    const float *e0 = cols, *e1 = e0 + S, *e2 = e1 + S, *e3 = e2 + S;  // rows 2·ty (+ TW: 2·ty + 2), k = 0..3
+    const float *o0 = e3 + S, *o1 = o0 + S, *o2 = o1 + S, *o3 = o2 + S;  // rows 2·ty + 1 (+ TW: 2·ty + 3)
 #pragma omp simd
-        for (int64_t tx = 0; tx < g.TW; tx++) {
-            float c00, c10, c20, c30, c01, c11, c21, c31;  // A dY (c_ij: row i, column j)
-            a(g0[2 * tx], g1[2 * tx], c00, c10, c20, c30);
-            a(g0[2 * tx + 1], g1[2 * tx + 1], c01, c11, c21, c31);
-            float* t = out + tx;  // (A dY) Aᵀ, row by row: dm[4i .. 4i + 3]
-            a(c00, c01, t[0 * ms], t[1 * ms], t[2 * ms], t[3 * ms]);
-            a(c10, c11, t[4 * ms], t[5 * ms], t[6 * ms], t[7 * ms]);
-            a(c20, c21, t[8 * ms], t[9 * ms], t[10 * ms], t[11 * ms]);
-            a(c30, c31, t[12 * ms], t[13 * ms], t[14 * ms], t[15 * ms]);
+    for (int64_t t = 0; t < g.tiles(); t++) {
+        // Bᵀ d: the four rows combined, in each column j (c_ij: row i, column j)
+        float c00, c10, c20, c30, c01, c11, c21, c31, c02, c12, c22, c32, c03, c13, c23, c33;
+        bt(e0[t], o0[t], e0[t + TW], o0[t + TW], c00, c10, c20, c30);
+        bt(e1[t], o1[t], e1[t + TW], o1[t + TW], c01, c11, c21, c31);
+        bt(e2[t], o2[t], e2[t + TW], o2[t + TW], c02, c12, c22, c32);
+        bt(e3[t], o3[t], e3[t + TW], o3[t + TW], c03, c13, c23, c33);
+        // (Bᵀ d) B: the four columns combined, in each row i: v[4i .. 4i + 3]
+        float* out = v + t;
+        bt(c00, c01, c02, c03, out[0 * vs], out[1 * vs], out[2 * vs], out[3 * vs]);
+        bt(c10, c11, c12, c13, out[4 * vs], out[5 * vs], out[6 * vs], out[7 * vs]);
+        bt(c20, c21, c22, c23, out[8 * vs], out[9 * vs], out[10 * vs], out[11 * vs]);
+        bt(c30, c31, c32, c33, out[12 * vs], out[13 * vs], out[14 * vs], out[15 * vs]);
+    }
+}
+
+// y[2·ty + a][2·tx + b] = bias + (Aᵀ m_t A)[a][b]: each tile's 2×2 outputs (those inside the H×W
+// plane y) from its 16 values m_t[ξ] = m[ξ·ms + t]. q: 4·T floats of scratch, q[2a + b][t].
+void output_transform(const float* m, int64_t ms, const TileGrid& g, float bias, float* q, float* y) {
+    const int64_t T = g.tiles();
+    float *q00 = q, *q01 = q00 + T, *q10 = q01 + T, *q11 = q10 + T;
+#pragma omp simd
+    for (int64_t t = 0; t < T; t++) {
+        float a00, a01, a02, a03, a10, a11, a12, a13;  // Aᵀ m: the four rows combined, in each column
+        at(m[0 * ms + t], m[4 * ms + t], m[8 * ms + t], m[12 * ms + t], a00, a10);
+        at(m[1 * ms + t], m[5 * ms + t], m[9 * ms + t], m[13 * ms + t], a01, a11);
+        at(m[2 * ms + t], m[6 * ms + t], m[10 * ms + t], m[14 * ms + t], a02, a12);
+        at(m[3 * ms + t], m[7 * ms + t], m[11 * ms + t], m[15 * ms + t], a03, a13);
+        float y00, y01, y10, y11;  // (Aᵀ m) A
+        at(a00, a01, a02, a03, y00, y01);
+        at(a10, a11, a12, a13, y10, y11);
+        q00[t] = bias + y00;
+        q01[t] = bias + y01;
+        q10[t] = bias + y10;
+        q11[t] = bias + y11;
+    }
+    for (int64_t h = 0; h < g.H; h++) {  // row h = 2·ty + a: the tiles' columns b = 0 and 1 in turn
+        const float* even = h % 2 ? q10 : q00;
+        const float* odd = h % 2 ? q11 : q01;
+        interleave(even + h / 2 * g.TW, odd + h / 2 * g.TW, g.W, y + h * g.W);
+    }
+}
+
+// dm[ξ·ms + t] = (A dY_t Aᵀ)[ξ] for every tile, dY_t the 2×2 block of dy (one H×W plane) at
+// (2·ty, 2·tx), zero past its edges: the gradient of output_transform. q: 4·T floats of scratch,
+// q[2a + b][t] = dY_t[a][b].
+void grad_output_transform(const float* dy, const TileGrid& g, float* q, float* dm, int64_t ms) {
+    const int64_t T = g.tiles();
+    float *q00 = q, *q01 = q00 + T, *q10 = q01 + T, *q11 = q10 + T;
+    for (int64_t h = 0; h < 2 * g.TH; h++) {
+        float* even = (h % 2 ? q10 : q00) + h / 2 * g.TW;
+        float* odd = (h % 2 ? q11 : q01) + h / 2 * g.TW;
+        if (h < g.H) {
+            deinterleave(dy + h * g.W, g.W, g.TW, even, odd);
+        } else {  // the row past an odd plane's edge
+            std::fill(even, even + g.TW, 0.0f);
+            std::fill(odd, odd + g.TW, 0.0f);
         }
+    }
+#pragma omp simd
+    for (int64_t t = 0; t < T; t++) {
+        float c00, c10, c20, c30, c01, c11, c21, c31;  // A dY (c_ij: row i, column j)
+        a(q00[t], q10[t], c00, c10, c20, c30);
+        a(q01[t], q11[t], c01, c11, c21, c31);
+        float* out = dm + t;  // (A dY) Aᵀ, row by row: dm[4i .. 4i + 3]
+        a(c00, c01, out[0 * ms], out[1 * ms], out[2 * ms], out[3 * ms]);
+        a(c10, c11, out[4 * ms], out[5 * ms], out[6 * ms], out[7 * ms]);
+        a(c20, c21, out[8 * ms], out[9 * ms], out[10 * ms], out[11 * ms]);
+        a(c30, c31, out[12 * ms], out[13 * ms], out[14 * ms], out[15 * ms]);
     }
 }
 
@@ -291,11 +339,11 @@ int64_t chunk_images(const Conv2dParams& p, const float* ws, int64_t ws_images, 
 // The transformed input tiles of the k images at `in` (Cin channels each), side by side:
 //   V[ξ][c][i·T + t]    (T tiles an image; rows of L = k·T columns, ξ-planes `plane` floats apart)
 void transform_inputs(const float* in, int64_t Cin, int64_t k, const TileGrid& g, float* V, int64_t L, int64_t plane) {
-    std::vector<float> split(size_t((2 * g.TH + 2) * 2 * (g.TW + 1)));
+    std::vector<float> cols(size_t(8 * (g.TH + 1) * g.TW));
     for (int64_t i = 0; i < k; i++)
         for (int64_t c = 0; c < Cin; c++) {
-            split_plane(in + (i * Cin + c) * g.H * g.W, g, split.data());
-            input_transform(split.data(), g, V + c * L + i * g.tiles(), plane);
+            tile_columns(in + (i * Cin + c) * g.H * g.W, g, cols.data());
+            input_transform(cols.data(), g, V + c * L + i * g.tiles(), plane);
         }
 }
 
@@ -311,13 +359,11 @@ void winograd_pass(const float* in, int64_t Cin, const std::vector<std::unique_p
         for (int64_t xi = 0; xi < kXi; xi++)  // M[ξ] = U[ξ] · V[ξ]
             gemm(*U[size_t(xi)], false, op.L, 1.0f, op.in + xi * op.in_plane, op.L, 0.0f, op.out + xi * op.out_plane,
                  op.L);
-        std::vector<float> plane(size_t(4 * g.tiles()));
+        std::vector<float> q(size_t(4 * g.tiles()));
         for (int64_t i = 0; i < k; i++)
-            for (int64_t o = 0; o < Cout; o++) {
-                output_transform(op.out + o * op.L + i * g.tiles(), op.out_plane, g, b ? b[o] : 0.0f, plane.data());
-                float* y = out + ((n + i) * Cout + o) * HW;
-                for (int64_t h = 0; h < p.H; h++) copy_short_run(y + h * p.W, plane.data() + h * 2 * g.TW, p.W);
-            }
+            for (int64_t o = 0; o < Cout; o++)
+                output_transform(op.out + o * op.L + i * g.tiles(), op.out_plane, g, b ? b[o] : 0.0f, q.data(),
+                                 out + ((n + i) * Cout + o) * HW);
     };
     const int64_t k_max = std::min(group_images(p), chunk);
     for (int64_t n0 = 0; n0 < p.N; n0 += chunk)
@@ -417,12 +463,11 @@ void winograd_backward_weight(const float* x, const float* dy, float* dw, const 
         for_images(n0, count, k_max, flops_per_image(p), [&](int64_t n, int64_t k, int64_t slot) {
             const Operands op = group_operands(slot, k);
             transform_inputs(x + n * p.C * HW, p.C, k, g, op.in, op.L, op.in_plane);
-            std::vector<float> plane(size_t(4 * g.tiles()));
+            std::vector<float> q(size_t(4 * g.tiles()));
             for (int64_t i = 0; i < k; i++)
-                for (int64_t o = 0; o < p.O; o++) {
-                    grad_plane(dy + ((n + i) * p.O + o) * HW, g, plane.data());
-                    grad_output_transform(plane.data(), g, op.out + o * op.L + i * g.tiles(), op.out_plane);
-                }
+                for (int64_t o = 0; o < p.O; o++)
+                    grad_output_transform(dy + ((n + i) * p.O + o) * HW, g, q.data(), op.out + o * op.L + i * g.tiles(),
+                                          op.out_plane);
         });
         // dU[ξ] += dM[ξ] · V[ξ]ᵀ (or its transpose), group after group (one task per ξ)
         parallel_chunks(kXi, [&](int64_t xi) {
