@@ -108,33 +108,39 @@ TEST_CASE("Pooling with padding: -inf for max, counted zeros for avg", "[pool][c
 // last row and column are in no window), many ties (values from {0, 1, 2}: the first maximum
 // wins), and NaNs (a NaN in a window wins, like PyTorch).
 TEST_CASE("MaxPool2d 2x2 fast path: ties, NaN, odd sizes", "[pool][cpu][lesson03]") {
-    const int64_t N = 2, C = 3, H = 7, W = 9, P = 3, Q = 4;
-    Tensor x = Tensor::empty({N, C, H, W});
-    Rng rng(3);
-    float* xv = x.data<float>();
-    for (int64_t i = 0; i < x.numel(); i++) xv[i] = float(rng.next_below(3));
-    xv[10] = xv[50] = std::numeric_limits<float>::quiet_NaN();
-    Pool2dParams p;
-    p.N = N, p.C = C, p.H = H, p.W = W, p.KH = p.KW = 2, p.stride = 2;
-    std::vector<float> y(size_t(N * C * P * Q));
-    std::vector<int32_t> at(y.size());
-    cpu::maxpool2d_forward(xv, y.data(), at.data(), p);
-    for (int64_t nc = 0; nc < N * C; nc++)
-        for (int64_t op = 0; op < P; op++)
-            for (int64_t oq = 0; oq < Q; oq++) {
-                const float* plane = xv + nc * H * W;
-                int64_t want = (2 * op) * W + 2 * oq;  // scan the window in row order
-                for (int64_t i : {want + 1, want + W, want + W + 1}) {
-                    const float v = plane[i], m = plane[want];
-                    if (v > m || (std::isnan(v) && !std::isnan(m))) want = i;
-                }
-                const size_t o = size_t((nc * P + op) * Q + oq);
-                CHECK(at[o] == want);
-                if (std::isnan(plane[want]))
-                    CHECK(std::isnan(y[o]));
-                else
-                    CHECK(y[o] == plane[want]);
-            }
+    // Widths 9 and 15: rows of 4 and 7 outputs (one at a time); 16: one block of 8 (short_rows.h);
+    // 25 and 31: rows of 12 and 15, two blocks that overlap.
+    for (const int64_t W : {9, 15, 16, 25, 31}) {
+        DYNAMIC_SECTION("7 x " << W) {
+            const int64_t N = 2, C = 3, H = 7, P = H / 2, Q = W / 2;
+            Tensor x = Tensor::empty({N, C, H, W});
+            Rng rng(3);
+            float* xv = x.data<float>();
+            for (int64_t i = 0; i < x.numel(); i++) xv[i] = float(rng.next_below(3));
+            xv[10] = xv[50] = std::numeric_limits<float>::quiet_NaN();
+            Pool2dParams p;
+            p.N = N, p.C = C, p.H = H, p.W = W, p.KH = p.KW = 2, p.stride = 2;
+            std::vector<float> y(size_t(N * C * P * Q));
+            std::vector<int32_t> at(y.size());
+            cpu::maxpool2d_forward(xv, y.data(), at.data(), p);
+            for (int64_t nc = 0; nc < N * C; nc++)
+                for (int64_t op = 0; op < P; op++)
+                    for (int64_t oq = 0; oq < Q; oq++) {
+                        const float* plane = xv + nc * H * W;
+                        int64_t want = (2 * op) * W + 2 * oq;  // scan the window in row order
+                        for (int64_t i : {want + 1, want + W, want + W + 1}) {
+                            const float v = plane[i], m = plane[want];
+                            if (v > m || (std::isnan(v) && !std::isnan(m))) want = i;
+                        }
+                        const size_t o = size_t((nc * P + op) * Q + oq);
+                        CHECK(at[o] == want);
+                        if (std::isnan(plane[want]))
+                            CHECK(std::isnan(y[o]));
+                        else
+                            CHECK(y[o] == plane[want]);
+                    }
+        }
+    }
 }
 
 TEST_CASE("MaxPool2d sums the gradients of overlapping windows", "[pool][cpu][lesson03]") {

@@ -77,6 +77,7 @@
 #include "ops/cpu/cnn_ops.h"
 #include "ops/cpu/conv_tasks.h"
 #include "ops/cpu/gemm.h"
+#include "ops/cpu/short_rows.h"
 #include "ops/cpu/winograd.h"
 
 namespace kiln::cpu {

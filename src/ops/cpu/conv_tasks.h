@@ -1,11 +1,10 @@
 // conv_tasks.h — what the CPU convolutions (conv.cpp, winograd.cpp, quant.cpp) share: how a batch
 // is split among threads (groups of consecutive images, one group per task, and a floor of work
-// below which a loop stays on one thread), and the copy of a plane's short rows. Internal to
-// ops/cpu.
+// below which a loop stays on one thread). Internal to ops/cpu; short_rows.h has the loops over
+// a plane's short rows.
 #pragma once
 #include <algorithm>
 #include <cstdint>
-#include <cstring>
 
 #include "core/parallel.h"
 #include "ops/params.h"
@@ -51,34 +50,6 @@ constexpr int64_t kGroupColumns = 256;
 // at most `chunk`.
 inline int64_t images_per_group(int64_t columns, int64_t chunk) {
     return std::clamp<int64_t>((kGroupColumns + columns - 1) / columns, 1, chunk);
-}
-
-// dst[0 .. n) = src[0 .. n) for one row of a plane (im2col's output rows, Winograd's planes),
-// 3 to 32 values: an inline copy beats a call to memcpy. Floats: a loop g++ vectorizes. Bytes (the int8 convolution, chapter 11) and
-// 16-bit values: as memcpy does small sizes, two moves of 16, 8 or 4 bytes that overlap in the
-// middle (n = 12 bytes: bytes 0–7, then 4–11) — the vectorized loop's 64-byte vectors never
-// filled on the 8-byte rows of LeNet's conv2, which it then copied a byte at a time (two thirds
-// of that int8 layer's time went to im2col).
-template <int kBytes>
-inline void copy_overlapping(unsigned char* d, const unsigned char* s, int64_t bytes) {
-    for (int64_t i = 0; i + kBytes < bytes; i += kBytes) std::memcpy(d + i, s + i, kBytes);
-    std::memcpy(d + bytes - kBytes, s + bytes - kBytes, kBytes);
-}
-template <typename T>
-inline void copy_short_run(T* dst, const T* src, int64_t n) {
-    if constexpr (sizeof(T) >= 4) {
-#pragma omp simd
-        for (int64_t q = 0; q < n; q++) dst[q] = src[q];
-    } else {
-        const int64_t bytes = n * int64_t(sizeof(T));
-        auto* d = reinterpret_cast<unsigned char*>(dst);
-        const auto* s = reinterpret_cast<const unsigned char*>(src);
-        if (bytes >= 16) copy_overlapping<16>(d, s, bytes);
-        else if (bytes >= 8) copy_overlapping<8>(d, s, bytes);
-        else if (bytes >= 4) copy_overlapping<4>(d, s, bytes);
-        else
-            for (int64_t i = 0; i < bytes; i++) d[i] = s[i];
-    }
 }
 
 }  // namespace kiln::cpu

@@ -26,6 +26,7 @@
 #include "core/parallel.h"
 #include "ops/cpu/cnn_ops.h"
 #include "ops/cpu/convert_simd.h"
+#include "ops/cpu/short_rows.h"
 
 namespace kiln::cpu {
 namespace {
@@ -72,17 +73,19 @@ void maxpool2x2_plane(const T* xp, T* yp, int32_t* ap, int64_t W, int64_t P, int
         const T* r0 = xp + 2 * op * W;
         const T* r1 = r0 + W;
         const int32_t base = int32_t(2 * op * W);
+        for_blocks(0, Q, [&](int64_t q0, int64_t n) {
 #pragma omp simd  // branch-free: the compiler turns take_max into vector compares and blends
-        for (int64_t oq = 0; oq < Q; oq++) {
-            const int32_t i = base + int32_t(2 * oq);
-            float m = float(r0[2 * oq]);
-            int32_t at = i;
-            take_max(float(r0[2 * oq + 1]), i + 1, m, at);
-            take_max(float(r1[2 * oq]), i + int32_t(W), m, at);
-            take_max(float(r1[2 * oq + 1]), i + int32_t(W) + 1, m, at);
-            yp[op * Q + oq] = T(m);
-            ap[op * Q + oq] = at;
-        }
+            for (int64_t oq = q0; oq < q0 + n; oq++) {
+                const int32_t i = base + int32_t(2 * oq);
+                float m = float(r0[2 * oq]);
+                int32_t at = i;
+                take_max(float(r0[2 * oq + 1]), i + 1, m, at);
+                take_max(float(r1[2 * oq]), i + int32_t(W), m, at);
+                take_max(float(r1[2 * oq + 1]), i + int32_t(W) + 1, m, at);
+                yp[op * Q + oq] = T(m);
+                ap[op * Q + oq] = at;
+            }
+        });
     }
 }
 

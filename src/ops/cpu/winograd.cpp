@@ -69,6 +69,7 @@
 #include "core/error.h"
 #include "ops/cpu/conv_tasks.h"
 #include "ops/cpu/gemm.h"
+#include "ops/cpu/short_rows.h"
 
 namespace kiln::cpu {
 
@@ -156,21 +157,6 @@ inline void a(float g0, float g1, float& v0, float& v1, float& v2, float& v3) { 
 // reads or writes is first laid out in arrays of rows TW wide, where it is element t (or, one
 // tile row down, t + TW). A loop along one row of tiles at a time ran TW iterations: 4 on a 7×7
 // plane, half a vector, and the rest in scalar code.
-
-// Calls body(j0, kBlock) for blocks j0 .. j0 + kBlock − 1 that cover [begin, end), the last one
-// moved back to end inside it (the blocks overlap there: a body that only copies writes the same
-// values twice), or, when the range is shorter than a block, body(j, 1) for each j. A row of 31
-// values has 14 tiles inside it: a loop of 16-lane vectors never ran, and its scalar remainder
-// did all the work; two blocks of 8 lanes do it.
-constexpr int64_t kBlock = 8;
-template <typename Body>
-void for_blocks(int64_t begin, int64_t end, Body body) {
-    if (end - begin < kBlock) {
-        for (int64_t j = begin; j < end; j++) body(j, 1);
-        return;
-    }
-    for (int64_t j = begin; j < end; j += kBlock) body(std::min(j, end - kBlock), kBlock);
-}
 
 // even[j] = row[2j], odd[j] = row[2j + 1] for j < n, zero past the row's W values.
 void deinterleave(const float* row, int64_t W, int64_t n, float* even, float* odd) {
