@@ -187,6 +187,7 @@ void interleave(const float* even, const float* odd, int64_t W, float* row) {
 // that is x[r − 1][2·tx + k − 1] (zero past x's edges: padding 1), for padded rows r = 0 .. 2·TH + 1.
 // Tile t's 4×4 window (padded rows 2·ty .. 2·ty + 3, columns 2·tx .. 2·tx + 3) is then
 //   d[i][k] = cols[i % 2][k][t + (i / 2)·TW]
+int64_t tile_columns_elems(const TileGrid& g) { return 8 * (g.TH + 1) * g.TW; }
 void tile_columns(const float* x, const TileGrid& g, float* cols) {
     const int64_t S = (g.TH + 1) * g.TW;       // one [TH + 1][TW] array
     const int64_t inside = (g.W - 1) / 2;      // tiles 1 .. inside − 1 have all four columns in x
@@ -237,8 +238,15 @@ void input_transform(const float* cols, const TileGrid& g, float* v, int64_t vs)
     }
 }
 
+// A tile's 2×2 block of a plane, position by position: q[2a + b][t] (4·T floats) holds (a, b)
+// of tile t. Row h of the plane is the tile row h / 2 at a = h % 2; its even columns (b = 0)
+// and its odd ones (b = 1) are TW values each, here:
+float* block_row(float* q, const TileGrid& g, int64_t h, int64_t b) {
+    return q + (2 * (h % 2) + b) * g.tiles() + h / 2 * g.TW;
+}
+
 // y[2·ty + a][2·tx + b] = bias + (Aᵀ m_t A)[a][b]: each tile's 2×2 outputs (those inside the H×W
-// plane y) from its 16 values m_t[ξ] = m[ξ·ms + t]. q: 4·T floats of scratch, q[2a + b][t].
+// plane y) from its 16 values m_t[ξ] = m[ξ·ms + t]; q: scratch for the blocks (block_row).
 void output_transform(const float* m, int64_t ms, const TileGrid& g, float bias, float* q, float* y) {
     const int64_t T = g.tiles();
     float *q00 = q, *q01 = q00 + T, *q10 = q01 + T, *q11 = q10 + T;
@@ -257,22 +265,17 @@ void output_transform(const float* m, int64_t ms, const TileGrid& g, float bias,
         q10[t] = bias + y10;
         q11[t] = bias + y11;
     }
-    for (int64_t h = 0; h < g.H; h++) {  // row h = 2·ty + a: the tiles' columns b = 0 and 1 in turn
-        const float* even = h % 2 ? q10 : q00;
-        const float* odd = h % 2 ? q11 : q01;
-        interleave(even + h / 2 * g.TW, odd + h / 2 * g.TW, g.W, y + h * g.W);
-    }
+    for (int64_t h = 0; h < g.H; h++) interleave(block_row(q, g, h, 0), block_row(q, g, h, 1), g.W, y + h * g.W);
 }
 
 // dm[ξ·ms + t] = (A dY_t Aᵀ)[ξ] for every tile, dY_t the 2×2 block of dy (one H×W plane) at
-// (2·ty, 2·tx), zero past its edges: the gradient of output_transform. q: 4·T floats of scratch,
-// q[2a + b][t] = dY_t[a][b].
+// (2·ty, 2·tx), zero past its edges: the gradient of output_transform. q: scratch for the blocks
+// (block_row), q[2a + b][t] = dY_t[a][b].
 void grad_output_transform(const float* dy, const TileGrid& g, float* q, float* dm, int64_t ms) {
     const int64_t T = g.tiles();
     float *q00 = q, *q01 = q00 + T, *q10 = q01 + T, *q11 = q10 + T;
     for (int64_t h = 0; h < 2 * g.TH; h++) {
-        float* even = (h % 2 ? q10 : q00) + h / 2 * g.TW;
-        float* odd = (h % 2 ? q11 : q01) + h / 2 * g.TW;
+        float *even = block_row(q, g, h, 0), *odd = block_row(q, g, h, 1);
         if (h < g.H) {
             deinterleave(dy + h * g.W, g.W, g.TW, even, odd);
         } else {  // the row past an odd plane's edge
@@ -325,7 +328,7 @@ int64_t chunk_images(const Conv2dParams& p, const float* ws, int64_t ws_images, 
 // The transformed input tiles of the k images at `in` (Cin channels each), side by side:
 //   V[ξ][c][i·T + t]    (T tiles an image; rows of L = k·T columns, ξ-planes `plane` floats apart)
 void transform_inputs(const float* in, int64_t Cin, int64_t k, const TileGrid& g, float* V, int64_t L, int64_t plane) {
-    std::vector<float> cols(size_t(8 * (g.TH + 1) * g.TW));
+    std::vector<float> cols(size_t(tile_columns_elems(g)));
     for (int64_t i = 0; i < k; i++)
         for (int64_t c = 0; c < Cin; c++) {
             tile_columns(in + (i * Cin + c) * g.H * g.W, g, cols.data());
