@@ -105,6 +105,10 @@ const Case kCases[] = {
     {"odd sizes, 3x5 kernel, stride 3", 2, 3, 5, 13, 2, 3, 5, {3, 2, 1, 1, true}},
     {"batch 1, no bias, 5x5", 1, 2, 6, 6, 3, 5, 5, {1, 0, 1, 1, false}},
     {"LeNet conv2 shape", 2, 10, 12, 12, 20, 5, 5, {1, 0, 1, 1, true}},
+    // Batch ≥ 8: dw by slices of images (conv2d_backward_weight_slices), db 8 images side by side
+    // and 3 more one by one (bias_grad)
+    {"LeNet conv2 shape, batch 11", 11, 10, 12, 12, 20, 5, 5, {1, 0, 1, 1, true}},
+    {"1x1 (pointwise), batch 9", 9, 5, 6, 7, 4, 1, 1, {1, 0, 1, 1, true}},
     // Stride 1 with Q == W: im2col and col2im copy and add one long run per (c, kh, kw)
     {"3x3, padding 1 (the CIFAR nets' convs)", 2, 3, 6, 7, 4, 3, 3, {1, 1, 1, 1, true}},
     {"5x5, padding 2, on a 2x3 image", 2, 2, 2, 3, 3, 5, 5, {1, 2, 1, 1, true}},

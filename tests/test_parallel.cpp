@@ -1,5 +1,6 @@
 // test_parallel.cpp — core/parallel.h: every index once, chunks no shorter than the grain, the
-// calling thread working too, nesting, and an exception in a chunk reaching the caller.
+// calling thread working too, nesting, and an exception in a chunk reaching the caller; and
+// ops/cpu/conv_tasks.h's groups of work in scratch slots.
 //
 //   ./kiln_tests '[parallel]'
 #include <omp.h>
@@ -13,6 +14,7 @@
 #include <vector>
 
 #include "core/parallel.h"
+#include "ops/cpu/conv_tasks.h"
 
 using namespace kiln;
 
@@ -67,6 +69,41 @@ TEST_CASE("parallel_chunks runs each chunk once, the calling thread among the wo
     CHECK(done.size() == 40);
     for (int64_t c = 0; c < 40; c++) CHECK(done.count(c) == 1);
     CHECK(caller_worked);
+}
+
+TEST_CASE("for_groups_in_slots runs each group once, never two at once in one slot", "[parallel][cpu][lesson03]") {
+    for (int threads : {1, 2, 3, 8})
+        for (int64_t groups : {0, 1, 5, 40})
+            for (int64_t slots : {1, 2, 3, 16})
+                for (bool parallel : {false, true}) {
+                    INFO("threads " << threads << " groups " << groups << " slots " << slots << " parallel " << parallel);
+                    Threads t(threads);
+                    std::vector<std::atomic<int>> seen(static_cast<size_t>(groups)), busy(static_cast<size_t>(slots));
+                    std::atomic<int64_t> outside{0}, shared{0};
+                    std::mutex m;
+                    std::set<int64_t> used;
+                    cpu::for_groups_in_slots(groups, slots, parallel, [&](int64_t j, int64_t slot) {
+                        if (slot < 0 || slot >= slots) {
+                            ++outside;
+                            return;
+                        }
+                        if (busy[size_t(slot)].exchange(1) != 0) ++shared;  // another group is in this slot now
+                        std::this_thread::sleep_for(std::chrono::microseconds(50));
+                        busy[size_t(slot)] = 0;
+                        seen[size_t(j)]++;
+                        std::lock_guard<std::mutex> lock(m);
+                        used.insert(slot);
+                    });
+                    int64_t wrong = 0;
+                    for (auto& s : seen) wrong += s.load() != 1;
+                    CHECK(wrong == 0);
+                    CHECK(outside == 0);
+                    CHECK(shared == 0);
+                    // slots 0 .. tasks − 1, tasks = min(groups, slots, threads); one slot when not parallel
+                    const int64_t tasks = parallel ? std::min<int64_t>({groups, slots, threads}) : 1;
+                    CHECK(int64_t(used.size()) <= tasks);
+                    if (!used.empty()) CHECK(*used.rbegin() < tasks);
+                }
 }
 
 TEST_CASE("a parallel_for inside a chunk runs on that chunk's thread", "[parallel][cpu][lesson03]") {

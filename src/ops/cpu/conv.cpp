@@ -43,14 +43,17 @@
 // ---- Threads, and why the result never depends on their number --------------------------------
 // forward and dx: the images of a chunk are shared among the threads, a small group of
 // consecutive images at a time (one im2col per image, one GEMM for the group, on one thread;
-// see "Several images in one GEMM" below). Every output element is computed by one GEMM dot
+// see "Several images in one GEMM" below), each thread in its own slot of the workspace, reused
+// group after group so that the columns it writes are still in its cache when its GEMM reads
+// them (for_groups_in_slots, conv_tasks.h). Every output element is computed by one GEMM dot
 // product whose arithmetic does not depend on where it runs or on the group. A chunk of one
 // image instead gives all threads to the GEMM, which is itself bitwise independent of the
 // thread count.
 // dw: a sum over images. The columns of a chunk are built in parallel, then each task takes
 // a band of dw's columns and adds the images into it one after the other, in image order. A
-// small dw (f32) is summed in 8 slices of images instead, each into its own partial sum, added
-// up in slice order at the end (conv2d_backward_weight_slices). Either way the order of the sum
+// small dw (f32) is summed in 8 slices of images instead, each into its own partial sum (an
+// image's columns built just before they are added, in the thread's slot), added up in slice
+// order at the end (conv2d_backward_weight_slices). Either way the order of the sum
 // depends on N only, never on threads or on the chunk size, so even a tiny workspace gives
 // bitwise the same dw.
 //
@@ -480,12 +483,12 @@ void conv2d_forward(const T* x, const T* w, const T* b, T* y, const Conv2dParams
     const int64_t k_max = algo == ConvAlgo::Im2col ? images_per_group(p.P() * p.Q(), chunk) : 1;
     const auto packed = pack_weights(w, p, false);
 
-    auto group = [&](int64_t n, int64_t k, int64_t slot) {
+    auto group = [&](int64_t n, int64_t k, int64_t at) {
         const int64_t L = k * PQ;
         const T* cols = x + n * CHW;
         T* rows = y + n * p.O * PQ;  // one image: its own block of y
         if (algo == ConvAlgo::Im2col) {
-            T* ws = col + slot * per_image;
+            T* ws = col + at * per_image;
             for (int64_t i = 0; i < k; i++) im2col(x + (n + i) * CHW, p.C, p, ws + i * PQ, L);
             cols = ws;
             if (k > 1) rows = ws + CK * L;
@@ -500,7 +503,7 @@ void conv2d_forward(const T* x, const T* w, const T* b, T* y, const Conv2dParams
                     std::memcpy(y + ((n + i) * p.O + o) * PQ, rows + o * L + i * PQ, size_t(PQ) * sizeof(T));
     };
     for (int64_t n0 = 0; n0 < p.N; n0 += chunk)
-        for_images(n0, std::min(chunk, p.N - n0), k_max, flops_per_image(p), group);
+        for_images(n0, std::min(chunk, p.N - n0), k_max, chunk / k_max, flops_per_image(p), group);
 }
 
 // ---- backward: dx ---------------------------------------------------------------------------------
@@ -519,12 +522,12 @@ void conv2d_backward_data(const T* dy, const T* w, T* dx, const Conv2dParams& p,
     const int64_t k_max = algo == ConvAlgo::Im2col ? images_per_group(p.P() * p.Q(), chunk) : 1;
     const auto packed = pack_weights(w, p, true);
 
-    auto group = [&](int64_t n, int64_t k, int64_t slot) {
+    auto group = [&](int64_t n, int64_t k, int64_t at) {
         const int64_t L = k * PQ;
         const T* rows = dy + n * p.O * PQ;  // one image: its own block of dy
         T* dcol = dx + n * CHW;             // Pointwise: dcol_n is dx_n itself
         if (algo == ConvAlgo::Im2col) {
-            T* ws = col + slot * per_image;
+            T* ws = col + at * per_image;
             dcol = ws;
             if (k > 1) {  // gather the k images' dy as rows [O, L]
                 gather_rows(dy, p, n, k, ws + CK * L);
@@ -537,7 +540,7 @@ void conv2d_backward_data(const T* dy, const T* w, T* dx, const Conv2dParams& p,
             for (int64_t i = 0; i < k; i++) col2im(dcol + i * PQ, p.C, p, dx + (n + i) * CHW, L);
     };
     for (int64_t n0 = 0; n0 < p.N; n0 += chunk)
-        for_images(n0, std::min(chunk, p.N - n0), k_max, flops_per_image(p), group);
+        for_images(n0, std::min(chunk, p.N - n0), k_max, chunk / k_max, flops_per_image(p), group);
 }
 
 // ---- backward: dw and db -----------------------------------------------------------------------
@@ -571,14 +574,13 @@ void build_columns(const T* x, const Conv2dParams& p, int64_t n0, int64_t count,
     });
 }
 
-// target[g·Og .. , j0:j1] += dy_n[g·Og .. , P·Q] · col_n[g·Kc + j0 .. g·Kc + j1, P·Q]ᵀ for the one
-// image n (its columns at slot n − n0 of the chunk's workspace, or x_n itself for Pointwise);
-// target has dw's shape, rows Kc apart. One GEMM per conv group.
+// target[g·Og .. , j0:j1] += dy_n[g·Og .. , P·Q] · cols[g·Kc + j0 .. g·Kc + j1, P·Q]ᵀ for the one
+// image n, whose columns are `cols` (its im2col, or x_n itself for Pointwise); target has dw's
+// shape, rows Kc apart. One GEMM per conv group.
 template <typename T>
-void add_image_to_dw(const T* x, const T* dy, const T* col, int64_t n, int64_t n0, ConvAlgo algo,
-                     const Conv2dParams& p, int64_t j0, int64_t j1, T* target) {
+void add_image_to_dw(const T* cols, const T* dy, int64_t n, const Conv2dParams& p, int64_t j0, int64_t j1,
+                     T* target) {
     const int64_t Og = p.Og(), PQ = p.P() * p.Q(), Kc = p.Cg() * p.KH * p.KW;
-    const T* cols = algo == ConvAlgo::Im2col ? col + (n - n0) * im2col_elems_per_image(p) : x + n * p.C * p.H * p.W;
     const T* dyn = dy + n * p.O * PQ;
     for (int64_t g = 0; g < p.groups; g++)
         gemm(false, true, Og, j1 - j0, PQ, 1.0f, dyn + g * Og * PQ, PQ, cols + (g * Kc + j0) * PQ, PQ, 1.0f,
@@ -588,10 +590,12 @@ void add_image_to_dw(const T* x, const T* dy, const T* col, int64_t n, int64_t n
 // f32, small dw (the first layers: 64 × 216 floats): slices of images, partial sums.
 // A band of such a dw's columns is too little work for a task — each band packed every dy_n
 // again for a few dozen columns. So the images are dealt into kSlices slices, image n to
-// slice n mod kSlices (every chunk of the workspace then holds images of every slice); each
-// slice adds its images, in order, into a partial dw of its own (one task per slice, one GEMM
-// per image, each operand packed once), and at the end
+// slice n mod kSlices; each slice adds its images, in order, into a partial dw of its own (one
+// task per slice, one GEMM per image, each operand packed once), and at the end
 //   dw += partial_0 + partial_1 + ... + partial_{kSlices−1}        (in this order)
+// An image's columns are built just before its GEMM, in the workspace slot of the thread that
+// runs the slice (the workspace holds col_images ≥ 1 images: that many slots), where the GEMM
+// finds them in cache; built for a whole chunk first, they went out to L3 and came back.
 // The slices depend on n alone: the bits depend neither on the threads nor on the workspace.
 // The partial sums are kSlices copies of dw, at most kSlicesBytesMax on the heap, outside the
 // workspace (and outside the memory report of chapter 08, like the GEMM's packing buffers).
@@ -604,19 +608,21 @@ bool backward_weight_in_slices(const Conv2dParams& p) {
 }
 
 void conv2d_backward_weight_slices(const float* x, const float* dy, float* dw, const Conv2dParams& p, ConvAlgo algo,
-                                   float* col, int64_t chunk) {
-    const int64_t Kc = p.Cg() * p.KH * p.KW, dw_floats = p.O * Kc;
+                                   float* col, int64_t col_images) {
+    const int64_t Kc = p.Cg() * p.KH * p.KW, dw_floats = p.O * Kc, CHW = p.C * p.H * p.W;
     std::vector<float> partial(size_t(kSlices * dw_floats), 0.0f);
-    for (int64_t n0 = 0; n0 < p.N; n0 += chunk) {
-        const int64_t count = std::min(chunk, p.N - n0);
-        const double chunk_flops = double(count) * flops_per_image(p);
-        if (algo == ConvAlgo::Im2col) build_columns(x, p, n0, count, chunk_flops, col);
-        parallel_chunks(kSlices, [&](int64_t slice) {
-            float* part = partial.data() + slice * dw_floats;
-            for (int64_t n = n0 + (slice - n0 % kSlices + kSlices) % kSlices; n < n0 + count; n += kSlices)
-                add_image_to_dw(x, dy, col, n, n0, algo, p, 0, Kc, part);
-        }, chunk_flops >= kParallelMinFlops);
-    }
+    const bool parallel = double(p.N) * flops_per_image(p) >= kParallelMinFlops;
+    for_groups_in_slots(kSlices, col_images, parallel, [&](int64_t slice, int64_t slot) {
+        for (int64_t n = slice; n < p.N; n += kSlices) {
+            const float* cols = x + n * CHW;  // Pointwise: x_n is its own column matrix
+            if (algo == ConvAlgo::Im2col) {
+                float* built = col + slot * im2col_elems_per_image(p);
+                im2col(x + n * CHW, p.C, p, built);
+                cols = built;
+            }
+            add_image_to_dw(cols, dy, n, p, 0, Kc, partial.data() + slice * dw_floats);
+        }
+    });
     parallel_for(dw_floats, grain_of(32768, kSlices), [&](int64_t i0, int64_t i1) {
         for (int64_t i = i0; i < i1; i++) {
             float sum = dw[i];
@@ -624,6 +630,32 @@ void conv2d_backward_weight_slices(const float* x, const float* dy, float* dw, c
             dw[i] = sum;
         }
     });
+}
+
+// Σ_n Σ_pq dy[n, o, pq] for the channel o: per image a float sum along pq, added into a double in
+// image order. The sums of kSideBySide images run side by side: one alone waits for each
+// addition's result (4 cycles) before the next, and took 5% of LeNet's step; several keep the
+// adders busy. The same additions in the same order: the same bits.
+constexpr int64_t kSideBySide = 8;
+template <typename T>
+double bias_grad(const T* dy, const Conv2dParams& p, int64_t o) {
+    const int64_t PQ = p.P() * p.Q();
+    auto plane = [&](int64_t n) { return dy + (n * p.O + o) * PQ; };
+    double acc = 0.0;
+    int64_t n = 0;
+    for (; n + kSideBySide <= p.N; n += kSideBySide) {
+        float part[kSideBySide] = {};
+        for (int64_t i = 0; i < PQ; i++)
+#pragma GCC unroll 8  // part[] in registers: unrolled, the 8 sums are 8 scalars (or one vector)
+            for (int64_t j = 0; j < kSideBySide; j++) part[j] += float(plane(n + j)[i]);
+        for (float s : part) acc += s;
+    }
+    for (; n < p.N; n++) {
+        float part = 0.0f;
+        for (int64_t i = 0; i < PQ; i++) part += float(plane(n)[i]);
+        acc += part;
+    }
+    return acc;
 }
 
 // f32 with a big dw (and Pointwise in every type):
@@ -635,23 +667,14 @@ void conv2d_backward_weight(const T* x, const T* dy, T* dw, T* db, const Conv2dP
     const int64_t PQ = p.P() * p.Q();
     if (db) {
         parallel_for(p.O, flop_grain(p.O, double(p.N * p.O * PQ)), [&](int64_t o0, int64_t o1) {
-            for (int64_t o = o0; o < o1; o++) {
-                double acc = 0.0;
-                for (int64_t n = 0; n < p.N; n++) {
-                    const T* g = dy + (n * p.O + o) * PQ;
-                    float part = 0.0f;
-                    for (int64_t i = 0; i < PQ; i++) part += float(g[i]);
-                    acc += part;
-                }
-                db[o] = T(float(db[o]) + float(acc));
-            }
+            for (int64_t o = o0; o < o1; o++) db[o] = T(float(db[o]) + float(bias_grad(dy, p, o)));
         });
     }
     const ConvAlgo algo = conv2d_algo(p, dtype_of<T>::value);
     if (algo == ConvAlgo::Depthwise) return depthwise_backward_weight(x, dy, dw, p);
     if constexpr (std::is_same_v<T, float>)
         if (algo == ConvAlgo::Winograd) return winograd_backward_weight(x, dy, dw, p, col, col_images);
-    const int64_t Kc = p.Cg() * p.KH * p.KW;
+    const int64_t Kc = p.Cg() * p.KH * p.KW, CHW = p.C * p.H * p.W;
     const int64_t chunk = images_per_chunk(p, algo, col, col_images, "conv2d_backward_weight");
     if constexpr (std::is_same_v<T, float>) {
         if (backward_weight_in_slices(p)) return conv2d_backward_weight_slices(x, dy, dw, p, algo, col, chunk);
@@ -674,7 +697,8 @@ void conv2d_backward_weight(const T* x, const T* dy, T* dw, T* db, const Conv2dP
             const int64_t j0 = std::min(Kc, blocks * band / bands * 64);
             const int64_t j1 = std::min(Kc, blocks * (band + 1) / bands * 64);
             for (int64_t n = n0; n < n0 + count && j0 < j1; n++)  // in image order: the sum's order is fixed
-                add_image_to_dw(x, dy, col, n, n0, algo, p, j0, j1, dw);
+                add_image_to_dw(algo == ConvAlgo::Im2col ? col + (n - n0) * im2col_elems_per_image(p) : x + n * CHW, dy,
+                                n, p, j0, j1, dw);
         });
     }
 }

@@ -4,6 +4,7 @@
 // a plane's short rows.
 #pragma once
 #include <algorithm>
+#include <atomic>
 #include <cstdint>
 
 #include "core/parallel.h"
@@ -22,19 +23,35 @@ inline int64_t flop_grain(int64_t n, double total_flops) {
     return std::max<int64_t>(1, int64_t(kParallelMinFlops / per_iteration));
 }
 
-// Runs body(n, k, slot) for the images n0 .. n0 + count − 1 in groups of up to `group`
-// consecutive ones: body does images n .. n + k − 1, and its workspace starts at image `slot`
-// (slot = n − n0). Several groups: one group per thread at a time. One group, or little work:
-// on this thread (the GEMMs inside then use every thread if they are big enough).
-// Groups are handed out one at a time (parallel_chunks): on a machine shared with other
-// programs, a thread that loses its core for a while then simply does fewer of them, instead of
-// the others waiting for it. Which thread does a group never changes its result.
+// Runs group(j, slot) for j = 0 .. groups − 1, each in one of `slots` scratch areas (slot <
+// slots): one task per slot, which takes the next group until none is left. A thread so goes on
+// in the scratch it used last, still in its core's cache. (With a stretch of the workspace per
+// group, a pass walked all of it: LeNet's conv1 wrote 3.7 MB of columns for a batch of 64 and
+// its GEMMs read them back from L3; lesson 03, "Write where you will soon read".) And a thread
+// that loses its core for a while (a machine shared with other programs) simply takes fewer
+// groups, instead of the others waiting for it. At most min(groups, slots, threads) tasks; with
+// parallel = false (too little work to wake the pool), all on this thread through slot 0.
+// Which thread or slot does a group never changes its result.
 template <typename Body>
-void for_images(int64_t n0, int64_t count, int64_t group, double flops_per_image, Body body) {
+void for_groups_in_slots(int64_t groups, int64_t slots, bool parallel, Body group) {
+    const int64_t tasks = parallel ? std::min<int64_t>({groups, slots, max_threads()}) : 1;
+    std::atomic<int64_t> next{0};
+    parallel_chunks(tasks, [&](int64_t slot) {
+        for (int64_t j = next++; j < groups; j = next++) group(j, slot);
+    });
+}
+
+// Runs body(n, k, at) for the images n0 .. n0 + count − 1 in groups of up to `group`
+// consecutive ones: body does images n .. n + k − 1 with the scratch that starts at image `at`
+// of a workspace of `slots` groups (at = slot · group, for_groups_in_slots). One group, or little
+// work: on this thread (the GEMMs inside then use every thread if they are big enough).
+template <typename Body>
+void for_images(int64_t n0, int64_t count, int64_t group, int64_t slots, double flops_per_image, Body body) {
     const int64_t groups = (count + group - 1) / group;
-    parallel_chunks(
-        groups, [&](int64_t j) { body(n0 + j * group, std::min(group, count - j * group), j * group); },
-        double(count) * flops_per_image >= kParallelMinFlops);
+    for_groups_in_slots(groups, slots, double(count) * flops_per_image >= kParallelMinFlops,
+                        [&](int64_t j, int64_t slot) {
+                            body(n0 + j * group, std::min(group, count - j * group), slot * group);
+                        });
 }
 
 // Multiply-adds ×2 of one image's convolution by the textbook formula (any of the three passes).

@@ -4,7 +4,6 @@
 // fake quantization for quantization-aware training. The int8 matrix product itself, with its
 // SIMD paths, is in qgemm.cpp.
 #include <algorithm>
-#include <atomic>
 #include <cmath>
 #include <cstring>
 #include <vector>
@@ -327,16 +326,10 @@ void qconv2d(const uint8_t* x, const int8_t* w, uint8_t* y, const Conv2dParams& 
         qconv2d_group(x + n * x_image, std::min(k, p.N - n), w, y + n * y_image, p, x_zero_point, x_max, out,
                       requantize, slot);
     };
-    const int threads = in_parallel() ? 1 : max_threads();
-    if (conv_groups(p) < threads || threads == 1) {
-        for (int64_t j = 0; j < conv_groups(p); j++) group(j, work);
-        return;
-    }
-    // One task per workspace slot; each takes the next group until none is left.
-    std::atomic<int64_t> next{0};
-    parallel_chunks(std::min<int64_t>(threads, conv_slots(p)), [&](int64_t task) {
-        for (int64_t j = next++; j < conv_groups(p); j = next++) group(j, work + task * slot_bytes(p));
-    });
+    // One task per workspace slot, each taking the next group until none is left; fewer groups
+    // than threads: one at a time through slot 0.
+    for_groups_in_slots(conv_groups(p), conv_slots(p), conv_groups(p) >= max_threads(),
+                        [&](int64_t j, int64_t slot) { group(j, work + slot * slot_bytes(p)); });
 }
 
 // ==== pooling and tables ==========================================================================

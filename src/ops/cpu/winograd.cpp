@@ -51,9 +51,10 @@
 // on the heap for the call.
 //
 // ---- Threads and bits --------------------------------------------------------------------------
-// forward and dx: groups of images (k·tiles ≥ 256 GEMM columns, conv_tasks.h), one group per
-// task; each output is one GEMM dot product over K = C plus a fixed transform, so its bits do
-// not depend on the group, the workspace or the threads. dw: the groups' transforms in parallel,
+// forward and dx: groups of images (k·tiles ≥ 256 GEMM columns, conv_tasks.h), each thread
+// taking one group after another into its own slot of the workspace; each output is one GEMM
+// dot product over K = C plus a fixed transform, so its bits do not depend on the group, the
+// workspace or the threads. dw: the groups' transforms in parallel,
 // then one task per ξ adds the groups' products into dU[ξ], group after group in image order.
 // The groups are fixed by the batch (winograd_chunk_images keeps workspace chunks whole numbers
 // of groups), so dw's bits depend on neither the threads nor the workspace.
@@ -342,8 +343,8 @@ void winograd_pass(const float* in, int64_t Cin, const std::vector<std::unique_p
                    float* out, int64_t Cout, const Conv2dParams& p, float* ws, int64_t chunk) {
     const TileGrid g = tile_grid(p);
     const int64_t HW = p.H * p.W, per_image = winograd_elems_per_image(p);
-    auto group = [&](int64_t n, int64_t k, int64_t slot) {
-        const Operands op = operands(ws + slot * per_image, Cin, Cout, k * g.tiles());
+    auto group = [&](int64_t n, int64_t k, int64_t at) {
+        const Operands op = operands(ws + at * per_image, Cin, Cout, k * g.tiles());
         transform_inputs(in + n * Cin * HW, Cin, k, g, op.in, op.L, op.in_plane);
         for (int64_t xi = 0; xi < kXi; xi++)  // M[ξ] = U[ξ] · V[ξ]
             gemm(*U[size_t(xi)], false, op.L, 1.0f, op.in + xi * op.in_plane, op.L, 0.0f, op.out + xi * op.out_plane,
@@ -356,7 +357,7 @@ void winograd_pass(const float* in, int64_t Cin, const std::vector<std::unique_p
     };
     const int64_t k_max = std::min(group_images(p), chunk);
     for (int64_t n0 = 0; n0 < p.N; n0 += chunk)
-        for_images(n0, std::min(chunk, p.N - n0), k_max, flops_per_image(p), group);
+        for_images(n0, std::min(chunk, p.N - n0), k_max, chunk / k_max, flops_per_image(p), group);
 }
 
 }  // namespace
@@ -448,8 +449,10 @@ void winograd_backward_weight(const float* x, const float* dy, float* dw, const 
         return operands(ws + slot * per_image, p.C, p.O, k * g.tiles());
     };
     for (int64_t n0 = 0; n0 < p.N; n0 += chunk) {
-        const int64_t count = std::min(chunk, p.N - n0);
-        for_images(n0, count, k_max, flops_per_image(p), [&](int64_t n, int64_t k, int64_t slot) {
+        const int64_t count = std::min(chunk, p.N - n0), groups = (count + k_max - 1) / k_max;
+        // Group j's tiles at image j·k_max of the workspace: all of them are kept for the GEMMs below
+        parallel_chunks(groups, [&](int64_t j) {
+            const int64_t slot = j * k_max, n = n0 + slot, k = std::min(k_max, count - slot);
             const Operands op = group_operands(slot, k);
             transform_inputs(x + n * p.C * HW, p.C, k, g, op.in, op.L, op.in_plane);
             std::vector<float> q(size_t(4 * g.tiles()));
@@ -457,7 +460,7 @@ void winograd_backward_weight(const float* x, const float* dy, float* dw, const 
                 for (int64_t o = 0; o < p.O; o++)
                     grad_output_transform(dy + ((n + i) * p.O + o) * HW, g, q.data(), op.out + o * op.L + i * g.tiles(),
                                           op.out_plane);
-        });
+        }, double(count) * flops_per_image(p) >= kParallelMinFlops);
         // dU[ξ] += dM[ξ] · V[ξ]ᵀ (or its transpose), group after group (one task per ξ)
         parallel_chunks(kXi, [&](int64_t xi) {
             for (int64_t slot = 0; slot < count; slot += k_max) {
