@@ -15,11 +15,12 @@ bool winograd_computes(const Conv2dParams& p);
 // And those where conv2d_algo chooses it: where it is clearly faster than im2col. Its transforms
 // cost in proportion to C + O per tile, the GEMM multiply-adds it saves in proportion to C·O,
 // and a 7×7 plane takes 16 tiles (64 positions for 49). Measured on a Zen 4, 2 threads, batch
-// 256, forward + backward (lesson 03 has the table): 1.4× for 64→64 on 15×15, 1.3× for 64→256
-// on 15×15 and for 256→256 on 7×7. The bounds were set when the narrower layers (24 to 64
-// channels, and 64→128 on 7×7) gained 0.9–1.1×; they gain 1.1–1.2× now, but lesson 06's net is
-// made of them and chapters 06 to 10 quote its runs to the last bits, so they keep im2col unless
-// KILN_CONV says winograd. bench/bench_conv.cpp measures both ways.
+// 256, forward + backward (lesson 03 has the table): 1.25–1.3× for 64→64 and 64→256 on 15×15
+// and for 256→256 on 7×7. The bounds were set when the narrower layers (24 to 64
+// channels, and 64→128 on 7×7) gained 0.9–1.1×, and they gain 0.95–1.1× again since im2col
+// reuses its scratch per thread; lesson 06's net is made of them and chapters 06 to 10 quote its
+// runs to the last bits, so they keep im2col unless KILN_CONV says winograd.
+// bench/bench_conv.cpp measures both ways.
 constexpr int64_t kWinogradMinChannels = 64;            // C and O
 constexpr int64_t kWinogradMinPlane = 4;                // H and W
 constexpr int64_t kWinogradMinWork = int64_t(1) << 19;  // C·O·H·W
