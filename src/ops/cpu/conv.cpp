@@ -377,44 +377,61 @@ void im2col(const T* x, int64_t C, const Conv2dParams& p, T* col, int64_t ld, T 
     }
 }
 
+// x[0, n) as floats: for float x itself, for f16 and bf16 widened into buf by the CPU's vector
+// kernel (convert_simd.h). A loop that widens element by element stays scalar: g++ vectorizes no
+// load of dtype.h's f16 or bf16 (col2im and the bias gradient ran so, 16% and 10% of LeNet's f16
+// training step).
+template <typename T, typename F = std::conditional_t<std::is_const_v<T>, const float, float>>
+F* as_floats(T* x, int64_t n, std::vector<float>& buf) {
+    if constexpr (std::is_same_v<std::remove_const_t<T>, float>) {
+        return x;
+    } else {
+        buf.resize(size_t(n));
+        widened(x, n, buf.data());
+        return buf.data();
+    }
+}
+
 // The same walk as im2col with the arrows reversed: dx[c][ih][iw] += col[row][p·Q + q].
 // Entries that fell on padding are dropped. Fixed order (c, kh, kw, p, q): deterministic.
-// The sums are taken in a float plane, rounded into dx once (F32Plane: dx itself for float).
+// The sums are taken in a float plane, rounded into dx once (F32Plane: dx itself for float),
+// from col's rows as floats (as_floats: widened first for f16 and bf16, exactly).
 // Stride 1 with Q == W takes im2col's shortcut backwards: one long run of additions per
 // (c, kh, kw). Its entries over the left and right padding would then be added to the
-// neighbouring row's ends, so they are set to 0 in col first (col is the GEMM's scratch
+// neighbouring row's ends, so they are set to 0 in the row first (col is the GEMM's scratch
 // output); adding 0 leaves every sum as it was.
 template <typename T>
 void col2im(T* col, int64_t C, const Conv2dParams& p, T* dx, int64_t ld) {
     const int64_t H = p.H, W = p.W, P = p.P(), Q = p.Q(), s = p.stride;
     const bool same_width = s == 1 && Q == W;
     F32Plane<T> plane(dx, C * H * W);
+    std::vector<float> wide;  // f16, bf16: one row of col, widened
     for (int64_t c = 0; c < C; c++) {
         float* dxc = plane.data() + c * H * W;
         for (int64_t kh = 0; kh < p.KH; kh++)
             for (int64_t kw = 0; kw < p.KW; kw++) {
-                T* row = col + ((c * p.KH + kh) * p.KW + kw) * ld;
+                float* row = as_floats(col + ((c * p.KH + kh) * p.KW + kw) * ld, P * Q, wide);
                 const int64_t off_h = kh * p.dilation - p.padding, off_w = kw * p.dilation - p.padding;
                 int64_t q_lo, q_hi, op_lo, op_hi;
                 valid_range(off_w, W, s, Q, q_lo, q_hi);
                 valid_range(off_h, H, s, P, op_lo, op_hi);  // the rows: the same with H and P
                 if (same_width && q_lo < q_hi && op_lo < op_hi) {
                     const SameWidthRun r = same_width_run(op_lo, op_hi, q_lo, q_hi, off_h, off_w, W);
-                    fill_padding_columns(row, op_lo, op_hi, q_lo, q_hi, Q, T(0));
+                    fill_padding_columns(row, op_lo, op_hi, q_lo, q_hi, Q, 0.0f);
                     float* dst = dxc + r.x_start;
-                    const T* src = row + r.col_start;
+                    const float* src = row + r.col_start;
 #pragma omp simd
-                    for (int64_t i = 0; i < r.length; i++) dst[i] += float(src[i]);
+                    for (int64_t i = 0; i < r.length; i++) dst[i] += src[i];
                     continue;
                 }
                 for (int64_t op = op_lo; op < op_hi; op++) {
                     float* dst = dxc + (op * s + off_h) * W + off_w;
-                    const T* src = row + op * Q;
+                    const float* src = row + op * Q;
                     if (s == 1) {
 #pragma omp simd
-                        for (int64_t q = q_lo; q < q_hi; q++) dst[q] += float(src[q]);
+                        for (int64_t q = q_lo; q < q_hi; q++) dst[q] += src[q];
                     } else
-                        for (int64_t q = q_lo; q < q_hi; q++) dst[q * s] += float(src[q]);
+                        for (int64_t q = q_lo; q < q_hi; q++) dst[q * s] += src[q];
                 }
             }
     }
@@ -640,19 +657,23 @@ constexpr int64_t kSideBySide = 8;
 template <typename T>
 double bias_grad(const T* dy, const Conv2dParams& p, int64_t o) {
     const int64_t PQ = p.P() * p.Q();
-    auto plane = [&](int64_t n) { return dy + (n * p.O + o) * PQ; };
+    std::vector<float> wide[kSideBySide];  // f16, bf16: the planes of the images summed side by side
+    auto plane = [&](int64_t n, int64_t j) { return as_floats(dy + (n * p.O + o) * PQ, PQ, wide[j]); };
     double acc = 0.0;
     int64_t n = 0;
     for (; n + kSideBySide <= p.N; n += kSideBySide) {
+        const float* g[kSideBySide];
+        for (int64_t j = 0; j < kSideBySide; j++) g[j] = plane(n + j, j);
         float part[kSideBySide] = {};
         for (int64_t i = 0; i < PQ; i++)
 #pragma GCC unroll 8  // part[] in registers: unrolled, the 8 sums are 8 scalars (or one vector)
-            for (int64_t j = 0; j < kSideBySide; j++) part[j] += float(plane(n + j)[i]);
+            for (int64_t j = 0; j < kSideBySide; j++) part[j] += g[j][i];
         for (float s : part) acc += s;
     }
     for (; n < p.N; n++) {
+        const float* g = plane(n, 0);
         float part = 0.0f;
-        for (int64_t i = 0; i < PQ; i++) part += float(plane(n)[i]);
+        for (int64_t i = 0; i < PQ; i++) part += g[i];
         acc += part;
     }
     return acc;

@@ -80,6 +80,7 @@ inline vec vstep(vec a, vec b, vec acc) { return vfma(a, b, acc); }
 
 constexpr int MR = kTileRows;
 constexpr int NR = NV * VL;
+static_assert(NR % 8 == 0, "pack_b_panels (gemm.cpp) packs a transposed f16 or bf16 B 8 columns at a time");
 
 // The scalar twin of vfma, for the elements of a partial tile: the same rounding as the vectors.
 inline float sfma(float a, float b, float c) {
