@@ -13,6 +13,7 @@
 #include "gradcheck.h"
 #include "nn/conv.h"
 #include "ops/cpu/cnn_ops.h"
+#include "ops/cpu/short_rows.h"
 #include "ops/cpu/winograd.h"
 
 using namespace kiln;
@@ -259,6 +260,35 @@ TEST_CASE("Conv2d errors name the layer and the shapes", "[conv][cpu][lesson03]"
     conv.forward(Tensor::zeros({2, 3, 8, 8}));
     REQUIRE_THROWS_WITH(conv.backward(Tensor::zeros({2, 4, 5, 5})), Contains("conv1") && Contains("[2, 4, 6, 6]"));
     REQUIRE_THROWS_WITH(Conv2d(4, 6, 3, rng, {1, 0, 1, 4, true}, "conv2"), Contains("conv2") && Contains("groups"));
+}
+
+// ---- Short rows (short_rows.h) ----------------------------------------------------------------
+template <typename T>
+void check_copy_short_rows() {
+    for (int64_t n = 0; n <= 40; n++)
+        for (int64_t rows : {1, 3}) {
+            INFO("element size " << sizeof(T) << ", rows " << rows << ", n " << n);
+            const int64_t ld_src = n + 5, ld_dst = n + 3;  // rows apart, with gaps between them
+            std::vector<T> src(size_t(rows * ld_src)), dst(size_t(rows * ld_dst + 1));
+            for (size_t i = 0; i < src.size(); i++) std::memset(&src[i], int(i % 251) + 1, sizeof(T));
+            std::memset(dst.data(), 0, dst.size() * sizeof(T));
+            cpu::copy_short_rows(dst.data(), ld_dst, src.data(), ld_src, rows, n);
+            int64_t wrong = 0;  // each copied element equal, every other one of dst still 0
+            for (int64_t r = 0; r < rows; r++)
+                for (int64_t i = 0; i < ld_dst; i++) {
+                    const T* d = &dst[size_t(r * ld_dst + i)];
+                    if (i < n) wrong += std::memcmp(d, &src[size_t(r * ld_src + i)], sizeof(T)) != 0;
+                    else wrong += std::memcmp(d, &dst.back(), sizeof(T)) != 0;
+                }
+            CHECK(wrong == 0);
+        }
+}
+
+TEST_CASE("copy_short_rows copies each row exactly, at every width, and nothing else", "[conv][cpu][lesson03]") {
+    check_copy_short_rows<uint8_t>();  // int8 im2col (chapter 11)
+    check_copy_short_rows<f16>();
+    check_copy_short_rows<float>();
+    check_copy_short_rows<double>();
 }
 
 // ---- Winograd F(2x2, 3x3) ----------------------------------------------------------------------

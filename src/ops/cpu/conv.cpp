@@ -358,21 +358,19 @@ void im2col(const T* x, int64_t C, const Conv2dParams& p, T* col, int64_t ld, T 
                     fill_padding_columns(row, op_lo, op_hi, q_lo, q_hi, Q, pad);
                     continue;
                 }
-                for (int64_t op = 0; op < P; op++) {
-                    T* dst = row + op * Q;
-                    const int64_t ih = op * s + off_h;
-                    if (op < op_lo || op >= op_hi) {
-                        std::fill(dst, dst + Q, pad);
-                        continue;
-                    }
-                    const T* src = xc + ih * W + off_w;  // src[q·s] is x[c][ih][q·s + off_w]
-                    for (int64_t q = 0; q < q_lo; q++) dst[q] = pad;
-                    if (s == 1)
-                        copy_short_run(dst + q_lo, src + q_lo, q_hi - q_lo);
-                    else
-                        for (int64_t q = q_lo; q < q_hi; q++) dst[q] = src[q * s];
-                    for (int64_t q = q_hi; q < Q; q++) dst[q] = pad;
+                // Rows op_lo .. op_hi − 1 from x, the others padding; in those, the columns
+                // q_lo .. q_hi − 1 from x (x[c][op·s + off_h][q·s + off_w]), the others padding.
+                std::fill(row, row + op_lo * Q, pad);
+                std::fill(row + op_hi * Q, row + P * Q, pad);
+                if (op_lo >= op_hi) continue;
+                const T* src = xc + (op_lo * s + off_h) * W + off_w;  // row op_lo's q = 0
+                if (s == 1) {
+                    copy_short_rows(row + op_lo * Q + q_lo, Q, src + q_lo, W, op_hi - op_lo, q_hi - q_lo);
+                } else {
+                    for (int64_t op = op_lo; op < op_hi; op++)
+                        for (int64_t q = q_lo; q < q_hi; q++) row[op * Q + q] = src[(op - op_lo) * s * W + q * s];
                 }
+                fill_padding_columns(row, op_lo, op_hi, q_lo, q_hi, Q, pad);
             }
     }
 }
