@@ -54,7 +54,7 @@
 // forward and dx: groups of images (k·tiles ≥ 256 GEMM columns, conv_tasks.h), each thread
 // taking one group after another into its own slot of the workspace; each output is one GEMM
 // dot product over K = C plus a fixed transform, so its bits do not depend on the group, the
-// workspace or the threads. dw: the groups' transforms in parallel,
+// workspace or the threads. dw: the groups' transforms in parallel, each in a slot of its own,
 // then one task per ξ adds the groups' products into dU[ξ], group after group in image order.
 // The groups are fixed by the batch (winograd_chunk_images keeps workspace chunks whole numbers
 // of groups), so dw's bits depend on neither the threads nor the workspace.
