@@ -14,7 +14,7 @@ namespace kiln::cpu {
 
 // Below this many flops a parallel region costs more than it saves (waking a team and its
 // barrier take microseconds — much more when the cores are shared with other programs).
-constexpr double kParallelMinFlops = 2.0 * 96 * 96 * 96;  // the same bar as gemm.cpp's
+constexpr double kParallelMinFlops = 2.0 * 96 * 96 * 96;  // (gemm.cpp splits one product above 2·128³)
 
 // The grain of a loop of n iterations that do total_flops between them: at least
 // kParallelMinFlops a chunk, so a small loop stays on one thread.
