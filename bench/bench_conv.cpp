@@ -72,7 +72,7 @@ void bench_layer(int64_t C, int64_t O, int64_t H) {
 }  // namespace
 
 int main() {
-    // bench/torch_cifar_net.py's net (widths 64/256/256), then lesson 06's (32/64/128)
+    // make bench's CIFAR net (widths 64/256/256, bench/torch_train.py cifar_net), then lesson 06's (32/64/128)
     const int64_t layers[][3] = {{24, 64, 31}, {64, 64, 15}, {64, 256, 15}, {256, 256, 7}, {24, 32, 31},
                                  {32, 32, 15}, {32, 64, 15}, {64, 64, 7},   {64, 128, 7}};
     for (const auto& l : layers) bench_layer(l[0], l[1], l[2]);

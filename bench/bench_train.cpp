@@ -2,14 +2,19 @@
 // on random inputs of the real shapes (the data pipeline is not what is measured).
 //
 //   build/bench/bench_train            prints "bench mlp_train_cpu: 21000 img/s", ...
-//   mlp_train_cpu        chapter 02's MLP, batch 64
+//   mlp_train_cpu        chapter 02's MLP, batch 64 (compare: bench/torch_train.py mlp)
 //   lenet_train_cpu      chapter 03's LeNet, batch 64 (compare: bench/torch_lenet.py)
-//   cifar_net_train_cpu  the network of bench/torch_cifar_net.py, batch 256, SGD Nesterov
+//   cifar_net_train_cpu  chapter 06's network at widths 64/256/256 (the capstone's), batch 256,
+//                        SGD Nesterov (compare: bench/torch_train.py cifar_net)
 //   lenet_train_cpu_f16, _bf16, cifar_net_train_cpu_f16, _bf16
 //                        the same in mixed precision (chapter 09: autocast, and with f16 a
 //                        GradScaler), then their ratio to f32 ("..._vs_f32")
+//   mobilenet_v2_train_cpu
+//                        chapter 13's MobileNetV2 (width 1.0), batch 128, SGD Nesterov
+//                        (compare: bench/torch_train.py mobilenet_v2)
 //   cifar_net_l06_*      chapter 10: lesson 06's CIFAR net (widths 32, 64, 128, stem 24), batch
-//                        128, against its twin with half the channels of every conv removed by
+//                        128 (compare: bench/torch_train.py cifar_net:32,64,128), against its
+//                        twin with half the channels of every conv removed by
 //                        remove_channels (nn/surgery.h): parameters, a training step's peak
 //                        memory (chapter 08's prediction), training and inference img/s of
 //                        each (the two measured in turn, 5 times), and the speedups
@@ -19,9 +24,10 @@
 //                        its big 3×3 layers by Winograd (chapter 03), in turn, 5 times: the
 //                        medians, and of the 5 ratios (with their _min and _max)
 //   build/bench/bench_train surgery    only the cifar_net_l06_* figures
-//   build/bench/bench_train busy       lenet_train_cpu_busy, cifar_net_train_cpu_busy: f32 only,
-//                        named for the run bench/run.sh makes while another program keeps one
-//                        core busy (a learner's machine is rarely idle)
+//   build/bench/bench_train busy       mlp_, lenet_, cifar_net_l06_, cifar_net_ and
+//                        mobilenet_v2_train_cpu_busy: f32 only, named for the run bench/run.sh
+//                        makes while another program keeps one core busy (a learner's machine
+//                        is rarely idle)
 // Threads: OMP_NUM_THREADS (make bench sets 2). The figure is the median of 5 timed rounds.
 #include <algorithm>
 #include <chrono>
@@ -93,19 +99,54 @@ static double train_throughput(Module& model, const Shape& input, int64_t classe
     return median_rate(B, steps, rounds, step);
 }
 
+// The chapter models as bench/torch_train.py and bench/torch_lenet.py train them: batch size
+// (input[0]), SGD settings, and how many training steps a timed round takes.
+struct ChapterModel {
+    std::string name;
+    std::function<std::unique_ptr<Sequential>()> build;  // from the same seed each time
+    Shape input;
+    int steps;
+    SGD::Options sgd;
+};
+static const std::vector<ChapterModel>& chapter_models() {
+    static const SGD::Options momentum{0.9f, 0, 0, false}, lenet_sgd{0.5f, 0, 0, false},
+        nesterov{0.9f, 0, 5e-4f, true};
+    static const std::vector<ChapterModel> models{
+        {"mlp", [] { Rng r(1); return mlp(r); }, {64, 1, 28, 28}, 100, momentum},
+        {"lenet", [] { Rng r(1); return lenet(r); }, {64, 1, 28, 28}, 40, lenet_sgd},
+        {"cifar_net_l06", [] { Rng r(1); return cifar_net(r, {32, 64, 128}); }, {128, 3, 32, 32}, 4, nesterov},
+        {"cifar_net", [] { Rng r(1); return cifar_net(r); }, {256, 3, 32, 32}, 2, nesterov},
+        {"mobilenet_v2", [] { Rng r(1); return mobilenet_v2(r, 10, 1.0f); }, {128, 3, 32, 32}, 2, nesterov},
+    };
+    return models;
+}
+static const ChapterModel& chapter_model(const std::string& name) {
+    for (const ChapterModel& m : chapter_models())
+        if (m.name == name) return m;
+    KILN_FAIL("bench_train: no chapter model \"", name, "\"");
+}
+
+// "bench NAME_train_cpu<suffix>: X img/s", the model trained in f32.
+static void bench_f32(const ChapterModel& m, const std::string& suffix = "") {
+    auto model = m.build();
+    std::printf("bench %s_train_cpu%s: %.1f img/s\n", m.name.c_str(), suffix.c_str(),
+                train_throughput(*model, m.input, 10, m.steps, 5, m.sgd));
+    std::fflush(stdout);
+}
+
 // The model in f32, f16 and bf16 (each from the same initial weights), and each low type's ratio to f32.
-static void bench_precisions(const char* name, const std::function<std::unique_ptr<Module>()>& build,
-                             const Shape& input, int steps, SGD::Options options) {
+static void bench_precisions(const ChapterModel& m) {
+    const std::string name = m.name + "_train_cpu";
     double f32 = 0;
     for (DType amp : {DType::F32, DType::F16, DType::BF16}) {
-        auto model = build();
-        const double rate = train_throughput(*model, input, 10, steps, 5, options, amp);
+        auto model = m.build();
+        const double rate = train_throughput(*model, m.input, 10, m.steps, 5, m.sgd, amp);
         if (amp == DType::F32) {
             f32 = rate;
-            std::printf("bench %s: %.0f img/s\n", name, rate);
+            std::printf("bench %s: %.1f img/s\n", name.c_str(), rate);
         } else {
-            std::printf("bench %s_%s: %.0f img/s\n", name, dtype_name(amp), rate);
-            std::printf("bench %s_%s_vs_f32: %.2f ratio\n", name, dtype_name(amp), rate / f32);
+            std::printf("bench %s_%s: %.1f img/s\n", name.c_str(), dtype_name(amp), rate);
+            std::printf("bench %s_%s_vs_f32: %.2f ratio\n", name.c_str(), dtype_name(amp), rate / f32);
         }
         std::fflush(stdout);
     }
@@ -161,11 +202,9 @@ static void print_in_turn(const std::string& a_name, const std::string& b_name, 
 // Lesson 06's CIFAR net, and the same net after structured pruning has removed half the output
 // channels of every conv (here the first half is kept: which half does not change the speed).
 static void bench_surgery() {
-    const Shape input{128, 3, 32, 32};
-    const SGD::Options sgd{0.9f, 0, 5e-4f, true};
-    Rng r(1);
-    auto dense = cifar_net(r, {32, 64, 128});
-    auto cut = cifar_net(r, {32, 64, 128});
+    const ChapterModel& l06 = chapter_model("cifar_net_l06");
+    const Shape& input = l06.input;
+    auto dense = l06.build(), cut = l06.build();
     std::vector<std::string> convs;
     for (auto& [path, m] : cut->named_modules())
         if (dynamic_cast<Conv2d*>(m)) convs.push_back(path);
@@ -184,7 +223,7 @@ static void bench_surgery() {
     for (const std::string what : {"train", "infer"}) {
         const bool train = what == "train";
         auto rate = [&](Module& m) {
-            return train ? train_throughput(m, input, 10, 2, 1, sgd) : infer_throughput(m, input, 8, 1);
+            return train ? train_throughput(m, input, 10, 2, 1, l06.sgd) : infer_throughput(m, input, 8, 1);
         };
         print_in_turn("cifar_net_l06_" + what + "_cpu", "cifar_net_l06_halved_" + what + "_cpu",
                       "cifar_net_l06_halved_" + what + "_speedup",
@@ -194,12 +233,12 @@ static void bench_surgery() {
 
 // The CIFAR net's training with its big 3×3 layers by Winograd (the default) and with every
 // layer by im2col (as KILN_CONV=im2col), in turn (chapter 03).
-static void bench_winograd(const SGD::Options& sgd) {
-    Rng r(1);
-    auto net = cifar_net(r);
+static void bench_winograd() {
+    const ChapterModel& cifar = chapter_model("cifar_net");
+    auto net = cifar.build();
     auto rate = [&](bool winograd) {
         cpu::set_winograd_choice(winograd ? cpu::WinogradChoice::Auto : cpu::WinogradChoice::Never);
-        const double v = train_throughput(*net, {256, 3, 32, 32}, 10, 2, 1, sgd);
+        const double v = train_throughput(*net, cifar.input, 10, 2, 1, cifar.sgd);
         cpu::set_winograd_choice(cpu::WinogradChoice::Auto);
         return v;
     };
@@ -212,23 +251,15 @@ int main(int argc, char** argv) {
         bench_surgery();
         return 0;
     }
-    const SGD::Options lenet_sgd{0.5f, 0, 0, false}, cifar_sgd{0.9f, 0, 5e-4f, true};
     if (argc > 1 && std::string(argv[1]) == "busy") {
-        Rng r(1);
-        auto le = lenet(r), cifar = cifar_net(r);
-        std::printf("bench lenet_train_cpu_busy: %.0f img/s\n", train_throughput(*le, {64, 1, 28, 28}, 10, 40, 5, lenet_sgd));
-        std::fflush(stdout);
-        std::printf("bench cifar_net_train_cpu_busy: %.0f img/s\n",
-                    train_throughput(*cifar, {256, 3, 32, 32}, 10, 2, 5, cifar_sgd));
+        for (const ChapterModel& m : chapter_models()) bench_f32(m, "_busy");
         return 0;
     }
-    Rng rng(1);
-    auto net = mlp(rng);
-    std::printf("bench mlp_train_cpu: %.0f img/s\n", train_throughput(*net, {64, 1, 28, 28}, 10, 100, 5, {0.9f, 0, 0, false}));
-    std::fflush(stdout);
-    bench_precisions("lenet_train_cpu", [] { Rng r(1); return lenet(r); }, {64, 1, 28, 28}, 40, lenet_sgd);
-    bench_precisions("cifar_net_train_cpu", [] { Rng r(1); return cifar_net(r); }, {256, 3, 32, 32}, 2, cifar_sgd);
-    bench_winograd(cifar_sgd);
+    bench_f32(chapter_model("mlp"));
+    bench_precisions(chapter_model("lenet"));
+    bench_precisions(chapter_model("cifar_net"));
+    bench_f32(chapter_model("mobilenet_v2"));
+    bench_winograd();
     bench_surgery();
     return 0;
 }

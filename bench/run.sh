@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # run.sh — `make bench`: runs every benchmark binary in BUILD/bench (each prints lines
-# "bench <name>: <value> <unit>"), then the PyTorch references bench/torch_lenet.py and
-# bench/torch_cifar_net.py in the same run at the same thread count, and the ratios kiln / PyTorch;
-# then LeNet and the CIFAR net again, kiln's and PyTorch's, while another program (`yes`) keeps
-# one core busy: "_busy" figures and their ratio.
+# "bench <name>: <value> <unit>"), then the PyTorch references of the chapter models
+# (bench/torch_train.py: the MLP, the CIFAR nets, MobileNetV2; bench/torch_lenet.py: LeNet) in
+# the same run at the same thread count, and the ratios kiln / PyTorch ("..._vs_torch"); then
+# every chapter model again, kiln's and PyTorch's, while another program (`yes`) keeps one core
+# busy: "_busy" figures and their ratios.
 # Threads: KILN_THREADS (default 2, the course's reference machine).
 set -eu
 build=$1
@@ -18,31 +19,47 @@ done
 
 # PyTorch on the same machine, same threads (Debian's python3-torch).
 py=/usr/bin/python3   # Debian's python, where python3-torch is installed
+models="mlp lenet cifar_net_l06 cifar_net mobilenet_v2"  # as bench_train names them
+# torch MODEL: PyTorch's training img/s for the chapter model MODEL (batch sizes as bench_train's).
+torch() {
+    case $1 in
+        lenet) "$py" bench/torch_lenet.py data/mnist "$threads" 0.2 ;;
+        mlp) "$py" bench/torch_train.py mlp "$threads" 64 5 ;;
+        cifar_net_l06) "$py" bench/torch_train.py cifar_net:32,64,128 "$threads" 128 10 ;;
+        cifar_net) "$py" bench/torch_train.py cifar_net "$threads" 256 20 ;;
+        mobilenet_v2) "$py" bench/torch_train.py mobilenet_v2 "$threads" 128 20 ;;
+    esac | grep -oE '[0-9.]+ train img/s' | cut -d' ' -f1
+}
+# ratio NAME KILN_FIGURE TORCH_FIGURE: "bench NAME: kiln/torch ratio" from the figures in $out.
+ratio() {
+    local k t
+    k=$(awk -v n="bench $2:" 'index($0, n) == 1 { print $3 }' "$out")
+    t=$(awk -v n="bench $3:" 'index($0, n) == 1 { print $3 }' "$out")
+    if [[ -n $k && -n $t ]]; then
+        awk -v k="$k" -v t="$t" -v n="$1" 'BEGIN { printf "bench %s: %.2f ratio\n", n, k / t }'
+    else
+        echo "bench: $1 skipped: no figure \"$2\" or \"$3\" above" >&2
+    fi
+}
+# references SUFFIX: PyTorch's figure for every chapter model (named torch_MODEL_train_cpu SUFFIX),
+# then kiln's against it (MODEL_train_cpu SUFFIX _vs_torch).
+references() {
+    local m
+    for m in $models; do
+        echo "bench torch_${m}_train_cpu$1: $(torch "$m") img/s" | tee -a "$out"
+    done
+    for m in $models; do
+        ratio "${m}_train_cpu$1_vs_torch" "${m}_train_cpu$1" "torch_${m}_train_cpu$1"
+    done
+}
 if "$py" -c 'import torch' 2>/dev/null; then
-    lenet=$("$py" bench/torch_lenet.py data/mnist "$threads" 0.2 | grep -oE '[0-9]+ train img/s' | cut -d' ' -f1)
-    echo "bench torch_lenet_train_cpu: $lenet img/s" | tee -a "$out"
-    cifar=$("$py" bench/torch_cifar_net.py "$threads" 256 20 | grep -oE '[0-9]+ train img/s' | cut -d' ' -f1)
-    echo "bench torch_cifar_net_train_cpu: $cifar img/s" | tee -a "$out"
-    ratio() {  # ratio NAME KILN_FIGURE TORCH_FIGURE
-        local k t
-        k=$(awk -v n="bench $2:" 'index($0, n) == 1 { print $3 }' "$out")
-        t=$(awk -v n="bench $3:" 'index($0, n) == 1 { print $3 }' "$out")
-        [[ -n $k && -n $t ]] && awk -v k="$k" -v t="$t" -v n="$1" 'BEGIN { printf "bench %s: %.2f ratio\n", n, k / t }'
-    }
-    ratio lenet_train_cpu_vs_torch lenet_train_cpu torch_lenet_train_cpu
-    ratio cifar_net_train_cpu_vs_torch cifar_net_train_cpu torch_cifar_net_train_cpu
-
+    references ""
     yes > /dev/null &  # one core busy
     busy=$!
     trap 'kill "$busy" 2>/dev/null || true; rm -f "$out"' EXIT  # yes is gone by then; a failed kill must not fail the script (set -e)
     "$build/bench/bench_train" busy | tee -a "$out"
-    lenet=$("$py" bench/torch_lenet.py data/mnist "$threads" 0.2 | grep -oE '[0-9]+ train img/s' | cut -d' ' -f1)
-    echo "bench torch_lenet_train_cpu_busy: $lenet img/s" | tee -a "$out"
-    cifar=$("$py" bench/torch_cifar_net.py "$threads" 256 20 | grep -oE '[0-9]+ train img/s' | cut -d' ' -f1)
-    echo "bench torch_cifar_net_train_cpu_busy: $cifar img/s" | tee -a "$out"
+    references _busy
     kill "$busy"
-    ratio lenet_train_cpu_busy_vs_torch lenet_train_cpu_busy torch_lenet_train_cpu_busy
-    ratio cifar_net_train_cpu_busy_vs_torch cifar_net_train_cpu_busy torch_cifar_net_train_cpu_busy
 else
     echo "bench: no PyTorch (python3-torch at $py): the reference figures are skipped"
 fi

@@ -20,7 +20,7 @@ std::unique_ptr<Sequential> mlp(Rng& rng, int64_t hidden1 = 512, int64_t hidden2
 //   -> Linear 320→50 -> ReLU -> Linear 50→10
 std::unique_ptr<Sequential> lenet(Rng& rng);
 
-// Chapter 06, a convolutional net for CIFAR-10 in the layout of bench/torch_cifar_net.py
+// Chapter 06, a convolutional net for CIFAR-10 in the layout of bench/torch_train.py cifar_net
 // (airbench's): a 2×2 conv 3→stem (24) with GELU, then three blocks of widths w1, w2, w3,
 //   block(c→w): conv 3×3 c→w -> max-pool 2 -> BN -> GELU -> conv 3×3 w→w -> BN -> GELU
 // then max-pool 3 -> Flatten -> Linear w3→10 (no bias).
