@@ -2,6 +2,8 @@
 // on random inputs of the real shapes (the data pipeline is not what is measured).
 //
 //   build/bench/bench_train            prints "bench mlp_train_cpu: 21000 img/s", ...
+//   mlp_params, lenet_params, ...        each chapter model's parameters (bench/run.sh checks
+//                        that PyTorch's twin has as many)
 //   mlp_train_cpu        chapter 02's MLP, batch 64 (compare: bench/torch_train.py mlp)
 //   lenet_train_cpu      chapter 03's LeNet, batch 64 (compare: bench/torch_lenet.py)
 //   cifar_net_train_cpu  chapter 06's network at widths 64/256/256 (the capstone's), batch 256,
@@ -255,6 +257,9 @@ int main(int argc, char** argv) {
         for (const ChapterModel& m : chapter_models()) bench_f32(m, "_busy");
         return 0;
     }
+    for (const ChapterModel& m : chapter_models())  // cifar_net_l06's: bench_surgery, beside its halved twin's
+        if (m.name != "cifar_net_l06")
+            std::printf("bench %s_params: %lld parameters\n", m.name.c_str(), (long long)m.build()->num_parameters());
     bench_f32(chapter_model("mlp"));
     bench_precisions(chapter_model("lenet"));
     bench_precisions(chapter_model("cifar_net"));

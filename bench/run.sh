@@ -20,7 +20,7 @@ done
 # PyTorch on the same machine, same threads (Debian's python3-torch).
 py=/usr/bin/python3   # Debian's python, where python3-torch is installed
 models="mlp lenet cifar_net_l06 cifar_net mobilenet_v2"  # as bench_train names them
-# torch MODEL: PyTorch's training img/s for the chapter model MODEL (batch sizes as bench_train's).
+# torch MODEL: PyTorch's training line for the chapter model MODEL (batch sizes as bench_train's).
 torch() {
     case $1 in
         lenet) "$py" bench/torch_lenet.py data/mnist "$threads" 0.2 ;;
@@ -28,13 +28,17 @@ torch() {
         cifar_net_l06) "$py" bench/torch_train.py cifar_net:32,64,128 "$threads" 128 10 ;;
         cifar_net) "$py" bench/torch_train.py cifar_net "$threads" 256 20 ;;
         mobilenet_v2) "$py" bench/torch_train.py mobilenet_v2 "$threads" 128 20 ;;
-    esac | grep -oE '[0-9.]+ train img/s' | cut -d' ' -f1
+    esac
+}
+# figure NAME: the value of the line "bench NAME: <value> <unit>" in $out (empty if none).
+figure() {
+    awk -v n="bench $1:" 'index($0, n) == 1 { print $3 }' "$out"
 }
 # ratio NAME KILN_FIGURE TORCH_FIGURE: "bench NAME: kiln/torch ratio" from the figures in $out.
 ratio() {
     local k t
-    k=$(awk -v n="bench $2:" 'index($0, n) == 1 { print $3 }' "$out")
-    t=$(awk -v n="bench $3:" 'index($0, n) == 1 { print $3 }' "$out")
+    k=$(figure "$2")
+    t=$(figure "$3")
     if [[ -n $k && -n $t ]]; then
         awk -v k="$k" -v t="$t" -v n="$1" 'BEGIN { printf "bench %s: %.2f ratio\n", n, k / t }'
     else
@@ -42,11 +46,22 @@ ratio() {
     fi
 }
 # references SUFFIX: PyTorch's figure for every chapter model (named torch_MODEL_train_cpu SUFFIX),
-# then kiln's against it (MODEL_train_cpu SUFFIX _vs_torch).
+# then kiln's against it (MODEL_train_cpu SUFFIX _vs_torch). A PyTorch model whose parameters
+# are not as many as kiln's (MODEL_params) is not the same network: its ratio is not printed.
 references() {
-    local m
+    local m line params kiln_params
     for m in $models; do
-        echo "bench torch_${m}_train_cpu$1: $(torch "$m") img/s" | tee -a "$out"
+        if ! line=$(torch "$m"); then
+            echo "bench: PyTorch's $m did not run (its error above): no ratio" >&2
+            continue
+        fi
+        params=$(grep -oE '[0-9]+ parameters' <<< "$line" | cut -d' ' -f1)
+        kiln_params=$(figure "${m}_params")
+        if [[ $params != "$kiln_params" ]]; then
+            echo "bench: PyTorch's $m has ${params:-no count of} parameters, kiln's ${kiln_params:-no count of}: not the same network" >&2
+            continue
+        fi
+        echo "bench torch_${m}_train_cpu$1: $(grep -oE '[0-9.]+ train img/s' <<< "$line" | cut -d' ' -f1) img/s" | tee -a "$out"
     done
     for m in $models; do
         ratio "${m}_train_cpu$1_vs_torch" "${m}_train_cpu$1" "torch_${m}_train_cpu$1"

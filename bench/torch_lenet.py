@@ -5,8 +5,9 @@ example, trained on MNIST. `make bench` (bench/run.sh) runs it beside kiln's
 
 Usage: /usr/bin/python3 bench/torch_lenet.py MNIST_DIR [THREADS] [EPOCHS]
 MNIST_DIR holds the four IDX files (plain or .gz). Needs Debian's python3-torch.
-Prints one line: training images per second (batch 64, SGD lr 0.01 momentum 0.5) and
-test accuracy. The GPU twin, bench/torch_lenet_gpu.py, imports idx and LeNet from here.
+Prints one line: training images per second (batch 64, SGD lr 0.01 momentum 0.5), test
+accuracy and the model's parameters (run.sh checks them against kiln's). The GPU twin,
+bench/torch_lenet_gpu.py, imports idx and LeNet from here.
 """
 import gzip, os, struct, sys, time
 import numpy as np, torch, torch.nn as nn, torch.nn.functional as F
@@ -62,7 +63,9 @@ def main():
     t = time.time() - t0
     with torch.no_grad():
         acc = (m(Xt).argmax(1) == Yt).float().mean().item()
-    print(f"pytorch {torch.__version__} threads={threads}: {seen / t:.0f} train img/s, test accuracy {acc * 100:.2f}%")
+    params = sum(p.numel() for p in m.parameters())
+    print(f"pytorch {torch.__version__} threads={threads}: {seen / t:.0f} train img/s, test accuracy {acc * 100:.2f}%, "
+          f"{params} parameters")
 
 
 if __name__ == '__main__':

@@ -12,7 +12,8 @@ the ratio. The models, each the layout of its kiln twin in src/nn/models.cpp:
                  torchvision's table with stage 2's stride 1), SGD Nesterov 0.9
 
 Usage: /usr/bin/python3 bench/torch_train.py MODEL [THREADS] [BATCH] [SECONDS]
-Prints one line: training images per second. Needs Debian's python3-torch (no torchvision).
+Prints one line: training images per second and the model's parameters (run.sh checks them
+against kiln's, so that the two are the same network). Needs Debian's python3-torch (no torchvision).
 """
 import sys, time, torch, torch.nn as nn, torch.nn.functional as F
 
@@ -96,7 +97,8 @@ def main():
     while time.time() - t < secs:
         step()
         n += B
-    print(f"pytorch {torch.__version__} threads={threads} {model}: {n / (time.time() - t):.1f} train img/s (batch {B})")
+    rate, params = n / (time.time() - t), sum(p.numel() for p in net.parameters())
+    print(f"pytorch {torch.__version__} threads={threads} {model}: {rate:.1f} train img/s (batch {B}, {params} parameters)")
 
 
 if __name__ == '__main__':
