@@ -26,10 +26,11 @@
 //                        its big 3×3 layers by Winograd (chapter 03), in turn, 5 times: the
 //                        medians, and of the 5 ratios (with their _min and _max)
 //   build/bench/bench_train surgery    only the cifar_net_l06_* figures
-//   build/bench/bench_train busy       mlp_, lenet_, cifar_net_l06_, cifar_net_ and
-//                        mobilenet_v2_train_cpu_busy: f32 only, named for the run bench/run.sh
-//                        makes while another program keeps one core busy (a learner's machine
-//                        is rarely idle)
+//   build/bench/bench_train f32 SUFFIX
+//                        every chapter model in f32 only, named MODEL_train_cpu SUFFIX: bench/run.sh
+//                        runs it as "f32 _busy" while another program keeps one core busy (a
+//                        learner's machine is rarely idle) and, on a CPU with AVX-512, as
+//                        "f32 _avx2" with KILN_CPU=avx2 (what a learner's AVX2 CPU would run)
 // Threads: OMP_NUM_THREADS (make bench sets 2). The figure is the median of 5 timed rounds.
 #include <algorithm>
 #include <chrono>
@@ -253,8 +254,8 @@ int main(int argc, char** argv) {
         bench_surgery();
         return 0;
     }
-    if (argc > 1 && std::string(argv[1]) == "busy") {
-        for (const ChapterModel& m : chapter_models()) bench_f32(m, "_busy");
+    if (argc > 2 && std::string(argv[1]) == "f32") {
+        for (const ChapterModel& m : chapter_models()) bench_f32(m, argv[2]);
         return 0;
     }
     for (const ChapterModel& m : chapter_models())  // cifar_net_l06's: bench_surgery, beside its halved twin's

@@ -2,9 +2,12 @@
 # run.sh — `make bench`: runs every benchmark binary in BUILD/bench (each prints lines
 # "bench <name>: <value> <unit>"), then the PyTorch references of the chapter models
 # (bench/torch_train.py: the MLP, the CIFAR nets, MobileNetV2; bench/torch_lenet.py: LeNet) in
-# the same run at the same thread count, and the ratios kiln / PyTorch ("..._vs_torch"); then
-# every chapter model again, kiln's and PyTorch's, while another program (`yes`) keeps one core
-# busy: "_busy" figures and their ratios.
+# the same run at the same thread count, and the ratios kiln / PyTorch ("..._vs_torch"). Then
+# every chapter model again, kiln's and PyTorch's, in f32:
+#   _avx2   on a CPU with AVX-512, both held to AVX2 (kiln by KILN_CPU=avx2, PyTorch's oneDNN
+#           and OpenBLAS by their own variables): what a learner's AVX2 CPU would compare,
+#           approximated on this one;
+#   _busy   while another program (`yes`) keeps one core busy.
 # Threads: KILN_THREADS (default 2, the course's reference machine).
 set -eu
 build=$1
@@ -69,10 +72,14 @@ references() {
 }
 if "$py" -c 'import torch' 2>/dev/null; then
     references ""
+    if grep -qw avx512f /proc/cpuinfo; then
+        KILN_CPU=avx2 "$build/bench/bench_train" f32 _avx2 | tee -a "$out"
+        (export ONEDNN_MAX_CPU_ISA=AVX2 OPENBLAS_CORETYPE=Haswell ATEN_CPU_CAPABILITY=avx2; references _avx2)
+    fi
     yes > /dev/null &  # one core busy
     busy=$!
     trap 'kill "$busy" 2>/dev/null || true; rm -f "$out"' EXIT  # yes is gone by then; a failed kill must not fail the script (set -e)
-    "$build/bench/bench_train" busy | tee -a "$out"
+    "$build/bench/bench_train" f32 _busy | tee -a "$out"
     references _busy
     kill "$busy"
 else
