@@ -246,6 +246,22 @@ TEST_CASE("every micro-kernel this CPU runs matches the reference; the fused one
     }
 }
 
+TEST_CASE("a product at most 32 columns wide takes the AVX2 kernel on an AVX-512 CPU", "[gemm][cpu][lesson03]") {
+    using namespace kiln;
+    // With lanes = N rounded up to the kernel's NR, the narrow kernel when 2·lanes(16) ≤ lanes(64).
+    for (CpuLevel level : test::runnable_levels())
+        for (int64_t N : {1, 9, 16, 17, 32, 33, 48, 64, 80, 300}) {
+            INFO("level " << cpu_level_name(level) << ", N = " << N);
+            const bool narrow = level >= CpuLevel::Avx512 && N <= 32;
+            CHECK(std::string(cpu::micro_kernel(level, N).name) ==
+                  (narrow ? "avx2-fma" : cpu::micro_kernel(level).name));
+        }
+    // The narrow products themselves, partial tiles and several KC-blocks, against the reference.
+    for (int64_t N : {9, 16, 17, 32})
+        for (bool ta : {false, true})
+            for (bool tb : {false, true}) check_case({ta, tb, 13, N, 301, 0.75f, 0.5f});
+}
+
 TEST_CASE("gemm with a packed A gives the bits of gemm on A itself", "[gemm][cpu][lesson03]") {
     using kiln::cpu::PackedA;
     const int saved = omp_get_max_threads();

@@ -582,7 +582,7 @@ void run_amx(const AmxKernel& amx, const Problem<bf16>& p, bf16* C, int64_t ldc,
 template <typename T>
 void run(Problem<T> p, T* C, int64_t ldc) {
     const CpuLevel level = cpu_level();  // read once: one path for the whole product
-    p.kernel = &micro_kernel(level);
+    p.kernel = &micro_kernel(level, p.N);  // a narrower kernel for a narrow product
     if constexpr (std::is_same_v<T, bf16>) {  // a PackedA was packed for its own kernel
         const AmxKernel* amx = p.packed_a ? p.packed_a->amx_tile_kernel() : amx_kernel(level);
         if (amx) return run_amx(*amx, p, C, ldc, level);

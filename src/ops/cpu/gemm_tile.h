@@ -57,6 +57,16 @@ struct MicroKernel {
 // The kernel for `level` (a level this CPU supports): the best one compiled in at or below it.
 const MicroKernel& micro_kernel(CpuLevel level);
 
+// The kernel for a product N columns wide at `level`: micro_kernel(level), unless a narrower
+// kernel of a lower level needs no more instructions. A tile computes all of its NR columns
+// whatever N is: a 1×1 convolution on MobileNetV2's 4×4 planes (N = 16) used 16 of the AVX-512
+// tile's 64 columns, 24 FMAs on 16 floats each for 6×16 useful multiply-adds a step, where the
+// AVX2 kernel's 6×16 tile does them in 12 FMAs on 8 floats. With lanes N rounded up to a
+// kernel's NR, the narrow one is taken when 2·lanes(narrow) ≤ lanes(wide) (it does half the
+// multiply-adds per instruction): N ≤ 32 for AVX2 against AVX-512. The fused kernels give the
+// same bits, so the choice changes the speed only.
+const MicroKernel& micro_kernel(CpuLevel level, int64_t N);
+
 // For bf16 operands: the kernel "avx512-bf16" (gemm_tile_avx512bf16.cpp: vdpbf16ps on panels of
 // bf16 pairs, not the bits of the f32 kernels) when `level` is avx512 or above, the CPU has
 // AVX512-BF16, and it is the faster one here; null otherwise. Faster is measured, once per process:

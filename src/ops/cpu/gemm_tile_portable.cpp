@@ -30,6 +30,13 @@ const MicroKernel& micro_kernel([[maybe_unused]] CpuLevel level) {
     return kTilePortable;
 }
 
+const MicroKernel& micro_kernel(CpuLevel level, int64_t N) {
+    const MicroKernel& wide = micro_kernel(level);
+    const MicroKernel& narrow = micro_kernel(std::min(level, CpuLevel::Avx2));
+    auto lanes = [N](const MicroKernel& k) { return (N + k.cols - 1) / k.cols * k.cols; };
+    return 2 * lanes(narrow) <= lanes(wide) ? narrow : wide;
+}
+
 }  // namespace kiln::cpu
 
 namespace kiln::cpu {
