@@ -129,28 +129,23 @@ static const ChapterModel& chapter_model(const std::string& name) {
     KILN_FAIL("bench_train: no chapter model \"", name, "\"");
 }
 
-// "bench NAME_train_cpu<suffix>: X img/s", the model trained in f32.
-static void bench_f32(const ChapterModel& m, const std::string& suffix = "") {
+// "bench NAME_train_cpu<suffix>: X img/s", the model trained in f32; returns X.
+static double bench_f32(const ChapterModel& m, const std::string& suffix = "") {
     auto model = m.build();
-    std::printf("bench %s_train_cpu%s: %.1f img/s\n", m.name.c_str(), suffix.c_str(),
-                train_throughput(*model, m.input, 10, m.steps, 5, m.sgd));
+    const double rate = train_throughput(*model, m.input, 10, m.steps, 5, m.sgd);
+    std::printf("bench %s_train_cpu%s: %.1f img/s\n", m.name.c_str(), suffix.c_str(), rate);
     std::fflush(stdout);
+    return rate;
 }
 
 // The model in f32, f16 and bf16 (each from the same initial weights), and each low type's ratio to f32.
 static void bench_precisions(const ChapterModel& m) {
-    const std::string name = m.name + "_train_cpu";
-    double f32 = 0;
-    for (DType amp : {DType::F32, DType::F16, DType::BF16}) {
+    const double f32 = bench_f32(m);
+    for (DType amp : {DType::F16, DType::BF16}) {
         auto model = m.build();
         const double rate = train_throughput(*model, m.input, 10, m.steps, 5, m.sgd, amp);
-        if (amp == DType::F32) {
-            f32 = rate;
-            std::printf("bench %s: %.1f img/s\n", name.c_str(), rate);
-        } else {
-            std::printf("bench %s_%s: %.1f img/s\n", name.c_str(), dtype_name(amp), rate);
-            std::printf("bench %s_%s_vs_f32: %.2f ratio\n", name.c_str(), dtype_name(amp), rate / f32);
-        }
+        std::printf("bench %s_train_cpu_%s: %.1f img/s\n", m.name.c_str(), dtype_name(amp), rate);
+        std::printf("bench %s_train_cpu_%s_vs_f32: %.2f ratio\n", m.name.c_str(), dtype_name(amp), rate / f32);
         std::fflush(stdout);
     }
 }

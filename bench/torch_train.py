@@ -76,15 +76,15 @@ def main():
     torch.manual_seed(0)
     name, _, widths = model.partition(':')
     if name == 'mlp':
-        net, shape, opt = mlp(), (B, 1, 28, 28), dict(momentum=0.9)
+        net, shape, sgd = mlp(), (B, 1, 28, 28), dict(momentum=0.9)
     elif name == 'cifar_net':
         net = cifar_net(*[int(w) for w in widths.split(',')] if widths else [])
-        shape, opt = (B, 3, 32, 32), dict(momentum=0.9, nesterov=True, weight_decay=5e-4)
+        shape, sgd = (B, 3, 32, 32), dict(momentum=0.9, nesterov=True, weight_decay=5e-4)
     elif name == 'mobilenet_v2':
-        net, shape, opt = mobilenet_v2(), (B, 3, 32, 32), dict(momentum=0.9, nesterov=True, weight_decay=5e-4)
+        net, shape, sgd = mobilenet_v2(), (B, 3, 32, 32), dict(momentum=0.9, nesterov=True, weight_decay=5e-4)
     else:
         sys.exit(f"torch_train.py: unknown model {model!r}; use mlp, cifar_net[:W1,W2,W3] or mobilenet_v2")
-    opt = torch.optim.SGD(net.parameters(), lr=0.01, **opt)
+    opt = torch.optim.SGD(net.parameters(), lr=0.01, **sgd)
     x, y = torch.randn(*shape), torch.randint(0, 10, (B,))
 
     def step():

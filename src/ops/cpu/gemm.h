@@ -116,8 +116,9 @@ void gemm(const PackedA& A, bool trans_b, int64_t N, float alpha, const T* B, in
           int64_t ldc);
 
 // The name of the path gemm<T> takes at `level` (a level this CPU supports), as above; for
-// float, the micro-kernel's instruction set ("avx512", "avx2-fma" or "vectors"); for f16 and
-// bf16, the conversions' (the micro-kernel is the float one of the same level).
+// float, the micro-kernel's instruction set ("avx512", "avx2-fma" or "vectors"; a product at
+// most 32 columns wide may take a narrower one, micro_kernel(level, N)); for f16 and bf16, the
+// conversions' (the micro-kernel is the float one of the same level).
 template <typename T>
 const char* gemm_path(CpuLevel level);
 
