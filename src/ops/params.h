@@ -36,7 +36,7 @@ enum class ConvAlgo {
     Pointwise,     // 1×1, stride 1, no padding: the image already is its column matrix
     Depthwise,     // G == C == O: one small K×K filter per channel, direct loops, no GEMM
     ImplicitGemm,  // one kernel gathers x's columns into shared memory as it goes; no workspace
-    Winograd,      // 3×3, stride 1: 2×2 output tiles by F(2×2, 3×3), 16 GEMMs; needs a workspace
+    Winograd,      // 3×3, stride 1: 4×4 output tiles by F(4×4, 3×3), 36 GEMMs; needs a workspace
 };
 const char* conv_algo_name(ConvAlgo a);  // "im2col", "pointwise", "depthwise", "implicit-gemm", "winograd"
 

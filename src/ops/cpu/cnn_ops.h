@@ -37,7 +37,7 @@ ConvAlgo conv2d_algo(const Conv2dParams& p, DType dtype);
 
 // Elements (of the dtype) of workspace one image needs: (C·KH·KW + O) · P·Q for Im2col — its
 // columns, and its output (or dy) as rows of the GEMM that does several images at once (conv.cpp,
-// "Several images in one GEMM"); 16·⌈H/2⌉·⌈W/2⌉·(C + O) for Winograd (winograd.h); 0 for
+// "Several images in one GEMM"); 36·⌈H/4⌉·⌈W/4⌉·(C + O) for Winograd (winograd.h); 0 for
 // Pointwise and Depthwise.
 int64_t conv2d_col_elems_per_image(const Conv2dParams& p, DType dtype);
 // The images per workspace chunk when `fit` of them fit in the byte limit (1 ≤ fit ≤ N): fit,

@@ -23,9 +23,10 @@
 //                  GEMM reads the input directly — no workspace, no copy.
 //       Depthwise  G == C == O: each channel has one KH×KW filter; a GEMM with M = 1 is all
 //                  overhead, so direct loops, vectorized along a row of the output.
-//   v4  fewer multiplications: a 3×3, stride-1 layer as 2×2 output tiles by Winograd's
-//       F(2×2, 3×3), 16 GEMMs on transformed tiles with 2.25× fewer multiply-adds (winograd.cpp),
-//       where winograd.h's bounds say it is faster (f32, at least 64 channels in and out).
+//   v4  fewer multiplications: a 3×3, stride-1 layer as 4×4 output tiles by Winograd's
+//       F(4×4, 3×3), 36 GEMMs on transformed tiles with 4× fewer multiply-adds (winograd.cpp;
+//       F(2×2, 3×3), 16 GEMMs and 2.25× fewer, with KILN_CONV=winograd2x2), where winograd.h's
+//       bounds say it is faster (f32, at least 64 channels in and out).
 //
 // ---- The backward pass ----------------------------------------------------------------------
 //   dx:  dcol_n = wᵀ · dy_n   (per group), then col2im scatters dcol back onto the image

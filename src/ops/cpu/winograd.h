@@ -1,6 +1,7 @@
-// winograd.h — 3×3 convolution by Winograd's minimal filtering F(2×2, 3×3) on the CPU: version v4
-// of ops/cpu/conv.cpp, which picks it (ConvAlgo::Winograd) for the shapes winograd_applies
-// accepts. winograd.cpp explains the method; conv.cpp's three passes call the three below.
+// winograd.h — 3×3 convolution by Winograd's minimal filtering F(4×4, 3×3) (or F(2×2, 3×3)) on
+// the CPU: version v4 of ops/cpu/conv.cpp, which picks it (ConvAlgo::Winograd) for the shapes
+// winograd_applies accepts. winograd.cpp explains the method; conv.cpp's three passes call the
+// three below.
 #pragma once
 #include <cstdint>
 
@@ -12,33 +13,36 @@ namespace kiln::cpu {
 // P = H, Q = W). f32 only: conv.cpp asks only for f32 (f16 and bf16 keep im2col).
 bool winograd_computes(const Conv2dParams& p);
 
-// And those where conv2d_algo chooses it: where it is clearly faster than im2col. Its transforms
-// cost in proportion to C + O per tile, the GEMM multiply-adds it saves in proportion to C·O,
-// and a 7×7 plane takes 16 tiles (64 positions for 49). Measured on a Zen 4, 2 threads, batch
-// 256, forward + backward (lesson 03 has the table): 1.25–1.3× for 64→64 and 64→256 on 15×15
-// and for 256→256 on 7×7. The bounds were set when the narrower layers (24 to 64
-// channels, and 64→128 on 7×7) gained 0.9–1.1×, and they gain 0.95–1.1× again since im2col
-// reuses its scratch per thread; lesson 06's net is made of them and chapters 06 to 10 quote its
-// runs to the last bits, so they keep im2col unless KILN_CONV says winograd.
-// bench/bench_conv.cpp measures both ways.
+// And those where conv2d_algo chooses it. Its transforms cost in proportion to C + O per tile,
+// the GEMM multiply-adds it saves in proportion to C·O. The bounds were drawn with F(2×2, 3×3),
+// where the layers inside them gained 1.25–1.3× (64→64 and 64→256 on 15×15, 256→256 on 7×7;
+// Zen 4, 2 threads, batch 256, forward + backward: lesson 03 has the tables) and the narrower
+// ones (24 to 64 channels, and 64→128 on 7×7) 0.9–1.1×. With F(4×4, 3×3) those gain 1.1–1.3×
+// too, but lesson 06's net is made of them, and chapters 06 to 10 quote its runs to the last
+// bits: they keep im2col unless KILN_CONV says winograd. bench/bench_conv.cpp measures each way.
 constexpr int64_t kWinogradMinChannels = 64;            // C and O
 constexpr int64_t kWinogradMinPlane = 4;                // H and W
 constexpr int64_t kWinogradMinWork = int64_t(1) << 19;  // C·O·H·W
 bool winograd_applies(const Conv2dParams& p);
 
-// Whether conv2d_algo takes Winograd: Auto where winograd_applies (the default), Never, or
-// Always where winograd_computes. From the environment, KILN_CONV=auto, im2col or winograd (to
-// compare the two, or to rule Winograd out while hunting a difference); set_winograd_choice
-// changes it while the program runs (the tests, bench/bench_conv.cpp).
-enum class WinogradChoice { Auto, Never, Always };
+// Whether conv2d_algo takes Winograd, and with which tiles: Auto where winograd_applies (the
+// default), Never, or Always where winograd_computes, all with F(4×4, 3×3); Always2x2 as Always
+// with F(2×2, 3×3). From the environment, KILN_CONV=auto, im2col, winograd or winograd2x2 (to
+// compare, or to rule Winograd out while hunting a difference); set_winograd_choice changes it
+// while the program runs (the tests, bench/bench_conv.cpp).
+enum class WinogradChoice { Auto, Never, Always, Always2x2 };
 void set_winograd_choice(WinogradChoice choice);
-// "auto", "im2col" or "winograd" (an empty value: auto); anything else is a kiln::Error that
-// names `what` (the variable) and the three values.
+// "auto", "im2col", "winograd" or "winograd2x2" (an empty value: auto); anything else is a
+// kiln::Error that names `what` (the variable) and the four values.
 WinogradChoice parse_winograd_choice(const char* value, const char* what);
 bool winograd_chosen(const Conv2dParams& p);
 
-// Workspace elements per image: its 16 transformed planes of input tiles and of output tiles,
-//   16 · ⌈H/2⌉ · ⌈W/2⌉ · (C + O)
+// m of F(m×m, 3×3), the outputs a side of one tile: 4, or 2 with Always2x2.
+int64_t winograd_tile();
+
+// Workspace elements per image: its n² = (m + 2)² transformed planes of input tiles and of
+// output tiles (each one cache line, 16 floats, longer: winograd.cpp's kSkew),
+//   n² · (⌈H/m⌉ · ⌈W/m⌉ · (C + O) + 2 · 16)
 int64_t winograd_elems_per_image(const Conv2dParams& p);
 
 // Images per workspace chunk when `fit` images fit in the byte limit (fit ≥ 1): the batch if it
