@@ -632,12 +632,13 @@ void winograd_pass(const float* in, int64_t Cin, const std::vector<std::unique_p
         for_images(n0, std::min(chunk, p.N - n0), k_max, chunk / k_max, flops_per_image(p), group);
 }
 
-// The packed A of each ξ: U[ξ] [rows, cols], from U [n²][rows][cols].
+// The packed A of each ξ: U[ξ] [rows, cols], from U [n²][rows][cols]; over the threads when
+// there is enough to copy (a 64→64 layer's U is 147,456 floats).
 std::vector<std::unique_ptr<PackedA>> pack_each(const std::vector<float>& U, int64_t rows, int64_t cols) {
     std::vector<std::unique_ptr<PackedA>> packed(U.size() / size_t(rows * cols));
     parallel_chunks(int64_t(packed.size()), [&](int64_t xi) {
         packed[size_t(xi)] = std::make_unique<PackedA>(false, rows, cols, U.data() + xi * rows * cols, cols);
-    });
+    }, U.size() >= size_t(1) << 16);
     return packed;
 }
 
