@@ -4,10 +4,10 @@
 //
 //   make build/bench/bench_conv && OMP_NUM_THREADS=2 build/bench/bench_conv
 //
-//   bench conv3x3_64to256_15x15_im2col: 310.2 ms (forward + backward, batch 256)
-//   bench conv3x3_64to256_15x15_winograd: 181.0 ms (chosen: winograd)
-//   bench conv3x3_64to256_15x15_winograd_speedup: 1.71 ratio (median of 5 paired rounds)
-//   bench conv3x3_64to256_15x15_winograd2x2_speedup: 1.30 ratio (median of 5 paired rounds)
+//   bench conv3x3_64to256_15x15_im2col: 298.0 ms (forward + backward, batch 256)
+//   bench conv3x3_64to256_15x15_winograd: 190.2 ms (chosen: winograd)
+//   bench conv3x3_64to256_15x15_winograd_speedup: 1.57 ratio (median of 5 paired rounds)
+//   bench conv3x3_64to256_15x15_winograd2x2_speedup: 1.28 ratio (median of 5 paired rounds)
 //
 // Winograd runs on every layer here (as KILN_CONV=winograd, and winograd2x2 for the smaller
 // tiles), also where conv2d_algo would not choose it: "chosen" says what it picks by default
