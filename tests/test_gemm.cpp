@@ -17,6 +17,7 @@
 
 #include "fixtures.h"
 #include "ops/cpu/gemm.h"
+#include "ops/cpu/gemm_blocks.h"
 #include "ops/cpu/gemm_tile.h"
 
 using kiln::cpu::gemm;
@@ -213,6 +214,34 @@ TEST_CASE("gemm gives the same bits with 1, 2 and 3 threads", "[gemm][cpu][lesso
                                   results[0].size() * sizeof(float)) == 0);
             }
     omp_set_num_threads(saved);
+}
+
+TEST_CASE("a product on the pool is cut into 1 to 4 rectangles a thread, as many for each", "[gemm][cpu][lesson03]") {
+    using kiln::cpu::choose_grid;
+    using kiln::cpu::rectangles_for;
+    const double min = 2.0 * 256 * 256 * 256;  // gemm.cpp's RECTANGLE_MIN_FLOPS
+    CHECK(rectangles_for(2.0 * 64 * 512 * 784, 2, min) == 2);     // the MLP's first layer: 0.77·min
+    CHECK(rectangles_for(2.0 * 64 * 4096 * 576, 2, min) == 8);    // a conv layer: 9·min, 4 a thread
+    CHECK(rectangles_for(2.0 * 1024 * 1024 * 1024, 2, min) == 8);
+    CHECK(rectangles_for(5.0 * min, 2, min) == 4);  // 2.5 a thread: 2 each, not 5 in all
+    CHECK(rectangles_for(1.0, 3, min) == 3);        // however little, one a thread
+    for (int64_t threads = 1; threads <= 4; threads++)
+        for (double flops = 1e6; flops < 1e11; flops *= 1.7) {
+            const int64_t r = rectangles_for(flops, threads, min);
+            INFO("threads " << threads << ", flops " << flops << ": " << r << " rectangles");
+            CHECK(r % threads == 0);
+            CHECK(r >= threads);
+            CHECK(r <= 4 * threads);
+        }
+    // The grid packs least: for 256×784 (6×16 tiles) in 8 rectangles, 2 rows of 4 pack A 4 times
+    // and B twice (4·256 + 2·784 rows and columns), less than 1 × 8 (8·256 + 784) or 4 × 2.
+    const auto g = choose_grid(256, 784, 6, 16, 8);
+    CHECK(g.tm == 2);
+    CHECK(g.tn == 4);
+    // Never more rectangles than tiles: 64 columns are one 64-wide tile.
+    const auto thin = choose_grid(64, 64, 6, 64, 8);
+    CHECK(thin.tm * thin.tn == 8);
+    CHECK(thin.tn == 1);
 }
 
 TEST_CASE("every micro-kernel this CPU runs matches the reference; the fused ones agree bit for bit",

@@ -123,6 +123,11 @@ constexpr int64_t NC_MAX = 4096;
 // Below this many flops (2·M·N·K) the product runs on one thread: a 128³ product takes ~30 µs
 // on one core; waking the pool's workers costs ~5 µs, more on a busy machine.
 constexpr double PARALLEL_MIN_FLOPS = 2.0 * 128 * 128 * 128;
+// The least work of one rectangle of C on the pool (rectangles_for, gemm_blocks.h). Measured on
+// a 2-core Zen 4 (medians of 6 paired runs): the MLP's products (64×512×784, 256×256×784 and
+// their weight gradients) ran 9–13% faster as 2 rectangles than as 8; 1024³ and 64×4096×576,
+// which keep 8, were as fast either way idle, and faster as 8 with the other core busy.
+constexpr double RECTANGLE_MIN_FLOPS = 2.0 * 256 * 256 * 256;
 
 // ---- Workspace: the packing buffers ---------------------------------------------------------
 // One pair of buffers per thread (≤ 240 KiB for A, ≤ 4 MiB for B), kept between calls
@@ -512,10 +517,7 @@ Problem<T> sub_problem(const Problem<T>& p, int64_t i0, int64_t i1, int64_t j0, 
 
 template <typename T>
 void parallel_gemm(const Problem<T>& p, int64_t kc_block, int threads) {
-    // 4 rectangles per thread, but none smaller than the serial threshold.
-    const double flops = 2.0 * p.M * p.N * p.K;
-    const int64_t wanted = std::max<int64_t>(
-        threads, std::min<double>(4.0 * threads, flops / PARALLEL_MIN_FLOPS));
+    const int64_t wanted = rectangles_for(2.0 * p.M * p.N * p.K, threads, RECTANGLE_MIN_FLOPS);
     const int64_t NR = p.kernel->cols;
     const Grid g = choose_grid(p.M, p.N, MR, NR, wanted);
     const int64_t parts = g.tm * g.tn;

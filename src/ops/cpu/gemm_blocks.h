@@ -26,6 +26,13 @@ struct Grid {
     int64_t tm, tn;
 };
 
+// How many rectangles a product of `flops` (2·M·N·K) wants on `threads` threads: 1 to 4 per
+// thread, each of at least min_flops (more rectangles pack more), and the same number for every
+// thread (3 rectangles on 2 threads: one thread computes the third while the other waits).
+inline int64_t rectangles_for(double flops, int64_t threads, double min_flops) {
+    return threads * std::clamp<int64_t>(static_cast<int64_t>(flops / (threads * min_flops)), 1, 4);
+}
+
 // The grid of at most `parts` rectangles, as many as possible, with the least packing.
 inline Grid choose_grid(int64_t M, int64_t N, int64_t mr, int64_t nr, int64_t parts) {
     const int64_t m_tiles = (M + mr - 1) / mr, n_tiles = (N + nr - 1) / nr;
