@@ -256,7 +256,8 @@ std::vector<float> flipped_transposed(const float* w, int64_t O, int64_t C) {
 // fill a 16-lane vector, whose scalar remainder then does the work (a loop along one row of
 // tiles, TW iterations, was worse still). So the loops run over the tiles of a run of images,
 // tile u = img·T + t, at least kRunTiles of them. Each transform is written once for each m
-// (templates on M), so that every index is a constant.
+// (templates on M), its loops over a tile's rows and columns unrolled (#pragma GCC unroll), so
+// that every index is a constant.
 
 // blocks[b][j] = row[M·j + b] for j < count, zero past the row's W values. Where all M are
 // inside the row, their loads side by side, which g++ vectorizes.
@@ -352,37 +353,23 @@ template <>
 void input_transform<4>(const float* cols, const TileGrid& g, int64_t run, float* v, int64_t vs) {
     const int64_t S = (run * g.TH + 1) * g.TW, TW = g.TW, tiles = run * g.tiles();
     // row i of the windows, column k: cols[i % 4][k] + (i / 4)·TW
-    auto d = [&](int i, int k) { return cols + ((i % 4) * 6 + k) * S + (i / 4) * TW; };
-    const float *d00 = d(0, 0), *d01 = d(0, 1), *d02 = d(0, 2), *d03 = d(0, 3), *d04 = d(0, 4), *d05 = d(0, 5);
-    const float *d10 = d(1, 0), *d11 = d(1, 1), *d12 = d(1, 2), *d13 = d(1, 3), *d14 = d(1, 4), *d15 = d(1, 5);
-    const float *d20 = d(2, 0), *d21 = d(2, 1), *d22 = d(2, 2), *d23 = d(2, 3), *d24 = d(2, 4), *d25 = d(2, 5);
-    const float *d30 = d(3, 0), *d31 = d(3, 1), *d32 = d(3, 2), *d33 = d(3, 3), *d34 = d(3, 4), *d35 = d(3, 5);
-    const float *d40 = d(4, 0), *d41 = d(4, 1), *d42 = d(4, 2), *d43 = d(4, 3), *d44 = d(4, 4), *d45 = d(4, 5);
-    const float *d50 = d(5, 0), *d51 = d(5, 1), *d52 = d(5, 2), *d53 = d(5, 3), *d54 = d(5, 4), *d55 = d(5, 5);
+    const float* d[6][6];
+    for (int i = 0; i < 6; i++)
+        for (int k = 0; k < 6; k++) d[i][k] = cols + ((i % 4) * 6 + k) * S + (i / 4) * TW;
 #pragma omp simd
     for (int64_t t = 0; t < tiles; t++) {
-        // Bᵀ d: the six rows combined, in each column j (c_ij: row i, column j)
-        float c00, c10, c20, c30, c40, c50, c01, c11, c21, c31, c41, c51, c02, c12, c22, c32, c42, c52;
-        float c03, c13, c23, c33, c43, c53, c04, c14, c24, c34, c44, c54, c05, c15, c25, c35, c45, c55;
-        bt(d00[t], d10[t], d20[t], d30[t], d40[t], d50[t], c00, c10, c20, c30, c40, c50);
-        bt(d01[t], d11[t], d21[t], d31[t], d41[t], d51[t], c01, c11, c21, c31, c41, c51);
-        bt(d02[t], d12[t], d22[t], d32[t], d42[t], d52[t], c02, c12, c22, c32, c42, c52);
-        bt(d03[t], d13[t], d23[t], d33[t], d43[t], d53[t], c03, c13, c23, c33, c43, c53);
-        bt(d04[t], d14[t], d24[t], d34[t], d44[t], d54[t], c04, c14, c24, c34, c44, c54);
-        bt(d05[t], d15[t], d25[t], d35[t], d45[t], d55[t], c05, c15, c25, c35, c45, c55);
+        // Bᵀ d: the six rows combined, in each column j (c[i][j]: row i, column j)
+        float c[6][6];
+#pragma GCC unroll 6
+        for (int j = 0; j < 6; j++)
+            bt(d[0][j][t], d[1][j][t], d[2][j][t], d[3][j][t], d[4][j][t], d[5][j][t], c[0][j], c[1][j], c[2][j],
+               c[3][j], c[4][j], c[5][j]);
         // (Bᵀ d) B: the six columns combined, in each row i: v[6i .. 6i + 5]
         float* out = v + t;
-        bt(c00, c01, c02, c03, c04, c05, out[0 * vs], out[1 * vs], out[2 * vs], out[3 * vs], out[4 * vs], out[5 * vs]);
-        bt(c10, c11, c12, c13, c14, c15, out[6 * vs], out[7 * vs], out[8 * vs], out[9 * vs], out[10 * vs],
-           out[11 * vs]);
-        bt(c20, c21, c22, c23, c24, c25, out[12 * vs], out[13 * vs], out[14 * vs], out[15 * vs], out[16 * vs],
-           out[17 * vs]);
-        bt(c30, c31, c32, c33, c34, c35, out[18 * vs], out[19 * vs], out[20 * vs], out[21 * vs], out[22 * vs],
-           out[23 * vs]);
-        bt(c40, c41, c42, c43, c44, c45, out[24 * vs], out[25 * vs], out[26 * vs], out[27 * vs], out[28 * vs],
-           out[29 * vs]);
-        bt(c50, c51, c52, c53, c54, c55, out[30 * vs], out[31 * vs], out[32 * vs], out[33 * vs], out[34 * vs],
-           out[35 * vs]);
+#pragma GCC unroll 6
+        for (int i = 0; i < 6; i++)
+            bt(c[i][0], c[i][1], c[i][2], c[i][3], c[i][4], c[i][5], out[(6 * i) * vs], out[(6 * i + 1) * vs],
+               out[(6 * i + 2) * vs], out[(6 * i + 3) * vs], out[(6 * i + 4) * vs], out[(6 * i + 5) * vs]);
     }
 }
 
@@ -455,31 +442,19 @@ template <>
 void output_transform<4>(const float* m, int64_t ms, int64_t L, float bias, float* q) {
 #pragma omp simd
     for (int64_t u = 0; u < L; u++) {
-        // Aᵀ m: the six rows combined, in each column j (a_ij: row i, column j)
-        float a00, a01, a02, a03, a04, a05, a10, a11, a12, a13, a14, a15;
-        float a20, a21, a22, a23, a24, a25, a30, a31, a32, a33, a34, a35;
-        at(m[0 * ms + u], m[6 * ms + u], m[12 * ms + u], m[18 * ms + u], m[24 * ms + u], m[30 * ms + u], a00, a10,
-           a20, a30);
-        at(m[1 * ms + u], m[7 * ms + u], m[13 * ms + u], m[19 * ms + u], m[25 * ms + u], m[31 * ms + u], a01, a11,
-           a21, a31);
-        at(m[2 * ms + u], m[8 * ms + u], m[14 * ms + u], m[20 * ms + u], m[26 * ms + u], m[32 * ms + u], a02, a12,
-           a22, a32);
-        at(m[3 * ms + u], m[9 * ms + u], m[15 * ms + u], m[21 * ms + u], m[27 * ms + u], m[33 * ms + u], a03, a13,
-           a23, a33);
-        at(m[4 * ms + u], m[10 * ms + u], m[16 * ms + u], m[22 * ms + u], m[28 * ms + u], m[34 * ms + u], a04, a14,
-           a24, a34);
-        at(m[5 * ms + u], m[11 * ms + u], m[17 * ms + u], m[23 * ms + u], m[29 * ms + u], m[35 * ms + u], a05, a15,
-           a25, a35);
-        // (Aᵀ m) A: the six columns combined, in each row a, plus the bias: q[4a .. 4a + 3]
-        float y0, y1, y2, y3;
-        at(a00, a01, a02, a03, a04, a05, y0, y1, y2, y3);
-        biased(bias, y0, y1, y2, y3, q + 0 * L + u, L);
-        at(a10, a11, a12, a13, a14, a15, y0, y1, y2, y3);
-        biased(bias, y0, y1, y2, y3, q + 4 * L + u, L);
-        at(a20, a21, a22, a23, a24, a25, y0, y1, y2, y3);
-        biased(bias, y0, y1, y2, y3, q + 8 * L + u, L);
-        at(a30, a31, a32, a33, a34, a35, y0, y1, y2, y3);
-        biased(bias, y0, y1, y2, y3, q + 12 * L + u, L);
+        // Aᵀ m: the six rows combined, in each column j (a[i][j]: row i, column j)
+        float a[4][6];
+#pragma GCC unroll 6
+        for (int j = 0; j < 6; j++)
+            at(m[j * ms + u], m[(6 + j) * ms + u], m[(12 + j) * ms + u], m[(18 + j) * ms + u], m[(24 + j) * ms + u],
+               m[(30 + j) * ms + u], a[0][j], a[1][j], a[2][j], a[3][j]);
+        // (Aᵀ m) A: the six columns combined, in each row i, plus the bias: q[4i .. 4i + 3]
+#pragma GCC unroll 4
+        for (int i = 0; i < 4; i++) {
+            float y0, y1, y2, y3;
+            at(a[i][0], a[i][1], a[i][2], a[i][3], a[i][4], a[i][5], y0, y1, y2, y3);
+            biased(bias, y0, y1, y2, y3, q + 4 * i * L + u, L);
+        }
     }
 }
 
@@ -508,20 +483,17 @@ template <>
 void grad_output_transform<4>(const float* q, int64_t L, float* dm, int64_t ms) {
 #pragma omp simd
     for (int64_t u = 0; u < L; u++) {
-        // A dY: the four rows combined, in each column b (c_ib: row i, column b); dY[a][b] = q[(4a + b)·L + u]
-        float c00, c10, c20, c30, c40, c50, c01, c11, c21, c31, c41, c51;
-        float c02, c12, c22, c32, c42, c52, c03, c13, c23, c33, c43, c53;
-        a(q[0 * L + u], q[4 * L + u], q[8 * L + u], q[12 * L + u], c00, c10, c20, c30, c40, c50);
-        a(q[1 * L + u], q[5 * L + u], q[9 * L + u], q[13 * L + u], c01, c11, c21, c31, c41, c51);
-        a(q[2 * L + u], q[6 * L + u], q[10 * L + u], q[14 * L + u], c02, c12, c22, c32, c42, c52);
-        a(q[3 * L + u], q[7 * L + u], q[11 * L + u], q[15 * L + u], c03, c13, c23, c33, c43, c53);
+        // A dY: the four rows combined, in each column b (c[i][b]: row i, column b); dY[a][b] = q[(4a + b)·L + u]
+        float c[6][4];
+#pragma GCC unroll 4
+        for (int b = 0; b < 4; b++)
+            a(q[b * L + u], q[(4 + b) * L + u], q[(8 + b) * L + u], q[(12 + b) * L + u], c[0][b], c[1][b], c[2][b],
+              c[3][b], c[4][b], c[5][b]);
         float* out = dm + u;  // (A dY) Aᵀ, row by row: dm[6i .. 6i + 5]
-        a(c00, c01, c02, c03, out[0 * ms], out[1 * ms], out[2 * ms], out[3 * ms], out[4 * ms], out[5 * ms]);
-        a(c10, c11, c12, c13, out[6 * ms], out[7 * ms], out[8 * ms], out[9 * ms], out[10 * ms], out[11 * ms]);
-        a(c20, c21, c22, c23, out[12 * ms], out[13 * ms], out[14 * ms], out[15 * ms], out[16 * ms], out[17 * ms]);
-        a(c30, c31, c32, c33, out[18 * ms], out[19 * ms], out[20 * ms], out[21 * ms], out[22 * ms], out[23 * ms]);
-        a(c40, c41, c42, c43, out[24 * ms], out[25 * ms], out[26 * ms], out[27 * ms], out[28 * ms], out[29 * ms]);
-        a(c50, c51, c52, c53, out[30 * ms], out[31 * ms], out[32 * ms], out[33 * ms], out[34 * ms], out[35 * ms]);
+#pragma GCC unroll 6
+        for (int i = 0; i < 6; i++)
+            a(c[i][0], c[i][1], c[i][2], c[i][3], out[(6 * i) * ms], out[(6 * i + 1) * ms], out[(6 * i + 2) * ms],
+              out[(6 * i + 3) * ms], out[(6 * i + 4) * ms], out[(6 * i + 5) * ms]);
     }
 }
 
