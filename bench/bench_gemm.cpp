@@ -145,7 +145,7 @@ const Shape kShapes[] = {
     {"mlp_dw_256x784x256", true, false, 256, 784, 256},
     // im2col convolution: 64 output channels, 3×3×64 = 576, a 64×64 output image.
     {"conv_64x4096x576", false, false, 64, 4096, 576},
-    // small: where packing and threading overheads show.
+    // small: read in place, not packed (gemm.cpp, "Small products"); on one thread.
     {"64", false, false, 64, 64, 64},
 };
 

@@ -1,7 +1,7 @@
 // test_gemm.cpp — kiln::cpu::gemm against the textbook triple loop (gemm_reference), for odd
 // shapes, every transpose combination, padded rows, general alpha/beta; plus determinism:
-// the same bits whatever the number of OpenMP threads; each micro-kernel the CPU can run; and
-// a packed A (PackedA) giving gemm's own bits.
+// the same bits whatever the number of OpenMP threads; each micro-kernel the CPU can run; a
+// small product read in place and a packed A (PackedA) giving gemm's own bits.
 //
 //   ./kiln_tests '[gemm]'
 #include <omp.h>
@@ -289,6 +289,33 @@ TEST_CASE("a product at most 32 columns wide takes the AVX2 kernel on an AVX-512
     for (int64_t N : {9, 16, 17, 32})
         for (bool ta : {false, true})
             for (bool tb : {false, true}) check_case({ta, tb, 13, N, 301, 0.75f, 0.5f});
+}
+
+TEST_CASE("a small product, read in place, gives the bits of the same rows of a packed one", "[gemm][cpu][lesson03]") {
+    using namespace kiln;
+    // The small product's A is the first M rows (or, transposed, columns) of the big one's, with
+    // the same strides; the big one is packed (cpu::gemm_in_place says no), the small one not.
+    // A partial A panel (M = 7), two MC blocks on the pool's threads (M = 300), a partial B panel
+    // (N = 77: 64 + 13 columns with AVX-512, 4·16 + 13 with AVX2), two KC-blocks (K = 300), alpha
+    // and beta, every level this CPU runs.
+    const int64_t big_M = 2048, N = 77, K = 300;
+    for (int64_t M : {1, 7, 64, 300}) REQUIRE(cpu::gemm_in_place(M, N, K));
+    REQUIRE(!cpu::gemm_in_place(big_M, N, K));
+    for (CpuLevel level : test::runnable_levels())
+        for (bool ta : {false, true})
+            for (bool tb : {false, true})
+                for (int64_t M : {1, 7, 64, 300}) {
+                    INFO("level " << cpu_level_name(level) << " ta=" << ta << " tb=" << tb << " M=" << M);
+                    const CpuLevel before = set_cpu_level_cap(level);
+                    const int64_t lda = ta ? big_M : K, ldb = tb ? K : N;
+                    const auto A = random_vector(size_t(big_M * K), 31), B = random_vector(size_t(K * N), 32);
+                    auto big = random_vector(size_t(big_M * N), 33);
+                    std::vector<float> small(big.begin(), big.begin() + M * N);
+                    gemm(ta, tb, big_M, N, K, 0.75f, A.data(), lda, B.data(), ldb, 0.5f, big.data(), N);
+                    gemm(ta, tb, M, N, K, 0.75f, A.data(), lda, B.data(), ldb, 0.5f, small.data(), N);
+                    CHECK(std::memcmp(small.data(), big.data(), small.size() * sizeof(float)) == 0);
+                    set_cpu_level_cap(before);
+                }
 }
 
 TEST_CASE("gemm with a packed A gives the bits of gemm on A itself", "[gemm][cpu][lesson03]") {

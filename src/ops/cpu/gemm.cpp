@@ -45,7 +45,8 @@
 //     Ap: micro-panels of MR rows:    Ap[panel][k][0..MR)     (rows past M padded with 0)
 //     Bp: micro-panels of NR columns: Bp[panel][k][0..NR)     (columns past N padded with 0)
 // Packing costs O(MK + KN) copies, paid back by O(MNK) fast reads; it also removes every
-// transpose/stride/alignment case from the micro-kernel, which sees one layout only.
+// transpose/stride/alignment case from the micro-kernel, which sees one layout only. (In a small
+// product the reads are too few to pay for the copies: "Small products" below.)
 // When many products share one A (a conv layer's weights, multiplied by one group of images'
 // columns after another), A is packed once for all of them: PackedA in gemm.h.
 //
@@ -128,6 +129,13 @@ constexpr double PARALLEL_MIN_FLOPS = 2.0 * 128 * 128 * 128;
 // their weight gradients) ran 9–13% faster as 2 rectangles than as 8; 1024³ and 64×4096×576,
 // which keep 8, were as fast either way idle, and faster as 8 with the other core busy.
 constexpr double RECTANGLE_MIN_FLOPS = 2.0 * 256 * 256 * 256;
+
+// The most floats op(A) and op(B) of a product may hold together to be read in place ("Small
+// products"): 2 MiB. Measured on one Zen 4 core, in place against packed (medians of 5 runs in
+// turns): LeNet's conv products 6×576×25 1.78× and 16×64×150 1.54×, 64³ 1.17×, 128³ 1.05×, the
+// MLP's 64×512×784 1.12×, 256³ 1.03×, 512³ (2^19 floats) even; beyond, packing won (two runs each):
+// 640³ 0.92×, 64×2048×576 0.94×, 1024³ 0.87×, 64×4096×576 0.85× (B's rows 16 KiB apart, a page each).
+constexpr int64_t IN_PLACE_MAX_FLOATS = int64_t(1) << 19;
 
 // ---- Workspace: the packing buffers ---------------------------------------------------------
 // One pair of buffers per thread (≤ 240 KiB for A, ≤ 4 MiB for B), kept between calls
@@ -333,6 +341,7 @@ struct Problem {
     const PackedA* packed_a = nullptr;    // A already packed (then A is not read) ...
     int64_t row0 = 0;                     // ... and the row of it where this problem's rows start
     bool pairs = false;                   // bf16 packed as pairs for the vdpbf16ps kernel
+    bool in_place = false;                // a small f32 product: operands read where they lie
 };
 
 // ---- bf16 pairs ---------------------------------------------------------------------------------
@@ -438,6 +447,31 @@ void pack_a_block(const Problem<T>& p, int64_t ic, int64_t mc, int64_t pc, int64
     }
 }
 
+// ---- Small products --------------------------------------------------------------------------
+// Packing pays when each packed number is read many times: an A panel once per B panel, a B panel
+// once per A panel. In a small product it is not: the 64×64×64 product packs 8,192 floats for
+// 262,144 multiply-adds, and its A panels are each read by one B panel only; on a Zen 4 core,
+// packing took a fifth of its time. And a small product's operands stay in L1 and L2 where they
+// lie. So a small f32 product (gemm_in_place) leaves them there: the kernel reads A's rows (or,
+// transposed, its columns) and B's rows in place (MicroKernel::multiply_in_place), with the same
+// sums in the same order, so the same bits as packed. Only what the kernel cannot read in place
+// is packed: a transposed B (its columns are strided) and the last B panel when N is not a
+// multiple of NR (its rows would run past B's).
+
+// The tile of C at rows i0.., columns j0.. of the KC-block pc: A read in place unless `Ap` (a
+// packed panel: the A of a PackedA), B in place unless it is transposed or the panel is partial,
+// when `Bp` holds the panel.
+void multiply_in_place(const Problem<float>& p, int64_t i0, int64_t j0, int64_t pc, int64_t kc, const float* Ap,
+                       const float* Bp, const TileOut& out) {
+    const MicroKernel& mk = *p.kernel;
+    const bool b_in_place = !p.trans_b && out.cols == mk.cols;
+    const float* B = b_in_place ? p.B + pc * p.ldb + j0 : Bp;
+    const int64_t b_k = b_in_place ? p.ldb : mk.cols;
+    if (Ap) return mk.multiply_in_place(kc, Ap, 1, MR, B, b_k, out);
+    if (p.trans_a) return mk.multiply_in_place(kc, p.A + pc * p.lda + i0, 1, p.lda, B, b_k, out);  // A[k·lda + i]
+    mk.multiply_in_place(kc, p.A + i0 * p.lda + pc, p.lda, 1, B, b_k, out);                          // A[i·lda + k]
+}
+
 // C[ic:ic+mc, jc:jc+nc] (+)= alpha * Ap · Bp, one MR×NR tile at a time: for each B
 // micro-panel (held in L1), sweep all the A micro-panels of the block (held in L2).
 // beta is the caller's beta for the first KC-block and 1 for the later ones.
@@ -458,7 +492,10 @@ void multiply_block(const Problem<T>& p, int64_t ic, int64_t mc, int64_t jc, int
     for (int64_t j0 = 0; j0 < nc; j0 += NR) {
         const int64_t nr = std::min<int64_t>(NR, nc - j0);
         float* bp = Bp + (one_a_block ? j0 % KC_MAX : j0) * depth;  // panel j0/NR, depth×NR floats each
-        if (pack_b && j0 % KC_MAX == 0) {  // KC_MAX is a multiple of every NR
+        if (p.in_place && !p.trans_b) {  // full panels in place, the last partial one packed alone
+            bp = Bp;
+            if (pack_b && nr < NR) pack_b_panels(false, p.B, p.ldb, pc, kc, jc + j0, nr, mk, p.widen, bp);
+        } else if (pack_b && j0 % KC_MAX == 0) {  // KC_MAX is a multiple of every NR
             const int64_t n = std::min(KC_MAX, nc - j0);
             if constexpr (std::is_same_v<T, bf16>)
                 if (p.pairs) pack_b_pairs(p.trans_b, p.B, p.ldb, pc, kc, jc + j0, n, mk, bp);
@@ -468,7 +505,14 @@ void multiply_block(const Problem<T>& p, int64_t ic, int64_t mc, int64_t jc, int
             float* c = p.C + (ic + i0) * p.ldc + jc + j0;
             const int64_t mr = std::min<int64_t>(MR, mc - i0);
             prefetch_tile(c, p.ldc, mr, nr);
-            mk.multiply(depth, Ap + i0 * depth, bp, TileOut{c, p.ldc, int(mr), int(nr), p.alpha, beta});
+            const TileOut out{c, p.ldc, int(mr), int(nr), p.alpha, beta};
+            if constexpr (std::is_same_v<T, float>) {
+                if (p.in_place) {
+                    multiply_in_place(p, ic + i0, jc + j0, pc, kc, Ap ? Ap + i0 * depth : nullptr, bp, out);
+                    continue;
+                }
+            }
+            mk.multiply(depth, Ap + i0 * depth, bp, out);
         }
     }
 }
@@ -480,7 +524,8 @@ void blocked_gemm(const Problem<T>& p, int64_t kc_block) {
     const int64_t mc_block = split_evenly(p.M, MC_MAX, MR);
     const int64_t nc_block = split_evenly(p.N, NC_MAX, p.kernel->cols);
     Workspace& ws = tls_workspace;
-    float* Ap = p.packed_a ? nullptr : reserve(ws.a, ws.a_cap, mc_block * kc_block);
+    const bool pack_a = !p.packed_a && !p.in_place;
+    float* Ap = pack_a ? reserve(ws.a, ws.a_cap, mc_block * kc_block) : nullptr;
     const bool one_a_block = p.M <= mc_block;  // see multiply_block
     float* Bp = reserve(ws.b, ws.b_cap, kc_block * (one_a_block ? std::min(KC_MAX, nc_block) : nc_block));
     for (int64_t jc = 0; jc < p.N; jc += nc_block) {
@@ -493,7 +538,7 @@ void blocked_gemm(const Problem<T>& p, int64_t kc_block) {
                 const float* ap = Ap;
                 if (p.packed_a)
                     ap = p.packed_a->panel(pc, p.row0 + ic, kc);
-                else
+                else if (pack_a)
                     pack_a_block(p, ic, mc, pc, kc, Ap);
                 multiply_block(p, ic, mc, jc, nc, pc, kc, beta, ap, Bp, /*pack_b=*/ic == 0, one_a_block);
             }
@@ -593,6 +638,7 @@ void run(Problem<T> p, T* C, int64_t ldc) {
     }
     if constexpr (std::is_same_v<T, float>) {
         p.C = C, p.ldc = ldc;
+        p.in_place = gemm_in_place(p.M, p.N, p.K);
         product(p);
     } else {
         p.widen = convert_kernel<T, float>(level).run;
@@ -605,6 +651,8 @@ void run(Problem<T> p, T* C, int64_t ldc) {
 }
 
 }  // namespace
+
+bool gemm_in_place(int64_t M, int64_t N, int64_t K) { return M * K + K * N <= IN_PLACE_MAX_FLOATS; }
 
 // ---- PackedA (gemm.h) -----------------------------------------------------------------------------
 // The KC-blocks of K one after another; in each, the MR-row micro-panels of all M rows, as

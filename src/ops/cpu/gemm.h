@@ -122,6 +122,10 @@ void gemm(const PackedA& A, bool trans_b, int64_t N, float alpha, const T* B, in
 template <typename T>
 const char* gemm_path(CpuLevel level);
 
+// Whether gemm<float> reads the operands of an M×N×K product where they lie instead of packing
+// them (gemm.cpp, "Small products"): the same bits either way, so this says only how fast.
+bool gemm_in_place(int64_t M, int64_t N, int64_t K);
+
 // The textbook triple loop, one dot product per C element: the reference gemm() is tested
 // against. Slow; use it in tests only.
 template <typename T>

@@ -47,6 +47,11 @@ struct MicroKernel {
     // (Ap: a packed MR-row panel of A, Bp: a packed cols-wide panel of B; gemm.cpp, "Packing"),
     // then stored as `out` says.
     void (*multiply)(int64_t kc, const float* Ap, const float* Bp, const TileOut& out);
+    // The same product on f32 operands where they lie, with the same sums: A's element (i, k) at
+    // A[i*a_row + k*a_k] for i < out.rows, B's row k at B + k*ldb with all `cols` columns there
+    // (gemm.cpp, "Small products"; never with bf16 pairs).
+    void (*multiply_in_place)(int64_t kc, const float* A, int64_t a_row, int64_t a_k, const float* B, int64_t ldb,
+                              const TileOut& out);
     // One micro-panel of a transposed B: Bp[k*cols + j] = B[j*ldb + k] for j < n <= cols, k < kc
     // (columns n .. cols-1 untouched). With the kernel because it is written in the same vectors.
     void (*pack_b_transposed)(int64_t kc, const float* B, int64_t ldb, int64_t n, float* Bp);

@@ -6,6 +6,7 @@
 // each step of the k loop is a vdpbf16ps instead of an FMA (see vstep).
 #include "ops/cpu/gemm_tile.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 
@@ -120,11 +121,32 @@ void store_partial(const float* tile, const TileOut& out) {
         }
 }
 
-// acc[MR×NR] = Σ_k Ap[k][0..MR) ⊗ Bp[k][0..NR), k = 0, 1, ..., kc-1 in order, then stored
-// into C's first out.rows rows and out.cols columns as above. (With bf16 pairs, k counts pairs.)
+// ---- The tile's product ------------------------------------------------------------------------
+// Where the kernel reads its operands: element (i, k) of A at A[i·a_row + k·a_k], row k of B's NR
+// columns at B[k·b_k]. Packed panels (gemm.cpp, "Packing"): a_row = 1, a_k = MR, b_k = NR, known
+// to the compiler, which then folds them into the loads' addresses. In place (gemm.cpp, "Small
+// products"): the caller's strides, and rows past out.rows read the last row again (there may be
+// no memory past it; the rows computed from it are never stored).
+struct PackedPanels {
+    static constexpr int64_t a_row = 1, a_k = MR, b_k = NR;
+    static constexpr bool in_place = false;
+};
+struct InPlace {
+    int64_t a_row, a_k, b_k;
+    static constexpr bool in_place = true;
+};
+
+// acc[MR×NR] = Σ_k A[i, k] ⊗ B[k, 0..NR), k = 0, 1, ..., kc-1 in order, then stored into C's first
+// out.rows rows and out.cols columns as above. (With bf16 pairs, k counts pairs.) The same sums
+// in the same order whatever the layout, so packed and in place give the same bits.
 // The loops over i and j are unrolled completely, so acc lives in registers; k is unrolled
 // by 4, which saves the loop's own instructions (they compete with the FMAs for issue slots).
-void multiply(int64_t kc, const float* __restrict Ap, const float* __restrict Bp, const TileOut& out) {
+template <typename Layout>
+[[gnu::always_inline]] inline void tile_product(int64_t kc, const float* __restrict A, const float* __restrict B,
+                                                Layout at, const TileOut& out) {
+    const float* a[MR];  // row i of the tile's A
+#pragma GCC unroll 16
+    for (int i = 0; i < MR; ++i) a[i] = A + (Layout::in_place ? std::min(i, out.rows - 1) : i) * at.a_row;
     vec acc[MR][NV];
 #pragma GCC unroll 16
     for (int i = 0; i < MR; ++i)
@@ -134,12 +156,12 @@ void multiply(int64_t kc, const float* __restrict Ap, const float* __restrict Bp
     for (int64_t k = 0; k < kc; ++k) {
         vec b[NV];
 #pragma GCC unroll 4
-        for (int j = 0; j < NV; ++j) b[j] = vload(Bp + k * NR + j * VL);
+        for (int j = 0; j < NV; ++j) b[j] = vload(B + k * at.b_k + j * VL);
 #pragma GCC unroll 16
         for (int i = 0; i < MR; ++i) {
-            const vec a = vbroadcast(Ap[k * MR + i]);
+            const vec ai = vbroadcast(a[i][k * at.a_k]);
 #pragma GCC unroll 4
-            for (int j = 0; j < NV; ++j) acc[i][j] = vstep(a, b[j], acc[i][j]);
+            for (int j = 0; j < NV; ++j) acc[i][j] = vstep(ai, b[j], acc[i][j]);
         }
     }
     // The store, written out here: passing acc to a function by reference made the compiler keep
@@ -165,6 +187,15 @@ void multiply(int64_t kc, const float* __restrict Ap, const float* __restrict Bp
 #pragma GCC unroll 4
         for (int j = 0; j < NV; ++j) vstore(tile + i * NR + j * VL, acc[i][j]);
     store_partial(tile, out);
+}
+
+void multiply(int64_t kc, const float* Ap, const float* Bp, const TileOut& out) {
+    tile_product(kc, Ap, Bp, PackedPanels{}, out);
+}
+
+void multiply_in_place(int64_t kc, const float* A, int64_t a_row, int64_t a_k, const float* B, int64_t ldb,
+                       const TileOut& out) {
+    tile_product(kc, A, B, InPlace{a_row, a_k, ldb}, out);
 }
 
 // ---- Packing a transposed B -------------------------------------------------------------------
@@ -260,6 +291,7 @@ void pack_a_rows(int64_t kc, const float* A, int64_t lda, float* Ap) {
 
 }  // namespace
 
-extern const MicroKernel KILN_TILE_KERNEL{kStepName, NR, kStepFused, multiply, pack_b_transposed, pack_a_rows};
+extern const MicroKernel KILN_TILE_KERNEL{kStepName, NR, kStepFused, multiply, multiply_in_place, pack_b_transposed,
+                                          pack_a_rows};
 
 }  // namespace kiln::cpu
