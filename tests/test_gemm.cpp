@@ -275,7 +275,7 @@ TEST_CASE("every micro-kernel this CPU runs matches the reference; the fused one
     }
 }
 
-TEST_CASE("a product at most 32 columns wide takes the AVX2 kernel on an AVX-512 CPU", "[gemm][cpu][lesson03]") {
+TEST_CASE("a product at most 32 columns wide, or its last columns, take the AVX2 kernel on an AVX-512 CPU", "[gemm][cpu][lesson03]") {
     using namespace kiln;
     // With lanes = N rounded up to the kernel's NR, the narrow kernel when 2·lanes(16) ≤ lanes(64).
     for (CpuLevel level : test::runnable_levels())
@@ -285,8 +285,9 @@ TEST_CASE("a product at most 32 columns wide takes the AVX2 kernel on an AVX-512
             CHECK(std::string(cpu::micro_kernel(level, N).name) ==
                   (narrow ? "avx2-fma" : cpu::micro_kernel(level).name));
         }
-    // The narrow products themselves, partial tiles and several KC-blocks, against the reference.
-    for (int64_t N : {9, 16, 17, 32})
+    // The narrow products themselves, and wide ones whose last 13, 16 or 32 columns take the narrow
+    // kernel (gemm.cpp, product), partial tiles and several KC-blocks, against the reference.
+    for (int64_t N : {9, 16, 17, 32, 77, 80, 96})
         for (bool ta : {false, true})
             for (bool tb : {false, true}) check_case({ta, tb, 13, N, 301, 0.75f, 0.5f});
 }
@@ -296,8 +297,8 @@ TEST_CASE("a small product, read in place, gives the bits of the same rows of a 
     // The small product's A is the first M rows (or, transposed, columns) of the big one's, with
     // the same strides; the big one is packed (cpu::gemm_in_place says no), the small one not.
     // A partial A panel (M = 7), two MC blocks on the pool's threads (M = 300), a partial B panel
-    // (N = 77: 64 + 13 columns with AVX-512, 4·16 + 13 with AVX2), two KC-blocks (K = 300), alpha
-    // and beta, every level this CPU runs.
+    // (N = 77: 64 columns, then 13 on the AVX2 kernel at the avx512 level; 4·16 + 13 at avx2), two
+    // KC-blocks (K = 300), alpha and beta, every level this CPU runs.
     const int64_t big_M = 2048, N = 77, K = 300;
     for (int64_t M : {1, 7, 64, 300}) REQUIRE(cpu::gemm_in_place(M, N, K));
     REQUIRE(!cpu::gemm_in_place(big_M, N, K));

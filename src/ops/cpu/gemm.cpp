@@ -580,9 +580,20 @@ int threads_for(int64_t M, int64_t N, int64_t K) {
     return in_parallel() || 2.0 * M * N * K < PARALLEL_MIN_FLOPS ? 1 : max_threads();
 }
 
-// The blocked product, on one thread or on the pool.
+// The blocked product, on one thread or on the pool. The columns past the last multiple of the
+// kernel's NR go to the kernel micro_kernel(level, N) picks for as few columns, when that is a
+// narrower one (the same bits, gemm_tile.h): the last 16 of 784 columns are then 6×16 tiles of
+// the AVX2 kernel, not 6×64 ones of the AVX-512 kernel with a quarter of their columns used.
 template <typename T>
-void product(const Problem<T>& p) {
+void product(const Problem<T>& p, CpuLevel level) {
+    const int64_t tail = p.N % p.kernel->cols;
+    const MicroKernel& tail_kernel = micro_kernel(level, tail);
+    if (!p.pairs && tail > 0 && p.N > tail && &tail_kernel != p.kernel) {
+        product(sub_problem(p, 0, p.M, 0, p.N - tail), level);
+        Problem<T> rest = sub_problem(p, 0, p.M, p.N - tail, p.N);
+        rest.kernel = &tail_kernel;
+        return product(rest, level);
+    }
     // KC depends on K only, never on the thread count: this is what makes C deterministic.
     const int64_t kc_block = split_evenly(p.K, KC_MAX, p.pairs ? 2 : 1);
     const int threads = threads_for(p.M, p.N, p.K);
@@ -639,13 +650,13 @@ void run(Problem<T> p, T* C, int64_t ldc) {
     if constexpr (std::is_same_v<T, float>) {
         p.C = C, p.ldc = ldc;
         p.in_place = gemm_in_place(p.M, p.N, p.K);
-        product(p);
+        product(p, level);
     } else {
         p.widen = convert_kernel<T, float>(level).run;
         Workspace& ws = tls_workspace;
         const float beta = p.beta;
         p.C = reserve(ws.c, ws.c_cap, p.M * p.N), p.ldc = p.N, p.beta = 0.0f;
-        product(p);
+        product(p, level);
         round_into(p.M, p.N, p.C, p.N, beta, C, ldc, p.widen, convert_kernel<float, T>(level).run);
     }
 }

@@ -26,8 +26,8 @@
 // best level, capped by KILN_CPU), which gemm() reads once per call:
 //  - the micro-kernel, where the time goes: f32 FMA for every T, in AVX-512, AVX2 + FMA or the
 //    compiler's vectors (gemm_tile.h), whatever -march the library was compiled with; a product
-//    at most 32 columns wide takes the AVX2 kernel's 16-column tile on an AVX-512 CPU (the same
-//    bits: micro_kernel(level, N));
+//    at most 32 columns wide, and the last N mod 64 ≤ 32 columns of a wider one, take the AVX2
+//    kernel's 16-column tile on an AVX-512 CPU (the same bits: micro_kernel(level, N));
 //  - how f16/bf16 become f32 and back: the packing of A and B panels and the store of C
 //    convert runs of elements with convert_simd.h's kernels:
 //   portable    dtype.h's integer conversion, one element at a time     gemm_path: "portable"

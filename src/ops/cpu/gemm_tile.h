@@ -68,8 +68,9 @@ const MicroKernel& micro_kernel(CpuLevel level);
 // tile's 64 columns, 24 FMAs on 16 floats each for 6×16 useful multiply-adds a step, where the
 // AVX2 kernel's 6×16 tile does them in 12 FMAs on 8 floats. With lanes N rounded up to a
 // kernel's NR, the narrow one is taken when 2·lanes(narrow) ≤ lanes(wide) (it does half the
-// multiply-adds per instruction): N ≤ 32 for AVX2 against AVX-512. The fused kernels give the
-// same bits, so the choice changes the speed only.
+// multiply-adds per instruction): N ≤ 32 for AVX2 against AVX-512. gemm() asks the same of a wide
+// product's last N mod NR columns (gemm.cpp, product). The fused kernels give the same bits, so the
+// choice changes the speed only.
 const MicroKernel& micro_kernel(CpuLevel level, int64_t N);
 
 // For bf16 operands: the kernel "avx512-bf16" (gemm_tile_avx512bf16.cpp: vdpbf16ps on panels of
