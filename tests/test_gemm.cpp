@@ -275,21 +275,36 @@ TEST_CASE("every micro-kernel this CPU runs matches the reference; the fused one
     }
 }
 
-TEST_CASE("a product at most 32 columns wide, or its last columns, take the AVX2 kernel on an AVX-512 CPU", "[gemm][cpu][lesson03]") {
+TEST_CASE("a product at most 32 columns wide, or its last columns, take a narrower AVX-512 kernel", "[gemm][cpu][lesson03]") {
     using namespace kiln;
-    // With lanes = N rounded up to the kernel's NR, the narrow kernel when 2·lanes(16) ≤ lanes(64).
+    // At avx512: N <= 16 the 6×16 tile, N <= 32 the 6×32 one; below avx512 the level's own kernel.
     for (CpuLevel level : test::runnable_levels())
         for (int64_t N : {1, 9, 16, 17, 32, 33, 48, 64, 80, 300}) {
             INFO("level " << cpu_level_name(level) << ", N = " << N);
-            const bool narrow = level >= CpuLevel::Avx512 && N <= 32;
-            CHECK(std::string(cpu::micro_kernel(level, N).name) ==
-                  (narrow ? "avx2-fma" : cpu::micro_kernel(level).name));
+            const bool avx512 = level >= CpuLevel::Avx512;
+            const std::string want = avx512 && N <= 16 ? "avx512-16" : avx512 && N <= 32 ? "avx512-32"
+                                                                                           : cpu::micro_kernel(level).name;
+            CHECK(std::string(cpu::micro_kernel(level, N).name) == want);
         }
-    // The narrow products themselves, and wide ones whose last 13, 16 or 32 columns take the narrow
-    // kernel (gemm.cpp, product), partial tiles and several KC-blocks, against the reference.
-    for (int64_t N : {9, 16, 17, 32, 77, 80, 96})
+    // The narrow products themselves, and wide ones whose last 13, 16 or 32 columns take a narrow
+    // kernel (gemm.cpp, product), partial tiles and several KC-blocks, against the reference; and
+    // their bits on every fused kernel's level (the narrow kernels at avx512, the AVX2 one's 6×16
+    // tiles at avx2).
+    const int64_t M = 13, K = 301;
+    const auto A = random_vector(size_t(M * K), 7);
+    for (int64_t N : {9, 16, 17, 32, 77, 80, 96}) {
         for (bool ta : {false, true})
-            for (bool tb : {false, true}) check_case({ta, tb, 13, N, 301, 0.75f, 0.5f});
+            for (bool tb : {false, true}) check_case({ta, tb, M, N, K, 0.75f, 0.5f});
+        INFO("N = " << N);
+        const auto B = random_vector(size_t(K * N), 8);
+        const auto C = test::under_levels(test::fused_gemm_levels(), [&] {
+            std::vector<float> c(size_t(M * N));
+            gemm(false, false, M, N, K, 1.0f, A.data(), K, B.data(), N, 0.0f, c.data(), N);
+            return c;
+        });
+        for (size_t i = 1; i < C.size(); ++i)
+            CHECK(std::memcmp(C[i].data(), C[0].data(), C[0].size() * sizeof(float)) == 0);
+    }
 }
 
 TEST_CASE("a small product, read in place, gives the bits of the same rows of a packed one", "[gemm][cpu][lesson03]") {

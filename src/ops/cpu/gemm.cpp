@@ -583,7 +583,7 @@ int threads_for(int64_t M, int64_t N, int64_t K) {
 // The blocked product, on one thread or on the pool. The columns past the last multiple of the
 // kernel's NR go to the kernel micro_kernel(level, N) picks for as few columns, when that is a
 // narrower one (the same bits, gemm_tile.h): the last 16 of 784 columns are then 6×16 tiles of
-// the AVX2 kernel, not 6×64 ones of the AVX-512 kernel with a quarter of their columns used.
+// "avx512-16", not 6×64 ones of "avx512" with a quarter of their columns used.
 template <typename T>
 void product(const Problem<T>& p, CpuLevel level) {
     const int64_t tail = p.N % p.kernel->cols;

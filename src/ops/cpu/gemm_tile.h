@@ -6,6 +6,7 @@
 // three times, each in a file of its own that tells the compiler its instruction set
 // (`#pragma GCC target`) and includes the one body, gemm_tile_body.h:
 //   gemm_tile_avx512.cpp   AVX-512 F      6×64 tile: 24 zmm accumulators   "avx512"
+//     _narrow32.cpp, _narrow16.cpp        6×32 and 6×16 tiles, for narrow products   "avx512-32", "avx512-16"
 //   gemm_tile_avx2.cpp     AVX2 + FMA     6×16 tile: 12 ymm accumulators   "avx2-fma"
 //   gemm_tile_portable.cpp the compiler's 4-float vectors for the -march it was given   "vectors"
 //   gemm_tile_avx512bf16.cpp  AVX512-BF16, bf16 operands only: 6×64, vdpbf16ps        "avx512-bf16"
@@ -63,14 +64,14 @@ struct MicroKernel {
 const MicroKernel& micro_kernel(CpuLevel level);
 
 // The kernel for a product N columns wide at `level`: micro_kernel(level), unless a narrower
-// kernel of a lower level needs no more instructions. A tile computes all of its NR columns
-// whatever N is: a 1×1 convolution on MobileNetV2's 4×4 planes (N = 16) used 16 of the AVX-512
-// tile's 64 columns, 24 FMAs on 16 floats each for 6×16 useful multiply-adds a step, where the
-// AVX2 kernel's 6×16 tile does them in 12 FMAs on 8 floats. With lanes N rounded up to a
-// kernel's NR, the narrow one is taken when 2·lanes(narrow) ≤ lanes(wide) (it does half the
-// multiply-adds per instruction): N ≤ 32 for AVX2 against AVX-512. gemm() asks the same of a wide
-// product's last N mod NR columns (gemm.cpp, product). The fused kernels give the same bits, so the
-// choice changes the speed only.
+// kernel of the same instruction set covers N. A tile computes all of its NR columns whatever N
+// is: a 1×1 convolution on MobileNetV2's 4×4 planes (N = 16) used 16 of the AVX-512 tile's 64
+// columns, 24 FMAs on 16 floats each for 6×16 useful multiply-adds a step, where a 6×16 tile does
+// them in 6. So at avx512 a product at most 16 columns wide takes "avx512-16", at most 32
+// "avx512-32". (They replaced the AVX2 kernel's 6×16 tile here, which needed 12 FMAs on 8 floats:
+// as fast on a Zen 4, whose 512-bit FMA is two 256-bit halves, but not where an FMA is 512 bits
+// wide, as on a Zen 5.) gemm() asks the same of a wide product's last N mod NR columns (gemm.cpp,
+// product). The fused kernels give the same bits, so the choice changes the speed only.
 const MicroKernel& micro_kernel(CpuLevel level, int64_t N);
 
 // For bf16 operands: the kernel "avx512-bf16" (gemm_tile_avx512bf16.cpp: vdpbf16ps on panels of

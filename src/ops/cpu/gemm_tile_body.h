@@ -3,7 +3,9 @@
 // including it, KILN_TILE_ISA (512, 256 or 0: the vector type) and KILN_TILE_KERNEL (the name
 // of the MicroKernel to define), after a `#pragma GCC target` for its instruction set.
 // gemm_tile_avx512bf16.cpp also defines KILN_TILE_BF16_PAIRS: its panels hold pairs of bf16 and
-// each step of the k loop is a vdpbf16ps instead of an FMA (see vstep).
+// each step of the k loop is a vdpbf16ps instead of an FMA (see vstep). gemm_tile_avx512_narrow16.cpp
+// and _narrow32.cpp define KILN_TILE_NV (1 or 2: vectors per tile row, 16 or 32 columns) and
+// KILN_TILE_NAME for AVX-512 kernels narrower than the 6×64 one.
 #include "ops/cpu/gemm_tile.h"
 
 #include <algorithm>
@@ -21,15 +23,26 @@ namespace {
 // VL floats per vector, NV vectors per tile row: NR = NV·VL columns.
 #if KILN_TILE_ISA == 512
 using vec = __m512;
-constexpr const char* kName = "avx512";
 constexpr int VL = 16;
+#ifdef KILN_TILE_NV
+constexpr const char* kName = KILN_TILE_NAME;
+constexpr int NV = KILN_TILE_NV;  // for narrow products (gemm_tile.h, micro_kernel(level, N))
+#else
+constexpr const char* kName = "avx512";
 constexpr int NV = 4;  // 6×4 = 24 accumulators + 4 B vectors + 1 broadcast of the 32 zmm
+#endif
 inline vec vzero() { return _mm512_setzero_ps(); }
 inline vec vload(const float* p) { return _mm512_loadu_ps(p); }
 inline void vstore(float* p, vec v) { _mm512_storeu_ps(p, v); }
 inline vec vbroadcast(float x) { return _mm512_set1_ps(x); }
 inline vec vfma(vec a, vec b, vec c) { return _mm512_fmadd_ps(a, b, c); }  // a*b + c
 inline vec vmul(vec a, vec b) { return _mm512_mul_ps(a, b); }
+// The first n lanes of a vector (n ≤ VL), for a partial tile's last columns: the other lanes are
+// neither read nor written, so nothing past C's last column is touched (and cannot fault).
+using vmask = __mmask16;
+inline vmask first_lanes(int n) { return vmask((1u << n) - 1); }
+inline vec vload_first(const float* p, vmask m) { return _mm512_maskz_loadu_ps(m, p); }
+inline void vstore_first(float* p, vec v, vmask m) { _mm512_mask_storeu_ps(p, m, v); }
 #elif KILN_TILE_ISA == 256
 using vec = __m256;
 constexpr const char* kName = "avx2-fma";
@@ -41,6 +54,10 @@ inline void vstore(float* p, vec v) { _mm256_storeu_ps(p, v); }
 inline vec vbroadcast(float x) { return _mm256_set1_ps(x); }
 inline vec vfma(vec a, vec b, vec c) { return _mm256_fmadd_ps(a, b, c); }
 inline vec vmul(vec a, vec b) { return _mm256_mul_ps(a, b); }
+using vmask = __m256i;  // a lane is on when its sign bit is set
+inline vmask first_lanes(int n) { return _mm256_cmpgt_epi32(_mm256_set1_epi32(n), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7)); }
+inline vec vload_first(const float* p, vmask m) { return _mm256_maskload_ps(p, m); }
+inline void vstore_first(float* p, vec v, vmask m) { _mm256_maskstore_ps(p, m, v); }
 #else
 typedef float vec __attribute__((vector_size(16)));  // SSE, NEON, ...: 4 floats
 constexpr const char* kName = "vectors";
@@ -83,43 +100,50 @@ constexpr int MR = kTileRows;
 constexpr int NR = NV * VL;
 static_assert(NR % 8 == 0, "pack_b_panels (gemm.cpp) packs a transposed f16 or bf16 B 8 columns at a time");
 
-// The scalar twin of vfma, for the elements of a partial tile: the same rounding as the vectors.
+// ---- Storing the tile --------------------------------------------------------------------------
+//   C = alpha·acc            when beta == 0 (C is not read: it may hold NaN)
+//   C = alpha·acc + C        when beta == 1 (the second and later KC-blocks), one fused step
+//   C = alpha·acc + beta·C   otherwise
+// The tile goes from the registers straight to C, a vector at a time: the rows of C are ldc
+// floats apart, so each row is NV vector loads and stores. (Done as a scalar loop after the
+// kernel, through a buffer, this store took a fifth of a CIFAR net's training step.) A partial
+// tile (the last rows or columns of C) stores its first out.rows rows, and in each the lanes of
+// its first out.cols columns, masked (vstore_first); element by element through a buffer, as it
+// was, it took longer than the tile's product when k is short: 48×48×48 ran at a quarter of
+// 64×64×64's rate, every one of its tiles 48 columns wide (one Zen 5 core).
+// The portable kernel stores every tile through a buffer, element by element, with the same
+// arithmetic: whether the compiler fuses its vectors' a·b + c there is the compiler's choice
+// (measured: it did in the k loop, not in the store), and the element loop's std::fma is not.
+// load() reads C's values; it is not called when beta == 0.
+template <typename Load>
+inline vec store_value(vec acc, vec alpha, float beta, Load load) {
+    if (beta == 0.0f) return vmul(alpha, acc);
+    if (beta == 1.0f) return vfma(alpha, acc, load());
+    return vfma(vbroadcast(beta), load(), vmul(alpha, acc));
+}
+
+#if KILN_TILE_ISA == 0
+// The scalar twin of vfma: the same rounding as the vectors.
 inline float sfma(float a, float b, float c) {
     if constexpr (kFused) return std::fma(a, b, c);
     return a * b + c;
 }
 
-// ---- Storing the tile --------------------------------------------------------------------------
-//   C = alpha·acc            when beta == 0 (C is not read: it may hold NaN)
-//   C = alpha·acc + C        when beta == 1 (the second and later KC-blocks), one fused step
-//   C = alpha·acc + beta·C   otherwise
-// A full tile goes from the registers straight to C, a vector at a time: the rows of C are
-// ldc floats apart, so each row is NV vector loads and stores. (Done as a scalar loop after
-// the kernel, through a buffer, this store took a fifth of a CIFAR net's training step.)
-// A partial tile (the last rows or columns of C) goes through a buffer, element by element,
-// with the same arithmetic. So does every tile of the portable kernel: whether the compiler
-// fuses its vectors' a·b + c there is the compiler's choice (measured: it did in the k loop, not
-// in the store), and the element loop's std::fma is not.
-inline vec store_one(vec acc, vec alpha, float beta, const float* c) {
-    if (beta == 0.0f) return vmul(alpha, acc);
-    if (beta == 1.0f) return vfma(alpha, acc, vload(c));
-    return vfma(vbroadcast(beta), vload(c), vmul(alpha, acc));
-}
-
-inline float store_one(float acc, float alpha, float beta, float c) {
+inline float store_value(float acc, float alpha, float beta, float c) {
     if (beta == 0.0f) return alpha * acc;
     if (beta == 1.0f) return sfma(alpha, acc, c);
     return sfma(beta, c, alpha * acc);
 }
 
-// The elements of a partial tile: tile[i·NR + j] holds acc.
-void store_partial(const float* tile, const TileOut& out) {
+// The tile's elements in C: tile[i·NR + j] holds acc.
+void store_elements(const float* tile, const TileOut& out) {
     for (int i = 0; i < out.rows; ++i)
         for (int j = 0; j < out.cols; ++j) {
             float& c = out.C[i * out.ldc + j];
-            c = store_one(tile[i * NR + j], out.alpha, out.beta, out.beta == 0.0f ? 0.0f : c);
+            c = store_value(tile[i * NR + j], out.alpha, out.beta, out.beta == 0.0f ? 0.0f : c);
         }
 }
+#endif
 
 // ---- The tile's product ------------------------------------------------------------------------
 // Where the kernel reads its operands: element (i, k) of A at A[i·a_row + k·a_k], row k of B's NR
@@ -166,27 +190,42 @@ template <typename Layout>
     }
     // The store, written out here: passing acc to a function by reference made the compiler keep
     // it in memory (a spill in the k loop, measured).
-    if (KILN_TILE_ISA != 0 && out.rows == MR && out.cols == NR) {
-        // Read once: out could alias C as far as the compiler knows, so each store would reload it.
-        float* const C = out.C;
-        const int64_t ldc = out.ldc;
-        const float beta = out.beta;
-        const vec va = vbroadcast(out.alpha);
+#if KILN_TILE_ISA != 0
+    // Read once: out could alias C as far as the compiler knows, so each store would reload it.
+    float* const C = out.C;
+    const int64_t ldc = out.ldc;
+    const float beta = out.beta;
+    const vec va = vbroadcast(out.alpha);
+    if (out.rows == MR && out.cols == NR) {
 #pragma GCC unroll 16
         for (int i = 0; i < MR; ++i)
 #pragma GCC unroll 4
             for (int j = 0; j < NV; ++j) {
                 float* c = C + i * ldc + j * VL;
-                vstore(c, store_one(acc[i][j], va, beta, c));
+                vstore(c, store_value(acc[i][j], va, beta, [c] { return vload(c); }));
             }
         return;
     }
+#pragma GCC unroll 16
+    for (int i = 0; i < MR; ++i) {
+        if (i == out.rows) return;
+#pragma GCC unroll 4
+        for (int j = 0; j < NV; ++j) {
+            const int lanes = std::min(out.cols - j * VL, VL);
+            if (lanes <= 0) break;
+            const vmask m = first_lanes(lanes);
+            float* c = C + i * ldc + j * VL;
+            vstore_first(c, store_value(acc[i][j], va, beta, [c, m] { return vload_first(c, m); }), m);
+        }
+    }
+#else
     alignas(64) float tile[MR * NR];
 #pragma GCC unroll 16
     for (int i = 0; i < MR; ++i)
 #pragma GCC unroll 4
         for (int j = 0; j < NV; ++j) vstore(tile + i * NR + j * VL, acc[i][j]);
-    store_partial(tile, out);
+    store_elements(tile, out);
+#endif
 }
 
 void multiply(int64_t kc, const float* Ap, const float* Bp, const TileOut& out) {
