@@ -91,6 +91,19 @@ void check_case(const Case& c, uint32_t seed = 1) {
         }
 }
 
+// C = op(A)·B (A M×K, B K×N, or N×K when trans_b) at every fused kernel's level: the same bits
+// on each.
+void check_same_bits_on_fused_levels(int64_t M, int64_t N, int64_t K, const std::vector<float>& A,
+                                     const std::vector<float>& B, bool trans_b) {
+    const auto C = kiln::test::under_levels(kiln::test::fused_gemm_levels(), [&] {
+        std::vector<float> c(size_t(M * N));
+        gemm(false, trans_b, M, N, K, 1.0f, A.data(), K, B.data(), trans_b ? K : N, 0.0f, c.data(), N);
+        return c;
+    });
+    for (size_t i = 1; i < C.size(); ++i)
+        CHECK(std::memcmp(C[i].data(), C[0].data(), C[0].size() * sizeof(float)) == 0);
+}
+
 }  // namespace
 
 TEST_CASE("gemm matches the reference for odd shapes, all transposes", "[gemm][cpu][lesson03]") {
@@ -265,13 +278,7 @@ TEST_CASE("every micro-kernel this CPU runs matches the reference; the fused one
     const auto A = random_vector(size_t(M * K), 5), B = random_vector(size_t(K * N), 6);
     for (bool tb : {false, true}) {  // tb: B packed by each kernel's own transposing copy
         INFO("trans_b " << tb);
-        const auto C = test::under_levels(test::fused_gemm_levels(), [&] {
-            std::vector<float> c(size_t(M * N));
-            gemm(false, tb, M, N, K, 1.0f, A.data(), K, B.data(), tb ? K : N, 0.0f, c.data(), N);
-            return c;
-        });
-        for (size_t i = 1; i < C.size(); ++i)
-            CHECK(std::memcmp(C[i].data(), C[0].data(), C[0].size() * sizeof(float)) == 0);
+        check_same_bits_on_fused_levels(M, N, K, A, B, tb);
     }
 }
 
@@ -296,14 +303,7 @@ TEST_CASE("a product at most 32 columns wide, or its last columns, take a narrow
         for (bool ta : {false, true})
             for (bool tb : {false, true}) check_case({ta, tb, M, N, K, 0.75f, 0.5f});
         INFO("N = " << N);
-        const auto B = random_vector(size_t(K * N), 8);
-        const auto C = test::under_levels(test::fused_gemm_levels(), [&] {
-            std::vector<float> c(size_t(M * N));
-            gemm(false, false, M, N, K, 1.0f, A.data(), K, B.data(), N, 0.0f, c.data(), N);
-            return c;
-        });
-        for (size_t i = 1; i < C.size(); ++i)
-            CHECK(std::memcmp(C[i].data(), C[0].data(), C[0].size() * sizeof(float)) == 0);
+        check_same_bits_on_fused_levels(M, N, K, A, random_vector(size_t(K * N), 8), false);
     }
 }
 

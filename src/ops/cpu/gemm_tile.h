@@ -3,8 +3,9 @@
 //
 // A binary built on one machine runs on others: a learner's laptop with AVX2 only, a server
 // with AVX-512. So the micro-kernel — where nearly all of a GEMM's time goes — is compiled
-// three times, each in a file of its own that tells the compiler its instruction set
-// (`#pragma GCC target`) and includes the one body, gemm_tile_body.h:
+// once per instruction set (AVX-512's in three widths), each in a file of its own that tells
+// the compiler its instruction set (`#pragma GCC target`) and includes the one body,
+// gemm_tile_body.h:
 //   gemm_tile_avx512.cpp   AVX-512 F      6×64 tile: 24 zmm accumulators   "avx512"
 //     _narrow32.cpp, _narrow16.cpp        6×32 and 6×16 tiles, for narrow products   "avx512-32", "avx512-16"
 //   gemm_tile_avx2.cpp     AVX2 + FMA     6×16 tile: 12 ymm accumulators   "avx2-fma"

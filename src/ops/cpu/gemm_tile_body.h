@@ -109,7 +109,7 @@ static_assert(NR % 8 == 0, "pack_b_panels (gemm.cpp) packs a transposed f16 or b
 // kernel, through a buffer, this store took a fifth of a CIFAR net's training step.) A partial
 // tile (the last rows or columns of C) stores its first out.rows rows, and in each the lanes of
 // its first out.cols columns, masked (vstore_first); element by element through a buffer, as it
-// was, it took longer than the tile's product when k is short: 48×48×48 ran at a quarter of
+// was, it took longer than the tile's product when k is short: 48×48×48 ran at a third of
 // 64×64×64's rate, every one of its tiles 48 columns wide (one Zen 5 core).
 // The portable kernel stores every tile through a buffer, element by element, with the same
 // arithmetic: whether the compiler fuses its vectors' a·b + c there is the compiler's choice
@@ -196,7 +196,7 @@ template <typename Layout>
     const int64_t ldc = out.ldc;
     const float beta = out.beta;
     const vec va = vbroadcast(out.alpha);
-    if (out.rows == MR && out.cols == NR) {
+    if (out.rows == MR && out.cols == NR) {  // the common case: plain loads and stores, no masks
 #pragma GCC unroll 16
         for (int i = 0; i < MR; ++i)
 #pragma GCC unroll 4
