@@ -282,24 +282,27 @@ TEST_CASE("every micro-kernel this CPU runs matches the reference; the fused one
     }
 }
 
-TEST_CASE("a product at most 32 columns wide, or its last columns, take a narrower AVX-512 kernel", "[gemm][cpu][lesson03]") {
+TEST_CASE("a product at most 48 columns wide, or its last columns, take a narrower AVX-512 kernel", "[gemm][cpu][lesson03]") {
     using namespace kiln;
-    // At avx512: N <= 16 the 6×16 tile, N <= 32 the 6×32 one; below avx512 the level's own kernel.
+    // At avx512: N <= 16 the 6×16 tile, N <= 32 the 6×32 one, N <= 48 the 6×48 one; below avx512
+    // the level's own kernel.
     for (CpuLevel level : test::runnable_levels())
-        for (int64_t N : {1, 9, 16, 17, 32, 33, 48, 64, 80, 300}) {
+        for (int64_t N : {1, 9, 16, 17, 32, 33, 48, 49, 64, 80, 300}) {
             INFO("level " << cpu_level_name(level) << ", N = " << N);
             const bool avx512 = level >= CpuLevel::Avx512;
-            const std::string want = avx512 && N <= 16 ? "avx512-16" : avx512 && N <= 32 ? "avx512-32"
-                                                                                           : cpu::micro_kernel(level).name;
+            const std::string want = !avx512 || N > 48 ? cpu::micro_kernel(level).name
+                                     : N <= 16         ? "avx512-16"
+                                     : N <= 32         ? "avx512-32"
+                                                       : "avx512-48";
             CHECK(std::string(cpu::micro_kernel(level, N).name) == want);
         }
-    // The narrow products themselves, and wide ones whose last 13, 16 or 32 columns take a narrow
+    // The narrow products themselves, and wide ones whose last 13, 16, 32 or 40 columns take a narrow
     // kernel (gemm.cpp, product), partial tiles and several KC-blocks, against the reference; and
     // their bits on every fused kernel's level (the narrow kernels at avx512, the AVX2 one's 6×16
     // tiles at avx2).
     const int64_t M = 13, K = 301;
     const auto A = random_vector(size_t(M * K), 7);
-    for (int64_t N : {9, 16, 17, 32, 77, 80, 96}) {
+    for (int64_t N : {9, 16, 17, 32, 40, 48, 77, 80, 96, 104}) {
         for (bool ta : {false, true})
             for (bool tb : {false, true}) check_case({ta, tb, M, N, K, 0.75f, 0.5f});
         INFO("N = " << N);

@@ -26,8 +26,8 @@
 // best level, capped by KILN_CPU), which gemm() reads once per call:
 //  - the micro-kernel, where the time goes: f32 FMA for every T, in AVX-512, AVX2 + FMA or the
 //    compiler's vectors (gemm_tile.h), whatever -march the library was compiled with; a product
-//    at most 32 columns wide, and the last N mod 64 ≤ 32 columns of a wider one, take the AVX2
-//    kernel's 16-column tile on an AVX-512 CPU (the same bits: micro_kernel(level, N));
+//    at most 48 columns wide, and the last N mod 64 ≤ 48 columns of a wider one, take an AVX-512
+//    kernel 16, 32 or 48 columns wide (the same bits: micro_kernel(level, N));
 //  - how f16/bf16 become f32 and back: the packing of A and B panels and the store of C
 //    convert runs of elements with convert_simd.h's kernels:
 //   portable    dtype.h's integer conversion, one element at a time     gemm_path: "portable"
@@ -117,7 +117,7 @@ void gemm(const PackedA& A, bool trans_b, int64_t N, float alpha, const T* B, in
 
 // The name of the path gemm<T> takes at `level` (a level this CPU supports), as above; for
 // float, the micro-kernel's instruction set ("avx512", "avx2-fma" or "vectors"; a product at
-// most 32 columns wide may take a narrower one, micro_kernel(level, N)); for f16 and bf16, the
+// most 48 columns wide may take a narrower one, micro_kernel(level, N)); for f16 and bf16, the
 // conversions' (the micro-kernel is the float one of the same level).
 template <typename T>
 const char* gemm_path(CpuLevel level);

@@ -3,11 +3,12 @@
 //
 // A binary built on one machine runs on others: a learner's laptop with AVX2 only, a server
 // with AVX-512. So the micro-kernel — where nearly all of a GEMM's time goes — is compiled
-// once per instruction set (AVX-512's in three widths), each in a file of its own that tells
+// once per instruction set (AVX-512's in four widths), each in a file of its own that tells
 // the compiler its instruction set (`#pragma GCC target`) and includes the one body,
 // gemm_tile_body.h:
 //   gemm_tile_avx512.cpp   AVX-512 F      6×64 tile: 24 zmm accumulators   "avx512"
-//     _narrow32.cpp, _narrow16.cpp        6×32 and 6×16 tiles, for narrow products   "avx512-32", "avx512-16"
+//     _narrow48.cpp, _narrow32.cpp, _narrow16.cpp   6×48, 6×32 and 6×16 tiles, for narrow
+//                                         products   "avx512-48", "avx512-32", "avx512-16"
 //   gemm_tile_avx2.cpp     AVX2 + FMA     6×16 tile: 12 ymm accumulators   "avx2-fma"
 //   gemm_tile_portable.cpp the compiler's 4-float vectors for the -march it was given   "vectors"
 //   gemm_tile_avx512bf16.cpp  AVX512-BF16, bf16 operands only: 6×64, vdpbf16ps        "avx512-bf16"
@@ -69,9 +70,10 @@ const MicroKernel& micro_kernel(CpuLevel level);
 // is: a 1×1 convolution on MobileNetV2's 4×4 planes (N = 16) used 16 of the AVX-512 tile's 64
 // columns, 24 FMAs on 16 floats each for 6×16 useful multiply-adds a step, where a 6×16 tile does
 // them in 6. So at avx512 a product at most 16 columns wide takes "avx512-16", at most 32
-// "avx512-32". (They replaced the AVX2 kernel's 6×16 tile here, which needed 12 FMAs on 8 floats:
-// as fast on a Zen 4, whose 512-bit FMA is two 256-bit halves, but not where an FMA is 512 bits
-// wide, as on a Zen 5.) gemm() asks the same of a wide product's last N mod NR columns (gemm.cpp,
+// "avx512-32", at most 48 "avx512-48" (48³ on one Zen 5 core: 124 GFLOP/s on the 6×64 tile with
+// a quarter of its columns masked, 203 on the 6×48 one). The two narrowest replaced the AVX2
+// kernel's 6×16 tile here, which needed 12 FMAs on 8 floats: as fast on a Zen 4, whose 512-bit
+// FMA is two 256-bit halves, but not where an FMA is 512 bits wide, as on a Zen 5. gemm() asks the same of a wide product's last N mod NR columns (gemm.cpp,
 // product). The fused kernels give the same bits, so the choice changes the speed only.
 const MicroKernel& micro_kernel(CpuLevel level, int64_t N);
 

@@ -3,8 +3,9 @@
 // including it, KILN_TILE_ISA (512, 256 or 0: the vector type) and KILN_TILE_KERNEL (the name
 // of the MicroKernel to define), after a `#pragma GCC target` for its instruction set.
 // gemm_tile_avx512bf16.cpp also defines KILN_TILE_BF16_PAIRS: its panels hold pairs of bf16 and
-// each step of the k loop is a vdpbf16ps instead of an FMA (see vstep). gemm_tile_avx512_narrow16.cpp
-// and _narrow32.cpp define KILN_TILE_NV (1 or 2: vectors per tile row, 16 or 32 columns) and
+// each step of the k loop is a vdpbf16ps instead of an FMA (see vstep). gemm_tile_avx512_narrow16.cpp,
+// _narrow32.cpp and _narrow48.cpp define KILN_TILE_NV (1, 2 or 3: vectors per tile row, 16, 32
+// or 48 columns) and
 // KILN_TILE_NAME for AVX-512 kernels narrower than the 6×64 one.
 #include "ops/cpu/gemm_tile.h"
 

@@ -17,7 +17,7 @@ namespace kiln::cpu {
 
 #if defined(__x86_64__)
 extern const MicroKernel kTileAvx512, kTileAvx2;  // gemm_tile_avx512.cpp, gemm_tile_avx2.cpp
-extern const MicroKernel kTileAvx512x16, kTileAvx512x32;  // gemm_tile_avx512_narrow16.cpp, _narrow32.cpp
+extern const MicroKernel kTileAvx512x16, kTileAvx512x32, kTileAvx512x48;  // gemm_tile_avx512_narrow16.cpp, ...
 extern const MicroKernel kTileAvx512Bf16;         // gemm_tile_avx512bf16.cpp
 extern const AmxKernel kAmxTiles;                 // gemm_tile_amx.cpp
 #endif
@@ -34,7 +34,7 @@ const MicroKernel& micro_kernel([[maybe_unused]] CpuLevel level) {
 const MicroKernel& micro_kernel(CpuLevel level, [[maybe_unused]] int64_t N) {
 #if defined(__x86_64__)
     if (level >= CpuLevel::Avx512)
-        for (const MicroKernel* narrow : {&kTileAvx512x16, &kTileAvx512x32})
+        for (const MicroKernel* narrow : {&kTileAvx512x16, &kTileAvx512x32, &kTileAvx512x48})
             if (N <= narrow->cols) return *narrow;
 #endif
     return micro_kernel(level);
