@@ -244,6 +244,47 @@ TEST_CASE("bf16 gemm on the vdpbf16ps kernel stays within the f32 sums' bound of
     });
 }
 
+TEST_CASE("bf16 pairs: every layout of A and B, with even or odd leading dimensions, gives the same bits",
+          "[cpu][lowp][lesson09][gemm]") {
+    // The pairs' panels hold the same words however A and B lie (gemm.cpp, "bf16 pairs"), packed
+    // by different copies: A's rows as 32-bit words (even lda) or pair by pair (odd lda, or Aᵀ);
+    // B's rows interleaved 16 columns a vector, Bᵀ's columns as words (even ldb) or through rows
+    // an even number of elements apart (odd ldb, odd K). So the products agree bit for bit.
+    // M = 20: three full panels and a partial one; N = 70: a partial panel, not a multiple of 16;
+    // K = 301 (a zero in the last pair) and 600 (three KC-blocks).
+    if (!cpu::bf16_pair_kernel(detected_cpu_level())) {
+        WARN("this CPU has no AVX512-BF16 kernel that runs faster than its f32 one: the bf16-pair path is not checked");
+        return;
+    }
+    const int64_t M = 20, N = 70;
+    for (int64_t K : {301, 600}) {
+        const auto a = random_lowp<bf16>(size_t(M * K), 11), b = random_lowp<bf16>(size_t(K * N), 12);
+        // op(X) (rows × cols, row-major in x) stored transposed or not, ld = its row length + pad.
+        const auto store = [](const std::vector<bf16>& x, int64_t rows, int64_t cols, bool trans, int64_t pad) {
+            const int64_t ld = (trans ? rows : cols) + pad;
+            std::vector<bf16> out(size_t((trans ? cols : rows) * ld));
+            for (int64_t i = 0; i < rows; ++i)
+                for (int64_t j = 0; j < cols; ++j) out[size_t(trans ? j * ld + i : i * ld + j)] = x[size_t(i * cols + j)];
+            return std::make_pair(out, ld);
+        };
+        std::vector<bf16> first;
+        for (bool ta : {false, true})
+            for (bool tb : {false, true})
+                for (int64_t pad : {0, 1}) {
+                    INFO("K " << K << " ta " << ta << " tb " << tb << " pad " << pad);
+                    const auto [A, lda] = store(a, M, K, ta, pad);
+                    const auto [B, ldb] = store(b, K, N, tb, pad);
+                    std::vector<bf16> C(size_t(M * N));
+                    const CpuLevel before = set_cpu_level_cap(CpuLevel::Avx512);
+                    CHECK(std::string(cpu::gemm_path<bf16>(CpuLevel::Avx512)) == "avx512-bf16");
+                    cpu::gemm<bf16>(ta, tb, M, N, K, 1.0f, A.data(), lda, B.data(), ldb, 0.0f, C.data(), N);
+                    set_cpu_level_cap(before);
+                    if (first.empty()) first = C;
+                    CHECK(std::memcmp(C.data(), first.data(), C.size() * sizeof(bf16)) == 0);
+                }
+    }
+}
+
 TEST_CASE("bf16 gemm on AMX tiles, emulated and (where the CPU has them) real, stays within the bound of the FMA path",
           "[cpu][lowp][lesson09][gemm][amx]") {
     {

@@ -57,6 +57,7 @@ struct MicroKernel {
                               const TileOut& out);
     // One micro-panel of a transposed B: Bp[k*cols + j] = B[j*ldb + k] for j < n <= cols, k < kc
     // (columns n .. cols-1 untouched). With the kernel because it is written in the same vectors.
+    // Both packers copy bits, and pack bf16 pairs as 32-bit words too (gemm.cpp, "bf16 pairs").
     void (*pack_b_transposed)(int64_t kc, const float* B, int64_t ldb, int64_t n, float* Bp);
     // One full micro-panel of a row-major A: Ap[k*MR + i] = A[i*lda + k] for i < MR, k < kc.
     void (*pack_a_rows)(int64_t kc, const float* A, int64_t lda, float* Ap);

@@ -307,7 +307,8 @@ void pack_b_transposed(int64_t kc, const float* B, int64_t ldb, int64_t n, float
 // transpose, MR = 6 rows at a time. The vector kernels load 8 floats of each of the 6 rows (two
 // zero rows make it 8×8), transpose, and store element t of the rows, 6 floats, at Ap + (k+t)·6:
 // as 8-float stores in order of t, each overwriting the 2 extra floats of the one before, the last
-// as 4 + 2. (Element by element, packing A took 8% of a 1024³ product on one Zen 4 core.)
+// as 4 + 2. (Element by element, packing A took 8% of a 1024³ product on one Zen 4 core.) As
+// pack_b_transposed, A may be bf16 pairs seen as 32-bit words: a pure copy of bits.
 void pack_a_rows(int64_t kc, const float* A, int64_t lda, float* Ap) {
     int64_t k = 0;
 #if KILN_TILE_ISA != 0
@@ -326,7 +327,7 @@ void pack_a_rows(int64_t kc, const float* A, int64_t lda, float* Ap) {
     }
 #endif
     for (; k < kc; ++k)
-        for (int i = 0; i < MR; ++i) Ap[k * MR + i] = A[i * lda + k];
+        for (int i = 0; i < MR; ++i) copy_word(A + i * lda + k, Ap + k * MR + i);
 }
 
 }  // namespace
