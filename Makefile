@@ -49,24 +49,26 @@ else
   CXXFLAGS += -O2 -march=native
 endif
 
+# Machine code (SASS) for sm_80 and sm_90, and sm_90's PTX, which the driver of a newer GPU compiles.
+NV_PTX  := -gencode arch=compute_90,code=compute_90
 NVFLAGS := -std=c++17 -O2 -Isrc -Icuda -DKILN_CUDA=1 --Werror all-warnings \
            -Xcompiler -Wall,-Wextra,-Werror,-fopenmp \
-           -gencode arch=compute_80,code=sm_80 -gencode arch=compute_90,code=sm_90 \
-           -gencode arch=compute_90,code=compute_90
+           -gencode arch=compute_80,code=sm_80 -gencode arch=compute_90,code=sm_90 $(NV_PTX)
 
 # make gpu-check-prepare (scripts/gpu-check-prepare.sh) builds with CUDA=1 GPUCHECK=1 the binaries
 # that travel to a GPU machine which is not this one and has no compiler step to run. They go to
 # their own folder, build-gpucheck/, so that build-cuda/ keeps this CPU's -march=native: their
 # host code is for any x86-64 with AVX2 (-march=x86-64-v3), their kernels carry -lineinfo (so
 # compute-sanitizer names the source line) and are compressed for size (5x smaller than nvcc's
-# default: each binary holds all of libkiln's kernels, and a device call carries 64 MiB), and
-# what that machine may lack is linked statically:
+# default: each binary holds all of libkiln's kernels, and a device call carries 64 MiB), as SASS
+# only (the GPU is an H200, sm_90: no PTX to carry for a newer one), and what that machine may
+# lack is linked statically:
 # the C++ and gcc runtimes, OpenMP's libgomp (--as-needed drops the shared one -fopenmp adds),
 # zlib where libz.a is installed, and the CUDA runtime. cuBLAS and cuDNN (the lab) stay shared.
 ifeq ($(GPUCHECK),1)
   BUILD    := build-gpucheck
   CXXFLAGS := $(filter-out -march=native,$(CXXFLAGS)) -march=x86-64-v3
-  NVFLAGS  += -lineinfo --compress-mode=size
+  NVFLAGS  := $(subst $(NV_PTX),,$(NVFLAGS)) -lineinfo --compress-mode=size
   LIBZ_A   := $(shell $(CXX) -print-file-name=libz.a)
   LDLIBS   := $(filter-out -lz -fopenmp -lcudart,$(LDLIBS)) -Wl,--as-needed \
               $(shell $(CXX) -print-file-name=libgomp.a) $(if $(filter /%,$(LIBZ_A)),$(LIBZ_A),-lz) \
@@ -277,7 +279,9 @@ accuracy: $(LESSON_BINS)
 # into build-gpucheck/ (GPUCHECK above), gathered with MNIST and the scripts into gpu-check/,
 # under the 64 MiB a device call carries. gpu-check, there: runs them (tests, compute-sanitizer,
 # the lab against cuBLAS/cuDNN, lesson 05 beside PyTorch), no make and no compiler.
-GPU_CHECK_BINS := tests/kiln_tests bin/lesson-04 bin/lesson-05 $(LAB_SRCS:cuda/lab/%.cu=lab/%)
+# (Lesson 04's trainer is not among them: the check runs no step with it, and at 8 MiB it took the
+# folder past 64.)
+GPU_CHECK_BINS := tests/kiln_tests bin/lesson-05 $(LAB_SRCS:cuda/lab/%.cu=lab/%)
 gpu-check-prepare:
 	@bash data/fetch.sh mnist
 	@$(MAKE) --no-print-directory CUDA=1 GPUCHECK=1 $(addprefix build-gpucheck/,$(GPU_CHECK_BINS))
