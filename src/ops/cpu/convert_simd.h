@@ -33,7 +33,7 @@ namespace kiln::cpu {
 template <typename From, typename To>
 struct ConvertKernel {
     void (*run)(const From* x, To* y, int64_t n);
-    const char* name;  // "portable", "avx2-f16c" (the f16 kernels), "avx2" (the bf16 ones)
+    const char* name;  // "portable", "avx2-f16c" (the f16 kernels), "avx2" (the bf16 ones), "avx512"
 };
 
 // Defined for the four pairs (f16, float), (float, f16), (bf16, float), (float, bf16).

@@ -32,6 +32,7 @@
 //    convert runs of elements with convert_simd.h's kernels:
 //   portable    dtype.h's integer conversion, one element at a time     gemm_path: "portable"
 //   avx2        F16C for f16, AVX2 shifts for bf16, 8 at a time         "avx2-f16c" / "avx2"
+//   avx512      the same in AVX-512's 16 lanes                         "avx512"
 //  - for bf16 at the avx512 level on a CPU with AVX512-BF16: vdpbf16ps instead of both, when it
 //    measures faster here (bf16_pair_kernel in gemm_tile.h)                       "avx512-bf16"
 //    The packers copy bf16 pairs without widening them, and the kernel multiplies them as they
