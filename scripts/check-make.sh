@@ -7,8 +7,8 @@
 #                             it compiles or links anything
 #   make gpu-check-prepare    builds into build-gpucheck/ the kernels with -lineinfo for sm_80 and
 #                             sm_90, the host code for -march=x86-64-v3 (never native), the tests,
-#                             lessons 04 and 05 and the lab linked with the static CUDA and C++
-#                             runtimes, then gathers them (scripts/gpu-check-prepare.sh)
+#                             lesson 05 and the lab linked with the static CUDA and C++ runtimes,
+#                             then gathers them (scripts/gpu-check-prepare.sh)
 # Prints one line per check and fails if any check fails. .ci/run runs it.
 set -u
 cd "$(dirname "$0")/.." || exit 1
@@ -37,14 +37,14 @@ fi
 
 out=$(make -n -B gpu-check-prepare 2>&1)
 nvcc_lines=$(grep -E '(^| |/)nvcc ' <<<"$out")
-link_lines=$(grep -E -- '-o build-gpucheck/(tests/kiln_tests|bin/lesson-0[45]|lab/gemm)( |$)' <<<"$out")
+link_lines=$(grep -E -- '-o build-gpucheck/(tests/kiln_tests|bin/lesson-05|lab/gemm)( |$)' <<<"$out")
 if ! grep -q -- '-lineinfo' <<<"$nvcc_lines" || grep -v -- '-lineinfo' <<<"$nvcc_lines" | grep -q . ||
    ! grep -q 'code=sm_80' <<<"$nvcc_lines" || ! grep -q 'code=sm_90' <<<"$nvcc_lines"; then
     fail "make -n gpu-check-prepare does not compile every kernel with nvcc -lineinfo for sm_80 and sm_90"
 elif grep -q -- '-march=native' <<<"$out" || ! grep -q -- '-march=x86-64-v3' <<<"$out"; then
     fail "make -n gpu-check-prepare compiles host code for -march=native, not -march=x86-64-v3"
-elif [[ $(grep -c -- '-lcudart_static.*-static-libstdc++' <<<"$link_lines") -ne 4 ]]; then
-    fail "make -n gpu-check-prepare does not link kiln_tests, lessons 04-05 and the lab statically; its links:"
+elif [[ $(grep -c -- '-lcudart_static.*-static-libstdc++' <<<"$link_lines") -ne 3 ]]; then
+    fail "make -n gpu-check-prepare does not link kiln_tests, lesson 05 and the lab statically; its links:"
     sed 's/^/    /' <<<"$link_lines"
 elif ! tail -n 1 <<<"$out" | grep -q '^bash scripts/gpu-check-prepare.sh build-gpucheck '; then
     fail "make -n gpu-check-prepare does not end by gathering build-gpucheck/ (scripts/gpu-check-prepare.sh)"
