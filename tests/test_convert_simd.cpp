@@ -126,11 +126,43 @@ TEST_CASE("vector conversions handle every run length and leave what follows alo
     }
 }
 
-TEST_CASE("convert_kernel refuses a level above the CPU's", "[cpu][lowp][lesson09]") {
+TEST_CASE("bf16 pairs interleaved: every slot's bits on every level and run length, nothing after the run",
+          "[cpu][lowp][lesson09]") {
+    // slots[j] = x0[j] | x1[j] << 16 (x1 null: high halves 0). Runs of 0..64 slots from every
+    // offset 0..15 (the AVX-512 kernel goes 16 at a time, the rest one by one); the bit patterns
+    // include NaNs and subnormals, which a copy of bits must not touch.
+    std::vector<bf16> x0(80), x1(80);
+    for (size_t i = 0; i < x0.size(); ++i) {
+        x0[i].bits = uint16_t(0x7f81 + 977 * i);  // a signalling NaN first, then every exponent
+        x1[i].bits = uint16_t(0x0001 + 1231 * i);
+    }
+    for (CpuLevel level : runnable_levels()) {
+        const auto interleave = cpu::interleave_kernel(level);
+        for (bool second : {true, false})
+            for (int64_t offset = 0; offset < 16; ++offset)
+                for (int64_t n = 0; offset + n <= 80; ++n) {
+                    std::vector<uint32_t> slots(80, 0xdeadbeefu);
+                    interleave.run(x0.data() + offset, second ? x1.data() + offset : nullptr, n,
+                                   reinterpret_cast<float*>(slots.data()) + offset);
+                    for (int64_t i = 0; i < 80; ++i) {
+                        const bool inside = i >= offset && i < offset + n;
+                        const uint32_t pair = x0[size_t(i)].bits | (second ? uint32_t(x1[size_t(i)].bits) << 16 : 0u);
+                        INFO(interleave.name << " x1 " << (second ? "given" : "null") << " offset " << offset
+                                             << " n " << n << " i " << i);
+                        REQUIRE(slots[size_t(i)] == (inside ? pair : 0xdeadbeefu));
+                    }
+                }
+    }
+}
+
+TEST_CASE("convert_kernel and interleave_kernel refuse a level above the CPU's", "[cpu][lowp][lesson09]") {
     if (detected_cpu_level() == CpuLevel::Amx) return;  // nothing is above
     const CpuLevel above = CpuLevel(uint8_t(detected_cpu_level()) + 1);
     CHECK_THROWS_WITH((cpu::convert_kernel<f16, float>(above)),
-                      Catch::Contains("above what this CPU supports") && Catch::Contains("cpu_level()"));
+                      Catch::Contains("convert_kernel") && Catch::Contains("above what this CPU supports") &&
+                          Catch::Contains("cpu_level()"));
+    CHECK_THROWS_WITH(cpu::interleave_kernel(above),
+                      Catch::Contains("interleave_kernel") && Catch::Contains("above what this CPU supports"));
 }
 
 namespace {

@@ -17,9 +17,11 @@
 // NaNs and millions of random ones), so which one ran never changes a result.
 //
 // convert_kernel<From, To>(level) returns the best kernel at or below `level` (a level this
-// CPU supports: cpu_level() or below). AVX-512 kernels (16 lanes: vcvtph2ps zmm, and
-// vcvtneps2bf16 with AVX512-BF16) would slot in as a `case CpuLevel::Avx512` in
-// convert_simd.cpp; until then levels above avx2 take the avx2 kernels.
+// CPU supports: cpu_level() or below): at avx512 and amx the same formulas 16 lanes a step.
+//
+// One more copy of 16-bit words lives here, beside the bf16 → f32 widening it is made of: the
+// bf16 pairs of the AVX512-BF16 GEMM (gemm.cpp), two rows of bf16 interleaved into one row of
+// 32-bit slots (interleave_kernel).
 #pragma once
 #include <cstdint>
 #include <type_traits>
@@ -45,6 +47,16 @@ template <typename From, typename To>
 constexpr bool has_convert_kernel =
     (std::is_same_v<From, float> && (std::is_same_v<To, f16> || std::is_same_v<To, bf16>)) ||
     (std::is_same_v<To, float> && (std::is_same_v<From, f16> || std::is_same_v<From, bf16>));
+
+// Two rows of bf16 as one row of pairs, on the calling thread:
+//   slots[j] = x0[j].bits | x1[j].bits << 16   for j < n   (x1 null: the high halves 0)
+// written as 32-bit words through a float*, the type of the GEMM's panels. The vdpbf16ps kernel
+// multiplies such pairs; gemm.cpp packs B's rows (and a transposed A's) with this kernel.
+struct InterleaveKernel {
+    void (*run)(const bf16* x0, const bf16* x1, int64_t n, float* slots);
+    const char* name;  // "portable" or "avx512"
+};
+InterleaveKernel interleave_kernel(CpuLevel level);
 
 // Running f32 code over f16/bf16 data: g++ leaves a loop that converts element by element scalar
 // (GELU in bf16 ran 7 times slower than in f32 so), so a kernel widens its inputs into floats,

@@ -92,10 +92,6 @@
 #include <memory>
 #include <type_traits>
 
-#if defined(__x86_64__)
-#include <immintrin.h>
-#endif
-
 #include "core/error.h"
 #include "core/parallel.h"
 #include "ops/cpu/convert_simd.h"
@@ -354,42 +350,14 @@ struct Problem {
 // panel of kc values of k takes (kc+1)/2 slots, a zero in the high half of the last when kc is
 // odd. A row of MR (or NR) slots is as wide in bytes as one f32 row, so the buffers, the five
 // loops and the kernel's interface are those of f32, with (kc+1)/2 for kc. Nothing is widened:
-// the packers copy bits.
+// the packers copy bits, two rows into one (B's rows, a transposed A's) by convert_simd.h's
+// interleave_kernel, 16 slots a vector with AVX-512.
 //   Ap[kp·MR + i] = op(A)[i0+i, k0+2kp] | op(A)[i0+i, k0+2kp+1] << 16
 //   Bp[q·kps·NR + kp·NR + j] = the same for op(B)[k0+2kp .., j0 + q·NR + j]
 int64_t pair_depth(int64_t kc) { return (kc + 1) / 2; }
 
-// The slot of the pair (x[0], x[1] if `both`, else 0) and of (x[0], y[0]).
+// The slot of the pair (x[0], x[1] if `both`, else 0).
 inline uint32_t pair_at(const bf16* x, bool both) { return x[0].bits | (both ? uint32_t(x[1].bits) << 16 : 0u); }
-inline uint32_t pair_of(const bf16* x, const bf16* y) { return x->bits | (y ? uint32_t(y->bits) << 16 : 0u); }
-
-// Slots [0, n) of a panel row: pairs of two rows of X, x0[j] and x1[j] (x1 null: zeros).
-// Only the AVX512-BF16 kernel reads pairs, so the CPU has AVX-512: 16 slots a vector, x0's bf16
-// zero-extended to 32 bits, x1's shifted into the high halves. (A slot at a time, this copy took
-// 4% of a bf16 training step of the CIFAR net on a Zen 5.) The zero-masked forms of the
-// intrinsics, every lane kept: the plain ones start from an undefined vector, which GCC 12
-// reports as "may be used uninitialized".
-#if defined(__x86_64__)
-#define KILN_TARGET_AVX512 __attribute__((target("avx512f,avx512bw")))
-KILN_TARGET_AVX512 inline __m512i widen_16(const bf16* x) {
-    return _mm512_maskz_cvtepu16_epi32(0xffff, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x)));
-}
-#else
-#define KILN_TARGET_AVX512
-#endif
-KILN_TARGET_AVX512 void interleave_rows(const bf16* x0, const bf16* x1, int64_t n, float* slots) {
-    int64_t j = 0;
-#if defined(__x86_64__)
-    for (; j + 16 <= n; j += 16) {
-        const __m512i high = x1 ? _mm512_maskz_slli_epi32(0xffff, widen_16(x1 + j), 16) : _mm512_setzero_si512();
-        _mm512_storeu_si512(slots + j, _mm512_or_si512(widen_16(x0 + j), high));
-    }
-#endif
-    for (; j < n; ++j) {
-        const uint32_t v = pair_of(x0 + j, x1 ? x1 + j : nullptr);
-        std::memcpy(slots + j, &v, sizeof v);
-    }
-}
 
 // One MR-row panel of op(A)[i0.., k0..k0+kc), rows past mr zero. op(A)[i, k] = A[i·lda + k], a
 // row's pairs side by side in memory, unless trans_a (A[k·lda + i]: two rows of A interleaved).
@@ -400,6 +368,7 @@ void pack_a_pairs(bool trans_a, const bf16* A, int64_t lda, int64_t i0, int64_t 
     if (!trans_a && mr == MR && lda % 2 == 0 && kc % 2 == 0)
         return mk.pack_a_rows(pair_depth(kc), reinterpret_cast<const float*>(A + i0 * lda + k0), lda / 2, Ap);
     std::fill(Ap, Ap + pair_depth(kc) * MR, 0.0f);  // all-zero bits: the rows past mr, as bf16 zeros
+    const auto interleave_rows = interleave_kernel(cpu_level()).run;
     for (int64_t kp = 0; kp < pair_depth(kc); ++kp) {
         const int64_t k = k0 + 2 * kp;
         const bool both = 2 * kp + 1 < kc;
@@ -421,6 +390,7 @@ void pack_a_pairs(bool trans_a, const bf16* A, int64_t lda, int64_t i0, int64_t 
 void pack_b_pairs(bool trans_b, const bf16* B, int64_t ldb, int64_t k0, int64_t kc, int64_t j0, int64_t n,
                   const MicroKernel& mk, float* Bp) {
     const int64_t NR = mk.cols, kps = pair_depth(kc);
+    const auto interleave_rows = interleave_kernel(cpu_level()).run;
     for (int64_t q = 0; q * NR < n; ++q) {
         const int64_t cols = std::min(NR, n - q * NR), jq = j0 + q * NR;
         float* panel = Bp + q * kps * NR;
