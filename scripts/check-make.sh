@@ -3,6 +3,7 @@
 # that the Makefile's run targets do what the README says:
 #   make lesson-NN ARGS=...   runs build/bin/lesson-NN with those flags, for every chapter that
 #                             has a lessons/NN-*/train.cpp (under mpirun for chapter 12's ranks)
+#   make test T='a name*'     hands tests/run.sh the filter as one word (spaces and * kept)
 #   make bench                runs scripts/setup.sh --bench (which installs OpenBLAS) before
 #                             it compiles or links anything
 #   make gpu-check-prepare    builds into build-gpucheck/ the kernels with -lineinfo for sm_80 and
@@ -25,6 +26,14 @@ for train in lessons/[0-9][0-9]-*/train.cpp; do
         sed 's/^/    /' <<<"$out"
     fi
 done
+
+out=$(make -n test T='bf16 pairs*' 2>&1)
+if grep -q "tests/run.sh .* 'bf16 pairs\*'\$" <<<"$out"; then
+    echo "check-make: make test T='...' passes the filter as one word"
+else
+    fail "make -n test T='bf16 pairs*' does not pass 'bf16 pairs*' to tests/run.sh as one word; it prints:"
+    grep 'tests/run.sh' <<<"$out" | sed 's/^/    /'
+fi
 
 out=$(make -n -B bench 2>&1)   # -B: as if nothing were built yet
 setup=$(grep -n -m1 'scripts/setup.sh --bench' <<<"$out" | cut -d: -f1)

@@ -2,7 +2,9 @@
 # run.sh — runs the Catch2 test binary, then (if given) the MPI test binary as several ranks
 # under $MPIRUN, and ends with one line "N passed, N failed" (test cases, both binaries), after
 # Catch2's own summaries.   Usage: tests/run.sh BINARY [MPI_BINARY] [TAGS...]
-# MPI_BINARY is told from a tag by being a file; it runs only if one of its tests matches TAGS.
+# MPI_BINARY is told from a tag by being a file; each binary runs only if one of its tests
+# matches TAGS, and TAGS that match no test at all are an error (a typo must not pass as
+# "0 passed, 0 failed").
 set -o pipefail
 bin=$1; shift
 mpi_bin=
@@ -32,14 +34,25 @@ run_one() {
     return 0
 }
 
-run_one "$bin" "$@"
-if [[ -n $mpi_bin ]]; then
-    matching=$("$mpi_bin" --list-test-names-only "$@" 2>/dev/null)  # (not piped into grep -q: pipefail)
-    if [[ $# -eq 0 || $matching =~ [a-z] ]]; then
-        echo "=== the MPI tests: $mpirun_cmd $mpi_bin $*"
-        # shellcheck disable=SC2086  # the command's words
-        run_one $mpirun_cmd "$mpi_bin" "$@"
-    fi
+# Whether one of binary $1's tests matches the filters after it (all do when there are none).
+matches() {
+    local names
+    names=$("$@" --list-test-names-only 2>/dev/null)  # (not piped into grep -q: pipefail)
+    [[ $# -eq 1 || $names =~ [a-z] ]]
+}
+
+ran=0
+if matches "$bin" "$@"; then run_one "$bin" "$@"; ran=1; fi
+if [[ -n $mpi_bin ]] && matches "$mpi_bin" "$@"; then
+    echo "=== the MPI tests: $mpirun_cmd $mpi_bin $*"
+    # shellcheck disable=SC2086  # the command's words
+    run_one $mpirun_cmd "$mpi_bin" "$@"
+    ran=1
+fi
+if [[ $ran -eq 0 ]]; then
+    echo "run.sh: no test matches $*: check the spelling (a tag is in brackets, [lesson09]; a name"
+    echo "run.sh: may end in *); $bin --list-tests lists the names, --list-tags the tags"
+    failed=1; status=1
 fi
 echo "$passed passed, $failed failed"
-exit $status
+exit "$status"
