@@ -1,11 +1,15 @@
 #!/usr/bin/env bash
 # run.sh — runs the Catch2 test binary, then (if given) the MPI test binary as several ranks
 # under $MPIRUN, and ends with one line "N passed, N failed" (test cases, both binaries), after
-# Catch2's own summaries.   Usage: tests/run.sh BINARY [MPI_BINARY] [TAGS...]
+# Catch2's own summaries.   Usage: tests/run.sh [--selects] BINARY [MPI_BINARY] [TAGS...]
+# --selects runs nothing: it exits 0 when TAGS select a test in either binary, 1 otherwise
+# (scripts/check-test-commands.sh asks it so of every filter the lessons name).
 # MPI_BINARY is told from a tag by being a file; each binary runs only if one of its tests
 # matches TAGS, and TAGS that match no test at all are an error (a typo must not pass as
 # "0 passed, 0 failed").
 set -o pipefail
+selects_only=0
+if [[ ${1:-} == --selects ]]; then selects_only=1; shift; fi
 bin=$1; shift
 mpi_bin=
 if [[ $# -gt 0 && -f $1 ]]; then mpi_bin=$1; shift; fi
@@ -36,10 +40,16 @@ run_one() {
 
 # Whether one of binary $1's tests matches the filters after it (all do when there are none).
 matches() {
+    [[ $# -eq 1 ]] && return 0
     local names
     names=$("$@" --list-test-names-only 2>/dev/null)  # (not piped into grep -q: pipefail)
-    [[ $# -eq 1 || $names =~ [a-z] ]]
+    [[ $names =~ [a-z] ]]
 }
+
+if [[ $selects_only -eq 1 ]]; then
+    matches "$bin" "$@" || { [[ -n $mpi_bin ]] && matches "$mpi_bin" "$@"; }
+    exit
+fi
 
 ran=0
 if matches "$bin" "$@"; then run_one "$bin" "$@"; ran=1; fi

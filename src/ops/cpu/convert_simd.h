@@ -52,8 +52,9 @@ constexpr bool has_convert_kernel =
 //   slots[j] = x0[j].bits | x1[j].bits << 16   for j < n   (x1 null: the high halves 0)
 // written as 32-bit words through a float*, the type of the GEMM's panels. The vdpbf16ps kernel
 // multiplies such pairs; gemm.cpp packs B's rows (and a transposed A's) with this kernel.
+using Interleave = void (*)(const bf16* x0, const bf16* x1, int64_t n, float* slots);
 struct InterleaveKernel {
-    void (*run)(const bf16* x0, const bf16* x1, int64_t n, float* slots);
+    Interleave run;
     const char* name;  // "portable" or "avx512"
 };
 InterleaveKernel interleave_kernel(CpuLevel level);

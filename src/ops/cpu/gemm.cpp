@@ -340,7 +340,8 @@ struct Problem {
     const MicroKernel* kernel = nullptr;  // the CPU level's
     const PackedA* packed_a = nullptr;    // A already packed (then A is not read) ...
     int64_t row0 = 0;                     // ... and the row of it where this problem's rows start
-    bool pairs = false;                   // bf16 packed as pairs for the vdpbf16ps kernel
+    Interleave pairs = nullptr;           // bf16 packed as pairs for the vdpbf16ps kernel: the
+                                          // interleave of two rows (convert_simd.h), else null
     bool in_place = false;                // a small f32 product: operands read where they lie
 };
 
@@ -364,11 +365,10 @@ inline uint32_t pair_at(const bf16* x, bool both) { return x[0].bits | (both ? u
 // Side by side, with an even lda and an even kc, a full panel is the f32 transposing copy of
 // 32-bit words, lda/2 apart from one row to the next (as pack_b_pairs' transposed B).
 void pack_a_pairs(bool trans_a, const bf16* A, int64_t lda, int64_t i0, int64_t mr, int64_t k0, int64_t kc,
-                  const MicroKernel& mk, float* Ap) {
+                  const MicroKernel& mk, Interleave interleave_rows, float* Ap) {
     if (!trans_a && mr == MR && lda % 2 == 0 && kc % 2 == 0)
         return mk.pack_a_rows(pair_depth(kc), reinterpret_cast<const float*>(A + i0 * lda + k0), lda / 2, Ap);
     std::fill(Ap, Ap + pair_depth(kc) * MR, 0.0f);  // all-zero bits: the rows past mr, as bf16 zeros
-    const auto interleave_rows = interleave_kernel(cpu_level()).run;
     for (int64_t kp = 0; kp < pair_depth(kc); ++kp) {
         const int64_t k = k0 + 2 * kp;
         const bool both = 2 * kp + 1 < kc;
@@ -388,9 +388,8 @@ void pack_a_pairs(bool trans_a, const bf16* A, int64_t lda, int64_t i0, int64_t 
 // With trans_b, an even ldb and an even kc (gemm picks even KC-blocks for pairs), the pairs are
 // 32-bit words, ldb/2 apart from one column to the next: the f32 transposing copy packs them.
 void pack_b_pairs(bool trans_b, const bf16* B, int64_t ldb, int64_t k0, int64_t kc, int64_t j0, int64_t n,
-                  const MicroKernel& mk, float* Bp) {
+                  const MicroKernel& mk, Interleave interleave_rows, float* Bp) {
     const int64_t NR = mk.cols, kps = pair_depth(kc);
-    const auto interleave_rows = interleave_kernel(cpu_level()).run;
     for (int64_t q = 0; q * NR < n; ++q) {
         const int64_t cols = std::min(NR, n - q * NR), jq = j0 + q * NR;
         float* panel = Bp + q * kps * NR;
@@ -429,7 +428,7 @@ void pack_a_block(const Problem<T>& p, int64_t ic, int64_t mc, int64_t pc, int64
     if constexpr (std::is_same_v<T, bf16>) {
         if (p.pairs) {
             for (int64_t i0 = 0; i0 < mc; i0 += MR, Ap += pair_depth(kc) * MR)
-                pack_a_pairs(p.trans_a, p.A, p.lda, ic + i0, std::min<int64_t>(MR, mc - i0), pc, kc, *p.kernel, Ap);
+                pack_a_pairs(p.trans_a, p.A, p.lda, ic + i0, std::min<int64_t>(MR, mc - i0), pc, kc, *p.kernel, p.pairs, Ap);
             return;
         }
     }
@@ -505,7 +504,7 @@ void multiply_block(const Problem<T>& p, int64_t ic, int64_t mc, int64_t jc, int
         } else if (pack_b && j0 % KC_MAX == 0) {  // KC_MAX is a multiple of every NR
             const int64_t n = std::min(KC_MAX, nc - j0);
             if constexpr (std::is_same_v<T, bf16>)
-                if (p.pairs) pack_b_pairs(p.trans_b, p.B, p.ldb, pc, kc, jc + j0, n, mk, bp);
+                if (p.pairs) pack_b_pairs(p.trans_b, p.B, p.ldb, pc, kc, jc + j0, n, mk, p.pairs, bp);
             if (!p.pairs) pack_b_panels(p.trans_b, p.B, p.ldb, pc, kc, jc + j0, n, mk, p.widen, bp);
         }
         for (int64_t i0 = 0; i0 < mc; i0 += MR) {
@@ -652,7 +651,7 @@ void run(Problem<T> p, T* C, int64_t ldc) {
         const AmxKernel* amx = p.packed_a ? p.packed_a->amx_tile_kernel() : amx_kernel(level);
         if (amx) return run_amx(*amx, p, C, ldc, level);
         const MicroKernel* pairs = p.packed_a ? p.packed_a->pair_kernel() : bf16_pair_kernel(level);
-        if (pairs) p.kernel = pairs, p.pairs = true;
+        if (pairs) p.kernel = pairs, p.pairs = interleave_kernel(level).run;
     }
     if constexpr (std::is_same_v<T, float>) {
         p.C = C, p.ldc = ldc;
@@ -684,7 +683,8 @@ PackedA::PackedA(bool trans_a, int64_t M, int64_t K, const T* A, int64_t lda)
     : M_(M), K_(K), padded_rows_((M + MR - 1) / MR * MR), data_(nullptr), capacity_(0) {
     check_args("PackedA", trans_a, false, M, 0, K, A, lda, A, 0, nullptr, 0);
     KILN_CHECK(M * K == 0 || A != nullptr, "PackedA: A is null for a ", M, "×", K, " matrix");
-    if constexpr (std::is_same_v<T, bf16>) amx_ = amx_kernel(cpu_level());
+    const CpuLevel level = cpu_level();  // read once: one path for the whole packing
+    if constexpr (std::is_same_v<T, bf16>) amx_ = amx_kernel(level);
     Workspace& ws = tls_workspace;
     const int64_t floats = std::max<int64_t>(1, amx_ ? (amx_packed_a_elems(M, K) + 1) / 2 : padded_rows_ * K);
     reserve(ws.packed, ws.packed_cap, floats);
@@ -700,9 +700,12 @@ PackedA::PackedA(bool trans_a, int64_t M, int64_t K, const T* A, int64_t lda)
         }
     }
     Problem<T> p{trans_a, false, M, 0, K, 1.0f, A, lda, nullptr, 0, 0.0f, nullptr, 0};
-    p.kernel = &micro_kernel(cpu_level());  // its packers
-    if constexpr (!std::is_same_v<T, float>) p.widen = convert_kernel<T, float>(cpu_level()).run;
-    if constexpr (std::is_same_v<T, bf16>) pairs_ = bf16_pair_kernel(cpu_level()), p.pairs = pairs_ != nullptr;
+    p.kernel = &micro_kernel(level);  // its packers
+    if constexpr (!std::is_same_v<T, float>) p.widen = convert_kernel<T, float>(level).run;
+    if constexpr (std::is_same_v<T, bf16>) {
+        pairs_ = bf16_pair_kernel(level);
+        if (pairs_) p.pairs = interleave_kernel(level).run;
+    }
     const int64_t kc_block = split_evenly(K, KC_MAX, p.pairs ? 2 : 1), panels = padded_rows_ / MR;
     for (int64_t pc = 0; pc < K; pc += kc_block) {
         const int64_t kc = std::min(kc_block, K - pc);
