@@ -181,6 +181,36 @@ TEST_CASE("ln_structured zeroes whole slices of smallest norm", "[lesson10][prun
     REQUIRE_THROWS_WITH(prune::ln_structured(conv, "bias", 1, 1.0, 0), Contains("two dims or more"));
 }
 
+// After an earlier prune, PyTorch ranks the weight as computed (weight_orig ⊙ weight_mask, what
+// getattr(module, "weight") returns), so entries pruned before count as zeros in a slice's norm.
+// The masks PyTorch gives (torch.nn.utils.prune, the same in 1.13 and 2.x):
+//   fc = nn.Linear(2, 3, bias=False); fc.weight.data = torch.tensor([[5, .1], [.1, 4], [0, 3]])
+//   prune.ln_structured(fc, "weight", amount=1, n=1, dim=0)  # rows' L1 5.1, 4.1, 3: row 2
+//   prune.ln_structured(fc, "weight", amount=1, n=1, dim=1)  # columns of W: 5.1, 4.1: column 1
+//   fc.weight_mask  ->  [[1, 0], [1, 0], [0, 0]]   (ranking weight_orig's columns, 5.1 and 7.1,
+//                                                    would drop column 0)
+//   fc = nn.Linear(5, 2, bias=False); fc.weight.data = torch.tensor([[.1, .1, .1, .1, 5], [1.05] * 5])
+//   prune.l1_unstructured(fc, "weight", amount=4)            # the four 0.1s
+//   prune.ln_structured(fc, "weight", amount=1, n=1, dim=0)  # rows of W: 5 and 5.25: row 0
+//   fc.weight_mask  ->  [[0, 0, 0, 0, 0], [1, 1, 1, 1, 1]]  (weight_orig's rows, 5.4 and 5.25,
+//                                                            would drop row 1)
+TEST_CASE("pruning again ranks the weight as computed, weight_orig ⊙ mask, as PyTorch", "[lesson10][prune][cpu]") {
+    Rng rng(1);
+    Linear rows_then_columns(2, 3, rng, false, "fc");
+    rows_then_columns.weight.value.copy_from(tensor_of({3, 2}, {5, 0.1f, 0.1f, 4, 0, 3}));
+    prune::ln_structured(rows_then_columns, "weight", 1, 1.0, 0);
+    REQUIRE(values(rows_then_columns.weight.mask) == std::vector<float>{1, 1, 1, 1, 0, 0});
+    prune::ln_structured(rows_then_columns, "weight", 1, 1.0, 1);
+    REQUIRE(values(rows_then_columns.weight.mask) == std::vector<float>{1, 0, 1, 0, 0, 0});
+
+    Linear entries_then_rows(5, 2, rng, false, "fc");
+    entries_then_rows.weight.value.copy_from(tensor_of({2, 5}, {0.1f, 0.1f, 0.1f, 0.1f, 5, 1.05f, 1.05f, 1.05f, 1.05f, 1.05f}));
+    prune::l1_unstructured(entries_then_rows, "weight", 4);
+    REQUIRE(values(entries_then_rows.weight.mask) == std::vector<float>{0, 0, 0, 0, 1, 1, 1, 1, 1, 1});
+    prune::ln_structured(entries_then_rows, "weight", 1, 1.0, 0);
+    REQUIRE(values(entries_then_rows.weight.mask) == std::vector<float>{0, 0, 0, 0, 0, 1, 1, 1, 1, 1});
+}
+
 TEST_CASE("random_unstructured prunes exactly the amount, among what is left", "[lesson10][prune][cpu]") {
     Rng init(3);
     Linear fc(40, 25, init, false, "fc");

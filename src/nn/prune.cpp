@@ -57,6 +57,16 @@ static std::vector<float> current_mask(const Parameter& p) {
     return p.mask.defined() ? to_floats(p.mask) : std::vector<float>(size_t(p.value.numel()), 1.0f);
 }
 
+// The weight as the layer computes with it, weight_orig ⊙ mask (weight_orig when not pruned):
+// what every method ranks, as PyTorch ranks getattr(module, name).
+static std::vector<float> current_weight(const Parameter& p) {
+    std::vector<float> w = to_floats(p.value);
+    if (!p.mask.defined()) return w;
+    const std::vector<float> mask = to_floats(p.mask);
+    for (size_t i = 0; i < w.size(); i++) w[i] *= mask[i];
+    return w;
+}
+
 // Installs `mask` (value's shape, 0s and 1s) on m's parameter `name`. The first time:
 //   "name" -> "name_orig", buffer "name_mask", p.pruned = value ⊙ mask, and the two hooks.
 static void apply_mask(Module& m, const std::string& name, const std::vector<float>& mask) {
@@ -127,7 +137,7 @@ void identity(Module& m, const std::string& name) { apply_mask(m, name, current_
 
 void l1_unstructured(Module& m, const std::string& name, Amount amount) {
     const Parameter& p = find(m, name);
-    apply_mask(m, name, l1_mask(to_floats(p.value), current_mask(p), amount, label(m, name)));
+    apply_mask(m, name, l1_mask(current_weight(p), current_mask(p), amount, label(m, name)));
 }
 
 void random_unstructured(Module& m, const std::string& name, Amount amount, Rng& rng) {
@@ -159,7 +169,7 @@ void ln_structured(Module& m, const std::string& name, Amount amount, double n, 
     KILN_CHECK(n > 0.0, what, ": ln_structured needs a norm n > 0 (1, 2 or INFINITY), got ", n);
     if (dim < 0) dim += ndim;
     const Slices s = slices_along(p.value.shape(), dim);
-    const std::vector<float> w = to_floats(p.value);
+    const std::vector<float> w = current_weight(p);  // pruned entries count as the zeros they are
     std::vector<float> mask = current_mask(p);
 
     // A slice is still kept while any of its entries is; ‖w_c‖ over the slice's entries.
@@ -218,7 +228,7 @@ void global_unstructured(const std::vector<std::pair<Module*, std::string>>& par
     std::vector<float> scores, mask;
     for (auto& [m, name] : params) {
         const Parameter& p = find(*m, name);
-        const std::vector<float> w = to_floats(p.used()), k = current_mask(p);
+        const std::vector<float> w = current_weight(p), k = current_mask(p);
         scores.insert(scores.end(), w.begin(), w.end());
         mask.insert(mask.end(), k.begin(), k.end());
     }

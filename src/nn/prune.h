@@ -25,10 +25,16 @@
 //             fraction is rounded like Python's round (halves to even: 2.5 -> 2, 3.5 -> 4).
 //   again     pruning a pruned parameter prunes `amount` of what is left: the entries (or whole
 //             channels) the mask still keeps. The new mask is the old one with more zeros.
-//   scores    l1_unstructured and ln_structured rank weight_orig's values (what the entries
-//             would be if they came back); global_unstructured ranks the weights as they are
-//             computed (weight_orig ⊙ mask) — as PyTorch does.
+//   scores    every method ranks the weight the layer computes with, weight_orig ⊙ mask, as
+//             PyTorch ranks getattr(module, name), the same product. The unstructured methods
+//             rank only the entries still kept, whose values are weight_orig's; ln_structured's
+//             norm of a slice counts the entries pruned before as the zeros they now are.
+//             (PyTorch's attribute is the product its forward pre-hook made last: after an
+//             optimizer step with no forward since, it still holds the values from before the
+//             step. kiln takes the product when it prunes.)
 //   ties      kiln prunes the lower index first (PyTorch's topk leaves ties unspecified).
+//             ln_structured sums a slice's |w|ⁿ in double, PyTorch's torch.norm in float: two
+//             slices whose norms agree to a float's precision may be ordered differently.
 //   errors    a count larger than what is left, a fraction outside [0, 1], a missing
 //             parameter, a mask of the wrong shape — each a kiln::Error naming the parameter.
 //   random    random_unstructured draws from kiln's Rng, not PyTorch's generator: the same
