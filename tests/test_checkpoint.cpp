@@ -60,14 +60,15 @@ StateDict small_state() {
 
 // ---- the layout -------------------------------------------------------------------------------
 
-// The example, drawn out (187 bytes):
-//   [0, 8)      a8 00 00 00 00 00 00 00             header length 168, little-endian
-//   [8, 176)    {"__metadata__":{"kiln.crc32":"8d8f477b","lr":"0x1p-4"},
+// The example, drawn out (219 bytes):
+//   [0, 8)      c8 00 00 00 00 00 00 00             header length 200, little-endian
+//   [8, 208)    {"__metadata__":{"kiln.crc32":"8d8f477b","kiln.metadata_crc32":"c5d75acb","lr":"0x1p-4"},
 //                "b":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},
-//                "a":{"dtype":"U8","shape":[3],"data_offsets":[8,11]}}      + 6 spaces
-//   [176, 184)  00 00 80 3f  00 00 00 c0             b = [1, -2]  (F32 first, though "a" < "b")
-//   [184, 187)  01 02 03                             a = [1, 2, 3]
-// 8d8f477b is zlib's crc32 of the 11 data bytes (Python: zlib.crc32(data)).
+//                "a":{"dtype":"U8","shape":[3],"data_offsets":[8,11]}}      + 5 spaces
+//   [208, 216)  00 00 80 3f  00 00 00 c0             b = [1, -2]  (F32 first, though "a" < "b")
+//   [216, 219)  01 02 03                             a = [1, 2, 3]
+// 8d8f477b is zlib's crc32 of the 11 data bytes (Python: zlib.crc32(data)); c5d75acb that of
+// the values, each key and value followed by a zero byte (zlib.crc32(b"lr\0" b"0x1p-4\0")).
 TEST_CASE("a checkpoint is laid out as safetensors, byte by byte", "[checkpoint][cpu]") {
     TempDir dir;
     StateDict s;
@@ -80,16 +81,16 @@ TEST_CASE("a checkpoint is laid out as safetensors, byte by byte", "[checkpoint]
     write_safetensors(dir.file("x.safetensors"), s);
 
     std::string json =
-        "{\"__metadata__\":{\"kiln.crc32\":\"8d8f477b\",\"lr\":\"0x1p-4\"},"
+        "{\"__metadata__\":{\"kiln.crc32\":\"8d8f477b\",\"kiln.metadata_crc32\":\"c5d75acb\",\"lr\":\"0x1p-4\"},"
         "\"b\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]},"
         "\"a\":{\"dtype\":\"U8\",\"shape\":[3],\"data_offsets\":[8,11]}}";
-    REQUIRE(json.size() == 162);
-    json += "      ";  // to 168, a multiple of 8
+    REQUIRE(json.size() == 195);
+    json += "     ";  // to 200, a multiple of 8
     std::vector<uint8_t> want = safetensors_bytes(json, {0, 0, 0x80, 0x3f, 0, 0, 0, 0xc0, 1, 2, 3});
     std::vector<uint8_t> got = read_file(dir.file("x.safetensors"));
-    REQUIRE(got.size() == 187);
-    REQUIRE(got[0] == 168);
-    REQUIRE(std::string(got.begin() + 8, got.begin() + 176) == json);
+    REQUIRE(got.size() == 219);
+    REQUIRE(got[0] == 200);
+    REQUIRE(std::string(got.begin() + 8, got.begin() + 208) == json);
     REQUIRE(got == want);
     REQUIRE_FALSE(std::filesystem::exists(dir.file("x.safetensors.tmp")));
 }
@@ -327,6 +328,44 @@ TEST_CASE("a save that fails leaves nothing behind and the old checkpoint intact
     REQUIRE(read_file(path) == before);
 }
 
+// A save killed at any of its steps (the hook throws there, so nothing after it runs, as after a
+// kill -9) leaves last.safetensors whole: the old one or the new one; prev.safetensors too.
+TEST_CASE("a save killed at any step leaves a whole last.safetensors", "[checkpoint][cpu]") {
+    TempDir dir;
+    const std::string last = dir.file("last.safetensors"), prev = dir.file("prev.safetensors");
+    StateDict older = small_state(), old = small_state(), fresh = small_state();
+    old.set("train.epoch", int64_t(3));
+    fresh.set("train.epoch", int64_t(4));
+    struct Killed {};
+    static std::string kill_at;
+    set_save_step_hook([](const char* step) {
+        if (kill_at == step) throw Killed{};
+    });
+    // Where each step leaves the two files: (last, prev) as epochs.
+    struct Step {
+        const char* name;
+        int64_t last, prev;
+    };
+    for (const Step& step : {Step{"temporary file written", 3, 2}, Step{"previous kept", 3, 3}, Step{"renamed", 4, 3}}) {
+        INFO("killed after: " << step.name);
+        write_safetensors(last, older, prev);
+        write_safetensors(last, old, prev);  // last: epoch 3, prev: epoch 2
+        kill_at = step.name;
+        REQUIRE_THROWS_AS(write_safetensors(last, fresh, prev), Killed);
+        kill_at.clear();
+        REQUIRE(read_safetensors(last).get_int("train.epoch") == step.last);
+        REQUIRE(read_safetensors(prev).get_int("train.epoch") == step.prev);
+    }
+    set_save_step_hook(nullptr);
+    StateDict next = small_state();
+    next.set("train.epoch", int64_t(5));
+    write_safetensors(last, next, prev);  // the next save cleans up after the killed one
+    REQUIRE(read_safetensors(last).get_int("train.epoch") == 5);
+    REQUIRE(read_safetensors(prev).get_int("train.epoch") == 4);
+    REQUIRE_FALSE(std::filesystem::exists(last + ".tmp"));
+    REQUIRE_FALSE(std::filesystem::exists(prev + ".tmp"));
+}
+
 // ---- resume -----------------------------------------------------------------------------------
 
 namespace {
@@ -347,19 +386,20 @@ ImageSet random_images() {
 enum class Opt { SGD, Adam, AdamW };
 
 struct Trainee {
-    Trainee(const ImageSet& set, Opt which)
+    // seed: the loader's (the trainers' --seed); dropout_seed: dropout's stream.
+    Trainee(const ImageSet& set, Opt which, uint64_t seed = 3, uint64_t dropout_seed = 9)
         : init(5),
-          model(make_model(init, dropout)),
+          model(make_model(init, dropout, dropout_seed)),
           optimizer(make_optimizer(*model, which)),
           scheduler(*optimizer, 4, 0.5),
-          loader(set, options()) {}
+          loader(set, options(seed)) {}
 
-    static std::unique_ptr<Sequential> make_model(Rng& rng, Dropout*& dropout) {
+    static std::unique_ptr<Sequential> make_model(Rng& rng, Dropout*& dropout, uint64_t dropout_seed) {
         auto m = std::make_unique<Sequential>("net");
         m->emplace<Flatten>();
         m->emplace<Linear>(784, 32, rng, true, "fc1");
         m->emplace<ReLU>();
-        dropout = &m->emplace<Dropout>(0.25f, 9, "drop");
+        dropout = &m->emplace<Dropout>(0.25f, dropout_seed, "drop");
         m->emplace<Linear>(32, 10, rng, true, "fc2");
         return m;
     }
@@ -372,10 +412,10 @@ struct Trainee {
         }
         return nullptr;
     }
-    static LoaderOptions options() {
+    static LoaderOptions options(uint64_t seed) {
         LoaderOptions o;
         o.batch_size = 16;
-        o.seed = 3;
+        o.seed = seed;
         o.transforms.push_back(std::make_shared<RandomCrop>(28, 2));
         return o;
     }
@@ -485,14 +525,31 @@ TEST_CASE("resuming with other flags is refused by name", "[checkpoint][cpu]") {
     TrainingRun run2 = other_limit.run();
     REQUIRE_THROWS_WITH(load_checkpoint(path, run2), Contains(path) && Contains("96 images") && Contains("--limit"));
 
-    Trainee other_seed(set, Opt::SGD);
-    Rng reseeded(123);
-    TrainingRun run3{*other_seed.model, *other_seed.optimizer, nullptr, &other_seed.loader, {{"dropout", &reseeded}}};
-    REQUIRE_THROWS_WITH(load_checkpoint(path, run3), Contains("\"dropout\"") && Contains("--seed"));
-
     Trainee no_rng(set, Opt::SGD);
     TrainingRun run4{*no_rng.model, *no_rng.optimizer, nullptr, nullptr, {{"augment", &no_rng.init}}};
     REQUIRE_THROWS_WITH(load_checkpoint(path, run4), Contains("train.rng.augment.seed") && Contains(path));
+}
+
+// --seed fixes the data order and dropout's stream. A resume takes the checkpoint's seeds, so a
+// run resumed with another --seed still ends where the uninterrupted run does.
+TEST_CASE("a resume with another seed continues the checkpoint's run exactly", "[checkpoint][cpu]") {
+    TempDir dir;
+    const ImageSet set = random_images();
+    const std::string path = dir.file("ckpt.safetensors");
+    Trainee straight(set, Opt::SGD);
+    straight.train_until({}, 14);
+    {
+        Trainee first(set, Opt::SGD);
+        TrainingRun run = first.run();
+        save_checkpoint(path, run, first.train_until({}, 4));
+    }
+    Trainee reseeded(set, Opt::SGD, /*seed=*/77, /*dropout_seed=*/123);
+    TrainingRun run = reseeded.run();
+    const ResumePoint at = load_checkpoint(path, run);
+    REQUIRE(reseeded.loader.options().seed == 3);
+    REQUIRE(reseeded.dropout->rng.seed_hash() == straight.dropout->rng.seed_hash());
+    reseeded.train_until(at, 14);
+    require_same_state(reseeded, straight);
 }
 
 TEST_CASE("the schedule record holds the lr the scheduler sets at each epoch's start", "[checkpoint][cpu]") {
@@ -556,6 +613,109 @@ TEST_CASE("fit's --save keeps the epoch before as prev.safetensors; --resume che
     const TrainOptions three_epochs{3, &resumed.scheduler, true, nullptr, 0.0f, "", dir.file("last.safetensors")};
     REQUIRE_THROWS_WITH(fit(*resumed.model, *resumed.optimizer, resumed.loader, resumed.loader, three_epochs),
                         Contains("2 epochs") && Contains("--epochs"));
+}
+
+// The disk fills while --save writes the epoch's checkpoint (a file size limit does the same):
+// the run stops with the reason, and DIR keeps both checkpoints it had.
+TEST_CASE("a full disk during fit's --save leaves last.safetensors and prev.safetensors", "[checkpoint][cpu]") {
+    TempDir dir;
+    const ImageSet set = random_images();
+    Trainee t(set, Opt::SGD);
+    fit(*t.model, *t.optimizer, t.loader, t.loader, TrainOptions{2, &t.scheduler, true, nullptr, 0.0f, dir.path, ""});
+    const std::vector<uint8_t> last = read_file(dir.file("last.safetensors")), prev = read_file(dir.file("prev.safetensors"));
+
+    // Epoch 2 again, from prev.safetensors, with no room to save it.
+    Trainee again(set, Opt::SGD);
+    const TrainOptions resumed{2, &again.scheduler, true, nullptr, 0.0f, dir.path, dir.file("prev.safetensors")};
+    rlimit old{};
+    getrlimit(RLIMIT_FSIZE, &old);
+    rlimit small = old;
+    small.rlim_cur = 64;
+    auto old_handler = std::signal(SIGXFSZ, SIG_IGN);  // fail the write with EFBIG, not the process
+    setrlimit(RLIMIT_FSIZE, &small);
+    std::string message;
+    try {
+        fit(*again.model, *again.optimizer, again.loader, again.loader, resumed);
+    } catch (const Error& e) {
+        message = e.what();
+    }
+    setrlimit(RLIMIT_FSIZE, &old);
+    std::signal(SIGXFSZ, old_handler);
+    REQUIRE_THAT(message, Contains("last.safetensors") && Contains("too large"));
+    REQUIRE(read_file(dir.file("last.safetensors")) == last);
+    REQUIRE(read_file(dir.file("prev.safetensors")) == prev);
+}
+
+// --save DIR of a new run into a folder that holds another run's checkpoints: refused, naming
+// --resume and --overwrite; with either, it goes ahead.
+TEST_CASE("a new run does not replace another run's checkpoints without --overwrite", "[checkpoint][cpu]") {
+    TempDir dir;
+    const ImageSet set = random_images();
+    Trainee first(set, Opt::SGD);
+    fit(*first.model, *first.optimizer, first.loader, first.loader, TrainOptions{1, &first.scheduler, true, nullptr, 0.0f, dir.path, ""});
+    const std::vector<uint8_t> kept = read_file(dir.file("last.safetensors"));
+
+    Trainee second(set, Opt::SGD);
+    TrainOptions fresh{1, &second.scheduler, true, nullptr, 0.0f, dir.path, ""};
+    REQUIRE_THROWS_WITH(fit(*second.model, *second.optimizer, second.loader, second.loader, fresh),
+                        Contains(dir.path) && Contains("another run") && Contains("--resume") && Contains("--overwrite"));
+    REQUIRE(read_file(dir.file("last.safetensors")) == kept);
+    REQUIRE(second.optimizer->steps() == 0);  // refused before training
+
+    fresh.overwrite = true;
+    fit(*second.model, *second.optimizer, second.loader, second.loader, fresh);
+    REQUIRE(read_safetensors(dir.file("prev.safetensors")).get_int("train.epoch") == 1);
+
+    Trainee third(set, Opt::SGD);  // continuing DIR's own run is no overwrite
+    fit(*third.model, *third.optimizer, third.loader, third.loader,
+        TrainOptions{1, &third.scheduler, true, nullptr, 0.0f, dir.path, dir.file("last.safetensors")});
+}
+
+// A checkpoint's values are covered by a CRC-32 of their own: one edited by hand is refused.
+// Edited and checksummed again (as a program would), each is checked against its range, and the
+// error names the key and the file.
+TEST_CASE("edited values are refused: by their CRC-32, and by range", "[checkpoint][cpu]") {
+    TempDir dir;
+    const ImageSet set = random_images();
+    const std::string path = dir.file("ckpt.safetensors"), edited = dir.file("edited.safetensors");
+    {
+        Trainee t(set, Opt::SGD);
+        TrainingRun run = t.run();
+        run.schedule = record_schedule(*t.optimizer, &t.scheduler, 3, 6);
+        save_checkpoint(path, run, t.train_until({}, 6));  // after epoch 1's last batch: epoch 0, position 96
+    }
+    std::vector<uint8_t> bytes = read_file(path);
+    const std::string text(bytes.begin(), bytes.end()), was = "\"train.epoch\":\"0\"";
+    const size_t at = text.find(was);
+    REQUIRE(at != std::string::npos);
+    bytes[at + was.size() - 2] = '9';
+    write_bytes(edited, bytes);
+    REQUIRE_THROWS_WITH(read_safetensors(edited), Contains(edited) && Contains("CRC-32 of the values") &&
+                                                      Contains("a value has changed"));
+
+    const auto refused = [&](const std::string& key, const std::string& value) {
+        INFO(key << " = " << value);
+        StateDict s = read_safetensors(path);
+        REQUIRE(s.values.count(key));
+        s.values[key] = value;
+        write_safetensors(edited, s);
+        Trainee t(set, Opt::SGD);
+        TrainingRun run = t.run();
+        run.schedule = record_schedule(*t.optimizer, &t.scheduler, 3, 6);
+        REQUIRE_THROWS_WITH(load_checkpoint(edited, run), Contains("\"" + key + "\"") && Contains(edited));
+    };
+    refused("train.epoch", "9");           // past the 3 epochs: would train nothing
+    refused("train.epoch", "-1");          // would train an epoch more
+    refused("train.epoch", "2147483648");  // would wrap around in an int
+    refused("train.position", "97");       // past the 96 images of an epoch
+    refused("train.step", "-3");
+    refused("train.step", "7");            // more steps than the 6 batches so far
+    refused("optimizer.steps", "0");       // would drop the momentum buffers
+    refused("optimizer.steps", "-1");
+    refused("optimizer.group0.lr", "-0x1p-4");
+    refused("optimizer.group0.lr", "nan");
+    refused("scheduler.last_epoch", "-2");
+    refused("train.schedule.epochs", "0");
 }
 
 TEST_CASE("ReduceLROnPlateau's state travels under \"plateau.\"", "[checkpoint][cpu]") {

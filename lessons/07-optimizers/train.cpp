@@ -118,6 +118,7 @@ int main(int argc, char** argv) try {
     const std::unique_ptr<MemoryRecording> memory =
         memory_recording(f.common, *model, *opt, arena ? &*arena : nullptr, cifar.train);
     train.memory = memory.get();  // --mem-report, --mem-trace
+    train.overwrite = f.common.overwrite;  // --save into a folder that holds another run's checkpoints
     const std::unique_ptr<GradScaler> scaler = set_precision(f.common, train);  // --amp, --grad-hist
     double test_acc = fit(*model, *opt, cifar.train, cifar.test, train);
     report(device, test_acc, start);

@@ -68,6 +68,7 @@ int main(int argc, char** argv) try {
     train.scheduler = &schedule, train.per_batch = true;  // the one-cycle lr moves every batch
     train.arena = &arena;
     train.save_dir = flags.save, train.resume = flags.resume;  // a checkpoint after every epoch
+    train.overwrite = flags.overwrite;
     train.test_mirrored = &cifar.test_mirrored;
     train.label_smoothing = smoothing;
     train.run = run_info(flags);

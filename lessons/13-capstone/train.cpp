@@ -117,7 +117,7 @@ int main(int argc, char** argv) try {
     f.common.add_to(cli);
     // Shared flags this trainer does not honour: it trains on the CPU only (README, "What a GPU
     // changes"), writes no checkpoints and takes whole batches (chapter 07's trainer does both).
-    for (const char* flag : {"--device", "--save", "--resume", "--accumulate", "--find-batch-size"}) cli.remove(flag);
+    for (const char* flag : {"--device", "--save", "--resume", "--overwrite", "--accumulate", "--find-batch-size"}) cli.remove(flag);
     cli.add("--weight-decay", &f.weight_decay, "weight decay per step, absolute (each group gets it over its lr)");
     cli.add("--bias-scale", &f.bias_scale, "batch norm's β learns this many times faster");
     cli.add("--label-smoothing", &f.smoothing, "label smoothing ε");

@@ -42,8 +42,13 @@ public:
     uint64_t take(uint64_t n) { uint64_t first = counter_; counter_ += n; return first; }
 
     uint64_t counter() const { return counter_; }
-    void set_counter(uint64_t c) { counter_ = c; }  // for checkpoints: resume the stream exactly
+    void set_counter(uint64_t c) { counter_ = c; }
     uint64_t seed_hash() const { return seed_; }
+    // For checkpoints: the stream continues exactly where (seed_hash, counter) left it.
+    void set_state(uint64_t seed_hash, uint64_t counter) {
+        seed_ = seed_hash;
+        counter_ = counter;
+    }
 
 private:
     uint64_t seed_;

@@ -60,6 +60,28 @@ double StateDict::get_double(const std::string& key) const {
     return v;
 }
 
+namespace {
+
+template <typename T>
+[[noreturn]] void out_of_range(const std::string& key, T v, T lo, T hi) {
+    KILN_FAIL("state: value \"", key, "\" is ", v, ", outside [", lo, ", ", hi,
+              "] (the checkpoint is corrupt, or was edited by hand?)");
+}
+
+}  // namespace
+
+int64_t StateDict::get_int(const std::string& key, int64_t lo, int64_t hi) const {
+    const int64_t v = get_int(key);
+    if (v < lo || v > hi) out_of_range(key, v, lo, hi);
+    return v;
+}
+
+double StateDict::get_double(const std::string& key, double lo, double hi) const {
+    const double v = get_double(key);
+    if (!(v >= lo && v <= hi)) out_of_range(key, v, lo, hi);
+    return v;
+}
+
 const std::string& StateDict::get_string(const std::string& key) const { return find_value(*this, key); }
 
 void StateDict::put(const std::string& key, const Tensor& t) {

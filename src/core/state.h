@@ -38,6 +38,10 @@ struct StateDict {
     uint64_t get_u64(const std::string& key) const;
     double get_double(const std::string& key) const;
     const std::string& get_string(const std::string& key) const;
+    // The same, and the value must lie in [lo, hi] (NaN lies in none): a value read from a file
+    // is checked before it is used. The error names the key, the value and the range.
+    int64_t get_int(const std::string& key, int64_t lo, int64_t hi) const;
+    double get_double(const std::string& key, double lo, double hi) const;
     bool has(const std::string& key) const { return values.count(key) || tensors.count(key); }
 
     // Stores a CPU copy of t (t may live on any device), or t itself if share_cpu_tensors is set

@@ -59,6 +59,11 @@ void DataLoader::seek(int64_t position) {
     pos_ = position;
 }
 
+void DataLoader::reseed(uint64_t seed) {
+    drop_prefetch();  // a batch made with the old seed
+    opt_.seed = seed;
+}
+
 // Images order_[start .. start+count) as one batch: Normalize, then the transforms.
 Batch DataLoader::make_batch(int64_t start, int64_t count, bool parallel) const {
     int64_t C = set_.c, HW = set_.h * set_.w;

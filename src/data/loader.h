@@ -68,6 +68,7 @@ public:
     int64_t position() const { return pos_; }  // images handed out this epoch (of this rank's share)
     int64_t size() const { return int64_t(order_.size()); }  // images per epoch: N, or this rank's share
     void seek(int64_t position);       // continue an epoch from a checkpoint
+    void reseed(uint64_t seed);        // another seed (a checkpoint's); then start_epoch
     const ImageSet& set() const { return set_; }
     const LoaderOptions& options() const { return opt_; }
     ImageShape image_shape() const { return out_shape_; }  // after the transforms

@@ -1,6 +1,7 @@
 // grad_scaler.cpp — GradScaler (see grad_scaler.h for the rules).
 #include "optim/grad_scaler.h"
 
+#include <cfloat>
 #include <cmath>
 #include <vector>
 
@@ -80,11 +81,13 @@ void GradScaler::load_state(const StateDict& state, const std::string& prefix) {
     KILN_CHECK(state.has(prefix + ".scale"), "this run scales the loss (--amp f16) but the checkpoint holds no ",
                "GradScaler state (\"", prefix, ".scale\"): it was saved without loss scaling. Resume with the ",
                "--amp it was trained with");
-    scale_ = float(state.get_double(prefix + ".scale"));
-    growth_tracker_ = state.get_int(prefix + ".growth_tracker");
-    options_.growth_factor = state.get_double(prefix + ".growth_factor");
-    options_.backoff_factor = state.get_double(prefix + ".backoff_factor");
-    options_.growth_interval = state.get_int(prefix + ".growth_interval");
+    // The ranges the constructor and update() keep them in.
+    scale_ = float(state.get_double(prefix + ".scale", FLT_TRUE_MIN, FLT_MAX));
+    options_.growth_factor = state.get_double(prefix + ".growth_factor", std::nextafter(1.0, 2.0), INFINITY);
+    options_.backoff_factor =
+        state.get_double(prefix + ".backoff_factor", DBL_TRUE_MIN, std::nextafter(1.0, 0.0));
+    options_.growth_interval = state.get_int(prefix + ".growth_interval", 1, INT64_MAX);
+    growth_tracker_ = state.get_int(prefix + ".growth_tracker", 0, options_.growth_interval - 1);
     found_inf_ = false;
     stage_ = Stage::Ready;
 }

@@ -2,6 +2,7 @@
 // optimizer.h).
 #include "optim/optimizer.h"
 
+#include <cfloat>
 #include <cmath>
 
 #include "ops/ops.h"
@@ -47,10 +48,18 @@ void Optimizer::save_state(StateDict& state, const std::string& prefix) const {
     for (size_t g = 0; g < groups_.size(); g++) state.set(prefix + ".group" + std::to_string(g) + ".lr", double(groups_[g].lr));
 }
 
+// Every value checked before it is used: steps ≥ 0, lrs finite and ≥ 0, and no per-parameter
+// state (a momentum buffer, a moment) with steps 0 — an optimizer makes its state at its first
+// step, so such a pair means a damaged file, whose state would be silently dropped.
 void Optimizer::load_state(const StateDict& state, const std::string& prefix) {
-    steps_ = state.get_int(prefix + ".steps");
+    steps_ = state.get_int(prefix + ".steps", 0, INT64_MAX);
     for (size_t g = 0; g < groups_.size(); g++)
-        groups_[g].lr = float(state.get_double(prefix + ".group" + std::to_string(g) + ".lr"));
+        groups_[g].lr = float(state.get_double(prefix + ".group" + std::to_string(g) + ".lr", 0.0, FLT_MAX));
+    const std::string head = prefix + ".";
+    const auto first = state.tensors.lower_bound(head);
+    KILN_CHECK(steps_ > 0 || first == state.tensors.end() || first->first.compare(0, head.size(), head) != 0,
+               "state: value \"", prefix, ".steps\" is 0, yet the state holds \"", first->first,
+               "\", which an optimizer makes at its first step (the checkpoint is corrupt, or was edited by hand?)");
 }
 
 SGD::SGD(std::vector<Parameter*> params, float learning_rate, Options options)

@@ -52,8 +52,7 @@ void LRScheduler::save_state(StateDict& state, const std::string& prefix) const 
 }
 
 void LRScheduler::load_state(const StateDict& state, const std::string& prefix) {
-    t_ = state.get_int(prefix + ".last_epoch");
-    KILN_CHECK(t_ >= 0, "scheduler: \"", prefix, ".last_epoch\" is ", t_, " (the checkpoint is corrupt?)");
+    t_ = state.get_int(prefix + ".last_epoch", 0, INT64_MAX);
     apply();
 }
 
@@ -209,10 +208,10 @@ void ReduceLROnPlateau::save_state(StateDict& state, const std::string& prefix) 
 }
 
 void ReduceLROnPlateau::load_state(const StateDict& state, const std::string& prefix) {
-    best_ = state.get_double(prefix + ".best");
-    bad_epochs_ = state.get_int(prefix + ".num_bad_epochs");
-    cooldown_left_ = state.get_int(prefix + ".cooldown_counter");
-    last_epoch_ = state.get_int(prefix + ".last_epoch");
+    best_ = state.get_double(prefix + ".best", -INFINITY, INFINITY);  // ±inf before the first epoch
+    last_epoch_ = state.get_int(prefix + ".last_epoch", 0, INT64_MAX);
+    bad_epochs_ = state.get_int(prefix + ".num_bad_epochs", 0, last_epoch_);
+    cooldown_left_ = state.get_int(prefix + ".cooldown_counter", 0, opt_.cooldown);
 }
 
 }  // namespace kiln

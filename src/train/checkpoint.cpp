@@ -25,7 +25,8 @@ namespace kiln {
 
 namespace {
 
-const char* const kCrcKey = "kiln.crc32";
+const char* const kCrcKey = "kiln.crc32";               // the data section's CRC-32
+const char* const kMetadataCrcKey = "kiln.metadata_crc32";  // the values' (checkpoint.h)
 const char* const kCorruptHint =
     "the file is truncated or corrupt: resume from an earlier checkpoint instead (a trainer's --save DIR "
     "keeps the epoch before the last as DIR/prev.safetensors)";
@@ -106,11 +107,16 @@ std::string make_header(const std::vector<std::pair<const std::string*, const Te
     return h;
 }
 
-// Writes bytes to the temporary file, then makes it the checkpoint. Returns the errno of the
-// first failure (0: done); on failure the temporary file is removed.
-int write_atomically(const std::string& path, const std::string& header,
-                     const std::vector<std::pair<const std::string*, const Tensor*>>& order) {
-    const std::string tmp = path + ".tmp";
+SaveStepHook save_step_hook = nullptr;
+
+void reached(const char* step) {
+    if (save_step_hook) save_step_hook(step);
+}
+
+// The bytes of the file into `tmp`, flushed and synced to the disk. Returns the errno of the
+// first failure (0: done); on failure `tmp` is removed.
+int write_synced(const std::string& tmp, const std::string& header,
+                 const std::vector<std::pair<const std::string*, const Tensor*>>& order) {
     std::FILE* f = std::fopen(tmp.c_str(), "wb");
     if (!f) return errno;  // nothing was created
     uint8_t length[8];
@@ -123,12 +129,55 @@ int write_atomically(const std::string& path, const std::string& header,
     ok = ok && std::fflush(f) == 0 && fsync(fileno(f)) == 0;  // the bytes are on the disk
     int err = ok ? 0 : errno;
     if (std::fclose(f) != 0 && ok) err = errno;
+    if (err != 0) std::remove(tmp.c_str());
+    return err;
+}
+
+// A copy of `from` at `to`, synced: where a hard link cannot be made (a file system without them).
+int copy_synced(const std::string& from, const std::string& to) {
+    std::error_code error;
+    if (!std::filesystem::copy_file(from, to, std::filesystem::copy_options::overwrite_existing, error))
+        return error.value() ? error.value() : EIO;
+    const int fd = open(to.c_str(), O_RDONLY);
+    if (fd < 0) return errno;
+    const int err = fsync(fd) == 0 ? 0 : errno;
+    close(fd);
+    return err;
+}
+
+// `path`'s file becomes also `previous`, replacing what `previous` held in one rename; `path` is
+// not touched. A hard link costs no bytes (nothing to fill a disk with); a copy where there are none.
+int keep_as_previous(const std::string& path, const std::string& previous) {
+    std::error_code error;
+    if (!std::filesystem::exists(path, error)) return 0;  // the first save: nothing to keep
+    const std::string tmp = previous + ".tmp";
+    std::remove(tmp.c_str());  // left by a save that was killed
+    int err = link(path.c_str(), tmp.c_str()) == 0 ? 0 : errno;
+    if (err == EPERM || err == EXDEV || err == EMLINK || err == ENOTSUP || err == ENOSYS) err = copy_synced(path, tmp);
+    if (err == 0 && std::rename(tmp.c_str(), previous.c_str()) != 0) err = errno;
+    if (err != 0) std::remove(tmp.c_str());
+    return err;
+}
+
+// The checkpoint at `path`, replaced so that `path` holds a whole file at every moment, the old
+// one or the new one: the new bytes on the disk first (path.tmp), then the old file kept as
+// `previous` (if asked), then one rename over `path`, then the folder synced (which makes the
+// renames durable). Returns the errno of the first failure (0: done); on failure `path` is as
+// it was and no temporary file is left.
+int write_atomically(const std::string& path, const std::string& previous, const std::string& header,
+                     const std::vector<std::pair<const std::string*, const Tensor*>>& order) {
+    const std::string tmp = path + ".tmp";
+    int err = write_synced(tmp, header, order);
+    if (err != 0) return err;
+    reached("temporary file written");
+    if (!previous.empty()) err = keep_as_previous(path, previous);
+    if (err == 0) reached("previous kept");
     if (err == 0 && std::rename(tmp.c_str(), path.c_str()) != 0) err = errno;
     if (err != 0) {
         std::remove(tmp.c_str());
         return err;
     }
-    // The rename is durable once the folder itself is synced.
+    reached("renamed");
     std::string dir = std::filesystem::path(path).parent_path().string();
     int fd = open(dir.empty() ? "." : dir.c_str(), O_RDONLY | O_DIRECTORY);
     if (fd < 0) return errno;
@@ -386,6 +435,22 @@ std::string crc_text(uint32_t crc) {
     return text;
 }
 
+// The CRC-32 of the values: every key and value of the metadata but the two checksums, in key
+// order, each followed by a zero byte. (Of the values, not of the header's bytes: a tool that
+// rewrites the JSON another way, with the same values, leaves it right.)
+std::string metadata_crc(const std::map<std::string, std::string>& metadata) {
+    uLong crc = crc32_z(0, nullptr, 0);
+    const Bytef zero = 0;
+    for (const auto& [key, value] : metadata) {
+        if (key == kCrcKey || key == kMetadataCrcKey) continue;
+        crc = crc32_z(crc, reinterpret_cast<const Bytef*>(key.data()), key.size());
+        crc = crc32_z(crc, &zero, 1);
+        crc = crc32_z(crc, reinterpret_cast<const Bytef*>(value.data()), value.size());
+        crc = crc32_z(crc, &zero, 1);
+    }
+    return crc_text(uint32_t(crc));
+}
+
 // ---- the run ----------------------------------------------------------------------------------
 // The prefixes of a checkpoint's non-model state (load_model leaves them alone).
 const char* const kRunPrefixes[] = {"optimizer.", "scheduler.", "plateau.", "train."};
@@ -406,6 +471,8 @@ const char* const kScheduleEpochs = "train.schedule.epochs";
 const char* const kScheduleLrs = "train.schedule.epoch_start_lrs";
 // The number of data parallel ranks that shared each epoch, saved only when it is above 1.
 const char* const kWorldSize = "train.loader.world_size";
+// The training loader's seed: resuming takes it, so that the data order goes on as it was.
+const char* const kLoaderSeed = "train.loader.seed";
 
 std::vector<std::string> lr_texts(const std::vector<float>& lrs) {
     std::vector<std::string> texts;
@@ -436,7 +503,7 @@ std::vector<std::string> split(const std::string& s) {
 // first difference: the number of epochs (--epochs), then the lr at an epoch's start (--lr and
 // the schedule's flags).
 void check_schedule(const StateDict& s, const ScheduleRecord& run) {
-    const int64_t epochs = s.get_int(kScheduleEpochs);
+    const int64_t epochs = s.get_int(kScheduleEpochs, 1, INT32_MAX);
     KILN_CHECK(epochs == run.epochs, "the checkpoint's run was laid out over ", epochs, " epochs; this one over ",
                run.epochs, ". Resume with the same --epochs (the learning-rate schedule depends on it)");
     const std::vector<std::string> saved = split(s.get_string(kScheduleLrs)), now = lr_texts(run.epoch_start_lrs);
@@ -461,9 +528,12 @@ ScheduleRecord record_schedule(const Optimizer& optimizer, const LRScheduler* sc
     return record;
 }
 
-void write_safetensors(const std::string& path, const StateDict& s) {
-    KILN_CHECK(!s.values.count(kCrcKey), "write_safetensors '", path, "': the value name \"", kCrcKey,
-               "\" is reserved for the checksum");
+void set_save_step_hook(SaveStepHook hook) { save_step_hook = hook; }
+
+void write_safetensors(const std::string& path, const StateDict& s, const std::string& previous) {
+    for (const char* key : {kCrcKey, kMetadataCrcKey})
+        KILN_CHECK(!s.values.count(key), "write_safetensors '", path, "': the value name \"", key,
+                   "\" is reserved for a checksum");
     std::vector<std::pair<const std::string*, const Tensor*>> order;
     for (const auto& [name, t] : s.tensors) {
         KILN_CHECK(name != "__metadata__", "write_safetensors '", path, "': \"__metadata__\" cannot name a tensor");
@@ -480,8 +550,9 @@ void write_safetensors(const std::string& path, const StateDict& s) {
         crc = crc32_z(crc, static_cast<const Bytef*>(entry.second->raw()), entry.second->nbytes());
     std::map<std::string, std::string> metadata = s.values;
     metadata[kCrcKey] = crc_text(uint32_t(crc));
+    metadata[kMetadataCrcKey] = metadata_crc(s.values);
 
-    int err = write_atomically(path, make_header(order, metadata), order);
+    int err = write_atomically(path, previous, make_header(order, metadata), order);
     KILN_CHECK(err == 0, "cannot write checkpoint '", path, "': ", std::strerror(err),
                " (does the folder exist and is it writable? is the disk full?)");
 }
@@ -511,6 +582,15 @@ StateDict read_safetensors(const std::string& path) {
                               ": some bytes have changed since it was written");
         s.values.erase(crc);
     }
+    auto values_crc = s.values.find(kMetadataCrcKey);
+    if (values_crc != s.values.end()) {  // written by kiln since the values have their own
+        const std::string expected = values_crc->second;
+        s.values.erase(values_crc);
+        const std::string actual = metadata_crc(s.values);
+        if (actual != expected)
+            corrupt(path, "the CRC-32 of the values (\"__metadata__\") is " + actual + " but the header says " +
+                              expected + ": a value has changed since it was written");
+    }
     for (const Entry& e : entries) {
         Tensor t = Tensor::empty(e.shape, e.dtype);
         if (e.end > e.begin) std::memcpy(t.raw(), data + e.begin, size_t(e.end - e.begin));
@@ -536,11 +616,12 @@ void load_model(const StateDict& state, Module& model) {
                    "load_model: the checkpoint holds a pruned model (it has \"", name, "\") and this model is not "
                    "pruned there: call prune::prune_like(state, model) first (nn/prune.h) to prune it the same way");
     for (auto& [name, t] : tensors) state.get_into(name, *t);
-    for (const auto& [name, t] : state.tensors) {
+    for (const auto& entry : state.tensors) {
+        const std::string& name = entry.first;  // a plain reference: C++17 lambdas cannot capture a structured binding
         bool run_state = std::any_of(std::begin(kRunPrefixes), std::end(kRunPrefixes),
-                                     [&](const char* prefix) { return starts_with(name, prefix); });
+                                     [&name](const char* prefix) { return starts_with(name, prefix); });
         KILN_CHECK(run_state || names.count(name), "load_model: the checkpoint has a tensor \"", name, "\" (",
-                   t.desc(), ") that the model does not (a checkpoint of another model?)");
+                   entry.second.desc(), ") that the model does not (a checkpoint of another model?)");
     }
 }
 
@@ -564,6 +645,7 @@ StateDict checkpoint_state(TrainingRun& run, const ResumePoint& at) {
     if (run.loader) {
         s.set("train.loader.images", run.loader->set().n);
         s.set("train.loader.batches", run.loader->num_batches());
+        s.set_u64(kLoaderSeed, run.loader->options().seed);  // the data order and augmentations
         // a share of each epoch per rank (chapter 12): only when there are several
         if (run.loader->options().world_size > 1) s.set(kWorldSize, int64_t(run.loader->options().world_size));
     }
@@ -578,6 +660,39 @@ StateDict checkpoint_state(TrainingRun& run, const ResumePoint& at) {
     return s;
 }
 
+namespace {
+
+// Where the run stopped, every value checked against what this run can mean by it: an epoch of
+// the schedule (of at most INT32_MAX without one: the trainers count epochs in an int), a
+// position inside the loader's epoch, and no more optimizer steps than batches so far.
+ResumePoint resume_point(const StateDict& s, const TrainingRun& run) {
+    ResumePoint at;
+    at.epoch = s.get_int("train.epoch", 0, run.schedule.epochs > 0 ? run.schedule.epochs : INT32_MAX);
+    at.position = s.get_int("train.position", 0, run.loader ? run.loader->size() : INT64_MAX);
+    const int64_t batches = run.loader ? run.loader->num_batches() : 0;
+    at.step = s.get_int("train.step", 0, run.loader ? (at.epoch + 1) * batches : INT64_MAX);
+    return at;
+}
+
+// The loader's set and shares must be this run's; then it takes the checkpoint's seed and goes
+// to where the run stopped.
+void restore_loader(const StateDict& s, DataLoader& loader, const ResumePoint& at) {
+    KILN_CHECK(s.get_int("train.loader.images") == loader.set().n &&
+                   s.get_int("train.loader.batches") == loader.num_batches(),
+               "the checkpoint was trained on ", s.get_string("train.loader.images"), " images in ",
+               s.get_string("train.loader.batches"), " batches an epoch; this run has ", loader.set().n, " in ",
+               loader.num_batches(), ". Resume with the same --limit and --batch-size");
+    const int64_t ranks = s.has(kWorldSize) ? s.get_int(kWorldSize) : 1;
+    KILN_CHECK(ranks == loader.options().world_size, "the checkpoint was written by a run of ", ranks,
+               " data parallel rank(s); this run has ", loader.options().world_size, ". Resume with mpirun -np ",
+               ranks, ": each rank's share of the data depends on it");
+    if (s.has(kLoaderSeed)) loader.reseed(s.get_u64(kLoaderSeed));  // (older checkpoints: the flag's)
+    loader.start_epoch(at.epoch);
+    loader.seek(at.position);
+}
+
+}  // namespace
+
 ResumePoint load_checkpoint(const std::string& path, TrainingRun& run) {
     const StateDict s = read_safetensors(path);
     // StateDict's errors name the tensor or value; these add the file.
@@ -590,25 +705,11 @@ ResumePoint load_checkpoint(const std::string& path, TrainingRun& run) {
         if (run.scaler) run.scaler->load_state(s, "scaler");  // refuses a checkpoint without its state
         KILN_CHECK((run.scaler && run.scaler->enabled()) || !s.has("scaler.scale"), "the checkpoint was trained with loss scaling (a ",
                    "GradScaler, --amp f16) and this run has none. Resume with the --amp it was trained with");
-        ResumePoint at{s.get_int("train.epoch"), s.get_int("train.position"), s.get_int("train.step")};
-        if (run.loader) {
-            DataLoader& loader = *run.loader;
-            KILN_CHECK(s.get_int("train.loader.images") == loader.set().n &&
-                           s.get_int("train.loader.batches") == loader.num_batches(),
-                       "the checkpoint was trained on ", s.get_string("train.loader.images"), " images in ",
-                       s.get_string("train.loader.batches"), " batches an epoch; this run has ", loader.set().n,
-                       " in ", loader.num_batches(), ". Resume with the same --limit and --batch-size");
-            const int64_t ranks = s.has(kWorldSize) ? s.get_int(kWorldSize) : 1;
-            KILN_CHECK(ranks == loader.options().world_size, "the checkpoint was written by a run of ", ranks,
-                       " data parallel rank(s); this run has ", loader.options().world_size, ". Resume with mpirun -np ",
-                       ranks, ": each rank's share of the data depends on it");
-            loader.start_epoch(at.epoch);
-            loader.seek(at.position);
-        }
-        for (const auto& [name, rng] : run.rngs) {
-            KILN_CHECK(s.get_u64("train.rng." + name + ".seed") == rng->seed_hash(), "random stream \"", name,
-                       "\" was seeded differently in the checkpoint. Resume with the same --seed");
-            rng->set_counter(s.get_u64("train.rng." + name + ".counter"));
+        const ResumePoint at = resume_point(s, run);
+        if (run.loader) restore_loader(s, *run.loader, at);
+        for (const auto& [name, rng] : run.rngs) {  // the streams go on as they were, whatever this run's seed
+            const uint64_t seed = s.get_u64("train.rng." + name + ".seed");
+            rng->set_state(seed, s.get_u64("train.rng." + name + ".counter"));
         }
         return at;
     });

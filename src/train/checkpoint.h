@@ -15,14 +15,19 @@
 //        │        │ multiple of 8            │ first, then I32, BF16, F16, I8, U8 (each │
 //        │        │                          │ dtype in name order), so each is aligned │
 //        └────────┴──────────────────────────┴──────────────────────────────────────────┘
-//   {"__metadata__":{"kiln.crc32":"9ae0daaf","optimizer.steps":"120","train.epoch":"3",...},
+//   {"__metadata__":{"kiln.crc32":"9ae0daaf","kiln.metadata_crc32":"5c1d07e2","optimizer.steps":"120",
+//                    "train.epoch":"3",...},
 //    "conv1.bias":{"dtype":"F32","shape":[10],"data_offsets":[0,40]},
 //    "conv1.weight":{"dtype":"F32","shape":[10,1,5,5],"data_offsets":[40,1040]}, ...}
 //
 // data_offsets are [begin, end) in bytes from the start of the data section. "__metadata__"
-// holds StateDict::values (safetensors allows only strings there) and "kiln.crc32", the zlib
-// CRC-32 of the data section in hex, checked on load: a flipped bit is an error, not a model
-// that silently trains worse. Files written by other tools have no CRC and are read as they are.
+// holds StateDict::values (safetensors allows only strings there) and two checksums in hex,
+// checked on load: "kiln.crc32", the zlib CRC-32 of the data section, and "kiln.metadata_crc32",
+// that of the values (each key and value, in key order, followed by a zero byte; the two
+// checksums left out). A flipped bit or an edited value is an error, not a run that silently
+// trains worse or not at all. Files written by other tools have no CRC and are read as they
+// are (and older kiln files only the data's); every value a resume reads is also checked to lie
+// in its range (an epoch of the schedule, a position in the epoch, a positive loss scale, ...).
 //
 // The names: the model's tensors as the model names them ("conv1.weight", "bn1.running_mean"),
 // so a Python user sees the same names; the optimizer's under "optimizer.", the scheduler's under
@@ -41,7 +46,9 @@
 //
 // Saving never leaves half a file: the bytes go to "<path>.tmp", which is flushed, synced to
 // the disk, and renamed over <path> (a rename is atomic), then the folder is synced. A crash
-// or a full disk leaves the previous checkpoint as it was.
+// or a full disk leaves the previous checkpoint as it was. Keeping the previous one too (a
+// trainer's --save DIR: DIR/prev.safetensors) happens after the new bytes are on the disk and
+// by a hard link, so DIR/last.safetensors exists, whole, at every moment.
 #pragma once
 #include <string>
 #include <utility>
@@ -58,9 +65,18 @@
 namespace kiln {
 
 // ---- the file ---------------------------------------------------------------------------------
-// Writes s in the layout above (atomically: temporary file, fsync, rename). Throws kiln::Error
-// naming the path and the system's reason (no such folder, disk full) and leaves nothing behind.
-void write_safetensors(const std::string& path, const StateDict& s);
+// Writes s in the layout above (atomically: temporary file, fsync, rename). With `previous`
+// given, the file `path` held before (if any) becomes `previous` once the new bytes are on the
+// disk (a hard link renamed over it, or a copy where links cannot be made): `path` is never
+// missing. Throws kiln::Error naming the path and the system's reason (no such folder, disk
+// full) and leaves nothing behind: `path` and `previous` as they were.
+void write_safetensors(const std::string& path, const StateDict& s, const std::string& previous = "");
+
+// For tests of what a crash leaves behind: write_safetensors calls `hook` (null: none) after
+// each of its steps — "temporary file written", "previous kept", "renamed" — and a test's hook
+// may end the process there.
+using SaveStepHook = void (*)(const char* step);
+void set_save_step_hook(SaveStepHook hook);
 
 // Appends s to out as a JSON string, as serde_json writes it: quote, backslash and control
 // characters escaped (the header's names; run.json's text too, train/run_log.h).
@@ -120,8 +136,9 @@ struct ResumePoint {
 };
 
 // Model + optimizer ("optimizer.") + schedulers ("scheduler.", "plateau.") + GradScaler
-// ("scaler.": scale, growth tracker, factors, interval) + RNG counters, loader size, the
-// schedule record and `at` ("train.") into one file, written as write_safetensors does.
+// ("scaler.": scale, growth tracker, factors, interval) + the RNGs' seeds and counters, the
+// loader's size and seed, the schedule record and `at` ("train.") into one file, written as
+// write_safetensors does.
 void save_checkpoint(const std::string& path, TrainingRun& run, const ResumePoint& at);
 // What save_checkpoint writes, as a StateDict sharing the CPU tensors. Under data parallel
 // training (chapter 12) every rank builds it — a ZeRO-1 optimizer gathers its pieces here, with
@@ -129,11 +146,14 @@ void save_checkpoint(const std::string& path, TrainingRun& run, const ResumePoin
 StateDict checkpoint_state(TrainingRun& run, const ResumePoint& at);
 
 // Reads a checkpoint into a freshly built run (same model, optimizer and flags), puts the
-// loader at `at.epoch`, `at.position` and returns `at`. Errors name the file and the tensor or
-// value; a run set up differently (another training set size or batch size, seed, number of
-// epochs or schedule, or another number of data parallel ranks) is refused, naming the flag — so is a run with a GradScaler resuming a
-// checkpoint saved without one, or the reverse (the --amp f16 flag). After an error the run is
-// partly loaded and should not be trained on.
+// loader at `at.epoch`, `at.position` and returns `at`. The run continues exactly: the loader
+// takes the checkpoint's seed (the data order and augmentations go on as they were, whatever
+// this run's --seed) and every RNG of run.rngs its seed and counter. Errors name the file and
+// the tensor or value; a run set up differently (another training set size or batch size,
+// number of epochs or schedule, or another number of data parallel ranks) is refused, naming
+// the flag — so is a run with a GradScaler resuming a checkpoint saved without one, or the
+// reverse (the --amp f16 flag). After an error the run is partly loaded and should not be
+// trained on.
 ResumePoint load_checkpoint(const std::string& path, TrainingRun& run);
 
 }  // namespace kiln

@@ -139,7 +139,8 @@ void CommonFlags::add_to(Cli& cli) {
     cli.add("--grad-hist", &grad_hist, "print the first step's gradient values by binary exponent against f16's range (what underflows without loss scaling, what overflows at the scale)");
     cli.add("--time-report", &time_report, "time N training steps after the first two, layer by layer, print an epoch's time budget, and stop");
     cli.add("--time-svg", &time_svg, "with --time-report: also draw it, to this .svg file");
-    cli.add("--resume", &resume, "continue from this checkpoint (same flags as the run that wrote it: a different --epochs, --lr, --limit, --batch-size or --seed is refused)");
+    cli.add("--resume", &resume, "continue from this checkpoint (same flags as the run that wrote it: a different --epochs, --lr, --limit or --batch-size is refused; the data order goes on with the checkpoint's seed)");
+    cli.add("--overwrite", &overwrite, "let this run replace the checkpoints another run left in the folder it saves to (refused without it)");
 }
 
 Device CommonFlags::apply() const {

@@ -4,7 +4,7 @@
 //   f.epochs = 5;
 //   Cli cli("lesson-02", "Trains an MLP on MNIST.");
 //   f.add_to(cli);                       // --epochs --batch-size --lr --seed --threads --data
-//   cli.add("--hidden", &hidden, "hidden units");   //   --limit --device --mem-limit --save --resume
+//   cli.add("--hidden", &hidden, "hidden units");   //   --limit --device --mem-limit --save --resume --overwrite
 //                                                   //   --mem-report --mem-trace --mem-trace-steps
 //                                                   //   --amp --grad-hist --time-report --time-svg
 //   cli.parse(argc, argv);               // --help prints the usage and exits
@@ -74,6 +74,7 @@ struct CommonFlags {
     bool find_batch_size = false;  // print the largest batch that fits in --mem-limit, and stop
     std::string save;              // a folder: a checkpoint after every epoch (empty = none)
     std::string resume;            // a checkpoint file to continue from (empty = start afresh)
+    bool overwrite = false;        // --save may replace the checkpoints of another run in its folder
     int accumulate = 1;            // micro-batches per optimizer step (train/loop.h); divides batch_size
     const Cli* cli = nullptr;      // set by add_to: the trainer's name and command line (run.json)
     bool mem_report = false;       // print the memory of the first step per module

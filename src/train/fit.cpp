@@ -22,13 +22,33 @@ namespace kiln {
 namespace {
 
 // --resume: loads the checkpoint into the run and returns the epoch to continue with. The
-// trainers save at the end of an epoch, so a checkpoint of theirs is never mid-epoch.
+// trainers save at the end of an epoch, so a checkpoint of theirs is never mid-epoch. The data
+// order is the checkpoint's: a --seed other than its run's is said to change nothing.
 int resume_from(const std::string& path, TrainingRun& run) {
+    const uint64_t seed = run.loader->options().seed;
     ResumePoint at = load_checkpoint(path, run);
     KILN_CHECK(at.position == 0, path, ": saved in the middle of epoch ", at.epoch + 1,
                "; the trainers resume only from the end of an epoch (a checkpoint written by --save)");
     std::printf("resumed from %s: epoch %lld done, lr %.4g\n", path.c_str(), (long long)at.epoch, run.optimizer.lr());
+    if (run.loader->options().seed != seed)
+        std::printf("the data order goes on as the checkpoint's run began it, with its --seed %llu (not %llu)\n",
+                    (unsigned long long)run.loader->options().seed, (unsigned long long)seed);
     return int(at.epoch);
+}
+
+// --save DIR of a run that is not the one DIR holds: refused unless --overwrite, so that another
+// run's checkpoints (and its run.json) are not replaced by mistake. Resuming from DIR's own
+// checkpoint continues the run DIR holds.
+void check_save_dir(const TrainOptions& opt) {
+    const std::filesystem::path dir(opt.save_dir), last = dir / "last.safetensors", prev = dir / "prev.safetensors";
+    std::error_code error;
+    const bool holds_run = std::filesystem::exists(last, error) || std::filesystem::exists(prev, error);
+    if (!holds_run || opt.overwrite) return;
+    const std::filesystem::path from = std::filesystem::path(opt.resume).parent_path();
+    if (!opt.resume.empty() && std::filesystem::equivalent(from.empty() ? "." : from, dir, error)) return;
+    KILN_FAIL("--save ", opt.save_dir, " holds the checkpoints of another run (",
+              (std::filesystem::exists(last, error) ? last : prev).string(), "), which this run would replace. "
+              "Continue that run with --resume ", last.string(), ", replace it with --overwrite, or --save another folder");
 }
 
 // --save: save_dir/last.safetensors, replaced atomically after every epoch; the one it
@@ -40,11 +60,8 @@ void save_epoch(const std::string& save_dir, TrainingRun& run, int epochs_done, 
     std::error_code error;
     std::filesystem::create_directories(save_dir, error);
     KILN_CHECK(!error, "--save ", save_dir, ": cannot create the folder (", error.message(), ")");
-    const std::string path = save_dir + "/last.safetensors", prev = save_dir + "/prev.safetensors";
-    if (std::filesystem::exists(path)) std::filesystem::rename(path, prev, error);
-    KILN_CHECK(!error, "--save ", save_dir, ": cannot rename last.safetensors to prev.safetensors (",
-               error.message(), ")");
-    write_safetensors(path, state);
+    const std::string path = save_dir + "/last.safetensors";
+    write_safetensors(path, state, save_dir + "/prev.safetensors");  // last.safetensors is never missing
     std::printf("saved %s\n", path.c_str());
 }
 
@@ -87,6 +104,7 @@ double fit(Module& model, Optimizer& optimizer, DataLoader& train, DataLoader& t
     const ScheduleRecord schedule =
         record_schedule(optimizer, opt.scheduler, opt.epochs, opt.per_batch ? train.num_batches() : 1);
     TrainingRun run{model, optimizer, opt.scheduler, &train, {}, nullptr, schedule, opt.scaler};
+    if (!opt.save_dir.empty() && opt.main_process) check_save_dir(opt);
     const int first = opt.resume.empty() ? 0 : resume_from(opt.resume, run);
     std::optional<RunLog> log;  // run.json and curves.svg; an unwritable folder fails here
     if (!opt.run.trainer.empty() && opt.main_process) log.emplace(opt.run, first);
@@ -122,6 +140,7 @@ double fit(Module& model, Optimizer& optimizer, DataLoader& train, DataLoader& t
     const std::unique_ptr<MemoryRecording> memory = memory_recording(flags, model, optimizer, arena, train);
     opt.memory = memory.get();
     opt.main_process = flags.rank == 0;
+    opt.overwrite = flags.overwrite;
     const std::unique_ptr<GradScaler> scaler = set_precision(flags, opt);
     return fit(model, optimizer, train, test, opt);
 }

@@ -114,6 +114,8 @@ struct TrainOptions {
     bool main_process = true;          // fit: false on data parallel ranks other than 0 (chapter 12),
                                        // which build each checkpoint (a collective under ZeRO-1) but
                                        // leave writing it, and run.json, to rank 0
+    bool overwrite = false;            // fit: save_dir may hold another run's checkpoints, which this
+                                       // run replaces (--overwrite); else that is refused
 };
 
 // Trains one epoch (epoch counts from 0, of opt.epochs) with a progress bar. Throws kiln::Error
