@@ -85,13 +85,16 @@ __global__ void unscale_and_check_kernel(float* g, int64_t n, float inv_scale, i
     }
 }
 
-bool unscale_and_check(float* g, int64_t n, float inv_scale) {
-    if (n == 0) return false;
+// One launch per tensor, all on one flag: zeroed once, read back once.
+bool unscale_and_check(float* const* grads, const int64_t* sizes, int64_t count, float inv_scale) {
     detail::Workspace flag(sizeof(int));
     KILN_CUDA_CHECK(cudaMemset(flag.as<int>(), 0, sizeof(int)));
-    const dim3 grid(detail::blocks_for(n)), block(detail::kBlock);
-    KILN_LAUNCH(unscale_and_check_kernel, grid, block, 0)(g, n, inv_scale, flag.as<int>());
-    KILN_CHECK_LAUNCH(unscale_and_check_kernel, grid, block);
+    for (int64_t t = 0; t < count; t++) {
+        if (sizes[t] == 0) continue;
+        const dim3 grid(detail::blocks_for(sizes[t])), block(detail::kBlock);
+        KILN_LAUNCH(unscale_and_check_kernel, grid, block, 0)(grads[t], sizes[t], inv_scale, flag.as<int>());
+        KILN_CHECK_LAUNCH(unscale_and_check_kernel, grid, block);
+    }
     int found_inf = 0;
     KILN_CUDA_CHECK(cudaMemcpy(&found_inf, flag.as<int>(), sizeof(int), cudaMemcpyDeviceToHost));
     return found_inf != 0;

@@ -11,6 +11,7 @@
 #include <cfloat>
 #include <cmath>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <limits>
 #include <sstream>
@@ -32,6 +33,7 @@
 #include "train/fit.h"
 #include "train/grad_hist.h"
 #include "train/loop.h"
+#include "train/progress.h"
 #include "train/run_log.h"
 
 using namespace kiln;
@@ -208,6 +210,25 @@ TEST_CASE("unscale_ on a model that is not packed checks and unscales every grad
     REQUIRE(fc.bias.grad.get({0}) == 0x1p-14);
 }
 
+// A packed model's gradients are views into one slab, 256-byte aligned, with padding between
+// them. With 1/scale = inf (a scale below 2^-128) a clean step makes every gradient inf — and
+// would make the padding 0 · inf = NaN, for the next step's check to find if it read the slab.
+TEST_CASE("unscale_ checks the gradients, not the padding between them in the slab", "[scaler][lesson09][cpu]") {
+    Rng rng(1);
+    auto model = mlp(rng, 3, 5);  // fc1.weight: 3 × 784 floats = 9408 bytes, then 192 of padding
+    REQUIRE(model->packed());
+    REQUIRE(model->grads_view().numel() > model->num_parameters());
+    GradScaler scaler(GradScaler::Options{1e-40f, 2.0, 0.5, 2000, true});  // 1 / 1e-40 overflows f32
+    for (int step = 0; step < 2; step++) {
+        INFO("step " << step + 1);
+        for (Parameter* p : model->parameters()) fill_(p->grad, 1.0f);  // new finite gradients, no zero_grad
+        scaler.unscale_(*model);
+        REQUIRE_FALSE(scaler.found_inf());
+        REQUIRE(std::isinf(model->parameters()[0]->grad.get({0, 0})));
+        scaler.update();
+    }
+}
+
 TEST_CASE("a disabled GradScaler does nothing but step", "[scaler][lesson09][cpu]") {
     Tiny t;
     SGD sgd(t.model.parameters(), 0.1f);
@@ -254,14 +275,14 @@ TEST_CASE("unscale_and_check_: every value times inv_scale exactly, inf/NaN foun
         INFO(c.name);
         Tensor g = scaled_grads(n, c.at, c.bad, Device::CPU);
         const Tensor before = g.clone();
-        REQUIRE(unscale_and_check_(g, inv_scale) == c.found);
+        REQUIRE(unscale_and_check_({g}, inv_scale) == c.found);
         for (int64_t i = 0; i < n; i++) {
             const float want = before.data<float>()[i] * inv_scale;
             REQUIRE((std::memcmp(&want, g.data<float>() + i, sizeof want) == 0 || (std::isnan(want) && std::isnan(g.data<float>()[i]))));
         }
     }
     Tensor ints = Tensor::zeros({4}, DType::I32);
-    REQUIRE_THROWS_WITH(unscale_and_check_(ints, 1.0f), Contains("unscale_and_check_"));
+    REQUIRE_THROWS_WITH(unscale_and_check_({ints}, 1.0f), Contains("unscale_and_check_"));
 }
 
 TEST_CASE("cuda unscale_and_check_ matches the CPU, flag and values", "[scaler][lesson09][cuda]") {
@@ -275,8 +296,10 @@ TEST_CASE("cuda unscale_and_check_ matches the CPU, flag and values", "[scaler][
         for (const Case& c : {Case{0, 0.0f}, Case{0, kInf}, Case{n - 1, kInf}, Case{n / 3, -kInf}, Case{12345, kNaN}}) {
             INFO("bad value " << c.bad << " at " << c.at);
             Tensor cpu = scaled_grads(n, c.at, c.bad, Device::CPU), gpu = scaled_grads(n, c.at, c.bad, Device::CUDA);
-            const bool found = unscale_and_check_(cpu, inv_scale);
-            REQUIRE(unscale_and_check_(gpu, inv_scale) == found);
+            // as two tensors, the bad value in either: one flag for both launches
+            const int64_t half = n / 2;
+            const bool found = unscale_and_check_({cpu.view(0, {half}), cpu.view(size_t(half) * 4, {n - half})}, inv_scale);
+            REQUIRE(unscale_and_check_({gpu.view(0, {half}), gpu.view(size_t(half) * 4, {n - half})}, inv_scale) == found);
             REQUIRE(found == (c.bad != 0 || std::isnan(c.bad)));
             test::require_close(gpu, cpu, 0.0);  // exactly equal; NaN matches NaN whatever its bits
         }
@@ -356,6 +379,48 @@ TEST_CASE("train_epoch with a GradScaler goes on past a skipped step; the schedu
     forward = 0;
     opt.scaler = nullptr;
     REQUIRE_THROWS_WITH(train_epoch(*model, sgd, loader, 0, opt), Contains("epoch 1, step 2"));
+}
+
+// A run whose every loss is inf (--amp f16 with too high an lr) would halve the scale towards 0
+// at every step, as PyTorch's GradScaler does: the loop stops once the scale falls below 1.
+TEST_CASE("train_epoch stops once skipped steps take the scale below 1", "[scaler][lesson09][cpu]") {
+    DataLoader loader(mnist_small(), loader_options());  // 4 batches of 64
+    Rng rng(1);
+    auto model = mlp(rng, 16, 8);
+    SGD sgd(model->parameters(), 0.05f);
+    GradScaler scaler(GradScaler::Options{4.0f, 2.0, 0.5, 2000, true});  // 4, 2, 1, then 0.5
+    model->register_forward_hook([&](Module&, const Tensor&, Tensor& logits) { logits.set({0, 0}, kNaN); });
+    TrainOptions opt;
+    opt.scaler = &scaler;
+    REQUIRE_THROWS_WITH(train_epoch(*model, sgd, loader, 0, opt),
+                        Contains("diverged") && Contains("epoch 1, step 3") && Contains("loss itself") &&
+                            Contains("fell to 0.5, below 1") && Contains("--lr"));
+    REQUIRE(sgd.steps() == 0);
+}
+
+// An epoch without a finite loss has no mean loss: NaN, shown as "n/a" and written as null, not 0.
+TEST_CASE("an epoch whose every loss was inf reports no loss, not 0", "[scaler][lesson09][cpu]") {
+    Progress bar(1, 1, 2);
+    bar.step(64, kInf, 3);
+    bar.step(64, kNaN, 5);
+    const float loss = bar.finish();
+    REQUIRE(std::isnan(loss));
+
+    test::TempDir dir;
+    RunInfo info;
+    info.trainer = "lesson-test";
+    info.dir = dir.path;
+    RunLog log(info, 0);
+    log.add({1, loss, 0.0625, 0.1, 0.01f, 100.0, 1024, 2.0f, 2});
+    std::ifstream in(dir.file("run.json"));
+    std::stringstream json;
+    json << in.rdbuf();
+    REQUIRE(json.str().find("\"train_loss\": null") != std::string::npos);
+    const std::vector<EpochRecord> epochs = read_epochs(json.str(), "run.json");
+    REQUIRE(epochs.size() == 1);
+    REQUIRE(std::isnan(epochs[0].train_loss));
+    REQUIRE(epochs[0].skipped_steps == 2);
+    REQUIRE(std::filesystem::exists(dir.file("curves.svg")));
 }
 
 // ---- checkpoints -------------------------------------------------------------------------------

@@ -67,9 +67,10 @@ void sgd_update(float* p, const float* grad, float* buf, int64_t n, float lr, fl
                 float weight_decay, bool nesterov, bool first_step);
 // PyTorch's Adam / AdamW (cpu_ops.h has the rule): one thread per element, as on the CPU.
 void adam_update(float* p, const float* grad, float* m, float* v, float* v_max, int64_t n, const AdamParams& a);
-// GradScaler's unscale_: g[i] *= inv_scale; returns whether any g[i] was inf or NaN (a flag in
-// device memory that any thread may set, read back once).
-bool unscale_and_check(float* g, int64_t n, float inv_scale);
+// GradScaler's unscale_, over `count` tensors (grads[t] of sizes[t] elements): g[i] *= inv_scale;
+// returns whether any g[i] was inf or NaN (a flag in device memory that any thread of any of
+// the launches may set, read back once at the end).
+bool unscale_and_check(float* const* grads, const int64_t* sizes, int64_t count, float inv_scale);
 
 // ---- convolution (chapter 05) ------------------------------------------------------------
 // The twins of cpu::conv2d_* (ops/cpu/cnn_ops.h): the same Conv2dParams, the same workspace

@@ -57,11 +57,16 @@ void adam_update(const std::vector<Tensor>& params, const std::vector<Tensor>& g
                data_or_null(max_exp_avg_sq, i), params[i].numel(), a);
 }
 
-bool unscale_and_check_(Tensor grads, float inv_scale) {
-    check_defined(grads, "unscale_and_check_", "grads");
-    check_dtype(grads, DType::F32, "unscale_and_check_", "grads");
-    auto unscale = grads.device() == Device::CUDA ? cuda::unscale_and_check : cpu::unscale_and_check;
-    return unscale(grads.data<float>(), grads.numel(), inv_scale);
+bool unscale_and_check_(const std::vector<Tensor>& grads, float inv_scale) {
+    const Device device = check_group("unscale_and_check_", grads, {});
+    std::vector<float*> data;
+    std::vector<int64_t> sizes;
+    for (const Tensor& g : grads) {
+        data.push_back(const_cast<Tensor&>(g).data<float>());
+        sizes.push_back(g.numel());
+    }
+    auto unscale = device == Device::CUDA ? cuda::unscale_and_check : cpu::unscale_and_check;
+    return unscale(data.data(), sizes.data(), int64_t(grads.size()), inv_scale);
 }
 
 }  // namespace kiln

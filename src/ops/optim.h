@@ -49,10 +49,13 @@ void adam_update(const std::vector<Tensor>& params, const std::vector<Tensor>& g
                  const std::vector<Tensor>& max_exp_avg_sq, const AdamParams& a);
 
 // GradScaler's unscale_ (optim/grad_scaler.h), in one pass over the f32 gradients (a model's
-// whole gradient slab, Module::grads_view):
+// gradients, as PyTorch's _amp_foreach_non_finite_check_and_unscale_ takes them):
 //   found_inf = any g is inf or NaN        (checked before multiplying)
 //   g *= inv_scale                         (every element, the non-finite ones too)
 // Returns found_inf. Each element is independent, so any thread count gives the same bits.
-bool unscale_and_check_(Tensor grads, float inv_scale);
+// Only the tensors are read: in a packed model they are views into the gradient slab, and the
+// slab's alignment padding between them is neither checked nor multiplied (0 · inf would make it
+// NaN, for the next check to find).
+bool unscale_and_check_(const std::vector<Tensor>& grads, float inv_scale);
 
 }  // namespace kiln

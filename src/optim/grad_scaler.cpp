@@ -28,12 +28,10 @@ void GradScaler::unscale_(Module& model) {
     KILN_CHECK(stage_ != Stage::Stepped, "GradScaler: unscale_() is being called after step(); call it before");
     // In double, then rounded once: a float division may be compiled less exactly (PyTorch's reason).
     const float inv_scale = float(1.0 / double(scale_));
-    found_inf_ = false;
-    if (model.packed()) {
-        found_inf_ = unscale_and_check_(model.grads_view(), inv_scale);  // one pass over the slab
-    } else {
-        for (Parameter* p : model.parameters()) found_inf_ |= unscale_and_check_(p->grad, inv_scale);
-    }
+    // The gradients alone: in a packed model views into the slab, the padding between them left out.
+    std::vector<Tensor> grads;
+    for (Parameter* p : model.parameters()) grads.push_back(p->grad);
+    found_inf_ = unscale_and_check_(grads, inv_scale);
     stage_ = Stage::Unscaled;
 }
 

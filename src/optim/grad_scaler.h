@@ -62,9 +62,9 @@ public:
     // The factor the loss gradient is multiplied by now (1 when disabled).
     float loss_scale() const { return enabled_ ? scale_ : 1.0f; }
 
-    // Multiplies the model's gradients (its gradient slab when packed, else each gradient) by
-    // float(1 / double(scale)) and records whether any was inf or NaN. Throws if called twice,
-    // or after step(), before update().
+    // Multiplies the model's gradients by float(1 / double(scale)) and records whether any was
+    // inf or NaN — the gradients only, not the padding between them in a packed model's slab.
+    // Throws if called twice, or after step(), before update().
     void unscale_(Module& model);
     // unscale_(model) unless it ran already, then optimizer.step() unless an inf or NaN was
     // found. Returns whether the optimizer stepped. Throws if called twice before update().

@@ -127,6 +127,12 @@ EpochResult train_epoch(Module& model, Optimizer& optimizer, DataLoader& loader,
         KILN_CHECK(r.finite() || opt.scaler, "training diverged: the ", r.loss_finite ? "gradient norm" : "loss",
                    " is ", r.loss_finite ? r.grad_norm : r.loss, " at epoch ", epoch + 1, ", step ", step + 1,
                    ". Try a smaller --lr (now ", optimizer.lr(), ") or check the input data");
+        KILN_CHECK(r.stepped || !opt.scaler || opt.scaler->loss_scale() >= kMinLossScale,
+                   "training diverged: at epoch ", epoch + 1, ", step ", step + 1, " the GradScaler skipped the step ",
+                   "again (", r.loss_finite ? "a gradient is inf or NaN" : "the loss itself is inf or NaN",
+                   ") and its scale fell to ", opt.scaler->loss_scale(), ", below ", kMinLossScale,
+                   ": the gradients overflow even at their true size, which no loss scale can fix. Try a smaller ",
+                   "--lr (now ", optimizer.lr(), ") or check the input data");
         if (opt.grad_hist && step == 0) print_grad_hist(model, r.loss_scale, opt.run);
         // Only after an update: a schedule counts the optimizer's steps (optim/grad_scaler.h).
         if (opt.scheduler && opt.per_batch && r.stepped) opt.scheduler->step();

@@ -30,6 +30,14 @@
 // The epoch (train_epoch) adds, after each step: scheduler.step() if the lr changes every batch
 // (OneCycleLR) and the optimizer stepped (a step a GradScaler skipped does not advance the
 // schedule: grad_scaler.h says why), and the progress bar.
+//
+// When training diverges, train_epoch stops with an error naming the epoch and the step: without
+// a GradScaler at the first inf or NaN loss (or gradient norm, when clipping); with one, once a
+// skipped step takes the scale below kMinLossScale. A scale below 1 scales the gradients down,
+// not up: at that point they overflow even at their true size (or the loss itself is inf/NaN),
+// so halving the scale again cannot help. PyTorch's GradScaler goes on halving it towards 0,
+// skipping every step in silence; kiln's GradScaler follows PyTorch's rule, and the training
+// loop is where kiln stops.
 #pragma once
 #include <string>
 #include <utility>
@@ -45,6 +53,9 @@
 namespace kiln {
 
 class MemoryRecording;  // train/memory_trace.h: --mem-report and --mem-trace
+
+// The smallest loss scale train_epoch goes on with after a skipped step (see above).
+constexpr float kMinLossScale = 1.0f;
 
 // How one step runs.
 struct StepOptions {
@@ -120,7 +131,8 @@ struct TrainOptions {
 
 // Trains one epoch (epoch counts from 0, of opt.epochs) with a progress bar. Throws kiln::Error
 // if the loss or the gradients stop being finite, naming the epoch and the step — unless a
-// GradScaler is in charge (opt.scaler), which skips such steps and goes on.
+// GradScaler is in charge (opt.scaler), which skips such steps and goes on until its scale falls
+// below kMinLossScale.
 EpochResult train_epoch(Module& model, Optimizer& optimizer, DataLoader& loader, int epoch, const TrainOptions& opt);
 
 }  // namespace kiln

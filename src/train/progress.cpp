@@ -39,7 +39,7 @@ void Progress::step(int64_t batch_size, float loss, int64_t correct) {
     }
 }
 
-double Progress::mean_loss() const { return loss_images_ ? loss_sum_ / double(loss_images_) : 0.0; }
+double Progress::mean_loss() const { return loss_images_ ? loss_sum_ / double(loss_images_) : NAN; }
 
 void Progress::show_scaler(float scale, int64_t skipped) {
     scale_ = scale;
@@ -53,11 +53,12 @@ void Progress::draw(bool final_line) {
     char bar[21] = {};
     int filled = steps_ > 0 ? int(20 * done_ / steps_) : 20;
     for (int i = 0; i < 20; i++) bar[i] = i < filled ? '#' : '.';
-    double loss = mean_loss();
+    char loss[32] = "   n/a";  // no step had a finite loss: none to show (not 0)
+    if (loss_images_) std::snprintf(loss, sizeof loss, "%.4f", mean_loss());
     double acc = images_ ? 100.0 * double(correct_) / double(images_) : 0.0;
     char scaler[64] = "";
     if (scale_ > 0) std::snprintf(scaler, sizeof scaler, "scale %.9g skipped %lld  ", double(scale_), (long long)skipped_);
-    std::printf("%sepoch %d/%d [%s] %5lld/%lld  loss %.4f  acc %.2f%%  %s%.0f img/s  %s %.0fs%s", tty_ ? "\r" : "",
+    std::printf("%sepoch %d/%d [%s] %5lld/%lld  loss %s  acc %.2f%%  %s%.0f img/s  %s %.0fs%s", tty_ ? "\r" : "",
                 epoch_, epochs_, bar, (long long)done_, (long long)steps_, loss, acc, scaler, ips,
                 final_line ? "time" : "ETA", final_line ? seconds_since(start_) : eta,
                 tty_ && !final_line ? "   " : "\n");

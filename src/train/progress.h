@@ -20,11 +20,13 @@ public:
     Progress(int epoch, int epochs, int64_t steps);
     // After each step: the batch's loss and the number of correct predictions in it. The loss
     // shown is the mean over the batches whose loss was finite: a step a GradScaler skipped
-    // may have an inf or NaN loss, and the training goes on (train/loop.h).
+    // may have an inf or NaN loss, and the training goes on (train/loop.h). While no batch has
+    // had a finite loss, "n/a" is shown.
     void step(int64_t batch_size, float loss, int64_t correct);
     // With a GradScaler: its scale now and the steps it skipped this epoch, shown from now on.
     void show_scaler(float scale, int64_t skipped);
-    // Ends the epoch's line; returns the epoch's mean loss (over the finite ones).
+    // Ends the epoch's line; returns the epoch's mean loss (over the finite ones), NaN when no
+    // batch had a finite loss — never a 0 that no step computed.
     float finish();
     double images_per_second() const;
 

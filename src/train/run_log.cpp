@@ -6,9 +6,11 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
+#include <type_traits>
 
 #include "core/cuda_memory.h"
 #include "core/error.h"
@@ -39,8 +41,11 @@ std::string cpu_model() {
 
 namespace {
 
-// A number in the shortest decimal form that reads back as the same value (C++17 to_chars).
+// A number in the shortest decimal form that reads back as the same value (C++17 to_chars);
+// JSON's null for one that is not finite (an epoch without a finite loss: train_loss).
 template <typename T> std::string number(T v) {
+    if constexpr (std::is_floating_point_v<T>)
+        if (!std::isfinite(v)) return "null";
     char text[32];
     return std::string(text, std::to_chars(text, text + sizeof text, v).ptr);
 }
@@ -65,12 +70,13 @@ std::string epoch_json(const EpochRecord& r) {
            ", \"peak_bytes\": " + number(r.peak_bytes) + scaler_json(r) + "}";
 }
 
-// The number after "key": in one epoch's line, or an error naming the file and the key.
+// The number after "key": in one epoch's line (null: NaN), or an error naming the file and the key.
 double field(const std::string& line, const std::string& key, const std::string& path) {
     const std::string quoted = "\"" + key + "\":";
     size_t at = line.find(quoted);
     char* end = nullptr;
     const char* begin = at == std::string::npos ? nullptr : line.c_str() + at + quoted.size();
+    if (begin && std::strncmp(begin, " null", 5) == 0) return NAN;
     double v = begin ? std::strtod(begin, &end) : 0.0;
     KILN_CHECK(begin && end != begin, path, ": an epoch without a number for \"", key, "\" (", line,
                "); delete the file to start the log afresh");
@@ -173,10 +179,13 @@ void curve(Svg& svg, const std::vector<Point>& points, const std::string& colour
 }  // namespace
 
 void save_curves(const std::string& path, const std::string& trainer, const std::vector<EpochRecord>& epochs) {
-    std::vector<double> x, loss, train_acc, test_acc, scale_x, log2_scale;
+    std::vector<double> x, loss_x, loss, train_acc, test_acc, scale_x, log2_scale;
     for (const EpochRecord& r : epochs) {
         x.push_back(r.epoch);
-        loss.push_back(r.train_loss);
+        if (std::isfinite(r.train_loss)) {  // an epoch without a finite loss has no point
+            loss_x.push_back(r.epoch);
+            loss.push_back(r.train_loss);
+        }
         train_acc.push_back(100 * r.train_accuracy);
         test_acc.push_back(100 * r.test_accuracy);
         if (r.loss_scale > 0) {
@@ -195,9 +204,9 @@ void save_curves(const std::string& path, const std::string& trainer, const std:
                   100 * epochs.back().test_accuracy, epochs.back().epoch);
     svg.text({width / 2, 24}, title, 16, Anchor::Middle);
 
-    Plot left(svg, {70, 50, 340, 260}, epoch_range, padded(loss, 0, 1e30));
+    Plot left(svg, {70, 50, 340, 260}, epoch_range, loss.empty() ? Range{0, 1} : padded(loss, 0, 1e30));
     left.axes("epoch", "training loss");
-    curve(svg, left.points(x, loss), kTrainColour);
+    if (!loss.empty()) curve(svg, left.points(loss_x, loss), kTrainColour);
     left.legend({{"training loss", kTrainColour}});
 
     const Box acc_area{520, 50, 340, 260};

@@ -39,7 +39,7 @@ RunInfo run_info(const CommonFlags& flags);
 // process) started — the running peak the result line prints, not reset between epochs.
 struct EpochRecord {
     int epoch = 0;                 // counts from 1
-    float train_loss = 0;          // mean over the epoch
+    float train_loss = 0;          // mean over the epoch's finite losses; NaN (null in run.json) if none
     double train_accuracy = 0;     // 0..1, over the epoch (the weights changing as it goes)
     double test_accuracy = 0;      // 0..1, after the epoch
     float lr = 0;                  // the lr the epoch started with

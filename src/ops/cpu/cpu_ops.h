@@ -88,9 +88,10 @@ void sgd_update(float* p, const float* grad, float* buf, int64_t n, float lr, fl
 // p −= step_size · m / (sqrt(v) / bias_correction2_sqrt + eps)
 void adam_update(float* p, const float* grad, float* m, float* v, float* v_max, int64_t n, const AdamParams& a);
 
-// GradScaler's unscale_ (chapter 09): g[i] *= inv_scale for every i, in the same pass; returns
-// whether any g[i] was inf or NaN before it was multiplied.
-bool unscale_and_check(float* g, int64_t n, float inv_scale);
+// GradScaler's unscale_ (chapter 09), over `count` tensors (grads[t] of sizes[t] elements):
+// g[i] *= inv_scale for every i, in the same pass; returns whether any g[i] was inf or NaN
+// before it was multiplied.
+bool unscale_and_check(float* const* grads, const int64_t* sizes, int64_t count, float inv_scale);
 
 
 // ---- sparse × dense (sparse.cpp; chapter 10) ---------------------------------------------------

@@ -54,18 +54,21 @@ void adam_update(float* p, const float* grad, float* m, float* v, float* v_max, 
 }
 
 // One read and one write per element; the flag is an OR over the elements (each chunk's, then
-// the chunks'), so the result does not depend on the thread count.
-bool unscale_and_check(float* g, int64_t n, float inv_scale) {
+// the chunks', then the tensors'), so the result does not depend on the thread count.
+bool unscale_and_check(float* const* grads, const int64_t* sizes, int64_t count, float inv_scale) {
     std::atomic<bool> found_inf{false};
-    parallel_for(n, kParallelMin, [&](int64_t i0, int64_t i1) {
-        int found = 0;
+    for (int64_t t = 0; t < count; t++) {
+        float* g = grads[t];
+        parallel_for(sizes[t], kParallelMin, [&](int64_t i0, int64_t i1) {
+            int found = 0;
 #pragma omp simd reduction(| : found)
-        for (int64_t i = i0; i < i1; i++) {
-            found |= !std::isfinite(g[i]);
-            g[i] *= inv_scale;
-        }
-        if (found) found_inf.store(true, std::memory_order_relaxed);
-    });
+            for (int64_t i = i0; i < i1; i++) {
+                found |= !std::isfinite(g[i]);
+                g[i] *= inv_scale;
+            }
+            if (found) found_inf.store(true, std::memory_order_relaxed);
+        });
+    }
     return found_inf.load();
 }
 
