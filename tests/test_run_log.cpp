@@ -217,6 +217,13 @@ TEST_CASE("an unwritable log folder fails before training, naming it", "[runlog]
     REQUIRE(t.sgd.steps() == 0);
 }
 
+TEST_CASE("a run.json that cannot be written is named, with the reason", "[runlog][cpu][lesson08]") {
+    test::TempDir dir;
+    std::filesystem::create_directories(dir.file("run.json"));  // a folder where the file should go
+    Trainer t({"--save", dir.path});
+    REQUIRE_THROWS_WITH(t.fit(), Contains(dir.file("run.json")) && Contains("Is a directory"));
+}
+
 TEST_CASE("--resume continues the log from the run.json in the folder", "[runlog][cpu][lesson08]") {
     test::TempDir dir;
     Trainer whole({"--epochs", "3", "--save", dir.path});

@@ -42,6 +42,14 @@ std::vector<uint8_t> read_file(const std::string& path) {
     return bytes;
 }
 
+int write_file(const std::string& path, const std::string& text) {
+    std::FILE* f = std::fopen(path.c_str(), "wb");
+    if (!f) return errno;
+    int err = std::fwrite(text.data(), 1, text.size(), f) == text.size() && std::fflush(f) == 0 ? 0 : errno;
+    if (std::fclose(f) != 0 && err == 0) err = errno;
+    return err;
+}
+
 // --- gzip --------------------------------------------------------------------------------
 
 bool is_gzip(const std::vector<uint8_t>& bytes) {

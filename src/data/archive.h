@@ -22,6 +22,11 @@ namespace kiln {
 // The whole file as bytes. Throws kiln::Error naming the path if it cannot be opened or read.
 std::vector<uint8_t> read_file(const std::string& path);
 
+// Writes `text` to the file at `path` (created or replaced). Returns 0, or the errno of what
+// failed (no such folder, permission, disk full): the caller's message names the reason with
+// std::strerror, which a std::ofstream loses.
+int write_file(const std::string& path, const std::string& text);
+
 // True when bytes start with the gzip magic number 1f 8b.
 bool is_gzip(const std::vector<uint8_t>& bytes);
 

@@ -14,6 +14,7 @@
 
 #include "core/cuda_memory.h"
 #include "core/error.h"
+#include "data/archive.h"
 #include "train/checkpoint.h"
 #include "train/svg.h"
 
@@ -148,10 +149,9 @@ void RunLog::add(const EpochRecord& record) {
 
 void RunLog::write() const {
     const std::string path = info_.dir + "/run.json";
-    std::ofstream out(path);
-    out << run_json(info_, epochs_);
-    out.close();
-    KILN_CHECK(out, "run log: cannot write ", path, "; pass --save DIR with a folder you can write to");
+    const int err = write_file(path, run_json(info_, epochs_));
+    KILN_CHECK(err == 0, "run log: cannot write ", path, " (", std::strerror(err),
+               "); pass --save DIR with a folder you can write to");
     if (!epochs_.empty()) save_curves(info_.dir + "/curves.svg", info_.trainer, epochs_);
 }
 

@@ -3,9 +3,10 @@
 
 #include <cmath>
 #include <cstdio>
-#include <fstream>
+#include <cstring>
 
 #include "core/error.h"
+#include "data/archive.h"
 
 namespace kiln {
 
@@ -105,11 +106,9 @@ std::string Svg::str() const {
 }
 
 void Svg::save(const std::string& path) const {
-    std::ofstream out(path, std::ios::binary);
-    KILN_CHECK(out, "cannot write the figure ", path, ": check that its folder exists and is writable");
-    out << str();
-    out.close();
-    KILN_CHECK(out, "writing the figure ", path, " failed (is the disk full?)");
+    const int err = write_file(path, str());
+    KILN_CHECK(err == 0, "cannot write the figure ", path, " (", std::strerror(err),
+               "): check that its folder exists and is writable");
 }
 
 // step = m × 10^e with m = 1, 2 or 5: the smallest such step for which the multiples of it
