@@ -56,6 +56,26 @@ StateDict small_state() {
     return s;
 }
 
+// Runs f() as if the disk were full (a file size limit of 64 bytes: a write past it fails with
+// EFBIG) and returns the message of the kiln::Error it throws ("" if none).
+template <typename F> std::string error_on_a_full_disk(F f) {
+    rlimit old{};
+    getrlimit(RLIMIT_FSIZE, &old);
+    rlimit small = old;
+    small.rlim_cur = 64;
+    auto old_handler = std::signal(SIGXFSZ, SIG_IGN);  // fail the write with EFBIG, not the process
+    setrlimit(RLIMIT_FSIZE, &small);
+    std::string message;
+    try {
+        f();
+    } catch (const Error& e) {
+        message = e.what();
+    }
+    setrlimit(RLIMIT_FSIZE, &old);
+    std::signal(SIGXFSZ, old_handler);
+    return message;
+}
+
 }  // namespace
 
 // ---- the layout -------------------------------------------------------------------------------
@@ -304,26 +324,9 @@ TEST_CASE("a save that fails leaves nothing behind and the old checkpoint intact
     REQUIRE(read_file(path) == before);
     std::filesystem::remove(path + ".tmp");
 
-    // The disk fills in the middle of the write (a file size limit does the same): the
-    // half-written temporary file is removed, the previous checkpoint stays.
-    rlimit old{};
-    getrlimit(RLIMIT_FSIZE, &old);
-    rlimit small = old;
-    small.rlim_cur = 64;
-    auto old_handler = std::signal(SIGXFSZ, SIG_IGN);  // fail the write with EFBIG, not the process
-    setrlimit(RLIMIT_FSIZE, &small);
-    bool threw = false;
-    std::string message;
-    try {
-        write_safetensors(path, s);
-    } catch (const Error& e) {
-        threw = true;
-        message = e.what();
-    }
-    setrlimit(RLIMIT_FSIZE, &old);
-    std::signal(SIGXFSZ, old_handler);
-    REQUIRE(threw);
-    REQUIRE_THAT(message, Contains(path) && Contains("too large"));
+    // The disk fills in the middle of the write: the half-written temporary file is removed,
+    // the previous checkpoint stays.
+    REQUIRE_THAT(error_on_a_full_disk([&] { write_safetensors(path, s); }), Contains(path) && Contains("too large"));
     REQUIRE_FALSE(std::filesystem::exists(path + ".tmp"));
     REQUIRE(read_file(path) == before);
 }
@@ -627,21 +630,8 @@ TEST_CASE("a full disk during fit's --save leaves last.safetensors and prev.safe
     // Epoch 2 again, from prev.safetensors, with no room to save it.
     Trainee again(set, Opt::SGD);
     const TrainOptions resumed{2, &again.scheduler, true, nullptr, 0.0f, dir.path, dir.file("prev.safetensors")};
-    rlimit old{};
-    getrlimit(RLIMIT_FSIZE, &old);
-    rlimit small = old;
-    small.rlim_cur = 64;
-    auto old_handler = std::signal(SIGXFSZ, SIG_IGN);  // fail the write with EFBIG, not the process
-    setrlimit(RLIMIT_FSIZE, &small);
-    std::string message;
-    try {
-        fit(*again.model, *again.optimizer, again.loader, again.loader, resumed);
-    } catch (const Error& e) {
-        message = e.what();
-    }
-    setrlimit(RLIMIT_FSIZE, &old);
-    std::signal(SIGXFSZ, old_handler);
-    REQUIRE_THAT(message, Contains("last.safetensors") && Contains("too large"));
+    REQUIRE_THAT(error_on_a_full_disk([&] { fit(*again.model, *again.optimizer, again.loader, again.loader, resumed); }),
+                 Contains("last.safetensors") && Contains("too large"));
     REQUIRE(read_file(dir.file("last.safetensors")) == last);
     REQUIRE(read_file(dir.file("prev.safetensors")) == prev);
 }

@@ -512,6 +512,32 @@ TEST_CASE("a checkpoint with a scaler's state and a run without one (or the reve
     REQUIRE_THROWS_WITH(load_checkpoint(plain_path, with), Contains("no GradScaler state") && Contains("--amp"));
 }
 
+// A scaler's values edited in a checkpoint (and checksummed again, as a program would) are each
+// checked against the range the scaler keeps them in; the error names the key and the file.
+TEST_CASE("a checkpoint's GradScaler values out of range are refused by name", "[scaler][checkpoint][lesson09][cpu]") {
+    test::TempDir dir;
+    const std::string path = dir.file("scaled.safetensors"), edited = dir.file("edited.safetensors");
+    {
+        ScaledRun r;
+        TrainingRun run = r.run();
+        save_checkpoint(path, run, r.train_until({}, 1));
+    }
+    for (const auto& [key, value] : std::vector<std::pair<std::string, std::string>>{
+             {"scaler.scale", "0x0p+0"}, {"scaler.scale", "-0x1p+16"}, {"scaler.scale", "inf"},
+             {"scaler.growth_tracker", "-1"}, {"scaler.growth_tracker", "2"},  // the interval is 2
+             {"scaler.growth_factor", "0x1p+0"}, {"scaler.backoff_factor", "0x1p+0"},
+             {"scaler.growth_interval", "0"}}) {
+        INFO(key << " = " << value);
+        StateDict s = read_safetensors(path);
+        REQUIRE(s.values.count(key));
+        s.values[key] = value;
+        write_safetensors(edited, s);
+        ScaledRun r;
+        TrainingRun run = r.run();
+        REQUIRE_THROWS_WITH(load_checkpoint(edited, run), Contains("\"" + key + "\"") && Contains(edited));
+    }
+}
+
 // ---- the log, the flags --------------------------------------------------------------------------
 
 TEST_CASE("fit with a GradScaler logs the scale and the skipped steps; curves.svg draws the scale",
