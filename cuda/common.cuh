@@ -32,6 +32,19 @@ inline unsigned blocks_for(int64_t n, int block = kBlock, int64_t max_blocks = 1
     return unsigned(std::max<int64_t>(1, std::min<int64_t>((n + block - 1) / block, max_blocks)));
 }
 
+// The device's multiprocessors (SMs), asked once: 132 on an H100 or H200, the OpenMP threads on
+// the emulator. The GEMMs size their grids by it.
+inline int64_t multiprocessors() {
+    static const int64_t count = [] {
+        cudaDeviceProp prop{};
+        int device = 0;
+        KILN_CUDA_CHECK(cudaGetDevice(&device));
+        KILN_CUDA_CHECK(cudaGetDeviceProperties(&prop, device));
+        return int64_t(std::max(1, prop.multiProcessorCount));
+    }();
+    return count;
+}
+
 struct SumOp {
     template <typename T>
     __device__ T operator()(T a, T b) const { return a + b; }

@@ -122,10 +122,13 @@
 //
 // Build and run: part of the engine (make, or make CUDA=1); tested against the CPU by
 //   make test T='[conv][cuda]'        (the depthwise kernels alone: T='[depthwise]')
+#include <optional>
 #include <type_traits>
 
 #include "common.cuh"
+#include "gemm_tiles.cuh"
 #include "gemm_versions.h"
+#include "tensor_tiles.cuh"
 #include "ops/cuda_ops.h"
 
 namespace kiln::cuda {
@@ -378,6 +381,345 @@ __global__ void __launch_bounds__(detail::wmma_tile::kThreads)
     }
 }
 
+// ---- the engine's implicit GEMMs: forward, dx and dw on one block tile -------------------------------
+// The three passes are three matrix products whose operands are gathered from the tensors as the
+// tiles are loaded (no column matrix in memory), each computed by the engine's block tile:
+// detail::fma_tile on the CUDA cores (gemm_tiles.cuh: warp tiling, two stages) for every type,
+// detail::mma_tile on the tensor cores (tensor_tiles.cuh) for f16 and bf16. Per group g:
+//
+//   forward  y[o, (n,p,q)]       = Σ_{(c,kh,kw)} w[o, (c,kh,kw)] · x[n, c, p·s − pad + kh·dil, q·s − pad + kw·dil]
+//            M = Og, N = N·P·Q, K = Kc = Cg·KH·KW        A: w as stored; B: ConvColumns
+//   dx       dx[c, (n,ih,iw)]    = Σ_{(o,kh,kw)} w[o, c, kh, kw] · dy[n, o, p, q]
+//                                  where p·s = ih + pad − kh·dil and q·s = iw + pad − kw·dil (whole, in range)
+//            M = Cg, N = N·H·W, K = Og·KH·KW             A: ConvWeightsT; B: ConvGradColumns
+//   dw       dw[o, (c,kh,kw)]   += Σ_{(n,p,q)} dy[n, o, p, q] · x[n, c, p·s − pad + kh·dil, q·s − pad + kw·dil]
+//            M = Og, N = Kc, K = N·P·Q                   A: ConvGradRows; B: ConvPatches
+//
+// dx's sum is a gather (each thread sums what reaches its own dx element), so no two threads
+// write one place; dw's long K is split into slices summed in order by a second pass
+// (gemm_sum_slices_kernel, as cuda::gemm_split_k), so no atomics anywhere. Each loader gives every
+// thread fixed columns (or rows) of the tile and steps the other index with carries, as
+// ImplicitColumn does; consecutive threads take the index that is contiguous in memory (q or
+// iw), so a warp's gathers are coalesced. Loaders write through put_a / put_b, which know the
+// stage's layout: float [k][m] for the CUDA cores, 16-bit [m][k] or [k][m] for the tensor cores.
+
+template <class S, typename T>
+__device__ __forceinline__ void put_a(float (*As)[S::kLdA], int m, int k, float v) { As[k][m] = v; }
+template <class S, typename T>
+__device__ __forceinline__ void put_a(uint16_t* As, int m, int k, float v) { As[S::a_index(m, k)] = detail::bits_of(T(v)); }
+template <class S, typename T>
+__device__ __forceinline__ void put_b(float (*Bs)[S::kLdB], int k, int n, float v) { Bs[k][n] = v; }
+template <class S, typename T>
+__device__ __forceinline__ void put_b(uint16_t* Bs, int k, int n, float v) { Bs[S::b_index(k, n)] = detail::bits_of(T(v)); }
+
+// forward's B: column n = (img, p, q) of the virtual column matrix; this thread owns column
+// tid % BN of the tile and its rows tid / BN, + kThreads/BN, ... (ImplicitColumn walks them).
+template <class S, typename T>
+struct ConvColumns {
+    static constexpr int kStep = S::kThreads / S::BN, kPer = S::BK / kStep;
+    static_assert(S::kThreads % S::BN == 0 && S::BK % kStep == 0, "whole columns per thread");
+    ImplicitColumn<T> column;
+    float r[kPer];
+    __device__ ConvColumns(const T* x, const ConvDims& d, int64_t g, int64_t j0)
+        : column(x, d, j0 + int(threadIdx.x) % S::BN, g, int(threadIdx.x) / S::BN, kStep) {}
+    __device__ void fetch(const ConvDims& d, int64_t) {
+        KILN_UNROLL
+        for (int i = 0; i < kPer; i++) r[i] = column.next(d);
+    }
+    template <typename Stage>
+    __device__ void stash(Stage Bs) const {
+        KILN_UNROLL
+        for (int i = 0; i < kPer; i++) put_b<S, T>(Bs, int(threadIdx.x) / S::BN + i * kStep, int(threadIdx.x) % S::BN, r[i]);
+    }
+};
+
+// dx's A: A[c][(o, kh, kw)] = w[g·Og + o, c, kh, kw]; this thread owns row c = tid % BM of the
+// tile and the k rows tid / BM, + kThreads/BM, ...: its cursor (o, kk) steps by kThreads/BM.
+template <class S, typename T>
+struct ConvWeightsT {
+    static constexpr int kStep = S::kThreads / S::BM, kPer = S::BK / kStep;
+    static_assert(S::kThreads % S::BM == 0 && S::BK % kStep == 0, "whole rows per thread");
+    const T* wc;      // w[g·Og, c, 0, 0]: the thread's channel in the group's first filter
+    bool ok;          // c < Cg
+    int o, kk;        // the next k row: filter o, tap kk = kh·KW + kw
+    int so, skk;      // the step, decomposed
+    float r[kPer];
+    __device__ ConvWeightsT(const T* w, const ConvDims& d, int64_t g, int64_t c0) {
+        const int KK = int(d.KH * d.KW), c = int(c0) + int(threadIdx.x) % S::BM, first = int(threadIdx.x) / S::BM;
+        ok = c < d.Cg;
+        wc = w + (g * d.Og * d.Cg + (ok ? c : 0)) * KK;
+        o = first / KK, kk = first % KK, so = kStep / KK, skk = kStep % KK;
+    }
+    __device__ void fetch(const ConvDims& d, int64_t) {
+        const int KK = int(d.KH * d.KW);
+        KILN_UNROLL
+        for (int i = 0; i < kPer; i++) {
+            r[i] = ok && o < d.Og ? float(wc[(int64_t(o) * d.Cg) * KK + kk]) : 0.0f;
+            kk += skk, o += so;
+            if (kk >= KK) kk -= KK, o++;
+        }
+    }
+    template <typename Stage>
+    __device__ void stash(Stage As) const {
+        KILN_UNROLL
+        for (int i = 0; i < kPer; i++) put_a<S, T>(As, int(threadIdx.x) % S::BM, int(threadIdx.x) / S::BM + i * kStep, r[i]);
+    }
+};
+
+// dx's B: B[(o, kh, kw)][(img, ih, iw)] = dy[img, g·Og + o, p, q] for p·s = ih + pad − kh·dil and
+// q·s = iw + pad − kw·dil when those are whole and in range, else 0. This thread owns column
+// tid % BN (its (img, ih, iw) decoded once) and steps (o, kh, kw) like ImplicitColumn.
+template <class S, typename T>
+struct ConvGradColumns {
+    static constexpr int kStep = S::kThreads / S::BN, kPer = S::BK / kStep;
+    static_assert(S::kThreads % S::BN == 0 && S::BK % kStep == 0, "whole columns per thread");
+    const T* dyn;      // dy[img, g·Og]
+    int th0, tw0;      // ih + pad and iw + pad
+    bool ok;           // the column is inside N·H·W
+    int o, kh, kw;     // the next row
+    int so, skh, skw;  // the step, decomposed
+    float r[kPer];
+    __device__ ConvGradColumns(const T* dy, const ConvDims& d, int64_t g, int64_t j0) {
+        const int64_t HW = d.H * d.W, j = j0 + int(threadIdx.x) % S::BN;
+        ok = j < d.N * HW;
+        const int64_t img = ok ? j / HW : 0;
+        th0 = int(j % HW / d.W + d.padding), tw0 = int(j % d.W + d.padding);
+        dyn = dy + (img * d.O + g * d.Og) * d.P * d.Q;
+        const int KW = int(d.KW), KK = int(d.KH * d.KW), first = int(threadIdx.x) / S::BN;
+        o = first / KK, kh = first % KK / KW, kw = first % KW;
+        so = kStep / KK, skh = kStep % KK / KW, skw = kStep % KW;
+    }
+    __device__ void fetch(const ConvDims& d, int64_t) {
+        const int s = int(d.stride), dil = int(d.dilation), P = int(d.P), Q = int(d.Q);
+        KILN_UNROLL
+        for (int i = 0; i < kPer; i++) {
+            const int tp = th0 - kh * dil, tq = tw0 - kw * dil;  // p·s and q·s
+            float v = 0.0f;
+            if (ok && o < d.Og && tp >= 0 && tq >= 0) {
+                const bool whole = s == 1 || (tp % s == 0 && tq % s == 0);
+                const int p = s == 1 ? tp : tp / s, q = s == 1 ? tq : tq / s;
+                if (whole && p < P && q < Q) v = float(dyn[(int64_t(o) * P + p) * Q + q]);
+            }
+            r[i] = v;
+            kw += skw, kh += skh, o += so;
+            if (kw >= d.KW) kw -= int(d.KW), kh++;
+            if (kh >= d.KH) kh -= int(d.KH), o++;
+        }
+    }
+    template <typename Stage>
+    __device__ void stash(Stage Bs) const {
+        KILN_UNROLL
+        for (int i = 0; i < kPer; i++) put_b<S, T>(Bs, int(threadIdx.x) / S::BN + i * kStep, int(threadIdx.x) % S::BN, r[i]);
+    }
+};
+
+// dw's A: A[o][(img, pq)] = dy[img, g·Og + o, pq]; this thread owns k column tid % BK of the tile
+// (its (img, pq) cursor moves BK on per step) and rows o = tid / BK, + kThreads/BK, ....
+template <class S, typename T>
+struct ConvGradRows {
+    static constexpr int kStep = S::kThreads / S::BK, kPer = S::BM / kStep;
+    static_assert(S::kThreads % S::BK == 0 && S::BM % kStep == 0, "whole k columns per thread");
+    const T* dyg;        // dy[0, g·Og]
+    int64_t k, k_end;    // this thread's next k = img·P·Q + pq
+    int img, pq, simg, spq;
+    int64_t o0;
+    float r[kPer];
+    __device__ ConvGradRows(const T* dy, const ConvDims& d, int64_t g, int64_t o0_, int64_t k_begin, int64_t k_end_)
+        : dyg(dy + g * d.Og * d.P * d.Q), k(k_begin + int(threadIdx.x) % S::BK), k_end(k_end_), o0(o0_) {
+        const int64_t PQ = d.P * d.Q;
+        img = int(k / PQ), pq = int(k % PQ), simg = int(S::BK / PQ), spq = int(S::BK % PQ);
+    }
+    __device__ void fetch(const ConvDims& d, int64_t) {
+        const int64_t PQ = d.P * d.Q;
+        const T* plane = dyg + (int64_t(img) * d.O + o0) * PQ + pq;  // dy[img, g·Og + o0, pq]
+        KILN_UNROLL
+        for (int i = 0; i < kPer; i++) {
+            const int64_t o = o0 + int(threadIdx.x) / S::BK + i * kStep;
+            r[i] = k < k_end && o < d.Og ? float(plane[(o - o0) * PQ]) : 0.0f;
+        }
+        k += S::BK, pq += spq, img += simg;
+        if (pq >= PQ) pq -= int(PQ), img++;
+    }
+    template <typename Stage>
+    __device__ void stash(Stage As) const {
+        KILN_UNROLL
+        for (int i = 0; i < kPer; i++) put_a<S, T>(As, int(threadIdx.x) / S::BK + i * kStep, int(threadIdx.x) % S::BK, r[i]);
+    }
+};
+
+// dw's B: B[(img, p, q)][(c, kh, kw)] = x[img, g·Cg + c, p·s − pad + kh·dil, q·s − pad + kw·dil];
+// this thread owns k row tid % BK (its (img, p, q) cursor moves BK on per step) and the columns
+// n = tid / BK, + kThreads/BK, ..., whose (c, kh, kw) it steps through with carries.
+template <class S, typename T>
+struct ConvPatches {
+    static constexpr int kStep = S::kThreads / S::BK, kPer = S::BN / kStep;
+    static_assert(S::kThreads % S::BK == 0 && S::BN % kStep == 0, "whole k rows per thread");
+    const T* xg;       // x[0, g·Cg]
+    int64_t k, k_end;  // this thread's next k = (img·P + p)·Q + q
+    int img, p, q, simg, sp, sq;
+    int c0, kh0, kw0;  // the first column's (c, kh, kw)
+    int sc, skh, skw;  // the step between columns, decomposed
+    int64_t n0;
+    float r[kPer];
+    __device__ ConvPatches(const T* x, const ConvDims& d, int64_t g, int64_t n0_, int64_t k_begin, int64_t k_end_)
+        : xg(x + g * d.Cg * d.H * d.W), k(k_begin + int(threadIdx.x) % S::BK), k_end(k_end_), n0(n0_) {
+        const int Q = int(d.Q), PQ = int(d.P * d.Q), KW = int(d.KW), KK = int(d.KH * d.KW);
+        img = int(k / PQ), p = int(k % PQ) / Q, q = int(k % Q);
+        simg = S::BK / PQ, sp = S::BK % PQ / Q, sq = S::BK % Q;
+        const int first = int(n0) + int(threadIdx.x) / S::BK;
+        c0 = first / KK, kh0 = first % KK / KW, kw0 = first % KW;
+        sc = kStep / KK, skh = kStep % KK / KW, skw = kStep % KW;
+    }
+    __device__ void fetch(const ConvDims& d, int64_t) {
+        const int H = int(d.H), W = int(d.W), dil = int(d.dilation);
+        const int ih0 = p * int(d.stride) - int(d.padding), iw0 = q * int(d.stride) - int(d.padding);
+        const T* xn = xg + int64_t(img) * d.C * H * W;
+        const bool k_ok = k < k_end;
+        int c = c0, kh = kh0, kw = kw0;
+        KILN_UNROLL
+        for (int i = 0; i < kPer; i++) {
+            const int ih = ih0 + kh * dil, iw = iw0 + kw * dil;
+            const bool inside = k_ok && c < d.Cg && ih >= 0 && ih < H && iw >= 0 && iw < W;
+            r[i] = inside ? float(xn[(int64_t(c) * H + ih) * W + iw]) : 0.0f;
+            kw += skw, kh += skh, c += sc;
+            if (kw >= d.KW) kw -= int(d.KW), kh++;
+            if (kh >= d.KH) kh -= int(d.KH), c++;
+        }
+        k += S::BK, q += sq, p += sp, img += simg;
+        if (q >= d.Q) q -= int(d.Q), p++;
+        if (p >= d.P) p -= int(d.P), img++;
+    }
+    template <typename Stage>
+    __device__ void stash(Stage Bs) const {
+        KILN_UNROLL
+        for (int i = 0; i < kPer; i++) put_b<S, T>(Bs, int(threadIdx.x) % S::BK, int(threadIdx.x) / S::BK + i * kStep, r[i]);
+    }
+};
+
+// The GEMM loaders take fetch(k0); these take fetch(d, k0): an adapter gives both one shape.
+template <class L>
+struct WithDims {
+    L& loader;
+    const ConvDims& d;
+    __device__ void fetch(int64_t k0) { loader.fetch(d, k0); }
+    template <typename Stage>
+    __device__ void stash(Stage s) const { loader.stash(s); }
+};
+
+// forward's epilogue: y[img, g·Og + o, pq] = acc + b[g·Og + o], column j = img·P·Q + pq.
+template <typename T>
+struct ConvForwardOut {
+    T* y;
+    const T* b;
+    const ConvDims& d;
+    int64_t g, o0, j0;
+    __device__ void store(int mt, int nt, int count, const float* v) {
+        const int64_t o = o0 + mt, PQ = d.P * d.Q, NPQ = d.N * PQ;
+        if (o >= d.Og) return;
+        const int64_t oc = g * d.Og + o;
+        const float bias = b ? float(b[oc]) : 0.0f;
+        for (int i = 0; i < count; i++) {
+            const int64_t j = j0 + nt + i;
+            if (j < NPQ) y[(j / PQ * d.O + oc) * PQ + j % PQ] = T(v[i] + bias);
+        }
+    }
+    __device__ void store4(int mt, int nt, float4 v) {
+        const float a[4] = {v.x, v.y, v.z, v.w};
+        store(mt, nt, 4, a);
+    }
+    __device__ void store2(int mt, int nt, float v0, float v1) {
+        const float a[2] = {v0, v1};
+        store(mt, nt, 2, a);
+    }
+};
+
+// dx's epilogue: dx[img, g·Cg + c, hw] = acc (overwritten), column j = img·H·W + hw.
+template <typename T>
+struct ConvDataOut {
+    T* dx;
+    const ConvDims& d;
+    int64_t g, c0, j0;
+    __device__ void store(int mt, int nt, int count, const float* v) {
+        const int64_t c = c0 + mt, HW = d.H * d.W, NHW = d.N * HW;
+        if (c >= d.Cg) return;
+        for (int i = 0; i < count; i++) {
+            const int64_t j = j0 + nt + i;
+            if (j < NHW) dx[(j / HW * d.C + g * d.Cg + c) * HW + j % HW] = T(v[i]);
+        }
+    }
+    __device__ void store4(int mt, int nt, float4 v) {
+        const float a[4] = {v.x, v.y, v.z, v.w};
+        store(mt, nt, 4, a);
+    }
+    __device__ void store2(int mt, int nt, float v0, float v1) {
+        const float a[2] = {v0, v1};
+        store(mt, nt, 2, a);
+    }
+};
+
+// The block tile on the CUDA cores (kTensor false) or the tensor cores (true; T = f16, bf16).
+template <class S, typename T, bool kTensor>
+struct ConvTile {
+    using Stages = std::conditional_t<kTensor, detail::MmaStages<S>, detail::FmaStages<S>>;
+    template <class LA, class LB, class Out>
+    __device__ static void run(LA& la, LB& lb, int64_t k_begin, int64_t k_end, Stages& sm, Out& out) {
+        if constexpr (kTensor) detail::mma_tile<S, T>(la, lb, k_begin, k_end, sm, out);
+        else detail::fma_tile<S>(la, lb, k_begin, k_end, sm, out);
+    }
+};
+
+// Block (bx, by, g): y's group g, output channels o0 = by·BM.., columns j0 = bx·BN.. .
+template <class S, typename T, bool kTensor>
+__global__ void __launch_bounds__(S::kThreads)
+    conv2d_forward_tiled_kernel(const T* x, const T* w, const T* b, T* y, ConvDims d, bool vec_w) {
+    using Tile = ConvTile<S, T, kTensor>;
+    __shared__ typename Tile::Stages stages;
+    const int64_t g = blockIdx.z, o0 = int64_t(blockIdx.y) * S::BM, j0 = int64_t(blockIdx.x) * S::BN;
+    using LoadW = std::conditional_t<kTensor, detail::MmaGemmLoaderA<S, false, T>, detail::GemmLoaderA<S, false, T>>;
+    LoadW la(w + g * d.Og * d.Kc, d.Kc, d.Og, d.Kc, o0, vec_w);
+    ConvColumns<S, T> columns(x, d, g, j0);
+    WithDims<ConvColumns<S, T>> lb{columns, d};
+    ConvForwardOut<T> out{y, b, d, g, o0, j0};
+    Tile::run(la, lb, 0, d.Kc, stages, out);
+}
+
+// Block (bx, by, g): dx's group g, channels c0 = by·BM.., columns j0 = bx·BN.. of N·H·W.
+template <class S, typename T, bool kTensor>
+__global__ void __launch_bounds__(S::kThreads)
+    conv2d_backward_data_tiled_kernel(const T* dy, const T* w, T* dx, ConvDims d) {
+    using Tile = ConvTile<S, T, kTensor>;
+    __shared__ typename Tile::Stages stages;
+    const int64_t g = blockIdx.z, c0 = int64_t(blockIdx.y) * S::BM, j0 = int64_t(blockIdx.x) * S::BN;
+    ConvWeightsT<S, T> weights(w, d, g, c0);
+    ConvGradColumns<S, T> columns(dy, d, g, j0);
+    WithDims<ConvWeightsT<S, T>> la{weights, d};
+    WithDims<ConvGradColumns<S, T>> lb{columns, d};
+    ConvDataOut<T> out{dx, d, g, c0, j0};
+    Tile::run(la, lb, 0, d.Og * d.KH * d.KW, stages, out);
+}
+
+// Block (bx, by, z): group g = z / slices, slice z % slices of the N·P·Q sum, its tile of
+// dw[g·Og + o0.., n0..]: onto dw itself (one slice: beta 1, dw += Σ) or into the slice's own
+// partial sums part + slice·O·Kc (beta 0), which gemm_sum_slices_kernel then adds in order.
+template <class S, typename T, bool kTensor, typename CT>
+__global__ void __launch_bounds__(S::kThreads)
+    conv2d_backward_weight_tiled_kernel(const T* x, const T* dy, CT* out_base, ConvDims d, int64_t slices,
+                                        int64_t k_slice) {
+    using Tile = ConvTile<S, T, kTensor>;
+    __shared__ typename Tile::Stages stages;
+    const int64_t g = blockIdx.z / slices, slice = blockIdx.z % slices;
+    const int64_t o0 = int64_t(blockIdx.y) * S::BM, n0 = int64_t(blockIdx.x) * S::BN, NPQ = d.N * d.P * d.Q;
+    const int64_t k_begin = slice * k_slice, k_end = NPQ < k_begin + k_slice ? NPQ : k_begin + k_slice;
+    ConvGradRows<S, T> rows(dy, d, g, o0, k_begin, k_end);
+    ConvPatches<S, T> patches(x, d, g, n0, k_begin, k_end);
+    WithDims<ConvGradRows<S, T>> la{rows, d};
+    WithDims<ConvPatches<S, T>> lb{patches, d};
+    const bool partial = slices > 1;
+    detail::GemmEpilogue<CT> out{out_base + slice * d.O * d.Kc + g * d.Og * d.Kc, d.Kc, d.Og, d.Kc, o0, n0, 1.0f,
+                                 partial ? 0.0f : 1.0f, false};
+    Tile::run(la, lb, k_begin, k_end, stages, out);
+}
+
 // ---- depthwise: G == C == O, w [C, 1, KH, KW] --------------------------------------------------------
 // See the header. The element-wise kernels index with I = int or int64_t (depthwise_int_indices);
 // a plane is one (n, c): plane = n·C + c, so x[n, c] starts at plane·H·W and y[n, c] at plane·P·Q.
@@ -606,12 +948,128 @@ void conv2d_backward_weight_depthwise(const T* x, const T* dy, T* dw, T* db, con
     KILN_CHECK_LAUNCH(depthwise_backward_weight_kernel<T>, grid, block);
 }
 
+// ---- the engine's implicit GEMMs: shapes and launches --------------------------------------------------
+// The tile shapes: 128×128 when there are two such tiles per SM, else 64×64; 16×128 when the
+// product has at most 16 rows (LeNet's first layers), where taller tiles would be mostly
+// padding. The tensor cores take f16 and bf16 when the product has at least 16 rows, columns
+// and k (one mma block each way); below that, the CUDA cores.
+using FmaNarrow = detail::FmaShape<16, 128, 32, 1, 4, 1, 1>;
+template <bool A_KC, bool B_KC>
+using MmaBig = detail::MmaShape<128, 128, 32, 2, 4, A_KC, B_KC>;
+template <bool A_KC, bool B_KC>
+using MmaSmall = detail::MmaShape<64, 64, 32, 2, 2, A_KC, B_KC>;
+
+enum class TileShape { Narrow, Small, Big };
+
+TileShape tile_shape(int64_t M, int64_t N, int64_t groups) {
+    if (M <= 16) return TileShape::Narrow;
+    const int64_t big_tiles = (M + 127) / 128 * ((N + 127) / 128) * groups;
+    return big_tiles >= 2 * detail::multiprocessors() ? TileShape::Big : TileShape::Small;
+}
+
+template <typename T>
+bool tensor_cores_take(int64_t M, int64_t N, int64_t K) {
+    return !std::is_same_v<T, float> && M >= 16 && N >= 16 && K >= 16;
+}
+
+// Calls launch(shape, tensor) with the shape (a type) and whether it is the tensor cores'.
+template <typename T, bool A_KC, bool B_KC, typename Launch>
+void with_tile(int64_t M, int64_t N, int64_t K, int64_t groups, Launch launch) {
+    const TileShape shape = tile_shape(M, N, groups);
+    if constexpr (!std::is_same_v<T, float>) {
+        if (tensor_cores_take<T>(M, N, K)) {
+            if (shape == TileShape::Big) return launch(MmaBig<A_KC, B_KC>{}, std::true_type{});
+            return launch(MmaSmall<A_KC, B_KC>{}, std::true_type{});
+        }
+    }
+    if (shape == TileShape::Narrow) return launch(FmaNarrow{}, std::false_type{});
+    if (shape == TileShape::Big) return launch(detail::FmaBig{}, std::false_type{});
+    launch(detail::FmaSmall{}, std::false_type{});
+}
+
+// What every tiled pass checks: its grid and 32-bit indices within one image and group.
+void check_tiled(const ConvDims& d, int64_t groups, int64_t M, int64_t columns, const char* op) {
+    KILN_CHECK(groups <= 65535 && (M + 15) / 16 <= 65535 && (columns + 15) / 16 <= 0x7fffffff &&
+                   d.C * std::max(d.H * d.W, d.P * d.Q) <= 0x7fffffff && d.O * d.P * d.Q <= 0x7fffffff,
+               op, ": groups=", groups, ", ", M, " rows, ", columns, " columns, C·H·W=", d.C * d.H * d.W,
+               " or O·P·Q=", d.O * d.P * d.Q, " exceed the grid's or 32-bit indices' limits of the tiled kernels");
+}
+
+template <typename T>
+void conv2d_forward_tiled(const T* x, const T* w, const T* b, T* y, const Conv2dParams& p) {
+    const ConvDims d = dims_of(p);
+    const int64_t NPQ = d.N * d.P * d.Q;
+    check_tiled(d, p.groups, d.Og, NPQ, "cuda::conv2d_forward");
+    with_tile<T, true, false>(d.Og, NPQ, d.Kc, p.groups, [&](auto shape, auto tensor) {
+        using S = decltype(shape);
+        constexpr auto conv_forward = conv2d_forward_tiled_kernel<S, T, decltype(tensor)::value>;
+        bool vec_w = false;  // the weights' rows as 16-byte vectors
+        if constexpr (decltype(tensor)::value) vec_w = detail::vector_chunks8(w, d.Kc, d.Kc);
+        else vec_w = detail::vector_chunks(w, d.Kc, d.Kc);
+        const dim3 grid(unsigned((NPQ + S::BN - 1) / S::BN), unsigned((d.Og + S::BM - 1) / S::BM), unsigned(p.groups));
+        const dim3 block(S::kThreads);
+        KILN_LAUNCH(conv_forward, grid, block, 0)(x, w, b, y, d, vec_w);
+        KILN_CHECK_LAUNCH(conv_forward, grid, block);
+    });
+}
+
+template <typename T>
+void conv2d_backward_data_tiled(const T* dy, const T* w, T* dx, const Conv2dParams& p) {
+    const ConvDims d = dims_of(p);
+    const int64_t NHW = d.N * d.H * d.W, K = d.Og * d.KH * d.KW;
+    check_tiled(d, p.groups, d.Cg, NHW, "cuda::conv2d_backward_data");
+    with_tile<T, false, false>(d.Cg, NHW, K, p.groups, [&](auto shape, auto tensor) {
+        using S = decltype(shape);
+        constexpr auto conv_backward_data = conv2d_backward_data_tiled_kernel<S, T, decltype(tensor)::value>;
+        const dim3 grid(unsigned((NHW + S::BN - 1) / S::BN), unsigned((d.Cg + S::BM - 1) / S::BM), unsigned(p.groups));
+        const dim3 block(S::kThreads);
+        KILN_LAUNCH(conv_backward_data, grid, block, 0)(dy, w, dx, d);
+        KILN_CHECK_LAUNCH(conv_backward_data, grid, block);
+    });
+}
+
+// dw += Σ over N·P·Q, split into S slices (gemm_split_k_slices: enough blocks to fill the GPU)
+// of whole 32-long steps; with S > 1 the slices' partial sums go to a workspace of S·O·Kc floats
+// and gemm_sum_slices_kernel adds them onto dw in order.
+template <typename T>
+void conv2d_backward_weight_tiled(const T* x, const T* dy, T* dw, const Conv2dParams& p) {
+    const ConvDims d = dims_of(p);
+    const int64_t NPQ = d.N * d.P * d.Q;
+    check_tiled(d, p.groups, d.Og, d.Kc, "cuda::conv2d_backward_weight");
+    int64_t S = gemm_split_k_slices(d.Og, d.Kc * p.groups, NPQ);
+    const int64_t k_slice = ((NPQ + S - 1) / S + 31) / 32 * 32;
+    S = (NPQ + k_slice - 1) / k_slice;
+    KILN_CHECK(S * p.groups <= 65535, "cuda::conv2d_backward_weight: ", S, " slices of ", p.groups,
+               " groups exceed the grid's limit");
+    std::optional<detail::Workspace> ws;
+    if (S > 1) ws.emplace(size_t(S * d.O * d.Kc) * sizeof(float));
+    with_tile<T, true, true>(d.Og, d.Kc, NPQ, p.groups, [&](auto shape, auto tensor) {
+        using Shape = decltype(shape);
+        constexpr bool kTensor = decltype(tensor)::value;
+        const dim3 grid(unsigned((d.Kc + Shape::BN - 1) / Shape::BN), unsigned((d.Og + Shape::BM - 1) / Shape::BM),
+                        unsigned(S * p.groups));
+        const dim3 block(Shape::kThreads);
+        if (S > 1) {
+            constexpr auto conv_backward_weight_slices = conv2d_backward_weight_tiled_kernel<Shape, T, kTensor, float>;
+            KILN_LAUNCH(conv_backward_weight_slices, grid, block, 0)(x, dy, ws->as<float>(), d, S, k_slice);
+            KILN_CHECK_LAUNCH(conv_backward_weight_slices, grid, block);
+        } else {
+            constexpr auto conv_backward_weight = conv2d_backward_weight_tiled_kernel<Shape, T, kTensor, T>;
+            KILN_LAUNCH(conv_backward_weight, grid, block, 0)(x, dy, dw, d, S, k_slice);
+            KILN_CHECK_LAUNCH(conv_backward_weight, grid, block);
+        }
+    });
+    if (S > 1) {
+        constexpr auto gemm_sum_slices = detail::gemm_sum_slices_kernel<T>;
+        const dim3 grid(blocks_for(d.O * d.Kc)), block(kBlock);
+        KILN_LAUNCH(gemm_sum_slices, grid, block, 0)(ws->as<float>(), S, d.O, d.Kc, 1.0f, 1.0f, dw, d.Kc);
+        KILN_CHECK_LAUNCH(gemm_sum_slices, grid, block);
+    }
+}
+
 }  // namespace
 
-ConvAlgo conv2d_algo(const Conv2dParams& p) {
-    if (is_depthwise(p)) return ConvAlgo::Depthwise;
-    return p.Og() < 64 ? ConvAlgo::ImplicitGemm : ConvAlgo::Im2col;
-}
+ConvAlgo conv2d_algo(const Conv2dParams& p) { return is_depthwise(p) ? ConvAlgo::Depthwise : ConvAlgo::ImplicitGemm; }
 
 int64_t conv2d_col_elems_per_image(const Conv2dParams& p) {
     return (p.C * p.KH * p.KW + p.O) * p.P() * p.Q();  // its columns + its rows of y (or dy)
@@ -694,19 +1152,26 @@ template void conv2d_forward_implicit_gemm_wmma<bf16>(const bf16*, const bf16*, 
 
 // Depthwise shapes take the direct kernel; the others the strategy conv2d_algo names.
 template <typename T>
-void conv2d_forward(const T* x, const T* w, const T* b, T* y, const Conv2dParams& p, T* col, int64_t col_images) {
+void conv2d_forward(const T* x, const T* w, const T* b, T* y, const Conv2dParams& p, T*, int64_t) {
     if (is_depthwise(p)) return conv2d_forward_depthwise(x, w, b, y, p);
-    if (cuda::conv2d_algo(p) == ConvAlgo::ImplicitGemm)
-        return conv2d_forward_implicit_gemm(x, w, b, y, p, col, col_images);
-    conv2d_forward_im2col(x, w, b, y, p, col, col_images);
+    check_conv2d_params(p, "cuda::conv2d_forward");
+    if (p.N > 0) conv2d_forward_tiled(x, w, b, y, p);
 }
 
 // Per chunk: rows = dy;   dcols[g·Kc.., L] = w[g·Og.., Kc]ᵀ · rows[g·Og.., L];   dx = col2im(dcols)
 // (depthwise: the direct gather, no workspace)
 template <typename T>
-void conv2d_backward_data(const T* dy, const T* w, T* dx, const Conv2dParams& p, T* col, int64_t col_images) {
+void conv2d_backward_data(const T* dy, const T* w, T* dx, const Conv2dParams& p, T*, int64_t) {
     if (is_depthwise(p)) return conv2d_backward_data_depthwise(dy, w, dx, p);
     check_conv2d_params(p, "cuda::conv2d_backward_data");
+    if (p.N > 0) conv2d_backward_data_tiled(dy, w, dx, p);
+}
+
+// The lab's strategy 2 backward (chapter 05's): per chunk, rows = dy;
+// dcols[g·Kc.., L] = w[g·Og.., Kc]ᵀ · rows[g·Og.., L];   dx = col2im(dcols)
+template <typename T>
+void conv2d_backward_data_im2col(const T* dy, const T* w, T* dx, const Conv2dParams& p, T* col, int64_t col_images) {
+    check_conv2d_params(p, "cuda::conv2d_backward_data_im2col");
     if (p.N == 0) return;
     check_workspace(p, col, col_images, "cuda::conv2d_backward_data");
     const ConvDims d = dims_of(p);
@@ -724,18 +1189,33 @@ void conv2d_backward_data(const T* dy, const T* w, T* dx, const Conv2dParams& p,
 
 // db[o] += Σ dy[:, o];   per chunk: cols = im2col(x), rows = dy,
 //   dw[g·Og.., Kc] += rows[g·Og.., L] · cols[g·Kc.., L]ᵀ        (depthwise: the direct kernels, no workspace)
+// db[o] += Σ dy[:, o]: one block per output channel.
 template <typename T>
-void conv2d_backward_weight(const T* x, const T* dy, T* dw, T* db, const Conv2dParams& p, T* col, int64_t col_images) {
+void bias_grad(const T* dy, const ConvDims& d, T* db) {
+    const dim3 grid(unsigned(d.O)), block(kBlock);
+    KILN_LAUNCH(bias_grad_kernel<T>, grid, block, 0)(dy, d, db);
+    KILN_CHECK_LAUNCH(bias_grad_kernel<T>, grid, block);
+}
+
+template <typename T>
+void conv2d_backward_weight(const T* x, const T* dy, T* dw, T* db, const Conv2dParams& p, T*, int64_t) {
     if (is_depthwise(p)) return conv2d_backward_weight_depthwise(x, dy, dw, db, p);
     check_conv2d_params(p, "cuda::conv2d_backward_weight");
     if (p.N == 0) return;
-    check_workspace(p, col, col_images, "cuda::conv2d_backward_weight");
+    if (db) bias_grad(dy, dims_of(p), db);
+    conv2d_backward_weight_tiled(x, dy, dw, p);
+}
+
+// The lab's strategy 2 backward (chapter 05's): db as above; per chunk, cols = im2col(x), rows = dy,
+//   dw[g·Og.., Kc] += rows[g·Og.., L] · cols[g·Kc.., L]ᵀ      (cuda::gemm_split_k, beta 1)
+template <typename T>
+void conv2d_backward_weight_im2col(const T* x, const T* dy, T* dw, T* db, const Conv2dParams& p, T* col,
+                                   int64_t col_images) {
+    check_conv2d_params(p, "cuda::conv2d_backward_weight_im2col");
+    if (p.N == 0) return;
+    check_workspace(p, col, col_images, "cuda::conv2d_backward_weight_im2col");
     const ConvDims d = dims_of(p);
-    if (db) {
-        const dim3 grid(unsigned(d.O)), block(kBlock);
-        KILN_LAUNCH(bias_grad_kernel<T>, grid, block, 0)(dy, d, db);
-        KILN_CHECK_LAUNCH(bias_grad_kernel<T>, grid, block);
-    }
+    if (db) bias_grad(dy, d, db);
     for (int64_t n0 = 0; n0 < d.N; n0 += col_images) {
         const int64_t k = std::min(col_images, d.N - n0), L = k * d.P * d.Q;
         T* cols = col;
@@ -748,9 +1228,12 @@ void conv2d_backward_weight(const T* x, const T* dy, T* dw, T* db, const Conv2dP
     }
 }
 
-#define KILN_CONV_CUDA(T)                                                                                      \
-    template void conv2d_forward_im2col<T>(const T*, const T*, const T*, T*, const Conv2dParams&, T*, int64_t); \
-    template void conv2d_forward_implicit_gemm<T>(const T*, const T*, const T*, T*, const Conv2dParams&, T*, int64_t);
+#define KILN_CONV_CUDA(T)                                                                                       \
+    template void conv2d_forward_im2col<T>(const T*, const T*, const T*, T*, const Conv2dParams&, T*, int64_t);  \
+    template void conv2d_forward_implicit_gemm<T>(const T*, const T*, const T*, T*, const Conv2dParams&, T*,       \
+                                                  int64_t);                                                      \
+    template void conv2d_backward_data_im2col<T>(const T*, const T*, T*, const Conv2dParams&, T*, int64_t);      \
+    template void conv2d_backward_weight_im2col<T>(const T*, const T*, T*, T*, const Conv2dParams&, T*, int64_t);
 KILN_FOR_EACH_FLOAT_TYPE(KILN_CONV)  // the list is in ops/cpu/cnn_ops.h
 KILN_FOR_EACH_FLOAT_TYPE(KILN_CONV_CUDA)
 

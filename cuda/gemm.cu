@@ -49,6 +49,8 @@
 // `make lab`) runs them beside two more versions, and on a GPU (`make CUDA=1 lab`) times them
 // against cuBLAS.
 #include "common.cuh"
+#include "gemm_tiles.cuh"
+#include "tensor_tiles.cuh"
 #include "gemm_versions.h"
 #include "ops/cuda_ops.h"
 
@@ -230,6 +232,33 @@ __global__ void __launch_bounds__((BM / TM) * (BN / TN))
     }
 }
 
+// ---- version 6: warp tiling and double buffering (the engine's) ------------------------------------
+// Version 3's register blocking, with each warp's lanes packed into one 64×32 (or 32×32) patch
+// of the block tile, and the next step's tiles loaded into registers while this step's are
+// multiplied (two stages of shared memory, one barrier per step). The tile itself is
+// detail::fma_tile (gemm_tiles.cuh, which the convolutions share); this kernel gives it the
+// GEMM's loaders and epilogue. Blocks loop over row tiles beyond gridDim.y, and block z of the
+// grid sums only k in [z·k_slice, (z+1)·k_slice) into its own C at C + z·c_slice (split-K; one
+// slice is the plain product). vec_a, vec_b, vec_c: the launcher's verdict on 4-element vector
+// access to A, B and C (detail::vector_chunks).
+template <class S, bool TA, bool TB, typename T, typename CT>
+__global__ void __launch_bounds__(S::kThreads, 256 / S::kThreads * 2)
+    gemm_warp_tiled(int64_t M, int64_t N, int64_t K, float alpha, const T* A, int64_t lda, const T* B, int64_t ldb,
+                    float beta, CT* C, int64_t ldc, int64_t k_slice, int64_t c_slice, bool vec_a, bool vec_b,
+                    bool vec_c) {
+    __shared__ detail::FmaStages<S> stages;
+    const int64_t col0 = int64_t(blockIdx.x) * S::BN, tiles_m = (M + S::BM - 1) / S::BM;
+    const int64_t k_begin = int64_t(blockIdx.z) * k_slice, k_end = K < k_begin + k_slice ? K : k_begin + k_slice;
+    C += int64_t(blockIdx.z) * c_slice;
+    for (int64_t tile = blockIdx.y; tile < tiles_m; tile += gridDim.y) {
+        const int64_t row0 = tile * S::BM;
+        detail::GemmLoaderA<S, TA, T> la(A, lda, M, k_end, row0, vec_a);
+        detail::GemmLoaderB<S, TB, T> lb(B, ldb, N, k_end, col0, vec_b);
+        detail::GemmEpilogue<CT> out{C, ldc, M, N, row0, col0, alpha, beta, vec_c};
+        detail::fma_tile<S>(la, lb, k_begin, k_end, stages, out);
+    }
+}
+
 // ---- version 5 (chapter 09): tensor cores (wmma), T = f16 or bf16 ------------------------------------
 // A 64×64 tile of C per block of 4 warps; each warp multiplies 2×2 fragments of 16×16
 // (detail::WmmaWarpTile, common.cuh) on the tensor cores, products and sums in float.
@@ -269,17 +298,26 @@ __global__ void __launch_bounds__(detail::wmma_tile::kThreads)
     }
 }
 
-// ---- split-K: the second pass ---------------------------------------------------------------------------
-// C[m,n] = alpha · (Σ_s partial[s][m][n]) + beta · C[m,n], the S slices added in order s = 0, 1, ...:
-// the same sum on every run (no atomics), one thread per element of C.
-template <typename T>
-__global__ void gemm_sum_slices_kernel(const float* partial, int64_t S, int64_t M, int64_t N, float alpha,
-                                       float beta, T* C, int64_t ldc) {
-    const int64_t MN = M * N;
-    for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < MN; i += int64_t(gridDim.x) * blockDim.x) {
-        float acc = 0.0f;
-        for (int64_t sl = 0; sl < S; sl++) acc += partial[sl * MN + i];
-        store_c(&C[(i / N) * ldc + i % N], alpha, acc, beta);
+// ---- version 7: the tensor cores by mma.sync, T = f16 or bf16 (the engine's) -------------------------
+// Version 6's loop (loaders, two stages, one barrier per step) with the products on the tensor
+// cores: detail::mma_tile (tensor_tiles.cuh) feeds mma.sync.m16n8k16 from shared memory with
+// ldmatrix, each warp a 64×32 (or 32×32) patch of 16×8 blocks, sums in f32. Each tile keeps its
+// matrix's contiguous dimension in shared memory (A as [m][k] unless TA, B as [n][k] if TB), so
+// every global load is a 16-byte vector (vec_a, vec_b) and ldmatrix transposes where needed.
+// Compared with version 5 (wmma): the fragments' layout is known, so nothing round-trips
+// through shared memory on the way out, and the next step's tiles load during this one's mma.
+template <class S, bool TA, bool TB, typename T>
+__global__ void __launch_bounds__(S::kThreads)
+    gemm_tensor_cores(int64_t M, int64_t N, int64_t K, float alpha, const T* A, int64_t lda, const T* B, int64_t ldb,
+                      float beta, T* C, int64_t ldc, bool vec_a, bool vec_b) {
+    __shared__ detail::MmaStages<S> stages;
+    const int64_t col0 = int64_t(blockIdx.x) * S::BN, tiles_m = (M + S::BM - 1) / S::BM;
+    for (int64_t tile = blockIdx.y; tile < tiles_m; tile += gridDim.y) {
+        const int64_t row0 = tile * S::BM;
+        detail::MmaGemmLoaderA<S, TA, T> la(A, lda, M, K, row0, vec_a);
+        detail::MmaGemmLoaderB<S, TB, T> lb(B, ldb, N, K, col0, vec_b);
+        detail::GemmEpilogue<T> out{C, ldc, M, N, row0, col0, alpha, beta, false};
+        detail::mma_tile<S, T>(la, lb, 0, K, stages, out);
     }
 }
 
@@ -345,35 +383,51 @@ void tiled(int64_t M, int64_t N, int64_t K, float alpha, const T* A, int64_t lda
     }
 }
 
-// Split-K, S slices of k_slice: pass 1, the 64×64 kernel on grid (N/64, M/64, S), slice s into
-// partial[s] = op(A)[:, slice s] · op(B)[slice s, :] (M×N floats, alpha 1, beta 0); pass 2,
+// Version 6 on grid (ceil(N/BN), ceil(M/BM), slices) with C's type CT (T, or float for
+// split-K's partial sums).
+template <class S, bool TA, bool TB, typename T, typename CT>
+void warp_tiled_as(int64_t M, int64_t N, int64_t K, float alpha, const T* A, int64_t lda, const T* B, int64_t ldb,
+                   float beta, CT* C, int64_t ldc, int64_t slices, int64_t k_slice, int64_t c_slice) {
+    constexpr auto gemm_warp_tiled_shape = gemm_warp_tiled<S, TA, TB, T, CT>;
+    const bool vec_a = detail::vector_chunks(A, lda, TA ? M : K), vec_b = detail::vector_chunks(B, ldb, TB ? K : N);
+    const bool vec_c = detail::vector_chunks(C, ldc, N) && c_slice % 4 == 0;
+    const dim3 grid(unsigned((N + S::BN - 1) / S::BN), grid_rows((M + S::BM - 1) / S::BM), unsigned(slices));
+    const dim3 block(S::kThreads);
+    KILN_LAUNCH(gemm_warp_tiled_shape, grid, block, 0)(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, k_slice, c_slice,
+                                                        vec_a, vec_b, vec_c);
+    KILN_CHECK_LAUNCH(gemm_warp_tiled_shape, grid, block);
+}
+
+// Version 6's shape: 128×128 tiles when there are at least two of them per SM (an SM holds two
+// such blocks at once), else 64×64 (four times the blocks, so that a smaller product still
+// fills the GPU).
+bool big_tiles_fill(int64_t M, int64_t N) {
+    using Big = detail::FmaBig;
+    return ((M + Big::BM - 1) / Big::BM) * ((N + Big::BN - 1) / Big::BN) >= 2 * detail::multiprocessors();
+}
+
+template <bool TA, bool TB, typename T>
+void warp_tiled(int64_t M, int64_t N, int64_t K, float alpha, const T* A, int64_t lda, const T* B, int64_t ldb,
+                float beta, T* C, int64_t ldc) {
+    if (big_tiles_fill(M, N))
+        warp_tiled_as<detail::FmaBig, TA, TB>(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, 1, K, 0);
+    else
+        warp_tiled_as<detail::FmaSmall, TA, TB>(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, 1, K, 0);
+}
+
+// Split-K, S slices of k_slice: pass 1, version 6's 64×64 tiles on grid (N/64, M/64, S), slice s
+// into partial[s] = op(A)[:, slice s] · op(B)[slice s, :] (M×N floats, alpha 1, beta 0); pass 2,
 // gemm_sum_slices_kernel, C = alpha · Σ_s partial[s] + beta · C.
 template <bool TA, bool TB, typename T>
 void split_k(int64_t M, int64_t N, int64_t K, float alpha, const T* A, int64_t lda, const T* B, int64_t ldb,
              float beta, T* C, int64_t ldc, int64_t S, int64_t k_slice) {
     detail::Workspace ws(size_t(S * M * N) * sizeof(float));
     float* partial = ws.as<float>();
-    constexpr auto gemm_64x64_slices = gemm_tiled<64, 64, 32, 8, 4, TA, TB, T, float>;
-    const dim3 grid(unsigned((N + 63) / 64), grid_rows((M + 63) / 64), unsigned(S)), block(128);
-    KILN_LAUNCH(gemm_64x64_slices, grid, block, 0)(M, N, K, 1.0f, A, lda, B, ldb, 0.0f, partial, N, k_slice, M * N);
-    KILN_CHECK_LAUNCH(gemm_64x64_slices, grid, block);
-    constexpr auto gemm_sum_slices = gemm_sum_slices_kernel<T>;
+    warp_tiled_as<detail::FmaSmall, TA, TB>(M, N, K, 1.0f, A, lda, B, ldb, 0.0f, partial, N, S, k_slice, M * N);
+    constexpr auto gemm_sum_slices = detail::gemm_sum_slices_kernel<T>;
     const dim3 grid2(detail::blocks_for(M * N)), block2(detail::kBlock);
     KILN_LAUNCH(gemm_sum_slices, grid2, block2, 0)(partial, S, M, N, alpha, beta, C, ldc);
     KILN_CHECK_LAUNCH(gemm_sum_slices, grid2, block2);
-}
-
-// The device's multiprocessors (SMs), asked once: 132 on an H100 or H200, the OpenMP threads
-// on the emulator.
-int64_t multiprocessors() {
-    static const int64_t count = [] {
-        cudaDeviceProp prop{};
-        int device = 0;
-        KILN_CUDA_CHECK(cudaGetDevice(&device));
-        KILN_CUDA_CHECK(cudaGetDeviceProperties(&prop, device));
-        return int64_t(std::max(1, prop.multiProcessorCount));
-    }();
-    return count;
 }
 
 template <bool TA, bool TB, typename T>
@@ -386,10 +440,27 @@ void tensor_cores(int64_t M, int64_t N, int64_t K, float alpha, const T* A, int6
     KILN_CHECK_LAUNCH(gemm_wmma, grid, block);
 }
 
+// Version 7 with 128×128 tiles (8 warps of 64×32) when they fill the GPU twice over, else 64×64
+// (4 warps of 32×32); BK 32.
+template <bool TA, bool TB, typename T>
+void mma_tiles(int64_t M, int64_t N, int64_t K, float alpha, const T* A, int64_t lda, const T* B, int64_t ldb,
+               float beta, T* C, int64_t ldc) {
+    const bool vec_a = detail::vector_chunks8(A, lda, TA ? M : K), vec_b = detail::vector_chunks8(B, ldb, TB ? K : N);
+    const auto launch = [&](auto shape) {
+        using S = decltype(shape);
+        constexpr auto gemm_mma = gemm_tensor_cores<S, TA, TB, T>;
+        const dim3 grid(unsigned((N + S::BN - 1) / S::BN), grid_rows((M + S::BM - 1) / S::BM)), block(S::kThreads);
+        KILN_LAUNCH(gemm_mma, grid, block, 0)(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, vec_a, vec_b);
+        KILN_CHECK_LAUNCH(gemm_mma, grid, block);
+    };
+    if (big_tiles_fill(M, N)) launch(detail::MmaShape<128, 128, 32, 2, 4, !TA, TB>{});
+    else launch(detail::MmaShape<64, 64, 32, 2, 2, !TA, TB>{});
+}
+
 // The engine's rule for f16 and bf16: the tensor cores when every dimension fills at least one
-// 16-wide fragment; below that (a matrix-vector product, K < 16) most of each 16×16×16 step
-// would multiply padding, and gemm_tiled does the few products instead.
-bool wmma_fits(int64_t M, int64_t N, int64_t K) { return M >= 16 && N >= 16 && K >= 16; }
+// 16-wide block; below that (a matrix-vector product, K < 16) most of each 16×8×16 step would
+// multiply padding, and version 6 does the few products instead.
+bool tensor_cores_fit(int64_t M, int64_t N, int64_t K) { return M >= 16 && N >= 16 && K >= 16; }
 
 template <typename T>
 using GemmFn = void (*)(int64_t, int64_t, int64_t, float, const T*, int64_t, const T*, int64_t, float, T*, int64_t);
@@ -407,10 +478,12 @@ void gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alp
           const T* B, int64_t ldb, float beta, T* C, int64_t ldc) {
     if (gemm_trivial(M, N, K, alpha, beta, C, ldc)) return;
     if constexpr (!std::is_same_v<T, float>) {
-        if (wmma_fits(M, N, K)) return lab::gemm_wmma(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+        if (tensor_cores_fit(M, N, K))
+            return pick<T>(mma_tiles<false, false>, mma_tiles<false, true>, mma_tiles<true, false>,
+                           mma_tiles<true, true>, trans_a, trans_b)(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
     }
-    pick<T>(tiled<false, false>, tiled<false, true>, tiled<true, false>, tiled<true, true>, trans_a, trans_b)(
-        M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+    pick<T>(warp_tiled<false, false>, warp_tiled<false, true>, warp_tiled<true, false>, warp_tiled<true, true>,
+            trans_a, trans_b)(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
 }
 
 // Two 128-thread blocks per SM keep every SM busy while one block waits at a barrier or for
@@ -419,7 +492,7 @@ void gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alp
 constexpr int64_t kMinSlice = 256;
 
 int64_t gemm_split_k_slices(int64_t M, int64_t N, int64_t K) {
-    const int64_t tiles = ((M + 63) / 64) * ((N + 63) / 64), wanted = 2 * multiprocessors();
+    const int64_t tiles = ((M + 63) / 64) * ((N + 63) / 64), wanted = 2 * detail::multiprocessors();
     if (tiles >= wanted) return 1;
     return std::max<int64_t>(1, std::min(wanted / tiles, K / kMinSlice));
 }
@@ -460,6 +533,14 @@ void gemm_smem(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, floa
 }
 
 template <typename T>
+void gemm_register_tiled(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const T* A,
+                         int64_t lda, const T* B, int64_t ldb, float beta, T* C, int64_t ldc) {
+    if (gemm_trivial(M, N, K, alpha, beta, C, ldc)) return;
+    pick<T>(tiled<false, false>, tiled<false, true>, tiled<true, false>, tiled<true, true>, trans_a, trans_b)(
+        M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+}
+
+template <typename T>
 void gemm_wmma(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const T* A,
                int64_t lda, const T* B, int64_t ldb, float beta, T* C, int64_t ldc) {
     if (gemm_trivial(M, N, K, alpha, beta, C, ldc)) return;
@@ -477,7 +558,9 @@ void gemm_wmma(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, floa
     template void lab::gemm_naive<T>(bool, bool, int64_t, int64_t, int64_t, float, const T*, int64_t,          \
                                      const T*, int64_t, float, T*, int64_t);                                  \
     template void lab::gemm_smem<T>(bool, bool, int64_t, int64_t, int64_t, float, const T*, int64_t,           \
-                                    const T*, int64_t, float, T*, int64_t);
+                                    const T*, int64_t, float, T*, int64_t);                                   \
+    template void lab::gemm_register_tiled<T>(bool, bool, int64_t, int64_t, int64_t, float, const T*, int64_t, \
+                                              const T*, int64_t, float, T*, int64_t);
 KILN_FOR_EACH_FLOAT_TYPE(KILN_GEMM)
 #undef KILN_GEMM
 

@@ -31,6 +31,9 @@ void gemm_naive(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, flo
 template <typename T>
 void gemm_smem(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const T* A,
                int64_t lda, const T* B, int64_t ldb, float beta, T* C, int64_t ldc);
+template <typename T>  // version 3: register tiling, the engine's before version 6
+void gemm_register_tiled(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const T* A,
+                         int64_t lda, const T* B, int64_t ldb, float beta, T* C, int64_t ldc);
 template <typename T>  // T = f16 or bf16; any M, N, K
 void gemm_wmma(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const T* A,
                int64_t lda, const T* B, int64_t ldb, float beta, T* C, int64_t ldc);

@@ -55,6 +55,7 @@ inline std::string emulator_detail() { return {}; }
 
 #include "emu/emu.h"
 #include "emu/wmma.h"  // the emulator's nvcuda::wmma
+#include "emu/mma.h"   // the emulator's ldmatrix and mma.sync (PTX)
 
 #define KILN_LAUNCH(kernel, grid, block, shared_bytes) \
     ::kiln::emu::make_launch(#kernel, kernel, (grid), (block), (shared_bytes))

@@ -28,6 +28,7 @@
 #include "fixtures.h"
 #include "gradcheck.h"
 #include "nn/conv.h"
+#include "ops/cnn.h"
 #include "ops/cpu/cnn_ops.h"
 #include "ops/cuda_ops.h"
 
@@ -55,9 +56,11 @@ Conv2dParams params_of(const Case& k) {
     return p;
 }
 
-// The shapes: odd sizes everywhere; Kc = Cg·KH·KW below, at and above the kernel's 16-wide k
-// steps; N·P·Q over one 64- or 128-column tile; Og ≤ 16 (the 16×128 implicit tile), 16 < Og < 64
-// (64×64) and Og ≥ 64 (im2col by default, two 64-row tiles).
+// The shapes: odd sizes everywhere; Kc = Cg·KH·KW below, at and above the kernels' 8-, 16- and
+// 32-wide k steps; N·P·Q over one 64- or 128-column tile; products of at most 16 rows (the 16×128
+// tiles), more (64×64), and enough 128×128 tiles for the big shape (two per SM: on the emulator
+// an SM is one of its OpenMP threads, and these shapes assume at most 2); a dw sum long enough
+// to be split into slices (N·P·Q ≥ 4·256 over one small tile).
 const Case kCases[] = {
     // what                                  N  C   H   W   O KH KW  s  pad d  G  bias  col_images
     {"3x3, padding 1, 2 images per chunk", 3, 3, 7, 9, 5, 3, 3, 1, 1, 1, 1, true, 2},
@@ -67,14 +70,19 @@ const Case kCases[] = {
     {"1x1, O = 70 (im2col by default)", 2, 5, 5, 5, 70, 1, 1, 1, 0, 1, 1, true, 2},
     {"5x5 stride 2, O = 20 (64x64 tiles)", 3, 2, 13, 12, 20, 5, 5, 2, 2, 1, 1, true, 3},
     {"stride 3, dilation 2, groups 3, 2x3 kernel", 2, 6, 10, 11, 9, 2, 3, 3, 1, 2, 3, true, 1},
+    {"O = 130: the forward on 128x128 tiles", 2, 5, 12, 12, 130, 3, 3, 1, 1, 1, 1, true, 2},
+    {"C = 130: dx on 128x128 tiles", 2, 130, 10, 10, 24, 3, 3, 1, 1, 1, 1, false, 1},
+    {"a long dw sum, split in slices", 4, 3, 16, 16, 8, 3, 3, 1, 1, 1, 1, true, 4},
 };
 
 using ForwardFn = void (*)(const float*, const float*, const float*, float*, const Conv2dParams&, float*,
                            int64_t);
+using DataFn = void (*)(const float*, const float*, float*, const Conv2dParams&, float*, int64_t);
+using WeightFn = void (*)(const float*, const float*, float*, float*, const Conv2dParams&, float*, int64_t);
 
 }  // namespace
 
-TEST_CASE("cuda conv2d: both forward strategies and both backward passes match the CPU", "[conv][cuda][lesson05]") {
+TEST_CASE("cuda conv2d: every strategy of each pass matches the CPU", "[conv][cuda][lesson05]") {
     Rng rng(41);
     for (const Case& k : kCases) {
         SECTION(k.what) {
@@ -118,19 +126,31 @@ TEST_CASE("cuda conv2d: both forward strategies and both backward passes match t
                     require_close(gy, y);
                     got.push_back(gy);
                 }
-                Tensor gdx = nan_dx.to(Device::CUDA);  // dx is overwritten, never read
-                cuda::conv2d_backward_data(gdy.data<float>(), gw.data<float>(), gdx.data<float>(), p,
-                                           col.data<float>(), k.col_images);
-                INFO("backward: dx");
-                require_close(gdx, dx);
-                Tensor gdw = dw0.to(Device::CUDA), gdb = db0.to(Device::CUDA);  // dw and db accumulate
-                cuda::conv2d_backward_weight(gx.data<float>(), gdy.data<float>(), gdw.data<float>(),
-                                             k.bias ? gdb.data<float>() : nullptr, p, col.data<float>(),
-                                             k.col_images);
-                INFO("backward: dw and db");
-                require_close(gdw, dw);
-                require_close(gdb, db);  // without a bias, db0 untouched on both
-                got.insert(got.end(), {gdx, gdw, gdb});
+                const std::pair<const char*, DataFn> data_passes[] = {
+                    {"im2col", cuda::conv2d_backward_data_im2col<float>},
+                    {"conv2d_backward_data (the engine's)", cuda::conv2d_backward_data<float>},
+                };
+                for (auto [name, backward_data] : data_passes) {
+                    INFO("backward dx: " << name);
+                    Tensor gdx = nan_dx.to(Device::CUDA);  // dx is overwritten, never read
+                    backward_data(gdy.data<float>(), gw.data<float>(), gdx.data<float>(), p, col.data<float>(),
+                                  k.col_images);
+                    require_close(gdx, dx);
+                    got.push_back(gdx);
+                }
+                const std::pair<const char*, WeightFn> weight_passes[] = {
+                    {"im2col", cuda::conv2d_backward_weight_im2col<float>},
+                    {"conv2d_backward_weight (the engine's)", cuda::conv2d_backward_weight<float>},
+                };
+                for (auto [name, backward_weight] : weight_passes) {
+                    INFO("backward dw and db: " << name);
+                    Tensor gdw = dw0.to(Device::CUDA), gdb = db0.to(Device::CUDA);  // dw and db accumulate
+                    backward_weight(gx.data<float>(), gdy.data<float>(), gdw.data<float>(),
+                                    k.bias ? gdb.data<float>() : nullptr, p, col.data<float>(), k.col_images);
+                    require_close(gdw, dw);
+                    require_close(gdb, db);  // without a bias, db0 untouched on both
+                    got.insert(got.end(), {gdw, gdb});
+                }
                 if (first.empty()) first = got;
                 for (size_t i = 0; i < got.size(); i++) require_identical(got[i], first[i]);
             });
@@ -138,23 +158,27 @@ TEST_CASE("cuda conv2d: both forward strategies and both backward passes match t
     }
 }
 
-TEST_CASE("cuda conv2d_algo: implicit GEMM below 64 output channels per group, im2col above",
+TEST_CASE("cuda conv2d_algo: the implicit GEMMs for every shape but depthwise, which needs no workspace",
           "[conv][cuda][lesson05]") {
     Conv2dParams p;
     p.C = 10, p.O = 20, p.KH = p.KW = 5, p.H = p.W = 12;  // LeNet's second convolution
     REQUIRE(cuda::conv2d_algo(p) == ConvAlgo::ImplicitGemm);
-    p.C = 64, p.O = 64, p.KH = p.KW = 3;
-    REQUIRE(cuda::conv2d_algo(p) == ConvAlgo::Im2col);
-    p.groups = 2;  // 32 per group
+    p.C = 64, p.O = 256, p.KH = p.KW = 3;  // the capstone's widths
     REQUIRE(cuda::conv2d_algo(p) == ConvAlgo::ImplicitGemm);
-    REQUIRE(std::string(conv_algo_name(ConvAlgo::Im2col)) == "im2col");
-    REQUIRE(cuda::conv2d_col_elems_per_image(p) == (64 * 9 + 64) * 10 * 10);  // (C·K·K + O)·P·Q
-    p.groups = 64;  // one filter per channel: the direct kernels, no workspace
+    p.groups = 2;
+    REQUIRE(cuda::conv2d_algo(p) == ConvAlgo::ImplicitGemm);
+    REQUIRE(std::string(conv_algo_name(ConvAlgo::ImplicitGemm)) == "implicit-gemm");
+    // The engine's passes take no column workspace; the lab's im2col strategies still size theirs.
+    REQUIRE(conv2d_workspace(p, Device::CUDA, true, kDefaultConvWorkspace).bytes() == 0);
+    REQUIRE(conv2d_workspace(p, Device::CUDA, false, kDefaultConvWorkspace).bytes() == 0);
+    REQUIRE(cuda::conv2d_col_elems_per_image(p) == (64 * 9 + 256) * 10 * 10);  // (C·K·K + O)·P·Q
+    p.O = 64, p.groups = 64;  // one filter per channel: the direct kernels
     REQUIRE(cuda::conv2d_algo(p) == ConvAlgo::Depthwise);
 }
 
 TEST_CASE("cuda Conv2d layer matches the CPU layer, with a workspace of one image", "[conv][cuda][lesson05]") {
-    // O = 64 with a 1-image workspace: the im2col forward in 3 chunks; O = 8: the implicit GEMM.
+    // O = 8 (16×128 tiles) and O = 64 (64×64 tiles); a 1-image workspace limit, which the engine's
+    // implicit GEMMs do not need.
     for (int64_t O : {int64_t(8), int64_t(64)}) {
         INFO("O = " << O);
         Rng rng(43), rng2(43);

@@ -36,9 +36,12 @@
 #include "gemm_versions.h"
 #include "ops/cnn.h"
 #include "ops/cpu/gemm.h"
+#include "ops/cuda_ops.h"
 #include "ops/ops.h"
 #ifndef KILN_CUDA
 #include "kiln_cuda.h"  // the emulator: its wmma, launches and counters
+#else
+#include <cuda_runtime.h>
 #endif
 
 using namespace kiln;
@@ -77,20 +80,37 @@ void require_within(const Tensor& got_t, const Tensor& want, const Format& f, in
 
 Tensor random(const Shape& shape, Rng& rng, DType dtype) { return Tensor::uniform(shape, -1.0f, 1.0f, rng).to(dtype); }
 
+// The device's multiprocessors (on the emulator: its OpenMP threads), which decide the GEMM's tiles.
+int64_t multiprocessors() {
+    cudaDeviceProp prop{};
+    int device = 0;
+    REQUIRE(cudaGetDevice(&device) == cudaSuccess);
+    REQUIRE(cudaGetDeviceProperties(&prop, device) == cudaSuccess);
+    return prop.multiProcessorCount;
+}
+
 // ---- GEMM ------------------------------------------------------------------------------------------------
-// c = alpha·op(a)·op(b) + beta·c by cuda::lab::gemm_wmma in T, against cpu::gemm in f32. The
-// leading dimensions are padded (lda = cols + 3, ...) so that a size used as a stride fails.
+// c = alpha·op(a)·op(b) + beta·c by `gemm` (a cuda GEMM in T) against cpu::gemm in f32. The
+// leading dimensions are padded: by 3, 1 and 2 (so that a size used as a stride fails, and rows
+// are not 16-byte aligned: the one-by-one loads), or, with `aligned`, up to the next multiple of
+// 8 (rows 16-byte aligned: the vector loads where the dimension allows them).
 template <typename T>
-void check_gemm_wmma(const Format& f, bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, float beta,
-                     Rng& rng) {
+using GemmFn = void (*)(bool, bool, int64_t, int64_t, int64_t, float, const T*, int64_t, const T*, int64_t, float, T*,
+                        int64_t);
+
+template <typename T>
+void check_gemm_16bit(GemmFn<T> gemm, const Format& f, bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha,
+                      float beta, Rng& rng, bool aligned = false) {
     INFO(dtype_name(f.dtype) << ": M = " << M << ", N = " << N << ", K = " << K << ", trans_a = " << ta
-                             << ", trans_b = " << tb << ", beta = " << beta);
-    const int64_t a_cols = ta ? M : K, b_cols = tb ? K : N, lda = a_cols + 3, ldb = b_cols + 1, ldc = N + 2;
+                             << ", trans_b = " << tb << ", beta = " << beta << (aligned ? ", aligned rows" : ""));
+    const auto pad = [&](int64_t cols, int64_t by) { return aligned ? (cols + 7) / 8 * 8 : cols + by; };
+    const int64_t a_cols = ta ? M : K, b_cols = tb ? K : N, lda = pad(a_cols, 3), ldb = pad(b_cols, 1),
+                  ldc = pad(N, 2);
     const Tensor a = random({ta ? K : M, lda}, rng, f.dtype), b = random({tb ? N : K, ldb}, rng, f.dtype);
     const Tensor c = random({M, ldc}, rng, f.dtype);
     Tensor got = c.to(Device::CUDA);
     const Tensor da = a.to(Device::CUDA), db = b.to(Device::CUDA);
-    cuda::lab::gemm_wmma(ta, tb, M, N, K, alpha, da.data<T>(), lda, db.data<T>(), ldb, beta, got.data<T>(), ldc);
+    gemm(ta, tb, M, N, K, alpha, da.data<T>(), lda, db.data<T>(), ldb, beta, got.data<T>(), ldc);
 
     const Tensor a32 = a.to(DType::F32), b32 = b.to(DType::F32);
     Tensor want = c.to(DType::F32).clone(), S = abs_of(c);
@@ -99,6 +119,12 @@ void check_gemm_wmma(const Format& f, bool ta, bool tb, int64_t M, int64_t N, in
     cpu::gemm(ta, tb, M, N, K, std::fabs(alpha), a_abs.data<float>(), lda, b_abs.data<float>(), ldb,
               std::fabs(beta), S.data<float>(), ldc);
     require_within(got, want, f, K, S);  // the padding columns too: beta·c there, as the CPU
+}
+
+template <typename T>
+void check_gemm_wmma(const Format& f, bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, float beta,
+                     Rng& rng) {
+    check_gemm_16bit<T>(cuda::lab::gemm_wmma<T>, f, ta, tb, M, N, K, alpha, beta, rng);
 }
 
 // ---- convolution --------------------------------------------------------------------------------------
@@ -124,7 +150,56 @@ void check_conv_wmma(const Format& f, const Conv2dArgs& args, Shape x_shape, int
     require_within(y, want, f, p.Cg() * KK * KK + (bias ? 1 : 0), S);
 }
 
+// The engine's conv2d and conv2d_backward on CUDA in T (the implicit GEMMs: on the tensor cores
+// where the product has 16 rows, columns and k, else the CUDA cores), forward, dx, dw and db,
+// against the CPU's f32 passes on the same values. dw and db accumulate onto random starting values.
+template <typename T>
+void check_conv_passes(const Format& f, const Conv2dArgs& args, Shape x_shape, int64_t O, int64_t KK, Rng& rng) {
+    INFO(dtype_name(f.dtype) << ": x " << x_shape[0] << "×" << x_shape[1] << "×" << x_shape[2] << "×" << x_shape[3]
+                             << ", O = " << O << ", K = " << KK << ", stride " << args.stride << ", groups "
+                             << args.groups);
+    const int64_t Cg = x_shape[1] / args.groups;
+    const Tensor x = random(x_shape, rng, f.dtype), w = random({O, Cg, KK, KK}, rng, f.dtype);
+    const Tensor b = random({O}, rng, f.dtype);
+    const Tensor y_want = conv2d(x.to(DType::F32), w.to(DType::F32), b.to(DType::F32), args);
+    const Tensor dy = random(y_want.shape(), rng, f.dtype), dw0 = random(w.shape(), rng, f.dtype);
+    const Tensor db0 = random({O}, rng, f.dtype);
+    const int64_t NPQ = y_want.size(0) * y_want.size(2) * y_want.size(3);
+
+    Tensor dw = dw0.to(Device::CUDA).clone(), db = db0.to(Device::CUDA).clone();
+    const Tensor y = conv2d(x.to(Device::CUDA), w.to(Device::CUDA), b.to(Device::CUDA), args);
+    const Tensor dx = conv2d_backward(x.to(Device::CUDA), w.to(Device::CUDA), dy.to(Device::CUDA), dw, db, true, args);
+
+    Tensor dw_want = dw0.to(DType::F32).clone(), db_want = db0.to(DType::F32).clone();
+    const Tensor dx_want = conv2d_backward(x.to(DType::F32), w.to(DType::F32), dy.to(DType::F32), dw_want, db_want,
+                                           true, args);
+    Tensor dw_S = abs_of(dw0), db_S = abs_of(db0);  // Σ|terms| of each result, the same passes on |values|
+    const Tensor y_S = conv2d(abs_of(x), abs_of(w), abs_of(b), args);
+    const Tensor dx_S = conv2d_backward(abs_of(x), abs_of(w), abs_of(dy), dw_S, db_S, true, args);
+    require_within(y, y_want, f, Cg * KK * KK + 1, y_S);
+    require_within(dx, dx_want, f, O / args.groups * KK * KK, dx_S);
+    require_within(dw, dw_want, f, NPQ + 1, dw_S);
+    require_within(db, db_want, f, NPQ + 1, db_S);
+}
+
 }  // namespace
+
+TEST_CASE("the engine's conv2d passes in f16 and bf16 (tensor cores where they fit) match the CPU",
+          "[wmma][mma][conv][cuda][lesson09]") {
+    Rng rng(929);
+    Conv2dArgs plain;  // 3×3, padding 1
+    plain.padding = 1;
+    Conv2dArgs strided;  // stride 2, dilation 2, two groups
+    strided.stride = 2, strided.dilation = 2, strided.padding = 1, strided.groups = 2;
+    under_schedules([&] {
+        // forward 20×84×72 and dw 20×72×84 on the tensor cores; dx (8 rows) on the CUDA cores
+        check_conv_passes<f16>(kF16, plain, {2, 8, 6, 7}, 20, 3, rng);
+        check_conv_passes<bf16>(kBF16, plain, {2, 8, 6, 7}, 20, 3, rng);
+        // every pass on the tensor cores: forward 16×128×288, dx 32×128×144, dw 16×288×128
+        check_conv_passes<bf16>(kBF16, plain, {2, 32, 8, 8}, 16, 3, rng);
+        check_conv_passes<f16>(kF16, strided, {3, 40, 9, 9}, 36, 3, rng);
+    });
+}
 
 TEST_CASE("wmma gemm (version 5) matches the CPU for f16 and bf16", "[wmma][cuda][lesson09]") {
     Rng rng(911);
@@ -140,6 +215,29 @@ TEST_CASE("wmma gemm (version 5) matches the CPU for f16 and bf16", "[wmma][cuda
                         check_gemm_wmma<bf16>(kBF16, ta, tb, M, N, K, -0.75f, beta, rng);
                     }
     });
+}
+
+TEST_CASE("mma.sync gemm (version 7, the engine's) matches the CPU for f16 and bf16", "[wmma][mma][cuda][lesson09]") {
+    Rng rng(923);
+    // The smallest product the engine sends to the tensor cores (16³), edges of no tile with a
+    // partial 32-wide k step, several 64×64 tiles, and a product big enough for the 128×128 tiles
+    // (at least two per SM: the emulator counts its OpenMP threads as SMs).
+    const int64_t shapes[][3] = {{16, 16, 16}, {17, 33, 40}, {65, 31, 33}, {64, 128, 96}, {130, 70, 100}};
+    const int64_t big = 128 * int64_t(std::ceil(std::sqrt(2.0 * multiprocessors())));
+    under_schedules([&] {
+        for (auto [M, N, K] : shapes)
+            for (bool ta : {false, true})
+                for (bool tb : {false, true})
+                    for (bool aligned : {false, true}) {
+                        check_gemm_16bit<f16>(cuda::gemm<f16>, kF16, ta, tb, M, N, K, 1.25f, aligned ? 0.0f : 0.5f,
+                                              rng, aligned);
+                        check_gemm_16bit<bf16>(cuda::gemm<bf16>, kBF16, ta, tb, M, N, K, -0.75f,
+                                               aligned ? 0.5f : 0.0f, rng, aligned);
+                    }
+    });
+    for (bool ta : {false, true})
+        for (bool tb : {false, true})
+            check_gemm_16bit<bf16>(cuda::gemm<bf16>, kBF16, ta, tb, big, big + 8, 40, 1.0f, 0.0f, rng, true);
 }
 
 TEST_CASE("wmma implicit-GEMM convolution matches the CPU for f16 and bf16", "[wmma][cuda][lesson09]") {

@@ -218,58 +218,106 @@ void time_versions(const std::vector<Version>& versions, int chosen, Run run, co
 }
 
 #ifdef KILN_CUDA
-// The reference of the convolution pages: cuDNN's forward of p in f32 (y = conv(x, w) + b, b may
-// be null; groups as p says), FMA math only (no TF32), with the fastest algorithm
-// cudnnFindConvolutionForwardAlgorithm reports. Runs it once into y, validates that with
-// check("cudnn_algoN") (ok becomes the check's result), then returns its time in milliseconds.
-template <typename Check>
-double cudnn_conv2d_forward(const Conv2dParams& p, const float* x, const float* w, const float* b, float* y,
-                            const std::string& problem, Check check, bool& ok) {
-    cudnnHandle_t handle;
-    CUDNN_CHECK(cudnnCreate(&handle));
-    cudnnTensorDescriptor_t x_desc, y_desc, b_desc;
-    cudnnFilterDescriptor_t w_desc;
-    cudnnConvolutionDescriptor_t conv_desc;
-    CUDNN_CHECK(cudnnCreateTensorDescriptor(&x_desc));
-    CUDNN_CHECK(cudnnCreateTensorDescriptor(&y_desc));
-    CUDNN_CHECK(cudnnCreateTensorDescriptor(&b_desc));
-    CUDNN_CHECK(cudnnCreateFilterDescriptor(&w_desc));
-    CUDNN_CHECK(cudnnCreateConvolutionDescriptor(&conv_desc));
-    CUDNN_CHECK(cudnnSetTensor4dDescriptor(x_desc, CUDNN_TENSOR_NCHW, CUDNN_DATA_FLOAT, int(p.N), int(p.C), int(p.H),
-                                           int(p.W)));
-    CUDNN_CHECK(cudnnSetTensor4dDescriptor(y_desc, CUDNN_TENSOR_NCHW, CUDNN_DATA_FLOAT, int(p.N), int(p.O), int(p.P()),
-                                           int(p.Q())));
-    CUDNN_CHECK(cudnnSetTensor4dDescriptor(b_desc, CUDNN_TENSOR_NCHW, CUDNN_DATA_FLOAT, 1, int(p.O), 1, 1));
-    CUDNN_CHECK(cudnnSetFilter4dDescriptor(w_desc, CUDNN_DATA_FLOAT, CUDNN_TENSOR_NCHW, int(p.O), int(p.Cg()),
-                                           int(p.KH), int(p.KW)));
-    CUDNN_CHECK(cudnnSetConvolution2dDescriptor(conv_desc, int(p.padding), int(p.padding), int(p.stride),
-                                                int(p.stride), int(p.dilation), int(p.dilation),
-                                                CUDNN_CROSS_CORRELATION, CUDNN_DATA_FLOAT));
-    CUDNN_CHECK(cudnnSetConvolutionGroupCount(conv_desc, int(p.groups)));
-    CUDNN_CHECK(cudnnSetConvolutionMathType(conv_desc, CUDNN_FMA_MATH));
-    cudnnConvolutionFwdAlgoPerf_t perf[CUDNN_CONVOLUTION_FWD_ALGO_COUNT];
-    int found = 0;
-    CUDNN_CHECK(cudnnFindConvolutionForwardAlgorithm(handle, x_desc, w_desc, conv_desc, y_desc,
-                                                     CUDNN_CONVOLUTION_FWD_ALGO_COUNT, &found, perf));
-    KILN_CHECK(found > 0 && perf[0].status == CUDNN_STATUS_SUCCESS, "cuDNN found no forward algorithm for ", problem);
-    DeviceArray<char> workspace(std::max<size_t>(perf[0].memory, 1));
-    const float one = 1.0f, zero = 0.0f;
-    const auto forward = [&] {
-        CUDNN_CHECK(cudnnConvolutionForward(handle, &one, x_desc, x, w_desc, w, conv_desc, perf[0].algo,
-                                            workspace.get(), perf[0].memory, &zero, y_desc, y));
-        if (b) CUDNN_CHECK(cudnnAddTensor(handle, &one, b_desc, b, &one, y_desc, y));
-    };
-    forward();
-    ok = check("cudnn_algo" + std::to_string(int(perf[0].algo)));
-    const double ms = time_ms(forward);
-    CUDNN_CHECK(cudnnDestroyConvolutionDescriptor(conv_desc));
-    CUDNN_CHECK(cudnnDestroyFilterDescriptor(w_desc));
-    CUDNN_CHECK(cudnnDestroyTensorDescriptor(b_desc));
-    CUDNN_CHECK(cudnnDestroyTensorDescriptor(y_desc));
-    CUDNN_CHECK(cudnnDestroyTensorDescriptor(x_desc));
-    CUDNN_CHECK(cudnnDestroy(handle));
-    return ms;
-}
+// The reference of the convolution pages: cuDNN's passes of p in f32 (groups as p says), FMA
+// math only (no TF32 tensor cores), each with the fastest algorithm cuDNN's Find reports. Each
+// runs once into its output, validates that with check("cudnn_algoN") (ok becomes the check's
+// result), then returns its time in milliseconds.
+//   forward          y = conv(x, w) + b (b may be null: cudnnAddTensor adds it)
+//   backward_data    dx = conv_transpose(dy, w)
+//   backward_filter  dw = Σ_n dy_n ⋆ x_n  (overwritten: cuDNN's beta 0)
+class CudnnConv {
+public:
+    explicit CudnnConv(const Conv2dParams& p) {
+        CUDNN_CHECK(cudnnCreate(&handle_));
+        CUDNN_CHECK(cudnnCreateTensorDescriptor(&x_));
+        CUDNN_CHECK(cudnnCreateTensorDescriptor(&y_));
+        CUDNN_CHECK(cudnnCreateTensorDescriptor(&b_));
+        CUDNN_CHECK(cudnnCreateFilterDescriptor(&w_));
+        CUDNN_CHECK(cudnnCreateConvolutionDescriptor(&conv_));
+        CUDNN_CHECK(cudnnSetTensor4dDescriptor(x_, CUDNN_TENSOR_NCHW, CUDNN_DATA_FLOAT, int(p.N), int(p.C), int(p.H),
+                                               int(p.W)));
+        CUDNN_CHECK(cudnnSetTensor4dDescriptor(y_, CUDNN_TENSOR_NCHW, CUDNN_DATA_FLOAT, int(p.N), int(p.O), int(p.P()),
+                                               int(p.Q())));
+        CUDNN_CHECK(cudnnSetTensor4dDescriptor(b_, CUDNN_TENSOR_NCHW, CUDNN_DATA_FLOAT, 1, int(p.O), 1, 1));
+        CUDNN_CHECK(cudnnSetFilter4dDescriptor(w_, CUDNN_DATA_FLOAT, CUDNN_TENSOR_NCHW, int(p.O), int(p.Cg()),
+                                               int(p.KH), int(p.KW)));
+        CUDNN_CHECK(cudnnSetConvolution2dDescriptor(conv_, int(p.padding), int(p.padding), int(p.stride),
+                                                    int(p.stride), int(p.dilation), int(p.dilation),
+                                                    CUDNN_CROSS_CORRELATION, CUDNN_DATA_FLOAT));
+        CUDNN_CHECK(cudnnSetConvolutionGroupCount(conv_, int(p.groups)));
+        CUDNN_CHECK(cudnnSetConvolutionMathType(conv_, CUDNN_FMA_MATH));
+    }
+    ~CudnnConv() {
+        cudnnDestroyConvolutionDescriptor(conv_);
+        cudnnDestroyFilterDescriptor(w_);
+        cudnnDestroyTensorDescriptor(b_);
+        cudnnDestroyTensorDescriptor(y_);
+        cudnnDestroyTensorDescriptor(x_);
+        cudnnDestroy(handle_);
+    }
+    CudnnConv(const CudnnConv&) = delete;
+    CudnnConv& operator=(const CudnnConv&) = delete;
+
+    template <typename Check>
+    double forward(const float* x, const float* w, const float* b, float* y, const std::string& problem, Check check,
+                   bool& ok) {
+        cudnnConvolutionFwdAlgoPerf_t perf[CUDNN_CONVOLUTION_FWD_ALGO_COUNT];
+        int found = 0;
+        CUDNN_CHECK(cudnnFindConvolutionForwardAlgorithm(handle_, x_, w_, conv_, y_, CUDNN_CONVOLUTION_FWD_ALGO_COUNT,
+                                                         &found, perf));
+        KILN_CHECK(found > 0 && perf[0].status == CUDNN_STATUS_SUCCESS, "cuDNN found no forward algorithm for ",
+                   problem);
+        DeviceArray<char> workspace(std::max<size_t>(perf[0].memory, 1));
+        return run(check, ok, int(perf[0].algo), [&] {
+            CUDNN_CHECK(cudnnConvolutionForward(handle_, &one_, x_, x, w_, w, conv_, perf[0].algo, workspace.get(),
+                                                perf[0].memory, &zero_, y_, y));
+            if (b) CUDNN_CHECK(cudnnAddTensor(handle_, &one_, b_, b, &one_, y_, y));
+        });
+    }
+    template <typename Check>
+    double backward_data(const float* dy, const float* w, float* dx, const std::string& problem, Check check,
+                         bool& ok) {
+        cudnnConvolutionBwdDataAlgoPerf_t perf[CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT];
+        int found = 0;
+        CUDNN_CHECK(cudnnFindConvolutionBackwardDataAlgorithm(handle_, w_, y_, conv_, x_,
+                                                              CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT, &found, perf));
+        KILN_CHECK(found > 0 && perf[0].status == CUDNN_STATUS_SUCCESS, "cuDNN found no backward-data algorithm for ",
+                   problem);
+        DeviceArray<char> workspace(std::max<size_t>(perf[0].memory, 1));
+        return run(check, ok, int(perf[0].algo), [&] {
+            CUDNN_CHECK(cudnnConvolutionBackwardData(handle_, &one_, w_, w, y_, dy, conv_, perf[0].algo,
+                                                     workspace.get(), perf[0].memory, &zero_, x_, dx));
+        });
+    }
+    template <typename Check>
+    double backward_filter(const float* x, const float* dy, float* dw, const std::string& problem, Check check,
+                           bool& ok) {
+        cudnnConvolutionBwdFilterAlgoPerf_t perf[CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT];
+        int found = 0;
+        CUDNN_CHECK(cudnnFindConvolutionBackwardFilterAlgorithm(handle_, x_, y_, conv_, w_,
+                                                                CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT, &found, perf));
+        KILN_CHECK(found > 0 && perf[0].status == CUDNN_STATUS_SUCCESS,
+                   "cuDNN found no backward-filter algorithm for ", problem);
+        DeviceArray<char> workspace(std::max<size_t>(perf[0].memory, 1));
+        return run(check, ok, int(perf[0].algo), [&] {
+            CUDNN_CHECK(cudnnConvolutionBackwardFilter(handle_, &one_, x_, x, y_, dy, conv_, perf[0].algo,
+                                                       workspace.get(), perf[0].memory, &zero_, w_, dw));
+        });
+    }
+
+private:
+    template <typename Check, typename Pass>
+    double run(Check check, bool& ok, int algo, Pass pass) {
+        pass();
+        ok = check("cudnn_algo" + std::to_string(algo));
+        return time_ms(pass);
+    }
+    cudnnHandle_t handle_;
+    cudnnTensorDescriptor_t x_, y_, b_;
+    cudnnFilterDescriptor_t w_;
+    cudnnConvolutionDescriptor_t conv_;
+    const float one_ = 1.0f, zero_ = 0.0f;
+};
 #endif
 
 // Steps 1 and 2 of a convolution page for one layer: every chosen version validated against
@@ -296,7 +344,7 @@ bool validate_and_time_conv(const std::vector<Version>& versions, int chosen, La
     if (!ok) return false;
 #ifdef KILN_CUDA
     c.y.poison();
-    const double cudnn_ms = cudnn_conv2d_forward(c.p, c.x, c.w, c.b, c.y.get(), c.name, check, ok);
+    const double cudnn_ms = CudnnConv(c.p).forward(c.x, c.w, c.b, c.y.get(), c.name, check, ok);
     time_versions(versions, chosen, launch, c.name, work, unit, cudnn_ms, "cudnn");
 #else
     (void)work, (void)unit;  // nothing is timed on the emulator

@@ -15,11 +15,21 @@
 //              workspace, bounded to 32 MiB as in nn/conv.cpp.
 //   version 3  conv2d_forward_implicit_gemm   (cuda/conv.cu) the same product, its tiles of X
 //              gathered from x straight into shared memory: no workspace, one kernel.
+//   version 4  conv2d_forward  (cuda/conv.cu, the engine's) version 3's gather on the engine's
+//              block tile (cuda/gemm_tiles.cuh): warp tiling, 128×128 tiles for big layers, the
+//              next step's tiles loaded during this step's multiply-adds
+// The backward passes, each against cuDNN's:
+//   dx version 1  conv2d_backward_data_im2col   dy to rows, a GEMM into column form, col2im
+//   dx version 2  conv2d_backward_data          (the engine's) an implicit GEMM: dy gathered
+//                 through the transposed filter, each dx element one thread's sum
+//   dw version 1  conv2d_backward_weight_im2col im2col, then a split-K GEMM per chunk of images
+//   dw version 2  conv2d_backward_weight        (the engine's) an implicit GEMM over N·P·Q,
+//                 split into slices added in order
 //   cuDNN      cudnnConvolutionForward with the fastest algorithm cudnnFindConvolutionForward-
 //              Algorithm reports, FP32 only (CUDNN_FMA_MATH: no TF32 tensor cores), plus
 //              cudnnAddTensor for the bias; the reference on a GPU, validated like the others.
-// The engine's conv2d_forward picks version 2 or 3 per shape (cuda::conv2d_algo); each shape's
-// first line says which.
+// The engine runs version 4 (and dx, dw version 2) for every shape but a depthwise one
+// (cuda::conv2d_algo; each shape's first line says it).
 //
 // Build and run (from the repository root; `make lab` builds and runs every lab file):
 //   make lab                   the emulator: validates every version on small shapes with
@@ -28,7 +38,9 @@
 //                              (widths 32/64/128 and 64/256/256) at batch 256, then prints per
 //                              version and layer "bench conv_lenet_conv2_v3_...: ... GFLOP/s
 //                              (..% of cudnn)"
-//   build-cuda/lab/conv 3      version 3 only (build/lab/conv on the emulator)
+//   build-cuda/lab/conv 2      version 2 of every pass that has one (forward, dx and dw; the
+//                              forward has versions 1 to 4, the backward passes 1 and 2;
+//                              build/lab/conv on the emulator)
 #include <algorithm>
 #include <cstdint>
 #include <string>
@@ -69,8 +81,12 @@ void conv2d1(const float* x, const float* w, const float* b, float* y, const Con
     KILN_CHECK_LAUNCH(conv2d_naive_kernel, grid, block);
 }
 
-const std::vector<Version> kVersions = {
-    {1, "naive", {64, 128, 256}}, {2, "conv2d_forward_im2col", {0}}, {3, "conv2d_forward_implicit_gemm", {0}}};
+const std::vector<Version> kVersions = {{1, "naive", {64, 128, 256}},
+                                        {2, "conv2d_forward_im2col", {0}},
+                                        {3, "conv2d_forward_implicit_gemm", {0}},
+                                        {4, "conv2d_forward", {0}}};
+const std::vector<Version> kDataVersions = {{1, "im2col", {0}}, {2, "conv2d_backward_data", {0}}};
+const std::vector<Version> kWeightVersions = {{1, "im2col", {0}}, {2, "conv2d_backward_weight", {0}}};
 
 // Images per chunk of a workspace of at most `limit` bytes, as nn/conv.cpp's column_workspace.
 int64_t images_within(int64_t floats_per_image, int64_t N, int64_t limit) {
@@ -82,6 +98,54 @@ struct Layer {
     Conv2dParams p;
     bool bias;
 };
+
+// The layer's backward passes: dx and dw (from zero) by each version, validated against the CPU's,
+// then on a GPU timed beside cuDNN's backward data and backward filter. The same flop count as
+// the forward each (2·N·O·P·Q·Cg·KH·KW).
+bool run_backward(int chosen, const Layer& layer, const std::vector<float>& x, const std::vector<float>& w,
+                  DeviceArray<float>& col, int64_t images) {
+    const Conv2dParams& p = layer.p;
+    const size_t y_count = size_t(p.N * p.O * p.P() * p.Q());
+    const std::vector<float> dy = random_floats(y_count, 4);
+    std::vector<float> want_dx(x.size()), want_dw(w.size(), 0.0f);
+    const int64_t cpu_per_image = cpu::conv2d_col_elems_per_image(p, DType::F32);
+    const int64_t cpu_images = cpu_per_image ? images_within(cpu_per_image, p.N, kDefaultConvWorkspace) : 0;
+    std::vector<float> cpu_col(size_t(cpu_images * cpu_per_image));
+    cpu::conv2d_backward_data(dy.data(), w.data(), want_dx.data(), p, cpu_col.data(), cpu_images);
+    cpu::conv2d_backward_weight<float>(x.data(), dy.data(), want_dw.data(), nullptr, p, cpu_col.data(), cpu_images);
+
+    DeviceArray<float> d_x(x), d_w(w), d_dy(dy), d_dx(x.size()), d_dw(w.size());
+    const auto run_dx = [&](int version, int) {
+        if (version == 1) return cuda::conv2d_backward_data_im2col(d_dy.get(), d_w.get(), d_dx.get(), p, col.get(), images);
+        cuda::conv2d_backward_data<float>(d_dy.get(), d_w.get(), d_dx.get(), p, nullptr, 0);
+    };
+    const auto run_dw = [&](int version, int) {
+        KILN_CUDA_CHECK(cudaMemset(d_dw.get(), 0, w.size() * sizeof(float)));  // dw accumulates
+        if (version == 1)
+            return cuda::conv2d_backward_weight_im2col<float>(d_x.get(), d_dy.get(), d_dw.get(), nullptr, p, col.get(),
+                                                            images);
+        cuda::conv2d_backward_weight<float>(d_x.get(), d_dy.get(), d_dw.get(), nullptr, p, nullptr, 0);
+    };
+    // dx sums O/G·KH·KW products, dw N·P·Q: a few ulps of the sum of their magnitudes each.
+    const double atol_dx = 2e-6 * double(p.Og() * p.KH * p.KW + 1), atol_dw = 2e-6 * double(p.N * p.P() * p.Q() + 1);
+    const auto check_dx = [&](const std::string& label) { return validate_result(d_dx.get(), want_dx, label, atol_dx, 1e-5); };
+    const auto check_dw = [&](const std::string& label) { return validate_result(d_dw.get(), want_dw, label, atol_dw, 1e-5); };
+    bool ok = validate_versions(kDataVersions, chosen, [&](int v, int b) { d_dx.poison(), run_dx(v, b); }, check_dx);
+    ok = validate_versions(kWeightVersions, chosen, run_dw, check_dw) && ok;
+    if (!ok || !kTiming) return ok;
+#ifdef KILN_CUDA
+    const std::string problem = "conv_" + layer.name;
+    const double gflop = 2.0 * double(y_count) * double(p.Cg() * p.KH * p.KW) / 1e9;
+    CudnnConv cudnn(p);
+    d_dx.poison();
+    const double dx_ms = cudnn.backward_data(d_dy.get(), d_w.get(), d_dx.get(), problem + "_dx", check_dx, ok);
+    time_versions(kDataVersions, chosen, run_dx, problem + "_dx", gflop, "GFLOP/s", dx_ms, "cudnn");
+    d_dw.poison();
+    const double dw_ms = cudnn.backward_filter(d_x.get(), d_dy.get(), d_dw.get(), problem + "_dw", check_dw, ok);
+    time_versions(kWeightVersions, chosen, run_dw, problem + "_dw", gflop, "GFLOP/s", dw_ms, "cudnn");
+#endif
+    return ok;
+}
 
 // One layer: the CPU reference, every version validated, then (on a GPU) timed against cuDNN.
 bool run_layer(int chosen, const Layer& layer) {
@@ -112,15 +176,18 @@ bool run_layer(int chosen, const Layer& layer) {
         switch (version) {
         case 1: return conv2d1(dx.get(), dw.get(), bias, dy.get(), p, block);
         case 2: return cuda::conv2d_forward_im2col(dx.get(), dw.get(), bias, dy.get(), p, col.get(), images);
-        default: return cuda::conv2d_forward_implicit_gemm<float>(dx.get(), dw.get(), bias, dy.get(), p, nullptr, 0);
+        case 3: return cuda::conv2d_forward_implicit_gemm<float>(dx.get(), dw.get(), bias, dy.get(), p, nullptr, 0);
+        default: return cuda::conv2d_forward<float>(dx.get(), dw.get(), bias, dy.get(), p, nullptr, 0);
         }
     };
     // Sums of Cg·KH·KW products of values in [-1, 1], added in another order than the CPU:
     // a few ulps of Σ|w·x| ≤ Cg·KH·KW + 1, as for the GEMM.
     const double atol = 2e-6 * double(p.Cg() * p.KH * p.KW + 1);
     const double gflop = 2.0 * double(y_count) * double(p.Cg() * p.KH * p.KW) / 1e9;
-    return validate_and_time_conv(kVersions, chosen, launch, {problem, p, dx.get(), dw.get(), bias, dy, want, atol},
-                                  gflop, "GFLOP/s");
+    const bool forward_ok = validate_and_time_conv(kVersions, chosen, launch,
+                                                   {problem, p, dx.get(), dw.get(), bias, dy, want, atol}, gflop,
+                                                   "GFLOP/s");
+    return run_backward(chosen, layer, x, w, col, images) && forward_ok;
 }
 
 // The layers of the CIFAR net (src/nn/models.cpp, cifar_net) for widths w1, w2, w3 at batch N

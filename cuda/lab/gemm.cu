@@ -13,8 +13,9 @@
 //              A[m, k] as a broadcast. Only the mapping changed from version 0.
 //   version 2  gemm_smem     (cuda/gemm.cu) 16×16 tiles of A and B staged in shared memory:
 //              each global value is loaded once per block instead of once per thread
-//   version 3  gemm          (cuda/gemm.cu, the engine's) 2-D register tiling: each thread
-//              computes a TM×TN patch of C from registers, TM·TN FMAs per TM + TN shared loads
+//   version 3  gemm_register_tiled   (cuda/gemm.cu, the engine's before version 6) 2-D register
+//              tiling: each thread computes a TM×TN patch of C from registers, TM·TN FMAs per
+//              TM + TN shared loads
 //   version 4  float4        version 3's tiling, but every global load and store and every
 //              shared-memory read is a 16-byte float4: a quarter of the load instructions.
 //              Needs K and N to be multiples of 4 (rows stay 16-byte aligned). Block 128:
@@ -25,15 +26,26 @@
 //              Validated against the CPU's f32 GEMM of the same (f16-rounded) inputs, timed
 //              beside the f32 versions and against its own reference, cublasGemmEx with f16
 //              inputs and output and f32 compute ("cublas_f16")
+//   version 6  warp_tiled    (cuda/gemm.cu and gemm_tiles.cuh, the engine's f32 GEMM) version 3's
+//              register blocking with each warp's lanes packed into one 64×32 patch (one
+//              shared-memory wavefront per load, the rest broadcasts), float4 loads where the
+//              rows allow, and the next step's tiles loaded into registers while this step's are
+//              multiplied (two stages, one barrier per step); 128×128 or 64×64 tiles by size
+//   version 7  mma_f16, mma_bf16   (cuda/gemm.cu and tensor_tiles.cuh, the engine's 16-bit GEMM)
+//              version 6's loop on the tensor cores: mma.sync.m16n8k16 fed by ldmatrix from
+//              padded (conflict-free) shared memory, 16-byte global loads, f32 sums; against
+//              cublas_f16 and cublas_bf16 (cublasGemmEx, f32 compute)
 //
 // Build and run (from the repository root; `make lab` builds and runs every lab file):
 //   make lab                   the emulator: validates every version at M, N, K = 67, 68, 44
-//   make CUDA=1 lab            a GPU: validates at 4096³, then prints one line per version
-//                              and block size: "bench gemm_4096_v4_float4_b256: ... GFLOP/s
-//                              (..% of cublas)"
-//   build-cuda/lab/gemm 3      version 3 only, the engine's (any version number, 0 to 5;
-//                              build/lab/gemm 3 on the emulator)
+//   make CUDA=1 lab            a GPU: validates at 4096³ (and at the chapter models' shapes), then
+//                              prints one line per version and block size: "bench
+//                              gemm_4096_v4_float4_b256: ... GFLOP/s (..% of cublas)"
+//   build-cuda/lab/gemm 6      version 6 only, the engine's (any version number, 0 to 7;
+//                              build/lab/gemm 6 on the emulator)
+#include <algorithm>
 #include <cstdint>
+#include <type_traits>
 
 #include "common.h"
 #include "common.cuh"
@@ -160,76 +172,104 @@ void gemm(int version, int64_t M, int64_t N, int64_t K, const float* A, const fl
     case 0: return gemm0(M, N, K, A, B, C, block_size);
     case 1: return cuda::lab::gemm_naive(false, false, M, N, K, 1.0f, A, K, B, N, 0.0f, C, N);
     case 2: return cuda::lab::gemm_smem(false, false, M, N, K, 1.0f, A, K, B, N, 0.0f, C, N);
-    case 3: return cuda::gemm(false, false, M, N, K, 1.0f, A, K, B, N, 0.0f, C, N);
-    default: return gemm4(M, N, K, A, B, C, block_size);
+    case 3: return cuda::lab::gemm_register_tiled(false, false, M, N, K, 1.0f, A, K, B, N, 0.0f, C, N);
+    case 4: return gemm4(M, N, K, A, B, C, block_size);
+    default: return cuda::gemm(false, false, M, N, K, 1.0f, A, K, B, N, 0.0f, C, N);
     }
 }
 
 const std::vector<Version> kVersions = {{0, "uncoalesced", {64, 256, 1024}},
                                         {1, "gemm_naive", {0}},
                                         {2, "gemm_smem", {0}},
-                                        {3, "gemm", {0}},
-                                        {4, "float4", {128, 256}}};
-const std::vector<Version> kTensorCoreVersions = {{5, "wmma_f16", {0}}};  // f16 in and out
+                                        {3, "gemm_register_tiled", {0}},
+                                        {4, "float4", {128, 256}},
+                                        {6, "warp_tiled", {0}}};
+const std::vector<Version> kTensorCoreVersions = {{5, "wmma_f16", {0}}, {7, "mma_f16", {0}}};  // f16 in and out
+const std::vector<Version> kBf16Versions = {{7, "mma_bf16", {0}}};                            // bf16 in and out
 
-// ---- version 5: f16 on the tensor cores, against the CPU's f32 GEMM of the same values -------
-// The inputs are a and b rounded to f16 (exact in f32, so the CPU computes on what the GPU
-// sees). Tolerance: the f32 versions' allowance for summing the K products in another order (a
-// few ulps of Σ|a·b| ≤ K: 2e-6·(K + 1)), plus the one rounding of C to f16: u = 2^-11 relative.
-struct HalfProblem {
-    DeviceArray<f16> A, B, C;
-    std::vector<float> want;
-};
-
-std::vector<f16> to_f16(const std::vector<float>& v) {
-    std::vector<f16> h(v.size());
-    for (size_t i = 0; i < v.size(); i++) h[i] = f16(v[i]);
+// ---- versions 5 and 7: f16 and bf16 on the tensor cores, against the CPU's f32 GEMM -----------------
+// The inputs are a and b rounded to T (exact in f32, so the CPU computes on what the GPU sees).
+// Tolerance: the f32 versions' allowance for summing the K products in another order (a few ulps
+// of Σ|a·b| ≤ K: 2e-6·(K + 1)), plus the one rounding of C to T: u = 2^-11 (f16) or 2^-8 (bf16).
+template <typename T>
+std::vector<T> to_half(const std::vector<float>& v) {
+    std::vector<T> h(v.size());
+    for (size_t i = 0; i < v.size(); i++) h[i] = T(v[i]);
     return h;
 }
-std::vector<float> to_f32(const std::vector<f16>& h) {
+template <typename T>
+std::vector<float> to_f32(const std::vector<T>& h) {
     std::vector<float> v(h.size());
     for (size_t i = 0; i < h.size(); i++) v[i] = float(h[i]);
     return v;
 }
 
-bool validate_half(const HalfProblem& p, int64_t K, const std::string& label) {
-    std::vector<f16> got(p.want.size());
-    KILN_CUDA_CHECK(cudaMemcpy(got.data(), p.C.get(), got.size() * sizeof(f16), cudaMemcpyDeviceToHost));
-    return validate_values(to_f32(got), p.want, label, 2e-6 * double(K + 1), 1.0 / (1 << 11));
+// a and b rounded to T, on the device, C for the result, and the CPU's f32 product of the rounded values.
+template <typename T>
+struct HalfProblem {
+    std::vector<T> a, b;
+    DeviceArray<T> A, B, C;
+    std::vector<float> want;
+    HalfProblem(const std::vector<float>& a32, const std::vector<float>& b32, int64_t M, int64_t N, int64_t K)
+        : a(to_half<T>(a32)), b(to_half<T>(b32)), A(a), B(b), C(size_t(M * N)), want(size_t(M * N)) {
+        cpu::gemm(false, false, M, N, K, 1.0f, to_f32(a).data(), K, to_f32(b).data(), N, 0.0f, want.data(), N);
+    }
+};
+
+template <typename T>
+bool validate_half(const HalfProblem<T>& p, int64_t K, const std::string& label) {
+    std::vector<T> got(p.want.size());
+    KILN_CUDA_CHECK(cudaMemcpy(got.data(), p.C.get(), got.size() * sizeof(T), cudaMemcpyDeviceToHost));
+    const double u = std::is_same_v<T, bf16> ? 1.0 / (1 << 8) : 1.0 / (1 << 11);
+    return validate_values(to_f32(got), p.want, label, 2e-6 * double(K + 1), u);
 }
 
-bool run_lab(int chosen) {
-    const int64_t M = kTiming ? 4096 : 67, N = kTiming ? 4096 : 68, K = kTiming ? 4096 : 44;
+// Version 5 (wmma, f16) or 7 (the engine's cuda::gemm: mma.sync) in T.
+template <typename T>
+void gemm_half(int version, const HalfProblem<T>& p, int64_t M, int64_t N, int64_t K) {
+    if constexpr (std::is_same_v<T, f16>) {
+        if (version == 5)
+            return cuda::lab::gemm_wmma(false, false, M, N, K, 1.0f, p.A.get(), K, p.B.get(), N, 0.0f, p.C.get(), N);
+    }
+    cuda::gemm(false, false, M, N, K, 1.0f, p.A.get(), K, p.B.get(), N, 0.0f, p.C.get(), N);
+}
+
+template <typename T>
+bool validate_half_versions(const std::vector<Version>& versions, int chosen, HalfProblem<T>& p, int64_t M, int64_t N,
+                            int64_t K) {
+    return validate_versions(
+        versions, chosen,
+        [&](int version, int) {
+            p.C.poison();
+            gemm_half(version, p, M, N, K);
+        },
+        [&](const std::string& label) { return validate_half(p, K, label); });
+}
+
+// One product C = A·B of M×K by K×N: every chosen version (of `versions`, and the tensor cores'
+// of the 16-bit lists) validated, then on a GPU timed against cuBLAS in the same types.
+bool run_problem(int chosen, int64_t M, int64_t N, int64_t K, const std::vector<Version>& versions,
+                 const std::vector<Version>& f16_versions, const std::vector<Version>& bf16_versions) {
     std::printf("gemm M = %lld, N = %lld, K = %lld\n", (long long)M, (long long)N, (long long)K);
     const std::vector<float> a = random_floats(size_t(M * K), 1), b = random_floats(size_t(K * N), 2);
     std::vector<float> want(size_t(M * N));
     cpu::gemm(false, false, M, N, K, 1.0f, a.data(), K, b.data(), N, 0.0f, want.data(), N);
-    const std::vector<f16> a16 = to_f16(a), b16 = to_f16(b);
-    HalfProblem half{DeviceArray<f16>(a16), DeviceArray<f16>(b16), DeviceArray<f16>(want.size()),
-                     std::vector<float>(want.size())};
-    cpu::gemm(false, false, M, N, K, 1.0f, to_f32(a16).data(), K, to_f32(b16).data(), N, 0.0f, half.want.data(), N);
-    const auto launch_half = [&](int, int) {
-        cuda::lab::gemm_wmma(false, false, M, N, K, 1.0f, half.A.get(), K, half.B.get(), N, 0.0f, half.C.get(), N);
-    };
+    HalfProblem<f16> half(a, b, M, N, K);
+    HalfProblem<bf16> brain(a, b, M, N, K);
 
     DeviceArray<float> A(a), B(b), C(want.size());
     const auto launch = [&](int version, int block) { gemm(version, M, N, K, A.get(), B.get(), C.get(), block); };
     // The GPU adds the K products in another order than the CPU (tiles, FMA): a few ulps of
     // Σ|a·b| ≤ K for values in [-1, 1], as in tests/test_cuda_ops.cpp.
     const bool ok = validate_versions(
-        kVersions, chosen, [&](int version, int block) {
+        versions, chosen, [&](int version, int block) {
             C.poison();
             launch(version, block);
         },
         [&](const std::string& label) { return validate_result(C.get(), want, label, 2e-6 * double(K + 1), 1e-5); });
-    const bool half_ok = validate_versions(
-        kTensorCoreVersions, chosen,
-        [&](int version, int block) {
-            half.C.poison();
-            launch_half(version, block);
-        },
-        [&](const std::string& label) { return validate_half(half, K, label); });
-    if (!ok || !half_ok || !kTiming) return ok && half_ok;
+    const bool half_ok = validate_half_versions(f16_versions, chosen, half, M, N, K);
+    const bool brain_ok = validate_half_versions(bf16_versions, chosen, brain, M, N, K);
+    if (!ok || !half_ok || !brain_ok || !kTiming) return ok && half_ok && brain_ok;
 #ifdef KILN_CUDA
     // Row-major C = A·B is column-major Cᵀ = Bᵀ·Aᵀ: cuBLAS gets B first, with M and N swapped.
     cublasHandle_t handle;
@@ -240,19 +280,41 @@ bool run_lab(int chosen) {
         CUBLAS_CHECK(cublasSgemm(handle, CUBLAS_OP_N, CUBLAS_OP_N, int(N), int(M), int(K), &one, B.get(), int(N),
                                  A.get(), int(K), &zero, C.get(), int(N)));
     });
-    // f16 A, B and C, f32 compute: the tensor cores, as version 5
-    const double cublas_f16_ms = time_ms([&] {
-        CUBLAS_CHECK(cublasGemmEx(handle, CUBLAS_OP_N, CUBLAS_OP_N, int(N), int(M), int(K), &one, half.B.get(),
-                                  CUDA_R_16F, int(N), half.A.get(), CUDA_R_16F, int(K), &zero, half.C.get(),
-                                  CUDA_R_16F, int(N), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
-    });
+    // 16-bit A, B and C, f32 compute: the tensor cores, as versions 5 and 7
+    const auto cublas_16 = [&](const void* Bh, const void* Ah, void* Ch, cudaDataType type) {
+        return time_ms([&] {
+            CUBLAS_CHECK(cublasGemmEx(handle, CUBLAS_OP_N, CUBLAS_OP_N, int(N), int(M), int(K), &one, Bh, type, int(N),
+                                      Ah, type, int(K), &zero, Ch, type, int(N), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+        });
+    };
+    const double cublas_f16_ms = cublas_16(half.B.get(), half.A.get(), half.C.get(), CUDA_R_16F);
+    const double cublas_bf16_ms = cublas_16(brain.B.get(), brain.A.get(), brain.C.get(), CUDA_R_16BF);
     CUBLAS_CHECK(cublasDestroy(handle));
-    const std::string problem = "gemm_" + std::to_string(M);
+    const std::string problem = M == N && N == K ? "gemm_" + std::to_string(M)
+                                                 : "gemm_" + std::to_string(M) + "x" + std::to_string(N) + "x" +
+                                                       std::to_string(K);
     const double gflop = 2.0 * double(M * N * K) / 1e9;
-    time_versions(kVersions, chosen, launch, problem, gflop, "GFLOP/s", cublas_ms, "cublas");
-    time_versions(kTensorCoreVersions, chosen, launch_half, problem, gflop, "GFLOP/s", cublas_f16_ms, "cublas_f16");
+    time_versions(versions, chosen, launch, problem, gflop, "GFLOP/s", cublas_ms, "cublas");
+    time_versions(f16_versions, chosen, [&](int v, int) { gemm_half(v, half, M, N, K); }, problem, gflop, "GFLOP/s",
+                  cublas_f16_ms, "cublas_f16");
+    time_versions(bf16_versions, chosen, [&](int v, int) { gemm_half(v, brain, M, N, K); }, problem, gflop, "GFLOP/s",
+                  cublas_bf16_ms, "cublas_bf16");
 #endif
     return true;
+}
+
+// The chapter models' products, for the engine's versions only: a 3×3 layer of the capstone's
+// 64/256/256 net at batch 256 on 7×7 maps as its forward GEMM (O × N·P·Q × C·9) and as its weight
+// gradient's (O × C·9 × N·P·Q), and a 1024³ product.
+bool run_lab(int chosen) {
+    const std::vector<Version> engine = {kVersions.back()}, engine_bf16 = kBf16Versions;
+    const std::vector<Version> engine_f16 = {kTensorCoreVersions.back()};
+    if (!kTiming) return run_problem(chosen, 67, 68, 44, kVersions, kTensorCoreVersions, kBf16Versions);
+    bool ok = run_problem(chosen, 4096, 4096, 4096, kVersions, kTensorCoreVersions, kBf16Versions);
+    ok = run_problem(chosen, 1024, 1024, 1024, engine, engine_f16, engine_bf16) && ok;
+    ok = run_problem(chosen, 256, 12544, 2304, engine, engine_f16, engine_bf16) && ok;
+    ok = run_problem(chosen, 256, 2304, 12544, engine, engine_f16, engine_bf16) && ok;
+    return ok;
 }
 
 }  // namespace kiln::lab
@@ -261,5 +323,6 @@ int main(int argc, char** argv) {
     using namespace kiln::lab;
     std::vector<Version> all = kVersions;
     all.insert(all.end(), kTensorCoreVersions.begin(), kTensorCoreVersions.end());
+    std::sort(all.begin(), all.end(), [](const Version& a, const Version& b) { return a.number < b.number; });
     return lab_main("gemm", [&] { return run_lab(chosen_version(argc, argv, all)); });
 }

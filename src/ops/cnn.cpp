@@ -73,9 +73,9 @@ void check_conv_bias(const Tensor& b, const Conv2dParams& p, const char* op, con
 // the CPU's Winograd holds transformed tiles; every other pass unfolds images into columns.
 int64_t col_per_image(const Conv2dParams& p, Device device, bool forward, DType dtype) {
     if (!on_cuda(device)) return cpu::conv2d_col_elems_per_image(p, dtype);
+    (void)forward;  // every CUDA strategy the engine runs, forward or backward, gathers in place
     const ConvAlgo algo = cuda::conv2d_algo(p);
-    if (algo == ConvAlgo::Depthwise || (forward && algo == ConvAlgo::ImplicitGemm)) return 0;
-    return cuda::conv2d_col_elems_per_image(p);
+    return algo == ConvAlgo::Depthwise || algo == ConvAlgo::ImplicitGemm ? 0 : cuda::conv2d_col_elems_per_image(p);
 }
 
 // The im2col columns (of x's dtype) for as many images as fit in `limit` bytes (at least one),

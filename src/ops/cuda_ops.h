@@ -97,6 +97,13 @@ template <typename T>
 void conv2d_backward_data(const T* dy, const T* w, T* dx, const Conv2dParams& p, T* col, int64_t col_images);
 template <typename T>
 void conv2d_backward_weight(const T* x, const T* dy, T* dw, T* db, const Conv2dParams& p, T* col, int64_t col_images);
+// The backward passes as chapter 05 first wrote them (im2col, col2im and GEMMs, in chunks of
+// col_images images of the workspace), kept for the kernel lab beside the engine's implicit GEMMs.
+template <typename T>
+void conv2d_backward_data_im2col(const T* dy, const T* w, T* dx, const Conv2dParams& p, T* col, int64_t col_images);
+template <typename T>
+void conv2d_backward_weight_im2col(const T* x, const T* dy, T* dw, T* db, const Conv2dParams& p, T* col,
+                                   int64_t col_images);
 
 // ---- pooling, batch norm, layer norm, GELU, dropout (chapters 05–06) ----------------------
 // The twins of the cpu:: functions of the same names (ops/cpu/cnn_ops.h has the formulas):

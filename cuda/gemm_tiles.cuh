@@ -1,0 +1,346 @@
+// gemm_tiles.cuh — the block tile that the engine's matrix products are built from: cuda::gemm
+// (gemm.cu) and the convolutions' implicit GEMMs (conv.cu) share it, each with its own loaders
+// (where a tile's values come from) and epilogue (where the results go).
+//
+//   C[m, n] = Σ_k A[m, k] · B[k, n]         for one BM×BN tile of C, k in [k_begin, k_end)
+//
+// This file holds the version on the CUDA cores (FMA), f32 arithmetic for every element type;
+// tensor_tiles.cuh the tensor-core version (mma.sync) for f16 and bf16. The lab
+// (cuda/lab/gemm.cu, versions 6 and 7) times them against cuBLAS.
+//
+// ---- the CUDA-core tile: warp tiling, double buffering ------------------------------------------
+// A block of kThreads = 32·WARPS_M·WARPS_N threads computes a BM×BN tile of C. Its warps split the
+// tile into WARPS_M × WARPS_N patches of WM×WN; each lane of a warp holds a TM×TN piece of its
+// warp's patch in registers, as GM×GN groups of 4×4:
+//
+//      lane (lm, ln), lm = lane / kLanesN, ln = lane % kLanesN, owns
+//          rows  wm0 + g·(WM/GM) + lm·4 + 0..3     g < GM
+//          cols  wn0 + g·(WN/GN) + ln·4 + 0..3     g < GN
+//
+// Per step of BK along k the block stages the BM×BK tile of A and the BK×BN tile of B in shared
+// memory, k-major (As[k][m], Bs[k][n]), so that a lane's 4 rows (or columns) for one k are one
+// 16-byte load; then each lane, for each k, loads GM + GN float4s and does TM·TN multiply-adds.
+// Why warps: the 32 lanes of a warp read As[k][...] and Bs[k][...] together; with the lanes
+// packed into a compact WM×WN patch, one load instruction of the warp touches kLanesM (or
+// kLanesN) consecutive float4s, at most 128 bytes: one shared-memory wavefront, the rest are
+// broadcasts. (Version 3, cuda/gemm.cu, spreads a warp's lanes over the whole block tile.)
+//
+// Double buffering: two stages of shared memory. While the block multiplies stage s, every
+// thread already holds the next step's values in registers (loaded before the multiply-adds,
+// so the global loads' latency hides behind them) and writes them into stage s^1 afterwards:
+//
+//      fetch(k_begin); stash(stage 0); barrier
+//      for each step t:   if more: fetch(step t+1) into registers
+//                         multiply stage t%2
+//                         if more: stash the registers into stage (t+1)%2
+//                         barrier                   (one per step: stage (t+1)%2 was last read
+//                                                    in step t-1, before the previous barrier)
+//
+// Each C value is one float accumulator to which the products are added in the order k =
+// k_begin, k_begin + 1, ..., k_end − 1: the same sum as version 3's and as a plain loop's, so
+// switching between them changes no bit.
+//
+// Loaders: an object with
+//      fetch(k0)   read this thread's share of the tile for k in [k0, k0 + BK) into its registers
+//                  (zeros outside the matrix); called with k0 = k_begin, k_begin + BK, ... in order
+//      stash(S)    write those registers into the stage S (float[BK][ld])
+// Epilogue: store4(m, n, v) receives 4 results of row m, columns n .. n + 3 (n a multiple of 4
+// within the tile); it checks m and n against the matrix itself.
+#pragma once
+#include <cstdint>
+#include <type_traits>
+
+#include "common.cuh"
+
+namespace kiln::cuda::detail {
+
+template <int BM_, int BN_, int BK_, int WARPS_M, int WARPS_N, int GM_, int GN_>
+struct FmaShape {
+    static constexpr int BM = BM_, BN = BN_, BK = BK_;
+    static constexpr int kWarpsM = WARPS_M, kWarpsN = WARPS_N, kThreads = 32 * WARPS_M * WARPS_N;
+    static constexpr int WM = BM / WARPS_M, WN = BN / WARPS_N;  // a warp's patch
+    static constexpr int GM = GM_, GN = GN_, TM = 4 * GM_, TN = 4 * GN_;
+    static constexpr int kLanesM = WM / TM, kLanesN = WN / TN;
+    // The +4 keeps rows 16-byte aligned and moves successive k rows to other banks.
+    static constexpr int kLdA = BM + 4, kLdB = BN + 4;
+    static_assert(kLanesM * kLanesN == 32, "a warp's lanes tile its patch exactly");
+    static_assert(WM % (GM * 4) == 0 && WN % (GN * 4) == 0 && BK % 4 == 0, "groups of 4 along every edge");
+};
+
+// The engine's two shapes (the lab, version 6, times them and others):
+//   128×128, BK 8, 8 warps of 64×32, 8×8 per lane     big products
+//    64×64,  BK 16, 4 warps of 32×32, 8×4 per lane    the rest (more blocks for small products)
+using FmaBig = FmaShape<128, 128, 8, 2, 4, 2, 2>;
+using FmaSmall = FmaShape<64, 64, 16, 2, 2, 2, 1>;
+
+// ---- 4 consecutive elements ------------------------------------------------------------------------
+// As float4, whatever the element type: one 16-byte (float) or 8-byte (f16, bf16) load. p must be
+// aligned to 4 elements.
+__device__ __forceinline__ float4 load4(const float* p) { return *reinterpret_cast<const float4*>(p); }
+template <typename T>
+__device__ __forceinline__ float4 load4(const T* p) {
+    const uint2 u = *reinterpret_cast<const uint2*>(p);
+    T v[4];
+    static_assert(sizeof(v) == sizeof(u), "four 16-bit values in 8 bytes");
+    memcpy(v, &u, sizeof(u));
+    return make_float4(float(v[0]), float(v[1]), float(v[2]), float(v[3]));
+}
+__device__ __forceinline__ void write4(float* p, float4 v) { *reinterpret_cast<float4*>(p) = v; }
+template <typename T>
+__device__ __forceinline__ void write4(T* p, float4 v) {
+    const T t[4] = {T(v.x), T(v.y), T(v.z), T(v.w)};
+    uint2 u;
+    memcpy(&u, t, sizeof(u));
+    *reinterpret_cast<uint2*>(p) = u;
+}
+__device__ __forceinline__ float& at(float4& v, int i) { return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w; }
+__device__ __forceinline__ float at(const float4& v, int i) { return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w; }
+
+// True when 4-element chunks along a matrix's contiguous dimension can be loaded as one vector:
+// the rows start aligned (ld and the pointer) and the dimension is a whole number of chunks, so
+// a chunk is either inside the matrix or wholly outside it. Host code.
+template <typename T>
+inline bool vector_chunks(const T* p, int64_t ld, int64_t contiguous_extent) {
+    return ld % 4 == 0 && contiguous_extent % 4 == 0 && reinterpret_cast<uintptr_t>(p) % (4 * sizeof(T)) == 0;
+}
+
+// ---- the GEMM's loaders: op(A) and op(B) from row-major storage ---------------------------------------
+// A tile is read as kChunks chunks of 4 elements along the stored matrix's contiguous dimension;
+// thread t takes chunks t, t + kThreads, .... Consecutive threads read consecutive chunks of a
+// row, so a warp's loads are whole 32-byte sectors.
+//   op(A)[m, k] = A[m·lda + k]  (TA false: contiguous along k)   or A[k·lda + m]  (TA true: along m)
+// In shared memory always As[k][m]: a chunk along k becomes 4 scalar stores down a column, a
+// chunk along m one float4 store.
+template <class S, bool TA, typename T>
+struct GemmLoaderA {
+    static constexpr int kChunks = S::BM * S::BK / 4, kPer = kChunks / S::kThreads;
+    static constexpr int kAcross = TA ? S::BM / 4 : S::BK / 4;  // chunks per stored row of the tile
+    static_assert(kChunks % S::kThreads == 0, "the tile's chunks divide among the threads");
+    const T* A;
+    int64_t lda, M, k_end, row0;
+    bool vec;
+    float4 r[kPer];
+
+    __device__ GemmLoaderA(const T* A_, int64_t lda_, int64_t M_, int64_t k_end_, int64_t row0_, bool vec_)
+        : A(A_), lda(lda_), M(M_), k_end(k_end_), row0(row0_), vec(vec_) {}
+
+    __device__ void fetch(int64_t k0) {
+        KILN_UNROLL
+        for (int c = 0; c < kPer; c++) {
+            const int e = int(threadIdx.x) + c * S::kThreads;
+            const int along = e % kAcross * 4, other = e / kAcross;  // within the tile
+            const int64_t m = row0 + (TA ? along : other), k = k0 + (TA ? other : along);
+            const T* p = TA ? A + k * lda + m : A + m * lda + k;
+            float4 v = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+            if (vec) {
+                if (m < M && k < k_end) v = load4(p);
+            } else {
+                KILN_UNROLL
+                for (int i = 0; i < 4; i++) {
+                    const bool inside = TA ? (m + i < M && k < k_end) : (m < M && k + i < k_end);
+                    if (inside) at(v, i) = float(p[i]);
+                }
+            }
+            r[c] = v;
+        }
+    }
+    __device__ void stash(float (*As)[S::kLdA]) const {
+        KILN_UNROLL
+        for (int c = 0; c < kPer; c++) {
+            const int e = int(threadIdx.x) + c * S::kThreads;
+            const int along = e % kAcross * 4, other = e / kAcross;
+            if (TA) {
+                *reinterpret_cast<float4*>(&As[other][along]) = r[c];
+            } else {
+                float4 v = r[c];
+                KILN_UNROLL
+                for (int i = 0; i < 4; i++) As[along + i][other] = at(v, i);
+            }
+        }
+    }
+};
+
+//   op(B)[k, n] = B[k·ldb + n]  (TB false: contiguous along n)   or B[n·ldb + k]  (TB true: along k)
+// In shared memory always Bs[k][n].
+template <class S, bool TB, typename T>
+struct GemmLoaderB {
+    static constexpr int kChunks = S::BK * S::BN / 4, kPer = kChunks / S::kThreads;
+    static constexpr int kAcross = TB ? S::BK / 4 : S::BN / 4;
+    static_assert(kChunks % S::kThreads == 0, "the tile's chunks divide among the threads");
+    const T* B;
+    int64_t ldb, N, k_end, col0;
+    bool vec;
+    float4 r[kPer];
+
+    __device__ GemmLoaderB(const T* B_, int64_t ldb_, int64_t N_, int64_t k_end_, int64_t col0_, bool vec_)
+        : B(B_), ldb(ldb_), N(N_), k_end(k_end_), col0(col0_), vec(vec_) {}
+
+    __device__ void fetch(int64_t k0) {
+        KILN_UNROLL
+        for (int c = 0; c < kPer; c++) {
+            const int e = int(threadIdx.x) + c * S::kThreads;
+            const int along = e % kAcross * 4, other = e / kAcross;
+            const int64_t n = col0 + (TB ? other : along), k = k0 + (TB ? along : other);
+            const T* p = TB ? B + n * ldb + k : B + k * ldb + n;
+            float4 v = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+            if (vec) {
+                if (n < N && k < k_end) v = load4(p);
+            } else {
+                KILN_UNROLL
+                for (int i = 0; i < 4; i++) {
+                    const bool inside = TB ? (n < N && k + i < k_end) : (n + i < N && k < k_end);
+                    if (inside) at(v, i) = float(p[i]);
+                }
+            }
+            r[c] = v;
+        }
+    }
+    __device__ void stash(float (*Bs)[S::kLdB]) const {
+        KILN_UNROLL
+        for (int c = 0; c < kPer; c++) {
+            const int e = int(threadIdx.x) + c * S::kThreads;
+            const int along = e % kAcross * 4, other = e / kAcross;
+            if (TB) {
+                float4 v = r[c];
+                KILN_UNROLL
+                for (int i = 0; i < 4; i++) Bs[along + i][other] = at(v, i);
+            } else {
+                *reinterpret_cast<float4*>(&Bs[other][along]) = r[c];
+            }
+        }
+    }
+};
+
+// ---- the multiply-adds of one stage ----------------------------------------------------------------
+template <class S>
+struct FmaLane {
+    int wm0, wn0, lm, ln;  // the warp's patch and the lane's place in it
+    __device__ FmaLane() {
+        const int warp = int(threadIdx.x) / 32, lane = int(threadIdx.x) % 32;
+        wm0 = warp / S::kWarpsN * S::WM, wn0 = warp % S::kWarpsN * S::WN;
+        lm = lane / S::kLanesN, ln = lane % S::kLanesN;
+    }
+    // The tile row of the lane's row i (i < TM) and column of its column j (j < TN).
+    __device__ int row(int i) const { return wm0 + i / 4 * (S::WM / S::GM) + lm * 4 + i % 4; }
+    __device__ int col(int j) const { return wn0 + j / 4 * (S::WN / S::GN) + ln * 4 + j % 4; }
+
+    //   acc[i][j] += As[k][row(i)] · Bs[k][col(j)]     k = 0, 1, ..., BK − 1
+    __device__ void multiply(const float (*As)[S::kLdA], const float (*Bs)[S::kLdB], float (&acc)[S::TM][S::TN]) const {
+        KILN_UNROLL
+        for (int k = 0; k < S::BK; k++) {
+            float a[S::TM], b[S::TN];
+            KILN_UNROLL
+            for (int g = 0; g < S::GM; g++) {
+                const float4 v = *reinterpret_cast<const float4*>(&As[k][row(4 * g)]);
+                a[4 * g] = v.x, a[4 * g + 1] = v.y, a[4 * g + 2] = v.z, a[4 * g + 3] = v.w;
+            }
+            KILN_UNROLL
+            for (int g = 0; g < S::GN; g++) {
+                const float4 v = *reinterpret_cast<const float4*>(&Bs[k][col(4 * g)]);
+                b[4 * g] = v.x, b[4 * g + 1] = v.y, b[4 * g + 2] = v.z, b[4 * g + 3] = v.w;
+            }
+            KILN_UNROLL
+            for (int i = 0; i < S::TM; i++) {
+                KILN_UNROLL
+                for (int j = 0; j < S::TN; j++) acc[i][j] += a[i] * b[j];
+            }
+        }
+    }
+};
+
+// The shared memory of one block: two stages of each tile.
+template <class S>
+struct alignas(16) FmaStages {
+    float As[2][S::BK][S::kLdA];
+    float Bs[2][S::BK][S::kLdB];
+};
+
+// The main loop (see the header): acc = Σ_{k in [k_begin, k_end)} A-tile · B-tile, then
+// epilogue.store4 for every 4 columns of every row the lane owns. The caller's barrier state:
+// none needed before; smem may be reused after this returns only past another __syncthreads().
+template <class S, class LoadA, class LoadB, class Epilogue>
+__device__ void fma_tile(LoadA& la, LoadB& lb, int64_t k_begin, int64_t k_end, FmaStages<S>& sm, Epilogue& out) {
+    const FmaLane<S> lane;
+    float acc[S::TM][S::TN];
+    KILN_UNROLL
+    for (int i = 0; i < S::TM; i++) {
+        KILN_UNROLL
+        for (int j = 0; j < S::TN; j++) acc[i][j] = 0.0f;
+    }
+    if (k_begin < k_end) {
+        la.fetch(k_begin), lb.fetch(k_begin);
+        la.stash(sm.As[0]), lb.stash(sm.Bs[0]);
+        __syncthreads();
+        int stage = 0;
+        for (int64_t k0 = k_begin; k0 < k_end; k0 += S::BK) {
+            const bool more = k0 + S::BK < k_end;
+            if (more) la.fetch(k0 + S::BK), lb.fetch(k0 + S::BK);
+            lane.multiply(sm.As[stage], sm.Bs[stage], acc);
+            if (more) la.stash(sm.As[stage ^ 1]), lb.stash(sm.Bs[stage ^ 1]);
+            __syncthreads();
+            stage ^= 1;
+        }
+    }
+    KILN_UNROLL
+    for (int i = 0; i < S::TM; i++) {
+        KILN_UNROLL
+        for (int g = 0; g < S::GN; g++)
+            out.store4(lane.row(i), lane.col(4 * g),
+                       make_float4(acc[i][4 * g], acc[i][4 * g + 1], acc[i][4 * g + 2], acc[i][4 * g + 3]));
+    }
+}
+
+// ---- the GEMM's epilogue ------------------------------------------------------------------------------
+//   C[row0 + m, col0 + n] = alpha · acc + beta · C     (C read only when beta ≠ 0; rounded to CT once)
+// 4 columns in one vector store when C's rows allow it (vec), else one by one; both skip what
+// lies outside M × N.
+template <typename CT>
+struct GemmEpilogue {
+    CT* C;
+    int64_t ldc, M, N, row0, col0;
+    float alpha, beta;
+    bool vec;
+
+    __device__ void store4(int mt, int nt, float4 v) {
+        const int64_t m = row0 + mt, n = col0 + nt;
+        if (m >= M) return;
+        CT* c = C + m * ldc + n;
+        if (vec && n + 3 < N) {
+            const float4 old = beta != 0.0f ? load4(c) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+            KILN_UNROLL
+            for (int i = 0; i < 4; i++) at(v, i) = beta == 0.0f ? alpha * at(v, i) : alpha * at(v, i) + beta * at(old, i);
+            write4(c, v);
+            return;
+        }
+        KILN_UNROLL
+        for (int i = 0; i < 4; i++) {
+            if (n + i >= N) break;
+            c[i] = CT(beta == 0.0f ? alpha * at(v, i) : alpha * at(v, i) + beta * float(c[i]));
+        }
+    }
+    // The tensor cores' epilogue (tensor_tiles.cuh): 2 results of row m, columns n and n + 1.
+    __device__ void store2(int mt, int nt, float v0, float v1) {
+        const int64_t m = row0 + mt, n = col0 + nt;
+        if (m >= M) return;
+        CT* c = C + m * ldc + n;
+        if (n < N) c[0] = CT(beta == 0.0f ? alpha * v0 : alpha * v0 + beta * float(c[0]));
+        if (n + 1 < N) c[1] = CT(beta == 0.0f ? alpha * v1 : alpha * v1 + beta * float(c[1]));
+    }
+};
+
+// ---- split-K's second pass (cuda::gemm_split_k, the convolutions' dw) ---------------------------------------------------------------------------
+// C[m,n] = alpha · (Σ_s partial[s][m][n]) + beta · C[m,n], the S slices added in order s = 0, 1, ...:
+// the same sum on every run (no atomics), one thread per element of C.
+template <typename T>
+__global__ void gemm_sum_slices_kernel(const float* partial, int64_t S, int64_t M, int64_t N, float alpha,
+                                       float beta, T* C, int64_t ldc) {
+    const int64_t MN = M * N;
+    for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < MN; i += int64_t(gridDim.x) * blockDim.x) {
+        float acc = 0.0f;
+        for (int64_t sl = 0; sl < S; sl++) acc += partial[sl * MN + i];
+        T* c = &C[(i / N) * ldc + i % N];
+        *c = T(beta == 0.0f ? alpha * acc : alpha * acc + beta * float(*c));
+    }
+}
+
+}  // namespace kiln::cuda::detail

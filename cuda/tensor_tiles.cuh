@@ -1,0 +1,304 @@
+// tensor_tiles.cuh — the block tile of gemm_tiles.cuh on the tensor cores, for T = f16 and bf16:
+// the same loop (loaders fetch a step's tiles into registers while the previous step is
+// multiplied, two stages of shared memory, one barrier per step), but the products are the
+// tensor cores' mma.sync instructions, fed from shared memory by ldmatrix. Sums in f32.
+//
+//   C[m, n] = Σ_k A[m, k] · B[k, n]         one BM×BN tile, k in [k_begin, k_end)
+//
+// ---- the instructions (PTX, sm_80 and later) -------------------------------------------------------
+//   mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32   D[16×8] = A[16×16]·B[16×8] + C, one warp:
+//       each lane holds 4 registers of A (8 values), 2 of B (4 values), 4 floats of C and D, at
+//       places PTX documents (cuda/emu/mma.h lists them; the emulator reproduces them)
+//   ldmatrix.sync.aligned.m8n8.x4{.trans}.shared.b16       four 8×8 matrices of 16-bit values from
+//       shared memory, each lane giving one row's address, into exactly those registers:
+//       an A fragment is one ldmatrix.x4, two B fragments (16 columns) another
+// Tensor cores read A by rows (k contiguous) and B by columns (k contiguous). When a tile sits in
+// shared memory the other way (k-major: A as [k][m], B as [k][n]), the .trans form transposes
+// each 8×8 matrix on the way, so the loaders keep each matrix's own contiguous dimension and the
+// global loads stay 16-byte vectors: A_KC / B_KC in MmaShape say which way each tile lies.
+//
+// ---- the tile ---------------------------------------------------------------------------------------
+// kThreads = 32·WARPS_M·WARPS_N; warp w owns the WM×WN patch at (w / WARPS_N, w % WARPS_N), as
+// MI × NI blocks of 16×8 (MI = WM/16, NI = WN/8), each one mma's D: acc[MI][NI][4] floats.
+// Per k16 step of a stage: MI ldmatrix for A, NI/2 for B, MI·NI mma.
+// Shared memory rows are padded by 8 values (16 bytes): the 8 row addresses of one ldmatrix
+// matrix then fall in 8 different 16-byte bank groups (rows of 80 or 272 bytes: 5 or 17 groups
+// apart), so each ldmatrix is conflict-free.
+//
+// Loaders: as gemm_tiles.cuh's, but stash(S, index) writes 16-bit values through
+// S::a_index(m, k) / S::b_index(k, n). Epilogue: store2(m, n, v0, v1), two columns n, n + 1 of
+// row m (n even within the tile); it checks m and n against the matrix.
+#pragma once
+#include <cstdint>
+
+#include "common.cuh"
+#include "gemm_tiles.cuh"
+
+namespace kiln::cuda::detail {
+
+// ---- the instructions -------------------------------------------------------------------------------
+// One 16-bit type's name in PTX.
+template <typename T> struct MmaKind;
+template <> struct MmaKind<f16> {
+#if !defined(__CUDACC__)
+    static constexpr emu::ptx::MmaType type = emu::ptx::MmaType::F16;
+#endif
+};
+template <> struct MmaKind<bf16> {
+#if !defined(__CUDACC__)
+    static constexpr emu::ptx::MmaType type = emu::ptx::MmaType::BF16;
+#endif
+};
+
+// r = four 8×8 matrices of 16-bit values; this lane gives the address of one row (see above).
+template <bool kTrans>
+__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], const void* row) {
+#if defined(__CUDACC__)
+    const unsigned s = unsigned(__cvta_generic_to_shared(row));
+    if constexpr (kTrans)
+        asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                     : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                     : "r"(s));
+    else
+        asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                     : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                     : "r"(s));
+#else
+    emu::ptx::ldmatrix_x4(r, row, kTrans);
+#endif
+}
+
+// d += a·b on the tensor cores: A 16×16, B 16×8 in T (f16 or bf16), d 16×8 floats.
+template <typename T>
+__device__ __forceinline__ void mma_16816(float (&d)[4], const uint32_t (&a)[4], const uint32_t (&b)[2]) {
+#if defined(__CUDACC__)
+    if constexpr (std::is_same_v<T, bf16>)
+        asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
+                     "{%8, %9}, {%0, %1, %2, %3};\n"
+                     : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+    else
+        asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
+                     "{%8, %9}, {%0, %1, %2, %3};\n"
+                     : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+#else
+    emu::ptx::mma_m16n8k16(d, a, b, MmaKind<T>::type);
+#endif
+}
+
+// ---- the tile's shape and its shared memory ------------------------------------------------------
+template <int BM_, int BN_, int BK_, int WARPS_M, int WARPS_N, bool A_KC_, bool B_KC_>
+struct MmaShape {
+    static constexpr int BM = BM_, BN = BN_, BK = BK_;
+    static constexpr int kWarpsM = WARPS_M, kWarpsN = WARPS_N, kThreads = 32 * WARPS_M * WARPS_N;
+    static constexpr int WM = BM / WARPS_M, WN = BN / WARPS_N, MI = WM / 16, NI = WN / 8;
+    static constexpr bool A_KC = A_KC_, B_KC = B_KC_;  // A as [m][k], B as [n][k] (else k-major)
+    static constexpr int kLdA = A_KC ? BK + 8 : BM + 8, kLdB = B_KC ? BK + 8 : BN + 8;
+    static constexpr int kAElems = (A_KC ? BM : BK) * kLdA, kBElems = (B_KC ? BN : BK) * kLdB;
+    static_assert(BK % 16 == 0 && WM % 16 == 0 && WN % 16 == 0, "whole mma blocks, B fragments in pairs");
+    __device__ static int a_index(int m, int k) { return A_KC ? m * kLdA + k : k * kLdA + m; }
+    __device__ static int b_index(int k, int n) { return B_KC ? n * kLdB + k : k * kLdB + n; }
+};
+
+// Two stages of each tile, as 16-bit patterns (f16 or bf16 alike).
+template <class S>
+struct alignas(16) MmaStages {
+    uint16_t As[2][S::kAElems];
+    uint16_t Bs[2][S::kBElems];
+};
+
+// ---- one warp's products ----------------------------------------------------------------------------
+template <class S, typename T>
+struct MmaWarp {
+    int wm0, wn0, lane;
+    __device__ MmaWarp() {
+        const int warp = int(threadIdx.x) / 32;
+        lane = int(threadIdx.x) % 32;
+        wm0 = warp / S::kWarpsN * S::WM, wn0 = warp % S::kWarpsN * S::WN;
+    }
+    // The row this lane addresses for ldmatrix: lanes 8j..8j+7 give matrix j's rows 0..7.
+    __device__ const uint16_t* a_row(const uint16_t* As, int mi, int kk) const {
+        const int r = lane & 7, j_lo = (lane >> 3) & 1, j_hi = lane >> 4;
+        const int m = wm0 + mi * 16 + j_lo * 8, k = kk + j_hi * 8;  // matrices: (m, k), (m+8, k), (m, k+8), (m+8, k+8)
+        return As + (S::A_KC ? S::a_index(m + r, k) : S::a_index(m, k + r));
+    }
+    __device__ const uint16_t* b_row(const uint16_t* Bs, int ni, int kk) const {
+        const int r = lane & 7, j_lo = (lane >> 3) & 1, j_hi = lane >> 4;
+        const int n = wn0 + ni * 8 + j_hi * 8, k = kk + j_lo * 8;  // matrices: (k, n), (k+8, n), (k, n+8), (k+8, n+8)
+        return Bs + (S::B_KC ? S::b_index(k, n + r) : S::b_index(k + r, n));
+    }
+
+    //   acc[mi][ni] += A[rows of mi, k] · B[k, columns of ni]      k over the stage, 16 at a time
+    __device__ void multiply(const uint16_t* As, const uint16_t* Bs, float (&acc)[S::MI][S::NI][4]) const {
+        KILN_UNROLL
+        for (int kk = 0; kk < S::BK; kk += 16) {
+            uint32_t a[S::MI][4], b[S::NI][2];
+            KILN_UNROLL
+            for (int mi = 0; mi < S::MI; mi++) ldmatrix_x4<!S::A_KC>(a[mi], a_row(As, mi, kk));
+            KILN_UNROLL
+            for (int ni = 0; ni < S::NI; ni += 2) {
+                uint32_t r[4];
+                ldmatrix_x4<!S::B_KC>(r, b_row(Bs, ni, kk));
+                b[ni][0] = r[0], b[ni][1] = r[1], b[ni + 1][0] = r[2], b[ni + 1][1] = r[3];
+            }
+            KILN_UNROLL
+            for (int mi = 0; mi < S::MI; mi++) {
+                KILN_UNROLL
+                for (int ni = 0; ni < S::NI; ni++) mma_16816<T>(acc[mi][ni], a[mi], b[ni]);
+            }
+        }
+    }
+};
+
+// The main loop (gemm_tiles.cuh's fma_tile, on the tensor cores), then epilogue.store2 for each
+// pair of results the lane holds: rows wm0 + 16·mi + g (+8), columns wn0 + 8·ni + 2t, +1.
+template <class S, typename T, class LoadA, class LoadB, class Epilogue>
+__device__ void mma_tile(LoadA& la, LoadB& lb, int64_t k_begin, int64_t k_end, MmaStages<S>& sm, Epilogue& out) {
+    const MmaWarp<S, T> warp;
+    float acc[S::MI][S::NI][4];
+    KILN_UNROLL
+    for (int mi = 0; mi < S::MI; mi++) {
+        KILN_UNROLL
+        for (int ni = 0; ni < S::NI; ni++) acc[mi][ni][0] = acc[mi][ni][1] = acc[mi][ni][2] = acc[mi][ni][3] = 0.0f;
+    }
+    if (k_begin < k_end) {
+        la.fetch(k_begin), lb.fetch(k_begin);
+        la.stash(sm.As[0]), lb.stash(sm.Bs[0]);
+        __syncthreads();
+        int stage = 0;
+        for (int64_t k0 = k_begin; k0 < k_end; k0 += S::BK) {
+            const bool more = k0 + S::BK < k_end;
+            if (more) la.fetch(k0 + S::BK), lb.fetch(k0 + S::BK);
+            warp.multiply(sm.As[stage], sm.Bs[stage], acc);
+            if (more) la.stash(sm.As[stage ^ 1]), lb.stash(sm.Bs[stage ^ 1]);
+            __syncthreads();
+            stage ^= 1;
+        }
+    }
+    const int g = warp.lane / 4, t = warp.lane % 4;
+    KILN_UNROLL
+    for (int mi = 0; mi < S::MI; mi++) {
+        KILN_UNROLL
+        for (int ni = 0; ni < S::NI; ni++) {
+            const int m = warp.wm0 + mi * 16 + g, n = warp.wn0 + ni * 8 + 2 * t;
+            out.store2(m, n, acc[mi][ni][0], acc[mi][ni][1]);
+            out.store2(m + 8, n, acc[mi][ni][2], acc[mi][ni][3]);
+        }
+    }
+}
+
+// ---- the GEMM's loaders for the tensor cores ----------------------------------------------------------
+// A tile is read as chunks of 8 elements (16 bytes) along the stored matrix's contiguous
+// dimension, and kept that way in shared memory (A_KC = !TA, B_KC = TB): each chunk is one
+// 16-byte load and one 16-byte store. Outside the matrix: zeros. Without vec (rows not 16-byte
+// aligned, or the dimension not a multiple of 8), the chunk's 8 values are loaded one by one.
+template <typename T>
+__device__ __forceinline__ uint16_t bits_of(T v) {
+    uint16_t b;
+    memcpy(&b, &v, sizeof(b));
+    return b;
+}
+
+// op(A)[m, k] = A[m·lda + k] (TA false) or A[k·lda + m] (TA true); T = f16 or bf16.
+template <class S, bool TA, typename T>
+struct MmaGemmLoaderA {
+    static_assert(S::A_KC == !TA, "the tile keeps A's contiguous dimension");
+    static constexpr int kAcross = TA ? S::BM / 8 : S::BK / 8;  // chunks per stored row of the tile
+    static constexpr int kPer = S::BM * S::BK / 8 / S::kThreads;
+    static_assert(kPer * S::kThreads * 8 == S::BM * S::BK, "the tile's chunks divide among the threads");
+    const T* A;
+    int64_t lda, M, k_end, row0;
+    bool vec;
+    uint4 r[kPer];
+
+    __device__ MmaGemmLoaderA(const T* A_, int64_t lda_, int64_t M_, int64_t k_end_, int64_t row0_, bool vec_)
+        : A(A_), lda(lda_), M(M_), k_end(k_end_), row0(row0_), vec(vec_) {}
+
+    __device__ void fetch(int64_t k0) {
+        KILN_UNROLL
+        for (int c = 0; c < kPer; c++) {
+            const int e = int(threadIdx.x) + c * S::kThreads;
+            const int along = e % kAcross * 8, other = e / kAcross;
+            const int64_t m = row0 + (TA ? along : other), k = k0 + (TA ? other : along);
+            const T* p = TA ? A + k * lda + m : A + m * lda + k;
+            uint4 v = make_uint4(0, 0, 0, 0);
+            if (vec) {
+                if (m < M && k < k_end) v = *reinterpret_cast<const uint4*>(p);
+            } else {
+                uint16_t h[8];
+                KILN_UNROLL
+                for (int i = 0; i < 8; i++) {
+                    const bool inside = TA ? (m + i < M && k < k_end) : (m < M && k + i < k_end);
+                    h[i] = inside ? bits_of(p[i]) : uint16_t(0);
+                }
+                memcpy(&v, h, sizeof(v));
+            }
+            r[c] = v;
+        }
+    }
+    __device__ void stash(uint16_t* As) const {
+        KILN_UNROLL
+        for (int c = 0; c < kPer; c++) {
+            const int e = int(threadIdx.x) + c * S::kThreads;
+            const int along = e % kAcross * 8, other = e / kAcross;
+            *reinterpret_cast<uint4*>(&As[TA ? S::a_index(along, other) : S::a_index(other, along)]) = r[c];
+        }
+    }
+};
+
+// op(B)[k, n] = B[k·ldb + n] (TB false) or B[n·ldb + k] (TB true).
+template <class S, bool TB, typename T>
+struct MmaGemmLoaderB {
+    static_assert(S::B_KC == TB, "the tile keeps B's contiguous dimension");
+    static constexpr int kAcross = TB ? S::BK / 8 : S::BN / 8;
+    static constexpr int kPer = S::BN * S::BK / 8 / S::kThreads;
+    static_assert(kPer * S::kThreads * 8 == S::BN * S::BK, "the tile's chunks divide among the threads");
+    const T* B;
+    int64_t ldb, N, k_end, col0;
+    bool vec;
+    uint4 r[kPer];
+
+    __device__ MmaGemmLoaderB(const T* B_, int64_t ldb_, int64_t N_, int64_t k_end_, int64_t col0_, bool vec_)
+        : B(B_), ldb(ldb_), N(N_), k_end(k_end_), col0(col0_), vec(vec_) {}
+
+    __device__ void fetch(int64_t k0) {
+        KILN_UNROLL
+        for (int c = 0; c < kPer; c++) {
+            const int e = int(threadIdx.x) + c * S::kThreads;
+            const int along = e % kAcross * 8, other = e / kAcross;
+            const int64_t n = col0 + (TB ? other : along), k = k0 + (TB ? along : other);
+            const T* p = TB ? B + n * ldb + k : B + k * ldb + n;
+            uint4 v = make_uint4(0, 0, 0, 0);
+            if (vec) {
+                if (n < N && k < k_end) v = *reinterpret_cast<const uint4*>(p);
+            } else {
+                uint16_t h[8];
+                KILN_UNROLL
+                for (int i = 0; i < 8; i++) {
+                    const bool inside = TB ? (n < N && k + i < k_end) : (n + i < N && k < k_end);
+                    h[i] = inside ? bits_of(p[i]) : uint16_t(0);
+                }
+                memcpy(&v, h, sizeof(v));
+            }
+            r[c] = v;
+        }
+    }
+    __device__ void stash(uint16_t* Bs) const {
+        KILN_UNROLL
+        for (int c = 0; c < kPer; c++) {
+            const int e = int(threadIdx.x) + c * S::kThreads;
+            const int along = e % kAcross * 8, other = e / kAcross;
+            *reinterpret_cast<uint4*>(&Bs[TB ? S::b_index(along, other) : S::b_index(other, along)]) = r[c];
+        }
+    }
+};
+
+// 8-element chunks along a matrix's contiguous dimension as 16-byte vectors (host code).
+template <typename T>
+inline bool vector_chunks8(const T* p, int64_t ld, int64_t contiguous_extent) {
+    static_assert(sizeof(T) == 2, "16-bit elements: 8 to a chunk");
+    return ld % 8 == 0 && contiguous_extent % 8 == 0 && reinterpret_cast<uintptr_t>(p) % 16 == 0;
+}
+
+}  // namespace kiln::cuda::detail
