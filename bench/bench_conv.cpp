@@ -20,7 +20,7 @@
 #include <vector>
 
 #include "nn/conv.h"
-#include "ops/cpu/cnn_ops.h"
+#include "ops/kernels/all.h"
 #include "ops/cpu/winograd.h"
 
 using namespace kiln;

@@ -29,10 +29,9 @@
 #include <vector>
 
 #include "core/cpu_features.h"
-#include "ops/cpu/cnn_ops.h"
+#include "ops/kernels/all.h"
 #include "ops/cpu/gemm.h"
 #include "ops/cpu/qgemm.h"
-#include "ops/cpu/quant_ops.h"
 
 using namespace kiln;
 using namespace kiln::cpu;

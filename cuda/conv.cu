@@ -1,5 +1,5 @@
 // conv.cu — 2-D convolution on the GPU: the twins of cpu::conv2d_forward, conv2d_backward_data
-// and conv2d_backward_weight (src/ops/cpu/cnn_ops.h, conv.cpp): same Conv2dParams, same
+// and conv2d_backward_weight (src/ops/kernels/conv.h, cpu/conv.cpp): same Conv2dParams, same
 // workspace contract, same results up to the order of the sums; every pointer device memory.
 // Kernels and launchers are templates on the element type T, instantiated for float, f16 and
 // bf16: x, w, b, y, dy, dx, dw, db and the workspace hold T, every sum is taken in float (or
@@ -128,8 +128,9 @@
 #include "common.cuh"
 #include "gemm_tiles.cuh"
 #include "gemm_versions.h"
+#include "ops/kernels/conv.h"
+#include "ops/kernels/gemm.h"
 #include "tensor_tiles.cuh"
-#include "ops/cuda_ops.h"
 
 namespace kiln::cuda {
 
@@ -1075,6 +1076,15 @@ int64_t conv2d_col_elems_per_image(const Conv2dParams& p) {
     return (p.C * p.KH * p.KW + p.O) * p.P() * p.Q();  // its columns + its rows of y (or dy)
 }
 
+// Every strategy the engine runs, forward or backward, gathers in place: no workspace (the lab's
+// im2col passes size theirs with conv2d_col_elems_per_image).
+int64_t conv2d_workspace_per_image(const Conv2dParams& p, DType, bool) {
+    const ConvAlgo algo = conv2d_algo(p);
+    return algo == ConvAlgo::Depthwise || algo == ConvAlgo::ImplicitGemm ? 0 : conv2d_col_elems_per_image(p);
+}
+
+int64_t conv2d_chunk_images(const Conv2dParams&, DType, int64_t fit) { return fit; }
+
 // Per chunk of k images (workspace: cols [CK, L], then rows [O, L]):
 //   cols = im2col(x);   rows[g·Og.., L] = w[g·Og.., Kc] · cols[g·Kc.., L];   y = rows + b
 // f16 and bf16 start rows at b and the GEMM adds onto it (beta = 1): y is rounded to T once.
@@ -1228,13 +1238,10 @@ void conv2d_backward_weight_im2col(const T* x, const T* dy, T* dw, T* db, const 
     }
 }
 
-#define KILN_CONV_CUDA(T)                                                                                       \
-    template void conv2d_forward_im2col<T>(const T*, const T*, const T*, T*, const Conv2dParams&, T*, int64_t);  \
-    template void conv2d_forward_implicit_gemm<T>(const T*, const T*, const T*, T*, const Conv2dParams&, T*,       \
-                                                  int64_t);                                                      \
-    template void conv2d_backward_data_im2col<T>(const T*, const T*, T*, const Conv2dParams&, T*, int64_t);      \
-    template void conv2d_backward_weight_im2col<T>(const T*, const T*, T*, T*, const Conv2dParams&, T*, int64_t);
-KILN_FOR_EACH_FLOAT_TYPE(KILN_CONV)  // the list is in ops/cpu/cnn_ops.h
-KILN_FOR_EACH_FLOAT_TYPE(KILN_CONV_CUDA)
+KILN_CONV_KERNELS(KILN_INSTANTIATE_FLOAT);
+KILN_INSTANTIATE_FLOAT(conv2d_forward_im2col);
+KILN_INSTANTIATE_FLOAT(conv2d_forward_implicit_gemm);
+KILN_INSTANTIATE_FLOAT(conv2d_backward_data_im2col);
+KILN_INSTANTIATE_FLOAT(conv2d_backward_weight_im2col);
 
 }  // namespace kiln::cuda

@@ -1,5 +1,6 @@
 // elementwise.cu — the CUDA twins of src/ops/cpu/elementwise.cpp: fill, add, mul, axpy, scale, ReLU
-// forward and backward (with ReLU6's upper bound), and the dtype conversions. Each is the CPU
+// forward and backward (with ReLU6's upper bound), GELU, dropout and the dtype conversions
+// (declared once for both in ops/kernels/elementwise.h and core/convert.h). Each is the CPU
 // loop body run by one thread per element, a template on the element type T (float, f16, bf16):
 // read as float, compute in float, round once on the store.
 //
@@ -11,10 +12,18 @@
 // Launch shape (every kernel here): block = 256 threads, grid = min(ceil(n / 256), 1024)
 // blocks (detail::blocks_for); n == 0 launches nothing.
 //
+// GELU uses the device's erff and expf (accurate to ~1 ulp) where the CPU uses inlined
+// approximations accurate to 1e-6 absolute; the tests compare within 2e-6.
+// Dropout draws u_i = Rng::to_unit(splitmix64(seed_hash ^ splitmix64(first + i))) with the
+// CPU's own functions (core/rng.h, compiled for the device too): the mask is the CPU's, bit for
+// bit, and so are y and dx.
+//
 // Build and run: part of the engine (make, or make CUDA=1); tested against the CPU versions by
-//   make test T='[cuda][elementwise]'
+//   make test T='[cuda][elementwise]'    make test T='[gelu][cuda]'    make test T='[dropout][cuda]'
 #include "common.cuh"
-#include "ops/cuda_ops.h"
+#include "core/convert.h"
+#include "core/rng.h"
+#include "ops/kernels/elementwise.h"
 
 namespace kiln::cuda {
 
@@ -82,7 +91,7 @@ __global__ void convert_kernel(const From* x, To* y, int64_t n) {
         y[i] = cast<To>(x[i]);
 }
 
-// ---- launchers: the names and arguments of cpu_ops.h ---------------------------------------
+// ---- launchers: the names and arguments of ops/kernels/elementwise.h ------------------------
 // Launches kernel<<<blocks_for(n), 256>>>(args...); n == 0 launches nothing. The kernel is
 // named by a constexpr variable (fill_kernel_t = fill_kernel<T>): the launch macros need a
 // name without template brackets.
@@ -142,7 +151,89 @@ void convert(const From* x, To* y, int64_t n) {
     KILN_LAUNCH_1D(convert_kernel_t, n, x, y, n);
 }
 
-KILN_FOR_EACH_FLOAT_TYPE(KILN_ELEMENTWISE)  // the lists are in cpu_ops.h
+// ---- GELU --------------------------------------------------------------------------------------
+// y = x·Φ(x),  Φ(x) = (1 + erf(x/√2)) / 2
+template <typename T>
+__global__ void gelu_forward_kernel(const T* x, T* y, int64_t n) {
+    constexpr float kInvSqrt2 = 0.70710678118654752f;
+    for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
+        const float v = float(x[i]);
+        y[i] = T(0.5f * v * (1.0f + erff(v * kInvSqrt2)));
+    }
+}
+
+// dx = dy · (Φ(x) + x·φ(x)),  φ(x) = exp(−x²/2) / √(2π)
+template <typename T>
+__global__ void gelu_backward_kernel(const T* x, const T* dy, T* dx, int64_t n) {
+    constexpr float kInvSqrt2 = 0.70710678118654752f, kInvSqrt2Pi = 0.39894228040143268f;
+    for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
+        const float v = float(x[i]);
+        const float cdf = 0.5f * (1.0f + erff(v * kInvSqrt2));
+        const float pdf = kInvSqrt2Pi * expf(-0.5f * v * v);
+        dx[i] = T(float(dy[i]) * (cdf + v * pdf));
+    }
+}
+
+template <typename T>
+void gelu_forward(const T* x, T* y, int64_t n) {
+    if (n == 0) return;
+    const dim3 grid(blocks_for(n)), block(kBlock);
+    KILN_LAUNCH(gelu_forward_kernel<T>, grid, block, 0)(x, y, n);
+    KILN_CHECK_LAUNCH(gelu_forward_kernel<T>, grid, block);
+}
+
+template <typename T>
+void gelu_backward(const T* x, const T* dy, T* dx, int64_t n) {
+    if (n == 0) return;
+    const dim3 grid(blocks_for(n)), block(kBlock);
+    KILN_LAUNCH(gelu_backward_kernel<T>, grid, block, 0)(x, dy, dx, n);
+    KILN_CHECK_LAUNCH(gelu_backward_kernel<T>, grid, block);
+}
+
+// ---- dropout -------------------------------------------------------------------------------------
+// keep_i = u_i ≥ drop_p,  u_i = Rng::to_unit(splitmix64(seed_hash ^ splitmix64(first + i)))
+// mask[i] = keep_i;   y[i] = keep_i ? x[i] · scale : 0,   scale = 1 / (1 − drop_p)  (0 when drop_p = 1)
+template <typename T>
+__global__ void dropout_forward_kernel(const T* x, T* y, uint8_t* mask, int64_t n, float drop_p,
+                                       float scale, uint64_t seed_hash, uint64_t first) {
+    for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
+        const float u = Rng::to_unit(splitmix64(seed_hash ^ splitmix64(first + uint64_t(i))));
+        const uint8_t keep = u >= drop_p ? 1 : 0;
+        mask[i] = keep;
+        y[i] = T(keep ? float(x[i]) * scale : 0.0f);
+    }
+}
+
+// dx[i] = mask[i] ? dy[i] · scale : 0
+template <typename T>
+__global__ void dropout_backward_kernel(const T* dy, const uint8_t* mask, T* dx, int64_t n, float scale) {
+    for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
+        dx[i] = T(mask[i] ? float(dy[i]) * scale : 0.0f);
+}
+
+namespace {
+float dropout_scale(float drop_p) { return drop_p < 1.0f ? 1.0f / (1.0f - drop_p) : 0.0f; }
+}  // namespace
+
+template <typename T>
+void dropout_forward(const T* x, T* y, uint8_t* mask, int64_t n, float drop_p, uint64_t seed_hash,
+                     uint64_t first) {
+    if (n == 0) return;
+    const dim3 grid(blocks_for(n)), block(kBlock);
+    KILN_LAUNCH(dropout_forward_kernel<T>, grid, block, 0)(x, y, mask, n, drop_p, dropout_scale(drop_p), seed_hash,
+                                                        first);
+    KILN_CHECK_LAUNCH(dropout_forward_kernel<T>, grid, block);
+}
+
+template <typename T>
+void dropout_backward(const T* dy, const uint8_t* mask, T* dx, int64_t n, float drop_p) {
+    if (n == 0) return;
+    const dim3 grid(blocks_for(n)), block(kBlock);
+    KILN_LAUNCH(dropout_backward_kernel<T>, grid, block, 0)(dy, mask, dx, n, dropout_scale(drop_p));
+    KILN_CHECK_LAUNCH(dropout_backward_kernel<T>, grid, block);
+}
+
+KILN_ELEMENTWISE_KERNELS(KILN_INSTANTIATE_FLOAT);
 KILN_FOR_EACH_TYPE_PAIR(KILN_CONVERT)
 
 }  // namespace kiln::cuda

@@ -52,7 +52,7 @@
 #include "gemm_tiles.cuh"
 #include "tensor_tiles.cuh"
 #include "gemm_versions.h"
-#include "ops/cuda_ops.h"
+#include "ops/kernels/gemm.h"
 
 namespace kiln::cuda {
 
@@ -550,11 +550,9 @@ void gemm_wmma(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, floa
 
 }  // namespace lab
 
+KILN_INSTANTIATE_FLOAT(gemm);
+KILN_INSTANTIATE_FLOAT(gemm_split_k);
 #define KILN_GEMM(T)                                                                                          \
-    template void gemm<T>(bool, bool, int64_t, int64_t, int64_t, float, const T*, int64_t, const T*, int64_t, \
-                          float, T*, int64_t);                                                                \
-    template void gemm_split_k<T>(bool, bool, int64_t, int64_t, int64_t, float, const T*, int64_t, const T*,   \
-                                  int64_t, float, T*, int64_t);                                               \
     template void lab::gemm_naive<T>(bool, bool, int64_t, int64_t, int64_t, float, const T*, int64_t,          \
                                      const T*, int64_t, float, T*, int64_t);                                  \
     template void lab::gemm_smem<T>(bool, bool, int64_t, int64_t, int64_t, float, const T*, int64_t,           \

@@ -1,5 +1,5 @@
 // gemm_versions.h — the teaching versions of cuda/gemm.cu, side by side.
-// All take cuda::gemm's arguments (src/ops/cuda_ops.h; device pointers, row-major, any
+// All take cuda::gemm's arguments (src/ops/kernels/gemm.h; device pointers, row-major, any
 // transposes) and compute the same C; the engine, cuda::gemm, runs version 3, and version 5
 // for f16 and bf16 when the shapes allow.
 //

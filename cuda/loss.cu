@@ -37,7 +37,8 @@
 #include <cmath>
 
 #include "common.cuh"
-#include "ops/cuda_ops.h"
+#include "ops/kernels/loss.h"
+#include "ops/kernels/reduce.h"  // sum_on_device
 
 namespace kiln::cuda {
 
@@ -129,8 +130,6 @@ float softmax_cross_entropy(const T* z, const int32_t* y, T* dz, int64_t N, int6
     return float(host.total / double(N));
 }
 
-#define KILN_LOSS(T) \
-    template float softmax_cross_entropy<T>(const T*, const int32_t*, T*, int64_t, int64_t, int64_t*, float);
-KILN_FOR_EACH_FLOAT_TYPE(KILN_LOSS)
+KILN_INSTANTIATE_FLOAT(softmax_cross_entropy);
 
 }  // namespace kiln::cuda

@@ -1,11 +1,11 @@
 // norm.cu — the CUDA twins of src/ops/cpu/norm.cpp: batch normalization (training, evaluation,
-// backward), layer normalization, GELU and dropout. Same names and arguments as ops/cpu/cnn_ops.h;
-// pointers are device memory. Templates on the element type T of x, y, dy, dx (gamma, beta and
+// backward) and layer normalization, declared once for both in ops/kernels/norm.h; pointers are
+// device memory. Templates on the element type T of x, y, dy, dx (gamma, beta and
 // the statistics are float; sums in float or double); T = float, f16 or bf16.
 //
 // Letters as in ops/params.h: x [N, C, S], S = H·W (1 for BatchNorm1d), M = N·S values per
-// channel; layer norm's x [R, D], R rows of D values; n = element count of the elementwise
-// kernels, t = threadIdx.x, B = blockDim.x (T is the element type).
+// channel; layer norm's x [R, D], R rows of D values; t = threadIdx.x, B = blockDim.x (T is the
+// element type).
 // Value m < M of channel c sits at x[(n·C + c)·S + s] with n = m / S, s = m mod S.
 //
 // Thread/block mapping and formulas:
@@ -35,8 +35,6 @@
 //       layernorm_backward_params   one thread per column d (1-D grid-stride): adds the R rows in
 //                                   order, in double: dgamma[d] += Σ dy·x̂,  dbeta[d] += Σ dy.
 //                                   Consecutive threads read consecutive floats of a row.
-//   gelu_forward, gelu_backward, dropout_forward, dropout_backward   one thread per element
-//       (1-D grid-stride, block 256), the CPU's loop body.
 //
 // Determinism: no atomics. A channel's sums belong to one block: each thread adds its values
 // in a fixed order and detail::block_reduce folds the 256 partial sums in a tree fixed by t, so
@@ -46,21 +44,14 @@
 // channel c is one thread's plain +=: channels never share an output. Layer norm is the same
 // with rows for channels, and its dgamma[d], dbeta[d] belong to one thread each.
 //
-// GELU uses the device's erff and expf (accurate to ~1 ulp) where the CPU uses inlined
-// approximations accurate to 1e-6 absolute; the tests compare within 2e-6.
-// Dropout draws u_i = Rng::to_unit(splitmix64(seed_hash ^ splitmix64(first + i))) with the
-// CPU's own functions (core/rng.h, compiled for the device too): the mask is the CPU's, bit for
-// bit, and so are y and dx.
-//
 // The engine's batch-norm forward is batchnorm_forward_train; cuda/lab/ times versions of it.
 //
 // Build and run: part of the engine (make, or make CUDA=1); tested against the CPU by
-//   make test T='[batchnorm][cuda]'    make test T='[gelu][cuda]'    make test T='[dropout][cuda]'
+//   make test T='[batchnorm][cuda]'    make test T='[layernorm][cuda]'
 #include <cmath>
 
 #include "common.cuh"
-#include "core/rng.h"
-#include "ops/cuda_ops.h"
+#include "ops/kernels/norm.h"
 
 namespace kiln::cuda {
 
@@ -284,88 +275,6 @@ void layernorm_backward(const T* dy, const T* x, const float* gamma, const float
     KILN_CHECK_LAUNCH(layernorm_backward_params_kernel<T>, column_grid, block);
 }
 
-// ---- GELU --------------------------------------------------------------------------------------
-// y = x·Φ(x),  Φ(x) = (1 + erf(x/√2)) / 2
-template <typename T>
-__global__ void gelu_forward_kernel(const T* x, T* y, int64_t n) {
-    constexpr float kInvSqrt2 = 0.70710678118654752f;
-    for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
-        const float v = float(x[i]);
-        y[i] = T(0.5f * v * (1.0f + erff(v * kInvSqrt2)));
-    }
-}
-
-// dx = dy · (Φ(x) + x·φ(x)),  φ(x) = exp(−x²/2) / √(2π)
-template <typename T>
-__global__ void gelu_backward_kernel(const T* x, const T* dy, T* dx, int64_t n) {
-    constexpr float kInvSqrt2 = 0.70710678118654752f, kInvSqrt2Pi = 0.39894228040143268f;
-    for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
-        const float v = float(x[i]);
-        const float cdf = 0.5f * (1.0f + erff(v * kInvSqrt2));
-        const float pdf = kInvSqrt2Pi * expf(-0.5f * v * v);
-        dx[i] = T(float(dy[i]) * (cdf + v * pdf));
-    }
-}
-
-template <typename T>
-void gelu_forward(const T* x, T* y, int64_t n) {
-    if (n == 0) return;
-    const dim3 grid(blocks_for(n)), block(kBlock);
-    KILN_LAUNCH(gelu_forward_kernel<T>, grid, block, 0)(x, y, n);
-    KILN_CHECK_LAUNCH(gelu_forward_kernel<T>, grid, block);
-}
-
-template <typename T>
-void gelu_backward(const T* x, const T* dy, T* dx, int64_t n) {
-    if (n == 0) return;
-    const dim3 grid(blocks_for(n)), block(kBlock);
-    KILN_LAUNCH(gelu_backward_kernel<T>, grid, block, 0)(x, dy, dx, n);
-    KILN_CHECK_LAUNCH(gelu_backward_kernel<T>, grid, block);
-}
-
-// ---- dropout -------------------------------------------------------------------------------------
-// keep_i = u_i ≥ drop_p,  u_i = Rng::to_unit(splitmix64(seed_hash ^ splitmix64(first + i)))
-// mask[i] = keep_i;   y[i] = keep_i ? x[i] · scale : 0,   scale = 1 / (1 − drop_p)  (0 when drop_p = 1)
-template <typename T>
-__global__ void dropout_forward_kernel(const T* x, T* y, uint8_t* mask, int64_t n, float drop_p,
-                                       float scale, uint64_t seed_hash, uint64_t first) {
-    for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
-        const float u = Rng::to_unit(splitmix64(seed_hash ^ splitmix64(first + uint64_t(i))));
-        const uint8_t keep = u >= drop_p ? 1 : 0;
-        mask[i] = keep;
-        y[i] = T(keep ? float(x[i]) * scale : 0.0f);
-    }
-}
-
-// dx[i] = mask[i] ? dy[i] · scale : 0
-template <typename T>
-__global__ void dropout_backward_kernel(const T* dy, const uint8_t* mask, T* dx, int64_t n, float scale) {
-    for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
-        dx[i] = T(mask[i] ? float(dy[i]) * scale : 0.0f);
-}
-
-namespace {
-float dropout_scale(float drop_p) { return drop_p < 1.0f ? 1.0f / (1.0f - drop_p) : 0.0f; }
-}  // namespace
-
-template <typename T>
-void dropout_forward(const T* x, T* y, uint8_t* mask, int64_t n, float drop_p, uint64_t seed_hash,
-                     uint64_t first) {
-    if (n == 0) return;
-    const dim3 grid(blocks_for(n)), block(kBlock);
-    KILN_LAUNCH(dropout_forward_kernel<T>, grid, block, 0)(x, y, mask, n, drop_p, dropout_scale(drop_p), seed_hash,
-                                                        first);
-    KILN_CHECK_LAUNCH(dropout_forward_kernel<T>, grid, block);
-}
-
-template <typename T>
-void dropout_backward(const T* dy, const uint8_t* mask, T* dx, int64_t n, float drop_p) {
-    if (n == 0) return;
-    const dim3 grid(blocks_for(n)), block(kBlock);
-    KILN_LAUNCH(dropout_backward_kernel<T>, grid, block, 0)(dy, mask, dx, n, dropout_scale(drop_p));
-    KILN_CHECK_LAUNCH(dropout_backward_kernel<T>, grid, block);
-}
-
-KILN_FOR_EACH_FLOAT_TYPE(KILN_NORM)  // the list is in ops/cpu/cnn_ops.h
+KILN_NORM_KERNELS(KILN_INSTANTIATE_FLOAT);
 
 }  // namespace kiln::cuda

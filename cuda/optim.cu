@@ -14,7 +14,7 @@
 //
 //   make test T='[cuda][optim]'
 #include "common.cuh"
-#include "ops/cuda_ops.h"
+#include "ops/kernels/optim.h"
 
 namespace kiln::cuda {
 
@@ -35,12 +35,11 @@ __global__ void sgd_update_kernel(float* p, const float* grad, float* buf, int64
     }
 }
 
-void sgd_update(float* p, const float* grad, float* buf, int64_t n, float lr, float momentum, float dampening,
-                float weight_decay, bool nesterov, bool first_step) {
+void sgd_update(float* p, const float* grad, float* buf, int64_t n, const SgdParams& s) {
     if (n == 0) return;
     const dim3 grid(detail::blocks_for(n)), block(detail::kBlock);
-    KILN_LAUNCH(sgd_update_kernel, grid, block, 0)(p, grad, buf, n, lr, momentum, dampening, weight_decay, nesterov,
-                                                   first_step);
+    KILN_LAUNCH(sgd_update_kernel, grid, block, 0)(p, grad, buf, n, s.lr, s.momentum, s.dampening, s.weight_decay,
+                                                   s.nesterov, s.first_step);
     KILN_CHECK_LAUNCH(sgd_update_kernel, grid, block);
 }
 

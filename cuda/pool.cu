@@ -1,5 +1,5 @@
 // pool.cu — the CUDA twins of src/ops/cpu/pool.cpp: max, average and global average pooling,
-// forward and backward. Same names and arguments as ops/cpu/cnn_ops.h; pointers are device
+// forward and backward. Declared once for both in ops/kernels/pool.h; pointers are device
 // memory. Templates on the element type T = float, f16 or bf16 (compared and summed in float or
 // double, each result rounded to T once).
 //
@@ -38,7 +38,7 @@
 #include <cmath>
 
 #include "common.cuh"
-#include "ops/cuda_ops.h"
+#include "ops/kernels/pool.h"
 
 namespace kiln::cuda {
 
@@ -234,6 +234,6 @@ void global_avgpool_backward(const T* dy, T* dx, int64_t NC, int64_t S) {
     KILN_CHECK_LAUNCH(global_avgpool_backward_kernel<T>, grid, block);
 }
 
-KILN_FOR_EACH_FLOAT_TYPE(KILN_POOL)  // the list is in ops/cpu/cnn_ops.h
+KILN_POOL_KERNELS(KILN_INSTANTIATE_FLOAT);
 
 }  // namespace kiln::cuda

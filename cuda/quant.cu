@@ -1,14 +1,14 @@
-// quant.cu — the CUDA twins of src/ops/cpu/quant_ops.h (chapter 11): quantize and dequantize, the
+// quant.cu — the CUDA twins of src/ops/cpu/quant.cpp (chapter 11): quantize and dequantize, the
 // int8 matrix product on __dp4a, requantization, the int8 Linear and convolution (groups 1 and
 // depthwise), u8 max and global average pooling, table lookups, the sum of two u8 tensors, and
 // fake quantization for quantization-aware training. Same names and arguments as the CPU's
-// (declared in ops/cuda_ops.h); every pointer is device memory, QOutput's too.
+// (declared once for both in ops/kernels/quant.h); every pointer is device memory, QOutput's too.
 //
 // Every result is the CPU's, bit for bit:
 //   - the integer kernels add exact int32 products, and integer addition gives the same sum in
-//     any order (no overflow while K < 65793, quant_ops.h's bound), so no tiling changes a bit;
+//     any order (no overflow while K < 65793, ops/kernels/quant.h's bound), so no tiling changes a bit;
 //   - quantize, dequantize, fake quantization, requantization and qadd call the CPU's own
-//     arithmetic (quant/qparams.h, quant_ops.h's qadd_value, KILN_HOST_DEVICE): one correctly
+//     arithmetic (ops/qparams.h, ops/kernels/quant.h's qadd_value, KILN_HOST_DEVICE): one correctly
 //     rounded float division (1/scale, as the CPU takes it per channel; nvcc divides exactly
 //     unless -use_fast_math), one multiply, rintf, integer shifts — operations that round the
 //     same way on both.
@@ -45,7 +45,7 @@
 // Build and run: part of the engine (make, or make CUDA=1); tested against the CPU by
 //   make test T='[quant][cuda]'
 #include "common.cuh"
-#include "ops/cuda_ops.h"
+#include "ops/kernels/quant.h"
 
 namespace kiln::cuda {
 
@@ -142,8 +142,7 @@ void dequantize_per_channel(const Q* q, float* x, int64_t outer, int64_t C, int6
     launch_dequantize(q, x, outer * C * inner, C, inner, ChannelQ{scale, zero_point, 0.0f, 0});
 }
 
-KILN_QUANTIZE(uint8_t)
-KILN_QUANTIZE(int8_t)
+KILN_QUANTIZE_KERNELS(KILN_INSTANTIATE_INT8);
 
 // ==== the int8 matrix product ===========================================================================
 //   C[m, n] = Σ_k A[m, k]·B[n, k] = Σ_k (A[m, k] − 128)·B[n, k] + 128·Σ_k B[n, k]
@@ -224,6 +223,8 @@ void qgemm_u8s8(int64_t M, int64_t N, int64_t K, const uint8_t* A, int64_t lda, 
     KILN_LAUNCH(qgemm_dp4a_kernel, grid, block, 0)(M, N, K, A, lda, B, ldb, C, ldc);
     KILN_CHECK_LAUNCH(qgemm_dp4a_kernel, grid, block);
 }
+
+const char* qgemm_path_for(int32_t /*a_max*/) { return "dp4a"; }
 
 // ==== requantization and the int8 Linear ==================================================================
 // y[m, o] = clamp(z_y + round((acc[m, o] + bias[o]) · M_o), lo, hi)
@@ -448,7 +449,7 @@ void lookup_u8(const uint8_t* x, uint8_t* y, int64_t outer, int64_t C, int64_t i
 }
 
 // ==== the sum of two u8 tensors ==============================================================================
-// y[i] = qadd_value(a[i], b[i], q)   (quant_ops.h: the fixed-point formula, shared with the CPU)
+// y[i] = qadd_value(a[i], b[i], q)   (ops/kernels/quant.h: the fixed-point formula, shared with the CPU)
 __global__ void qadd_kernel(const uint8_t* a, const uint8_t* b, uint8_t* y, int64_t n, QAddParams q) {
     for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
         y[i] = qadd_value(a[i], b[i], q);

@@ -26,7 +26,7 @@
 #include <cmath>
 
 #include "common.cuh"
-#include "ops/cuda_ops.h"
+#include "ops/kernels/reduce.h"
 
 namespace kiln::cuda {
 
@@ -204,6 +204,6 @@ void argmax_rows(const T* x, int32_t* out, int64_t N, int64_t C) {
     KILN_CHECK_LAUNCH(argmax_rows_kernel_t, grid, block);
 }
 
-KILN_FOR_EACH_FLOAT_TYPE(KILN_REDUCE)  // the list is in ops/cpu/cpu_ops.h
+KILN_REDUCE_KERNELS(KILN_INSTANTIATE_FLOAT);
 
 }  // namespace kiln::cuda

@@ -151,11 +151,11 @@ TEST_CASE("a bf16 PackedA on AMX tiles gives the bits of gemm on A itself", "[am
             cpu::gemm(ta, tb, M, N, K, 0.75f, A.data(), ta ? M : K, B.data(), tb ? K : N, 0.5f, want.data(), N);
             const cpu::PackedA packed(ta, M, K, A.data(), ta ? M : K);
             REQUIRE(packed.amx_tile_kernel() != nullptr);
-            cpu::gemm(packed, tb, N, 0.75f, B.data(), tb ? K : N, 0.5f, got.data(), N);
+            cpu::gemm_packed(packed, tb, N, 0.75f, B.data(), tb ? K : N, 0.5f, got.data(), N);
             CHECK(std::memcmp(got.data(), want.data(), got.size() * sizeof(bf16)) == 0);
         }
     const cpu::PackedA packed(false, M, K, A.data(), K);
     std::vector<float> B32(size_t(K * N)), C32(size_t(M * N));
-    CHECK_THROWS_WITH(cpu::gemm(packed, false, N, 1.0f, B32.data(), N, 0.0f, C32.data(), N),
+    CHECK_THROWS_WITH(cpu::gemm_packed(packed, false, N, 1.0f, B32.data(), N, 0.0f, C32.data(), N),
                       Catch::Contains("holds AMX tiles"));
 }

@@ -12,7 +12,7 @@
 
 #include "gradcheck.h"
 #include "nn/conv.h"
-#include "ops/cpu/cnn_ops.h"
+#include "ops/kernels/all.h"
 #include "ops/cpu/short_rows.h"
 #include "ops/cpu/winograd.h"
 

@@ -29,8 +29,7 @@
 #include "gradcheck.h"
 #include "nn/conv.h"
 #include "ops/cnn.h"
-#include "ops/cpu/cnn_ops.h"
-#include "ops/cuda_ops.h"
+#include "ops/kernels/all.h"
 
 using namespace kiln;
 using test::require_identical;

@@ -33,8 +33,7 @@
 #include "nn/misc.h"
 #include "nn/norm.h"
 #include "nn/pool.h"
-#include "ops/cpu/cnn_ops.h"
-#include "ops/cuda_ops.h"
+#include "ops/kernels/all.h"
 
 using namespace kiln;
 using test::require_close;

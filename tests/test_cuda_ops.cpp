@@ -20,9 +20,8 @@
 #include "core/tensor.h"
 #include "fixtures.h"
 #include "gemm_versions.h"
-#include "ops/cpu/cpu_ops.h"
+#include "ops/kernels/all.h"
 #include "ops/cpu/gemm.h"
-#include "ops/cuda_ops.h"
 #include "ops/ops.h"
 
 using namespace kiln;
@@ -349,11 +348,10 @@ TEST_CASE("cuda sgd_update matches the CPU", "[cuda][lesson04][optim]") {
                 Tensor hp = p.clone(), hbuf = buf.clone(), cp = cuda_copy(p), cbuf = cuda_copy(buf);
                 int step = 0;
                 for (const Tensor* g : {&g1, &g2}) {  // the first step, then one with a momentum buffer
-                    cpu::sgd_update(hp.data<float>(), g->data<float>(), hbuf.data<float>(), n, 0.05f, k.momentum,
-                                    k.dampening, k.wd, k.nesterov, step == 0);
+                    const SgdParams s{0.05f, k.momentum, k.dampening, k.wd, k.nesterov, step == 0};
+                    cpu::sgd_update(hp.data<float>(), g->data<float>(), hbuf.data<float>(), n, s);
                     Tensor dg = cuda_copy(*g);
-                    cuda::sgd_update(cp.data<float>(), dg.data<float>(), cbuf.data<float>(), n, 0.05f, k.momentum,
-                                     k.dampening, k.wd, k.nesterov, step == 0);
+                    cuda::sgd_update(cp.data<float>(), dg.data<float>(), cbuf.data<float>(), n, s);
                     step++;
                 }
                 require_close(cp, hp, 1e-6, 1e-7);

@@ -1,5 +1,5 @@
 // test_cuda_quant.cpp — chapter 11's CUDA kernels (cuda/quant.cu) against their CPU twins
-// (ops/cpu/quant_ops.h), on random data and on the edges: odd sizes, K not a multiple of 4 (the
+// (ops/kernels/quant.h), on random data and on the edges: odd sizes, K not a multiple of 4 (the
 // dp4a words' padding), row strides wider than the rows, padding, stride and dilation, the extreme
 // values (A = 255, B = −128, up to the largest K of the contract), per-channel requantization with
 // a fused ReLU (lo = z_y); a MobileNetV2's other kernels: depthwise qconv2d, qglobal_avgpool and
@@ -7,7 +7,7 @@
 //
 // No tolerance anywhere: the integer kernels add exact products (integer sums do not depend on
 // their order), and quantize, dequantize and fake quantization run the same float operations on
-// both sides (quant/qparams.h), so every result must have the CPU's bits.
+// both sides (ops/qparams.h), so every result must have the CPU's bits.
 //
 // Without a GPU (make) the kernels run on the emulator, under each thread schedule (in order,
 // reversed, and for the kernels with barriers shuffled too), so a missing __syncthreads() shows.
@@ -25,8 +25,7 @@
 #include "core/rng.h"
 #include "core/tensor.h"
 #include "fixtures.h"
-#include "ops/cpu/quant_ops.h"
-#include "ops/cuda_ops.h"
+#include "ops/kernels/all.h"
 #include "ops/quant.h"
 #ifndef KILN_CUDA
 #include "kiln_cuda.h"  // the emulator's schedule switch
@@ -276,7 +275,7 @@ TEST_CASE("cuda qgemm_u8s8 (dp4a) matches the CPU exactly", "[lesson11][cuda][qu
 TEST_CASE("cuda qgemm_u8s8 is exact at the extremes, up to the contract's largest K", "[lesson11][cuda][quant][qgemm]") {
     // A = 255, B = −128 everywhere: every product is −32640, and the flip's two sums are at their
     // largest: Σ (a − 128)·b = −16256·K and 128·Σ b = −16384·K. K = 65792 is the largest K for which
-    // K·255·128 < 2^31 (quant_ops.h): C = −2,147,450,880, 32,768 from int32's minimum.
+    // K·255·128 < 2^31 (ops/kernels/quant.h): C = −2,147,450,880, 32,768 from int32's minimum.
     for (int64_t K : {int64_t(5), int64_t(1001), int64_t(65792)}) {
         const int64_t M = 3, N = 2;
         check_qgemm(M, N, K, K, K, N, std::vector<uint8_t>(static_cast<size_t>(M * K), 255),

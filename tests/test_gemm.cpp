@@ -358,7 +358,7 @@ TEST_CASE("gemm with a packed A gives the bits of gemm on A itself", "[gemm][cpu
                         const PackedA packed(ta, M, K, A.data(), ta ? M : K);
                         REQUIRE(packed.rows() == M);
                         REQUIRE(packed.depth() == K);
-                        gemm(packed, tb, N, 0.75f, B.data(), tb ? K : N, beta, got.data(), N);
+                        gemm_packed(packed, tb, N, 0.75f, B.data(), tb ? K : N, beta, got.data(), N);
                         CHECK(std::memcmp(got.data(), want.data(), got.size() * sizeof(float)) == 0);
                     }
     omp_set_num_threads(saved);
@@ -380,11 +380,11 @@ TEST_CASE("gemm with a packed A in f16 and bf16 gives the bits of gemm on A itse
             auto want = lowp(random_vector(size_t(M * N), 33)), got = want;
             gemm(ta, false, M, N, K, 0.75f, A.data(), ta ? M : K, B.data(), N, 0.5f, want.data(), N);
             const PackedA packed(ta, M, K, A.data(), ta ? M : K);
-            gemm(packed, false, N, 0.75f, B.data(), N, 0.5f, got.data(), N);
+            gemm_packed(packed, false, N, 0.75f, B.data(), N, 0.5f, got.data(), N);
             CHECK(std::memcmp(got.data(), want.data(), got.size() * sizeof(T)) == 0);
             if (packed.pair_kernel()) {  // bf16 pairs (vdpbf16ps) multiply bf16 only
                 std::vector<float> B32(size_t(K * N)), C32(size_t(M * N));
-                CHECK_THROWS_WITH(gemm(packed, false, N, 1.0f, B32.data(), N, 0.0f, C32.data(), N),
+                CHECK_THROWS_WITH(gemm_packed(packed, false, N, 1.0f, B32.data(), N, 0.0f, C32.data(), N),
                                   Catch::Contains("holds bf16 pairs"));
             }
         }

@@ -17,7 +17,7 @@
 #include "nn/layers.h"
 #include "nn/misc.h"
 #include "nn/norm.h"
-#include "ops/cpu/cnn_ops.h"
+#include "ops/kernels/all.h"
 
 using namespace kiln;
 

@@ -12,7 +12,7 @@
 #include "core/rng.h"
 #include "gradcheck.h"
 #include "nn/pool.h"
-#include "ops/cpu/cnn_ops.h"
+#include "ops/kernels/all.h"
 
 using namespace kiln;
 

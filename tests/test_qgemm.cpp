@@ -22,7 +22,7 @@
 #include "core/cpu_features.h"
 #include "core/error.h"
 #include "ops/cpu/qgemm.h"
-#include "ops/cpu/quant_ops.h"
+#include "ops/kernels/all.h"
 
 using namespace kiln;
 using namespace kiln::cpu;

@@ -1,4 +1,4 @@
-// test_quant_model.cpp — chapter 11 from the top: the arithmetic of quant/qparams.h, the
+// test_quant_model.cpp — chapter 11 from the top: the arithmetic of ops/qparams.h, the
 // Tensor-level ops' checks (ops/quant.h) and depthwise qconv2d against f32's conv2d, batch-norm
 // folding (quant/fold.h), and the int8 network (quant/qmodel.h): conversion, its accuracy against
 // f32, its file, its errors.
@@ -30,7 +30,7 @@
 #include "quant/fold.h"
 #include "quant/qat.h"
 #include "quant/qmodel.h"
-#include "quant/qparams.h"
+#include "ops/qparams.h"
 #include "train/checkpoint.h"
 
 using namespace kiln;

@@ -36,7 +36,7 @@
 #include "gemm_versions.h"
 #include "ops/cnn.h"
 #include "ops/cpu/gemm.h"
-#include "ops/cuda_ops.h"
+#include "ops/kernels/all.h"
 #include "ops/ops.h"
 #ifndef KILN_CUDA
 #include "kiln_cuda.h"  // the emulator: its wmma, launches and counters

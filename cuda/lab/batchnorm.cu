@@ -32,8 +32,7 @@
 #include <string>
 
 #include "common.h"
-#include "ops/cpu/cnn_ops.h"
-#include "ops/cuda_ops.h"
+#include "ops/kernels/all.h"
 
 namespace kiln::lab {
 

@@ -47,8 +47,7 @@
 
 #include "common.h"
 #include "nn/conv.h"
-#include "ops/cpu/cnn_ops.h"
-#include "ops/cuda_ops.h"
+#include "ops/kernels/all.h"
 
 namespace kiln::lab {
 

@@ -41,8 +41,7 @@
 
 #include "common.cuh"  // KILN_UNROLL
 #include "common.h"
-#include "ops/cpu/cnn_ops.h"
-#include "ops/cuda_ops.h"
+#include "ops/kernels/all.h"
 
 namespace kiln::lab {
 

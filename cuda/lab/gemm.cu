@@ -51,7 +51,7 @@
 #include "common.cuh"
 #include "gemm_versions.h"
 #include "ops/cpu/gemm.h"
-#include "ops/cuda_ops.h"
+#include "ops/kernels/all.h"
 
 namespace kiln::lab {
 

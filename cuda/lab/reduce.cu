@@ -34,7 +34,7 @@
 #include <cstdint>
 
 #include "common.h"
-#include "ops/cuda_ops.h"
+#include "ops/kernels/all.h"
 
 namespace kiln::lab {
 

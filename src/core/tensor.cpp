@@ -4,6 +4,8 @@
 #include <cstring>
 #include <sstream>
 
+#include "core/backend.h"
+#include "core/convert.h"
 #include "core/cuda_memory.h"
 #include "core/parallel.h"
 #include "core/rng.h"
@@ -223,6 +225,25 @@ void Tensor::copy_from(const Tensor& src) {
     else if (device() == Device::CUDA && src.device() == Device::CPU) cuda::copy_to_device(raw(), src.raw(), n);
     else if (device() == Device::CPU) cuda::copy_to_host(raw(), src.raw(), n);
     else cuda::copy_device_to_device(raw(), src.raw(), n);
+}
+
+Tensor Tensor::to(DType dt) const {
+    if (!defined() || dt == dtype_) return *this;
+    Tensor t = empty(shape_, dt, device(), category());
+    convert_into(*this, t);
+    return t;
+}
+
+void convert_into(const Tensor& src, Tensor& dst) {
+    KILN_CHECK(src.shape() == dst.shape() && src.device() == dst.device(), "convert_into: ", src.desc(), " into ",
+               dst.desc(), ": the shapes and devices must match");
+    on_backend(src.device(), [&](auto be) {
+        visit_dtype(src.dtype(), [&](auto from) {
+            visit_dtype(dst.dtype(), [&](auto to) {
+                kernel::convert(be, src.data<decltype(from)>(), dst.data<decltype(to)>(), src.numel());
+            });
+        });
+    });
 }
 
 Tensor Tensor::to(Device d) const {

@@ -113,7 +113,7 @@ public:
     Tensor clone() const;  // a copy of this tensor's bytes only
     // Converts on the tensor's device (dtype.h's cast: floats round to nearest even; integers
     // round to nearest even and saturate, NaN -> 0); returns *this if already that dtype.
-    Tensor to(DType dtype) const;  // an op: defined in ops/ops.cpp, where kernels are picked
+    Tensor to(DType dtype) const;  // a copy converted by the conversion kernel (core/convert.h)
     Tensor to(Device device) const;            // copies between devices; *this if already there
     void copy_from(const Tensor& src);         // same shape and dtype, any devices
 
@@ -132,6 +132,11 @@ private:
 };
 
 std::ostream& operator<<(std::ostream& os, const Tensor& t);
+
+// dst = src in dst's element type (what Tensor::to(DType) runs): one conversion kernel per pair of
+// C++ types (core/convert.h), on the tensors' device — a CUDA tensor is converted on the GPU,
+// never through the host. The shapes and devices must match.
+void convert_into(const Tensor& src, Tensor& dst);
 
 // ---- slabs ------------------------------------------------------------------------------------
 // One allocation holding many tensors (llm.c's parameter slab): `whole` is the flat 1-D tensor

@@ -1,47 +1,23 @@
-// cnn.cpp — argument checks and the CPU/CUDA dispatch for every operation in cnn.h, and the
-// two helpers of ops/params.h that both backends share.
+// cnn.cpp — argument checks and the dispatch for every operation in cnn.h.
 //
 // Each op has the same shape: check the tensors (once, here: the kernels trust their pointers),
 // fill the kernel's params struct from the shapes, take the outputs from the current allocator,
-// then call cpu::f<T> or its twin cuda::f<T> — the one place a device and an element type T
-// (float, f16 or bf16: for_dtype, check.h) are chosen. Every tensor of an op has x's dtype,
-// except the norms' parameters and statistics, which are f32 (check_f32_args).
+// then call the kernel through dispatch (core/backend.h), which picks the backend by the device
+// and the instantiation by the element type T (float, f16 or bf16). Every tensor of an op has
+// x's dtype, except the norms' parameters and statistics, which are f32 (check_f32_args).
 #include "ops/cnn.h"
 
 #include <algorithm>
 
 #include "ops/check.h"
-#include "ops/cpu/cnn_ops.h"
-#include "ops/cuda_ops.h"
+#include "ops/kernels/conv.h"
+#include "ops/kernels/elementwise.h"
+#include "ops/kernels/norm.h"
+#include "ops/kernels/pool.h"
 
 namespace kiln {
 
-// ---- ops/params.h ------------------------------------------------------------------------------
-const char* conv_algo_name(ConvAlgo a) {
-    switch (a) {
-        case ConvAlgo::Im2col: return "im2col";
-        case ConvAlgo::Pointwise: return "pointwise";
-        case ConvAlgo::Depthwise: return "depthwise";
-        case ConvAlgo::ImplicitGemm: return "implicit-gemm";
-        case ConvAlgo::Winograd: return "winograd";
-    }
-    return "?";
-}
-
-void check_conv2d_params(const Conv2dParams& p, const char* op) {
-    KILN_CHECK(p.N >= 0 && p.C > 0 && p.H > 0 && p.W > 0 && p.O > 0 && p.KH > 0 && p.KW > 0 && p.stride > 0 &&
-                   p.padding >= 0 && p.dilation > 0 && p.groups > 0,
-               op, ": bad sizes N=", p.N, " C=", p.C, " H=", p.H, " W=", p.W, " O=", p.O, " K=", p.KH, "x", p.KW,
-               " stride=", p.stride, " padding=", p.padding, " dilation=", p.dilation, " groups=", p.groups);
-    KILN_CHECK(p.C % p.groups == 0 && p.O % p.groups == 0, op, ": groups=", p.groups, " must divide C=", p.C,
-               " and O=", p.O);
-    KILN_CHECK(p.P() > 0 && p.Q() > 0, op, ": a ", p.KH, "x", p.KW, " kernel (dilation ", p.dilation,
-               ") does not fit a ", p.H, "x", p.W, " input with padding ", p.padding);
-}
-
 namespace {
-
-bool on_cuda(Device d) { return d == Device::CUDA; }
 
 template <typename T> const T* ptr_or_null(const Tensor& t) { return t.defined() ? t.data<T>() : nullptr; }
 template <typename T> T* ptr_or_null(Tensor& t) { return t.defined() ? t.data<T>() : nullptr; }
@@ -68,16 +44,6 @@ void check_conv_bias(const Tensor& b, const Conv2dParams& p, const char* op, con
         KILN_CHECK(b.ndim() == 1 && b.size(0) == p.O, op, ": '", name, "' should be [", p.O, "] but is ", b.desc());
 }
 
-// Elements of workspace one image needs for a pass on a device: the direct depthwise paths (CPU
-// and CUDA) and the CPU's pointwise one need none, nor does the CUDA forward by implicit GEMM;
-// the CPU's Winograd holds transformed tiles; every other pass unfolds images into columns.
-int64_t col_per_image(const Conv2dParams& p, Device device, bool forward, DType dtype) {
-    if (!on_cuda(device)) return cpu::conv2d_col_elems_per_image(p, dtype);
-    (void)forward;  // every CUDA strategy the engine runs, forward or backward, gathers in place
-    const ConvAlgo algo = cuda::conv2d_algo(p);
-    return algo == ConvAlgo::Depthwise || algo == ConvAlgo::ImplicitGemm ? 0 : cuda::conv2d_col_elems_per_image(p);
-}
-
 // The im2col columns (of x's dtype) for as many images as fit in `limit` bytes (at least one),
 // on the device: a Workspace tensor freed when the caller's pass ends. It comes from the
 // device's pool even inside a step's arena scope: an arena would keep every layer's workspace
@@ -93,11 +59,13 @@ Tensor column_workspace(const Conv2dParams& p, const Tensor& x, bool forward, in
 }  // namespace
 
 ConvWorkspace conv2d_workspace(const Conv2dParams& p, Device device, bool forward, int64_t limit, DType dtype) {
-    const int64_t per_image = col_per_image(p, device, forward, dtype);
-    const int64_t elem_bytes = int64_t(dtype_size(dtype));
-    if (per_image == 0 || p.N == 0) return ConvWorkspace{0, 0, elem_bytes};
-    const int64_t fit = std::clamp<int64_t>(limit / (per_image * elem_bytes), 1, p.N);
-    return ConvWorkspace{on_cuda(device) ? fit : cpu::conv2d_chunk_images(p, dtype, fit), per_image, elem_bytes};
+    return on_backend(device, [&](auto be) {
+        const int64_t per_image = kernel::conv2d_workspace_per_image(be, p, dtype, forward);
+        const int64_t elem_bytes = int64_t(dtype_size(dtype));
+        if (per_image == 0 || p.N == 0) return ConvWorkspace{0, 0, elem_bytes};
+        const int64_t fit = std::clamp<int64_t>(limit / (per_image * elem_bytes), 1, p.N);
+        return ConvWorkspace{kernel::conv2d_chunk_images(be, p, dtype, fit), per_image, elem_bytes};
+    });
 }
 
 Tensor conv2d(const Tensor& x, const Tensor& w, const Tensor& b, const Conv2dArgs& a) {
@@ -108,14 +76,10 @@ Tensor conv2d(const Tensor& x, const Tensor& w, const Tensor& b, const Conv2dArg
     Tensor y = Tensor::empty({p.N, p.O, p.P(), p.Q()}, x.dtype(), d, Category::Activation);
     int64_t images = 0;
     Tensor col = column_workspace(p, x, true, a.workspace_limit, &images);
-    for_dtype(x, [&](auto tag) {
+    dispatch(d, x.dtype(), [&](auto be, auto tag) {
         using T = decltype(tag);
-        if (on_cuda(d))
-            cuda::conv2d_forward(x.data<T>(), w.data<T>(), ptr_or_null<T>(b), y.data<T>(), p, ptr_or_null<T>(col),
-                                 images);
-        else
-            cpu::conv2d_forward(x.data<T>(), w.data<T>(), ptr_or_null<T>(b), y.data<T>(), p, ptr_or_null<T>(col),
-                                images);
+        kernel::conv2d_forward(be, x.data<T>(), w.data<T>(), ptr_or_null<T>(b), y.data<T>(), p, ptr_or_null<T>(col),
+                               images);
     });
     return y;
 }
@@ -132,18 +96,13 @@ Tensor conv2d_backward(const Tensor& x, const Tensor& w, const Tensor& dy, Tenso
     int64_t images = 0;
     Tensor col = column_workspace(p, x, false, a.workspace_limit, &images);  // shared by the two passes
     Tensor dx = need_dx ? Tensor::empty(x.shape(), x.dtype(), d, Category::Activation) : Tensor();
-    for_dtype(x, [&](auto tag) {
+    dispatch(d, x.dtype(), [&](auto be, auto tag) {
         using T = decltype(tag);
         T* ws = ptr_or_null<T>(col);
         // dw += Σ_n dy_n ⋆ x_n,  db += Σ dy
-        if (on_cuda(d))
-            cuda::conv2d_backward_weight(x.data<T>(), dy.data<T>(), dw.data<T>(), ptr_or_null<T>(db), p, ws, images);
-        else
-            cpu::conv2d_backward_weight(x.data<T>(), dy.data<T>(), dw.data<T>(), ptr_or_null<T>(db), p, ws, images);
-        if (!need_dx) return;
+        kernel::conv2d_backward_weight(be, x.data<T>(), dy.data<T>(), dw.data<T>(), ptr_or_null<T>(db), p, ws, images);
         // dx = conv_transpose(dy, w)
-        if (on_cuda(d)) cuda::conv2d_backward_data(dy.data<T>(), w.data<T>(), dx.data<T>(), p, ws, images);
-        else cpu::conv2d_backward_data(dy.data<T>(), w.data<T>(), dx.data<T>(), p, ws, images);
+        if (need_dx) kernel::conv2d_backward_data(be, dy.data<T>(), w.data<T>(), dx.data<T>(), p, ws, images);
     });
     return dx;
 }
@@ -177,10 +136,9 @@ Tensor maxpool2d(const Tensor& x, const Pool2dArgs& a, Tensor* argmax) {
     const Pool2dParams p = pool_params(x.shape(), a, "maxpool2d");
     Tensor y = Tensor::empty(pooled_shape(p), x.dtype(), d, Category::Activation);
     *argmax = Tensor::empty(y.shape(), DType::I32, d, Category::Activation);
-    for_dtype(x, [&](auto tag) {
+    dispatch(d, x.dtype(), [&](auto be, auto tag) {
         using T = decltype(tag);
-        if (on_cuda(d)) cuda::maxpool2d_forward(x.data<T>(), y.data<T>(), argmax->data<int32_t>(), p);
-        else cpu::maxpool2d_forward(x.data<T>(), y.data<T>(), argmax->data<int32_t>(), p);
+        kernel::maxpool2d_forward(be, x.data<T>(), y.data<T>(), argmax->data<int32_t>(), p);
     });
     return y;
 }
@@ -194,10 +152,9 @@ Tensor maxpool2d_backward(const Tensor& dy, const Tensor& argmax, const Shape& x
     check_dtype(argmax, DType::I32, op, "argmax");
     check_same_device(dy, argmax, op);
     Tensor dx = Tensor::empty(x_shape, dy.dtype(), d, Category::Activation);
-    for_dtype(dy, [&](auto tag) {
+    dispatch(d, dy.dtype(), [&](auto be, auto tag) {
         using T = decltype(tag);
-        if (on_cuda(d)) cuda::maxpool2d_backward(dy.data<T>(), argmax.data<int32_t>(), dx.data<T>(), p);
-        else cpu::maxpool2d_backward(dy.data<T>(), argmax.data<int32_t>(), dx.data<T>(), p);
+        kernel::maxpool2d_backward(be, dy.data<T>(), argmax.data<int32_t>(), dx.data<T>(), p);
     });
     return dx;
 }
@@ -206,10 +163,9 @@ Tensor avgpool2d(const Tensor& x, const Pool2dArgs& a) {
     const Device d = check_args("avgpool2d", {{x, "x"}});
     const Pool2dParams p = pool_params(x.shape(), a, "avgpool2d");
     Tensor y = Tensor::empty(pooled_shape(p), x.dtype(), d, Category::Activation);
-    for_dtype(x, [&](auto tag) {
+    dispatch(d, x.dtype(), [&](auto be, auto tag) {
         using T = decltype(tag);
-        if (on_cuda(d)) cuda::avgpool2d_forward(x.data<T>(), y.data<T>(), p);
-        else cpu::avgpool2d_forward(x.data<T>(), y.data<T>(), p);
+        kernel::avgpool2d_forward(be, x.data<T>(), y.data<T>(), p);
     });
     return y;
 }
@@ -220,10 +176,9 @@ Tensor avgpool2d_backward(const Tensor& dy, const Shape& x_shape, const Pool2dAr
     const Pool2dParams p = pool_params(x_shape, a, op);
     check_shape(dy, pooled_shape(p), op, "dy");
     Tensor dx = Tensor::empty(x_shape, dy.dtype(), d, Category::Activation);
-    for_dtype(dy, [&](auto tag) {
+    dispatch(d, dy.dtype(), [&](auto be, auto tag) {
         using T = decltype(tag);
-        if (on_cuda(d)) cuda::avgpool2d_backward(dy.data<T>(), dx.data<T>(), p);
-        else cpu::avgpool2d_backward(dy.data<T>(), dx.data<T>(), p);
+        kernel::avgpool2d_backward(be, dy.data<T>(), dx.data<T>(), p);
     });
     return dx;
 }
@@ -234,10 +189,9 @@ Tensor global_avgpool(const Tensor& x) {
                "global_avgpool: 'x' should be [N, C, H, W] with H·W > 0 but is ", x.desc());
     const int64_t NC = x.size(0) * x.size(1), S = x.size(2) * x.size(3);
     Tensor y = Tensor::empty({x.size(0), x.size(1)}, x.dtype(), d, Category::Activation);
-    for_dtype(x, [&](auto tag) {
+    dispatch(d, x.dtype(), [&](auto be, auto tag) {
         using T = decltype(tag);
-        if (on_cuda(d)) cuda::global_avgpool_forward(x.data<T>(), y.data<T>(), NC, S);
-        else cpu::global_avgpool_forward(x.data<T>(), y.data<T>(), NC, S);
+        kernel::global_avgpool_forward(be, x.data<T>(), y.data<T>(), NC, S);
     });
     return y;
 }
@@ -250,10 +204,9 @@ Tensor global_avgpool_backward(const Tensor& dy, const Shape& x_shape) {
     check_shape(dy, Shape{x_shape[0], x_shape[1]}, op, "dy");
     const int64_t NC = x_shape[0] * x_shape[1], S = x_shape[2] * x_shape[3];
     Tensor dx = Tensor::empty(x_shape, dy.dtype(), d, Category::Activation);
-    for_dtype(dy, [&](auto tag) {
+    dispatch(d, dy.dtype(), [&](auto be, auto tag) {
         using T = decltype(tag);
-        if (on_cuda(d)) cuda::global_avgpool_backward(dy.data<T>(), dx.data<T>(), NC, S);
-        else cpu::global_avgpool_backward(dy.data<T>(), dx.data<T>(), NC, S);
+        kernel::global_avgpool_backward(be, dy.data<T>(), dx.data<T>(), NC, S);
     });
     return dx;
 }
@@ -290,16 +243,11 @@ Tensor batchnorm_train(const Tensor& x, const Tensor& gamma, const Tensor& beta,
     Tensor y = Tensor::empty(x.shape(), x.dtype(), d, Category::Activation);
     *save_mean = Tensor::empty({p.C}, DType::F32, d, Category::Activation);
     *save_invstd = Tensor::empty({p.C}, DType::F32, d, Category::Activation);
-    for_dtype(x, [&](auto tag) {
+    dispatch(d, x.dtype(), [&](auto be, auto tag) {
         using T = decltype(tag);
-        if (on_cuda(d))
-            cuda::batchnorm_forward_train(x.data<T>(), gamma.data<float>(), beta.data<float>(), y.data<T>(),
-                                          running_mean.data<float>(), running_var.data<float>(),
-                                          save_mean->data<float>(), save_invstd->data<float>(), p);
-        else
-            cpu::batchnorm_forward_train(x.data<T>(), gamma.data<float>(), beta.data<float>(), y.data<T>(),
-                                         running_mean.data<float>(), running_var.data<float>(),
-                                         save_mean->data<float>(), save_invstd->data<float>(), p);
+        kernel::batchnorm_forward_train(be, x.data<T>(), gamma.data<float>(), beta.data<float>(), y.data<T>(),
+                                        running_mean.data<float>(), running_var.data<float>(), save_mean->data<float>(),
+                                        save_invstd->data<float>(), p);
     });
     return y;
 }
@@ -313,14 +261,10 @@ Tensor batchnorm_eval(const Tensor& x, const Tensor& gamma, const Tensor& beta, 
     const BatchNormParams p = batchnorm_params(
         x, {{gamma, "gamma"}, {beta, "beta"}, {running_mean, "running_mean"}, {running_var, "running_var"}}, eps, op);
     Tensor y = Tensor::empty(x.shape(), x.dtype(), d, Category::Activation);
-    for_dtype(x, [&](auto tag) {
+    dispatch(d, x.dtype(), [&](auto be, auto tag) {
         using T = decltype(tag);
-        if (on_cuda(d))
-            cuda::batchnorm_forward_eval(x.data<T>(), gamma.data<float>(), beta.data<float>(),
-                                         running_mean.data<float>(), running_var.data<float>(), y.data<T>(), p);
-        else
-            cpu::batchnorm_forward_eval(x.data<T>(), gamma.data<float>(), beta.data<float>(),
-                                        running_mean.data<float>(), running_var.data<float>(), y.data<T>(), p);
+        kernel::batchnorm_forward_eval(be, x.data<T>(), gamma.data<float>(), beta.data<float>(),
+                                       running_mean.data<float>(), running_var.data<float>(), y.data<T>(), p);
     });
     return y;
 }
@@ -341,16 +285,11 @@ Tensor batchnorm_backward(const Tensor& dy, const Tensor& x, const Tensor& gamma
                                                 {dbeta, "dbeta"}},
                                                0.0f, op);
     Tensor dx = Tensor::empty(x.shape(), x.dtype(), d, Category::Activation);
-    for_dtype(x, [&](auto tag) {
+    dispatch(d, x.dtype(), [&](auto be, auto tag) {
         using T = decltype(tag);
-        if (on_cuda(d))
-            cuda::batchnorm_backward(dy.data<T>(), x.data<T>(), gamma.data<float>(), save_mean.data<float>(),
-                                     save_invstd.data<float>(), dx.data<T>(), dgamma.data<float>(),
-                                     dbeta.data<float>(), p);
-        else
-            cpu::batchnorm_backward(dy.data<T>(), x.data<T>(), gamma.data<float>(), save_mean.data<float>(),
-                                    save_invstd.data<float>(), dx.data<T>(), dgamma.data<float>(),
-                                    dbeta.data<float>(), p);
+        kernel::batchnorm_backward(be, dy.data<T>(), x.data<T>(), gamma.data<float>(), save_mean.data<float>(),
+                                   save_invstd.data<float>(), dx.data<T>(), dgamma.data<float>(), dbeta.data<float>(),
+                                   p);
     });
     return dx;
 }
@@ -382,14 +321,10 @@ Tensor layernorm(const Tensor& x, const Tensor& gamma, const Tensor& beta, float
     Tensor y = Tensor::empty(x.shape(), x.dtype(), d, Category::Activation);
     *save_mean = Tensor::empty(Shape{rows.R}, DType::F32, d, Category::Activation);
     *save_invstd = Tensor::empty(Shape{rows.R}, DType::F32, d, Category::Activation);
-    for_dtype(x, [&](auto tag) {
+    dispatch(d, x.dtype(), [&](auto be, auto tag) {
         using T = decltype(tag);
-        if (on_cuda(d))
-            cuda::layernorm_forward(x.data<T>(), gamma.data<float>(), beta.data<float>(), y.data<T>(),
-                                    save_mean->data<float>(), save_invstd->data<float>(), rows.R, rows.D, eps);
-        else
-            cpu::layernorm_forward(x.data<T>(), gamma.data<float>(), beta.data<float>(), y.data<T>(),
-                                   save_mean->data<float>(), save_invstd->data<float>(), rows.R, rows.D, eps);
+        kernel::layernorm_forward(be, x.data<T>(), gamma.data<float>(), beta.data<float>(), y.data<T>(),
+                                  save_mean->data<float>(), save_invstd->data<float>(), rows.R, rows.D, eps);
     });
     return y;
 }
@@ -406,16 +341,11 @@ Tensor layernorm_backward(const Tensor& dy, const Tensor& x, const Tensor& gamma
     check_shape(save_mean, Shape{rows.R}, op, "save_mean");
     check_shape(save_invstd, Shape{rows.R}, op, "save_invstd");
     Tensor dx = Tensor::empty(x.shape(), x.dtype(), d, Category::Activation);
-    for_dtype(x, [&](auto tag) {
+    dispatch(d, x.dtype(), [&](auto be, auto tag) {
         using T = decltype(tag);
-        if (on_cuda(d))
-            cuda::layernorm_backward(dy.data<T>(), x.data<T>(), gamma.data<float>(), save_mean.data<float>(),
-                                     save_invstd.data<float>(), dx.data<T>(), dgamma.data<float>(),
-                                     dbeta.data<float>(), rows.R, rows.D);
-        else
-            cpu::layernorm_backward(dy.data<T>(), x.data<T>(), gamma.data<float>(), save_mean.data<float>(),
-                                    save_invstd.data<float>(), dx.data<T>(), dgamma.data<float>(),
-                                    dbeta.data<float>(), rows.R, rows.D);
+        kernel::layernorm_backward(be, dy.data<T>(), x.data<T>(), gamma.data<float>(), save_mean.data<float>(),
+                                   save_invstd.data<float>(), dx.data<T>(), dgamma.data<float>(), dbeta.data<float>(),
+                                   rows.R, rows.D);
     });
     return dx;
 }
@@ -424,10 +354,9 @@ Tensor layernorm_backward(const Tensor& dy, const Tensor& x, const Tensor& gamma
 Tensor gelu(const Tensor& x) {
     const Device d = check_args("gelu", {{x, "x"}});
     Tensor y = Tensor::empty(x.shape(), x.dtype(), d, Category::Activation);
-    for_dtype(x, [&](auto tag) {
+    dispatch(d, x.dtype(), [&](auto be, auto tag) {
         using T = decltype(tag);
-        if (on_cuda(d)) cuda::gelu_forward(x.data<T>(), y.data<T>(), x.numel());
-        else cpu::gelu_forward(x.data<T>(), y.data<T>(), x.numel());
+        kernel::gelu_forward(be, x.data<T>(), y.data<T>(), x.numel());
     });
     return y;
 }
@@ -436,10 +365,9 @@ Tensor gelu_backward(const Tensor& x, const Tensor& dy) {
     const Device d = check_args("gelu_backward", {{x, "x"}, {dy, "dy"}});
     check_shape(dy, x.shape(), "gelu_backward", "dy");
     Tensor dx = Tensor::empty(x.shape(), x.dtype(), d, Category::Activation);
-    for_dtype(x, [&](auto tag) {
+    dispatch(d, x.dtype(), [&](auto be, auto tag) {
         using T = decltype(tag);
-        if (on_cuda(d)) cuda::gelu_backward(x.data<T>(), dy.data<T>(), dx.data<T>(), x.numel());
-        else cpu::gelu_backward(x.data<T>(), dy.data<T>(), dx.data<T>(), x.numel());
+        kernel::gelu_backward(be, x.data<T>(), dy.data<T>(), dx.data<T>(), x.numel());
     });
     return dx;
 }
@@ -449,12 +377,9 @@ Tensor dropout(const Tensor& x, float p, uint64_t seed_hash, uint64_t first, Ten
     KILN_CHECK(p >= 0.0f && p <= 1.0f, "dropout: drop probability ", p, " is outside [0, 1]");
     Tensor y = Tensor::empty(x.shape(), x.dtype(), d, Category::Activation);
     *mask = Tensor::empty(x.shape(), DType::U8, d, Category::Activation);
-    for_dtype(x, [&](auto tag) {
+    dispatch(d, x.dtype(), [&](auto be, auto tag) {
         using T = decltype(tag);
-        if (on_cuda(d))
-            cuda::dropout_forward(x.data<T>(), y.data<T>(), mask->data<uint8_t>(), x.numel(), p, seed_hash, first);
-        else
-            cpu::dropout_forward(x.data<T>(), y.data<T>(), mask->data<uint8_t>(), x.numel(), p, seed_hash, first);
+        kernel::dropout_forward(be, x.data<T>(), y.data<T>(), mask->data<uint8_t>(), x.numel(), p, seed_hash, first);
     });
     return y;
 }
@@ -466,10 +391,9 @@ Tensor dropout_backward(const Tensor& dy, const Tensor& mask, float p) {
     check_dtype(mask, DType::U8, op, "mask");
     check_same_device(dy, mask, op);
     Tensor dx = Tensor::empty(dy.shape(), dy.dtype(), d, Category::Activation);
-    for_dtype(dy, [&](auto tag) {
+    dispatch(d, dy.dtype(), [&](auto be, auto tag) {
         using T = decltype(tag);
-        if (on_cuda(d)) cuda::dropout_backward(dy.data<T>(), mask.data<uint8_t>(), dx.data<T>(), dy.numel(), p);
-        else cpu::dropout_backward(dy.data<T>(), mask.data<uint8_t>(), dx.data<T>(), dy.numel(), p);
+        kernel::dropout_backward(be, dy.data<T>(), mask.data<uint8_t>(), dx.data<T>(), dy.numel(), p);
     });
     return dx;
 }

@@ -2,14 +2,14 @@
 // layer normalization, GELU, dropout (chapters 03, 05, 06). Like ops.h, each checks its
 // arguments once (shapes, dtypes, devices: the error names the op and the tensor), takes its
 // outputs from the current allocator (Category::Activation; convolution's workspace:
-// Category::Workspace) and runs the CPU kernel (ops/cpu/cnn_ops.h) or its CUDA twin
-// (ops/cuda_ops.h) according to the tensors' device. The layers of src/nn/ call these.
+// Category::Workspace) and runs the kernel (ops/kernels/: conv.h, pool.h, norm.h,
+// elementwise.h) of the tensors' device. The layers of src/nn/ call these.
 //
 // Element types: f32, f16 and bf16 (the kernels are templates on it). Every tensor an op takes
 // or returns has x's dtype — a mixed pair is an error naming the tensor — except the norms'
 // parameters and statistics (gamma, beta, running and saved statistics, dgamma, dbeta), which
 // are f32 whatever x is; argmax stays i32 and dropout's mask u8. Sums are taken in f32 (or
-// double), each result rounded to x's type once (ops/cpu/cnn_ops.h; cpu/conv.cpp says where a
+// double), each result rounded to x's type once (ops/kernels/; cpu/conv.cpp says where a
 // convolution rounds more than once). Letters as in ops/params.h.
 #pragma once
 #include <cstdint>
@@ -73,7 +73,7 @@ Tensor global_avgpool(const Tensor& x);
 Tensor global_avgpool_backward(const Tensor& dy, const Shape& x_shape);
 
 // ---- batch normalization -----------------------------------------------------------------
-// x [N, C, ...] normalized per channel C over the other dimensions (ops/cpu/cnn_ops.h has the
+// x [N, C, ...] normalized per channel C over the other dimensions (ops/kernels/norm.h has the
 // formulas). gamma, beta, running statistics: f32 [C], whatever x's dtype.
 // Training: batch statistics; updates running_mean and running_var; fills *save_mean and
 // *save_invstd ([C]) for the backward pass.

@@ -1,14 +1,16 @@
-// ops.cpp — argument checks and the CPU/CUDA dispatch for every operation in ops.h: each op
-// checks its tensors once (check_args), then picks the kernel by dtype (for_dtype: float, f16
-// or bf16) and by device (cpu:: or cuda::).
+// ops.cpp — argument checks and the dispatch for every operation in ops.h: each op checks its
+// tensors once (check_args), then calls its kernel through dispatch (core/backend.h), which picks
+// the backend by the tensors' device and the kernel's instantiation by their dtype (float, f16
+// or bf16).
 #include "ops/ops.h"
 
 #include <initializer_list>
 
 #include "ops/check.h"
-#include "ops/cpu/cpu_ops.h"
-#include "ops/cpu/gemm.h"
-#include "ops/cuda_ops.h"
+#include "ops/kernels/elementwise.h"
+#include "ops/kernels/gemm.h"
+#include "ops/kernels/loss.h"
+#include "ops/kernels/reduce.h"
 
 namespace kiln {
 
@@ -16,39 +18,12 @@ static void check_same_shape(const Tensor& a, const Tensor& b, const char* op) {
     KILN_CHECK(a.shape() == b.shape(), op, ": shapes differ: ", a.desc(), " and ", b.desc());
 }
 
-static bool on_cuda(const Tensor& t) { return t.device() == Device::CUDA; }
-
-// ---- conversion ------------------------------------------------------------------------------
-// Tensor::to(DType) (core/tensor.h) is an operation like the others, so it is defined here, in the
-// one place that picks kernels: one kernel per (from, to) pair of C++ types, on the tensor's
-// device (a CUDA tensor is converted on the GPU, never through the host).
-Tensor Tensor::to(DType dt) const {
-    if (!defined() || dt == dtype_) return *this;
-    Tensor t = empty(shape_, dt, device(), category());
-    convert_into(*this, t);
-    return t;
-}
-
-void convert_into(const Tensor& src, Tensor& dst) {
-    KILN_CHECK(src.shape() == dst.shape() && src.device() == dst.device(), "convert_into: ", src.desc(), " into ",
-               dst.desc(), ": the shapes and devices must match");
-    visit_dtype(src.dtype(), [&](auto from_tag) {
-        visit_dtype(dst.dtype(), [&](auto to_tag) {
-            const auto* from = src.data<decltype(from_tag)>();
-            auto* to = dst.data<decltype(to_tag)>();
-            if (src.device() == Device::CUDA) cuda::convert(from, to, src.numel());
-            else cpu::convert(from, to, src.numel());
-        });
-    });
-}
-
 // ---- elementwise -------------------------------------------------------------------------
 void fill_(Tensor& x, float value) {
     check_args("fill_", {{x, "x"}});
-    for_dtype(x, [&](auto tag) {
+    dispatch(x.device(), x.dtype(), [&](auto be, auto tag) {
         using T = decltype(tag);
-        if (on_cuda(x)) cuda::fill(x.data<T>(), x.numel(), value);
-        else cpu::fill(x.data<T>(), x.numel(), value);
+        kernel::fill(be, x.data<T>(), x.numel(), value);
     });
 }
 
@@ -56,10 +31,9 @@ Tensor add(const Tensor& a, const Tensor& b) {
     check_args("add", {{a, "a"}, {b, "b"}});
     check_same_shape(a, b, "add");
     Tensor y = Tensor::empty(a.shape(), a.dtype(), a.device(), Category::Activation);
-    for_dtype(a, [&](auto tag) {
+    dispatch(a.device(), a.dtype(), [&](auto be, auto tag) {
         using T = decltype(tag);
-        if (on_cuda(a)) cuda::add(a.data<T>(), b.data<T>(), y.data<T>(), a.numel());
-        else cpu::add(a.data<T>(), b.data<T>(), y.data<T>(), a.numel());
+        kernel::add(be, a.data<T>(), b.data<T>(), y.data<T>(), a.numel());
     });
     return y;
 }
@@ -68,29 +42,26 @@ void mul_into(const Tensor& a, const Tensor& b, Tensor& y) {
     check_args("mul_into", {{a, "a"}, {b, "b"}, {y, "y"}});
     check_same_shape(a, b, "mul_into");
     check_same_shape(a, y, "mul_into");
-    for_dtype(a, [&](auto tag) {
+    dispatch(a.device(), a.dtype(), [&](auto be, auto tag) {
         using T = decltype(tag);
-        if (on_cuda(a)) cuda::mul(a.data<T>(), b.data<T>(), y.data<T>(), a.numel());
-        else cpu::mul(a.data<T>(), b.data<T>(), y.data<T>(), a.numel());
+        kernel::mul(be, a.data<T>(), b.data<T>(), y.data<T>(), a.numel());
     });
 }
 
 void axpy_(Tensor& y, float alpha, const Tensor& x) {
     check_args("axpy_", {{y, "y"}, {x, "x"}});
     check_same_shape(y, x, "axpy_");
-    for_dtype(y, [&](auto tag) {
+    dispatch(y.device(), y.dtype(), [&](auto be, auto tag) {
         using T = decltype(tag);
-        if (on_cuda(y)) cuda::axpy(alpha, x.data<T>(), y.data<T>(), x.numel());
-        else cpu::axpy(alpha, x.data<T>(), y.data<T>(), x.numel());
+        kernel::axpy(be, alpha, x.data<T>(), y.data<T>(), x.numel());
     });
 }
 
 void scale_(Tensor& x, float s) {
     check_args("scale_", {{x, "x"}});
-    for_dtype(x, [&](auto tag) {
+    dispatch(x.device(), x.dtype(), [&](auto be, auto tag) {
         using T = decltype(tag);
-        if (on_cuda(x)) cuda::scale(x.data<T>(), x.numel(), s);
-        else cpu::scale(x.data<T>(), x.numel(), s);
+        kernel::scale(be, x.data<T>(), x.numel(), s);
     });
 }
 
@@ -103,10 +74,9 @@ Tensor relu(const Tensor& x, float cap) {
     check_args("relu", {{x, "x"}});
     check_cap(cap, "relu");
     Tensor y = Tensor::empty(x.shape(), x.dtype(), x.device(), Category::Activation);
-    for_dtype(x, [&](auto tag) {
+    dispatch(x.device(), x.dtype(), [&](auto be, auto tag) {
         using T = decltype(tag);
-        if (on_cuda(x)) cuda::relu_forward(x.data<T>(), y.data<T>(), x.numel(), cap);
-        else cpu::relu_forward(x.data<T>(), y.data<T>(), x.numel(), cap);
+        kernel::relu_forward(be, x.data<T>(), y.data<T>(), x.numel(), cap);
     });
     return y;
 }
@@ -115,10 +85,9 @@ Tensor relu(const Tensor& x, float cap) {
 void relu_(Tensor& x, float cap) {
     check_args("relu_", {{x, "x"}});
     check_cap(cap, "relu_");
-    for_dtype(x, [&](auto tag) {
+    dispatch(x.device(), x.dtype(), [&](auto be, auto tag) {
         using T = decltype(tag);
-        if (on_cuda(x)) cuda::relu_forward(x.data<T>(), x.data<T>(), x.numel(), cap);
-        else cpu::relu_forward(x.data<T>(), x.data<T>(), x.numel(), cap);
+        kernel::relu_forward(be, x.data<T>(), x.data<T>(), x.numel(), cap);
     });
 }
 
@@ -127,10 +96,9 @@ Tensor relu_backward(const Tensor& y, const Tensor& dy, float cap) {
     check_same_shape(y, dy, "relu_backward");
     check_cap(cap, "relu_backward");
     Tensor dx = Tensor::empty(y.shape(), y.dtype(), y.device(), Category::Activation);
-    for_dtype(y, [&](auto tag) {
+    dispatch(y.device(), y.dtype(), [&](auto be, auto tag) {
         using T = decltype(tag);
-        if (on_cuda(y)) cuda::relu_backward(y.data<T>(), dy.data<T>(), dx.data<T>(), y.numel(), cap);
-        else cpu::relu_backward(y.data<T>(), dy.data<T>(), dx.data<T>(), y.numel(), cap);
+        kernel::relu_backward(be, y.data<T>(), dy.data<T>(), dx.data<T>(), y.numel(), cap);
     });
     return dx;
 }
@@ -143,17 +111,14 @@ void matmul_into(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, T
     // op(a) is M×K, op(b) is K×N, c is M×N
     int64_t M = trans_a ? a.size(1) : a.size(0), K = trans_a ? a.size(0) : a.size(1);
     int64_t Kb = trans_b ? b.size(1) : b.size(0), N = trans_b ? b.size(0) : b.size(1);
-    KILN_CHECK(K == Kb, "matmul: inner sizes differ: op(a) is ", M, "×", K, " (", a.desc(), trans_a ? ", transposed" : "",
-               ") and op(b) is ", Kb, "×", N, " (", b.desc(), trans_b ? ", transposed" : "", ")");
+    KILN_CHECK(K == Kb, "matmul: inner sizes differ: op(a) is ", M, "×", K, " (", a.desc(),
+               trans_a ? ", transposed" : "", ") and op(b) is ", Kb, "×", N, " (", b.desc(),
+               trans_b ? ", transposed" : "", ")");
     KILN_CHECK(c.size(0) == M && c.size(1) == N, "matmul: output should be [", M, ", ", N, "] but is ", c.desc());
-    for_dtype(a, [&](auto tag) {
+    dispatch(a.device(), a.dtype(), [&](auto be, auto tag) {
         using T = decltype(tag);
-        if (on_cuda(a))
-            cuda::gemm(trans_a, trans_b, M, N, K, alpha, a.data<T>(), a.size(1), b.data<T>(), b.size(1), beta,
-                       c.data<T>(), N);
-        else
-            cpu::gemm(trans_a, trans_b, M, N, K, alpha, a.data<T>(), a.size(1), b.data<T>(), b.size(1), beta,
-                      c.data<T>(), N);
+        kernel::gemm(be, trans_a, trans_b, M, N, K, alpha, a.data<T>(), a.size(1), b.data<T>(), b.size(1), beta,
+                     c.data<T>(), N);
     });
 }
 
@@ -169,12 +134,11 @@ Tensor matmul(const Tensor& a, const Tensor& b, bool trans_a, bool trans_b) {
 
 void add_bias_(Tensor& y, const Tensor& bias) {
     check_args("add_bias_", {{y, "y"}, {bias, "bias"}});
-    KILN_CHECK(y.ndim() == 2 && bias.ndim() == 1 && bias.size(0) == y.size(1), "add_bias_: y should be [N, C] and bias [C], got ",
-               y.desc(), " and ", bias.desc());
-    for_dtype(y, [&](auto tag) {
+    KILN_CHECK(y.ndim() == 2 && bias.ndim() == 1 && bias.size(0) == y.size(1),
+               "add_bias_: y should be [N, C] and bias [C], got ", y.desc(), " and ", bias.desc());
+    dispatch(y.device(), y.dtype(), [&](auto be, auto tag) {
         using T = decltype(tag);
-        if (on_cuda(y)) cuda::add_bias(y.data<T>(), bias.data<T>(), y.size(0), y.size(1));
-        else cpu::add_bias(y.data<T>(), bias.data<T>(), y.size(0), y.size(1));
+        kernel::add_bias(be, y.data<T>(), bias.data<T>(), y.size(0), y.size(1));
     });
 }
 
@@ -182,10 +146,9 @@ void sum_rows_into(const Tensor& dy, Tensor& db, float beta) {
     check_args("sum_rows_into", {{dy, "dy"}, {db, "db"}});
     KILN_CHECK(dy.ndim() == 2 && db.ndim() == 1 && db.size(0) == dy.size(1),
                "sum_rows_into: dy should be [N, C] and db [C], got ", dy.desc(), " and ", db.desc());
-    for_dtype(dy, [&](auto tag) {
+    dispatch(dy.device(), dy.dtype(), [&](auto be, auto tag) {
         using T = decltype(tag);
-        if (on_cuda(dy)) cuda::sum_rows(dy.data<T>(), db.data<T>(), dy.size(0), dy.size(1), beta);
-        else cpu::sum_rows(dy.data<T>(), db.data<T>(), dy.size(0), dy.size(1), beta);
+        kernel::sum_rows(be, dy.data<T>(), db.data<T>(), dy.size(0), dy.size(1), beta);
     });
 }
 
@@ -193,10 +156,9 @@ Tensor argmax_rows(const Tensor& x) {
     check_args("argmax_rows", {{x, "x"}});
     KILN_CHECK(x.ndim() == 2 && x.size(1) > 0, "argmax_rows: needs [N, C] with C > 0, got ", x.desc());
     Tensor out = Tensor::empty({x.size(0)}, DType::I32, x.device(), Category::Activation);
-    for_dtype(x, [&](auto tag) {
+    dispatch(x.device(), x.dtype(), [&](auto be, auto tag) {
         using T = decltype(tag);
-        if (on_cuda(x)) cuda::argmax_rows(x.data<T>(), out.data<int32_t>(), x.size(0), x.size(1));
-        else cpu::argmax_rows(x.data<T>(), out.data<int32_t>(), x.size(0), x.size(1));
+        kernel::argmax_rows(be, x.data<T>(), out.data<int32_t>(), x.size(0), x.size(1));
     });
     return out;
 }
@@ -215,17 +177,17 @@ int64_t count_equal(const Tensor& a, const Tensor& b) {
 // ---- reductions ------------------------------------------------------------------------------
 double sum(const Tensor& x) {
     check_args("sum", {{x, "x"}});
-    return for_dtype(x, [&](auto tag) {
+    return dispatch(x.device(), x.dtype(), [&](auto be, auto tag) {
         using T = decltype(tag);
-        return on_cuda(x) ? cuda::sum(x.data<T>(), x.numel()) : cpu::sum(x.data<T>(), x.numel());
+        return kernel::sum(be, x.data<T>(), x.numel());
     });
 }
 
 double sum_squares(const Tensor& x) {
     check_args("sum_squares", {{x, "x"}});
-    return for_dtype(x, [&](auto tag) {
+    return dispatch(x.device(), x.dtype(), [&](auto be, auto tag) {
         using T = decltype(tag);
-        return on_cuda(x) ? cuda::sum_squares(x.data<T>(), x.numel()) : cpu::sum_squares(x.data<T>(), x.numel());
+        return kernel::sum_squares(be, x.data<T>(), x.numel());
     });
 }
 
@@ -237,9 +199,9 @@ double mean(const Tensor& x) {
 float max(const Tensor& x) {
     check_args("max", {{x, "x"}});
     KILN_CHECK(x.numel() > 0, "max of an empty tensor ", x.desc());
-    return for_dtype(x, [&](auto tag) {
+    return dispatch(x.device(), x.dtype(), [&](auto be, auto tag) {
         using T = decltype(tag);
-        return on_cuda(x) ? cuda::max(x.data<T>(), x.numel()) : cpu::max(x.data<T>(), x.numel());
+        return kernel::max(be, x.data<T>(), x.numel());
     });
 }
 
@@ -260,23 +222,13 @@ float softmax_cross_entropy(const Tensor& logits, const Tensor& labels, Tensor* 
             dlogits->device() != logits.device())
             *dlogits = Tensor::empty(logits.shape(), logits.dtype(), logits.device(), Category::Activation);
     }
-    // On the GPU the kernel checks the labels and counts the correct rows, read back with the loss.
-    if (on_cuda(logits))
-        return for_dtype(logits, [&](auto tag) {
-            using T = decltype(tag);
-            T* dz = dlogits ? dlogits->data<T>() : nullptr;
-            return cuda::softmax_cross_entropy(logits.data<T>(), labels.data<int32_t>(), dz, N, C, correct, smoothing);
-        });
-    // Labels out of range would read outside a row: check them.
-    const int32_t* y = labels.data<int32_t>();
-    for (int64_t n = 0; n < N; n++)
-        KILN_CHECK(y[n] >= 0 && y[n] < C, "softmax_cross_entropy: label ", y[n], " at row ", n,
-                   " is outside [0, ", C, ") classes");
-    if (correct) *correct = count_equal(argmax_rows(logits), labels);
-    return for_dtype(logits, [&](auto tag) {
+    // The kernel checks the labels (a label outside [0, C) would read outside its row) and counts
+    // the rows predicted right; on the GPU both come back with the loss in one copy.
+    return dispatch(logits.device(), logits.dtype(), [&](auto be, auto tag) {
         using T = decltype(tag);
         T* dz = dlogits ? dlogits->data<T>() : nullptr;
-        return cpu::softmax_cross_entropy(logits.data<T>(), y, dz, N, C, smoothing);
+        return kernel::softmax_cross_entropy(be, logits.data<T>(), labels.data<int32_t>(), dz, N, C, correct,
+                                             smoothing);
     });
 }
 

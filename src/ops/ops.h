@@ -15,7 +15,6 @@ namespace kiln {
 
 // ---- elementwise -------------------------------------------------------------------------
 void fill_(Tensor& x, float value);
-void convert_into(const Tensor& src, Tensor& dst);         // dst = src in dst's type (Tensor::to)
 Tensor add(const Tensor& a, const Tensor& b);              // a + b, same shapes
 void mul_into(const Tensor& a, const Tensor& b, Tensor& y);  // y = a ⊙ b, same shapes (y may be a)
 void axpy_(Tensor& y, float alpha, const Tensor& x);       // y += alpha·x

@@ -3,8 +3,6 @@
 #include "ops/optim.h"
 
 #include "core/tensor.h"
-#include "ops/cpu/cpu_ops.h"
-#include "ops/cuda_ops.h"
 
 namespace kiln {
 
@@ -40,10 +38,11 @@ void sgd_update(const std::vector<Tensor>& params, const std::vector<Tensor>& gr
                 const SgdParams& s) {
     const Device device = check_group("sgd_update", params, {{&grads, false}, {&bufs, s.momentum == 0.0f}});
     KILN_CHECK(s.momentum == 0.0f || !bufs.empty(), "sgd_update: momentum ", s.momentum, " needs its buffers");
-    auto update = device == Device::CUDA ? cuda::sgd_update : cpu::sgd_update;
-    for (size_t i = 0; i < params.size(); i++)
-        update(data_or_null(params, i), grads[i].data<float>(), data_or_null(bufs, i), params[i].numel(), s.lr,
-               s.momentum, s.dampening, s.weight_decay, s.nesterov, s.first_step);
+    on_backend(device, [&](auto be) {
+        for (size_t i = 0; i < params.size(); i++)
+            kernel::sgd_update(be, data_or_null(params, i), grads[i].data<float>(), data_or_null(bufs, i),
+                               params[i].numel(), s);
+    });
 }
 
 void adam_update(const std::vector<Tensor>& params, const std::vector<Tensor>& grads,
@@ -51,10 +50,11 @@ void adam_update(const std::vector<Tensor>& params, const std::vector<Tensor>& g
                  const std::vector<Tensor>& max_exp_avg_sq, const AdamParams& a) {
     const Device device = check_group("adam_update", params,
                                       {{&grads, false}, {&exp_avg, false}, {&exp_avg_sq, false}, {&max_exp_avg_sq, true}});
-    auto update = device == Device::CUDA ? cuda::adam_update : cpu::adam_update;
-    for (size_t i = 0; i < params.size(); i++)
-        update(data_or_null(params, i), grads[i].data<float>(), data_or_null(exp_avg, i), data_or_null(exp_avg_sq, i),
-               data_or_null(max_exp_avg_sq, i), params[i].numel(), a);
+    on_backend(device, [&](auto be) {
+        for (size_t i = 0; i < params.size(); i++)
+            kernel::adam_update(be, data_or_null(params, i), grads[i].data<float>(), data_or_null(exp_avg, i),
+                                data_or_null(exp_avg_sq, i), data_or_null(max_exp_avg_sq, i), params[i].numel(), a);
+    });
 }
 
 bool unscale_and_check_(const std::vector<Tensor>& grads, float inv_scale) {
@@ -65,8 +65,9 @@ bool unscale_and_check_(const std::vector<Tensor>& grads, float inv_scale) {
         data.push_back(const_cast<Tensor&>(g).data<float>());
         sizes.push_back(g.numel());
     }
-    auto unscale = device == Device::CUDA ? cuda::unscale_and_check : cpu::unscale_and_check;
-    return unscale(data.data(), sizes.data(), int64_t(grads.size()), inv_scale);
+    return on_backend(device, [&](auto be) {
+        return kernel::unscale_and_check(be, data.data(), sizes.data(), int64_t(grads.size()), inv_scale);
+    });
 }
 
 }  // namespace kiln

@@ -1,5 +1,5 @@
 // params.h — the sizes of a convolution, a pooling and a batch norm, as the kernels of both
-// backends take them (ops/cpu/cnn_ops.h and ops/cuda_ops.h), and the one list of convolution
+// backends take them (ops/kernels/conv.h, pool.h, norm.h), and the one list of convolution
 // strategies. The Tensor-level ops (ops/cnn.h) fill these from the tensors' shapes.
 //
 // Letters, used in every shape comment of the CNN kernels:

@@ -1,12 +1,11 @@
-// quant.cpp — chapter 11's Tensor-level ops: the checks, then the CPU kernel or its CUDA twin
-// (ops/cpu/quant_ops.h ↔ cuda/quant.cu). The formulas are in quant_ops.h and quant/qparams.h.
+// quant.cpp — chapter 11's Tensor-level ops: the checks, then the kernel of the tensors' device
+// through on_backend (core/backend.h). The formulas are in ops/kernels/quant.h and ops/qparams.h.
 #include "ops/quant.h"
 
 #include <cmath>
+#include <string>
 
-#include "ops/cpu/qgemm.h"
-#include "ops/cpu/quant_ops.h"
-#include "ops/cuda_ops.h"
+#include "ops/kernels/quant.h"
 #include "ops/params.h"
 
 namespace kiln {
@@ -74,6 +73,13 @@ QOutput kernel_output(const QLayerOutput& out, int64_t O, const Tensor& like, co
                    out.zero_point, out.lo, out.hi};
 }
 
+// Runs f(Q{}) with Q the C++ type of an 8-bit dtype: uint8_t or int8_t (the kernels' two).
+template <typename F> void for_int8(DType dtype, const char* op, const Tensor& t, F&& f) {
+    KILN_CHECK(dtype == DType::U8 || dtype == DType::I8, op, ": '", t.desc(), "' should be u8 or i8");
+    if (dtype == DType::U8) f(uint8_t{});
+    else f(int8_t{});
+}
+
 }  // namespace
 
 // ---- f32 <-> 8 bits ------------------------------------------------------------------------------
@@ -83,27 +89,23 @@ Tensor quantize(const Tensor& x, const QParams& qp, DType dtype) {
     check_range_fits(qp.qmin, qp.qmax, dtype, op);
     check_finite(x, op);
     Tensor q = Tensor::empty(x.shape(), dtype, x.device(), Category::Activation);
-    const bool cuda = x.device() == Device::CUDA;
-    if (dtype == DType::U8)
-        (cuda ? cuda::quantize<uint8_t> : cpu::quantize<uint8_t>)(x.data<float>(), q.data<uint8_t>(), x.numel(),
-                                                                  qp.scale, qp.zero_point, qp.qmin, qp.qmax);
-    else
-        (cuda ? cuda::quantize<int8_t> : cpu::quantize<int8_t>)(x.data<float>(), q.data<int8_t>(), x.numel(),
-                                                                qp.scale, qp.zero_point, qp.qmin, qp.qmax);
+    on_backend(x.device(), [&](auto be) {
+        for_int8(dtype, op, q, [&](auto tag) {
+            using Q = decltype(tag);
+            kernel::quantize(be, x.data<float>(), q.data<Q>(), x.numel(), qp.scale, qp.zero_point, qp.qmin, qp.qmax);
+        });
+    });
     return q;
 }
 
 Tensor dequantize(const Tensor& q, const QParams& qp) {
     Tensor x = Tensor::empty(q.shape(), DType::F32, q.device(), Category::Activation);
-    const bool cuda = q.device() == Device::CUDA;
-    if (q.dtype() == DType::U8)
-        (cuda ? cuda::dequantize<uint8_t> : cpu::dequantize<uint8_t>)(q.data<uint8_t>(), x.data<float>(), q.numel(),
-                                                                      qp.scale, qp.zero_point);
-    else if (q.dtype() == DType::I8)
-        (cuda ? cuda::dequantize<int8_t> : cpu::dequantize<int8_t>)(q.data<int8_t>(), x.data<float>(), q.numel(),
-                                                                    qp.scale, qp.zero_point);
-    else
-        throw Error(std::string("dequantize: 'q' should be u8 or i8 but is ") + q.desc());
+    on_backend(q.device(), [&](auto be) {
+        for_int8(q.dtype(), "dequantize", q, [&](auto tag) {
+            using Q = decltype(tag);
+            kernel::dequantize(be, q.data<Q>(), x.data<float>(), q.numel(), qp.scale, qp.zero_point);
+        });
+    });
     return x;
 }
 
@@ -116,15 +118,13 @@ Tensor quantize_per_channel(const Tensor& x, const Tensor& scale, const Tensor& 
     check_channel_params(x, scale, zero_point, v.C, op);
     check_finite(x, op);
     Tensor q = Tensor::empty(x.shape(), dtype, x.device(), Category::Parameter);
-    const bool cuda = x.device() == Device::CUDA;
-    const float* s = scale.data<float>();
-    const int32_t* z = zero_point.data<int32_t>();
-    if (dtype == DType::U8)
-        (cuda ? cuda::quantize_per_channel<uint8_t> : cpu::quantize_per_channel<uint8_t>)(
-            x.data<float>(), q.data<uint8_t>(), v.outer, v.C, v.inner, s, z, qmin, qmax);
-    else
-        (cuda ? cuda::quantize_per_channel<int8_t> : cpu::quantize_per_channel<int8_t>)(
-            x.data<float>(), q.data<int8_t>(), v.outer, v.C, v.inner, s, z, qmin, qmax);
+    on_backend(x.device(), [&](auto be) {
+        for_int8(dtype, op, q, [&](auto tag) {
+            using Q = decltype(tag);
+            kernel::quantize_per_channel(be, x.data<float>(), q.data<Q>(), v.outer, v.C, v.inner, scale.data<float>(),
+                                         zero_point.data<int32_t>(), qmin, qmax);
+        });
+    });
     return q;
 }
 
@@ -133,17 +133,13 @@ Tensor dequantize_per_channel(const Tensor& q, const Tensor& scale, const Tensor
     const ChannelView v = channel_view(q, axis, op);
     check_channel_params(q, scale, zero_point, v.C, op);
     Tensor x = Tensor::empty(q.shape(), DType::F32, q.device(), Category::Activation);
-    const bool cuda = q.device() == Device::CUDA;
-    const float* s = scale.data<float>();
-    const int32_t* z = zero_point.data<int32_t>();
-    if (q.dtype() == DType::U8)
-        (cuda ? cuda::dequantize_per_channel<uint8_t> : cpu::dequantize_per_channel<uint8_t>)(
-            q.data<uint8_t>(), x.data<float>(), v.outer, v.C, v.inner, s, z);
-    else if (q.dtype() == DType::I8)
-        (cuda ? cuda::dequantize_per_channel<int8_t> : cpu::dequantize_per_channel<int8_t>)(
-            q.data<int8_t>(), x.data<float>(), v.outer, v.C, v.inner, s, z);
-    else
-        throw Error(std::string(op) + ": 'q' should be u8 or i8 but is " + q.desc());
+    on_backend(q.device(), [&](auto be) {
+        for_int8(q.dtype(), op, q, [&](auto tag) {
+            using Q = decltype(tag);
+            kernel::dequantize_per_channel(be, q.data<Q>(), x.data<float>(), v.outer, v.C, v.inner,
+                                           scale.data<float>(), zero_point.data<int32_t>());
+        });
+    });
     return x;
 }
 
@@ -162,8 +158,10 @@ Tensor qlinear(const Tensor& x, const Tensor& w, const QLayerOutput& out, int32_
     const Device d = x.device();
     Tensor y = Tensor::empty({N, O}, DType::U8, d, Category::Activation);
     Tensor work = Tensor::empty({N, O}, DType::I32, d, Category::Workspace);
-    (d == Device::CUDA ? cuda::qlinear : cpu::qlinear)(x.data<uint8_t>(), w.data<int8_t>(), y.data<uint8_t>(), N, K,
-                                                       O, x_max, o, work.data<int32_t>());
+    on_backend(d, [&](auto be) {
+        kernel::qlinear(be, x.data<uint8_t>(), w.data<int8_t>(), y.data<uint8_t>(), N, K, O, x_max, o,
+                        work.data<int32_t>());
+    });
     return y;
 }
 
@@ -186,12 +184,12 @@ Tensor qconv2d(const Tensor& x, const Tensor& w, const QLayerOutput& out, int64_
                ", 'w' ", w.desc());
     const QOutput o = kernel_output(out, p.O, x, op);
     const Device d = x.device();
-    const bool cuda = d == Device::CUDA;
     Tensor y = Tensor::empty({p.N, p.O, p.P(), p.Q()}, DType::U8, d, Category::Activation);
-    Tensor work = Tensor::empty({(cuda ? cuda::qconv2d_work_bytes : cpu::qconv2d_work_bytes)(p)}, DType::U8, d,
-                                Category::Workspace);
-    (cuda ? cuda::qconv2d : cpu::qconv2d)(x.data<uint8_t>(), w.data<int8_t>(), y.data<uint8_t>(), p, x_zero_point,
-                                          x_max, o, work.data<uint8_t>());
+    on_backend(d, [&](auto be) {
+        Tensor work = Tensor::empty({kernel::qconv2d_work_bytes(be, p)}, DType::U8, d, Category::Workspace);
+        kernel::qconv2d(be, x.data<uint8_t>(), w.data<int8_t>(), y.data<uint8_t>(), p, x_zero_point, x_max, o,
+                        work.data<uint8_t>());
+    });
     return y;
 }
 
@@ -203,8 +201,9 @@ Tensor qadd(const Tensor& a, const QParams& a_qp, const Tensor& b, const QParams
     check_same_device(b, a, op);
     const QAddParams q = qadd_params(a_qp, b_qp, out);
     Tensor y = Tensor::empty(a.shape(), DType::U8, a.device(), Category::Activation);
-    (a.device() == Device::CUDA ? cuda::qadd : cpu::qadd)(a.data<uint8_t>(), b.data<uint8_t>(), y.data<uint8_t>(),
-                                                          a.numel(), q);
+    on_backend(a.device(), [&](auto be) {
+        kernel::qadd(be, a.data<uint8_t>(), b.data<uint8_t>(), y.data<uint8_t>(), a.numel(), q);
+    });
     return y;
 }
 
@@ -219,7 +218,7 @@ Tensor qmaxpool2d(const Tensor& x, int64_t kernel, int64_t stride, int64_t paddi
                ": a ", kernel, "×", kernel, " window with stride ", p.stride, " and padding ", padding,
                " does not fit ", x.desc());
     Tensor y = Tensor::empty({p.N, p.C, p.P(), p.Q()}, DType::U8, x.device(), Category::Activation);
-    (x.device() == Device::CUDA ? cuda::qmaxpool2d : cpu::qmaxpool2d)(x.data<uint8_t>(), y.data<uint8_t>(), p);
+    on_backend(x.device(), [&](auto be) { kernel::qmaxpool2d(be, x.data<uint8_t>(), y.data<uint8_t>(), p); });
     return y;
 }
 
@@ -230,8 +229,9 @@ Tensor qglobal_avgpool(const Tensor& x) {
                x.desc());
     const int64_t N = x.size(0), C = x.size(1);
     Tensor y = Tensor::empty({N, C}, DType::U8, x.device(), Category::Activation);
-    (x.device() == Device::CUDA ? cuda::qglobal_avgpool : cpu::qglobal_avgpool)(x.data<uint8_t>(), y.data<uint8_t>(),
-                                                                                N * C, x.size(2) * x.size(3));
+    on_backend(x.device(), [&](auto be) {
+        kernel::qglobal_avgpool(be, x.data<uint8_t>(), y.data<uint8_t>(), N * C, x.size(2) * x.size(3));
+    });
     return y;
 }
 
@@ -246,17 +246,21 @@ Tensor lookup_u8(const Tensor& x, const Tensor& table) {
     const bool per_channel = table.size(0) > 1;
     const int64_t outer = per_channel ? x.size(0) : 1, C = per_channel ? x.size(1) : 1;
     Tensor y = Tensor::empty(x.shape(), DType::U8, x.device(), Category::Activation);
-    (x.device() == Device::CUDA ? cuda::lookup_u8 : cpu::lookup_u8)(x.data<uint8_t>(), y.data<uint8_t>(), outer, C,
-                                                                    x.numel() / (outer * C), table.data<uint8_t>());
+    on_backend(x.device(), [&](auto be) {
+        kernel::lookup_u8(be, x.data<uint8_t>(), y.data<uint8_t>(), outer, C, x.numel() / (outer * C),
+                          table.data<uint8_t>());
+    });
     return y;
 }
 
 const char* int8_kernel_path(Device device, int32_t x_max) {
-    return device == Device::CUDA ? "dp4a" : cpu::qgemm_path_name(cpu::qgemm_path(x_max));
+    return on_backend(device, [&](auto be) { return kernel::qgemm_path_for(be, x_max); });
 }
 
 bool reduced_range_is_faster(Device device) {
-    return device == Device::CPU && cpu::qgemm_path(kActQmaxReduced) != cpu::qgemm_path(kActQmax);
+    return on_backend(device, [&](auto be) {
+        return std::string(kernel::qgemm_path_for(be, kActQmaxReduced)) != kernel::qgemm_path_for(be, kActQmax);
+    });
 }
 
 // ---- fake quantization ---------------------------------------------------------------------------
@@ -267,9 +271,10 @@ Tensor fake_quantize(const Tensor& x, const Tensor& scale, const Tensor& zero_po
     const ChannelView v = channel_view(x, axis, op);
     check_channel_params(x, scale, zero_point, v.C, op);
     Tensor y = Tensor::empty(x.shape(), DType::F32, x.device(), Category::Activation);
-    (x.device() == Device::CUDA ? cuda::fake_quantize_forward : cpu::fake_quantize_forward)(
-        x.data<float>(), y.data<float>(), v.outer, v.C, v.inner, scale.data<float>(), zero_point.data<int32_t>(),
-        qmin, qmax);
+    on_backend(x.device(), [&](auto be) {
+        kernel::fake_quantize_forward(be, x.data<float>(), y.data<float>(), v.outer, v.C, v.inner, scale.data<float>(),
+                                      zero_point.data<int32_t>(), qmin, qmax);
+    });
     return y;
 }
 
@@ -283,9 +288,10 @@ Tensor fake_quantize_backward(const Tensor& x, const Tensor& dy, const Tensor& s
     const ChannelView v = channel_view(x, axis, op);
     check_channel_params(x, scale, zero_point, v.C, op);
     Tensor dx = Tensor::empty(x.shape(), DType::F32, x.device(), Category::Activation);
-    (x.device() == Device::CUDA ? cuda::fake_quantize_backward : cpu::fake_quantize_backward)(
-        x.data<float>(), dy.data<float>(), dx.data<float>(), v.outer, v.C, v.inner, scale.data<float>(),
-        zero_point.data<int32_t>(), qmin, qmax);
+    on_backend(x.device(), [&](auto be) {
+        kernel::fake_quantize_backward(be, x.data<float>(), dy.data<float>(), dx.data<float>(), v.outer, v.C, v.inner,
+                                       scale.data<float>(), zero_point.data<int32_t>(), qmin, qmax);
+    });
     return dx;
 }
 

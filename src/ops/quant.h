@@ -1,6 +1,6 @@
 // quant.h — the Tensor-level ops of int8 inference and quantization-aware training (chapter 11):
 // each checks its tensors' dtypes, shapes and devices once, then calls the CPU kernel
-// (ops/cpu/quant_ops.h, which has the formulas) or its CUDA twin (cuda/quant.cu).
+// (ops/kernels/quant.h, which has the formulas) or its CUDA twin (cuda/quant.cu).
 //
 //   f32 ──quantize──> u8 ──qconv2d / qlinear──> u8 ──qmaxpool2d, qglobal_avgpool, lookup_u8, qadd──> u8
 //       ──dequantize──> f32
@@ -11,7 +11,7 @@
 #include <cstdint>
 
 #include "core/tensor.h"
-#include "quant/qparams.h"
+#include "ops/qparams.h"
 
 namespace kiln {
 
@@ -28,7 +28,7 @@ Tensor quantize_per_channel(const Tensor& x, const Tensor& scale, const Tensor& 
 Tensor dequantize_per_channel(const Tensor& q, const Tensor& scale, const Tensor& zero_point, int axis);
 
 // ---- int8 layers ---------------------------------------------------------------------------------
-// What turns a layer's int32 accumulators into its u8 output (ops/cpu/quant_ops.h, QOutput):
+// What turns a layer's int32 accumulators into its u8 output (ops/kernels/quant.h, QOutput):
 // bias i32 [O] (the real bias and the input zero point's correction, folded), requant i32 [O, 2]
 // (the Requant {m0, shift} of each channel), the output's zero point and clamp range. The
 // tensors are on the layer's device.
@@ -37,7 +37,7 @@ struct QLayerOutput {
     int32_t zero_point = 0, lo = 0, hi = 255;
 };
 // x_max is the largest value x may hold (its qmax: 255, or 127 with reduce_range); it lets a
-// CPU path whose 16-bit sums would saturate on larger values run (ops/cpu/quant_ops.h).
+// CPU path whose 16-bit sums would saturate on larger values run (ops/kernels/quant.h).
 // y u8 [N, O] from x u8 [N, K] and w i8 [O, K].
 Tensor qlinear(const Tensor& x, const Tensor& w, const QLayerOutput& out, int32_t x_max);
 // y u8 [N, O, P, Q] from x u8 [N, C, H, W] and w i8 [O, C/groups, KH, KW]: groups 1, or
@@ -48,8 +48,8 @@ Tensor qconv2d(const Tensor& x, const Tensor& w, const QLayerOutput& out, int64_
 // The sum of two u8 tensors of the same shape and device with their own ranges, into a third
 // range (a residual connection's add):
 //   y = clamp(z_y + round((s_a·(a − z_a) + s_b·(b − z_b)) / s_y), out.qmin, out.qmax)
-// in integer arithmetic (fixed-point multipliers, quant/qparams.h's Requant / make_requant; the
-// formula is ops/cpu/quant_ops.h's QAddParams), so the CPU and CUDA give the same integers; within
+// in integer arithmetic (fixed-point multipliers, ops/qparams.h's Requant / make_requant; the
+// formula is ops/kernels/quant.h's QAddParams), so the CPU and CUDA give the same integers; within
 // 1 of the formula evaluated in double. Scales more than 4096 times apart are an error.
 Tensor qadd(const Tensor& a, const QParams& a_qp, const Tensor& b, const QParams& b_qp, const QParams& out);
 // u8 max pooling (stride 0 means stride = kernel); y keeps x's scale and zero point.

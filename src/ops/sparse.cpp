@@ -1,14 +1,13 @@
 // sparse.cpp — the CSR format's conversions (on the CPU, then copied to the matrix's device)
-// and csr_linear's checks and dispatch to cpu::csr_linear or its twin cuda::csr_linear
-// (ops/cpu/sparse.cpp, cuda/sparse.cu). The arithmetic of the format is in sparse.h.
+// and csr_linear's checks and dispatch to the kernel of x's device (ops/kernels/sparse.h). The
+// arithmetic of the format is in sparse.h.
 #include "ops/sparse.h"
 
 #include <limits>
 #include <vector>
 
 #include "ops/check.h"  // Arg
-#include "ops/cpu/cpu_ops.h"
-#include "ops/cuda_ops.h"
+#include "ops/kernels/sparse.h"
 
 namespace kiln {
 
@@ -96,9 +95,10 @@ Tensor csr_linear(const Tensor& x, const CsrMatrix& w, const Tensor& bias) {
     const int64_t N = x.size(0);
     Tensor y = Tensor::empty({N, w.rows}, DType::F32, d, Category::Activation);
     const float* b = bias.defined() ? bias.data<float>() : nullptr;
-    const auto kernel = d == Device::CUDA ? cuda::csr_linear : cpu::csr_linear;
-    kernel(x.data<float>(), w.values.data<float>(), w.col_index.data<int32_t>(), w.row_start.data<int32_t>(), b,
-           y.data<float>(), N, w.cols, w.rows);
+    on_backend(d, [&](auto be) {
+        kernel::csr_linear(be, x.data<float>(), w.values.data<float>(), w.col_index.data<int32_t>(),
+                           w.row_start.data<int32_t>(), b, y.data<float>(), N, w.cols, w.rows);
+    });
     return y;
 }
 

@@ -23,7 +23,7 @@
 #include <vector>
 
 #include "core/tensor.h"
-#include "quant/qparams.h"
+#include "ops/qparams.h"
 
 namespace kiln {
 

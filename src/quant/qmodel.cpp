@@ -143,7 +143,7 @@ public:
 };
 
 // A convolution or a Linear: i8 weight [O, ...] with one scale per output channel, the bias as
-// int32 in units of s_x·s_w[o], and what requantizes the sums (quant_ops.h's QOutput). A fused
+// int32 in units of s_x·s_w[o], and what requantizes the sums (ops/kernels/quant.h's QOutput). A fused
 // ReLU clamps at the output's zero point, and at its cap (ReLU6: 6) when it has one.
 class WeightedStep : public QStep {
 public:
@@ -204,7 +204,7 @@ public:
     int64_t stride = 1, padding = 0, dilation = 1, groups = 1;
 
 private:
-    // The kernel's per-channel numbers, from the stored ones (quant/qparams.h):
+    // The kernel's per-channel numbers, from the stored ones (ops/qparams.h):
     //   bias'[o] = bias[o] − z_x · Σ_k w[o, k]        M_o = s_x · s_w[o] / s_y  (as m0 · 2^(−31−shift))
     // and a fused ReLU's clamp: max(0, y) is max(z_y, q), min(y, cap) is min(q, q(cap)).
     void make_output() {

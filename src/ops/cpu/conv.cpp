@@ -62,7 +62,7 @@
 // The same code for T = float, f16 and bf16: x, w, b, y, dy, dx, dw, db and the workspace all
 // hold T. The GEMMs (gemm.h) sum in f32 and round their output once; the direct loops sum in
 // float (or double) and round once; scatters (col2im, depthwise's dx) add into a float plane
-// (F32Plane, cnn_ops.h; depthwise's is padded) rounded once. Two places round twice:
+// (F32Plane, f32_blocks.h; depthwise's is padded) rounded once. Two places round twice:
 //   dx (Im2col)  the GEMM's dcol is stored in T, then col2im adds up to KH·KW of its entries
 //                (in f32) and rounds again: |dx_T − dx| ≤ 2u·Σ|terms| rather than u.
 //   dw           adding image after image into a dw of T would round once per image (and in
@@ -78,11 +78,12 @@
 
 #include "core/error.h"
 #include "core/parallel.h"
-#include "ops/cpu/cnn_ops.h"
 #include "ops/cpu/conv_tasks.h"
+#include "ops/cpu/f32_blocks.h"
 #include "ops/cpu/gemm.h"
 #include "ops/cpu/short_rows.h"
 #include "ops/cpu/winograd.h"
+#include "ops/kernels/conv.h"
 
 namespace kiln::cpu {
 
@@ -107,6 +108,11 @@ int64_t conv2d_col_elems_per_image(const Conv2dParams& p, DType dtype) {
 
 int64_t conv2d_chunk_images(const Conv2dParams& p, DType dtype, int64_t fit) {
     return conv2d_algo(p, dtype) == ConvAlgo::Winograd ? winograd_chunk_images(p, fit) : fit;
+}
+
+// Both passes read the workspace the forward's strategy needs (the backward passes follow it).
+int64_t conv2d_workspace_per_image(const Conv2dParams& p, DType dtype, bool) {
+    return conv2d_col_elems_per_image(p, dtype);
 }
 
 namespace {
@@ -512,7 +518,7 @@ void conv2d_forward(const T* x, const T* w, const T* b, T* y, const Conv2dParams
         if (b)
             for (int64_t o = 0; o < p.O; o++) std::fill(rows + o * L, rows + (o + 1) * L, b[o]);
         for (int64_t g = 0; g < G; g++)
-            gemm(*packed[g], false, L, 1.0f, cols + g * Kc * L, L, b ? 1.0f : 0.0f, rows + g * Og * L, L);
+            gemm_packed(*packed[g], false, L, 1.0f, cols + g * Kc * L, L, b ? 1.0f : 0.0f, rows + g * Og * L, L);
         if (rows != y + n * p.O * PQ)  // scatter the k images' rows back to NCHW
             for (int64_t i = 0; i < k; i++)
                 for (int64_t o = 0; o < p.O; o++)
@@ -551,7 +557,7 @@ void conv2d_backward_data(const T* dy, const T* w, T* dx, const Conv2dParams& p,
             }
         }
         for (int64_t g = 0; g < G; g++)
-            gemm(*packed[g], false, L, 1.0f, rows + g * Og * L, L, 0.0f, dcol + g * Kc * L, L);
+            gemm_packed(*packed[g], false, L, 1.0f, rows + g * Og * L, L, 0.0f, dcol + g * Kc * L, L);
         if (algo == ConvAlgo::Im2col)
             for (int64_t i = 0; i < k; i++) col2im(dcol + i * PQ, p.C, p, dx + (n + i) * CHW, L);
     };
@@ -586,7 +592,7 @@ template <typename T>
 void build_columns(const T* x, const Conv2dParams& p, int64_t n0, int64_t count, double flops_per_chunk, T* col) {
     const int64_t CHW = p.C * p.H * p.W, col_size = im2col_elems_per_image(p);
     parallel_for(count, flop_grain(count, flops_per_chunk), [&](int64_t i0, int64_t i1) {
-        for (int64_t i = i0; i < i1; i++) im2col(x + (n0 + i) * CHW, p.C, p, col + i * col_size);
+        for (int64_t i = i0; i < i1; i++) im2col(x + (n0 + i) * CHW, p.C, p, col + i * col_size, p.P() * p.Q());
     });
 }
 
@@ -633,7 +639,7 @@ void conv2d_backward_weight_slices(const float* x, const float* dy, float* dw, c
             const float* cols = x + n * CHW;  // Pointwise: x_n is its own column matrix
             if (algo == ConvAlgo::Im2col) {
                 float* built = col + slot * im2col_elems_per_image(p);
-                im2col(x + n * CHW, p.C, p, built);
+                im2col(x + n * CHW, p.C, p, built, p.P() * p.Q());
                 cols = built;
             }
             add_image_to_dw(cols, dy, n, p, 0, Kc, partial.data() + slice * dw_floats);
@@ -723,11 +729,9 @@ void conv2d_backward_weight(const T* x, const T* dy, T* dw, T* db, const Conv2dP
     }
 }
 
-#define KILN_CONV_CPU(T)                                                            \
-    template void im2col<T>(const T*, int64_t, const Conv2dParams&, T*, int64_t, T); \
-    template void col2im<T>(T*, int64_t, const Conv2dParams&, T*, int64_t);
-KILN_FOR_EACH_FLOAT_TYPE(KILN_CONV)  // the list is in cnn_ops.h
-KILN_FOR_EACH_FLOAT_TYPE(KILN_CONV_CPU)
-template void im2col<uint8_t>(const uint8_t*, int64_t, const Conv2dParams&, uint8_t*, int64_t, uint8_t);  // chapter 11
+KILN_CONV_KERNELS(KILN_INSTANTIATE_FLOAT);
+KILN_INSTANTIATE_FLOAT(im2col);
+KILN_INSTANTIATE(im2col, uint8_t);  // the int8 convolution (chapter 11)
+KILN_INSTANTIATE_FLOAT(col2im);
 
 }  // namespace kiln::cpu

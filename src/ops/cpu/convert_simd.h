@@ -62,7 +62,7 @@ InterleaveKernel interleave_kernel(CpuLevel level);
 // Running f32 code over f16/bf16 data: g++ leaves a loop that converts element by element scalar
 // (GELU in bf16 ran 7 times slower than in f32 so), so a kernel widens its inputs into floats,
 // runs its f32 loop and narrows the result, each conversion by the CPU's kernel. f32_blocks.h
-// does it a block at a time for the elementwise kernels; the max pool and F32Plane (cnn_ops.h)
+// does it a block at a time for the elementwise kernels; the max pool and F32Plane (f32_blocks.h)
 // a plane at a time.
 // widened: x[0, n) as floats in out (n of them), which it returns. narrow_into: out[i] = T(y[i]).
 template <typename T>

@@ -42,6 +42,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <type_traits>
+#include <vector>
 
 #include "core/parallel.h"
 #include "ops/cpu/convert_simd.h"
@@ -169,5 +170,38 @@ template <typename T, typename Body>
 void parallel_f32_blocks(int64_t n, const T* a, const T* b, T* y, const Body& body) {
     parallel_blocks(n, [&](int64_t i0, int64_t m) { f32_block(i0, m, body, y, a, b); });
 }
+
+// ---- a scatter's sums in f32 ----------------------------------------------------------------------
+// A pass that scatters (col2im, the pooling backwards, the depthwise convolution) adds several
+// terms into one output element with +=. In f16 or bf16 each += would round; instead the plane
+// is summed in a float scratch and rounded into the output once, at the end:
+//     F32Plane<T> acc(out, n, init);   float* a = acc.data();   a[i] += term; ...   acc.store();
+// a[0 .. n) starts at init. store() rounds the plane with the CPU's vector kernel
+// (convert_simd.h). For T = float the scratch is the output itself: the f32 kernels add into it
+// exactly as they would without it, and store() does nothing.
+template <typename T>
+class F32Plane {
+public:
+    F32Plane(T* out, int64_t n, float init = 0.0f) : out_(out), sum_(size_t(n), init) {}
+    float* data() { return sum_.data(); }
+    void store() { narrow_into(sum_.data(), int64_t(sum_.size()), out_); }
+
+private:
+    T* out_;
+    std::vector<float> sum_;
+};
+
+template <>
+class F32Plane<float> {
+public:
+    F32Plane(float* out, int64_t n, float init = 0.0f) : out_(out) {
+        std::fill(out, out + n, init);
+    }
+    float* data() { return out_; }
+    void store() {}
+
+private:
+    float* out_;
+};
 
 }  // namespace kiln::cpu

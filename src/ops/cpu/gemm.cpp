@@ -738,8 +738,8 @@ void gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alp
 }
 
 template <typename T>
-void gemm(const PackedA& A, bool trans_b, int64_t N, float alpha, const T* B, int64_t ldb, float beta, T* C,
-          int64_t ldc) {
+void gemm_packed(const PackedA& A, bool trans_b, int64_t N, float alpha, const T* B, int64_t ldb, float beta, T* C,
+                 int64_t ldc) {
     const int64_t M = A.rows(), K = A.depth();
     check_args("gemm (packed A)", false, trans_b, M, N, K, &A, K, B, ldb, C, ldc);
     if (M == 0 || N == 0) return;
@@ -785,14 +785,11 @@ const char* gemm_path(CpuLevel level) {
     }
 }
 
-#define KILN_GEMM(T)                                                                             \
-    template PackedA::PackedA(bool, int64_t, int64_t, const T*, int64_t);                         \
-    template void gemm<T>(const PackedA&, bool, int64_t, float, const T*, int64_t, float, T*, int64_t); \
-    template const char* gemm_path<T>(CpuLevel);                                                  \
-    template void gemm<T>(bool, bool, int64_t, int64_t, int64_t, float, const T*, int64_t,        \
-                          const T*, int64_t, float, T*, int64_t);                                \
-    template void gemm_reference<T>(bool, bool, int64_t, int64_t, int64_t, float, const T*,       \
-                                    int64_t, const T*, int64_t, float, T*, int64_t);
-KILN_FOR_EACH_FLOAT_TYPE(KILN_GEMM)
+KILN_INSTANTIATE_FLOAT(gemm);
+KILN_INSTANTIATE_FLOAT(gemm_packed);
+KILN_INSTANTIATE_FLOAT(gemm_path);
+KILN_INSTANTIATE_FLOAT(gemm_reference);
+#define KILN_PACKED_A(T) template PackedA::PackedA(bool, int64_t, int64_t, const T*, int64_t);
+KILN_FOR_EACH_FLOAT_TYPE(KILN_PACKED_A)
 
 }  // namespace kiln::cpu

@@ -3,23 +3,13 @@
 //
 //   C[M,N] = alpha * op(A)[M,K] · op(B)[K,N] + beta * C[M,N]          all row-major
 //
-//   op(A) = A   stored M×K, row stride lda (lda >= K)     trans_a = false
-//         = Aᵀ  A stored K×M, row stride lda (lda >= M)   trans_a = true
-//   op(B) = B   stored K×N, row stride ldb (ldb >= N)     trans_b = false
-//         = Bᵀ  B stored N×K, row stride ldb (ldb >= K)   trans_b = true
-//   C       stored M×N, row stride ldc (ldc >= N)
+// gemm's contract (the arguments, beta = 0, alpha = 0, the element types) is in
+// ops/kernels/gemm.h, which declares it for both backends; this file is how the CPU computes it.
 //
 // How the layers use it (X: batch×in, W: out×in, Y: batch×out):
 //   forward   Y  = X · Wᵀ    gemm(false, true,  batch, out, in,    1, X, in,  W, in,  0, Y, out)
 //   backward  dX = dY · W    gemm(false, false, batch, in,  out,   1, dY, out, W, in, 0, dX, in)
 //             dW = dYᵀ · X   gemm(true,  false, out,   in,  batch, 1, dY, out, X, in, 1, dW, in)
-//
-// beta == 0 means "overwrite": C's prior contents are never read (they may be NaN).
-// alpha == 0 or K == 0 means C = beta * C (A and B are not read), as in BLAS.
-// Results are bitwise identical whatever the number of OpenMP threads.
-//
-// T is float, f16 or bf16 (core/dtype.h): A, B and C hold T, alpha and beta are float, and the
-// products are summed in f32 whatever T is; C is rounded to T once, at the end.
 //
 // ---- How the path is picked (chapter 09) ------------------------------------------------------
 // Four things are picked at run time, all for cpu_level() (core/cpu_features.h: the CPU's
@@ -58,20 +48,16 @@
 
 #include "core/cpu_features.h"
 #include "core/dtype.h"
+#include "ops/kernels/gemm.h"  // gemm: cache-blocked, packed, SIMD micro-kernel, OpenMP over blocks of C
 
 namespace kiln::cpu {
-
-// The fast path: cache-blocked, packed, SIMD micro-kernel, OpenMP over blocks of C (gemm.cpp).
-template <typename T>
-void gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,
-          const T* A, int64_t lda, const T* B, int64_t ldb, float beta, T* C, int64_t ldc);
 
 // ---- A packed once, for many products -----------------------------------------------------------
 // A convolution multiplies the same weights by the columns of one group of images after another
 // (ops/cpu/conv.cpp). gemm() packs its A (gemm.cpp, "Packing") on every call, so the weights
 // were packed once per group, for the 7×7 and 3×3 layers of the CIFAR net once per 300 columns
 // of B. PackedA packs op(A) once, widened to f32 and cut into KC-blocks exactly as gemm() cuts
-// them, and gemm(PackedA, ...) uses it as it is: the same arithmetic, so the same bits as
+// them, and gemm_packed(PackedA, ...) uses it as it is: the same arithmetic, so the same bits as
 // gemm() on A itself, with one copy of A per layer instead of one per group.
 // The copy is op(A) in f32, M·K floats (M rounded up to 6): it lives in a buffer of the thread
 // that packs (kept for the next PackedA, as gemm()'s own packing buffers are), and the products
@@ -113,7 +99,7 @@ private:
 
 // C[M,N] = alpha · A · op(B)[K,N] + beta · C, with A packed (its M and K); as gemm() otherwise.
 template <typename T>
-void gemm(const PackedA& A, bool trans_b, int64_t N, float alpha, const T* B, int64_t ldb, float beta, T* C,
+void gemm_packed(const PackedA& A, bool trans_b, int64_t N, float alpha, const T* B, int64_t ldb, float beta, T* C,
           int64_t ldc);
 
 // The name of the path gemm<T> takes at `level` (a level this CPU supports), as above; for

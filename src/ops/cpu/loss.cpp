@@ -5,8 +5,10 @@
 #include <cmath>
 #include <vector>
 
+#include "core/error.h"
 #include "core/parallel.h"
-#include "ops/cpu/cpu_ops.h"
+#include "ops/kernels/loss.h"
+#include "ops/kernels/reduce.h"  // argmax_rows
 
 namespace kiln::cpu {
 
@@ -18,8 +20,19 @@ static constexpr int64_t kParallelMin = 1 << 14;
 // With label smoothing ε the target q_c = (1 − ε)·[c = y] + ε/C replaces [c = y] in both:
 // loss_n = lse − (1 − ε)·z_y − (ε/C)·Σ_c z_c, dz_c = (softmax_c − q_c) / N.
 // Each row's loss is kept apart and the rows are added in order: the same bits on any thread count.
+// The labels are checked first: one outside [0, C) would read outside its row.
 template <typename T>
-float softmax_cross_entropy(const T* z, const int32_t* y, T* dz, int64_t N, int64_t C, float smoothing) {
+float softmax_cross_entropy(const T* z, const int32_t* y, T* dz, int64_t N, int64_t C, int64_t* correct,
+                            float smoothing) {
+    for (int64_t n = 0; n < N; n++)
+        KILN_CHECK(y[n] >= 0 && y[n] < C, "softmax_cross_entropy: label ", y[n], " at row ", n, " is outside [0, ", C,
+                   ") classes");
+    if (correct) {
+        std::vector<int32_t> predicted(static_cast<size_t>(N));
+        argmax_rows(z, predicted.data(), N, C);
+        *correct = 0;
+        for (int64_t n = 0; n < N; n++) *correct += predicted[size_t(n)] == y[n];
+    }
     std::vector<double> row_loss(static_cast<size_t>(N));
     parallel_for(N, grain_of(kParallelMin, C), [&](int64_t n0, int64_t n1) {
         for (int64_t n = n0; n < n1; n++) {
@@ -53,7 +66,6 @@ float softmax_cross_entropy(const T* z, const int32_t* y, T* dz, int64_t N, int6
     return float(total / double(N));
 }
 
-#define KILN_LOSS(T) template float softmax_cross_entropy<T>(const T*, const int32_t*, T*, int64_t, int64_t, float);
-KILN_FOR_EACH_FLOAT_TYPE(KILN_LOSS)
+KILN_INSTANTIATE_FLOAT(softmax_cross_entropy);
 
 }  // namespace kiln::cpu

@@ -7,15 +7,18 @@
 #include <cmath>
 
 #include "core/parallel.h"
-#include "ops/cpu/cpu_ops.h"
+#include "ops/kernels/optim.h"
 
 // Below this many elements a parallel region costs more than it saves.
 static constexpr int64_t kParallelMin = 1 << 15;
 
 namespace kiln::cpu {
 
-void sgd_update(float* p, const float* grad, float* buf, int64_t n, float lr, float momentum, float dampening,
-                float weight_decay, bool nesterov, bool first_step) {
+// The fields of s are copied, as in adam_update below, so that the compiler need not reload them
+// after each store through p.
+void sgd_update(float* p, const float* grad, float* buf, int64_t n, const SgdParams& s) {
+    const float lr = s.lr, momentum = s.momentum, dampening = s.dampening, weight_decay = s.weight_decay;
+    const bool nesterov = s.nesterov, first_step = s.first_step;
     parallel_for(n, kParallelMin, [&](int64_t i0, int64_t i1) {
 #pragma omp simd
         for (int64_t i = i0; i < i1; i++) {

@@ -15,7 +15,7 @@
 //
 // f16 and bf16: values are compared and summed in float and rounded once when stored; where
 // backward windows overlap, a dx element's terms are summed in a float plane first (F32Plane,
-// cnn_ops.h), so dx too is rounded once.
+// f32_blocks.h), so dx too is rounded once.
 #include <algorithm>
 #include <cmath>
 #include <limits>
@@ -24,9 +24,10 @@
 
 #include "core/error.h"
 #include "core/parallel.h"
-#include "ops/cpu/cnn_ops.h"
 #include "ops/cpu/convert_simd.h"
+#include "ops/cpu/f32_blocks.h"
 #include "ops/cpu/short_rows.h"
+#include "ops/kernels/pool.h"
 
 namespace kiln::cpu {
 namespace {
@@ -246,6 +247,6 @@ void global_avgpool_backward(const T* dy, T* dx, int64_t NC, int64_t S) {
     });
 }
 
-KILN_FOR_EACH_FLOAT_TYPE(KILN_POOL)  // the list is in cnn_ops.h
+KILN_POOL_KERNELS(KILN_INSTANTIATE_FLOAT);
 
 }  // namespace kiln::cpu

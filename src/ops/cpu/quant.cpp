@@ -1,4 +1,4 @@
-// quant.cpp — the CPU kernels of chapter 11 (declared, with their formulas, in quant_ops.h):
+// quant.cpp — the CPU kernels of chapter 11 (declared, with their formulas, in ops/kernels/quant.h):
 // quantize and dequantize, requantization, the int8 Linear and convolution (groups 1 and
 // depthwise), u8 max and global average pooling, table lookups, the sum of two u8 tensors, and
 // fake quantization for quantization-aware training. The int8 matrix product itself, with its
@@ -11,10 +11,10 @@
 #include "core/cpu_features.h"
 #include "core/error.h"
 #include "core/parallel.h"
-#include "ops/cpu/cnn_ops.h"
 #include "ops/cpu/conv_tasks.h"
 #include "ops/cpu/qgemm.h"
-#include "ops/cpu/quant_ops.h"
+#include "ops/kernels/conv.h"  // im2col
+#include "ops/kernels/quant.h"
 
 #if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
@@ -24,7 +24,7 @@
 
 namespace kiln {
 
-// ==== qadd's fixed-point numbers (quant_ops.h has the formula) ====================================
+// ==== qadd's fixed-point numbers (ops/kernels/quant.h has the formula) ====================================
 QAddParams qadd_params(const QParams& a, const QParams& b, const QParams& out) {
     const char* op = "qadd";
     for (const QParams* qp : {&a, &b, &out})
@@ -97,8 +97,7 @@ void dequantize_per_channel(const Q* q, float* x, int64_t outer, int64_t C, int6
     });
 }
 
-KILN_QUANTIZE(uint8_t)
-KILN_QUANTIZE(int8_t)
+KILN_QUANTIZE_KERNELS(KILN_INSTANTIATE_INT8);
 
 // ==== the reference product ======================================================================
 void qgemm_u8s8_reference(int64_t M, int64_t N, int64_t K, const uint8_t* A, int64_t lda, const int8_t* B,

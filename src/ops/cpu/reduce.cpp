@@ -12,7 +12,7 @@
 #include <vector>
 
 #include "core/parallel.h"
-#include "ops/cpu/cpu_ops.h"
+#include "ops/kernels/reduce.h"
 
 namespace kiln::cpu {
 
@@ -87,6 +87,6 @@ template <typename T> void argmax_rows(const T* x, int32_t* out, int64_t N, int6
     });
 }
 
-KILN_FOR_EACH_FLOAT_TYPE(KILN_REDUCE)  // the list is in cpu_ops.h
+KILN_REDUCE_KERNELS(KILN_INSTANTIATE_FLOAT);
 
 }  // namespace kiln::cpu

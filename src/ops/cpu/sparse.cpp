@@ -47,7 +47,7 @@
 #include <memory>
 
 #include "core/parallel.h"
-#include "ops/cpu/cpu_ops.h"
+#include "ops/kernels/sparse.h"
 
 namespace kiln::cpu {
 namespace {

@@ -595,8 +595,8 @@ void winograd_pass(const float* in, int64_t Cin, const std::vector<std::unique_p
         const Operands op = operands(ws + at * per_image, g, Cin, Cout, k);
         transforms.inputs(in + n * Cin * HW, Cin, k, g, op);
         for (int64_t xi = 0; xi < g.values(); xi++)  // M[ξ] = U[ξ] · V[ξ]
-            gemm(*U[size_t(xi)], false, op.L, 1.0f, op.in + xi * op.in_plane, op.L, 0.0f, op.out + xi * op.out_plane,
-                 op.L);
+            gemm_packed(*U[size_t(xi)], false, op.L, 1.0f, op.in + xi * op.in_plane, op.L, 0.0f,
+                        op.out + xi * op.out_plane, op.L);
         transforms.outputs(op, Cout, k, g, b, out + n * Cout * HW);
     };
     const int64_t k_max = std::min(group_images(p), chunk);

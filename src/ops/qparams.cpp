@@ -1,7 +1,7 @@
 // qparams.cpp — choosing a scale and a zero point from an observed range, as PyTorch's
 // observers do (_calculate_qparams in torch/ao/quantization/observer.py); qparams.h has the
 // formulas.
-#include "quant/qparams.h"
+#include "ops/qparams.h"
 
 #include <algorithm>
 #include <limits>

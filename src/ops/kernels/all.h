@@ -1,0 +1,15 @@
+// all.h — every kernel family (this folder) and the conversions (core/convert.h): what the
+// tests, the benchmarks and the kernel lab include to call cpu:: and cuda:: kernels directly.
+// The engine's own files include only the families they use.
+#pragma once
+#include "core/convert.h"
+#include "ops/kernels/conv.h"
+#include "ops/kernels/elementwise.h"
+#include "ops/kernels/gemm.h"
+#include "ops/kernels/loss.h"
+#include "ops/kernels/norm.h"
+#include "ops/kernels/optim.h"
+#include "ops/kernels/pool.h"
+#include "ops/kernels/quant.h"
+#include "ops/kernels/reduce.h"
+#include "ops/kernels/sparse.h"
