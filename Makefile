@@ -217,7 +217,8 @@ $(BUILD)/lab/%: $(BUILD)/cuda/lab/%.cu.o $(LIB)
 # The tests read the real MNIST (pinned first losses); CIFAR-10 only in hidden [data-real] cases.
 # The MPI tests (tests/mpi/) run as 2 ranks under mpirun, after the others; one summary line for both.
 # T is one Catch2 filter, passed as one word: a test's name keeps its spaces and its *.
-test: $(TEST_BIN) $(MPI_TEST_BIN)
+# The trainers are built first: tests/test_trainer_flags.cpp runs them.
+test: $(TEST_BIN) $(MPI_TEST_BIN) $(LESSON_BINS) $(EXTRA_BINS)
 	@bash data/fetch.sh mnist
 	@MPIRUN="$(strip $(MPI_TEST_ENV) $(MPIRUN))" bash tests/run.sh $(TEST_BIN) $(MPI_TEST_BIN) $(if $(T),'$(T)')
 

@@ -121,6 +121,28 @@ std::vector<uint8_t> make_tar(const std::vector<TarFile>& files) {
     return out;
 }
 
+static void put_be32(std::vector<uint8_t>& out, uint32_t v) {
+    for (int s = 24; s >= 0; s -= 8) out.push_back(uint8_t(v >> s));
+}
+
+std::vector<uint8_t> idx_images(uint32_t n, uint32_t h, uint32_t w, const std::vector<uint8_t>& px, uint32_t magic) {
+    std::vector<uint8_t> out;
+    put_be32(out, magic);
+    put_be32(out, n);
+    put_be32(out, h);
+    put_be32(out, w);
+    out.insert(out.end(), px.begin(), px.end());
+    return out;
+}
+
+std::vector<uint8_t> idx_labels(const std::vector<uint8_t>& labels, uint32_t magic) {
+    std::vector<uint8_t> out;
+    put_be32(out, magic);
+    put_be32(out, uint32_t(labels.size()));
+    out.insert(out.end(), labels.begin(), labels.end());
+    return out;
+}
+
 std::vector<uint8_t> bytes_of(const std::string& s) { return std::vector<uint8_t>(s.begin(), s.end()); }
 
 void under_schedules(const std::function<void()>& f) {

@@ -42,6 +42,12 @@ struct TarFile {
 // bytes is written the GNU way: a `././@LongLink` entry holding it, then the entry.
 std::vector<uint8_t> make_tar(const std::vector<TarFile>& files);
 
+// An IDX image file (MNIST's format): magic | N | H | W | pixels, the numbers big-endian u32.
+std::vector<uint8_t> idx_images(uint32_t n, uint32_t h, uint32_t w, const std::vector<uint8_t>& px,
+                                uint32_t magic = 2051);
+// An IDX label file: magic | N | labels.
+std::vector<uint8_t> idx_labels(const std::vector<uint8_t>& labels, uint32_t magic = 2049);
+
 // Bytes of a string (for text files in archives).
 std::vector<uint8_t> bytes_of(const std::string& s);
 

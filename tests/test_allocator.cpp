@@ -177,6 +177,19 @@ TEST_CASE("memory sizes parse and print", "[allocator][cpu][lesson01]") {
     REQUIRE_THROWS_WITH(parse_bytes("lots"), Catch::Contains("64MiB"));
     REQUIRE_THROWS(parse_bytes("12 parsecs"));
     REQUIRE(format_bytes(13212057) == "12.6MiB");
+    // format_bytes prints TiB, so parse_bytes reads it (and T, TB)
+    REQUIRE(parse_bytes("2TiB") == int64_t(2) << 40);
+    REQUIRE(parse_bytes("1T") == int64_t(1) << 40);
+    REQUIRE(parse_bytes("3TB") == int64_t(3000000000000));
+    REQUIRE(parse_bytes(format_bytes(int64_t(3) << 40)) == int64_t(3) << 40);
+    // beyond what an int64_t holds: refused, not undefined behaviour (nor a "small" limit)
+    REQUIRE_THROWS_WITH(parse_bytes("1e30GiB"), Catch::Contains("more bytes than kiln can count"));
+    REQUIRE_THROWS_WITH(parse_bytes("8EiB"), Catch::Contains("64MiB"));
+    REQUIRE(parse_bytes("8388607TiB") == int64_t(8388607) << 40);  // 2^63 − 2^40
+    REQUIRE_THROWS_WITH(parse_bytes("8388608TiB"), Catch::Contains("8 EiB at most"));  // 2^63
+    REQUIRE_THROWS_WITH(parse_bytes("-1MiB"), Catch::Contains("cannot read '-1MiB'"));
+    REQUIRE_THROWS(parse_bytes("nan"));
+    REQUIRE_THROWS(parse_bytes("inf"));
     REQUIRE(format_bytes(512) == "512B");
 }
 

@@ -33,37 +33,14 @@
 using Catch::Contains;
 using kiln::test::bytes_of;
 using kiln::test::gzip_bytes;
+using kiln::test::idx_images;
+using kiln::test::idx_labels;
 using kiln::test::make_tar;
 using kiln::test::TarFile;
 using kiln::test::TempDir;
 using kiln::test::write_bytes;
 
 namespace {
-
-void put_be32(std::vector<uint8_t>& out, uint32_t v) {
-    for (int s = 24; s >= 0; s -= 8) out.push_back(uint8_t(v >> s));
-}
-
-// An IDX image file: magic | N | H | W | pixels.
-std::vector<uint8_t> idx_images(uint32_t n, uint32_t h, uint32_t w, const std::vector<uint8_t>& px,
-                                uint32_t magic = 2051) {
-    std::vector<uint8_t> out;
-    put_be32(out, magic);
-    put_be32(out, n);
-    put_be32(out, h);
-    put_be32(out, w);
-    out.insert(out.end(), px.begin(), px.end());
-    return out;
-}
-
-// An IDX label file: magic | N | labels.
-std::vector<uint8_t> idx_labels(const std::vector<uint8_t>& labels, uint32_t magic = 2049) {
-    std::vector<uint8_t> out;
-    put_be32(out, magic);
-    put_be32(out, uint32_t(labels.size()));
-    out.insert(out.end(), labels.begin(), labels.end());
-    return out;
-}
 
 // n images of h×w whose pixel values are a known pattern: image i, pixel p -> (7i + p) % 256.
 std::vector<uint8_t> pattern(size_t n, size_t h, size_t w) {

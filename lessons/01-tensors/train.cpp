@@ -56,7 +56,7 @@ int main(int argc, char** argv) try {
     double test_acc = fit(model, sgd, mnist.train, mnist.test, flags, &arena);
     std::printf("arena: %s used at most per step, of %s\n", format_bytes(int64_t(arena.high_water())).c_str(),
                 format_bytes(int64_t(arena.capacity())).c_str());
-    report(device, test_acc, start);
+    report(flags, device, test_acc, start);
     return 0;
 } catch (const std::exception& e) {
     std::fprintf(stderr, "lesson-01: %s\n", e.what());

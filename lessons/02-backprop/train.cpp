@@ -25,9 +25,9 @@ int main(int argc, char** argv) try {
     int64_t hidden1 = 512, hidden2 = 256;
     Cli cli("lesson-02", "Trains a 3-layer perceptron on MNIST with SGD + momentum.");
     flags.add_to(cli);
-    cli.add("--momentum", &momentum, "SGD momentum");
-    cli.add("--hidden1", &hidden1, "units of the first hidden layer");
-    cli.add("--hidden2", &hidden2, "units of the second hidden layer");
+    cli.add("--momentum", &momentum, "SGD momentum", Cli::between(0, 1));
+    cli.add("--hidden1", &hidden1, "units of the first hidden layer", Cli::at_least(1));
+    cli.add("--hidden2", &hidden2, "units of the second hidden layer", Cli::at_least(1));
     cli.parse(argc, argv);
     Device device = flags.apply();
     auto start = std::chrono::steady_clock::now();
@@ -52,7 +52,7 @@ int main(int argc, char** argv) try {
                 (long long)mnist.train_set.n, device_name(device));
 
     double test_acc = fit(model, sgd, mnist.train, mnist.test, flags, &arena);
-    report(device, test_acc, start);
+    report(flags, device, test_acc, start);
     return 0;
 } catch (const std::exception& e) {
     std::fprintf(stderr, "lesson-02: %s\n", e.what());

@@ -75,7 +75,7 @@ int main(int argc, char** argv) try {
     float momentum = 0.9f;
     Cli cli("lesson-03", "Trains the LeNet of PyTorch's classic MNIST example with SGD + momentum.");
     flags.add_to(cli);
-    cli.add("--momentum", &momentum, "SGD momentum");
+    cli.add("--momentum", &momentum, "SGD momentum", Cli::between(0, 1));
     cli.parse(argc, argv);
     Device device = flags.apply();
     auto start = std::chrono::steady_clock::now();
@@ -100,7 +100,7 @@ int main(int argc, char** argv) try {
     const std::string dir = run_info(flags).dir;
     save_filters(model, dir + "/conv1-filters.png");
     save_misclassified(model, mnist.test, mnist.test_set, dir + "/misclassified.png");
-    report(device, test_acc, start);
+    report(flags, device, test_acc, start);
     return 0;
 } catch (const std::exception& e) {
     std::fprintf(stderr, "lesson-03: %s\n", e.what());

@@ -52,7 +52,7 @@ int main(int argc, char** argv) try {
                 (long long)model->num_parameters(), (long long)mnist.train_set.n, device_name(device));
 
     double test_acc = fit(*model, sgd, mnist.train, mnist.test, flags, &arena);  // as lesson 02
-    report(device, test_acc, start);
+    report(flags, device, test_acc, start);
     return 0;
 } catch (const std::exception& e) {
     std::fprintf(stderr, "lesson-04: %s\n", e.what());

@@ -33,7 +33,7 @@ int main(int argc, char** argv) try {
     float momentum = 0.9f;
     Cli cli("lesson-05", "Trains lesson 03's LeNet on MNIST with the CUDA kernels (a GPU, or the emulator).");
     flags.add_to(cli);
-    cli.add("--momentum", &momentum, "SGD momentum");
+    cli.add("--momentum", &momentum, "SGD momentum", Cli::between(0, 1));
     cli.parse(argc, argv);
     Device device = flags.apply();
     auto start = std::chrono::steady_clock::now();
@@ -56,7 +56,7 @@ int main(int argc, char** argv) try {
                 (long long)model->num_parameters(), (long long)mnist.train_set.n, device_name(device));
 
     double test_acc = fit(*model, sgd, mnist.train, mnist.test, flags, &arena);  // as lesson 03
-    report(device, test_acc, start);
+    report(flags, device, test_acc, start);
     return 0;
 } catch (const std::exception& e) {
     std::fprintf(stderr, "lesson-05: %s\n", e.what());

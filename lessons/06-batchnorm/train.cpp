@@ -34,10 +34,10 @@ int main(int argc, char** argv) try {
     flags.add_to(cli);
     cli.add("--no-bn", &no_bn, "leave the batch-norm layers out (the convolutions get biases)");
     cli.add("--recompute", &recompute, "keep only each block's input, recompute the block in backward (less memory, more time; no step arena)");
-    cli.add("--weight-decay", &weight_decay, "L2 weight decay");
-    cli.add("--width1", &widths.w1, "channels of block 1");
-    cli.add("--width2", &widths.w2, "channels of block 2");
-    cli.add("--width3", &widths.w3, "channels of block 3");
+    cli.add("--weight-decay", &weight_decay, "L2 weight decay", Cli::at_least(0));
+    cli.add("--width1", &widths.w1, "channels of block 1", Cli::at_least(1));
+    cli.add("--width2", &widths.w2, "channels of block 2", Cli::at_least(1));
+    cli.add("--width3", &widths.w3, "channels of block 3", Cli::at_least(1));
     cli.parse(argc, argv);
     Device device = flags.apply();
     auto start = std::chrono::steady_clock::now();
@@ -63,7 +63,7 @@ int main(int argc, char** argv) try {
                 (long long)model.num_parameters(), (long long)cifar.train_set.n, device_name(device));
 
     double test_acc = fit(model, sgd, cifar.train, cifar.test, flags, arena ? &*arena : nullptr);
-    report(device, test_acc, start);
+    report(flags, device, test_acc, start);
     return 0;
 } catch (const std::exception& e) {
     std::fprintf(stderr, "lesson-06: %s\n", e.what());

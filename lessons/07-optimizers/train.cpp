@@ -23,9 +23,7 @@
 #include "optim/optimizer.h"      // defines: SGD, decay_groups
 #include "optim/scheduler.h"      // defines: OneCycleLR, LinearLR, CosineAnnealingLR, SequentialLR
 #include "train/cli.h"            // defines: Cli, CommonFlags
-#include "train/fit.h"            // defines: CifarData, only_measure, fit, report
-#include "train/memory_trace.h"   // defines: memory_recording
-#include "train/run_log.h"        // defines: run_info (run.json and curves.svg: --save DIR or runs/lesson-07/)
+#include "train/fit.h"            // defines: CifarData, only_measure, train_options, fit, report
 
 using namespace kiln;
 
@@ -59,7 +57,7 @@ std::unique_ptr<LRScheduler> make_schedule(const Flags& f, Optimizer& opt, int64
     if (f.schedule == "onecycle") return std::make_unique<OneCycleLR>(opt, f.common.lr, total);
     KILN_CHECK(f.schedule == "cosine", "lesson-07: unknown --schedule \"", f.schedule, "\"; use onecycle or cosine");
     if (warm == 0) return std::make_unique<CosineAnnealingLR>(opt, total);
-    KILN_CHECK(warm < total, "lesson-07: --warmup ", f.warmup, " must be fewer than --epochs ", f.common.epochs);
+    KILN_USAGE_CHECK(warm < total, "--warmup ", f.warmup, " must be fewer than --epochs ", f.common.epochs);
     parts.push_back(std::make_unique<LinearLR>(opt, 0.01, 1.0, warm));
     parts.push_back(std::make_unique<CosineAnnealingLR>(opt, total - warm));
     return std::make_unique<SequentialLR>(opt, std::vector<LRScheduler*>{parts[0].get(), parts[1].get()},
@@ -76,18 +74,22 @@ int main(int argc, char** argv) try {
     f.common.data = "data/cifar10";
     Cli cli("lesson-07", "Trains lesson 06's CNN, wider, on CIFAR-10 with a chosen optimizer and schedule.");
     f.common.add_to(cli);
-    cli.add("--optimizer", &f.optimizer, "sgd (Nesterov momentum), adam or adamw");
-    cli.add("--schedule", &f.schedule, "onecycle (--lr is the peak) or cosine (from --lr to 0)");
-    cli.add("--warmup", &f.warmup, "cosine: epochs of linear warm-up from lr/100 first");
-    cli.add("--momentum", &f.momentum, "SGD's momentum");
-    cli.add("--weight-decay", &f.weight_decay, "weight decay of the weights (L2 for sgd and adam, decoupled for adamw)");
-    cli.add("--clip", &f.clip, "clip the gradients' global norm to this (0: no clipping)");
+    cli.add("--optimizer", &f.optimizer, "sgd (Nesterov momentum), adam or adamw", {"sgd", "adam", "adamw"});
+    cli.add("--schedule", &f.schedule, "onecycle (--lr is the peak) or cosine (from --lr to 0)", {"onecycle", "cosine"});
+    cli.add("--warmup", &f.warmup, "cosine: epochs of linear warm-up from lr/100 first", Cli::at_least(0));
+    cli.add("--momentum", &f.momentum, "SGD's momentum", Cli::between(0, 1));
+    cli.add("--weight-decay", &f.weight_decay, "weight decay of the weights (L2 for sgd and adam, decoupled for adamw)", Cli::at_least(0));
+    cli.add("--clip", &f.clip, "clip the gradients' global norm to this (0: no clipping)", Cli::at_least(0));
     cli.add("--no-tta", &f.no_tta, "score the test images only as they are, not also with their mirror images");
     cli.add("--recompute", &f.recompute, "keep only each block's input, recompute the block in backward (less memory, more time; no step arena)");
-    cli.add("--width1", &f.widths.w1, "channels of block 1");
-    cli.add("--width2", &f.widths.w2, "channels of block 2");
-    cli.add("--width3", &f.widths.w3, "channels of block 3");
+    cli.add("--width1", &f.widths.w1, "channels of block 1", Cli::at_least(1));
+    cli.add("--width2", &f.widths.w2, "channels of block 2", Cli::at_least(1));
+    cli.add("--width3", &f.widths.w3, "channels of block 3", Cli::at_least(1));
     cli.parse(argc, argv);
+    KILN_USAGE_CHECK(f.schedule == "cosine" || !cli.given("--warmup"), "--warmup is the cosine schedule's: add "
+                     "--schedule cosine (one-cycle warms up by itself)");
+    KILN_USAGE_CHECK(f.optimizer == "sgd" || !cli.given("--momentum"), "--momentum is SGD's; --optimizer ", f.optimizer,
+                     " keeps its own moments");
     Device device = f.common.apply();
     auto start = std::chrono::steady_clock::now();
 
@@ -112,16 +114,14 @@ int main(int argc, char** argv) try {
                 (long long)model->num_parameters(), f.optimizer.c_str(), f.schedule.c_str(),
                 (long long)cifar.train_set.n, device_name(device));
 
-    TrainOptions train{f.common.epochs, schedule.get(), /*per_batch=*/true, arena ? &*arena : nullptr, f.clip,
-                       f.common.save, f.common.resume, f.no_tta ? nullptr : &cifar.test_mirrored,
-                       f.common.accumulate, run_info(f.common)};
-    const std::unique_ptr<MemoryRecording> memory =
-        memory_recording(f.common, *model, *opt, arena ? &*arena : nullptr, cifar.train);
-    train.memory = memory.get();  // --mem-report, --mem-trace
-    train.overwrite = f.common.overwrite;  // --save into a folder that holds another run's checkpoints
-    const std::unique_ptr<GradScaler> scaler = set_precision(f.common, train);  // --amp, --grad-hist
-    double test_acc = fit(*model, *opt, cifar.train, cifar.test, train);
-    report(device, test_acc, start);
+    // the shared flags (--save, --resume, --accumulate, --mem-report, --amp, ...), then this chapter's
+    FlagTraining train = train_options(f.common, *model, *opt, cifar.train, arena ? &*arena : nullptr);
+    train.options.scheduler = schedule.get();
+    train.options.per_batch = true;
+    train.options.clip_norm = f.clip;
+    train.options.test_mirrored = f.no_tta ? nullptr : &cifar.test_mirrored;
+    double test_acc = fit(*model, *opt, cifar.train, cifar.test, train.options);
+    report(f.common, device, test_acc, start);
     return 0;
 } catch (const std::exception& e) {
     std::fprintf(stderr, "lesson-07: %s\n", e.what());

@@ -39,9 +39,11 @@ int main(int argc, char** argv) try {
     Cli cli("lesson-08", "Trains lesson 06's CNN under a memory limit: recomputation, micro-batches, a small workspace.");
     flags.add_to(cli);
     cli.add("--plain", &plain, "no recomputation, the step arena and the default workspace, as lesson 06");
-    cli.add("--workspace-limit", &workspace, "bytes of im2col columns a convolution computes at once");
-    cli.add("--weight-decay", &weight_decay, "L2 weight decay");
+    cli.add_size("--workspace-limit", &workspace, "bytes of im2col columns a convolution computes at once (not with --plain)");
+    cli.add("--weight-decay", &weight_decay, "L2 weight decay", Cli::at_least(0));
     cli.parse(argc, argv);
+    KILN_USAGE_CHECK(!plain || !cli.given("--workspace-limit"), "--plain keeps chapter 06's workspace; "
+                     "--workspace-limit is for the recomputed run (drop --plain, or the limit)");
     Device device = flags.apply();
     auto start = std::chrono::steady_clock::now();
 
@@ -67,7 +69,7 @@ int main(int argc, char** argv) try {
                 device_name(device));
 
     double test_acc = fit(model, sgd, cifar.train, cifar.test, flags, arena ? &*arena : nullptr);
-    report(device, test_acc, start);
+    report(flags, device, test_acc, start);
     return 0;
 } catch (const std::exception& e) {
     std::fprintf(stderr, "lesson-08: %s\n", e.what());

@@ -45,7 +45,7 @@ int main(int argc, char** argv) try {
     CifarNetWidths widths{32, 64, 128};
     Cli cli("lesson-09", "Trains lesson 06's CNN in mixed precision: f16 with loss scaling, or bf16 (--amp).");
     flags.add_to(cli);
-    cli.add("--weight-decay", &weight_decay, "L2 weight decay");
+    cli.add("--weight-decay", &weight_decay, "L2 weight decay", Cli::at_least(0));
     cli.parse(argc, argv);
     Device device = flags.apply();
     auto start = std::chrono::steady_clock::now();
@@ -67,7 +67,7 @@ int main(int argc, char** argv) try {
                 flags.amp == DType::F16 ? " autocast with a GradScaler" : flags.amp == DType::BF16 ? " autocast" : "");
 
     double test_acc = fit(model, sgd, cifar.train, cifar.test, flags, &arena);
-    report(device, test_acc, start);
+    report(flags, device, test_acc, start);
     return 0;
 } catch (const std::exception& e) {
     std::fprintf(stderr, "lesson-09: %s\n", e.what());

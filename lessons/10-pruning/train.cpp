@@ -183,6 +183,7 @@ int run_mnist(const std::string& which, CommonFlags& flags, int rounds, double f
     Sequential& model = *net;
     model.to(device);
     SGD sgd(model.parameters(), flags.lr, {0.9f, 0.0f, 0.0f, false});
+    flags.apply_memory_limit(device);  // --mem-limit, now that the model and its optimizer exist
     if (only_measure(model, sgd, mnist.train, flags, &arena)) return 0;  // --find-batch-size, --time-report
     std::printf("lesson-10: %s, %lld parameters; dense training, %d epochs\n",
                 which == "lenet" ? "LeNet" : "LeNet-300-100 (784-300-100-10)", (long long)model.num_parameters(),
@@ -194,7 +195,7 @@ int run_mnist(const std::string& which, CommonFlags& flags, int rounds, double f
                            per_layer);
     const double pruned_acc = summarize_rounds(model, rounds_done, dense_acc, finetune_epochs > 0, flags);
     sparse_savings(model, mnist.test, arena);
-    report(device, pruned_acc, start);
+    report(flags, device, pruned_acc, start);
     return 0;
 }
 
@@ -272,6 +273,7 @@ int run_cifar(CommonFlags& flags, const std::string& from, float fraction, int f
     std::unique_ptr<Sequential> net = cifar_net(rng, {32, 64, 128});  // chapter 06's widths
     Sequential& model = *net;
     model.to(device);
+    flags.apply_memory_limit(device);  // --mem-limit, now that the model exists (its optimizer's state comes under it)
     const SGD::Options nesterov{0.9f, 0.0f, 5e-4f, true};  // chapter 06's optimizer
     if (from.empty()) {
         std::printf("lesson-10: chapter 06's CIFAR net, trained here first (%d epochs; --from a lesson-06 "
@@ -310,14 +312,14 @@ int run_cifar(CommonFlags& flags, const std::string& from, float fraction, int f
     const double tuned = fit(model, sgd, cifar.train, cifar.test, opt);
     std::printf("dense %.2f%% -> %.0f%% of the channels removed and fine-tuned %.2f%% (%+.2f points)\n",
                 100 * dense.acc, 100.0 * fraction, 100 * tuned, 100 * (tuned - dense.acc));
-    report(device, tuned, start);
+    report(flags, device, tuned, start);
     return 0;
 }
 
 // ---- MobileNetV2 (chapter 13): the MNIST rounds on CIFAR-10 -------------------------------
 int run_mobilenet(CommonFlags& flags, const std::string& from, float width, int rounds, double final_sparsity,
                   int finetune_epochs, bool per_layer) {
-    KILN_CHECK(!from.empty(), "--model mobilenet needs --from: the checkpoint of a lesson-13-mobilenet run with "
+    KILN_USAGE_CHECK(!from.empty(), "--model mobilenet needs --from: the checkpoint of a lesson-13-mobilenet run with "
                "--save DIR (DIR/last.safetensors); training it takes hours, so lesson-10 does not");
     const Device device = flags.apply();
     const auto start = std::chrono::steady_clock::now();
@@ -327,18 +329,20 @@ int run_mobilenet(CommonFlags& flags, const std::string& from, float width, int 
     std::unique_ptr<Sequential> net = mobilenet_v2(rng, 10, width);
     Sequential& model = *net;
     model.to(device);
+    flags.apply_memory_limit(device);  // --mem-limit, now that the model exists (its optimizer's state comes under it)
     load_model(read_safetensors(from), model);
     const double dense_acc = evaluate(model, cifar.test, &arena);
     std::printf("lesson-10: MobileNetV2 width %.2f from %s, %lld parameters, test accuracy %.2f%%; %d rounds to "
                 "%.0f%% sparsity (%s), %d fine-tuning epochs each\n", double(width), from.c_str(),
                 (long long)model.num_parameters(), 100 * dense_acc, rounds, 100 * final_sparsity,
                 per_layer ? "every layer alike" : "global", finetune_epochs);
+    flags.use("--lr");
     SGD sgd(decay_groups(model, flags.lr, 5e-4f), SGD::Options{0.9f, 0.0f, 0.0f, true});  // lesson-13-mobilenet's
     const std::vector<Round> rounds_done =
         prune_and_finetune(model, sgd, cifar.train, cifar.test, arena, flags, rounds, final_sparsity, finetune_epochs,
                            per_layer);
     const double pruned_acc = summarize_rounds(model, rounds_done, dense_acc, finetune_epochs > 0, flags);
-    report(device, pruned_acc, start);
+    report(flags, device, pruned_acc, start);
     return 0;
 }
 
@@ -356,14 +360,14 @@ int main(int argc, char** argv) try {
     Cli cli("lesson-10", "Prunes a network with masks, fine-tunes it, and measures what pruning saves.");
     flags.add_to(cli);
     cli.add("--model", &model, "mlp (LeNet-300-100), lenet (chapter 03's), cifar (chapter 06's net) or mobilenet "
-            "(chapter 13's MobileNetV2)");
-    cli.add("--rounds", &rounds, "MNIST, MobileNetV2: prune-and-fine-tune rounds");
-    cli.add("--sparsity", &final_sparsity, "MNIST, MobileNetV2: the weights' sparsity after the last round");
-    cli.add("--finetune-epochs", &finetune_epochs, "epochs of fine-tuning: after each pruning round (MNIST), after the cut (CIFAR, 16)");
-    cli.add("--channels", &channels, "CIFAR: the fraction of every conv's output channels to remove");
+            "(chapter 13's MobileNetV2)", {"mlp", "lenet", "cifar", "mobilenet"});
+    cli.add("--rounds", &rounds, "MNIST, MobileNetV2: prune-and-fine-tune rounds", Cli::at_least(1));
+    cli.add("--sparsity", &final_sparsity, "MNIST, MobileNetV2: the weights' sparsity after the last round", Cli::Range{0.0, 1.0, true});
+    cli.add("--finetune-epochs", &finetune_epochs, "epochs of fine-tuning: after each pruning round (MNIST), after the cut (CIFAR, 16)", Cli::at_least(0));
+    cli.add("--channels", &channels, "CIFAR: the fraction of every conv's output channels to remove", Cli::Range{0.0, 1.0, true});
     cli.add("--from", &from, "CIFAR: the trained dense net, a lesson-06 checkpoint (else it is trained here); "
             "MobileNetV2: a lesson-13-mobilenet checkpoint (needed)");
-    cli.add("--width", &width, "MobileNetV2: the width multiplier it was trained with");
+    cli.add("--width", &width, "MobileNetV2: the width multiplier it was trained with", Cli::positive());
     cli.add("--per-layer", &per_layer, "MNIST, MobileNetV2: prune every layer to the round's sparsity (l1_unstructured) "
             "instead of the smallest weights of the whole net (global_unstructured)");
     if (command_line_has(argc, argv, "--model", "cifar")) {  // chapter 06's settings, before the command line may change them
@@ -379,10 +383,14 @@ int main(int argc, char** argv) try {
         final_sparsity = 0.9f;
     }
     cli.parse(argc, argv);
-    KILN_CHECK(model == "mlp" || model == "lenet" || model == "cifar" || model == "mobilenet", "--model ", model,
-               ": mlp, lenet, cifar or mobilenet");
-    KILN_CHECK(!flags.measures() || from.empty(), "--find-batch-size and --time-report measure the dense training "
-               "step, which --from skips: drop --from", model == "mobilenet" ? " (lesson-13-mobilenet measures MobileNetV2's)" : "");
+    KILN_USAGE_CHECK(from.empty() || model == "cifar" || model == "mobilenet", "--from is the trained dense net of "
+                     "--model cifar or mobilenet; --model ", model, " trains its own");
+    // --from skips the dense training: the flags that shape it do not apply (but --lr: MobileNetV2's
+    // fine-tuning rounds start from it)
+    if (!from.empty())
+        flags.refuse_training_flags("--from loads the dense net instead of training it" +
+                                        std::string(model == "mobilenet" ? " (lesson-13-mobilenet trains and measures MobileNetV2)" : ""),
+                                    model == "mobilenet" ? std::vector<std::string>{"--lr"} : std::vector<std::string>{});
     if (model == "cifar") return run_cifar(flags, from, channels, finetune_epochs);
     if (model == "mobilenet") return run_mobilenet(flags, from, width, rounds, final_sparsity, finetune_epochs, per_layer);
     return run_mnist(model, flags, rounds, final_sparsity, finetune_epochs, per_layer);

@@ -130,10 +130,11 @@ int run(CommonFlags& flags, const Options& o) {
                                                              : lenet(rng);
     Sequential& model = *net;
     model.to(device);
+    flags.apply_memory_limit(device);  // --mem-limit, now that the model exists (its optimizer's state comes under it)
     if (!o.histogram.empty()) {
         bool found = false;
         for (auto& [name, m] : model.named_modules()) found = found || name == o.histogram;
-        KILN_CHECK(found, "--histogram ", o.histogram, ": no such layer in the model (names as in the int8 "
+        KILN_USAGE_CHECK(found, "--histogram ", o.histogram, ": no such layer in the model (names as in the int8 "
                    "steps lesson-11 prints, e.g. block3b or block3b.body.project.conv)");
     }
 
@@ -195,7 +196,7 @@ int run(CommonFlags& flags, const Options& o) {
                     100 * (tuned.acc - ptq.acc), 100 * f32.acc, 100 * ptq.acc, 100 * tuned.acc);
         final_acc = tuned.acc;
     }
-    report(device, final_acc, start);
+    report(flags, device, final_acc, start);
     return 0;
 }
 
@@ -208,16 +209,20 @@ int main(int argc, char** argv) try {
     Options o;
     Cli cli("lesson-11", "Quantizes a trained network to int8 and measures its size, accuracy and speed.");
     flags.add_to(cli);
-    cli.add("--model", &o.model, "lenet (chapter 03's), cifar (chapter 06's net) or mobilenet (chapter 13's MobileNetV2)");
-    cli.add("--width", &o.width, "mobilenet: the width multiplier it was trained with");
+    cli.add("--model", &o.model, "lenet (chapter 03's), cifar (chapter 06's net) or mobilenet (chapter 13's MobileNetV2)",
+            {"lenet", "cifar", "mobilenet"});
+    cli.add("--width", &o.width, "mobilenet: the width multiplier it was trained with", Cli::positive());
     cli.add("--from", &o.from, "the trained f32 model: a lesson-03 (lenet), lesson-06 (cifar) or lesson-13-mobilenet "
             "checkpoint; else trained here (not mobilenet)");
-    cli.add("--observer", &o.observer, "activation ranges: histogram (L2-optimal clipping), minmax or moving");
-    cli.add("--calib-batches", &o.calib_batches, "training batches the observers see");
+    cli.add("--observer", &o.observer, "activation ranges: histogram (L2-optimal clipping), minmax or moving",
+            {"histogram", "minmax", "moving"});
+    cli.add("--calib-batches", &o.calib_batches, "training batches the observers see", Cli::at_least(1));
     cli.add("--histogram", &o.histogram, "the layer whose output histogram.svg shows (default: the first)");
-    cli.add("--reduce-range", &o.reduce_range, "activations in [0, 127]: auto (when the CPU's int8 path is faster so), on, off");
-    cli.add("--qat-epochs", &o.qat_epochs, "epochs of quantization-aware fine-tuning after post-training quantization (0: none)");
-    cli.add("--qat-lr", &o.qat_lr, "learning rate of the quantization-aware fine-tuning");
+    cli.add("--reduce-range", &o.reduce_range, "activations in [0, 127]: auto (when the CPU's int8 path is faster so), on, off",
+            {"auto", "on", "off"});
+    cli.add("--qat-epochs", &o.qat_epochs, "epochs of quantization-aware fine-tuning after post-training quantization "
+            "(0: none; a step keeps the f32 step's activations and the fake quantizers' masks)", Cli::at_least(0));
+    cli.add("--qat-lr", &o.qat_lr, "learning rate of the quantization-aware fine-tuning", Cli::positive());
     if (command_line_has(argc, argv, "--model", "cifar")) {  // chapter 06's settings, before the command line may change them
         flags.batch_size = 128;
         flags.data = "data/cifar10";
@@ -228,17 +233,16 @@ int main(int argc, char** argv) try {
         flags.data = "data/cifar10-png";
     }
     cli.parse(argc, argv);
-    KILN_CHECK(o.model == "lenet" || o.model == "cifar" || o.model == "mobilenet", "--model ", o.model,
-               ": lenet, cifar or mobilenet");
-    KILN_CHECK(o.model != "mobilenet" || !o.from.empty(), "--model mobilenet needs --from: the checkpoint of a "
-               "lesson-13-mobilenet run with --save DIR (DIR/last.safetensors); training it takes hours");
-    KILN_CHECK(o.model != "mobilenet" || o.qat_epochs == 0, "--qat-epochs: quantization-aware training of residual "
-               "nets such as MobileNetV2 is not written (quant/qat.h); post-training int8 is");
-    KILN_CHECK(o.reduce_range == "auto" || o.reduce_range == "on" || o.reduce_range == "off", "--reduce-range ",
-               o.reduce_range, ": auto, on or off");
-    KILN_CHECK(o.calib_batches >= 1, "--calib-batches ", o.calib_batches, ": at least 1");
-    KILN_CHECK(!flags.measures() || o.from.empty(), "--find-batch-size and --time-report measure the f32 training "
-               "step, which --from skips: drop --from", o.model == "mobilenet" ? " (lesson-13-mobilenet measures MobileNetV2's)" : "");
+    KILN_USAGE_CHECK(o.model != "mobilenet" || !o.from.empty(), "--model mobilenet needs --from: the checkpoint of a "
+                     "lesson-13-mobilenet run with --save DIR (DIR/last.safetensors); training it takes hours");
+    KILN_USAGE_CHECK(o.model != "mobilenet" || o.qat_epochs == 0, "--qat-epochs: quantization-aware training of residual "
+                     "nets such as MobileNetV2 is not written (quant/qat.h); post-training int8 is");
+    KILN_USAGE_CHECK(o.qat_epochs > 0 || !cli.given("--qat-lr"), "--qat-lr is the quantization-aware fine-tuning's; "
+                     "add --qat-epochs N");
+    // --from loads the f32 model: the flags that shape its training do not apply
+    if (!o.from.empty())
+        flags.refuse_training_flags("--from loads the trained f32 model (--qat-epochs N fine-tunes the int8 one)" +
+                                    std::string(o.model == "mobilenet" ? "; lesson-13-mobilenet trains and measures MobileNetV2" : ""));
     return run(flags, o);
 } catch (const std::exception& e) {
     std::fprintf(stderr, "lesson-11: %s\n", e.what());

@@ -87,7 +87,6 @@ int threads_per_rank(int world_size) {
 
 std::unique_ptr<Communicator> nccl_or_none(const Flags& f, MpiCommunicator& mpi) {
     if (f.backend == "mpi") return nullptr;
-    KILN_CHECK(f.backend == "nccl", "--backend must be mpi or nccl, got '", f.backend, "'");
 #ifdef KILN_CUDA
     KILN_CHECK(f.common.device == "cuda", "--backend nccl moves GPU memory: add --device cuda");
     const char* local_rank = std::getenv("OMPI_COMM_WORLD_LOCAL_RANK");  // one GPU per rank on each machine
@@ -160,28 +159,33 @@ int run(int argc, char** argv, MpiCommunicator& mpi) {
     flags.lr = 0.05f;
     Cli cli("lesson-12", "Data parallel training on MPI ranks (mpirun -np N) or NCCL GPUs, with ZeRO-1.");
     flags.add_to(cli);
-    cli.add("--model", &f.model, "lenet (MNIST) or cifar (CIFAR-10, batch norm per rank)");
-    cli.add("--zero", &f.zero, "ZeRO stage: 0 (every rank keeps the optimizer's whole state) or 1 (sharded)");
+    cli.add("--model", &f.model, "lenet (MNIST) or cifar (CIFAR-10, batch norm per rank)", {"lenet", "cifar"});
+    cli.add("--zero", &f.zero, "ZeRO stage: 0 (every rank keeps the optimizer's whole state) or 1 (sharded)", Cli::between(0, 1));
     cli.add("--no-overlap", &f.no_overlap, "one all-reduce after backward, not buckets during it");
-    cli.add("--bucket-mb", &f.bucket_mb, "gradient bucket size in MiB (DDP's default: 25)");
-    cli.add("--backend", &f.backend, "mpi, or nccl (make CUDA=1, --device cuda, one GPU per rank)");
-    cli.add("--comm-timeout", &f.timeout, "seconds a collective waits for the other ranks before it fails");
-    cli.add("--measure", &f.measure, "time this many steps: compute, communication, memory, cost model; then stop");
+    cli.add("--bucket-mb", &f.bucket_mb, "gradient bucket size in MiB (DDP's default: 25)", Cli::positive());
+    cli.add("--backend", &f.backend, "mpi, or nccl (make CUDA=1, --device cuda, one GPU per rank)", {"mpi", "nccl"});
+    cli.add("--comm-timeout", &f.timeout, "seconds a collective waits for the other ranks before it fails", Cli::positive());
+    cli.add("--measure", &f.measure, "time this many steps: compute, communication, memory, cost model; then stop", Cli::at_least(0));
+    const char* one_process = "it times one process's step; with several ranks, --measure N times compute and communication";
+    cli.refuse("--find-batch-size", one_process);
+    cli.refuse("--time-report", one_process);
+    cli.refuse("--time-svg", "it draws --time-report's table, which lesson-12 does not take (--measure N instead)");
     cli.parse(argc, argv);
+    if (f.measure > 0) {
+        flags.refuse_training_flags("--measure N times N steps and stops", {"--lr"});
+        KILN_USAGE_CHECK(flags.save.empty(), "--save: --measure N times N steps and stops, with nothing to save");
+    }
 
     check_same_command_line(mpi, cli);
     flags.rank = mpi.rank();
     flags.world_size = mpi.size();
     if (mpi.rank() != 0) std::freopen("/dev/null", "w", stdout);  // rank 0 speaks for all
     if (flags.threads == 0) flags.threads = threads_per_rank(mpi.size());
-    KILN_CHECK(f.model == "lenet" || f.model == "cifar", "--model must be lenet or cifar, got '", f.model, "'");
-    KILN_CHECK(f.zero == 0 || f.zero == 1, "--zero must be 0 or 1 (kiln implements ZeRO stage 1), got ", f.zero);
-    KILN_CHECK(!flags.measures(), "--find-batch-size and --time-report time one process's step; with several ranks use "
-               "--measure N (compute and communication per step)");
-    KILN_CHECK(f.bucket_mb > 0, "--bucket-mb must be positive, got ", f.bucket_mb);
-    KILN_CHECK(!(f.zero == 1 && flags.amp == DType::F16), "--zero 1 reduces the gradients inside the optimizer step, ",
-               "after a GradScaler would have checked them for inf/NaN on one rank only: use --amp bf16 (no ",
-               "scaler) or --zero 0");
+    KILN_USAGE_CHECK(!(f.zero == 1 && flags.amp == DType::F16), "--zero 1 reduces the gradients inside the optimizer "
+                     "step, after a GradScaler would have checked them for inf/NaN on one rank only: use --amp bf16 (no "
+                     "scaler) or --zero 0");
+    KILN_USAGE_CHECK(f.zero == 0 || !cli.given("--bucket-mb") , "--bucket-mb sizes the buckets of plain data parallel "
+                     "training; --zero 1 reduces the whole slab in the optimizer step");
     const Device device = flags.apply();
     const auto start = std::chrono::steady_clock::now();
     std::unique_ptr<Communicator> nccl = nccl_or_none(f, mpi);
@@ -208,6 +212,7 @@ int run(int argc, char** argv, MpiCommunicator& mpi) {
     // The optimizer: SGD with momentum (weight decay 5e-4 on the CIFAR net's weights), its state
     // whole on every rank, or sharded (ZeRO-1).
     const float wd = f.model == "cifar" ? 5e-4f : 0.0f;
+    flags.use("--lr");
     const SGD::Options sgd_options{0.9f, 0.0f, 0.0f, false};
     auto make_sgd = [&](std::vector<ParamGroup> groups) -> std::unique_ptr<Optimizer> {
         return std::make_unique<SGD>(std::move(groups), sgd_options);
@@ -233,6 +238,7 @@ int run(int argc, char** argv, MpiCommunicator& mpi) {
     BumpAllocator arena("step arena", device);
     if (f.measure > 0) {
         measure(model, *optimizer, train, ddp.get(), comm, f, arena);
+        flags.check_used();
         return 0;
     }
     const double test_acc = fit(model, *optimizer, train, test, flags, &arena);
@@ -240,7 +246,7 @@ int run(int argc, char** argv, MpiCommunicator& mpi) {
         std::printf("communication: %lld all-reduces, %s, %.1f s waited for after backward\n",
                     (long long)ddp->stats().all_reduces, format_bytes(ddp->stats().bytes).c_str(),
                     ddp->stats().wait_seconds);
-    report(device, test_acc, start);
+    report(flags, device, test_acc, start);
     return 0;
 }
 

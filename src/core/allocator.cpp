@@ -30,7 +30,7 @@ struct Registry {
     std::mutex mu;
     std::vector<Allocator*> allocators[2];
     std::atomic<int64_t> limit[2] = {0, 0};
-    std::atomic<int64_t> reserved[2] = {0, 0};  // by every allocator of the device
+    std::atomic<int64_t> reserved[2] = {0, 0}, peak_reserved[2] = {0, 0};  // by every allocator of the device
     // bytes handed out by every allocator of the device, and the most at one moment: since
     // the start, and since reset_phase_peak
     std::atomic<int64_t> allocated[2] = {0, 0}, peak[2] = {0, 0}, phase_peak[2] = {0, 0};
@@ -106,7 +106,8 @@ void Allocator::note_free(int64_t bytes, int64_t requested, Category c) {
 }
 
 void Allocator::note_reserve(int64_t bytes) {
-    Registry::get().reserved[int(device_)] += bytes;
+    auto& r = Registry::get();
+    raise_to(r.peak_reserved[int(device_)], r.reserved[int(device_)] += bytes);
     stats_.reserved += bytes;
     stats_.peak_reserved = std::max(stats_.peak_reserved, stats_.reserved);
 }
@@ -136,7 +137,8 @@ MemoryStats device_memory_stats(Device device) {
 
 DevicePeaks device_peaks(Device device) {
     auto& r = Registry::get();
-    return {r.allocated[int(device)], r.peak[int(device)], r.phase_peak[int(device)]};
+    return {r.allocated[int(device)], r.peak[int(device)], r.phase_peak[int(device)], r.reserved[int(device)],
+            r.peak_reserved[int(device)]};
 }
 
 void reset_phase_peak(Device device) {
@@ -433,14 +435,21 @@ void notify_allocation(const void* ptr, int64_t bytes, Category category, Device
 // ---- text --------------------------------------------------------------------------------
 int64_t parse_bytes(const std::string& text) {
     char* end = nullptr;
-    double v = std::strtod(text.c_str(), &end);
-    std::string unit = end ? std::string(end) : "";
+    const double v = std::strtod(text.c_str(), &end);
+    const std::string unit = end ? std::string(end) : "";
+    constexpr double Ki = 1024.0;
     static const std::pair<const char*, double> units[] = {
-        {"", 1}, {"B", 1}, {"KiB", 1024.0}, {"MiB", 1024.0 * 1024}, {"GiB", 1024.0 * 1024 * 1024},
-        {"KB", 1e3}, {"MB", 1e6}, {"GB", 1e9}, {"K", 1024.0}, {"M", 1024.0 * 1024}, {"G", 1024.0 * 1024 * 1024}};
-    for (auto& [name, scale] : units)
-        if (unit == name && end != text.c_str() && v >= 0 && std::isfinite(v)) return int64_t(v * scale);
-    KILN_FAIL("cannot read '", text, "' as a memory size; write it like 64MiB, 2GiB, 512KiB or 1000000");
+        {"", 1},          {"B", 1},           {"KiB", Ki},   {"MiB", Ki * Ki}, {"GiB", Ki * Ki * Ki},
+        {"TiB", Ki * Ki * Ki * Ki}, {"KB", 1e3}, {"MB", 1e6}, {"GB", 1e9},   {"TB", 1e12},
+        {"K", Ki},        {"M", Ki * Ki},     {"G", Ki * Ki * Ki}, {"T", Ki * Ki * Ki * Ki}};
+    const auto unit_is = [&](const std::pair<const char*, double>& u) { return unit == u.first; };
+    const auto* named = std::find_if(std::begin(units), std::end(units), unit_is);
+    KILN_USAGE_CHECK(named != std::end(units) && end != text.c_str() && v >= 0 && std::isfinite(v),
+                     "cannot read '", text, "' as a memory size; write it like 64MiB, 2GiB, 1TiB, 512KiB or 1000000");
+    const double bytes = v * named->second;
+    // 2^63 bytes (8 EiB) is the first size an int64_t cannot hold; no machine has half of it
+    KILN_USAGE_CHECK(bytes < 9223372036854775808.0, "'", text, "' is more bytes than kiln can count (8 EiB at most)");
+    return int64_t(bytes);
 }
 
 std::string format_bytes(int64_t bytes) {

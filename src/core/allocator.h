@@ -229,9 +229,12 @@ int64_t memory_limit(Device device);
 MemoryStats device_memory_stats(Device device);
 // Bytes handed out on the device over all its allocators, counted at every allocation and free:
 // now, the most at any one moment since the program started, and the most since the last
-// reset_phase_peak(device) — how a trainer tells a training step's peak from evaluation's.
+// reset_phase_peak(device) — how a trainer tells a training step's peak from evaluation's. And
+// the bytes reserved from the system (what --mem-limit counts: blocks the pool keeps cached, an
+// arena's whole slab): now and the most since the start.
 struct DevicePeaks {
     int64_t in_use, peak, phase_peak;
+    int64_t reserved, peak_reserved;
 };
 DevicePeaks device_peaks(Device device);
 void reset_phase_peak(Device device);
@@ -239,7 +242,9 @@ void reset_phase_peak(Device device);
 // reserved, allocation count and cache hits/misses of each allocator.
 std::string memory_summary(Device device);
 
-// "64MiB", "2GiB", "512KiB", "1000" (bytes) -> bytes; throws kiln::Error on anything else.
+// "64MiB", "2GiB", "1TiB", "512KiB", "1000" (bytes) -> bytes: binary units K/KiB, M/MiB, G/GiB,
+// T/TiB, decimal KB, MB, GB, TB. Throws kiln::UsageError on anything else, a negative size or
+// one of 2^63 bytes or more (an int64_t cannot hold it).
 int64_t parse_bytes(const std::string& text);
 std::string format_bytes(int64_t bytes);  // 13212057 -> "12.6MiB"
 

@@ -2,6 +2,9 @@
 //
 //   KILN_CHECK(cond, message...)   throws kiln::Error("file.cpp:42: <message>") when cond is false
 //   KILN_FAIL(message...)          throws unconditionally
+//   KILN_USAGE_CHECK(cond, message...)   throws kiln::UsageError("<message>"), without file:line:
+//                                  for what the user typed (a flag, its value), whose fix is on
+//                                  the command line, not in the code; the message names the flag
 //
 // The message parts are streamed, so shapes, dtypes and paths can be passed as they are:
 //   KILN_CHECK(a.cols() == b.rows(), "gemm: inner sizes differ: A is ", a.shape_str(), ...);
@@ -15,6 +18,12 @@ namespace kiln {
 
 struct Error : std::runtime_error {
     using std::runtime_error::runtime_error;
+};
+
+// A command line that cannot be run as typed: an unknown flag, a value out of range, flags that
+// contradict each other. The message names the flag and says what to type instead.
+struct UsageError : Error {
+    using Error::Error;
 };
 
 // Raised when an allocator cannot satisfy a request (limit reached, arena full, system OOM).
@@ -41,4 +50,8 @@ template <typename... Parts>
 #define KILN_CHECK(cond, ...)                \
     do {                                     \
         if (!(cond)) KILN_FAIL(__VA_ARGS__); \
+    } while (0)
+#define KILN_USAGE_CHECK(cond, ...)                                                     \
+    do {                                                                                \
+        if (!(cond)) throw ::kiln::UsageError(::kiln::detail::concat(__VA_ARGS__));    \
     } while (0)

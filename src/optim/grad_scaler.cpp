@@ -76,9 +76,9 @@ void GradScaler::save_state(StateDict& state, const std::string& prefix) const {
 
 void GradScaler::load_state(const StateDict& state, const std::string& prefix) {
     if (!enabled_) return;
-    KILN_CHECK(state.has(prefix + ".scale"), "this run scales the loss (--amp f16) but the checkpoint holds no ",
-               "GradScaler state (\"", prefix, ".scale\"): it was saved without loss scaling. Resume with the ",
-               "--amp it was trained with");
+    KILN_USAGE_CHECK(state.has(prefix + ".scale"), "this run scales the loss (--amp f16) but the checkpoint holds no ",
+                     "GradScaler state (\"", prefix, ".scale\"): it was saved without loss scaling. Resume with the ",
+                     "--amp it was trained with");
     // The ranges the constructor and update() keep them in.
     scale_ = float(state.get_double(prefix + ".scale", FLT_TRUE_MIN, FLT_MAX));
     options_.growth_factor = state.get_double(prefix + ".growth_factor", std::nextafter(1.0, 2.0), INFINITY);

@@ -453,7 +453,7 @@ std::string metadata_crc(const std::map<std::string, std::string>& metadata) {
 
 // ---- the run ----------------------------------------------------------------------------------
 // The prefixes of a checkpoint's non-model state (load_model leaves them alone).
-const char* const kRunPrefixes[] = {"optimizer.", "scheduler.", "plateau.", "train."};
+const char* const kRunPrefixes[] = {"optimizer.", "scheduler.", "plateau.", "lookahead.", "train."};
 
 bool starts_with(const std::string& s, const char* prefix) { return s.rfind(prefix, 0) == 0; }
 
@@ -639,6 +639,7 @@ StateDict checkpoint_state(TrainingRun& run, const ResumePoint& at) {
     if (run.scheduler) run.scheduler->save_state(s, "scheduler");
     if (run.plateau) run.plateau->save_state(s, "plateau");
     if (run.scaler) run.scaler->save_state(s, "scaler");
+    if (run.lookahead) run.lookahead->save_state(s, "lookahead");
     s.set("train.epoch", at.epoch);
     s.set("train.position", at.position);
     s.set("train.step", at.step);
@@ -703,6 +704,7 @@ ResumePoint load_checkpoint(const std::string& path, TrainingRun& run) {
         if (run.scheduler) run.scheduler->load_state(s, "scheduler");
         if (run.plateau) run.plateau->load_state(s, "plateau");
         if (run.scaler) run.scaler->load_state(s, "scaler");  // refuses a checkpoint without its state
+        if (run.lookahead) run.lookahead->load_state(s, "lookahead");
         KILN_CHECK((run.scaler && run.scaler->enabled()) || !s.has("scaler.scale"), "the checkpoint was trained with loss scaling (a ",
                    "GradScaler, --amp f16) and this run has none. Resume with the --amp it was trained with");
         const ResumePoint at = resume_point(s, run);

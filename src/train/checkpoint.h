@@ -41,7 +41,7 @@
 //   # into a PyTorch module whose state_dict() uses the same names:
 //   from safetensors.torch import load_file
 //   weights = {k: v for k, v in load_file(path).items()
-//              if not k.startswith(("optimizer.", "scheduler.", "plateau.", "train."))}
+//              if not k.startswith(("optimizer.", "scheduler.", "plateau.", "lookahead.", "train."))}
 //   net.load_state_dict(weights)
 //
 // Saving never leaves half a file: the bytes go to "<path>.tmp", which is flushed, synced to
@@ -59,6 +59,7 @@
 #include "data/loader.h"
 #include "nn/module.h"
 #include "optim/grad_scaler.h"
+#include "optim/lookahead.h"
 #include "optim/optimizer.h"
 #include "optim/scheduler.h"
 
@@ -95,7 +96,7 @@ StateDict read_safetensors(const std::string& path);
 void save_model(StateDict& state, Module& model);
 // Copies them back onto the model's device. A missing tensor, or one whose shape or dtype
 // differs from the model's, is an error naming it (and both shapes); so is a tensor that is
-// not the model's and not under "optimizer.", "scheduler.", "plateau." or "train." (a
+// not the model's and not under "optimizer.", "scheduler.", "plateau.", "lookahead." or "train." (a
 // checkpoint of another model).
 void load_model(const StateDict& state, Module& model);
 
@@ -126,6 +127,8 @@ struct TrainingRun {
     ScheduleRecord schedule = {};                         // optional (epochs > 0): saved, then
                                                           // checked against the checkpoint's
     GradScaler* scaler = nullptr;                         // optional, under "scaler." (--amp f16)
+    Lookahead* lookahead = nullptr;                       // optional, its slow weights under
+                                                          // "lookahead." (chapter 13)
 };
 
 // Where a run continues from: epoch `epoch` (counted from 0) with its first `position` images
@@ -136,9 +139,9 @@ struct ResumePoint {
 };
 
 // Model + optimizer ("optimizer.") + schedulers ("scheduler.", "plateau.") + GradScaler
-// ("scaler.": scale, growth tracker, factors, interval) + the RNGs' seeds and counters, the
-// loader's size and seed, the schedule record and `at` ("train.") into one file, written as
-// write_safetensors does.
+// ("scaler.": scale, growth tracker, factors, interval) + Lookahead ("lookahead.") + the RNGs'
+// seeds and counters, the loader's size and seed, the schedule record and `at` ("train.") into
+// one file, written as write_safetensors does.
 void save_checkpoint(const std::string& path, TrainingRun& run, const ResumePoint& at);
 // What save_checkpoint writes, as a StateDict sharing the CPU tensors. Under data parallel
 // training (chapter 12) every rank builds it — a ZeRO-1 optimizer gathers its pieces here, with

@@ -4,9 +4,12 @@
 #include <omp.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <cstdio>
 #include <cstdlib>
+#include <limits>
 #include <sstream>
+#include <type_traits>
 
 #include "core/allocator.h"
 #include "core/cuda_memory.h"
@@ -20,39 +23,107 @@ Cli::Cli(std::string program, std::string description)
 
 void Cli::add_flag(const std::string& flag, const std::string& help, std::string default_text, bool takes_value,
                    std::function<void(const std::string&)> set) {
+    KILN_CHECK(!find(flag), program_, ": flag ", flag, " is added twice");
     flags_.push_back({flag, help, std::move(default_text), takes_value, std::move(set)});
 }
 
-// Parses all of `text` as a number, or throws naming the flag.
-template <typename T> static T parse_number(const std::string& flag, const std::string& text) {
-    std::istringstream in(text);
-    T v{};
-    in >> v;
-    KILN_CHECK(!in.fail() && in.eof(), "flag ", flag, ": '", text, "' is not a valid number");
-    return v;
+const Cli::Flag* Cli::find(const std::string& flag) const {
+    for (const Flag& f : flags_)
+        if (f.name == flag) return &f;
+    return nullptr;
 }
 
-template <typename T> static std::string to_text(T v) {
+namespace {
+
+template <typename T> std::string to_text(T v) {
     std::ostringstream os;
     os << v;
     return os.str();
 }
 
-void Cli::add(const std::string& flag, int* t, const std::string& help) {
-    add_flag(flag, help, to_text(*t), true, [t, flag](const std::string& s) { *t = parse_number<int>(flag, s); });
+// All of `text` as a T, or a UsageError naming the flag: integers as decimal digits, with a
+// leading '-' only for a signed T, within T's range; floats finite.
+template <typename T> T parse_number(const std::string& flag, const std::string& text) {
+    const char* begin = text.c_str();
+    char* end = nullptr;
+    errno = 0;
+    T v{};
+    const bool sign_ok = std::is_signed<T>::value || (!text.empty() && text[0] != '-');
+    if constexpr (std::is_floating_point<T>::value) {
+        v = T(std::strtod(begin, &end));
+        KILN_USAGE_CHECK(end != begin && *end == '\0' && std::isfinite(v), "flag ", flag, ": '", text,
+                         "' is not a finite number");
+    } else {
+        const bool digits = !text.empty() && text.find_first_not_of("-0123456789") == std::string::npos;
+        if (std::is_signed<T>::value) {
+            const long long x = std::strtoll(begin, &end, 10);
+            KILN_USAGE_CHECK(digits && end != begin && *end == '\0', "flag ", flag, ": '", text, "' is not a whole number");
+            KILN_USAGE_CHECK(errno != ERANGE && x >= std::numeric_limits<T>::min() && x <= std::numeric_limits<T>::max(),
+                             "flag ", flag, ": ", text, " is out of range");
+            v = T(x);
+        } else {
+            KILN_USAGE_CHECK(sign_ok, "flag ", flag, ": ", text, " is negative; it takes 0 or more");
+            const unsigned long long x = std::strtoull(begin, &end, 10);
+            KILN_USAGE_CHECK(digits && end != begin && *end == '\0', "flag ", flag, ": '", text, "' is not a whole number");
+            KILN_USAGE_CHECK(errno != ERANGE && x <= std::numeric_limits<T>::max(), "flag ", flag, ": ", text,
+                             " is out of range");
+            v = T(x);
+        }
+    }
+    return v;
 }
-void Cli::add(const std::string& flag, int64_t* t, const std::string& help) {
-    add_flag(flag, help, to_text(*t), true, [t, flag](const std::string& s) { *t = parse_number<int64_t>(flag, s); });
+
+// "at least 0", "more than 0", "between 0 and 2"
+std::string describe(const Cli::Range& r) {
+    if (r.max < HUGE_VAL) return "between " + to_text(r.min) + " and " + to_text(r.max);
+    return (r.above_min ? "more than " : "at least ") + to_text(r.min);
 }
-void Cli::add(const std::string& flag, uint64_t* t, const std::string& help) {
-    add_flag(flag, help, to_text(*t), true, [t, flag](const std::string& s) { *t = parse_number<uint64_t>(flag, s); });
+
+bool within(const Cli::Range& r, double v) { return (r.above_min ? v > r.min : v >= r.min) && v <= r.max; }
+
+}  // namespace
+
+template <typename T> void Cli::add_number(const std::string& flag, T* t, const std::string& help, Range range) {
+    add_flag(flag, help, to_text(*t), true, [t, flag, range](const std::string& s) {
+        const T v = parse_number<T>(flag, s);
+        KILN_USAGE_CHECK(within(range, double(v)), "flag ", flag, ": ", s, " is not allowed; it takes a value ",
+                         describe(range));
+        *t = v;
+    });
 }
-void Cli::add(const std::string& flag, float* t, const std::string& help) {
-    add_flag(flag, help, to_text(*t), true, [t, flag](const std::string& s) { *t = parse_number<float>(flag, s); });
-}
+
+void Cli::add(const std::string& flag, int* t, const std::string& help, Range r) { add_number(flag, t, help, r); }
+void Cli::add(const std::string& flag, int64_t* t, const std::string& help, Range r) { add_number(flag, t, help, r); }
+void Cli::add(const std::string& flag, uint64_t* t, const std::string& help, Range r) { add_number(flag, t, help, r); }
+void Cli::add(const std::string& flag, float* t, const std::string& help, Range r) { add_number(flag, t, help, r); }
+
 void Cli::add(const std::string& flag, std::string* t, const std::string& help) {
     add_flag(flag, help, t->empty() ? "none" : *t, true, [t](const std::string& s) { *t = s; });
 }
+
+void Cli::add(const std::string& flag, std::string* t, const std::string& help, std::vector<std::string> choices) {
+    add_flag(flag, help, *t, true, [t, flag, choices](const std::string& s) {
+        if (std::find(choices.begin(), choices.end(), s) != choices.end()) {
+            *t = s;
+            return;
+        }
+        std::string names;
+        for (const std::string& c : choices) names += (names.empty() ? "" : ", ") + c;
+        throw UsageError("flag " + flag + ": '" + s + "' is not one of " + names);
+    });
+}
+
+void Cli::add_size(const std::string& flag, std::string* t, const std::string& help) {
+    add_flag(flag, help, t->empty() ? "none" : *t, true, [t, flag](const std::string& s) {
+        try {
+            parse_bytes(s);
+        } catch (const UsageError& e) {
+            throw UsageError("flag " + flag + ": " + e.what());
+        }
+        *t = s;
+    });
+}
+
 void Cli::add(const std::string& flag, bool* t, const std::string& help) {
     add_flag(flag, help, *t ? "on" : "off", false, [t](const std::string&) { *t = true; });
 }
@@ -66,29 +137,42 @@ void Cli::add(const std::string& flag, DType* t, const std::string& help, std::v
         }
         std::string names;
         for (DType c : choices) names += std::string(names.empty() ? "" : ", ") + dtype_name(c);
-        KILN_FAIL("flag ", flag, ": '", s, "' is not one of ", names);
+        throw UsageError("flag " + flag + ": '" + s + "' is not one of " + names);
     });
 }
 
 std::string Cli::usage() const {
     std::ostringstream os;
     os << "usage: " << program_ << " [flags]\n" << description_ << "\n\nflags:\n";
+    char line[640];
     for (const Flag& f : flags_) {
         std::string left = f.name + (f.takes_value ? " V" : "");
-        char line[256];
         std::snprintf(line, sizeof line, "  %-18s %s (default: %s)\n", left.c_str(), f.help.c_str(),
                       f.default_text.c_str());
         os << line;
     }
     os << "  --help             print this and exit\n";
+    if (!refused_.empty()) {
+        os << "\nshared flags " << program_ << " does not take:\n";
+        for (const Refused& r : refused_) {
+            std::snprintf(line, sizeof line, "  %-18s %s\n", r.name.c_str(), r.why.c_str());
+            os << line;
+        }
+    }
     return os.str();
 }
 
-void Cli::remove(const std::string& flag) {
-    const auto named = [&](const Flag& f) { return f.name == flag; };
-    KILN_CHECK(std::any_of(flags_.begin(), flags_.end(), named), program_, ": cannot remove flag ", flag,
-               ", which was never added");
-    flags_.erase(std::remove_if(flags_.begin(), flags_.end(), named), flags_.end());
+std::vector<std::string> Cli::flag_names() const {
+    std::vector<std::string> names;
+    for (const Flag& f : flags_) names.push_back(f.name);
+    return names;
+}
+
+void Cli::refuse(const std::string& flag, const std::string& why) {
+    KILN_CHECK(find(flag), program_, ": cannot refuse flag ", flag, ", which was never added");
+    flags_.erase(std::remove_if(flags_.begin(), flags_.end(), [&](const Flag& f) { return f.name == flag; }),
+                 flags_.end());
+    refused_.push_back({flag, why});
 }
 
 void Cli::parse(int argc, char** argv) {
@@ -105,78 +189,114 @@ void Cli::parse(int argc, char** argv) {
             value = arg.substr(eq + 1);
             arg = arg.substr(0, eq);
         }
-        const Flag* flag = nullptr;
-        for (const Flag& f : flags_)
-            if (f.name == arg) flag = &f;
-        KILN_CHECK(flag, "unknown flag '", arg, "'\n", usage());
+        for (const Refused& r : refused_)
+            KILN_USAGE_CHECK(r.name != arg, program_, " does not take ", arg, ": ", r.why);
+        const Flag* flag = find(arg);
+        KILN_USAGE_CHECK(flag, "unknown flag '", arg, "'\n", usage());
         if (flag->takes_value && !inline_value) {
-            KILN_CHECK(i + 1 < argc, "flag ", arg, " needs a value\n", usage());
+            KILN_USAGE_CHECK(i + 1 < argc, "flag ", arg, " needs a value\n", usage());
             value = argv[++i];
         }
+        KILN_USAGE_CHECK(flag->takes_value || !inline_value, "flag ", arg, " is a switch: it takes no value (", arg,
+                         ", not ", argv[i], ")");
         flag->set(value);
+        given_.insert(arg);
     }
 }
 
 void CommonFlags::add_to(Cli& cli) {
     this->cli = &cli;
-    cli.add("--epochs", &epochs, "passes over the training set");
-    cli.add("--batch-size", &batch_size, "images per step");
-    cli.add("--lr", &lr, "learning rate");
-    cli.add("--seed", &seed, "seed of the weights and the data order");
-    cli.add("--threads", &threads, "CPU threads, 0 = all cores");
+    const std::vector<std::string> before = cli.flag_names();
+    cli.add("--epochs", &epochs, "passes over the training set", Cli::at_least(1));
+    cli.add("--batch-size", &batch_size, "images per step", Cli::at_least(1));
+    cli.add("--lr", &lr, "learning rate", Cli::positive());
+    cli.add("--seed", &seed, "seed of the weights and the data order (0 or more)");
+    cli.add("--threads", &threads, "CPU threads, 0 = all cores", Cli::at_least(0));
     cli.add("--data", &data, "folder of the data set (make data puts it there)");
-    cli.add("--limit", &limit, "train on the first N images only, for a quick look (0 = all)");
-    cli.add("--device", &device, "cpu, or cuda (a GPU, or the kernel emulator without one)");
-    cli.add("--mem-limit", &mem_limit, "fail past this much memory per device, e.g. 64MiB (0: no limit)");
+    cli.add("--limit", &limit, "train on the first N images only, for a quick look (0 = all)", Cli::at_least(0));
+    cli.add("--device", &device, "cpu, or cuda (a GPU, or the kernel emulator without one)", {"cpu", "cuda"});
+    cli.add_size("--mem-limit", &mem_limit, "fail past this much memory reserved per device, e.g. 64MiB (0: no limit)");
     cli.add("--find-batch-size", &find_batch_size, "print the largest --batch-size whose step fits in --mem-limit (found with real steps), and stop");
     cli.add("--save", &save, "folder for a checkpoint after every epoch (DIR/last.safetensors; the one before: DIR/prev.safetensors), and for the run's log DIR/run.json and DIR/curves.svg (without --save: runs/<trainer>/)");
-    cli.add("--accumulate", &accumulate, "K micro-batches of batch-size/K images per optimizer step (K divides --batch-size): the same update, batch norm aside, with K times fewer activations");
+    cli.add("--accumulate", &accumulate, "K micro-batches of batch-size/K images per optimizer step (K divides --batch-size): the same update, batch norm aside, with K times fewer activations", Cli::at_least(1));
     cli.add("--mem-report", &mem_report, "print where the first training step's memory goes, per module");
     cli.add("--mem-trace", &mem_trace, "write every allocation of the first steps to FILE.json and their timeline to FILE.svg");
-    cli.add("--mem-trace-steps", &mem_trace_steps, "training steps that --mem-trace records");
+    cli.add("--mem-trace-steps", &mem_trace_steps, "training steps that --mem-trace records", Cli::at_least(1));
     cli.add("--amp", &amp, "mixed precision: f16 (with a GradScaler: loss scaling) or bf16; f32 is off",
             {DType::F16, DType::BF16, DType::F32});
     cli.add("--grad-hist", &grad_hist, "print the first step's gradient values by binary exponent against f16's range (what underflows without loss scaling, what overflows at the scale)");
-    cli.add("--time-report", &time_report, "time N training steps after the first two, layer by layer, print an epoch's time budget, and stop");
+    cli.add("--time-report", &time_report, "time N training steps after the first two, layer by layer, print an epoch's time budget, and stop", Cli::at_least(0));
     cli.add("--time-svg", &time_svg, "with --time-report: also draw it, to this .svg file");
     cli.add("--resume", &resume, "continue from this checkpoint (same flags as the run that wrote it: a different --epochs, --lr, --limit or --batch-size is refused; the data order goes on with the checkpoint's seed)");
     cli.add("--overwrite", &overwrite, "let this run replace the checkpoints another run left in the folder it saves to (refused without it)");
+    for (const std::string& name : cli.flag_names())
+        if (std::find(before.begin(), before.end(), name) == before.end()) shared_.push_back(name);
 }
 
 Device CommonFlags::apply() const {
-    KILN_CHECK(epochs > 0 && batch_size > 0, "--epochs and --batch-size must be positive");
-    KILN_CHECK(threads >= 0, "--threads must be ≥ 0");
-    KILN_CHECK(accumulate >= 1 && batch_size % accumulate == 0, "--accumulate ", accumulate,
-               " must be at least 1 and divide --batch-size ", batch_size, " (micro-batches of batch-size/K images)");
-    KILN_CHECK(batch_size % (int64_t(world_size) * accumulate) == 0, "--batch-size ", batch_size, " must split into ",
-               world_size, " equal shares, one per rank", accumulate > 1 ? " (each cut into --accumulate micro-batches)" : "",
-               ": try a multiple of ", world_size * accumulate);
+    use("--threads");
+    use("--device");
+    KILN_USAGE_CHECK(batch_size % accumulate == 0, "--accumulate ", accumulate, " must divide --batch-size ",
+                     batch_size, " (micro-batches of batch-size/K images)");
+    KILN_USAGE_CHECK(batch_size % (int64_t(world_size) * accumulate) == 0, "--batch-size ", batch_size,
+                     " must split into ", world_size, " equal shares, one per rank",
+                     accumulate > 1 ? " (each cut into --accumulate micro-batches)" : "", ": try a multiple of ",
+                     world_size * accumulate);
     if (threads > 0) omp_set_num_threads(threads);
-    KILN_CHECK(device == "cpu" || device == "cuda", "--device must be cpu or cuda, got '", device, "'");
     Device d = device == "cuda" ? Device::CUDA : Device::CPU;
     if (d == Device::CUDA) cuda::print_emulator_note_once();  // says so when there is no GPU build
-    if (!mem_limit.empty()) parse_bytes(mem_limit);  // a malformed size fails now, not after loading
     if (!mem_trace.empty()) check_trace_path(mem_trace);  // fail now, not after loading the data
-    KILN_CHECK(time_report >= 0, "--time-report ", time_report, " must count steps: 1 or more (0: off)");
-    KILN_CHECK(time_svg.empty() || time_report > 0, "--time-svg draws --time-report's table; add --time-report N");
-    KILN_CHECK(!(find_batch_size && time_report > 0), "--find-batch-size and --time-report each stop the trainer; "
-               "ask for one at a time");
+    const bool given_steps = cli && cli->given("--mem-trace-steps");
+    KILN_USAGE_CHECK(!given_steps || !mem_trace.empty(), "--mem-trace-steps counts the steps --mem-trace records; "
+                     "add --mem-trace FILE.json");
+    KILN_USAGE_CHECK(time_svg.empty() || time_report > 0, "--time-svg draws --time-report's table; add --time-report N");
+    KILN_USAGE_CHECK(!(find_batch_size && time_report > 0), "--find-batch-size and --time-report each stop the trainer; "
+                     "ask for one at a time");
+    if (measures()) {  // no training follows: what shapes only training is refused
+        const std::string measuring = find_batch_size ? "--find-batch-size" : "--time-report";
+        KILN_USAGE_CHECK(save.empty(), measuring, " measures a step and stops before training: drop --save");
+        refuse_training_flags(measuring + " measures a step and stops before training",
+                              {"--lr", "--accumulate", "--amp", "--find-batch-size", "--time-report", "--time-svg"});
+    }
     return d;
 }
 
+int64_t CommonFlags::memory_limit_bytes() const { return mem_limit.empty() ? 0 : parse_bytes(mem_limit); }
+
 void CommonFlags::apply_memory_limit(Device device) const {
-    const int64_t limit = mem_limit.empty() ? 0 : parse_bytes(mem_limit);
+    use("--mem-limit");
+    const int64_t limit = memory_limit_bytes();
     if (limit == 0) return;  // none
     pool_allocator(device).empty_cache();  // building the model left temporaries in the cache
     const MemoryStats s = device_memory_stats(device);
     const int64_t model_state = s.in_use[int(Category::Parameter)] + s.in_use[int(Category::Gradient)] +
                                 s.in_use[int(Category::OptimizerState)];
-    KILN_CHECK(limit > s.reserved, "--mem-limit ", mem_limit, " is below what the model needs before its first step: ",
-               format_bytes(s.reserved), " reserved on ", device_name(device), ", of which its parameters, gradients ",
-               "and optimizer state take ", format_bytes(model_state), ". The minimum is that plus one training ",
-               "step's activations and workspace; try --mem-limit ", format_bytes(2 * s.reserved),
-               " and lower it until the step no longer fits");
+    KILN_USAGE_CHECK(limit > s.reserved, "--mem-limit ", mem_limit, " is below what the model needs before its first step: ",
+                     format_bytes(s.reserved), " reserved on ", device_name(device), ", of which its parameters, gradients ",
+                     "and optimizer state take ", format_bytes(model_state), ". The minimum is that plus one training ",
+                     "step's activations and workspace; try --mem-limit ", format_bytes(2 * s.reserved),
+                     " and lower it until the step no longer fits");
     set_memory_limit(device, limit);
+}
+
+void CommonFlags::check_used() const {
+    if (!cli) return;
+    std::string unused;
+    for (const std::string& flag : shared_)
+        if (cli->given(flag) && !used_.count(flag)) unused += (unused.empty() ? "" : ", ") + flag;
+    KILN_USAGE_CHECK(unused.empty(), cli->program(), " took ", unused, " but this run never used ",
+                     unused.find(',') == std::string::npos ? "it" : "them", ": a trainer honours each shared flag or ",
+                     "refuses it by name (Cli::refuse), and this one did neither — a bug in the trainer; leave ",
+                     unused.find(',') == std::string::npos ? "the flag" : "them", " out");
+}
+
+void CommonFlags::refuse_training_flags(const std::string& why, const std::vector<std::string>& still_used) const {
+    if (!cli) return;
+    for (const char* flag : {"--epochs", "--lr", "--accumulate", "--amp", "--grad-hist", "--resume", "--mem-report",
+                             "--mem-trace", "--mem-trace-steps", "--find-batch-size", "--time-report", "--time-svg"}) {
+        const bool kept = std::find(still_used.begin(), still_used.end(), flag) != still_used.end();
+        KILN_USAGE_CHECK(kept || !cli->given(flag), flag, " shapes the training that this run does not do: ", why);
+    }
 }
 
 bool command_line_has(int argc, char** argv, const std::string& flag, const std::string& value) {

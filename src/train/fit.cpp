@@ -21,50 +21,6 @@ namespace kiln {
 
 namespace {
 
-// --resume: loads the checkpoint into the run and returns the epoch to continue with. The
-// trainers save at the end of an epoch, so a checkpoint of theirs is never mid-epoch. The data
-// order is the checkpoint's: a --seed other than its run's is said to change nothing.
-int resume_from(const std::string& path, TrainingRun& run) {
-    const uint64_t seed = run.loader->options().seed;
-    ResumePoint at = load_checkpoint(path, run);
-    KILN_CHECK(at.position == 0, path, ": saved in the middle of epoch ", at.epoch + 1,
-               "; the trainers resume only from the end of an epoch (a checkpoint written by --save)");
-    std::printf("resumed from %s: epoch %lld done, lr %.4g\n", path.c_str(), (long long)at.epoch, run.optimizer.lr());
-    if (run.loader->options().seed != seed)
-        std::printf("the data order goes on as the checkpoint's run began it, with its --seed %llu (not %llu)\n",
-                    (unsigned long long)run.loader->options().seed, (unsigned long long)seed);
-    return int(at.epoch);
-}
-
-// --save DIR of a run that is not the one DIR holds: refused unless --overwrite, so that another
-// run's checkpoints (and its run.json) are not replaced by mistake. Resuming from DIR's own
-// checkpoint continues the run DIR holds.
-void check_save_dir(const TrainOptions& opt) {
-    const std::filesystem::path dir(opt.save_dir), last = dir / "last.safetensors", prev = dir / "prev.safetensors";
-    std::error_code error;
-    const bool holds_run = std::filesystem::exists(last, error) || std::filesystem::exists(prev, error);
-    if (!holds_run || opt.overwrite) return;
-    const std::filesystem::path from = std::filesystem::path(opt.resume).parent_path();
-    if (!opt.resume.empty() && std::filesystem::equivalent(from.empty() ? "." : from, dir, error)) return;
-    KILN_FAIL("--save ", opt.save_dir, " holds the checkpoints of another run (",
-              (std::filesystem::exists(last, error) ? last : prev).string(), "), which this run would replace. "
-              "Continue that run with --resume ", last.string(), ", replace it with --overwrite, or --save another folder");
-}
-
-// --save: save_dir/last.safetensors, replaced atomically after every epoch; the one it
-// replaces becomes save_dir/prev.safetensors, so a damaged last checkpoint costs one epoch.
-// Not the main process (a data parallel rank but 0): the state is built, nothing is written.
-void save_epoch(const std::string& save_dir, TrainingRun& run, int epochs_done, bool main_process) {
-    const StateDict state = checkpoint_state(run, ResumePoint{epochs_done, 0, run.optimizer.steps()});
-    if (!main_process) return;
-    std::error_code error;
-    std::filesystem::create_directories(save_dir, error);
-    KILN_CHECK(!error, "--save ", save_dir, ": cannot create the folder (", error.message(), ")");
-    const std::string path = save_dir + "/last.safetensors";
-    write_safetensors(path, state, save_dir + "/prev.safetensors");  // last.safetensors is never missing
-    std::printf("saved %s\n", path.c_str());
-}
-
 // The test accuracy after an epoch, printed with the lr the epoch started with. With
 // opt.test_mirrored the mirror-averaged accuracy (evaluate_with_mirror) is printed too, and is
 // the one returned.
@@ -91,6 +47,50 @@ void measure_peak(Device device, int64_t& peak, Work&& work) {
 }
 
 }  // namespace
+
+// --save DIR of a run that is not the one DIR holds: refused unless --overwrite, so that another
+// run's checkpoints (and its run.json) are not replaced by mistake. Resuming from DIR's own
+// checkpoint continues the run DIR holds.
+void check_save_dir(const TrainOptions& opt) {
+    const std::filesystem::path dir(opt.save_dir), last = dir / "last.safetensors", prev = dir / "prev.safetensors";
+    std::error_code error;
+    const bool holds_run = std::filesystem::exists(last, error) || std::filesystem::exists(prev, error);
+    if (!holds_run || opt.overwrite) return;
+    const std::filesystem::path from = std::filesystem::path(opt.resume).parent_path();
+    if (!opt.resume.empty() && std::filesystem::equivalent(from.empty() ? "." : from, dir, error)) return;
+    KILN_FAIL("--save ", opt.save_dir, " holds the checkpoints of another run (",
+              (std::filesystem::exists(last, error) ? last : prev).string(), "), which this run would replace. "
+              "Continue that run with --resume ", last.string(), ", replace it with --overwrite, or --save another folder");
+}
+
+// --resume: loads the checkpoint into the run and returns the epoch to continue with. The
+// trainers save at the end of an epoch, so a checkpoint of theirs is never mid-epoch. The data
+// order is the checkpoint's: a --seed other than its run's is said to change nothing.
+int resume_from(const std::string& path, TrainingRun& run) {
+    const uint64_t seed = run.loader->options().seed;
+    ResumePoint at = load_checkpoint(path, run);
+    KILN_CHECK(at.position == 0, path, ": saved in the middle of epoch ", at.epoch + 1,
+               "; the trainers resume only from the end of an epoch (a checkpoint written by --save)");
+    std::printf("resumed from %s: epoch %lld done, lr %.4g\n", path.c_str(), (long long)at.epoch, run.optimizer.lr());
+    if (run.loader->options().seed != seed)
+        std::printf("the data order goes on as the checkpoint's run began it, with its --seed %llu (not %llu)\n",
+                    (unsigned long long)run.loader->options().seed, (unsigned long long)seed);
+    return int(at.epoch);
+}
+
+// --save: save_dir/last.safetensors, replaced atomically after every epoch; the one it
+// replaces becomes save_dir/prev.safetensors, so a damaged last checkpoint costs one epoch.
+// Not the main process (a data parallel rank but 0): the state is built, nothing is written.
+void save_epoch(const std::string& save_dir, TrainingRun& run, int epochs_done, bool main_process) {
+    const StateDict state = checkpoint_state(run, ResumePoint{epochs_done, 0, run.optimizer.steps()});
+    if (!main_process) return;
+    std::error_code error;
+    std::filesystem::create_directories(save_dir, error);
+    KILN_CHECK(!error, "--save ", save_dir, ": cannot create the folder (", error.message(), ")");
+    const std::string path = save_dir + "/last.safetensors";
+    write_safetensors(path, state, save_dir + "/prev.safetensors");  // last.safetensors is never missing
+    std::printf("saved %s\n", path.c_str());
+}
 
 std::string RunPeaks::str() const {
     std::string s = "memory peaks: training steps " + format_bytes(training) + ", evaluation " + format_bytes(evaluation);
@@ -132,20 +132,47 @@ double fit(Module& model, Optimizer& optimizer, DataLoader& train, DataLoader& t
     return test_acc;
 }
 
+FlagTraining train_options(const CommonFlags& flags, Module& model, const Optimizer& optimizer,
+                           const DataLoader& train, BumpAllocator* arena) {
+    for (const char* flag : {"--epochs", "--lr", "--resume", "--overwrite", "--accumulate"}) flags.use(flag);
+    FlagTraining t;
+    t.options.epochs = flags.epochs;
+    t.options.arena = arena;
+    t.options.save_dir = flags.save;
+    t.options.resume = flags.resume;
+    t.options.overwrite = flags.overwrite;
+    t.options.accumulate = flags.accumulate;
+    t.options.run = run_info(flags);
+    t.options.main_process = flags.rank == 0;
+    t.memory = memory_recording(flags, model, optimizer, arena, train);
+    t.options.memory = t.memory.get();
+    t.scaler = set_precision(flags, t.options);
+    return t;
+}
+
+StepOptions step_options(const CommonFlags& flags, BumpAllocator* arena, std::unique_ptr<GradScaler>& scaler) {
+    flags.use("--accumulate");
+    flags.use("--amp");
+    scaler = grad_scaler(flags);
+    StepOptions o;
+    o.arena = arena;
+    o.accumulate = flags.accumulate;
+    o.scaler = scaler.get();
+    o.amp = flags.amp;
+    return o;
+}
+
 double fit(Module& model, Optimizer& optimizer, DataLoader& train, DataLoader& test, const CommonFlags& flags,
            BumpAllocator* arena) {
     MultiStepLR decay(optimizer, {std::max(1, flags.epochs * 7 / 10)}, 0.1);
-    TrainOptions opt{flags.epochs, &decay, false, arena, 0.0f, flags.save, flags.resume, nullptr, flags.accumulate,
-                     run_info(flags)};
-    const std::unique_ptr<MemoryRecording> memory = memory_recording(flags, model, optimizer, arena, train);
-    opt.memory = memory.get();
-    opt.main_process = flags.rank == 0;
-    opt.overwrite = flags.overwrite;
-    const std::unique_ptr<GradScaler> scaler = set_precision(flags, opt);
-    return fit(model, optimizer, train, test, opt);
+    FlagTraining t = train_options(flags, model, optimizer, train, arena);
+    t.options.scheduler = &decay;
+    return fit(model, optimizer, train, test, t.options);
 }
 
 void print_time_report(const TimeReport& r, int64_t steps_per_epoch, const CommonFlags& flags) {
+    flags.use("--time-report");
+    flags.use("--time-svg");
     std::printf("%s", format_time_report(r, steps_per_epoch).c_str());
     if (flags.time_svg.empty()) return;
     const std::string program = flags.cli ? flags.cli->program() : "kiln";
@@ -158,8 +185,8 @@ void print_time_report(const TimeReport& r, int64_t steps_per_epoch, const Commo
 // until N are timed or the epoch ends; then the table and, with --time-svg, the figure.
 static void print_step_times(Module& model, Optimizer& optimizer, DataLoader& train, const CommonFlags& flags,
                              BumpAllocator* arena) {
-    const std::unique_ptr<GradScaler> scaler = grad_scaler(flags);
-    const StepOptions options{arena, 0.0f, flags.accumulate, scaler.get(), flags.amp};
+    std::unique_ptr<GradScaler> scaler;
+    const StepOptions options = step_options(flags, arena, scaler);
     StepTimer timer(model, train.options().device);
     model.train();
     train.start_epoch(0);
@@ -176,8 +203,16 @@ static void print_step_times(Module& model, Optimizer& optimizer, DataLoader& tr
 
 bool only_measure(Module& model, Optimizer& optimizer, DataLoader& train, const CommonFlags& flags,
                   BumpAllocator* arena) {
-    if (flags.find_batch_size) print_largest_batch(model, optimizer, train, flags.amp);
+    flags.use("--lr");  // the optimizer the trainer built with it takes --time-report's steps
+    flags.use("--find-batch-size");
+    flags.use("--time-report");
+    if (flags.find_batch_size) {
+        flags.use("--amp");
+        flags.use("--accumulate");
+        print_largest_batch(model, optimizer, train, BatchProbeOptions{arena != nullptr, flags.accumulate, flags.amp, &optimizer});
+    }
     if (flags.time_report > 0) print_step_times(model, optimizer, train, flags, arena);
+    if (flags.measures()) flags.check_used();
     return flags.measures();
 }
 
@@ -186,6 +221,8 @@ std::unique_ptr<GradScaler> grad_scaler(const CommonFlags& flags) {
 }
 
 std::unique_ptr<GradScaler> set_precision(const CommonFlags& flags, TrainOptions& opt) {
+    flags.use("--amp");
+    flags.use("--grad-hist");
     std::unique_ptr<GradScaler> scaler = grad_scaler(flags);
     opt.scaler = scaler.get();
     opt.grad_hist = flags.grad_hist;
@@ -193,9 +230,15 @@ std::unique_ptr<GradScaler> set_precision(const CommonFlags& flags, TrainOptions
     return scaler;
 }
 
-void report(Device device, double test_accuracy, std::chrono::steady_clock::time_point start) {
+void report(const CommonFlags& flags, Device device, double test_accuracy,
+            std::chrono::steady_clock::time_point start) {
     std::printf("%s", memory_summary(device).c_str());
+    const DevicePeaks peaks = device_peaks(device);
+    std::printf("peak memory: %s in use at once (peak_mem), %s reserved from the system (what --mem-limit counts)\n",
+                format_bytes(peaks.peak).c_str(), format_bytes(peaks.peak_reserved).c_str());
     std::printf("%s\n", result_line(test_accuracy, seconds_since(start), peak_memory(device)).c_str());
+    std::fflush(stdout);
+    flags.check_used();
 }
 
 int64_t test_batch_size(const CommonFlags& flags) { return flags.batch_size / (flags.world_size * flags.accumulate); }
@@ -218,8 +261,14 @@ LoaderOptions mnist_loader_options(const CommonFlags& flags, Device device, bool
     return o;
 }
 
+// The flags a data set's loaders take.
+static const CommonFlags& data_flags(const CommonFlags& flags) {
+    for (const char* flag : {"--data", "--limit", "--batch-size", "--seed"}) flags.use(flag);
+    return flags;
+}
+
 MnistData::MnistData(const CommonFlags& flags, Device device)
-    : train_set(take_spread(load_mnist(flags.data, true), flags.limit)),
+    : train_set(take_spread(load_mnist(data_flags(flags).data, true), flags.limit)),
       test_set(load_mnist(flags.data, false)),
       train(train_set, mnist_loader_options(flags, device, true)),
       test(test_set, mnist_loader_options(flags, device, false)) {}
@@ -246,7 +295,7 @@ static LoaderOptions mirrored(LoaderOptions o) {
 }
 
 CifarData::CifarData(const CommonFlags& flags, Device device)
-    : train_set(take_spread(load_cifar10(flags.data, true), flags.limit)),
+    : train_set(take_spread(load_cifar10(data_flags(flags).data, true), flags.limit)),
       test_set(load_cifar10(flags.data, false)),
       train(train_set, cifar_loader_options(flags, device, true)),
       test(test_set, cifar_loader_options(flags, device, false)),

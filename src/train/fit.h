@@ -3,11 +3,13 @@
 //
 //   MnistData mnist(flags, device);        // the sets and their loaders
 //   double acc = fit(model, sgd, mnist.train, mnist.test, flags, &arena);
-//   report(device, acc, start);          // memory summary, then the result line
+//   report(flags, device, acc, start);   // memory summary, then the result line
 //
-// Chapter 07 passes its own scheduler (and checkpoints) through TrainOptions (train/loop.h):
-//   OneCycleLR sched(sgd, max_lr, epochs * train.num_batches());
-//   fit(model, sgd, train, test, TrainOptions{epochs, &sched, /*per_batch=*/true, &arena});
+// Chapter 07 passes its own scheduler through TrainOptions (train/loop.h), made from the flags:
+//   FlagTraining t = train_options(flags, model, sgd, train, &arena);   // --save, --accumulate, --amp, ...
+//   OneCycleLR sched(sgd, max_lr, flags.epochs * train.num_batches());
+//   t.options.scheduler = &sched, t.options.per_batch = true;
+//   fit(model, sgd, train, test, t.options);
 #pragma once
 #include <chrono>
 #include <memory>
@@ -21,7 +23,9 @@
 #include "optim/optimizer.h"
 #include "optim/scheduler.h"
 #include "train/cli.h"
+#include "train/checkpoint.h"
 #include "train/loop.h"
+#include "train/memory_trace.h"
 #include "train/time_report.h"
 
 namespace kiln {
@@ -42,6 +46,35 @@ struct RunPeaks {
 // (train/run_log.h): opt.run.dir/run.json and curves.svg, rewritten after every epoch.
 double fit(Module& model, Optimizer& optimizer, DataLoader& train, DataLoader& test, const TrainOptions& opt);
 
+// The shared flags that shape training, in TrainOptions for fit (each marked used,
+// CommonFlags::use): --epochs, --save and --resume, --accumulate, the run's log (run_info),
+// --mem-report, --mem-trace and --mem-trace-steps (memory_recording), --amp and --grad-hist
+// (set_precision, with a GradScaler for f16), rank 0 as the main process. The arena is
+// TrainOptions::arena. No scheduler: the caller sets its own. FlagTraining owns what the options
+// point to (the recording, the scaler).
+struct FlagTraining {
+    TrainOptions options;
+    std::unique_ptr<MemoryRecording> memory;
+    std::unique_ptr<GradScaler> scaler;
+};
+FlagTraining train_options(const CommonFlags& flags, Module& model, const Optimizer& optimizer,
+                           const DataLoader& train, BumpAllocator* arena);
+
+// How a trainer with a loop of its own runs each step from the flags (--accumulate, --amp with
+// its GradScaler, which `scaler` receives): for train_step.
+StepOptions step_options(const CommonFlags& flags, BumpAllocator* arena, std::unique_ptr<GradScaler>& scaler);
+
+// --save and --resume for a trainer with a loop of its own (chapter 13), as fit does them:
+// save_epoch writes save_dir/last.safetensors after `epochs_done` epochs (the one it replaces
+// becomes save_dir/prev.safetensors; nothing is written but by the main process);
+// resume_from loads a checkpoint saved at the end of an epoch into the run and returns the
+// epochs it had done.
+// check_save_dir refuses, before any training, a save_dir holding another run's checkpoints,
+// unless opt.overwrite (--overwrite) or opt.resume continues that run.
+void check_save_dir(const TrainOptions& opt);
+void save_epoch(const std::string& save_dir, TrainingRun& run, int epochs_done, bool main_process);
+int resume_from(const std::string& path, TrainingRun& run);
+
 // The earlier chapters' fit: flags.epochs epochs (and --save, --resume) with step decay
 // (MultiStepLR with one milestone):
 //   lr = base_lr               for epoch < max(1, ⌊0.7 · epochs⌋)
@@ -52,9 +85,10 @@ double fit(Module& model, Optimizer& optimizer, DataLoader& train, DataLoader& t
            BumpAllocator* arena);
 
 // --find-batch-size and --time-report N measure instead of training: runs the one asked for
-// (the largest batch that fits in --mem-limit, train/batch_size.h; or N training steps after the
-// first two, timed layer by layer, train/time_report.h), prints it and returns true, for the
-// trainer to stop; returns false when neither was asked for.
+// (the largest batch that fits in --mem-limit, train/batch_size.h, with the trainer's steps:
+// its arena or none, its --accumulate micro-batches; or N training steps after the first two,
+// timed layer by layer, train/time_report.h), prints it and returns true, for the trainer to
+// stop (after CommonFlags::check_used); returns false when neither was asked for.
 //   if (only_measure(model, sgd, cifar.train, flags, &arena)) return 0;
 bool only_measure(Module& model, Optimizer& optimizer, DataLoader& train, const CommonFlags& flags,
                   BumpAllocator* arena);
@@ -72,9 +106,13 @@ std::unique_ptr<GradScaler> grad_scaler(const CommonFlags& flags);
 // the caller keeps alive for the run): for a trainer that builds its own TrainOptions.
 std::unique_ptr<GradScaler> set_precision(const CommonFlags& flags, TrainOptions& opt);
 
-// Prints the memory summary of the device and, last, the result line:
+// Prints the memory summary of the device, the peaks of memory in use and reserved, and, last,
+// the result line:
+//   peak memory: 99.2MiB in use at once (peak_mem), 249.1MiB reserved from the system (what --mem-limit counts)
 //   result: test_acc=98.42% time=41.3s peak_mem=12.6MiB
-void report(Device device, double test_accuracy, std::chrono::steady_clock::time_point start);
+// Then checks that the run used every shared flag it was given (CommonFlags::check_used).
+void report(const CommonFlags& flags, Device device, double test_accuracy,
+            std::chrono::steady_clock::time_point start);
 
 // The test set is scored in batches of the training step's size (a micro-batch with
 // --accumulate, one rank's share under data parallel training), in the same arena: evaluation keeps no caches, so it never needs more memory

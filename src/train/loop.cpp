@@ -40,6 +40,8 @@ void scaled_update(Module& model, Optimizer& optimizer, const StepOptions& opt, 
     scaler.update();
 }
 
+}  // namespace
+
 // --grad-hist: the gradients the optimizer was given (unscaled, clipped if asked), against f16's
 // range as they are and at the scale the step used; the figure too, in the run's folder if any.
 void print_grad_hist(Module& model, float loss_scale, const RunInfo& run) {
@@ -52,9 +54,6 @@ void print_grad_hist(Module& model, float loss_scale, const RunInfo& run) {
     grad_hist_svg(h, run.trainer + ": the first step's gradients against f16's range").save(path);
     std::printf("wrote %s\n", path.c_str());
 }
-
-
-}  // namespace
 
 std::pair<float, int64_t> forward_backward(Module& model, const Tensor& x, const Tensor& y, float scale,
                                            BumpAllocator* arena, float label_smoothing) {

@@ -90,6 +90,11 @@ struct StepResult {
 std::pair<float, int64_t> forward_backward(Module& model, const Tensor& x, const Tensor& y, float scale,
                                            BumpAllocator* arena, float label_smoothing = 0.0f);
 
+// --grad-hist: the gradients the optimizer was given (unscaled, clipped if asked), against f16's
+// range as they are and at the scale the step used (train/grad_hist.h); its figure too, as
+// run.dir/grad-hist.svg, when run.trainer is set. train_epoch calls it after a run's first step.
+void print_grad_hist(Module& model, float loss_scale, const RunInfo& run);
+
 // One step on the batch (x, y): zero the model's grads, forward, softmax cross-entropy, backward (the
 // model's input_needs_grad set to false: x is data) — once per micro-batch —, optional clipping,
 // the optimizer's step, the arena's reset. Throws if opt.accumulate is not in [1, batch size].

@@ -571,6 +571,7 @@ void MemoryRecording::finish() {
 
 std::unique_ptr<MemoryRecording> memory_recording(const CommonFlags& flags, Module& model, const Optimizer& optimizer,
                                                   const BumpAllocator* arena, const DataLoader& train) {
+    for (const char* flag : {"--mem-report", "--mem-trace", "--mem-trace-steps"}) flags.use(flag);
     if (!flags.mem_report && flags.mem_trace.empty()) return nullptr;
     const ImageShape image = train.image_shape();
     // one micro-batch of the loader's batches (of this rank's share, under data parallel training)

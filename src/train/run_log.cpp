@@ -27,6 +27,7 @@ RunInfo run_info(const CommonFlags& flags) {
     info.arguments = flags.cli->arguments();
     info.device = flags.device == "cuda" ? Device::CUDA : Device::CPU;
     info.dir = flags.save.empty() ? "runs/" + info.trainer : flags.save;
+    flags.use("--save");  // the folder of the run's files
     return info;
 }
 

@@ -1,0 +1,241 @@
+// test_trainer_flags.cpp — every trainer honours or refuses each shared flag (train/cli.h), run
+// as a learner runs it: the binaries of build/bin/, on tiny data sets made here.
+//
+// For each trainer: its --help lists every shared flag either among its flags or under "does
+// not take"; each refused one is refused by name; each listed one is exercised by a short run —
+// a training run with all the flags that shape training at once, a resumed run, a
+// --find-batch-size run, a --time-report run, a --mem-limit below the model — which must succeed
+// and show the flag's effect (a file written, a line printed). A trainer that takes a flag and
+// does nothing with it fails at the end of its run (CommonFlags::check_used), so the successful
+// run is itself the check that the flag was used.
+#include <catch2/catch.hpp>
+
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <array>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <set>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "fixtures.h"
+#include "train/cli.h"
+
+using namespace kiln;
+using Catch::Contains;
+using kiln::test::TempDir;
+
+namespace {
+
+namespace fs = std::filesystem;
+
+// The folder of the trainers: build/bin beside this binary's build/tests (build-san/ with SAN=1).
+std::string bin_dir() {
+    return (fs::read_symlink("/proc/self/exe").parent_path().parent_path() / "bin").string();
+}
+
+struct Run {
+    int status;
+    std::string output;  // stdout and stderr
+};
+
+// Runs `command` through the shell; its output and exit status.
+Run run(const std::string& command) {
+    Run r{-1, ""};
+    FILE* pipe = popen((command + " 2>&1").c_str(), "r");
+    REQUIRE(pipe);
+    std::array<char, 4096> buf;
+    while (size_t n = fread(buf.data(), 1, buf.size(), pipe)) r.output.append(buf.data(), n);
+    const int status = pclose(pipe);
+    r.status = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+    return r;
+}
+
+// The shared flags, in add_to's order.
+std::vector<std::string> shared_flags() {
+    CommonFlags f;
+    Cli cli("any", "");
+    f.add_to(cli);
+    return f.shared_flags();
+}
+
+// --help's two lists: the flags it takes and the shared ones it does not.
+struct Help {
+    std::set<std::string> takes, refuses;
+};
+
+Help read_help(const std::string& text) {
+    Help h;
+    std::istringstream in(text);
+    bool refused = false;
+    for (std::string line; std::getline(in, line);) {
+        if (line.find("does not take:") != std::string::npos) refused = true;
+        if (line.rfind("  --", 0) != 0) continue;
+        const std::string flag = line.substr(2, line.find(' ', 2) - 2);
+        (refused ? h.refuses : h.takes).insert(flag);
+    }
+    return h;
+}
+
+// A tiny MNIST: 96 training and 32 test images of 28×28, pixels and labels from a fixed pattern.
+void write_tiny_mnist(const std::string& dir) {
+    const auto put = [&](const std::string& name, const std::vector<uint8_t>& bytes) {
+        test::write_bytes(dir + "/" + name + ".gz", test::gzip_bytes(bytes));
+    };
+    for (auto [name, n] : {std::pair<std::string, uint32_t>{"train", 96}, {"t10k", 32}}) {
+        std::vector<uint8_t> px(size_t(n) * 784), labels(n);
+        for (size_t i = 0; i < px.size(); ++i) px[i] = uint8_t((i * 37 + i / 784 * 11) % 251);
+        for (uint32_t i = 0; i < n; ++i) labels[i] = uint8_t(i % 10);
+        put(name + "-images-idx3-ubyte", test::idx_images(n, 28, 28, px));
+        put(name + "-labels-idx1-ubyte", test::idx_labels(labels));
+    }
+}
+
+// A tiny CIFAR-10 in the official binary layout: 5 batches of 20 training images, 32 test ones.
+void write_tiny_cifar(const std::string& dir) {
+    const auto batch = [](int first, int count) {
+        std::vector<uint8_t> out;
+        for (int k = first; k < first + count; ++k) {
+            out.push_back(uint8_t(k % 10));
+            for (int p = 0; p < 3072; ++p) out.push_back(uint8_t((k * 29 + p * 7) % 253));
+        }
+        return out;
+    };
+    std::vector<test::TarFile> files = {
+        {"cifar-10-batches-bin/batches.meta.txt",
+         test::bytes_of("airplane\nautomobile\nbird\ncat\ndeer\ndog\nfrog\nhorse\nship\ntruck\n")}};
+    for (int b = 1; b <= 5; ++b)
+        files.push_back({"cifar-10-batches-bin/data_batch_" + std::to_string(b) + ".bin", batch(20 * (b - 1), 20)});
+    files.push_back({"cifar-10-batches-bin/test_batch.bin", batch(1000, 32)});
+    test::write_bytes(dir + "/cifar-10-binary.tar.gz", test::gzip_bytes(test::make_tar(files)));
+}
+
+struct Trainer {
+    std::string name;   // lesson-NN
+    bool cifar;         // trains on CIFAR-10 (else MNIST)
+    std::string own;    // its own flags for a short run
+    std::string device; // the device it trains on by default
+};
+
+// A value for each shared flag that takes one, in the training run (the other runs add theirs).
+std::string flag_with_value(const std::string& flag, const Trainer& t, const std::string& data, const std::string& dir) {
+    static const std::map<std::string, std::string> values = {
+        {"--epochs", "1"}, {"--batch-size", "16"}, {"--lr", "0.01"}, {"--seed", "2"}, {"--threads", "1"},
+        {"--limit", "64"}, {"--mem-limit", "1GiB"}, {"--accumulate", "2"}, {"--mem-trace-steps", "1"}, {"--amp", "bf16"}};
+    if (flag == "--data") return flag + " " + data;
+    if (flag == "--device") return flag + " " + t.device;
+    if (flag == "--save") return flag + " " + dir + "/run";
+    if (flag == "--mem-trace") return flag + " " + dir + "/trace.json";
+    const auto v = values.find(flag);
+    return v == values.end() ? flag : flag + " " + v->second;
+}
+
+// The flags a run of each kind exercises; the training run takes every other listed one.
+const std::set<std::string> kOwnRuns = {"--resume", "--find-batch-size", "--time-report", "--time-svg"};
+
+}  // namespace
+
+TEST_CASE("every trainer honours each shared flag its --help lists and refuses the others by name",
+          "[flags][trainer][cpu]") {
+    const std::vector<Trainer> trainers = {
+        {"lesson-01", false, "", "cpu"},
+        {"lesson-02", false, "--hidden1 32 --hidden2 16", "cpu"},
+        {"lesson-03", false, "", "cpu"},
+        {"lesson-04", false, "", "cuda"},
+        {"lesson-05", false, "", "cuda"},
+        {"lesson-06", true, "--width1 8 --width2 8 --width3 8", "cpu"},
+        {"lesson-07", true, "--width1 8 --width2 8 --width3 8", "cpu"},
+        {"lesson-08", true, "", "cpu"},
+        {"lesson-09", true, "", "cpu"},
+        {"lesson-10", false, "--rounds 1 --finetune-epochs 1", "cpu"},
+        {"lesson-11", false, "--calib-batches 1", "cpu"},
+        {"lesson-12", false, "", "cpu"},
+        {"lesson-13", true, "--tta 0", "cpu"},
+        {"lesson-13-mobilenet", true, "--width 0.25", "cpu"},
+    };
+    TempDir tmp;
+    const std::string mnist = tmp.file("mnist"), cifar = tmp.file("cifar");
+    write_tiny_mnist(mnist);
+    write_tiny_cifar(cifar);
+    const std::vector<std::string> shared = shared_flags();
+    for (const Trainer& t : trainers) {
+        SECTION(t.name) {
+            const std::string bin = bin_dir() + "/" + t.name, data = t.cifar ? cifar : mnist;
+            const std::string dir = tmp.file(t.name);
+            fs::create_directories(dir);
+            REQUIRE(fs::exists(bin));  // make test builds the trainers first
+            const Run help = run(bin + " --help");
+            REQUIRE(help.status == 0);
+            const Help h = read_help(help.output);
+
+            // every shared flag is either taken or refused, never both, never neither
+            for (const std::string& flag : shared) {
+                INFO(t.name << " " << flag);
+                CHECK(h.takes.count(flag) + h.refuses.count(flag) == 1);
+            }
+            for (const std::string& flag : h.refuses) {  // refused by name, not "unknown flag" nor a source line
+                const Run r = run(bin + " " + flag_with_value(flag, t, data, dir));
+                INFO(r.output);
+                CHECK(r.status != 0);
+                CHECK_THAT(r.output, Contains(t.name + " does not take " + flag + ": ") && !Contains(".cpp:"));
+            }
+
+            // 1. training: every listed flag but those of the runs below, at once
+            const auto takes = [&](const std::string& flag) { return h.takes.count(flag) > 0; };
+            std::string base = bin + " " + t.own, train_flags;
+            for (const std::string& flag : shared)
+                if (takes(flag) && !kOwnRuns.count(flag)) train_flags += " " + flag_with_value(flag, t, data, dir);
+            // the runs below share the data, the batch, the seed, the lr; a resumed run also what the
+            // checkpoint must agree with (the epochs, the loss scaling of --amp)
+            for (const char* same : {"--data", "--limit", "--batch-size", "--seed", "--lr", "--device"})
+                if (takes(same)) base += " " + flag_with_value(same, t, data, dir);
+            std::string as_trained = base;
+            for (const char* same : {"--epochs", "--amp"})
+                if (takes(same)) as_trained += " " + flag_with_value(same, t, data, dir);
+            const Run trained = run(bin + " " + t.own + train_flags);
+            INFO(trained.output);
+            REQUIRE(trained.status == 0);
+            if (takes("--save")) CHECK(fs::exists(dir + "/run/last.safetensors"));
+            if (takes("--mem-trace")) CHECK((fs::exists(dir + "/trace.json") && fs::exists(dir + "/trace.svg")));
+            if (takes("--mem-report")) CHECK_THAT(trained.output, Contains("predicted") || Contains("no prediction"));
+            if (takes("--mem-limit")) CHECK_THAT(trained.output, Contains("limit: 1.0GiB"));
+            if (takes("--grad-hist")) CHECK_THAT(trained.output, Contains("f16"));
+            if (takes("--amp")) CHECK_THAT(trained.output, Contains("bf16"));
+
+            // 2. resumed from the checkpoint it wrote
+            if (takes("--resume")) {
+                const Run resumed = run(as_trained + " --resume " + dir + "/run/last.safetensors");
+                INFO(resumed.output);
+                CHECK(resumed.status == 0);
+                CHECK_THAT(resumed.output, Contains("resumed from"));
+            }
+            // 3. the largest batch under a limit
+            if (takes("--find-batch-size")) {
+                const Run found = run(base + " --find-batch-size --mem-limit 256MiB");
+                INFO(found.output);
+                CHECK(found.status == 0);
+                CHECK_THAT(found.output, Contains("largest batch") || Contains("not even one image fits"));
+            }
+            // 4. a step's time by layer, and its figure
+            if (takes("--time-report")) {
+                const Run timed = run(base + " --time-report 1" + (takes("--time-svg") ? " --time-svg " + dir + "/time.svg" : ""));
+                INFO(timed.output);
+                CHECK(timed.status == 0);
+                CHECK_THAT(timed.output, Contains("time of one training step"));
+                if (takes("--time-svg")) CHECK(fs::exists(dir + "/time.svg"));
+            }
+            // 5. a limit below the model: refused before training, naming the flag
+            if (takes("--mem-limit")) {
+                const Run small = run(base + " --mem-limit 1KiB");
+                INFO(small.output);
+                CHECK(small.status != 0);
+                CHECK_THAT(small.output, Contains("--mem-limit 1KiB is below what the model needs"));
+            }
+        }
+    }
+}
