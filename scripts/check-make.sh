@@ -10,6 +10,7 @@
 #                             sm_90, the host code for -march=x86-64-v3 (never native), the tests,
 #                             lesson 05 and the lab linked with the static CUDA and C++ runtimes,
 #                             then gathers them (scripts/gpu-check-prepare.sh)
+#   make EXERCISE=1           compiles without -Werror (g++ and nvcc), for a half-written exercise
 # Prints one line per check and fails if any check fails. .ci/run runs it.
 set -u
 cd "$(dirname "$0")/.." || exit 1
@@ -59,6 +60,15 @@ elif ! tail -n 1 <<<"$out" | grep -q '^bash scripts/gpu-check-prepare.sh build-g
     fail "make -n gpu-check-prepare does not end by gathering build-gpucheck/ (scripts/gpu-check-prepare.sh)"
 else
     echo "check-make: make gpu-check-prepare builds portable, statically linked CUDA binaries with -lineinfo"
+fi
+
+# make EXERCISE=1: warnings are not errors (g++ and nvcc); without it they are.
+plain=$(make -n -B build/src/core/dtype.o CUDA=1 build-cuda/cuda/norm.cu.o 2>&1)
+exercise=$(make -n -B EXERCISE=1 build/src/core/dtype.o CUDA=1 build-cuda/cuda/norm.cu.o 2>&1)
+if grep -qi -- 'werror' <<<"$exercise" || [[ $(grep -ci -- 'werror' <<<"$plain") -lt 1 ]]; then
+    fail "make EXERCISE=1 still compiles with -Werror, or make without it does not"
+else
+    echo "check-make: make EXERCISE=1 keeps warnings as warnings"
 fi
 
 [[ $failed -eq 0 ]] && echo "check-make: all passed" || echo "check-make: $failed failed"

@@ -169,6 +169,27 @@ TEST_CASE("a memory limit fails with a report of what used the memory", "[alloca
     set_memory_limit(Device::CPU, 0);
 }
 
+// Issue 46, item 9: the message names the program's own ways to fit (set from its command line)
+// and tells reserved from in use, which is what the limit counts.
+TEST_CASE("out of memory: the trainer's ways to fit, and what is reserved but not in use", "[allocator][cpu][lesson08]") {
+    BumpAllocator arena("hint arena", Device::CPU);
+    int64_t before = device_memory_stats(Device::CPU).reserved;
+    set_memory_limit(Device::CPU, before + (3 << 20));
+    arena.deallocate(arena.allocate(2 << 20, Category::Activation));  // 2 MiB of slab, nothing in use
+    set_out_of_memory_hints({"--accumulate 2 (2 micro-batches)", "--recompute (recomputed blocks)"});
+    try {
+        arena.allocate(2 << 20, Category::Activation);
+        FAIL("no OutOfMemory");
+    } catch (const OutOfMemory& e) {
+        const std::string m = e.what();
+        CHECK_THAT(m, Catch::Contains("try: a smaller --batch-size") && Catch::Contains("--accumulate 2 (2 micro-batches)") &&
+                          Catch::Contains("--recompute (recomputed blocks)") && Catch::Contains("or a larger --mem-limit"));
+        CHECK_THAT(m, Catch::Contains("reserved but not in use: 2.0MiB"));
+    }
+    set_out_of_memory_hints({});
+    set_memory_limit(Device::CPU, 0);
+}
+
 TEST_CASE("memory sizes parse and print", "[allocator][cpu][lesson01]") {
     REQUIRE(parse_bytes("64MiB") == 64 << 20);
     REQUIRE(parse_bytes("2GiB") == int64_t(2) << 30);

@@ -144,3 +144,23 @@ TEST_CASE("CommonFlags: the flags given must be used, and contradictions are ref
     CHECK_THROWS_WITH(h.refuse_training_flags("it loads a model", {"--lr"}), Contains("--mem-trace-steps shapes the "
                                                                                       "training that this run does not do: it loads a model"));
 }
+
+TEST_CASE("an out-of-memory error suggests the ways to fit that this trainer takes", "[cli][cpu][lesson08]") {
+    CommonFlags f;
+    Cli cli("lesson-test", "a test");
+    f.add_to(cli);
+    bool recompute = false;
+    cli.add("--recompute", &recompute, "recompute");
+    parse(cli, {"--accumulate", "2", "--batch-size", "64"});
+    const std::vector<std::string> hints = f.memory_hints();
+    REQUIRE(hints.size() == 3);
+    CHECK_THAT(hints[0], Contains("--accumulate 4 (4 micro-batches a step"));
+    CHECK_THAT(hints[1], Contains("--recompute"));
+    CHECK_THAT(hints[2], Contains("--amp bf16"));
+    CommonFlags g;
+    Cli bare("lesson-test", "a test");
+    g.add_to(bare);
+    bare.refuse("--accumulate", "not here");
+    parse(bare, {"--amp", "bf16"});
+    CHECK(g.memory_hints().empty());  // only flags it takes, and not one already given
+}

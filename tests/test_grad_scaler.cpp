@@ -657,4 +657,14 @@ TEST_CASE("grad_histogram counts binary exponents and f16 zones, alone and at th
     REQUIRE(bars == 2 * 9);
     REQUIRE_THAT(svg, Contains(">f16 underflow<") && Contains(">subnormal<") && Contains(">overflow<"));
     REQUIRE_THAT(svg, Contains("S·g, scaled by S = 65536"));
+
+    // Parameter by parameter (chapter 09, exercise 1: which layers' gradients underflow): a holds
+    // 2^-20 (subnormal), 2^-30, 2^-40, 2^-45 (underflow); b holds 2^-149 (underflow).
+    const std::vector<NamedGradHistogram> layers = grad_histograms({{"fc1.weight", a}, {"fc2.bias", b}}, 65536.0f);
+    REQUIRE(layers.size() == 2);
+    CHECK((layers[0].h.underflow == 3 && layers[0].h.subnormal == 1 && layers[0].h.underflow_scaled == 1));
+    CHECK((layers[1].h.underflow == 1 && layers[1].h.subnormal == 0 && layers[1].h.overflow_scaled == 1));
+    const std::string zones = grad_zones_text(layers);
+    CHECK_THAT(zones, Contains("fc1.weight            8          3          1           1           1           2\n"));
+    CHECK_THAT(zones, Contains("fc2.bias              6          1          0           1           0           1\n"));
 }

@@ -200,6 +200,39 @@ TEST_CASE("memory model: every layer kind and a Residual, predicted and measured
     }
 }
 
+// Chapter 08's exercise 1 checks its LayerNorm formula here: the layer norm keeps its input
+// [64, 512] (fc1's output, 128 KiB) and each row's mean and 1/σ, alive at the step's peak (fc2's
+// backward), so a memory() that forgot what it keeps moves the predicted peak, which the
+// every-layer model's [8, 4] layer norm does not (its cache is gone by its step's peak).
+static std::unique_ptr<Module> layernorm_mlp(Rng& rng) {
+    auto m = std::make_unique<Sequential>("layernorm-mlp");
+    m->add("fc1", std::make_unique<Linear>(256, 512, rng));
+    m->add("ln", std::make_unique<LayerNorm>(512));
+    m->add("fc2", std::make_unique<Linear>(512, 10, rng));
+    m->pack();
+    return m;
+}
+
+TEST_CASE("memory model: a layer norm's cache at the step's peak, predicted and measured to the byte",
+          "[memmodel][layernorm][cpu][lesson08]") {
+    for (bool use_arena : {true, false}) {
+        INFO("arena: " << use_arena);
+        Rng rng(1);
+        auto model = layernorm_mlp(rng);
+        const MemoryPrediction p = predict_memory(*model, {Shape{64, 256}, OptimizerKind::SGDMomentum, Device::CPU, use_arena});
+        INFO(memory_prediction_table(p));
+        const Measured m = measure_step(layernorm_mlp, sgd_momentum, Shape{64, 256}, Device::CPU, use_arena);
+        CHECK(p.pool_peak == m.pool_peak);
+        CHECK(p.arena_peak == m.arena_peak);
+        // its own row: its output, which fc2 keeps, and each row's mean and 1/σ ([64] f32 each,
+        // rounded as the allocator does); the input it keeps counts for fc1, which made it
+        REQUIRE(p.modules[2].name == "ln");
+        CHECK(p.modules[2].activations == 64 * 512 * 4 + 2 * (use_arena ? 256 : 512));
+        REQUIRE(p.modules[1].name == "fc1");
+        CHECK(p.modules[1].activations == 64 * 512 * 4);
+    }
+}
+
 TEST_CASE("memory model: Checkpoint blocks (recomputation) predicted and measured to the byte",
           "[memmodel][cpu][lesson08]") {
     for (bool use_arena : {true, false}) {

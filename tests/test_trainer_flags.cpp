@@ -239,3 +239,15 @@ TEST_CASE("every trainer honours each shared flag its --help lists and refuses t
         }
     }
 }
+
+// Issue 46, item 9: a command line that cannot run fails alike on every rank; one rank says so
+// (not every rank, each followed by MPI_Abort's notice).
+TEST_CASE("lesson-12 under mpirun: a bad flag is reported once, by rank 0, without MPI_Abort", "[flags][lesson12][cpu]") {
+    const Run r = run("mpirun --allow-run-as-root --oversubscribe -np 2 " + bin_dir() + "/lesson-12 --limit -5");
+    INFO(r.output);
+    CHECK(r.status != 0);
+    size_t lines = 0;
+    for (size_t at = r.output.find("lesson-12"); at != std::string::npos; at = r.output.find("lesson-12", at + 1)) lines++;
+    CHECK(lines == 1);
+    CHECK_THAT(r.output, Contains("lesson-12: flag --limit: -5 is not allowed") && !Contains("MPI_ABORT"));
+}

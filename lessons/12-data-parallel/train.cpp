@@ -256,6 +256,11 @@ int main(int argc, char** argv) {
     MpiCommunicator mpi(&argc, &argv);  // first: MPI takes its own arguments out of argv
     try {
         return run(argc, argv, mpi);
+    } catch (const UsageError& e) {
+        // A command line that cannot run fails the same way on every rank (each has the same
+        // flags): rank 0 says so, and every rank ends normally.
+        if (mpi.rank() == 0) std::fprintf(stderr, "lesson-12: %s\n", e.what());
+        return 1;
     } catch (const std::exception& e) {
         std::fprintf(stderr, "lesson-12 (rank %d of %d): %s\n", mpi.rank(), mpi.size(), e.what());
         if (mpi.size() > 1) mpi.abort(1);  // the other ranks would wait for this one

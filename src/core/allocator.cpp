@@ -167,6 +167,14 @@ static MemoryStats usage_with(Device device, const Allocator* self, const Memory
     return all;
 }
 
+static std::mutex g_hints_mu;
+static std::vector<std::string> g_hints;
+
+void set_out_of_memory_hints(std::vector<std::string> hints) {
+    std::lock_guard<std::mutex> g(g_hints_mu);
+    g_hints = std::move(hints);
+}
+
 static std::string oom_message(const std::string& who, Device device, size_t request, size_t rounded,
                                Category c, int64_t limit, int64_t reserved, const MemoryStats& all) {
     std::ostringstream os;
@@ -179,15 +187,25 @@ static std::string oom_message(const std::string& who, Device device, size_t req
     else
         os << " and the system refused it";
     os << ".\n  in use by category:";
-    for (int i = 0; i < kNumCategories; i++)
+    int64_t in_use = 0;
+    for (int i = 0; i < kNumCategories; i++) {
         if (all.in_use[i] > 0) os << " " << category_name(Category(i)) << " " << format_bytes(all.in_use[i]) << ";";
+        in_use += all.in_use[i];
+    }
+    if (limit > 0 && reserved > in_use)  // reserved is what the limit counts
+        os << "\n  reserved but not in use: " << format_bytes(reserved - in_use) << " (the pool's cached blocks, an "
+           << "arena's slab beyond this step's tensors)";
     const bool model_state = c == Category::Parameter || c == Category::Gradient || c == Category::OptimizerState;
-    if (model_state)
+    if (model_state) {
         os << "\n  the model's own parameters, gradients and optimizer state do not fit: a smaller --batch-size "
               "cannot help";
-    else
-        os << "\n  try: a smaller --batch-size (a step's activations and workspace grow with it)";
-    if (limit > 0) os << (model_state ? "; try a larger --mem-limit" : ", or a larger --mem-limit");
+        if (limit > 0) os << "; try a larger --mem-limit";
+        return os.str();
+    }
+    os << "\n  try: a smaller --batch-size (a step's activations and workspace grow with it)";
+    std::lock_guard<std::mutex> g(g_hints_mu);
+    for (const std::string& hint : g_hints) os << ";\n       " << hint;
+    if (limit > 0) os << (g_hints.empty() ? ", " : ";\n       ") << "or a larger --mem-limit";
     return os.str();
 }
 

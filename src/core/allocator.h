@@ -223,6 +223,10 @@ void notify_allocation(const void* ptr, int64_t bytes, Category category, Device
 
 // ---- limits and reports ------------------------------------------------------------------
 void set_memory_limit(Device device, int64_t bytes);  // 0 = no limit
+// What an out-of-memory message suggests besides a smaller --batch-size: the running program's
+// own ways to cut a step's memory, one phrase each ("--accumulate K (K micro-batches: 1/K of the
+// activations)"), set from its command line (CommonFlags::apply). Empty: the batch size alone.
+void set_out_of_memory_hints(std::vector<std::string> hints);
 int64_t memory_limit(Device device);
 // The sum of every live allocator's stats on a device (pool + arenas). Its peaks are the sums
 // of each allocator's own peak, which need not have happened at the same moment.

@@ -243,6 +243,7 @@ Device CommonFlags::apply() const {
                      accumulate > 1 ? " (each cut into --accumulate micro-batches)" : "", ": try a multiple of ",
                      world_size * accumulate);
     if (threads > 0) omp_set_num_threads(threads);
+    set_out_of_memory_hints(memory_hints());
     Device d = device == "cuda" ? Device::CUDA : Device::CPU;
     if (d == Device::CUDA) cuda::print_emulator_note_once();  // says so when there is no GPU build
     if (!mem_trace.empty()) check_trace_path(mem_trace);  // fail now, not after loading the data
@@ -259,6 +260,25 @@ Device CommonFlags::apply() const {
                               {"--lr", "--accumulate", "--amp", "--find-batch-size", "--time-report", "--time-svg"});
     }
     return d;
+}
+
+std::vector<std::string> CommonFlags::memory_hints() const {
+    std::vector<std::string> hints;
+    if (!cli) return hints;
+    const std::vector<std::string> taken = cli->flag_names();
+    const auto takes = [&](const char* flag) { return std::find(taken.begin(), taken.end(), flag) != taken.end(); };
+    if (takes("--plain") && cli->given("--plain"))  // lesson-08's chapter 06 way
+        hints.push_back("drop --plain (recomputation, 4 micro-batches and a 4 MiB workspace: about a third of the memory)");
+    if (takes("--accumulate"))
+        hints.push_back("--accumulate " + std::to_string(2 * accumulate) + " (" + std::to_string(2 * accumulate) +
+                        " micro-batches a step: 1/" + std::to_string(2 * accumulate) + " of the activations, the same update)");
+    if (takes("--recompute") && !cli->given("--recompute"))
+        hints.push_back("--recompute (each block keeps only its input and recomputes the rest in backward)");
+    if (takes("--workspace-limit"))
+        hints.push_back("a smaller --workspace-limit (im2col's columns for fewer images at a time)");
+    if (takes("--amp") && amp == DType::F32)
+        hints.push_back("--amp bf16 (the convolutions' activations in 16 bits)");
+    return hints;
 }
 
 int64_t CommonFlags::memory_limit_bytes() const { return mem_limit.empty() ? 0 : parse_bytes(mem_limit); }

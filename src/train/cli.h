@@ -142,6 +142,9 @@ struct CommonFlags {
     // slab included.
     void apply_memory_limit(Device device) const;
     int64_t memory_limit_bytes() const;  // --mem-limit in bytes, 0: none
+    // What an out-of-memory error suggests (set_out_of_memory_hints, core/allocator.h): the ways to
+    // cut a step's memory this trainer takes (--accumulate, --recompute, --workspace-limit, --amp).
+    std::vector<std::string> memory_hints() const;
 
     // The code that acts on a shared flag marks it ("--save"), whether or not it was given.
     void use(const std::string& flag) const { used_.insert(flag); }

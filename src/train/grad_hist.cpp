@@ -115,6 +115,31 @@ std::string grad_hist_text(const GradHistogram& h) {
     return s;
 }
 
+std::vector<NamedGradHistogram> grad_histograms(const std::vector<std::pair<std::string, Tensor>>& grads, float scale) {
+    std::vector<NamedGradHistogram> out;
+    for (const auto& [name, g] : grads) out.push_back({name, grad_histogram({g}, scale)});
+    return out;
+}
+
+std::string grad_zones_text(const std::vector<NamedGradHistogram>& layers) {
+    int width = 12;  // "by parameter"
+    for (const NamedGradHistogram& l : layers) width = std::max(width, int(l.name.size()));
+    // the zones in f16 of g, then of S·g
+    std::string s = "f16 zones by parameter: underflow and subnormal as g; underflow, subnormal and overflow as S·g\n";
+    char line[256];
+    std::snprintf(line, sizeof line, "%-*s %10s %10s %10s %12s %12s %12s\n", width, "by parameter", "values",
+                  "underflow", "subnormal", "S·underflow", "S·subnormal", "S·overflow");
+    s += line;
+    for (const NamedGradHistogram& l : layers) {
+        const GradHistogram& h = l.h;
+        std::snprintf(line, sizeof line, "%-*s %10lld %10lld %10lld %11lld %11lld %11lld\n", width, l.name.c_str(),
+                      (long long)h.values, (long long)h.underflow, (long long)h.subnormal, (long long)h.underflow_scaled,
+                      (long long)h.subnormal_scaled, (long long)h.overflow_scaled);
+        s += line;
+    }
+    return s;
+}
+
 Svg grad_hist_svg(const GradHistogram& h, const std::string& title) {
     const double shift = std::log2(double(h.scale));  // S·g sits log2 S binades to the right of g
     int lo = 0, hi = 0;

@@ -46,6 +46,17 @@ GradHistogram grad_histogram(const std::vector<Tensor>& grads, float scale);
 // the zeros and inf/NaN, and the zones' exact counts with their share of the values.
 std::string grad_hist_text(const GradHistogram& h);
 
+// Which layers' gradients fall where: the histogram of each named tensor (a model's
+// named_parameters' grads), in the model's order, and as text one line per tensor with its
+// values and how many of them underflow or are subnormal in f16 as g and as S·g, and overflow
+// as S·g.
+struct NamedGradHistogram {
+    std::string name;
+    GradHistogram h;
+};
+std::vector<NamedGradHistogram> grad_histograms(const std::vector<std::pair<std::string, Tensor>>& grads, float scale);
+std::string grad_zones_text(const std::vector<NamedGradHistogram>& layers);
+
 // The histogram as a figure (train/svg.h): the count of each binade [2^e, 2^(e+1)) as a bar
 // (on a log scale, log10(1 + count), so that the tails show), for g and, shifted by log2 S, for
 // S·g, over f16's zones shaded (underflow, subnormal, normal, overflow). Titled `title`.

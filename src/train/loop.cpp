@@ -46,9 +46,14 @@ void scaled_update(Module& model, Optimizer& optimizer, const StepOptions& opt, 
 // range as they are and at the scale the step used; the figure too, in the run's folder if any.
 void print_grad_hist(Module& model, float loss_scale, const RunInfo& run) {
     std::vector<Tensor> grads;
-    for (Parameter* p : model.parameters()) grads.push_back(p->grad);
+    std::vector<std::pair<std::string, Tensor>> named;
+    for (auto& [name, p] : model.named_parameters()) {
+        grads.push_back(p->grad);
+        named.emplace_back(name, p->grad);
+    }
     const GradHistogram h = grad_histogram(grads, loss_scale);
     std::printf("%s", grad_hist_text(h).c_str());
+    std::printf("%s", grad_zones_text(grad_histograms(named, loss_scale)).c_str());  // which layers
     if (run.trainer.empty()) return;
     const std::string path = run.dir + "/grad-hist.svg";
     grad_hist_svg(h, run.trainer + ": the first step's gradients against f16's range").save(path);

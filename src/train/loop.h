@@ -91,7 +91,8 @@ std::pair<float, int64_t> forward_backward(Module& model, const Tensor& x, const
                                            BumpAllocator* arena, float label_smoothing = 0.0f);
 
 // --grad-hist: the gradients the optimizer was given (unscaled, clipped if asked), against f16's
-// range as they are and at the scale the step used (train/grad_hist.h); its figure too, as
+// range as they are and at the scale the step used (train/grad_hist.h), all of them and then
+// parameter by parameter (which layers' gradients underflow); the figure of all, as
 // run.dir/grad-hist.svg, when run.trainer is set. train_epoch calls it after a run's first step.
 void print_grad_hist(Module& model, float loss_scale, const RunInfo& run);
 
