@@ -533,3 +533,34 @@ TEST_CASE("depthwise conv2d gives the bits of the textbook loops, taps in (kh, k
         CHECK(same_bits(dx, dx_ref));
     }
 }
+
+// The bias gradient's bits, pinned to the order its comment states (bias_grad, ops/cpu/conv.cpp):
+// for each image, a float sum of its plane dy[n, o, :] in order; those added into a double in
+// image order; db[o] = T(float(db[o]) + float(that)). Chapter 09's exercise 7 reads the f16 planes
+// another way and must leave every bit as it was: so must any rewrite (an order of additions
+// that differs anywhere changes some bit of some channel here).
+TEST_CASE("conv2d_backward's db: the bits of its stated order, f32, f16 and bf16", "[conv][lowp][cpu][lesson03]") {
+    const int64_t N = 11, C = 3, O = 5, H = 9, W = 9, K = 3;  // 8 images side by side, then 3 alone
+    for (DType t : {DType::F32, DType::F16, DType::BF16}) {
+        INFO(dtype_name(t));
+        Rng rng(5);
+        const Tensor x = Tensor::normal({N, C, H, W}, 0.0f, 1.0f, rng).to(t);
+        const Tensor w = Tensor::normal({O, C, K, K}, 0.0f, 0.3f, rng).to(t);
+        const Tensor dy = Tensor::normal({N, O, H - K + 1, W - K + 1}, 0.0f, 1.0f, rng).to(t);
+        Tensor dw = Tensor::zeros(w.shape()).to(t), db = Tensor::zeros({O}).to(t);
+        conv2d_backward(x, w, dy, dw, db, false, Conv2dArgs{});
+        const Tensor dy32 = dy.to(DType::F32), got = db.to(DType::F32);
+        const int64_t PQ = dy.numel() / (N * O);
+        for (int64_t o = 0; o < O; o++) {
+            double acc = 0.0;
+            for (int64_t n = 0; n < N; n++) {
+                float part = 0.0f;
+                for (int64_t i = 0; i < PQ; i++) part += dy32.data<float>()[(n * O + o) * PQ + i];
+                acc += part;
+            }
+            const Tensor want = Tensor::full({1}, double(float(acc))).to(t).to(DType::F32);  // T(0 + float(acc))
+            INFO("channel " << o);
+            CHECK(std::memcmp(got.data<float>() + o, want.data<float>(), sizeof(float)) == 0);
+        }
+    }
+}
