@@ -26,8 +26,9 @@ struct BatchSource {
 // Steps of a micro-batch of `micro` images, as the trainer runs them: three data batches of
 // accumulate·micro images, each trained as its micro-batches' forward and backward
 // (train_step's forward_backward on their rows) without the optimizer's step, which allocates
-// nothing — the later steps with the pool's blocks cached by the first, and with the loader's
-// next batch built while a step runs. In an arena of its own, reset after each micro-batch, or
+// nothing — the later steps with the pool's blocks cached by the first, and with a second data
+// batch alive, as the loader's thread builds the next one while a step runs (the probes' own
+// loader has no thread, so that they allocate in the same order every time). In an arena of its own, reset after each micro-batch, or
 // from the pool, as `options` says; all from an empty pool cache. Returns the peak, or 0 if it
 // ran out of memory. After a failure the layers may still hold cached tensors of the failed
 // forward; those of the probe's arena belonged to it, which is gone by then, so dropping them
@@ -40,9 +41,9 @@ int64_t probe(Module& model, const BatchSource& source, Device device, int64_t m
         std::optional<BumpAllocator> arena;  // declared first: outlives the batches
         if (options.arena) arena.emplace("probe arena", device);
         std::optional<DataLoader> loader;
-        if (source.train) {
+        if (source.train) {  // without its thread, so that the probes (and the answer) are repeatable
             LoaderOptions o = source.train->options();
-            o.batch_size = batch, o.rank = 0, o.world_size = 1, o.drop_last = true;
+            o.batch_size = batch, o.rank = 0, o.world_size = 1, o.drop_last = true, o.prefetch = false;
             loader.emplace(source.train->set(), o);
             loader->start_epoch(0);
         }
@@ -56,6 +57,8 @@ int64_t probe(Module& model, const BatchSource& source, Device device, int64_t m
                 b.x = Tensor::normal({batch, im.c, im.h, im.w}, 0.0f, 1.0f, rng, device, Category::Data);
                 b.y = Tensor::zeros({batch}, DType::I32, device, Category::Data);
             }
+            // the batch the loader's thread builds while this step runs, in training
+            const Tensor next = Tensor::empty(b.x.shape(), b.x.dtype(), device, Category::Data);
             const size_t x_row = b.x.nbytes() / size_t(batch), y_row = b.y.nbytes() / size_t(batch);
             for (int64_t i = 0; i < K; i++) {
                 forward_backward(model, b.x.view(size_t(i * micro) * x_row, {micro, im.c, im.h, im.w}),
