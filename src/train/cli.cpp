@@ -236,8 +236,10 @@ void CommonFlags::add_to(Cli& cli) {
 Device CommonFlags::apply() const {
     use("--threads");
     use("--device");
-    KILN_USAGE_CHECK(batch_size % accumulate == 0, "--accumulate ", accumulate, " must divide --batch-size ",
-                     batch_size, " (micro-batches of batch-size/K images)");
+    // (the command line's ranges refuse these; a trainer's own defaults are checked here)
+    KILN_USAGE_CHECK(epochs > 0 && batch_size > 0, "--epochs and --batch-size must be positive");
+    KILN_USAGE_CHECK(accumulate >= 1 && batch_size % accumulate == 0, "--accumulate ", accumulate, " must be at least 1 "
+                     "and divide --batch-size ", batch_size, " (micro-batches of batch-size/K images)");
     KILN_USAGE_CHECK(batch_size % (int64_t(world_size) * accumulate) == 0, "--batch-size ", batch_size,
                      " must split into ", world_size, " equal shares, one per rank",
                      accumulate > 1 ? " (each cut into --accumulate micro-batches)" : "", ": try a multiple of ",
