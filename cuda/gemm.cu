@@ -321,6 +321,62 @@ __global__ void __launch_bounds__(S::kThreads)
     }
 }
 
+// ---- version 8: version 7 with a deeper pipeline of asynchronous copies (sm_80+) -------------------
+// For rows that allow 16-byte chunks (leading dimensions and pointers aligned to 8 values, the
+// contiguous dimensions multiples of 8): the tiles go from global to shared memory by cp.async,
+// without passing through registers, kStages steps ahead:
+//
+//      issue steps 0 .. kStages−2, a commit group each
+//      for each step t:   wait until step t's group has landed (at most kStages−2 in flight); barrier
+//                         issue step t + kStages − 1 into stage (t − 1) % kStages (read in step t−1,
+//                         which every warp finished before the barrier); commit
+//                         mma on stage t % kStages
+// The stages live in dynamic shared memory (kStages × 18.5 KiB at 128×128×32: past the 48 KiB a
+// kernel gets without asking, so the launcher raises the limit).
+template <class S, int kStages, bool TA, bool TB, typename T>
+__global__ void __launch_bounds__(S::kThreads)
+    gemm_tensor_cores_async(int64_t M, int64_t N, int64_t K, float alpha, const T* A, int64_t lda, const T* B,
+                            int64_t ldb, float beta, T* C, int64_t ldc) {
+    KILN_DYNAMIC_SHARED(uint16_t, smem);
+    uint16_t* As = smem;                            // kStages × kAElems
+    uint16_t* Bs = smem + kStages * S::kAElems;     // kStages × kBElems
+    const detail::MmaWarp<S, T> warp;
+    const int64_t col0 = int64_t(blockIdx.x) * S::BN, tiles_m = (M + S::BM - 1) / S::BM, steps = (K + S::BK - 1) / S::BK;
+    for (int64_t tile = blockIdx.y; tile < tiles_m; tile += gridDim.y) {
+        const int64_t row0 = tile * S::BM;
+        const auto issue = [&](int64_t step) {
+            if (step < steps) {
+                const int stage = int(step % kStages);
+                detail::copy_tile_a<S, TA>(A, lda, M, K, row0, step * S::BK, As + stage * S::kAElems);
+                detail::copy_tile_b<S, TB>(B, ldb, N, K, col0, step * S::BK, Bs + stage * S::kBElems);
+            }
+            detail::cp_async_commit();  // an empty group past the end keeps the count in step
+        };
+        float acc[S::MI][S::NI][4] = {};
+        for (int s = 0; s < kStages - 1; s++) issue(s);
+        for (int64_t t = 0; t < steps; t++) {
+            detail::cp_async_wait<kStages - 2>();
+            __syncthreads();
+            issue(t + kStages - 1);
+            const int stage = int(t % kStages);
+            warp.multiply(As + stage * S::kAElems, Bs + stage * S::kBElems, acc);
+        }
+        detail::cp_async_wait<0>();
+        __syncthreads();  // the next row tile's copies overwrite the stages
+        detail::GemmEpilogue<T> out{C, ldc, M, N, row0, col0, alpha, beta, false};
+        const int g = warp.lane / 4, tq = warp.lane % 4;
+        KILN_UNROLL
+        for (int mi = 0; mi < S::MI; mi++) {
+            KILN_UNROLL
+            for (int ni = 0; ni < S::NI; ni++) {
+                const int m = warp.wm0 + mi * 16 + g, n = warp.wn0 + ni * 8 + 2 * tq;
+                out.store2(m, n, acc[mi][ni][0], acc[mi][ni][1]);
+                out.store2(m + 8, n, acc[mi][ni][2], acc[mi][ni][3]);
+            }
+        }
+    }
+}
+
 // C = beta·C (0 when beta == 0, even where C held NaN): the alpha == 0 or K == 0 case.
 template <typename T>
 __global__ void gemm_scale_c_kernel(int64_t M, int64_t N, float beta, T* C, int64_t ldc) {
@@ -471,6 +527,22 @@ GemmFn<T> pick(GemmFn<T> nn, GemmFn<T> nt, GemmFn<T> tn, GemmFn<T> tt, bool tran
     return trans_a ? (trans_b ? tt : tn) : (trans_b ? nt : nn);
 }
 
+// Version 8's launch: 128×128×32 tiles of 8 warps, kStages stages; rows that do not allow
+// 16-byte chunks go to version 7.
+template <int kStages, bool TA, bool TB, typename T>
+void async_tiles(int64_t M, int64_t N, int64_t K, float alpha, const T* A, int64_t lda, const T* B, int64_t ldb,
+                 float beta, T* C, int64_t ldc) {
+    if (!detail::vector_chunks8(A, lda, TA ? M : K) || !detail::vector_chunks8(B, ldb, TB ? K : N))
+        return mma_tiles<TA, TB>(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+    using S = detail::MmaShape<128, 128, 32, 2, 4, !TA, TB>;
+    constexpr auto gemm_mma_async = gemm_tensor_cores_async<S, kStages, TA, TB, T>;
+    const int bytes = int(kStages * (S::kAElems + S::kBElems) * sizeof(uint16_t));
+    KILN_CUDA_CHECK(cudaFuncSetAttribute(gemm_mma_async, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes));
+    const dim3 grid(unsigned((N + S::BN - 1) / S::BN), grid_rows((M + S::BM - 1) / S::BM)), block(S::kThreads);
+    KILN_LAUNCH(gemm_mma_async, grid, block, size_t(bytes))(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+    KILN_CHECK_LAUNCH(gemm_mma_async, grid, block);
+}
+
 }  // namespace
 
 template <typename T>
@@ -515,6 +587,18 @@ void gemm_split_k(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, f
 }
 
 namespace lab {
+
+template <typename T>
+void gemm_tensor_cores_async(int stages, bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,
+                             const T* A, int64_t lda, const T* B, int64_t ldb, float beta, T* C, int64_t ldc) {
+    KILN_CHECK(stages == 3 || stages == 4, "gemm version 8 runs 3 or 4 stages, not ", stages);
+    if (gemm_trivial(M, N, K, alpha, beta, C, ldc)) return;
+    if (stages == 3)
+        return pick<T>(async_tiles<3, false, false>, async_tiles<3, false, true>, async_tiles<3, true, false>,
+                       async_tiles<3, true, true>, trans_a, trans_b)(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+    pick<T>(async_tiles<4, false, false>, async_tiles<4, false, true>, async_tiles<4, true, false>,
+            async_tiles<4, true, true>, trans_a, trans_b)(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+}
 
 template <typename T>
 void gemm_naive(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const T* A,
@@ -562,9 +646,11 @@ KILN_INSTANTIATE_FLOAT(gemm_split_k);
 KILN_FOR_EACH_FLOAT_TYPE(KILN_GEMM)
 #undef KILN_GEMM
 
-#define KILN_GEMM_WMMA(T)                                                                              \
-    template void lab::gemm_wmma<T>(bool, bool, int64_t, int64_t, int64_t, float, const T*, int64_t, \
-                                    const T*, int64_t, float, T*, int64_t);
+#define KILN_GEMM_WMMA(T)                                                                                     \
+    template void lab::gemm_wmma<T>(bool, bool, int64_t, int64_t, int64_t, float, const T*, int64_t, const T*,   \
+                                    int64_t, float, T*, int64_t);                                             \
+    template void lab::gemm_tensor_cores_async<T>(int, bool, bool, int64_t, int64_t, int64_t, float, const T*, \
+                                                  int64_t, const T*, int64_t, float, T*, int64_t);
 KILN_GEMM_WMMA(f16)
 KILN_GEMM_WMMA(bf16)
 #undef KILN_GEMM_WMMA

@@ -34,6 +34,9 @@ void gemm_smem(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, floa
 template <typename T>  // version 3: register tiling, the engine's before version 6
 void gemm_register_tiled(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const T* A,
                          int64_t lda, const T* B, int64_t ldb, float beta, T* C, int64_t ldc);
+template <typename T>  // version 8: T = f16 or bf16, 3 or 4 stages of cp.async (rows not 16-byte aligned: version 7)
+void gemm_tensor_cores_async(int stages, bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,
+                             const T* A, int64_t lda, const T* B, int64_t ldb, float beta, T* C, int64_t ldc);
 template <typename T>  // T = f16 or bf16; any M, N, K
 void gemm_wmma(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const T* A,
                int64_t lda, const T* B, int64_t ldb, float beta, T* C, int64_t ldc);

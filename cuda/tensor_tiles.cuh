@@ -294,6 +294,66 @@ struct MmaGemmLoaderB {
     }
 };
 
+// ---- asynchronous copies (sm_80+): global → shared without registers ---------------------------------
+//   cp.async.cg.shared.global [s], [g], 16, src_bytes    copies 16 bytes (src_bytes 16) or writes 16
+//                                                         zero bytes (src_bytes 0), in the background
+//   cp.async.commit_group                                 closes this thread's group of copies so far
+//   cp.async.wait_group N                                 waits until at most N groups are in flight
+// The emulator copies at once (a copy finished early is one a program cannot tell apart) and
+// its commit and wait do nothing.
+__device__ __forceinline__ void cp_async16(void* smem, const void* global, bool inside) {
+#if defined(__CUDACC__)
+    const unsigned s = unsigned(__cvta_generic_to_shared(smem));
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(global), "r"(inside ? 16 : 0));
+#else
+    if (inside) memcpy(smem, global, 16);
+    else memset(smem, 0, 16);
+#endif
+}
+__device__ __forceinline__ void cp_async_commit() {
+#if defined(__CUDACC__)
+    asm volatile("cp.async.commit_group;\n" ::);
+#endif
+}
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+#if defined(__CUDACC__)
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
+#endif
+}
+
+// The GEMM's tiles by cp.async, for rows that allow 16-byte chunks (vec): each thread's chunks of
+// a step, as MmaGemmLoaderA/B's, copied straight into stage `As`/`Bs` (zeros outside the matrix;
+// an outside chunk's address is clamped to the matrix's start, which cp.async then does not read).
+template <class S, bool TA, typename T>
+__device__ __forceinline__ void copy_tile_a(const T* A, int64_t lda, int64_t M, int64_t K, int64_t row0, int64_t k0,
+                                            uint16_t* As) {
+    constexpr int kAcross = TA ? S::BM / 8 : S::BK / 8, kPer = S::BM * S::BK / 8 / S::kThreads;
+    KILN_UNROLL
+    for (int c = 0; c < kPer; c++) {
+        const int e = int(threadIdx.x) + c * S::kThreads;
+        const int along = e % kAcross * 8, other = e / kAcross;
+        const int64_t m = row0 + (TA ? along : other), k = k0 + (TA ? other : along);
+        const bool inside = m < M && k < K;
+        const T* p = inside ? (TA ? A + k * lda + m : A + m * lda + k) : A;
+        cp_async16(&As[TA ? S::a_index(along, other) : S::a_index(other, along)], p, inside);
+    }
+}
+template <class S, bool TB, typename T>
+__device__ __forceinline__ void copy_tile_b(const T* B, int64_t ldb, int64_t N, int64_t K, int64_t col0, int64_t k0,
+                                            uint16_t* Bs) {
+    constexpr int kAcross = TB ? S::BK / 8 : S::BN / 8, kPer = S::BN * S::BK / 8 / S::kThreads;
+    KILN_UNROLL
+    for (int c = 0; c < kPer; c++) {
+        const int e = int(threadIdx.x) + c * S::kThreads;
+        const int along = e % kAcross * 8, other = e / kAcross;
+        const int64_t n = col0 + (TB ? other : along), k = k0 + (TB ? along : other);
+        const bool inside = n < N && k < K;
+        const T* p = inside ? (TB ? B + n * ldb + k : B + k * ldb + n) : B;
+        cp_async16(&Bs[TB ? S::b_index(along, other) : S::b_index(other, along)], p, inside);
+    }
+}
+
 // 8-element chunks along a matrix's contiguous dimension as 16-byte vectors (host code).
 template <typename T>
 inline bool vector_chunks8(const T* p, int64_t ld, int64_t contiguous_extent) {

@@ -183,9 +183,10 @@ void check_gemm(GemmFn gpu_gemm, bool ta, bool tb, int64_t M, int64_t N, int64_t
 
 }  // namespace
 
-TEST_CASE("cuda gemm (version 3, the engine's) matches the CPU", "[cuda][lesson04][gemm]") {
+TEST_CASE("cuda gemm (version 6, the engine's) matches the CPU", "[cuda][lesson04][gemm]") {
     Rng rng(17);
-    // Edges of the 64×64 tile, K not a multiple of BK = 16, a single element, a tall thin matrix.
+    // Edges of the 64×64 tile, K not a multiple of BK = 16, a single element, a tall thin matrix;
+    // K a multiple of 4 (A's rows as float4s) and not (one by one).
     const int64_t shapes[][3] = {{1, 1, 1}, {3, 5, 7}, {17, 33, 65}, {64, 64, 16}, {65, 63, 17}, {130, 129, 20},
                                  {64, 512, 100}, {300, 2, 3}};
     under_schedules([&] {
@@ -198,7 +199,8 @@ TEST_CASE("cuda gemm (version 3, the engine's) matches the CPU", "[cuda][lesson0
 
 TEST_CASE("cuda gemm's 128×128 tiles (big matrices) match the CPU", "[cuda][lesson04][gemm]") {
     Rng rng(19);
-    // ≥ 256 tiles of 128×128 selects the big configuration; 2049 and 2050 leave partial tiles.
+    // Two 128×128 tiles per SM select the big configuration (289 tiles here: the emulator's SMs
+    // are its OpenMP threads); 2049 and 2050 leave partial tiles.
     under_schedules([&] {
         for (bool ta : {false, true})
             for (bool tb : {false, true}) check_gemm(cuda::gemm, ta, tb, 2049, 2050, 9, 1.0f, ta ? 1.0f : 0.0f, rng);
@@ -234,16 +236,39 @@ TEST_CASE("cuda gemm split along K (convolution weight gradients) matches the CP
     test::require_identical(C1, C2);
 }
 
-TEST_CASE("cuda gemm versions 1 and 2 (naive, shared-memory tiles) match the CPU", "[cuda][lesson04][gemm]") {
+TEST_CASE("cuda gemm versions 1 to 3 (naive, shared-memory tiles, register tiles) match the CPU",
+          "[cuda][lesson04][gemm]") {
     Rng rng(23);
-    const int64_t shapes[][3] = {{1, 1, 1}, {16, 16, 16}, {17, 33, 65}, {40, 7, 31}};
+    const int64_t shapes[][3] = {{1, 1, 1}, {16, 16, 16}, {17, 33, 65}, {40, 7, 31}, {130, 129, 20}};
     under_schedules([&] {
-        for (GemmFn f : {cuda::lab::gemm_naive<float>, cuda::lab::gemm_smem<float>})
+        for (GemmFn f : {cuda::lab::gemm_naive<float>, cuda::lab::gemm_smem<float>,
+                         cuda::lab::gemm_register_tiled<float>})
             for (auto [M, N, K] : shapes)
                 for (bool ta : {false, true})
                     for (bool tb : {false, true})
                         for (float beta : {0.0f, 1.0f}) check_gemm(f, ta, tb, M, N, K, 1.5f, beta, rng);
     });
+}
+
+TEST_CASE("cuda gemm version 6 gives version 3's bits: each C value sums its products in k order",
+          "[cuda][lesson04][gemm]") {
+    // Warp tiling and double buffering move data, not arithmetic: both add op(A)[m, k]·op(B)[k, n]
+    // to one float accumulator for k = 0, 1, ..., K − 1, so switching the engine changed no bit.
+    Rng rng(29);
+    const int64_t shapes[][3] = {{17, 33, 65}, {64, 512, 100}, {300, 260, 48}};
+    for (auto [M, N, K] : shapes)
+        for (bool ta : {false, true})
+            for (bool tb : {false, true}) {
+                INFO("M = " << M << ", N = " << N << ", K = " << K << ", trans_a " << ta << ", trans_b " << tb);
+                const Tensor A = cuda_copy(random({ta ? K : M, ta ? M : K}, rng));
+                const Tensor B = cuda_copy(random({tb ? N : K, tb ? K : N}, rng));
+                Tensor C6 = Tensor::zeros({M, N}).to(Device::CUDA), C3 = Tensor::zeros({M, N}).to(Device::CUDA);
+                cuda::gemm(ta, tb, M, N, K, 1.0f, A.data<float>(), ta ? M : K, B.data<float>(), tb ? K : N, 0.0f,
+                           C6.data<float>(), N);
+                cuda::lab::gemm_register_tiled(ta, tb, M, N, K, 1.0f, A.data<float>(), ta ? M : K, B.data<float>(),
+                                               tb ? K : N, 0.0f, C3.data<float>(), N);
+                test::require_identical(C6, C3);
+            }
 }
 
 TEST_CASE("cuda gemm: alpha = 0 or K = 0 gives beta·C and reads neither A nor B", "[cuda][lesson04][gemm]") {

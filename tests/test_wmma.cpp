@@ -121,6 +121,13 @@ void check_gemm_16bit(GemmFn<T> gemm, const Format& f, bool ta, bool tb, int64_t
     require_within(got, want, f, K, S);  // the padding columns too: beta·c there, as the CPU
 }
 
+// Version 8 with a fixed number of stages, as a GemmFn.
+template <int kStages, typename T>
+void gemm_async(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const T* A, int64_t lda, const T* B,
+                int64_t ldb, float beta, T* C, int64_t ldc) {
+    cuda::lab::gemm_tensor_cores_async(kStages, ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+}
+
 template <typename T>
 void check_gemm_wmma(const Format& f, bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, float beta,
                      Rng& rng) {
@@ -238,6 +245,22 @@ TEST_CASE("mma.sync gemm (version 7, the engine's) matches the CPU for f16 and b
     for (bool ta : {false, true})
         for (bool tb : {false, true})
             check_gemm_16bit<bf16>(cuda::gemm<bf16>, kBF16, ta, tb, big, big + 8, 40, 1.0f, 0.0f, rng, true);
+}
+
+TEST_CASE("cp.async gemm (version 8, 3 and 4 stages) matches the CPU for f16 and bf16", "[wmma][mma][cuda][lesson09]") {
+    Rng rng(931);
+    // K of 1 to 5 steps of 32 (fewer steps than stages, and more), edges of the 128×128 tile;
+    // unaligned rows fall back to version 7 (the `aligned` false runs).
+    const int64_t shapes[][3] = {{16, 16, 16}, {130, 136, 72}, {64, 200, 160}};
+    under_schedules([&] {
+        for (auto [M, N, K] : shapes)
+            for (bool ta : {false, true})
+                for (bool tb : {false, true})
+                    for (bool aligned : {false, true}) {
+                        check_gemm_16bit<f16>(gemm_async<3, f16>, kF16, ta, tb, M, N, K, 1.25f, 0.5f, rng, aligned);
+                        check_gemm_16bit<bf16>(gemm_async<4, bf16>, kBF16, ta, tb, M, N, K, -0.75f, 0.0f, rng, aligned);
+                    }
+    });
 }
 
 TEST_CASE("wmma implicit-GEMM convolution matches the CPU for f16 and bf16", "[wmma][cuda][lesson09]") {

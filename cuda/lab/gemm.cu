@@ -35,6 +35,9 @@
 //              version 6's loop on the tensor cores: mma.sync.m16n8k16 fed by ldmatrix from
 //              padded (conflict-free) shared memory, 16-byte global loads, f32 sums; against
 //              cublas_f16 and cublas_bf16 (cublasGemmEx, f32 compute)
+//   version 8  mma_async     (cuda/gemm.cu) version 7 with the tiles copied global → shared by
+//              cp.async, 3 or 4 stages ahead, no registers in between ("_b3", "_b4": the number
+//              of stages, not a block size); f16 and bf16
 //
 // Build and run (from the repository root; `make lab` builds and runs every lab file):
 //   make lab                   the emulator: validates every version at M, N, K = 67, 68, 44
@@ -184,8 +187,9 @@ const std::vector<Version> kVersions = {{0, "uncoalesced", {64, 256, 1024}},
                                         {3, "gemm_register_tiled", {0}},
                                         {4, "float4", {128, 256}},
                                         {6, "warp_tiled", {0}}};
-const std::vector<Version> kTensorCoreVersions = {{5, "wmma_f16", {0}}, {7, "mma_f16", {0}}};  // f16 in and out
-const std::vector<Version> kBf16Versions = {{7, "mma_bf16", {0}}};                            // bf16 in and out
+const std::vector<Version> kTensorCoreVersions = {{5, "wmma_f16", {0}}, {7, "mma_f16", {0}},
+                                                  {8, "mma_async_f16", {3, 4}}};  // f16 in and out
+const std::vector<Version> kBf16Versions = {{7, "mma_bf16", {0}}, {8, "mma_async_bf16", {3, 4}}};  // bf16
 
 // ---- versions 5 and 7: f16 and bf16 on the tensor cores, against the CPU's f32 GEMM -----------------
 // The inputs are a and b rounded to T (exact in f32, so the CPU computes on what the GPU sees).
@@ -224,13 +228,16 @@ bool validate_half(const HalfProblem<T>& p, int64_t K, const std::string& label)
     return validate_values(to_f32(got), p.want, label, 2e-6 * double(K + 1), u);
 }
 
-// Version 5 (wmma, f16) or 7 (the engine's cuda::gemm: mma.sync) in T.
+// Version 5 (wmma, f16), 7 (the engine's cuda::gemm: mma.sync) or 8 (cp.async, `stages`) in T.
 template <typename T>
-void gemm_half(int version, const HalfProblem<T>& p, int64_t M, int64_t N, int64_t K) {
+void gemm_half(int version, int stages, const HalfProblem<T>& p, int64_t M, int64_t N, int64_t K) {
     if constexpr (std::is_same_v<T, f16>) {
         if (version == 5)
             return cuda::lab::gemm_wmma(false, false, M, N, K, 1.0f, p.A.get(), K, p.B.get(), N, 0.0f, p.C.get(), N);
     }
+    if (version == 8)
+        return cuda::lab::gemm_tensor_cores_async(stages, false, false, M, N, K, 1.0f, p.A.get(), K, p.B.get(), N,
+                                                  0.0f, p.C.get(), N);
     cuda::gemm(false, false, M, N, K, 1.0f, p.A.get(), K, p.B.get(), N, 0.0f, p.C.get(), N);
 }
 
@@ -239,9 +246,9 @@ bool validate_half_versions(const std::vector<Version>& versions, int chosen, Ha
                             int64_t K) {
     return validate_versions(
         versions, chosen,
-        [&](int version, int) {
+        [&](int version, int stages) {
             p.C.poison();
-            gemm_half(version, p, M, N, K);
+            gemm_half(version, stages, p, M, N, K);
         },
         [&](const std::string& label) { return validate_half(p, K, label); });
 }
@@ -295,10 +302,10 @@ bool run_problem(int chosen, int64_t M, int64_t N, int64_t K, const std::vector<
                                                        std::to_string(K);
     const double gflop = 2.0 * double(M * N * K) / 1e9;
     time_versions(versions, chosen, launch, problem, gflop, "GFLOP/s", cublas_ms, "cublas");
-    time_versions(f16_versions, chosen, [&](int v, int) { gemm_half(v, half, M, N, K); }, problem, gflop, "GFLOP/s",
-                  cublas_f16_ms, "cublas_f16");
-    time_versions(bf16_versions, chosen, [&](int v, int) { gemm_half(v, brain, M, N, K); }, problem, gflop, "GFLOP/s",
-                  cublas_bf16_ms, "cublas_bf16");
+    time_versions(f16_versions, chosen, [&](int v, int stages) { gemm_half(v, stages, half, M, N, K); }, problem,
+                  gflop, "GFLOP/s", cublas_f16_ms, "cublas_f16");
+    time_versions(bf16_versions, chosen, [&](int v, int stages) { gemm_half(v, stages, brain, M, N, K); }, problem,
+                  gflop, "GFLOP/s", cublas_bf16_ms, "cublas_bf16");
 #endif
     return true;
 }
@@ -307,8 +314,8 @@ bool run_problem(int chosen, int64_t M, int64_t N, int64_t K, const std::vector<
 // 64/256/256 net at batch 256 on 7×7 maps as its forward GEMM (O × N·P·Q × C·9) and as its weight
 // gradient's (O × C·9 × N·P·Q), and a 1024³ product.
 bool run_lab(int chosen) {
-    const std::vector<Version> engine = {kVersions.back()}, engine_bf16 = kBf16Versions;
-    const std::vector<Version> engine_f16 = {kTensorCoreVersions.back()};
+    const std::vector<Version> engine = {kVersions.back()};
+    const std::vector<Version> engine_f16 = {kTensorCoreVersions[1], kTensorCoreVersions[2]}, engine_bf16 = kBf16Versions;
     if (!kTiming) return run_problem(chosen, 67, 68, 44, kVersions, kTensorCoreVersions, kBf16Versions);
     bool ok = run_problem(chosen, 4096, 4096, 4096, kVersions, kTensorCoreVersions, kBf16Versions);
     ok = run_problem(chosen, 1024, 1024, 1024, engine, engine_f16, engine_bf16) && ok;
@@ -323,6 +330,7 @@ int main(int argc, char** argv) {
     using namespace kiln::lab;
     std::vector<Version> all = kVersions;
     all.insert(all.end(), kTensorCoreVersions.begin(), kTensorCoreVersions.end());
+    all.insert(all.end(), kBf16Versions.begin(), kBf16Versions.end());
     std::sort(all.begin(), all.end(), [](const Version& a, const Version& b) { return a.number < b.number; });
     return lab_main("gemm", [&] { return run_lab(chosen_version(argc, argv, all)); });
 }
