@@ -125,6 +125,12 @@ TEST_CASE("cuda conv2d: every strategy of each pass matches the CPU", "[conv][cu
                     require_close(gy, y);
                     got.push_back(gy);
                 }
+                // Each output adds its products in the order k = 0, 1, ... and then the bias in
+                // all three (the engine's tile moves data differently, not arithmetic): one set of
+                // bits. (A depthwise shape's engine forward is the direct kernel: bias first.)
+                INFO("the forward strategies give the same bits");
+                require_identical(got[1], got[0]);
+                if (cuda::conv2d_algo(p) == ConvAlgo::ImplicitGemm) require_identical(got[2], got[0]);
                 const std::pair<const char*, DataFn> data_passes[] = {
                     {"im2col", cuda::conv2d_backward_data_im2col<float>},
                     {"conv2d_backward_data (the engine's)", cuda::conv2d_backward_data<float>},
