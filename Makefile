@@ -57,10 +57,11 @@ else
 endif
 
 # Machine code (SASS) for sm_80 and sm_90, and sm_90's PTX, which the driver of a newer GPU compiles.
+NV_SM80 := -gencode arch=compute_80,code=sm_80
 NV_PTX  := -gencode arch=compute_90,code=compute_90
 NVFLAGS := -std=c++17 -O2 -Isrc -Icuda -DKILN_CUDA=1 --Werror all-warnings \
            -Xcompiler -Wall,-Wextra,-Werror,-fopenmp \
-           -gencode arch=compute_80,code=sm_80 -gencode arch=compute_90,code=sm_90 $(NV_PTX)
+           $(NV_SM80) -gencode arch=compute_90,code=sm_90 $(NV_PTX)
 comma := ,
 ifeq ($(EXERCISE),1)
   NVFLAGS := $(subst -Werror$(comma),,$(filter-out --Werror all-warnings,$(NVFLAGS)))
@@ -71,15 +72,15 @@ endif
 # their own folder, build-gpucheck/, so that build-cuda/ keeps this CPU's -march=native: their
 # host code is for any x86-64 with AVX2 (-march=x86-64-v3), their kernels carry -lineinfo (so
 # compute-sanitizer names the source line) and are compressed for size (5x smaller than nvcc's
-# default: each binary holds all of libkiln's kernels, and a device call carries 64 MiB), as SASS
-# only (the GPU is an H200, sm_90: no PTX to carry for a newer one), and what that machine may
-# lack is linked statically:
+# default: each binary holds all of libkiln's kernels, and a device call carries 64 MiB), as
+# sm_90's SASS only (the GPU is an H200: no sm_80 code, and no PTX to carry for a newer one), and
+# what that machine may lack is linked statically:
 # the C++ and gcc runtimes, OpenMP's libgomp (--as-needed drops the shared one -fopenmp adds),
 # zlib where libz.a is installed, and the CUDA runtime. cuBLAS and cuDNN (the lab) stay shared.
 ifeq ($(GPUCHECK),1)
   BUILD    := build-gpucheck
   CXXFLAGS := $(filter-out -march=native,$(CXXFLAGS)) -march=x86-64-v3
-  NVFLAGS  := $(subst $(NV_PTX),,$(NVFLAGS)) -lineinfo --compress-mode=size
+  NVFLAGS  := $(subst $(NV_SM80),,$(subst $(NV_PTX),,$(NVFLAGS))) -lineinfo --compress-mode=size
   LIBZ_A   := $(shell $(CXX) -print-file-name=libz.a)
   LDLIBS   := $(filter-out -lz -fopenmp -lcudart,$(LDLIBS)) -Wl,--as-needed \
               $(shell $(CXX) -print-file-name=libgomp.a) $(if $(filter /%,$(LIBZ_A)),$(LIBZ_A),-lz) \
