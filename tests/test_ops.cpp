@@ -34,7 +34,12 @@ TEST_CASE("elementwise ops", "[ops][cpu][lesson02]") {
     REQUIRE(s.get({2}) == 7);
     REQUIRE_THROWS_WITH(add(a, Tensor::zeros({5})), Catch::Contains("f32[4]") && Catch::Contains("f32[5]"));
     REQUIRE_THROWS_WITH(relu(Tensor::zeros({2}, DType::I32)), Catch::Contains("relu: 'x' is i32[2] on cpu"));
-    REQUIRE_THROWS_WITH(add(a, a.to(DType::F16)), Catch::Contains("add: 'b' is f16[4] on cpu but 'a' is f32[4]"));
+    REQUIRE_THROWS_WITH(mul_into(a, a.to(DType::F16), s),
+                        Catch::Contains("mul_into: 'b' is f16[4] on cpu but 'a' is f32[4]"));
+    // add is autocast's Add row (ops/autocast.h): two types are summed in the wider, scope or not
+    Tensor mixed = add(a, a.to(DType::F16));
+    REQUIRE(mixed.dtype() == DType::F32);
+    REQUIRE(mixed.get({2}) == 6);
 }
 
 TEST_CASE("bias rows and column sums", "[ops][cpu][lesson02]") {

@@ -6,8 +6,6 @@
 
 #include <cmath>
 
-#include "ops/autocast.h"
-
 namespace kiln {
 
 Conv2d::Conv2d(int64_t in, int64_t out, int64_t kernel, Rng& rng, ConvOptions opt, std::string name)
@@ -72,16 +70,7 @@ Tensor Conv2d::forward(const Tensor& x) {
     check_defined(x, name().c_str(), "input");
     output_shape(x.shape());                                          // checks x's shape, naming the layer
     check_on_device(weight.value, x.device(), name(), "the weight");  // the layer runs on x's device
-    // Under autocast (chapter 09) the op reads x, w and b in f16/bf16; otherwise these are x, w, b.
-    Tensor xa = autocast(x, AmpOp::Conv2d);
-    const Tensor& w = autocast_param(weight.used());
-    Tensor y = conv2d(xa, w, autocast_param(bias.used()), args_of(*this));
-    if (keeps_cache()) {
-        x_ = xa;
-        w_ = w;
-        in_dtype_ = x.dtype();
-    }
-    return y;
+    return conv2d(x, weight.used(), bias.used(), args_of(*this), keeps_cache() ? &x_ : nullptr);
 }
 
 Tensor Conv2d::backward(const Tensor& dy) {
@@ -90,14 +79,10 @@ Tensor Conv2d::backward(const Tensor& dy) {
     KILN_CHECK(dy.shape() == out, name(), ": dy should be ", out.str(), " (the forward output) but is ", dy.desc());
     check_on_device(dy, x_.device(), name(), "dy");
     // dw += Σ_n dy_n ⋆ x_n,  db += Σ dy;  dx = conv_transpose(dy, w) unless no one needs it (e.g. the
-    // first layer: dx would be dL/d(image), which no one reads). Under autocast dw and db are the
-    // low copies' gradients, then added to the f32 grads.
-    LowGrad dw(weight.grad, w_), db(bias.grad, w_);
-    Tensor dx = conv2d_backward(x_, w_, dy, dw.target(), db.target(), input_needs_grad, args_of(*this));
-    dw.add_to_grad();
-    db.add_to_grad();
-    x_ = w_ = Tensor();  // the cache is spent
-    return dx.to(in_dtype_);
+    // first layer: dx would be dL/d(image), which no one reads).
+    Tensor dx = conv2d_backward(x_, weight.used(), dy, weight.grad, bias.grad, input_needs_grad, args_of(*this));
+    x_ = Tensor();  // the cache is spent
+    return dx;
 }
 
 void set_conv_workspace_limit(Module& model, int64_t bytes) {

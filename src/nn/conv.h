@@ -52,9 +52,7 @@ public:
     LayerMemory memory(const Shape& in, Device device) const override;
 
 private:
-    Tensor x_;  // the input as the op read it (under autocast: its f16/bf16 copy), kept for dw
-    Tensor w_;  // the weight the op read: the parameter, or its autocast copy (ops/autocast.h)
-    DType in_dtype_ = DType::F32;  // the input's own type: dx goes back in it
+    Tensor x_;  // the input as the op read it (ops/cnn.h conv2d), kept for dw
 };
 
 // Sets workspace_limit on every Conv2d in the model: im2col's columns for as many images as fit

@@ -4,7 +4,6 @@
 #include <algorithm>
 #include <cmath>
 
-#include "ops/autocast.h"
 #include "ops/ops.h"
 
 namespace kiln {
@@ -22,31 +21,13 @@ Linear::Linear(int64_t in, int64_t out, Rng& rng, bool has_bias, std::string nam
 Tensor Linear::forward(const Tensor& x) {
     KILN_CHECK(x.ndim() == 2 && x.size(1) == in_features, name(), ": expected input [N, ", in_features, "], got ",
                x.desc(), " (a Flatten before it turns [N, C, H, W] into [N, C·H·W])");
-    // Under autocast (chapter 09) the GEMM reads x and W in f16/bf16; otherwise these are x and W.
-    Tensor xa = autocast(x, AmpOp::Linear);
-    const Tensor& w = autocast_param(weight.used());
-    Tensor y = matmul(xa, w, false, true);  // [N, in] · [in, out]
-    if (bias.value.defined()) add_bias_(y, autocast_param(bias.used()));
-    if (keeps_cache()) {
-        x_ = xa;
-        w_ = w;
-        in_dtype_ = x.dtype();
-    }
-    return y;
+    return linear(x, weight.used(), bias.used(), keeps_cache() ? &x_ : nullptr);  // y = x · Wᵀ + b
 }
 
+// dW += dyᵀ · x,  db += Σ_n dy,  dx = dy · W unless no one reads it; the cache is spent.
 Tensor Linear::backward(const Tensor& dy) {
     KILN_CHECK(x_.defined(), name(), ": backward without a training-mode forward");
-    // Under autocast dW and db are the low copies' gradients, then added to the f32 grads.
-    LowGrad dw(weight.grad, w_), db(bias.grad, w_);
-    matmul_into(dy, true, x_, false, dw.target(), 1.0f, 1.0f);          // dW += dyᵀ · x   [out, in]
-    if (bias.value.defined()) sum_rows_into(dy, db.target(), 1.0f);    // db += Σ_n dy
-    dw.add_to_grad();
-    db.add_to_grad();
-    const Tensor w = w_;
-    x_ = w_ = Tensor();                      // the cache is spent
-    if (!input_needs_grad) return Tensor();  // no one reads dx
-    return matmul(dy, w).to(in_dtype_);      // dx = dy · W  [N, out] · [out, in]
+    return linear_backward(std::move(x_), weight.used(), dy, weight.grad, bias.grad, input_needs_grad);
 }
 
 // x [N, in] -> y [N, out]; weight [out, in], bias [out]; x kept; dx after x is let go.
@@ -135,7 +116,7 @@ Tensor Sequential::backward(const Tensor& dy) {
 // ---- CrossEntropyLoss ----------------------------------------------------------------------
 float CrossEntropyLoss::forward(const Tensor& logits, const Tensor& labels, int64_t* correct) {
     logits_dtype_ = logits.dtype();
-    return softmax_cross_entropy(autocast(logits, AmpOp::CrossEntropy), labels, &dz_, correct, label_smoothing_);
+    return softmax_cross_entropy(logits, labels, &dz_, correct, label_smoothing_);
 }
 
 Tensor CrossEntropyLoss::backward(float scale) {

@@ -25,9 +25,7 @@ public:
     int64_t in_features, out_features;
 
 private:
-    Tensor x_;  // the input as the op read it (under autocast: its f16/bf16 copy), kept for dW
-    Tensor w_;  // the weight the op read: the parameter, or its autocast copy (ops/autocast.h)
-    DType in_dtype_ = DType::F32;  // the input's own type: dx goes back in it
+    Tensor x_;  // the input as the op read it (ops/ops.h linear), kept for dW
 };
 
 // The ReLU family: y = min(max(x, 0), cap);  dx = dy · [0 < y < cap]   (an undefined dy, when no
@@ -126,8 +124,8 @@ public:
 class CrossEntropyLoss {
 public:
     explicit CrossEntropyLoss(float label_smoothing = 0.0f) : label_smoothing_(label_smoothing) {}
-    // Under autocast (chapter 09) the loss is computed from the logits in f32, whatever their type.
-    // correct (if not null): the rows predicted right (softmax_cross_entropy, ops.h).
+    // The loss is computed in the type autocast gives it (f32 under autocast, chapter 09: the op
+    // casts); correct (if not null): the rows predicted right (softmax_cross_entropy, ops.h).
     float forward(const Tensor& logits, const Tensor& labels, int64_t* correct = nullptr);  // keeps dz for backward
     // scale · dL/dlogits, in the logits' type (and releases it). scale: a micro-batch's share of
     // the batch (train/loop.h) times a GradScaler's loss scale (optim/grad_scaler.h); applied in
@@ -136,8 +134,8 @@ public:
 
 private:
     float label_smoothing_;
-    Tensor dz_;
-    DType logits_dtype_ = DType::F32;
+    Tensor dz_;                        // in the type the loss was computed in
+    DType logits_dtype_ = DType::F32;  // the gradient's type: the logits'
 };
 
 }  // namespace kiln

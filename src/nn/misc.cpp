@@ -3,7 +3,6 @@
 // and add (ops/ops.h).
 #include "nn/misc.h"
 
-#include "ops/autocast.h"
 #include "ops/cnn.h"
 #include "ops/ops.h"
 
@@ -56,9 +55,7 @@ LayerMemory Identity::memory(const Shape& in, Device) const {
 
 Tensor GELU::forward(const Tensor& x) {
     check_defined(x, name().c_str(), "the input");
-    Tensor y = gelu(x);
-    if (keeps_cache()) x_ = x;
-    return y;
+    return gelu(x, keeps_cache() ? &x_ : nullptr);
 }
 
 Tensor GELU::backward(const Tensor& dy) {
@@ -100,18 +97,16 @@ Tensor Residual::forward(const Tensor& x) {
     Tensor sx = s ? s->call(x) : x;
     KILN_CHECK(fx.shape() == sx.shape(), name(), ": f(x) is ", fx.desc(), " but the shortcut gives ", sx.desc(),
                s ? "" : " (the identity): give a shortcut (e.g. a 1×1 Conv2d) that changes the shape too");
-    // Under autocast the two may differ in type (an f16 body, an f32 input): the sum is in the wider.
-    const DType t = autocast_target(AmpOp::Add, fx.dtype(), sx.dtype());
-    fx_dtype_ = fx.dtype();
-    sx_dtype_ = sx.dtype();
-    return add(fx.to(t), sx.to(t));  // y = f(x) + shortcut(x)
+    return add(fx, sx);  // y = f(x) + shortcut(x) (of two types under autocast: in the wider)
 }
 
 Tensor Residual::backward(const Tensor& dy) {
-    // Both paths read dy; a new tensor holds the sum, so neither path's result is modified.
+    // Both paths read dy; a new tensor holds the sum, so neither path's result is modified. Each
+    // path's call_backward gives it dy in its output's type and returns its dx in x's type; the
+    // identity's dx is dy itself, in x's type too.
     Module* s = shortcut();
-    Tensor dfx = body().call_backward(dy.to(fx_dtype_));  // each path's dy in its output's type
-    Tensor dsx = s ? s->call_backward(dy.to(sx_dtype_)) : dy.to(sx_dtype_);
+    Tensor dfx = body().call_backward(dy);
+    Tensor dsx = s ? s->call_backward(dy) : dy.to(dfx.dtype());
     return add(dfx, dsx);  // dx = df/dx·dy + dshortcut/dx·dy
 }
 

@@ -85,9 +85,6 @@ public:
 
     Module& body() { return child(0); }
     Module* shortcut() { return children().size() > 1 ? &child(1) : nullptr; }
-
-private:
-    DType fx_dtype_ = DType::F32, sx_dtype_ = DType::F32;  // each path's output type (autocast)
 };
 
 }  // namespace kiln

@@ -44,14 +44,24 @@ LayerMemory Module::memory(const Shape& in, Device) const {
 
 Tensor Module::call(const Tensor& x) {
     ContextScope scope(this, Phase::Forward);
-    if (!hooks_) return forward(x);
-    return call_with_hooks(x);
+    Tensor y = hooks_ ? call_with_hooks(x) : forward(x);
+    if (x.defined()) x_dtype_ = x.dtype();
+    if (y.defined()) y_dtype_ = y.dtype();
+    return y;
 }
 
 Tensor Module::call_backward(const Tensor& dy) {
     ContextScope scope(this, Phase::Backward);
-    if (!hooks_) return backward(dy);
+    if (!hooks_) return backward_in_types(dy);
     return call_backward_with_hooks(dy);
+}
+
+// dy in the type forward returned, dx in the type forward was given: an op may compute in
+// another type (autocast, ops/autocast.h), and this is its cast's backward. Without a change of
+// type both conversions return their argument.
+Tensor Module::backward_in_types(const Tensor& dy) {
+    Tensor dx = backward(dy.defined() ? dy.to(y_dtype_) : dy);
+    return dx.defined() ? dx.to(x_dtype_) : dx;
 }
 
 Tensor Module::call_with_hooks(const Tensor& x) {
@@ -63,7 +73,7 @@ Tensor Module::call_with_hooks(const Tensor& x) {
 
 Tensor Module::call_backward_with_hooks(const Tensor& dy) {
     for (auto& [id, hook] : hooks_->backward_pre) hook(*this, dy);
-    Tensor dx = backward(dy);
+    Tensor dx = backward_in_types(dy);
     for (auto& [id, hook] : hooks_->backward) hook(*this, dy, dx);
     return dx;
 }

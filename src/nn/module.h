@@ -128,8 +128,11 @@ public:
     virtual Tensor backward(const Tensor& dy) = 0;
 
     // forward(x) / backward(dy) with this module as the allocator's current module, in the
-    // forward / backward phase, and the registered hooks around them. Without hooks this is
-    // two stores to a thread-local variable and the virtual call.
+    // forward / backward phase, and the registered hooks around them. A gradient has its
+    // tensor's type: call_backward gives backward dy in the type forward returned and returns
+    // dx in the type forward was given (under autocast an op may compute in another type: this
+    // is the cast's backward, and no layer writes it). Without hooks or a change of type this is
+    // two stores to a thread-local variable, two dtype compares and the virtual call.
     Tensor call(const Tensor& x);
     Tensor call_backward(const Tensor& dy);
 
@@ -235,6 +238,7 @@ private:
     std::vector<std::pair<std::string, Tensor*>> buffers_;    // own, local names
     std::vector<Child> children_;
     std::unique_ptr<Hooks> hooks_;  // null while no hook is registered
+    DType x_dtype_ = DType::F32, y_dtype_ = DType::F32;  // the last call's input and output types
     Tensor value_slab_, grad_slab_;  // set by pack() on the module it was called on
 
     friend class HookHandle;
@@ -242,6 +246,7 @@ private:
     template <typename F> void walk(const std::string& prefix, F&& visit);
     Tensor call_with_hooks(const Tensor& x);
     Tensor call_backward_with_hooks(const Tensor& dy);
+    Tensor backward_in_types(const Tensor& dy);
 };
 
 // A layer runs its kernels on its input's device: every other tensor it reads (its parameters

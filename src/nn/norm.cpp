@@ -3,7 +3,6 @@
 // input's device (ops/cpu/norm.cpp or cuda/norm.cu).
 #include "nn/norm.h"
 
-#include "ops/autocast.h"
 #include "ops/cnn.h"
 
 namespace kiln {
@@ -36,9 +35,9 @@ Tensor BatchNorm::forward(const Tensor& x) {
     KILN_CHECK(values_per_channel > 1, name(), ": training needs more than one value per channel, got input ",
                x.desc(), " (use a batch of at least 2, or eval())");
     Tensor mean, invstd;  // this batch's per-channel statistics, [C]
-    Tensor y = batchnorm_train(x, weight.used(), bias.used(), running_mean, running_var, eps, momentum, &mean, &invstd);
+    Tensor y = batchnorm_train(x, weight.used(), bias.used(), running_mean, running_var, eps, momentum, &mean, &invstd,
+                               keeps_cache() ? &x_ : nullptr);
     if (keeps_cache()) {  // under a NoGradScope: batch statistics all the same, but no cache
-        x_ = x;
         save_mean_ = mean;
         save_invstd_ = invstd;
     }
@@ -86,13 +85,10 @@ Tensor LayerNorm::forward(const Tensor& x) {
     check_on_device(weight.value, x.device(), name(), "weight");
     check_on_device(bias.value, x.device(), name(), "bias");
     Tensor mean, invstd;
-    Tensor xa = autocast(x, AmpOp::LayerNorm);  // under autocast: in f32 (ops/autocast.h)
-    Tensor y = layernorm(xa, weight.used(), bias.used(), eps, &mean, &invstd);
+    Tensor y = layernorm(x, weight.used(), bias.used(), eps, &mean, &invstd, keeps_cache() ? &x_ : nullptr);
     if (keeps_cache()) {
-        x_ = xa;
         save_mean_ = mean;
         save_invstd_ = invstd;
-        in_dtype_ = x.dtype();
     }
     return y;
 }
@@ -104,7 +100,7 @@ Tensor LayerNorm::backward(const Tensor& dy) {
     check_on_device(dy, x_.device(), name(), "dy");
     Tensor dx = layernorm_backward(dy, x_, weight.used(), save_mean_, save_invstd_, weight.grad, bias.grad);
     x_ = save_mean_ = save_invstd_ = Tensor();
-    return dx.to(in_dtype_);
+    return dx;
 }
 
 // y, x kept, mean and 1/σ per row kept (R = the elements / D); weight and bias.

@@ -85,8 +85,7 @@ public:
     float eps;
 
 private:
-    Tensor x_, save_mean_, save_invstd_;  // the cache for backward (x_ in f32 under autocast)
-    DType in_dtype_ = DType::F32;         // the input's own type: dx goes back in it
+    Tensor x_, save_mean_, save_invstd_;  // the cache for backward (x_ as the op read it: f32 under autocast)
 };
 
 }  // namespace kiln

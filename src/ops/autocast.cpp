@@ -1,16 +1,15 @@
-// autocast.cpp — the policy table and the autocast scope (see autocast.h).
+// autocast.cpp — the policy table, the autocast scope and the casts ops make (see autocast.h).
 #include "ops/autocast.h"
 
 #include <unordered_map>
 
 #include "core/allocator.h"
-
 #include "ops/ops.h"
 
 namespace kiln {
 
 // The table (autocast.h explains each row).
-CastPolicy cast_policy(AmpOp op) {
+CastPolicy default_cast_policy(AmpOp op) {
     switch (op) {
         case AmpOp::Conv2d:
         case AmpOp::Linear: return CastPolicy::LowPrecision;
@@ -25,15 +24,32 @@ CastPolicy cast_policy(AmpOp op) {
     return CastPolicy::Input;
 }
 
-// Each weight's copy, by the address of the weight's bytes: a weight's value does not change
-// inside a scope (the optimizer steps outside it).
-struct AutocastScope::Copies {
-    std::unordered_map<const void*, Tensor> by_weight;
-};
-
 namespace {
+// An overridden row's policy, or -1: the table's.
+int overrides[kNumAmpOps] = {-1, -1, -1, -1, -1, -1, -1, -1, -1};
 thread_local AutocastScope* current = nullptr;
+}  // namespace
+
+CastPolicy cast_policy(AmpOp op) {
+    const int o = overrides[int(op)];
+    return o < 0 ? default_cast_policy(op) : CastPolicy(o);
 }
+
+CastPolicyOverride::CastPolicyOverride(AmpOp op, CastPolicy policy) : op_(op), previous_(overrides[int(op)]) {
+    overrides[int(op)] = int(policy);
+}
+
+CastPolicyOverride::~CastPolicyOverride() { overrides[int(op_)] = previous_; }
+
+// Each weight's copy, by the address of the weight's bytes: a weight's value does not change
+// inside a scope (the optimizer steps outside it). The weight itself is kept with its copy, so
+// its address is not reused by another tensor while the scope lives.
+struct AutocastScope::Copies {
+    struct Entry {
+        Tensor weight, copy;
+    };
+    std::unordered_map<const void*, Entry> by_weight;
+};
 
 AutocastScope::AutocastScope(DType low) : low_(low), copies_(std::make_unique<Copies>()), previous_(current) {
     KILN_CHECK(low == DType::F16 || low == DType::BF16, "AutocastScope: the low-precision type must be f16 or bf16, got ",
@@ -56,29 +72,32 @@ DType autocast_target(AmpOp op, DType in, DType other) {
     }
 }
 
-Tensor autocast(const Tensor& x, AmpOp op) {
-    if (!current || !x.defined()) return x;
-    return x.to(autocast_target(op, x.dtype()));
-}
+AmpCast::AmpCast(AmpOp op, DType in, DType other)
+    : dtype_(autocast_target(op, in, other)), casts_(current || cast_policy(op) == CastPolicy::Widest) {}
 
-const Tensor& autocast_param(const Tensor& p) {
-    if (!current || !p.defined() || p.dtype() == current->low_) return p;
-    Tensor& copy = current->copies_->by_weight[p.raw()];
-    if (!copy.defined()) {
+Tensor AmpCast::input(const Tensor& x) const { return casts_ && x.defined() ? x.to(dtype_) : x; }
+
+Tensor AmpCast::weight(const Tensor& p) const {
+    if (!current || !p.defined() || p.dtype() == dtype_) return p;
+    auto& entry = current->copies_->by_weight[p.raw()];
+    if (!entry.copy.defined()) {
         // From the pool even inside a step's arena scope: the copy outlives each micro-batch.
         AllocatorScope from_pool(pool_allocator(p.device()));
-        copy = Tensor::empty(p.shape(), current->low_, p.device(), Category::AutocastCopy);
-        convert_into(p, copy);
+        entry.weight = p;
+        entry.copy = Tensor::empty(p.shape(), dtype_, p.device(), Category::AutocastCopy);
+        convert_into(p, entry.copy);
     }
-    return copy;
+    // The same bytes seen as another shape, or a row overridden mid-scope: a copy not kept.
+    if (entry.copy.shape() != p.shape() || entry.copy.dtype() != dtype_) return p.to(dtype_);
+    return entry.copy;
 }
 
-LowGrad::LowGrad(Tensor& grad, const Tensor& used) : grad_(grad) {
-    if (used.defined() && grad.defined() && used.dtype() != grad.dtype())
-        low_ = Tensor::zeros(grad.shape(), used.dtype(), grad.device(), Category::Gradient);
+GradInto::GradInto(Tensor& grad, const AmpCast& amp) : grad_(grad) {
+    if (amp.casts() && grad.defined() && amp.dtype() != grad.dtype())
+        low_ = Tensor::zeros(grad.shape(), amp.dtype(), grad.device(), Category::Gradient);
 }
 
-void LowGrad::add_to_grad() {
+void GradInto::add_to_grad() {
     if (low_.defined()) axpy_(grad_, 1.0f, low_.to(grad_.dtype()));
 }
 

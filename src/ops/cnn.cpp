@@ -9,6 +9,7 @@
 
 #include <algorithm>
 
+#include "ops/autocast.h"
 #include "ops/check.h"
 #include "ops/kernels/conv.h"
 #include "ops/kernels/elementwise.h"
@@ -68,7 +69,9 @@ ConvWorkspace conv2d_workspace(const Conv2dParams& p, Device device, bool forwar
     });
 }
 
-Tensor conv2d(const Tensor& x, const Tensor& w, const Tensor& b, const Conv2dArgs& a) {
+Tensor conv2d(const Tensor& x_in, const Tensor& w_in, const Tensor& b_in, const Conv2dArgs& a, Tensor* saved_x) {
+    const AmpCast amp(AmpOp::Conv2d, x_in.dtype());
+    const Tensor x = amp.input(x_in), w = amp.weight(w_in), b = amp.weight(b_in);
     const Device d = check_args("conv2d", {{x, "x"}, {w, "w"}});
     if (b.defined()) check_args("conv2d", {{x, "x"}, {b, "b"}});
     const Conv2dParams p = conv_params(x, w, a, "conv2d");
@@ -81,12 +84,18 @@ Tensor conv2d(const Tensor& x, const Tensor& w, const Tensor& b, const Conv2dArg
         kernel::conv2d_forward(be, x.data<T>(), w.data<T>(), ptr_or_null<T>(b), y.data<T>(), p, ptr_or_null<T>(col),
                                images);
     });
+    if (saved_x) *saved_x = x;
     return y;
 }
 
-Tensor conv2d_backward(const Tensor& x, const Tensor& w, const Tensor& dy, Tensor& dw, Tensor& db, bool need_dx,
-                       const Conv2dArgs& a) {
+Tensor conv2d_backward(const Tensor& x_in, const Tensor& w_in, const Tensor& dy_in, Tensor& dw_grad, Tensor& db_grad,
+                       bool need_dx, const Conv2dArgs& a) {
     const char* op = "conv2d_backward";
+    const AmpCast amp(AmpOp::Conv2d, x_in.dtype());
+    const Tensor x = amp.input(x_in), w = amp.weight(w_in), dy = amp.input(dy_in);
+    // dw and db in the forward's type; under autocast, low copies added to the f32 grads after
+    GradInto gw(dw_grad, amp), gb(db_grad, amp);
+    Tensor &dw = gw.target(), &db = gb.target();
     const Device d = check_args(op, {{x, "x"}, {w, "w"}, {dy, "dy"}, {dw, "dw"}});
     if (db.defined()) check_args(op, {{x, "x"}, {db, "db"}});
     const Conv2dParams p = conv_params(x, w, a, op);
@@ -104,6 +113,9 @@ Tensor conv2d_backward(const Tensor& x, const Tensor& w, const Tensor& dy, Tenso
         // dx = conv_transpose(dy, w)
         if (need_dx) kernel::conv2d_backward_data(be, dy.data<T>(), w.data<T>(), dx.data<T>(), p, ws, images);
     });
+    col = Tensor();  // the workspace goes back to the pool before the low gradients are widened
+    gw.add_to_grad();
+    gb.add_to_grad();
     return dx;
 }
 
@@ -131,7 +143,8 @@ Shape pool2d_output_shape(const Shape& x_shape, const Pool2dArgs& a) {
     return pooled_shape(pool_params(x_shape, a, "pool2d_output_shape"));
 }
 
-Tensor maxpool2d(const Tensor& x, const Pool2dArgs& a, Tensor* argmax) {
+Tensor maxpool2d(const Tensor& x_in, const Pool2dArgs& a, Tensor* argmax) {
+    const Tensor x = AmpCast(AmpOp::Pool, x_in.dtype()).input(x_in);
     const Device d = check_args("maxpool2d", {{x, "x"}});
     const Pool2dParams p = pool_params(x.shape(), a, "maxpool2d");
     Tensor y = Tensor::empty(pooled_shape(p), x.dtype(), d, Category::Activation);
@@ -143,8 +156,9 @@ Tensor maxpool2d(const Tensor& x, const Pool2dArgs& a, Tensor* argmax) {
     return y;
 }
 
-Tensor maxpool2d_backward(const Tensor& dy, const Tensor& argmax, const Shape& x_shape, const Pool2dArgs& a) {
+Tensor maxpool2d_backward(const Tensor& dy_in, const Tensor& argmax, const Shape& x_shape, const Pool2dArgs& a) {
     const char* op = "maxpool2d_backward";
+    const Tensor dy = AmpCast(AmpOp::Pool, dy_in.dtype()).input(dy_in);
     const Device d = check_args(op, {{dy, "dy"}});
     const Pool2dParams p = pool_params(x_shape, a, op);
     check_shape(dy, pooled_shape(p), op, "dy");
@@ -159,7 +173,8 @@ Tensor maxpool2d_backward(const Tensor& dy, const Tensor& argmax, const Shape& x
     return dx;
 }
 
-Tensor avgpool2d(const Tensor& x, const Pool2dArgs& a) {
+Tensor avgpool2d(const Tensor& x_in, const Pool2dArgs& a) {
+    const Tensor x = AmpCast(AmpOp::Pool, x_in.dtype()).input(x_in);
     const Device d = check_args("avgpool2d", {{x, "x"}});
     const Pool2dParams p = pool_params(x.shape(), a, "avgpool2d");
     Tensor y = Tensor::empty(pooled_shape(p), x.dtype(), d, Category::Activation);
@@ -170,8 +185,9 @@ Tensor avgpool2d(const Tensor& x, const Pool2dArgs& a) {
     return y;
 }
 
-Tensor avgpool2d_backward(const Tensor& dy, const Shape& x_shape, const Pool2dArgs& a) {
+Tensor avgpool2d_backward(const Tensor& dy_in, const Shape& x_shape, const Pool2dArgs& a) {
     const char* op = "avgpool2d_backward";
+    const Tensor dy = AmpCast(AmpOp::Pool, dy_in.dtype()).input(dy_in);
     const Device d = check_args(op, {{dy, "dy"}});
     const Pool2dParams p = pool_params(x_shape, a, op);
     check_shape(dy, pooled_shape(p), op, "dy");
@@ -183,7 +199,8 @@ Tensor avgpool2d_backward(const Tensor& dy, const Shape& x_shape, const Pool2dAr
     return dx;
 }
 
-Tensor global_avgpool(const Tensor& x) {
+Tensor global_avgpool(const Tensor& x_in) {
+    const Tensor x = AmpCast(AmpOp::Pool, x_in.dtype()).input(x_in);
     const Device d = check_args("global_avgpool", {{x, "x"}});
     KILN_CHECK(x.ndim() == 4 && x.size(2) * x.size(3) > 0,
                "global_avgpool: 'x' should be [N, C, H, W] with H·W > 0 but is ", x.desc());
@@ -196,8 +213,9 @@ Tensor global_avgpool(const Tensor& x) {
     return y;
 }
 
-Tensor global_avgpool_backward(const Tensor& dy, const Shape& x_shape) {
+Tensor global_avgpool_backward(const Tensor& dy_in, const Shape& x_shape) {
     const char* op = "global_avgpool_backward";
+    const Tensor dy = AmpCast(AmpOp::Pool, dy_in.dtype()).input(dy_in);
     const Device d = check_args(op, {{dy, "dy"}});
     KILN_CHECK(x_shape.ndim == 4 && x_shape[2] * x_shape[3] > 0, op,
                ": the input shape should be [N, C, H, W] with H·W > 0 but is ", x_shape.str());
@@ -229,9 +247,11 @@ BatchNormParams batchnorm_params(const Tensor& x, std::initializer_list<Arg> per
 
 }  // namespace
 
-Tensor batchnorm_train(const Tensor& x, const Tensor& gamma, const Tensor& beta, Tensor& running_mean,
-                       Tensor& running_var, float eps, float momentum, Tensor* save_mean, Tensor* save_invstd) {
+Tensor batchnorm_train(const Tensor& x_in, const Tensor& gamma, const Tensor& beta, Tensor& running_mean,
+                       Tensor& running_var, float eps, float momentum, Tensor* save_mean, Tensor* save_invstd,
+                       Tensor* saved_x) {
     const char* op = "batchnorm_train";
+    const Tensor x = AmpCast(AmpOp::BatchNorm, x_in.dtype()).input(x_in);
     const Device d = check_args(op, {{x, "x"}});
     check_f32_args(op, {x, "x"},
                    {{gamma, "gamma"}, {beta, "beta"}, {running_mean, "running_mean"}, {running_var, "running_var"}});
@@ -249,12 +269,14 @@ Tensor batchnorm_train(const Tensor& x, const Tensor& gamma, const Tensor& beta,
                                         running_mean.data<float>(), running_var.data<float>(), save_mean->data<float>(),
                                         save_invstd->data<float>(), p);
     });
+    if (saved_x) *saved_x = x;
     return y;
 }
 
-Tensor batchnorm_eval(const Tensor& x, const Tensor& gamma, const Tensor& beta, const Tensor& running_mean,
+Tensor batchnorm_eval(const Tensor& x_in, const Tensor& gamma, const Tensor& beta, const Tensor& running_mean,
                       const Tensor& running_var, float eps) {
     const char* op = "batchnorm_eval";
+    const Tensor x = AmpCast(AmpOp::BatchNorm, x_in.dtype()).input(x_in);
     const Device d = check_args(op, {{x, "x"}});
     check_f32_args(op, {x, "x"},
                    {{gamma, "gamma"}, {beta, "beta"}, {running_mean, "running_mean"}, {running_var, "running_var"}});
@@ -269,9 +291,11 @@ Tensor batchnorm_eval(const Tensor& x, const Tensor& gamma, const Tensor& beta, 
     return y;
 }
 
-Tensor batchnorm_backward(const Tensor& dy, const Tensor& x, const Tensor& gamma, const Tensor& save_mean,
+Tensor batchnorm_backward(const Tensor& dy_in, const Tensor& x_in, const Tensor& gamma, const Tensor& save_mean,
                           const Tensor& save_invstd, Tensor& dgamma, Tensor& dbeta) {
     const char* op = "batchnorm_backward";
+    const AmpCast amp(AmpOp::BatchNorm, x_in.dtype());
+    const Tensor x = amp.input(x_in), dy = amp.input(dy_in);
     const Device d = check_args(op, {{dy, "dy"}, {x, "x"}});
     check_f32_args(op, {x, "x"},
                    {{gamma, "gamma"}, {save_mean, "save_mean"}, {save_invstd, "save_invstd"}, {dgamma, "dgamma"},
@@ -312,9 +336,10 @@ Rows layernorm_rows(const Tensor& x, std::initializer_list<Arg> per_column, cons
 
 }  // namespace
 
-Tensor layernorm(const Tensor& x, const Tensor& gamma, const Tensor& beta, float eps, Tensor* save_mean,
-                 Tensor* save_invstd) {
+Tensor layernorm(const Tensor& x_in, const Tensor& gamma, const Tensor& beta, float eps, Tensor* save_mean,
+                 Tensor* save_invstd, Tensor* saved_x) {
     const char* op = "layernorm";
+    const Tensor x = AmpCast(AmpOp::LayerNorm, x_in.dtype()).input(x_in);
     const Device d = check_args(op, {{x, "x"}});
     check_f32_args(op, {x, "x"}, {{gamma, "gamma"}, {beta, "beta"}});
     const Rows rows = layernorm_rows(x, {{gamma, "gamma"}, {beta, "beta"}}, op);
@@ -326,12 +351,15 @@ Tensor layernorm(const Tensor& x, const Tensor& gamma, const Tensor& beta, float
         kernel::layernorm_forward(be, x.data<T>(), gamma.data<float>(), beta.data<float>(), y.data<T>(),
                                   save_mean->data<float>(), save_invstd->data<float>(), rows.R, rows.D, eps);
     });
+    if (saved_x) *saved_x = x;
     return y;
 }
 
-Tensor layernorm_backward(const Tensor& dy, const Tensor& x, const Tensor& gamma, const Tensor& save_mean,
+Tensor layernorm_backward(const Tensor& dy_in, const Tensor& x_in, const Tensor& gamma, const Tensor& save_mean,
                           const Tensor& save_invstd, Tensor& dgamma, Tensor& dbeta) {
     const char* op = "layernorm_backward";
+    const AmpCast amp(AmpOp::LayerNorm, x_in.dtype());
+    const Tensor x = amp.input(x_in), dy = amp.input(dy_in);
     const Device d = check_args(op, {{dy, "dy"}, {x, "x"}});
     check_f32_args(op, {x, "x"},
                    {{gamma, "gamma"}, {save_mean, "save_mean"}, {save_invstd, "save_invstd"}, {dgamma, "dgamma"},
@@ -351,17 +379,21 @@ Tensor layernorm_backward(const Tensor& dy, const Tensor& x, const Tensor& gamma
 }
 
 // ---- GELU and dropout ----------------------------------------------------------------------------------
-Tensor gelu(const Tensor& x) {
+Tensor gelu(const Tensor& x_in, Tensor* saved_x) {
+    const Tensor x = AmpCast(AmpOp::Activation, x_in.dtype()).input(x_in);
     const Device d = check_args("gelu", {{x, "x"}});
     Tensor y = Tensor::empty(x.shape(), x.dtype(), d, Category::Activation);
     dispatch(d, x.dtype(), [&](auto be, auto tag) {
         using T = decltype(tag);
         kernel::gelu_forward(be, x.data<T>(), y.data<T>(), x.numel());
     });
+    if (saved_x) *saved_x = x;
     return y;
 }
 
-Tensor gelu_backward(const Tensor& x, const Tensor& dy) {
+Tensor gelu_backward(const Tensor& x_in, const Tensor& dy_in) {
+    const AmpCast amp(AmpOp::Activation, x_in.dtype());
+    const Tensor x = amp.input(x_in), dy = amp.input(dy_in);
     const Device d = check_args("gelu_backward", {{x, "x"}, {dy, "dy"}});
     check_shape(dy, x.shape(), "gelu_backward", "dy");
     Tensor dx = Tensor::empty(x.shape(), x.dtype(), d, Category::Activation);
@@ -372,7 +404,8 @@ Tensor gelu_backward(const Tensor& x, const Tensor& dy) {
     return dx;
 }
 
-Tensor dropout(const Tensor& x, float p, uint64_t seed_hash, uint64_t first, Tensor* mask) {
+Tensor dropout(const Tensor& x_in, float p, uint64_t seed_hash, uint64_t first, Tensor* mask) {
+    const Tensor x = AmpCast(AmpOp::Dropout, x_in.dtype()).input(x_in);
     const Device d = check_args("dropout", {{x, "x"}});
     KILN_CHECK(p >= 0.0f && p <= 1.0f, "dropout: drop probability ", p, " is outside [0, 1]");
     Tensor y = Tensor::empty(x.shape(), x.dtype(), d, Category::Activation);
@@ -384,8 +417,9 @@ Tensor dropout(const Tensor& x, float p, uint64_t seed_hash, uint64_t first, Ten
     return y;
 }
 
-Tensor dropout_backward(const Tensor& dy, const Tensor& mask, float p) {
+Tensor dropout_backward(const Tensor& dy_in, const Tensor& mask, float p) {
     const char* op = "dropout_backward";
+    const Tensor dy = AmpCast(AmpOp::Dropout, dy_in.dtype()).input(dy_in);
     const Device d = check_args(op, {{dy, "dy"}});
     check_shape(mask, dy.shape(), op, "mask");
     check_dtype(mask, DType::U8, op, "mask");

@@ -1,12 +1,14 @@
 // cnn.h — the operations of convolutional networks on tensors: convolution, pooling, batch and
-// layer normalization, GELU, dropout (chapters 03, 05, 06). Like ops.h, each checks its
+// layer normalization, GELU, dropout (chapters 03, 05, 06). Like ops.h, each casts its inputs to
+// the type autocast's table gives it (ops/autocast.h: its row is named below), checks its
 // arguments once (shapes, dtypes, devices: the error names the op and the tensor), takes its
 // outputs from the current allocator (Category::Activation; convolution's workspace:
 // Category::Workspace) and runs the kernel (ops/kernels/: conv.h, pool.h, norm.h,
 // elementwise.h) of the tensors' device. The layers of src/nn/ call these.
 //
 // Element types: f32, f16 and bf16 (the kernels are templates on it). Every tensor an op takes
-// or returns has x's dtype — a mixed pair is an error naming the tensor — except the norms'
+// or returns has x's dtype (after autocast's cast) — a mixed pair is an error naming the
+// tensor — except the norms'
 // parameters and statistics (gamma, beta, running and saved statistics, dgamma, dbeta), which
 // are f32 whatever x is; argmax stays i32 and dropout's mask u8. Sums are taken in f32 (or
 // double), each result rounded to x's type once (ops/kernels/; cpu/conv.cpp says where a
@@ -45,14 +47,16 @@ ConvWorkspace conv2d_workspace(const Conv2dParams& p, Device device, bool forwar
                                DType dtype = DType::F32);
 
 // y = conv(x, w) + b (the formula: ops/params.h).  x [N, C, H, W]  w [O, C/G, KH, KW]
-// b [O] or undefined  →  y [N, O, P, Q]
-Tensor conv2d(const Tensor& x, const Tensor& w, const Tensor& b, const Conv2dArgs& a);
-// dw += Σ_n dy_n ⋆ x_n and db += Σ_{n,p,q} dy (db may be undefined: no bias); then, when
-// need_dx, returns dx = conv_transpose(dy, w) [N, C, H, W], else an undefined tensor.
+// b [O] or undefined  →  y [N, O, P, Q]. Autocast's Conv2d row. *saved_x (if not null) gets x as
+// the kernel read it (under autocast its low copy), for conv2d_backward.
+Tensor conv2d(const Tensor& x, const Tensor& w, const Tensor& b, const Conv2dArgs& a, Tensor* saved_x = nullptr);
+// dw += Σ_n dy_n ⋆ x_n and db += Σ_{n,p,q} dy (db may be undefined: no bias), computed in x's
+// type (conv2d's saved x) and added to dw's and db's; then, when need_dx, returns
+// dx = conv_transpose(dy, w) [N, C, H, W] in x's type, else an undefined tensor.
 Tensor conv2d_backward(const Tensor& x, const Tensor& w, const Tensor& dy, Tensor& dw, Tensor& db, bool need_dx,
                        const Conv2dArgs& a);
 
-// ---- pooling -----------------------------------------------------------------------------
+// ---- pooling (autocast's Pool row) -------------------------------------------------------
 // Square K×K windows; x [N, C, H, W] → [N, C, P, Q].
 struct Pool2dArgs {
     int64_t kernel = 1, stride = 1, padding = 0;
@@ -72,13 +76,14 @@ Tensor avgpool2d_backward(const Tensor& dy, const Shape& x_shape, const Pool2dAr
 Tensor global_avgpool(const Tensor& x);
 Tensor global_avgpool_backward(const Tensor& dy, const Shape& x_shape);
 
-// ---- batch normalization -----------------------------------------------------------------
+// ---- batch normalization (autocast's BatchNorm row) --------------------------------------
 // x [N, C, ...] normalized per channel C over the other dimensions (ops/kernels/norm.h has the
 // formulas). gamma, beta, running statistics: f32 [C], whatever x's dtype.
 // Training: batch statistics; updates running_mean and running_var; fills *save_mean and
-// *save_invstd ([C]) for the backward pass.
+// *save_invstd ([C]) and, if not null, *saved_x (x as the kernel read it) for the backward pass.
 Tensor batchnorm_train(const Tensor& x, const Tensor& gamma, const Tensor& beta, Tensor& running_mean,
-                       Tensor& running_var, float eps, float momentum, Tensor* save_mean, Tensor* save_invstd);
+                       Tensor& running_var, float eps, float momentum, Tensor* save_mean, Tensor* save_invstd,
+                       Tensor* saved_x = nullptr);
 // Evaluation: the running statistics.
 Tensor batchnorm_eval(const Tensor& x, const Tensor& gamma, const Tensor& beta, const Tensor& running_mean,
                       const Tensor& running_var, float eps);
@@ -86,18 +91,19 @@ Tensor batchnorm_eval(const Tensor& x, const Tensor& gamma, const Tensor& beta, 
 Tensor batchnorm_backward(const Tensor& dy, const Tensor& x, const Tensor& gamma, const Tensor& save_mean,
                           const Tensor& save_invstd, Tensor& dgamma, Tensor& dbeta);
 
-// ---- layer normalization -------------------------------------------------------------------
+// ---- layer normalization (autocast's LayerNorm row) -----------------------------------------
 // x [..., D] normalized over its last dimension, one row of D values at a time (nn/norm.h has
 // the formulas); gamma, beta: f32 [D]. Fills *save_mean and *save_invstd (f32 [R], one per
-// row: R is the product of x's other dimensions) for the backward pass.
+// row: R is the product of x's other dimensions) and, if not null, *saved_x (x as the kernel
+// read it: f32 under autocast) for the backward pass.
 Tensor layernorm(const Tensor& x, const Tensor& gamma, const Tensor& beta, float eps, Tensor* save_mean,
-                 Tensor* save_invstd);
+                 Tensor* save_invstd, Tensor* saved_x = nullptr);
 // Returns dx; dgamma and dbeta accumulate.
 Tensor layernorm_backward(const Tensor& dy, const Tensor& x, const Tensor& gamma, const Tensor& save_mean,
                           const Tensor& save_invstd, Tensor& dgamma, Tensor& dbeta);
 
-// ---- GELU and dropout (elementwise) --------------------------------------------------------
-Tensor gelu(const Tensor& x);                             // x · Φ(x)
+// ---- GELU and dropout (elementwise: autocast's Activation and Dropout rows) -----------------
+Tensor gelu(const Tensor& x, Tensor* saved_x = nullptr);  // x · Φ(x); *saved_x: x as read, for the backward
 Tensor gelu_backward(const Tensor& x, const Tensor& dy);  // dy · (Φ(x) + x · φ(x))
 // Inverted dropout with drop probability p; element i's coin is the counter-based stream's
 // value first + i (core/rng.h). *mask (u8, x's shape) keeps which elements were kept.

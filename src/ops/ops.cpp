@@ -1,11 +1,13 @@
-// ops.cpp — argument checks and the dispatch for every operation in ops.h: each op checks its
-// tensors once (check_args), then calls its kernel through dispatch (core/backend.h), which picks
-// the backend by the tensors' device and the kernel's instantiation by their dtype (float, f16
-// or bf16).
+// ops.cpp — argument checks and the dispatch for every operation in ops.h: an op with a row in
+// autocast's table (ops/autocast.h) first casts its inputs to the type the row gives, then each
+// op checks its tensors once (check_args) and calls its kernel through dispatch
+// (core/backend.h), which picks the backend by the tensors' device and the kernel's
+// instantiation by their dtype (float, f16 or bf16).
 #include "ops/ops.h"
 
 #include <initializer_list>
 
+#include "ops/autocast.h"
 #include "ops/check.h"
 #include "ops/kernels/elementwise.h"
 #include "ops/kernels/gemm.h"
@@ -27,7 +29,9 @@ void fill_(Tensor& x, float value) {
     });
 }
 
-Tensor add(const Tensor& a, const Tensor& b) {
+Tensor add(const Tensor& a_in, const Tensor& b_in) {
+    const AmpCast amp(AmpOp::Add, a_in.dtype(), b_in.dtype());  // mixed types: the wider
+    const Tensor a = amp.input(a_in), b = amp.input(b_in);
     check_args("add", {{a, "a"}, {b, "b"}});
     check_same_shape(a, b, "add");
     Tensor y = Tensor::empty(a.shape(), a.dtype(), a.device(), Category::Activation);
@@ -70,7 +74,8 @@ static void check_cap(float cap, const char* op) {
     KILN_CHECK(cap > 0.0f, op, ": the upper bound cap must be positive (kNoCap for plain ReLU), got ", cap);
 }
 
-Tensor relu(const Tensor& x, float cap) {
+Tensor relu(const Tensor& x_in, float cap) {
+    const Tensor x = AmpCast(AmpOp::Activation, x_in.dtype()).input(x_in);
     check_args("relu", {{x, "x"}});
     check_cap(cap, "relu");
     Tensor y = Tensor::empty(x.shape(), x.dtype(), x.device(), Category::Activation);
@@ -91,7 +96,9 @@ void relu_(Tensor& x, float cap) {
     });
 }
 
-Tensor relu_backward(const Tensor& y, const Tensor& dy, float cap) {
+Tensor relu_backward(const Tensor& y_in, const Tensor& dy_in, float cap) {
+    const AmpCast amp(AmpOp::Activation, y_in.dtype());
+    const Tensor y = amp.input(y_in), dy = amp.input(dy_in);
     check_args("relu_backward", {{y, "y"}, {dy, "dy"}});
     check_same_shape(y, dy, "relu_backward");
     check_cap(cap, "relu_backward");
@@ -130,6 +137,31 @@ Tensor matmul(const Tensor& a, const Tensor& b, bool trans_a, bool trans_b) {
     Tensor c = Tensor::empty({M, N}, a.dtype(), a.device(), Category::Activation);
     matmul_into(a, trans_a, b, trans_b, c);
     return c;
+}
+
+// y = x · wᵀ + b, in autocast's type for Linear: matmul, then the bias on each row.
+Tensor linear(const Tensor& x_in, const Tensor& w_in, const Tensor& b_in, Tensor* saved_x) {
+    const AmpCast amp(AmpOp::Linear, x_in.dtype());
+    const Tensor x = amp.input(x_in), w = amp.weight(w_in);
+    Tensor y = matmul(x, w, false, true);  // [N, in] · [in, out]
+    if (b_in.defined()) add_bias_(y, amp.weight(b_in));
+    if (saved_x) *saved_x = x;
+    return y;
+}
+
+// dW += dyᵀ · x and db += Σ_n dy in the forward's type (into the f32 grads through GradInto),
+// then x is let go before dx = dy · W is made: Linear's cache is spent first.
+Tensor linear_backward(Tensor x, const Tensor& w_in, const Tensor& dy_in, Tensor& dw, Tensor& db, bool need_dx) {
+    const AmpCast amp(AmpOp::Linear, x.dtype());
+    x = amp.input(x);
+    const Tensor w = amp.weight(w_in), dy = amp.input(dy_in);
+    GradInto gw(dw, amp), gb(db, amp);
+    matmul_into(dy, true, x, false, gw.target(), 1.0f, 1.0f);   // dW += dyᵀ · x   [out, in]
+    if (db.defined()) sum_rows_into(dy, gb.target(), 1.0f);     // db += Σ_n dy
+    gw.add_to_grad();
+    gb.add_to_grad();
+    x = Tensor();
+    return need_dx ? matmul(dy, w) : Tensor();                  // dx = dy · W  [N, out] · [out, in]
 }
 
 void add_bias_(Tensor& y, const Tensor& bias) {
@@ -206,8 +238,9 @@ float max(const Tensor& x) {
 }
 
 // ---- loss ------------------------------------------------------------------------------------
-float softmax_cross_entropy(const Tensor& logits, const Tensor& labels, Tensor* dlogits, int64_t* correct,
+float softmax_cross_entropy(const Tensor& logits_in, const Tensor& labels, Tensor* dlogits, int64_t* correct,
                             float smoothing) {
+    const Tensor logits = AmpCast(AmpOp::CrossEntropy, logits_in.dtype()).input(logits_in);
     check_args("softmax_cross_entropy", {{logits, "logits"}});
     KILN_CHECK(smoothing >= 0.0f && smoothing < 1.0f, "softmax_cross_entropy: label smoothing must be in [0, 1), got ",
                smoothing);

@@ -35,6 +35,12 @@ Tensor relu_backward(const Tensor& y, const Tensor& dy, float cap = kNoCap);  //
 void matmul_into(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, Tensor& c,
                  float alpha = 1.0f, float beta = 0.0f);
 Tensor matmul(const Tensor& a, const Tensor& b, bool trans_a = false, bool trans_b = false);
+// A Linear layer's op (autocast's Linear row): y [N, out] = x [N, in] · wᵀ + b, w [out, in], b [out] or
+// undefined. *saved_x (if not null) gets x as the GEMM read it, for linear_backward.
+Tensor linear(const Tensor& x, const Tensor& w, const Tensor& b, Tensor* saved_x = nullptr);
+// dw += dyᵀ · x, db += Σ_n dy (db undefined: no bias); then, when need_dx, returns dx = dy · w
+// in x's type, else an undefined tensor. x is linear's *saved_x; it is let go before dx is made.
+Tensor linear_backward(Tensor x, const Tensor& w, const Tensor& dy, Tensor& dw, Tensor& db, bool need_dx);
 void add_bias_(Tensor& y, const Tensor& bias);             // y[N,C] += bias[C] on each row
 void sum_rows_into(const Tensor& dy, Tensor& db, float beta = 0.0f);  // db[C] = Σ_n dy[n,:] + beta·db
 Tensor argmax_rows(const Tensor& x);                       // x[N,C] -> i32[N]
