@@ -6,7 +6,7 @@
 #   make test            all tests          make test T='[conv]'   a subset (Catch2 tags)
 #   make test SAN=1      the same under AddressSanitizer + UndefinedBehaviorSanitizer
 #   make EXERCISE=1 ...  warnings stay warnings (not errors): for an exercise you are halfway through
-#   make data            fetch and verify MNIST and CIFAR-10 (make lesson-NN fetches what it needs)
+#   make data            fetch and verify MNIST, CIFAR-10 and Moby-Dick (make lesson-NN fetches what it needs)
 #   make lesson-02       build and run chapter 02's trainer (ARGS='--epochs 1' passes flags)
 #   make bench           speed figures, one line each: "bench <name>: <value> <unit>"
 #   make lab             the kernel lab (cuda/lab/): every version of each kernel checked against the
@@ -235,14 +235,15 @@ test: $(TEST_BIN) $(MPI_TEST_BIN) $(LESSON_BINS) $(EXTRA_BINS)
 	@MPIRUN="$(strip $(MPI_TEST_ENV) $(MPIRUN))" bash tests/run.sh $(TEST_BIN) $(MPI_TEST_BIN) $(if $(T),'$(T)')
 
 data:
-	@bash data/fetch.sh mnist cifar10
+	@bash data/fetch.sh mnist cifar10 moby-dick
 
 # The chapters that train on CIFAR-10; the others need only MNIST.
 # One explicit rule per chapter: a pattern rule (lesson-%) would never run, because make looks
 # for no implicit rule for a .PHONY target. scripts/check-make.sh checks that each one runs.
-# Chapter 13 aims at 94%, and trains on the lossless copy from npm (data/README.md).
+# Chapter 13 aims at 94%, and trains on the lossless copy from npm (data/README.md); chapter 14
+# on Moby-Dick's text.
 CIFAR_LESSONS := 06 07 08 09
-lesson_data = $(if $(filter 13,$(1)),cifar10-png,$(if $(filter $(1),$(CIFAR_LESSONS)),cifar10,mnist))
+lesson_data = $(if $(filter 13,$(1)),cifar10-png,$(if $(filter 14,$(1)),moby-dick,$(if $(filter $(1),$(CIFAR_LESSONS)),cifar10,mnist)))
 define LESSON_RUN_RULE
 lesson-$(1):
 	@bash data/fetch.sh $(call lesson_data,$(1))

