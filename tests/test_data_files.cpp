@@ -11,11 +11,16 @@
 //   build/tests/kiln_tests '[data-real]'     the real CIFAR-10 (data/cifar10/, `make data`)
 #include <catch2/catch.hpp>
 
+#include <sys/resource.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
 #include <chrono>
 #include <filesystem>
 #include <map>
 
 #include "core/error.h"
+#include "core/rng.h"
 #include "data/archive.h"
 #include "data/cifar.h"
 #include "data/idx.h"
@@ -103,6 +108,25 @@ std::vector<uint8_t> flat_rgb(uint8_t v, int side = 32) {
     return hwc;
 }
 
+// A 16×8 baseline JPEG of two 8×8 blocks whose DC coefficients are 32767 and 65534, with a
+// 16-bit quantization table of 65535: stb_image 2.27 multiplies dc · 65535 in an int, which
+// overflows at the second block (nothings/stb#1533, signed overflow in stbi__jpeg_decode_block).
+// Written by hand: SOI, DQT, SOF0, two one-code DHT tables (DC: symbol 15, AC: end of block),
+// SOS, two blocks of bits "0 111111111111111 0" (code, 15 bits of +32767, end of block), EOI.
+std::vector<uint8_t> dc_overflow_jpeg() {
+    std::vector<uint8_t> j = {0xFF, 0xD8, 0xFF, 0xDB, 0x00, 0x83, 0x10, 0xFF, 0xFF};  // DQT: q[0] = 65535
+    for (int i = 0; i < 63; ++i) j.insert(j.end(), {0x00, 0x01});                     // the others 1
+    const std::vector<uint8_t> rest = {
+        0xFF, 0xC0, 0x00, 0x0B, 0x08, 0x00, 0x08, 0x00, 0x10, 0x01, 0x01, 0x11, 0x00,  // SOF0 8×16, 1 component
+        0xFF, 0xC4, 0x00, 0x14, 0x00, 0x01, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0x0F,  // DHT DC 0
+        0xFF, 0xC4, 0x00, 0x14, 0x10, 0x01, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0x00,  // DHT AC 0
+        0xFF, 0xDA, 0x00, 0x08, 0x01, 0x01, 0x00, 0x00, 0x3F, 0x00,                     // SOS
+        0x7F, 0xFF, 0x00, 0x3F, 0xFF, 0x00, 0xBF,                                       // the two blocks (FF 00: a stuffed FF)
+        0xFF, 0xD9};
+    j.insert(j.end(), rest.begin(), rest.end());
+    return j;
+}
+
 // A pax extended header record "<len> <key>=<value>\n", <len> counting itself.
 std::string pax_record(const std::string& key, const std::string& value) {
     const size_t body = 1 + key.size() + 1 + value.size() + 1;  // " key=value\n"
@@ -133,6 +157,90 @@ TEST_CASE("gunzip inflates one or several gzip members and rejects damage", "[da
     junk.push_back('!');
     REQUIRE_THROWS_WITH(kiln::gunzip(junk, "junk.gz"), Contains("junk.gz") && Contains("unexpected data"));
 }
+
+TEST_CASE("gunzip stops at what the format can hold; gunzip_head reads a header", "[data][cpu][lesson01]") {
+    const std::vector<uint8_t> zeros(1 << 16, 0), gz = gzip_bytes(zeros);
+    REQUIRE(kiln::gunzip(gz, "z.gz", zeros.size()) == zeros);  // exactly the limit: fine
+    REQUIRE_THROWS_WITH(kiln::gunzip(gz, "z.gz", 1000, "the most a test allows"),
+                        Contains("z.gz") && Contains("more than 1000 bytes") && Contains("the most a test allows"));
+    REQUIRE(kiln::gunzip_head(gz, "z.gz", 10) == std::vector<uint8_t>(10, 0));
+    REQUIRE(kiln::gunzip_head(gzip_bytes(bytes_of("abc")), "abc.gz", 10) == bytes_of("abc"));  // shorter: all of it
+}
+
+// A device is not a file: /dev/zero's "contents" never end (checkpoint.h reads with read_file too).
+TEST_CASE("read_file refuses a device, naming it", "[data][cpu][lesson01]") {
+    REQUIRE_THROWS_WITH(kiln::read_file("/dev/zero"), Contains("/dev/zero") && Contains("character device"));
+}
+
+#if !defined(__SANITIZE_ADDRESS__)  // AddressSanitizer reserves terabytes of address space: no RLIMIT_AS under it
+namespace {
+
+// Runs f() in a child process whose address space may grow by `extra` bytes at most, and returns
+// what it ended with: the kiln::Error's message, "std::bad_alloc", or "" when f returned.
+template <typename F> std::string in_limited_memory(size_t extra, F f) {
+    std::FILE* statm = std::fopen("/proc/self/statm", "r");
+    unsigned long pages = 0;
+    REQUIRE((statm && std::fscanf(statm, "%lu", &pages) == 1));
+    std::fclose(statm);
+    int fds[2];
+    REQUIRE(pipe(fds) == 0);
+    const pid_t child = fork();
+    REQUIRE(child >= 0);
+    if (child == 0) {  // only this thread lives here: f runs alone, and the child ends with _exit
+        close(fds[0]);
+        rlimit limit{};
+        limit.rlim_cur = limit.rlim_max = rlim_t(pages) * rlim_t(sysconf(_SC_PAGESIZE)) + extra;
+        std::string said;
+        if (setrlimit(RLIMIT_AS, &limit) != 0) said = "setrlimit failed";
+        else try {
+            f();
+        } catch (const kiln::Error& e) {
+            said = e.what();
+        } catch (const std::bad_alloc&) {
+            said = "std::bad_alloc";
+        }
+        const ssize_t wrote = write(fds[1], said.data(), said.size());
+        _exit(wrote == ssize_t(said.size()) ? 0 : 1);
+    }
+    close(fds[1]);
+    std::string said;
+    char buf[4096];
+    for (ssize_t n; (n = read(fds[0], buf, sizeof buf)) > 0;) said.append(buf, size_t(n));
+    close(fds[0]);
+    int status = 0;
+    waitpid(child, &status, 0);
+    REQUIRE(WIFEXITED(status));
+    return said;
+}
+
+}  // namespace
+
+// A gzip file cut short ends in 4 bytes of whatever it was cut in, which gunzip used to take for
+// the trailer's size and allocate (up to 1100 times the file). It now grows its buffer as the
+// data arrives: cut 1 MiB of random bytes, its "size" set to 1 GB, fails as truncated in the
+// memory its data needs.
+TEST_CASE("gunzip trusts not the trailer's size: a truncated file fails within its own memory", "[data][cpu][lesson01]") {
+    kiln::Rng rng(3);
+    std::vector<uint8_t> random(1 << 20);
+    for (uint8_t& b : random) b = uint8_t(rng.next_u64());
+    std::vector<uint8_t> cut = gzip_bytes(random);
+    cut.resize(cut.size() - 1000);
+    const uint32_t claimed = 1000u << 20;
+    for (int i = 0; i < 4; i++) cut[cut.size() - 4 + size_t(i)] = uint8_t(claimed >> (8 * i));
+    const std::string said = in_limited_memory(size_t(256) << 20, [&] { kiln::gunzip(cut, "cut.gz"); });
+    REQUIRE_THAT(said, Contains("cut.gz") && Contains("truncated gzip"));
+}
+
+// Memory that runs out while inflating is an error naming the file, not a bare std::bad_alloc:
+// 640 MB of zeros (80 gzip members of 8 MiB, 650 KB in all) with room for 256 MB.
+TEST_CASE("gunzip out of memory names the file", "[data][cpu][lesson01]") {
+    const std::vector<uint8_t> member = gzip_bytes(std::vector<uint8_t>(8 << 20, 0));
+    std::vector<uint8_t> many;
+    for (int i = 0; i < 80; i++) many.insert(many.end(), member.begin(), member.end());
+    const std::string said = in_limited_memory(size_t(256) << 20, [&] { kiln::gunzip(many, "zeros.gz"); });
+    REQUIRE_THAT(said, Contains("zeros.gz") && Contains("not enough memory"));
+}
+#endif
 
 TEST_CASE("read_tar reads ustar files, long names, pax paths, and skips directories", "[data][cpu][lesson03]") {
     const std::string long_path = "some/deep/folder/" + std::string(120, 'n') + ".bin";
@@ -247,6 +355,13 @@ TEST_CASE("damaged IDX files give an error naming the file and `make data`", "[d
         std::vector<uint8_t> more = raw;
         more.push_back(0);
         write_bytes(images, gzip_bytes(more));
+        fails_with(images, "extra data");
+    }
+    SECTION("a gzip stream far longer than the header announces stops there") {
+        std::vector<uint8_t> bomb = raw;  // 76 bytes announced, then 64 MiB of zeros
+        bomb.resize(bomb.size() + (64 << 20));
+        write_bytes(images, gzip_bytes(bomb));
+        fails_with(images, "decompresses to more than 76 bytes");
         fails_with(images, "extra data");
     }
     SECTION("wrong magic: a label file where the images should be") {
@@ -458,6 +573,16 @@ TEST_CASE("load_cifar10 reads image folders from an archive or a directory", "[d
         write_bytes(dir.file("tree/cifar10/test/cat/empty.jpg"), {});
         REQUIRE_THROWS_WITH(kiln::load_cifar10(dir.file("tree"), false),
                             Contains("empty.jpg") && Contains("empty"));
+    }
+    SECTION("a folder linked back into the tree is walked once") {
+        std::filesystem::create_directory_symlink("..", dir.file("tree/cifar10/train/cat/loop"));  // -> train
+        const kiln::ImageSet train = kiln::load_cifar10(dir.file("tree"), true);
+        REQUIRE(train.n == 4);
+    }
+    SECTION("a JPEG that overflows stb_image's DC arithmetic (nothings/stb#1533) is an image like any other") {
+        write_bytes(dir.file("tree/cifar10/test/cat/dc.jpg"), dc_overflow_jpeg());
+        REQUIRE_THROWS_WITH(kiln::load_cifar10(dir.file("tree"), false),
+                            Contains("test/cat/dc.jpg") && Contains("16x8") && Contains("32x32"));
     }
     SECTION("missing data") {
         REQUIRE_THROWS_WITH(kiln::load_cifar10(dir.file("nothing-here.tar.gz"), true),

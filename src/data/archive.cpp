@@ -17,28 +17,41 @@ namespace kiln {
 
 // --- read_file ---------------------------------------------------------------------------
 
+// What a path that is not a regular file (nor a pipe) is, for the error: "/dev/zero" is a
+// character device, whose "contents" never end.
+static const char* special_kind(const std::filesystem::file_status& st) {
+    namespace fs = std::filesystem;
+    switch (st.type()) {
+        case fs::file_type::character: return "a character device";
+        case fs::file_type::block: return "a block device";
+        case fs::file_type::socket: return "a socket";
+        default: return nullptr;
+    }
+}
+
 std::vector<uint8_t> read_file(const std::string& path) {
     std::error_code ec;
-    KILN_CHECK(!std::filesystem::is_directory(path, ec), "cannot read '", path,
-               "': it is a directory, a file was expected");
+    const std::filesystem::file_status st = std::filesystem::status(path, ec);
+    KILN_CHECK(!std::filesystem::is_directory(st), "cannot read '", path, "': it is a directory, a file was expected");
+    const char* kind = special_kind(st);
+    KILN_CHECK(!kind, "cannot read '", path, "': it is ", kind, ", not a file");
     std::unique_ptr<std::FILE, int (*)(std::FILE*)> f(std::fopen(path.c_str(), "rb"), &std::fclose);
     KILN_CHECK(f != nullptr, "cannot open '", path, "': ", std::strerror(errno));
-    std::vector<uint8_t> bytes;
     // Read in chunks rather than trusting a size from stat(): the file may be a pipe, or may
-    // change under us; what we get is what we parse (and every parser checks sizes).
-    constexpr size_t kChunk = size_t(1) << 20;
-    const uintmax_t hint = std::filesystem::file_size(path, ec);
-    if (!ec) bytes.reserve(size_t(hint));
-    size_t got = 0;
-    for (;;) {
-        bytes.resize(got + kChunk);
-        const size_t n = std::fread(bytes.data() + got, 1, kChunk, f.get());
-        got += n;
-        if (n < kChunk) break;
+    // change under us; what we get is what we parse (and every parser checks sizes). Each chunk
+    // lands in a buffer that is never zero-filled, and only the bytes read are appended.
+    constexpr size_t kChunk = size_t(1) << 16;
+    const std::unique_ptr<uint8_t[]> chunk(new uint8_t[kChunk]);
+    std::vector<uint8_t> bytes;
+    try {
+        const uintmax_t size = std::filesystem::is_regular_file(st) ? std::filesystem::file_size(path, ec) : 0;
+        if (!ec && size > 0) bytes.reserve(size_t(size));
+        for (size_t n; (n = std::fread(chunk.get(), 1, kChunk, f.get())) > 0;) bytes.insert(bytes.end(), chunk.get(), chunk.get() + n);
+    } catch (const std::bad_alloc&) {
+        KILN_FAIL("cannot read '", path, "': not enough memory for it (", bytes.size(), " bytes read so far)");
     }
-    KILN_CHECK(!std::ferror(f.get()), "error while reading '", path, "' after ", got,
+    KILN_CHECK(!std::ferror(f.get()), "error while reading '", path, "' after ", bytes.size(),
                " bytes: ", std::strerror(errno));
-    bytes.resize(got);
     return bytes;
 }
 
@@ -56,76 +69,123 @@ bool is_gzip(const std::vector<uint8_t>& bytes) {
     return bytes.size() >= 2 && bytes[0] == 0x1f && bytes[1] == 0x8b;
 }
 
-std::vector<uint8_t> gunzip(const std::vector<uint8_t>& in, const std::string& name) {
-    KILN_CHECK(is_gzip(in), "'", name, "' is not a gzip file: it is ", in.size(),
-               " bytes long and does not start with the gzip magic bytes 1f 8b");
+namespace {
 
-    z_stream zs{};
-    // 16 + MAX_WBITS: expect a gzip header and trailer (zlib then checks the CRC-32 and length).
-    KILN_CHECK(inflateInit2(&zs, 16 + MAX_WBITS) == Z_OK, "gunzip '", name,
-               "': zlib could not start (out of memory?)");
-    struct End {
-        z_stream* zs;
-        ~End() { inflateEnd(zs); }
-    } end{&zs};
-
-    // The gzip trailer stores the uncompressed size mod 2^32 (of the last member): a good
-    // first guess for the output buffer. Capped, and grown by doubling when wrong.
-    size_t guess = in.size() * 4;
-    if (in.size() >= 18) {
-        const uint8_t* t = in.data() + in.size() - 4;
-        const size_t isize = size_t(t[0]) | size_t(t[1]) << 8 | size_t(t[2]) << 16 | size_t(t[3]) << 24;
-        if (isize >= in.size() / 2 && isize <= in.size() * 1100) guess = isize + 1;
+// A gzip stream read piece by piece (RFC 1952; several members one after another are one
+// stream, as gzip itself reads them). Every failure is a kiln::Error naming the file.
+class Inflater {
+public:
+    Inflater(const std::vector<uint8_t>& in, const std::string& name) : in_(in), name_(name) {
+        KILN_CHECK(is_gzip(in), "'", name, "' is not a gzip file: it is ", in.size(),
+                   " bytes long and does not start with the gzip magic bytes 1f 8b");
+        // 16 + MAX_WBITS: expect a gzip header and trailer (zlib then checks the CRC-32 and length).
+        KILN_CHECK(inflateInit2(&zs_, 16 + MAX_WBITS) == Z_OK, "gunzip '", name, "': zlib could not start (out of memory?)");
     }
-    std::vector<uint8_t> out(std::max<size_t>(guess, 4096));
+    ~Inflater() { inflateEnd(&zs_); }
+    Inflater(const Inflater&) = delete;
+    Inflater& operator=(const Inflater&) = delete;
 
-    size_t consumed = 0, produced = 0;
-    int members = 1;
-    for (;;) {
-        if (produced == out.size()) out.resize(out.size() * 2);
-        const size_t in_left = in.size() - consumed, out_left = out.size() - produced;
-        zs.next_in = const_cast<Bytef*>(in.data() + consumed);
-        zs.avail_in = uInt(std::min<size_t>(in_left, UINT_MAX));
-        zs.next_out = out.data() + produced;
-        zs.avail_out = uInt(std::min<size_t>(out_left, UINT_MAX));
-        const uInt avail_in0 = zs.avail_in, avail_out0 = zs.avail_out;
-        const int rc = inflate(&zs, Z_NO_FLUSH);
-        consumed += avail_in0 - zs.avail_in;
-        produced += avail_out0 - zs.avail_out;
-
-        if (rc == Z_STREAM_END) {
-            // One gzip member done. Another may follow (`cat a.gz b.gz`); zero padding is
-            // tolerated (some tape-era tools add it); anything else is an error.
-            const uint8_t* rest = in.data() + consumed;
-            const size_t rest_n = in.size() - consumed;
-            if (rest_n == 0 || std::all_of(rest, rest + rest_n, [](uint8_t b) { return b == 0; })) break;
-            KILN_CHECK(rest_n >= 2 && rest[0] == 0x1f && rest[1] == 0x8b, "'", name, "': ", rest_n,
-                       " bytes of unexpected data after the end of gzip member ", members,
-                       " (at byte ", consumed, " of ", in.size(), "): the file is corrupt");
-            KILN_CHECK(inflateReset(&zs) == Z_OK, "gunzip '", name, "': zlib reset failed");
-            ++members;
-            continue;
+    // Up to n decompressed bytes into out; fewer only at the end of the stream (0: ended).
+    size_t read(uint8_t* out, size_t n) {
+        size_t got = 0;
+        while (got < n && !ended_) {
+            zs_.next_in = const_cast<Bytef*>(in_.data() + consumed_);
+            zs_.avail_in = uInt(std::min<size_t>(in_.size() - consumed_, UINT_MAX));
+            zs_.next_out = out + got;
+            zs_.avail_out = uInt(std::min<size_t>(n - got, UINT_MAX));
+            const uInt avail_in0 = zs_.avail_in, avail_out0 = zs_.avail_out;
+            const int rc = inflate(&zs_, Z_NO_FLUSH);
+            consumed_ += avail_in0 - zs_.avail_in;
+            got += avail_out0 - zs_.avail_out;
+            produced_ += avail_out0 - zs_.avail_out;
+            if (rc == Z_STREAM_END) {
+                next_member();
+                continue;
+            }
+            if (rc == Z_DATA_ERROR || rc == Z_NEED_DICT || rc == Z_STREAM_ERROR) {
+                KILN_FAIL("'", name_, "' is a corrupt gzip file: zlib says \"", zs_.msg ? zs_.msg : "invalid data",
+                          "\" near compressed byte ", consumed_, " of ", in_.size(), " (", produced_,
+                          " bytes decompressed so far)");
+            }
+            if (rc == Z_MEM_ERROR) KILN_FAIL("gunzip '", name_, "': out of memory after ", produced_, " bytes");
+            // Z_OK or Z_BUF_ERROR: inflate stopped because it ran out of input or of output space.
+            // Out of input with the stream not ended means the file was cut short.
+            if (zs_.avail_out > 0 && consumed_ == in_.size()) {
+                KILN_FAIL("'", name_, "' is a truncated gzip file: the compressed stream stops after ", in_.size(),
+                          " bytes (", produced_, " bytes decompressed) before its end marker and checksum");
+            }
         }
-        if (rc == Z_DATA_ERROR || rc == Z_NEED_DICT || rc == Z_STREAM_ERROR) {
-            KILN_FAIL("'", name, "' is a corrupt gzip file: zlib says \"", zs.msg ? zs.msg : "invalid data",
-                      "\" near compressed byte ", consumed, " of ", in.size(), " (", produced,
-                      " bytes decompressed so far)");
-        }
-        if (rc == Z_MEM_ERROR) KILN_FAIL("gunzip '", name, "': out of memory after ", produced, " bytes");
-        // Z_OK or Z_BUF_ERROR: inflate stopped because it ran out of input or of output space.
-        // Out of input with the stream not ended means the file was cut short.
-        if (zs.avail_out > 0 && consumed == in.size()) {
-            KILN_FAIL("'", name, "' is a truncated gzip file: the compressed stream stops after ", in.size(),
-                      " bytes (", produced, " bytes decompressed) before its end marker and checksum");
-        }
+        return got;
     }
+    size_t produced() const { return produced_; }
+
+private:
+    // One gzip member done. Another may follow (`cat a.gz b.gz`); zero padding is tolerated
+    // (some tape-era tools add it); anything else is an error.
+    void next_member() {
+        const uint8_t* rest = in_.data() + consumed_;
+        const size_t rest_n = in_.size() - consumed_;
+        if (rest_n == 0 || std::all_of(rest, rest + rest_n, [](uint8_t b) { return b == 0; })) {
+            ended_ = true;
+            return;
+        }
+        KILN_CHECK(rest_n >= 2 && rest[0] == 0x1f && rest[1] == 0x8b, "'", name_, "': ", rest_n,
+                   " bytes of unexpected data after the end of gzip member ", members_, " (at byte ", consumed_,
+                   " of ", in_.size(), "): the file is corrupt");
+        KILN_CHECK(inflateReset(&zs_) == Z_OK, "gunzip '", name_, "': zlib reset failed");
+        ++members_;
+    }
+
+    const std::vector<uint8_t>& in_;
+    const std::string& name_;
+    z_stream zs_{};
+    size_t consumed_ = 0, produced_ = 0;
+    int members_ = 1;
+    bool ended_ = false;
+};
+
+}  // namespace
+
+// The output grows as data arrives (doubling from a few times the input), never past max_out + 1
+// bytes: the size in the gzip trailer is not trusted (a truncated file's last four bytes are any
+// four bytes, and a small stream can claim or hold gigabytes).
+std::vector<uint8_t> gunzip(const std::vector<uint8_t>& in, const std::string& name, size_t max_out,
+                            const std::string& limit) {
+    Inflater z(in, name);
+    const size_t cap = max_out == SIZE_MAX ? max_out : max_out + 1;  // one byte more tells "too long"
+    std::vector<uint8_t> out;
+    size_t produced = 0;
+    try {
+        for (;;) {
+            if (produced == out.size()) {
+                if (out.size() == cap) break;
+                const size_t grown = out.empty() ? std::max<size_t>(in.size() * 4, 1 << 16) : out.size() * 2;
+                out.resize(std::min(grown < out.size() ? cap : grown, cap));
+            }
+            const size_t n = z.read(out.data() + produced, out.size() - produced);
+            if (n == 0) break;
+            produced += n;
+        }
+    } catch (const std::bad_alloc&) {
+        KILN_FAIL("gunzip '", name, "': not enough memory for its data (", produced, " bytes decompressed so far)");
+    }
+    KILN_CHECK(produced <= max_out, "'", name, "' decompresses to more than ", max_out, " bytes, ", limit,
+               ": the file is corrupt, or not the one expected");
     out.resize(produced);
     out.shrink_to_fit();
     return out;
 }
 
-std::vector<uint8_t> maybe_gunzip(std::vector<uint8_t> bytes, const std::string& name) {
-    if (is_gzip(bytes)) return gunzip(bytes, name);
+std::vector<uint8_t> gunzip_head(const std::vector<uint8_t>& in, const std::string& name, size_t n) {
+    Inflater z(in, name);
+    std::vector<uint8_t> head(n);
+    head.resize(z.read(head.data(), n));
+    return head;
+}
+
+std::vector<uint8_t> maybe_gunzip(std::vector<uint8_t> bytes, const std::string& name, size_t max_out,
+                                  const std::string& limit) {
+    if (is_gzip(bytes)) return gunzip(bytes, name, max_out, limit);
     return bytes;
 }
 

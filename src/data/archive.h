@@ -11,6 +11,7 @@
 // The messages say what is wrong and with which file; callers that know where the file
 // came from (the data set readers) add the hint ("run `make data`").
 #pragma once
+#include <cstddef>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -19,7 +20,8 @@
 
 namespace kiln {
 
-// The whole file as bytes. Throws kiln::Error naming the path if it cannot be opened or read.
+// The whole file as bytes. Throws kiln::Error naming the path if it cannot be opened or read,
+// if it is a device rather than a file (/dev/zero never ends), or if memory runs out.
 std::vector<uint8_t> read_file(const std::string& path);
 
 // Writes `text` to the file at `path` (created or replaced). Returns 0, or the errno of what
@@ -31,11 +33,20 @@ int write_file(const std::string& path, const std::string& text);
 bool is_gzip(const std::vector<uint8_t>& bytes);
 
 // Inflates a gzip stream (RFC 1952; several members one after another are concatenated, as
-// gzip itself does). `name` is used in error messages: corrupt data, bad CRC, truncation.
-std::vector<uint8_t> gunzip(const std::vector<uint8_t>& bytes, const std::string& name);
+// gzip itself does). `name` is used in error messages: corrupt data, bad CRC, truncation. At
+// most max_out bytes come out: a stream that holds more is an error, which says `limit` (why
+// no more can be right: "the size its IDX header announces"). The output buffer grows as the
+// data arrives, so memory follows what the stream really holds, never what its trailer claims.
+std::vector<uint8_t> gunzip(const std::vector<uint8_t>& bytes, const std::string& name, size_t max_out = SIZE_MAX,
+                            const std::string& limit = "");
 
-// gunzip(bytes) when bytes start with the gzip magic, otherwise bytes unchanged (moved).
-std::vector<uint8_t> maybe_gunzip(std::vector<uint8_t> bytes, const std::string& name);
+// The first n bytes of the decompressed stream (fewer if it is shorter): a header that says how
+// long the rest may be, before anything else is decompressed.
+std::vector<uint8_t> gunzip_head(const std::vector<uint8_t>& bytes, const std::string& name, size_t n);
+
+// gunzip(bytes, ...) when bytes start with the gzip magic, otherwise bytes unchanged (moved).
+std::vector<uint8_t> maybe_gunzip(std::vector<uint8_t> bytes, const std::string& name, size_t max_out = SIZE_MAX,
+                                  const std::string& limit = "");
 
 // One regular file inside a tar archive.
 struct TarEntry {

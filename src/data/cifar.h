@@ -15,16 +15,22 @@
 //       The JPEG copy of (b) lost detail to its quality-75 re-encoding (about 30 dB PSNR).
 // For image folders, the classes are the folder names sorted (the union over train and
 // test, so both splits agree on label numbers); images are ordered by class, then by file
-// name, decoded with stb_image in parallel (OpenMP) into 3 channels, and must be 32×32.
+// name, decoded with stb_image (data/image_decode.h) in parallel into 3 channels, and must be 32×32.
 // Returns N×3×32×32 pixels. Any problem — missing or corrupt file, wrong image size, an
 // empty split — throws kiln::Error naming the file and saying how to fetch the data again.
 #pragma once
+#include <cstdint>
 #include <string>
+#include <vector>
 
 #include "data/image_set.h"
 
 namespace kiln {
 
 ImageSet load_cifar10(const std::string& path, bool train);
+
+// The same from an archive's bytes ((a), (b) or (d): a .tar, .tar.gz or .tgz), `name` naming it
+// in the errors (which do not say `make data`): for a reader fed from memory, as the fuzzers are.
+ImageSet load_cifar10_archive(std::vector<uint8_t> archive, const std::string& name, bool train);
 
 }  // namespace kiln

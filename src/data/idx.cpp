@@ -1,6 +1,7 @@
 // idx.cpp — IDX readers and load_mnist. See idx.h for the format.
 #include "data/idx.h"
 
+#include <cstdint>
 #include <filesystem>
 
 #include "core/error.h"
@@ -23,9 +24,9 @@ const char* describe_magic(uint32_t magic) {
     return " (not an IDX file)";
 }
 
-// Reads the file (inflating it if gzip) and checks the magic number and the header size.
-std::vector<uint8_t> read_idx(const std::string& path, uint32_t magic, uint32_t dims, const char* what) {
-    std::vector<uint8_t> bytes = maybe_gunzip(read_file(path), path);
+// The header's checks: the magic number, and the header's size.
+void check_header(const std::string& path, const std::vector<uint8_t>& bytes, uint32_t magic, uint32_t dims,
+                  const char* what) {
     const size_t header = 4 + 4 * size_t(dims);
     KILN_CHECK(bytes.size() >= 4, "'", path, "' is too short to be an IDX ", what, " file: ", bytes.size(),
                " bytes, expected at least ", header);
@@ -34,11 +35,36 @@ std::vector<uint8_t> read_idx(const std::string& path, uint32_t magic, uint32_t 
                " (big-endian 0x0000080", dims, "), found ", found, describe_magic(found));
     KILN_CHECK(bytes.size() >= header, "'", path, "' is truncated: ", bytes.size(), " bytes, the IDX ", what,
                " header alone needs ", header);
+}
+
+// The size of the file the header announces: the header, then one byte per entry (the product
+// of the dims, each < 2^32; saturated at SIZE_MAX, which no file reaches).
+size_t announced_size(const std::vector<uint8_t>& header, uint32_t dims) {
+    size_t size = 1;
+    for (uint32_t d = 0; d < dims; d++) {
+        const size_t n = be32(&header[4 + 4 * size_t(d)]);
+        size = n != 0 && size > SIZE_MAX / n ? SIZE_MAX : size * n;
+    }
+    const size_t header_size = 4 + 4 * size_t(dims);
+    return size > SIZE_MAX - header_size ? SIZE_MAX : size + header_size;
+}
+
+// The file's bytes, inflated if gzip, with its header checked. A gzip stream is inflated no
+// further than the size its header announces: a damaged stream (or a trailer that lies) costs no
+// more memory than the data set it claims to be.
+std::vector<uint8_t> idx_bytes(std::vector<uint8_t> bytes, const std::string& path, uint32_t magic, uint32_t dims,
+                               const char* what) {
+    if (is_gzip(bytes)) {
+        const std::vector<uint8_t> head = gunzip_head(bytes, path, 4 + 4 * size_t(dims));
+        check_header(path, head, magic, dims, what);
+        bytes = gunzip(bytes, path, announced_size(head, dims), "the size its IDX header announces (extra data)");
+    }
+    check_header(path, bytes, magic, dims, what);
     return bytes;
 }
 
-IdxImages parse_images(const std::string& path) {
-    std::vector<uint8_t> bytes = read_idx(path, 2051, 3, "image");
+IdxImages parse_images(std::vector<uint8_t> file, const std::string& path) {
+    const std::vector<uint8_t> bytes = idx_bytes(std::move(file), path, 2051, 3, "image");
     const uint64_t n = be32(&bytes[4]), h = be32(&bytes[8]), w = be32(&bytes[12]);
     KILN_CHECK(h > 0 && w > 0 && h <= 65536 && w <= 65536, "'", path, "': the IDX header gives an image size of ",
                h, "x", w, ", expected a positive size such as 28x28");
@@ -53,8 +79,8 @@ IdxImages parse_images(const std::string& path) {
     return img;
 }
 
-std::vector<uint8_t> parse_labels(const std::string& path) {
-    std::vector<uint8_t> bytes = read_idx(path, 2049, 1, "label");
+std::vector<uint8_t> parse_labels(std::vector<uint8_t> file, const std::string& path) {
+    const std::vector<uint8_t> bytes = idx_bytes(std::move(file), path, 2049, 1, "label");
     const uint64_t n = be32(&bytes[4]), have = bytes.size() - 8;
     KILN_CHECK(have == n, "'", path, "': the IDX header announces ", n, " labels, but the file holds ", have,
                have < n ? " (truncated)" : " (extra data)");
@@ -82,11 +108,19 @@ std::string find_idx_file(const std::string& dir, const std::string& base) {
 }  // namespace
 
 IdxImages read_idx_images(const std::string& path) {
-    return with_hint(kHint, [&] { return parse_images(path); });
+    return with_hint(kHint, [&] { return parse_images(read_file(path), path); });
 }
 
 std::vector<uint8_t> read_idx_labels(const std::string& path) {
-    return with_hint(kHint, [&] { return parse_labels(path); });
+    return with_hint(kHint, [&] { return parse_labels(read_file(path), path); });
+}
+
+IdxImages idx_images_from(std::vector<uint8_t> file, const std::string& name) {
+    return parse_images(std::move(file), name);
+}
+
+std::vector<uint8_t> idx_labels_from(std::vector<uint8_t> file, const std::string& name) {
+    return parse_labels(std::move(file), name);
 }
 
 ImageSet load_mnist(const std::string& dir, bool train) {
@@ -94,8 +128,8 @@ ImageSet load_mnist(const std::string& dir, bool train) {
         const std::string split = train ? "train" : "t10k";
         const std::string images_path = find_idx_file(dir, split + "-images-idx3-ubyte");
         const std::string labels_path = find_idx_file(dir, split + "-labels-idx1-ubyte");
-        IdxImages img = parse_images(images_path);
-        std::vector<uint8_t> lab = parse_labels(labels_path);
+        IdxImages img = parse_images(read_file(images_path), images_path);
+        std::vector<uint8_t> lab = parse_labels(read_file(labels_path), labels_path);
         KILN_CHECK(int64_t(lab.size()) == img.n, "MNIST ", train ? "training" : "test", " files disagree: '",
                    images_path, "' holds ", img.n, " images but '", labels_path, "' holds ", lab.size(),
                    " labels");

@@ -5,7 +5,7 @@
 //   labels:  magic 2049 (0x00000801: u8 data, 1 dim)  | N | N labels
 // The readers check the magic number, the dimensions, and that the payload is exactly the
 // size the header announces. Compressed or not is decided by the gzip magic bytes, not by
-// the file name. Any problem throws kiln::Error naming the file, what was expected and what
+// the file name; a gzip stream is inflated no further than the size the header announces. Any problem throws kiln::Error naming the file, what was expected and what
 // was found, and saying to run `make data` (which fetches the files again and verifies them).
 #pragma once
 #include <cstdint>
@@ -24,6 +24,10 @@ struct IdxImages {
 
 IdxImages read_idx_images(const std::string& path);             // magic 2051
 std::vector<uint8_t> read_idx_labels(const std::string& path);  // magic 2049, N labels
+// The same from a file's bytes (plain or gzip), `name` naming it in the errors (which do not say
+// `make data`): for a reader fed from memory, as the fuzzers are (fuzz/).
+IdxImages idx_images_from(std::vector<uint8_t> file, const std::string& name);
+std::vector<uint8_t> idx_labels_from(std::vector<uint8_t> file, const std::string& name);
 
 // MNIST from a folder holding train-images-idx3-ubyte[.gz], train-labels-idx1-ubyte[.gz],
 // t10k-images-idx3-ubyte[.gz], t10k-labels-idx1-ubyte[.gz] (as `make data` puts them in

@@ -1,0 +1,99 @@
+// image_decode.cpp — stb_image and the checks around it (see image_decode.h). The Makefile
+// compiles this file with -fwrapv -fno-sanitize=signed-integer-overflow (stb's known overflow).
+#include "data/image_decode.h"
+
+#include <algorithm>
+#include <climits>
+
+// stb_image, compiled into this file only (STB_IMAGE_STATIC: no symbols exported, so another
+// file may include its own copy). JPEG and PNG only, from memory only. Its warnings are not ours.
+#pragma GCC diagnostic push
+#if defined(__clang__)
+#pragma GCC diagnostic ignored "-Wunknown-warning-option"  // clang has no -Wmaybe-uninitialized
+#endif
+#pragma GCC diagnostic ignored "-Wunused-function"
+#pragma GCC diagnostic ignored "-Wunused-parameter"
+#pragma GCC diagnostic ignored "-Wunused-but-set-variable"
+#pragma GCC diagnostic ignored "-Wsign-compare"
+#pragma GCC diagnostic ignored "-Wimplicit-fallthrough"
+#pragma GCC diagnostic ignored "-Wmissing-field-initializers"
+#pragma GCC diagnostic ignored "-Wtype-limits"
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#define STB_IMAGE_IMPLEMENTATION
+#define STB_IMAGE_STATIC
+#define STBI_ONLY_JPEG
+#define STBI_ONLY_PNG
+#define STBI_NO_STDIO
+#define STBI_NO_LINEAR
+#define STBI_NO_HDR
+#include <stb/stb_image.h>
+#pragma GCC diagnostic pop
+
+namespace kiln {
+
+namespace {
+
+// The stb_image that Debian ships (2.27) trusts the code counts of a JPEG Huffman table
+// (DHT segment): 16 counts summing to more than 256 make it write past its tables — a
+// damaged file could crash the loader. Such a table is invalid JPEG, so this walks the
+// file's markers the way stb does and refuses the image before stb sees it.
+bool jpeg_huffman_tables_ok(const uint8_t* p, size_t n) {
+    if (n < 2 || p[0] != 0xFF || p[1] != 0xD8) return true;  // not a JPEG: nothing to check
+    auto at = [&](size_t j) -> uint32_t { return j < n ? p[j] : 0; };  // stb reads 0 past the end
+    size_t i = 2;
+    while (i + 1 < n) {
+        // Outside segments (and inside entropy-coded data) only 0xFF <marker> matters;
+        // 0xFF 0x00 is a stuffed byte, 0xFF 0xFF a fill byte, RSTn/TEM have no length.
+        if (p[i] != 0xFF) { ++i; continue; }
+        const uint8_t m = p[i + 1];
+        if (m == 0xFF) { ++i; continue; }
+        if (m == 0x00 || m == 0x01 || (m >= 0xD0 && m <= 0xD7)) { i += 2; continue; }
+        if (m == 0xD9) break;  // EOI
+        const size_t len = at(i + 2) << 8 | at(i + 3);
+        if (m == 0xC4) {  // DHT: tables of (class/id byte, 16 counts, sum(counts) symbols)
+            int64_t left = int64_t(len) - 2;
+            size_t j = i + 4;
+            while (left > 0) {
+                const uint32_t q = at(j++);
+                if ((q >> 4) > 1 || (q & 15) > 3) break;  // stb rejects this table itself
+                uint32_t symbols = 0;
+                for (int k = 0; k < 16; ++k) symbols += at(j++);
+                if (symbols > 256) return false;
+                j += symbols;
+                left -= 17 + int64_t(symbols);
+            }
+        }
+        i += 2 + std::max<size_t>(len, 2);
+    }
+    return true;
+}
+
+void free_pixels(void* p) { stbi_image_free(p); }
+
+// The most pixels an image may have: the largest CIFAR-10 file, a PNG sprite of 10,000 images,
+// has 1024 × 10,000. A header that claims more would have stb allocate gigabytes first.
+constexpr int64_t kMaxPixels = int64_t(1) << 24;
+
+}  // namespace
+
+ImagePixels decode_rgb_image(const uint8_t* bytes, size_t size, int& w, int& h, std::string& why) {
+    ImagePixels none(nullptr, free_pixels);
+    if (size == 0) why = "the file is empty";
+    else if (size > size_t(INT_MAX)) why = "the file is larger than stb_image reads (2 GiB)";
+    else if (!jpeg_huffman_tables_ok(bytes, size)) why = "it is a corrupt JPEG (a Huffman table has more than 256 codes)";
+    if (!why.empty()) return none;
+    int comp = 0;
+    if (stbi_info_from_memory(bytes, int(size), &w, &h, &comp) && int64_t(w) * int64_t(h) > kMaxPixels) {
+        why = "its header says " + std::to_string(w) + "x" + std::to_string(h) + " pixels, more than the " +
+              std::to_string(kMaxPixels) + " kiln decodes";
+        return none;
+    }
+    ImagePixels px(stbi_load_from_memory(bytes, int(size), &w, &h, &comp, 3), free_pixels);
+    if (!px) {
+        const char* reason = stbi_failure_reason();
+        why = std::string("it is corrupt or not a JPEG/PNG (stb_image: ") + (reason ? reason : "unknown error") + ")";
+    }
+    return px;
+}
+
+}  // namespace kiln
