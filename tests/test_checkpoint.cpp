@@ -1,8 +1,9 @@
-// test_checkpoint.cpp — checkpoints (src/train/checkpoint.h): the safetensors layout byte by
-// byte, round trips, every kind of damage rejected with a message naming the file and the
+// test_checkpoint.cpp — checkpoints (src/train/safetensors.h, src/train/checkpoint.h): the
+// safetensors layout byte by byte, round trips, every kind of damage rejected with a message naming the file and the
 // tensor, saves that fail without harming the previous checkpoint, a run stopped at step k
-// and resumed that ends bit for bit where an uninterrupted run does, and resumes with other
-// flags (--limit, --seed, --epochs, the schedule) refused by name.
+// and resumed that ends bit for bit where an uninterrupted run does (with another --seed too),
+// resumes with other flags (--limit, --epochs, the schedule) refused by name, and edited values
+// refused by their CRC-32 or their range.
 //
 //   build/tests/kiln_tests '[checkpoint]'
 #include <catch2/catch.hpp>

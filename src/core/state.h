@@ -2,8 +2,9 @@
 //
 // An optimizer's momentum buffers, a scheduler's step count, a loader's position, an RNG's
 // counter: each component writes its state into a StateDict under its own prefix and reads it
-// back. A checkpoint (train/checkpoint.h) is one StateDict in a file: the tensors go into the
-// safetensors data, the values into its "__metadata__" (strings, as safetensors requires).
+// back. A checkpoint (train/checkpoint.h) is one StateDict in a file (train/safetensors.h): the
+// tensors go into the safetensors data, the values into its "__metadata__" (strings, as
+// safetensors requires).
 //
 //   StateDict s;
 //   s.set("optimizer.step", int64_t(120));          s.tensors["optimizer.fc1.weight.momentum"] = buf;
