@@ -15,9 +15,11 @@
 #   make CUDA=1          the same with nvcc for a real GPU
 #   make gpu-check-prepare   the CUDA binaries, MNIST and the check in gpu-check/, for a GPU machine
 #   make gpu-check       on that machine: runs them (no build there)
+#   make fuzz            the file readers under libFuzzer (clang), FUZZ_SECONDS (60) per harness
+#   make clang-check     every engine source through clang++ -std=c++17 too (syntax only)
 #
 # Objects go to build/ (build-san/ with SAN=1, build-cuda/ with CUDA=1, build-gpucheck/ for the
-# GPU check).
+# GPU check, build-fuzz/ for make fuzz).
 
 CXX      ?= g++
 NVCC     ?= /usr/local/cuda/bin/nvcc
@@ -142,7 +144,7 @@ EXTRA_BINS  := $(EXTRA_NAMES:%=$(BUILD)/bin/%)
 LESSON_NUMS := $(patsubst $(BUILD)/bin/lesson-%,%,$(LESSON_BINS))
 
 .SECONDARY:
-.PHONY: all test data run bench lab lab-build accuracy gpu-check gpu-check-prepare clean $(addprefix lesson-,$(LESSON_NUMS)) $(EXTRA_NAMES)
+.PHONY: all test data run bench lab lab-build accuracy gpu-check gpu-check-prepare fuzz clang-check clean $(addprefix lesson-,$(LESSON_NUMS)) $(EXTRA_NAMES)
 all: $(LIB) $(LESSON_BINS) $(EXTRA_BINS) $(TEST_BIN) $(MPI_TEST_BIN)
 
 # --- packages ----------------------------------------------------------------------------
@@ -310,7 +312,56 @@ gpu-check-prepare:
 gpu-check:
 	@bash scripts/gpu-check.sh
 
+# --- fuzzing -------------------------------------------------------------------------------
+# The harnesses in fuzz/ feed libFuzzer's inputs to the file readers: safetensors (checkpoints),
+# IDX (MNIST), gzip and tar, CIFAR-10 archives, and JPEG/PNG images. Built with clang under
+# AddressSanitizer and UBSan into build-fuzz/, from the readers' sources and the few files they
+# link with (not the whole engine: a short build); the seeds are small valid files that the
+# tests write (kiln_tests '[fuzz-seeds]'). scripts/fuzz.sh runs each harness FUZZ_SECONDS
+# seconds and stops at the first finding, its input kept as build-fuzz/crash-<harness>-*;
+# build-fuzz/corpus/ keeps what the fuzzers found from one run to the next.
+FUZZ_CXX      ?= clang++
+FUZZ_SECONDS  ?= 60
+FUZZ_DIR      := build-fuzz
+FUZZ_HARNESSES := safetensors idx archive cifar image
+FUZZ_CXXFLAGS := -std=c++17 -g -O1 -fno-omit-frame-pointer -fopenmp -Wall -Wextra -Werror -Isrc -Icuda \
+                 -isystem /usr/local/cuda/include -MMD -MP -fsanitize=address,undefined -fno-sanitize-recover=undefined
+FUZZ_LIB_SRCS := src/train/safetensors.cpp src/data/archive.cpp src/data/idx.cpp src/data/cifar.cpp \
+                 src/data/image_decode.cpp src/core/tensor.cpp src/core/dtype.cpp src/core/allocator.cpp \
+                 src/core/parallel.cpp cuda/memory.cu cuda/emu/runtime.cpp
+FUZZ_OBJS     := $(FUZZ_LIB_SRCS:%=$(FUZZ_DIR)/%.o)
+FUZZ_BINS     := $(FUZZ_HARNESSES:%=$(FUZZ_DIR)/fuzz_%)
+
+$(FUZZ_DIR)/%.cpp.o: %.cpp
+	@mkdir -p $(dir $@)
+	$(FUZZ_CXX) $(FUZZ_CXXFLAGS) -fsanitize=fuzzer-no-link -c $< -o $@
+$(FUZZ_DIR)/%.cu.o: %.cu
+	@mkdir -p $(dir $@)
+	$(FUZZ_CXX) $(FUZZ_CXXFLAGS) -fsanitize=fuzzer-no-link -x c++ -c $< -o $@
+$(FUZZ_DIR)/src/data/image_decode.cpp.o: FUZZ_CXXFLAGS += $(STB_CXXFLAGS)
+$(FUZZ_DIR)/fuzz_%: $(FUZZ_DIR)/fuzz/%.cpp.o $(FUZZ_OBJS)
+	$(FUZZ_CXX) $(FUZZ_CXXFLAGS) -fsanitize=fuzzer $^ -o $@ -lz -lpthread
+
+# The engine is standard C++17: clang++ compiles every source of libkiln too (syntax only, each
+# file its own job). GCC's "#pragma GCC target" (the CPU kernels' instruction sets) is ignored.
+CLANG_CHECK_SRCS := $(LIB_SRCS) $(CU_SRCS) $(EMU_SRCS)
+clang-check:
+	@bash scripts/setup.sh --fuzz
+	@$(MAKE) --no-print-directory $(CLANG_CHECK_SRCS:%=clang-check/%)
+clang-check/%:
+	@$(FUZZ_CXX) -std=c++17 -fsyntax-only -fopenmp -fno-trapping-math $(WARN) -Wno-unknown-pragmas -Isrc -Icuda \
+	    -isystem /usr/local/cuda/include -march=native $(if $(filter %.cu,$*),-x c++) $*
+
+fuzz:
+	@bash scripts/setup.sh --fuzz
+	@$(MAKE) --no-print-directory $(FUZZ_BINS) $(TEST_BIN)
+	@rm -rf $(FUZZ_DIR)/seeds && KILN_FUZZ_SEEDS=$(FUZZ_DIR)/seeds $(TEST_BIN) '[fuzz-seeds]' >/dev/null
+	@bash scripts/fuzz.sh $(FUZZ_DIR) $(FUZZ_SECONDS) $(FUZZ_HARNESSES)
+
 clean:
-	rm -rf build build-san build-cuda build-gpucheck gpu-check
+	rm -rf build build-san build-cuda build-gpucheck build-fuzz gpu-check
 
 -include $(shell find $(BUILD) -name '*.d' 2>/dev/null)
+ifneq ($(filter fuzz build-fuzz/%,$(MAKECMDGOALS)),)
+-include $(shell find $(FUZZ_DIR) -name '*.d' 2>/dev/null)
+endif

@@ -6,6 +6,7 @@
 #   make test T='a name*'     hands tests/run.sh the filter as one word (spaces and * kept)
 #   make bench                runs scripts/setup.sh --bench (which installs OpenBLAS) before
 #                             it compiles or links anything
+#   make fuzz, clang-check    run scripts/setup.sh --fuzz (which installs clang) before they compile
 #   make gpu-check-prepare    builds into build-gpucheck/ the kernels with -lineinfo for sm_80 and
 #                             sm_90, the host code for -march=x86-64-v3 (never native), the tests,
 #                             lesson 05 and the lab linked with the static CUDA and C++ runtimes,
@@ -44,6 +45,17 @@ if [[ -n $setup && ( -z $compile || $setup -lt $compile ) ]]; then
 else
     fail "make -n bench does not run scripts/setup.sh --bench before compiling (setup at line ${setup:-none}, first compile at line ${compile:-none})"
 fi
+
+for target in fuzz clang-check; do
+    out=$(make -n -B "$target" 2>&1)
+    setup=$(grep -n -m1 'scripts/setup.sh --fuzz' <<<"$out" | cut -d: -f1)
+    compile=$(grep -n -m1 -E '(^| )(clang\+\+|g\+\+|ccache)' <<<"$out" | cut -d: -f1)
+    if [[ -n $setup && ( -z $compile || $setup -lt $compile ) ]]; then
+        echo "check-make: make $target installs clang before it compiles"
+    else
+        fail "make -n $target does not run scripts/setup.sh --fuzz before compiling (setup at line ${setup:-none}, first compile at line ${compile:-none})"
+    fi
+done
 
 out=$(make -n -B gpu-check-prepare 2>&1)
 nvcc_lines=$(grep -E '(^| |/)nvcc ' <<<"$out")

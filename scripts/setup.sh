@@ -3,21 +3,26 @@
 # the CUDA Toolkit's headers (not a Debian package: it says where to get them).
 #   as root:        installs the packages with apt-get (after apt-get update)
 #   as a user:      prints the exact apt-get line to run, and stops
-# Usage: scripts/setup.sh [--bench] [--check]
+# Usage: scripts/setup.sh [--bench] [--fuzz] [--check]
 #   --bench   adds OpenBLAS and PyTorch, for `make bench`
+#   --fuzz    adds clang with libFuzzer and its OpenMP runtime, for `make fuzz`
 #   --check   installs nothing, even as root: names the missing packages and the command that
 #             installs them, and fails (`make` runs this once before it compiles anything)
 set -eu
-bench=0; check=0
+bench=0; fuzz=0; check=0
 for arg in "$@"; do
     case $arg in
         --bench) bench=1 ;;
+        --fuzz) fuzz=1 ;;
         --check) check=1 ;;
-        *) echo "usage: scripts/setup.sh [--bench] [--check]" >&2; exit 2 ;;
+        *) echo "usage: scripts/setup.sh [--bench] [--fuzz] [--check]" >&2; exit 2 ;;
     esac
 done
+# libstb-dev is stb_image 2.27, with a known signed overflow in its JPEG decoder (nothings/stb#1533):
+# src/data/image_decode.h says how kiln decodes with it anyway.
 packages=(g++ make zlib1g-dev libstb-dev catch2 ca-certificates curl libopenmpi-dev openmpi-bin)
 [[ $bench -eq 1 ]] && packages+=(libopenblas-dev python3-torch python3-numpy)
+[[ $fuzz -eq 1 ]] && packages+=(clang libclang-rt-dev libomp-dev)
 
 if ! command -v dpkg-query >/dev/null; then
     echo "setup: no dpkg-query, so this is not Debian or Ubuntu: check by hand that the"

@@ -750,3 +750,41 @@ TEST_CASE("saving a checkpoint copies nothing on the CPU", "[checkpoint][memory]
     StateDict s = read_safetensors(dir.file("m.safetensors"));
     REQUIRE(same_bytes(s.tensors.at("fc1.weight"), model->parameters()[0]->value));
 }
+
+// ---- seeds for the fuzzers ----------------------------------------------------------------------
+
+// Small valid files for fuzz/safetensors.cpp (make fuzz), written into $KILN_FUZZ_SEEDS/safetensors:
+// kiln's own (both checksums, every dtype, a run's checkpoint with its values) and one written
+// by the reference implementation (no metadata). Each reads back. Hidden: make fuzz runs it.
+TEST_CASE("fuzz seeds: safetensors files", "[.][fuzz-seeds]") {
+    const char* root = std::getenv("KILN_FUZZ_SEEDS");
+    REQUIRE(root != nullptr);  // the folder to write into (make fuzz sets it)
+    const std::string dir = std::string(root) + "/safetensors";
+    std::filesystem::create_directories(dir);
+    write_safetensors(dir + "/small.safetensors", small_state());
+
+    StateDict dtypes;
+    dtypes.put("f32", Tensor::full({2, 2}, 1.5));
+    dtypes.put("f16", Tensor::full({3}, -2.0).to(DType::F16));
+    dtypes.put("bf16", Tensor::full({1, 1, 2}, 0.25).to(DType::BF16));
+    dtypes.put("i8", Tensor::full({2}, -7, DType::I8));
+    dtypes.put("i32", Tensor::full({1}, 123456, DType::I32));
+    dtypes.put("u8", Tensor::arange(3, DType::U8));
+    dtypes.put("empty", Tensor::zeros({0, 2}));
+    dtypes.set("text", std::string("tab\t\"quoted\" é"));
+    write_safetensors(dir + "/dtypes.safetensors", dtypes);
+
+    Rng rng(1);
+    auto model = mlp(rng, 2, 2);  // the smallest chapter model: 784 → 2 → 2 → 10
+    SGD sgd(model->parameters(), 0.1f, {0.9f, 0.0f, 0.0f, false});
+    ReduceLROnPlateau plateau(sgd, {});
+    TrainingRun run{*model, sgd, nullptr, nullptr, {}, &plateau};
+    run.schedule = record_schedule(sgd, nullptr, 3, 10);
+    save_checkpoint(dir + "/run.safetensors", run, {1, 0, 0});
+
+    std::vector<uint8_t> data(24, 0);
+    write_bytes(dir + "/reference.safetensors",
+                safetensors_bytes("{\"attn.0\":{\"dtype\":\"F32\",\"shape\":[1,2,3],\"data_offsets\":[0,24]}}", data));
+    for (const char* name : {"small", "dtypes", "run", "reference"})
+        REQUIRE_NOTHROW(read_safetensors(dir + "/" + name + ".safetensors"));
+}

@@ -680,3 +680,64 @@ TEST_CASE("load_cifar10 without the data says how to fetch it, and of the lossle
     REQUIRE_THROWS_WITH(kiln::load_cifar10(dir.file("missing"), true), Contains("(--data) does not exist") &&
                                                                           !Contains(".cpp:"));
 }
+
+// --- seeds for the fuzzers ------------------------------------------------------------------
+
+// Small valid files of every format the data readers take, written into $KILN_FUZZ_SEEDS/idx,
+// archive, cifar and image: the seeds `make fuzz` gives the harnesses in fuzz/ to mutate. Each
+// is read back first, so a seed is a file the readers accept. Hidden: make fuzz runs it.
+TEST_CASE("fuzz seeds: IDX, gzip and tar, CIFAR-10 archives, images", "[.][fuzz-seeds]") {
+    const char* root = std::getenv("KILN_FUZZ_SEEDS");
+    REQUIRE(root != nullptr);  // the folder to write into (make fuzz sets it)
+    const auto seed = [&](const std::string& harness, const std::string& name, const std::vector<uint8_t>& bytes) {
+        write_bytes(std::string(root) + "/" + harness + "/" + name, bytes);
+    };
+    const std::vector<uint8_t> images = idx_images(5, 4, 3, pattern(5, 4, 3)), labels = idx_labels({0, 1, 2, 9, 4});
+    REQUIRE(kiln::idx_images_from(gzip_bytes(images), "seed").n == 5);
+    REQUIRE(kiln::idx_labels_from(labels, "seed").size() == 5);
+    seed("idx", "images", images);
+    seed("idx", "images.gz", gzip_bytes(images));
+    seed("idx", "labels", labels);
+    seed("idx", "labels.gz", gzip_bytes(labels));
+
+    const std::vector<uint8_t> tar = make_tar({
+        {"top/", {}, '5'},
+        {"top/a.txt", bytes_of("alpha"), '0'},
+        {"some/deep/folder/" + std::string(100, 'n') + ".bin", bytes_of("long name"), '0'},
+        {"PaxHeaders/short-name", bytes_of(pax_record("path", "top/from-pax-header.txt")), 'x'},
+        {"top/short-name", bytes_of("pax"), '0'},
+    });
+    REQUIRE(kiln::read_tar(tar, "seed").size() == 3);
+    seed("archive", "files.tar", tar);
+    seed("archive", "files.tar.gz", gzip_bytes(tar));
+
+    // CIFAR-10: the binary batches (one record each), image folders (PNG, JPEG), the PNG sprites.
+    std::vector<TarFile> binary = {{"cifar-10-batches-bin/batches.meta.txt", bytes_of("airplane\nautomobile\nbird\n")}};
+    for (const char* name : {"data_batch_1.bin", "data_batch_2.bin", "data_batch_3.bin", "data_batch_4.bin",
+                             "data_batch_5.bin", "test_batch.bin"}) {
+        std::vector<uint8_t> record(3073, uint8_t(binary.size() * 40));
+        record[0] = uint8_t(binary.size() % 3);
+        binary.push_back({std::string("cifar-10-batches-bin/") + name, record});
+    }
+    const std::vector<TarFile> folders = {{"c/train/cat/a.png", encode_png(flat_rgb(30), 32, 32)},
+                                          {"c/train/dog/b.jpg", flat_jpeg()},
+                                          {"c/test/cat/t.png", encode_png(flat_rgb(60), 32, 32)},
+                                          {"c/test/dog/dc.jpg", dc_overflow_jpeg()}};
+    std::vector<TarFile> sprites = {{"package/train_lables.json", bytes_of("[1,2,3,4,5]")},
+                                    {"package/test_lables.json", bytes_of("[6]")}};
+    for (const char* name : {"data_batch_1.png", "data_batch_2.png", "data_batch_3.png", "data_batch_4.png",
+                             "data_batch_5.png", "test_batch.png"})
+        sprites.push_back({std::string("package/") + name, encode_png(flat_rgb(7, 32), 1024, 1)});  // 32×32×3 = 1024×1×3
+    for (const auto& [name, files] : {std::pair{"binary.tar.gz", binary}, std::pair{"sprites.tar.gz", sprites}}) {
+        const std::vector<uint8_t> archive = gzip_bytes(make_tar(files));
+        REQUIRE(kiln::load_cifar10_archive(archive, name, true).n == 5);
+        seed("cifar", name, archive);
+    }
+    const std::vector<uint8_t> folder_tar = make_tar(folders);
+    REQUIRE(kiln::load_cifar10_archive(folder_tar, "folders.tar", true).n == 2);
+    seed("cifar", "folders.tar", folder_tar);
+
+    seed("image", "flat.jpg", flat_jpeg());
+    seed("image", "flat.png", encode_png(flat_rgb(90), 32, 32));
+    seed("image", "dc-overflow.jpg", dc_overflow_jpeg());  // nothings/stb#1533
+}

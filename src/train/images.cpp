@@ -9,6 +9,9 @@
 // stb_image_write and stb_easy_font, compiled into this file only (STB_IMAGE_WRITE_STATIC: no
 // symbols exported; stb_easy_font is all static functions). Their warnings are not ours.
 #pragma GCC diagnostic push
+#if defined(__clang__)
+#pragma GCC diagnostic ignored "-Wunknown-warning-option"  // clang has no -Wmaybe-uninitialized
+#endif
 #pragma GCC diagnostic ignored "-Wunused-function"
 #pragma GCC diagnostic ignored "-Wunused-parameter"
 #pragma GCC diagnostic ignored "-Wsign-compare"
