@@ -1,4 +1,4 @@
-// test_observer.cpp — chapter 11's observers against PyTorch's rules: scales and zero points
+// test_observer.cpp — chapter 11's observers against PyTorch 2.x's rules: scales and zero points
 // worked out by hand for tiny tensors (min/max, moving average, per channel), the histogram
 // binned and re-binned as torch.histc and _combine_histograms do, the histogram's clip range on
 // data that fills its range and on data with far outliers (judged by really quantizing it), the

@@ -1,4 +1,4 @@
-// observer.cpp — the observers of chapter 11 (see observer.h), after PyTorch's
+// observer.cpp — the observers of chapter 11 (see observer.h), after PyTorch 2.x's
 // torch/ao/quantization/observer.py.
 #include "quant/observer.h"
 

@@ -1,6 +1,6 @@
 // observer.h — observers (chapter 11): during calibration they watch the f32 tensors that flow
 // through a layer, batch after batch, and then choose the scale and zero point that tensor gets
-// in the int8 model. They follow PyTorch's (torch/ao/quantization/observer.py), rule for rule:
+// in the int8 model. They follow PyTorch 2.x's (torch/ao/quantization/observer.py), rule for rule:
 //
 //   MinMaxObserver               the running min and max of everything seen
 //   MovingAverageMinMaxObserver  min += c·(batch min − min), the same for max (QAT's choice:
@@ -124,7 +124,9 @@ private:
     std::vector<float> channel_min_, channel_max_;
 };
 
-// PyTorch's HistogramObserver (affine, per tensor):
+// PyTorch 2.x's HistogramObserver (affine, per tensor). PyTorch 1.13 (the torch Debian 12 ships)
+// differs in two rules: its histogram spans [int(min), int(max)], the range truncated to whole
+// numbers, and a first batch of one value (min = max) is thrown away at the next batch.
 //  - the first batch makes a histogram of `bins` equal bins over its [min, max] (torch.histc);
 //  - a later batch that widens the range re-bins the old histogram onto the new range: each old
 //    bin is cut into upsample_rate equal parts, each part carrying 1/upsample_rate of its count
