@@ -18,6 +18,7 @@
 #include "optim/optimizer.h"
 #include "train/checkpoint.h"
 #include "train/loop.h"
+#include "train/prune_rounds.h"
 
 using namespace kiln;
 using Catch::Contains;
@@ -324,6 +325,75 @@ TEST_CASE("masks survive a checkpoint exactly, and training resumes exactly", "[
     auto pa = net->named_parameters(), pb = resumed->named_parameters();
     for (size_t i = 0; i < pa.size(); i++) require_identical(pb[i].second->value, pa[i].second->value);
     require_identical(resumed->call(x), net->call(x));
+}
+
+// Chapter 10's rounds saved after round 1 (train/prune_rounds.h) and resumed by a fresh run:
+// round 2 then ends, bit for bit, where the run that never stopped ends — the masks, the
+// weights, the momentum and the rounds' record all came back. Other settings are refused.
+TEST_CASE("pruning rounds are saved after each round and resumed exactly", "[lesson10][prune][checkpoint][cpu]") {
+    kiln::test::TempDir dir;
+    ImageSet set;
+    set.n = 32, set.c = 1, set.h = 28, set.w = 28;
+    Rng data(4);
+    for (int64_t i = 0; i < set.n * 28 * 28; i++) set.pixels.push_back(uint8_t(data.next_below(256)));
+    for (int64_t i = 0; i < set.n; i++) set.labels.push_back(int32_t(data.next_below(10)));
+    struct Run {
+        static LoaderOptions sixteen() {
+            LoaderOptions o;
+            o.batch_size = 16;
+            return o;
+        }
+        explicit Run(const ImageSet& set) : loader(set, sixteen()) {}
+        Rng rng{2};
+        std::unique_ptr<Sequential> model = mlp(rng, 16, 8);
+        SGD sgd{model->parameters(), 0.05f, {0.9f, 0.0f, 0.0f, false}};
+        DataLoader loader;
+        PruneRounds rounds{2, 0.75, 1, false};
+        // Round k: prune the whole net to its sparsity, then an epoch of fine-tuning.
+        void round(int k) {
+            const double now = prune::total_sparsity(prune::sparsity(*model)).sparsity();
+            const double target = prune::sparsity_after_round(k, rounds.total, rounds.final_sparsity);
+            prune::global_unstructured(prune::prunable_weights(*model), prune::Method::L1Unstructured,
+                                       prune::amount_to_reach(now, target));
+            loader.start_epoch(k);
+            for (Batch b; loader.next(b);) train_step(*model, sgd, b.x, b.y, {});
+            rounds.done.push_back({target, 0.1 * k, 0.2 * k});
+        }
+    };
+    Run straight(set);
+    straight.rounds.dense_acc = 0.5;
+    straight.round(1);
+    save_prune_rounds(dir.file("pruned.safetensors"), dir.file("pruned-prev.safetensors"), *straight.model,
+                      straight.sgd, straight.loader, straight.rounds);
+    straight.round(2);
+
+    Run resumed(set);
+    const StateDict state = read_safetensors(dir.file("pruned.safetensors"));
+    REQUIRE(holds_prune_rounds(state));
+    REQUIRE(state.tensors.count("fc1.weight_orig"));
+    REQUIRE(state.tensors.count("fc1.weight_mask"));
+    resume_prune_rounds(dir.file("pruned.safetensors"), state, *resumed.model, resumed.sgd, resumed.loader,
+                        resumed.rounds);
+    REQUIRE(resumed.rounds.dense_acc == 0.5);
+    REQUIRE(resumed.rounds.done.size() == 1);
+    REQUIRE(resumed.rounds.done[0].acc_tuned == 0.2);
+    resumed.round(2);
+    auto a = straight.model->named_parameters(), b = resumed.model->named_parameters();
+    REQUIRE(a.size() == b.size());
+    for (size_t i = 0; i < a.size(); i++) {
+        INFO(a[i].first);
+        REQUIRE(a[i].first == b[i].first);
+        require_identical(b[i].second->value, a[i].second->value);
+        if (a[i].second->mask.defined()) require_identical(b[i].second->mask, a[i].second->mask);
+    }
+
+    Run other(set);
+    other.rounds.total = 3;
+    REQUIRE_THROWS_WITH(resume_prune_rounds(dir.file("pruned.safetensors"), state, *other.model, other.sgd,
+                                            other.loader, other.rounds),
+                        Contains("--rounds") && Contains("pruned.safetensors"));
+    StateDict not_rounds;
+    REQUIRE_FALSE(holds_prune_rounds(not_rounds));
 }
 
 TEST_CASE("a pruned layer on CUDA computes what it does on the CPU", "[lesson10][prune][cuda]") {

@@ -27,6 +27,14 @@
 // fine-tuning) in --save DIR or runs/lesson-10/:
 //   pruning.svg   MNIST, MobileNetV2: test accuracy against sparsity, after each pruning and after
 //                 its fine-tuning
+// and with --save DIR (MNIST, MobileNetV2), besides the dense training's last.safetensors:
+//   pruned.safetensors   after each round: the pruned model, each pruned weight as weight_orig and
+//                        weight_mask (PyTorch's names: a PyTorch model pruned the same way loads
+//                        it), the optimizer's momentum and the rounds so far (the round before
+//                        kept as pruned-prev.safetensors). --resume DIR/pruned.safetensors, with
+//                        the same flags, goes on with the next round.
+//   sparse.safetensors   MNIST, at the end: the model with its Linear weights in CSR
+//                        (SparseLinear's weight_values, weight_col_index, weight_row_start)
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -43,10 +51,11 @@
 #include "nn/surgery.h"           // defines: remove_channels
 #include "optim/optimizer.h"      // defines: SGD, decay_groups
 #include "optim/scheduler.h"      // defines: OneCycleLR
-#include "train/checkpoint.h"     // defines: read_safetensors, load_model
+#include "train/checkpoint.h"     // defines: read_safetensors, load_model, load_checkpoint, checkpoint_state
 #include "train/cli.h"            // defines: Cli, CommonFlags
 #include "train/evaluate.h"       // defines: evaluate
 #include "train/fit.h"            // defines: MnistData, only_measure, fit, report
+#include "train/prune_rounds.h"   // defines: PruneRounds, save_prune_rounds, resume_prune_rounds
 #include "train/run_log.h"        // defines: run_info (the run's folder)
 #include "train/svg.h"            // defines: Svg, Plot
 
@@ -54,17 +63,12 @@ using namespace kiln;
 
 namespace {
 
-// What the pruning rounds record: sparsity of the weights and test accuracy.
-struct Round {
-    double sparsity, acc_pruned, acc_tuned;
-};
-
 // pruning.svg: accuracy against sparsity as a saw — each pruning drops it (red), each
 // fine-tuning wins it back (blue) — with the dense net's accuracy as a dashed line. Without
 // fine-tuning (tuned = false) only the red points: one-shot pruning at each sparsity.
-void save_pruning_plot(const std::vector<Round>& rounds, double dense_acc, bool tuned, const std::string& path) {
+void save_pruning_plot(const std::vector<PruneRound>& rounds, double dense_acc, bool tuned, const std::string& path) {
     std::vector<double> s{0.0}, acc{100 * dense_acc};
-    for (const Round& r : rounds) {
+    for (const PruneRound& r : rounds) {
         s.insert(s.end(), {100 * r.sparsity, 100 * r.sparsity});
         acc.insert(acc.end(), {100 * r.acc_pruned, 100 * r.acc_tuned});
     }
@@ -91,8 +95,9 @@ void save_pruning_plot(const std::vector<Round>& rounds, double dense_acc, bool 
 
 // What pruning was for, at last: the masks baked in (prune::remove), then every Linear's
 // weight stored as CSR (SparseLinear): the weights' bytes and the forward pass's speed, before
-// and after. The predictions do not change; only how the zeros are (not) stored.
-void sparse_savings(Module& model, DataLoader& test, BumpAllocator& arena) {
+// and after. The predictions do not change; only how the zeros are (not) stored. With --save
+// DIR the CSR model goes to DIR/sparse.safetensors.
+void sparse_savings(Module& model, DataLoader& test, BumpAllocator& arena, const CommonFlags& flags) {
     int64_t dense_bytes = 0, csr_bytes = 0;
     for (auto& [m, name] : prune::prunable_weights(model)) {
         prune::remove(*m, name);
@@ -108,6 +113,11 @@ void sparse_savings(Module& model, DataLoader& test, BumpAllocator& arena) {
                 dense_bytes / 1024.0, csr_bytes / 1024.0, double(dense_bytes) / double(csr_bytes),
                 dense.images_per_second, sparse.images_per_second,
                 sparse.images_per_second / dense.images_per_second, 100 * dense.acc, 100 * sparse.acc);
+    if (flags.save.empty()) return;
+    StateDict state;
+    save_model(state, model);
+    write_safetensors(flags.save + "/sparse.safetensors", state);
+    std::printf("saved %s/sparse.safetensors (the Linear weights in CSR)\n", flags.save.c_str());
 }
 
 double weight_sparsity(Module& model) { return prune::total_sparsity(prune::sparsity(model)).sparsity(); }
@@ -136,29 +146,45 @@ void prune_to(Module& model, double now, double target, bool per_layer) {
     for (auto& [m, name] : prune::prunable_weights(model)) prune::l1_unstructured(*m, name, amount);
 }
 
-// The rounds: prune to the schedule's sparsity, score, fine-tune (when finetune_epochs > 0), score.
-std::vector<Round> prune_and_finetune(Module& model, SGD& sgd, DataLoader& train, DataLoader& test,
-                                      BumpAllocator& arena, const CommonFlags& flags, int rounds,
-                                      double final_sparsity, int finetune_epochs, bool per_layer) {
-    std::vector<Round> done;
-    double reached = 0.0;  // every layer's sparsity after the last round (per_layer)
-    for (int k = 1; k <= rounds; k++) {
-        const double target = prune::sparsity_after_round(k, rounds, final_sparsity);
-        prune_to(model, per_layer ? reached : weight_sparsity(model), target, per_layer);
-        reached = target;
-        Round r{weight_sparsity(model), evaluate(model, test, &arena), 0.0};
-        std::printf("round %d/%d: pruned to %.2f%% sparsity, test accuracy %.2f%%; fine-tuning %d epochs\n", k, rounds,
-                    100 * r.sparsity, 100 * r.acc_pruned, finetune_epochs);
-        r.acc_tuned = finetune_epochs > 0 ? finetune(model, sgd, train, test, arena, flags.lr, finetune_epochs)
-                                          : r.acc_pruned;
-        done.push_back(r);
+// The rounds after those done: prune to the schedule's sparsity, score, fine-tune (when
+// finetune_epochs > 0), score; with --save, pruned.safetensors after each.
+void prune_and_finetune(Module& model, SGD& sgd, DataLoader& train, DataLoader& test, BumpAllocator& arena,
+                        const CommonFlags& flags, PruneRounds& rounds) {
+    for (int k = int(rounds.done.size()) + 1; k <= rounds.total; k++) {
+        const double target = prune::sparsity_after_round(k, rounds.total, rounds.final_sparsity);
+        prune_to(model, rounds.per_layer ? rounds.reached : weight_sparsity(model), target, rounds.per_layer);
+        rounds.reached = target;
+        PruneRound r{weight_sparsity(model), evaluate(model, test, &arena), 0.0};
+        std::printf("round %d/%d: pruned to %.2f%% sparsity, test accuracy %.2f%%; fine-tuning %d epochs\n", k,
+                    rounds.total, 100 * r.sparsity, 100 * r.acc_pruned, rounds.finetune_epochs);
+        r.acc_tuned = rounds.finetune_epochs > 0
+                          ? finetune(model, sgd, train, test, arena, flags.lr, rounds.finetune_epochs)
+                          : r.acc_pruned;
+        rounds.done.push_back(r);
+        if (flags.save.empty()) continue;
+        flags.use("--save");
+        save_prune_rounds(flags.save + "/pruned.safetensors", flags.save + "/pruned-prev.safetensors", model, sgd,
+                          train, rounds);
+        std::printf("saved %s/pruned.safetensors (round %d of %d)\n", flags.save.c_str(), k, rounds.total);
     }
-    return done;
+}
+
+// --resume of a pruned.safetensors: the rounds go on from it (resume_prune_rounds), and true is
+// returned; false for no --resume, or that of a dense training (which fit continues).
+bool resume_rounds(const CommonFlags& flags, Module& model, SGD& sgd, DataLoader& train, PruneRounds& rounds) {
+    if (flags.resume.empty()) return false;
+    const StateDict state = read_safetensors(flags.resume);
+    if (!holds_prune_rounds(state)) return false;
+    flags.use("--resume");
+    resume_prune_rounds(flags.resume, state, model, sgd, train, rounds);
+    std::printf("resumed from %s: %zu of %d rounds done, %.2f%% sparsity\n", flags.resume.c_str(), rounds.done.size(),
+                rounds.total, 100 * weight_sparsity(model));
+    return true;
 }
 
 // After the rounds: each layer's sparsity, pruning.svg, and the accuracy before and after; returns
 // the pruned net's accuracy.
-double summarize_rounds(Module& model, const std::vector<Round>& rounds_done, double dense_acc, bool tuned,
+double summarize_rounds(Module& model, const std::vector<PruneRound>& rounds_done, double dense_acc, bool tuned,
                         const CommonFlags& flags) {
     prune::print_sparsity(model);
     const std::string dir = run_info(flags).dir;
@@ -172,8 +198,7 @@ double summarize_rounds(Module& model, const std::vector<Round>& rounds_done, do
     return pruned_acc;
 }
 
-int run_mnist(const std::string& which, CommonFlags& flags, int rounds, double final_sparsity, int finetune_epochs,
-              bool per_layer) {
+int run_mnist(const std::string& which, CommonFlags& flags, PruneRounds rounds) {
     const Device device = flags.apply();
     const auto start = std::chrono::steady_clock::now();
     MnistData mnist(flags, device);
@@ -185,16 +210,15 @@ int run_mnist(const std::string& which, CommonFlags& flags, int rounds, double f
     SGD sgd(model.parameters(), flags.lr, {0.9f, 0.0f, 0.0f, false});
     flags.apply_memory_limit(device);  // --mem-limit, now that the model and its optimizer exist
     if (only_measure(model, sgd, mnist.train, flags, &arena)) return 0;  // --find-batch-size, --time-report
-    std::printf("lesson-10: %s, %lld parameters; dense training, %d epochs\n",
-                which == "lenet" ? "LeNet" : "LeNet-300-100 (784-300-100-10)", (long long)model.num_parameters(),
-                flags.epochs);
-
-    const double dense_acc = fit(model, sgd, mnist.train, mnist.test, flags, &arena);
-    const std::vector<Round> rounds_done =
-        prune_and_finetune(model, sgd, mnist.train, mnist.test, arena, flags, rounds, final_sparsity, finetune_epochs,
-                           per_layer);
-    const double pruned_acc = summarize_rounds(model, rounds_done, dense_acc, finetune_epochs > 0, flags);
-    sparse_savings(model, mnist.test, arena);
+    if (!resume_rounds(flags, model, sgd, mnist.train, rounds)) {
+        std::printf("lesson-10: %s, %lld parameters; dense training, %d epochs\n",
+                    which == "lenet" ? "LeNet" : "LeNet-300-100 (784-300-100-10)", (long long)model.num_parameters(),
+                    flags.epochs);
+        rounds.dense_acc = fit(model, sgd, mnist.train, mnist.test, flags, &arena);
+    }
+    prune_and_finetune(model, sgd, mnist.train, mnist.test, arena, flags, rounds);
+    const double pruned_acc = summarize_rounds(model, rounds.done, rounds.dense_acc, rounds.finetune_epochs > 0, flags);
+    sparse_savings(model, mnist.test, arena, flags);
     report(flags, device, pruned_acc, start);
     return 0;
 }
@@ -317,8 +341,7 @@ int run_cifar(CommonFlags& flags, const std::string& from, float fraction, int f
 }
 
 // ---- MobileNetV2 (chapter 13): the MNIST rounds on CIFAR-10 -------------------------------
-int run_mobilenet(CommonFlags& flags, const std::string& from, float width, int rounds, double final_sparsity,
-                  int finetune_epochs, bool per_layer) {
+int run_mobilenet(CommonFlags& flags, const std::string& from, float width, PruneRounds rounds) {
     KILN_USAGE_CHECK(!from.empty(), "--model mobilenet needs --from: the checkpoint of a lesson-13-mobilenet run with "
                "--save DIR (DIR/last.safetensors); training it takes hours, so lesson-10 does not");
     const Device device = flags.apply();
@@ -331,17 +354,25 @@ int run_mobilenet(CommonFlags& flags, const std::string& from, float width, int 
     model.to(device);
     flags.apply_memory_limit(device);  // --mem-limit, now that the model exists (its optimizer's state comes under it)
     load_model(read_safetensors(from), model);
-    const double dense_acc = evaluate(model, cifar.test, &arena);
-    std::printf("lesson-10: MobileNetV2 width %.2f from %s, %lld parameters, test accuracy %.2f%%; %d rounds to "
-                "%.0f%% sparsity (%s), %d fine-tuning epochs each\n", double(width), from.c_str(),
-                (long long)model.num_parameters(), 100 * dense_acc, rounds, 100 * final_sparsity,
-                per_layer ? "every layer alike" : "global", finetune_epochs);
     flags.use("--lr");
     SGD sgd(decay_groups(model, flags.lr, 5e-4f), SGD::Options{0.9f, 0.0f, 0.0f, true});  // lesson-13-mobilenet's
-    const std::vector<Round> rounds_done =
-        prune_and_finetune(model, sgd, cifar.train, cifar.test, arena, flags, rounds, final_sparsity, finetune_epochs,
-                           per_layer);
-    const double pruned_acc = summarize_rounds(model, rounds_done, dense_acc, finetune_epochs > 0, flags);
+    if (!resume_rounds(flags, model, sgd, cifar.train, rounds)) {
+        KILN_USAGE_CHECK(flags.resume.empty(), "--resume ", flags.resume, " is not a pruned.safetensors of lesson-10's "
+                         "rounds: with --model mobilenet, --resume continues the rounds, and --from gives the dense net");
+        if (!flags.save.empty()) {  // a new run: its folder must not hold another run's checkpoints
+            TrainOptions saving;
+            saving.save_dir = flags.save, saving.overwrite = flags.overwrite;
+            check_save_dir(saving);
+            flags.use("--overwrite");
+        }
+        rounds.dense_acc = evaluate(model, cifar.test, &arena);
+    }
+    std::printf("lesson-10: MobileNetV2 width %.2f from %s, %lld parameters, test accuracy %.2f%%; %d rounds to "
+                "%.0f%% sparsity (%s), %d fine-tuning epochs each\n", double(width), from.c_str(),
+                (long long)model.num_parameters(), 100 * rounds.dense_acc, rounds.total, 100 * rounds.final_sparsity,
+                rounds.per_layer ? "every layer alike" : "global", rounds.finetune_epochs);
+    prune_and_finetune(model, sgd, cifar.train, cifar.test, arena, flags, rounds);
+    const double pruned_acc = summarize_rounds(model, rounds.done, rounds.dense_acc, rounds.finetune_epochs > 0, flags);
     report(flags, device, pruned_acc, start);
     return 0;
 }
@@ -386,14 +417,15 @@ int main(int argc, char** argv) try {
     KILN_USAGE_CHECK(from.empty() || model == "cifar" || model == "mobilenet", "--from is the trained dense net of "
                      "--model cifar or mobilenet; --model ", model, " trains its own");
     // --from skips the dense training: the flags that shape it do not apply (but --lr: MobileNetV2's
-    // fine-tuning rounds start from it)
+    // fine-tuning rounds start from it; and --resume: of its rounds)
     if (!from.empty())
         flags.refuse_training_flags("--from loads the dense net instead of training it" +
                                         std::string(model == "mobilenet" ? " (lesson-13-mobilenet trains and measures MobileNetV2)" : ""),
-                                    model == "mobilenet" ? std::vector<std::string>{"--lr"} : std::vector<std::string>{});
+                                    model == "mobilenet" ? std::vector<std::string>{"--lr", "--resume"} : std::vector<std::string>{});
     if (model == "cifar") return run_cifar(flags, from, channels, finetune_epochs);
-    if (model == "mobilenet") return run_mobilenet(flags, from, width, rounds, final_sparsity, finetune_epochs, per_layer);
-    return run_mnist(model, flags, rounds, final_sparsity, finetune_epochs, per_layer);
+    const PruneRounds pruning{rounds, final_sparsity, finetune_epochs, per_layer};
+    if (model == "mobilenet") return run_mobilenet(flags, from, width, pruning);
+    return run_mnist(model, flags, pruning);
 } catch (const std::exception& e) {
     std::fprintf(stderr, "lesson-10: %s\n", e.what());
     return 1;

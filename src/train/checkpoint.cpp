@@ -157,13 +157,14 @@ namespace {
 
 // Where the run stopped, every value checked against what this run can mean by it: an epoch of
 // the schedule (of at most INT32_MAX without one: the trainers count epochs in an int), a
-// position inside the loader's epoch, and no more optimizer steps than batches so far.
+// position inside the loader's epoch, a count of steps. (Steps are not bounded by the epochs:
+// an optimizer may have stepped before, as chapter 10's fine-tuning rounds reuse the dense
+// training's.)
 ResumePoint resume_point(const StateDict& s, const TrainingRun& run) {
     ResumePoint at;
     at.epoch = s.get_int("train.epoch", 0, run.schedule.epochs > 0 ? run.schedule.epochs : INT32_MAX);
     at.position = s.get_int("train.position", 0, run.loader ? run.loader->size() : INT64_MAX);
-    const int64_t batches = run.loader ? run.loader->num_batches() : 0;
-    at.step = s.get_int("train.step", 0, run.loader ? (at.epoch + 1) * batches : INT64_MAX);
+    at.step = s.get_int("train.step", 0, INT64_MAX);
     return at;
 }
 

@@ -49,18 +49,23 @@ void measure_peak(Device device, int64_t& peak, Work&& work) {
 }  // namespace
 
 // --save DIR of a run that is not the one DIR holds: refused unless --overwrite, so that another
-// run's checkpoints (and its run.json) are not replaced by mistake. Resuming from DIR's own
-// checkpoint continues the run DIR holds.
+// run's checkpoints (and its run.json) are not replaced by mistake. A checkpoint is any
+// DIR/*.safetensors (last and prev, and what a trainer saves besides: lesson-10's pruned.safetensors);
+// resuming from DIR's own checkpoint continues the run DIR holds.
 void check_save_dir(const TrainOptions& opt) {
-    const std::filesystem::path dir(opt.save_dir), last = dir / "last.safetensors", prev = dir / "prev.safetensors";
+    const std::filesystem::path dir(opt.save_dir), last = dir / "last.safetensors";
     std::error_code error;
-    const bool holds_run = std::filesystem::exists(last, error) || std::filesystem::exists(prev, error);
-    if (!holds_run || opt.overwrite) return;
+    std::vector<std::filesystem::path> held;
+    for (std::filesystem::directory_iterator it(dir, error), end; !error && it != end; it.increment(error))
+        if (it->path().extension() == ".safetensors") held.push_back(it->path());
+    if (held.empty() || opt.overwrite) return;
     const std::filesystem::path from = std::filesystem::path(opt.resume).parent_path();
     if (!opt.resume.empty() && std::filesystem::equivalent(from.empty() ? "." : from, dir, error)) return;
-    KILN_FAIL("--save ", opt.save_dir, " holds the checkpoints of another run (",
-              (std::filesystem::exists(last, error) ? last : prev).string(), "), which this run would replace. "
-              "Continue that run with --resume ", last.string(), ", replace it with --overwrite, or --save another folder");
+    std::sort(held.begin(), held.end());
+    const std::filesystem::path named = std::count(held.begin(), held.end(), last) ? last : held.front();
+    KILN_FAIL("--save ", opt.save_dir, " holds the checkpoints of another run (", named.string(), "), which this run "
+              "would replace. Continue that run with --resume ", named.string(), ", replace it with --overwrite, or "
+              "--save another folder");
 }
 
 // --resume: loads the checkpoint into the run and returns the epoch to continue with. The
