@@ -37,23 +37,16 @@ else
     grep 'tests/run.sh' <<<"$out" | sed 's/^/    /'
 fi
 
-out=$(make -n -B bench 2>&1)   # -B: as if nothing were built yet
-setup=$(grep -n -m1 'scripts/setup.sh --bench' <<<"$out" | cut -d: -f1)
-compile=$(grep -n -m1 -E '(^| )(g\+\+|c\+\+|ccache|\$\(CXX\))' <<<"$out" | cut -d: -f1)
-if [[ -n $setup && ( -z $compile || $setup -lt $compile ) ]]; then
-    echo "check-make: make bench installs its packages before it builds"
-else
-    fail "make -n bench does not run scripts/setup.sh --bench before compiling (setup at line ${setup:-none}, first compile at line ${compile:-none})"
-fi
-
-for target in fuzz clang-check; do
-    out=$(make -n -B "$target" 2>&1)
-    setup=$(grep -n -m1 'scripts/setup.sh --fuzz' <<<"$out" | cut -d: -f1)
-    compile=$(grep -n -m1 -E '(^| )(clang\+\+|g\+\+|ccache)' <<<"$out" | cut -d: -f1)
+# Each target that needs packages beyond the build's installs them before it compiles anything.
+for target_option in bench:--bench fuzz:--fuzz clang-check:--fuzz; do
+    target=${target_option%%:*}; option=${target_option#*:}
+    out=$(make -n -B "$target" 2>&1)   # -B: as if nothing were built yet
+    setup=$(grep -n -m1 "scripts/setup.sh $option" <<<"$out" | cut -d: -f1)
+    compile=$(grep -n -m1 -E '(^| )(g\+\+|c\+\+|clang\+\+|ccache|\$\(CXX\))' <<<"$out" | cut -d: -f1)
     if [[ -n $setup && ( -z $compile || $setup -lt $compile ) ]]; then
-        echo "check-make: make $target installs clang before it compiles"
+        echo "check-make: make $target installs its packages before it builds"
     else
-        fail "make -n $target does not run scripts/setup.sh --fuzz before compiling (setup at line ${setup:-none}, first compile at line ${compile:-none})"
+        fail "make -n $target does not run scripts/setup.sh $option before compiling (setup at line ${setup:-none}, first compile at line ${compile:-none})"
     fi
 done
 

@@ -21,19 +21,17 @@
 
 #include "core/error.h"
 #include "core/rng.h"
+#include "core/stb_warnings.h"
 #include "data/archive.h"
 #include "data/cifar.h"
 #include "data/idx.h"
 #include "fixtures.h"
 
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wunused-function"
-#pragma GCC diagnostic ignored "-Wmissing-field-initializers"
-#pragma GCC diagnostic ignored "-Wsign-compare"
+KILN_STB_BEGIN
 #define STB_IMAGE_WRITE_IMPLEMENTATION
 #define STB_IMAGE_WRITE_STATIC
 #include <stb/stb_image_write.h>
-#pragma GCC diagnostic pop
+KILN_STB_END
 
 using Catch::Contains;
 using kiln::test::bytes_of;

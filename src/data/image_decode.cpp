@@ -5,20 +5,11 @@
 #include <algorithm>
 #include <climits>
 
+#include "core/stb_warnings.h"
+
 // stb_image, compiled into this file only (STB_IMAGE_STATIC: no symbols exported, so another
-// file may include its own copy). JPEG and PNG only, from memory only. Its warnings are not ours.
-#pragma GCC diagnostic push
-#if defined(__clang__)
-#pragma GCC diagnostic ignored "-Wunknown-warning-option"  // clang has no -Wmaybe-uninitialized
-#endif
-#pragma GCC diagnostic ignored "-Wunused-function"
-#pragma GCC diagnostic ignored "-Wunused-parameter"
-#pragma GCC diagnostic ignored "-Wunused-but-set-variable"
-#pragma GCC diagnostic ignored "-Wsign-compare"
-#pragma GCC diagnostic ignored "-Wimplicit-fallthrough"
-#pragma GCC diagnostic ignored "-Wmissing-field-initializers"
-#pragma GCC diagnostic ignored "-Wtype-limits"
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+// file may include its own copy). JPEG and PNG only, from memory only.
+KILN_STB_BEGIN
 #define STB_IMAGE_IMPLEMENTATION
 #define STB_IMAGE_STATIC
 #define STBI_ONLY_JPEG
@@ -27,7 +18,7 @@
 #define STBI_NO_LINEAR
 #define STBI_NO_HDR
 #include <stb/stb_image.h>
-#pragma GCC diagnostic pop
+KILN_STB_END
 
 namespace kiln {
 

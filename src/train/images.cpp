@@ -5,24 +5,16 @@
 #include <algorithm>
 
 #include "core/error.h"
+#include "core/stb_warnings.h"
 
 // stb_image_write and stb_easy_font, compiled into this file only (STB_IMAGE_WRITE_STATIC: no
 // symbols exported; stb_easy_font is all static functions). Their warnings are not ours.
-#pragma GCC diagnostic push
-#if defined(__clang__)
-#pragma GCC diagnostic ignored "-Wunknown-warning-option"  // clang has no -Wmaybe-uninitialized
-#endif
-#pragma GCC diagnostic ignored "-Wunused-function"
-#pragma GCC diagnostic ignored "-Wunused-parameter"
-#pragma GCC diagnostic ignored "-Wsign-compare"
-#pragma GCC diagnostic ignored "-Wmissing-field-initializers"
-#pragma GCC diagnostic ignored "-Wimplicit-fallthrough"
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+KILN_STB_BEGIN
 #define STB_IMAGE_WRITE_IMPLEMENTATION
 #define STB_IMAGE_WRITE_STATIC
 #include <stb/stb_easy_font.h>
 #include <stb/stb_image_write.h>
-#pragma GCC diagnostic pop
+KILN_STB_END
 
 namespace kiln {
 
