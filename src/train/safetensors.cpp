@@ -397,8 +397,11 @@ private:
 // bytes = numel · dtype size, or false when that overflows.
 bool byte_size(const Entry& e, uint64_t& bytes) {
     bytes = dtype_size(e.dtype);
-    for (int d = 0; d < e.shape.ndim; d++)
-        if (__builtin_mul_overflow(bytes, uint64_t(e.shape.dims[d]), &bytes)) return false;
+    for (int d = 0; d < e.shape.ndim; d++) {
+        const uint64_t n = uint64_t(e.shape.dims[d]);
+        if (n != 0 && bytes > UINT64_MAX / n) return false;
+        bytes *= n;
+    }
     return true;
 }
 
