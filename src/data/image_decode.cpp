@@ -29,9 +29,12 @@ namespace {
 // damaged file could crash the loader. Such a table is invalid JPEG, so this walks the
 // file's markers the way stb does and refuses the image before stb sees it.
 bool jpeg_huffman_tables_ok(const uint8_t* p, size_t n) {
-    if (n < 2 || p[0] != 0xFF || p[1] != 0xD8) return true;  // not a JPEG: nothing to check
+    // The start of image as stb finds it: 0xFF, any number of 0xFF fill bytes, then 0xD8.
+    size_t i = 0;
+    while (i < n && p[i] == 0xFF) ++i;
+    if (i == 0 || i >= n || p[i] != 0xD8) return true;  // not a JPEG to stb: nothing to check
+    ++i;
     auto at = [&](size_t j) -> uint32_t { return j < n ? p[j] : 0; };  // stb reads 0 past the end
-    size_t i = 2;
     while (i + 1 < n) {
         // Outside segments (and inside entropy-coded data) only 0xFF <marker> matters;
         // 0xFF 0x00 is a stuffed byte, 0xFF 0xFF a fill byte, RSTn/TEM have no length.
