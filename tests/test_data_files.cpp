@@ -566,6 +566,16 @@ TEST_CASE("load_cifar10 reads image folders from an archive or a directory", "[d
         REQUIRE_THROWS_WITH(kiln::load_cifar10(dir.file("tree"), false),
                             Contains("test/cat/dht.jpg") && Contains("Huffman"));
     }
+    SECTION("a PNG chunk longer than the file is refused before stb_image allocates for it") {
+        std::vector<uint8_t> png = encode_png(flat_rgb(5), 32, 32);
+        const std::string text(png.begin(), png.end());
+        const size_t idat = text.find("IDAT");
+        REQUIRE((idat != std::string::npos && idat >= 4));
+        std::fill(png.begin() + ptrdiff_t(idat) - 4, png.begin() + ptrdiff_t(idat), uint8_t(0x7F));  // 2 GB claimed
+        write_bytes(dir.file("tree/cifar10/test/cat/idat.png"), png);
+        REQUIRE_THROWS_WITH(kiln::load_cifar10(dir.file("tree"), false),
+                            Contains("test/cat/idat.png") && Contains("chunk is longer"));
+    }
     SECTION("an image of the wrong size is named") {
         files.push_back({"cifar10/test/cat/small.png", encode_png(flat_rgb(1, 16), 16, 16)});
         write_bytes(archive, gzip_bytes(make_tar(files)));

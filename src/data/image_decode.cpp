@@ -62,6 +62,23 @@ bool jpeg_huffman_tables_ok(const uint8_t* p, size_t n) {
     return true;
 }
 
+// stb_image trusts a PNG chunk's length when it gathers the image data (IDAT): it grows its buffer
+// to the length claimed before it reads, so a file of 100 bytes can have it allocate 2 GiB (found
+// by make fuzz). A chunk longer than what follows it in the file is invalid PNG: this walks the
+// chunks (4-byte big-endian length, 4-byte type, the data, a 4-byte CRC) up to IEND and refuses
+// the file before stb sees it.
+bool png_chunks_fit(const uint8_t* p, size_t n) {
+    static const uint8_t kSignature[8] = {0x89, 'P', 'N', 'G', '\r', '\n', 0x1A, '\n'};
+    if (n < 8 || !std::equal(kSignature, kSignature + 8, p)) return true;  // not a PNG: nothing to check
+    for (size_t i = 8; i + 8 <= n;) {
+        const uint64_t length = uint64_t(p[i]) << 24 | uint64_t(p[i + 1]) << 16 | uint64_t(p[i + 2]) << 8 | p[i + 3];
+        if (length > n - i - 8) return false;
+        if (std::equal(p + i + 4, p + i + 8, "IEND")) break;
+        i += 8 + size_t(length) + 4;
+    }
+    return true;
+}
+
 void free_pixels(void* p) { stbi_image_free(p); }
 
 // The most pixels an image may have: the largest CIFAR-10 file, a PNG sprite of 10,000 images,
@@ -75,6 +92,7 @@ ImagePixels decode_rgb_image(const uint8_t* bytes, size_t size, int& w, int& h, 
     if (size == 0) why = "the file is empty";
     else if (size > size_t(INT_MAX)) why = "the file is larger than stb_image reads (2 GiB)";
     else if (!jpeg_huffman_tables_ok(bytes, size)) why = "it is a corrupt JPEG (a Huffman table has more than 256 codes)";
+    else if (!png_chunks_fit(bytes, size)) why = "it is a corrupt PNG (a chunk is longer than the rest of the file)";
     if (!why.empty()) return none;
     int comp = 0;
     if (stbi_info_from_memory(bytes, int(size), &w, &h, &comp) && int64_t(w) * int64_t(h) > kMaxPixels) {
