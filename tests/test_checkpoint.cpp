@@ -660,6 +660,14 @@ TEST_CASE("a new run does not replace another run's checkpoints without --overwr
     Trainee third(set, Opt::SGD);  // continuing DIR's own run is no overwrite
     fit(*third.model, *third.optimizer, third.loader, third.loader,
         TrainOptions{1, &third.scheduler, true, nullptr, 0.0f, dir.path, dir.file("last.safetensors")});
+
+    // Any checkpoint counts, not only last and prev (lesson-10 saves pruned.safetensors).
+    TempDir pruned;
+    write_safetensors(pruned.file("pruned.safetensors"), small_state());
+    Trainee fourth(set, Opt::SGD);
+    REQUIRE_THROWS_WITH(fit(*fourth.model, *fourth.optimizer, fourth.loader, fourth.loader,
+                            TrainOptions{1, &fourth.scheduler, true, nullptr, 0.0f, pruned.path, ""}),
+                        Contains("pruned.safetensors") && Contains("--overwrite"));
 }
 
 // A checkpoint's values are covered by a CRC-32 of their own: one edited by hand is refused.

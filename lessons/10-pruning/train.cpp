@@ -175,7 +175,9 @@ bool resume_rounds(const CommonFlags& flags, Module& model, SGD& sgd, DataLoader
     if (flags.resume.empty()) return false;
     const StateDict state = read_safetensors(flags.resume);
     if (!holds_prune_rounds(state)) return false;
-    flags.use("--resume");
+    // The command line of the run that wrote it, given again: its dense training took --epochs,
+    // and --lr sets the fine-tuning's rates; --overwrite has nothing to replace.
+    for (const char* flag : {"--resume", "--epochs", "--lr", "--overwrite"}) flags.use(flag);
     resume_prune_rounds(flags.resume, state, model, sgd, train, rounds);
     std::printf("resumed from %s: %zu of %d rounds done, %.2f%% sparsity\n", flags.resume.c_str(), rounds.done.size(),
                 rounds.total, 100 * weight_sparsity(model));
