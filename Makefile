@@ -359,7 +359,8 @@ clang-check/%:
 fuzz:
 	@bash scripts/setup.sh --fuzz
 	@$(MAKE) --no-print-directory $(FUZZ_BINS) $(TEST_BIN)
-	@rm -rf $(FUZZ_DIR)/seeds && KILN_FUZZ_SEEDS=$(FUZZ_DIR)/seeds $(TEST_BIN) '[fuzz-seeds]' >/dev/null
+	@rm -rf $(FUZZ_DIR)/seeds && KILN_FUZZ_SEEDS=$(FUZZ_DIR)/seeds $(TEST_BIN) '[fuzz-seeds]' >$(FUZZ_DIR)/seeds.log \
+	    || { cat $(FUZZ_DIR)/seeds.log; exit 1; }
 	@bash scripts/fuzz.sh $(FUZZ_DIR) $(FUZZ_SECONDS) $(FUZZ_HARNESSES)
 
 clean:
