@@ -13,6 +13,7 @@
 #include "nn/layers.h"
 #include "nn/misc.h"
 #include "nn/models.h"
+#include "ops/attention.h"
 #include "ops/autocast.h"
 #include "ops/cnn.h"
 #include "ops/ops.h"
@@ -219,6 +220,22 @@ RowRun run_dropout(DType in) {
     Tensor y = dropout(input({8}, in), 0.5f, 1, 0, &mask);
     return {y.dtype(), dropout_backward(input({8}, in), mask, 0.5f).dtype()};
 }
+RowRun run_attention(DType in) {
+    Tensor qkv = input({1, 3, 12}, in), saved, saved_flash;
+    Tensor y = causal_self_attention(qkv, 2, AttentionKind::Textbook, {}, &saved);
+    Tensor dqkv = causal_self_attention_backward(qkv, y, saved, input(y.shape(), in), 2, AttentionKind::Textbook, {});
+    Tensor yf = causal_self_attention(qkv, 2, AttentionKind::Flash, {}, &saved_flash);
+    CHECK(causal_self_attention_backward(qkv, yf, saved_flash, input(y.shape(), in), 2, AttentionKind::Flash, {})
+              .dtype() == dqkv.dtype());
+    Tensor k = Tensor::zeros({1, 5, 4}, y.dtype()), v = Tensor::zeros({1, 5, 4}, y.dtype());
+    CHECK(yf.dtype() == y.dtype());
+    CHECK(cached_attention(input({1, 1, 12}, in), k, v, 2, 2).dtype() == y.dtype());
+    return {y.dtype(), dqkv.dtype()};
+}
+RowRun run_softmax(DType in) {
+    Tensor y = softmax(input({2, 5}, in));
+    return {y.dtype(), softmax_backward(y, input({2, 5}, in)).dtype()};
+}
 
 }  // namespace
 
@@ -236,6 +253,8 @@ TEST_CASE("autocast: every row of the table is what its ops run in", "[autocast]
         {AmpOp::Pool, {run_maxpool, run_avgpool_backward}},
         {AmpOp::Activation, {run_relu, run_gelu}},
         {AmpOp::Dropout, {run_dropout}},
+        {AmpOp::Attention, {run_attention}},
+        {AmpOp::Softmax, {run_softmax}},
     };
     REQUIRE(rows.size() == size_t(kNumAmpOps));
     AutocastScope amp(DType::F16);

@@ -12,9 +12,11 @@ namespace kiln {
 CastPolicy default_cast_policy(AmpOp op) {
     switch (op) {
         case AmpOp::Conv2d:
-        case AmpOp::Linear: return CastPolicy::LowPrecision;
+        case AmpOp::Linear:
+        case AmpOp::Attention: return CastPolicy::LowPrecision;
         case AmpOp::CrossEntropy:
-        case AmpOp::LayerNorm: return CastPolicy::F32;
+        case AmpOp::LayerNorm:
+        case AmpOp::Softmax: return CastPolicy::F32;
         case AmpOp::Add: return CastPolicy::Widest;
         case AmpOp::BatchNorm:
         case AmpOp::Pool:
@@ -26,7 +28,7 @@ CastPolicy default_cast_policy(AmpOp op) {
 
 namespace {
 // An overridden row's policy, or -1: the table's.
-int overrides[kNumAmpOps] = {-1, -1, -1, -1, -1, -1, -1, -1, -1};
+int overrides[kNumAmpOps] = {-1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1};
 thread_local AutocastScope* current = nullptr;
 }  // namespace
 

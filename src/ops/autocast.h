@@ -13,10 +13,16 @@
 //                 conv2d_backward           accumulated in f32 inside the kernels
 //                 Linear: linear,
 //                 linear_backward
+//                 Attention:                (attention's softmax is inside its kernels, in
+//                 causal_self_attention     f32, as in PyTorch's scaled_dot_product_attention)
+//                 (+ backward),
+//                 cached_attention
 //   F32           CrossEntropy:             exp overflows f16 above 11.09 and a sum of
 //                 softmax_cross_entropy     many terms loses what u = 2^-11 cannot hold:
 //                 LayerNorm: layernorm,     these run on f32 inputs
 //                 layernorm_backward
+//                 Softmax: softmax
+//                 (+ backward)
 //   Widest        Add: add (a residual's    mixed inputs are promoted to the wider type
 //                 sum)                      (PyTorch's type promotion, scope or not)
 //   Input         BatchNorm: batchnorm_*    elementwise or a window's max/mean: as exact in
@@ -48,8 +54,8 @@
 namespace kiln {
 
 // The ops whose type autocast decides, grouped as the table groups them.
-enum class AmpOp { Conv2d, Linear, CrossEntropy, LayerNorm, Add, BatchNorm, Pool, Activation, Dropout };
-constexpr int kNumAmpOps = 9;
+enum class AmpOp { Conv2d, Linear, CrossEntropy, LayerNorm, Add, BatchNorm, Pool, Activation, Dropout, Attention, Softmax };
+constexpr int kNumAmpOps = 11;
 enum class CastPolicy { LowPrecision, F32, Widest, Input };
 CastPolicy cast_policy(AmpOp op);          // the row in force: the table's, or an override's
 CastPolicy default_cast_policy(AmpOp op);  // the table as written

@@ -3,6 +3,7 @@
 // The engine's own files include only the families they use.
 #pragma once
 #include "core/convert.h"
+#include "ops/kernels/attention.h"
 #include "ops/kernels/conv.h"
 #include "ops/kernels/elementwise.h"
 #include "ops/kernels/gemm.h"
