@@ -12,6 +12,7 @@
 #   make lab             the kernel lab (cuda/lab/): every version of each kernel checked against the
 #                        CPU on the emulator; with CUDA=1, on a GPU, then timed against cuBLAS/cuDNN
 #   make accuracy        train every chapter fully and check its accuracy (long; LESSONS_TO_CHECK='01 03')
+#   make check-docs      run again the quick commands whose figures the READMEs quote, and compare
 #   make CUDA=1          the same with nvcc for a real GPU
 #   make gpu-check-prepare   the CUDA binaries, MNIST and the check in gpu-check/, for a GPU machine
 #   make gpu-check       on that machine: runs them (no build there)
@@ -144,7 +145,7 @@ EXTRA_BINS  := $(EXTRA_NAMES:%=$(BUILD)/bin/%)
 LESSON_NUMS := $(patsubst $(BUILD)/bin/lesson-%,%,$(LESSON_BINS))
 
 .SECONDARY:
-.PHONY: all test data run bench lab lab-build accuracy gpu-check gpu-check-prepare fuzz clang-check clean $(addprefix lesson-,$(LESSON_NUMS)) $(EXTRA_NAMES)
+.PHONY: all test data run bench lab lab-build accuracy check-docs gpu-check gpu-check-prepare fuzz clang-check clean $(addprefix lesson-,$(LESSON_NUMS)) $(EXTRA_NAMES)
 all: $(LIB) $(LESSON_BINS) $(EXTRA_BINS) $(TEST_BIN) $(MPI_TEST_BIN)
 
 # --- packages ----------------------------------------------------------------------------
@@ -295,6 +296,12 @@ lab-build: $(LAB_BINS)
 accuracy: $(LESSON_BINS)
 	@bash data/fetch.sh mnist cifar10 cifar10-png
 	@MPIRUN="$(MPIRUN)" bash scripts/accuracy.sh $(BUILD) $(LESSONS_TO_CHECK)
+
+# Every figure a README quotes from a quick run (a --limit run, --mem-report, --find-batch-size,
+# a memory plan) is re-run and compared (scripts/check-docs.sh says how a README marks them).
+check-docs: $(LESSON_BINS) $(EXTRA_BINS)
+	@bash data/fetch.sh mnist cifar10
+	@bash scripts/check-docs.sh
 
 # The GPU check in two halves, for a GPU machine that builds nothing (scripts/gpu-check.sh says
 # how the device tool runs it). gpu-check-prepare, here: the CUDA binaries the check runs, built

@@ -17,8 +17,8 @@
 //      kernel ran (ops/cpu/qgemm.h: avx512-vnni, avx-vnni, avx2-maddubs, avx2-madd, portable)
 //   5. both models saved (f32.safetensors, int8.safetensors in --save DIR or runs/lesson-11/)
 //      and their sizes; the int8 file loaded back gives the same logits
-//   6. histogram.svg: the first layer's output (or --histogram LAYER's) as the histogram observer saw it, with the clip
-//      range it chose
+//   6. histogram.svg: the output of the first layer whose range an int8 step takes (or --histogram
+//      LAYER's) as the histogram observer saw it, with the clip range it chose: the step's scale
 //   7. with --qat-epochs N: quantization-aware fine-tuning (quant/qat.h), converted again with
 //      the ranges it was fine-tuned with, against step 4
 #include <chrono>
@@ -83,14 +83,16 @@ QuantizedNet calibrate_and_convert(Module& model, const QuantConfig& config, Dat
     return convert(model, cal);
 }
 
-// Step 6: a layer's output as its histogram observer saw it (`layer`, or the first).
-void save_histogram(Module& model, const QuantConfig& config, DataLoader& train, int batches, std::string layer,
-                    const std::string& path) {
+// Step 6: a layer's output as its histogram observer saw it: `layer`, or by default the first
+// whose range an int8 step takes (a conv's fused ReLU, not the conv's own output), so that the
+// figure's scale and zero point are that step's.
+void save_histogram(Module& model, const QuantizedNet& q, const QuantConfig& config, DataLoader& train, int batches,
+                    std::string layer, const std::string& path) {
     if (config.activations != QuantConfig::Observer::Histogram) return;
     Calibrator cal(model, config);
     calibrate(cal, train, batches);
-    for (auto& [name, m] : model.named_modules())
-        if (m->children().empty() && layer.empty()) layer = name;
+    for (const auto& step : q.steps)
+        if (layer.empty() && step->new_range && !step->range_layer.empty()) layer = step->range_layer;
     const auto& obs = static_cast<const HistogramObserver&>(cal.observer(layer));
     histogram_svg(obs, layer + " output over " + std::to_string(batches) + " calibration batches").save(path);
     std::printf("wrote %s\n", path.c_str());
@@ -178,7 +180,7 @@ int run(CommonFlags& flags, const Options& o) {
     test.start_epoch(0);
     test.next(probe);
     save_both(model, q, dir, probe.x);
-    save_histogram(model, config, train, o.calib_batches, o.histogram, dir + "/histogram.svg");
+    save_histogram(model, q, config, train, o.calib_batches, o.histogram, dir + "/histogram.svg");
 
     // 7. quantization-aware training
     double final_acc = ptq.acc;
@@ -217,7 +219,8 @@ int main(int argc, char** argv) try {
     cli.add("--observer", &o.observer, "activation ranges: histogram (L2-optimal clipping), minmax or moving",
             {"histogram", "minmax", "moving"});
     cli.add("--calib-batches", &o.calib_batches, "training batches the observers see", Cli::at_least(1));
-    cli.add("--histogram", &o.histogram, "the layer whose output histogram.svg shows (default: the first)");
+    cli.add("--histogram", &o.histogram, "the layer whose output histogram.svg shows (default: the first whose range an "
+            "int8 step takes: a conv's fused ReLU)");
     cli.add("--reduce-range", &o.reduce_range, "activations in [0, 127]: auto (when the CPU's int8 path is faster so), on, off",
             {"auto", "on", "off"});
     cli.add("--qat-epochs", &o.qat_epochs, "epochs of quantization-aware fine-tuning after post-training quantization "

@@ -276,7 +276,7 @@ std::vector<std::string> CommonFlags::memory_hints() const {
                         " micro-batches a step: 1/" + std::to_string(2 * accumulate) + " of the activations, the same update)");
     if (takes("--recompute") && !cli->given("--recompute"))
         hints.push_back("--recompute (each block keeps only its input and recomputes the rest in backward)");
-    if (takes("--workspace-limit"))
+    if (takes("--workspace-limit") && !cli->given("--plain"))  // lesson-08's --plain keeps chapter 06's workspace
         hints.push_back("a smaller --workspace-limit (im2col's columns for fewer images at a time)");
     if (takes("--amp") && amp == DType::F32)
         hints.push_back("--amp bf16 (the convolutions' activations in 16 bits)");
