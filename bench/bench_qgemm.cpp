@@ -18,8 +18,17 @@
 // requantization) against conv2d_forward<float> (im2col, GEMM, bias) as the trainers run it:
 //   bench qconv_<layer>_f32: <img/s> img/s      bench qconv_<layer>_int8: <img/s> img/s
 //   bench qconv_<layer>_vs_f32: <ratio> x       (and _reduced_vs_f32 as above)
-// A shape or layer name as the argument runs that one alone.
+// and the chapter's two networks whole, as lesson-11 scores them (random weights and images: the
+// time does not depend on the values), the int8 network (quant/qmodel.h, min/max observers on one
+// batch, --reduce-range auto) against the f32 forward in eval mode with no caches, in its step
+// arena, timed in CPU seconds (on a machine others share, run it with OMP_NUM_THREADS=1: the
+// ratio of the work's own times, whatever share of a core the process gets):
+//   bench qnet_lenet_b64_f32: <img/s> img/s     bench qnet_lenet_b64_int8: <img/s> img/s
+//   bench qnet_lenet_b64_vs_f32: <ratio> x      (and qnet_cifar_b128_*: chapter 06's net at batch 128)
+// A shape, layer or network name as the argument runs that one alone.
 // Threads: OMP_NUM_THREADS (make bench sets 2). About 15 s on 2 cores.
+#include <time.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -28,8 +37,13 @@
 #include <string>
 #include <vector>
 
+#include "core/allocator.h"
 #include "core/cpu_features.h"
+#include "nn/models.h"
 #include "ops/kernels/all.h"
+#include "ops/quant.h"
+#include "quant/fold.h"
+#include "quant/qmodel.h"
 #include "ops/cpu/gemm.h"
 #include "ops/cpu/qgemm.h"
 
@@ -38,11 +52,11 @@ using namespace kiln::cpu;
 
 namespace {
 
-struct Shape {
+struct ProductShape {
     const char* name;
     int64_t M, N, K;
 };
-const Shape kShapes[] = {
+const ProductShape kShapes[] = {
     {"1024x1024x1024", 1024, 1024, 1024},
     {"64x4096x576", 64, 4096, 576},
     {"lenet_conv1", 576, 10, 25},     // 1→10, 5×5 on 28×28: 24×24 pixels
@@ -60,11 +74,22 @@ double median(std::vector<double> v) {
 
 using Clock = std::chrono::steady_clock;
 
+// The process's CPU seconds (every thread's): on one thread, the work's own time, however many
+// other programs share the machine.
+double cpu_seconds() {
+    timespec t{};
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &t);
+    return double(t.tv_sec) + 1e-9 * double(t.tv_nsec);
+}
+bool g_cpu_time = false;  // time in CPU seconds instead of wall seconds (the networks, below)
+
 // Seconds per call of f over `reps` back-to-back calls.
 template <typename F>
 double seconds_per_call(F& f, int reps) {
     const auto t0 = Clock::now();
+    const double c0 = cpu_seconds();
     for (int r = 0; r < reps; ++r) f();
+    if (g_cpu_time) return (cpu_seconds() - c0) / reps;
     return std::chrono::duration<double>(Clock::now() - t0).count() / reps;
 }
 
@@ -107,7 +132,7 @@ std::vector<double> time_against_f32(F32& f32, std::vector<std::function<void()>
     return medians;
 }
 
-void bench_shape(const Shape& s, std::mt19937& rng) {
+void bench_shape(const ProductShape& s, std::mt19937& rng) {
     std::uniform_int_distribution<int> u8(0, 127), i8(-128, 127);  // A ≤ 127: every path can run
     std::vector<uint8_t> A(size_t(s.M * s.K));
     std::vector<int8_t> B(size_t(s.N * s.K));
@@ -190,6 +215,36 @@ void bench_layer(const Layer& l, std::mt19937& rng) {
         std::printf("bench qconv_%s_reduced_vs_f32: %.2f x\n", l.name, speedups[1]);
 }
 
+// ---- whole networks: the int8 network against the f32 model, as lesson-11 scores them --------------
+void bench_net(const char* name, std::unique_ptr<Sequential> model, const kiln::Shape& input) {
+    Rng rng(3);
+    const Tensor x = Tensor::normal(input, 0.0f, 1.0f, rng, Device::CPU, Category::Data);
+    model->eval();
+    fold_batchnorm(*model);
+    QuantConfig config;
+    config.activations = QuantConfig::Observer::MinMax;
+    config.reduce_range = reduced_range_is_faster(Device::CPU);  // as lesson-11's --reduce-range auto
+    Calibrator cal(*model, config);
+    cal.run(x);
+    const QuantizedNet q = convert(*model, cal);
+    BumpAllocator arena("bench arena", Device::CPU);
+    auto f32 = [&] {
+        NoGradScope no_grad;
+        AllocatorScope scope(arena);
+        { Tensor y = model->call(x); }
+        arena.reset();
+    };
+    std::vector<std::function<void()>> runs{[&] { Tensor y = q.forward(x); }};
+    double f32_s = 0;
+    std::vector<double> speedups;
+    g_cpu_time = true;
+    const std::vector<double> int8_s = time_against_f32(f32, runs, &f32_s, &speedups);
+    g_cpu_time = false;
+    std::printf("bench qnet_%s_f32: %.0f img/s\n", name, double(input[0]) / f32_s);
+    std::printf("bench qnet_%s_int8: %.0f img/s\n", name, double(input[0]) / int8_s[0]);
+    std::printf("bench qnet_%s_vs_f32: %.2f x\n", name, speedups[0]);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -199,8 +254,12 @@ int main(int argc, char** argv) {
                 qgemm_path_name(qgemm_path(kActQmax)), qgemm_path_name(qgemm_path(kActQmaxReduced)),
                 gemm_path<float>(cpu_level()));
     std::mt19937 rng(1);
-    for (const Shape& s : kShapes)
+    for (const ProductShape& s : kShapes)
         if (only.empty() || only == s.name) bench_shape(s, rng);
     for (const Layer& l : kLayers)
         if (only.empty() || only == l.name) bench_layer(l, rng);
+    Rng init(1);
+    if (only.empty() || only == "lenet_b64") bench_net("lenet_b64", lenet(init), kiln::Shape{64, 1, 28, 28});
+    if (only.empty() || only == "cifar_b128")
+        bench_net("cifar_b128", cifar_net(init, {32, 64, 128}), kiln::Shape{128, 3, 32, 32});
 }
