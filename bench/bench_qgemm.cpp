@@ -224,9 +224,11 @@ void bench_net(const char* name, std::unique_ptr<Sequential> model, const kiln::
     QuantConfig config;
     config.activations = QuantConfig::Observer::MinMax;
     config.reduce_range = reduced_range_is_faster(Device::CPU);  // as lesson-11's --reduce-range auto
-    Calibrator cal(*model, config);
-    cal.run(x);
-    const QuantizedNet q = convert(*model, cal);
+    const QuantizedNet q = [&] {
+        Calibrator cal(*model, config);  // its observers leave the model with it, before the timing
+        cal.run(x);
+        return convert(*model, cal);
+    }();
     BumpAllocator arena("bench arena", Device::CPU);
     auto f32 = [&] {
         NoGradScope no_grad;

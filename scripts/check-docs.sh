@@ -48,8 +48,9 @@ run() {
     echo "check-docs: ran $prog $args ($((SECONDS - start)) s)"
 }
 
-# The numbers of a line (two characters or more: 99.2, 128, 42), one per line.
-numbers() { perl -ne 'while (/(?<![\w.])(\d[\d.]*\d)(?![\w])/g) { print "$1\n" }' <<<"$1"; }
+# The figures of a line, one per line: its numbers of two characters or more (99.2 in 99.2MiB,
+# 128, 42), but not inside a name (block2a) and not 0.0 or 00.
+numbers() { perl -ne 'while (/(?<![\w.])(\d[\d.]*\d)(?!\d|\.\d)/g) { my $n = $1; print "$n\n" if $n =~ /[1-9]/ }' <<<"$1"; }
 
 for file in "${files[@]}"; do
     text=""        # the README's text since the last heading or block

@@ -419,6 +419,37 @@ TEST_CASE("qconv2d depthwise equals the direct integer convolution, stride 1 and
         }
 }
 
+// Every window's max against the definition: the 2×2 stride-2 planes (their own loop) with even
+// and odd sides, and windows with padding and overlap (the general loop).
+TEST_CASE("qmaxpool2d: each window's largest value, 2×2 and the general windows", "[lesson11][cpu][quant]") {
+    std::mt19937 rng(21);
+    struct Window {
+        int64_t k, stride, padding, H, W;
+    };
+    for (Window win : {Window{2, 2, 0, 24, 24}, Window{2, 2, 0, 9, 7}, Window{2, 2, 0, 2, 41}, Window{3, 2, 1, 9, 7},
+                       Window{3, 1, 1, 5, 6}}) {
+        Pool2dParams p;
+        p.N = 2, p.C = 3, p.H = win.H, p.W = win.W, p.KH = p.KW = win.k, p.stride = win.stride, p.padding = win.padding;
+        INFO("kernel " << win.k << " stride " << win.stride << " padding " << win.padding << " on " << p.H << "x" << p.W);
+        const auto x = random_u8(p.N * p.C * p.H * p.W, 255, rng);
+        std::vector<uint8_t> got(static_cast<size_t>(p.N * p.C * p.P() * p.Q())), want(got.size());
+        for (int64_t plane = 0; plane < p.N * p.C; plane++)
+            for (int64_t op = 0; op < p.P(); op++)
+                for (int64_t oq = 0; oq < p.Q(); oq++) {
+                    int m = 0;  // padding is never the max: it is left out, as PyTorch's
+                    for (int64_t kh = 0; kh < p.KH; kh++)
+                        for (int64_t kw = 0; kw < p.KW; kw++) {
+                            const int64_t ih = op * p.stride - p.padding + kh, iw = oq * p.stride - p.padding + kw;
+                            if (ih >= 0 && ih < p.H && iw >= 0 && iw < p.W)
+                                m = std::max<int>(m, x[size_t((plane * p.H + ih) * p.W + iw)]);
+                        }
+                    want[size_t((plane * p.P() + op) * p.Q() + oq)] = uint8_t(m);
+                }
+        qmaxpool2d(x.data(), got.data(), p);
+        CHECK(got == want);
+    }
+}
+
 TEST_CASE("qglobal_avgpool: the mean rounded half up, by hand and against the definition", "[lesson11][cpu][quant]") {
     // [1, 3, 2, 2]: 10/4 = 2.5 → 3, 1019/4 = 254.75 → 255, 2/4 = 0.5 → 1 (ties go up);
     // [1, 2, 1, 3]: 4/3 → 1, 5/3 → 2 (an odd plane has no ties).

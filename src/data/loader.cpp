@@ -2,7 +2,11 @@
 #include "data/loader.h"
 
 #include <algorithm>
+#include <condition_variable>
+#include <functional>
+#include <mutex>
 #include <numeric>
+#include <thread>
 
 #include "core/parallel.h"
 #include "core/rng.h"
@@ -22,6 +26,52 @@ DataLoader::DataLoader(const ImageSet& set, LoaderOptions options) : set_(set), 
     for (auto& t : opt_.transforms) out_shape_ = t->output_shape(out_shape_);
     start_epoch(0);
 }
+
+// One background thread running one job at a time: submit() hands it a job and returns its
+// result's future; the thread waits for the next job in between.
+class DataLoader::Prefetcher {
+public:
+    Prefetcher() : thread_([this] { run(); }) {}
+    ~Prefetcher() {
+        {
+            std::lock_guard<std::mutex> lock(mu_);
+            stop_ = true;
+        }
+        cv_.notify_all();
+        thread_.join();
+    }
+    std::future<Batch> submit(std::function<Batch()> job) {
+        std::packaged_task<Batch()> task(std::move(job));
+        std::future<Batch> result = task.get_future();
+        {
+            std::lock_guard<std::mutex> lock(mu_);
+            task_ = std::move(task);
+            has_task_ = true;
+        }
+        cv_.notify_all();
+        return result;
+    }
+
+private:
+    void run() {
+        for (;;) {
+            std::packaged_task<Batch()> task;
+            {
+                std::unique_lock<std::mutex> lock(mu_);
+                cv_.wait(lock, [&] { return has_task_ || stop_; });
+                if (!has_task_) return;
+                task = std::move(task_);
+                has_task_ = false;
+            }
+            task();  // an exception goes into the future
+        }
+    }
+    std::mutex mu_;
+    std::condition_variable cv_;
+    std::packaged_task<Batch()> task_;
+    bool has_task_ = false, stop_ = false;
+    std::thread thread_;  // last: it starts once the rest exists
+};
 
 DataLoader::~DataLoader() { drop_prefetch(); }
 
@@ -125,7 +175,8 @@ bool DataLoader::next(Batch& batch) {
     pending_start_ = -1;
     if (int64_t nb = count_at(pos_); opt_.prefetch && nb > 0) {  // start on the next batch now
         pending_start_ = pos_;
-        pending_ = std::async(std::launch::async, [this, start = pos_, nb] { return make_batch(start, nb, false); });
+        if (!prefetcher_) prefetcher_ = std::make_unique<Prefetcher>();
+        pending_ = prefetcher_->submit([this, start = pos_, nb] { return make_batch(start, nb, false); });
     }
     if (opt_.device != Device::CUDA) {
         batch = host;

@@ -84,6 +84,11 @@ private:
     int64_t epoch_ = 0, pos_ = 0;
     std::future<Batch> pending_;  // the batch that starts at pending_start_
     int64_t pending_start_ = -1;
+    // The thread that builds the next batch: one for the loader's life, started with the first
+    // prefetch, not one per batch — each new thread pays its start, and the CUDA emulator's
+    // __shared__ arrays are thread-local storage: megabytes cleared per thread.
+    class Prefetcher;
+    std::unique_ptr<Prefetcher> prefetcher_;
     std::unique_ptr<cuda::PinnedStaging> staging_;  // Device::CUDA: batches go up without a wait
 };
 

@@ -1,6 +1,8 @@
 // evaluate.cpp — counting correct predictions.
 #include "train/evaluate.h"
 
+#include <time.h>
+
 #include <algorithm>
 #include <chrono>
 #include <optional>
@@ -75,6 +77,29 @@ TimedAccuracy evaluate_timed(Module& model, DataLoader& loader, BumpAllocator* a
     }
     std::sort(rates.begin(), rates.end());
     return {acc, rates[rates.size() / 2]};
+}
+
+static double cpu_seconds() {
+    timespec t{};
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &t);
+    return double(t.tv_sec) + 1e-9 * double(t.tv_nsec);
+}
+
+double paired_speedup(Module& a, BumpAllocator* arena_a, Module& b, BumpAllocator* arena_b, DataLoader& loader,
+                      int passes) {
+    KILN_CHECK(passes >= 1, "paired_speedup: passes ", passes, " should be at least 1");
+    const auto cpu_time = [&](Module& m, BumpAllocator* arena) {
+        const double t0 = cpu_seconds();
+        evaluate(m, loader, arena);
+        return cpu_seconds() - t0;
+    };
+    std::vector<double> ratios;
+    for (int i = 0; i < passes; i++) {
+        const double ta = cpu_time(a, arena_a);
+        ratios.push_back(ta / cpu_time(b, arena_b));
+    }
+    std::sort(ratios.begin(), ratios.end());
+    return ratios[ratios.size() / 2];
 }
 
 MirrorAccuracy evaluate_with_mirror(Module& model, DataLoader& loader, DataLoader& mirrored, BumpAllocator* arena) {

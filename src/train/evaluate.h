@@ -25,6 +25,13 @@ struct TimedAccuracy {
 };
 TimedAccuracy evaluate_timed(Module& model, DataLoader& loader, BumpAllocator* arena = nullptr, int passes = 3);
 
+// How many times faster `b` scores the loader than `a`, in a way a machine others share still
+// tells: `passes` evaluations of each, in turns (a, b, a, b, ...), each timed in the process's
+// CPU seconds — the work's own time, not the share of a core the process got — and the median of
+// the pass-by-pass ratios CPU(a) / CPU(b). (On several threads, their CPU seconds add up.)
+double paired_speedup(Module& a, BumpAllocator* arena_a, Module& b, BumpAllocator* arena_b, DataLoader& loader,
+                      int passes = 3);
+
 // Test-time augmentation with mirror images. `mirrored` delivers the same images as `loader`,
 // in the same order, each flipped left to right (a RandomHorizontalFlip(1.0) transform). An
 // image's prediction is then the class with the largest sum of logits over the two views:
