@@ -73,6 +73,12 @@ TEST_CASE("buckets: reverse layer order, about the cap each, the whole slab cove
     REQUIRE(buckets[1].end == 448);
     REQUIRE(buckets[1].params == std::vector<Parameter*>{ps[1], ps[0]});
 
+    // a bucket that holds exactly the cap is full: [448, 1000) is 552 elements
+    const auto at_cap = plan_buckets(ps, ranges, 1000, 552);
+    REQUIRE(at_cap.size() == 2);
+    REQUIRE(at_cap[0].begin == 448);
+    REQUIRE(at_cap[1].params == std::vector<Parameter*>{ps[1], ps[0]});
+
     const auto one = plan_buckets(ps, ranges, 1000, int64_t(1) << 40);  // DDP's cap far above the model
     REQUIRE(one.size() == 1);
     REQUIRE(one[0].begin == 0);
