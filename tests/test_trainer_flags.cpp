@@ -23,8 +23,10 @@
 #include <string>
 #include <vector>
 
+#include "data/archive.h"      // read_file
 #include "fixtures.h"
 #include "train/cli.h"
+#include "train/safetensors.h"  // read_safetensors
 
 using namespace kiln;
 using Catch::Contains;
@@ -238,6 +240,50 @@ TEST_CASE("every trainer honours each shared flag its --help lists and refuses t
             }
         }
     }
+}
+
+// Chapter 10's --save as a learner runs it: DIR/pruned.safetensors after every round (PyTorch's
+// weight_orig and weight_mask), the round before as pruned-prev.safetensors, the CSR model as
+// sparse.safetensors; --resume of the first round's file ends where the straight run ends, bit
+// for bit: the same last round, the same CSR model.
+TEST_CASE("lesson-10 --save keeps each round's pruned model and the CSR one; --resume goes on with the next round",
+          "[flags][lesson10][prune][checkpoint][cpu]") {
+    TempDir tmp;
+    const std::string mnist = tmp.file("mnist"), straight = tmp.file("straight"), resumed = tmp.file("resumed");
+    write_tiny_mnist(mnist);
+    const std::string lesson10 = bin_dir() + "/lesson-10 --data " + mnist +
+                                 " --epochs 1 --batch-size 16 --rounds 2 --finetune-epochs 1 --threads 1 --save ";
+    REQUIRE(fs::exists(bin_dir() + "/lesson-10"));  // make test builds the trainers first
+    const Run first = run(lesson10 + straight);
+    INFO(first.output);
+    REQUIRE(first.status == 0);
+    const StateDict round1 = read_safetensors(straight + "/pruned-prev.safetensors");
+    const StateDict round2 = read_safetensors(straight + "/pruned.safetensors");
+    REQUIRE(round1.get_int("prune.rounds_done") == 1);
+    REQUIRE(round2.get_int("prune.rounds_done") == 2);
+    for (const char* name : {"fc1.weight_orig", "fc1.weight_mask", "fc3.weight_orig", "fc3.weight_mask"})
+        CHECK(round2.tensors.count(name));
+    CHECK_FALSE(round2.tensors.count("fc1.weight"));
+    const StateDict csr = read_safetensors(straight + "/sparse.safetensors");
+    for (const char* name : {"fc1.weight_values", "fc1.weight_col_index", "fc1.weight_row_start"})
+        CHECK(csr.tensors.count(name));
+
+    fs::create_directories(resumed);
+    fs::copy_file(straight + "/pruned-prev.safetensors", resumed + "/round1.safetensors");
+    const Run second = run(lesson10 + resumed + " --resume " + resumed + "/round1.safetensors");
+    INFO(second.output);
+    REQUIRE(second.status == 0);
+    CHECK_THAT(second.output, Contains("1 of 2 rounds done") && !Contains("round 1/2"));
+    for (const char* file : {"/pruned.safetensors", "/sparse.safetensors"}) {
+        INFO(file);
+        const bool same_bytes = read_file(resumed + file) == read_file(straight + file);  // (megabytes: no expansion)
+        CHECK(same_bytes);
+    }
+    const auto accuracy = [](const std::string& output) {  // "result: test_acc=NN.NN%"
+        const size_t at = output.rfind("result: ");
+        return at == std::string::npos ? "" : output.substr(at, output.find(" time=", at) - at);
+    };
+    CHECK(accuracy(second.output) == accuracy(first.output));
 }
 
 // Issue 46, item 9: a command line that cannot run fails alike on every rank; one rank says so
