@@ -1,5 +1,5 @@
 // test_autocast.cpp — chapter 09's autocast (ops/autocast.h): the policy table, the weights'
-// low-precision copies (made once per scope, counted as "autocast copy"), the types of every
+// low-precision copies (made once per scope, counted as "weight copy"), the types of every
 // tensor a step makes, and an f16/bf16 step against the f32 one within bounds derived from the
 // formats' unit roundoff.
 //
@@ -119,11 +119,11 @@ TEST_CASE("autocast: the policy table and the types it gives", "[autocast][lesso
     REQUIRE_THROWS_WITH(AutocastScope(DType::F32), Catch::Contains("must be f16 or bf16"));
 }
 
-TEST_CASE("autocast: a weight's copy is made once per scope, counted as 'autocast copy', freed with the scope",
+TEST_CASE("autocast: a weight's copy is made once per scope, counted as 'weight copy', freed with the scope",
           "[autocast][lesson09][cpu]") {
     Rng rng(1);
     Tensor w = Tensor::uniform({64, 32}, -1, 1, rng, Device::CPU, Category::Parameter);
-    const auto copies_in_use = [] { return device_memory_stats(Device::CPU).in_use[int(Category::AutocastCopy)]; };
+    const auto copies_in_use = [] { return device_memory_stats(Device::CPU).in_use[int(Category::WeightCopy)]; };
     const int64_t before = copies_in_use();
     CHECK(AmpCast(AmpOp::Conv2d, DType::F32).weight(w).raw() == w.raw());  // no scope: the parameter itself
     {
@@ -133,7 +133,7 @@ TEST_CASE("autocast: a weight's copy is made once per scope, counted as 'autocas
         const Tensor b = conv.weight(w);
         CHECK(a.raw() == b.raw());  // the same copy, not a second one
         CHECK(a.dtype() == DType::F16);
-        CHECK(a.category() == Category::AutocastCopy);
+        CHECK(a.category() == Category::WeightCopy);
         CHECK(copies_in_use() - before >= 64 * 32 * 2);
         CHECK(float(a.data<f16>()[5]) == float(f16(w.data<float>()[5])));  // rounded to nearest even
         CHECK(!conv.weight(Tensor()).defined());

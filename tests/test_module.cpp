@@ -136,8 +136,9 @@ TEST_CASE("an allocation observer sees each allocation's module and phase", "[mo
     std::map<std::string, int64_t> bytes;  // "fc2 forward" -> bytes allocated
     std::map<const Module*, std::string> names;
     for (auto& [name, m] : net->named_modules()) names[m] = name;
-    set_allocation_observer([&](const AllocationEvent& e) {
-        if (!e.freed) bytes[names[e.context.module] + " " + phase_name(e.context.phase)] += e.bytes;
+    set_allocation_observer([&](const AllocationEvent& e) {  // on the allocating thread: its context
+        const AllocationContext c = current_context();
+        if (!e.freed) bytes[names[c.module] + " " + phase_name(c.phase)] += e.bytes;
     });
     Tensor y = net->call(x);
     net->call_backward(dy);

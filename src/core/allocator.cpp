@@ -17,7 +17,7 @@ namespace kiln {
 
 const char* category_name(Category c) {
     static const char* names[kNumCategories] = {"parameter", "gradient", "optimizer state",
-                                                "activation", "workspace", "data", "autocast copy", "other"};
+                                                "activation", "workspace", "data", "weight copy", "other"};
     return names[int(c)];
 }
 
@@ -417,26 +417,12 @@ AllocatorScope::AllocatorScope(Allocator& a) : previous_(t_current[int(a.device(
 
 AllocatorScope::~AllocatorScope() { t_current[int(device_)] = previous_; }
 
-// ---- the allocation context and its observer -----------------------------------------------
-const char* phase_name(Phase p) {
-    static const char* names[] = {"other", "forward", "backward", "optimizer", "data"};
-    return names[int(p)];
-}
-
-static thread_local AllocationContext t_context;
+// ---- the observer --------------------------------------------------------------------------
 // The observer, called under its mutex: the loader's prefetch thread allocates too. Without an
 // observer an allocation reads one flag and returns.
 static std::mutex g_observer_mu;
 static AllocationObserver g_observer;  // empty: no observer
 static std::atomic<bool> g_observing{false};
-
-AllocationContext current_context() { return t_context; }
-
-ContextScope::ContextScope(const Module* module, Phase phase) : previous_(t_context) { t_context = {module, phase}; }
-
-ContextScope::ContextScope(Phase phase) : previous_(t_context) { t_context.phase = phase; }
-
-ContextScope::~ContextScope() { t_context = previous_; }
 
 void set_allocation_observer(AllocationObserver observer) {
     std::lock_guard<std::mutex> g(g_observer_mu);
@@ -447,7 +433,7 @@ void set_allocation_observer(AllocationObserver observer) {
 void notify_allocation(const void* ptr, int64_t bytes, Category category, Device device, bool freed) {
     if (!g_observing.load(std::memory_order_relaxed)) return;
     std::lock_guard<std::mutex> g(g_observer_mu);
-    if (g_observer) g_observer(AllocationEvent{ptr, bytes, category, device, freed, t_context});
+    if (g_observer) g_observer(AllocationEvent{ptr, bytes, category, device, freed});
 }
 
 // ---- text --------------------------------------------------------------------------------

@@ -32,8 +32,9 @@
 
 namespace kiln {
 
-// AutocastCopy: the low-precision copies of the weights a mixed-precision step reads (ops/autocast.h).
-enum class Category : uint8_t { Parameter, Gradient, OptimizerState, Activation, Workspace, Data, AutocastCopy, Other };
+// WeightCopy: a weight's copy in another type, kept beside it (the f16/bf16 weights a mixed-
+// precision step reads, ops/autocast.h).
+enum class Category : uint8_t { Parameter, Gradient, OptimizerState, Activation, Workspace, Data, WeightCopy, Other };
 constexpr int kNumCategories = 8;
 const char* category_name(Category c);
 
@@ -174,49 +175,21 @@ private:
     Device device_;
 };
 
-// ---- who is allocating: the module and the phase ------------------------------------------
-// Each thread knows what it is doing now: which module is running (Module::call and
-// call_backward set it) and in which phase of a step. An allocation observer, if one is set,
-// sees every allocation and free with that context, so a report can say "block2's backward
-// held 30 MiB of activations". Setting the context is two stores; with no observer nothing else
-// happens.
-class Module;
-enum class Phase : uint8_t { Other, Forward, Backward, Optimizer, Data };
-const char* phase_name(Phase p);
-
-struct AllocationContext {
-    const Module* module = nullptr;  // the innermost module running (nullptr: none)
-    Phase phase = Phase::Other;
-};
-AllocationContext current_context();  // this thread's
-
-// Sets this thread's context until the scope ends, then restores the previous one.
-class ContextScope {
-public:
-    ContextScope(const Module* module, Phase phase);
-    explicit ContextScope(Phase phase);  // keeps the current module
-    ~ContextScope();
-    ContextScope(const ContextScope&) = delete;
-    ContextScope& operator=(const ContextScope&) = delete;
-
-private:
-    AllocationContext previous_;
-};
-
-// One allocation (freed = false) or free (freed = true) of a tensor's bytes, with the context
-// of the thread doing it.
+// ---- watching the allocations ------------------------------------------------------------
+// One allocation (freed = false) or free (freed = true) of a tensor's bytes.
 struct AllocationEvent {
     const void* ptr;
     int64_t bytes;
     Category category;
     Device device;
     bool freed;
-    AllocationContext context;
 };
 using AllocationObserver = std::function<void(const AllocationEvent&)>;
 // Calls `observer` on every tensor allocation and free, on the thread doing it, until it is
 // replaced; an empty function removes it. Calls are serialized (the data loader's prefetch
-// thread allocates while a step runs), so the observer must not allocate tensors itself.
+// thread allocates while a step runs), so the observer must not allocate tensors itself. Being
+// on the allocating thread, the observer can ask that thread what it is doing (which module,
+// which phase of a step: nn/module.h's current_context, what the memory recorder reads).
 void set_allocation_observer(AllocationObserver observer);
 // Storage's report to the observer (nothing when there is none).
 void notify_allocation(const void* ptr, int64_t bytes, Category category, Device device, bool freed);

@@ -57,8 +57,8 @@ public:
     const std::vector<int64_t>& pieces() const { return pieces_; }  // p + 1 offsets into the slab
     // For each of the model's parameters, in order: how many of its elements this rank updates
     // and keeps state for (the memory model's ZeRO-1 prediction, train/memory_model.h).
-    std::vector<int64_t> state_elements(Module& model) const;
-    const Optimizer& inner() const { return *inner_; }
+    std::vector<int64_t> state_elements(Module& model) const override;
+    const Optimizer& rule() const override { return *inner_; }  // the optimizer it runs on its piece
 
 private:
     // This rank's part of one parameter: elements [offset, offset + length) of it, as the

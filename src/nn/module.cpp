@@ -31,6 +31,22 @@ bool grad_enabled() { return t_grad_enabled; }
 NoGradScope::NoGradScope() : previous_(t_grad_enabled) { t_grad_enabled = false; }
 NoGradScope::~NoGradScope() { t_grad_enabled = previous_; }
 
+// ---- the context ----------------------------------------------------------------------------
+const char* phase_name(Phase p) {
+    static const char* names[] = {"other", "forward", "backward", "optimizer", "data"};
+    return names[int(p)];
+}
+
+static thread_local AllocationContext t_context;
+
+AllocationContext current_context() { return t_context; }
+
+ContextScope::ContextScope(const Module* module, Phase phase) : previous_(t_context) { t_context = {module, phase}; }
+
+ContextScope::ContextScope(Phase phase) : previous_(t_context) { t_context.phase = phase; }
+
+ContextScope::~ContextScope() { t_context = previous_; }
+
 // ---- computing -----------------------------------------------------------------------------
 // An elementwise layer without parameters that keeps x (module.h): y [in], x cached, dx [in].
 LayerMemory Module::memory(const Shape& in, Device) const {

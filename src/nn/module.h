@@ -51,6 +51,34 @@ private:
     bool previous_;
 };
 
+// ---- who is running: the module and the phase of a step ------------------------------------
+// Each thread knows what it is doing now: which module is running (Module::call and
+// call_backward set it) and in which phase of a step (train_step sets Optimizer and Data). An
+// allocation observer (core/allocator.h) runs on the allocating thread and reads it, so a report
+// can say "block2's backward held 30 MiB of activations" (train/memory_trace.h). Setting the
+// context is two stores.
+enum class Phase : uint8_t { Other, Forward, Backward, Optimizer, Data };
+const char* phase_name(Phase p);
+
+struct AllocationContext {
+    const Module* module = nullptr;  // the innermost module running (nullptr: none)
+    Phase phase = Phase::Other;
+};
+AllocationContext current_context();  // this thread's
+
+// Sets this thread's context until the scope ends, then restores the previous one.
+class ContextScope {
+public:
+    ContextScope(const Module* module, Phase phase);
+    explicit ContextScope(Phase phase);  // keeps the current module
+    ~ContextScope();
+    ContextScope(const ContextScope&) = delete;
+    ContextScope& operator=(const ContextScope&) = delete;
+
+private:
+    AllocationContext previous_;
+};
+
 // What one layer does with memory in a training step, worked out from its input shape alone
 // (chapter 08; train/memory_model.h runs a whole step from these). Each layer's formulas are in
 // the comment above its memory(). Bytes are what the ops request; the allocators round them.

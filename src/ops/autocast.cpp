@@ -86,7 +86,7 @@ Tensor AmpCast::weight(const Tensor& p) const {
         // From the pool even inside a step's arena scope: the copy outlives each micro-batch.
         AllocatorScope from_pool(pool_allocator(p.device()));
         entry.weight = p;
-        entry.copy = Tensor::empty(p.shape(), dtype_, p.device(), Category::AutocastCopy);
+        entry.copy = Tensor::empty(p.shape(), dtype_, p.device(), Category::WeightCopy);
         convert_into(p, entry.copy);
     }
     // The same bytes seen as another shape, or a row overridden mid-scope: a copy not kept.

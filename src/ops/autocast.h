@@ -4,7 +4,7 @@
 // (PyTorch's autocast is a dispatch key): the layers never mention precision. The parameters stay
 // f32 (the "master weights"); an op that runs in the low type reads a low-precision copy of each
 // weight, made once per scope (a training step opens one scope around all its micro-batches) and
-// counted in the memory report under its own category, "autocast copy".
+// counted in the memory report under its own category, "weight copy".
 //
 // The policy table — default_cast_policy() in autocast.cpp is the one place it is written
 // (PyTorch's is aten/src/ATen/autocast_mode.h); each row names the ops that read it:
@@ -112,7 +112,7 @@ public:
     // nothing is cast, else a converted copy.
     Tensor input(const Tensor& x) const;
     // A parameter as the op reads it: with a scope open and p of another type, its copy in the
-    // op's type, made on first use in the scope and then the same tensor (Category::AutocastCopy);
+    // op's type, made on first use in the scope and then the same tensor (Category::WeightCopy);
     // else p itself (an undefined p, a layer without bias, stays undefined).
     Tensor weight(const Tensor& p) const;
 

@@ -45,6 +45,16 @@ public:
     // momentum buffer, Adam's moments; none before the first step. The memory report counts it
     // for the module that owns the parameter.
     virtual std::vector<Tensor> state_of(size_t i) const = 0;
+    // The optimizer whose rule updates the weights: this one, or the one a wrapper runs on its
+    // share of them (ZeRO-1, dist/zero.h). The memory model (train/memory_model.h) sizes the
+    // state from it.
+    virtual const Optimizer& rule() const { return *this; }
+    // The state elements this process keeps for each of the model's parameters (model order),
+    // when it keeps a share of them (ZeRO-1); empty: every parameter's whole state.
+    virtual std::vector<int64_t> state_elements(Module& model) const {
+        (void)model;
+        return {};
+    }
 
     // The state a resumed run needs (step count, buffers), under "<prefix>." keys.
     virtual void save_state(StateDict& state, const std::string& prefix) const;

@@ -12,7 +12,6 @@
 #include "nn/layers.h"
 #include "nn/misc.h"
 #include "nn/recompute.h"
-#include "dist/zero.h"
 #include "optim/adam.h"
 
 namespace kiln {
@@ -27,12 +26,12 @@ int state_slabs(OptimizerKind kind) {
     return 0;
 }
 
-OptimizerKind optimizer_kind(const Optimizer& optimizer) {
+OptimizerKind optimizer_kind(const Optimizer& wrapped) {
+    const Optimizer& optimizer = wrapped.rule();  // under ZeRO-1, the optimizer it runs
     if (auto* sgd = dynamic_cast<const SGD*>(&optimizer))
         return sgd->options().momentum != 0.0f ? OptimizerKind::SGDMomentum : OptimizerKind::SGD;
     if (auto* adam = dynamic_cast<const Adam*>(&optimizer))
         return adam->options().amsgrad ? OptimizerKind::AdamAMSGrad : OptimizerKind::Adam;
-    if (auto* zero = dynamic_cast<const ZeroOptimizer*>(&optimizer)) return optimizer_kind(zero->inner());
     KILN_FAIL("optimizer_kind: an optimizer other than SGD, Adam and AdamW; give predict_memory the OptimizerKind "
               "with as many state slabs as it keeps per parameter");
 }
@@ -40,7 +39,7 @@ OptimizerKind optimizer_kind(const Optimizer& optimizer) {
 MemoryModelOptions memory_model_options(Module& model, const Optimizer& optimizer, const Shape& input, Device device,
                                         bool arena, DType amp) {
     MemoryModelOptions o{input, optimizer_kind(optimizer), device, arena, amp};
-    if (auto* zero = dynamic_cast<const ZeroOptimizer*>(&optimizer)) o.state_elements = zero->state_elements(model);
+    o.state_elements = optimizer.state_elements(model);  // ZeRO-1: this rank's share
     return o;
 }
 

@@ -59,8 +59,9 @@ void MemoryRecorder::record(const AllocationEvent& e) {
         id = it->second;
         live_ids_.erase(it);
     }
-    trace_.events.push_back(MemoryEvent{t, e.freed ? -e.bytes : e.bytes, e.category, e.context.phase, e.device,
-                                        e.context.module ? e.context.module->name() : std::string(),
+    const AllocationContext c = current_context();  // the allocating thread's: this runs on it
+    trace_.events.push_back(MemoryEvent{t, e.freed ? -e.bytes : e.bytes, e.category, c.phase, e.device,
+                                        c.module ? c.module->name() : std::string(),
                                         trace_.steps(), id});
 }
 
@@ -368,7 +369,7 @@ const char* const kCategoryColour[kNumCategories] = {"#1f77b4", "#ff7f0e", "#2ca
                                                      "#9467bd", "#8c564b", "#e377c2", "#7f7f7f"};
 // Bottom to top: what lives across steps first, then what a step makes and frees.
 constexpr Category kStackOrder[kNumCategories] = {Category::Parameter, Category::Gradient, Category::OptimizerState,
-                                                  Category::AutocastCopy, Category::Data, Category::Activation,
+                                                  Category::WeightCopy, Category::Data, Category::Activation,
                                                   Category::Workspace, Category::Other};
 const char* const kPhaseColour[] = {"#ffffff", "#e3effa", "#fdebd3", "#e2f3e2", "#efe6f5"};
 
