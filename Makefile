@@ -237,8 +237,10 @@ $(BUILD)/lab/%: $(BUILD)/cuda/lab/%.cu.o $(LIB)
 # The tests read the real MNIST (pinned first losses); CIFAR-10 only in hidden [data-real] cases.
 # The MPI tests (tests/mpi/) run as 2 ranks under mpirun, after the others; one summary line for both.
 # T is one Catch2 filter, passed as one word: a test's name keeps its spaces and its *.
-# The trainers are built first: tests/test_trainer_flags.cpp runs them.
+# The trainers are built first: tests/test_trainer_flags.cpp runs them. First of all, the folders'
+# order (scripts/check-includes.sh, src/README.md): no folder includes one after it.
 test: $(TEST_BIN) $(MPI_TEST_BIN) $(LESSON_BINS) $(EXTRA_BINS)
+	@bash scripts/check-includes.sh
 	@bash data/fetch.sh mnist
 	@MPIRUN="$(strip $(MPI_TEST_ENV) $(MPIRUN))" bash tests/run.sh $(TEST_BIN) $(MPI_TEST_BIN) $(if $(T),'$(T)')
 
@@ -336,7 +338,7 @@ FUZZ_CXXFLAGS := -std=c++17 -g -O1 -fno-omit-frame-pointer -fopenmp -Wall -Wextr
                  -Icuda -isystem /usr/local/cuda/include -MMD -MP -fsanitize=address,undefined -fno-sanitize-recover=undefined
 # The readers, and what a link of them needs (a tensor's conversions and copies, the kernel emulator
 # they dispatch to): a link error naming a symbol means another file to add here.
-FUZZ_LIB_SRCS := src/train/safetensors.cpp src/data/archive.cpp src/data/idx.cpp src/data/cifar.cpp \
+FUZZ_LIB_SRCS := src/io/safetensors.cpp src/io/archive.cpp src/data/idx.cpp src/data/cifar.cpp \
                  src/data/image_decode.cpp src/core/tensor.cpp src/core/dtype.cpp src/core/allocator.cpp \
                  src/core/parallel.cpp src/core/cpu_features.cpp src/ops/cpu/convert_simd.cpp \
                  src/ops/cpu/elementwise.cpp cuda/memory.cu cuda/elementwise.cu $(EMU_SRCS)

@@ -33,10 +33,10 @@
 
 #include "core/cpu_features.h"
 #include "core/rng.h"
+#include "io/svg.h"
 #include "ops/cpu/gemm.h"
 #include "ops/ops.h"
 #include "ops/sparse.h"
-#include "train/svg.h"
 
 using namespace kiln;
 

@@ -1,11 +1,11 @@
-// fuzz/archive.cpp — libFuzzer harness for gzip and tar (src/data/archive.h): the input is a
+// fuzz/archive.cpp — libFuzzer harness for gzip and tar (src/io/archive.h): the input is a
 // .tar or .tar.gz file's bytes, inflated (at most 64 MiB) and walked entry by entry. Anything
 // but a result or a kiln::Error naming the file is a finding (make fuzz; see fuzz/safetensors.cpp).
 #include <cstdint>
 #include <vector>
 
 #include "core/error.h"
-#include "data/archive.h"
+#include "io/archive.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     try {

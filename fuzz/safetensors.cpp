@@ -1,4 +1,4 @@
-// fuzz/safetensors.cpp — libFuzzer harness for the safetensors reader (src/train/safetensors.h),
+// fuzz/safetensors.cpp — libFuzzer harness for the safetensors reader (src/io/safetensors.h),
 // which reads every checkpoint: the input is a file's bytes. Anything but a StateDict or a
 // kiln::Error naming the file — a crash, a sanitizer report, an allocation past libFuzzer's
 // limit — is a finding.
@@ -9,7 +9,7 @@
 #include <vector>
 
 #include "core/error.h"
-#include "train/safetensors.h"
+#include "io/safetensors.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     try {

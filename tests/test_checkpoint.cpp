@@ -1,4 +1,4 @@
-// test_checkpoint.cpp — checkpoints (src/train/safetensors.h, src/train/checkpoint.h): the
+// test_checkpoint.cpp — checkpoints (src/io/safetensors.h, src/train/checkpoint.h): the
 // safetensors layout byte by byte, round trips, every kind of damage rejected with a message naming the file and the
 // tensor, saves that fail without harming the previous checkpoint, a run stopped at step k
 // and resumed that ends bit for bit where an uninterrupted run does (with another --seed too),
@@ -16,8 +16,8 @@
 #include <filesystem>
 
 #include "core/error.h"
-#include "data/archive.h"
 #include "fixtures.h"
+#include "io/archive.h"
 #include "nn/layers.h"
 #include "nn/misc.h"
 #include "nn/models.h"

@@ -22,10 +22,10 @@
 #include "core/error.h"
 #include "core/rng.h"
 #include "core/stb_warnings.h"
-#include "data/archive.h"
 #include "data/cifar.h"
 #include "data/idx.h"
 #include "fixtures.h"
+#include "io/archive.h"
 
 KILN_STB_BEGIN
 #define STB_IMAGE_WRITE_IMPLEMENTATION

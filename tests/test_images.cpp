@@ -6,7 +6,7 @@
 #include <iterator>
 
 #include "fixtures.h"
-#include "train/images.h"
+#include "io/images.h"
 
 using namespace kiln;
 using Catch::Contains;

@@ -1,7 +1,7 @@
 // test_svg.cpp — the SVG writer: round tick values, the data-to-pixel mapping, escaping, errors.
 #include <catch2/catch.hpp>
 
-#include "train/svg.h"
+#include "io/svg.h"
 
 using namespace kiln;
 

@@ -10,9 +10,9 @@
 #include <string>
 #include <vector>
 
-#include "data/archive.h"
 #include "data/text.h"
 #include "fixtures.h"
+#include "io/archive.h"
 
 using namespace kiln;
 using Catch::Contains;

@@ -16,12 +16,12 @@
 #include <vector>
 
 #include "core/allocator.h"       // defines: BumpAllocator, memory_summary
+#include "io/images.h"            // defines: Image, grey_tile, grid, with_caption, save_png
 #include "nn/models.h"            // defines: lenet (Conv2d, MaxPool2d, ReLU, Linear)
 #include "ops/ops.h"              // defines: argmax_rows
 #include "optim/optimizer.h"      // defines: SGD
 #include "train/cli.h"            // defines: Cli, CommonFlags
 #include "train/fit.h"            // defines: MnistData, only_measure, fit, report
-#include "train/images.h"         // defines: Image, grey_tile, grid, with_caption, save_png
 #include "train/run_log.h"        // defines: run_info (the run's folder)
 
 using namespace kiln;

@@ -43,6 +43,7 @@
 #include <vector>
 
 #include "core/allocator.h"       // defines: BumpAllocator
+#include "io/svg.h"               // defines: Svg, Plot
 #include "nn/conv.h"              // defines: Conv2d
 #include "nn/models.h"            // defines: mlp, lenet, cifar_net, mobilenet_v2
 #include "nn/norm.h"              // defines: BatchNorm2d
@@ -57,7 +58,6 @@
 #include "train/fit.h"            // defines: MnistData, only_measure, fit, report
 #include "train/prune_rounds.h"   // defines: PruneRounds, save_prune_rounds, resume_prune_rounds
 #include "train/run_log.h"        // defines: run_info (the run's folder)
-#include "train/svg.h"            // defines: Svg, Plot
 
 using namespace kiln;
 

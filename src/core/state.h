@@ -2,7 +2,7 @@
 //
 // An optimizer's momentum buffers, a scheduler's step count, a loader's position, an RNG's
 // counter: each component writes its state into a StateDict under its own prefix and reads it
-// back. A checkpoint (train/checkpoint.h) is one StateDict in a file (train/safetensors.h): the
+// back. A checkpoint (train/checkpoint.h) is one StateDict in a file (io/safetensors.h): the
 // tensors go into the safetensors data, the values into its "__metadata__" (strings, as
 // safetensors requires).
 //

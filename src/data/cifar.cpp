@@ -15,8 +15,8 @@
 
 #include "core/error.h"
 #include "core/parallel.h"
-#include "data/archive.h"
 #include "data/image_decode.h"  // stb_image
+#include "io/archive.h"
 
 namespace kiln {
 

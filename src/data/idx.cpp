@@ -5,7 +5,7 @@
 #include <filesystem>
 
 #include "core/error.h"
-#include "data/archive.h"
+#include "io/archive.h"
 
 namespace kiln {
 

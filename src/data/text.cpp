@@ -8,7 +8,7 @@
 #include <filesystem>
 #include <sstream>
 
-#include "data/archive.h"
+#include "io/archive.h"
 
 namespace kiln {
 

@@ -7,7 +7,7 @@
 #include <cstdio>
 
 #include "core/error.h"
-#include "train/svg.h"
+#include "io/svg.h"
 
 namespace kiln {
 

@@ -8,8 +8,8 @@
 #pragma once
 #include <string>
 
+#include "io/svg.h"
 #include "quant/observer.h"
-#include "train/svg.h"
 
 namespace kiln {
 

@@ -8,6 +8,7 @@
 #include <optional>
 #include <sstream>
 
+#include "io/safetensors.h"
 #include "nn/conv.h"
 #include "nn/layers.h"
 #include "nn/misc.h"
@@ -15,7 +16,6 @@
 #include "nn/pool.h"
 #include "ops/ops.h"
 #include "ops/quant.h"
-#include "train/checkpoint.h"
 
 namespace kiln {
 

@@ -114,7 +114,7 @@ public:
     void to(Device device);
     Device device() const { return device_; }
 
-    // The int8 file: safetensors (train/safetensors.h), i8 weights, i32 biases, f32 scales, u8
+    // The int8 file: safetensors (io/safetensors.h), i8 weights, i32 biases, f32 scales, u8
     // tables, every step's numbers in the metadata. load gives back exactly the same network.
     void save(const std::string& path) const;
     static QuantizedNet load(const std::string& path);

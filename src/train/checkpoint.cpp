@@ -1,4 +1,4 @@
-// checkpoint.cpp — the model and run state around a safetensors file (train/safetensors.h).
+// checkpoint.cpp — the model and run state around a safetensors file (io/safetensors.h).
 #include "train/checkpoint.h"
 
 #include <algorithm>
@@ -7,7 +7,7 @@
 #include <set>
 
 #include "core/error.h"
-#include "data/archive.h"
+#include "io/archive.h"
 #include "nn/prune.h"  // is_mask_name: a pruned model's checkpoint
 
 namespace kiln {

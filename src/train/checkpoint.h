@@ -6,7 +6,7 @@
 //   // ... continue with epoch at.epoch, its first at.position images already trained on
 //
 // A checkpoint is one StateDict (core/state.h) in the safetensors layout, which Hugging Face's
-// `safetensors` package reads (train/safetensors.h: the layout, its checksums, how a save stays
+// `safetensors` package reads (io/safetensors.h: the layout, its checksums, how a save stays
 // whole when it is interrupted, and how to open one in Python).
 //
 // The names: the model's tensors as the model names them ("conv1.weight", "bn1.running_mean"),
@@ -28,12 +28,12 @@
 #include "core/rng.h"
 #include "core/state.h"
 #include "data/loader.h"
+#include "io/safetensors.h"
 #include "nn/module.h"
 #include "optim/grad_scaler.h"
 #include "optim/lookahead.h"
 #include "optim/optimizer.h"
 #include "optim/scheduler.h"
-#include "train/safetensors.h"
 
 namespace kiln {
 

@@ -20,7 +20,7 @@
 #include <vector>
 
 #include "core/tensor.h"
-#include "train/svg.h"
+#include "io/svg.h"
 
 namespace kiln {
 
@@ -57,7 +57,7 @@ struct NamedGradHistogram {
 std::vector<NamedGradHistogram> grad_histograms(const std::vector<std::pair<std::string, Tensor>>& grads, float scale);
 std::string grad_zones_text(const std::vector<NamedGradHistogram>& layers);
 
-// The histogram as a figure (train/svg.h): the count of each binade [2^e, 2^(e+1)) as a bar
+// The histogram as a figure (io/svg.h): the count of each binade [2^e, 2^(e+1)) as a bar
 // (on a log scale, log10(1 + count), so that the tails show), for g and, shifted by log2 S, for
 // S·g, over f16's zones shaded (underflow, subnormal, normal, overflow). Titled `title`.
 Svg grad_hist_svg(const GradHistogram& h, const std::string& title);

@@ -10,8 +10,8 @@
 #include <sstream>
 
 #include "core/error.h"
+#include "io/svg.h"
 #include "train/memory_model.h"
-#include "train/svg.h"
 
 namespace kiln {
 

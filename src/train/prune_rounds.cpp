@@ -3,7 +3,7 @@
 
 #include <cstdio>
 
-#include "data/archive.h"  // with_hint
+#include "io/archive.h"  // with_hint
 #include "nn/prune.h"
 #include "train/checkpoint.h"
 

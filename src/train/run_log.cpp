@@ -14,9 +14,9 @@
 
 #include "core/cuda_memory.h"
 #include "core/error.h"
-#include "data/archive.h"
+#include "io/archive.h"
+#include "io/svg.h"
 #include "train/checkpoint.h"
-#include "train/svg.h"
 
 namespace kiln {
 

@@ -7,7 +7,7 @@
 
 #include "core/cuda_memory.h"
 #include "core/error.h"
-#include "train/svg.h"
+#include "io/svg.h"
 
 namespace kiln {
 

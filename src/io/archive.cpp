@@ -1,5 +1,5 @@
 // archive.cpp — read_file, gunzip (zlib) and a tar reader. See archive.h.
-#include "data/archive.h"
+#include "io/archive.h"
 
 #include <zlib.h>
 

@@ -1,12 +1,12 @@
 // svg.cpp — the SVG writer and the plot axes (see svg.h).
-#include "train/svg.h"
+#include "io/svg.h"
 
 #include <cmath>
 #include <cstdio>
 #include <cstring>
 
 #include "core/error.h"
-#include "data/archive.h"
+#include "io/archive.h"
 
 namespace kiln {
 

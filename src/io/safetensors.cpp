@@ -1,5 +1,5 @@
 // safetensors.cpp — the safetensors writer and reader (see safetensors.h for the layout).
-#include "train/safetensors.h"
+#include "io/safetensors.h"
 
 #include <fcntl.h>
 #include <unistd.h>
@@ -13,7 +13,7 @@
 #include <set>
 
 #include "core/error.h"
-#include "data/archive.h"
+#include "io/archive.h"
 
 // The data section is the tensors' bytes as they lie in memory: that is little-endian only on a
 // little-endian machine (x86, ARM as Linux runs it).

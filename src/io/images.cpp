@@ -1,6 +1,6 @@
 // images.cpp — pictures from tiles, text from stb_easy_font, PNG through stb_image_write
 // (see images.h).
-#include "train/images.h"
+#include "io/images.h"
 
 #include <algorithm>
 

@@ -1,0 +1,65 @@
+#!/usr/bin/env bash
+# check-includes.sh — the engine's folders in one order (src/README.md, "The layers"): each folder
+# builds on the ones before it and includes nothing from a folder after it.
+#
+#   core < io < ops < nn < optim < quant < data < train < dist < mpi
+#
+# The kernels stand beside ops, below the ops themselves: src/ops/kernels/, src/ops/cpu/ and the
+# CUDA kernels in cuda/ (with its emulator, cuda/emu/) include only core/, the kernel headers
+# (ops/kernels/, ops/cpu/), the sizes the kernels take (ops/params.h, ops/qparams.h) and cuda/'s
+# own files. The kernel lab (cuda/lab/), the lessons, tests and benchmarks stand above it all.
+#
+# Reads every #include "..." of src/ and cuda/; prints each one that breaks the order and exits
+# 1 if any does. `make test` runs it first (well under a second).
+#
+#   Usage: scripts/check-includes.sh [ROOT]      (default: the repository holding this script)
+set -u
+cd "${1:-$(dirname "$0")/..}" || exit 1
+
+order=(core io ops nn optim quant data train dist mpi)
+declare -A rank
+for i in "${!order[@]}"; do rank[${order[$i]}]=$i; done
+
+# The headers a kernel may include, as patterns on the included path.
+kernel_ok() {
+    case $1 in
+        core/* | ops/kernels/* | ops/cpu/* | ops/params.h | ops/qparams.h) return 0 ;;
+        */*) [[ ${1%%/*} == emu ]] ;;  # cuda/'s emulator, named from cuda/
+        *) return 0 ;;                  # a file of the kernel's own folder (common.cuh)
+    esac
+}
+
+bad=0
+while IFS= read -r hit; do
+    file=${hit%%:*}
+    rest=${hit#*:}
+    line=${rest%%:*}
+    inc=${rest#*\"}
+    inc=${inc%%\"*}
+    where="$file:$line: includes \"$inc\""
+    case $file in
+        src/ops/kernels/* | src/ops/cpu/* | cuda/*)
+            if ! kernel_ok "$inc"; then
+                echo "check-includes: $where: a kernel includes only core/, ops/kernels/, ops/cpu/, ops/params.h, ops/qparams.h and cuda/'s own files (the kernels stand below the ops)"
+                bad=$((bad + 1))
+            fi
+            continue ;;
+    esac
+    dir=${file#src/}
+    dir=${dir%%/*}
+    to=${inc%%/*}
+    if [[ -z ${rank[$dir]+x} ]]; then
+        echo "check-includes: $file: src/$dir/ is not in the order (${order[*]}): add it to scripts/check-includes.sh and src/README.md"
+        bad=$((bad + 1))
+    elif [[ $inc == */* && -n ${rank[$to]+x} ]] && (( rank[$to] > rank[$dir] )); then
+        echo "check-includes: $where: $dir/ stands below $to/ (${order[*]}); move what it needs down, or this file up"
+        bad=$((bad + 1))
+    fi
+done < <(grep -rn --include='*.h' --include='*.cpp' --include='*.cu' --include='*.cuh' \
+              -E '^[[:space:]]*#[[:space:]]*include[[:space:]]*"' src cuda --exclude-dir=lab)
+
+if (( bad )); then
+    echo "check-includes: $bad include(s) out of order"
+    exit 1
+fi
+echo "check-includes: ok (src/ and cuda/ in the order ${order[*]}, kernels beside ops)"
