@@ -23,10 +23,10 @@
 #include <string>
 #include <vector>
 
-#include "data/archive.h"      // read_file
 #include "fixtures.h"
+#include "io/archive.h"      // read_file
+#include "io/safetensors.h"  // read_safetensors
 #include "train/cli.h"
-#include "train/safetensors.h"  // read_safetensors
 
 using namespace kiln;
 using Catch::Contains;
