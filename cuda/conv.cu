@@ -624,14 +624,6 @@ struct ConvForwardOut {
             if (j < NPQ) y[(j / PQ * d.O + oc) * PQ + j % PQ] = T(v[i] + bias);
         }
     }
-    __device__ void store4(int mt, int nt, float4 v) {
-        const float a[4] = {v.x, v.y, v.z, v.w};
-        store(mt, nt, 4, a);
-    }
-    __device__ void store2(int mt, int nt, float v0, float v1) {
-        const float a[2] = {v0, v1};
-        store(mt, nt, 2, a);
-    }
 };
 
 // dx's epilogue: dx[img, g·Cg + c, hw] = acc (overwritten), column j = img·H·W + hw.
@@ -647,14 +639,6 @@ struct ConvDataOut {
             const int64_t j = j0 + nt + i;
             if (j < NHW) dx[(j / HW * d.C + g * d.Cg + c) * HW + j % HW] = T(v[i]);
         }
-    }
-    __device__ void store4(int mt, int nt, float4 v) {
-        const float a[4] = {v.x, v.y, v.z, v.w};
-        store(mt, nt, 4, a);
-    }
-    __device__ void store2(int mt, int nt, float v0, float v1) {
-        const float a[2] = {v0, v1};
-        store(mt, nt, 2, a);
     }
 };
 

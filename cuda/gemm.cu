@@ -344,11 +344,13 @@ __global__ void __launch_bounds__(S::kThreads)
     const int64_t col0 = int64_t(blockIdx.x) * S::BN, tiles_m = (M + S::BM - 1) / S::BM, steps = (K + S::BK - 1) / S::BK;
     for (int64_t tile = blockIdx.y; tile < tiles_m; tile += gridDim.y) {
         const int64_t row0 = tile * S::BM;
+        const detail::MmaGemmLoaderA<S, TA, T> la(A, lda, M, K, row0, true);
+        const detail::MmaGemmLoaderB<S, TB, T> lb(B, ldb, N, K, col0, true);
         const auto issue = [&](int64_t step) {
             if (step < steps) {
                 const int stage = int(step % kStages);
-                detail::copy_tile_a<S, TA>(A, lda, M, K, row0, step * S::BK, As + stage * S::kAElems);
-                detail::copy_tile_b<S, TB>(B, ldb, N, K, col0, step * S::BK, Bs + stage * S::kBElems);
+                detail::copy_async(la, step * S::BK, As + stage * S::kAElems);
+                detail::copy_async(lb, step * S::BK, Bs + stage * S::kBElems);
             }
             detail::cp_async_commit();  // an empty group past the end keeps the count in step
         };
@@ -364,16 +366,7 @@ __global__ void __launch_bounds__(S::kThreads)
         detail::cp_async_wait<0>();
         __syncthreads();  // the next row tile's copies overwrite the stages
         detail::GemmEpilogue<T> out{C, ldc, M, N, row0, col0, alpha, beta, false};
-        const int g = warp.lane / 4, tq = warp.lane % 4;
-        KILN_UNROLL
-        for (int mi = 0; mi < S::MI; mi++) {
-            KILN_UNROLL
-            for (int ni = 0; ni < S::NI; ni++) {
-                const int m = warp.wm0 + mi * 16 + g, n = warp.wn0 + ni * 8 + 2 * tq;
-                out.store2(m, n, acc[mi][ni][0], acc[mi][ni][1]);
-                out.store2(m + 8, n, acc[mi][ni][2], acc[mi][ni][3]);
-            }
-        }
+        warp.store(acc, out);
     }
 }
 

@@ -44,10 +44,11 @@
 //      fetch(k0)   read this thread's share of the tile for k in [k0, k0 + BK) into its registers
 //                  (zeros outside the matrix); called with k0 = k_begin, k_begin + BK, ... in order
 //      stash(S)    write those registers into the stage S (float[BK][ld])
-// Epilogue: store4(m, n, v) receives 4 results of row m, columns n .. n + 3 (n a multiple of 4
-// within the tile); it checks m and n against the matrix itself.
+// Epilogue: store(m, n, count, v) receives count results of row m, columns n .. n + count − 1
+// (4 here, 2 from the tensor cores); it checks m and n against the matrix itself.
 #pragma once
 #include <cstdint>
+#include <cstring>
 #include <type_traits>
 
 #include "common.cuh"
@@ -104,112 +105,120 @@ inline bool vector_chunks(const T* p, int64_t ld, int64_t contiguous_extent) {
     return ld % 4 == 0 && contiguous_extent % 4 == 0 && reinterpret_cast<uintptr_t>(p) % (4 * sizeof(T)) == 0;
 }
 
-// ---- the GEMM's loaders: op(A) and op(B) from row-major storage ---------------------------------------
-// A tile is read as kChunks chunks of 4 elements along the stored matrix's contiguous dimension;
-// thread t takes chunks t, t + kThreads, .... Consecutive threads read consecutive chunks of a
-// row, so a warp's loads are whole 32-byte sectors.
-//   op(A)[m, k] = A[m·lda + k]  (TA false: contiguous along k)   or A[k·lda + m]  (TA true: along m)
-// In shared memory always As[k][m]: a chunk along k becomes 4 scalar stores down a column, a
-// chunk along m one float4 store.
+// ---- the GEMM's loaders: one operand's tile from row-major storage ------------------------------------
+// An operand tile is kOuter × BK values of op(X): A's BM rows (outer = m, kIsA) or B's BN columns
+// (outer = n). The stored matrix X, leading dimension ld, is contiguous along k or along outer:
+//   kKContig:    op(X)[outer, k] = X[outer·ld + k]     (A as it is; B transposed)
+//   otherwise:   op(X)[outer, k] = X[k·ld + outer]     (A transposed; B as it is)
+// It is read as chunks of kWidth values along X's contiguous dimension — 4 for the CUDA cores'
+// float stages (fma_tile), 8 for the tensor cores' 16-bit ones (mma_tile: 16 bytes) — and thread
+// t takes chunks t, t + kThreads, ...: consecutive threads read consecutive chunks of a stored row,
+// so a warp's loads are whole 32-byte sectors. With `vec` (the launcher's verdict on X's rows,
+// vector_chunks) a chunk is one vector load; without, kWidth loads one by one. Outside the matrix:
+// zeros. stash writes the chunks into a stage: the CUDA cores' [k][outer] floats (a chunk along k
+// is kWidth scalar stores down a column, along outer one float4), or the tensor cores' 16-bit
+// tile, which keeps X's contiguous dimension (one 16-byte store; tensor_tiles.cuh).
+template <typename T>
+__device__ __forceinline__ uint16_t bits_of(T v) {
+    uint16_t b;
+    memcpy(&b, &v, sizeof(b));
+    return b;
+}
+
+template <class S, bool kIsA_, bool kKContig, typename T, int kWidth>
+struct OperandLoader {
+    using Shape = S;
+    static constexpr bool kIsA = kIsA_;
+    using Chunk = std::conditional_t<kWidth == 4, float4, uint4>;  // 4 floats, or 8 values of 16 bits
+    static constexpr int kOuter = kIsA_ ? S::BM : S::BN;
+    static constexpr int kAcross = (kKContig ? S::BK : kOuter) / kWidth;  // chunks per stored row of the tile
+    static constexpr int kPer = kOuter * S::BK / kWidth / S::kThreads;    // chunks per thread
+    static_assert(kWidth == 4 || (kWidth == 8 && sizeof(T) == 2), "float chunks of 4, 16-bit chunks of 8");
+    static_assert(kPer * S::kThreads * kWidth == kOuter * S::BK, "the tile's chunks divide among the threads");
+    const T* X;
+    int64_t ld, extent, k_end, outer0;  // extent: M (A) or N (B); k_end: the end of this block's k
+    bool vec;
+    Chunk r[kPer];
+
+    __device__ OperandLoader(const T* X_, int64_t ld_, int64_t extent_, int64_t k_end_, int64_t outer0_, bool vec_)
+        : X(X_), ld(ld_), extent(extent_), k_end(k_end_), outer0(outer0_), vec(vec_) {}
+
+    // Where this thread's chunk c lies in the tile: its first value's (outer, k).
+    __device__ static void place(int c, int& outer, int& k) {
+        const int e = int(threadIdx.x) + c * S::kThreads;
+        const int along = e % kAcross * kWidth, other = e / kAcross;
+        outer = kKContig ? other : along, k = kKContig ? along : other;
+    }
+    // Value i of a chunk at (outer, k) is inside the matrix.
+    __device__ bool inside(int64_t outer, int64_t k, int i) const {
+        return kKContig ? outer < extent && k + i < k_end : outer + i < extent && k < k_end;
+    }
+    __device__ const T* address(int64_t outer, int64_t k) const { return kKContig ? X + outer * ld + k : X + k * ld + outer; }
+
+    __device__ void fetch(int64_t k0) {
+        KILN_UNROLL
+        for (int c = 0; c < kPer; c++) {
+            int o, kk;
+            place(c, o, kk);
+            const int64_t outer = outer0 + o, k = k0 + kk;
+            const T* p = address(outer, k);
+            if constexpr (kWidth == 4) {
+                float4 v = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+                if (vec) {
+                    if (inside(outer, k, 0)) v = load4(p);
+                } else {
+                    KILN_UNROLL
+                    for (int i = 0; i < 4; i++)
+                        if (inside(outer, k, i)) at(v, i) = float(p[i]);
+                }
+                r[c] = v;
+            } else {
+                uint4 v = make_uint4(0, 0, 0, 0);
+                if (vec) {
+                    if (inside(outer, k, 0)) v = *reinterpret_cast<const uint4*>(p);
+                } else {
+                    uint16_t h[8];
+                    KILN_UNROLL
+                    for (int i = 0; i < 8; i++) h[i] = inside(outer, k, i) ? bits_of(p[i]) : uint16_t(0);
+                    memcpy(&v, h, sizeof(v));
+                }
+                r[c] = v;
+            }
+        }
+    }
+
+    // The CUDA cores' stage: float [BK][ld], k-major.
+    template <int kLd>
+    __device__ void stash(float (*stage)[kLd]) const {
+        KILN_UNROLL
+        for (int c = 0; c < kPer; c++) {
+            int o, k;
+            place(c, o, k);
+            if (kKContig) {
+                float4 v = r[c];
+                KILN_UNROLL
+                for (int i = 0; i < 4; i++) stage[k + i][o] = at(v, i);
+            } else {
+                *reinterpret_cast<float4*>(&stage[k][o]) = r[c];
+            }
+        }
+    }
+    // The tensor cores' stage: 16-bit values at S::a_index(m, k) or S::b_index(k, n).
+    __device__ void stash(uint16_t* stage) const {
+        KILN_UNROLL
+        for (int c = 0; c < kPer; c++) {
+            int o, k;
+            place(c, o, k);
+            *reinterpret_cast<uint4*>(&stage[kIsA ? S::a_index(o, k) : S::b_index(k, o)]) = r[c];
+        }
+    }
+};
+
+// op(A) (BM × BK) and op(B) (BK × BN) of a GEMM on the CUDA cores (float chunks of 4).
 template <class S, bool TA, typename T>
-struct GemmLoaderA {
-    static constexpr int kChunks = S::BM * S::BK / 4, kPer = kChunks / S::kThreads;
-    static constexpr int kAcross = TA ? S::BM / 4 : S::BK / 4;  // chunks per stored row of the tile
-    static_assert(kChunks % S::kThreads == 0, "the tile's chunks divide among the threads");
-    const T* A;
-    int64_t lda, M, k_end, row0;
-    bool vec;
-    float4 r[kPer];
-
-    __device__ GemmLoaderA(const T* A_, int64_t lda_, int64_t M_, int64_t k_end_, int64_t row0_, bool vec_)
-        : A(A_), lda(lda_), M(M_), k_end(k_end_), row0(row0_), vec(vec_) {}
-
-    __device__ void fetch(int64_t k0) {
-        KILN_UNROLL
-        for (int c = 0; c < kPer; c++) {
-            const int e = int(threadIdx.x) + c * S::kThreads;
-            const int along = e % kAcross * 4, other = e / kAcross;  // within the tile
-            const int64_t m = row0 + (TA ? along : other), k = k0 + (TA ? other : along);
-            const T* p = TA ? A + k * lda + m : A + m * lda + k;
-            float4 v = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-            if (vec) {
-                if (m < M && k < k_end) v = load4(p);
-            } else {
-                KILN_UNROLL
-                for (int i = 0; i < 4; i++) {
-                    const bool inside = TA ? (m + i < M && k < k_end) : (m < M && k + i < k_end);
-                    if (inside) at(v, i) = float(p[i]);
-                }
-            }
-            r[c] = v;
-        }
-    }
-    __device__ void stash(float (*As)[S::kLdA]) const {
-        KILN_UNROLL
-        for (int c = 0; c < kPer; c++) {
-            const int e = int(threadIdx.x) + c * S::kThreads;
-            const int along = e % kAcross * 4, other = e / kAcross;
-            if (TA) {
-                *reinterpret_cast<float4*>(&As[other][along]) = r[c];
-            } else {
-                float4 v = r[c];
-                KILN_UNROLL
-                for (int i = 0; i < 4; i++) As[along + i][other] = at(v, i);
-            }
-        }
-    }
-};
-
-//   op(B)[k, n] = B[k·ldb + n]  (TB false: contiguous along n)   or B[n·ldb + k]  (TB true: along k)
-// In shared memory always Bs[k][n].
+using GemmLoaderA = OperandLoader<S, true, !TA, T, 4>;
 template <class S, bool TB, typename T>
-struct GemmLoaderB {
-    static constexpr int kChunks = S::BK * S::BN / 4, kPer = kChunks / S::kThreads;
-    static constexpr int kAcross = TB ? S::BK / 4 : S::BN / 4;
-    static_assert(kChunks % S::kThreads == 0, "the tile's chunks divide among the threads");
-    const T* B;
-    int64_t ldb, N, k_end, col0;
-    bool vec;
-    float4 r[kPer];
-
-    __device__ GemmLoaderB(const T* B_, int64_t ldb_, int64_t N_, int64_t k_end_, int64_t col0_, bool vec_)
-        : B(B_), ldb(ldb_), N(N_), k_end(k_end_), col0(col0_), vec(vec_) {}
-
-    __device__ void fetch(int64_t k0) {
-        KILN_UNROLL
-        for (int c = 0; c < kPer; c++) {
-            const int e = int(threadIdx.x) + c * S::kThreads;
-            const int along = e % kAcross * 4, other = e / kAcross;
-            const int64_t n = col0 + (TB ? other : along), k = k0 + (TB ? along : other);
-            const T* p = TB ? B + n * ldb + k : B + k * ldb + n;
-            float4 v = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-            if (vec) {
-                if (n < N && k < k_end) v = load4(p);
-            } else {
-                KILN_UNROLL
-                for (int i = 0; i < 4; i++) {
-                    const bool inside = TB ? (n < N && k + i < k_end) : (n + i < N && k < k_end);
-                    if (inside) at(v, i) = float(p[i]);
-                }
-            }
-            r[c] = v;
-        }
-    }
-    __device__ void stash(float (*Bs)[S::kLdB]) const {
-        KILN_UNROLL
-        for (int c = 0; c < kPer; c++) {
-            const int e = int(threadIdx.x) + c * S::kThreads;
-            const int along = e % kAcross * 4, other = e / kAcross;
-            if (TB) {
-                float4 v = r[c];
-                KILN_UNROLL
-                for (int i = 0; i < 4; i++) Bs[along + i][other] = at(v, i);
-            } else {
-                *reinterpret_cast<float4*>(&Bs[other][along]) = r[c];
-            }
-        }
-    }
-};
+using GemmLoaderB = OperandLoader<S, false, TB, T, 4>;
 
 // ---- the multiply-adds of one stage ----------------------------------------------------------------
 template <class S>
@@ -256,7 +265,7 @@ struct alignas(16) FmaStages {
 };
 
 // The main loop (see the header): acc = Σ_{k in [k_begin, k_end)} A-tile · B-tile, then
-// epilogue.store4 for every 4 columns of every row the lane owns. The caller's barrier state:
+// epilogue.store for every 4 columns of every row the lane owns. The caller's barrier state:
 // none needed before; smem may be reused after this returns only past another __syncthreads().
 template <class S, class LoadA, class LoadB, class Epilogue>
 __device__ void fma_tile(LoadA& la, LoadB& lb, int64_t k_begin, int64_t k_end, FmaStages<S>& sm, Epilogue& out) {
@@ -284,16 +293,16 @@ __device__ void fma_tile(LoadA& la, LoadB& lb, int64_t k_begin, int64_t k_end, F
     KILN_UNROLL
     for (int i = 0; i < S::TM; i++) {
         KILN_UNROLL
-        for (int g = 0; g < S::GN; g++)
-            out.store4(lane.row(i), lane.col(4 * g),
-                       make_float4(acc[i][4 * g], acc[i][4 * g + 1], acc[i][4 * g + 2], acc[i][4 * g + 3]));
+        for (int g = 0; g < S::GN; g++) out.store(lane.row(i), lane.col(4 * g), 4, &acc[i][4 * g]);
     }
 }
 
 // ---- the GEMM's epilogue ------------------------------------------------------------------------------
-//   C[row0 + m, col0 + n] = alpha · acc + beta · C     (C read only when beta ≠ 0; rounded to CT once)
-// 4 columns in one vector store when C's rows allow it (vec), else one by one; both skip what
-// lies outside M × N.
+//   C[row0 + m, col0 + n + i] = alpha · v[i] + beta · C     i < count  (C read only when beta ≠ 0;
+//                                                          rounded to CT once)
+// The tiles call store(m, n, count, v) with count consecutive results of one row: 4 from the CUDA
+// cores, 2 from the tensor cores. 4 columns go in one vector store when C's rows allow it (vec),
+// else one by one; both skip what lies outside M × N.
 template <typename CT>
 struct GemmEpilogue {
     CT* C;
@@ -301,30 +310,20 @@ struct GemmEpilogue {
     float alpha, beta;
     bool vec;
 
-    __device__ void store4(int mt, int nt, float4 v) {
+    __device__ float scaled(float v, const CT* c) const { return beta == 0.0f ? alpha * v : alpha * v + beta * float(*c); }
+    __device__ void store(int mt, int nt, int count, const float* v) {
         const int64_t m = row0 + mt, n = col0 + nt;
         if (m >= M) return;
         CT* c = C + m * ldc + n;
-        if (vec && n + 3 < N) {
+        if (vec && count == 4 && n + 3 < N) {
             const float4 old = beta != 0.0f ? load4(c) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+            float4 out;
             KILN_UNROLL
-            for (int i = 0; i < 4; i++) at(v, i) = beta == 0.0f ? alpha * at(v, i) : alpha * at(v, i) + beta * at(old, i);
-            write4(c, v);
+            for (int i = 0; i < 4; i++) at(out, i) = beta == 0.0f ? alpha * v[i] : alpha * v[i] + beta * at(old, i);
+            write4(c, out);
             return;
         }
-        KILN_UNROLL
-        for (int i = 0; i < 4; i++) {
-            if (n + i >= N) break;
-            c[i] = CT(beta == 0.0f ? alpha * at(v, i) : alpha * at(v, i) + beta * float(c[i]));
-        }
-    }
-    // The tensor cores' epilogue (tensor_tiles.cuh): 2 results of row m, columns n and n + 1.
-    __device__ void store2(int mt, int nt, float v0, float v1) {
-        const int64_t m = row0 + mt, n = col0 + nt;
-        if (m >= M) return;
-        CT* c = C + m * ldc + n;
-        if (n < N) c[0] = CT(beta == 0.0f ? alpha * v0 : alpha * v0 + beta * float(c[0]));
-        if (n + 1 < N) c[1] = CT(beta == 0.0f ? alpha * v1 : alpha * v1 + beta * float(c[1]));
+        for (int i = 0; i < count && n + i < N; i++) c[i] = CT(scaled(v[i], c + i));
     }
 };
 

@@ -25,8 +25,8 @@
 // matrix then fall in 8 different 16-byte bank groups (rows of 80 or 272 bytes: 5 or 17 groups
 // apart), so each ldmatrix is conflict-free.
 //
-// Loaders: as gemm_tiles.cuh's, but stash(S, index) writes 16-bit values through
-// S::a_index(m, k) / S::b_index(k, n). Epilogue: store2(m, n, v0, v1), two columns n, n + 1 of
+// Loaders: as gemm_tiles.cuh's; their stash writes 16-bit values through S::a_index(m, k) /
+// S::b_index(k, n). Epilogue: as gemm_tiles.cuh's, store(m, n, 2, v): two columns n, n + 1 of
 // row m (n even within the tile); it checks m and n against the matrix.
 #pragma once
 #include <cstdint>
@@ -129,6 +129,23 @@ struct MmaWarp {
         return Bs + (S::B_KC ? S::b_index(k, n + r) : S::b_index(k + r, n));
     }
 
+    // The results to the epilogue, two a call: D's layout puts acc[mi][ni][0..1] at row
+    // wm0 + 16·mi + g, columns wn0 + 8·ni + 2t and 2t + 1, and [2..3] 8 rows below (g = lane / 4,
+    // t = lane % 4).
+    template <class Epilogue>
+    __device__ void store(float (&acc)[S::MI][S::NI][4], Epilogue& out) const {
+        const int g = lane / 4, t = lane % 4;
+        KILN_UNROLL
+        for (int mi = 0; mi < S::MI; mi++) {
+            KILN_UNROLL
+            for (int ni = 0; ni < S::NI; ni++) {
+                const int m = wm0 + mi * 16 + g, n = wn0 + ni * 8 + 2 * t;
+                out.store(m, n, 2, &acc[mi][ni][0]);
+                out.store(m + 8, n, 2, &acc[mi][ni][2]);
+            }
+        }
+    }
+
     //   acc[mi][ni] += A[rows of mi, k] · B[k, columns of ni]      k over the stage, 16 at a time
     __device__ void multiply(const uint16_t* As, const uint16_t* Bs, float (&acc)[S::MI][S::NI][4]) const {
         KILN_UNROLL
@@ -151,8 +168,7 @@ struct MmaWarp {
     }
 };
 
-// The main loop (gemm_tiles.cuh's fma_tile, on the tensor cores), then epilogue.store2 for each
-// pair of results the lane holds: rows wm0 + 16·mi + g (+8), columns wn0 + 8·ni + 2t, +1.
+// The main loop (gemm_tiles.cuh's fma_tile, on the tensor cores), then the epilogue (MmaWarp::store).
 template <class S, typename T, class LoadA, class LoadB, class Epilogue>
 __device__ void mma_tile(LoadA& la, LoadB& lb, int64_t k_begin, int64_t k_end, MmaStages<S>& sm, Epilogue& out) {
     const MmaWarp<S, T> warp;
@@ -176,123 +192,16 @@ __device__ void mma_tile(LoadA& la, LoadB& lb, int64_t k_begin, int64_t k_end, M
             stage ^= 1;
         }
     }
-    const int g = warp.lane / 4, t = warp.lane % 4;
-    KILN_UNROLL
-    for (int mi = 0; mi < S::MI; mi++) {
-        KILN_UNROLL
-        for (int ni = 0; ni < S::NI; ni++) {
-            const int m = warp.wm0 + mi * 16 + g, n = warp.wn0 + ni * 8 + 2 * t;
-            out.store2(m, n, acc[mi][ni][0], acc[mi][ni][1]);
-            out.store2(m + 8, n, acc[mi][ni][2], acc[mi][ni][3]);
-        }
-    }
+    warp.store(acc, out);
 }
 
-// ---- the GEMM's loaders for the tensor cores ----------------------------------------------------------
-// A tile is read as chunks of 8 elements (16 bytes) along the stored matrix's contiguous
-// dimension, and kept that way in shared memory (A_KC = !TA, B_KC = TB): each chunk is one
-// 16-byte load and one 16-byte store. Outside the matrix: zeros. Without vec (rows not 16-byte
-// aligned, or the dimension not a multiple of 8), the chunk's 8 values are loaded one by one.
-template <typename T>
-__device__ __forceinline__ uint16_t bits_of(T v) {
-    uint16_t b;
-    memcpy(&b, &v, sizeof(b));
-    return b;
-}
-
-// op(A)[m, k] = A[m·lda + k] (TA false) or A[k·lda + m] (TA true); T = f16 or bf16.
+// ---- the GEMM's loaders for the tensor cores -------------------------------------------------------
+// gemm_tiles.cuh's OperandLoader with chunks of 8 values (16 bytes), kept in shared memory along
+// the stored matrix's contiguous dimension: A_KC = !TA, B_KC = TB.
 template <class S, bool TA, typename T>
-struct MmaGemmLoaderA {
-    static_assert(S::A_KC == !TA, "the tile keeps A's contiguous dimension");
-    static constexpr int kAcross = TA ? S::BM / 8 : S::BK / 8;  // chunks per stored row of the tile
-    static constexpr int kPer = S::BM * S::BK / 8 / S::kThreads;
-    static_assert(kPer * S::kThreads * 8 == S::BM * S::BK, "the tile's chunks divide among the threads");
-    const T* A;
-    int64_t lda, M, k_end, row0;
-    bool vec;
-    uint4 r[kPer];
-
-    __device__ MmaGemmLoaderA(const T* A_, int64_t lda_, int64_t M_, int64_t k_end_, int64_t row0_, bool vec_)
-        : A(A_), lda(lda_), M(M_), k_end(k_end_), row0(row0_), vec(vec_) {}
-
-    __device__ void fetch(int64_t k0) {
-        KILN_UNROLL
-        for (int c = 0; c < kPer; c++) {
-            const int e = int(threadIdx.x) + c * S::kThreads;
-            const int along = e % kAcross * 8, other = e / kAcross;
-            const int64_t m = row0 + (TA ? along : other), k = k0 + (TA ? other : along);
-            const T* p = TA ? A + k * lda + m : A + m * lda + k;
-            uint4 v = make_uint4(0, 0, 0, 0);
-            if (vec) {
-                if (m < M && k < k_end) v = *reinterpret_cast<const uint4*>(p);
-            } else {
-                uint16_t h[8];
-                KILN_UNROLL
-                for (int i = 0; i < 8; i++) {
-                    const bool inside = TA ? (m + i < M && k < k_end) : (m < M && k + i < k_end);
-                    h[i] = inside ? bits_of(p[i]) : uint16_t(0);
-                }
-                memcpy(&v, h, sizeof(v));
-            }
-            r[c] = v;
-        }
-    }
-    __device__ void stash(uint16_t* As) const {
-        KILN_UNROLL
-        for (int c = 0; c < kPer; c++) {
-            const int e = int(threadIdx.x) + c * S::kThreads;
-            const int along = e % kAcross * 8, other = e / kAcross;
-            *reinterpret_cast<uint4*>(&As[TA ? S::a_index(along, other) : S::a_index(other, along)]) = r[c];
-        }
-    }
-};
-
-// op(B)[k, n] = B[k·ldb + n] (TB false) or B[n·ldb + k] (TB true).
+using MmaGemmLoaderA = OperandLoader<S, true, !TA, T, 8>;
 template <class S, bool TB, typename T>
-struct MmaGemmLoaderB {
-    static_assert(S::B_KC == TB, "the tile keeps B's contiguous dimension");
-    static constexpr int kAcross = TB ? S::BK / 8 : S::BN / 8;
-    static constexpr int kPer = S::BN * S::BK / 8 / S::kThreads;
-    static_assert(kPer * S::kThreads * 8 == S::BN * S::BK, "the tile's chunks divide among the threads");
-    const T* B;
-    int64_t ldb, N, k_end, col0;
-    bool vec;
-    uint4 r[kPer];
-
-    __device__ MmaGemmLoaderB(const T* B_, int64_t ldb_, int64_t N_, int64_t k_end_, int64_t col0_, bool vec_)
-        : B(B_), ldb(ldb_), N(N_), k_end(k_end_), col0(col0_), vec(vec_) {}
-
-    __device__ void fetch(int64_t k0) {
-        KILN_UNROLL
-        for (int c = 0; c < kPer; c++) {
-            const int e = int(threadIdx.x) + c * S::kThreads;
-            const int along = e % kAcross * 8, other = e / kAcross;
-            const int64_t n = col0 + (TB ? other : along), k = k0 + (TB ? along : other);
-            const T* p = TB ? B + n * ldb + k : B + k * ldb + n;
-            uint4 v = make_uint4(0, 0, 0, 0);
-            if (vec) {
-                if (n < N && k < k_end) v = *reinterpret_cast<const uint4*>(p);
-            } else {
-                uint16_t h[8];
-                KILN_UNROLL
-                for (int i = 0; i < 8; i++) {
-                    const bool inside = TB ? (n < N && k + i < k_end) : (n + i < N && k < k_end);
-                    h[i] = inside ? bits_of(p[i]) : uint16_t(0);
-                }
-                memcpy(&v, h, sizeof(v));
-            }
-            r[c] = v;
-        }
-    }
-    __device__ void stash(uint16_t* Bs) const {
-        KILN_UNROLL
-        for (int c = 0; c < kPer; c++) {
-            const int e = int(threadIdx.x) + c * S::kThreads;
-            const int along = e % kAcross * 8, other = e / kAcross;
-            *reinterpret_cast<uint4*>(&Bs[TB ? S::b_index(along, other) : S::b_index(other, along)]) = r[c];
-        }
-    }
-};
+using MmaGemmLoaderB = OperandLoader<S, false, TB, T, 8>;
 
 // ---- asynchronous copies (sm_80+): global → shared without registers ---------------------------------
 //   cp.async.cg.shared.global [s], [g], 16, src_bytes    copies 16 bytes (src_bytes 16) or writes 16
@@ -322,35 +231,19 @@ __device__ __forceinline__ void cp_async_wait() {
 #endif
 }
 
-// The GEMM's tiles by cp.async, for rows that allow 16-byte chunks (vec): each thread's chunks of
-// a step, as MmaGemmLoaderA/B's, copied straight into stage `As`/`Bs` (zeros outside the matrix;
+// A loader's tile for step k0 by cp.async, for rows that allow 16-byte chunks (vec): this thread's
+// chunks, where fetch would read them, copied straight into the stage (zeros outside the matrix:
 // an outside chunk's address is clamped to the matrix's start, which cp.async then does not read).
-template <class S, bool TA, typename T>
-__device__ __forceinline__ void copy_tile_a(const T* A, int64_t lda, int64_t M, int64_t K, int64_t row0, int64_t k0,
-                                            uint16_t* As) {
-    constexpr int kAcross = TA ? S::BM / 8 : S::BK / 8, kPer = S::BM * S::BK / 8 / S::kThreads;
+template <class Loader>
+__device__ __forceinline__ void copy_async(const Loader& loader, int64_t k0, uint16_t* stage) {
+    using S = typename Loader::Shape;
     KILN_UNROLL
-    for (int c = 0; c < kPer; c++) {
-        const int e = int(threadIdx.x) + c * S::kThreads;
-        const int along = e % kAcross * 8, other = e / kAcross;
-        const int64_t m = row0 + (TA ? along : other), k = k0 + (TA ? other : along);
-        const bool inside = m < M && k < K;
-        const T* p = inside ? (TA ? A + k * lda + m : A + m * lda + k) : A;
-        cp_async16(&As[TA ? S::a_index(along, other) : S::a_index(other, along)], p, inside);
-    }
-}
-template <class S, bool TB, typename T>
-__device__ __forceinline__ void copy_tile_b(const T* B, int64_t ldb, int64_t N, int64_t K, int64_t col0, int64_t k0,
-                                            uint16_t* Bs) {
-    constexpr int kAcross = TB ? S::BK / 8 : S::BN / 8, kPer = S::BN * S::BK / 8 / S::kThreads;
-    KILN_UNROLL
-    for (int c = 0; c < kPer; c++) {
-        const int e = int(threadIdx.x) + c * S::kThreads;
-        const int along = e % kAcross * 8, other = e / kAcross;
-        const int64_t n = col0 + (TB ? other : along), k = k0 + (TB ? along : other);
-        const bool inside = n < N && k < K;
-        const T* p = inside ? (TB ? B + n * ldb + k : B + k * ldb + n) : B;
-        cp_async16(&Bs[TB ? S::b_index(along, other) : S::b_index(other, along)], p, inside);
+    for (int c = 0; c < Loader::kPer; c++) {
+        int o, k;
+        Loader::place(c, o, k);
+        const bool inside = loader.inside(loader.outer0 + o, k0 + k, 0);
+        const void* p = inside ? loader.address(loader.outer0 + o, k0 + k) : loader.X;
+        cp_async16(&stage[Loader::kIsA ? S::a_index(o, k) : S::b_index(k, o)], p, inside);
     }
 }
 
