@@ -614,12 +614,14 @@ struct ConvForwardOut {
     const T* b;
     const ConvDims& d;
     int64_t g, o0, j0;
-    __device__ void store(int mt, int nt, int count, const float* v) {
+    template <int kCount>
+    __device__ void store(int mt, int nt, const float (&v)[kCount]) {
         const int64_t o = o0 + mt, PQ = d.P * d.Q, NPQ = d.N * PQ;
         if (o >= d.Og) return;
         const int64_t oc = g * d.Og + o;
         const float bias = b ? float(b[oc]) : 0.0f;
-        for (int i = 0; i < count; i++) {
+        KILN_UNROLL
+        for (int i = 0; i < kCount; i++) {
             const int64_t j = j0 + nt + i;
             if (j < NPQ) y[(j / PQ * d.O + oc) * PQ + j % PQ] = T(v[i] + bias);
         }
@@ -632,10 +634,12 @@ struct ConvDataOut {
     T* dx;
     const ConvDims& d;
     int64_t g, c0, j0;
-    __device__ void store(int mt, int nt, int count, const float* v) {
+    template <int kCount>
+    __device__ void store(int mt, int nt, const float (&v)[kCount]) {
         const int64_t c = c0 + mt, HW = d.H * d.W, NHW = d.N * HW;
         if (c >= d.Cg) return;
-        for (int i = 0; i < count; i++) {
+        KILN_UNROLL
+        for (int i = 0; i < kCount; i++) {
             const int64_t j = j0 + nt + i;
             if (j < NHW) dx[(j / HW * d.C + g * d.Cg + c) * HW + j % HW] = T(v[i]);
         }

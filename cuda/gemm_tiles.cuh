@@ -44,7 +44,7 @@
 //      fetch(k0)   read this thread's share of the tile for k in [k0, k0 + BK) into its registers
 //                  (zeros outside the matrix); called with k0 = k_begin, k_begin + BK, ... in order
 //      stash(S)    write those registers into the stage S (float[BK][ld])
-// Epilogue: store(m, n, count, v) receives count results of row m, columns n .. n + count − 1
+// Epilogue: store(m, n, v) receives the results v[0 .. count) of row m, columns n .. n + count − 1
 // (4 here, 2 from the tensor cores); it checks m and n against the matrix itself.
 #pragma once
 #include <cstdint>
@@ -264,6 +264,26 @@ struct alignas(16) FmaStages {
     float Bs[2][S::BK][S::kLdB];
 };
 
+// The double-buffered loop (see the header), for the CUDA cores' tile and the tensor cores':
+// the loaders fill stage 0, then for each step of BK the next step's tiles are fetched before
+// multiply(stage) and stashed into the other stage after it; one barrier per step.
+template <int BK, class LoadA, class LoadB, class Stages, class Multiply>
+__device__ void two_stages(LoadA& la, LoadB& lb, int64_t k_begin, int64_t k_end, Stages& sm, Multiply multiply) {
+    if (k_begin >= k_end) return;
+    la.fetch(k_begin), lb.fetch(k_begin);
+    la.stash(sm.As[0]), lb.stash(sm.Bs[0]);
+    __syncthreads();
+    int stage = 0;
+    for (int64_t k0 = k_begin; k0 < k_end; k0 += BK) {
+        const bool more = k0 + BK < k_end;
+        if (more) la.fetch(k0 + BK), lb.fetch(k0 + BK);
+        multiply(stage);
+        if (more) la.stash(sm.As[stage ^ 1]), lb.stash(sm.Bs[stage ^ 1]);
+        __syncthreads();
+        stage ^= 1;
+    }
+}
+
 // The main loop (see the header): acc = Σ_{k in [k_begin, k_end)} A-tile · B-tile, then
 // epilogue.store for every 4 columns of every row the lane owns. The caller's barrier state:
 // none needed before; smem may be reused after this returns only past another __syncthreads().
@@ -276,32 +296,24 @@ __device__ void fma_tile(LoadA& la, LoadB& lb, int64_t k_begin, int64_t k_end, F
         KILN_UNROLL
         for (int j = 0; j < S::TN; j++) acc[i][j] = 0.0f;
     }
-    if (k_begin < k_end) {
-        la.fetch(k_begin), lb.fetch(k_begin);
-        la.stash(sm.As[0]), lb.stash(sm.Bs[0]);
-        __syncthreads();
-        int stage = 0;
-        for (int64_t k0 = k_begin; k0 < k_end; k0 += S::BK) {
-            const bool more = k0 + S::BK < k_end;
-            if (more) la.fetch(k0 + S::BK), lb.fetch(k0 + S::BK);
-            lane.multiply(sm.As[stage], sm.Bs[stage], acc);
-            if (more) la.stash(sm.As[stage ^ 1]), lb.stash(sm.Bs[stage ^ 1]);
-            __syncthreads();
-            stage ^= 1;
-        }
-    }
+    two_stages<S::BK>(la, lb, k_begin, k_end, sm,
+                      [&](int stage) { lane.multiply(sm.As[stage], sm.Bs[stage], acc); });
     KILN_UNROLL
     for (int i = 0; i < S::TM; i++) {
         KILN_UNROLL
-        for (int g = 0; g < S::GN; g++) out.store(lane.row(i), lane.col(4 * g), 4, &acc[i][4 * g]);
+        for (int g = 0; g < S::GN; g++) {
+            const float v[4] = {acc[i][4 * g], acc[i][4 * g + 1], acc[i][4 * g + 2], acc[i][4 * g + 3]};
+            out.store(lane.row(i), lane.col(4 * g), v);
+        }
     }
 }
 
 // ---- the GEMM's epilogue ------------------------------------------------------------------------------
 //   C[row0 + m, col0 + n + i] = alpha · v[i] + beta · C     i < count  (C read only when beta ≠ 0;
 //                                                          rounded to CT once)
-// The tiles call store(m, n, count, v) with count consecutive results of one row: 4 from the CUDA
-// cores, 2 from the tensor cores. 4 columns go in one vector store when C's rows allow it (vec),
+// The tiles call store(m, n, v) with consecutive results v[0 .. count) of one row: 4 from the
+// CUDA cores, 2 from the tensor cores (count a template parameter, so the loops unroll and the
+// values stay in registers). 4 columns go in one vector store when C's rows allow it (vec),
 // else one by one; both skip what lies outside M × N.
 template <typename CT>
 struct GemmEpilogue {
@@ -311,19 +323,24 @@ struct GemmEpilogue {
     bool vec;
 
     __device__ float scaled(float v, const CT* c) const { return beta == 0.0f ? alpha * v : alpha * v + beta * float(*c); }
-    __device__ void store(int mt, int nt, int count, const float* v) {
+    template <int kCount>
+    __device__ void store(int mt, int nt, const float (&v)[kCount]) {
         const int64_t m = row0 + mt, n = col0 + nt;
         if (m >= M) return;
         CT* c = C + m * ldc + n;
-        if (vec && count == 4 && n + 3 < N) {
-            const float4 old = beta != 0.0f ? load4(c) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-            float4 out;
-            KILN_UNROLL
-            for (int i = 0; i < 4; i++) at(out, i) = beta == 0.0f ? alpha * v[i] : alpha * v[i] + beta * at(old, i);
-            write4(c, out);
-            return;
+        if constexpr (kCount == 4) {
+            if (vec && n + 3 < N) {
+                const float4 old = beta != 0.0f ? load4(c) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+                float4 out;
+                KILN_UNROLL
+                for (int i = 0; i < 4; i++) at(out, i) = beta == 0.0f ? alpha * v[i] : alpha * v[i] + beta * at(old, i);
+                write4(c, out);
+                return;
+            }
         }
-        for (int i = 0; i < count && n + i < N; i++) c[i] = CT(scaled(v[i], c + i));
+        KILN_UNROLL
+        for (int i = 0; i < kCount; i++)
+            if (n + i < N) c[i] = CT(scaled(v[i], c + i));
     }
 };
 

@@ -26,7 +26,7 @@
 // apart), so each ldmatrix is conflict-free.
 //
 // Loaders: as gemm_tiles.cuh's; their stash writes 16-bit values through S::a_index(m, k) /
-// S::b_index(k, n). Epilogue: as gemm_tiles.cuh's, store(m, n, 2, v): two columns n, n + 1 of
+// S::b_index(k, n). Epilogue: as gemm_tiles.cuh's, store(m, n, v) with two values: columns n, n + 1 of
 // row m (n even within the tile); it checks m and n against the matrix.
 #pragma once
 #include <cstdint>
@@ -140,8 +140,9 @@ struct MmaWarp {
             KILN_UNROLL
             for (int ni = 0; ni < S::NI; ni++) {
                 const int m = wm0 + mi * 16 + g, n = wn0 + ni * 8 + 2 * t;
-                out.store(m, n, 2, &acc[mi][ni][0]);
-                out.store(m + 8, n, 2, &acc[mi][ni][2]);
+                const float top[2] = {acc[mi][ni][0], acc[mi][ni][1]}, bottom[2] = {acc[mi][ni][2], acc[mi][ni][3]};
+                out.store(m, n, top);
+                out.store(m + 8, n, bottom);
             }
         }
     }
@@ -178,20 +179,8 @@ __device__ void mma_tile(LoadA& la, LoadB& lb, int64_t k_begin, int64_t k_end, M
         KILN_UNROLL
         for (int ni = 0; ni < S::NI; ni++) acc[mi][ni][0] = acc[mi][ni][1] = acc[mi][ni][2] = acc[mi][ni][3] = 0.0f;
     }
-    if (k_begin < k_end) {
-        la.fetch(k_begin), lb.fetch(k_begin);
-        la.stash(sm.As[0]), lb.stash(sm.Bs[0]);
-        __syncthreads();
-        int stage = 0;
-        for (int64_t k0 = k_begin; k0 < k_end; k0 += S::BK) {
-            const bool more = k0 + S::BK < k_end;
-            if (more) la.fetch(k0 + S::BK), lb.fetch(k0 + S::BK);
-            warp.multiply(sm.As[stage], sm.Bs[stage], acc);
-            if (more) la.stash(sm.As[stage ^ 1]), lb.stash(sm.Bs[stage ^ 1]);
-            __syncthreads();
-            stage ^= 1;
-        }
-    }
+    two_stages<S::BK>(la, lb, k_begin, k_end, sm,
+                      [&](int stage) { warp.multiply(sm.As[stage], sm.Bs[stage], acc); });
     warp.store(acc, out);
 }
 
