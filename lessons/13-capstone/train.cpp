@@ -7,6 +7,7 @@
 //   make lesson-13 ARGS='--no-lookahead --tta 0'    # take a trick out, to see what it buys
 //   make lesson-13 ARGS='--time-report 5 --time-svg time.svg'   # an epoch's time by layer, then stop
 //   make lesson-13 ARGS='--save runs/13'        # a checkpoint after every epoch; --resume runs/13/last.safetensors
+//   make lesson-13 ARGS='--device cuda --amp bf16'  # on a GPU: the model and the batches there (README, "What a GPU changes")
 //
 // The network is chapter 06's cifar_net at airbench's widths (src/train/airbench.h):
 //   x [N,3,32,32] -> conv 2×2 3→24 (+bias), GELU -> 3 × block(conv 3×3, max-pool 2, BN, GELU,
@@ -68,15 +69,16 @@ struct Flags {
 
 const float kMean[] = {0.4914f, 0.4822f, 0.4465f}, kStd[] = {0.2470f, 0.2435f, 0.2616f};
 
-LoaderOptions test_options(const Flags& f, Transforms views) {
-    LoaderOptions o{500, false, false, f.common.seed, {kMean, kMean + 3}, {kStd, kStd + 3}, Device::CPU};
+LoaderOptions test_options(const Flags& f, Transforms views, Device device) {
+    LoaderOptions o{500, false, false, f.common.seed, {kMean, kMean + 3}, {kStd, kStd + 3}, device};
     o.transforms = std::move(views);
     return o;
 }
 
-// 5000 training images, normalized, no augmentation: what the whitening is computed from.
+// 5000 training images, normalized, no augmentation: what the whitening is computed from (on
+// the CPU, where whitening_init's eigen-solver runs, before the model moves to its device).
 Tensor whitening_sample(const ImageSet& train, const Flags& f) {
-    LoaderOptions o = test_options(f, {});
+    LoaderOptions o = test_options(f, {}, Device::CPU);
     o.batch_size = std::min<int64_t>(5000, train.n);
     DataLoader first(train, o);
     first.start_epoch(0);
@@ -89,17 +91,17 @@ Tensor whitening_sample(const ImageSet& train, const Flags& f) {
 // ½ together, each 1-pixel shift (up-left, down-right) and its mirror ½ together. Without the
 // step arena: an arena frees nothing until its reset, and six views of a batch would all stay.
 // `plain` is the test set's loader as it is; the views get loaders of their own.
-double test_accuracy(const Flags& f, Module& net, const ImageSet& test, DataLoader& plain) {
+double test_accuracy(const Flags& f, Module& net, const ImageSet& test, DataLoader& plain, Device device) {
     if (f.tta == 0) return evaluate(net, plain);
     const auto flip = std::make_shared<RandomHorizontalFlip>(1.0f);
     std::vector<std::unique_ptr<DataLoader>> views;
-    views.push_back(std::make_unique<DataLoader>(test, test_options(f, {flip})));
+    views.push_back(std::make_unique<DataLoader>(test, test_options(f, {flip}, device)));
     std::vector<float> weights{0.5f, 0.5f};
     if (f.tta >= 2) {
         for (int64_t d : {-1, 1}) {
             const auto shift = std::make_shared<Translate>(d, d, Padding::Reflect);
-            views.push_back(std::make_unique<DataLoader>(test, test_options(f, {shift})));
-            views.push_back(std::make_unique<DataLoader>(test, test_options(f, {shift, flip})));
+            views.push_back(std::make_unique<DataLoader>(test, test_options(f, {shift}, device)));
+            views.push_back(std::make_unique<DataLoader>(test, test_options(f, {shift, flip}, device)));
         }
         weights = {0.25f, 0.25f, 0.125f, 0.125f, 0.125f, 0.125f};
     }
@@ -119,7 +121,6 @@ int main(int argc, char** argv) try {
     flags.data = "data/cifar10-png";  // lossless: the JPEG copy in data/cifar10 costs accuracy (README)
     Cli cli("lesson-13", "Trains CIFAR-10 to 94% with airbench94's recipe (whitening, dirac init, label smoothing, Lookahead, test-time views).");
     flags.add_to(cli);
-    cli.refuse("--device", "it trains on the CPU only (README, \"What a GPU changes\"; chapter 05 trains on a GPU)");
     cli.add("--weight-decay", &f.weight_decay, "weight decay per step, absolute (each group gets it over its lr)", Cli::at_least(0));
     cli.add("--bias-scale", &f.bias_scale, "batch norm's β learns this many times faster", Cli::positive());
     cli.add("--label-smoothing", &f.smoothing, "label smoothing ε", Cli::between(0, 1));
@@ -131,7 +132,7 @@ int main(int argc, char** argv) try {
     cli.add("--tta", &f.tta, "test-time views: 0 the images alone, 1 with mirrors, 2 with mirrors and 1-pixel shifts", Cli::between(0, 2));
     cli.add("--eval-each-epoch", &f.eval_each_epoch, "score the test images (alone) after every epoch");
     cli.parse(argc, argv);
-    const Device device = flags.apply();  // the CPU: --device is not among this trainer's flags
+    const Device device = flags.apply();  // --device: cpu, or cuda (the batches and the model go there)
     const auto start = std::chrono::steady_clock::now();
 
     KILN_USAGE_CHECK(std::filesystem::exists(flags.data), "lesson-13: ", flags.data,
@@ -144,10 +145,10 @@ int main(int argc, char** argv) try {
     const ImageSet train_set = take_spread(load_cifar10(flags.data, true), flags.limit);
     const ImageSet test_set = load_cifar10(flags.data, false);
     LoaderOptions train_options{flags.batch_size, true, true, flags.seed, {kMean, kMean + 3}, {kStd, kStd + 3},
-                                Device::CPU};
+                                device};
     train_options.alternating_flip = true;
     train_options.transforms = {std::make_shared<RandomCrop>(32, 2, Padding::Reflect)};
-    DataLoader train(train_set, train_options), test(test_set, test_options(f, {}));
+    DataLoader train(train_set, train_options), test(test_set, test_options(f, {}, device));
     KILN_USAGE_CHECK(train.num_batches() > 0, "lesson-13: ", train_set.n, " training images make no batch of ",
                      flags.batch_size, "; lower --batch-size");
 
@@ -158,6 +159,7 @@ int main(int argc, char** argv) try {
         if (!f.no_whitening) sample = whitening_sample(train_set, f);
         net = airbench_net(rng, f.no_whitening ? nullptr : &sample, !f.no_dirac);
     }
+    net->to(device);  // initialized on the CPU (whitening_init, dirac_init), then moved
     SGD sgd(airbench_groups(*net, flags.lr, f.weight_decay, f.bias_scale, !f.no_whitening),
             SGD::Options{f.momentum, 0.0f, 0.0f, true});
     // lr: 0.2 → 1 of the peak over the first 23% of the steps, then down to 0.07 at the last.
@@ -183,9 +185,9 @@ int main(int argc, char** argv) try {
     if (!flags.save.empty()) check_save_dir(saving);
     const int first = flags.resume.empty() ? 0 : resume_from(flags.resume, run);
     int64_t step = sgd.steps();
-    std::printf("lesson-13: %s 64/256/256, %lld parameters, batch %lld, %lld steps, %lld training images, amp %s\n",
+    std::printf("lesson-13: %s 64/256/256, %lld parameters, batch %lld, %lld steps, %lld training images, amp %s, device %s\n",
                 net->name().c_str(), (long long)net->num_parameters(), (long long)flags.batch_size, (long long)steps,
-                (long long)train_set.n, dtype_name(flags.amp));
+                (long long)train_set.n, dtype_name(flags.amp), device_name(device));
 
     std::unique_ptr<StepTimer> timer;  // --time-report
     if (flags.time_report > 0) timer = std::make_unique<StepTimer>(*net, device);
@@ -243,7 +245,7 @@ int main(int argc, char** argv) try {
     if (timer) return print_times();  // fewer steps than asked for
     if (lookahead) lookahead->update(*net, 1.0f);
     const double plain = evaluate(*net, test, &arena);
-    const double acc = test_accuracy(f, *net, test_set, test);
+    const double acc = test_accuracy(f, *net, test_set, test, device);
     std::printf("lesson-13: training %.0f s (%.1f min); test accuracy %.2f%% alone, %.2f%% with test-time views (--tta %d)\n",
                 train_seconds, train_seconds / 60, 100 * plain, 100 * acc, f.tta);
     report(flags, device, acc, start);
