@@ -23,23 +23,27 @@ using namespace kiln;
 
 namespace {
 
-void sleep_ms(int ms) { std::this_thread::sleep_for(std::chrono::milliseconds(ms)); }
+// The sleeps below are in units of kUnit ms: long enough that a busy machine's oversleeping
+// (several ms a call with a dozen jobs on two cores) stays below the gaps the upper bounds check.
+constexpr int kUnit = 5;
+constexpr double kUnitSeconds = kUnit * 1e-3;
+void sleep_units(int units) { std::this_thread::sleep_for(std::chrono::milliseconds(units * kUnit)); }
 
-// Sleeps `forward_ms` in forward and `backward_ms` in backward; passes x and dy through.
+// Sleeps `forward_units` units in forward and `backward_units` units in backward; passes x and dy through.
 class Sleeper : public Module {
 public:
-    Sleeper(int forward_ms, int backward_ms) : Module("sleeper"), forward_ms_(forward_ms), backward_ms_(backward_ms) {}
+    Sleeper(int forward_units, int backward_units) : Module("sleeper"), forward_units_(forward_units), backward_units_(backward_units) {}
     Tensor forward(const Tensor& x) override {
-        sleep_ms(forward_ms_);
+        sleep_units(forward_units_);
         return x;
     }
     Tensor backward(const Tensor& dy) override {
-        sleep_ms(backward_ms_);
+        sleep_units(backward_units_);
         return dy;
     }
 
 private:
-    int forward_ms_, backward_ms_;
+    int forward_units_, backward_units_;
 };
 
 std::unique_ptr<Sequential> two_sleepers() {
@@ -49,14 +53,14 @@ std::unique_ptr<Sequential> two_sleepers() {
     return m;
 }
 
-// One step as a trainer runs it: 3 ms loading the batch, the model, 5 ms outside the layers.
+// One step as a trainer runs it: 3 units loading the batch, the model, 5 units outside the layers.
 void step(StepTimer& timer, Module& model) {
     timer.step_begins();
-    sleep_ms(3);
+    sleep_units(3);
     timer.batch_loaded();
     model.call(Tensor::ones({2, 3}));
     model.call_backward(Tensor::ones({2, 3}));
-    sleep_ms(5);
+    sleep_units(5);
     timer.step_ends();
 }
 
@@ -92,16 +96,16 @@ TEST_CASE("the step timer charges each layer its own forward and backward, after
     CHECK(r.layers[1].name == "b");
     CHECK(r.layers[0].output == Shape{2, 3});
     // Lower bounds are the sleeps (3 steps each); upper bounds only catch a layer charged another's time.
-    CHECK(r.layers[0].forward >= 3 * 0.004);
-    CHECK(r.layers[0].forward < 3 * 0.008);
-    CHECK(r.layers[0].backward >= 3 * 0.008);
-    CHECK(r.layers[1].forward >= 3 * 0.002);
-    CHECK(r.layers[1].forward < 3 * 0.004);
-    CHECK(r.layers[1].backward >= 3 * 0.001);
-    CHECK(r.layers[1].backward < 3 * 0.004);
-    CHECK(r.data >= 3 * 0.003);
-    CHECK(r.data < 3 * 0.006);
-    CHECK(r.outside() >= 3 * 0.005 * 0.9);  // the step's rest: its 5 ms sleep (clock reads apart)
+    CHECK(r.layers[0].forward >= 3 * 4 * kUnitSeconds);
+    CHECK(r.layers[0].forward < 3 * 8 * kUnitSeconds);
+    CHECK(r.layers[0].backward >= 3 * 8 * kUnitSeconds);
+    CHECK(r.layers[1].forward >= 3 * 2 * kUnitSeconds);
+    CHECK(r.layers[1].forward < 3 * 4 * kUnitSeconds);
+    CHECK(r.layers[1].backward >= 3 * 1 * kUnitSeconds);
+    CHECK(r.layers[1].backward < 3 * 4 * kUnitSeconds);
+    CHECK(r.data >= 3 * 3 * kUnitSeconds);
+    CHECK(r.data < 3 * 6 * kUnitSeconds);
+    CHECK(r.outside() >= 3 * 5 * kUnitSeconds * 0.9);  // the step's rest: its 5 units of sleep (clock reads apart)
     CHECK(r.step >= r.data + r.in_layers());
 }
 
