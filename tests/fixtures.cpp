@@ -6,6 +6,7 @@
 #include <zlib.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -211,11 +212,20 @@ LowFormat low_format(DType t) {
     return {t, f.epsilon / 2, f.min_subnormal / 2};
 }
 
+static std::atomic<int> g_skipped{0};
+
+void skip(const std::string& why) {
+    g_skipped.fetch_add(1);
+    WARN("SKIPPED: " << why);
+}
+
+int skipped_checks() { return g_skipped.load(); }
+
 std::vector<CpuLevel> runnable_levels() {
     std::vector<CpuLevel> levels{CpuLevel::Portable};
     for (CpuLevel level : {CpuLevel::Avx2, CpuLevel::Avx512})
         if (detected_cpu_level() >= level) levels.push_back(level);
-    if (levels.size() == 1) WARN("this CPU has no AVX2 + FMA + F16C: only the portable kernels are checked");
+    if (levels.size() == 1) skip("this CPU has no AVX2 + FMA + F16C: only the portable kernels are checked");
     return levels;
 }
 

@@ -81,6 +81,13 @@ struct LowFormat {
 };
 LowFormat low_format(DType t);
 
+// A check this machine cannot run (a CPU without the instructions it needs): printed as
+// "SKIPPED: <why>" and counted, so that the run's last line says "N skipped" (tests/main.cpp,
+// tests/run.sh) instead of passing a check that never ran. The caller then returns or goes on
+// without it.
+void skip(const std::string& why);
+int skipped_checks();  // how many skip() calls this run made
+
 // The CPU levels (core/cpu_features.h) this CPU can run, lowest first: portable, then avx2
 // and avx512 where it has them.
 std::vector<CpuLevel> runnable_levels();

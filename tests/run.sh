@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # run.sh — runs the Catch2 test binary, then (if given) the MPI test binary as several ranks
-# under $MPIRUN, and ends with one line "N passed, N failed" (test cases, both binaries), after
-# Catch2's own summaries.   Usage: tests/run.sh [--selects] BINARY [MPI_BINARY] [TAGS...]
+# under $MPIRUN, and ends with one line "N passed, N failed, N skipped" (test cases, both binaries;
+# skipped: checks this machine cannot run, each printed as SKIPPED: tests/main.cpp), after Catch2's
+# own summaries.   Usage: tests/run.sh [--selects] BINARY [MPI_BINARY] [TAGS...]
 # --selects runs nothing: it exits 0 when TAGS select a test in either binary, 1 otherwise
 # (scripts/check-test-commands.sh asks it so of every filter the lessons name).
 # MPI_BINARY is told from a tag by being a file; each binary runs only if one of its tests
@@ -14,7 +15,7 @@ bin=$1; shift
 mpi_bin=
 if [[ $# -gt 0 && -f $1 ]]; then mpi_bin=$1; shift; fi
 mpirun_cmd=${MPIRUN:-mpirun --allow-run-as-root --oversubscribe -np 2}
-passed=0; failed=0; status=0
+passed=0; failed=0; skipped=0; status=0
 
 # Runs one command, adds its test cases to the totals (from Catch2's summary on rank 0).
 run_one() {
@@ -29,6 +30,9 @@ run_one() {
         p=${BASH_REMATCH[2]}; f=${BASH_REMATCH[3]}
     elif [[ $summary =~ test\ cases:\ *([0-9]+)\ \|\ *([0-9]+)\ failed ]]; then
         f=${BASH_REMATCH[2]}
+    fi
+    if [[ $(grep -E '^skipped: [0-9]+ check' "$log" | tail -n 1) =~ ^skipped:\ ([0-9]+) ]]; then
+        skipped=$((skipped + BASH_REMATCH[1]))
     fi
     # died before its summary, or another rank failed where rank 0 passed
     if [[ $rc -ne 0 && $f -eq 0 ]]; then f=1; fi
@@ -64,5 +68,5 @@ if [[ $ran -eq 0 ]]; then
     echo "run.sh: may end in *); $bin --list-tests lists the names, --list-tags the tags"
     failed=1; status=1
 fi
-echo "$passed passed, $failed failed"
+echo "$passed passed, $failed failed, $skipped skipped"
 exit "$status"

@@ -21,6 +21,7 @@
 
 #include "core/cpu_features.h"
 #include "core/error.h"
+#include "fixtures.h"
 #include "ops/cpu/qgemm.h"
 #include "ops/kernels/all.h"
 
@@ -52,26 +53,26 @@ void with_threads(int threads, F&& fn) {
     omp_set_num_threads(before);
 }
 
-// The paths this CPU can run, named in a WARN with those it cannot.
+// The paths this CPU can run; those it cannot are skipped checks (test::skip).
 std::vector<QgemmPath> paths_here() {
-    std::string ran, missing;
+    std::string missing;
     for (QgemmPath p : {QgemmPath::Portable, QgemmPath::Avx2Madd, QgemmPath::Avx2Maddubs, QgemmPath::AvxVnni,
                         QgemmPath::Avx512Vnni})
-        (qgemm_path_available(p) ? ran : missing) += std::string(" ") + qgemm_path_name(p);
-    WARN(cpu_features_line() << ": runs" << ran << (missing.empty() ? "" : "; cannot run" + missing));
+        if (!qgemm_path_available(p)) missing += std::string(" ") + qgemm_path_name(p);
+    if (!missing.empty()) test::skip(cpu_features_line() + ": cannot run the int8 GEMM path(s)" + missing);
     return qgemm_available_paths();
 }
 
 // The largest A value a path may be given: avx2-maddubs only takes reduce_range's [0, 127].
 int32_t a_max_of(QgemmPath p) { return p == QgemmPath::Avx2Maddubs ? kActQmaxReduced : kActQmax; }
 
-struct Shape {
+struct GemmShape {
     int64_t M, N, K;
 };
 
 // C = A · Bᵀ on `path`, A and B filled by the caller, with every leading dimension larger than
 // needed; the padding of C must come back untouched.
-void check_against_reference(QgemmPath path, const Shape& s, const std::vector<uint8_t>& A,
+void check_against_reference(QgemmPath path, const GemmShape& s, const std::vector<uint8_t>& A,
                              const std::vector<int8_t>& B, int64_t lda, int64_t ldb) {
     const int64_t ldc = s.N + 3;
     constexpr int32_t kUntouched = 0x5eed;
@@ -88,12 +89,12 @@ TEST_CASE("qgemm_u8s8: every path equals the reference exactly, on any shape and
           "[lesson11][cpu][qgemm]") {
     // 1×1×1; odd sizes; K not a multiple of 4, 16, 32 or 64; more columns than one panel; K past
     // one KC-block (1024 k for u8, 512 for i16); large enough to split over threads.
-    const Shape shapes[] = {{1, 1, 1},   {1, 1, 5},    {3, 5, 7},     {7, 17, 33},    {13, 31, 67},
+    const GemmShape shapes[] = {{1, 1, 1},   {1, 1, 5},    {3, 5, 7},     {7, 17, 33},    {13, 31, 67},
                             {9, 33, 130}, {64, 20, 250}, {100, 50, 320}, {37, 45, 1027}, {257, 70, 300},
                             {6, 40, 2100}};
     std::mt19937 rng(11);
     for (QgemmPath path : paths_here())
-        for (const Shape& s : shapes) {
+        for (const GemmShape& s : shapes) {
             const int64_t lda = s.K + 3, ldb = s.K + 5;
             const auto A = random_u8(s.M * lda, a_max_of(path), rng);
             const auto B = random_i8(s.N * ldb, rng);
@@ -105,7 +106,7 @@ TEST_CASE("qgemm_u8s8: the extreme values, where a 16-bit pair sum would saturat
           "[lesson11][cpu][qgemm]") {
     // A = a_max and B = −128 or 127 everywhere: C = K·a·b exactly. On avx2-maddubs a_max = 127:
     // pair sums 2·127·(−128) = −32512 and 2·127·127 = 32258, both inside int16.
-    const Shape s{11, 19, 1031};  // K·255·128 = 33 652 | 480 < 2^31
+    const GemmShape s{11, 19, 1031};  // K·255·128 = 33 652 | 480 < 2^31
     for (QgemmPath path : paths_here())
         for (int8_t b : {int8_t(-128), int8_t(127)}) {
             const std::vector<uint8_t> A(size_t(s.M * s.K), uint8_t(a_max_of(path)));
@@ -119,7 +120,7 @@ TEST_CASE("qgemm_u8s8: the extreme values, where a 16-bit pair sum would saturat
 }
 
 TEST_CASE("qgemm_u8s8: one to two threads give the same integers", "[lesson11][cpu][qgemm]") {
-    const Shape s{300, 40, 200};  // 2.4 M multiply-adds: the rows are split over the threads
+    const GemmShape s{300, 40, 200};  // 2.4 M multiply-adds: the rows are split over the threads
     std::mt19937 rng(12);
     const auto A = random_u8(s.M * s.K, kActQmax, rng);
     const auto B = random_i8(s.N * s.K, rng);
@@ -137,12 +138,12 @@ TEST_CASE("qgemm_s8u8: the weight first, B [K, N], every path equals the referen
           "[lesson11][cpu][qgemm]") {
     // As qgemm_u8s8's shapes, with M the output channels (few: 1 to 257 of them) and N the pixels
     // (e.g. 1×1 convs: M = 144, K = 24, N = 1024), and the largest values at both ends.
-    const Shape shapes[] = {{1, 1, 1},    {1, 1, 5},     {3, 5, 7},      {17, 7, 33},     {31, 13, 67},
+    const GemmShape shapes[] = {{1, 1, 1},    {1, 1, 5},     {3, 5, 7},      {17, 7, 33},     {31, 13, 67},
                             {33, 9, 130}, {20, 64, 250}, {144, 1024, 24}, {24, 300, 144}, {45, 37, 1027},
                             {6, 40, 2100}};
     std::mt19937 rng(15);
     for (QgemmPath path : paths_here())
-        for (const Shape& s : shapes) {
+        for (const GemmShape& s : shapes) {
             const int64_t lda = s.K + 3, ldb = s.N + 5, ldc = s.N + 2;
             auto A = random_i8(s.M * lda, rng);
             auto B = random_u8(s.K * ldb, a_max_of(path), rng);
@@ -349,9 +350,9 @@ TEST_CASE("qconv2d's workspace depends on the sizes only, and groups are refused
 }
 
 TEST_CASE("qlinear equals Σ w·x requantized, at the chapter's sizes", "[lesson11][cpu][qgemm]") {
-    const Shape shapes[] = {{64, 50, 320}, {1000, 10, 50}, {3, 7, 1}, {129, 33, 513}};  // {N, O, K}
+    const GemmShape shapes[] = {{64, 50, 320}, {1000, 10, 50}, {3, 7, 1}, {129, 33, 513}};  // {N, O, K}
     std::mt19937 rng(14);
-    for (const Shape& s : shapes)
+    for (const GemmShape& s : shapes)
         for (int32_t x_max : {kActQmax, kActQmaxReduced}) {
             const auto x = random_u8(s.M * s.K, x_max, rng);
             const auto w = random_i8(s.N * s.K, rng);
