@@ -463,3 +463,17 @@ TEST_CASE("optimizers reject bad hyperparameters with a clear error", "[optim][c
     REQUIRE_NOTHROW(AdamW({&p}, 0.1f));
     REQUIRE(AdamW({&p}, 0.1f).param_groups()[0].weight_decay == 1e-2f);  // PyTorch's default
 }
+
+TEST_CASE("with parameter groups, a weight decay in the options too is refused, not dropped", "[optim][cpu]") {
+    Parameter p = param("p", {1, 2});
+    auto groups = [&] { return std::vector<ParamGroup>{ParamGroup{{&p}, 0.1f, 5e-4f}}; };
+    SGD::Options sgd;
+    sgd.momentum = 0.9f, sgd.weight_decay = 1e-4f;
+    REQUIRE_THROWS_WITH(SGD(groups(), sgd), Catch::Contains("SGD: options.weight_decay = 0.0001 given with parameter groups"));
+    REQUIRE_THROWS_WITH(Adam(groups(), AdamW::defaults()), Catch::Contains("Adam: options.weight_decay = 0.01"));
+    REQUIRE_THROWS_WITH(AdamW(groups(), AdamW::defaults()), Catch::Contains("put it in the groups"));
+    // The groups' own decay, with the options' left at 0, is what runs.
+    sgd.weight_decay = 0.0f;
+    REQUIRE(SGD(groups(), sgd).param_groups()[0].weight_decay == 5e-4f);
+    REQUIRE(AdamW(groups(), Adam::Options{}).param_groups()[0].weight_decay == 5e-4f);
+}

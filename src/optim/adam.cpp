@@ -13,7 +13,8 @@ static std::vector<ParamGroup> one_group(std::vector<Parameter*> params, float l
 Adam::Adam(std::vector<Parameter*> params, float lr, Options options)
     : Adam(one_group(std::move(params), lr, options.weight_decay), options, false) {}
 
-Adam::Adam(std::vector<ParamGroup> groups, Options options) : Adam(std::move(groups), options, false) {}
+Adam::Adam(std::vector<ParamGroup> groups, Options options)
+    : Adam(own_decay(std::move(groups), options.weight_decay, "Adam"), options, false) {}
 
 Adam::Adam(std::vector<ParamGroup> groups, Options options, bool decoupled)
     : Optimizer(std::move(groups)), opt_(options), decoupled_(decoupled) {
@@ -27,7 +28,8 @@ Adam::Adam(std::vector<ParamGroup> groups, Options options, bool decoupled)
 AdamW::AdamW(std::vector<Parameter*> params, float lr, Options options)
     : Adam(one_group(std::move(params), lr, options.weight_decay), options, true) {}
 
-AdamW::AdamW(std::vector<ParamGroup> groups, Options options) : Adam(std::move(groups), options, true) {}
+AdamW::AdamW(std::vector<ParamGroup> groups, Options options)
+    : Adam(own_decay(std::move(groups), options.weight_decay, "AdamW"), options, true) {}
 
 Adam::Options AdamW::defaults() {
     Options o;

@@ -39,7 +39,7 @@ public:
     };
     Adam(std::vector<Parameter*> params, float lr, Options options);
     Adam(std::vector<Parameter*> params, float lr) : Adam(std::move(params), lr, Options{}) {}
-    // Groups bring their own lr and weight_decay; options.weight_decay is not used.
+    // Groups bring their own lr and weight_decay; options.weight_decay must be 0 (else refused).
     Adam(std::vector<ParamGroup> groups, Options options);
     void step() override;
     std::vector<Tensor> state_of(size_t i) const override {  // m, v (and v_max with AMSGrad)

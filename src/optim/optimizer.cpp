@@ -67,7 +67,16 @@ SGD::SGD(std::vector<Parameter*> params, float learning_rate, Options options)
     check_options();
 }
 
-SGD::SGD(std::vector<ParamGroup> groups, Options options) : Optimizer(std::move(groups)), opt_(options) {
+std::vector<ParamGroup> Optimizer::own_decay(std::vector<ParamGroup> groups, float options_weight_decay,
+                                             const char* optimizer) {
+    KILN_CHECK(options_weight_decay == 0.0f, optimizer, ": options.weight_decay = ", options_weight_decay,
+               " given with parameter groups, which bring their own (ParamGroup::weight_decay, as decay_groups "
+               "sets it): put it in the groups and leave the options' at 0");
+    return groups;
+}
+
+SGD::SGD(std::vector<ParamGroup> groups, Options options)
+    : Optimizer(own_decay(std::move(groups), options.weight_decay, "SGD")), opt_(options) {
     check_options();
 }
 

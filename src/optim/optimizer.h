@@ -61,6 +61,11 @@ public:
     virtual void load_state(const StateDict& state, const std::string& prefix);
 
 protected:
+    // The groups, after refusing a weight decay given in the options too: with groups, each group
+    // brings its own (ParamGroup::weight_decay), and a second value would be dropped unseen.
+    static std::vector<ParamGroup> own_decay(std::vector<ParamGroup> groups, float options_weight_decay,
+                                             const char* optimizer);
+
     std::vector<ParamGroup> groups_;
     int64_t steps_ = 0;
 };
@@ -86,7 +91,7 @@ public:
     };
     SGD(std::vector<Parameter*> params, float lr, Options options);
     SGD(std::vector<Parameter*> params, float lr) : SGD(std::move(params), lr, Options{}) {}
-    // Groups bring their own lr and weight_decay; options.weight_decay is not used.
+    // Groups bring their own lr and weight_decay; options.weight_decay must be 0 (else refused).
     SGD(std::vector<ParamGroup> groups, Options options);
     void step() override;
     std::vector<Tensor> state_of(size_t i) const override {

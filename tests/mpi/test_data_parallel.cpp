@@ -68,6 +68,13 @@ SGD::Options momentum() {
     return o;
 }
 
+// The same for parameter groups, which bring their own weight decay (decay_groups).
+SGD::Options group_momentum() {
+    SGD::Options o = momentum();
+    o.weight_decay = 0.0f;
+    return o;
+}
+
 // `steps` steps of LeNet with SGD on this rank's share of batches of `batch` per rank; returns
 // each step's loss averaged over the ranks (the whole batch's mean loss) and the parameters.
 struct Trained {
@@ -163,7 +170,7 @@ TEST_CASE("ZeRO-1 takes the same steps as plain data parallel, with half the opt
         DYNAMIC_SECTION((adam ? "Adam" : "SGD with momentum")) {
             auto make = [adam](std::vector<ParamGroup> groups) -> std::unique_ptr<Optimizer> {
                 if (adam) return std::make_unique<Adam>(std::move(groups), Adam::Options{});
-                return std::make_unique<SGD>(std::move(groups), momentum());
+                return std::make_unique<SGD>(std::move(groups), group_momentum());
             };
             Rng rng_a(11), rng_b(11);
             auto plain = lenet(rng_a), sharded = lenet(rng_b);
@@ -209,7 +216,7 @@ TEST_CASE("ZeRO-1 takes the same steps as plain data parallel, with half the opt
 TEST_CASE("ZeRO-1 resumes exactly from its gathered state", "[lesson12][cpu][mpi][zero]") {
     const ImageSet set = random_images(32 * 2 * 6);
     auto make = [](std::vector<ParamGroup> groups) -> std::unique_ptr<Optimizer> {
-        return std::make_unique<SGD>(std::move(groups), momentum());
+        return std::make_unique<SGD>(std::move(groups), group_momentum());
     };
     DataLoader loader(set, loader_options(32, world().rank(), 2));
     std::vector<Batch> batches(6);
@@ -268,7 +275,7 @@ TEST_CASE("rank 0 writes the checkpoints, and a data parallel run resumes from t
                 Rng rng(11);
                 auto model = lenet(rng);
                 auto make = [](std::vector<ParamGroup> g) -> std::unique_ptr<Optimizer> {
-                    return std::make_unique<SGD>(std::move(g), momentum());
+                    return std::make_unique<SGD>(std::move(g), group_momentum());
                 };
                 std::unique_ptr<Optimizer> optimizer;
                 std::unique_ptr<DataParallel> dp;
