@@ -22,6 +22,10 @@
 # Objects go to build/ (build-san/ with SAN=1, build-cuda/ with CUDA=1, build-gpucheck/ for the
 # GPU check, build-fuzz/ for make fuzz).
 
+# Every build runs on all the cores, make run's first one included; a -j on the command line
+# (make -j1) wins. Goals given together run together too: `make clean all` is two commands.
+MAKEFLAGS += -j$(shell nproc)
+
 CXX      ?= g++
 NVCC     ?= /usr/local/cuda/bin/nvcc
 SAN      ?= 0
