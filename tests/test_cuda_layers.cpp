@@ -1,9 +1,10 @@
-// test_cuda_layers.cpp — the CUDA pooling, batch-norm, layer-norm, GELU, dropout and residual layers
-// (cuda/pool.cu, cuda/norm.cu; chapters 05–06) against the same layers on the CPU
-// (src/ops/cpu/pool.cpp, norm.cpp, themselves checked by hand and against references in
-// test_pool.cpp, test_norm.cpp, test_misc_layers.cpp): small random shapes that hit the edges
-// (batch 1, odd sizes, padding, stride ≠ kernel, M = 2 and M > the 256 threads of a block),
-// finite differences on the cuda device, and the same-device errors.
+// test_cuda_layers.cpp — the CUDA pooling, batch-norm, dropout and residual layers (cuda/pool.cu,
+// cuda/norm.cu, cuda/elementwise.cu; chapters 05–06) against the same layers on the CPU
+// (src/ops/cpu/pool.cpp, norm.cpp, elementwise.cpp, themselves checked by hand and against
+// references in test_pool.cpp, test_norm.cpp, test_misc_layers.cpp): small random shapes that hit
+// the edges (batch 1, odd sizes, padding, stride ≠ kernel, M = 2 and M > the 256 threads of a
+// block), finite differences on the cuda device, and the same-device errors. Layer norm's and
+// GELU's CUDA cases are with their CPU ones, in test_norm.cpp and test_gelu.cpp.
 //
 // Without a GPU the kernels run on kiln's emulator, each comparison under two schedules
 // (tests/fixtures.h under_schedules). Tolerances (tests/fixtures.h require_close: relative to
@@ -13,11 +14,9 @@
 //   1e-6          average-pooling backward and the global average (a GPU may fuse dy·(1/K²)
 //                 into the add; the global sum is a tree instead of 8 lanes), batch-norm eval
 //   1e-5          batch-norm training and backward (per-channel sums in another order, both
-//                 in double; y and dx then differ by a few float ulps), layer norm (the same,
-//                 per row), residual blocks
-//   2e-6 absolute GELU (the device's erff/expf against the CPU's 1e-6-accurate approximations)
+//                 in double; y and dx then differ by a few float ulps), residual blocks
 //
-//   make test T='[cuda][pool]'    (likewise [batchnorm], [gelu], [dropout], [residual])
+//   make test T='[cuda][pool]'    (likewise [batchnorm], [dropout], [residual])
 #include <catch2/catch.hpp>
 
 #include <cmath>
@@ -202,65 +201,7 @@ TEST_CASE("cuda batch norm gives the same bits on every run", "[cuda][batchnorm]
     for (size_t i = 3; i < outs.size(); i++) require_identical(outs[i], outs[i - 3]);
 }
 
-// ---- layer norm ------------------------------------------------------------------------------------
-TEST_CASE("cuda layer norm matches the CPU and gives the same bits on every run", "[cuda][layernorm][lesson06]") {
-    const Shape shapes[] = {
-        {1, 1},       // D = 1: x̂ = 0, y = bias
-        {3, 7},       // fewer values in a row than threads in a block
-        {2, 3, 300},  // D = 300 > 256 threads; leading dimensions flattened into 6 rows
-    };
-    Rng rng(7);
-    for (const Shape& s : shapes) {
-        INFO("x " << s.str());
-        const int64_t D = s[s.ndim - 1];
-        const Tensor x = Tensor::normal(s, 0.5f, 2.0f, rng), dy = Tensor::normal(s, 0.0f, 1.0f, rng);
-        const Tensor weight = Tensor::uniform({D}, 0.5f, 1.5f, rng), bias = Tensor::uniform({D}, -0.5f, 0.5f, rng);
-        LayerNorm cpu_ln(D);
-        cpu_ln.weight.value = weight;
-        cpu_ln.bias.value = bias;
-        const Tensor y = cpu_ln.forward(x), dx = cpu_ln.backward(dy);
-        std::vector<Tensor> first;  // the first schedule's results: the second must give the same bits
-        under_schedules([&] {
-            LayerNorm gpu_ln(D);
-            gpu_ln.weight.value = weight;
-            gpu_ln.bias.value = bias;
-            gpu_ln.to(Device::CUDA);
-            // Row sums in another order than the CPU's, both in double: y and dx within a few ulps
-            const std::vector<Tensor> got = {gpu_ln.forward(cuda_copy(x)), gpu_ln.backward(cuda_copy(dy)),
-                                             gpu_ln.weight.grad, gpu_ln.bias.grad};
-            require_close(got[0], y, 1e-5);
-            require_close(got[1], dx, 1e-5);
-            require_close(got[2], cpu_ln.weight.grad, 1e-5);
-            require_close(got[3], cpu_ln.bias.grad, 1e-5);
-            if (first.empty()) first = got;
-            for (size_t i = 0; i < got.size(); i++) require_identical(got[i], first[i]);
-        });
-    }
-}
-
-TEST_CASE("cuda layer norm gradients match finite differences", "[cuda][layernorm][lesson06][gradcheck]") {
-    Rng rng(8);
-    LayerNorm ln(6);
-    ln.weight.value = Tensor::uniform({6}, 0.5f, 1.5f, rng);
-    ln.to(Device::CUDA);
-    check_module_gradients(ln, cuda_copy(Tensor::normal({3, 2, 6}, 0.0f, 1.5f, rng)), 4);
-}
-
-// ---- GELU and dropout ----------------------------------------------------------------------------
-TEST_CASE("cuda GELU matches the CPU", "[cuda][gelu][lesson06]") {
-    Rng rng(7);
-    for (int64_t n : {int64_t(1), int64_t(257), int64_t(5000)}) {
-        INFO("n = " << n);
-        const Tensor x = Tensor::uniform({n}, -6.0f, 6.0f, rng), dy = Tensor::uniform({n}, -1.0f, 1.0f, rng);
-        GELU cpu_gelu, gpu_gelu;
-        const Tensor y = cpu_gelu.forward(x), dx = cpu_gelu.backward(dy);
-        under_schedules([&] {
-            require_close(gpu_gelu.forward(cuda_copy(x)), y, 0.0, 2e-6);
-            require_close(gpu_gelu.backward(cuda_copy(dy)), dx, 0.0, 2e-6);
-        });
-    }
-}
-
+// ---- dropout -------------------------------------------------------------------------------------
 TEST_CASE("cuda dropout draws the CPU's mask bit for bit", "[cuda][dropout][lesson06]") {
     Rng rng(8);
     const uint64_t seed_hash = Rng(42).seed_hash(), first = 123456789;

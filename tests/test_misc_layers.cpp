@@ -1,5 +1,5 @@
-// test_misc_layers.cpp — Dropout, GELU, Residual (chapter 06): values, masks, threads,
-// finite differences, composition.
+// test_misc_layers.cpp — Dropout and Residual (chapter 06): values, masks, threads, finite
+// differences, composition. GELU's tests are in test_gelu.cpp.
 //
 // Run: make build/tests/kiln_tests && build/tests/kiln_tests '[layers][lesson06]'
 #include <algorithm>
@@ -26,47 +26,6 @@ bool same_bits(const Tensor& a, const Tensor& b) {
     return a.shape() == b.shape() && std::memcmp(a.raw(), b.raw(), a.nbytes()) == 0;
 }
 }  // namespace
-
-// GELU(x) = x · Φ(x):  GELU(1) = 0.8413447,  GELU(−1) = −0.1586553,  GELU(0) = 0
-TEST_CASE("GELU is the exact erf form", "[layers][cpu][lesson06]") {
-    GELU gelu;
-    Tensor x = Tensor::empty({7});
-    const float xs[7] = {-3.0f, -1.0f, -0.5f, 0.0f, 0.5f, 1.0f, 3.0f};
-    std::memcpy(x.data<float>(), xs, sizeof xs);
-    Tensor y = gelu.forward(x);
-    for (int i = 0; i < 7; i++) {
-        const double v = xs[i];
-        CHECK(y.data<float>()[i] == Approx(0.5 * v * (1.0 + std::erf(v / std::sqrt(2.0)))).margin(1e-6));
-    }
-    CHECK(y.data<float>()[5] == Approx(0.8413447).margin(1e-6));
-    CHECK(y.data<float>()[1] == Approx(-0.1586553).margin(1e-6));
-    CHECK(y.data<float>()[3] == 0.0f);
-}
-
-// The kernels use their own erf and exp (norm.cpp, to vectorize): within 1e-6 of the exact
-// formulas, in double, across the whole useful range and beyond.
-TEST_CASE("GELU kernels stay within 1e-6 of the exact formulas", "[layers][cpu][lesson06]") {
-    const int64_t n = 200001;
-    std::vector<float> x(n), y(n), dy(n, 1.0f), dx(n);
-    for (int64_t i = 0; i < n; i++) x[size_t(i)] = -10.0f + 20.0f * float(i) / float(n - 1);
-    cpu::gelu_forward(x.data(), y.data(), n);
-    cpu::gelu_backward(x.data(), dy.data(), dx.data(), n);
-    double worst_y = 0, worst_dx = 0;
-    for (int64_t i = 0; i < n; i++) {
-        const double v = x[size_t(i)], cdf = 0.5 * (1.0 + std::erf(v / std::sqrt(2.0)));
-        const double pdf = std::exp(-0.5 * v * v) / std::sqrt(2.0 * 3.14159265358979324);
-        worst_y = std::max(worst_y, std::fabs(y[size_t(i)] - v * cdf) / std::max(1.0, std::fabs(v)));
-        worst_dx = std::max(worst_dx, std::fabs(dx[size_t(i)] - (cdf + v * pdf)));
-    }
-    CHECK(worst_y < 1e-6);
-    CHECK(worst_dx < 1e-6);
-}
-
-TEST_CASE("GELU gradient matches finite differences", "[layers][cpu][lesson06][gradcheck]") {
-    GELU gelu;
-    Rng rng(1);
-    check_module_gradients(gelu, Tensor::normal({4, 3, 5}, 0.0f, 2.0f, rng));
-}
 
 TEST_CASE("Dropout: inverted scaling, rate, eval identity, reproducible masks", "[layers][cpu][lesson06]") {
     const float p = 0.3f;

@@ -1,6 +1,8 @@
 // test_norm.cpp — BatchNorm1d / BatchNorm2d (chapter 06): a case computed by hand, the running
 // statistics, eval mode, a double-precision reference, finite differences, threads, errors.
-// LayerNorm: a case computed by hand (forward and backward), finite differences, threads, errors.
+// LayerNorm: a case computed by hand (forward and backward), finite differences, threads, errors;
+// and on CUDA (cuda/norm.cu): the CPU's results on edge shapes, the same bits under two schedules,
+// finite differences on the device. The f16/bf16 cases are in test_lowp_ops.cpp.
 //
 // Run: make build/tests/kiln_tests && build/tests/kiln_tests '[batchnorm]'   (or '[layernorm]')
 #include <cmath>
@@ -11,11 +13,15 @@
 #include <omp.h>
 
 #include "core/rng.h"
+#include "fixtures.h"
 #include "gradcheck.h"
 #include "nn/norm.h"
 #include "ops/cnn.h"
 
 using namespace kiln;
+using test::require_close;
+using test::require_identical;
+using test::under_schedules;
 
 namespace {
 
@@ -255,4 +261,49 @@ TEST_CASE("LayerNorm errors name the layer and the shapes", "[layernorm][cpu][le
     Tensor mean, invstd;
     REQUIRE_THROWS_WITH(layernorm(Tensor::zeros({2, 4}), Tensor::ones({3}), Tensor::zeros({4}), 1e-5f, &mean, &invstd),
                         Contains("layernorm") && Contains("'gamma'") && Contains("[4]"));
+}
+
+// ---- LayerNorm on CUDA (cuda/norm.cu; on the emulator without a GPU, under two schedules) --------
+// Row sums in another order than the CPU's, both in double: y and dx within 1e-5 of the CPU's.
+TEST_CASE("cuda layer norm matches the CPU and gives the same bits on every run", "[cuda][layernorm][lesson06]") {
+    const Shape shapes[] = {
+        {1, 1},       // D = 1: x̂ = 0, y = bias
+        {3, 7},       // fewer values in a row than threads in a block
+        {2, 3, 300},  // D = 300 > 256 threads; leading dimensions flattened into 6 rows
+    };
+    Rng rng(7);
+    for (const Shape& s : shapes) {
+        INFO("x " << s.str());
+        const int64_t D = s[s.ndim - 1];
+        const Tensor x = Tensor::normal(s, 0.5f, 2.0f, rng), dy = Tensor::normal(s, 0.0f, 1.0f, rng);
+        const Tensor weight = Tensor::uniform({D}, 0.5f, 1.5f, rng), bias = Tensor::uniform({D}, -0.5f, 0.5f, rng);
+        LayerNorm cpu_ln(D);
+        cpu_ln.weight.value = weight;
+        cpu_ln.bias.value = bias;
+        const Tensor y = cpu_ln.forward(x), dx = cpu_ln.backward(dy);
+        std::vector<Tensor> first;  // the first schedule's results: the second must give the same bits
+        under_schedules([&] {
+            LayerNorm gpu_ln(D);
+            gpu_ln.weight.value = weight;
+            gpu_ln.bias.value = bias;
+            gpu_ln.to(Device::CUDA);
+            // Row sums in another order than the CPU's, both in double: y and dx within a few ulps
+            const std::vector<Tensor> got = {gpu_ln.forward(x.to(Device::CUDA)), gpu_ln.backward(dy.to(Device::CUDA)),
+                                             gpu_ln.weight.grad, gpu_ln.bias.grad};
+            require_close(got[0], y, 1e-5);
+            require_close(got[1], dx, 1e-5);
+            require_close(got[2], cpu_ln.weight.grad, 1e-5);
+            require_close(got[3], cpu_ln.bias.grad, 1e-5);
+            if (first.empty()) first = got;
+            for (size_t i = 0; i < got.size(); i++) require_identical(got[i], first[i]);
+        });
+    }
+}
+
+TEST_CASE("cuda layer norm gradients match finite differences", "[cuda][layernorm][lesson06][gradcheck]") {
+    Rng rng(8);
+    LayerNorm ln(6);
+    ln.weight.value = Tensor::uniform({6}, 0.5f, 1.5f, rng);
+    ln.to(Device::CUDA);
+    check_module_gradients(ln, Tensor::normal({3, 2, 6}, 0.0f, 1.5f, rng).to(Device::CUDA), 4);
 }
