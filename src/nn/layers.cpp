@@ -18,24 +18,45 @@ Linear::Linear(int64_t in, int64_t out, Rng& rng, bool has_bias, std::string nam
         add_parameter("bias", bias, Tensor::uniform({out}, -bound, bound, rng, Device::CPU, Category::Parameter));
 }
 
+namespace {
+
+// x [..., in]: the rows of a Linear's input (every dimension but the last); fails naming the layer.
+int64_t linear_rows(const Shape& x, int64_t in, const std::string& layer) {
+    KILN_CHECK(x.ndim >= 2 && x[x.ndim - 1] == in, layer, ": expected input [N, ", in, "] or [..., ", in, "], got ",
+               x.str(), " (a Flatten before it turns [N, C, H, W] into [N, C·H·W])");
+    return x.numel() / in;
+}
+
+// `s` with its last dimension replaced by n.
+Shape with_last(Shape s, int64_t n) {
+    s.dims[s.ndim - 1] = n;
+    return s;
+}
+
+}  // namespace
+
+// [..., in] is [rows, in] to the op, and y goes back to [..., out] (views: no copy).
 Tensor Linear::forward(const Tensor& x) {
-    KILN_CHECK(x.ndim() == 2 && x.size(1) == in_features, name(), ": expected input [N, ", in_features, "], got ",
-               x.desc(), " (a Flatten before it turns [N, C, H, W] into [N, C·H·W])");
-    return linear(x, weight.used(), bias.used(), keeps_cache() ? &x_ : nullptr);  // y = x · Wᵀ + b
+    check_defined(x, name().c_str(), "the input");
+    const int64_t rows = linear_rows(x.shape(), in_features, name());
+    if (keeps_cache()) in_shape_ = x.shape();
+    const Tensor y = linear(x.reshape({rows, in_features}), weight.used(), bias.used(), keeps_cache() ? &x_ : nullptr);
+    return x.ndim() == 2 ? y : y.reshape(with_last(x.shape(), out_features));  // y = x · Wᵀ + b
 }
 
 // dW += dyᵀ · x,  db += Σ_n dy,  dx = dy · W unless no one reads it; the cache is spent.
 Tensor Linear::backward(const Tensor& dy) {
     KILN_CHECK(x_.defined(), name(), ": backward without a training-mode forward");
-    return linear_backward(std::move(x_), weight.used(), dy, weight.grad, bias.grad, input_needs_grad);
+    const Tensor dx = linear_backward(std::move(x_), weight.used(), dy.reshape({-1, out_features}), weight.grad,
+                                      bias.grad, input_needs_grad);
+    return dx.defined() && in_shape_.ndim != 2 ? dx.reshape(in_shape_) : dx;
 }
 
-// x [N, in] -> y [N, out]; weight [out, in], bias [out]; x kept; dx after x is let go.
+// x [..., in] -> y [..., out]; weight [out, in], bias [out]; x kept; dx after x is let go.
 LayerMemory Linear::memory(const Shape& in, Device) const {
-    KILN_CHECK(in.ndim == 2 && in[1] == in_features, name(), ": expected input [N, ", in_features, "], got ",
-               in.str(), " (a Flatten before it turns [N, C, H, W] into [N, C·H·W])");
+    linear_rows(in, in_features, name());
     LayerMemory m;
-    m.output = Shape{in[0], out_features};
+    m.output = with_last(in, out_features);
     m.parameters.push_back(Shape{out_features, in_features});
     if (bias.value.defined()) m.parameters.push_back(Shape{out_features});
     m.keeps_input = true;
@@ -116,7 +137,8 @@ Tensor Sequential::backward(const Tensor& dy) {
 // ---- CrossEntropyLoss ----------------------------------------------------------------------
 float CrossEntropyLoss::forward(const Tensor& logits, const Tensor& labels, int64_t* correct) {
     logits_dtype_ = logits.dtype();
-    return softmax_cross_entropy(logits, labels, &dz_, correct, label_smoothing_);
+    const Tensor y = labels.defined() && labels.ndim() > 1 ? labels.reshape({-1}) : labels;  // [B, T] -> [B·T]
+    return softmax_cross_entropy(logits, y, &dz_, correct, label_smoothing_);
 }
 
 Tensor CrossEntropyLoss::backward(float scale) {

@@ -11,7 +11,8 @@ namespace kiln {
 
 // y = x · Wᵀ + b          x: [N, in]   W: [out, in]   b: [out]   y: [N, out]
 // backward:  dW += dyᵀ · x     db += Σ_n dy[n, :]     dx = dy · W
-// Initialized like PyTorch: W, b ~ U(−1/√in, 1/√in).
+// Like PyTorch's, x may be [..., in] (a transformer's [B, T, C]): its rows are every dimension
+// but the last, and y is [..., out]. Initialized like PyTorch: W, b ~ U(−1/√in, 1/√in).
 class Linear : public Module {
 public:
     Linear(int64_t in, int64_t out, Rng& rng, bool bias = true, std::string name = "linear");
@@ -25,7 +26,8 @@ public:
     int64_t in_features, out_features;
 
 private:
-    Tensor x_;  // the input as the op read it (ops/ops.h linear), kept for dW
+    Tensor x_;        // the input as the op read it (ops/ops.h linear), [rows, in], kept for dW
+    Shape in_shape_;  // the input's own shape: dx goes back in it
 };
 
 // The ReLU family: y = min(max(x, 0), cap);  dx = dy · [0 < y < cap]   (an undefined dy, when no
@@ -121,6 +123,8 @@ public:
 // Softmax cross-entropy, averaged over the batch.
 //   loss = 1/N Σ_n [ log Σ_c exp(z[n,c]) − z[n, y_n] ]      dz = (softmax(z) − onehot(y)) / N
 // With label_smoothing ε the target is (1 − ε)·onehot(y) + ε/C (ops.h, softmax_cross_entropy).
+// Labels [N], or [B, T] for logits [B·T, C] (a GPT's targets, one per position: flattened as
+// nanoGPT's targets.view(-1), the order of the logits' rows).
 class CrossEntropyLoss {
 public:
     explicit CrossEntropyLoss(float label_smoothing = 0.0f) : label_smoothing_(label_smoothing) {}

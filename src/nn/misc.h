@@ -24,6 +24,7 @@ public:
     // In training with p > 0: y [in], 4 bytes an element, and the mask kept, 1 byte an element;
     // dx [in]. With p = 0 the identity: nothing allocated.
     LayerMemory memory(const Shape& in, Device device) const override;
+    Rng* random_stream() override { return &rng; }
 
     float p;
     Rng rng;

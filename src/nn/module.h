@@ -32,6 +32,7 @@
 namespace kiln {
 
 class Module;
+class Rng;
 
 // ---- no-grad mode (PyTorch's torch.no_grad) ------------------------------------------------
 // While a NoGradScope is open on a thread, forward passes on it keep no cache for backward
@@ -178,6 +179,11 @@ public:
     // flag through its leading children that have no parameters (an MLP's Flatten) to the first
     // one that has; train_step sets it to false on the model it trains.
     bool input_needs_grad = true;
+
+    // The random stream forward draws from (a Dropout's coins), or null for a layer that draws
+    // nothing. Recomputation (nn/recompute.h) sets each stream back before a forward runs again,
+    // so that it draws the same numbers.
+    virtual Rng* random_stream() { return nullptr; }
 
     // ---- hooks ------------------------------------------------------------------------
     HookHandle register_forward_pre_hook(ForwardPreHook hook);

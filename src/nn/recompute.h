@@ -17,8 +17,8 @@
 //     every buffer of f (named_buffers: BN's running_mean and running_var) before the
 //     recomputation and copies them back after it — [C] floats per BN layer, and no layer needs
 //     to know it is being recomputed. (PyTorch's checkpoint updates them twice.)
-//   - dropout: each Dropout's random stream is set back to where the first forward started, so
-//     the recomputation draws the same masks.
+//   - dropout: each random stream inside (Module::random_stream: a Dropout's, attention's) is set
+//     back to where the first forward started, so the recomputation draws the same masks.
 // So a step with Checkpoints gives the same gradients, bit for bit, as one without.
 //
 // The wrapped module is the Checkpoint's child "inner": its parameters are named
@@ -34,7 +34,28 @@
 
 namespace kiln {
 
-class Dropout;
+class Rng;
+
+// What makes a second forward of a subtree compute what the first computed, whoever runs it: a
+// Checkpoint (below), or a layer that recomputes its own insides (a GPT block with --recompute,
+// nn/gpt.h).
+//   first_forward(subtree)              before the first forward: where each random stream stands
+//   recompute(subtree, forward_again)   the streams set back there, every buffer saved, the forward
+//                                       run again, the buffers put back as the first one left them
+class Recomputation {
+public:
+    void first_forward(Module& subtree);
+    template <typename F> void recompute(Module& subtree, F&& forward_again) {
+        const auto saved = before_again(subtree);
+        forward_again();
+        after_again(saved);
+    }
+
+private:
+    std::vector<std::pair<Rng*, uint64_t>> streams_;  // each stream and its counter at the first forward
+    std::vector<std::pair<Tensor*, Tensor>> before_again(Module& subtree);  // each buffer and a copy
+    static void after_again(const std::vector<std::pair<Tensor*, Tensor>>& saved);
+};
 
 class Checkpoint : public Module {
 public:
@@ -46,9 +67,7 @@ public:
 
 private:
     Tensor x_;  // the input: all this module keeps between forward and backward
-    // Each Dropout inside, and its stream's counter when the first forward started.
-    std::vector<std::pair<Dropout*, uint64_t>> dropout_counters_;
-    void recompute();
+    Recomputation recomputation_;
 };
 
 }  // namespace kiln

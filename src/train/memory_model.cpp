@@ -9,6 +9,7 @@
 #include <memory>
 #include <set>
 
+#include "nn/gpt.h"
 #include "nn/layers.h"
 #include "nn/misc.h"
 #include "nn/recompute.h"
@@ -93,13 +94,13 @@ private:
 
 // A simulated tensor's storage: the block it holds and who allocated it. Shared like a Tensor's
 // Storage: the block goes back when the last Buf to it goes.
-struct Block {
+struct HeldBlock {
     int64_t bytes;
     bool in_arena;
     Category category;
     const Module* module;
 };
-using Buf = std::shared_ptr<Block>;
+using Buf = std::shared_ptr<HeldBlock>;
 
 struct Value {
     Buf buf;  // null: an undefined tensor (no one needs that dx)
@@ -138,7 +139,8 @@ public:
         resident_.push_back(alloc(slab_bytes(params), Category::Gradient, false));
         for (const Shape& b : buffers) resident_.push_back(alloc(b.numel() * 4, Category::Parameter, false));
         x_ = Value{alloc(opt_.input.numel() * 4, Category::Data, false), opt_.input};
-        resident_.push_back(alloc(opt_.input[0] * 4, Category::Data, false));  // labels, i32 [N]
+        const int64_t labels = opt_.labels.ndim ? opt_.labels.numel() : opt_.input[0];
+        resident_.push_back(alloc(labels * 4, Category::Data, false));  // labels, i32 [N] (or [B, T])
     }
 
     // One train_step: forward, loss, backward, optimizer (its state slabs on the first step).
@@ -197,7 +199,7 @@ private:
             peak_module_ = module_ ? module_->name() : phase_ == Phase::Optimizer ? "optimizer" : "loss";
             peak_phase_ = phase_;
         }
-        Buf b(new Block{block, in_arena, c, module_}, [this](Block* blk) {
+        Buf b(new HeldBlock{block, in_arena, c, module_}, [this](HeldBlock* blk) {
             (blk->in_arena ? arena_ : pool_).give_back(blk->bytes);
             delete blk;
         });
@@ -227,9 +229,85 @@ private:
         return dx;
     }
 
+    // A GPT block (nn/gpt.h, Block::body): x1 = x + attn(ln_1(x)), y = x1 + mlp(ln_2(x1)), one call
+    // a statement; with recompute, the children run without caches and x is kept.
+    Value block_forward(Block& b, const Value& x) {
+        LayerState& s = layers_[&b];
+        s.in = x.shape;
+        const bool outer = no_grad_;
+        if (b.recompute && !no_grad_) {
+            s.cache = {x.buf};
+            no_grad_ = true;
+        }
+        Value y = block_body(b, x);
+        no_grad_ = outer;
+        return y;
+    }
+    Value block_body(Block& b, const Value& x) {
+        Value x1;
+        {
+            Value h = forward(b.ln_1(), x);
+            h = forward(b.attn(), h);
+            x1 = Value{alloc(x.shape.numel() * 4, Category::Activation, true), x.shape};  // add
+        }
+        Value h = forward(b.ln_2(), x1);
+        h = forward(b.mlp(), h);
+        return Value{alloc(x.shape.numel() * 4, Category::Activation, true), x.shape};  // add
+    }
+
+    // Block::backward: the body again first with recompute; then each branch, each residual's add.
+    Value block_backward(Block& b, const Value& dy) {
+        LayerState& s = layers_.at(&b);
+        if (b.recompute) {
+            forward_again(b, Value{s.cache.at(0), s.in});
+            s.cache.clear();
+        }
+        Value dx1;
+        {
+            Value g = backward(b.mlp(), dy, true);
+            g = backward(b.ln_2(), g, true);
+            dx1 = Value{alloc(s.in.numel() * 4, Category::Activation, true), s.in};  // add
+        }
+        Value g = backward(b.attn(), dx1, true);
+        g = backward(b.ln_1(), g, true);
+        return Value{alloc(s.in.numel() * 4, Category::Activation, true), s.in};  // add
+    }
+
+    // The GPT's trunk (Transformer::forward): the positions (i32 [T]), wte's rows and wpe's added
+    // in place (wpe's output let go at once), then drop, h, ln_f.
+    Value transformer_forward(Transformer& t, const Value& idx) {
+        LayerState& s = layers_[&t];
+        s.in = idx.shape;
+        const int64_t T = idx.shape[1];
+        const Value positions{alloc(T * 4, Category::Other, true), Shape{T}};
+        Value x = forward(t.wte(), idx);
+        forward(t.wpe(), positions);
+        x = forward(t.drop(), x);
+        x = forward(t.h(), x);
+        return forward(t.ln_f(), x);
+    }
+
+    // Transformer::backward: ln_f, h, drop, then dwpe = Σ_b dx (f32 [T·C]) and the two scatter-adds.
+    Value transformer_backward(Transformer& t, const Value& dy) {
+        const LayerState& s = layers_.at(&t);
+        Value g = backward(t.ln_f(), dy, true);
+        g = backward(t.h(), g, true);
+        g = backward(t.drop(), g, true);
+        {
+            const int64_t T = s.in[1], C = g.shape[g.shape.ndim - 1];
+            const Value dpos{alloc(T * C * 4, Category::Activation, true), Shape{T, C}};
+            backward(t.wpe(), dpos, false);
+        }
+        backward(t.wte(), g, false);
+        return Value{nullptr, s.in};
+    }
+
     // Sequential: h = child(h) in order; Residual: y = body(x) + shortcut(x); Checkpoint: the
-    // inside without caches, x kept; a layer: its memory(), its cache dropped under no-grad.
+    // inside without caches, x kept; GPT blocks and trunk: their own rules above; a layer: its
+    // memory(), its cache dropped under no-grad.
     Value run_forward(Module& m, const Value& x) {
+        if (auto* b = dynamic_cast<Block*>(&m)) return block_forward(*b, x);
+        if (auto* t = dynamic_cast<Transformer*>(&m)) return transformer_forward(*t, x);
         if (dynamic_cast<Sequential*>(&m)) {
             Value h = x;
             for (const Module::Child& c : m.children()) h = forward(*c.module, h);
@@ -280,6 +358,8 @@ private:
             for (size_t i = m.children().size(); i-- > 0;) g = backward(*m.children()[i].module, g, needed[i]);
             return g;
         }
+        if (auto* b = dynamic_cast<Block*>(&m)) return block_backward(*b, dy);
+        if (auto* t = dynamic_cast<Transformer*>(&m)) return transformer_backward(*t, dy);
         LayerState& s = layers_.at(&m);
         if (auto* r = dynamic_cast<Residual*>(&m)) {
             Value dfx = backward(r->body(), dy, r->body().input_needs_grad);
@@ -301,21 +381,33 @@ private:
         return dx;
     }
 
-    // Checkpoint::recompute: a copy of each buffer inside, the forward again with caches (its
-    // output dropped at once), then the copies go.
+    // Recomputation::recompute (nn/recompute.h): a copy of each buffer inside, the forward again
+    // with caches (its output dropped at once), then the copies go.
     void recompute(Module& inner, const Value& x) {
+        std::vector<Buf> copies = buffer_copies(inner);
+        forward(inner, x);
+    }
+    // The same for a module that recomputes itself (a GPT block): its body again, with caches.
+    void forward_again(Block& b, const Value& x) {
+        std::vector<Buf> copies = buffer_copies(b);
+        const bool outer = no_grad_;
+        no_grad_ = false;
+        block_body(b, x);
+        no_grad_ = outer;
+    }
+    std::vector<Buf> buffer_copies(Module& inner) {
         std::vector<Buf> copies;
         for (auto& [name, m] : inner.named_modules())
             if (auto it = layers_.find(m); it != layers_.end())
                 for (const Shape& b : it->second.memory.buffers)
                     copies.push_back(alloc(b.numel() * 4, Category::Parameter, true));
-        forward(inner, x);
+        return copies;
     }
 
     // The activations each module's forward allocated that are still held: what it keeps.
     void kept_after_forward() {
         kept_.clear();
-        for (const std::weak_ptr<Block>& w : forward_allocs_)
+        for (const std::weak_ptr<HeldBlock>& w : forward_allocs_)
             if (Buf b = w.lock()) kept_[b->module] += b->bytes;
         forward_allocs_.clear();
     }
@@ -334,7 +426,7 @@ private:
     std::map<const Module*, LayerState> layers_;
     std::map<const Module*, Shape> outputs_;
     std::map<const Module*, int64_t> kept_, workspace_;
-    std::vector<std::weak_ptr<Block>> forward_allocs_;
+    std::vector<std::weak_ptr<HeldBlock>> forward_allocs_;
 };
 
 // Every layer's parameter and buffer shapes, in the model's order (the slabs' order), from the

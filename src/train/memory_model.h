@@ -50,6 +50,7 @@ struct MemoryModelOptions {
     // slabs only, state_elements[i] elements for the model's i-th parameter (model order).
     // Empty: every parameter's whole state.
     std::vector<int64_t> state_elements = {};
+    Shape labels = {};  // the labels' shape when not [N] (input[0] of them): a GPT's [B, T] targets
 };
 
 // The options that predict a step of `optimizer` on `model` (its kind; under ZeRO-1, the state
@@ -86,8 +87,8 @@ struct MemoryPrediction {
 
 // Predicts one steady training step (train_step) of `model` in training mode on a batch of
 // options.input. Throws a kiln::Error naming the layer if the input does not fit the model, or
-// naming a container the model does not know how to run (it knows Sequential, Residual and
-// Checkpoint).
+// naming a container the model does not know how to run (it knows Sequential, Residual,
+// Checkpoint, and the GPT's Block and Transformer).
 MemoryPrediction predict_memory(Module& model, const MemoryModelOptions& options);
 
 // The prediction as a table: one row per module (indented by depth), then the resident bytes,
