@@ -242,10 +242,11 @@ $(BUILD)/lab/%: $(BUILD)/cuda/lab/%.cu.o $(LIB)
 # The MPI tests (tests/mpi/) run as 2 ranks under mpirun, after the others; one summary line for both.
 # T is one Catch2 filter, passed as one word: a test's name keeps its spaces and its *.
 # The trainers are built first: tests/test_trainer_flags.cpp runs them. First of all, the folders'
-# order (scripts/check-includes.sh, src/README.md): no folder includes one after it.
+# order (scripts/check-includes.sh, src/README.md): no folder includes one after it. The data:
+# MNIST, and Moby-Dick for chapter 14's pinned first losses.
 test: $(TEST_BIN) $(MPI_TEST_BIN) $(LESSON_BINS) $(EXTRA_BINS)
 	@bash scripts/check-includes.sh
-	@bash data/fetch.sh mnist
+	@bash data/fetch.sh mnist moby-dick
 	@MPIRUN="$(strip $(MPI_TEST_ENV) $(MPIRUN))" bash tests/run.sh $(TEST_BIN) $(MPI_TEST_BIN) $(if $(T),'$(T)')
 
 data:

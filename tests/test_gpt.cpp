@@ -10,11 +10,13 @@
 #include <string>
 #include <vector>
 
+#include "data/text.h"
 #include "fixtures.h"
 #include "gradcheck.h"
 #include "nn/gpt.h"
 #include "core/allocator.h"
 #include "optim/adam.h"
+#include "train/gpt_recipe.h"
 #include "train/loop.h"
 #include "train/memory_model.h"
 
@@ -276,4 +278,42 @@ TEST_CASE("GPT memory: predicted and measured training peaks within 3%, textbook
                 INFO(memory_prediction_table(p));
                 CHECK(double(p.allocator_peaks()) == Approx(double(measured)).epsilon(0.03));
             }
+}
+
+// ==== lesson 14's recipe =========================================================================
+TEST_CASE("gpt_lr: nanoGPT's warm-up and cosine", "[gpt][lesson14][cpu]") {
+    GPTRecipe r;
+    r.iters = r.decay_iters = 1100, r.warmup = 100, r.lr = 1e-3f, r.min_lr = 1e-4f;
+    CHECK(gpt_lr(r, 0) == Approx(1e-3 * 1 / 101));
+    CHECK(gpt_lr(r, 99) == Approx(1e-3 * 100 / 101));
+    CHECK(gpt_lr(r, 100) == Approx(1e-3));               // the cosine starts at lr
+    CHECK(gpt_lr(r, 600) == Approx((1e-3 + 1e-4) / 2));  // half way: the mean
+    CHECK(gpt_lr(r, 1100) == Approx(1e-4));
+    CHECK(gpt_lr(r, 5000) == Approx(1e-4));
+}
+
+// The first losses of lesson-14's default run (seed 1), pinned: what `make lesson-14` prints.
+// The pinned values were produced by this code; a change that alters them must be deliberate.
+TEST_CASE("lesson 14: the baby GPT's first losses on Moby-Dick", "[gpt][trainer][lesson14][cpu]") {
+    const TextData text = load_text("data/moby-dick/moby-dick.txt", 0, 0.1, " (make data fetches it)");
+    REQUIRE(text.tokenizer.size() == 83);
+    auto model = make_gpt(baby_gpt_config(text.tokenizer.size()), 1);
+    GPTRecipe recipe;
+    auto opt = gpt_optimizer(*model, recipe);
+    TextWindows batches(text.train, 64, 12, 1, "the training split");
+    BumpAllocator arena("test arena", Device::CPU);
+    std::vector<float> losses;
+    Tensor x, y;
+    for (int64_t it = 0; it < 3; it++) {
+        for (ParamGroup& g : opt->param_groups()) g.lr = gpt_lr(recipe, it);
+        batches.batch(it, x, y);
+        const StepResult r = train_step(*model, *opt, x, y, StepOptions{&arena, recipe.clip});
+        REQUIRE(r.stepped);
+        losses.push_back(r.loss);
+    }
+    const std::vector<float> pinned = {4.45501f, 4.45465f, 4.41161f};
+    for (size_t i = 0; i < pinned.size(); i++) {
+        INFO("step " << i);
+        CHECK(losses[i] == Approx(pinned[i]).epsilon(1e-4));
+    }
 }

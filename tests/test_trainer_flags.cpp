@@ -117,9 +117,19 @@ void write_tiny_cifar(const std::string& dir) {
     test::write_bytes(dir + "/cifar-10-binary.tar.gz", test::gzip_bytes(test::make_tar(files)));
 }
 
+// A folder with a moby-dick.txt of a few lines (lesson-14's data): every character of the
+// default prompt ("\n") among its first 64.
+void write_tiny_text(const std::string& dir) {
+    fs::create_directories(dir);
+    std::ofstream f(dir + "/moby-dick.txt");
+    for (int i = 0; i < 40; i++) f << "Call me Ishmael.\nSome years ago, never mind how long.\n";
+}
+
+enum class Data { mnist, cifar, text };
+
 struct Trainer {
     std::string name;   // lesson-NN
-    bool cifar;         // trains on CIFAR-10 (else MNIST)
+    Data data;          // what it trains on
     std::string own;    // its own flags for a short run
     std::string device; // the device it trains on by default
 };
@@ -145,29 +155,31 @@ const std::set<std::string> kOwnRuns = {"--resume", "--find-batch-size", "--time
 TEST_CASE("every trainer honours each shared flag its --help lists and refuses the others by name",
           "[flags][trainer][cpu]") {
     const std::vector<Trainer> trainers = {
-        {"lesson-01", false, "", "cpu"},
-        {"lesson-02", false, "--hidden1 32 --hidden2 16", "cpu"},
-        {"lesson-03", false, "", "cpu"},
-        {"lesson-04", false, "", "cuda"},
-        {"lesson-05", false, "", "cuda"},
-        {"lesson-06", true, "--width1 8 --width2 8 --width3 8", "cpu"},
-        {"lesson-07", true, "--width1 8 --width2 8 --width3 8", "cpu"},
-        {"lesson-08", true, "", "cpu"},
-        {"lesson-09", true, "", "cpu"},
-        {"lesson-10", false, "--rounds 1 --finetune-epochs 1", "cpu"},
-        {"lesson-11", false, "--calib-batches 1", "cpu"},
-        {"lesson-12", false, "", "cpu"},
-        {"lesson-13", true, "--tta 0", "cpu"},
-        {"lesson-13-mobilenet", true, "--width 0.25", "cpu"},
+        {"lesson-01", Data::mnist, "", "cpu"},
+        {"lesson-02", Data::mnist, "--hidden1 32 --hidden2 16", "cpu"},
+        {"lesson-03", Data::mnist, "", "cpu"},
+        {"lesson-04", Data::mnist, "", "cuda"},
+        {"lesson-05", Data::mnist, "", "cuda"},
+        {"lesson-06", Data::cifar, "--width1 8 --width2 8 --width3 8", "cpu"},
+        {"lesson-07", Data::cifar, "--width1 8 --width2 8 --width3 8", "cpu"},
+        {"lesson-08", Data::cifar, "", "cpu"},
+        {"lesson-09", Data::cifar, "", "cpu"},
+        {"lesson-10", Data::mnist, "--rounds 1 --finetune-epochs 1", "cpu"},
+        {"lesson-11", Data::mnist, "--calib-batches 1", "cpu"},
+        {"lesson-12", Data::mnist, "", "cpu"},
+        {"lesson-13", Data::cifar, "--tta 0", "cpu"},
+        {"lesson-13-mobilenet", Data::cifar, "--width 0.25", "cpu"},
+        {"lesson-14", Data::text, "--iters 2 --block-size 4 --n-layer 1 --n-head 2 --n-embd 8 --sample 5", "cpu"},
     };
     TempDir tmp;
-    const std::string mnist = tmp.file("mnist"), cifar = tmp.file("cifar");
+    const std::string mnist = tmp.file("mnist"), cifar = tmp.file("cifar"), text = tmp.file("text");
     write_tiny_mnist(mnist);
     write_tiny_cifar(cifar);
+    write_tiny_text(text);
     const std::vector<std::string> shared = shared_flags();
     for (const Trainer& t : trainers) {
         SECTION(t.name) {
-            const std::string bin = bin_dir() + "/" + t.name, data = t.cifar ? cifar : mnist;
+            const std::string bin = bin_dir() + "/" + t.name, data = t.data == Data::cifar ? cifar : t.data == Data::text ? text : mnist;
             const std::string dir = tmp.file(t.name);
             fs::create_directories(dir);
             REQUIRE(fs::exists(bin));  // make test builds the trainers first

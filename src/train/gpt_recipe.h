@@ -1,0 +1,45 @@
+// gpt_recipe.h — how chapter 14 trains its GPT: nanoGPT's recipe (train.py with
+// config/train_shakespeare_char.py) and its validation loss.
+//
+//   AdamW, β = (0.9, 0.99), weight decay 0.1 on the weights (the ≥ 2-D parameters, embeddings
+//   included: nanoGPT's configure_optimizers), none on biases and layer norms
+//   the learning rate: a linear warm-up, then a cosine down to min_lr (gpt_lr below)
+//   gradients clipped to a global norm of 1.0 (train_step's clip_norm)
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "nn/gpt.h"
+#include "optim/adam.h"
+
+namespace kiln {
+
+struct GPTRecipe {
+    int64_t iters = 2000;        // optimizer steps
+    int64_t warmup = 100;        // steps of linear warm-up
+    int64_t decay_iters = 2000;  // the step the cosine reaches min_lr (nanoGPT: = max_iters)
+    float lr = 1e-3f, min_lr = 1e-4f, weight_decay = 0.1f, clip = 1.0f;
+};
+
+// nanoGPT's "baby GPT" for a CPU (its README: 4 layers, 4 heads, 128 channels, context 64, no
+// dropout), flash attention, for a vocabulary of vocab_size: lesson-14's default model.
+GPTConfig baby_gpt_config(int64_t vocab_size);
+
+// nanoGPT's get_lr(it):
+//   it < warmup            lr · (it + 1) / (warmup + 1)
+//   it > decay_iters       min_lr
+//   otherwise              min_lr + ½ (1 + cos(π r)) (lr − min_lr),   r = (it − warmup) / (decay_iters − warmup)
+float gpt_lr(const GPTRecipe& recipe, int64_t it);
+
+// AdamW over decay_groups (optim/optimizer.h) with the recipe's lr and weight decay, β = (0.9, 0.99).
+std::unique_ptr<AdamW> gpt_optimizer(GPT& model, const GPTRecipe& recipe);
+
+// The mean cross-entropy, in nats per character, of the model's next-token predictions over the
+// ordered windows of `tokens` (data/text.h: offsets 0, T, 2T, ...), the first max_windows of them
+// (0: all), `batch` windows a forward, in evaluation mode and without caches. Depends on nothing
+// random: the same model gives the same loss.
+double gpt_eval_loss(GPT& model, const std::vector<int32_t>& tokens, int64_t block_size, int64_t batch,
+                     int64_t max_windows, Device device);
+
+}  // namespace kiln
