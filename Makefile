@@ -307,7 +307,7 @@ accuracy: $(LESSON_BINS)
 # Every figure a README quotes from a quick run (a --limit run, --mem-report, --find-batch-size,
 # a memory plan) is re-run and compared (scripts/check-docs.sh says how a README marks them).
 check-docs: $(LESSON_BINS) $(EXTRA_BINS)
-	@bash data/fetch.sh mnist cifar10
+	@bash data/fetch.sh mnist cifar10 moby-dick
 	@bash scripts/check-docs.sh
 
 # The GPU check in two halves, for a GPU machine that builds nothing (scripts/gpu-check.sh says

@@ -252,29 +252,12 @@ TEST_CASE("GPT memory: predicted and measured training peaks within 3%, textbook
                 GPTConfig c = tiny_config(kind, 0.1f, recompute);
                 c.block_size = 64, c.n_embd = 32, c.n_head = 4, c.vocab_size = 20;
                 const int64_t B = 4;
-                auto model = make_gpt(c, 51);
+                auto model = make_gpt(c, 1);
                 model->train();
                 const MemoryPrediction p =
                     predict_memory(*model, MemoryModelOptions{Shape{B, T}, OptimizerKind::Adam, device, true,
                                                               DType::F32, {}, Shape{B, T}});
-                PoolAllocator& pool = pool_allocator(device);
-                pool.empty_cache();
-                const int64_t before = pool.stats().allocated;
-                int64_t measured = 0;
-                {
-                    auto m = make_gpt(c, 51);
-                    m->to(device);
-                    AdamW opt(m->parameters(), 1e-3f);
-                    const Tensor xd = random_ids(B, T, c.vocab_size, 52).to(device), yd = random_ids(B, T, c.vocab_size, 53).to(device);
-                    BumpAllocator arena("test arena", device, size_t(1) << 28);
-                    pool.empty_cache();
-                    const StepOptions step{&arena, 0.0f};
-                    REQUIRE(train_step(*m, opt, xd, yd, step).stepped);
-                    pool.reset_peak();
-                    arena.reset_peak();
-                    REQUIRE(train_step(*m, opt, xd, yd, step).stepped);
-                    measured = device_memory_stats(device).peak_allocated - before;
-                }
+                const int64_t measured = measure_gpt_step(c, B, T, device);
                 INFO(memory_prediction_table(p));
                 CHECK(double(p.allocator_peaks()) == Approx(double(measured)).epsilon(0.03));
             }

@@ -4,7 +4,7 @@
 //
 //   make lesson-14                                    # nanoGPT's "baby GPT", 2000 iterations
 //   make lesson-14 ARGS='--iters 50 --sample 200'     # a quick look
-//   make lesson-14 ARGS='--attention textbook --memory --iters 0'   # the memory table only
+//   make lesson-14 ARGS='--attention textbook --memory'   # the memory of a step, per module
 //
 // The recipe is nanoGPT's (train/gpt_recipe.h): AdamW (0.9, 0.99), weight decay 0.1 on the
 // weights, warm-up then cosine, clipping at 1.0; the batches are random windows of the first 90%
@@ -87,7 +87,7 @@ int main(int argc, char** argv) try {
     cli.add("--top-k", &o.top_k, "sample among the k likeliest characters (0: all)", Cli::at_least(0));
     cli.add("--prompt", &o.prompt, "the text the sample starts from");
     cli.add("--no-kv-cache", &o.no_kv_cache, "sample by running the whole context again for every character");
-    cli.add("--memory", &o.memory, "print chapter 08's predicted training step, per module");
+    cli.add("--memory", &o.memory, "print chapter 08's predicted training step, per module, and stop");
     cli.parse(argc, argv);
     Device device = flags.apply();
     for (const char* f : {"--batch-size", "--lr", "--seed", "--data", "--limit", "--amp", "--accumulate"}) flags.use(f);
@@ -109,7 +109,11 @@ int main(int argc, char** argv) try {
                 o.gpt.recompute ? ", recompute" : "", (long long)flags.batch_size, (long long)o.recipe.iters,
                 (long long)text.train.size(), flags.amp == DType::F32 ? "f32" : ("amp " + std::string(dtype_name(flags.amp))).c_str(),
                 device_name(device));
-    if (o.memory) print_memory(*model, flags, o, device);
+    if (o.memory) {  // chapter 08's table of the step, and stop
+        print_memory(*model, flags, o, device);
+        flags.check_used();
+        return 0;
+    }
 
     TextWindows batches(text.train, o.gpt.block_size, flags.batch_size, flags.seed, "the training split");
     BumpAllocator arena("step arena", device);

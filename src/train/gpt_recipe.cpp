@@ -4,8 +4,10 @@
 #include <algorithm>
 #include <cmath>
 
+#include "core/allocator.h"
 #include "data/text.h"
 #include "nn/layers.h"
+#include "train/loop.h"
 
 namespace kiln {
 
@@ -52,6 +54,31 @@ double gpt_eval_loss(GPT& model, const std::vector<int32_t>& tokens, int64_t blo
     }
     model.train(was_training);
     return total / double(windows);
+}
+
+int64_t measure_gpt_step(const GPTConfig& c, int64_t B, int64_t T, Device device) {
+    PoolAllocator& pool = pool_allocator(device);
+    pool.empty_cache();
+    const int64_t before = pool.stats().allocated;
+    auto model = make_gpt(c, 1);
+    model->to(device);
+    const GPTRecipe recipe;
+    auto opt = gpt_optimizer(*model, recipe);
+    Rng rng(2);
+    Tensor x = Tensor::empty({B, T}, DType::I32, Device::CPU, Category::Data), y = x.clone();
+    for (int64_t i = 0; i < B * T; i++) {
+        x.data<int32_t>()[i] = int32_t(rng.next_below(uint64_t(c.vocab_size)));
+        y.data<int32_t>()[i] = int32_t(rng.next_below(uint64_t(c.vocab_size)));
+    }
+    x = x.to(device), y = y.to(device);
+    BumpAllocator arena("measured step", device);
+    const StepOptions step{&arena, recipe.clip};
+    pool.empty_cache();
+    for (int i = 0; i < 2; i++) {
+        if (i == 1) pool.reset_peak(), arena.reset_peak();  // the steady step
+        KILN_CHECK(train_step(*model, *opt, x, y, step).stepped, "measure_gpt_step: the step was not taken");
+    }
+    return device_memory_stats(device).peak_allocated - before;
 }
 
 }  // namespace kiln

@@ -42,4 +42,11 @@ std::unique_ptr<AdamW> gpt_optimizer(GPT& model, const GPTRecipe& recipe);
 double gpt_eval_loss(GPT& model, const std::vector<int32_t>& tokens, int64_t block_size, int64_t batch,
                      int64_t max_windows, Device device);
 
+// One steady training step of the GPT of `c` (seed 1) on a batch of B random windows of T
+// tokens, on `device`, with a step arena and this recipe's AdamW — the second step, after one
+// that creates the optimizer's state — measured: the allocators' peaks added up
+// (device_memory_stats), less what was in use before the model was built. What chapter 08's
+// prediction (train/memory_model.h, MemoryPrediction::allocator_peaks) is checked against.
+int64_t measure_gpt_step(const GPTConfig& c, int64_t B, int64_t T, Device device);
+
 }  // namespace kiln
