@@ -41,7 +41,7 @@ Figures measure(Module& model, const Shape& input, int K) {
     Tensor x = Tensor::normal(input, 0, 1, rng);
     Tensor y = Tensor::empty({B}, DType::I32);
     for (int64_t i = 0; i < B; i++) y.data<int32_t>()[i] = int32_t(rng.next_below(10));
-    SGD sgd(model.parameters(), 0.01f, {0.9f, 0, 5e-4f, true});
+    SGD sgd(model.parameters(), 0.01f, SGD::Options{}.with_momentum(0.9f).with_weight_decay(5e-4f).with_nesterov());
     PoolAllocator& pool = pool_allocator(Device::CPU);
     const StepOptions options{nullptr, 0.0f, K};
     train_step(model, sgd, x, y, options);  // warm-up: the optimizer's state, the pool's blocks

@@ -112,8 +112,9 @@ struct ChapterModel {
     SGD::Options sgd;
 };
 static const std::vector<ChapterModel>& chapter_models() {
-    static const SGD::Options momentum{0.9f, 0, 0, false}, lenet_sgd{0.5f, 0, 0, false},
-        nesterov{0.9f, 0, 5e-4f, true};
+    static const SGD::Options momentum = SGD::Options{}.with_momentum(0.9f),
+                              lenet_sgd = SGD::Options{}.with_momentum(0.5f),
+                              nesterov = SGD::Options{}.with_momentum(0.9f).with_weight_decay(5e-4f).with_nesterov();
     static const std::vector<ChapterModel> models{
         {"mlp", [] { Rng r(1); return mlp(r); }, {64, 1, 28, 28}, 100, momentum},
         {"lenet", [] { Rng r(1); return lenet(r); }, {64, 1, 28, 28}, 40, lenet_sgd},

@@ -36,7 +36,8 @@ std::unique_ptr<Sequential> small_net(bool batch_norm) {
 }
 
 std::unique_ptr<Optimizer> make_optimizer(const std::string& kind, Module& m) {
-    if (kind == "sgd") return std::make_unique<SGD>(m.parameters(), 0.05f, SGD::Options{0.9f, 0.0f, 0.0f, true});
+    if (kind == "sgd") return std::make_unique<SGD>(m.parameters(), 0.05f,
+                                                    SGD::Options{}.with_momentum(0.9f).with_nesterov());
     return std::make_unique<Adam>(m.parameters(), 1e-3f);
 }
 

@@ -62,7 +62,7 @@ TEST_CASE("find_batch_size probes the trainer's step: micro-batches, arena or no
           "[batchsize][memory][cpu][lesson08]") {
     Rng rng(1);
     std::unique_ptr<Sequential> model = cifar_net(rng, {8, 16, 16}, true, /*recompute=*/true);
-    SGD sgd(model->parameters(), 0.1f, {0.9f, 0.0f, 0.0f, true});
+    SGD sgd(model->parameters(), 0.1f, SGD::Options{}.with_momentum(0.9f).with_nesterov());
     pool_allocator(Device::CPU).empty_cache();
     set_memory_limit(Device::CPU, device_memory_stats(Device::CPU).reserved + (8 << 20));
     const auto largest = [&](BatchProbeOptions o) { return find_batch_size(*model, {3, 32, 32}, Device::CPU, 4096, o); };
@@ -86,7 +86,7 @@ TEST_CASE("find_batch_size probes the trainer's step: micro-batches, arena or no
 TEST_CASE("find_batch_size counts the optimizer state the first step will make", "[batchsize][memory][cpu][lesson08]") {
     Rng rng(1);
     std::unique_ptr<Sequential> model = mlp(rng, 1024, 1024);  // 1.9 M parameters: 7.4 MiB of momentum
-    SGD momentum(model->parameters(), 0.1f, {0.9f, 0.0f, 0.0f, false});
+    SGD momentum(model->parameters(), 0.1f, SGD::Options{}.with_momentum(0.9f));
     pool_allocator(Device::CPU).empty_cache();
     set_memory_limit(Device::CPU, device_memory_stats(Device::CPU).reserved + (12 << 20));
     const BatchSearch with = find_batch_size(*model, {1, 28, 28}, Device::CPU, 4096, {true, 1, DType::F32, &momentum});

@@ -76,7 +76,7 @@ Shape shape_after(const std::vector<std::pair<std::string, Shape>>& shapes, cons
 StepResult one_step(Module& model, Rng& rng) {
     const Tensor x = Tensor::normal({2, 3, 32, 32}, 0.0f, 1.0f, rng);
     const Tensor y = tensor_of({2}, {0, 1}).to(DType::I32);
-    SGD sgd(model.parameters(), 0.01f, SGD::Options{0.9f, 0.0f, 5e-4f, true});
+    SGD sgd(model.parameters(), 0.01f, SGD::Options{}.with_momentum(0.9f).with_weight_decay(5e-4f).with_nesterov());
     return train_step(model, sgd, x, y, StepOptions{});
 }
 
@@ -229,7 +229,8 @@ TEST_CASE("ReLU6's memory figure is ReLU's, and the memory model predicts a ReLU
         Rng rng(2);
         const Tensor x = Tensor::uniform(input, -1.0f, 1.0f, rng, Device::CPU, Category::Data);
         const Tensor y = Tensor::zeros({8}, DType::I32, Device::CPU, Category::Data);
-        SGD sgd(model->parameters(), 0.01f, SGD::Options{0.9f, 0.0f, 5e-4f, true});
+        SGD sgd(model->parameters(), 0.01f,
+                SGD::Options{}.with_momentum(0.9f).with_weight_decay(5e-4f).with_nesterov());
         pool.empty_cache();
         REQUIRE(train_step(*model, sgd, x, y, StepOptions{}).stepped);  // the momentum buffers appear
         pool.reset_peak();
@@ -441,7 +442,8 @@ TEST_CASE("lesson 13: the capstone net trains on CUDA as on the CPU (groups, smo
         Rng rng(1);
         auto model = airbench_net(rng, &sample, true);
         model->to(device);
-        SGD sgd(airbench_groups(*model, 1.5f, 0.0019957f, 64.0f, true), {0.85f, 0, 0, true});
+        SGD sgd(airbench_groups(*model, 1.5f, 0.0019957f, 64.0f, true),
+                SGD::Options{}.with_momentum(0.85f).with_nesterov());
         Lookahead lookahead(*model);
         StepOptions step{nullptr, 0.0f};
         step.label_smoothing = 0.2f;

@@ -409,9 +409,12 @@ struct Trainee {
     }
     static std::unique_ptr<Optimizer> make_optimizer(Module& m, Opt which) {
         switch (which) {
-            case Opt::SGD: return std::make_unique<SGD>(m.parameters(), 0.05f, SGD::Options{0.9f, 0, 1e-3f, true});
+            case Opt::SGD:
+                return std::make_unique<SGD>(m.parameters(), 0.05f,
+                                             SGD::Options{}.with_momentum(0.9f).with_weight_decay(1e-3f).with_nesterov());
             case Opt::Adam:  // with AMSGrad: a third buffer to carry over
-                return std::make_unique<Adam>(m.parameters(), 1e-3f, Adam::Options{0.9f, 0.99f, 1e-8f, 0, true});
+                return std::make_unique<Adam>(m.parameters(), 1e-3f,
+                                              Adam::Options{}.with_betas(0.9f, 0.99f).with_amsgrad());
             case Opt::AdamW: return std::make_unique<AdamW>(m.parameters(), 1e-3f);
         }
         return nullptr;
@@ -744,7 +747,7 @@ TEST_CASE("saving a checkpoint copies nothing on the CPU", "[checkpoint][memory]
     TempDir dir;
     Rng rng(1);
     auto model = mlp(rng, 256, 256);
-    SGD sgd(model->parameters(), 0.1f, {0.9f, 0.0f, 0.0f, false});
+    SGD sgd(model->parameters(), 0.1f, SGD::Options{}.with_momentum(0.9f));
     TrainingRun run{*model, sgd, nullptr, nullptr, {}, nullptr};
     const int64_t params = model->num_parameters() * 4;
     reset_phase_peak(Device::CPU);
@@ -783,7 +786,7 @@ TEST_CASE("fuzz seeds: safetensors files", "[.][fuzz-seeds]") {
 
     Rng rng(1);
     auto model = mlp(rng, 2, 2);  // the smallest chapter model: 784 → 2 → 2 → 10
-    SGD sgd(model->parameters(), 0.1f, {0.9f, 0.0f, 0.0f, false});
+    SGD sgd(model->parameters(), 0.1f, SGD::Options{}.with_momentum(0.9f));
     ReduceLROnPlateau plateau(sgd, {});
     TrainingRun run{*model, sgd, nullptr, nullptr, {}, &plateau};
     run.schedule = record_schedule(sgd, nullptr, 3, 10);

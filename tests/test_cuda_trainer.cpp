@@ -44,7 +44,7 @@ std::vector<float> first_losses(Device device, int steps,
     Rng rng(1);
     std::unique_ptr<Sequential> model = build(rng);
     model->to(device);
-    SGD sgd(model->parameters(), 0.05f, {0.9f, 0.0f, 0.0f, false});
+    SGD sgd(model->parameters(), 0.05f, SGD::Options{}.with_momentum(0.9f));
     DataLoader loader(mnist_train(), {64, true, false, 1, {0.1307f}, {0.3081f}, device});
     BumpAllocator arena("test arena", device, size_t(64) << 20);
     std::vector<float> losses;

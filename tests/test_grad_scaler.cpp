@@ -432,7 +432,7 @@ namespace {
 struct ScaledRun {
     Rng rng{1};
     std::unique_ptr<Sequential> model = mlp(rng, 16, 8);
-    SGD sgd{model->parameters(), 0.05f, SGD::Options{0.9f, 0.0f, 0.0f, true}};
+    SGD sgd{model->parameters(), 0.05f, SGD::Options{}.with_momentum(0.9f).with_nesterov()};
     GradScaler scaler{GradScaler::Options{65536.0f, 2.0, 0.5, 2, true}};
     DataLoader loader{mnist_small(), loader_options()};
     int64_t batches = 0;  // in the whole run, skipped ones included

@@ -104,13 +104,13 @@ TEST_CASE("SGD follows PyTorch's update rule", "[optim][cpu][lesson02]") {
     // plain:     p = 1 − 0.1·0.5 = 0.95, then 0.90
     REQUIRE(run({}, 2) == Approx(0.90));
     // momentum 0.9: buf1 = 0.5, p1 = 0.95; buf2 = 0.9·0.5 + 0.5 = 0.95, p2 = 0.95 − 0.095 = 0.855
-    REQUIRE(run({0.9f, 0, 0, false}, 2) == Approx(0.855));
+    REQUIRE(run(SGD::Options{}.with_momentum(0.9f), 2) == Approx(0.855));
     // Nesterov: g1 = 0.5 + 0.9·0.5 = 0.95, p1 = 0.905; buf2 = 0.95, g2 = 0.5 + 0.855 = 1.355, p2 = 0.7695
-    REQUIRE(run({0.9f, 0, 0, true}, 2) == Approx(0.7695));
+    REQUIRE(run(SGD::Options{}.with_momentum(0.9f).with_nesterov(), 2) == Approx(0.7695));
     // weight decay 0.1: g = 0.5 + 0.1·1 = 0.6, p1 = 0.94
-    REQUIRE(run({0, 0, 0.1f, false}, 1) == Approx(0.94));
+    REQUIRE(run(SGD::Options{}.with_weight_decay(0.1f), 1) == Approx(0.94));
     // dampening 0.5: buf1 = 0.5 (first step undamped), buf2 = 0.9·0.5 + 0.5·0.5 = 0.7; p2 = 0.95 − 0.07
-    REQUIRE(run({0.9f, 0.5f, 0, false}, 2) == Approx(0.88));
+    REQUIRE(run(SGD::Options{}.with_momentum(0.9f).with_dampening(0.5f), 2) == Approx(0.88));
     Parameter q{"q", Tensor::zeros({1}), Tensor::zeros({1})};
-    REQUIRE_THROWS_WITH(SGD({&q}, 0.1f, {0, 0, 0, true}), Catch::Contains("Nesterov"));
+    REQUIRE_THROWS_WITH(SGD({&q}, 0.1f, SGD::Options{}.with_nesterov()), Catch::Contains("Nesterov"));
 }

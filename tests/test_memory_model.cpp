@@ -61,7 +61,8 @@ Measured measure_step(const std::function<std::unique_ptr<Module>(Rng&)>& build,
 }
 
 std::unique_ptr<Optimizer> sgd_momentum(Module& m) {
-    return std::make_unique<SGD>(m.parameters(), 0.01f, SGD::Options{0.9f, 0.0f, 5e-4f, true});
+    return std::make_unique<SGD>(m.parameters(), 0.01f,
+                                 SGD::Options{}.with_momentum(0.9f).with_weight_decay(5e-4f).with_nesterov());
 }
 
 std::unique_ptr<Optimizer> adam(Module& m) { return std::make_unique<Adam>(m.parameters(), 1e-3f); }

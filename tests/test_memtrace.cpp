@@ -59,7 +59,7 @@ struct OneStep {
     SGD sgd;
     MemoryTrace trace;
     explicit OneStep(Device device)
-        : model(tiny_mlp(device)), sgd(model->parameters(), 0.1f, SGD::Options{0.9f, 0.0f, 0.0f, false}) {
+        : model(tiny_mlp(device)), sgd(model->parameters(), 0.1f, SGD::Options{}.with_momentum(0.9f)) {
         Tensor x = Tensor::full({5, 8}, 0.5, DType::F32, device, Category::Data);
         Tensor y = Tensor::zeros({5}, DType::I32, device, Category::Data);
         MemoryRecorder recorder(*model);

@@ -241,7 +241,8 @@ TEST_CASE("optimizer state is one slab laid out like the parameters", "[module][
             if (!e.freed && e.category == Category::OptimizerState) allocations++;
         });
         std::unique_ptr<Optimizer> opt;
-        if (std::string(which) == "sgd") opt = std::make_unique<SGD>(net->parameters(), 0.1f, SGD::Options{0.9f});
+        if (std::string(which) == "sgd") opt = std::make_unique<SGD>(net->parameters(), 0.1f,
+                                                                     SGD::Options{}.with_momentum(0.9f));
         else opt = std::make_unique<Adam>(net->parameters(), 0.1f);
         opt->step();
         set_allocation_observer(nullptr);
@@ -270,8 +271,10 @@ TEST_CASE("a packed model trains to the same bits as an unpacked one", "[module]
     for (int which = 0; which < 2; which++) {
         auto plain = build(false), packed = build(true);
         auto make = [&](Module& m) -> std::unique_ptr<Optimizer> {
-            if (which == 0) return std::make_unique<SGD>(decay_groups(m, 0.1f, 0.01f), SGD::Options{0.9f, 0, 0, true});
-            return std::make_unique<AdamW>(decay_groups(m, 0.01f, 0.1f), Adam::Options{0.9f, 0.99f, 1e-8f, 0, true});
+            if (which == 0) return std::make_unique<SGD>(decay_groups(m, 0.1f, 0.01f),
+                                                         SGD::Options{}.with_momentum(0.9f).with_nesterov());
+            return std::make_unique<AdamW>(decay_groups(m, 0.01f, 0.1f),
+                                           Adam::Options{}.with_betas(0.9f, 0.99f).with_amsgrad());
         };
         auto a = make(*plain), b = make(*packed);
         for (int step = 0; step < 3; step++) {

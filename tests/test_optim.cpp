@@ -111,25 +111,27 @@ const std::vector<Reference>& references() {
           {0.480000019f, -1.02999997f, 1.70000005f, 0.150000006f, -0.787500024f},
           {0.475000024f, -0.99999994f, 1.68000007f, 0.25f, -0.787500024f}}},
         {"SGD momentum 0.9",
-         [](Params p) { return std::make_unique<SGD>(p, 0.1f, SGD::Options{0.9f, 0, 0, false}); },
+         [](Params p) { return std::make_unique<SGD>(p, 0.1f, SGD::Options{}.with_momentum(0.9f)); },
          {{0.49000001f, -0.980000019f, 1.70000005f, 0.25f, -0.800000012f},
           {0.451000005f, -1.00199997f, 1.43500006f, 0.25f, -0.819999993f},
           {0.435900003f, -1.03180003f, 1.19150007f, 0.150000006f, -0.850499988f},
           {0.417309999f, -1.02862f, 0.95235008f, 0.160000011f, -0.877950013f}}},
         {"SGD momentum 0.9, dampening 0.5",
-         [](Params p) { return std::make_unique<SGD>(p, 0.1f, SGD::Options{0.9f, 0.5f, 0, false}); },
+         [](Params p) { return std::make_unique<SGD>(p, 0.1f,
+                                                     SGD::Options{}.with_momentum(0.9f).with_dampening(0.5f)); },
          {{0.49000001f, -0.980000019f, 1.70000005f, 0.25f, -0.800000012f},
           {0.466000021f, -0.981999993f, 1.43250012f, 0.25f, -0.832500041f},
           {0.454400033f, -0.988799989f, 1.18925011f, 0.200000003f, -0.868000031f},
           {0.441460043f, -0.97991997f, 0.960325122f, 0.204999998f, -0.899950027f}}},
         {"SGD Nesterov 0.9",
-         [](Params p) { return std::make_unique<SGD>(p, 0.1f, SGD::Options{0.9f, 0, 0, true}); },
+         [](Params p) { return std::make_unique<SGD>(p, 0.1f, SGD::Options{}.with_momentum(0.9f).with_nesterov()); },
          {{0.481000006f, -0.962000012f, 1.43000007f, 0.25f, -0.845000029f},
           {0.415899992f, -1.02180004f, 1.19650006f, 0.25f, -0.838f},
           {0.422309995f, -1.0586201f, 0.972350121f, 0.0599999987f, -0.877950013f},
           {0.400579005f, -1.02575815f, 0.737115145f, 0.169f, -0.902655005f}}},
         {"SGD momentum 0.9, weight decay 0.1",
-         [](Params p) { return std::make_unique<SGD>(p, 0.1f, SGD::Options{0.9f, 0, 0.1f, false}); },
+         [](Params p) { return std::make_unique<SGD>(p, 0.1f,
+                                                     SGD::Options{}.with_momentum(0.9f).with_weight_decay(0.1f)); },
          {{0.484999985f, -0.969999969f, 1.67999995f, 0.247500002f, -0.792500019f},
           {0.436649978f, -0.97329998f, 1.38019991f, 0.242775008f, -0.797825038f},
           {0.408768475f, -0.976536989f, 1.09157789f, 0.136094749f, -0.807139277f},
@@ -366,7 +368,11 @@ TEST_CASE("clip_grad_norm on CUDA gradients equals the CPU's", "[optim][cuda]") 
 TEST_CASE("save_state then load_state into a fresh optimizer continues bit for bit", "[optim][cpu]") {
     struct Case { const char* name; Make make; };
     const std::vector<Case> cases = {
-        {"SGD Nesterov", [](Params p) { return std::make_unique<SGD>(p, 0.1f, SGD::Options{0.9f, 0, 1e-4f, true}); }},
+        {"SGD Nesterov",
+         [](Params p) {
+             return std::make_unique<SGD>(p, 0.1f,
+                                          SGD::Options{}.with_momentum(0.9f).with_weight_decay(1e-4f).with_nesterov());
+         }},
         {"Adam AMSGrad", [](Params p) { return std::make_unique<Adam>(p, 0.1f, adam_options(0.1f, true)); }},
         {"AdamW", [](Params p) { return std::make_unique<AdamW>(p, 0.1f); }},
     };
@@ -433,7 +439,7 @@ TEST_CASE("optimizer state: SGD momentum 1×, Adam 2×, AMSGrad 3× the weights"
         return pool.stats().in_use[int(Category::OptimizerState)];
     };
     REQUIRE(state_bytes([](Params p) { return std::make_unique<SGD>(p, 0.1f); }) == 0);
-    REQUIRE(state_bytes([](Params p) { return std::make_unique<SGD>(p, 0.1f, SGD::Options{0.9f, 0, 0, false}); }) ==
+    REQUIRE(state_bytes([](Params p) { return std::make_unique<SGD>(p, 0.1f, SGD::Options{}.with_momentum(0.9f)); }) ==
             1024);
     REQUIRE(state_bytes([](Params p) { return std::make_unique<Adam>(p, 0.1f); }) == 2048);
     REQUIRE(state_bytes([](Params p) { return std::make_unique<AdamW>(p, 0.1f, adam_options(0.01f, true)); }) ==

@@ -115,7 +115,8 @@ TEST_CASE("pruning again prunes the amount of what is left", "[lesson10][prune][
 TEST_CASE("pruned entries get no gradient and stay pruned while training", "[lesson10][prune][cpu]") {
     auto fc_owner = linear_with({3, -1, 2, -5, 0.5f, 4});
     Linear& fc = *fc_owner;
-    SGD sgd(fc.parameters(), 0.1f, SGD::Options{0.9f, 0.0f, 0.01f, false});  // built before pruning
+    SGD sgd(fc.parameters(), 0.1f,
+            SGD::Options{}.with_momentum(0.9f).with_weight_decay(0.01f));  // built before pruning
     prune::l1_unstructured(fc, "weight", 2);
     const Tensor x = tensor_of({2, 3}, {1, 2, 3, -1, 0, 2});
     for (int step = 0; step < 3; step++) {
@@ -287,7 +288,7 @@ TEST_CASE("masks survive a checkpoint exactly, and training resumes exactly", "[
     Rng data(9);
     const Tensor x = Tensor::normal({4, 1, 28, 28}, 0.0f, 1.0f, data);
     const Tensor labels = Tensor::arange(4, DType::I32);
-    const SGD::Options momentum{0.9f, 0.0f, 5e-4f, true};
+    const SGD::Options momentum = SGD::Options{}.with_momentum(0.9f).with_weight_decay(5e-4f).with_nesterov();
     auto pruned_lenet = [](uint64_t seed) {
         Rng rng(seed);
         return lenet(rng);
@@ -346,7 +347,7 @@ TEST_CASE("pruning rounds are saved after each round and resumed exactly", "[les
         explicit Run(const ImageSet& set) : loader(set, sixteen()) {}
         Rng rng{2};
         std::unique_ptr<Sequential> model = mlp(rng, 16, 8);
-        SGD sgd{model->parameters(), 0.05f, {0.9f, 0.0f, 0.0f, false}};
+        SGD sgd{model->parameters(), 0.05f, SGD::Options{}.with_momentum(0.9f)};
         DataLoader loader;
         PruneRounds rounds{2, 0.75, 1, false};
         // Round k: prune the whole net to its sparsity, then an epoch of fine-tuning.

@@ -28,7 +28,7 @@ constexpr double kPi = 3.14159265358979323846;
 // One parameter, lr 0.1: the optimizer every case schedules.
 struct Tiny {
     Parameter p{"p", Tensor::zeros({1}), Tensor::zeros({1})};
-    SGD sgd{{&p}, 0.1f, SGD::Options{0.9f, 0.0f, 0.0f, false}};
+    SGD sgd{{&p}, 0.1f, SGD::Options{}.with_momentum(0.9f)};
 };
 
 // The lr seen by each of the first n steps (before step() is called), as PyTorch's loop above.

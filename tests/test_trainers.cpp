@@ -69,7 +69,7 @@ TEST_CASE("lesson 01: softmax regression's first losses", "[trainer][cpu][lesson
 TEST_CASE("lesson 02: the MLP's first losses", "[trainer][cpu][lesson02]") {
     Rng rng(1);
     auto model = mlp(rng);
-    SGD sgd(model->parameters(), 0.05f, {0.9f, 0, 0, false});
+    SGD sgd(model->parameters(), 0.05f, SGD::Options{}.with_momentum(0.9f));
     std::vector<float> losses = first_losses(*model, sgd, 8);
     REQUIRE(losses[0] == Approx(2.3).margin(0.3));
     require_close(losses, {2.2945447f, 2.2717242f, 2.2194564f, 2.1812530f, 2.1248631f, 2.0507360f, 1.9411154f,
@@ -79,7 +79,7 @@ TEST_CASE("lesson 02: the MLP's first losses", "[trainer][cpu][lesson02]") {
 TEST_CASE("lesson 03: LeNet's first losses", "[trainer][cpu][lesson03]") {
     Rng rng(1);
     auto model = lenet(rng);
-    SGD sgd(model->parameters(), 0.05f, {0.9f, 0, 0, false});
+    SGD sgd(model->parameters(), 0.05f, SGD::Options{}.with_momentum(0.9f));
     std::vector<float> losses = first_losses(*model, sgd, 8);
     REQUIRE(losses[0] == Approx(2.3).margin(0.3));
     require_close(losses, {2.3207517f, 2.3127384f, 2.2790847f, 2.2677021f, 2.2497561f, 2.2564533f, 2.2135735f,
@@ -96,7 +96,8 @@ TEST_CASE("lesson 06: the CIFAR net's first losses, with and without batch norm"
     auto losses_of = [&](bool batch_norm) {
         Rng rng(1);
         auto model = cifar_net(rng, {32, 64, 128}, batch_norm);
-        SGD sgd(model->parameters(), 0.05f, {0.9f, 0, 5e-4f, true});
+        SGD sgd(model->parameters(), 0.05f,
+                SGD::Options{}.with_momentum(0.9f).with_weight_decay(5e-4f).with_nesterov());
         BumpAllocator arena("test arena", Device::CPU, size_t(256) << 20);
         std::vector<float> losses;
         for (int step = 0; step < 5; step++) losses.push_back(train_step(*model, sgd, x, y, {&arena, 0.0f}).loss);
@@ -118,7 +119,8 @@ TEST_CASE("lesson 13: the capstone net's first losses (whitened, identity-starte
     for (int64_t i = 0; i < 32; i++) y.data<int32_t>()[i] = int32_t(data.next_below(10));
     Rng rng(1);
     auto model = airbench_net(rng, &sample, true);
-    SGD sgd(airbench_groups(*model, 1.5f, 0.0019957f, 64.0f, true), {0.85f, 0, 0, true});
+    SGD sgd(airbench_groups(*model, 1.5f, 0.0019957f, 64.0f, true),
+            SGD::Options{}.with_momentum(0.85f).with_nesterov());
     REQUIRE(sgd.param_groups().size() == 3);
     REQUIRE(sgd.param_groups()[0].params.size() == 6);   // the six batch norms' β
     REQUIRE(sgd.param_groups()[1].params.size() == 1);   // the stem's bias
@@ -151,7 +153,7 @@ TEST_CASE("lesson 02: a short run's loss falls", "[trainer][cpu][lesson02]") {
     DataLoader loader(small, {64, true, false, 1, {0.1307f}, {0.3081f}, Device::CPU});
     Rng rng(1);
     auto model = mlp(rng, 128, 64);
-    SGD sgd(model->parameters(), 0.05f, {0.9f, 0, 0, false});
+    SGD sgd(model->parameters(), 0.05f, SGD::Options{}.with_momentum(0.9f));
     BumpAllocator arena("test arena", Device::CPU, size_t(16) << 20);
     TrainOptions opt{3, nullptr, false, &arena, 0.0f, "", ""};
     EpochResult first = train_epoch(*model, sgd, loader, 0, opt);
@@ -211,7 +213,7 @@ TEST_CASE("fit: --save after each epoch, --resume continues exactly", "[trainer]
     struct Run {
         Rng rng{1};
         std::unique_ptr<Sequential> model = mlp(rng, 32, 16);
-        SGD sgd{decay_groups(*model, 0.05f, 1e-3f), SGD::Options{0.9f, 0.0f, 0.0f, true}};
+        SGD sgd{decay_groups(*model, 0.05f, 1e-3f), SGD::Options{}.with_momentum(0.9f).with_nesterov()};
         OneCycleLR schedule{sgd, 0.1, 3 * 10};
     };
     auto fit_epochs = [&](Run& r, int epochs, const std::string& save, const std::string& resume) {
@@ -292,7 +294,7 @@ TEST_CASE("evaluate_with_mirror: each image's logits plus its mirror image's", "
 TEST_CASE("--mem-limit below what the model alone takes says so and what the minimum is", "[trainer][memory][cpu][lesson08]") {
     Rng rng(1);
     std::unique_ptr<Sequential> model = lenet(rng);
-    SGD sgd(model->parameters(), 0.05f, {0.9f, 0.0f, 0.0f, false});
+    SGD sgd(model->parameters(), 0.05f, SGD::Options{}.with_momentum(0.9f));
     CommonFlags flags;
     flags.mem_limit = "64KiB";  // LeNet's 21,840 parameters are 85 KiB; with grads and momentum, 3 times that
     REQUIRE(flags.apply() == Device::CPU);
@@ -325,7 +327,8 @@ TEST_CASE("lesson 08: recomputation, 4 micro-batches and a 4 MiB workspace halve
         Rng rng(1);
         std::unique_ptr<Sequential> model = cifar_net(rng, {32, 64, 128}, true, /*recompute=*/lesson08);
         if (lesson08) set_conv_workspace_limit(*model, 4 << 20);
-        SGD sgd(model->parameters(), 0.05f, {0.9f, 0.0f, 5e-4f, true});
+        SGD sgd(model->parameters(), 0.05f,
+                SGD::Options{}.with_momentum(0.9f).with_weight_decay(5e-4f).with_nesterov());
         BumpAllocator arena("test arena", Device::CPU);
         reset_phase_peak(Device::CPU);
         const StepResult r = train_step(*model, sgd, x, y, StepOptions{lesson08 ? nullptr : &arena, 0.0f, lesson08 ? 4 : 1});

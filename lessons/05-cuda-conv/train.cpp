@@ -48,7 +48,7 @@ int main(int argc, char** argv) try {
     Rng rng(flags.seed);
     std::unique_ptr<Sequential> model = lenet(rng);
     model->to(device);
-    SGD sgd(model->parameters(), flags.lr, {momentum, 0.0f, 0.0f, false});
+    SGD sgd(model->parameters(), flags.lr, SGD::Options{}.with_momentum(momentum));
     flags.apply_memory_limit(device);  // --mem-limit, now that the model and its optimizer exist
     // --find-batch-size or --time-report N: measure, print, stop (train/fit.h)
     if (only_measure(*model, sgd, mnist.train, flags, &arena)) return 0;

@@ -43,7 +43,8 @@ struct Flags {
 // The optimizer, its weight decay on the weights only: biases and batch norm's γ, β get none.
 std::unique_ptr<Optimizer> make_optimizer(const Flags& f, Module& model) {
     std::vector<ParamGroup> groups = decay_groups(model, f.common.lr, f.weight_decay);
-    if (f.optimizer == "sgd") return std::make_unique<SGD>(groups, SGD::Options{f.momentum, 0.0f, 0.0f, true});
+    if (f.optimizer == "sgd") return std::make_unique<SGD>(groups,
+                                                           SGD::Options{}.with_momentum(f.momentum).with_nesterov());
     if (f.optimizer == "adam") return std::make_unique<Adam>(groups, Adam::Options{});
     if (f.optimizer == "adamw") return std::make_unique<AdamW>(groups, Adam::Options{});  // the decay: in groups
     KILN_FAIL("lesson-07: unknown --optimizer \"", f.optimizer, "\"; use sgd, adam or adamw");

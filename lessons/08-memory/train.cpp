@@ -57,7 +57,8 @@ int main(int argc, char** argv) try {
     Sequential& model = *net;
     if (!plain) set_conv_workspace_limit(model, parse_bytes(workspace));
     model.to(device);
-    SGD sgd(model.parameters(), flags.lr, {0.9f, 0.0f, weight_decay, true});
+    SGD sgd(model.parameters(), flags.lr,
+            SGD::Options{}.with_momentum(0.9f).with_weight_decay(weight_decay).with_nesterov());
     flags.apply_memory_limit(device);  // --mem-limit, now that the model and its optimizer exist
     // --find-batch-size or --time-report N: measure, print, stop (train/fit.h)
     if (only_measure(model, sgd, cifar.train, flags, arena ? &*arena : nullptr)) return 0;

@@ -209,7 +209,7 @@ int run_mnist(const std::string& which, CommonFlags& flags, PruneRounds rounds) 
     std::unique_ptr<Sequential> net = which == "lenet" ? lenet(rng) : mlp(rng, 300, 100);
     Sequential& model = *net;
     model.to(device);
-    SGD sgd(model.parameters(), flags.lr, {0.9f, 0.0f, 0.0f, false});
+    SGD sgd(model.parameters(), flags.lr, SGD::Options{}.with_momentum(0.9f));
     flags.apply_memory_limit(device);  // --mem-limit, now that the model and its optimizer exist
     if (only_measure(model, sgd, mnist.train, flags, &arena)) return 0;  // --find-batch-size, --time-report
     if (!resume_rounds(flags, model, sgd, mnist.train, rounds)) {
@@ -300,7 +300,8 @@ int run_cifar(CommonFlags& flags, const std::string& from, float fraction, int f
     Sequential& model = *net;
     model.to(device);
     flags.apply_memory_limit(device);  // --mem-limit, now that the model exists (its optimizer's state comes under it)
-    const SGD::Options nesterov{0.9f, 0.0f, 5e-4f, true};  // chapter 06's optimizer
+    // chapter 06's optimizer
+    const SGD::Options nesterov = SGD::Options{}.with_momentum(0.9f).with_weight_decay(5e-4f).with_nesterov();
     if (from.empty()) {
         std::printf("lesson-10: chapter 06's CIFAR net, trained here first (%d epochs; --from a lesson-06 "
                     "checkpoint skips this)\n", flags.epochs);
@@ -357,7 +358,8 @@ int run_mobilenet(CommonFlags& flags, const std::string& from, float width, Prun
     flags.apply_memory_limit(device);  // --mem-limit, now that the model exists (its optimizer's state comes under it)
     load_model(read_safetensors(from), model);
     flags.use("--lr");
-    SGD sgd(decay_groups(model, flags.lr, 5e-4f), SGD::Options{0.9f, 0.0f, 0.0f, true});  // lesson-13-mobilenet's
+    SGD sgd(decay_groups(model, flags.lr, 5e-4f),
+            SGD::Options{}.with_momentum(0.9f).with_nesterov());  // lesson-13-mobilenet's
     if (!resume_rounds(flags, model, sgd, cifar.train, rounds)) {
         KILN_USAGE_CHECK(flags.resume.empty(), "--resume ", flags.resume, " is not a pruned.safetensors of lesson-10's "
                          "rounds: with --model mobilenet, --resume continues the rounds, and --from gives the dense net");

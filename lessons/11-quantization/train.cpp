@@ -144,7 +144,9 @@ int run(CommonFlags& flags, const Options& o) {
     if (o.from.empty()) {
         std::printf("lesson-11: %s trained here first (%d epochs; --from a checkpoint skips this)\n",
                     cifar ? "chapter 06's CIFAR net" : "LeNet", flags.epochs);
-        SGD sgd(model.parameters(), flags.lr, cifar ? SGD::Options{0.9f, 0.0f, 5e-4f, true} : SGD::Options{0.9f, 0.0f, 0.0f, false});
+        SGD sgd(model.parameters(), flags.lr,
+                cifar ? SGD::Options{}.with_momentum(0.9f).with_weight_decay(5e-4f).with_nesterov()
+                      : SGD::Options{}.with_momentum(0.9f));
         if (only_measure(model, sgd, train, flags, &arena)) return 0;  // --find-batch-size, --time-report
         fit(model, sgd, train, test, flags, &arena);
     } else {
@@ -190,7 +192,8 @@ int run(CommonFlags& flags, const Options& o) {
     double final_acc = ptq.acc;
     if (o.qat_epochs > 0) {
         QuantAwareTraining qat(model, q, config);
-        SGD sgd(model.parameters(), o.qat_lr, SGD::Options{0.9f, 0.0f, cifar ? 5e-4f : 0.0f, cifar});
+        SGD sgd(model.parameters(), o.qat_lr,
+                SGD::Options{}.with_momentum(0.9f).with_weight_decay(cifar ? 5e-4f : 0.0f).with_nesterov(cifar));
         TrainOptions opt;
         opt.epochs = o.qat_epochs;
         opt.arena = &arena;

@@ -213,7 +213,7 @@ int run(int argc, char** argv, MpiCommunicator& mpi) {
     // whole on every rank, or sharded (ZeRO-1).
     const float wd = f.model == "cifar" ? 5e-4f : 0.0f;
     flags.use("--lr");
-    const SGD::Options sgd_options{0.9f, 0.0f, 0.0f, false};
+    const SGD::Options sgd_options = SGD::Options{}.with_momentum(0.9f);
     auto make_sgd = [&](std::vector<ParamGroup> groups) -> std::unique_ptr<Optimizer> {
         return std::make_unique<SGD>(std::move(groups), sgd_options);
     };

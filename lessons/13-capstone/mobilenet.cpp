@@ -53,7 +53,7 @@ int main(int argc, char** argv) try {
     Rng rng(flags.seed);
     std::unique_ptr<Sequential> model = mobilenet_v2(rng, 10, width);
     model->to(device);
-    SGD sgd(decay_groups(*model, flags.lr, weight_decay), SGD::Options{0.9f, 0.0f, 0.0f, true});
+    SGD sgd(decay_groups(*model, flags.lr, weight_decay), SGD::Options{}.with_momentum(0.9f).with_nesterov());
     flags.apply_memory_limit(device);
     if (only_measure(*model, sgd, cifar.train, flags, &arena)) return 0;  // --find-batch-size, --time-report
     OneCycleLR schedule(sgd, flags.lr, int64_t(flags.epochs) * cifar.train.num_batches());

@@ -108,7 +108,7 @@ int main(int argc, char** argv) try {
         Rng rng(1);
         std::unique_ptr<Sequential> net = resnet50(rng, f.classes, recompute);
         net->pack();
-        SGD sgd(net->parameters(), 0.1f, {0.9f, 0.0f, 5e-4f, true});
+        SGD sgd(net->parameters(), 0.1f, SGD::Options{}.with_momentum(0.9f).with_weight_decay(5e-4f).with_nesterov());
         const bool arena = !recompute;
         for (int64_t n : batches) {
             for (DType amp : {DType::F32, DType::BF16}) {

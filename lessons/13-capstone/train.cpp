@@ -161,7 +161,7 @@ int main(int argc, char** argv) try {
     }
     net->to(device);  // initialized on the CPU (whitening_init, dirac_init), then moved
     SGD sgd(airbench_groups(*net, flags.lr, f.weight_decay, f.bias_scale, !f.no_whitening),
-            SGD::Options{f.momentum, 0.0f, 0.0f, true});
+            SGD::Options{}.with_momentum(f.momentum).with_nesterov());
     // lr: 0.2 → 1 of the peak over the first 23% of the steps, then down to 0.07 at the last.
     const int64_t steps = int64_t(flags.epochs) * train.num_batches(), up = std::max<int64_t>(1, steps * 23 / 100);
     LinearLR warm(sgd, 0.2, 1.0, up), down(sgd, 1.0, 0.07, std::max<int64_t>(1, steps - up));

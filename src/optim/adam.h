@@ -33,9 +33,16 @@ namespace kiln {
 // gradients are barely decayed; AdamW shrinks every weight by the same factor 1 − lr·wd.
 class Adam : public Optimizer {
 public:
+    // Named, PyTorch's keywords: Adam::Options{}.with_betas(0.9f, 0.99f).with_amsgrad(); a field
+    // left out keeps PyTorch's default. Not an aggregate: positional braces do not compile.
     struct Options {
+        Options() {}
         float beta1 = 0.9f, beta2 = 0.999f, eps = 1e-8f, weight_decay = 0.0f;
         bool amsgrad = false;
+        Options& with_betas(float b1, float b2) { return beta1 = b1, beta2 = b2, *this; }
+        Options& with_eps(float e) { return eps = e, *this; }
+        Options& with_weight_decay(float wd) { return weight_decay = wd, *this; }
+        Options& with_amsgrad(bool on = true) { return amsgrad = on, *this; }
     };
     Adam(std::vector<Parameter*> params, float lr, Options options);
     Adam(std::vector<Parameter*> params, float lr) : Adam(std::move(params), lr, Options{}) {}

@@ -85,9 +85,16 @@ std::vector<Tensor> state_slab(const Optimizer& optimizer);
 // state_slab), else none. step() updates each group in one sgd_update call (ops/optim.h).
 class SGD : public Optimizer {
 public:
+    // Named, PyTorch's keywords: SGD::Options{}.with_momentum(0.9f).with_nesterov(); a field
+    // left out keeps PyTorch's default. Not an aggregate: positional braces do not compile.
     struct Options {
+        Options() {}
         float momentum = 0.0f, dampening = 0.0f, weight_decay = 0.0f;
         bool nesterov = false;
+        Options& with_momentum(float m) { return momentum = m, *this; }
+        Options& with_dampening(float d) { return dampening = d, *this; }
+        Options& with_weight_decay(float wd) { return weight_decay = wd, *this; }
+        Options& with_nesterov(bool on = true) { return nesterov = on, *this; }
     };
     SGD(std::vector<Parameter*> params, float lr, Options options);
     SGD(std::vector<Parameter*> params, float lr) : SGD(std::move(params), lr, Options{}) {}

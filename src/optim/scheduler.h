@@ -5,7 +5,7 @@
 // trainer's choice: OneCycleLR is stepped after every batch, the others usually after every
 // epoch. As in PyTorch, call step() after optimizer.step().
 //
-//   SGD sgd(model.parameters(), 0.1f, {0.9f, 0.0f, 5e-4f, true});
+//   SGD sgd(model.parameters(), 0.1f, SGD::Options{}.with_momentum(0.9f).with_weight_decay(5e-4f).with_nesterov());
 //   OneCycleLR sched(sgd, 0.1, epochs * loader.num_batches());
 //   for each batch: forward, backward, sgd.step(), sched.step();
 //

@@ -3,7 +3,7 @@
 //
 //   Tensor sample = ...;                                   // 5000 training images, normalized
 //   auto net = airbench_net(rng, &sample, true);           // whitened stem, identity-started convs
-//   SGD sgd(airbench_groups(*net, 1.5f, 0.0019957f, 64.0f, true), {0.85f, 0, 0, true});
+//   SGD sgd(airbench_groups(*net, 1.5f, 0.0019957f, 64.0f, true), SGD::Options{}.with_momentum(0.85f).with_nesterov());
 #pragma once
 #include <memory>
 #include <vector>
