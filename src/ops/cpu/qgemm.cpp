@@ -182,8 +182,12 @@ KILN_TARGET_AVX2 void pack_u8_by_k_avx2(const void* src, int64_t ld, int64_t lin
     for (int64_t g = 0; g < whole; ++g, P += L * 4) {
         const uint8_t* x = X + g * 4 * ld;
         if constexpr (L == 32) {
-            const auto row = [&](int q) { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x + q * ld)); };
-            const __m256i a = row(0), b = row(1), c = row(2), d = row(3);
+            // (loads written out: a lambda would not get this function's AVX2 target, and below -O2
+            // g++ fails to inline the intrinsic into it)
+            const __m256i a = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x)),
+                          b = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x + ld)),
+                          c = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x + 2 * ld)),
+                          d = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x + 3 * ld));
             const __m256i ab_lo = _mm256_unpacklo_epi8(a, b), ab_hi = _mm256_unpackhi_epi8(a, b);
             const __m256i cd_lo = _mm256_unpacklo_epi8(c, d), cd_hi = _mm256_unpackhi_epi8(c, d);
             // columns 0–3 | 16–19, 4–7 | 20–23, 8–11 | 24–27, 12–15 | 28–31
