@@ -116,12 +116,22 @@ void DataLoader::reseed(uint64_t seed) {
 
 // Images order_[start .. start+count) as one batch: Normalize, then the transforms.
 Batch DataLoader::make_batch(int64_t start, int64_t count, bool parallel) const {
-    int64_t C = set_.c, HW = set_.h * set_.w;
-    ImageShape o = out_shape_;
-    Tensor x = Tensor::empty({count, o.c, o.h, o.w}, DType::F32, Device::CPU, Category::Data);
-    Tensor y = Tensor::empty({count}, DType::I32, Device::CPU, Category::Data);
-    float* xp = x.data<float>();
-    int32_t* yp = y.data<int32_t>();
+    Batch batch = empty_batch(count);
+    fill_batch(batch, start, parallel);
+    return batch;
+}
+
+Batch DataLoader::empty_batch(int64_t count) const {
+    const ImageShape o = out_shape_;
+    return {Tensor::empty({count, o.c, o.h, o.w}, DType::F32, Device::CPU, Category::Data),
+            Tensor::empty({count}, DType::I32, Device::CPU, Category::Data)};
+}
+
+void DataLoader::fill_batch(Batch& batch, int64_t start, bool parallel) const {
+    const int64_t C = set_.c, HW = set_.h * set_.w, count = batch.size();
+    const ImageShape o = out_shape_;
+    float* xp = batch.x.data<float>();
+    int32_t* yp = batch.y.data<int32_t>();
     // Normalize: x = (pixel / 255 − mean[c]) / std[c]  =  pixel · a[c] + b[c]
     std::vector<float> a(size_t(C), 1.0f / 255.0f), b(size_t(C), 0.0f);
     for (int64_t c = 0; c < C && !opt_.mean.empty(); c++) {
@@ -157,7 +167,6 @@ Batch DataLoader::make_batch(int64_t start, int64_t count, bool parallel) const 
             yp[i] = set_.labels[size_t(src)];
         }
     });
-    return {x, y};
 }
 
 bool DataLoader::next(Batch& batch) {
@@ -176,7 +185,17 @@ bool DataLoader::next(Batch& batch) {
     if (int64_t nb = count_at(pos_); opt_.prefetch && nb > 0) {  // start on the next batch now
         pending_start_ = pos_;
         if (!prefetcher_) prefetcher_ = std::make_unique<Prefetcher>();
-        pending_ = prefetcher_->submit([this, start = pos_, nb] { return make_batch(start, nb, false); });
+        // The next batch's memory is taken here, from the pool as the thread would take it, and
+        // the thread only fills it: so the batch is in use from now on, whether the thread is
+        // quick or slow, and a step's peak in use is the same in every run.
+        Batch ahead = [&] {
+            AllocatorScope pool(pool_allocator(Device::CPU));
+            return empty_batch(nb);
+        }();
+        pending_ = prefetcher_->submit([this, start = pos_, ahead]() mutable {
+            fill_batch(ahead, start, false);
+            return ahead;
+        });
     }
     if (opt_.device != Device::CUDA) {
         batch = host;

@@ -14,7 +14,8 @@
 // and the position, so a run can be repeated exactly (and resumed: position(), seek()).
 //
 // With prefetch on (the default) the loader prepares the next batch on a background thread
-// while the current one trains.
+// while the current one trains. Its memory (Category::Data, from the CPU pool) is taken when the
+// current batch is handed out, so a step's memory in use does not depend on the thread's pace.
 #pragma once
 #include <future>
 #include <memory>
@@ -75,6 +76,8 @@ public:
 
 private:
     Batch make_batch(int64_t start, int64_t count, bool parallel) const;  // on the CPU
+    Batch empty_batch(int64_t count) const;                                 // its tensors, not yet filled
+    void fill_batch(Batch& batch, int64_t start, bool parallel) const;      // images start, start + 1, ...
     void drop_prefetch();
 
     const ImageSet& set_;
