@@ -319,9 +319,9 @@ void depthwise_backward_weight(const T* x, const T* dy, T* dw, const Conv2dParam
 // shortcut. There, consecutive output rows read consecutive input rows of the same length, so
 // the valid rows op_lo .. op_hi−1 of one (c, kh, kw) are a single run of x shifted by a constant:
 //   col_row[op·Q + q] = x_c[(op + off_h)·W + q + off_w]   for every valid (op, q)
-// One long copy fills them (instead of one copy of 3 to 31 floats per output row: measured 3×
-// faster on 31×31 planes, 1.7× on 7×7); the columns over the left and right padding, which the
-// copy filled with the neighbouring row's ends, are zeroed after it.
+// One long copy fills them (instead of one short copy of 3 to 31 floats per output row, each
+// paying a call's set-up); the columns over the left and right padding, which the copy filled
+// with the neighbouring row's ends, are zeroed after it.
 
 // Where the run of one (kh, kw) starts and how long it is: from (op_lo, q_lo) to (op_hi−1, q_hi−1)
 // in the col row, and from the input position they read. Only for stride 1 with Q == W.

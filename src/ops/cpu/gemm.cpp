@@ -116,25 +116,21 @@ constexpr int MR = kTileRows;
 // MC: the packed A block (MC×KC floats, 240 KiB) stays in the 1 MiB L2 while the B
 //     micro-panels stream past it.
 // NC: the packed B block (KC×NC floats, up to 4 MiB) stays in L3.
-// (Measured on a Zen 5 with AVX-512: KC from 128 to 384 and MC from 240 to 480 are all
-// within a few percent; the shape of the micro-tile matters more.)
+// The blocks are not sharp optima: the shape of the micro-tile matters more than KC and MC.
 constexpr int64_t KC_MAX = 256;
 constexpr int64_t MC_MAX = 240;
 constexpr int64_t NC_MAX = 4096;
 // Below this many flops (2·M·N·K) the product runs on one thread: a 128³ product takes ~30 µs
 // on one core; waking the pool's workers costs ~5 µs, more on a busy machine.
 constexpr double PARALLEL_MIN_FLOPS = 2.0 * 128 * 128 * 128;
-// The least work of one rectangle of C on the pool (rectangles_for, gemm_blocks.h). Measured on
-// a 2-core Zen 4 (medians of 6 paired runs): the MLP's products (64×512×784, 256×256×784 and
-// their weight gradients) ran 9–13% faster as 2 rectangles than as 8; 1024³ and 64×4096×576,
-// which keep 8, were as fast either way idle, and faster as 8 with the other core busy.
+// The least work of one rectangle of C on the pool (rectangles_for, gemm_blocks.h): a small
+// product cut into many rectangles pays more in packing and waking threads than it gains, while a
+// large one cut finely balances better when a core is busy with something else.
 constexpr double RECTANGLE_MIN_FLOPS = 2.0 * 256 * 256 * 256;
 
 // The most floats op(A) and op(B) of a product may hold together to be read in place ("Small
-// products"): 2 MiB. Measured on one Zen 4 core, in place against packed (medians of 5 runs in
-// turns): LeNet's conv products 6×576×25 1.78× and 16×64×150 1.54×, 64³ 1.17×, 128³ 1.05×, the
-// MLP's 64×512×784 1.12×, 256³ 1.03×, 512³ (2^19 floats) even; beyond, packing won (two runs each):
-// 640³ 0.92×, 64×2048×576 0.94×, 1024³ 0.87×, 64×4096×576 0.85× (B's rows 16 KiB apart, a page each).
+// products"): 2 MiB. Below it the operands stay in cache and packing them is pure overhead (most
+// for the small conv products of LeNet); above it packing wins, as B's rows lie pages apart.
 constexpr int64_t IN_PLACE_MAX_FLOATS = int64_t(1) << 19;
 
 // ---- Workspace: the packing buffers ---------------------------------------------------------
@@ -283,10 +279,7 @@ void pack_b_panels(bool trans_b, const T* B, int64_t ldb, int64_t k0, int64_t kc
 // cache before the micro-kernel's store reads them, and each would be a wait for memory. Asking
 // for them before the micro-kernel runs hides that wait behind its ~kc·12 FMAs.
 // Both prefetchers in this file are forced inline: GCC sees a function that does nothing but
-// prefetch as one without effects ("looping const") and deletes every call to it at -O2. Until
-// that was found, neither ran. Measured with both on a Zen 3 with AVX2, 2 threads, medians of 3
-// runs: the 1024³ product went from 108 to 128 GFLOP/s, the 64×4096×576 one from 69 to 96 (with
-// pack_b_panels' prefetch alone: 104 and 85).
+// prefetch as one without effects ("looping const") and deletes every call to it at -O2.
 [[gnu::always_inline]] inline void prefetch_tile(const float* C, int64_t ldc, int64_t mr, int64_t nr) {
     for (int64_t i = 0; i < mr; ++i) {
         __builtin_prefetch(C + i * ldc, 1);           // 1: for writing
