@@ -5,8 +5,7 @@
 // waits until every thread of the team has arrived. On a machine where another program is busy
 // on one core, one of kiln's two threads shares that core and is off it for a whole time slice
 // (milliseconds) now and then; every loop that starts while it is off waits for it, and a
-// training step runs a few hundred loops. Measured on 2 cores shared with about ten other
-// processes: LeNet trained at 324-418 img/s with OpenMP loops, 2,519-3,500 with parallel_for.
+// training step runs a few hundred loops, so the step slows by far more than the core's share.
 //
 // parallel_for(n, grain, body) instead cuts [0, n) into chunks and puts them up for grabs:
 // the calling thread takes chunks one at a time, and so does every worker that is awake. A

@@ -68,24 +68,14 @@
 // the calling thread. The result cannot depend on the thread count: every element is the same
 // integer sum.
 //
-// ---- Measured ----------------------------------------------------------------------------------
-// AMD EPYC (Zen 3: AVX2, no VNNI), 2 threads, bench/bench_qgemm.cpp, on a machine shared with
-// other jobs (figures moved by ±30% between runs; the ratios are of interleaved samples):
-//   1024×1024×1024      avx2-madd 1.8-1.9× cpu::gemm<float>, avx2-maddubs 2.6-3.1×
-//   qconv2d, batch 64   LeNet 1→10 5×5 1.7-2.0×, 10→20 5×5 3.0-3.6×; the CIFAR net's 24→32 3×3
-//   (u8, avx2-madd)     on 31×31 2.4-2.6×, 32→64 on 15×15 2.2-2.8×, 64→128 on 7×7 3.0-3.1×
-//                       conv2d_forward<float>; with reduce_range (avx2-maddubs) 1.8-2.5×,
-//                       4.5-5.9×, 3.2-3.5×, 3.2-3.4×, 4.1-5.1×. The 3→24 2×2 stem (K = 12) is
-//                       1.0-1.2×: too little arithmetic per byte of its unfolded input.
-// (Those qconv2d figures predate qgemm_s8u8. With it, on a 2-core Zen 4 with AVX512-VNNI, two
-// alternating runs against the pixels-first product: MobileNetV2's 1×1 expand 24→144 and
-// project 144→24 on 32×32 went from 0.46-0.55× to 1.40-2.18× f32, the CIFAR stem from 0.74× to
-// 1.44-1.50×, 24→32 3×3 1.33→2.03×, 32→64 1.86→2.43-2.69×, 64→128 about the same (1.7-1.9×);
-// LeNet's 10→20 5×5 fell from 2.1-2.2× to 1.1-1.3×: 20 channels fill three 8-row panels, and
-// its 8-wide output rows make im2col copy 8 bytes at a time.)
-// Zen 3 issues two vpmaddwd or vpmaddubsw per cycle, as many as f32 FMAs, but each multiplies
-// 16 or 32 pairs against the FMA's 8. The VNNI paths were written for the machines that have
-// them (Zen 4 and 5, Ice Lake and later) and are tested there by the same cases.
+// ---- Speed -------------------------------------------------------------------------------------
+// bench/bench_qgemm.cpp times these products against cpu::gemm<float> and the int8 convolutions
+// against conv2d_forward<float> (`make bench`). Why int8 is faster: a CPU issues as many vpmaddwd
+// or vpmaddubsw per cycle as f32 FMAs, but each multiplies 16 or 32 pairs against the FMA's 8;
+// where a layer does little arithmetic per byte (a stem with K = 12, or 20 channels that fill
+// three 8-row panels), the copies of im2col take that gain back. The VNNI paths were written for
+// the machines that have them (Zen 4 and 5, Ice Lake and later) and are tested there by the same
+// cases.
 #include "ops/cpu/qgemm.h"
 
 #include <algorithm>
