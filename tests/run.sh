@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # run.sh — runs the Catch2 test binary, then (if given) the MPI test binary as several ranks
-# under $MPIRUN, and ends with one line "N passed, N failed, N skipped" (test cases, both binaries;
-# skipped: checks this machine cannot run, each printed as SKIPPED: tests/main.cpp), after Catch2's
-# own summaries.   Usage: tests/run.sh [--selects] BINARY [MPI_BINARY] [TAGS...]
+# under $MPIRUN, and ends, after Catch2's own summaries, with a line "N skipped: ..." (checks this
+# machine cannot run, each printed above as SKIPPED: tests/main.cpp) and last the line
+# "N passed, N failed" (test cases, both binaries: the line CI reads).
+# Usage: tests/run.sh [--selects] BINARY [MPI_BINARY] [TAGS...]
 # --selects runs nothing: it exits 0 when TAGS select a test in either binary, 1 otherwise
 # (scripts/check-test-commands.sh asks it so of every filter the lessons name).
 # MPI_BINARY is told from a tag by being a file; each binary runs only if one of its tests
@@ -68,5 +69,6 @@ if [[ $ran -eq 0 ]]; then
     echo "run.sh: may end in *); $bin --list-tests lists the names, --list-tags the tags"
     failed=1; status=1
 fi
-echo "$passed passed, $failed failed, $skipped skipped"
+echo "$skipped skipped: checks this machine cannot run (each SKIPPED above, with why)"
+echo "$passed passed, $failed failed"
 exit "$status"
