@@ -32,17 +32,15 @@ inline unsigned blocks_for(int64_t n, int block = kBlock, int64_t max_blocks = 1
     return unsigned(std::max<int64_t>(1, std::min<int64_t>((n + block - 1) / block, max_blocks)));
 }
 
-// The device's multiprocessors (SMs), asked once: 132 on an H100 or H200, the OpenMP threads on
-// the emulator. The GEMMs size their grids by it.
+// The current device's multiprocessors (SMs): 132 on an H100 or H200; on the emulator the OpenMP
+// threads, or what a test sets (kiln::emu::ScopedMultiprocessors). The GEMMs size their grids by
+// it, and split-K its workspace; asked at every call (an attribute look-up), so the memory
+// model (train/memory_model.h) and the kernels always see the same count.
 inline int64_t multiprocessors() {
-    static const int64_t count = [] {
-        cudaDeviceProp prop{};
-        int device = 0;
-        KILN_CUDA_CHECK(cudaGetDevice(&device));
-        KILN_CUDA_CHECK(cudaGetDeviceProperties(&prop, device));
-        return int64_t(std::max(1, prop.multiProcessorCount));
-    }();
-    return count;
+    int device = 0, count = 0;
+    KILN_CUDA_CHECK(cudaGetDevice(&device));
+    KILN_CUDA_CHECK(cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, device));
+    return int64_t(std::max(1, count));
 }
 
 struct SumOp {

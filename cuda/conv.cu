@@ -1018,16 +1018,25 @@ void conv2d_backward_data_tiled(const T* dy, const T* w, T* dx, const Conv2dPara
 }
 
 // dw += Σ over N·P·Q, split into S slices (gemm_split_k_slices: enough blocks to fill the GPU)
-// of whole 32-long steps; with S > 1 the slices' partial sums go to a workspace of S·O·Kc floats
-// and gemm_sum_slices_kernel adds them onto dw in order.
+// of whole 32-long steps (S recounted from that length); with S > 1 the slices' partial sums go
+// to a workspace of S·O·Kc floats and gemm_sum_slices_kernel adds them onto dw in order.
+struct WeightSlices {
+    int64_t S, k_slice;
+};
+WeightSlices weight_slices(const ConvDims& d, int64_t groups) {
+    const int64_t NPQ = d.N * d.P * d.Q;
+    const int64_t S = gemm_split_k_slices(d.Og, d.Kc * groups, NPQ);
+    const int64_t k_slice = ((NPQ + S - 1) / S + 31) / 32 * 32;
+    return {(NPQ + k_slice - 1) / k_slice, k_slice};
+}
+
 template <typename T>
 void conv2d_backward_weight_tiled(const T* x, const T* dy, T* dw, const Conv2dParams& p) {
     const ConvDims d = dims_of(p);
     const int64_t NPQ = d.N * d.P * d.Q;
     check_tiled(d, p.groups, d.Og, d.Kc, "cuda::conv2d_backward_weight");
-    int64_t S = gemm_split_k_slices(d.Og, d.Kc * p.groups, NPQ);
-    const int64_t k_slice = ((NPQ + S - 1) / S + 31) / 32 * 32;
-    S = (NPQ + k_slice - 1) / k_slice;
+    const WeightSlices slices = weight_slices(d, p.groups);
+    const int64_t S = slices.S, k_slice = slices.k_slice;
     KILN_CHECK(S * p.groups <= 65535, "cuda::conv2d_backward_weight: ", S, " slices of ", p.groups,
                " groups exceed the grid's limit");
     std::optional<detail::Workspace> ws;
@@ -1072,6 +1081,13 @@ int64_t conv2d_workspace_per_image(const Conv2dParams& p, DType, bool) {
 }
 
 int64_t conv2d_chunk_images(const Conv2dParams&, DType, int64_t fit) { return fit; }
+
+// conv2d_backward_weight_tiled's partial sums when it splits N·P·Q (weight_slices).
+int64_t conv2d_backward_weight_scratch(const Conv2dParams& p) {
+    if (is_depthwise(p) || p.N == 0) return 0;
+    const int64_t S = weight_slices(dims_of(p), p.groups).S;
+    return S > 1 ? S * p.O * p.Cg() * p.KH * p.KW * int64_t(sizeof(float)) : 0;
+}
 
 // Per chunk of k images (workspace: cols [CK, L], then rows [O, L]):
 //   cols = im2col(x);   rows[g·Og.., L] = w[g·Og.., Kc] · cols[g·Kc.., L];   y = rows + b

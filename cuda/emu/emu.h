@@ -107,6 +107,25 @@ private:
     bool old_;
 };
 
+// The multiprocessors (SMs) the emulated device reports (cudaGetDeviceProperties,
+// cudaDeviceGetAttribute): by default the OpenMP threads, which run its blocks. A test sets a GPU's
+// count (an H200's 132) to run the code paths that depend on it, such as the split-K GEMM's slices
+// and the workspace they take; 0 restores the default. Returns the previous setting (0: the default).
+int set_multiprocessors(int count);
+int multiprocessors();
+
+// Sets the count for one scope (a test), then puts the previous one back.
+class ScopedMultiprocessors {
+public:
+    explicit ScopedMultiprocessors(int count) : old_(set_multiprocessors(count)) {}
+    ~ScopedMultiprocessors() { set_multiprocessors(old_); }
+    ScopedMultiprocessors(const ScopedMultiprocessors&) = delete;
+    ScopedMultiprocessors& operator=(const ScopedMultiprocessors&) = delete;
+
+private:
+    int old_;
+};
+
 // Atomics tell the race detector the bytes they touch (an atomic is not a race); one test of a
 // per-OS-thread flag when it is off.
 extern __thread bool racecheck_running;

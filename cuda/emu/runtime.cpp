@@ -13,6 +13,7 @@
 #include <omp.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
@@ -290,6 +291,18 @@ cudaError_t cudaDeviceSynchronize() {
 }
 cudaError_t cudaDeviceReset() { return cudaSuccess; }
 
+namespace kiln::emu {
+namespace {
+std::atomic<int> multiprocessors_set{0};  // 0: the OpenMP threads
+}  // namespace
+
+int set_multiprocessors(int count) { return multiprocessors_set.exchange(count > 0 ? count : 0); }
+int multiprocessors() {
+    const int set = multiprocessors_set.load();
+    return set > 0 ? set : omp_get_max_threads();
+}
+}  // namespace kiln::emu
+
 cudaError_t cudaGetDeviceProperties(cudaDeviceProp* prop, int device) {
     if (!prop || device != 0) return set_error(cudaErrorInvalidDevice, "cudaGetDeviceProperties: device 0 only");
     std::memset(prop, 0, sizeof *prop);
@@ -302,9 +315,30 @@ cudaError_t cudaGetDeviceProperties(cudaDeviceProp* prop, int device) {
     prop->maxThreadsPerBlock = 1024;
     prop->maxThreadsDim[0] = 1024, prop->maxThreadsDim[1] = 1024, prop->maxThreadsDim[2] = 64;
     prop->maxGridSize[0] = 2147483647, prop->maxGridSize[1] = 65535, prop->maxGridSize[2] = 65535;
-    prop->multiProcessorCount = omp_get_max_threads();
+    prop->multiProcessorCount = kiln::emu::multiprocessors();
     prop->maxThreadsPerMultiProcessor = 2048;
     prop->major = 8, prop->minor = 0;
+    return cudaSuccess;
+}
+
+// The attributes kiln asks for, as cudaGetDeviceProperties reports them.
+cudaError_t cudaDeviceGetAttribute(int* value, cudaDeviceAttr attr, int device) {
+    if (!value) return set_error(cudaErrorInvalidValue, "cudaDeviceGetAttribute: null pointer");
+    cudaDeviceProp prop;
+    if (const cudaError_t e = cudaGetDeviceProperties(&prop, device); e != cudaSuccess) return e;
+    switch (attr) {
+    case cudaDevAttrMultiProcessorCount: *value = prop.multiProcessorCount; break;
+    case cudaDevAttrMaxThreadsPerBlock: *value = prop.maxThreadsPerBlock; break;
+    case cudaDevAttrMaxThreadsPerMultiProcessor: *value = prop.maxThreadsPerMultiProcessor; break;
+    case cudaDevAttrWarpSize: *value = prop.warpSize; break;
+    case cudaDevAttrMaxSharedMemoryPerBlock: *value = int(prop.sharedMemPerBlock); break;
+    case cudaDevAttrMaxSharedMemoryPerBlockOptin: *value = int(prop.sharedMemPerBlockOptin); break;
+    case cudaDevAttrComputeCapabilityMajor: *value = prop.major; break;
+    case cudaDevAttrComputeCapabilityMinor: *value = prop.minor; break;
+    default:
+        return set_error(cudaErrorInvalidValue, "cudaDeviceGetAttribute: attribute " + std::to_string(int(attr)) +
+                                                    " is not emulated (add it to cuda/emu/runtime.cpp)");
+    }
     return cudaSuccess;
 }
 

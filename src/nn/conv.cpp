@@ -63,6 +63,7 @@ LayerMemory Conv2d::memory(const Shape& in, Device device) const {
     p.stride = options.stride, p.padding = options.padding, p.dilation = options.dilation, p.groups = options.groups;
     m.forward_workspace = conv2d_workspace(p, device, true, workspace_limit).bytes();
     m.backward_workspace = conv2d_workspace(p, device, false, workspace_limit).bytes();
+    m.backward_scratch = conv2d_backward_scratch(p, device);
     return m;
 }
 

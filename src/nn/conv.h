@@ -48,7 +48,8 @@ public:
     // (+ as much gradient); keeps x; dx [N, C, H, W]. The im2col workspace of a pass, from the
     // pool (ops/cnn.h conv2d_workspace): on the CPU's im2col path
     //   4 · images · (C·KH·KW + O)·P·Q bytes,   images = clamp(workspace_limit / that per image, 1, N)
-    // in forward and again in backward (dw recomputes the columns; dx shares them).
+    // in forward and again in backward (dw recomputes the columns; dx shares them). On a GPU, in
+    // backward after dx, dw's split-K partial sums for a moment (ops/cnn.h conv2d_backward_scratch).
     LayerMemory memory(const Shape& in, Device device) const override;
 
 private:

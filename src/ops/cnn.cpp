@@ -69,6 +69,10 @@ ConvWorkspace conv2d_workspace(const Conv2dParams& p, Device device, bool forwar
     });
 }
 
+int64_t conv2d_backward_scratch(const Conv2dParams& p, Device device) {
+    return on_backend(device, [&](auto be) { return kernel::conv2d_backward_weight_scratch(be, p); });
+}
+
 Tensor conv2d(const Tensor& x_in, const Tensor& w_in, const Tensor& b_in, const Conv2dArgs& a, Tensor* saved_x) {
     const AmpCast amp(AmpOp::Conv2d, x_in.dtype());
     const Tensor x = amp.input(x_in), w = amp.weight(w_in), b = amp.weight(b_in);

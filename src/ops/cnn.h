@@ -45,6 +45,12 @@ struct ConvWorkspace {
 };
 ConvWorkspace conv2d_workspace(const Conv2dParams& p, Device device, bool forward, int64_t limit,
                                DType dtype = DType::F32);
+// What conv2d_backward takes from the pool for a moment on top of that workspace and dx: on a
+// CUDA device, the split-K partial sums of the weight gradient (cuda/conv.cu, N·P·Q cut into S
+// slices, S from the device's SM count):
+//   S · O · C/G·KH·KW · 4 bytes      (floats, whatever the dtype)
+// 0 when S is 1 (a big dw, or a GPU with few SMs), for depthwise convolutions and on the CPU.
+int64_t conv2d_backward_scratch(const Conv2dParams& p, Device device);
 
 // y = conv(x, w) + b (the formula: ops/params.h).  x [N, C, H, W]  w [O, C/G, KH, KW]
 // b [O] or undefined  →  y [N, O, P, Q]. Autocast's Conv2d row. *saved_x (if not null) gets x as

@@ -376,6 +376,7 @@ private:
         if (s.memory.backward_workspace > 0) workspace = alloc(s.memory.backward_workspace, Category::Workspace, true);
         if (s.memory.releases_before_dx) s.cache.clear();
         Value dx{need_dx ? alloc(s.in.numel() * 4, Category::Activation, true) : nullptr, s.in};
+        if (s.memory.backward_scratch > 0) alloc(s.memory.backward_scratch, Category::Workspace, true);  // freed at once
         workspace.reset();
         s.cache.clear();
         return dx;

@@ -11,8 +11,9 @@
 //                     and a workspace it frees at once (im2col); caches keep x or y; the
 //                     previous output is freed when nothing keeps it
 //   loss              dL/dlogits [N, classes], and count_correct's predictions (i32 [N], freed)
-//   backward          each layer: workspace, dx, then its cache is let go; dy is freed when the
-//                     layer before has its dx; dL/dlogits and the logits live until the end
+//   backward          each layer: workspace, dx, a moment's scratch (a GPU's split-K partial
+//                     sums), then its cache is let go; dy is freed when the layer before has
+//                     its dx; dL/dlogits and the logits live until the end
 //   optimizer         no temporaries (one update kernel per parameter)
 // and counts bytes as the allocators do: the arena rounds every tensor up to 256 bytes, the pool
 // to its size classes (512 bytes; 2 MiB above 1 MiB) and hands a freed block to a later

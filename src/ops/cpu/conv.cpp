@@ -110,6 +110,8 @@ int64_t conv2d_chunk_images(const Conv2dParams& p, DType dtype, int64_t fit) {
     return conv2d_algo(p, dtype) == ConvAlgo::Winograd ? winograd_chunk_images(p, fit) : fit;
 }
 
+int64_t conv2d_backward_weight_scratch(const Conv2dParams&) { return 0; }  // dw sums in place
+
 // Both passes read the workspace the forward's strategy needs (the backward passes follow it).
 int64_t conv2d_workspace_per_image(const Conv2dParams& p, DType dtype, bool) {
     return conv2d_col_elems_per_image(p, dtype);

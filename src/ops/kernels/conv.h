@@ -40,6 +40,11 @@ KILN_KERNEL(conv2d_workspace_per_image,
 // The images per workspace chunk when `fit` of them fit in the byte limit (1 ≤ fit ≤ N): fit,
 // except for the CPU's Winograd, whose chunks are whole numbers of its image groups (winograd.h).
 KILN_KERNEL(conv2d_chunk_images, int64_t conv2d_chunk_images(const Conv2dParams& p, DType dtype, int64_t fit));
+// Bytes backward_weight takes for a moment beyond that workspace (the memory model counts them,
+// train/memory_model.h): CUDA's split-K partial sums, S·O·(C/G)·KH·KW floats whatever the dtype
+// when it cuts N·P·Q into S > 1 slices (S from the GPU's SM count: gemm_split_k_slices), 0 for
+// depthwise shapes; none on the CPU, whose dw sums in place.
+KILN_KERNEL(conv2d_backward_weight_scratch, int64_t conv2d_backward_weight_scratch(const Conv2dParams& p));
 
 // ---- the CPU's strategy (cpu/conv.cpp) -------------------------------------------------------------
 // The strategy for a shape and element type: Depthwise, Pointwise, Winograd (f32 only) or Im2col
