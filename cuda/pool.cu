@@ -27,7 +27,9 @@
 // fixed reduction tree) in a fixed order, so the same binary on the same GPU gives the same
 // bits on every run. Against the CPU: max pooling, forward and backward (same argmax: NaN wins,
 // the first maximum on ties), and average pooling's forward (the CPU's additions in the CPU's
-// order, then one multiply) match it bit for bit. Average pooling's backward adds dy·inv over
+// order, then one multiply) match it bit for bit, but for a NaN's own bits: a NaN in a window
+// gives NaN out (PyTorch's contract, which leaves the bits unspecified), and a GPU's arithmetic
+// returns its canonical NaN (0x7fffffff) where the CPU passes its operand's along. Average pooling's backward adds dy·inv over
 // the covering windows; nvcc contracts that multiply-add into one FMA (rounded once, where the
 // CPU rounds the product first), so where windows overlap (stride < K) dx may differ from the
 // CPU's in the last bits (the tests allow 1e-6). The global average differs from the CPU's

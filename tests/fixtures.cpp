@@ -207,6 +207,56 @@ void require_identical(const Tensor& got_any, const Tensor& want_any) {
     REQUIRE(bad == 0);
 }
 
+namespace {
+// Element i of a CPU tensor of f32, f16 or bf16 as float (a NaN stays a NaN), and its bits.
+float float_at(const Tensor& t, int64_t i) {
+    switch (t.dtype()) {
+    case DType::F16: return float(t.data<f16>()[i]);
+    case DType::BF16: return float(t.data<bf16>()[i]);
+    default: return t.data<float>()[i];
+    }
+}
+uint32_t bits_at(const Tensor& t, int64_t i) {
+    uint32_t bits = 0;
+    std::memcpy(&bits, static_cast<const uint8_t*>(t.raw()) + size_t(i) * dtype_size(t.dtype()), dtype_size(t.dtype()));
+    return bits;
+}
+}  // namespace
+
+std::string identical_values_mismatch(const Tensor& got_any, const Tensor& want_any) {
+    const Tensor got = got_any.to(Device::CPU), want = want_any.to(Device::CPU);
+    if (got.shape() != want.shape() || got.dtype() != want.dtype())
+        return "got " + got.desc() + ", want " + want.desc();
+    if (want.dtype() != DType::F32 && want.dtype() != DType::F16 && want.dtype() != DType::BF16)
+        return "require_identical_values compares f32, f16 or bf16, not " + want.desc();
+    int64_t bad = 0, first = -1;
+    for (int64_t i = 0; i < want.numel(); i++) {
+        const bool ok = std::isnan(float_at(want, i)) ? std::isnan(float_at(got, i)) : bits_at(got, i) == bits_at(want, i);
+        if (!ok && bad++ == 0) first = i;
+    }
+    if (bad == 0) return "";
+    std::ostringstream msg;
+    msg << bad << " of " << want.numel() << " " << dtype_name(want.dtype()) << " values differ (NaN matches any NaN); the "
+        << "first at " << first << ": got " << float_at(got, first) << " (bits 0x" << std::hex << bits_at(got, first)
+        << "), want " << float_at(want, first) << " (bits 0x" << bits_at(want, first) << ")";
+    return msg.str();
+}
+
+void require_identical_values(const Tensor& got, const Tensor& want) {
+    const std::string mismatch = identical_values_mismatch(got, want);
+    INFO(mismatch);
+    REQUIRE(mismatch.empty());
+}
+
+Tensor gpu_nans(const Tensor& t_any) {
+    Tensor t = t_any.to(Device::CPU).clone();
+    const size_t width = dtype_size(t.dtype());
+    const uint32_t nan = t.dtype() == DType::F32 ? 0x7fffffffu : 0x7fffu;
+    for (int64_t i = 0; i < t.numel(); i++)
+        if (std::isnan(float_at(t, i))) std::memcpy(static_cast<uint8_t*>(t.raw()) + size_t(i) * width, &nan, width);
+    return t;
+}
+
 LowFormat low_format(DType t) {
     const FloatFormat f = float_format(t);
     return {t, f.epsilon / 2, f.min_subnormal / 2};

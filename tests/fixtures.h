@@ -68,8 +68,21 @@ void under_schedules(const std::function<void()>& f);
 //                      in another order is off by a few ulps of its largest terms; abs for
 //                      functions accurate to an absolute error); NaN matches NaN
 //   require_identical  the same bytes (any dtype): for kernels that must match bit for bit
+//   require_identical_values  the same bytes (f32, f16, bf16), except that where want is a NaN
+//                      got must be a NaN, any NaN: PyTorch propagates NaN but leaves its bits
+//                      unspecified, and a GPU's arithmetic returns its own canonical NaN
+//                      (gpu_nans below) where the CPU passes its operand's along
 void require_close(const Tensor& got, const Tensor& want, double tol, double abs = 0.0);
 void require_identical(const Tensor& got, const Tensor& want);
+void require_identical_values(const Tensor& got, const Tensor& want);
+// What require_identical_values found wrong ("" when nothing): the number of mismatches and the
+// first one, with both bit patterns.
+std::string identical_values_mismatch(const Tensor& got, const Tensor& want);
+
+// A copy of t (f32, f16 or bf16) with every NaN replaced by the NaN an NVIDIA GPU's arithmetic
+// makes (f32 0x7fffffff, f16 and bf16 0x7fff): the emulator keeps the x86 CPU's NaN bits, so a
+// test that compares with gpu_nans(result) checks on the emulator the contract a GPU run needs.
+Tensor gpu_nans(const Tensor& t);
 
 // What a tolerance needs from a 16-bit format (chapter 09's tests), read off float_format
 // (core/dtype.h): u the unit roundoff, half the distance from 1 to the next value (f16 2^-11,

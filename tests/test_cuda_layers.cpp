@@ -20,6 +20,7 @@
 #include <catch2/catch.hpp>
 
 #include <cmath>
+#include <cstring>
 #include <memory>
 #include <vector>
 
@@ -36,7 +37,10 @@
 
 using namespace kiln;
 using test::require_close;
+using test::gpu_nans;
+using test::identical_values_mismatch;
 using test::require_identical;
+using test::require_identical_values;
 using test::under_schedules;
 
 namespace {
@@ -91,7 +95,12 @@ std::unique_ptr<BatchNorm> make_bn(const Shape& s, uint64_t seed) {
 }  // namespace
 
 // ---- pooling -------------------------------------------------------------------------------------
-TEST_CASE("cuda max and average pooling match the CPU bit for bit", "[cuda][pool][lesson05]") {
+// NaN is part of pooling's contract, its bits are not (PyTorch 2.x: max pooling propagates a NaN
+// in the window, as does an average; which NaN is unspecified). A GPU's arithmetic returns its own
+// NaN where the CPU passes the input's along, so the forward results are compared as values: NaN
+// where the CPU has NaN, the same bits everywhere else (on the emulator after gpu_nans, which
+// gives its NaNs a GPU's bits, so that this run checks what a GPU run must pass).
+TEST_CASE("cuda max and average pooling match the CPU bit for bit, NaN as NaN", "[cuda][pool][lesson05]") {
     Rng rng(3);
     for (const PoolCase& c : kPoolCases) {
         INFO(c.what << ": x [" << c.N << ", " << c.C << ", " << c.H << ", " << c.W << "], K " << c.K << ", stride "
@@ -104,11 +113,29 @@ TEST_CASE("cuda max and average pooling match the CPU bit for bit", "[cuda][pool
         const Tensor dy = Tensor::uniform(y_max.shape(), -1.0f, 1.0f, rng);
         const Tensor dx_max = cpu_max.backward(dy), dx_avg = cpu_avg.backward(dy);
         under_schedules([&] {
-            require_identical(gpu_max.forward(cuda_copy(x)), y_max);
+            require_identical_values(gpu_nans(gpu_max.forward(cuda_copy(x))), y_max);
             require_identical(gpu_max.backward(cuda_copy(dy)), dx_max);  // the same argmax, gathered
-            require_identical(gpu_avg.forward(cuda_copy(x)), y_avg);
+            require_identical_values(gpu_nans(gpu_avg.forward(cuda_copy(x))), y_avg);
             require_close(gpu_avg.backward(cuda_copy(dy)), dx_avg, 1e-6);
         });
+    }
+}
+
+TEST_CASE("pooling's NaN contract: a NaN matches any NaN, everything else its bits", "[cpu][pool][lesson05]") {
+    // [1, NaN (the CPU's 0x7fc00000), -0, NaN] against the GPU's NaN 0x7fffffff in the same places
+    Tensor want = Tensor::empty({4}), got = Tensor::empty({4});
+    const uint32_t want_bits[] = {0x3f800000u, 0x7fc00000u, 0x80000000u, 0xffc00000u};
+    std::memcpy(want.raw(), want_bits, sizeof want_bits);
+    got.copy_from(gpu_nans(want));
+    CHECK(got.data<float>()[1] != got.data<float>()[1]);
+    CHECK(identical_values_mismatch(got, want).empty());
+    // a NaN where the CPU has a number, a number where it has NaN, +0 for -0: each a mismatch
+    for (int i : {0, 1, 2}) {
+        Tensor bad = got.clone();
+        const uint32_t swapped[] = {0x7fffffffu, 0x3f800000u, 0x00000000u};
+        std::memcpy(static_cast<uint8_t*>(bad.raw()) + 4 * i, &swapped[i], 4);
+        INFO("element " << i);
+        CHECK(!identical_values_mismatch(bad, want).empty());
     }
 }
 
