@@ -11,6 +11,8 @@
 //                                             kernel, its shapes, the CUDA error and what to try;
 //                                             with KILN_SYNC_LAUNCHES=1 in the environment it
 //                                             also waits for the kernel to finish (below)
+//                                             (the two macros also time each kernel by CUDA
+//                                             events while kernel timing is on: below)
 //   KILN_CUDA_CHECK(cudaMemcpy(...));         any runtime call: throws kiln::Error on failure
 //   KILN_DYNAMIC_SHARED(float, smem);         in a kernel: `extern __shared__ float smem[];`
 //                                             (all dynamic shared arrays of a kernel alias one
@@ -31,6 +33,29 @@
 
 #include "core/error.h"
 
+#include <cuda_runtime.h>  // nvcc's, or the host declarations the emulator implements
+
+namespace kiln::cuda_detail {
+
+// ---- kernel timing (src/core/cuda_memory.h set_kernel_timing; --time-report on cuda) -------------
+// While it is on, KILN_LAUNCH records a CUDA event on the launch's stream before the kernel and
+// KILN_CHECK_LAUNCH one after it (a launch without a check is closed by the next launch).
+// Off: one relaxed atomic load per launch.
+inline std::atomic<bool>& kernel_timing() {
+    static std::atomic<bool> on{false};
+    return on;
+}
+void kernel_timing_start(const char* kernel, cudaStream_t stream);  // cuda/kernel_times.cu
+void kernel_timing_stop();
+inline void launch_begins(const char* kernel, cudaStream_t stream) {
+    if (kernel_timing().load(std::memory_order_relaxed)) kernel_timing_start(kernel, stream);
+}
+inline void launch_ends() {
+    if (kernel_timing().load(std::memory_order_relaxed)) kernel_timing_stop();
+}
+
+}  // namespace kiln::cuda_detail
+
 #if defined(__CUDACC__)
 
 #include <cuda_bf16.h>
@@ -38,9 +63,10 @@
 #include <cuda_runtime.h>
 #include <mma.h>  // nvcuda::wmma, the tensor cores' warp-level matrix API
 
-#define KILN_LAUNCH(kernel, grid, block, shared_bytes) kernel<<<(grid), (block), (shared_bytes)>>>
+#define KILN_LAUNCH(kernel, grid, block, shared_bytes) \
+    ::kiln::cuda_detail::launch_begins(#kernel, nullptr), kernel<<<(grid), (block), (shared_bytes)>>>
 #define KILN_LAUNCH_STREAM(kernel, grid, block, shared_bytes, stream) \
-    kernel<<<(grid), (block), (shared_bytes), (stream)>>>
+    ::kiln::cuda_detail::launch_begins(#kernel, (stream)), kernel<<<(grid), (block), (shared_bytes), (stream)>>>
 // One unsigned char array under one name for every kernel, so templates and kernels in one file
 // never declare `extern __shared__` arrays of conflicting types.
 #define KILN_DYNAMIC_SHARED(type, name)                                    \
@@ -57,10 +83,12 @@ inline std::string emulator_detail() { return {}; }
 #include "emu/wmma.h"  // the emulator's nvcuda::wmma
 #include "emu/mma.h"   // the emulator's ldmatrix and mma.sync (PTX)
 
-#define KILN_LAUNCH(kernel, grid, block, shared_bytes) \
-    ::kiln::emu::make_launch(#kernel, kernel, (grid), (block), (shared_bytes))
+#define KILN_LAUNCH(kernel, grid, block, shared_bytes)            \
+    ::kiln::cuda_detail::launch_begins(#kernel, nullptr), \
+        ::kiln::emu::make_launch(#kernel, kernel, (grid), (block), (shared_bytes))
 #define KILN_LAUNCH_STREAM(kernel, grid, block, shared_bytes, stream) \
-    ::kiln::emu::make_launch(#kernel, kernel, (grid), (block), (shared_bytes), (stream))
+    ::kiln::cuda_detail::launch_begins(#kernel, (stream)),           \
+        ::kiln::emu::make_launch(#kernel, kernel, (grid), (block), (shared_bytes), (stream))
 #define KILN_DYNAMIC_SHARED(type, name) \
     type* const name = static_cast<type*>(::kiln::emu::dynamic_shared_memory())
 
@@ -163,6 +191,7 @@ inline std::string launch_failure(const char* kernel, dim3 grid, dim3 block, cud
 
 #define KILN_CHECK_LAUNCH(kernel, grid, block)                                                  \
     do {                                                                                        \
+        ::kiln::cuda_detail::launch_ends();                                                     \
         const cudaError_t kiln_cuda_err_ = ::kiln::cuda_detail::launch_status();                \
         if (kiln_cuda_err_ != cudaSuccess)                                                      \
             KILN_FAIL(::kiln::cuda_detail::launch_failure(#kernel, dim3(grid), dim3(block),     \

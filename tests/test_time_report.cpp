@@ -17,6 +17,8 @@
 
 #include "fixtures.h"
 #include "nn/layers.h"
+#include "core/cuda_memory.h"
+#include "core/rng.h"
 #include "train/time_report.h"
 
 using namespace kiln;
@@ -151,4 +153,59 @@ TEST_CASE("the step timer's hooks go with it", "[time][cpu][lesson13]") {
     net->call(Tensor::ones({2, 3}));
     net->call_backward(Tensor::ones({2, 3}));
     REQUIRE_THROWS_WITH(StepTimer(*net, Device::CPU, -1), Catch::Contains("skip is -1"));
+}
+
+// On a CUDA device the timed steps' kernels are timed one by one (CUDA events around each launch):
+// an MLP step launches the same kernels every step, the GEMMs among them, and only the timed
+// steps count. Then the kernel table: slowest first, launches and ms per step, shares.
+TEST_CASE("on a CUDA device the step timer also times every kernel of the timed steps", "[time][cuda][lesson13]") {
+    Rng rng(1);
+    auto net = std::make_unique<Sequential>("mlp");
+    net->add("fc1", std::make_unique<Linear>(8, 16, rng));
+    net->emplace<ReLU>();
+    net->add("fc2", std::make_unique<Linear>(16, 4, rng));
+    net->to(Device::CUDA);
+    const Tensor x = Tensor::ones({32, 8}).to(Device::CUDA), dy = Tensor::ones({32, 4}).to(Device::CUDA);
+    const auto run = [&](StepTimer& timer) {
+        timer.step_begins();
+        timer.batch_loaded();
+        net->call(x);
+        net->call_backward(dy);
+        timer.step_ends();
+    };
+    StepTimer timer(*net, Device::CUDA, /*skip=*/1);
+    run(timer);
+    const std::vector<cuda::KernelTime> untimed = cuda::take_kernel_times();
+    CHECK(untimed.empty());  // the untimed step launched with timing off
+    run(timer);
+    const std::vector<cuda::KernelTime> one = timer.report().kernels;
+    run(timer);
+    run(timer);
+    const TimeReport& r = timer.report();
+    REQUIRE(r.steps == 3);
+    REQUIRE(!r.kernels.empty());
+    REQUIRE(one.size() == r.kernels.size());
+    int64_t launches = 0;
+    bool gemm = false, relu = false;
+    for (size_t i = 0; i < r.kernels.size(); i++) {
+        INFO(r.kernels[i].kernel);
+        CHECK(r.kernels[i].kernel == one[i].kernel);
+        CHECK(r.kernels[i].launches == 3 * one[i].launches);  // the same launches every step
+        CHECK(r.kernels[i].ms >= 0.0);
+        launches += r.kernels[i].launches;
+        gemm = gemm || r.kernels[i].kernel.find("gemm") != std::string::npos;
+        relu = relu || r.kernels[i].kernel.find("relu") != std::string::npos;
+    }
+    CHECK((gemm && relu));
+    // fc1 and fc2: a forward GEMM each (+ bias), backward dW (+ db) each and dx of fc2
+    CHECK(launches >= 3 * 6);
+    const std::string table = format_kernel_times(r);
+    INFO(table);
+    CHECK(table.find("the mean of 3 steps") != std::string::npos);
+    CHECK(table.find("(all kernels)") != std::string::npos);
+    CHECK(numbers_in_row(table, "(all kernels)").at(0) == Approx(double(launches) / 3));
+    CHECK(numbers_in_row(table, "(all kernels)").at(2) == Approx(100.0));
+    CHECK(format_time_report(r, 10).find("by kernel") != std::string::npos);
+    // Timing goes off with the timer: later launches are not recorded.
+    CHECK(!cuda::kernel_timing_on());
 }

@@ -4,6 +4,8 @@
 #pragma once
 #include <cstddef>
 #include <cstdint>
+#include <string>
+#include <vector>
 
 namespace kiln::cuda {
 
@@ -44,6 +46,20 @@ private:
 // read once, at the first launch); launch_syncs counts the launches that have waited.
 void read_sync_launches_env();
 int64_t launch_syncs();
+// Each kernel's time on the device (cuda/kernel_times.cu): while kernel timing is on, every launch
+// is bracketed by two CUDA events on its stream (KILN_LAUNCH ... KILN_CHECK_LAUNCH); the GPU's own
+// clock, not the host's, which sees only the launch queue. take_kernel_times waits for the device,
+// then returns per kernel (its launch macro's name, first launched first) the launches and
+// milliseconds since the last call, and starts a new round.
+struct KernelTime {
+    std::string kernel;
+    int64_t launches = 0;
+    double ms = 0;
+};
+void set_kernel_timing(bool on);
+bool kernel_timing_on();
+std::vector<KernelTime> take_kernel_times();
+
 // "note: no GPU build — CUDA kernels run on kiln's emulator (slow, exact)" on the emulator,
 // nullptr on a GPU build; a trainer run with --device cuda prints it once (first call only).
 const char* emulator_note();

@@ -28,6 +28,7 @@ StepTimer::StepTimer(Module& model, Device device, int skip) : device_(device), 
 
 StepTimer::~StepTimer() {
     for (HookHandle& h : hooks_) h.remove();
+    if (device_ == Device::CUDA) cuda::set_kernel_timing(false);
 }
 
 double StepTimer::since(Clock::time_point t0) const {
@@ -57,6 +58,10 @@ void StepTimer::add_hooks(Module& layer, size_t index) {
 
 void StepTimer::step_begins() {
     timing_ = steps_begun_++ >= skip_;
+    if (timing_ && device_ == Device::CUDA) {
+        cuda::take_kernel_times();  // waits for the untimed work, and drops what it timed
+        cuda::set_kernel_timing(true);
+    }
     if (timing_) step_start_ = Clock::now();
 }
 
@@ -69,6 +74,15 @@ void StepTimer::step_ends() {
     report_.step += since(step_start_);
     report_.steps++;
     timing_ = false;
+    if (device_ != Device::CUDA) return;
+    cuda::set_kernel_timing(false);
+    for (const cuda::KernelTime& k : cuda::take_kernel_times()) {
+        auto same = [&](const cuda::KernelTime& t) { return t.kernel == k.kernel; };
+        auto it = std::find_if(report_.kernels.begin(), report_.kernels.end(), same);
+        if (it == report_.kernels.end()) it = report_.kernels.insert(it, {k.kernel, 0, 0.0});
+        it->launches += k.launches;
+        it->ms += k.ms;
+    }
 }
 
 namespace {
@@ -115,6 +129,35 @@ std::string format_time_report(const TimeReport& r, int64_t steps_per_epoch) {
     total("(loading the batch)", r.data);
     total("(outside the layers)", r.outside());  // the loss, the optimizer, ...
     total("step", r.step);
+    if (!r.kernels.empty()) os << format_kernel_times(r);
+    return os.str();
+}
+
+std::string format_kernel_times(const TimeReport& r) {
+    KILN_CHECK(r.steps > 0, "format_kernel_times: no step was timed; run more steps");
+    std::vector<cuda::KernelTime> kernels = r.kernels;
+    std::stable_sort(kernels.begin(), kernels.end(), [](const auto& a, const auto& b) { return a.ms > b.ms; });
+    double all_ms = 0;
+    int64_t all_launches = 0;
+    for (const cuda::KernelTime& k : kernels) all_ms += k.ms, all_launches += k.launches;
+    const double n = r.steps;
+    std::ostringstream os;
+    char line[320];
+    std::snprintf(line, sizeof line, "time of one training step by kernel (CUDA events around each launch; the mean of %d steps)\n",
+                  r.steps);
+    os << line;
+    std::snprintf(line, sizeof line, "%-48s %9s %10s %8s\n", "kernel", "launches", "ms", "share");
+    os << line;
+    const auto row = [&](const std::string& name, double launches, double ms) {
+        std::snprintf(line, sizeof line, "%-48s %9.1f %10.3f %7.1f%%\n", name.c_str(), launches / n, ms / n,
+                      all_ms > 0 ? 100 * ms / all_ms : 0.0);
+        os << line;
+    };
+    for (const cuda::KernelTime& k : kernels) row(k.kernel, double(k.launches), k.ms);
+    row("(all kernels)", double(all_launches), all_ms);
+    std::snprintf(line, sizeof line, "the kernels ran %.3f ms of the step's %.3f ms (%.1f%%); the rest is the host's launches, "
+                  "copies and waits\n", all_ms / n, 1e3 * r.step / n, r.step > 0 ? 100 * all_ms / (1e3 * r.step) : 0.0);
+    os << line;
     return os.str();
 }
 

@@ -23,12 +23,16 @@
 // packing buffers and touches fresh pages; reset() then trades the chunks for one slab, whose
 // pages the second step touches for the first time (each first touch a page fault: zeroing 4 KiB). On CUDA each hook synchronizes the device first, so a layer
 // is charged its kernels rather than their launches (and the step runs slower than untimed).
+// On CUDA the timed steps' kernels are also timed one by one, by CUDA events around each launch
+// (core/cuda_memory.h take_kernel_times): the GPU's own time per kernel, summed by kernel name,
+// what a profiler's kernel summary shows, with no profiler.
 #pragma once
 #include <chrono>
 #include <cstdint>
 #include <string>
 #include <vector>
 
+#include "core/cuda_memory.h"
 #include "core/device.h"
 #include "nn/module.h"
 
@@ -43,6 +47,7 @@ struct LayerTime {
 
 struct TimeReport {
     std::vector<LayerTime> layers;  // in the model's order
+    std::vector<cuda::KernelTime> kernels;  // on CUDA: each kernel's launches and ms over the timed steps
     int steps = 0;                  // timed steps
     double step = 0;                // their whole time, from step_begins to step_ends
     double data = 0;                // of which loading batches (step_begins to batch_loaded)
@@ -81,7 +86,10 @@ private:
 // The report as a table: per layer its output shape, forward, backward and total milliseconds per
 // step (the mean of the timed steps), its share of the step and its seconds in an epoch of
 // `steps_per_epoch` steps; then loading the batch, the rest outside the layers, and the step.
+// With kernel times (CUDA), a second table: per kernel, slowest first, its launches and
+// milliseconds per step and its share of all kernels' time, then their sum against the step.
 std::string format_time_report(const TimeReport& r, int64_t steps_per_epoch);
+std::string format_kernel_times(const TimeReport& r);  // the second table alone
 
 // The same as a figure: a bar per layer, forward and backward stacked, in milliseconds per step,
 // then the batch's and the outside's bars. Throws kiln::Error naming the path if it cannot write.
