@@ -11,6 +11,7 @@
 #   make bench           speed figures, one line each: "bench <name>: <value> <unit>"
 #   make lab             the kernel lab (cuda/lab/): every version of each kernel checked against the
 #                        CPU on the emulator; with CUDA=1, on a GPU, then timed against cuBLAS/cuDNN
+#   make CUDA=1 kernel-report   every CUDA kernel's registers, spills, shared memory and occupancy
 #   make accuracy        train every chapter fully and check its accuracy (long; LESSONS_TO_CHECK='01 03')
 #   make check-docs      run again the quick commands whose figures the READMEs quote, and compare
 #   make CUDA=1          the same with nvcc for a real GPU
@@ -18,6 +19,7 @@
 #   make gpu-check       on that machine: runs them (no build there)
 #   make fuzz            the file readers under libFuzzer (clang), FUZZ_SECONDS (60) per harness
 #   make clang-check     every engine source through clang++ -std=c++17 too (syntax only)
+#   make gpu-check-dry   the same steps here, on the emulator build (checks the script)
 #
 # Objects go to build/ (build-san/ with SAN=1, build-cuda/ with CUDA=1, build-gpucheck/ for the
 # GPU check, build-fuzz/ for make fuzz).
@@ -149,7 +151,7 @@ EXTRA_BINS  := $(EXTRA_NAMES:%=$(BUILD)/bin/%)
 LESSON_NUMS := $(patsubst $(BUILD)/bin/lesson-%,%,$(LESSON_BINS))
 
 .SECONDARY:
-.PHONY: all test data run bench lab lab-build accuracy check-docs gpu-check gpu-check-prepare fuzz clang-check clean $(addprefix lesson-,$(LESSON_NUMS)) $(EXTRA_NAMES)
+.PHONY: all test data run bench lab lab-build kernel-report accuracy check-docs gpu-check gpu-check-prepare gpu-check-dry fuzz clang-check clean $(addprefix lesson-,$(LESSON_NUMS)) $(EXTRA_NAMES)
 all: $(LIB) $(LESSON_BINS) $(EXTRA_BINS) $(TEST_BIN) $(MPI_TEST_BIN)
 
 # --- packages ----------------------------------------------------------------------------
@@ -167,14 +169,38 @@ $(BUILD)/%.o: %.cpp | $(PACKAGES_OK)
 	$(CXX) $(CXXFLAGS) -c $< -o $@
 
 ifeq ($(CUDA),1)
+# ptxas's report of each kernel (registers, spills, shared memory) is kept beside the object as
+# OBJECT.ptxas for make kernel-report; shown only when the compile fails.
 $(BUILD)/%.cu.o: %.cu | $(PACKAGES_OK)
 	@mkdir -p $(dir $@)
-	$(NVCC) $(NVFLAGS) -c $< -o $@
+	$(NVCC) $(NVFLAGS) --resource-usage -c $< -o $@ >$@.ptxas 2>&1 || { cat $@.ptxas; rm -f $@; exit 1; }
 else
 # Without a GPU the same .cu source is plain C++ run by the kernel emulator (cuda/emu/).
 $(BUILD)/%.cu.o: %.cu | $(PACKAGES_OK)
 	@mkdir -p $(dir $@)
 	$(CXX) $(CXXFLAGS) -x c++ -c $< -o $@
+endif
+
+# Traced objects, for the emulator's memory counts (requests, sectors, bank conflicts: cuda/emu/
+# traffic.cpp). clang compiles the kernels to be measured with AddressSanitizer's instrumentation
+# alone: every load and store first calls kiln's __kiln_trace_* callbacks (no shadow memory, no
+# runtime library), at -O0, so that each access the source writes stays one access of its own
+# width (a float4 one of 16 bytes, as on a GPU). The lab links these copies of cuda/*.cu (make lab
+# prints each version's counts), and tests/test_emu_traffic.cpp, which checks the counts, is
+# compiled so. The emulator's builds only: nvcc builds count nothing.
+TRACE_CXX   ?= clang++
+TRACE_FLAGS := -std=c++17 -fno-trapping-math $(WARN) -Isrc -Icuda -isystem /usr/local/cuda/include -MMD -MP -O0 \
+               -fsanitize=address -mllvm -asan-instrumentation-with-call-threshold=0 \
+               -mllvm -asan-memory-access-callback-prefix=__kiln_trace_ -mllvm -asan-opt=0 \
+               -mllvm -asan-stack=0 -mllvm -asan-globals=0 -mllvm -asan-use-after-return=never
+TRACED_CU_OBJS := $(CU_SRCS:%.cu=$(BUILD)/traced/%.cu.o)
+$(BUILD)/traced/%.cu.o: %.cu | $(PACKAGES_OK)
+	@mkdir -p $(dir $@)
+	$(TRACE_CXX) $(TRACE_FLAGS) -x c++ -c $< -o $@
+ifneq ($(CUDA),1)
+$(BUILD)/tests/test_emu_traffic.o: tests/test_emu_traffic.cpp | $(PACKAGES_OK)
+	@mkdir -p $(dir $@)
+	$(TRACE_CXX) $(TRACE_FLAGS) -c $< -o $@
 endif
 
 $(BUILD)/src/mpi/%.o $(BUILD)/tests/mpi/%.o: CXXFLAGS += $(MPI_CFLAGS)
@@ -230,12 +256,64 @@ BENCH_LIBS_bench_gemm := -lopenblas
 
 # The kernel lab: each cuda/lab/*.cu linked with the engine. Its references on a GPU, cuBLAS
 # and cuDNN, are linked into these binaries only, never into libkiln.a.
+# On the emulator they link the traced copies of the kernels (above), so that every version's run
+# also prints its memory counts.
 ifeq ($(CUDA),1)
   LAB_LIBS := -lcublas -lcudnn
-endif
 $(BUILD)/lab/%: $(BUILD)/cuda/lab/%.cu.o $(LIB)
 	@mkdir -p $(dir $@)
 	$(CXX) $(CXXFLAGS) $< $(LIB) -o $@ $(LDLIBS) $(LAB_LIBS)
+else
+$(BUILD)/lab/%: $(BUILD)/traced/cuda/lab/%.cu.o $(TRACED_CU_OBJS) $(LIB)
+	@mkdir -p $(dir $@)
+	$(CXX) $(CXXFLAGS) $< $(TRACED_CU_OBJS) $(LIB) -o $@ $(LDLIBS)
+endif
+
+# --- multi-call programs (the GPU check) ---------------------------------------------------
+# Every program linked with libkiln.a holds all of its GPU kernels, and a device call carries
+# 64 MiB, so the GPU check links its programs into two binaries: each program's object has its
+# main renamed (-Dmain=kiln_main_NAME) and its other global definitions made local
+# (scripts/multi-localize.sh), and scripts/multi_main.cpp runs `BINARY NAME ARGS...` as program
+# NAME runs `ARGS...`:
+#   bin/kiln-gpu   the trainers that take --device cuda (lesson-04 ... lesson-11; lesson 12
+#                  links Open MPI and stays on its own) and bench_train
+#   lab/kiln-lab   the kernel lab's pages: gemm, conv, ... (with cuBLAS and cuDNN on a GPU)
+# (Inline functions and class types stay shared: two programs that define one of the same name
+# must define it alike, as C++'s one-definition rule asks; an anonymous namespace keeps a
+# program's own apart.)
+# multi_name: lessons/04-cuda-kernels/train.cpp -> lesson_04, bench/bench_train.cpp -> bench_train,
+# cuda/lab/gemm.cu -> gemm
+multi_name = $(if $(filter lessons/%,$(1)),lesson_$(call lesson_num,$(1)),$(basename $(basename $(notdir $(1)))))
+KILN_GPU_SRCS := $(filter-out lessons/01-% lessons/02-% lessons/03-% lessons/12-% lessons/13-%,$(LESSONS)) \
+                 bench/bench_train.cpp
+KILN_LAB_SRCS := $(LAB_SRCS)
+multi_obj  = $(BUILD)/multi/$(call multi_name,$(1)).o
+ifeq ($(CUDA),1)
+  multi_cc = $(if $(filter %.cu,$(1)),$(NVCC) $(NVFLAGS),$(CXX) $(CXXFLAGS))
+else
+  multi_cc = $(CXX) $(CXXFLAGS)$(if $(filter %.cu,$(1)), -x c++)
+endif
+define MULTI_RULE
+$(call multi_obj,$(1)): $(1) | $(PACKAGES_OK)
+	@mkdir -p $$(dir $$@)
+	$(call multi_cc,$(1)) -Dmain=kiln_main_$(call multi_name,$(1)) -c $$< -o $$@
+	bash scripts/multi-localize.sh $$@ kiln_main_$(call multi_name,$(1))
+endef
+$(foreach f,$(KILN_GPU_SRCS) $(KILN_LAB_SRCS),$(eval $(call MULTI_RULE,$(f))))
+# The dispatcher of binary $(1) (kiln-gpu, kiln-lab), for the programs of sources $(2).
+define MULTI_MAIN_RULE
+$(BUILD)/multi/$(1)-main.o: scripts/multi_main.cpp | $(PACKAGES_OK)
+	@mkdir -p $$(dir $$@)
+	$(CXX) $(CXXFLAGS) -DKILN_MAINS="$(foreach f,$(2),KILN_MAIN($(call multi_name,$(f))))" -c $$< -o $$@
+endef
+$(eval $(call MULTI_MAIN_RULE,kiln-gpu,$(KILN_GPU_SRCS)))
+$(eval $(call MULTI_MAIN_RULE,kiln-lab,$(KILN_LAB_SRCS)))
+$(BUILD)/bin/kiln-gpu: $(BUILD)/multi/kiln-gpu-main.o $(foreach f,$(KILN_GPU_SRCS),$(call multi_obj,$(f))) $(LIB)
+	@mkdir -p $(dir $@)
+	$(CXX) $(CXXFLAGS) $(filter %.o,$^) $(LIB) -o $@ $(LDLIBS)
+$(BUILD)/lab/kiln-lab: $(BUILD)/multi/kiln-lab-main.o $(foreach f,$(KILN_LAB_SRCS),$(call multi_obj,$(f))) $(LIB)
+	@mkdir -p $(dir $@)
+	$(CXX) $(CXXFLAGS) $(filter %.o,$^) $(LIB) -o $@ $(LDLIBS) $(LAB_LIBS)
 
 # --- run ---------------------------------------------------------------------------------
 # The tests read the real MNIST (pinned first losses); CIFAR-10 only in hidden [data-real] cases.
@@ -294,6 +372,16 @@ bench:
 	@bash data/fetch.sh mnist
 	@bash bench/run.sh $(BUILD)
 
+# Every CUDA kernel's registers, spills, static shared memory and theoretical occupancy on sm_80 and
+# sm_90, from ptxas's reports of the CUDA build (scripts/kernel-report.sh); no GPU needed.
+ifeq ($(CUDA),1)
+kernel-report: $(CU_SRCS:%.cu=$(BUILD)/%.cu.o) $(LAB_SRCS:%.cu=$(BUILD)/%.cu.o)
+	@bash scripts/kernel-report.sh $(BUILD)
+else
+kernel-report:
+	@echo "make kernel-report reads nvcc's ptxas reports: run make CUDA=1 kernel-report"; exit 1
+endif
+
 # Every lab binary in turn (each validates, then times on a GPU); fails if any version disagrees.
 lab: $(LAB_BINS)
 	@status=0; for b in $(LAB_BINS); do echo "=== $$b"; $$b || status=1; done; exit $$status
@@ -312,19 +400,25 @@ check-docs: $(LESSON_BINS) $(EXTRA_BINS)
 
 # The GPU check in two halves, for a GPU machine that builds nothing (scripts/gpu-check.sh says
 # how the device tool runs it). gpu-check-prepare, here: the CUDA binaries the check runs, built
-# into build-gpucheck/ (GPUCHECK above), gathered with MNIST and the scripts into gpu-check/,
-# under the 64 MiB a device call carries. gpu-check, there: runs them (tests, compute-sanitizer,
-# the lab against cuBLAS/cuDNN, lesson 05 beside PyTorch), no make and no compiler.
-# (Lesson 04's trainer is not among them: the check runs no step with it, and at 8 MiB it took the
-# folder past 64.)
-GPU_CHECK_BINS := tests/kiln_tests bin/lesson-05 $(LAB_SRCS:cuda/lab/%.cu=lab/%)
+# into build-gpucheck/ (GPUCHECK above), gathered with MNIST, CIFAR-10 and the scripts into
+# gpu-check/, under the 64 MiB a device call carries. gpu-check, there: runs them (the tests,
+# every CUDA trainer, their throughput beside PyTorch's, per-kernel times, Nsight Compute, the
+# lab against cuBLAS/cuDNN, compute-sanitizer), no make and no compiler. The trainers 04-11 and
+# the lab's pages are two multi-call binaries (above); lesson 12 links Open MPI and is apart.
+# gpu-check-dry: the same script on this machine's emulator build, to check its steps.
+GPU_CHECK_BINS := tests/kiln_tests bin/kiln-gpu lab/kiln-lab bin/lesson-12
 gpu-check-prepare:
-	@bash data/fetch.sh mnist
+	@bash data/fetch.sh mnist cifar10
 	@$(MAKE) --no-print-directory CUDA=1 GPUCHECK=1 $(addprefix build-gpucheck/,$(GPU_CHECK_BINS))
 	@bash scripts/gpu-check-prepare.sh build-gpucheck $(GPU_CHECK_BINS)
 
 gpu-check:
 	@bash scripts/gpu-check.sh
+
+gpu-check-dry:
+	@bash data/fetch.sh mnist cifar10
+	@$(MAKE) --no-print-directory $(addprefix build/,$(GPU_CHECK_BINS))
+	@GPU_CHECK_DRY=1 bash scripts/gpu-check.sh
 
 # --- fuzzing -------------------------------------------------------------------------------
 # The harnesses in fuzz/ feed libFuzzer's inputs to the file readers: safetensors (checkpoints),

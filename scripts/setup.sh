@@ -20,7 +20,8 @@ for arg in "$@"; do
 done
 # libstb-dev is stb_image 2.27, with a known signed overflow in its JPEG decoder (nothings/stb#1533):
 # src/data/image_decode.h says how kiln decodes with it anyway.
-packages=(g++ make zlib1g-dev libstb-dev catch2 ca-certificates curl libopenmpi-dev openmpi-bin)
+# clang: the emulator's traced kernels (make lab's memory counts, their tests: cuda/emu/traffic.cpp).
+packages=(g++ clang make zlib1g-dev libstb-dev catch2 ca-certificates curl libopenmpi-dev openmpi-bin)
 [[ $bench -eq 1 ]] && packages+=(libopenblas-dev python3-torch python3-numpy)
 [[ $fuzz -eq 1 ]] && packages+=(clang libclang-rt-dev libomp-dev)
 

@@ -4,8 +4,9 @@
 // that the emulator reports what a GPU would get wrong (a missing barrier, barrier divergence,
 // a bad launch) with a message naming the kernel. Its checks each catch a planted bug: the
 // shuffled schedule a missing barrier, the poison a read of memory nobody wrote (static and
-// dynamic shared memory, cudaMalloc), the race detector two threads writing one shared word
-// (static or dynamic) and two blocks writing one global word.
+// dynamic shared memory, a __device__ function's __shared__ array, cudaMalloc), the race detector
+// two threads writing one shared word (static, dynamic or a __device__ function's) and two blocks
+// writing one global word.
 //
 // Every kernel runs under the three schedules (in order, reversed, shuffled) where it matters.
 // These test the emulator itself, so the GPU build (make CUDA=1, KILN_CUDA defined) leaves
@@ -202,15 +203,23 @@ __global__ void block_sum_racy(const float* x, float* out, int n) {
     if (t == 0) out[blockIdx.x] = s[0];
 }
 
-// Sums the first `written` threads' values through shared memory, a static __shared__ array
-// (kStatic) or dynamic shared memory: thread 0 adds all blockDim.x (<= 64) words. BUG (on
-// purpose) when written < blockDim.x: the words past it are never written, so the sum reads
-// uninitialised shared memory (the poison makes it NaN).
-template <bool kStatic>
+// Where a kernel below keeps its shared words: a static __shared__ array of its own, dynamic
+// shared memory, or the __shared__ array of a __device__ function it calls (CUDA gives every
+// block its own of each).
+enum class Where { Static, Dynamic, Device };
+__device__ float* device_tile() {
+    __shared__ float dtile[64];
+    return dtile;
+}
+
+// Sums the first `written` threads' values through shared memory (where W says): thread 0 adds
+// all blockDim.x (<= 64) words. BUG (on purpose) when written < blockDim.x: the words past it are
+// never written, so the sum reads uninitialised shared memory (the poison makes it NaN).
+template <Where W>
 __global__ void sum_through_shared(const float* x, float* out, int written) {
     __shared__ float tile[64];
     KILN_DYNAMIC_SHARED(float, dynamic);
-    float* s = kStatic ? tile : dynamic;
+    float* s = W == Where::Static ? tile : W == Where::Dynamic ? dynamic : device_tile();
     const int t = threadIdx.x;
     if (t < written) s[t] = x[blockIdx.x * blockDim.x + t];
     __syncthreads();
@@ -227,13 +236,13 @@ __global__ void accumulate(const float* x, float* out, int n) {
 }
 
 // BUG (on purpose) when `racy`: threads t and t + 32 both write word t % 32 of shared memory
-// (a static __shared__ array if kStatic, else dynamic) with no barrier between, so which value
-// survives depends on the order. Fixed: one writer each.
-template <bool kStatic>
+// (where W says) with no barrier between, so which value survives depends on the order. Fixed:
+// one writer each.
+template <Where W>
 __global__ void fold_to_warp(const float* x, float* out, bool racy) {
     __shared__ float tile[32];
     KILN_DYNAMIC_SHARED(float, dynamic);
-    float* s = kStatic ? tile : dynamic;
+    float* s = W == Where::Static ? tile : W == Where::Dynamic ? dynamic : device_tile();
     const int t = threadIdx.x;
     if (racy || t < 32) s[t % 32] = x[t];
     __syncthreads();
@@ -668,10 +677,13 @@ TEST_CASE("emu: poison makes a read of memory nobody wrote NaN", "[emu][cuda]") 
         }
     };
     SECTION("dynamic shared memory, in every block and under every schedule") {
-        poisoned(sum_through_shared<false>, block * sizeof(float));
+        poisoned(sum_through_shared<Where::Dynamic>, block * sizeof(float));
     }
     SECTION("a static __shared__ array, in every block and under every schedule") {
-        poisoned(sum_through_shared<true>, 0);
+        poisoned(sum_through_shared<Where::Static>, 0);
+    }
+    SECTION("a __shared__ array of a __device__ function, in every block and under every schedule") {
+        poisoned(sum_through_shared<Where::Device>, 0);
     }
     SECTION("cudaMalloc: 0xFF bytes, which are NaN as f32, f16 and bf16") {
         const int n = 100;
@@ -728,12 +740,15 @@ TEST_CASE("emu: the race detector names two threads writing one shared word betw
         KILN_CHECK_LAUNCH(kernel, 1, 64);
     };
     SECTION("dynamic shared memory") {
-        caught(fold_to_warp<false>, 32 * sizeof(float), "dynamic shared memory");
-        KILN_LAUNCH(fold_to_warp<false>, 1, 64, 32 * sizeof(float))(dx.get(), dout.get(), true);
-        CHECK_THAT(kiln::emu::last_error_detail(), Catch::Contains("kernel fold_to_warp<false>"));
+        caught(fold_to_warp<Where::Dynamic>, 32 * sizeof(float), "dynamic shared memory");
+        KILN_LAUNCH(fold_to_warp<Where::Dynamic>, 1, 64, 32 * sizeof(float))(dx.get(), dout.get(), true);
+        CHECK_THAT(kiln::emu::last_error_detail(), Catch::Contains("kernel fold_to_warp<Where::Dynamic>"));
     }
     SECTION("a static __shared__ array, named") {
-        caught(fold_to_warp<true>, 0, "__shared__ array tile");
+        caught(fold_to_warp<Where::Static>, 0, "__shared__ array tile");
+    }
+    SECTION("a __shared__ array of a __device__ function, named") {
+        caught(fold_to_warp<Where::Device>, 0, "__shared__ array dtile");
     }
     SECTION("atomics on one word are not a race") {
         for (Schedule s : kSchedules) {
@@ -746,15 +761,26 @@ TEST_CASE("emu: the race detector names two threads writing one shared word betw
     }
 }
 
-// The static arrays are found through the symbol table: each with its size and declared name.
+// The static arrays are found through the symbol table: each with its size and declared name,
+// a kernel's own and those of __device__ functions.
 TEST_CASE("emu: a kernel's static __shared__ arrays are found by its address", "[emu][cuda]") {
     const auto& arrays = kiln::emu::static_shared_arrays(reinterpret_cast<const void*>(&block_sum<256>));
-    REQUIRE(arrays.size() == 1);
+    REQUIRE(arrays.size() >= 2);  // its s, then the __device__ functions' (device_tile's dtile, ...)
     CHECK(arrays[0].name == "s");
     CHECK(arrays[0].bytes == 256 * sizeof(float));
     CHECK(kiln::emu::static_shared_arrays(reinterpret_cast<const void*>(&block_sum<1024>))[0].bytes ==
           1024 * sizeof(float));
-    CHECK(kiln::emu::static_shared_arrays(reinterpret_cast<const void*>(&accumulate)).empty());
+    // Arrays of __device__ functions belong to every kernel (any may call the function), after
+    // the kernel's own: device_tile's dtile is checked for accumulate too, which has none.
+    const auto dtile = [](const std::vector<kiln::emu::StaticShared>& a) {
+        return std::find_if(a.begin(), a.end(), [](const kiln::emu::StaticShared& s) { return s.name == "dtile"; });
+    };
+    const auto& of_accumulate = kiln::emu::static_shared_arrays(reinterpret_cast<const void*>(&accumulate));
+    REQUIRE(dtile(of_accumulate) != of_accumulate.end());
+    CHECK(dtile(of_accumulate)->bytes == 64 * sizeof(float));
+    CHECK(dtile(arrays) != arrays.end());
+    CHECK(std::none_of(of_accumulate.begin(), of_accumulate.end(),
+                       [](const kiln::emu::StaticShared& s) { return s.name == "s"; }));
 }
 
 // A read-write race (a thread reads a word another writes between the same two barriers) is not

@@ -22,12 +22,17 @@
 // the words each stretch of a thread changed are recorded until the next barrier, and a second
 // thread changing one is a write-write race.
 //
+// With memory counting on (emu.h "memory traffic", traffic.cpp), the block's shared memory is
+// handed to the launch's counter at its start, and every barrier and the block's end close the
+// warps' requests recorded so far.
+//
 // A round in which nothing can run while threads wait is a deadlock: a thread exited while
 // others wait at a barrier, or a warp collective's mask names a lane that never comes. The
 // block stops, its waiting fibers are abandoned (no exception crosses a fiber; a thread that
 // finds an error, and the direct thread, unwind on their own stacks), and the launch fails with
 // cudaErrorLaunchFailure and a message naming the kernel, block and threads.
 #include <omp.h>
+#include <pthread.h>
 
 #include <algorithm>
 #include <atomic>
@@ -36,6 +41,7 @@
 #include <exception>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <sstream>
 #include <vector>
 
@@ -43,6 +49,7 @@
 #include "emu.h"
 #include "fiber.h"
 #include "symbols.h"
+#include "traffic.h"
 
 // The built-in variables: per OS thread, rewritten before each emulated thread runs.
 __thread uint3 threadIdx;
@@ -173,6 +180,7 @@ struct LaunchState {
     std::uint64_t seed;
     bool racecheck;
     std::vector<GlobalRegion> global;  // with the race detector on: the memory it may write
+    traffic::Counter* traffic = nullptr;  // with counting on (emu.h "memory traffic")
 
     std::atomic<bool> failed{false};
     std::mutex mutex;
@@ -326,6 +334,7 @@ private:
     void* os_fake_ = nullptr;
     const void* os_bottom_ = nullptr;
     std::size_t os_size_ = 0;
+    std::uintptr_t os_stack_lo_ = 0, os_stack_hi_ = 0;  // this OS thread's stack (the direct threads')
 
     unsigned live_ = 0;  // threads not exited
     unsigned at_barrier_ = 0;
@@ -377,6 +386,16 @@ std::string op_name(const Thread& t) { return t.op == WarpOp::Call ? call_of(t).
 // --- set-up ------------------------------------------------------------------------------------------
 void Worker::prepare(LaunchState& L) {
     launch_ = &L;
+    if (os_stack_hi_ == 0) {
+        pthread_attr_t attr;
+        void* lo = nullptr;
+        std::size_t size = 0;
+        if (pthread_getattr_np(pthread_self(), &attr) == 0) {
+            pthread_attr_getstack(&attr, &lo, &size);
+            pthread_attr_destroy(&attr);
+        }
+        os_stack_lo_ = reinterpret_cast<std::uintptr_t>(lo), os_stack_hi_ = os_stack_lo_ + size;
+    }
     if (prepared_id_ == L.id) return;
     prepared_id_ = L.id;
     n_ = L.nthreads;
@@ -443,6 +462,11 @@ void Worker::begin_block(std::uint64_t b) {
     // Poison: every block starts with shared memory as unwritten as on a GPU (NaN bytes), so
     // neither a read of a word no thread wrote nor the previous block's stale data can look right.
     for (const SharedRegion& r : regions_) std::memset(r.at, kPoisonByte, r.bytes);
+    if (L.traffic) {
+        std::vector<traffic::Span> shared;
+        for (const SharedRegion& r : regions_) shared.push_back({reinterpret_cast<std::uintptr_t>(r.at), r.bytes});
+        L.traffic->begin_block(shared);
+    }
     racecheck_running = L.racecheck && (shared_bytes_ > 0 || !L.global.empty());
     race_.clear();
     if (racecheck_running) {
@@ -468,6 +492,7 @@ bool Worker::run_block(LaunchState& L, std::uint64_t b) {
         }
     }
     if (ok && live_ > 0) ok = run_rounds(nullptr);
+    if (L.traffic) L.traffic->end_block();
     current_ = nullptr;
     racecheck_running = false;
     if (ok && !race_.empty()) ok = false, why_ = race_;
@@ -504,6 +529,13 @@ KILN_EMU_INLINE void Worker::enter(Thread& t) {
     current_ = &t;
     threadIdx = t.tid;
     t.state = State::Running;
+    if (t.direct) {
+        traffic::running_stack_lo = os_stack_lo_, traffic::running_stack_hi = os_stack_hi_;
+    } else {
+        const Stack& s = stacks_[t.linear];
+        traffic::running_stack_lo = reinterpret_cast<std::uintptr_t>(s.lo);
+        traffic::running_stack_hi = reinterpret_cast<std::uintptr_t>(s.lo) + s.size;
+    }
 }
 
 KILN_EMU_INLINE void Worker::end_stretch(Thread& t) {
@@ -692,6 +724,7 @@ KILN_EMU_INLINE int Worker::barrier(BarrierOp op, int predicate) {
 
 // Every thread of the block is at the barrier (an exited one never arrives: deadlock).
 void Worker::release_block() {
+    if (launch_->traffic) launch_->traffic->barrier();  // every warp's requests so far are whole
     res_count_ = acc_count_, res_and_ = acc_and_, res_or_ = acc_or_;
     acc_count_ = 0, acc_and_ = 1, acc_or_ = 0;
     at_barrier_ = 0;
@@ -968,6 +1001,8 @@ void launch(const char* name, const void* kernel, dim3 grid, dim3 block, std::si
     L.schedule = schedule(), L.seed = schedule_seed(), L.racecheck = racecheck();
     const auto nblocks = static_cast<std::int64_t>(std::uint64_t(grid.x) * grid.y * grid.z);
     if (L.racecheck) watch_writable(L, writable, static_cast<std::uint64_t>(nblocks));
+    std::optional<traffic::Counter> counter;
+    if (traffic_on()) L.traffic = &counter.emplace(name, grid, block);
     const int nt = omp_get_max_threads();
     // Dynamic scheduling: blocks may differ in cost; chunks keep the hand-out cheap. Watched
     // global memory is compared block by block, so those blocks run one at a time.
@@ -983,6 +1018,7 @@ void launch(const char* name, const void* kernel, dim3 grid, dim3 block, std::si
             L.fail("kernel " + std::string(name) + " <<<grid " + dim_str(grid) + ", block " + dim_str(block) +
                    ">>>: " + race);
     }
+    if (counter) counter->finish();
     if (L.failed) set_error(cudaErrorLaunchFailure, L.message);
 }
 

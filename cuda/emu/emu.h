@@ -34,15 +34,21 @@
 #include <cstring>
 #include <string>
 #include <tuple>
+#include <vector>
 #include <type_traits>
 #include <utility>
 
 // --- qualifiers ------------------------------------------------------------------------------
 // The CUDA headers define __global__, __device__, __host__, __forceinline__ and __constant__
 // for host compilers (empty or plain attributes). Shared memory needs a real meaning:
-// one copy per block, i.e. per OS thread running the block.
+// one copy per block, i.e. per OS thread running the block. Both carry an ABI tag, which the
+// compiler writes into the symbol's name (`_ZZ...E2AsB11kiln_shared`, `_Z...B11kiln_kernel...`)
+// and nothing else: the scheduler finds every __shared__ array in the symbol table by it
+// (symbols.cpp), and tells a kernel's own from those of the __device__ functions it may call.
 #undef __shared__
-#define __shared__ static thread_local
+#define __shared__ static thread_local __attribute__((abi_tag("kiln_shared")))
+#undef __global__
+#define __global__ __attribute__((abi_tag("kiln_kernel")))
 #ifndef __launch_bounds__
 #define __launch_bounds__(...)
 #endif
@@ -125,6 +131,63 @@ public:
 private:
     int old_;
 };
+
+// --- memory traffic: what a GPU's memory system does with each warp's accesses -----------------------
+// Code compiled for tracing (the Makefile's TRACE_FLAGS: clang's AddressSanitizer instrumentation
+// with kiln's callbacks, cuda/emu/traffic.cpp) reports every load and store; the emulator groups
+// the lanes of each warp of 32 threads as the hardware issues them — lane l's n-th execution of an
+// instruction with every other lane's n-th of the same instruction — and counts, per launch:
+//   global memory (cudaMalloc'd)  requests (warp instructions) and the 32-byte sectors they touch:
+//                                 4 sectors per request for 32 consecutive floats, 32 when each
+//                                 lane's float lies in another sector (ncu: sectors/request)
+//   shared memory                 requests and wavefronts: 32 banks of 4 bytes serve one
+//                                 wavefront each; lanes reading different words of one bank need
+//                                 one wavefront per word (a bank conflict), the same word is a
+//                                 broadcast. 8-byte accesses go by half-warps, 16-byte ones by
+//                                 quarter-warps (128 bytes a wavefront); ideal = the wavefronts
+//                                 with no conflict, so conflicts = wavefronts - ideal
+// Off (the default), and in code not compiled for tracing, nothing is counted. A warp's requests
+// are complete at each __syncthreads() and at the block's end, where they are counted; lanes are
+// matched by their n-th execution of each instruction since the last barrier (lanes that take
+// different paths between barriers are matched in that order, which can pair accesses a GPU
+// would issue apart). Atomics and wmma's fragment loads and stores are not counted.
+struct AccessCounts {
+    std::uint64_t requests = 0;
+    std::uint64_t sectors = 0;     // global memory: 32-byte sectors; shared memory: wavefronts
+    std::uint64_t ideal = 0;       // shared memory: the wavefronts without bank conflicts
+    std::uint64_t bytes = 0;       // what the lanes asked for
+};
+struct LaunchTraffic {
+    std::string kernel;            // the launch macro's name
+    dim3 grid, block;
+    AccessCounts global_load, global_store, shared_load, shared_store;
+    bool traced = false;           // the kernel reported accesses: it was compiled for tracing
+};
+void set_traffic(bool on);
+bool traffic_on();
+// The launches counted since the last call, in launch order (then forgotten).
+std::vector<LaunchTraffic> take_traffic();
+
+// Counts the launches of one scope, then puts the switch back.
+class ScopedTraffic {
+public:
+    explicit ScopedTraffic(bool on = true) : old_(traffic_on()) { set_traffic(on); }
+    ~ScopedTraffic() { set_traffic(old_); }
+    ScopedTraffic(const ScopedTraffic&) = delete;
+    ScopedTraffic& operator=(const ScopedTraffic&) = delete;
+
+private:
+    bool old_;
+};
+
+// Emulator code that a traced kernel compiles in but whose memory accesses are not the kernel's
+// own instructions (an atomic's compare-and-swap loop, wmma's warp-wide loads run by one lane):
+// left out of the counts above (clang's no_sanitize; the traced build is clang's).
+#if defined(__clang__)
+#define KILN_EMU_UNTRACED __attribute__((no_sanitize("address")))
+#else
+#define KILN_EMU_UNTRACED
+#endif
 
 // Atomics tell the race detector the bytes they touch (an atomic is not a race); one test of a
 // per-OS-thread flag when it is off.
@@ -361,7 +424,7 @@ inline void __threadfence_system() { __atomic_thread_fence(__ATOMIC_SEQ_CST); }
 // Blocks run in parallel on OS threads, so these are real hardware atomics. Threads of one
 // block never interleave inside one (fibers switch only at barriers and collectives).
 #define KILN_EMU_ATOMIC(name, T, builtin)                                                      \
-    inline T name(T* address, T val) {                                                       \
+    KILN_EMU_UNTRACED inline T name(T* address, T val) {                                     \
         kiln::emu::atomic_hook(address);                                                       \
         return builtin(address, val, __ATOMIC_SEQ_CST);                                        \
     }
@@ -387,7 +450,7 @@ KILN_EMU_ATOMIC(atomicExch, unsigned long long, __atomic_exchange_n)
 // The rest are compare-and-swap loops: new = f(old), retried until no other block interfered.
 namespace kiln::emu {
 template <typename T, typename F>
-T atomic_update(T* address, F f) {
+KILN_EMU_UNTRACED T atomic_update(T* address, F f) {
     atomic_hook(address);
     T old;
     __atomic_load(address, &old, __ATOMIC_RELAXED);
@@ -400,7 +463,7 @@ T atomic_update(T* address, F f) {
 
 inline float atomicAdd(float* a, float v) { return kiln::emu::atomic_update(a, [v](float o) { return o + v; }); }
 inline double atomicAdd(double* a, double v) { return kiln::emu::atomic_update(a, [v](double o) { return o + v; }); }
-inline float atomicExch(float* a, float v) { kiln::emu::atomic_hook(a); float old; __atomic_exchange(a, &v, &old, __ATOMIC_SEQ_CST); return old; }
+KILN_EMU_UNTRACED inline float atomicExch(float* a, float v) { kiln::emu::atomic_hook(a); float old; __atomic_exchange(a, &v, &old, __ATOMIC_SEQ_CST); return old; }
 
 #define KILN_EMU_ATOMIC_MINMAX(T)                                                                              \
     inline T atomicMax(T* a, T v) { return kiln::emu::atomic_update(a, [v](T o) { return o < v ? v : o; }); } \
@@ -420,7 +483,7 @@ inline unsigned atomicDec(unsigned* a, unsigned limit) {
 }
 
 #define KILN_EMU_ATOMIC_CAS(T)                                                                  \
-    inline T atomicCAS(T* a, T compare, T val) {                                                \
+    KILN_EMU_UNTRACED inline T atomicCAS(T* a, T compare, T val) {                              \
         kiln::emu::atomic_hook(a);                                                              \
         __atomic_compare_exchange_n(a, &compare, val, false, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST); \
         return compare; /* holds the old value whether or not the swap happened */              \

@@ -22,6 +22,7 @@
 #include <sstream>
 
 #include "emu.h"
+#include "traffic.h"
 
 struct CUstream_st {
     int unused = 0;
@@ -52,6 +53,14 @@ std::size_t& allocated_bytes() {
 }
 
 }  // namespace
+
+std::vector<traffic::Span> traffic::device_allocations() {
+    std::lock_guard<std::mutex> lock(memory_mutex());
+    std::vector<Span> spans;
+    spans.reserve(allocations().size());
+    for (const auto& [at, bytes] : allocations()) spans.push_back({at, bytes});
+    return spans;  // the map is ordered by address
+}
 
 DeviceAllocation device_allocation(const void* p) {
     const auto a = reinterpret_cast<std::uintptr_t>(p);

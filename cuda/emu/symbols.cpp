@@ -4,13 +4,14 @@
 // The table is read once, from /proc/self/exe: the ELF header gives the section headers, the
 // SHT_SYMTAB section the symbols, its linked string table their names. Only three kinds are
 // kept: functions (to name the kernel from its address), thread-local variables whose name
-// starts with "_ZZ" (statics inside functions: the __shared__ arrays among them), and threadIdx
-// (the point every offset is measured from).
+// carries the ABI tag emu.h's __shared__ gives them ("B11kiln_shared"), and threadIdx (the point
+// every offset is measured from).
 #include "symbols.h"
 
 #include <elf.h>
 #include <link.h>
 
+#include <cctype>
 #include <cstdint>
 #include <cstring>
 #include <fstream>
@@ -31,9 +32,12 @@ struct Symbol {
     int file = -1;
 };
 
+// The tags emu.h's __shared__ and __global__ put into the names they declare.
+const std::string kSharedTag = "B11kiln_shared", kKernelTag = "B11kiln_kernel";
+
 struct SymbolTable {
     std::unordered_map<std::uint64_t, Symbol> functions;  // by address in the file
-    std::vector<Symbol> function_statics;                 // thread-local "_ZZ..." variables
+    std::vector<Symbol> function_statics;                 // the __shared__ arrays (tagged, thread-local)
     bool has_thread_idx = false;
     std::uint64_t thread_idx = 0;                         // threadIdx's offset in the TLS block
     std::uintptr_t load_bias = 0;                         // run-time address − address in the file
@@ -87,7 +91,9 @@ SymbolTable read_symbols() {
                 t.functions.emplace(s.st_value, std::move(sym));
             } else if (type == STT_TLS && s.st_shndx != SHN_UNDEF) {
                 if (sym.name == "threadIdx") t.has_thread_idx = true, t.thread_idx = s.st_value;
-                else if (sym.name.compare(0, 3, "_ZZ") == 0) t.function_statics.push_back(std::move(sym));
+                // (not a guard variable, _ZGV..., which a static with a constructor has beside it)
+                else if (sym.name.find(kSharedTag) != std::string::npos && sym.name.compare(0, 4, "_ZGV") != 0)
+                    t.function_statics.push_back(std::move(sym));
             }
         }
     }
@@ -105,17 +111,38 @@ std::string declared_name(const std::string& entity) {
     return entity.substr(digits, length);
 }
 
+// The declared name of an array declared outside any kernel: "_ZZN4kiln4tile4loadEvE3bufB11kiln_shared"
+// (a __device__ function's static, "_0" after it for a second one of the name) -> "buf": the
+// <length><name> that ends right before the tag; the whole symbol if none does.
+std::string device_array_name(const std::string& symbol) {
+    const std::size_t tag = symbol.rfind(kSharedTag);
+    for (std::size_t e = symbol.rfind('E', tag); e != std::string::npos && e > 0; e = symbol.rfind('E', e - 1)) {
+        std::size_t digits = e + 1, length = 0;
+        while (digits < tag && std::isdigit(static_cast<unsigned char>(symbol[digits])))
+            length = length * 10 + std::size_t(symbol[digits++] - '0');
+        if (digits > e + 1 && digits + length == tag) return symbol.substr(digits, length);
+    }
+    return symbol;
+}
+
+// The kernel's own arrays ("_ZZ" + its name without "_Z" + "E" + the array), then every array
+// declared outside any kernel (in a __device__ function the kernel may call, or at namespace
+// scope): their names carry no kernel's tag. Those are all checked at every launch: any kernel
+// may use them, and kiln has few (none in its own kernels).
 std::vector<StaticShared> find_arrays(const SymbolTable& t, const void* kernel) {
     std::vector<StaticShared> arrays;
     if (!t.has_thread_idx) return arrays;  // a stripped program, or threadIdx not in the executable
     const auto fn = t.functions.find(reinterpret_cast<std::uintptr_t>(kernel) - t.load_bias);
-    if (fn == t.functions.end() || fn->second.name.compare(0, 2, "_Z") != 0) return arrays;
-    const std::string prefix = "_ZZ" + fn->second.name.substr(2) + "E";
+    const bool named = fn != t.functions.end() && fn->second.name.compare(0, 2, "_Z") == 0;
+    const std::string prefix = named ? "_ZZ" + fn->second.name.substr(2) + "E" : std::string();
     for (const Symbol& s : t.function_statics) {
-        if (s.name.compare(0, prefix.size(), prefix) != 0) continue;
-        if (fn->second.file >= 0 && s.file >= 0 && s.file != fn->second.file) continue;  // another file's
-        arrays.push_back({static_cast<std::ptrdiff_t>(s.value - t.thread_idx), s.size,
-                          declared_name(s.name.substr(prefix.size()))});
+        const auto at = static_cast<std::ptrdiff_t>(s.value - t.thread_idx);
+        if (s.name.find(kKernelTag) == std::string::npos) {
+            arrays.push_back({at, s.size, device_array_name(s.name)});
+        } else if (named && s.name.compare(0, prefix.size(), prefix) == 0) {
+            if (fn->second.file >= 0 && s.file >= 0 && s.file != fn->second.file) continue;  // another file's
+            arrays.push_back({at, s.size, declared_name(s.name.substr(prefix.size()))});
+        }
     }
     return arrays;
 }

@@ -10,9 +10,13 @@
 // thread-local block and its size. Every OS thread's block has the same layout, so the array
 // lies at a fixed distance from any other thread-local variable of the program: from threadIdx.
 //
+// Arrays declared in a __device__ function (or at namespace scope) are not named after a kernel:
+// emu.h's __shared__ and __global__ tag the names they declare (an ABI tag, `B11kiln_shared`,
+// `B11kiln_kernel`), so an array without a kernel's tag belongs to every launch.
+//
 // What this cannot see (the arrays are then neither poisoned nor race-checked): a stripped
-// program (no .symtab), an emulator linked as a shared library (its thread-local block is not
-// the executable's), and __shared__ arrays declared in a __device__ function the kernel calls.
+// program (no .symtab), and an emulator linked as a shared library (its thread-local block is
+// not the executable's).
 #pragma once
 
 #include <cstddef>
@@ -27,9 +31,9 @@ struct StaticShared {
     std::string name;                // as declared: "As"
 };
 
-// The static __shared__ arrays declared in the kernel at `kernel` (its address); read from the
-// symbol table once per program, then cached. Empty when the kernel has none or they cannot be
-// found (above).
+// The static __shared__ arrays declared in the kernel at `kernel` (its address), then those
+// declared outside kernels; read from the symbol table once per program, then cached. Empty when
+// there are none or they cannot be found (above).
 const std::vector<StaticShared>& static_shared_arrays(const void* kernel);
 
 }  // namespace kiln::emu

@@ -126,7 +126,7 @@ T* element(std::uintptr_t p, unsigned ldm, bool row, int r, int c) {
 
 // The WarpCall functions: one call for the whole warp, lanes[l] holding lane l's fragments.
 template <typename Frag>
-void run_load(kiln::emu::WarpCall* const* lanes) {
+KILN_EMU_UNTRACED void run_load(kiln::emu::WarpCall* const* lanes) {
     using T = typename Frag::element_type;
     const kiln::emu::WarpCall& c = *lanes[0];
     for (int l = 0; l < 32; l++) {
@@ -139,7 +139,7 @@ void run_load(kiln::emu::WarpCall* const* lanes) {
 }
 
 template <typename Frag>
-void run_store(kiln::emu::WarpCall* const* lanes) {
+KILN_EMU_UNTRACED void run_store(kiln::emu::WarpCall* const* lanes) {
     using T = typename Frag::element_type;
     const kiln::emu::WarpCall& c = *lanes[0];
     for (int l = 0; l < 32; l++) {

@@ -1,7 +1,8 @@
 // common.h — what the kernel lab's files share (llm.c's dev/cuda/common.h): device arrays,
 // random inputs, validate_result, timing with CUDA events, the "bench <name>: <value> <unit>"
 // line, and the lab's protocol: every version at every block size is validated against the
-// CPU reference before any version is timed.
+// CPU reference before any version is timed; on the emulator each version's run also prints what
+// a GPU's memory system would do with it (requests, sectors, bank conflicts: print_traffic).
 //
 // One source, two builds (see each file's header for its command lines):
 //   make lab            g++ and kiln's emulator: validates at small sizes, times nothing (the
@@ -44,7 +45,13 @@
 namespace kiln::lab {
 
 #ifdef KILN_CUDA
-constexpr bool kTiming = true;  // a real GPU: validate at the real sizes, then time
+// A real GPU: validate at the real sizes, then time. With KILN_LAB_SIZES=emulator in the
+// environment, the emulator's small sizes and no timing: the GPU check profiles those launches
+// with Nsight Compute, to set its memory counts beside the emulator's (print_traffic).
+inline const bool kTiming = [] {
+    const char* sizes = std::getenv("KILN_LAB_SIZES");
+    return !(sizes && std::string(sizes) == "emulator");
+}();
 #else
 constexpr bool kTiming = false;  // the emulator: validate at small sizes only
 #endif
@@ -169,11 +176,54 @@ inline int chosen_version(int argc, char** argv, const std::vector<Version>& ver
     return int(v);
 }
 
+#ifndef KILN_CUDA
+// What a GPU's memory system would do with the launches of one version's run, as the emulator
+// counted them (cuda/emu/README.md, "requests, sectors, bank conflicts"): per kernel, its global
+// loads and stores (requests, 32-byte sectors per request: 4 is a coalesced warp of floats) and
+// its shared memory accesses (requests, wavefronts per request, and the bank conflicts: the
+// wavefronts beyond the ideal). One line per kernel, under the version's own line.
+inline void print_traffic(const std::vector<emu::LaunchTraffic>& launches) {
+    struct Kernel {
+        std::string name;
+        int launches = 0;
+        emu::LaunchTraffic sum;
+    };
+    std::vector<Kernel> kernels;  // in order of first launch
+    bool traced = false;
+    for (const emu::LaunchTraffic& l : launches) {
+        traced = traced || l.traced;
+        auto it = std::find_if(kernels.begin(), kernels.end(), [&](const Kernel& k) { return k.name == l.kernel; });
+        if (it == kernels.end()) it = kernels.insert(kernels.end(), Kernel{l.kernel, 0, {}});
+        it->launches++;
+        for (auto [to, from] : {std::pair{&it->sum.global_load, &l.global_load}, {&it->sum.global_store, &l.global_store},
+                                {&it->sum.shared_load, &l.shared_load}, {&it->sum.shared_store, &l.shared_store}})
+            to->requests += from->requests, to->sectors += from->sectors, to->ideal += from->ideal, to->bytes += from->bytes;
+    }
+    if (!traced) return;  // kernels built without tracing (not the lab's emulator build): nothing counted
+    const auto per = [](const emu::AccessCounts& c) { return c.requests ? double(c.sectors) / double(c.requests) : 0.0; };
+    for (const Kernel& k : kernels) {
+        const emu::LaunchTraffic& t = k.sum;
+        std::printf("      %-30s global ld %7llu req %5.2f sect/req  st %6llu req %5.2f", k.name.c_str(),
+                    (unsigned long long)t.global_load.requests, per(t.global_load),
+                    (unsigned long long)t.global_store.requests, per(t.global_store));
+        if (t.shared_load.requests + t.shared_store.requests > 0)
+            std::printf("  shared ld %7llu req %5.2f wavefr/req  st %6llu req %5.2f  conflicts %llu",
+                        (unsigned long long)t.shared_load.requests, per(t.shared_load),
+                        (unsigned long long)t.shared_store.requests, per(t.shared_store),
+                        (unsigned long long)(t.shared_load.sectors - t.shared_load.ideal + t.shared_store.sectors -
+                                             t.shared_store.ideal));
+        std::printf("\n");
+    }
+}
+#endif
+
 // Step 1 of the lab's protocol (llm.c's main loop): every chosen version at every block size
 // runs (run(version, block) poisons its output first) and is checked against the CPU
 // reference (check(label) returns false on a mismatch). On the emulator each runs twice, with
 // the threads of a block in order and in reverse between barriers: a missing __syncthreads()
-// shows in one of the two. Returns false when any version disagreed.
+// shows in one of the two; the first run also counts what a GPU's memory system would do with
+// its kernels' accesses (print_traffic, under the version's line). Returns false when any version
+// disagreed.
 template <typename Run, typename Check>
 bool validate_versions(const std::vector<Version>& versions, int chosen, Run run, Check check) {
 #ifdef KILN_CUDA
@@ -189,8 +239,19 @@ bool validate_versions(const std::vector<Version>& versions, int chosen, Run run
         for (const Version& version : versions) {
             if (!is_chosen(version, chosen)) continue;
             for (int block : version.block_sizes) {
+#ifdef KILN_CUDA
                 run(version.number, block);
                 ok = check(version_label(version, block) + schedule) && ok;
+#else
+                emu::take_traffic();
+                {
+                    emu::ScopedTraffic counting(!*schedule);  // the first run only
+                    run(version.number, block);
+                }
+                const std::vector<emu::LaunchTraffic> traffic = emu::take_traffic();
+                ok = check(version_label(version, block) + schedule) && ok;
+                print_traffic(traffic);
+#endif
             }
         }
     }
@@ -341,7 +402,7 @@ bool validate_and_time_conv(const std::vector<Version>& versions, int chosen, La
         launch(version, block);
     };
     bool ok = validate_versions(versions, chosen, run, check);
-    if (!ok) return false;
+    if (!ok || !kTiming) return ok;
 #ifdef KILN_CUDA
     c.y.poison();
     const double cudnn_ms = CudnnConv(c.p).forward(c.x, c.w, c.b, c.y.get(), c.name, check, ok);
