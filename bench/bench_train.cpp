@@ -31,6 +31,13 @@
 //                        runs it as "f32 _busy" while another program keeps one core busy (a
 //                        learner's machine is rarely idle) and, on a CPU with AVX-512, as
 //                        "f32 _avx2" with KILN_CPU=avx2 (what a learner's AVX2 CPU would run)
+//   build/bench/bench_train cuda [quick]
+//                        the chapter models that train on a GPU (04-12), on the CUDA device, in
+//                        f32 and under --amp bf16's autocast: "bench NAME_train_cuda: X img/s",
+//                        "..._cuda_bf16", "NAME_params", and a "model NAME: ..." line naming the
+//                        network, its batch and its chapters; scripts/gpu-check.sh sets them beside
+//                        PyTorch's twins (bench/torch_train_gpu.py) in a table. quick: 1 step at
+//                        a batch of 2 (the check's dry run, on the emulator)
 // Threads: OMP_NUM_THREADS (make bench sets 2). The figure is the median of 5 timed rounds.
 #include <algorithm>
 #include <chrono>
@@ -40,6 +47,7 @@
 #include <string>
 #include <vector>
 
+#include "core/cuda_memory.h"
 #include "nn/conv.h"
 #include "nn/layers.h"
 #include "nn/models.h"
@@ -58,13 +66,20 @@ static double median(std::vector<double> v) {
 }
 
 // Median images/second of `rounds` rounds of `steps` calls of step, each on a batch of B images,
-// after 3 untimed calls (warm-up: caches, page faults, thread pool).
-static double median_rate(int64_t B, int steps, int rounds, const std::function<void()>& step) {
-    for (int i = 0; i < 3; i++) step();
+// after `warmup` untimed calls (caches, page faults, thread pool). On a CUDA device each round
+// ends when the device has finished its kernels (launches return before the kernels run).
+static double median_rate(int64_t B, int steps, int rounds, const std::function<void()>& step,
+                          Device device = Device::CPU, int warmup = 3) {
+    const auto finish = [&] {
+        if (device == Device::CUDA) cuda::synchronize();
+    };
+    for (int i = 0; i < warmup; i++) step();
+    finish();
     std::vector<double> rates;
     for (int r = 0; r < rounds; r++) {
         auto t0 = std::chrono::steady_clock::now();
         for (int i = 0; i < steps; i++) step();
+        finish();
         double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
         rates.push_back(double(B) * steps / s);
     }
@@ -73,18 +88,21 @@ static double median_rate(int64_t B, int steps, int rounds, const std::function<
 
 // Median images/second of `rounds` rounds of `steps` training steps at batch B, with the SGD
 // settings of the PyTorch script it is compared with; amp f16 or bf16: under autocast (f16 with
-// a GradScaler), as --amp trains.
+// a GradScaler), as --amp trains; on `device` (the model is moved there), after `warmup` steps.
 static double train_throughput(Module& model, const Shape& input, int64_t classes, int steps, int rounds,
-                               SGD::Options options, DType amp = DType::F32) {
+                               SGD::Options options, DType amp = DType::F32, Device device = Device::CPU,
+                               int warmup = 3) {
     Rng rng(0);
     int64_t B = input[0];
-    Tensor x = Tensor::normal(input, 0, 1, rng);
+    Tensor x = Tensor::normal(input, 0, 1, rng).to(device);
     Tensor y = Tensor::empty({B}, DType::I32);
     for (int64_t i = 0; i < B; i++) y.data<int32_t>()[i] = int32_t(rng.next_below(uint64_t(classes)));
+    y = y.to(device);
+    model.to(device);
     model.input_needs_grad = false;  // as train_epoch (and PyTorch: the input has no requires_grad)
     SGD sgd(model.parameters(), 0.01f, options);
     CrossEntropyLoss criterion;
-    BumpAllocator arena("bench arena", Device::CPU, size_t(1) << 30);
+    BumpAllocator arena("bench arena", device, size_t(1) << 30);
     GradScaler scaler(GradScaler::Options{65536.0f, 2.0, 0.5, 2000, amp == DType::F16});
     auto step = [&] {
         {
@@ -99,7 +117,7 @@ static double train_throughput(Module& model, const Shape& input, int64_t classe
         scaler.update();
         arena.reset();
     };
-    return median_rate(B, steps, rounds, step);
+    return median_rate(B, steps, rounds, step, device, warmup);
 }
 
 // The chapter models as bench/torch_train.py and bench/torch_lenet.py train them: batch size
@@ -111,10 +129,11 @@ struct ChapterModel {
     int steps;
     SGD::Options sgd;
 };
+// The chapters' SGD settings: momentum 0.9 (04, 05, 10-12), Nesterov with weight decay (06-09).
+static const SGD::Options momentum = SGD::Options{}.with_momentum(0.9f),
+                          nesterov = SGD::Options{}.with_momentum(0.9f).with_weight_decay(5e-4f).with_nesterov();
 static const std::vector<ChapterModel>& chapter_models() {
-    static const SGD::Options momentum = SGD::Options{}.with_momentum(0.9f),
-                              lenet_sgd = SGD::Options{}.with_momentum(0.5f),
-                              nesterov = SGD::Options{}.with_momentum(0.9f).with_weight_decay(5e-4f).with_nesterov();
+    static const SGD::Options lenet_sgd = SGD::Options{}.with_momentum(0.5f);
     static const std::vector<ChapterModel> models{
         {"mlp", [] { Rng r(1); return mlp(r); }, {64, 1, 28, 28}, 100, momentum},
         {"lenet", [] { Rng r(1); return lenet(r); }, {64, 1, 28, 28}, 40, lenet_sgd},
@@ -124,6 +143,49 @@ static const std::vector<ChapterModel>& chapter_models() {
     };
     return models;
 }
+// The chapter models whose trainers take --device cuda (04-12), as those trainers build them,
+// with the chapters that train each one and the steps of a timed round on a GPU.
+struct GpuModel {
+    ChapterModel model;
+    std::string what, chapters;
+    int gpu_steps;
+};
+static const std::vector<GpuModel>& gpu_models() {
+    static const std::vector<GpuModel> models{
+        {{"mlp", [] { Rng r(1); return mlp(r); }, {64, 1, 28, 28}, 0, momentum}, "MLP 784-512-256-10", "04", 200},
+        {{"lenet", [] { Rng r(1); return lenet(r); }, {64, 1, 28, 28}, 0, momentum}, "LeNet", "05 11 12", 200},
+        {{"mlp_300_100", [] { Rng r(1); return mlp(r, 300, 100); }, {64, 1, 28, 28}, 0, momentum},
+         "LeNet-300-100 (MLP 784-300-100-10)", "10", 200},
+        {{"cifar_net_l06", [] { Rng r(1); return cifar_net(r, {32, 64, 128}); }, {128, 3, 32, 32}, 0, nesterov},
+         "CIFAR net 32/64/128", "06 08 09 10", 50},
+        {{"cifar_net_l07", [] { Rng r(1); return cifar_net(r, {48, 96, 192}); }, {128, 3, 32, 32}, 0, nesterov},
+         "CIFAR net 48/96/192", "07", 40},
+        {{"cifar_net", [] { Rng r(1); return cifar_net(r); }, {256, 3, 32, 32}, 0, nesterov},
+         "CIFAR net 64/256/256 (the capstone's widths)", "12 13", 20},
+    };
+    return models;
+}
+
+// Each GPU model in f32 and bf16 on the CUDA device, 5 rounds of gpu_steps steps after 3 (quick:
+// one step at batch 2 and no warm-up, enough to run every kernel once).
+static void bench_cuda(bool quick) {
+    for (const GpuModel& g : gpu_models()) {
+        const ChapterModel& m = g.model;
+        Shape input = m.input;
+        if (quick) input.dims[0] = 2;
+        std::printf("model %s: %s, batch %lld, chapters %s\n", m.name.c_str(), g.what.c_str(), (long long)input[0],
+                    g.chapters.c_str());
+        std::printf("bench %s_params: %lld parameters\n", m.name.c_str(), (long long)m.build()->num_parameters());
+        for (DType amp : {DType::F32, DType::BF16}) {
+            auto model = m.build();
+            const double rate = train_throughput(*model, input, 10, quick ? 1 : g.gpu_steps, quick ? 1 : 5, m.sgd, amp,
+                                                 Device::CUDA, quick ? 0 : 3);
+            std::printf("bench %s_train_cuda%s: %.1f img/s\n", m.name.c_str(), amp == DType::F32 ? "" : "_bf16", rate);
+            std::fflush(stdout);
+        }
+    }
+}
+
 static const ChapterModel& chapter_model(const std::string& name) {
     for (const ChapterModel& m : chapter_models())
         if (m.name == name) return m;
@@ -246,6 +308,10 @@ static void bench_winograd() {
 }
 
 int main(int argc, char** argv) {
+    if (argc > 1 && std::string(argv[1]) == "cuda") {
+        bench_cuda(argc > 2 && std::string(argv[2]) == "quick");
+        return 0;
+    }
     if (argc > 1 && std::string(argv[1]) == "surgery") {
         bench_surgery();
         return 0;

@@ -17,6 +17,7 @@ import os, sys, time
 import numpy as np, torch, torch.nn.functional as F
 
 from torch_lenet import idx, LeNet  # bench/torch_lenet.py: the IDX reader and the model
+from torch_train import tf32_off     # bench/torch_train.py: f32 without TF32
 
 d = sys.argv[1] if len(sys.argv) > 1 else ''
 epochs = float(sys.argv[2]) if len(sys.argv) > 2 else 1.0
@@ -25,14 +26,7 @@ if not torch.cuda.is_available():
 dev = torch.device('cuda')
 torch.manual_seed(0)
 
-# TF32 off. PyTorch >= 2.9 has one setting per backend and refuses a mix with the older flags;
-# before it, cuDNN's allow_tf32 (on by default) and cuBLAS's.
-if hasattr(torch.backends.cudnn, 'conv') and hasattr(torch.backends.cudnn.conv, 'fp32_precision'):
-    torch.backends.cudnn.conv.fp32_precision = 'ieee'
-    torch.backends.cuda.matmul.fp32_precision = 'ieee'
-else:
-    torch.backends.cudnn.allow_tf32 = False
-    torch.backends.cuda.matmul.allow_tf32 = False
+tf32_off()
 
 norm = lambda a: torch.tensor((a / 255.0 - 0.1307) / 0.3081, dtype=torch.float32, device=dev)
 real = bool(d) and any(os.path.exists(os.path.join(d, 'train-images-idx3-ubyte' + z)) for z in ('', '.gz'))

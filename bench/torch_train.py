@@ -4,7 +4,8 @@ inputs of the real shape (the data pipeline is not what is measured), its images
 `make bench` (bench/run.sh) runs it beside kiln's figure at the same thread count and prints
 the ratio. The models, each the layout of its kiln twin in src/nn/models.cpp:
 
-  mlp            chapter 02's MLP 784-512-256-10 (kiln: mlp), SGD momentum 0.9
+  mlp            chapter 02's MLP 784-512-256-10 (kiln: mlp), SGD momentum 0.9; mlp(300, 100) is
+                 chapter 10's LeNet-300-100
   cifar_net      a fast CIFAR-10 network (the airbench94 layout: 2x2 conv 3->24 with GELU, then
                  three conv-pool-BN-GELU blocks), widths 64/256/256 (kiln: cifar_net, chapters
                  06 and 13); cifar_net:32,64,128 gives lesson 06's widths. SGD Nesterov 0.9
@@ -14,13 +15,26 @@ the ratio. The models, each the layout of its kiln twin in src/nn/models.cpp:
 Usage: /usr/bin/python3 bench/torch_train.py MODEL [THREADS] [BATCH] [SECONDS]
 Prints one line: training images per second and the model's parameters (run.sh checks them
 against kiln's, so that the two are the same network). Needs Debian's python3-torch (no torchvision).
+bench/torch_train_gpu.py trains the same models on a GPU.
 """
 import sys, time, torch, torch.nn as nn, torch.nn.functional as F
 
 
-def mlp():
-    return nn.Sequential(nn.Flatten(), nn.Linear(784, 512), nn.ReLU(inplace=True),
-                         nn.Linear(512, 256), nn.ReLU(inplace=True), nn.Linear(256, 10))
+def mlp(h1=512, h2=256):
+    return nn.Sequential(nn.Flatten(), nn.Linear(784, h1), nn.ReLU(inplace=True),
+                         nn.Linear(h1, h2), nn.ReLU(inplace=True), nn.Linear(h2, 10))
+
+
+def tf32_off():
+    """f32 matrix products and convolutions in f32, not TF32 (kiln's kernels compute in f32). PyTorch
+    >= 2.9 has one setting per backend and refuses a mix with the older flags; before it, cuDNN's
+    allow_tf32 (on by default) and cuBLAS's."""
+    if hasattr(torch.backends.cudnn, 'conv') and hasattr(torch.backends.cudnn.conv, 'fp32_precision'):
+        torch.backends.cudnn.conv.fp32_precision = 'ieee'
+        torch.backends.cuda.matmul.fp32_precision = 'ieee'
+    else:
+        torch.backends.cudnn.allow_tf32 = False
+        torch.backends.cuda.matmul.allow_tf32 = False
 
 
 def cifar_net(w1=64, w2=256, w3=256, stem=24):

@@ -18,6 +18,10 @@
 #include "core/cuda_memory.h"
 #include "kiln_cuda.h"
 
+#if defined(__CUDACC__)
+#include <cuda_profiler_api.h>
+#endif
+
 namespace kiln::cuda {
 namespace {
 
@@ -58,6 +62,14 @@ KernelTimer& timer() {
 }  // namespace
 
 void set_kernel_timing(bool on) { cuda_detail::kernel_timing().store(on); }
+
+void set_profiler_capture(bool on) {
+#if defined(__CUDACC__)
+    KILN_CUDA_CHECK(on ? cudaProfilerStart() : cudaProfilerStop());
+#else
+    (void)on;  // the emulator has no profiler to tell
+#endif
+}
 bool kernel_timing_on() { return cuda_detail::kernel_timing().load(); }
 
 std::vector<KernelTime> take_kernel_times() {

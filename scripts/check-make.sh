@@ -7,11 +7,13 @@
 #   make bench                runs scripts/setup.sh --bench (which installs OpenBLAS) before
 #                             it compiles or links anything
 #   make fuzz, clang-check    run scripts/setup.sh --fuzz (which installs clang) before they compile
-#   make gpu-check-prepare    builds into build-gpucheck/ the kernels with -lineinfo for sm_90
-#                             (the H200), the host code for -march=x86-64-v3 (never native), the tests,
-#                             lesson 05 and the lab linked with the static CUDA and C++ runtimes,
-#                             then gathers them (scripts/gpu-check-prepare.sh)
+#   make gpu-check-prepare    builds into build-gpucheck/ the kernels with -lineinfo for sm_90 (the
+#                             device tool's H200), the host code for -march=x86-64-v3 (never
+#                             native), the tests, the multi-call kiln-gpu and kiln-lab and lesson
+#                             12 linked with the static CUDA and C++ runtimes, then gathers them
+#                             (scripts/gpu-check-prepare.sh)
 #   make EXERCISE=1           compiles without -Werror (g++ and nvcc), for a half-written exercise
+#   make CUDA=1 kernel-report runs scripts/kernel-report.sh on the CUDA build's ptxas reports
 # Prints one line per check and fails if any check fails. .ci/run runs it.
 set -u
 cd "$(dirname "$0")/.." || exit 1
@@ -52,14 +54,14 @@ done
 
 out=$(make -n -B gpu-check-prepare 2>&1)
 nvcc_lines=$(grep -E '(^| |/)nvcc ' <<<"$out")
-link_lines=$(grep -E -- '-o build-gpucheck/(tests/kiln_tests|bin/lesson-05|lab/gemm)( |$)' <<<"$out")
+link_lines=$(grep -E -- '-o build-gpucheck/(tests/kiln_tests|bin/kiln-gpu|lab/kiln-lab|bin/lesson-12)( |$)' <<<"$out")
 if ! grep -q -- '-lineinfo' <<<"$nvcc_lines" || grep -v -- '-lineinfo' <<<"$nvcc_lines" | grep -q . ||
-   ! grep -q 'code=sm_90' <<<"$nvcc_lines"; then
-    fail "make -n gpu-check-prepare does not compile every kernel with nvcc -lineinfo for sm_90 (the H200)"
+   ! grep -q 'code=sm_90' <<<"$nvcc_lines" || grep -q 'code=sm_80' <<<"$nvcc_lines"; then
+    fail "make -n gpu-check-prepare does not compile every kernel with nvcc -lineinfo for sm_90 alone"
 elif grep -q -- '-march=native' <<<"$out" || ! grep -q -- '-march=x86-64-v3' <<<"$out"; then
     fail "make -n gpu-check-prepare compiles host code for -march=native, not -march=x86-64-v3"
-elif [[ $(grep -c -- '-lcudart_static.*-static-libstdc++' <<<"$link_lines") -ne 3 ]]; then
-    fail "make -n gpu-check-prepare does not link kiln_tests, lesson 05 and the lab statically; its links:"
+elif [[ $(grep -c -- '-lcudart_static.*-static-libstdc++' <<<"$link_lines") -ne 4 ]]; then
+    fail "make -n gpu-check-prepare does not link kiln_tests, kiln-gpu, kiln-lab and lesson 12 statically; its links:"
     sed 's/^/    /' <<<"$link_lines"
 elif ! tail -n 1 <<<"$out" | grep -q '^bash scripts/gpu-check-prepare.sh build-gpucheck '; then
     fail "make -n gpu-check-prepare does not end by gathering build-gpucheck/ (scripts/gpu-check-prepare.sh)"
@@ -75,6 +77,15 @@ if grep -qi -- 'werror' <<<"$exercise" || [[ $(grep -ci -- 'werror' <<<"$plain")
     fail "make EXERCISE=1 still compiles with -Werror, or make without it does not"
 else
     echo "check-make: make EXERCISE=1 keeps warnings as warnings"
+fi
+
+out=$(make -n CUDA=1 kernel-report 2>&1)
+if grep -q '^bash scripts/kernel-report.sh build-cuda$' <<<"$out" &&
+   ! make -n kernel-report 2>&1 | grep -q 'scripts/kernel-report.sh'; then
+    echo "check-make: make CUDA=1 kernel-report reads the CUDA build's ptxas reports (and needs CUDA=1)"
+else
+    fail "make -n CUDA=1 kernel-report does not run scripts/kernel-report.sh build-cuda; it prints:"
+    tail -n 3 <<<"$out" | sed 's/^/    /'
 fi
 
 [[ $failed -eq 0 ]] && echo "check-make: all passed" || echo "check-make: $failed failed"

@@ -6,14 +6,15 @@
 #
 #   Usage: scripts/gpu-check-prepare.sh BUILD_DIR BINARY...   (BINARY relative to BUILD_DIR)
 #
-# gpu-check/ then holds: gpu-check.sh; the binaries, at the same paths as in BUILD_DIR
-# (tests/kiln_tests, bin/lesson-NN, lab/NAME); data/mnist/ (the four gzip IDX files: the tests
-# and lesson 05 read data/mnist from the folder they run in); bench/torch_lenet_gpu.py and the
-# bench/torch_lenet.py it imports; MANIFEST.txt (what was built, from which commit, with which
-# CUDA, and each file's size).
+# gpu-check/ then holds: gpu-check.sh; the binaries, stripped of their host symbol tables, at the
+# same paths as in BUILD_DIR (tests/kiln_tests, bin/kiln-gpu, lab/kiln-lab, bin/lesson-12); data/mnist/ (the four gzip IDX
+# files) and data/cifar10/cifar10-jpg.tar.gz (the binaries read data/ from the folder they run
+# in); bench/torch_train_gpu.py and the scripts it imports (PyTorch's twins); MANIFEST.txt (what
+# was built, from which commit, with which CUDA, and each file's size).
 # Checks, each failing with what to do:
 #   - every binary loads only libraries the GPU machine has (SYSTEM_LIBS below; everything else
-#     is linked statically, as the Makefile's GPUCHECK says);
+#     is linked statically, as the Makefile's GPUCHECK says), but lesson 12, which may also load
+#     Open MPI and NCCL (gpu-check.sh reports it ABSENT where they are missing);
 #   - the folder plus the rest of the working tree a device call sends stays under 64 MiB.
 # Prints the newest C library version the binaries need (the GPU machine's must be as new).
 set -euo pipefail
@@ -27,6 +28,7 @@ MNIST=(train-images-idx3-ubyte.gz train-labels-idx1-ubyte.gz t10k-images-idx3-ub
 # for the lab, cuBLAS and cuDNN, too large to carry (the GPU machine has them with its CUDA or
 # its PyTorch).
 SYSTEM_LIBS='^(libc|libm|libdl|librt|libpthread|ld-linux-x86-64|libz)\.so|^lib(cublas|cublasLt|cudnn)\.so'
+MPI_LIBS='^lib(mpi|nccl)\.so'               # bin/lesson-12's, which the machine may lack
 
 fail() { echo "gpu-check-prepare: $*" >&2; exit 1; }
 
@@ -34,24 +36,28 @@ fail() { echo "gpu-check-prepare: $*" >&2; exit 1; }
 mib() { awk -v b="$1" 'BEGIN { printf "%.1f", b / 1048576 }'; }
 
 rm -rf "$DIR"
-mkdir -p "$DIR/data/mnist" "$DIR/bench"
+mkdir -p "$DIR/data/mnist" "$DIR/data/cifar10" "$DIR/bench"
 newest_glibc='' loaded=''
 for b in "$@"; do
     [[ -x $BUILD/$b ]] || fail "$BUILD/$b was not built: run \`make gpu-check-prepare\`, not this script alone"
     needed=$(readelf -d "$BUILD/$b" | sed -n 's/.*(NEEDED).*\[\(.*\)\]/\1/p')
     loaded=$(printf '%s\n' "$loaded" "$needed" | grep . | sort -u)
     others=$(grep -vE "$SYSTEM_LIBS" <<<"$needed" || true)
+    [[ $b == bin/lesson-12 ]] && others=$(grep -vE "$MPI_LIBS" <<<"$others" || true)
     [[ -z $others ]] || fail "$BUILD/$b loads $(tr '\n' ' ' <<<"$others")which the GPU machine may not have: link it statically (the Makefile's GPUCHECK flags)"
     newest_glibc=$( (echo "$newest_glibc"; objdump -T "$BUILD/$b" | grep -o 'GLIBC_[0-9.]*' || true) | sort -V | tail -n 1)
     mkdir -p "$DIR/$(dirname "$b")"
     cp "$BUILD/$b" "$DIR/$b"
+    strip --strip-all "$DIR/$b"  # the host symbol tables: a fifth of each binary (the kernels stay)
 done
 for f in "${MNIST[@]}"; do
     [[ -f data/mnist/$f ]] || fail "data/mnist/$f is missing: run \`make data\`"
     cp -L "data/mnist/$f" "$DIR/data/mnist/"
 done
+[[ -f data/cifar10/cifar10-jpg.tar.gz ]] || fail "data/cifar10/cifar10-jpg.tar.gz is missing: run \`make data\`"
+cp -L data/cifar10/cifar10-jpg.tar.gz "$DIR/data/cifar10/"
 cp scripts/gpu-check.sh "$DIR/"
-cp bench/torch_lenet_gpu.py bench/torch_lenet.py "$DIR/bench/"
+cp bench/torch_train_gpu.py bench/torch_train.py bench/torch_lenet.py "$DIR/bench/"
 
 {
     echo "kiln $(git rev-parse --short HEAD)$(git diff --quiet HEAD || echo ' (with uncommitted changes)'), built $(date -u '+%Y-%m-%d %H:%M UTC') with $(${NVCC:-/usr/local/cuda/bin/nvcc} --version | grep -o 'release [0-9.]*' | sed 's/release/CUDA/')"
@@ -64,9 +70,9 @@ cp bench/torch_lenet_gpu.py bench/torch_lenet.py "$DIR/bench/"
 folder=$(du -sb "$DIR" | cut -f1)
 tree=$(git ls-files -z --cached --others --exclude-standard | xargs -0 stat -c %s 2>/dev/null | awk '{ s += $1 } END { print s + 0 }')
 total=$((folder + tree))
-echo "gpu-check-prepare: $DIR/ is $(mib "$folder") MiB ($# binaries, MNIST, the scripts); with the rest" \
+echo "gpu-check-prepare: $DIR/ is $(mib "$folder") MiB ($# binaries, MNIST, CIFAR-10, the scripts); with the rest" \
      "of the working tree ($(mib "$tree") MiB) a device call carries $(mib "$total") MiB of $LIMIT_MIB"
 echo "gpu-check-prepare: the binaries need $newest_glibc or newer and load only $(tr "\n" " " <<<"$loaded")"
 ((total <= LIMIT_MIB * 1048576)) ||
-    fail "that is over the $LIMIT_MIB MiB a device call carries: leave a binary out of the Makefile's GPU_CHECK_BINS"
+    fail "that is over the $LIMIT_MIB MiB a device call carries: leave a binary out of the Makefile's GPU_CHECK_BINS (or a program out of kiln-gpu)"
 echo "gpu-check-prepare: ready. On the GPU machine, one device call that carries $DIR runs: bash $DIR/gpu-check.sh"

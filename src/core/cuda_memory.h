@@ -59,6 +59,10 @@ struct KernelTime {
 void set_kernel_timing(bool on);
 bool kernel_timing_on();
 std::vector<KernelTime> take_kernel_times();
+// cudaProfilerStart (on) and cudaProfilerStop: what a profiler run with its capture range on the
+// profiler API profiles (ncu --profile-from-start off, nsys --capture-range=cudaProfilerApi).
+// Nothing on the emulator.
+void set_profiler_capture(bool on);
 
 // "note: no GPU build — CUDA kernels run on kiln's emulator (slow, exact)" on the emulator,
 // nullptr on a GPU build; a trainer run with --device cuda prints it once (first call only).

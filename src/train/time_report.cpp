@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <cstdlib>
 #include <sstream>
 
 #include "core/cuda_memory.h"
@@ -18,6 +19,8 @@ double TimeReport::in_layers() const {
 }
 
 StepTimer::StepTimer(Module& model, Device device, int skip) : device_(device), skip_(skip) {
+    const char* profile = std::getenv("KILN_PROFILE_TIMED_STEPS");
+    profile_ = device == Device::CUDA && profile && std::string(profile) == "1";
     KILN_CHECK(skip >= 0, "StepTimer: skip is ", skip, "; it counts the untimed first steps, 0 or more");
     for (auto& [name, m] : model.named_modules())
         if (m->children().empty()) {
@@ -61,6 +64,7 @@ void StepTimer::step_begins() {
     if (timing_ && device_ == Device::CUDA) {
         cuda::take_kernel_times();  // waits for the untimed work, and drops what it timed
         cuda::set_kernel_timing(true);
+        if (profile_) cuda::set_profiler_capture(true);
     }
     if (timing_) step_start_ = Clock::now();
 }
@@ -75,6 +79,7 @@ void StepTimer::step_ends() {
     report_.steps++;
     timing_ = false;
     if (device_ != Device::CUDA) return;
+    if (profile_) cuda::set_profiler_capture(false);
     cuda::set_kernel_timing(false);
     for (const cuda::KernelTime& k : cuda::take_kernel_times()) {
         auto same = [&](const cuda::KernelTime& t) { return t.kernel == k.kernel; };

@@ -25,7 +25,9 @@
 // is charged its kernels rather than their launches (and the step runs slower than untimed).
 // On CUDA the timed steps' kernels are also timed one by one, by CUDA events around each launch
 // (core/cuda_memory.h take_kernel_times): the GPU's own time per kernel, summed by kernel name,
-// what a profiler's kernel summary shows, with no profiler.
+// what a profiler's kernel summary shows, with no profiler. With KILN_PROFILE_TIMED_STEPS=1 in the
+// environment the timed steps are also a profiler's capture range (core/cuda_memory.h
+// set_profiler_capture), so that `ncu --profile-from-start off` profiles exactly them.
 #pragma once
 #include <chrono>
 #include <cstdint>
@@ -76,6 +78,7 @@ private:
     void add_hooks(Module& layer, size_t index);
 
     Device device_;
+    bool profile_ = false;  // KILN_PROFILE_TIMED_STEPS=1: the timed steps are the profiler's range
     int skip_, steps_begun_ = 0;
     bool timing_ = false;  // the current step is timed
     Clock::time_point step_start_, layer_start_;
