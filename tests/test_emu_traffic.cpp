@@ -268,6 +268,20 @@ TEST_CASE("emu traffic: 16-byte shared loads go by quarter-warps", "[emu][cuda][
     CHECK(counts(f4(8).shared_store) == std::vector<std::uint64_t>{8, 8 * 8, 8});  // the fill: s[8t + i], stride 8
 }
 
+// Blocks run on every OpenMP thread, and an OS thread other than the program's first keeps its
+// thread-local variables (the static __shared__ arrays among them) inside its stack's mapping:
+// they are shared memory all the same, for the thread the block starts with too.
+TEST_CASE("emu traffic: every block counts alike, whichever OS thread runs it", "[emu][cuda][traffic]") {
+    Device d;
+    const int blocks = 32;
+    const LaunchTraffic t = counted([&] {
+        KILN_LAUNCH(shared_strided, blocks, 32, 0)(d.y, 32);
+        KILN_CHECK_LAUNCH(shared_strided, blocks, 32);
+    });
+    CHECK(counts(t.shared_store) == std::vector<std::uint64_t>{blocks, 32 * blocks, blocks});
+    CHECK(counts(t.shared_load) == std::vector<std::uint64_t>{blocks, 32 * blocks, blocks});
+}
+
 TEST_CASE("emu traffic: the counts do not depend on the schedule", "[emu][cuda][traffic]") {
     Device d;
     for (auto s : {kiln::emu::Schedule::InOrder, kiln::emu::Schedule::Reverse, kiln::emu::Schedule::Shuffle}) {

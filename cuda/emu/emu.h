@@ -150,7 +150,8 @@ private:
 // are complete at each __syncthreads() and at the block's end, where they are counted; lanes are
 // matched by their n-th execution of each instruction since the last barrier (lanes that take
 // different paths between barriers are matched in that order, which can pair accesses a GPU
-// would issue apart). Atomics and wmma's fragment loads and stores are not counted.
+// would issue apart). Atomics and wmma's fragment loads and stores are not counted; ldmatrix
+// (mma.h) is, as each lane's 16-byte row.
 struct AccessCounts {
     std::uint64_t requests = 0;
     std::uint64_t sectors = 0;     // global memory: 32-byte sectors; shared memory: wavefronts

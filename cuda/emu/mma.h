@@ -42,7 +42,7 @@ inline std::uint16_t high(std::uint32_t r) { return std::uint16_t(r >> 16); }
 inline std::uint32_t pack(std::uint16_t lo, std::uint16_t hi) { return std::uint32_t(lo) | std::uint32_t(hi) << 16; }
 
 // lanes[l]->in[0]: lane l's row address; ->out: its 4 registers; args[0]: transposed or not.
-inline void run_ldmatrix_x4(WarpCall* const* lanes) {
+KILN_EMU_UNTRACED inline void run_ldmatrix_x4(WarpCall* const* lanes) {
     const bool trans = lanes[0]->args[0] != 0;
     std::uint16_t m[4][8][8];  // matrix j, row r, column c
     for (int j = 0; j < 4; j++)
@@ -56,7 +56,7 @@ inline void run_ldmatrix_x4(WarpCall* const* lanes) {
 }
 
 // lanes[l]->in = {a (4 registers), b (2), c (4 floats)}, ->out = d (4 floats); args[0]: the type.
-inline void run_mma_m16n8k16(WarpCall* const* lanes) {
+KILN_EMU_UNTRACED inline void run_mma_m16n8k16(WarpCall* const* lanes) {
     const MmaType type = MmaType(lanes[0]->args[0]);
     float a[16][16], b[16][8], d[16][8];
     for (int l = 0; l < 32; l++) {
@@ -93,6 +93,11 @@ inline void ldmatrix_x4(std::uint32_t (&r)[4], const void* row, bool trans) {
     KILN_CHECK(reinterpret_cast<std::uintptr_t>(row) % 16 == 0, "ldmatrix: lane ", threadIdx.x % 32,
                "'s row address ", row, " is not 16-byte aligned (each row is 16 bytes: pad rows to multiples of 8 "
                "16-bit values)");
+    // The lane's own 16-byte read of its row, as the shared memory sees ldmatrix (8 rows, 128 bytes,
+    // a wavefront): what the emulator's memory counts record (emu.h); the warp call reads the rows
+    // for the whole warp, uncounted.
+    unsigned char own_row[16];
+    std::memcpy(own_row, row, sizeof own_row);
     WarpCall call{trans ? "ldmatrix.x4.trans" : "ldmatrix.x4", &detail::run_ldmatrix_x4,
                   {std::uintptr_t(trans), 0, 0}, r, {row, nullptr, nullptr}};
     warp_call(call);

@@ -119,12 +119,14 @@ struct Recorder {
         traced = false;
     }
 
-    // The space an address lies in, or false if it is neither shared nor global memory (the
-    // thread's own stack, most accesses of -O0 code, is ruled out first).
+    // The space an address lies in, or false if it is neither shared nor global memory. Shared
+    // memory first: a static __shared__ array is thread-local, and an OS thread's thread-local
+    // block lies inside its stack's mapping; then the thread's own stack (most accesses of -O0
+    // code), which holds no device memory, is ruled out before the search of the allocations.
     bool classify(std::uintptr_t at, Space* space) {
-        if (at - traffic::running_stack_lo < traffic::running_stack_hi - traffic::running_stack_lo) return false;
         for (const traffic::Span& s : shared)
             if (at - s.at < s.bytes) return *space = Space::Shared, true;
+        if (at - traffic::running_stack_lo < traffic::running_stack_hi - traffic::running_stack_lo) return false;
         if (at - last_global.at < last_global.bytes) return *space = Space::Global, true;
         auto it = std::upper_bound(global->begin(), global->end(), at,
                                    [](std::uintptr_t a, const traffic::Span& s) { return a < s.at; });
