@@ -68,7 +68,9 @@ endif
 # Machine code (SASS) for sm_80 and sm_90, and sm_90's PTX, which the driver of a newer GPU compiles.
 NV_SM80 := -gencode arch=compute_80,code=sm_80
 NV_PTX  := -gencode arch=compute_90,code=compute_90
-NVFLAGS := -std=c++17 -O2 -Isrc -Icuda -DKILN_CUDA=1 --Werror all-warnings \
+# -MMD -MP: a .d file of the headers each object includes, as g++'s, so that an edited .cuh
+# rebuilds the kernels that include it.
+NVFLAGS := -std=c++17 -O2 -Isrc -Icuda -DKILN_CUDA=1 -MMD -MP --Werror all-warnings \
            -Xcompiler -Wall,-Wextra,-Werror,-fopenmp \
            $(NV_SM80) -gencode arch=compute_90,code=sm_90 $(NV_PTX)
 comma := ,
@@ -275,16 +277,17 @@ endif
 # main renamed (-Dmain=kiln_main_NAME) and its other global definitions made local
 # (scripts/multi-localize.sh), and scripts/multi_main.cpp runs `BINARY NAME ARGS...` as program
 # NAME runs `ARGS...`:
-#   bin/kiln-gpu   the trainers that take --device cuda (lesson-04 ... lesson-11; lesson 12
-#                  links Open MPI and stays on its own) and bench_train
+#   bin/kiln-gpu   the tests (`kiln-gpu tests '[cuda]'`: tests/main.cpp renamed, the test files
+#                  as they are), the trainers that take --device cuda (lesson-04 ... lesson-11;
+#                  lesson 12 links Open MPI and stays on its own) and bench_train
 #   lab/kiln-lab   the kernel lab's pages: gemm, conv, ... (with cuBLAS and cuDNN on a GPU)
 # (Inline functions and class types stay shared: two programs that define one of the same name
 # must define it alike, as C++'s one-definition rule asks; an anonymous namespace keeps a
 # program's own apart.)
 # multi_name: lessons/04-cuda-kernels/train.cpp -> lesson_04, bench/bench_train.cpp -> bench_train,
 # cuda/lab/gemm.cu -> gemm
-multi_name = $(if $(filter lessons/%,$(1)),lesson_$(call lesson_num,$(1)),$(basename $(basename $(notdir $(1)))))
-KILN_GPU_SRCS := $(filter-out lessons/01-% lessons/02-% lessons/03-% lessons/12-% lessons/13-%,$(LESSONS)) \
+multi_name = $(if $(filter lessons/%,$(1)),lesson_$(call lesson_num,$(1)),$(if $(filter tests/main.cpp,$(1)),tests,$(basename $(basename $(notdir $(1))))))
+KILN_GPU_SRCS := tests/main.cpp $(filter-out lessons/01-% lessons/02-% lessons/03-% lessons/12-% lessons/13-%,$(LESSONS)) \
                  bench/bench_train.cpp
 KILN_LAB_SRCS := $(LAB_SRCS)
 multi_obj  = $(BUILD)/multi/$(call multi_name,$(1)).o
@@ -293,22 +296,25 @@ ifeq ($(CUDA),1)
 else
   multi_cc = $(CXX) $(CXXFLAGS)$(if $(filter %.cu,$(1)), -x c++)
 endif
+# (The tests' main.cpp keeps its globals: they are Catch2's, which the test files call.)
 define MULTI_RULE
 $(call multi_obj,$(1)): $(1) | $(PACKAGES_OK)
 	@mkdir -p $$(dir $$@)
 	$(call multi_cc,$(1)) -Dmain=kiln_main_$(call multi_name,$(1)) -c $$< -o $$@
-	bash scripts/multi-localize.sh $$@ kiln_main_$(call multi_name,$(1))
+	$(if $(filter tests/main.cpp,$(1)),,bash scripts/multi-localize.sh $$@ kiln_main_$(call multi_name,$(1)))
 endef
 $(foreach f,$(KILN_GPU_SRCS) $(KILN_LAB_SRCS),$(eval $(call MULTI_RULE,$(f))))
-# The dispatcher of binary $(1) (kiln-gpu, kiln-lab), for the programs of sources $(2).
+# The dispatcher of binary $(1) (kiln-gpu, kiln-lab), for the programs of sources $(2) (listed
+# here, so it is rebuilt when the Makefile changes).
 define MULTI_MAIN_RULE
-$(BUILD)/multi/$(1)-main.o: scripts/multi_main.cpp | $(PACKAGES_OK)
+$(BUILD)/multi/$(1)-main.o: scripts/multi_main.cpp Makefile | $(PACKAGES_OK)
 	@mkdir -p $$(dir $$@)
 	$(CXX) $(CXXFLAGS) -DKILN_MAINS="$(foreach f,$(2),KILN_MAIN($(call multi_name,$(f))))" -c $$< -o $$@
 endef
 $(eval $(call MULTI_MAIN_RULE,kiln-gpu,$(KILN_GPU_SRCS)))
 $(eval $(call MULTI_MAIN_RULE,kiln-lab,$(KILN_LAB_SRCS)))
-$(BUILD)/bin/kiln-gpu: $(BUILD)/multi/kiln-gpu-main.o $(foreach f,$(KILN_GPU_SRCS),$(call multi_obj,$(f))) $(LIB)
+$(BUILD)/bin/kiln-gpu: $(BUILD)/multi/kiln-gpu-main.o $(foreach f,$(KILN_GPU_SRCS),$(call multi_obj,$(f))) \
+                       $(filter-out $(BUILD)/tests/main.o,$(TEST_OBJS)) $(LIB)
 	@mkdir -p $(dir $@)
 	$(CXX) $(CXXFLAGS) $(filter %.o,$^) $(LIB) -o $@ $(LDLIBS)
 $(BUILD)/lab/kiln-lab: $(BUILD)/multi/kiln-lab-main.o $(foreach f,$(KILN_LAB_SRCS),$(call multi_obj,$(f))) $(LIB)
@@ -401,16 +407,19 @@ check-docs: $(LESSON_BINS) $(EXTRA_BINS)
 # The GPU check in two halves, for a GPU machine that builds nothing (scripts/gpu-check.sh says
 # how the device tool runs it). gpu-check-prepare, here: the CUDA binaries the check runs, built
 # into build-gpucheck/ (GPUCHECK above), gathered with MNIST, CIFAR-10 and the scripts into
-# gpu-check/, under the 64 MiB a device call carries. gpu-check, there: runs them (the tests,
+# gpu-check/, under the 64 MiB a device call carries, with the emulator's memory counts of the
+# lab's launches (the traced lab, build/lab/). gpu-check, there: runs them (the tests,
 # every CUDA trainer, their throughput beside PyTorch's, per-kernel times, Nsight Compute, the
-# lab against cuBLAS/cuDNN, compute-sanitizer), no make and no compiler. The trainers 04-11 and
-# the lab's pages are two multi-call binaries (above); lesson 12 links Open MPI and is apart.
+# lab against cuBLAS/cuDNN, compute-sanitizer), no make and no compiler. The tests, the trainers
+# 04-11 and the lab's pages are two multi-call binaries (above); lesson 12 links Open MPI and is
+# apart.
 # gpu-check-dry: the same script on this machine's emulator build, to check its steps.
-GPU_CHECK_BINS := tests/kiln_tests bin/kiln-gpu lab/kiln-lab bin/lesson-12
+GPU_CHECK_BINS := bin/kiln-gpu lab/kiln-lab bin/lesson-12
 gpu-check-prepare:
 	@bash data/fetch.sh mnist cifar10
+	@$(MAKE) --no-print-directory CUDA=0 GPUCHECK=0 SAN=0 lab-build
 	@$(MAKE) --no-print-directory CUDA=1 GPUCHECK=1 $(addprefix build-gpucheck/,$(GPU_CHECK_BINS))
-	@bash scripts/gpu-check-prepare.sh build-gpucheck $(GPU_CHECK_BINS)
+	@LAB_PAGES="$(LAB_SRCS:cuda/lab/%.cu=%)" bash scripts/gpu-check-prepare.sh build-gpucheck $(GPU_CHECK_BINS)
 
 gpu-check:
 	@bash scripts/gpu-check.sh

@@ -9,8 +9,9 @@
 #   make fuzz, clang-check    run scripts/setup.sh --fuzz (which installs clang) before they compile
 #   make gpu-check-prepare    builds into build-gpucheck/ the kernels with -lineinfo for sm_90 (the
 #                             device tool's H200), the host code for -march=x86-64-v3 (never
-#                             native), the tests, the multi-call kiln-gpu and kiln-lab and lesson
-#                             12 linked with the static CUDA and C++ runtimes, then gathers them
+#                             native), the multi-call kiln-gpu (tests and trainers) and kiln-lab
+#                             and lesson 12 linked with the static CUDA and C++ runtimes, then
+#                             gathers them
 #                             (scripts/gpu-check-prepare.sh)
 #   make EXERCISE=1           compiles without -Werror (g++ and nvcc), for a half-written exercise
 #   make CUDA=1 kernel-report runs scripts/kernel-report.sh on the CUDA build's ptxas reports
@@ -54,16 +55,16 @@ done
 
 out=$(make -n -B gpu-check-prepare 2>&1)
 nvcc_lines=$(grep -E '(^| |/)nvcc ' <<<"$out")
-link_lines=$(grep -E -- '-o build-gpucheck/(tests/kiln_tests|bin/kiln-gpu|lab/kiln-lab|bin/lesson-12)( |$)' <<<"$out")
+link_lines=$(grep -E -- '-o build-gpucheck/(bin/kiln-gpu|lab/kiln-lab|bin/lesson-12)( |$)' <<<"$out")
 if ! grep -q -- '-lineinfo' <<<"$nvcc_lines" || grep -v -- '-lineinfo' <<<"$nvcc_lines" | grep -q . ||
    ! grep -q 'code=sm_90' <<<"$nvcc_lines" || grep -q 'code=sm_80' <<<"$nvcc_lines"; then
     fail "make -n gpu-check-prepare does not compile every kernel with nvcc -lineinfo for sm_90 alone"
-elif grep -q -- '-march=native' <<<"$out" || ! grep -q -- '-march=x86-64-v3' <<<"$out"; then
+elif grep -- '-o build-gpucheck/' <<<"$out" | grep -q -- '-march=native' || ! grep -q -- '-march=x86-64-v3' <<<"$out"; then
     fail "make -n gpu-check-prepare compiles host code for -march=native, not -march=x86-64-v3"
-elif [[ $(grep -c -- '-lcudart_static.*-static-libstdc++' <<<"$link_lines") -ne 4 ]]; then
-    fail "make -n gpu-check-prepare does not link kiln_tests, kiln-gpu, kiln-lab and lesson 12 statically; its links:"
+elif [[ $(grep -c -- '-lcudart_static.*-static-libstdc++' <<<"$link_lines") -ne 3 ]]; then
+    fail "make -n gpu-check-prepare does not link kiln-gpu (tests, trainers), kiln-lab and lesson 12 statically; its links:"
     sed 's/^/    /' <<<"$link_lines"
-elif ! tail -n 1 <<<"$out" | grep -q '^bash scripts/gpu-check-prepare.sh build-gpucheck '; then
+elif ! tail -n 1 <<<"$out" | grep -qE '^(LAB_PAGES="[^"]*" )?bash scripts/gpu-check-prepare.sh build-gpucheck '; then
     fail "make -n gpu-check-prepare does not end by gathering build-gpucheck/ (scripts/gpu-check-prepare.sh)"
 else
     echo "check-make: make gpu-check-prepare builds portable, statically linked CUDA binaries with -lineinfo"

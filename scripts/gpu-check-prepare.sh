@@ -4,13 +4,18 @@
 # builds nothing, and checks that it can travel there. The Makefile has built the binaries first,
 # with CUDA=1 GPUCHECK=1, into build-gpucheck/.
 #
-#   Usage: scripts/gpu-check-prepare.sh BUILD_DIR BINARY...   (BINARY relative to BUILD_DIR)
+#   Usage: LAB_PAGES="gemm conv ..." scripts/gpu-check-prepare.sh BUILD_DIR BINARY...
+#          (BINARY relative to BUILD_DIR; LAB_PAGES: the lab's pages, whose traced emulator
+#          binaries build/lab/PAGE the Makefile has built)
 #
 # gpu-check/ then holds: gpu-check.sh; the binaries, stripped of their host symbol tables, at the
-# same paths as in BUILD_DIR (tests/kiln_tests, bin/kiln-gpu, lab/kiln-lab, bin/lesson-12); data/mnist/ (the four gzip IDX
+# same paths as in BUILD_DIR (bin/kiln-gpu, lab/kiln-lab, bin/lesson-12); data/mnist/ (the four gzip IDX
 # files) and data/cifar10/cifar10-jpg.tar.gz (the binaries read data/ from the folder they run
 # in); bench/torch_train_gpu.py and the scripts it imports (PyTorch's twins); MANIFEST.txt (what
-# was built, from which commit, with which CUDA, and each file's size).
+# was built, from which commit, with which CUDA, and each file's size); lab-traffic-emulator.txt
+# (the emulator's memory counts of every lab launch at its own sizes, with an H200's 132 SMs so
+# that the GEMMs pick the tiles and split-K the slices the GPU will: gpu-check.sh sets Nsight
+# Compute's counts of the same launches beside them).
 # Checks, each failing with what to do:
 #   - every binary loads only libraries the GPU machine has (SYSTEM_LIBS below; everything else
 #     is linked statically, as the Makefile's GPUCHECK says), but lesson 12, which may also load
@@ -56,6 +61,12 @@ for f in "${MNIST[@]}"; do
 done
 [[ -f data/cifar10/cifar10-jpg.tar.gz ]] || fail "data/cifar10/cifar10-jpg.tar.gz is missing: run \`make data\`"
 cp -L data/cifar10/cifar10-jpg.tar.gz "$DIR/data/cifar10/"
+: >"$DIR/lab-traffic-emulator.txt"
+for page in ${LAB_PAGES:-}; do
+    [[ -x build/lab/$page ]] || fail "build/lab/$page (the emulator's traced lab) was not built: run \`make gpu-check-prepare\`"
+    KILN_EMU_MULTIPROCESSORS=132 KILN_LAB_TRAFFIC_LOG="$DIR/lab-traffic-emulator.txt" build/lab/"$page" >/dev/null ||
+        fail "build/lab/$page failed on the emulator: run it to see why"
+done
 cp scripts/gpu-check.sh "$DIR/"
 cp bench/torch_train_gpu.py bench/torch_train.py bench/torch_lenet.py "$DIR/bench/"
 

@@ -18,15 +18,16 @@
 # this script's logic: a subset of the tests ('[cuda][gemm]'), small slices of MNIST and CIFAR-10,
 # PyTorch's twins on the CPU; no nvidia-smi, and the sanitizers and Nsight Compute ABSENT.
 #
-# The binaries (gpu-check/, or build/ for a dry run): tests/kiln_tests; bin/kiln-gpu, one binary
-# for the trainers 04-11 and bench_train (`kiln-gpu lesson-06 ARGS` runs lesson-06 ARGS: each
-# program carries every kernel, so one binary for all keeps the folder small); bin/lesson-12 (it
-# links Open MPI, which the GPU machine may lack); lab/kiln-lab (the lab's pages: `kiln-lab gemm`).
+# The binaries (gpu-check/, or build/ for a dry run): bin/kiln-gpu, one binary for the tests, the
+# trainers 04-11 and bench_train (`kiln-gpu tests '[cuda]'`, `kiln-gpu lesson-06 ARGS` runs
+# lesson-06 ARGS: each program carries every kernel, so one binary for all keeps the folder
+# small); bin/lesson-12 (it links Open MPI, which the GPU machine may lack); lab/kiln-lab (the
+# lab's pages, `kiln-lab gemm`, with cuBLAS and cuDNN).
 #
 # The steps, in this order (the figures first, the slow sanitizers last):
 #   gpu         nvidia-smi: the GPU, its driver and the CUDA version the driver supports (the
 #               binaries carry the CUDA runtime they were built with, named in MANIFEST.txt)
-#   tests       tests/kiln_tests '[cuda]': every CUDA kernel against the CPU; Catch2's XML report
+#   tests       kiln-gpu tests '[cuda]': every CUDA kernel against the CPU; Catch2's XML report
 #               to $OUT/tests.xml
 #   rerun       only if tests failed: the failing test cases again with CUDA_LAUNCH_BLOCKING=1,
 #               so that an asynchronous fault is reported by the launch that caused it (all of
@@ -102,7 +103,8 @@ if [[ $DRY != 1 ]]; then
     TORCH_DEVICE=cuda TORCH_ARGS=(--seconds 1)
     LAB_PAGES=(gemm conv reduce batchnorm depthwise)
 fi
-TESTS=$BUILD/tests/kiln_tests KILN=$BUILD/bin/kiln-gpu LAB=$BUILD/lab/kiln-lab LESSON12=$BUILD/bin/lesson-12
+KILN=$BUILD/bin/kiln-gpu LAB=$BUILD/lab/kiln-lab LESSON12=$BUILD/bin/lesson-12
+TESTS=("$KILN" tests)
 # The emulator is slower than a GPU by far: a dry run gives every step SCALE times its limit, and
 # itself GPU_CHECK_SECONDS of 1800 (the GPU's run: 330).
 SCALE=1 BUDGET=330
@@ -184,7 +186,7 @@ sanitizer_step() {
         record "$name" "ABSENT: no compute-sanitizer at $SANITIZER"
         return
     fi
-    step "$name" "$limit" "$SANITIZER" --tool "$tool" --error-exitcode 1 "$TESTS" "$tags" && return
+    step "$name" "$limit" "$SANITIZER" --tool "$tool" --error-exitcode 1 "${TESTS[@]}" "$tags" && return
     refusal=$(grep -m1 -iE '^=+ .*(not supported|Internal Sanitizer Error|unable to|failed to initiali)' "$STEPS/$name.log" 2>/dev/null)
     if [[ -n $refusal ]]; then
         RESULTS[-1]="ABSENT: the tool refused: ${refusal#*= }"
@@ -243,7 +245,7 @@ if [[ $DRY == 1 ]]; then
     for n in 06 07 08 09; do LESSON_ARGS[$n]="--epochs 1 --data $CIFAR --batch-size 16"; done
     LESSON_ARGS[10]+=" --rounds 1 --finetune-epochs 1"
     LESSON_ARGS[11]+=" --calib-batches 2"
-    TIME_ARGS="--time-report 1 --batch-size 8"
+    TIME_ARGS="--time-report 1"
     WIDE_ARGS="--width1 64 --width2 256 --width3 256 --batch-size 8"
 else
     for n in 04 05 06 07 08 09 11 12; do LESSON_ARGS[$n]="--epochs 1"; done
@@ -271,12 +273,12 @@ fi
 # the failing ones again with every launch synchronous (all of TAGS if none is named: the
 # process died before its report was written).
 tests_at=${#RESULTS[@]}
-if ! step tests 60 "$TESTS" "$TAGS" -r xml -o "$OUT/tests.xml"; then
+if ! step tests 60 "${TESTS[@]}" "$TAGS" -r xml -o "$OUT/tests.xml"; then
     failing_cases "$OUT/tests.xml" >"$STEPS/failing.txt"
     if [[ -s $STEPS/failing.txt ]]; then
-        step rerun 45 env CUDA_LAUNCH_BLOCKING=1 "$TESTS" -f "$STEPS/failing.txt"
+        step rerun 45 env CUDA_LAUNCH_BLOCKING=1 "${TESTS[@]}" -f "$STEPS/failing.txt"
     else
-        step rerun 45 env CUDA_LAUNCH_BLOCKING=1 "$TESTS" "$TAGS"
+        step rerun 45 env CUDA_LAUNCH_BLOCKING=1 "${TESTS[@]}" "$TAGS"
     fi
 fi
 RESULTS[tests_at]+=" ($(catch2_counts "$OUT/tests.xml"))"
@@ -436,15 +438,17 @@ PY
 }
 
 # ncu_traffic_table: ncu-lab's CSV (a block per lab page, a row per launch, the first row of each
-# block the units) as one line per launch.
+# block the units) beside the emulator's counts of the same launches (lab-traffic-emulator.txt,
+# from gpu-check-prepare: the n-th launch of a page on each side), one line per launch: per
+# request, global sectors (ld, st) and shared wavefronts (ld, st), ncu's/the emulator's.
 ncu_traffic_table() {
-    "$PYTHON" - "$STEPS/ncu-lab.log" <<'PY' 2>/dev/null
+    "$PYTHON" - "$STEPS/ncu-lab.log" "$root/lab-traffic-emulator.txt" <<'PY' 2>/dev/null
 import csv, re, sys
-page, head = '', None
 def f(v):
     try: return float(v.replace(',', ''))
     except ValueError: return 0.0
-def per(a, b): return f"{a / b:6.2f}" if b else "     -"
+def per(a, b): return a / b if b else None
+ncu, page, head = {}, '', None
 for line in open(sys.argv[1], errors='replace'):
     if line.startswith('=== '):
         page, head = line[4:].strip(), None
@@ -458,11 +462,33 @@ for line in open(sys.argv[1], errors='replace'):
     if not row[head['ID']].isdigit():
         continue  # the units row
     m = lambda name: f(row[head[name]]) if name in head else 0.0
-    name = re.sub(r'^void |kiln::(cuda::|lab::)?|\(.*$', '', row[head['Kernel Name']])[:44]
-    print(f"    {page:9} {row[head['ID']]:>3} {name:44} gld {per(m('l1tex__t_sectors_pipe_lsu_mem_global_op_ld.sum'), m('l1tex__t_requests_pipe_lsu_mem_global_op_ld.sum'))}"
-          f" gst {per(m('l1tex__t_sectors_pipe_lsu_mem_global_op_st.sum'), m('l1tex__t_requests_pipe_lsu_mem_global_op_st.sum'))}"
-          f" shld {per(m('l1tex__data_pipe_lsu_wavefronts_mem_shared_op_ld.sum'), m('smsp__sass_inst_executed_op_shared_ld.sum'))}"
-          f" shst {per(m('l1tex__data_pipe_lsu_wavefronts_mem_shared_op_st.sum'), m('smsp__sass_inst_executed_op_shared_st.sum'))}")
+    name = re.sub(r'^void |kiln::(cuda::|lab::)?|[(<].*$', '', row[head['Kernel Name']])
+    ncu.setdefault(page, []).append((name, [
+        per(m('l1tex__t_sectors_pipe_lsu_mem_global_op_ld.sum'), m('l1tex__t_requests_pipe_lsu_mem_global_op_ld.sum')),
+        per(m('l1tex__t_sectors_pipe_lsu_mem_global_op_st.sum'), m('l1tex__t_requests_pipe_lsu_mem_global_op_st.sum')),
+        per(m('l1tex__data_pipe_lsu_wavefronts_mem_shared_op_ld.sum'), m('smsp__sass_inst_executed_op_shared_ld.sum')),
+        per(m('l1tex__data_pipe_lsu_wavefronts_mem_shared_op_st.sum'), m('smsp__sass_inst_executed_op_shared_st.sum'))]))
+emu = {}
+try:
+    for line in open(sys.argv[2]):
+        w = line.rstrip('\n').split('\t')
+        if len(w) < 14:
+            continue
+        n = [float(x) for x in w[4:]]
+        emu.setdefault(w[0], []).append((w[2], [per(n[1], n[0]), per(n[3], n[2]), per(n[5], n[4]), per(n[8], n[7])]))
+except OSError:
+    pass
+def cell(a, b):
+    s = lambda v: '-' if v is None else f'{v:.2f}'
+    return f"{s(a):>6}/{s(b):<6}"
+print(f"    {'page':9} {'n':>3} {'kernel (ncu)':34} {'emulator':26} {'gld':^13} {'gst':^13} {'shld':^13} {'shst':^13}")
+for page, launches in ncu.items():
+    theirs = emu.get(page, [])
+    if len(theirs) != len(launches):
+        print(f"    {page}: {len(launches)} launches on the GPU, {len(theirs)} on the emulator: the lines below may pair different launches")
+    for n, (name, g) in enumerate(launches):
+        ename, e = theirs[n] if n < len(theirs) else ('-', [None] * 4)
+        print(f"    {page:9} {n:>3} {name[:34]:34} {ename[:26]:26} " + ' '.join(cell(a, b) for a, b in zip(g, e)))
 PY
 }
 
@@ -495,8 +521,8 @@ done
     fi
     grep -h '^bench ' "$STEPS/lab.log" 2>/dev/null
     if [[ -s $STEPS/ncu-lab.log ]]; then
-        echo "--- Nsight Compute on the lab's kernels at the emulator's sizes: per launch, global sectors/request (ld, st),"
-        echo "    shared wavefronts/request (ld, st); the emulator's counts of the same launches: make lab"
+        echo "--- Nsight Compute on the lab's kernels at the emulator's sizes, beside the emulator's counts of the same"
+        echo "    launches: per request, global sectors (ld, st) and shared wavefronts (ld, st), ncu/emulator"
         ncu_traffic_table
     fi
     echo "logs: $OUT/"

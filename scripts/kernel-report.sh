@@ -67,7 +67,7 @@ if [[ -z $records ]]; then
     exit 1
 fi
 
-# The table, names demangled (c++filt), without namespaces and parameters, cut to 60 characters,
+# The table, names demangled (c++filt), without namespaces and parameters, cut to 72 characters,
 # by file.
 printf '%s\n' "$records" | while IFS=$'\t' read -r src arch name regs st ld smem; do
     printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$src" "$arch" "$(c++filt "$name")" "$regs" "$st" "$ld" "$smem"
@@ -76,7 +76,7 @@ done | sort -t$'\t' -k1,1 -k3,3 -k2,2 | awk -F'\t' '
     # "void kiln::cuda::gemm_tiled<64, 64, ...>(long, ...)" -> "gemm_tiled<64, 64, ...>"
     function short(name,    i, c, depth) {
         sub(/^void /, "", name)
-        gsub(/kiln::(cuda::|lab::)?/, "", name)
+        gsub(/kiln::(cuda::|lab::)?|detail::/, "", name)
         depth = 0
         for (i = 1; i <= length(name); i++) {
             c = substr(name, i, 1)
@@ -100,12 +100,12 @@ done | sort -t$'\t' -k1,1 -k3,3 -k2,2 | awk -F'\t' '
         return sprintf("%3d%% %-13s", occ, limit)
     }
     BEGIN {
-        printf "%-60s %-5s %4s %11s %7s  %-18s %-18s\n", "kernel", "arch", "regs", "spill st/ld", "smem B",
+        printf "%-72s %-5s %4s %11s %7s  %-18s %-18s\n", "kernel", "arch", "regs", "spill st/ld", "smem B",
                "occupancy @128", "occupancy @256"
     }
     $1 != file { file = $1; printf "--- %s\n", file }
     {
-        printf "%-60s %-5s %4d %5d/%-5d %7d  %-18s %-18s\n", substr(short($3), 1, 60), $2, $4, $5, $6, $7,
+        printf "%-72s %-5s %4d %5d/%-5d %7d  %-18s %-18s\n", substr(short($3), 1, 72), $2, $4, $5, $6, $7,
                occupancy($4, $7, $2, 128), occupancy($4, $7, $2, 256)
         n++; if ($5 + $6 > 0) spilling++
     }

@@ -114,9 +114,10 @@ private:
 };
 
 // The multiprocessors (SMs) the emulated device reports (cudaGetDeviceProperties,
-// cudaDeviceGetAttribute): by default the OpenMP threads, which run its blocks. A test sets a GPU's
-// count (an H200's 132) to run the code paths that depend on it, such as the split-K GEMM's slices
-// and the workspace they take; 0 restores the default. Returns the previous setting (0: the default).
+// cudaDeviceGetAttribute): by default KILN_EMU_MULTIPROCESSORS from the environment, else the
+// OpenMP threads, which run its blocks. A test sets a GPU's count (an H200's 132) to run the code
+// paths that depend on it, such as the GEMMs' tile shapes and split-K's slices and workspace; 0
+// restores the default. Returns the previous setting (0: the default).
 int set_multiprocessors(int count);
 int multiprocessors();
 

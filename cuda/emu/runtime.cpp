@@ -308,7 +308,12 @@ std::atomic<int> multiprocessors_set{0};  // 0: the OpenMP threads
 int set_multiprocessors(int count) { return multiprocessors_set.exchange(count > 0 ? count : 0); }
 int multiprocessors() {
     const int set = multiprocessors_set.load();
-    return set > 0 ? set : omp_get_max_threads();
+    if (set > 0) return set;
+    static const int from_env = [] {
+        const char* v = std::getenv("KILN_EMU_MULTIPROCESSORS");
+        return v ? std::atoi(v) : 0;
+    }();
+    return from_env > 0 ? from_env : omp_get_max_threads();
 }
 }  // namespace kiln::emu
 

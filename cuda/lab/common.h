@@ -215,6 +215,39 @@ inline void print_traffic(const std::vector<emu::LaunchTraffic>& launches) {
         std::printf("\n");
     }
 }
+
+// KILN_LAB_TRAFFIC_LOG=FILE in the environment: counting stays on for the whole run, and every
+// counted launch is appended to FILE, one line each —
+//   page  n  kernel  traced  global ld req, sectors  st req, sectors  shared ld req, wavefronts,
+//   ideal  st req, wavefronts, ideal                                               (tab-separated)
+// — in launch order, n from 0 per page: `make gpu-check-prepare` carries this for the GPU check,
+// which sets Nsight Compute's counts of the same launches (the lab at these sizes on the GPU:
+// KILN_LAB_SIZES=emulator) beside them.
+inline std::string& lab_page() {
+    static std::string page = "lab";
+    return page;
+}
+inline const char* traffic_log_path() { return std::getenv("KILN_LAB_TRAFFIC_LOG"); }
+
+// emu::take_traffic, with the launches it returns appended to the log when there is one.
+inline std::vector<emu::LaunchTraffic> take_traffic_logged() {
+    std::vector<emu::LaunchTraffic> launches = emu::take_traffic();
+    const char* path = traffic_log_path();
+    if (!path || launches.empty()) return launches;
+    static int n = 0;
+    FILE* f = std::fopen(path, "a");
+    KILN_CHECK(f, "KILN_LAB_TRAFFIC_LOG: cannot append to '", path, "'");
+    const auto c = [](const emu::AccessCounts& a) { return (unsigned long long)a.requests; };
+    const auto s = [](const emu::AccessCounts& a) { return (unsigned long long)a.sectors; };
+    const auto i = [](const emu::AccessCounts& a) { return (unsigned long long)a.ideal; };
+    for (const emu::LaunchTraffic& l : launches)
+        std::fprintf(f, "%s\t%d\t%s\t%d\t%llu\t%llu\t%llu\t%llu\t%llu\t%llu\t%llu\t%llu\t%llu\t%llu\n",
+                     lab_page().c_str(), n++, l.kernel.c_str(), int(l.traced), c(l.global_load), s(l.global_load),
+                     c(l.global_store), s(l.global_store), c(l.shared_load), s(l.shared_load), i(l.shared_load),
+                     c(l.shared_store), s(l.shared_store), i(l.shared_store));
+    std::fclose(f);
+    return launches;
+}
 #endif
 
 // Step 1 of the lab's protocol (llm.c's main loop): every chosen version at every block size
@@ -243,12 +276,12 @@ bool validate_versions(const std::vector<Version>& versions, int chosen, Run run
                 run(version.number, block);
                 ok = check(version_label(version, block) + schedule) && ok;
 #else
-                emu::take_traffic();
+                take_traffic_logged();  // launches before this version's (logged when asked)
                 {
                     emu::ScopedTraffic counting(!*schedule);  // the first run only
                     run(version.number, block);
                 }
-                const std::vector<emu::LaunchTraffic> traffic = emu::take_traffic();
+                const std::vector<emu::LaunchTraffic> traffic = take_traffic_logged();
                 ok = check(version_label(version, block) + schedule) && ok;
                 print_traffic(traffic);
 #endif
@@ -418,7 +451,14 @@ bool validate_and_time_conv(const std::vector<Version>& versions, int chosen, La
 template <typename Body>
 int lab_main(const char* program, Body body) {
     try {
+#ifndef KILN_CUDA
+        lab_page() = program;
+        if (traffic_log_path()) emu::set_traffic(true);  // every launch, in order
+#endif
         const bool ok = body();
+#ifndef KILN_CUDA
+        take_traffic_logged();
+#endif
         if (!ok) std::printf("%s: some versions disagree with the CPU reference (MISMATCH lines above)\n", program);
         return ok ? 0 : 1;
     } catch (const std::exception& e) {
