@@ -278,8 +278,8 @@ endif
 # (scripts/multi-localize.sh), and scripts/multi_main.cpp runs `BINARY NAME ARGS...` as program
 # NAME runs `ARGS...`:
 #   bin/kiln-gpu   the tests (`kiln-gpu tests '[cuda]'`: tests/main.cpp renamed, the test files
-#                  as they are), the trainers that take --device cuda (lesson-04 ... lesson-11;
-#                  lesson 12 links Open MPI and stays on its own) and bench_train
+#                  as they are), the trainers that take --device cuda (lesson-04 ... lesson-11 and
+#                  lesson-13; lesson 12 links Open MPI and stays on its own) and bench_train
 #   lab/kiln-lab   the kernel lab's pages: gemm, conv, ... (with cuBLAS and cuDNN on a GPU)
 # (Inline functions and class types stay shared: two programs that define one of the same name
 # must define it alike, as C++'s one-definition rule asks; an anonymous namespace keeps a
@@ -287,7 +287,7 @@ endif
 # multi_name: lessons/04-cuda-kernels/train.cpp -> lesson_04, bench/bench_train.cpp -> bench_train,
 # cuda/lab/gemm.cu -> gemm
 multi_name = $(if $(filter lessons/%,$(1)),lesson_$(call lesson_num,$(1)),$(if $(filter tests/main.cpp,$(1)),tests,$(basename $(basename $(notdir $(1))))))
-KILN_GPU_SRCS := tests/main.cpp $(filter-out lessons/01-% lessons/02-% lessons/03-% lessons/12-% lessons/13-%,$(LESSONS)) \
+KILN_GPU_SRCS := tests/main.cpp $(filter-out lessons/01-% lessons/02-% lessons/03-% lessons/12-%,$(LESSONS)) \
                  bench/bench_train.cpp
 KILN_LAB_SRCS := $(LAB_SRCS)
 multi_obj  = $(BUILD)/multi/$(call multi_name,$(1)).o
@@ -411,8 +411,8 @@ check-docs: $(LESSON_BINS) $(EXTRA_BINS)
 # lab's launches (the traced lab, build/lab/). gpu-check, there: runs them (the tests,
 # every CUDA trainer, their throughput beside PyTorch's, per-kernel times, Nsight Compute, the
 # lab against cuBLAS/cuDNN, compute-sanitizer), no make and no compiler. The tests, the trainers
-# 04-11 and the lab's pages are two multi-call binaries (above); lesson 12 links Open MPI and is
-# apart.
+# 04-11 and 13, and the lab's pages are two multi-call binaries (above); lesson 12 links Open MPI
+# and is apart.
 # gpu-check-dry: the same script on this machine's emulator build, to check its steps.
 GPU_CHECK_BINS := bin/kiln-gpu lab/kiln-lab bin/lesson-12
 gpu-check-prepare:
