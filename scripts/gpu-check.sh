@@ -19,7 +19,7 @@
 # PyTorch's twins on the CPU; no nvidia-smi, and the sanitizers and Nsight Compute ABSENT.
 #
 # The binaries (gpu-check/, or build/ for a dry run): bin/kiln-gpu, one binary for the tests, the
-# trainers 04-11 and bench_train (`kiln-gpu tests '[cuda]'`, `kiln-gpu lesson-06 ARGS` runs
+# trainers 04-11 and 13 and bench_train (`kiln-gpu tests '[cuda]'`, `kiln-gpu lesson-06 ARGS` runs
 # lesson-06 ARGS: each program carries every kernel, so one binary for all keeps the folder
 # small); bin/lesson-12 (it links Open MPI, which the GPU machine may lack); lab/kiln-lab (the
 # lab's pages, `kiln-lab gemm`, with cuBLAS and cuDNN).
@@ -52,6 +52,8 @@
 #   memcheck, synccheck, initcheck
 #               compute-sanitizer's tools over the kernel tests, '[cuda]~[trainer]'
 #   lesson06-full  lesson 06's whole default run (>= 80%)
+#   lesson13    the capstone's recipe, 10 epochs with --amp bf16 on the JPEG copy: its training
+#               time (airbench94's 3.83 s on an A100 is the yardstick) and accuracy
 #   racecheck   compute-sanitizer racecheck over the kernels with shared memory
 #               ('[cuda][gemm],[cuda][conv],[cuda][batchnorm],[cuda][reduce]'; all of them
 #               take 330 s, more than the check has)
@@ -380,6 +382,13 @@ if [[ $DRY != 1 ]]; then
 else
     record lesson06-full "ABSENT: dry run, 10 epochs on the emulator"
 fi
+# The capstone's recipe on the GPU (chapter 13, "What a GPU changes"): 10 epochs in bf16, on the
+# JPEG copy the check carries (lower accuracy than the PNG pixels; the training time is the figure).
+if [[ $DRY != 1 ]]; then
+    step lesson13 90 "$KILN" lesson-13 --device cuda --amp bf16 --data data/cifar10
+else
+    step lesson13 60 "$KILN" lesson-13 --device cuda --epochs 1 --data "$CIFAR" --batch-size 16 --tta 1
+fi
 sanitizer_step racecheck racecheck 60 "$RACE_TAGS"
 
 # ---- the summary ----------------------------------------------------------------------------------
@@ -503,7 +512,7 @@ done
         printf '  %-14s %s\n' "${NAMES[$i]}" "${RESULTS[$i]}"
     done
     echo "--- the trainers on the GPU (their result: lines)"
-    for n in 04 05 06 07 08 09 10 11 12 05-full 06-full; do
+    for n in 04 05 06 07 08 09 10 11 12 13 05-full 06-full; do
         line=$(grep -h '^result:' "$STEPS/lesson$n.log" 2>/dev/null | tail -n 1)
         [[ -n $line ]] && echo "  lesson$n: $line"
     done
