@@ -76,7 +76,7 @@ done | sort -t$'\t' -k1,1 -k3,3 -k2,2 | awk -F'\t' '
     # "void kiln::cuda::gemm_tiled<64, 64, ...>(long, ...)" -> "gemm_tiled<64, 64, ...>"
     function short(name,    i, c, depth) {
         sub(/^void /, "", name)
-        gsub(/kiln::(cuda::|lab::)?|detail::/, "", name)
+        gsub(/kiln::(cuda::|lab::)?|detail::|\(anonymous namespace\)::/, "", name)
         depth = 0
         for (i = 1; i <= length(name); i++) {
             c = substr(name, i, 1)
@@ -104,9 +104,10 @@ done | sort -t$'\t' -k1,1 -k3,3 -k2,2 | awk -F'\t' '
                "occupancy @128", "occupancy @256"
     }
     $1 != file { file = $1; printf "--- %s\n", file }
+    short($3) == "" { printf "kernel-report: no name read from %s\n", $3 > "/dev/stderr"; bad = 1 }
     {
         printf "%-72s %-5s %4d %5d/%-5d %7d  %-18s %-18s\n", substr(short($3), 1, 72), $2, $4, $5, $6, $7,
                occupancy($4, $7, $2, 128), occupancy($4, $7, $2, 256)
         n++; if ($5 + $6 > 0) spilling++
     }
-    END { printf "%d kernels × architectures; %d spill to local memory\n", n, spilling }'
+    END { printf "%d kernels × architectures; %d spill to local memory\n", n, spilling; exit bad }'
