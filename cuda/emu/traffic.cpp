@@ -310,7 +310,15 @@ extern "C" void* __kiln_trace_memset(void* dst, int value, std::size_t n) {
 // Traced objects also call AddressSanitizer's own entry points: its start-up (a constructor), a
 // version check and the hook before a function that does not return (a throw). Under make SAN=1
 // the real AddressSanitizer provides them; otherwise they have nothing to do.
-#if !defined(__SANITIZE_ADDRESS__)
+// (g++ says so by __SANITIZE_ADDRESS__, clang by __has_feature(address_sanitizer).)
+#if defined(__SANITIZE_ADDRESS__)
+#define KILN_REAL_ASAN 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define KILN_REAL_ASAN 1
+#endif
+#endif
+#if !defined(KILN_REAL_ASAN)
 extern "C" void __asan_init() {}
 extern "C" void __asan_version_mismatch_check_v8() {}
 extern "C" void __asan_handle_no_return() {}
