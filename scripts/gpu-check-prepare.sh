@@ -8,8 +8,9 @@
 #          (BINARY relative to BUILD_DIR; LAB_PAGES: the lab's pages, whose traced emulator
 #          binaries build/lab/PAGE the Makefile has built)
 #
-# gpu-check/ then holds: gpu-check.sh; the binaries, stripped of their host symbol tables, at the
-# same paths as in BUILD_DIR (bin/kiln-gpu, lab/kiln-lab, bin/lesson-12); data/mnist/ (the four gzip IDX
+# gpu-check/ then holds: gpu-check.sh; the binaries, stripped of their host symbol tables and
+# gzipped, at the same paths as in BUILD_DIR (bin/kiln-gpu.gz, lab/kiln-lab.gz, bin/lesson-12.gz:
+# gpu-check.sh unpacks them before its first step); data/mnist/ (the four gzip IDX
 # files) and data/cifar10/cifar10-jpg.tar.gz (the binaries read data/ from the folder they run
 # in); bench/torch_train_gpu.py and the scripts it imports (PyTorch's twins); MANIFEST.txt (what
 # was built, from which commit, with which CUDA, and each file's size); lab-traffic-emulator.txt
@@ -54,6 +55,7 @@ for b in "$@"; do
     mkdir -p "$DIR/$(dirname "$b")"
     cp "$BUILD/$b" "$DIR/$b"
     strip --strip-all "$DIR/$b"  # the host symbol tables: a fifth of each binary (the kernels stay)
+    gzip -9 -n "$DIR/$b"         # $b.gz, about 60% of it: gpu-check.sh unpacks it on the GPU machine
 done
 for f in "${MNIST[@]}"; do
     [[ -f data/mnist/$f ]] || fail "data/mnist/$f is missing: run \`make data\`"

@@ -18,11 +18,12 @@
 # this script's logic: a subset of the tests ('[cuda][gemm]'), small slices of MNIST and CIFAR-10,
 # PyTorch's twins on the CPU; no nvidia-smi, and the sanitizers and Nsight Compute ABSENT.
 #
-# The binaries (gpu-check/, or build/ for a dry run): bin/kiln-gpu, one binary for the tests, the
-# trainers 04-11 and 13 and bench_train (`kiln-gpu tests '[cuda]'`, `kiln-gpu lesson-06 ARGS` runs
-# lesson-06 ARGS: each program carries every kernel, so one binary for all keeps the folder
-# small); bin/lesson-12 (it links Open MPI, which the GPU machine may lack); lab/kiln-lab (the
-# lab's pages, `kiln-lab gemm`, with cuBLAS and cuDNN).
+# The binaries (gpu-check/, where they travel gzipped and are unpacked first; or build/ for a dry
+# run): bin/kiln-gpu, one binary for the tests, the trainers 04-11 and 13 and bench_train
+# (`kiln-gpu tests '[cuda]'`, `kiln-gpu lesson-06 ARGS` runs lesson-06 ARGS: each program carries
+# every kernel, so one binary for all keeps the folder small); bin/lesson-12 (it links Open MPI,
+# which the GPU machine may lack); lab/kiln-lab (the lab's pages, `kiln-lab gemm`, with cuBLAS and
+# cuDNN).
 #
 # The steps, in this order (the figures first, the slow sanitizers last):
 #   gpu         nvidia-smi: the GPU, its driver and the CUDA version the driver supports (the
@@ -117,6 +118,12 @@ SANITIZE_TAGS=${GPU_CHECK_SANITIZE_TAGS:-$TAGS~[trainer]}
 RACE_TAGS=${GPU_CHECK_RACE_TAGS:-'[cuda][gemm],[cuda][conv],[cuda][batchnorm],[cuda][reduce]'}
 [[ $DRY == 1 ]] && RACE_TAGS=${GPU_CHECK_RACE_TAGS:-$TAGS}
 cd "$root" || exit 1                        # the binaries read data/mnist and data/cifar10 from here
+# The prepared binaries travel gzipped (a device call carries 64 MiB): unpacked here, once.
+for z in bin/*.gz lab/*.gz; do
+    [[ $DRY != 1 && -f $z && ! -x ${z%.gz} ]] || continue
+    { gzip -dc "$z" >"${z%.gz}" && chmod +x "${z%.gz}"; } ||
+        { echo "gpu-check: could not unpack $root/$z (a full disk, or a read-only folder?)"; exit 1; }
+done
 PYTHON=${PYTHON:-python3}                   # on the device machine, the python3 that has PyTorch
 export OMP_WAIT_POLICY=${OMP_WAIT_POLICY:-passive}
 mkdir -p "$OUT" || exit 1
