@@ -597,6 +597,29 @@ TEST_CASE("load_cifar10 reads image folders from an archive or a directory", "[d
         REQUIRE_THROWS_WITH(kiln::load_cifar10(dir.file("tree"), false),
                             Contains("test/cat/dc.jpg") && Contains("16x8") && Contains("32x32"));
     }
+    SECTION("a JPEG whose scan or frame names a table the file never defines is refused before stb_image reads it") {
+        // stb would decode with whatever its memory held (make fuzz: a symbol index of -63)
+        const std::vector<uint8_t> whole = dc_overflow_jpeg();
+        auto without = [&](uint8_t marker, uint8_t first_byte) {  // drops one segment: FF marker len first_byte…
+            std::vector<uint8_t> j = whole;
+            for (size_t i = 2; i + 4 < j.size(); ++i)
+                if (j[i] == 0xFF && j[i + 1] == marker && j[i + 4] == first_byte) {
+                    const size_t len = size_t(j[i + 2]) << 8 | j[i + 3];
+                    j.erase(j.begin() + ptrdiff_t(i), j.begin() + ptrdiff_t(i + 2 + len));
+                    return j;
+                }
+            FAIL("no such segment in the test image");
+            return j;
+        };
+        write_bytes(dir.file("tree/cifar10/test/cat/ac.jpg"), without(0xC4, 0x10));  // AC table 0 gone
+        REQUIRE_THROWS_WITH(kiln::load_cifar10(dir.file("tree"), false),
+                            Contains("test/cat/ac.jpg") && Contains("Huffman table the file never defines"));
+        write_bytes(dir.file("tree/cifar10/test/cat/ac.jpg"), without(0xC4, 0x00));  // DC table 0 gone
+        REQUIRE_THROWS_WITH(kiln::load_cifar10(dir.file("tree"), false), Contains("Huffman table the file never defines"));
+        write_bytes(dir.file("tree/cifar10/test/cat/ac.jpg"), without(0xDB, 0x10));  // the quantization table gone
+        REQUIRE_THROWS_WITH(kiln::load_cifar10(dir.file("tree"), false),
+                            Contains("quantization table the file never defines"));
+    }
     SECTION("missing data") {
         REQUIRE_THROWS_WITH(kiln::load_cifar10(dir.file("nothing-here.tar.gz"), true),
                             Contains("nothing-here.tar.gz") && Contains("does not exist") && Contains("make data"));

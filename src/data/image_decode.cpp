@@ -24,17 +24,25 @@ namespace kiln {
 
 namespace {
 
-// The stb_image that Debian ships (2.27) trusts the code counts of a JPEG Huffman table
-// (DHT segment): 16 counts summing to more than 256 make it write past its tables — a
-// damaged file could crash the loader. Such a table is invalid JPEG, so this walks the
-// file's markers the way stb does and refuses the image before stb sees it.
-bool jpeg_huffman_tables_ok(const uint8_t* p, size_t n) {
+// The stb_image that Debian ships (2.27) trusts a JPEG's tables in two ways that a damaged file
+// turns into reads and writes out of bounds (both found by make fuzz):
+//  - the code counts of a Huffman table (DHT segment): 16 counts summing to more than 256 make
+//    it write past its tables;
+//  - a scan (SOS) or frame (SOF) may name a Huffman or quantization table the file never
+//    defined: stb then decodes with whatever its memory held, and a code's symbol index can
+//    land outside the table (stbi__jpeg_huff_decode, index −63 of 257).
+// Both are invalid JPEG, so this walks the file's markers the way stb does and names what is
+// wrong before stb sees it; "" means nothing to refuse.
+std::string jpeg_tables_problem(const uint8_t* p, size_t n) {
     // The start of image as stb finds it: 0xFF, any number of 0xFF fill bytes, then 0xD8.
     size_t i = 0;
     while (i < n && p[i] == 0xFF) ++i;
-    if (i == 0 || i >= n || p[i] != 0xD8) return true;  // not a JPEG to stb: nothing to check
+    if (i == 0 || i >= n || p[i] != 0xD8) return "";  // not a JPEG to stb: nothing to check
     ++i;
     auto at = [&](size_t j) -> uint32_t { return j < n ? p[j] : 0; };  // stb reads 0 past the end
+    unsigned huffman_defined[2] = {0, 0};                            // bit t: table t of class DC (0), AC (1)
+    unsigned quant_defined = 0, quant_used = 0;                      // bit t: quantization table t
+    bool progressive = false;
     while (i + 1 < n) {
         // Outside segments (and inside entropy-coded data) only 0xFF <marker> matters;
         // 0xFF 0x00 is a stuffed byte, 0xFF 0xFF a fill byte, RSTn/TEM have no length.
@@ -44,22 +52,50 @@ bool jpeg_huffman_tables_ok(const uint8_t* p, size_t n) {
         if (m == 0x00 || m == 0x01 || (m >= 0xD0 && m <= 0xD7)) { i += 2; continue; }
         if (m == 0xD9) break;  // EOI
         const size_t len = at(i + 2) << 8 | at(i + 3);
+        const size_t body = i + 4;
         if (m == 0xC4) {  // DHT: tables of (class/id byte, 16 counts, sum(counts) symbols)
             int64_t left = int64_t(len) - 2;
-            size_t j = i + 4;
+            size_t j = body;
             while (left > 0) {
                 const uint32_t q = at(j++);
                 if ((q >> 4) > 1 || (q & 15) > 3) break;  // stb rejects this table itself
                 uint32_t symbols = 0;
                 for (int k = 0; k < 16; ++k) symbols += at(j++);
-                if (symbols > 256) return false;
+                if (symbols > 256) return "a Huffman table has more than 256 codes";
+                huffman_defined[q >> 4] |= 1u << (q & 15);
                 j += symbols;
                 left -= 17 + int64_t(symbols);
+            }
+        } else if (m == 0xDB) {  // DQT: tables of (precision/id byte, 64 entries of 1 or 2 bytes)
+            int64_t left = int64_t(len) - 2;
+            size_t j = body;
+            while (left > 0) {
+                const uint32_t q = at(j++);
+                if ((q >> 4) > 1 || (q & 15) > 3) break;  // stb rejects this table itself
+                quant_defined |= 1u << (q & 15);
+                j += (q >> 4) ? 128 : 64;
+                left -= (q >> 4) ? 129 : 65;
+            }
+        } else if (m == 0xC0 || m == 0xC1 || m == 0xC2) {  // SOF: per component (id, sampling, table)
+            progressive = m == 0xC2;
+            const uint32_t components = at(body + 5);
+            for (uint32_t c = 0; c < components && c < 4; ++c) quant_used |= 1u << (at(body + 8 + 3 * c) & 3);
+        } else if (m == 0xDA) {  // SOS: per component (id, DC table << 4 | AC table), then Ss, Se, Ah/Al
+            if ((quant_used & ~quant_defined) != 0) return "its frame uses a quantization table the file never defines";
+            const uint32_t components = at(body);
+            const uint32_t ss = at(body + 1 + 2 * components), ah = at(body + 3 + 2 * components) >> 4;
+            // A baseline scan decodes DC and AC codes; a progressive one DC (first pass) or AC only.
+            const bool dc = !progressive || (ss == 0 && ah == 0), ac = !progressive || ss != 0;
+            for (uint32_t c = 0; c < components && c < 4; ++c) {
+                const uint32_t tables = at(body + 2 + 2 * c);
+                if ((dc && !(huffman_defined[0] >> (tables >> 4 & 3) & 1)) ||
+                    (ac && !(huffman_defined[1] >> (tables & 3) & 1)))
+                    return "a scan uses a Huffman table the file never defines";
             }
         }
         i += 2 + std::max<size_t>(len, 2);
     }
-    return true;
+    return "";
 }
 
 // stb_image trusts a PNG chunk's length when it gathers the image data (IDAT): it grows its buffer
@@ -91,7 +127,7 @@ ImagePixels decode_rgb_image(const uint8_t* bytes, size_t size, int& w, int& h, 
     ImagePixels none(nullptr, free_pixels);
     if (size == 0) why = "the file is empty";
     else if (size > size_t(INT_MAX)) why = "the file is larger than stb_image reads (2 GiB)";
-    else if (!jpeg_huffman_tables_ok(bytes, size)) why = "it is a corrupt JPEG (a Huffman table has more than 256 codes)";
+    else if (const std::string jpeg = jpeg_tables_problem(bytes, size); !jpeg.empty()) why = "it is a corrupt JPEG (" + jpeg + ")";
     else if (!png_chunks_fit(bytes, size)) why = "it is a corrupt PNG (a chunk is longer than the rest of the file)";
     if (!why.empty()) return none;
     int comp = 0;
