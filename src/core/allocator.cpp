@@ -1,5 +1,7 @@
-// allocator.cpp — the pool and bump allocators, their statistics, the memory limit and the
-// memory report. See allocator.h for the design.
+// allocator.cpp — what every allocator shares: the registry of live allocators per device, their
+// statistics, the memory limit and its out-of-memory report, which allocator new tensors use, the
+// allocation observer, and the memory summary. The pool is in pool_allocator.cpp, the arena in
+// bump_allocator.cpp; allocator.h has the design.
 #include "core/allocator.h"
 
 #include <algorithm>
@@ -11,6 +13,7 @@
 #include <sstream>
 
 #include "core/cuda_memory.h"
+#include "core/alloc_size.h"
 #include "core/error.h"
 
 namespace kiln {
@@ -20,9 +23,6 @@ const char* category_name(Category c) {
                                                 "activation", "workspace", "data", "weight copy", "other"};
     return names[int(c)];
 }
-
-static constexpr size_t kAlign = 256;
-static size_t round_up(size_t n, size_t to) { return (n + to - 1) / to * to; }
 
 // ---- the registry of live allocators, per device, and the limit -------------------------
 namespace {
@@ -226,171 +226,6 @@ void Allocator::system_free(void* ptr, size_t bytes) {
     if (device_ == Device::CPU) std::free(ptr);
     else cuda::free_device(ptr);
     note_reserve(-int64_t(bytes));
-}
-
-// ---- PoolAllocator ------------------------------------------------------------------------
-size_t PoolAllocator::round_size(size_t bytes) {
-    if (bytes == 0) bytes = 1;
-    return bytes <= kSmallMax ? round_up(bytes, kRound) : round_up(bytes, kLargeRound);
-}
-
-PoolAllocator::~PoolAllocator() {
-    std::lock_guard<std::mutex> g(mu_);
-    release_all_cached();
-}
-
-// A cached block for `size` bytes, or nullptr on a miss; *block gets the block's real size.
-void* PoolAllocator::take_cached(size_t size, size_t* block) {
-    auto& pool = size <= kSmallMax ? small_free_ : large_free_;
-    auto it = pool.lower_bound(size);
-    // small pool: exactly this size class; large pool: the smallest block that fits, if it
-    // wastes less than half of itself
-    bool fits = it != pool.end() && (size <= kSmallMax ? it->first == size : it->first <= 2 * size);
-    if (!fits) return nullptr;
-    void* p = it->second;
-    *block = it->first;
-    pool.erase(it);
-    return p;
-}
-
-void* PoolAllocator::allocate(size_t bytes, Category category) {
-    std::lock_guard<std::mutex> g(mu_);
-    size_t size = round_size(bytes), block = size;
-    void* p = take_cached(size, &block);
-    if (p) {
-        stats_.cache_hits++;
-    } else {
-        stats_.cache_misses++;
-        try {
-            p = system_alloc(size, category, bytes);
-        } catch (const OutOfMemory&) {
-            release_all_cached();  // like PyTorch: give the cache back, then try once more
-            p = system_alloc(size, category, bytes);
-        }
-    }
-    live_[p] = Block{block, bytes, category};
-    note_alloc(int64_t(block), int64_t(bytes), category);
-    return p;
-}
-
-void PoolAllocator::deallocate(void* ptr) {
-    std::lock_guard<std::mutex> g(mu_);
-    auto it = live_.find(ptr);
-    KILN_CHECK(it != live_.end(), "pool '", name(), "': deallocate of a pointer it did not hand out");
-    Block b = it->second;
-    live_.erase(it);
-    note_free(int64_t(b.size), int64_t(b.requested), b.category);
-    (b.size <= kSmallMax ? small_free_ : large_free_).emplace(b.size, ptr);
-}
-
-void PoolAllocator::release_all_cached() {
-    for (auto* pool : {&small_free_, &large_free_}) {
-        for (auto& [size, ptr] : *pool) system_free(ptr, size);
-        pool->clear();
-    }
-}
-
-void PoolAllocator::empty_cache() {
-    std::lock_guard<std::mutex> g(mu_);
-    release_all_cached();
-}
-
-int64_t PoolAllocator::cached_bytes() const {
-    std::lock_guard<std::mutex> g(mu_);
-    int64_t sum = 0;
-    for (auto* pool : {&small_free_, &large_free_})
-        for (auto& kv : *pool) sum += int64_t(kv.first);
-    return sum;
-}
-
-// ---- BumpAllocator ------------------------------------------------------------------------
-BumpAllocator::BumpAllocator(std::string name, Device device, size_t capacity) : Allocator(std::move(name), device) {
-    std::lock_guard<std::mutex> g(mu_);
-    if (capacity > 0) add_chunk(capacity, Category::Workspace);
-}
-
-BumpAllocator::~BumpAllocator() {
-    std::lock_guard<std::mutex> g(mu_);
-    release_chunks();
-}
-
-void BumpAllocator::add_chunk(size_t bytes, Category category) {
-    const size_t size = round_up(bytes, kAlign);
-    chunks_.push_back({static_cast<char*>(system_alloc(size, category, bytes)), size});
-    offset_ = 0;
-}
-
-void BumpAllocator::release_chunks() {
-    for (const Chunk& c : chunks_) system_free(c.base, c.size);
-    chunks_.clear();
-    offset_ = 0;
-}
-
-// ptr = chunk + offset; offset += round_up(bytes, 256). Nothing is searched, nothing is freed.
-void* BumpAllocator::allocate(size_t bytes, Category category) {
-    std::unique_lock<std::mutex> lock(mu_);
-    const size_t size = round_up(std::max<size_t>(bytes, 1), kAlign);
-    if (chunks_.empty() || offset_ + size > chunks_.back().size) {
-        try {
-            add_chunk(std::max(size, kMinGrowth), category);
-        } catch (const OutOfMemory&) {
-            // Like the pool: its cached blocks go back to the system, then one more try. (Not
-            // holding this arena's lock meanwhile: a pool's out-of-memory report reads this
-            // arena's statistics under the pool's lock.)
-            lock.unlock();
-            pool_allocator(device()).empty_cache();
-            lock.lock();
-            add_chunk(std::max(size, kMinGrowth), category);
-        }
-    }
-    void* p = chunks_.back().base + offset_;
-    offset_ += size;
-    used_ += size;
-    high_water_ = std::max(high_water_, used_);
-    live_[p] = Block{size, bytes, category};
-    note_alloc(int64_t(size), int64_t(bytes), category);
-    stats_.cache_hits++;  // served from the arena's own memory
-    return p;
-}
-
-void BumpAllocator::deallocate(void* ptr) {
-    std::lock_guard<std::mutex> g(mu_);
-    auto it = live_.find(ptr);
-    KILN_CHECK(it != live_.end(), "arena '", name(), "': deallocate of a pointer it did not hand out");
-    note_free(int64_t(it->second.size), int64_t(it->second.requested), it->second.category);
-    live_.erase(it);
-}
-
-void BumpAllocator::reset() {
-    std::lock_guard<std::mutex> g(mu_);
-    KILN_CHECK(live_.empty(), "arena '", name(), "': reset() while ", live_.size(),
-               " tensor(s) from this step are still alive (first: ", format_bytes(int64_t(live_.begin()->second.size)),
-               " of ", category_name(live_.begin()->second.category),
-               "). Let every tensor made inside the AllocatorScope go out of scope before reset().");
-    used_ = 0;
-    offset_ = 0;
-    if (chunks_.size() <= 1) return;
-    // The step outgrew the slab: one slab of the largest step replaces the chunks (freed first,
-    // so that the exchange never holds both under a memory limit).
-    release_chunks();
-    add_chunk(high_water_, Category::Workspace);
-}
-
-size_t BumpAllocator::capacity() const {
-    std::lock_guard<std::mutex> g(mu_);
-    size_t sum = 0;
-    for (const Chunk& c : chunks_) sum += c.size;
-    return sum;
-}
-
-size_t BumpAllocator::used() const {
-    std::lock_guard<std::mutex> g(mu_);
-    return used_;
-}
-
-size_t BumpAllocator::high_water() const {
-    std::lock_guard<std::mutex> g(mu_);
-    return high_water_;
 }
 
 // ---- which allocator new tensors use --------------------------------------------------------

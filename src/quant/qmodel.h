@@ -31,6 +31,9 @@
 //
 // What a learner can read off it: the weights take one byte instead of four; every activation
 // too; the only float arithmetic left is the input's quantize and the logits' dequantize.
+//
+// The code, one idea per file: calibrate.cpp (the observers), qsteps.h (the steps), convert.cpp
+// (an f32 model made into steps), qmodel.cpp (running them), qfile.cpp (the int8 file).
 #pragma once
 #include <functional>
 #include <memory>

@@ -148,7 +148,7 @@ KILN_KERNEL(qadd, void qadd(const uint8_t* a, const uint8_t* b, uint8_t* y, int6
 // Any function of one value, as a table: y[i] = table[c][x[i]], x viewed as [outer, C, inner]
 // and table [C, 256] (C = 1: one table for the whole tensor). A unary op (GELU, ReLU, a batch
 // norm's per-channel affine, or both) on u8 in and u8 out has only 256 possible inputs per
-// channel, so its table is computed once (quant/qmodel.cpp) and applied with one load per value.
+// channel, so its table is computed once (quant/convert.cpp, make_table) and applied with one load per value.
 KILN_KERNEL(lookup_u8, void lookup_u8(const uint8_t* x, uint8_t* y, int64_t outer, int64_t C, int64_t inner,
                                       const uint8_t* table));
 
