@@ -5,6 +5,7 @@
 #include <catch2/catch.hpp>
 #include <cmath>
 
+#include "train/gpt_recipe.h"
 #include "train/memory_plan.h"
 
 using namespace kiln;
@@ -36,7 +37,7 @@ TEST_CASE("memory plan: f32 SGD with momentum holds 4 bytes each of parameters, 
     CHECK(p.gradients == 4000);
     CHECK(p.optimizer_state == 4000);
     CHECK(p.activations == 0);
-    CHECK(p.total() == 12000);
+    CHECK(p.model_states() == 12000);
     // f32 Adam: two moments, 8 bytes a parameter of state; plain SGD none.
     CHECK(plan_memory(states(1000, DType::F32, OptimizerKind::Adam, 0, 1)).optimizer_state == 8000);
     CHECK(plan_memory(states(1000, DType::F32, OptimizerKind::SGD, 0, 1)).optimizer_state == 0);
@@ -63,17 +64,18 @@ TEST_CASE("memory plan: mixed-precision Adam takes 16 bytes a parameter (2 + 2 +
         CHECK(p.parameters == 2000);
         CHECK(p.gradients == 2000);
         CHECK(p.optimizer_state == 12000);  // f32 master weights, momentum, variance
-        CHECK(p.total() == 16000);
+        CHECK(p.model_states() == 16000);
     }
     // Mixed SGD with momentum: K = 8 (master weights and momentum).
     CHECK(plan_memory(states(1000, DType::BF16, OptimizerKind::SGDMomentum, 0, 1)).optimizer_state == 8000);
 }
 
 TEST_CASE("memory plan: the ZeRO paper's Figure 1, 7.5B parameters on 64 GPUs", "[memplan][cpu][lesson15]") {
-    // Rajbhandari et al., 2020, Figure 1: 120 GB, 31.4 GB, 16.6 GB, 1.9 GB per GPU.
+    // Rajbhandari et al., 2020, Figure 1: 120 GB, 31.4 GB, 16.6 GB, 1.9 GB per GPU, the model
+    // states alone (no allocator's rounding, no activations).
     const int64_t psi = 7'500'000'000;
     const auto per_gpu = [&](int stage) {
-        return plan_memory(states(psi, DType::F16, OptimizerKind::Adam, stage, 64)).total();
+        return plan_memory(states(psi, DType::F16, OptimizerKind::Adam, stage, 64)).model_states();
     };
     CHECK(per_gpu(0) == 120'000'000'000);  // (2 + 2 + 12)Ψ
     CHECK(tenths_of_gb(per_gpu(1)) == 314);  // (2 + 2 + 12/64)Ψ = 31.40625 GB
@@ -98,11 +100,12 @@ TEST_CASE("memory plan: one GPT-3 175B layer's activations at sequence 2048 (Kor
     CHECK(layer_activation_bytes(t, 4, DType::BF16, Recompute::None) == 4 * 2'868'903'936LL);
     CHECK(layer_activation_bytes(t, 1, DType::F32, Recompute::None) == 25'165'824LL * 66 + 402'653'184LL * 9);
 
-    // The plan counts L layers of them, whatever the ZeRO stage (each GPU runs its own micro-batch).
+    // The plan counts L layers of them, whatever the ZeRO stage (each GPU runs its own micro-batch),
+    // and the embedding's and final norm's outputs (2·2·sbh) and the f32 logits (4·s·b·V).
     MemoryPlanOptions o = states(1000, DType::BF16, OptimizerKind::Adam, 3, 8);
     o.shape = {96, 12288, 96, 50257, 2048};
     o.recompute = Recompute::Selective;
-    CHECK(plan_memory(o).activations == 96 * 855'638'016LL);
+    CHECK(plan_memory(o).activations == 96 * 855'638'016LL + 4 * 25'165'824LL + 4 * 2048LL * 50257);
 }
 
 TEST_CASE("memory plan: GPT-2 small's parameter count from its shape", "[memplan][cpu][lesson15]") {
@@ -132,4 +135,101 @@ TEST_CASE("memory plan: bad options are refused, naming the value", "[memplan][c
     o.precision = DType::F32;
     o.parameters = 0;
     CHECK_THROWS_WITH(plan_memory(o), Catch::Contains("parameter count or a transformer shape"));
+}
+
+// The published counts: GPT-2's four sizes as Hugging Face's transformers counts them
+// (GPT2LMHeadModel.num_parameters(), the output layer tied: 124M, 355M, 774M, 1.5B), LLaMA's
+// (Touvron et al., 2023, Table 2 rounds them to 6.7B and 13.0B; the released checkpoints hold
+// these) and Llama 2 70B's (Touvron et al., 2023b, its released checkpoint).
+TEST_CASE("memory plan: the named models' parameter counts are the published ones", "[memplan][cpu][lesson15]") {
+    const std::vector<std::pair<const char*, int64_t>> published = {
+        {"gpt2", 124'439'808},          {"gpt2-medium", 354'823'168},   {"gpt2-large", 774'030'080},
+        {"gpt2-xl", 1'557'611'200},     {"llama-7b", 6'738'415'616},    {"llama-13b", 13'015'864'320},
+        {"llama-2-70b", 68'976'648'192},
+    };
+    for (const auto& [name, count] : published) {
+        INFO(name);
+        CHECK(transformer_parameters(named_transformer(name)) == count);
+    }
+    // GPT-3 175B: 174.6 billion (Brown et al., 2020, Table 2.1 rounds it to 175.0B).
+    CHECK(std::llround(double(transformer_parameters(named_transformer("gpt3-175b"))) / 1e8) == 1746);
+    CHECK_THROWS_WITH(named_transformer("gpt5"), Catch::Contains("no model named 'gpt5'") && Catch::Contains("llama-7b"));
+}
+
+TEST_CASE("memory plan: temporary buffers, fragmentation, offload and the largest batch, worked by hand",
+          "[memplan][cpu][lesson15]") {
+    // A GPT-2-shaped model, L 1, h 8, a 2, V 10, s 4: Ψ = 12·64 + 13·8 + 80 + 32 + 16 = 1000.
+    MemoryPlanOptions o;
+    o.shape = {1, 8, 2, 10, 4};
+    o.optimizer = OptimizerKind::Adam;
+    o.dropout = false;
+    REQUIRE(transformer_parameters(o.shape) == 1000);
+    MemoryPlan p = plan_memory(o);
+    // sbh = 32; layer 16·4·32 = 2048 plus P 4·a·s²·b = 128; head 2·4·32 + 4·4·10 = 416
+    CHECK(p.activations == 2048 + 128 + 416);
+    CHECK(p.temporary == 4 * 4 * 10 + 4 * 4 * 32);  // dL/dlogits, one gradient of width f = 32
+    // four 4000-byte slabs (parameters, gradients, m, v), each rounded up to 4096
+    CHECK(p.fragmentation == 4 * 96);
+    o.fragmentation = 0.5;  // and half of everything else
+    CHECK(plan_memory(o).fragmentation == 4 * 96 + (16000 + 2048 + 128 + 416 + 160 + 512) / 2);
+    o.fragmentation = 0.0;
+    // Offload: Adam's m and v to the host, nothing of them (nor their rounding) on the GPU.
+    o.offload = true;
+    MemoryPlan off = plan_memory(o);
+    CHECK((off.optimizer_state == 0 && off.host == 8000 && off.fragmentation == 2 * 96));
+    o.offload = false;
+    // Full recomputation keeps each layer's input, e·sbh = 128, and makes one layer again in
+    // backward, all but its output (the next layer's input, kept).
+    o.recompute = Recompute::Full;
+    MemoryPlan full = plan_memory(o);
+    CHECK(full.activations == 128 + 416);
+    CHECK(full.temporary == p.temporary + 2048 + 128 - 128);
+    o.recompute = Recompute::None;
+    // Stage 3 on 2 GPUs gathers two layers' parameters and one layer's gradients: 3·4·layer.
+    o.zero_stage = 3, o.gpus = 2;
+    CHECK(plan_memory(o).temporary == p.temporary + 3 * 4 * layer_parameters(o.shape));
+    o.zero_stage = 0, o.gpus = 1;
+    // The largest batch: each sequence adds activations and temporaries linearly.
+    const int64_t one = plan_memory(o).total();
+    o.batch = 2;
+    const int64_t per_sequence = plan_memory(o).total() - one;
+    CHECK(largest_batch(o, one - 1) == 0);
+    CHECK(largest_batch(o, one) == 1);
+    CHECK(largest_batch(o, one + 10 * per_sequence) == 11);
+    CHECK(largest_batch(o, one + 10 * per_sequence - 1) == 10);
+}
+
+TEST_CASE("memory plan: a LLaMA layer's activations (SwiGLU, grouped-query attention)", "[memplan][cpu][lesson15]") {
+    // h 8, a 4, 2 K/V heads (g = 4), f 12, s 4, b 1, bf16, flash, no dropout:
+    //   kept 2·4·(6·8 + 2·4 + 3·12) = 736, lse 4·a·s·b = 64
+    TransformerShape t{1, 8, 4, 10, 4, Architecture::LLaMA, 12, 2};
+    CHECK(layer_activation_bytes(t, 1, DType::BF16, Recompute::None, AttentionKind::Flash, false) == 736 + 64);
+    // its parameters: 2·64 + 2·8·4 + 3·8·12 + 16 = 496 a layer; 496 + 2·10·8 + 8 in all
+    CHECK(layer_parameters(t) == 496);
+    CHECK(transformer_parameters(t) == 664);
+}
+
+// Chapter 14's GPT, kiln's own layout (f32, no dropout): the plan's closed form — model states,
+// L·(64·sbh + 4·a·s²·b) (flash: 4·a·s·b), the head, the temporaries, the slabs' rounding — against
+// the allocators' peaks of a real steady step (measure_gpt_step), at two sizes, both attentions,
+// with and without recomputation: within 3% (the issue's target).
+TEST_CASE("memory plan: chapter 14's GPT, planned and measured within 3%, two sizes, textbook and flash",
+          "[memplan][gpt][lesson15][cpu]") {
+    struct Size { int64_t layers, width, heads, context, batch; };
+    for (const Size z : {Size{4, 128, 4, 64, 12}, Size{2, 192, 6, 128, 4}})  // the baby GPT, and a wider one
+        for (AttentionKind kind : {AttentionKind::Textbook, AttentionKind::Flash})
+            for (bool recompute : {false, true}) {
+                INFO("L " << z.layers << " h " << z.width << " s " << z.context << " b " << z.batch << " "
+                          << attention_kind_name(kind) << (recompute ? " recompute" : ""));
+                GPTConfig c = baby_gpt_config(83);
+                c.n_layer = z.layers, c.n_embd = z.width, c.n_head = z.heads, c.block_size = z.context;
+                c.attention = kind, c.recompute = recompute;
+                const MemoryPlan plan = plan_memory(gpt_plan_options(c, z.batch));
+                const int64_t measured = measure_gpt_step(c, z.batch, z.context, Device::CPU);
+                INFO("planned " << plan.total() << " measured " << measured);
+                CHECK(double(plan.total()) == Approx(double(measured)).epsilon(0.03));
+            }
+    GPTConfig dropping = baby_gpt_config(83);
+    dropping.dropout = 0.1f;
+    CHECK_THROWS_WITH(gpt_plan_options(dropping, 12), Catch::Contains("without dropout, not dropout 0.1"));
 }

@@ -1,6 +1,10 @@
 // memory_plan.cpp — the planner's arithmetic (memory_plan.h has the formulas and their sources).
 #include "train/memory_plan.h"
 
+#include <algorithm>
+#include <cmath>
+
+#include "core/allocator.h"
 #include "core/error.h"
 
 namespace kiln {
@@ -27,6 +31,8 @@ void check_options(const MemoryPlanOptions& o) {
                o.zero_stage);
     KILN_CHECK(o.precision == DType::F32 || mixed(o.precision), "plan_memory: the precision must be f32, bf16 or f16, not ",
                dtype_name(o.precision));
+    KILN_CHECK(o.fragmentation >= 0.0 && o.fragmentation < 1.0,
+               "plan_memory: the fragmentation allowance is a fraction in [0, 1), not ", o.fragmentation);
     KILN_CHECK(o.parameters >= 0, "plan_memory: the parameter count must not be negative, not ", o.parameters);
     const TransformerShape& t = o.shape;
     if (t.layers == 0) {
@@ -38,41 +44,164 @@ void check_options(const MemoryPlanOptions& o) {
                ", heads ", t.heads, ", vocab ", t.vocab, ", context ", t.context);
     KILN_CHECK(t.width % t.heads == 0, "plan_memory: ", t.heads, " heads do not divide the width ", t.width,
                "; choose heads that divide it");
+    KILN_CHECK(t.ffn >= 0 && t.kv_heads >= 0 && (t.kv_heads == 0 || t.heads % t.kv_heads == 0),
+               "plan_memory: the MLP width ", t.ffn, " must not be negative, and the ", t.kv_heads,
+               " K/V heads must divide the ", t.heads, " query heads");
     KILN_CHECK(o.batch >= 1, "plan_memory: the micro-batch must be at least 1, not ", o.batch);
 }
 
 }  // namespace
 
-// L·(12h² + 13h) + V·h + s·h + 2h
-int64_t transformer_parameters(const TransformerShape& t) {
-    const int64_t h = t.width;
-    return t.layers * (12 * h * h + 13 * h) + t.vocab * h + t.context * h + 2 * h;
+const char* recompute_name(Recompute r) {
+    switch (r) {
+        case Recompute::None: return "none";
+        case Recompute::Selective: return "selective";
+        case Recompute::Full: return "full";
+    }
+    return "?";
 }
 
-// none: s·b·h·(16e + 2) + a·s²·b·(2e + 1); selective: s·b·h·(16e + 2); full: s·b·h·e
-// (e = 2: 34·sbh + 5·a·s²·b, 34·sbh, 2·sbh)
-int64_t layer_activation_bytes(const TransformerShape& t, int64_t batch, DType precision, Recompute recompute) {
-    const int64_t e = element_bytes(precision), s = t.context, sbh = s * batch * t.width;
-    const int64_t scores = t.heads * s * s * batch;
-    switch (recompute) {
-        case Recompute::None: return sbh * (16 * e + 2) + scores * (2 * e + 1);
-        case Recompute::Selective: return sbh * (16 * e + 2);
-        case Recompute::Full: return sbh * e;
-    }
-    return 0;
+// GPT2: 4h² + 4h + 2hf + f + 5h; LLaMA: 2h² + 2hg + 3hf + 2h (memory_plan.h)
+int64_t layer_parameters(const TransformerShape& t) {
+    const int64_t h = t.width, f = t.mlp_width(), g = t.kv_width();
+    if (t.arch == Architecture::LLaMA) return 2 * h * h + 2 * h * g + 3 * h * f + 2 * h;
+    return 4 * h * h + 4 * h + 2 * h * f + f + 5 * h;
 }
+
+// GPT2: L·layer + V·h + s·h + 2h; LLaMA: L·layer + 2·V·h + h
+int64_t transformer_parameters(const TransformerShape& t) {
+    const int64_t h = t.width, layers = t.layers * layer_parameters(t);
+    if (t.arch == Architecture::LLaMA) return layers + 2 * t.vocab * h + h;
+    return layers + t.vocab * h + t.context * h + 2 * h;
+}
+
+const std::vector<NamedTransformer>& named_transformers() {
+    // {layers, width, heads, vocab, context, arch, ffn, kv_heads}, from each paper's table (the
+    // LLaMA widths f from the released configurations)
+    static const std::vector<NamedTransformer> models = {
+        {"baby-gpt", {4, 128, 4, 83, 64}},  // chapter 14: nanoGPT's baby GPT on Moby-Dick's 83 characters
+        {"gpt2", {12, 768, 12, 50257, 1024}},
+        {"gpt2-medium", {24, 1024, 16, 50257, 1024}},
+        {"gpt2-large", {36, 1280, 20, 50257, 1024}},
+        {"gpt2-xl", {48, 1600, 25, 50257, 1024}},
+        {"llama-7b", {32, 4096, 32, 32000, 2048, Architecture::LLaMA, 11008}},
+        {"llama-13b", {40, 5120, 40, 32000, 2048, Architecture::LLaMA, 13824}},
+        {"llama-2-70b", {80, 8192, 64, 32000, 4096, Architecture::LLaMA, 28672, 8}},
+        {"gpt3-175b", {96, 12288, 96, 50257, 2048}},
+    };
+    return models;
+}
+
+const TransformerShape& named_transformer(const std::string& name) {
+    std::string names;
+    for (const NamedTransformer& m : named_transformers()) {
+        if (m.name == name) return m.shape;
+        names += (names.empty() ? "" : ", ") + m.name;
+    }
+    KILN_FAIL("no model named '", name, "': the planner knows ", names);
+}
+
+// kept e·s·b·(6h + 2g + 2f) (LLaMA 3f); scores e·a·s²·b (Flash 4·a·s·b);
+// dropout 2·s·b·h + a·s²·b·(e + 1) (Flash 2·s·b·h); full recomputation e·s·b·h
+int64_t layer_activation_bytes(const TransformerShape& t, int64_t batch, DType precision, Recompute recompute,
+                               AttentionKind attention, bool dropout) {
+    const int64_t e = element_bytes(precision), sb = t.context * batch, h = t.width;
+    if (recompute == Recompute::Full) return e * sb * h;
+    const int64_t mlp_tensors = t.arch == Architecture::LLaMA ? 3 : 2;
+    int64_t bytes = e * sb * (6 * h + 2 * t.kv_width() + mlp_tensors * t.mlp_width());
+    if (dropout) bytes += 2 * sb * h;
+    if (recompute == Recompute::Selective) return bytes;
+    const bool flash = attention == AttentionKind::Flash;
+    const int64_t scores = t.heads * sb * (flash ? 1 : t.context);  // a·s·b, or a·s²·b
+    if (flash) return bytes + 4 * scores;
+    return bytes + e * scores + (dropout ? (e + 1) * scores : 0);
+}
+
+// e·s·b·h (the embedding's output) + e·s·b·h (the final norm's) + 4·s·b·V (the f32 logits)
+int64_t head_activation_bytes(const TransformerShape& t, int64_t batch, DType precision) {
+    const int64_t sb = t.context * batch;
+    return 2 * element_bytes(precision) * sb * t.width + 4 * sb * t.vocab;
+}
+
+namespace {
+
+// dL/dlogits and one MLP-wide gradient; with full recomputation one layer's activations (but its
+// output); with
+// stage 3 two layers' gathered parameters and one layer's full gradients (memory_plan.h)
+int64_t temporary_bytes(const MemoryPlanOptions& o) {
+    const TransformerShape& t = o.shape;
+    if (t.layers == 0) return 0;
+    const int64_t e = element_bytes(o.precision), sb = t.context * o.batch;
+    int64_t bytes = 4 * sb * t.vocab + e * sb * t.mlp_width();
+    if (o.recompute == Recompute::Full)  // less its output: the next layer keeps that as its input
+        bytes += layer_activation_bytes(t, o.batch, o.precision, Recompute::None, o.attention, o.dropout) - e * sb * t.width;
+    if (o.zero_stage == 3 && o.gpus > 1) bytes += 3 * e * layer_parameters(t);
+    return bytes;
+}
+
+// What a caching allocator's rounding adds to a slab of `bytes` (none to no slab).
+int64_t rounding(int64_t bytes) { return bytes > 0 ? int64_t(PoolAllocator::round_size(size_t(bytes))) - bytes : 0; }
+
+}  // namespace
 
 // Stage 1 shards the optimizer state, stage 2 the gradients too, stage 3 the parameters too.
+// Fragmentation: each slab (parameters, gradients, each state slab, the masters) rounded up as
+// PoolAllocator::round_size does, plus options.fragmentation of the rest.
 MemoryPlan plan_memory(const MemoryPlanOptions& o) {
     check_options(o);
     const int64_t psi = o.parameters > 0 ? o.parameters : transformer_parameters(o.shape);
+    const int64_t e = element_bytes(o.precision);
+    const int64_t params = held(psi, o.gpus, o.zero_stage >= 3), grads = held(psi, o.gpus, o.zero_stage >= 2);
+    const int64_t state = held(psi, o.gpus, o.zero_stage >= 1);
+    const int64_t state_slabs = optimizer_bytes(o.precision, o.optimizer) / 4;  // f32 slabs
     MemoryPlan plan;
-    plan.parameters = held(psi, o.gpus, o.zero_stage >= 3) * element_bytes(o.precision);
-    plan.gradients = held(psi, o.gpus, o.zero_stage >= 2) * element_bytes(o.precision);
-    plan.optimizer_state = held(psi, o.gpus, o.zero_stage >= 1) * optimizer_bytes(o.precision, o.optimizer);
-    if (o.shape.layers > 0)
-        plan.activations = o.shape.layers * layer_activation_bytes(o.shape, o.batch, o.precision, o.recompute);
+    plan.parameters = params * e;
+    plan.gradients = grads * e;
+    (o.offload ? plan.host : plan.optimizer_state) = state * 4 * state_slabs;
+    if (o.shape.layers > 0) {
+        const TransformerShape& t = o.shape;
+        plan.activations = t.layers * layer_activation_bytes(t, o.batch, o.precision, o.recompute, o.attention, o.dropout) +
+                           head_activation_bytes(t, o.batch, o.precision);
+        plan.temporary = temporary_bytes(o);
+    }
+    int64_t slack = rounding(plan.parameters) + rounding(plan.gradients);
+    if (!o.offload && state_slabs > 0) slack += state_slabs * rounding(state * 4);
+    const int64_t rest = plan.total();
+    plan.fragmentation = slack + int64_t(std::ceil(o.fragmentation * double(rest)));
     return plan;
+}
+
+MemoryPlanOptions gpt_plan_options(const GPTConfig& c, int64_t batch) {
+    KILN_CHECK(c.dropout == 0.0f, "gpt_plan_options: the plan counts kiln's GPT without dropout, not dropout ", c.dropout);
+    MemoryPlanOptions o;
+    o.shape = {c.n_layer, c.n_embd, c.n_head, c.vocab_size, c.block_size};
+    o.batch = batch;
+    o.precision = DType::F32;
+    o.optimizer = OptimizerKind::Adam;
+    o.attention = c.attention;
+    o.dropout = false;
+    o.recompute = c.recompute ? Recompute::Full : Recompute::None;
+    return o;
+}
+
+// Doubling to the first batch that does not fit, then bisection: the total grows with b.
+int64_t largest_batch(MemoryPlanOptions o, int64_t gpu_bytes) {
+    const auto fits = [&](int64_t b) {
+        o.batch = b;
+        return plan_memory(o).total() <= gpu_bytes;
+    };
+    if (!fits(1)) return 0;
+    int64_t lo = 1, hi = 2;
+    while (fits(hi)) {
+        lo = hi, hi *= 2;
+        KILN_CHECK(hi <= (int64_t(1) << 40), "largest_batch: every batch up to 2^40 fits in ", gpu_bytes,
+                   " bytes: give the model's shape, or the activations are not counted");
+    }
+    while (hi - lo > 1) {  // fits(lo), !fits(hi)
+        const int64_t mid = lo + (hi - lo) / 2;
+        (fits(mid) ? lo : hi) = mid;
+    }
+    return lo;
 }
 
 }  // namespace kiln
