@@ -1,12 +1,14 @@
 // test_gpt.cpp — chapter 14's model (nn/gpt.h): nanoGPT's names and parameter count, its
 // initialization, the gradients of a block and of the whole model against central differences,
 // per-block recomputation bit for bit, the KV cache against the full forward, and a Linear on
-// [B, T, C].
+// [B, T, C]; checkpoints that carry the vocabulary (--save, --resume, --from).
 //
 //   make test T='[gpt]'
 #include <catch2/catch.hpp>
 
 #include <cmath>
+#include <filesystem>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -15,7 +17,9 @@
 #include "gradcheck.h"
 #include "nn/gpt.h"
 #include "core/allocator.h"
+#include "ops/ops.h"
 #include "optim/adam.h"
+#include "train/checkpoint.h"
 #include "train/gpt_recipe.h"
 #include "train/loop.h"
 #include "train/memory_model.h"
@@ -299,4 +303,96 @@ TEST_CASE("lesson 14: the baby GPT's first losses on Moby-Dick", "[gpt][trainer]
         INFO("step " << i);
         CHECK(losses[i] == Approx(pinned[i]).epsilon(1e-4));
     }
+}
+
+// ---- checkpoints (train/gpt_recipe.h) -------------------------------------------------------------
+namespace {
+
+// A tiny GPT on the characters of `text`, trained one step, with its AdamW.
+struct TinyRun {
+    CharTokenizer vocabulary;
+    std::unique_ptr<GPT> model;
+    std::unique_ptr<AdamW> opt;
+};
+
+TinyRun tiny_run(const std::string& text, int64_t n_head = 2) {
+    const CharTokenizer tok = CharTokenizer::from_text(decode_utf8(std::vector<uint8_t>(text.begin(), text.end()), "test"));
+    GPTConfig c = tiny_config();
+    c.vocab_size = tok.size(), c.n_head = n_head;
+    TinyRun r{tok, make_gpt(c, 5), nullptr};
+    r.opt = gpt_optimizer(*r.model, GPTRecipe{});
+    const StepResult s = train_step(*r.model, *r.opt, random_ids(2, 12, c.vocab_size, 6), random_ids(2, 12, c.vocab_size, 7), StepOptions{});
+    REQUIRE(s.stepped);
+    return r;
+}
+
+}  // namespace
+
+TEST_CASE("GPT checkpoint: saved with its vocabulary, loaded without the text, it samples what the model sampled",
+          "[gpt][checkpoint][lesson14][cpu]") {
+    test::TempDir tmp;
+    TinyRun run = tiny_run("Call me Ishmael.");
+    save_gpt_checkpoint(tmp.file("run"), *run.model, *run.opt, run.vocabulary, 1);
+    REQUIRE(std::filesystem::exists(tmp.file("run/last.safetensors")));
+    CHECK(CharTokenizer::load(tmp.file("run/vocab.json")) == run.vocabulary);
+
+    const LoadedGPT loaded = load_gpt_checkpoint(tmp.file("run/last.safetensors"), AttentionKind::Textbook);
+    CHECK(loaded.step == 1);
+    CHECK(loaded.vocabulary == run.vocabulary);
+    const GPTConfig& c = loaded.model->config;
+    CHECK((c.n_layer == 2 && c.n_head == 2 && c.n_embd == 8 && c.block_size == 12 && c.vocab_size == run.vocabulary.size()));
+    test::require_identical(loaded.model->values_view(), run.model->values_view());
+    SampleOptions o;
+    o.temperature = 0.8f;
+    Rng r1(9), r2(9);
+    const std::vector<int32_t> prompt = {1};
+    CHECK(generate(*loaded.model, prompt, 20, o, r1) == generate(*run.model, prompt, 20, o, r2));
+}
+
+TEST_CASE("GPT checkpoint: a missing vocab.json, another text's, or a file of another model is refused by name",
+          "[gpt][checkpoint][lesson14][cpu]") {
+    test::TempDir tmp;
+    TinyRun run = tiny_run("Call me Ishmael.");
+    const std::string dir = tmp.file("run"), path = dir + "/last.safetensors", vocab = dir + "/vocab.json";
+    save_gpt_checkpoint(dir, *run.model, *run.opt, run.vocabulary, 1);
+
+    std::filesystem::remove(vocab);
+    CHECK_THROWS_WITH(load_gpt_checkpoint(path), Catch::Contains("no vocabulary '" + vocab + "'"));
+    // as many characters, one of them another ('C' → 'K'): id 2, 'C' in the checkpoint's, is 'I' in this one
+    CharTokenizer::from_text(decode_utf8(test::bytes_of("Kall me Ishmael."), "test")).save(vocab);
+    CHECK_THROWS_WITH(load_gpt_checkpoint(path), Catch::Contains("'" + vocab + "' is not the vocabulary '" + path + "' was trained with") &&
+                                                     Catch::Contains("id 2 is 'I' (U+49) in '" + vocab + "', 'C' (U+43) in the checkpoint"));
+    CharTokenizer::from_text(decode_utf8(test::bytes_of("Call me"), "test")).save(vocab);
+    CHECK_THROWS_WITH(load_gpt_checkpoint(path), Catch::Contains("in '" + vocab + "'") && Catch::Contains("in the checkpoint"));
+    test::write_bytes(vocab, test::bytes_of("{\"code_points\": [1, 2]}"));
+    CHECK_THROWS_WITH(load_gpt_checkpoint(path), Catch::Contains("is not a character vocabulary"));
+
+    run.vocabulary.save(vocab);  // the right one again: it loads
+    CHECK_NOTHROW(load_gpt_checkpoint(path));
+    // chapter 07's checkpoint of the same model, without the GPT's entries
+    TrainingRun plain{*run.model, *run.opt};
+    save_checkpoint(tmp.file("plain.safetensors"), plain, ResumePoint{});
+    CHECK_THROWS_WITH(load_gpt_checkpoint(tmp.file("plain.safetensors")), Catch::Contains("records no vocabulary"));
+}
+
+TEST_CASE("GPT --resume: the weights, AdamW and the step come back; another text or another shape is refused",
+          "[gpt][checkpoint][lesson14][cpu]") {
+    test::TempDir tmp;
+    TinyRun run = tiny_run("Call me Ishmael.");
+    const std::string path = tmp.file("run/last.safetensors");
+    save_gpt_checkpoint(tmp.file("run"), *run.model, *run.opt, run.vocabulary, 1);
+
+    TinyRun fresh = tiny_run("Call me Ishmael.");
+    for (Parameter* p : fresh.model->parameters()) fill_(p->value, 0.5f);
+    CHECK(resume_gpt(path, *fresh.model, *fresh.opt, fresh.vocabulary) == 1);
+    test::require_identical(fresh.model->values_view(), run.model->values_view());
+    CHECK(fresh.opt->steps() == run.opt->steps());
+
+    TinyRun other_text = tiny_run("Kall me Ishmael.");
+    CHECK_THROWS_WITH(resume_gpt(path, *other_text.model, *other_text.opt, other_text.vocabulary),
+                      Catch::Contains("--resume " + path) && Catch::Contains("id 2 is 'I' (U+49) in this run's text") &&
+                          Catch::Contains("--data and --limit"));
+    TinyRun other_shape = tiny_run("Call me Ishmael.", 4);
+    CHECK_THROWS_WITH(resume_gpt(path, *other_shape.model, *other_shape.opt, other_shape.vocabulary),
+                      Catch::Contains("this run's model has --n-head 4, the checkpoint's 2"));
 }

@@ -41,6 +41,13 @@ std::string bin_dir() {
     return (fs::read_symlink("/proc/self/exe").parent_path().parent_path() / "bin").string();
 }
 
+// The path of trainer `name` (lesson-NN), which must exist: make test builds the trainers first.
+std::string trainer_path(const std::string& name) {
+    const std::string path = bin_dir() + "/" + name;
+    REQUIRE(fs::exists(path));
+    return path;
+}
+
 struct Run {
     int status;
     std::string output;  // stdout and stderr
@@ -179,10 +186,9 @@ TEST_CASE("every trainer honours each shared flag its --help lists and refuses t
     const std::vector<std::string> shared = shared_flags();
     for (const Trainer& t : trainers) {
         SECTION(t.name) {
-            const std::string bin = bin_dir() + "/" + t.name, data = t.data == Data::cifar ? cifar : t.data == Data::text ? text : mnist;
+            const std::string bin = trainer_path(t.name), data = t.data == Data::cifar ? cifar : t.data == Data::text ? text : mnist;
             const std::string dir = tmp.file(t.name);
             fs::create_directories(dir);
-            REQUIRE(fs::exists(bin));  // make test builds the trainers first
             const Run help = run(bin + " --help");
             REQUIRE(help.status == 0);
             const Help h = read_help(help.output);
@@ -254,6 +260,50 @@ TEST_CASE("every trainer honours each shared flag its --help lists and refuses t
     }
 }
 
+// lesson-14's --save as a learner runs it: DIR/last.safetensors and DIR/vocab.json at every
+// --eval-interval and at the end; --resume of the mid-run checkpoint ends where the straight run
+// ends, bit for bit; --from samples from the last one, without the text, what the trainer wrote.
+TEST_CASE("lesson-14 --save keeps the GPT and its vocabulary; --resume goes on bit for bit; --from samples without the text",
+          "[flags][lesson14][checkpoint][cpu]") {
+    const std::string bin = trainer_path("lesson-14");
+    TempDir tmp;
+    const std::string text = tmp.file("text"), straight = tmp.file("straight"), resumed = tmp.file("resumed");
+    write_tiny_text(text);
+    const std::string lesson14 = bin + " --data " + text + " --iters 4 --eval-interval 2 --eval-windows 1 --block-size 8"
+                                 " --n-layer 1 --n-head 2 --n-embd 8 --batch-size 4 --threads 1 --sample 40 --save ";
+    const Run first = run(lesson14 + straight);
+    INFO(first.output);
+    REQUIRE(first.status == 0);
+    REQUIRE(read_safetensors(straight + "/prev.safetensors").get_int("train.step") == 3);  // saved after step 2
+    REQUIRE(read_safetensors(straight + "/last.safetensors").get_int("train.step") == 4);
+    REQUIRE(fs::exists(straight + "/vocab.json"));
+
+    fs::create_directories(resumed);
+    fs::copy_file(straight + "/prev.safetensors", resumed + "/step3.safetensors");
+    fs::copy_file(straight + "/vocab.json", resumed + "/vocab.json");
+    const Run second = run(lesson14 + resumed + " --resume " + resumed + "/step3.safetensors");
+    INFO(second.output);
+    REQUIRE(second.status == 0);
+    CHECK_THAT(second.output, Contains("resumed from") && Contains("3 steps done"));
+    const bool same_bytes = read_file(resumed + "/last.safetensors") == read_file(straight + "/last.safetensors");
+    CHECK(same_bytes);
+
+    const auto sample = [](const std::string& output) {  // the text after the "sample (...):" line
+        const size_t at = output.find("sample (");
+        return at == std::string::npos ? "" : output.substr(output.find('\n', at) + 1);
+    };
+    fs::remove_all(text);
+    const Run sampled = run(bin + " --from " + straight + "/last.safetensors --sample 40 --threads 1");
+    INFO(sampled.output);
+    REQUIRE(sampled.status == 0);
+    CHECK_THAT(sampled.output, Contains("trained 4 steps"));
+    CHECK(sample(sampled.output).size() > 40);
+    CHECK(sample(sampled.output) == sample(first.output));
+    const Run shaped = run(bin + " --from " + straight + "/last.safetensors --n-head 4");
+    CHECK(shaped.status != 0);
+    CHECK_THAT(shaped.output, Contains("--n-head shapes a model") && Contains("--from takes the checkpoint's model"));
+}
+
 // Chapter 10's --save as a learner runs it: DIR/pruned.safetensors after every round (PyTorch's
 // weight_orig and weight_mask), the round before as pruned-prev.safetensors, the CSR model as
 // sparse.safetensors; --resume of the first round's file ends where the straight run ends, bit
@@ -263,9 +313,8 @@ TEST_CASE("lesson-10 --save keeps each round's pruned model and the CSR one; --r
     TempDir tmp;
     const std::string mnist = tmp.file("mnist"), straight = tmp.file("straight"), resumed = tmp.file("resumed");
     write_tiny_mnist(mnist);
-    const std::string lesson10 = bin_dir() + "/lesson-10 --data " + mnist +
+    const std::string lesson10 = trainer_path("lesson-10") + " --data " + mnist +
                                  " --epochs 1 --batch-size 16 --rounds 2 --finetune-epochs 1 --threads 1 --save ";
-    REQUIRE(fs::exists(bin_dir() + "/lesson-10"));  // make test builds the trainers first
     const Run first = run(lesson10 + straight);
     INFO(first.output);
     REQUIRE(first.status == 0);

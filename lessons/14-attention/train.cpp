@@ -5,6 +5,8 @@
 //   make lesson-14                                    # nanoGPT's "baby GPT", 2000 iterations
 //   make lesson-14 ARGS='--iters 50 --sample 200'     # a quick look
 //   make lesson-14 ARGS='--attention textbook --memory'   # the memory of a step, per module
+//   make lesson-14 ARGS='--save runs/lesson-14'           # a checkpoint and vocab.json, every 500 steps
+//   make lesson-14 ARGS='--from runs/lesson-14/last.safetensors --sample 1000'   # write, without the text
 //
 // The recipe is nanoGPT's (train/gpt_recipe.h): AdamW (0.9, 0.99), weight decay 0.1 on the
 // weights, warm-up then cosine, clipping at 1.0; the batches are random windows of the first 90%
@@ -19,7 +21,8 @@
 #include "nn/gpt.h"                 // defines: GPT, make_gpt, generate
 #include "optim/grad_scaler.h"      // defines: GradScaler
 #include "train/cli.h"              // defines: Cli, CommonFlags
-#include "train/gpt_recipe.h"       // defines: GPTRecipe, gpt_lr, gpt_optimizer, gpt_eval_loss
+#include "train/fit.h"              // defines: TrainOptions, check_save_dir
+#include "train/gpt_recipe.h"       // defines: GPTRecipe, gpt_lr, gpt_optimizer, gpt_eval_loss, save_gpt_checkpoint
 #include "train/loop.h"             // defines: train_step
 #include "train/memory_model.h"     // defines: predict_memory, memory_prediction_table
 #include "train/progress.h"         // defines: seconds_since, peak_memory
@@ -31,7 +34,7 @@ namespace {
 struct Lesson14Flags {
     GPTConfig gpt;
     GPTRecipe recipe;
-    std::string attention = "flash", prompt = "\n";
+    std::string attention = "flash", prompt = "\n", from;
     int64_t eval_interval = 500, eval_windows = 200, log_interval = 100, sample = 500, top_k = 0;
     float temperature = 0.8f;
     bool no_kv_cache = false, memory = false;
@@ -40,7 +43,6 @@ struct Lesson14Flags {
 // The flags this trainer shares with the others but has no use for, refused with the reason.
 void refuse_shared(Cli& cli) {
     cli.refuse("--epochs", "lesson-14 counts optimizer steps: --iters N");
-    for (const char* f : {"--save", "--resume", "--overwrite"}) cli.refuse(f, "lesson-14 keeps no checkpoints");
     for (const char* f : {"--find-batch-size", "--time-report", "--time-svg", "--grad-hist", "--mem-trace",
                           "--mem-trace-steps"})
         cli.refuse(f, "lesson-14 does not take it (chapters 07 to 09 do)");
@@ -52,6 +54,42 @@ void print_memory(GPT& model, const CommonFlags& flags, const Lesson14Flags& o, 
     const Shape batch{flags.batch_size, o.gpt.block_size};
     MemoryModelOptions m{batch, OptimizerKind::Adam, device, true, DType::F32, {}, batch};
     std::printf("%s", memory_prediction_table(predict_memory(model, m)).c_str());
+}
+
+// --sample N: N characters after the prompt, drawn with the temperature, top-k and KV cache of
+// the flags, from Rng(seed); printed with the cache's size and the time they took.
+void print_sample(GPT& model, const CharTokenizer& vocabulary, const Lesson14Flags& o, uint64_t seed) {
+    SampleOptions s;
+    s.temperature = o.temperature, s.top_k = o.top_k, s.kv_cache = !o.no_kv_cache;
+    Rng rng(seed);
+    int64_t cache_bytes = 0;
+    const std::vector<int32_t> prompt =
+        vocabulary.encode(decode_utf8(std::vector<uint8_t>(o.prompt.begin(), o.prompt.end()), "--prompt"), "--prompt");
+    const auto t0 = std::chrono::steady_clock::now();
+    const std::vector<int32_t> ids = generate(model, prompt, o.sample, s, rng, &cache_bytes);
+    std::printf("sample (%lld characters, temperature %.2f, %s, %.1f s):\n%s\n", (long long)o.sample, o.temperature,
+                s.kv_cache ? ("KV cache " + format_bytes(cache_bytes)).c_str() : "no KV cache", seconds_since(t0),
+                vocabulary.decode(ids).c_str());
+}
+
+// --from FILE: the model and vocabulary of a checkpoint (train/gpt_recipe.h), and a sample; the
+// text is not read, and nothing is trained.
+int sample_from(const std::string& path, const CommonFlags& flags, const Lesson14Flags& o, Device device, const Cli& cli) {
+    flags.refuse_training_flags("--from samples from a trained model");
+    for (const char* f : {"--iters", "--block-size", "--n-layer", "--n-head", "--n-embd", "--dropout", "--recompute",
+                          "--memory"})
+        KILN_USAGE_CHECK(!cli.given(f), f, " shapes a model or its training; --from takes the checkpoint's model as it is");
+    LoadedGPT loaded = load_gpt_checkpoint(path, o.attention == "flash" ? AttentionKind::Flash : AttentionKind::Textbook);
+    loaded.model->to(device);
+    const GPTConfig& c = loaded.model->config;
+    std::printf("lesson-14: %s, trained %lld steps: GPT of %lld layers, %lld heads, %lld channels, context %lld, "
+                "vocabulary %lld (vocab.json beside it), device %s\n",
+                path.c_str(), (long long)loaded.step, (long long)c.n_layer, (long long)c.n_head, (long long)c.n_embd,
+                (long long)c.block_size, (long long)c.vocab_size, device_name(device));
+    flags.use("--seed");
+    if (o.sample > 0) print_sample(*loaded.model, loaded.vocabulary, o, flags.seed);
+    flags.check_used();
+    return 0;
 }
 
 }  // namespace
@@ -88,9 +126,14 @@ int main(int argc, char** argv) try {
     cli.add("--prompt", &o.prompt, "the text the sample starts from");
     cli.add("--no-kv-cache", &o.no_kv_cache, "sample by running the whole context again for every character");
     cli.add("--memory", &o.memory, "print chapter 08's predicted training step, per module, and stop");
+    cli.add("--from", &o.from, "sample from a checkpoint of --save (its weights, and the vocab.json beside it), "
+            "without the text and without training");
     cli.parse(argc, argv);
     Device device = flags.apply();
-    for (const char* f : {"--batch-size", "--lr", "--seed", "--data", "--limit", "--amp", "--accumulate"}) flags.use(f);
+    if (!o.from.empty()) return sample_from(o.from, flags, o, device, cli);
+    for (const char* f : {"--batch-size", "--lr", "--seed", "--data", "--limit", "--amp", "--accumulate", "--save",
+                          "--resume", "--overwrite"})
+        flags.use(f);
     const auto start = std::chrono::steady_clock::now();
 
     const TextData text = load_text(flags.data + "/moby-dick.txt", flags.limit, 0.1, " (make data fetches it)");
@@ -102,6 +145,9 @@ int main(int argc, char** argv) try {
     model->to(device);
     auto opt = gpt_optimizer(*model, o.recipe);
     flags.apply_memory_limit(device);
+    TrainOptions saving;  // --save into another run's folder is refused without --overwrite
+    saving.save_dir = flags.save, saving.resume = flags.resume, saving.overwrite = flags.overwrite;
+    if (!flags.save.empty()) check_save_dir(saving);
     std::printf("lesson-14: GPT of %lld layers, %lld heads, %lld channels, context %lld, vocabulary %lld: %lld "
                 "parameters (%s attention%s), batch %lld, %lld steps, %lld training characters, %s, device %s\n",
                 (long long)o.gpt.n_layer, (long long)o.gpt.n_head, (long long)o.gpt.n_embd, (long long)o.gpt.block_size,
@@ -115,6 +161,13 @@ int main(int argc, char** argv) try {
         return 0;
     }
 
+    // --resume: the weights, AdamW's moments and the step; batch k is a function of (seed, k), so
+    // the run goes on with the batches it would have drawn
+    const int64_t first = flags.resume.empty() ? 0 : resume_gpt(flags.resume, *model, *opt, text.tokenizer);
+    if (!flags.resume.empty()) std::printf("resumed from %s: %lld steps done\n", flags.resume.c_str(), (long long)first);
+    const auto save = [&](int64_t steps_done) {
+        if (!flags.save.empty()) save_gpt_checkpoint(flags.save, *model, *opt, text.tokenizer, steps_done);
+    };
     TextWindows batches(text.train, o.gpt.block_size, flags.batch_size, flags.seed, "the training split");
     BumpAllocator arena("step arena", device);
     std::optional<GradScaler> scaler;
@@ -123,8 +176,8 @@ int main(int argc, char** argv) try {
     model->train();
     Tensor x, y;
     auto last = std::chrono::steady_clock::now();  // when step last_it ended
-    int64_t last_it = -1;
-    for (int64_t it = 0; it < o.recipe.iters; it++) {
+    int64_t last_it = first - 1;
+    for (int64_t it = first; it < o.recipe.iters; it++) {
         const float lr = gpt_lr(o.recipe, it);
         for (ParamGroup& g : opt->param_groups()) g.lr = lr;
         batches.batch(it, x, y, device);
@@ -140,27 +193,18 @@ int main(int argc, char** argv) try {
             std::printf("step %lld: val loss %.4f (first %lld windows)\n", (long long)it,
                         gpt_eval_loss(*model, text.val, o.gpt.block_size, 64, o.eval_windows, device),
                         (long long)o.eval_windows);
+            save(it + 1);
             last = std::chrono::steady_clock::now(), last_it = it;
         }
     }
     const double train_seconds = seconds_since(start);
+    if (first < o.recipe.iters) save(o.recipe.iters);
     const double val = gpt_eval_loss(*model, text.val, o.gpt.block_size, 64, 0, device);
     std::printf("%s", memory_summary(device).c_str());  // each allocator's peak, and the limit if any
     std::printf("result: val_loss=%.4f bits_per_char=%.3f time=%.1fs peak_mem=%s\n", val, val / std::log(2.0),
                 train_seconds, format_bytes(peak_memory(device)).c_str());
 
-    if (o.sample > 0) {
-        SampleOptions s;
-        s.temperature = o.temperature, s.top_k = o.top_k, s.kv_cache = !o.no_kv_cache;
-        Rng rng(flags.seed);
-        int64_t cache_bytes = 0;
-        const std::vector<int32_t> prompt = text.tokenizer.encode(decode_utf8(std::vector<uint8_t>(o.prompt.begin(), o.prompt.end()), "--prompt"), "--prompt");
-        const auto t0 = std::chrono::steady_clock::now();
-        const std::vector<int32_t> ids = generate(*model, prompt, o.sample, s, rng, &cache_bytes);
-        std::printf("sample (%lld characters, temperature %.2f, %s, %.1f s):\n%s\n", (long long)o.sample, o.temperature,
-                    s.kv_cache ? ("KV cache " + format_bytes(cache_bytes)).c_str() : "no KV cache", seconds_since(t0),
-                    text.tokenizer.decode(ids).c_str());
-    }
+    if (o.sample > 0) print_sample(*model, text.tokenizer, o, flags.seed);
     flags.check_used();
     return 0;
 } catch (const std::exception& e) {

@@ -113,12 +113,15 @@ namespace {
 constexpr const char* kVocabKey = "\"code_points\"";
 }
 
-void CharTokenizer::save(const std::string& path) const {
+std::string CharTokenizer::to_json() const {
     std::string json = "{\"tokenizer\": \"char\", \"code_points\": [";
     for (size_t i = 0; i < chars_.size(); i++) json += (i ? ", " : "") + std::to_string(uint32_t(chars_[i]));
-    json += "]}\n";
+    return json + "]}\n";
+}
+
+void CharTokenizer::save(const std::string& path) const {
     const std::string tmp = path + ".tmp";
-    const int err = write_file(tmp, json);
+    const int err = write_file(tmp, to_json());
     KILN_CHECK(err == 0, "cannot write the vocabulary '", tmp, "': ", std::strerror(err));
     std::error_code ec;
     std::filesystem::rename(tmp, path, ec);
@@ -130,11 +133,14 @@ CharTokenizer CharTokenizer::load(const std::string& path) {
     KILN_CHECK(std::filesystem::exists(path, ec), "no vocabulary '", path,
                "': a checkpoint's folder keeps vocab.json beside its weights (lesson-14 --save writes both)");
     const std::vector<uint8_t> bytes = read_file(path);
-    const std::string text(bytes.begin(), bytes.end());
+    return from_json(std::string(bytes.begin(), bytes.end()), path);
+}
+
+CharTokenizer CharTokenizer::from_json(const std::string& text, const std::string& what) {
     const size_t key = text.find(kVocabKey);
     const size_t open = key == std::string::npos ? key : text.find('[', key);
     const size_t close = open == std::string::npos ? open : text.find(']', open);
-    KILN_CHECK(close != std::string::npos && text.find("\"tokenizer\": \"char\"") != std::string::npos, "'", path,
+    KILN_CHECK(close != std::string::npos && text.find("\"tokenizer\": \"char\"") != std::string::npos, "'", what,
                "' is not a character vocabulary (expected {\"tokenizer\": \"char\", \"code_points\": [...]})");
     std::u32string chars;
     std::istringstream in(text.substr(open + 1, close - open - 1));
@@ -145,12 +151,32 @@ CharTokenizer CharTokenizer::load(const std::string& path) {
         const bool digits = item.size() <= 7 && item.find_first_not_of("0123456789") == std::string::npos;
         const unsigned long v = digits ? std::stoul(item) : 0;
         KILN_CHECK(digits && v <= 0x10FFFF && !(v >= 0xD800 && v <= 0xDFFF) && (chars.empty() || v > chars.back()),
-                   "'", path, "': '", item, "' after ", chars.size(),
+                   "'", what, "': '", item, "' after ", chars.size(),
                    " code points is not the next one (code points are increasing integers up to 0x10FFFF)");
         chars.push_back(char32_t(v));
     }
-    KILN_CHECK(!chars.empty(), "'", path, "' holds an empty vocabulary");
+    KILN_CHECK(!chars.empty(), "'", what, "' holds an empty vocabulary");
     return CharTokenizer(std::move(chars));
+}
+
+namespace {
+// "'a' (U+61)"
+std::string describe_char(char32_t c) {
+    std::ostringstream os;
+    os << "'" << encode_utf8(std::u32string(1, c)) << "' (U+" << std::uppercase << std::hex << uint32_t(c) << ")";
+    return os.str();
+}
+}  // namespace
+
+std::string CharTokenizer::difference(const CharTokenizer& o, const std::string& name, const std::string& other_name) const {
+    for (size_t i = 0; i < std::min(chars_.size(), o.chars_.size()); i++)
+        if (chars_[i] != o.chars_[i])
+            return "id " + std::to_string(i) + " is " + describe_char(chars_[i]) + " in " + name + ", " +
+                   describe_char(o.chars_[i]) + " in " + other_name;
+    if (chars_.size() != o.chars_.size())
+        return std::to_string(chars_.size()) + " characters in " + name + ", " + std::to_string(o.chars_.size()) +
+               " in " + other_name;
+    return "";
 }
 
 std::vector<int32_t> CharTokenizer::encode(const std::u32string& text, const std::string& what) const {

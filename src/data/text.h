@@ -40,6 +40,13 @@ public:
     // Writes the vocabulary to `path` (to a temporary name, then renamed): a checkpoint's
     // folder keeps it beside the weights, since the ids mean nothing without it.
     void save(const std::string& path) const;
+    // The same JSON text as a string, and back (`what` names where it came from in errors).
+    std::string to_json() const;
+    static CharTokenizer from_json(const std::string& json, const std::string& what);
+    // "" if o is the same vocabulary, else where the two first differ, said with their names:
+    // "id 17 is 'a' (U+61) in the text, 'b' (U+62) in the checkpoint", or "83 characters in the
+    // text, 65 in the checkpoint".
+    std::string difference(const CharTokenizer& o, const std::string& name, const std::string& other_name) const;
 
     int64_t size() const { return int64_t(chars_.size()); }
     const std::u32string& characters() const { return chars_; }

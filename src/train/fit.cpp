@@ -88,7 +88,10 @@ int resume_from(const std::string& path, TrainingRun& run) {
 // Not the main process (a data parallel rank but 0): the state is built, nothing is written.
 void save_epoch(const std::string& save_dir, TrainingRun& run, int epochs_done, bool main_process) {
     const StateDict state = checkpoint_state(run, ResumePoint{epochs_done, 0, run.optimizer.steps()});
-    if (!main_process) return;
+    if (main_process) save_last(save_dir, state);
+}
+
+void save_last(const std::string& save_dir, const StateDict& state) {
     std::error_code error;
     std::filesystem::create_directories(save_dir, error);
     KILN_CHECK(!error, "--save ", save_dir, ": cannot create the folder (", error.message(), ")");

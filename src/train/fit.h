@@ -73,6 +73,9 @@ StepOptions step_options(const CommonFlags& flags, BumpAllocator* arena, std::un
 // unless opt.overwrite (--overwrite) or opt.resume continues that run.
 void check_save_dir(const TrainOptions& opt);
 void save_epoch(const std::string& save_dir, TrainingRun& run, int epochs_done, bool main_process);
+// What save_epoch writes with: `state` to save_dir/last.safetensors (the folder made if need be),
+// the last one kept as save_dir/prev.safetensors; prints "saved PATH".
+void save_last(const std::string& save_dir, const StateDict& state);
 int resume_from(const std::string& path, TrainingRun& run);
 
 // The earlier chapters' fit: flags.epochs epochs (and --save, --resume) with step decay

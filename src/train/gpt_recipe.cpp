@@ -2,11 +2,16 @@
 #include "train/gpt_recipe.h"
 
 #include <algorithm>
+#include <climits>
 #include <cmath>
+#include <filesystem>
 
 #include "core/allocator.h"
 #include "data/text.h"
+#include "io/archive.h"
 #include "nn/layers.h"
+#include "train/checkpoint.h"
+#include "train/fit.h"
 #include "train/loop.h"
 
 namespace kiln {
@@ -79,6 +84,88 @@ int64_t measure_gpt_step(const GPTConfig& c, int64_t B, int64_t T, Device device
         KILN_CHECK(train_step(*model, *opt, x, y, step).stepped, "measure_gpt_step: the step was not taken");
     }
     return device_memory_stats(device).peak_allocated - before;
+}
+
+// ---- checkpoints -------------------------------------------------------------------------------
+namespace {
+
+// The GPT's shape as a checkpoint records it, and the lesson-14 flag that sets each number.
+struct ShapeEntry {
+    const char* key;
+    const char* flag;
+    int64_t GPTConfig::*field;
+};
+const ShapeEntry kShape[] = {{"train.gpt.n_layer", "--n-layer", &GPTConfig::n_layer},
+                             {"train.gpt.n_head", "--n-head", &GPTConfig::n_head},
+                             {"train.gpt.n_embd", "--n-embd", &GPTConfig::n_embd},
+                             {"train.gpt.block_size", "--block-size", &GPTConfig::block_size}};
+constexpr const char* kVocabulary = "train.gpt.vocabulary";
+
+// The model's random streams (dropout's), named by their modules: a resumed run draws on.
+std::vector<std::pair<std::string, Rng*>> random_streams(GPT& model) {
+    std::vector<std::pair<std::string, Rng*>> streams;
+    for (auto& [path, m] : model.named_modules())
+        if (Rng* r = m->random_stream()) streams.emplace_back(path, r);
+    return streams;
+}
+
+// The vocabulary the checkpoint records (train.gpt.vocabulary).
+CharTokenizer recorded_vocabulary(const std::string& path, const StateDict& state) {
+    KILN_CHECK(state.has(kVocabulary), "'", path, "' records no vocabulary (\"", kVocabulary,
+               "\"): it is not a checkpoint of lesson-14 --save");
+    return CharTokenizer::from_json(state.get_string(kVocabulary), path + "'s " + kVocabulary);
+}
+
+}  // namespace
+
+void save_gpt_checkpoint(const std::string& save_dir, GPT& model, Optimizer& optimizer, const CharTokenizer& vocabulary,
+                         int64_t step) {
+    TrainingRun run{model, optimizer, nullptr, nullptr, random_streams(model)};
+    StateDict state = checkpoint_state(run, ResumePoint{0, 0, step});
+    for (const ShapeEntry& e : kShape) state.set(e.key, model.config.*e.field);
+    state.set(kVocabulary, vocabulary.to_json());
+    std::error_code error;
+    std::filesystem::create_directories(save_dir, error);
+    KILN_CHECK(!error, "--save ", save_dir, ": cannot create the folder (", error.message(), ")");
+    vocabulary.save(save_dir + "/vocab.json");  // first: a checkpoint is never without it
+    save_last(save_dir, state);
+}
+
+CharTokenizer gpt_checkpoint_vocabulary(const std::string& path, const StateDict& state) {
+    const CharTokenizer recorded = recorded_vocabulary(path, state);
+    const std::string file = (std::filesystem::path(path).parent_path() / "vocab.json").string();
+    const CharTokenizer beside = CharTokenizer::load(file);
+    const std::string diff = beside.difference(recorded, "'" + file + "'", "the checkpoint");
+    KILN_CHECK(diff.empty(), "'", file, "' is not the vocabulary '", path, "' was trained with (", diff,
+               "): put the vocab.json its run saved beside it");
+    return beside;
+}
+
+LoadedGPT load_gpt_checkpoint(const std::string& path, AttentionKind attention) {
+    const StateDict state = read_safetensors(path);
+    CharTokenizer vocabulary = gpt_checkpoint_vocabulary(path, state);
+    return with_hint((" (in checkpoint '" + path + "')").c_str(), [&] {
+        GPTConfig c;
+        c.vocab_size = vocabulary.size(), c.attention = attention, c.dropout = 0.0f;
+        for (const ShapeEntry& e : kShape) c.*e.field = state.get_int(e.key, 1, INT32_MAX);
+        auto model = make_gpt(c, 1);
+        load_model(state, *model);  // every tensor's shape checked: wte's rows against the vocabulary
+        return LoadedGPT{std::move(model), std::move(vocabulary), state.get_int("train.step", 0, INT64_MAX)};
+    });
+}
+
+int64_t resume_gpt(const std::string& path, GPT& model, Optimizer& optimizer, const CharTokenizer& corpus) {
+    const StateDict state = read_safetensors(path);
+    const std::string diff = corpus.difference(recorded_vocabulary(path, state), "this run's text", "the checkpoint's");
+    KILN_CHECK(diff.empty(), "--resume ", path, ": the text's characters are not the vocabulary the checkpoint was "
+               "trained with (", diff, "): resume with the --data and --limit of its run");
+    for (const ShapeEntry& e : kShape) {
+        const int64_t saved = state.get_int(e.key), now = model.config.*e.field;
+        KILN_CHECK(saved == now, "--resume ", path, ": this run's model has ", e.flag, " ", now, ", the checkpoint's ",
+                   saved, ": resume with the flags it was trained with");
+    }
+    TrainingRun run{model, optimizer, nullptr, nullptr, random_streams(model)};
+    return load_checkpoint(path, run).step;
 }
 
 }  // namespace kiln

@@ -5,11 +5,17 @@
 //   included: nanoGPT's configure_optimizers), none on biases and layer norms
 //   the learning rate: a linear warm-up, then a cosine down to min_lr (gpt_lr below)
 //   gradients clipped to a global norm of 1.0 (train_step's clip_norm)
+//
+// And its checkpoints (lesson-14 --save, --resume, --from): chapter 07's file (train/checkpoint.h:
+// the model, AdamW's moments, the step, the dropout streams) plus the GPT's shape and its
+// vocabulary, with the vocabulary also written beside it as vocab.json (data/text.h), since a
+// character model's ids mean nothing without it. A checkpoint so loads and samples without the text.
 #pragma once
 #include <cstdint>
 #include <memory>
 #include <vector>
 
+#include "data/text.h"
 #include "nn/gpt.h"
 #include "optim/adam.h"
 
@@ -48,5 +54,32 @@ double gpt_eval_loss(GPT& model, const std::vector<int32_t>& tokens, int64_t blo
 // (device_memory_stats), less what was in use before the model was built. What chapter 08's
 // prediction (train/memory_model.h, MemoryPrediction::allocator_peaks) is checked against.
 int64_t measure_gpt_step(const GPTConfig& c, int64_t B, int64_t T, Device device);
+
+// ---- checkpoints -------------------------------------------------------------------------------
+// save_dir/last.safetensors after `step` steps (the one before kept as prev.safetensors), with
+// "train.gpt.n_layer", "n_head", "n_embd", "block_size" and "train.gpt.vocabulary" (the
+// tokenizer's JSON) besides chapter 07's entries, and save_dir/vocab.json.
+void save_gpt_checkpoint(const std::string& save_dir, GPT& model, Optimizer& optimizer, const CharTokenizer& vocabulary,
+                         int64_t step);
+
+// The vocabulary of a checkpoint: the vocab.json beside it, checked against the one the file
+// records. Missing, unreadable, or another text's (a vocab.json copied from another run) is an
+// error naming both files and where the two vocabularies differ.
+CharTokenizer gpt_checkpoint_vocabulary(const std::string& path, const StateDict& state);
+
+// A GPT as a checkpoint holds it, without the text it was trained on: its shape from the file,
+// its vocabulary as gpt_checkpoint_vocabulary, its weights loaded (on the CPU; `attention` is
+// either kind: the weights are the same).
+struct LoadedGPT {
+    std::unique_ptr<GPT> model;
+    CharTokenizer vocabulary;
+    int64_t step;  // the steps it was trained for
+};
+LoadedGPT load_gpt_checkpoint(const std::string& path, AttentionKind attention = AttentionKind::Flash);
+
+// --resume: loads the checkpoint into a model and optimizer built from the same flags, after
+// checking that the text's vocabulary (`corpus`) is the checkpoint's and the model's shape its
+// (an error naming the flag: --n-head 4, the checkpoint's 2); returns the steps done.
+int64_t resume_gpt(const std::string& path, GPT& model, Optimizer& optimizer, const CharTokenizer& corpus);
 
 }  // namespace kiln
