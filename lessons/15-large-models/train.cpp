@@ -92,7 +92,8 @@ std::string grouped(int64_t n) {
 }
 
 void print_row(const char* what, int64_t bytes, const char* note = "") {
-    std::printf("  %-18s %17s bytes %9.1f GB  %s\n", what, grouped(bytes).c_str(), gb(bytes), note);
+    std::printf("  %-18s %17s bytes %9.1f GB %10s%s%s\n", what, grouped(bytes).c_str(), gb(bytes),
+                format_bytes(bytes).c_str(), *note ? "  " : "", note);
 }
 
 // --plan: one GPU's memory by category, one layer's activations, the largest micro-batch.
@@ -104,8 +105,9 @@ void print_plan(const MemoryPlanOptions& o, const Flags& f) {
     if (t.layers > 0)
         std::printf(" (%s: L %lld, h %lld, %lld heads, V %lld, s %lld)", f.model.c_str(), (long long)t.layers,
                     (long long)t.width, (long long)t.heads, (long long)t.vocab, (long long)t.context);
-    std::printf(", %s%s, %s, ZeRO stage %d on %lld GPUs\n", dtype_name(o.precision),
-                o.precision == DType::F32 ? "" : " mixed", f.optimizer.c_str(), o.zero_stage, (long long)o.gpus);
+    std::printf(", %s%s, %s, ZeRO stage %d on %lld GPU%s\n", dtype_name(o.precision),
+                o.precision == DType::F32 ? "" : " mixed", f.optimizer.c_str(), o.zero_stage, (long long)o.gpus,
+                o.gpus == 1 ? "" : "s");
     if (t.layers > 0)
         std::printf("      micro-batch %lld, %s attention, %s, recomputation %s%s\n", (long long)o.batch,
                     attention_kind_name(o.attention), o.dropout ? "dropout" : "no dropout", recompute_name(o.recompute),
