@@ -35,10 +35,14 @@ float gpt_lr(const GPTRecipe& r, int64_t it) {
     return float(double(r.min_lr) + coeff * double(r.lr - r.min_lr));
 }
 
-std::unique_ptr<AdamW> gpt_optimizer(GPT& model, const GPTRecipe& r) {
+Adam::Options gpt_adam_options() {
     Adam::Options o;
     o.beta1 = 0.9f, o.beta2 = 0.99f;
-    return std::make_unique<AdamW>(decay_groups(model, r.lr, r.weight_decay), o);
+    return o;
+}
+
+std::unique_ptr<AdamW> gpt_optimizer(GPT& model, const GPTRecipe& r) {
+    return std::make_unique<AdamW>(decay_groups(model, r.lr, r.weight_decay), gpt_adam_options());
 }
 
 double gpt_eval_loss(GPT& model, const std::vector<int32_t>& tokens, int64_t block_size, int64_t batch,
@@ -61,14 +65,14 @@ double gpt_eval_loss(GPT& model, const std::vector<int32_t>& tokens, int64_t blo
     return total / double(windows);
 }
 
-int64_t measure_gpt_step(const GPTConfig& c, int64_t B, int64_t T, Device device) {
+int64_t measure_gpt_step(const GPTConfig& c, int64_t B, int64_t T, Device device, const GPTOptimizerFactory& make_optimizer) {
     PoolAllocator& pool = pool_allocator(device);
     pool.empty_cache();
     const int64_t before = pool.stats().allocated;
     auto model = make_gpt(c, 1);
     model->to(device);
     const GPTRecipe recipe;
-    auto opt = gpt_optimizer(*model, recipe);
+    std::unique_ptr<Optimizer> opt = make_optimizer ? make_optimizer(*model, recipe) : gpt_optimizer(*model, recipe);
     Rng rng(2);
     Tensor x = Tensor::empty({B, T}, DType::I32, Device::CPU, Category::Data), y = x.clone();
     for (int64_t i = 0; i < B * T; i++) {

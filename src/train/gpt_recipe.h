@@ -12,6 +12,7 @@
 // character model's ids mean nothing without it. A checkpoint so loads and samples without the text.
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <vector>
 
@@ -38,8 +39,10 @@ GPTConfig baby_gpt_config(int64_t vocab_size);
 //   otherwise              min_lr + ½ (1 + cos(π r)) (lr − min_lr),   r = (it − warmup) / (decay_iters − warmup)
 float gpt_lr(const GPTRecipe& recipe, int64_t it);
 
-// AdamW over decay_groups (optim/optimizer.h) with the recipe's lr and weight decay, β = (0.9, 0.99).
+// AdamW over decay_groups (optim/optimizer.h) with the recipe's lr and weight decay, β = (0.9, 0.99)
+// (gpt_adam_options).
 std::unique_ptr<AdamW> gpt_optimizer(GPT& model, const GPTRecipe& recipe);
+Adam::Options gpt_adam_options();
 
 // The mean cross-entropy, in nats per character, of the model's next-token predictions over the
 // ordered windows of `tokens` (data/text.h: offsets 0, T, 2T, ...), the first max_windows of them
@@ -53,7 +56,11 @@ double gpt_eval_loss(GPT& model, const std::vector<int32_t>& tokens, int64_t blo
 // that creates the optimizer's state — measured: the allocators' peaks added up
 // (device_memory_stats), less what was in use before the model was built. What chapter 08's
 // prediction (train/memory_model.h, MemoryPrediction::allocator_peaks) is checked against.
-int64_t measure_gpt_step(const GPTConfig& c, int64_t B, int64_t T, Device device);
+// make_optimizer, when given, makes the step's optimizer instead of gpt_optimizer (chapter 15
+// measures a ZeRO-1 rank's step with it).
+using GPTOptimizerFactory = std::function<std::unique_ptr<Optimizer>(GPT& model, const GPTRecipe& recipe)>;
+int64_t measure_gpt_step(const GPTConfig& c, int64_t B, int64_t T, Device device,
+                         const GPTOptimizerFactory& make_optimizer = {});
 
 // ---- checkpoints -------------------------------------------------------------------------------
 // save_dir/last.safetensors after `step` steps (the one before kept as prev.safetensors), with
