@@ -119,7 +119,10 @@ ifeq ($(CUDA),1)
 else
   MPI_SRCS := $(filter-out src/mpi/nccl_comm.cpp,$(MPI_SRCS))
 endif
-CU_SRCS   := $(shell find cuda -name '*.cu' -not -path 'cuda/lab/*' | sort)
+# The lab's teaching versions of engine kernels (cuda/lab/versions/: GEMM versions 1, 2, 3, 5) are
+# compiled into libkiln.a, each file its own object: the tests and the lab call them, and a trainer,
+# which never does, does not link them.
+CU_SRCS   := $(shell find cuda -name '*.cu' -not -path 'cuda/lab/*' | sort) $(sort $(wildcard cuda/lab/versions/*.cu))
 EMU_SRCS  := $(shell find cuda/emu -name '*.cpp' 2>/dev/null | sort)
 TEST_SRCS := $(shell find tests -name '*.cpp' -not -path 'tests/mpi/*' | sort)
 MPI_TEST_SRCS := $(sort $(wildcard tests/mpi/*.cpp))

@@ -112,7 +112,7 @@ private:
     void* ptr_;
 };
 
-// ---- tensor cores: one warp's share of a 64×64 tile (gemm.cu's gemm_wmma_kernel, conv.cu) ------
+// ---- tensor cores: one warp's share of a 64×64 tile (GEMM version 5, conv.cu) --------------------
 // wmma's element type for kiln's 16-bit types: the same 16 bits under CUDA's name.
 template <typename T> struct WmmaType;
 template <> struct WmmaType<f16> { using type = __half; };

@@ -42,7 +42,8 @@
 //                                             column are decoded once per block (its column is the
 //                                             same in every step); its rows k advance by a fixed
 //                                             step, so (c, kh, kw) are stepped, not divided out
-//       barrier; each thread multiplies a TM×TN patch from registers (as gemm.cu's version 3);
+//       barrier; each thread multiplies a TM×TN patch from registers (as GEMM version 3 does,
+//       lab/versions/gemm_versions.cu);
 //       barrier
 //     store: y[n, g·Og + o, p, q] = acc + b[g·Og + o]
 //   Two tile shapes: 64×64 (BM×BN, 4×4 per thread), and 16×128 (2×4 per thread) when a group has
@@ -337,9 +338,10 @@ __global__ void __launch_bounds__((BM / TM) * (BN / TN))
 }
 
 // ---- the implicit GEMM on tensor cores (T = f16 or bf16) ----------------------------------------------
-// conv2d_implicit_gemm_kernel's product done as gemm.cu's version 5: block (bx, by, g) computes
-// the 64×64 tile of y's group g at output channels o0 + [0, 64) and columns j0 + [0, 64); its 4
-// warps multiply 32×32 patches on the tensor cores (detail::WmmaWarpTile, common.cuh).
+// conv2d_implicit_gemm_kernel's product done as GEMM version 5 (lab/versions/gemm_versions.cu):
+// block (bx, by, g) computes the 64×64 tile of y's group g at output channels o0 + [0, 64) and
+// columns j0 + [0, 64); its 4 warps multiply 32×32 patches on the tensor cores
+// (detail::WmmaWarpTile, common.cuh).
 //   per step of 32 along Kc:  Ws[k][o] = w[g·Og + o0 + o, k0 + k],  Xs[k][j] = x gathered as
 //                             above, both as T (zeros outside)           barrier
 //                             acc += Ws-rows · Xs-columns (wmma, f32)   barrier

@@ -23,7 +23,7 @@
 // Why warps: the 32 lanes of a warp read As[k][...] and Bs[k][...] together; with the lanes
 // packed into a compact WM×WN patch, one load instruction of the warp touches kLanesM (or
 // kLanesN) consecutive float4s, at most 128 bytes: one shared-memory wavefront, the rest are
-// broadcasts. (Version 3, cuda/gemm.cu, spreads a warp's lanes over the whole block tile.)
+// broadcasts. (Version 3, cuda/lab/versions/gemm_versions.cu, spreads a warp's lanes over the whole block tile.)
 //
 // Double buffering: two stages of shared memory. While the block multiplies stage s, every
 // thread already holds the next step's values in registers (loaded before the multiply-adds,

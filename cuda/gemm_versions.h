@@ -1,22 +1,23 @@
-// gemm_versions.h — the teaching versions of cuda/gemm.cu, side by side.
-// All take cuda::gemm's arguments (src/ops/kernels/gemm.h; device pointers, row-major, any
-// transposes) and compute the same C; the engine, cuda::gemm, runs version 3, and version 5
-// for f16 and bf16 when the shapes allow.
+// gemm_versions.h — the teaching versions of the engine's GEMM (cuda::gemm, cuda/gemm.cu), side by
+// side. All take cuda::gemm's arguments (src/ops/kernels/gemm.h; device pointers, row-major, any
+// transposes) and compute the same C; the engine runs version 6 (f32) and version 7 (f16, bf16).
 //
-//   version 1  gemm_naive   one thread per C element, each reading a row of op(A) and a column
-//                           of op(B) straight from global memory
-//   version 2  gemm_smem    16×16 tiles of op(A) and op(B) staged in shared memory, each
-//                           loaded once per block instead of once per thread
-//   version 3  cuda::gemm   bigger tiles, and each thread computes a TM×TN patch of C from
-//                           registers (register blocking)
-//   version 5  gemm_wmma    T = f16 or bf16 only: each warp multiplies 16×16×16 fragments on
-//                           the tensor cores (nvcuda::wmma), sums in float; cuda::gemm uses it
-//                           for f16 and bf16 when M, N and K are all at least 16 (chapter 09)
+//   version 1  gemm_naive            one thread per C element, each reading a row of op(A) and a
+//                                    column of op(B) straight from global memory
+//   version 2  gemm_smem             16×16 tiles of op(A) and op(B) staged in shared memory, each
+//                                    loaded once per block instead of once per thread
+//   version 3  gemm_register_tiled   bigger tiles, and each thread computes a TM×TN patch of C
+//                                    from registers (register blocking)
+//   version 5  gemm_wmma             T = f16 or bf16 only: each warp multiplies 16×16×16 fragments
+//                                    on the tensor cores (nvcuda::wmma), sums in float (chapter 09)
+//   version 8  gemm_tensor_cores_async   version 7 with cp.async stages (sm_80+)
+// Versions 1, 2, 3 and 5 are in cuda/lab/versions/gemm_versions.cu; version 8 in cuda/gemm.cu, beside the
+// version 7 it falls back to.
 //
-// Tested against the CPU by `make test T='[cuda][gemm]'` (version 5: T='[wmma]'); the kernel
+// Tested against the CPU by `make test T='[cuda][gemm]'` (versions 5 and 8: T='[wmma]'); the kernel
 // lab, cuda/lab/gemm.cu, shows them under the same numbers (with a version 0 and a version 4 of
 // its own) and times them against cuBLAS on a GPU (`make CUDA=1 lab`). Like cuda::gemm,
-// versions 1 and 2 take T = float, f16 or bf16; all sum in float.
+// versions 1, 2 and 3 take T = float, f16 or bf16; all sum in float.
 #pragma once
 #include <cstdint>
 

@@ -31,7 +31,8 @@
 //        CPU's formula for that element (a depthwise output: its KH·KW taps in an int32 sum).
 //   qglobal_avgpool   one thread per plane (n, c), 1-D grid-stride: its H·W values in an int64 sum.
 //   qgemm_u8s8   qgemm_dp4a_kernel: a 64×64 tile of C per block of 128 threads, 8×4 of it per
-//        thread in registers (gemm.cu's version 3, with words of 4 values in place of floats).
+//        thread in registers (GEMM version 3, lab/versions/gemm_versions.cu, with words of 4 values
+//        in place of floats).
 //        K in steps of 32 values: both tiles are packed into words in shared memory, a barrier,
 //        then each thread runs 8 words × (8·4 dp4a for its products + 4 for its columns' Σ b),
 //        a barrier. grid (ceil(N/64), min(ceil(M/64), 65535)); blocks loop over row tiles beyond.

@@ -1,5 +1,5 @@
 // test_wmma.cpp — tensor cores (chapter 09): the nvcuda::wmma fragment API on the kernel
-// emulator (cuda/emu/wmma.h), the f16/bf16 GEMM built on it (cuda/gemm.cu, version 5) and
+// emulator (cuda/emu/wmma.h), the f16/bf16 GEMM built on it (cuda/lab/versions/gemm_versions.cu, version 5) and
 // the implicit-GEMM convolution's wmma variant (cuda/conv.cu), each against the CPU.
 //
 //   make test T='[wmma]'

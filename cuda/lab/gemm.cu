@@ -1,6 +1,6 @@
 // gemm.cu — the kernel lab's matrix multiply: six versions of C = A·B side by side, each
 // validated against the CPU at several block sizes, then timed against cuBLAS on a GPU.
-// Versions 1 to 3 are chapter 04's, with its numbers (cuda/gemm.cu); the lab adds version 0
+// Versions 1 to 3 are chapter 04's, with its numbers (cuda/lab/versions/gemm_versions.cu); the lab adds version 0
 // before them and version 4 after them; version 5 is chapter 09's, on the tensor cores.
 //
 //   C[M,N] = A[M,K] · B[K,N]          all row-major (the engine's cuda::gemm also does
@@ -8,20 +8,20 @@
 //
 //   version 0  uncoalesced   one thread per C element, consecutive threads on consecutive rows
 //              m: a warp's 32 reads of A are K floats apart, 32 memory transactions per load
-//   version 1  gemm_naive    (cuda/gemm.cu) one thread per element, consecutive threads on
+//   version 1  gemm_naive    (lab/versions/gemm_versions.cu) one thread per element, consecutive threads on
 //              consecutive columns n: a warp reads B[k, n..n+15] as one transaction and
 //              A[m, k] as a broadcast. Only the mapping changed from version 0.
-//   version 2  gemm_smem     (cuda/gemm.cu) 16×16 tiles of A and B staged in shared memory:
+//   version 2  gemm_smem     (lab/versions/gemm_versions.cu) 16×16 tiles of A and B staged in shared memory:
 //              each global value is loaded once per block instead of once per thread
-//   version 3  gemm_register_tiled   (cuda/gemm.cu, the engine's before version 6) 2-D register
-//              tiling: each thread computes a TM×TN patch of C from registers, TM·TN FMAs per
-//              TM + TN shared loads
+//   version 3  gemm_register_tiled   (lab/versions/gemm_versions.cu, the engine's before version 6) 2-D
+//              register tiling: each thread computes a TM×TN patch of C from registers, TM·TN FMAs
+//              per TM + TN shared loads
 //   version 4  float4        version 3's tiling, but every global load and store and every
 //              shared-memory read is a 16-byte float4: a quarter of the load instructions.
 //              Needs K and N to be multiples of 4 (rows stay 16-byte aligned). Block 128:
 //              64×64 tiles, 8×4 per thread; block 256: 128×128 tiles, 8×8 per thread.
 //   cuBLAS     cublasSgemm in true FP32 (no TF32 tensor cores), the reference on a GPU
-//   version 5  wmma_f16      (cuda/gemm.cu, chapter 09) A, B and C in f16, products and sums in
+//   version 5  wmma_f16      (lab/versions/gemm_versions.cu, chapter 09) A, B and C in f16, products and sums in
 //              f32 on the tensor cores: each warp multiplies 16×16×16 fragments (nvcuda::wmma).
 //              Validated against the CPU's f32 GEMM of the same (f16-rounded) inputs, timed
 //              beside the f32 versions and against its own reference, cublasGemmEx with f16
