@@ -32,10 +32,9 @@
 //   qglobal_avgpool   one thread per plane (n, c), 1-D grid-stride: its H·W values in an int64 sum.
 //   qgemm_u8s8   qgemm_dp4a_kernel: a 64×64 tile of C per block of 128 threads, 8×4 of it per
 //        thread in registers (GEMM version 3, lab/versions/gemm_versions.cu, with words of 4 values
-//        in place of floats).
-//        K in steps of 32 values: both tiles are packed into words in shared memory, a barrier,
-//        then each thread runs 8 words × (8·4 dp4a for its products + 4 for its columns' Σ b),
-//        a barrier. grid (ceil(N/64), min(ceil(M/64), 65535)); blocks loop over row tiles beyond.
+//        in place of floats). K in steps of 32 values: both tiles are packed into words in shared
+//        memory, a barrier, then each thread runs 8 words × (8·4 dp4a for its products + 4 for its
+//        columns' Σ b), a barrier. grid (ceil(N/64), min(ceil(M/64), 65535)); blocks loop over row tiles beyond.
 //   qconv2d, groups 1   two kernels, no im2col: pack_filters_kernel (one thread per filter) packs
 //        each filter's C·KH·KW weights into words and sums them; qconv2d_kernel gives each thread one
 //        output pixel (n, p, q) and kOT = 8 consecutive output channels: dp4a_conv_dot walks the
