@@ -362,26 +362,45 @@ TEST_CASE("cuda softmax cross-entropy counts the correct rows and checks the lab
 // ---- optimizer -------------------------------------------------------------------------------------
 TEST_CASE("cuda sgd_update matches the CPU", "[cuda][lesson04][optim]") {
     Rng rng(37);
+    // One group of segments of 1000, 0, 1 and 5000 elements: each call updates them all.
+    const std::vector<int64_t> sizes = {1000, 0, 1, 5000};
+    const int64_t count = int64_t(sizes.size());
+    const auto data_of = [](std::vector<Tensor>& ts) {
+        std::vector<float*> out;
+        for (Tensor& t : ts) out.push_back(t.defined() ? t.data<float>() : nullptr);
+        return out;
+    };
+    const auto make = [&](bool zero) {
+        std::vector<Tensor> out;
+        for (int64_t n : sizes) out.push_back(n == 0 ? Tensor() : zero ? Tensor::zeros({n}) : random({n}, rng));
+        return out;
+    };
+    const auto copy = [](const std::vector<Tensor>& ts, bool to_cuda) {
+        std::vector<Tensor> out;
+        for (const Tensor& t : ts) out.push_back(!t.defined() ? Tensor() : to_cuda ? cuda_copy(t) : t.clone());
+        return out;
+    };
     struct Case { float momentum, dampening, wd; bool nesterov; };
     for (Case k : {Case{0, 0, 0, false}, Case{0.9f, 0, 0, false}, Case{0.9f, 0.1f, 1e-4f, false},
                    Case{0.9f, 0, 5e-4f, true}}) {
         INFO("momentum " << k.momentum << ", dampening " << k.dampening << ", wd " << k.wd << ", nesterov "
                          << k.nesterov);
-        for (int64_t n : {int64_t(1), int64_t(1000), int64_t(5000)}) {
-            Tensor p = random({n}, rng), g1 = random({n}, rng), g2 = random({n}, rng), buf = Tensor::zeros({n});
-            under_schedules([&] {
-                Tensor hp = p.clone(), hbuf = buf.clone(), cp = cuda_copy(p), cbuf = cuda_copy(buf);
-                int step = 0;
-                for (const Tensor* g : {&g1, &g2}) {  // the first step, then one with a momentum buffer
-                    const SgdParams s{0.05f, k.momentum, k.dampening, k.wd, k.nesterov, step == 0};
-                    cpu::sgd_update(hp.data<float>(), g->data<float>(), hbuf.data<float>(), n, s);
-                    Tensor dg = cuda_copy(*g);
-                    cuda::sgd_update(cp.data<float>(), dg.data<float>(), cbuf.data<float>(), n, s);
-                    step++;
-                }
-                require_close(cp, hp, 1e-6, 1e-7);
-                require_close(cbuf, hbuf, 1e-6, 1e-7);
-            });
-        }
+        const std::vector<Tensor> p = make(false), g1 = make(false), g2 = make(false), buf = make(true);
+        under_schedules([&] {
+            std::vector<Tensor> hp = copy(p, false), hbuf = copy(buf, false), cp = copy(p, true), cbuf = copy(buf, true);
+            int step = 0;
+            for (const std::vector<Tensor>* g : {&g1, &g2}) {  // the first step, then one with a momentum buffer
+                const SgdParams s{0.05f, k.momentum, k.dampening, k.wd, k.nesterov, step == 0};
+                std::vector<Tensor> hg = copy(*g, false), dg = copy(*g, true);
+                cpu::sgd_update(data_of(hp).data(), data_of(hg).data(), data_of(hbuf).data(), sizes.data(), count, s);
+                cuda::sgd_update(data_of(cp).data(), data_of(dg).data(), data_of(cbuf).data(), sizes.data(), count, s);
+                step++;
+            }
+            for (size_t t = 0; t < sizes.size(); t++) {
+                if (sizes[t] == 0) continue;
+                require_close(cp[t], hp[t], 1e-6, 1e-7);
+                require_close(cbuf[t], hbuf[t], 1e-6, 1e-7);
+            }
+        });
     }
 }

@@ -11,14 +11,17 @@
 #include <functional>
 #include <limits>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "core/allocator.h"
+#include "core/cuda_memory.h"
 #include "core/rng.h"
 #include "fixtures.h"
 #include "nn/models.h"
 #include "ops/kernels/all.h"
 #include "ops/ops.h"
+#include "ops/optim.h"
 #include "optim/adam.h"
 #include "optim/optimizer.h"
 
@@ -209,37 +212,155 @@ TEST_CASE("optimizers on CUDA tensors follow torch.optim step by step", "[optim]
 }
 
 // ---- the fused kernels: CUDA against the CPU -------------------------------------------------
+// One group of segments of 1000, 0, 1 and 5000 elements: every kernel call below covers them all.
+const std::vector<int64_t> kSegmentSizes = {1000, 0, 1, 5000};
+
+// Each tensor's data, or null for an undefined one (an empty segment).
+std::vector<float*> data_of(std::vector<Tensor>& tensors) {
+    std::vector<float*> out;
+    for (Tensor& t : tensors) out.push_back(t.defined() ? t.data<float>() : nullptr);
+    return out;
+}
+
+// A tensor per segment (undefined for an empty one): uniform in [-1, 1], or zeros.
+std::vector<Tensor> segments(Rng* rng, Device device = Device::CPU) {
+    std::vector<Tensor> out;
+    for (int64_t n : kSegmentSizes)
+        out.push_back(n == 0 ? Tensor() : (rng ? Tensor::uniform({n}, -1, 1, *rng) : Tensor::zeros({n})).to(device));
+    return out;
+}
+
+std::vector<Tensor> to_device(const std::vector<Tensor>& tensors, Device device) {
+    std::vector<Tensor> out;
+    for (const Tensor& t : tensors) out.push_back(t.defined() ? t.to(device) : Tensor());
+    return out;
+}
+
+double max_abs_diff(const std::vector<Tensor>& a, const std::vector<Tensor>& b) {
+    double worst = 0.0;
+    for (size_t t = 0; t < a.size(); t++)
+        if (a[t].defined()) worst = std::max(worst, max_abs_diff(a[t], b[t]));
+    return worst;
+}
+
 TEST_CASE("cuda adam_update matches the CPU", "[optim][cuda]") {
     Rng rng(41);
+    const int64_t count = int64_t(kSegmentSizes.size());
     struct Case { float weight_decay; bool decoupled, amsgrad; };
     for (Case k : {Case{0, false, false}, Case{0.1f, false, true}, Case{0.1f, true, false}, Case{0.1f, true, true}}) {
         INFO("weight decay " << k.weight_decay << ", decoupled " << k.decoupled << ", amsgrad " << k.amsgrad);
-        for (int64_t n : {int64_t(1), int64_t(1000), int64_t(5000)}) {
-            INFO("n = " << n);
-            const Tensor p = Tensor::uniform({n}, -1, 1, rng);
-            std::vector<Tensor> grads;
-            for (int s = 0; s < 3; s++) grads.push_back(Tensor::uniform({n}, -1, 1, rng));
-            under_schedules([&] {
-                Tensor hp = p.clone(), hm = Tensor::zeros({n}), hv = Tensor::zeros({n}), hvmax = Tensor::zeros({n});
-                Tensor cp = p.to(Device::CUDA), cm = hm.to(Device::CUDA), cv = hv.to(Device::CUDA),
-                       cvmax = hvmax.to(Device::CUDA);
-                for (int s = 0; s < 3; s++) {
-                    const AdamParams a{0.01f, 0.9f, 0.999f, 1e-8f, k.weight_decay, k.decoupled, s + 1};
-                    cpu::adam_update(hp.data<float>(), grads[s].data<float>(), hm.data<float>(), hv.data<float>(),
-                                     k.amsgrad ? hvmax.data<float>() : nullptr, n, a);
-                    const Tensor cg = grads[s].to(Device::CUDA);
-                    cuda::adam_update(cp.data<float>(), cg.data<float>(), cm.data<float>(), cv.data<float>(),
-                                      k.amsgrad ? cvmax.data<float>() : nullptr, n, a);
-                }
-                // One thread per element running the CPU's arithmetic: equal up to fused
-                // multiply-adds (cuda/optim.cu), a few ulps of values below 2.
-                REQUIRE(max_abs_diff(cp, hp) <= 1e-6);
-                REQUIRE(max_abs_diff(cm, hm) <= 1e-7);
-                REQUIRE(max_abs_diff(cv, hv) <= 1e-7);
-                REQUIRE(max_abs_diff(cvmax, hvmax) <= 1e-7);
-            });
+        const std::vector<Tensor> p = segments(&rng);
+        std::vector<std::vector<Tensor>> grads;
+        for (int s = 0; s < 3; s++) grads.push_back(segments(&rng));
+        under_schedules([&] {
+            std::vector<Tensor> hp = to_device(p, Device::CPU), hm = segments(nullptr), hv = segments(nullptr),
+                                hvmax = segments(nullptr);
+            std::vector<Tensor> cp = to_device(p, Device::CUDA), cm = to_device(hm, Device::CUDA),
+                                cv = to_device(hv, Device::CUDA), cvmax = to_device(hvmax, Device::CUDA);
+            for (auto& t : hp) t = t.defined() ? t.clone() : t;
+            for (int s = 0; s < 3; s++) {
+                const AdamParams a{0.01f, 0.9f, 0.999f, 1e-8f, k.weight_decay, k.decoupled, s + 1};
+                std::vector<Tensor> cg = to_device(grads[s], Device::CUDA);
+                cpu::adam_update(data_of(hp).data(), data_of(grads[s]).data(), data_of(hm).data(), data_of(hv).data(),
+                                 k.amsgrad ? data_of(hvmax).data() : nullptr, kSegmentSizes.data(), count, a);
+                cuda::adam_update(data_of(cp).data(), data_of(cg).data(), data_of(cm).data(), data_of(cv).data(),
+                                  k.amsgrad ? data_of(cvmax).data() : nullptr, kSegmentSizes.data(), count, a);
+            }
+            // One thread per element running the CPU's arithmetic: equal up to fused
+            // multiply-adds (cuda/optim.cu), a few ulps of values below 2.
+            REQUIRE(max_abs_diff(cp, hp) <= 1e-6);
+            REQUIRE(max_abs_diff(cm, hm) <= 1e-7);
+            REQUIRE(max_abs_diff(cv, hv) <= 1e-7);
+            REQUIRE(max_abs_diff(cvmax, hvmax) <= 1e-7);
+        });
+    }
+}
+
+// ---- a parameter group in one call ---------------------------------------------------------------
+// The group's update is each parameter's own update, to the bit: the segments of one call (one
+// parallel region, one launch) against one call per parameter, on both devices, for SGD with
+// Nesterov momentum and AdamW with AMSGrad, over two steps. Parameters of 7, 40000 and 3 elements:
+// 40000 is past the CPU's parallel threshold, so the region's chunks cut across the segments.
+TEST_CASE("a parameter group's update gives every parameter the bits of its own update", "[optim][cpu][cuda]") {
+    Rng rng(53);
+    for (Device device : {Device::CPU, Device::CUDA}) {
+        INFO("on " << device_name(device));
+        std::vector<Tensor> p, g, zeros;
+        for (int64_t n : {int64_t(7), int64_t(40000), int64_t(3)}) {
+            p.push_back(Tensor::uniform({n}, -1, 1, rng).to(device));
+            g.push_back(Tensor::uniform({n}, -1, 1, rng).to(device));
+            zeros.push_back(Tensor::zeros({n}, DType::F32, device));
+        }
+        const auto clones = [](const std::vector<Tensor>& ts) {
+            std::vector<Tensor> out;
+            for (const Tensor& t : ts) out.push_back(t.clone());
+            return out;
+        };
+        // SGD: the group at once, then each parameter in a group of its own.
+        std::vector<Tensor> gp = clones(p), gbuf = clones(zeros), ep = clones(p), ebuf = clones(zeros);
+        for (int step = 0; step < 2; step++) {
+            const SgdParams s{0.05f, 0.9f, 0.0f, 1e-3f, true, step == 0};
+            sgd_update(gp, g, gbuf, s);
+            for (size_t i = 0; i < p.size(); i++) sgd_update({ep[i]}, {g[i]}, {ebuf[i]}, s);
+        }
+        for (size_t i = 0; i < p.size(); i++) {
+            CHECK(bitwise_equal(gp[i], ep[i]));
+            CHECK(bitwise_equal(gbuf[i], ebuf[i]));
+        }
+        // AdamW with AMSGrad.
+        std::vector<Tensor> ap = clones(p), am = clones(zeros), av = clones(zeros), avmax = clones(zeros);
+        std::vector<Tensor> bp = clones(p), bm = clones(zeros), bv = clones(zeros), bvmax = clones(zeros);
+        for (int step = 1; step <= 2; step++) {
+            const AdamParams a{0.01f, 0.9f, 0.999f, 1e-8f, 0.1f, true, step};
+            adam_update(ap, g, am, av, avmax, a);
+            for (size_t i = 0; i < p.size(); i++) adam_update({bp[i]}, {g[i]}, {bm[i]}, {bv[i]}, {bvmax[i]}, a);
+        }
+        for (size_t i = 0; i < p.size(); i++) {
+            CHECK(bitwise_equal(ap[i], bp[i]));
+            CHECK(bitwise_equal(av[i], bv[i]));
+            CHECK(bitwise_equal(avmax[i], bvmax[i]));
         }
     }
+}
+
+// The launches of one call, as "kernel ×launches" per kernel (the kernel timer counts every
+// launch: cuda/kernel_times.cu).
+template <typename F>
+std::string launches_of(F f) {
+    cuda::set_kernel_timing(true);
+    cuda::take_kernel_times();  // a fresh round
+    f();
+    std::string out;
+    for (const cuda::KernelTime& k : cuda::take_kernel_times())
+        out += (out.empty() ? "" : ", ") + k.kernel + " ×" + std::to_string(k.launches);
+    cuda::set_kernel_timing(false);
+    return out;
+}
+
+// PyTorch's foreach optimizers, llm.c's one update kernel: a step launches one update kernel per
+// parameter group, not one per parameter. Two groups of 3 and 2 parameters: 2 launches, not 5;
+// GradScaler's unscale of all 5 gradients: 1.
+TEST_CASE("an optimizer step launches one update kernel per parameter group", "[optim][cuda]") {
+    std::vector<Parameter> ps;
+    for (int i = 0; i < 5; i++) ps.push_back(param("p" + std::to_string(i), {0.5f, -1.0f, 0.25f * float(i)}, Device::CUDA));
+    for (Parameter& p : ps) p.grad = vec({0.1f, -0.2f, 0.3f}, Device::CUDA);
+    const auto groups = [&] {
+        return std::vector<ParamGroup>{{{&ps[0], &ps[1], &ps[2]}, 0.1f, 1e-2f}, {{&ps[3], &ps[4]}, 0.1f, 0.0f}};
+    };
+    SGD sgd(groups(), SGD::Options{}.with_momentum(0.9f).with_nesterov());
+    Adam::Options amsgrad;
+    amsgrad.amsgrad = true;
+    Adam adam(groups(), Adam::Options{});
+    AdamW adamw(groups(), amsgrad);
+    for (int step = 0; step < 2; step++) {  // the first step creates the state; the second is a plain one
+        INFO("step " << step);
+        CHECK(launches_of([&] { sgd.step(); }) == "sgd_update_kernel ×2");
+        CHECK(launches_of([&] { adam.step(); }) == "adam_update_kernel ×2");
+        CHECK(launches_of([&] { adamw.step(); }) == "adam_update_kernel ×2");
+    }
+    std::vector<Tensor> grads;
+    for (Parameter& p : ps) grads.push_back(p.grad);
+    CHECK(launches_of([&] { unscale_and_check_(grads, 0.5f); }) == "unscale_and_check_kernel ×1");
 }
 
 TEST_CASE("cuda sum_squares matches the CPU", "[optim][cuda][reduce]") {

@@ -1,5 +1,5 @@
-// optim.cpp — the optimizer update ops (optim.h): the group's checks, then one kernel call per
-// segment on the segments' device.
+// optim.cpp — the optimizer update ops (optim.h): the group's checks, then one kernel call for the
+// whole group on its device (one parallel region on the CPU, one launch on CUDA).
 #include "ops/optim.h"
 
 #include "core/tensor.h"
@@ -30,18 +30,31 @@ static Device check_group(const char* op, const std::vector<Tensor>& params,
     return device;
 }
 
-static float* data_or_null(const std::vector<Tensor>& list, size_t i) {
-    return list.empty() ? nullptr : const_cast<Tensor&>(list[i]).data<float>();
+// The kernels' view of a list: each tensor's data, or nothing for an empty (optional) list.
+static std::vector<float*> pointers(const std::vector<Tensor>& list) {
+    std::vector<float*> out;
+    for (const Tensor& t : list) out.push_back(const_cast<Tensor&>(t).data<float>());
+    return out;
+}
+
+static float* const* data_or_null(const std::vector<float*>& pointers) {
+    return pointers.empty() ? nullptr : pointers.data();
+}
+
+static std::vector<int64_t> sizes(const std::vector<Tensor>& list) {
+    std::vector<int64_t> out;
+    for (const Tensor& t : list) out.push_back(t.numel());
+    return out;
 }
 
 void sgd_update(const std::vector<Tensor>& params, const std::vector<Tensor>& grads, const std::vector<Tensor>& bufs,
                 const SgdParams& s) {
     const Device device = check_group("sgd_update", params, {{&grads, false}, {&bufs, s.momentum == 0.0f}});
     KILN_CHECK(s.momentum == 0.0f || !bufs.empty(), "sgd_update: momentum ", s.momentum, " needs its buffers");
+    const std::vector<float*> p = pointers(params), g = pointers(grads), buf = pointers(bufs);
+    const std::vector<int64_t> n = sizes(params);
     on_backend(device, [&](auto be) {
-        for (size_t i = 0; i < params.size(); i++)
-            kernel::sgd_update(be, data_or_null(params, i), grads[i].data<float>(), data_or_null(bufs, i),
-                               params[i].numel(), s);
+        kernel::sgd_update(be, p.data(), g.data(), data_or_null(buf), n.data(), int64_t(n.size()), s);
     });
 }
 
@@ -50,23 +63,21 @@ void adam_update(const std::vector<Tensor>& params, const std::vector<Tensor>& g
                  const std::vector<Tensor>& max_exp_avg_sq, const AdamParams& a) {
     const Device device = check_group("adam_update", params,
                                       {{&grads, false}, {&exp_avg, false}, {&exp_avg_sq, false}, {&max_exp_avg_sq, true}});
+    const std::vector<float*> p = pointers(params), g = pointers(grads), m = pointers(exp_avg),
+                              v = pointers(exp_avg_sq), v_max = pointers(max_exp_avg_sq);
+    const std::vector<int64_t> n = sizes(params);
     on_backend(device, [&](auto be) {
-        for (size_t i = 0; i < params.size(); i++)
-            kernel::adam_update(be, data_or_null(params, i), grads[i].data<float>(), data_or_null(exp_avg, i),
-                                data_or_null(exp_avg_sq, i), data_or_null(max_exp_avg_sq, i), params[i].numel(), a);
+        kernel::adam_update(be, p.data(), g.data(), m.data(), v.data(), data_or_null(v_max), n.data(),
+                            int64_t(n.size()), a);
     });
 }
 
 bool unscale_and_check_(const std::vector<Tensor>& grads, float inv_scale) {
     const Device device = check_group("unscale_and_check_", grads, {});
-    std::vector<float*> data;
-    std::vector<int64_t> sizes;
-    for (const Tensor& g : grads) {
-        data.push_back(const_cast<Tensor&>(g).data<float>());
-        sizes.push_back(g.numel());
-    }
+    const std::vector<float*> g = pointers(grads);
+    const std::vector<int64_t> n = sizes(grads);
     return on_backend(device, [&](auto be) {
-        return kernel::unscale_and_check(be, data.data(), sizes.data(), int64_t(grads.size()), inv_scale);
+        return kernel::unscale_and_check(be, g.data(), n.data(), int64_t(n.size()), inv_scale);
     });
 }
 

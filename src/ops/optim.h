@@ -1,9 +1,9 @@
 // optim.h — the optimizers' updates as Tensor ops: one call updates a whole parameter group
 // (PyTorch's foreach / fused optimizers). Each op checks the group's tensors once (f32, one
-// device, matching shapes) and walks its segments — one parameter and the tensors beside it —
-// with the kernel of their device (ops/kernels/optim.h). When the parameters live
-// in a slab (Module::pack) and the state in one laid out alike, the segments are consecutive
-// pieces of the same few buffers.
+// device, matching shapes) and hands all its segments — one parameter and the tensors beside it
+// each — to one call of the kernel of their device (ops/kernels/optim.h): one parallel region on
+// the CPU, one launch on CUDA. When the parameters live in a slab (Module::pack) and the state in
+// one laid out alike, the segments are consecutive pieces of the same few buffers.
 #pragma once
 #include <cstdint>
 #include <vector>

@@ -35,10 +35,17 @@ struct AdamParams {
     double decay() const { return 1.0 - double(lr) * double(weight_decay); }
 };
 
-// SGD over n parameters; buf may be null when momentum = 0.
-KILN_KERNEL(sgd_update, void sgd_update(float* p, const float* grad, float* buf, int64_t n, const SgdParams& s));
-// Adam or AdamW over n parameters; v_max is null without AMSGrad.
-KILN_KERNEL(adam_update, void adam_update(float* p, const float* grad, float* m, float* v, float* v_max, int64_t n,
+// The updates take a whole parameter group at once, PyTorch's foreach way: `count` segments, one
+// per parameter, segment t holding sizes[t] elements at p[t], at grad[t] and at each state
+// array's [t]. One call is one pass over all of them: one parallel region on the CPU, one launch
+// on CUDA (llm.c's single update kernel), whatever the number of parameters.
+//
+// SGD over a group; buf is null when momentum = 0.
+KILN_KERNEL(sgd_update, void sgd_update(float* const* p, const float* const* grad, float* const* buf,
+                                        const int64_t* sizes, int64_t count, const SgdParams& s));
+// Adam or AdamW over a group; v_max is null without AMSGrad.
+KILN_KERNEL(adam_update, void adam_update(float* const* p, const float* const* grad, float* const* m, float* const* v,
+                                          float* const* v_max, const int64_t* sizes, int64_t count,
                                           const AdamParams& a));
 // GradScaler's unscale_, over `count` tensors (grads[t] of sizes[t] elements): g[i] *= inv_scale
 // for every i, in the same pass; returns whether any g[i] was inf or NaN before it was multiplied
