@@ -233,3 +233,23 @@ TEST_CASE("memory plan: chapter 14's GPT, planned and measured within 3%, two si
     dropping.dropout = 0.1f;
     CHECK_THROWS_WITH(gpt_plan_options(dropping, 12), Catch::Contains("without dropout, not dropout 0.1"));
 }
+
+TEST_CASE("memory plan: each GPU's bytes of communication a step, and over PCIe with offload", "[memplan][cpu][lesson15]") {
+    // Ψ = 1000 bf16 on 4 GPUs: shards of 250 elements, 500 bytes; a ring's 3 steps a collective.
+    MemoryPlanOptions o = states(1000, DType::BF16, OptimizerKind::Adam, 0, 4);
+    CHECK(communication_bytes(o) == 2 * 3 * 500);  // all-reduce = reduce-scatter + all-gather
+    o.zero_stage = 1;
+    CHECK(communication_bytes(o) == 2 * 3 * 500);
+    o.zero_stage = 2;
+    CHECK(communication_bytes(o) == 2 * 3 * 500);
+    o.zero_stage = 3;
+    CHECK(communication_bytes(o) == 3 * 3 * 500);  // 1.5× plain data parallel
+    o.gpus = 1;
+    CHECK(communication_bytes(o) == 0);
+    // Offload: the gradients down and the parameters up, 2 bytes each; a shard of them from stage 1.
+    CHECK(offload_bytes_each_way(o) == 0);
+    o.offload = true, o.gpus = 4, o.zero_stage = 0;
+    CHECK(offload_bytes_each_way(o) == 2000);
+    o.zero_stage = 2;
+    CHECK(offload_bytes_each_way(o) == 500);
+}

@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "core/allocator.h"     // defines: parse_bytes, format_bytes
+#include "dist/cost_model.h"    // defines: reduce_scatter_s, nvlink4, infiniband_ndr
 #include "io/svg.h"             // defines: Svg, Plot
 #include "train/cli.h"          // defines: Cli
 #include "train/gpt_recipe.h"   // defines: baby_gpt_config, measure_gpt_step
@@ -96,6 +97,30 @@ void print_row(const char* what, int64_t bytes, const char* note = "") {
                 format_bytes(bytes).c_str(), *note ? "  " : "", note);
 }
 
+// PCIe 5.0 x16, each direction: 32 GT/s × 16 lanes × 128/130 (its line code) / 8 bits = 63.0 GB/s,
+// the specification's rate (an H100's or H200's host link); a real copy reaches less.
+constexpr double kPcie5x16BytesPerS = 32e9 * 16 * 128.0 / 130.0 / 8;
+
+// The step's collectives (communication_bytes) and, with offload, its PCIe traffic, in bytes
+// and as the α–β model's least time: a ring inside one node of 8 on NVLink 4, beyond on
+// InfiniBand NDR (a flat ring runs at its slowest link).
+void print_communication(const MemoryPlanOptions& o) {
+    if (o.gpus > 1) {
+        const int64_t psi = o.parameters > 0 ? o.parameters : transformer_parameters(o.shape);
+        const double whole = double(psi) * (o.precision == DType::F32 ? 4 : 2);
+        const Link link = o.gpus <= 8 ? nvlink4() : infiniband_ndr();
+        const int collectives = o.zero_stage == 3 ? 3 : 2;
+        const double seconds = collectives * reduce_scatter_s(whole, int(o.gpus), link);
+        std::printf("each GPU sends a step: %s bytes in %d collectives; at least %.1f ms on %s\n",
+                    grouped(communication_bytes(o)).c_str(), collectives, 1e3 * seconds, link.name.c_str());
+    }
+    if (o.offload) {
+        const int64_t each_way = offload_bytes_each_way(o);
+        std::printf("over PCIe each way a step: %s bytes; at least %.1f ms at 63.0 GB/s (PCIe 5.0 x16)\n",
+                    grouped(each_way).c_str(), 1e3 * double(each_way) / kPcie5x16BytesPerS);
+    }
+}
+
 // --plan: one GPU's memory by category, one layer's activations, the largest micro-batch.
 void print_plan(const MemoryPlanOptions& o, const Flags& f) {
     const MemoryPlan p = plan_memory(o);
@@ -124,6 +149,7 @@ void print_plan(const MemoryPlanOptions& o, const Flags& f) {
     print_row("fragmentation", p.fragmentation, "(the slabs' rounding, and the allowance)");
     print_row("total", p.total());
     if (o.offload) print_row("host (offloaded)", p.host);
+    print_communication(o);
     if (t.layers == 0) return;
     std::printf("one layer's activations: %s bytes\n",
                 grouped(layer_activation_bytes(t, o.batch, o.precision, o.recompute, o.attention, o.dropout)).c_str());

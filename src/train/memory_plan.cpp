@@ -126,8 +126,8 @@ int64_t head_activation_bytes(const TransformerShape& t, int64_t batch, DType pr
 namespace {
 
 // dL/dlogits and one MLP-wide gradient; with full recomputation one layer's activations (but its
-// output); with
-// stage 3 two layers' gathered parameters and one layer's full gradients (memory_plan.h)
+// output); with stage 3 two layers' gathered parameters and one layer's full gradients
+// (memory_plan.h)
 int64_t temporary_bytes(const MemoryPlanOptions& o) {
     const TransformerShape& t = o.shape;
     if (t.layers == 0) return 0;
@@ -169,6 +169,22 @@ MemoryPlan plan_memory(const MemoryPlanOptions& o) {
     const int64_t rest = plan.total();
     plan.fragmentation = slack + int64_t(std::ceil(o.fragmentation * double(rest)));
     return plan;
+}
+
+// k·(N−1)·e·⌈Ψ/N⌉, k = 2 (stages 0–2) or 3 (stage 3)
+int64_t communication_bytes(const MemoryPlanOptions& o) {
+    check_options(o);
+    const int64_t psi = o.parameters > 0 ? o.parameters : transformer_parameters(o.shape);
+    const int64_t collectives = o.zero_stage == 3 ? 3 : 2;
+    return collectives * (o.gpus - 1) * element_bytes(o.precision) * held(psi, o.gpus, true);
+}
+
+// e·Ψ, or e·⌈Ψ/N⌉ from stage 1 on
+int64_t offload_bytes_each_way(const MemoryPlanOptions& o) {
+    check_options(o);
+    if (!o.offload) return 0;
+    const int64_t psi = o.parameters > 0 ? o.parameters : transformer_parameters(o.shape);
+    return element_bytes(o.precision) * held(psi, o.gpus, o.zero_stage >= 1);
 }
 
 MemoryPlanOptions gpt_plan_options(const GPTConfig& c, int64_t batch) {

@@ -146,6 +146,21 @@ int64_t head_activation_bytes(const TransformerShape& shape, int64_t batch, DTyp
 // divide the width, a precision other than f32/bf16/f16, or no parameters and no shape.
 MemoryPlan plan_memory(const MemoryPlanOptions& options);
 
+// The bytes one GPU sends in a training step's collectives, ring algorithms (chapter 12's
+// cost_model.h), each of the N−1 steps of a reduce-scatter or an all-gather one shard of
+// ⌈Ψ/N⌉ elements of e bytes:
+//   stages 0–2   2·(N−1)·e·⌈Ψ/N⌉   plain data parallel all-reduces the gradients (a reduce-scatter
+//                                  and an all-gather); ZeRO-1 and -2 reduce-scatter the gradients
+//                                  and all-gather the updated parameters: the same bytes
+//   stage 3      3·(N−1)·e·⌈Ψ/N⌉   the parameters all-gathered for forward and again for
+//                                  backward, the gradients reduce-scattered: 1.5× the bytes
+int64_t communication_bytes(const MemoryPlanOptions& options);
+
+// With offload, the bytes one GPU moves over PCIe in each direction a step: its gradients down
+// to the host's optimizer, as many updated parameters back, e bytes each — all Ψ of them, or its
+// shard ⌈Ψ/N⌉ from stage 1 on (each GPU's host process updates its own shard). 0 without offload.
+int64_t offload_bytes_each_way(const MemoryPlanOptions& options);
+
 // The plan's options for a training step of kiln's GPT (chapter 14, nn/gpt.h) of config `c` on
 // `batch` windows of c.block_size tokens, as train_step runs it: f32, AdamW (two moments), its
 // attention, no dropout, full recomputation when c.recompute (each block keeps its input), one
