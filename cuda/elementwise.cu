@@ -23,6 +23,7 @@
 #include "common.cuh"
 #include "core/convert.h"
 #include "core/rng.h"
+#include "gelu.cuh"
 #include "ops/kernels/elementwise.h"
 
 namespace kiln::cuda {
@@ -151,27 +152,19 @@ void convert(const From* x, To* y, int64_t n) {
     KILN_LAUNCH_1D(convert_kernel_t, n, x, y, n);
 }
 
-// ---- GELU --------------------------------------------------------------------------------------
-// y = x·Φ(x),  Φ(x) = (1 + erf(x/√2)) / 2
+// ---- GELU (gelu.cuh) ---------------------------------------------------------------------------
+// y = GELU(x)
 template <typename T>
 __global__ void gelu_forward_kernel(const T* x, T* y, int64_t n) {
-    constexpr float kInvSqrt2 = 0.70710678118654752f;
-    for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
-        const float v = float(x[i]);
-        y[i] = T(0.5f * v * (1.0f + erff(v * kInvSqrt2)));
-    }
+    for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
+        y[i] = T(gelu(float(x[i])));
 }
 
-// dx = dy · (Φ(x) + x·φ(x)),  φ(x) = exp(−x²/2) / √(2π)
+// dx = dy · GELU'(x)
 template <typename T>
 __global__ void gelu_backward_kernel(const T* x, const T* dy, T* dx, int64_t n) {
-    constexpr float kInvSqrt2 = 0.70710678118654752f, kInvSqrt2Pi = 0.39894228040143268f;
-    for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
-        const float v = float(x[i]);
-        const float cdf = 0.5f * (1.0f + erff(v * kInvSqrt2));
-        const float pdf = kInvSqrt2Pi * expf(-0.5f * v * v);
-        dx[i] = T(float(dy[i]) * (cdf + v * pdf));
-    }
+    for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
+        dx[i] = T(__fmul_rn(float(dy[i]), gelu_grad(float(x[i]))));  // the rounding fused batch norm repeats
 }
 
 template <typename T>

@@ -51,6 +51,7 @@
 #include <cmath>
 
 #include "common.cuh"
+#include "gelu.cuh"
 #include "ops/kernels/norm.h"
 
 namespace kiln::cuda {
@@ -65,6 +66,12 @@ namespace {
 __device__ int64_t channel_at(const BatchNormParams& p, int64_t c, int64_t m) {
     return (m / p.S * p.C + c) * p.S + m % p.S;
 }
+
+// v as a tensor of T stores it: rounded to T and read back.
+template <typename T> __device__ float as_stored(float v) { return float(T(v)); }
+
+// With GELU fused after batch norm (p.gelu): the forward's output z = GELU(y) of y as T stores it.
+template <typename T> __device__ T bn_output(float y, bool gelu) { return T(gelu ? kiln::cuda::gelu(as_stored<T>(y)) : y); }
 
 // One block per channel (or layer-norm row), at most this many blocks (more: each block loops).
 unsigned channel_blocks(int64_t C) { return unsigned(std::min<int64_t>(C, 65535)); }
@@ -95,7 +102,7 @@ __global__ void batchnorm_forward_train_kernel(const T* x, const float* gamma, c
         const float scale = gamma[c] * invstd, shift = beta[c];
         for (int64_t m = threadIdx.x; m < M; m += blockDim.x) {
             const int64_t i = channel_at(p, c, m);
-            y[i] = T((float(x[i]) - mean) * scale + shift);
+            y[i] = bn_output<T>((float(x[i]) - mean) * scale + shift, p.gelu);
         }
         if (threadIdx.x == 0) {
             save_mean[c] = mean;
@@ -116,34 +123,41 @@ __global__ void batchnorm_forward_eval_kernel(const T* x, const float* gamma, co
     for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < total; i += int64_t(gridDim.x) * blockDim.x) {
         const int64_t c = i / p.S % p.C;
         const float scale = gamma[c] / sqrtf(running_var[c] + p.eps);
-        y[i] = T((float(x[i]) - running_mean[c]) * scale + beta[c]);
+        y[i] = bn_output<T>((float(x[i]) - running_mean[c]) * scale + beta[c], p.gelu);
     }
 }
 
+// With p.gelu, dy holds dz and batch norm's dy is dz · GELU'(y), y = (x − mean)·g + beta recomputed.
 template <typename T>
-__global__ void batchnorm_backward_kernel(const T* dy, const T* x, const float* gamma, const float* save_mean,
-                                          const float* save_invstd, T* dx, float* dgamma, float* dbeta,
-                                          BatchNormParams p) {
+__global__ void batchnorm_backward_kernel(const T* dy, const T* x, const float* gamma, const float* beta,
+                                          const float* save_mean, const float* save_invstd, T* dx, float* dgamma,
+                                          float* dbeta, BatchNormParams p) {
     __shared__ double sh[kBlock];
     const int64_t M = p.N * p.S;
     for (int64_t c = blockIdx.x; c < p.C; c += gridDim.x) {
         const float mean = save_mean[c], invstd = save_invstd[c];
+        const float g = gamma[c] * invstd, shift = p.gelu ? beta[c] : 0.0f;
+        const auto dy_at = [&](int64_t i) {
+            const float d = float(dy[i]);
+            // __fmul_rn: the product rounded, as the GELU kernel stores it (never fused into the fma that follows)
+            return p.gelu ? as_stored<T>(__fmul_rn(d, gelu_grad(as_stored<T>((float(x[i]) - mean) * g + shift)))) : d;
+        };
         // pass 1: Σ dy and Σ dy·(x − mean)
         double s_dy = 0.0, s_dy_xm = 0.0;
         for (int64_t m = threadIdx.x; m < M; m += blockDim.x) {
             const int64_t i = channel_at(p, c, m);
-            s_dy += float(dy[i]);
-            s_dy_xm += float(dy[i]) * (float(x[i]) - mean);
+            const float d = dy_at(i);
+            s_dy += d;
+            s_dy_xm += d * (float(x[i]) - mean);
         }
         const double sum_dy = detail::block_reduce(s_dy, sh, detail::SumOp{});
         const double sum_dy_xhat = detail::block_reduce(s_dy_xm, sh, detail::SumOp{}) * invstd;
         // pass 2: dx = g · (dy − k_dy − (x − mean) · k_x)
         const float k_dy = float(sum_dy / double(M));                       // Σdy / M
         const float k_x = float(sum_dy_xhat * double(invstd) / double(M));  // Σ(dy·x̂)·invstd / M
-        const float g = gamma[c] * invstd;
         for (int64_t m = threadIdx.x; m < M; m += blockDim.x) {
             const int64_t i = channel_at(p, c, m);
-            dx[i] = T(g * (float(dy[i]) - k_dy - (float(x[i]) - mean) * k_x));
+            dx[i] = T(g * (dy_at(i) - k_dy - (float(x[i]) - mean) * k_x));
         }
         if (threadIdx.x == 0) {
             dgamma[c] += float(sum_dy_xhat);
@@ -173,12 +187,12 @@ void batchnorm_forward_eval(const T* x, const float* gamma, const float* beta, c
 }
 
 template <typename T>
-void batchnorm_backward(const T* dy, const T* x, const float* gamma, const float* save_mean,
+void batchnorm_backward(const T* dy, const T* x, const float* gamma, const float* beta, const float* save_mean,
                         const float* save_invstd, T* dx, float* dgamma, float* dbeta, const BatchNormParams& p) {
     if (p.C == 0) return;
     const dim3 grid(channel_blocks(p.C)), block(kBlock);
-    KILN_LAUNCH(batchnorm_backward_kernel<T>, grid, block, 0)(dy, x, gamma, save_mean, save_invstd, dx, dgamma, dbeta,
-                                                           p);
+    KILN_LAUNCH(batchnorm_backward_kernel<T>, grid, block, 0)(dy, x, gamma, beta, save_mean, save_invstd, dx, dgamma,
+                                                           dbeta, p);
     KILN_CHECK_LAUNCH(batchnorm_backward_kernel<T>, grid, block);
 }
 

@@ -360,6 +360,9 @@ for n in 04 05 06 07 08 09; do
 done
 # shellcheck disable=SC2086
 step time-wide 30 "$KILN" lesson-06 --device cuda $TIME_ARGS ${LESSON_ARGS[06]/--epochs 1/} $WIDE_ARGS
+# the same step with each batch norm and its GELU as one layer (lesson 06's --fuse): 12 launches fewer
+# shellcheck disable=SC2086
+step time-wide-fused 30 "$KILN" lesson-06 --device cuda $TIME_ARGS ${LESSON_ARGS[06]/--epochs 1/} $WIDE_ARGS --fuse
 
 # Nsight Compute's Speed of Light for one training step of the wide net: --time-report 1 times
 # the third step, and KILN_PROFILE_TIMED_STEPS=1 makes it the profiler's capture range

@@ -494,8 +494,8 @@ void check_norm_and_pool_blocks() {
         check_rounded_once("batchnorm_backward", x, dy, [&](const auto& x, const auto& dy, auto& dx) {
             const std::vector<float> sm(4, 0.0f), si = {1.1f, 0.9f, 0.7f, 1.3f};
             std::vector<float> dg(4), db(4);
-            cpu::batchnorm_backward(dy.data(), x.data(), gamma.data(), sm.data(), si.data(), dx.data(), dg.data(),
-                                    db.data(), p);
+            cpu::batchnorm_backward(dy.data(), x.data(), gamma.data(), beta.data(), sm.data(), si.data(), dx.data(),
+                                    dg.data(), db.data(), p);
         });
         // layer norm: R = N·C rows of D = S
         const int64_t R = p.N * p.C, D = S;

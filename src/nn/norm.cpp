@@ -29,14 +29,14 @@ Tensor BatchNorm::forward(const Tensor& x) {
     check_on_device(bias.value, d, name(), "bias");
     check_on_device(running_mean, d, name(), "running_mean");
     check_on_device(running_var, d, name(), "running_var");
-    if (!training()) return batchnorm_eval(x, weight.used(), bias.used(), running_mean, running_var, eps);
+    if (!training()) return batchnorm_eval(x, weight.used(), bias.used(), running_mean, running_var, eps, gelu);
     int64_t values_per_channel = x.size(0);
     for (int i = 2; i < x.ndim(); i++) values_per_channel *= x.size(i);
     KILN_CHECK(values_per_channel > 1, name(), ": training needs more than one value per channel, got input ",
                x.desc(), " (use a batch of at least 2, or eval())");
     Tensor mean, invstd;  // this batch's per-channel statistics, [C]
     Tensor y = batchnorm_train(x, weight.used(), bias.used(), running_mean, running_var, eps, momentum, &mean, &invstd,
-                               keeps_cache() ? &x_ : nullptr);
+                               keeps_cache() ? &x_ : nullptr, gelu);
     if (keeps_cache()) {  // under a NoGradScope: batch statistics all the same, but no cache
         save_mean_ = mean;
         save_invstd_ = invstd;
@@ -52,7 +52,8 @@ Tensor BatchNorm::backward(const Tensor& dy) {
     check_on_device(dy, d, name(), "dy");
     check_on_device(weight.grad, d, name(), "weight.grad");
     check_on_device(bias.grad, d, name(), "bias.grad");
-    Tensor dx = batchnorm_backward(dy, x_, weight.used(), save_mean_, save_invstd_, weight.grad, bias.grad);
+    Tensor dx = batchnorm_backward(dy, x_, weight.used(), save_mean_, save_invstd_, weight.grad, bias.grad,
+                                   gelu ? &bias.used() : nullptr);  // with GELU fused, beta recomputes y
     x_ = save_mean_ = save_invstd_ = Tensor();
     return dx;
 }

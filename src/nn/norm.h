@@ -38,6 +38,10 @@ public:
                                         // state, saved in checkpoints, not learned
     int64_t num_features;
     float eps = 1e-5f, momentum = 0.1f;
+    // GELU fused after the normalization (nn/fuse.h sets it): the layer returns z = GELU(y),
+    // one kernel each way, and its backward takes dz. It keeps what it kept before (x and the
+    // statistics) and recomputes y, so the GELU layer it replaces no longer keeps y.
+    bool gelu = false;
 
 protected:
     // ranks: the input ranks this layer accepts (4 for 2d; 2 or 3 for 1d).

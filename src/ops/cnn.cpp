@@ -253,7 +253,7 @@ BatchNormParams batchnorm_params(const Tensor& x, std::initializer_list<Arg> per
 
 Tensor batchnorm_train(const Tensor& x_in, const Tensor& gamma, const Tensor& beta, Tensor& running_mean,
                        Tensor& running_var, float eps, float momentum, Tensor* save_mean, Tensor* save_invstd,
-                       Tensor* saved_x) {
+                       Tensor* saved_x, bool gelu) {
     const char* op = "batchnorm_train";
     const Tensor x = AmpCast(AmpOp::BatchNorm, x_in.dtype()).input(x_in);
     const Device d = check_args(op, {{x, "x"}});
@@ -262,6 +262,7 @@ Tensor batchnorm_train(const Tensor& x_in, const Tensor& gamma, const Tensor& be
     BatchNormParams p = batchnorm_params(
         x, {{gamma, "gamma"}, {beta, "beta"}, {running_mean, "running_mean"}, {running_var, "running_var"}}, eps, op);
     p.momentum = momentum;
+    p.gelu = gelu;
     KILN_CHECK(p.N * p.S > 1, op, ": training needs more than one value per channel, got 'x' ", x.desc(),
                " (use a batch of at least 2, or eval())");
     Tensor y = Tensor::empty(x.shape(), x.dtype(), d, Category::Activation);
@@ -278,14 +279,15 @@ Tensor batchnorm_train(const Tensor& x_in, const Tensor& gamma, const Tensor& be
 }
 
 Tensor batchnorm_eval(const Tensor& x_in, const Tensor& gamma, const Tensor& beta, const Tensor& running_mean,
-                      const Tensor& running_var, float eps) {
+                      const Tensor& running_var, float eps, bool gelu) {
     const char* op = "batchnorm_eval";
     const Tensor x = AmpCast(AmpOp::BatchNorm, x_in.dtype()).input(x_in);
     const Device d = check_args(op, {{x, "x"}});
     check_f32_args(op, {x, "x"},
                    {{gamma, "gamma"}, {beta, "beta"}, {running_mean, "running_mean"}, {running_var, "running_var"}});
-    const BatchNormParams p = batchnorm_params(
+    BatchNormParams p = batchnorm_params(
         x, {{gamma, "gamma"}, {beta, "beta"}, {running_mean, "running_mean"}, {running_var, "running_var"}}, eps, op);
+    p.gelu = gelu;
     Tensor y = Tensor::empty(x.shape(), x.dtype(), d, Category::Activation);
     dispatch(d, x.dtype(), [&](auto be, auto tag) {
         using T = decltype(tag);
@@ -296,26 +298,33 @@ Tensor batchnorm_eval(const Tensor& x_in, const Tensor& gamma, const Tensor& bet
 }
 
 Tensor batchnorm_backward(const Tensor& dy_in, const Tensor& x_in, const Tensor& gamma, const Tensor& save_mean,
-                          const Tensor& save_invstd, Tensor& dgamma, Tensor& dbeta) {
+                          const Tensor& save_invstd, Tensor& dgamma, Tensor& dbeta, const Tensor* gelu_beta) {
     const char* op = "batchnorm_backward";
     const AmpCast amp(AmpOp::BatchNorm, x_in.dtype());
     const Tensor x = amp.input(x_in), dy = amp.input(dy_in);
     const Device d = check_args(op, {{dy, "dy"}, {x, "x"}});
+    const Tensor beta = gelu_beta ? *gelu_beta : Tensor();
     check_f32_args(op, {x, "x"},
                    {{gamma, "gamma"}, {save_mean, "save_mean"}, {save_invstd, "save_invstd"}, {dgamma, "dgamma"},
                     {dbeta, "dbeta"}});
     check_shape(dy, x.shape(), op, "dy");
-    const BatchNormParams p = batchnorm_params(x,
-                                               {{gamma, "gamma"},
-                                                {save_mean, "save_mean"},
-                                                {save_invstd, "save_invstd"},
-                                                {dgamma, "dgamma"},
-                                                {dbeta, "dbeta"}},
-                                               0.0f, op);
+    BatchNormParams p = batchnorm_params(x,
+                                         {{gamma, "gamma"},
+                                          {save_mean, "save_mean"},
+                                          {save_invstd, "save_invstd"},
+                                          {dgamma, "dgamma"},
+                                          {dbeta, "dbeta"}},
+                                         0.0f, op);
+    if (gelu_beta) {
+        check_f32_args(op, {x, "x"}, {{beta, "beta"}});
+        check_shape(beta, Shape{p.C}, op, "beta");
+        p.gelu = true;
+    }
     Tensor dx = Tensor::empty(x.shape(), x.dtype(), d, Category::Activation);
     dispatch(d, x.dtype(), [&](auto be, auto tag) {
         using T = decltype(tag);
-        kernel::batchnorm_backward(be, dy.data<T>(), x.data<T>(), gamma.data<float>(), save_mean.data<float>(),
+        kernel::batchnorm_backward(be, dy.data<T>(), x.data<T>(), gamma.data<float>(),
+                                   gelu_beta ? beta.data<float>() : nullptr, save_mean.data<float>(),
                                    save_invstd.data<float>(), dx.data<T>(), dgamma.data<float>(), dbeta.data<float>(),
                                    p);
     });

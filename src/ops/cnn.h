@@ -87,15 +87,17 @@ Tensor global_avgpool_backward(const Tensor& dy, const Shape& x_shape);
 // formulas). gamma, beta, running statistics: f32 [C], whatever x's dtype.
 // Training: batch statistics; updates running_mean and running_var; fills *save_mean and
 // *save_invstd ([C]) and, if not null, *saved_x (x as the kernel read it) for the backward pass.
+// gelu: return GELU(y), GELU fused after the normalization (nn/fuse.h), in the same kernel.
 Tensor batchnorm_train(const Tensor& x, const Tensor& gamma, const Tensor& beta, Tensor& running_mean,
                        Tensor& running_var, float eps, float momentum, Tensor* save_mean, Tensor* save_invstd,
-                       Tensor* saved_x = nullptr);
+                       Tensor* saved_x = nullptr, bool gelu = false);
 // Evaluation: the running statistics.
 Tensor batchnorm_eval(const Tensor& x, const Tensor& gamma, const Tensor& beta, const Tensor& running_mean,
-                      const Tensor& running_var, float eps);
-// Returns dx; dgamma and dbeta accumulate.
+                      const Tensor& running_var, float eps, bool gelu = false);
+// Returns dx; dgamma and dbeta accumulate. gelu_beta: the forward ran with gelu, dy is the
+// gradient of GELU(y), and y is recomputed from x, the statistics, gamma and this beta.
 Tensor batchnorm_backward(const Tensor& dy, const Tensor& x, const Tensor& gamma, const Tensor& save_mean,
-                          const Tensor& save_invstd, Tensor& dgamma, Tensor& dbeta);
+                          const Tensor& save_invstd, Tensor& dgamma, Tensor& dbeta, const Tensor* gelu_beta = nullptr);
 
 // ---- layer normalization (autocast's LayerNorm row) -----------------------------------------
 // x [..., D] normalized over its last dimension, one row of D values at a time (nn/norm.h has

@@ -58,10 +58,14 @@ struct Pool2dParams {
 // ==== batch normalization ===================================================================
 // x [N, C, S]: S = H·W for BatchNorm2d, 1 for BatchNorm1d. Statistics are per channel over
 // the M = N·S values of that channel.
+// gelu: GELU fused after the normalization (nn/fuse.h): the forward writes z = GELU(y) instead
+// of y, and the backward takes dz and recomputes y from x and the statistics, so the layer pair
+// runs one kernel each way and keeps no y.
 struct BatchNormParams {
     int64_t N = 1, C = 1, S = 1;
     float eps = 1e-5f;
     float momentum = 0.1f;
+    bool gelu = false;
 };
 
 }  // namespace kiln

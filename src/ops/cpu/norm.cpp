@@ -18,10 +18,12 @@
 // split by columns, each column adding its rows in order.
 #include <algorithm>
 #include <cmath>
+#include <vector>
 
 #include "core/error.h"
 #include "core/parallel.h"
 #include "ops/cpu/f32_blocks.h"
+#include "ops/cpu/gelu.h"
 #include "ops/kernels/norm.h"
 
 namespace kiln::cpu {
@@ -55,17 +57,51 @@ template <typename F> inline double channel_sum(const BatchNormParams& p, int64_
     return total;
 }
 
-// Pass 3 of the forward: y = (x − mean)·scale + shift over the M values of channel c, a row of
-// S at a time, in f32 blocks (f32_blocks.h).
+// One row of S values: y = (x − mean)·scale + shift, in f32 blocks (f32_blocks.h).
+template <typename T>
+void normalize_row(const T* x, T* y, int64_t S, float mean, float scale, float shift) {
+    f32_blocks(S, x, y, [=](const float* x, float* y, int64_t m, int64_t) {
+#pragma omp simd
+        for (int64_t s = 0; s < m; s++) y[s] = (x[s] - mean) * scale + shift;
+    });
+}
+
+// Pass 3 of the forward over the M values of channel c, a row of S at a time; with p.gelu, then
+// GELU over the row as stored (the GELU kernel's loop, ops/cpu/gelu.h).
 template <typename T>
 void normalize_channel(const T* x, T* y, const BatchNormParams& p, int64_t c, float mean, float scale, float shift) {
     for (int64_t n = 0; n < p.N; n++) {
         const int64_t base = (n * p.C + c) * p.S;
-        f32_blocks(p.S, x + base, y + base, [=](const float* x, float* y, int64_t m, int64_t) {
+        normalize_row(x + base, y + base, p.S, mean, scale, shift);
+        if (p.gelu) f32_blocks(p.S, y + base, y + base, [](const float* y, float* z, int64_t m, int64_t) { gelu_block(y, z, m); });
+    }
+}
+
+// The backward of channel c, its rows of dy at dy_row(n) (S values each): pass 1 Σ dy and
+// Σ dy·(x − mean), row by row in order; pass 2 dx.
+template <typename T, typename DyRow>
+void batchnorm_backward_channel(DyRow dy_row, const T* x, T* dx, const BatchNormParams& p, int64_t c, float mean,
+                                float invstd, float g, float* dgamma, float* dbeta) {
+    const int64_t M = p.N * p.S;
+    double sum_dy = 0.0, sum_dy_xm = 0.0;
+    for (int64_t n = 0; n < p.N; n++) {
+        const T* dy = dy_row(n);
+        const T* xr = x + (n * p.C + c) * p.S;
+        sum_dy += lane_sum(p.S, [&](int64_t s) { return float(dy[s]); });
+        sum_dy_xm += lane_sum(p.S, [&](int64_t s) { return float(dy[s]) * (float(xr[s]) - mean); });
+    }
+    const double sum_dy_xhat = sum_dy_xm * invstd;
+    const float k_dy = float(sum_dy / double(M));                       // Σdy / M
+    const float k_x = float(sum_dy_xhat * double(invstd) / double(M));  // Σ(dy·x̂)·invstd / M
+    for (int64_t n = 0; n < p.N; n++) {
+        const int64_t base = (n * p.C + c) * p.S;
+        f32_blocks(p.S, dy_row(n), x + base, dx + base, [=](const float* dy, const float* x, float* dx, int64_t m, int64_t) {
 #pragma omp simd
-            for (int64_t s = 0; s < m; s++) y[s] = (x[s] - mean) * scale + shift;
+            for (int64_t s = 0; s < m; s++) dx[s] = g * (dy[s] - k_dy - (x[s] - mean) * k_x);
         });
     }
+    dgamma[c] += float(sum_dy_xhat);
+    dbeta[c] += float(sum_dy);
 }
 
 }  // namespace
@@ -112,31 +148,34 @@ void batchnorm_forward_eval(const T* x, const float* gamma, const float* beta, c
 }
 
 // pass 1: Σ dy and Σ dy·(x − mean);   pass 2: dx = gamma·invstd·(dy − Σdy/M − (x − mean)·invstd²·Σdy(x−mean)/M)
-// (the formula of ops/kernels/norm.h with x̂ = (x − mean)·invstd written out)
+// (the formula of ops/kernels/norm.h with x̂ = (x − mean)·invstd written out).
+// With p.gelu, dy is dz: each channel's y = (x − mean)·g + beta (the forward's rows, g = gamma·invstd
+// its scale) and dy = dz · GELU'(y) are written to a buffer of the channel's M values first, by the
+// loops the separate layers run, so the sums read the same T values those layers stored.
 template <typename T>
-void batchnorm_backward(const T* dy, const T* x, const float* gamma, const float* save_mean,
+void batchnorm_backward(const T* dy, const T* x, const float* gamma, const float* beta, const float* save_mean,
                         const float* save_invstd, T* dx, float* dgamma, float* dbeta, const BatchNormParams& p) {
     check_params(p, "batchnorm_backward");
-    const int64_t M = p.N * p.S;
+    KILN_CHECK(!p.gelu || beta, "batchnorm_backward: GELU fused after batch norm needs beta to recompute its input");
     parallel_for(p.C, grain_of(kParallelMin, p.N * p.S), [&](int64_t c0, int64_t c1) {
+        std::vector<T> channel_dy(p.gelu ? size_t(p.N * p.S) : 0);
         for (int64_t c = c0; c < c1; c++) {
-            const float mean = save_mean[c], invstd = save_invstd[c];
-            const double sum_dy = channel_sum(p, c, [&](int64_t i) { return float(dy[i]); });
-            const double sum_dy_xm = channel_sum(p, c, [&](int64_t i) { return float(dy[i]) * (float(x[i]) - mean); });
-            const double sum_dy_xhat = sum_dy_xm * invstd;
-            const float k_dy = float(sum_dy / double(M));                               // Σdy / M
-            const float k_x = float(sum_dy_xhat * double(invstd) / double(M));          // Σ(dy·x̂)·invstd / M
-            const float g = gamma[c] * invstd;
+            const float mean = save_mean[c], invstd = save_invstd[c], g = gamma[c] * invstd;
+            if (!p.gelu) {
+                const auto rows = [&](int64_t n) { return dy + (n * p.C + c) * p.S; };
+                batchnorm_backward_channel(rows, x, dx, p, c, mean, invstd, g, dgamma, dbeta);
+                continue;
+            }
             for (int64_t n = 0; n < p.N; n++) {
                 const int64_t base = (n * p.C + c) * p.S;
-                f32_blocks(p.S, dy + base, x + base, dx + base,
-                           [=](const float* dy, const float* x, float* dx, int64_t m, int64_t) {
-#pragma omp simd
-                               for (int64_t s = 0; s < m; s++) dx[s] = g * (dy[s] - k_dy - (x[s] - mean) * k_x);
-                           });
+                T* row = channel_dy.data() + n * p.S;
+                normalize_row(x + base, row, p.S, mean, g, beta[c]);
+                f32_blocks(p.S, row, dy + base, row, [](const float* y, const float* dz, float* d, int64_t m, int64_t) {
+                    gelu_backward_block(y, dz, d, m);
+                });
             }
-            dgamma[c] += float(sum_dy_xhat);
-            dbeta[c] += float(sum_dy);
+            const auto rows = [&](int64_t n) { return static_cast<const T*>(channel_dy.data() + n * p.S); };
+            batchnorm_backward_channel(rows, x, dx, p, c, mean, invstd, g, dgamma, dbeta);
         }
     });
 }

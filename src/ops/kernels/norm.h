@@ -20,6 +20,10 @@ namespace kiln {
 //   running_mean = (1 − momentum) · running_mean + momentum · mean
 //   running_var  = (1 − momentum) · running_var  + momentum · var · M / (M − 1)  (unbiased)
 // save_mean, save_invstd [C] keep mean and invstd for the backward pass. M must be > 1.
+// With p.gelu (GELU fused after it) every kernel here writes z = GELU(y) in place of y, and the
+// backward takes dz: it recomputes y = gamma · x̂ + beta (rounded to T, as the stored y of the
+// two separate layers was) and uses dy = dz · GELU'(y). The bits are those of batch norm then
+// GELU run one after the other (the GELU of the same backend's elementwise kernels).
 KILN_KERNEL(batchnorm_forward_train,
             template <typename T> void batchnorm_forward_train(const T* x, const float* gamma, const float* beta,
                                                                T* y, float* running_mean, float* running_var,
@@ -33,11 +37,13 @@ KILN_KERNEL(batchnorm_forward_eval,
 // With x̂ = (x − mean) · invstd recomputed from x and the saved statistics:
 //   dbeta  += Σ dy        dgamma += Σ dy · x̂
 //   dx = gamma · invstd / M · (M · dy − Σ dy − x̂ · Σ dy · x̂)
-// dx is overwritten; dgamma and dbeta accumulate.
+// dx is overwritten; dgamma and dbeta accumulate. beta is read only with p.gelu (may be null
+// otherwise), and then dy is dz, the gradient of GELU's output.
 KILN_KERNEL(batchnorm_backward,
             template <typename T> void batchnorm_backward(const T* dy, const T* x, const float* gamma,
-                                                          const float* save_mean, const float* save_invstd, T* dx,
-                                                          float* dgamma, float* dbeta, const BatchNormParams& p));
+                                                          const float* beta, const float* save_mean,
+                                                          const float* save_invstd, T* dx, float* dgamma,
+                                                          float* dbeta, const BatchNormParams& p));
 
 // ==== layer normalization ===================================================================
 // x [R, D]: R rows (every dimension but the last, flattened) of D values, each row normalized
