@@ -18,10 +18,20 @@
 #include <catch2/catch.hpp>
 
 #ifndef KILN_CUDA
+#include "nn/layers.h"
 #include "kiln_cuda.h"  // the emulator's schedule switch (g++ build only)
 #endif
 
 namespace kiln::test {
+
+float forward_backward(Module& m, const Tensor& x, const Tensor& labels) {
+    m.input_needs_grad = false;
+    m.zero_grad();
+    CrossEntropyLoss criterion;
+    const float loss = criterion.forward(m.call(x), labels);
+    m.call_backward(criterion.backward());
+    return loss;
+}
 
 namespace fs = std::filesystem;
 

@@ -12,6 +12,7 @@
 
 #include "core/cpu_features.h"
 #include "core/tensor.h"
+#include "nn/module.h"
 
 namespace kiln::test {
 
@@ -24,6 +25,10 @@ struct TempDir {
     std::string file(const std::string& name) const;  // path + "/" + name
     std::string path;
 };
+
+// The gradient pass of a training step as train_step runs it: zero_grad, forward, the
+// cross-entropy loss against `labels`, backward (no gradient for the input). Returns the loss.
+float forward_backward(Module& m, const Tensor& x, const Tensor& labels);
 
 // Writes bytes to path, creating parent folders.
 void write_bytes(const std::string& path, const std::vector<uint8_t>& bytes);

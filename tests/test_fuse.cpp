@@ -19,6 +19,7 @@
 #include "nn/recompute.h"
 
 using namespace kiln;
+using test::forward_backward;
 using test::require_identical;
 
 namespace {
@@ -83,16 +84,6 @@ TEST_CASE("batch norm with GELU fused: CUDA matches the CPU", "[fuse][batchnorm]
 }
 
 namespace {
-
-// x [4, 3, 32, 32] and labels; zero_grad, forward, loss, backward; the loss.
-float forward_backward(Module& m, const Tensor& x, const Tensor& y) {
-    m.input_needs_grad = false;
-    m.zero_grad();
-    CrossEntropyLoss criterion;
-    const float loss = criterion.forward(m.call(x), y);
-    m.call_backward(criterion.backward());
-    return loss;
-}
 
 struct Batch {
     explicit Batch(Device device) {

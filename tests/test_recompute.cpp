@@ -18,6 +18,7 @@
 
 using namespace kiln;
 using Catch::Matchers::Contains;
+using test::forward_backward;
 using test::require_identical;
 
 namespace {
@@ -33,16 +34,6 @@ struct Data {
     }
     Tensor x, y;
 };
-
-// zero_grad, forward, loss, backward, as train_step runs them; returns the loss.
-float forward_backward(Module& m, const Tensor& x, const Tensor& y) {
-    m.input_needs_grad = false;
-    m.zero_grad();
-    CrossEntropyLoss criterion;
-    const float loss = criterion.forward(m.call(x), y);
-    m.call_backward(criterion.backward());
-    return loss;
-}
 
 // Every gradient and every buffer (running statistics) of two models of the same layout: the
 // same bytes, in order.
