@@ -17,6 +17,7 @@
 
 #include "core/allocator.h"
 #include "core/rng.h"
+#include "capstone_fixture.h"
 #include "fixtures.h"
 #include "gradcheck.h"
 #include "nn/conv.h"
@@ -430,26 +431,21 @@ TEST_CASE("ResNet-50: forward and backward of 2 images, with and without recompu
 // order, and training steps amplify those last bits.
 TEST_CASE("lesson 13: the capstone net trains on CUDA as on the CPU (groups, smoothing, Lookahead)",
           "[lesson13][cuda][trainer]") {
-    Rng data(7);
-    const Tensor x = Tensor::normal({8, 3, 32, 32}, 0, 1, data), sample = Tensor::normal({16, 3, 32, 32}, 0, 1, data);
-    Tensor y = Tensor::empty({8}, DType::I32);
-    for (int64_t i = 0; i < 8; i++) y.data<int32_t>()[i] = int32_t(data.next_below(10));
+    const test::CapstoneBatch batch(8, 16);
     struct Run {
         std::vector<float> losses;
         Tensor head;  // the head's weight after the steps, on the CPU
     };
     const auto train = [&](Device device) {
-        Rng rng(1);
-        auto model = airbench_net(rng, &sample, true);
+        auto model = test::capstone_net(batch.sample);
         model->to(device);
-        SGD sgd(airbench_groups(*model, 1.5f, 0.0019957f, 64.0f, true),
-                SGD::Options{}.with_momentum(0.85f).with_nesterov());
+        SGD sgd = test::capstone_sgd(*model);
         Lookahead lookahead(*model);
         StepOptions step{nullptr, 0.0f};
         step.label_smoothing = 0.2f;
         Run run;
         for (int i = 0; i < 3; i++) {
-            const StepResult r = train_step(*model, sgd, x.to(device), y.to(device), step);
+            const StepResult r = train_step(*model, sgd, batch.x.to(device), batch.y.to(device), step);
             REQUIRE(r.stepped);
             run.losses.push_back(r.loss);
         }

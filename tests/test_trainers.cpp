@@ -11,6 +11,7 @@
 
 #include "data/idx.h"
 #include "data/loader.h"
+#include "capstone_fixture.h"
 #include "fixtures.h"
 #include "nn/conv.h"
 #include "nn/models.h"
@@ -113,14 +114,10 @@ TEST_CASE("lesson 06: the CIFAR net's first losses, with and without batch norm"
 
 TEST_CASE("lesson 13: the capstone net's first losses (whitened, identity-started, smoothed labels)", "[trainer][cpu][lesson13]") {
     // As lesson 06's: a fixed random batch. The whitening is computed from 64 other random images.
-    Rng data(7);
-    const Tensor x = Tensor::normal({32, 3, 32, 32}, 0, 1, data), sample = Tensor::normal({64, 3, 32, 32}, 0, 1, data);
-    Tensor y = Tensor::empty({32}, DType::I32);
-    for (int64_t i = 0; i < 32; i++) y.data<int32_t>()[i] = int32_t(data.next_below(10));
-    Rng rng(1);
-    auto model = airbench_net(rng, &sample, true);
-    SGD sgd(airbench_groups(*model, 1.5f, 0.0019957f, 64.0f, true),
-            SGD::Options{}.with_momentum(0.85f).with_nesterov());
+    const test::CapstoneBatch batch(32, 64);
+    const Tensor &x = batch.x, &y = batch.y;
+    auto model = test::capstone_net(batch.sample);
+    SGD sgd = test::capstone_sgd(*model);
     REQUIRE(sgd.param_groups().size() == 3);
     REQUIRE(sgd.param_groups()[0].params.size() == 6);   // the six batch norms' β
     REQUIRE(sgd.param_groups()[1].params.size() == 1);   // the stem's bias
