@@ -49,6 +49,7 @@ struct MemoryEvent {
 
 // How "" is shown: an allocation outside every module (the loss, the optimizer, the loader).
 constexpr const char* kOutsideModules = "(step)";
+std::string shown_name(const std::string& module);  // the module's name, or kOutsideModules for ""
 
 // What a recording holds: the events, where the steps and the model's forwards ended, and what
 // was in use when it started. Plain data: a copy, read while the recorder may go on.
@@ -117,6 +118,23 @@ struct MemoryPeak {
     Phase phase = Phase::Other;
     double time_us = 0;  // since the step started
 };
+
+// Tensor bytes in use per category on one device, moved along a trace's events (the report's
+// peak, the timeline's stack).
+struct Levels {
+    Device device;
+    std::array<int64_t, kNumCategories> in_use;
+
+    // The levels on `device` just before event `upto`.
+    Levels(const MemoryTrace& trace, Device d, size_t upto);
+    // Adds the event if it is on this device; says whether it was.
+    bool apply(const MemoryEvent& e);
+    int64_t total() const;
+};
+
+// The most tensor bytes in use on `device` over events [first, last): reached by an allocation,
+// or, if none goes above it, the level before `first`.
+MemoryPeak find_peak(const MemoryTrace& trace, Device device, size_t first, size_t last);
 
 // The allocators' side at the end of the step: the device's pool and the step arena.
 struct PoolMemory {
