@@ -229,6 +229,12 @@ TEST_CASE("memory plan: chapter 14's GPT, planned and measured within 3%, two si
                 INFO("planned " << plan.total() << " measured " << measured);
                 CHECK(double(plan.total()) == Approx(double(measured)).epsilon(0.03));
             }
+    // The largest batch that fits: with a budget half-way between the measured steps of 12 and 13
+    // windows, the plan's largest micro-batch is 12, as the measured steps say.
+    const GPTConfig baby = baby_gpt_config(83);
+    const int64_t at12 = measure_gpt_step(baby, 12, 64, Device::CPU), at13 = measure_gpt_step(baby, 13, 64, Device::CPU);
+    REQUIRE(at13 > at12);
+    CHECK(largest_batch(gpt_plan_options(baby, 1), at12 + (at13 - at12) / 2) == 12);
     GPTConfig dropping = baby_gpt_config(83);
     dropping.dropout = 0.1f;
     CHECK_THROWS_WITH(gpt_plan_options(dropping, 12), Catch::Contains("without dropout, not dropout 0.1"));
