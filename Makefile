@@ -453,6 +453,7 @@ FUZZ_CXXFLAGS := -std=c++17 -g -O1 -fno-omit-frame-pointer -fopenmp -Wall -Wextr
 # they dispatch to): a link error naming a symbol means another file to add here.
 FUZZ_LIB_SRCS := src/io/safetensors.cpp src/io/archive.cpp src/data/idx.cpp src/data/cifar.cpp \
                  src/data/image_decode.cpp src/core/tensor.cpp src/core/dtype.cpp src/core/allocator.cpp \
+                 src/core/pool_allocator.cpp src/core/bump_allocator.cpp \
                  src/core/parallel.cpp src/core/cpu_features.cpp src/ops/cpu/convert_simd.cpp \
                  src/ops/cpu/elementwise.cpp cuda/memory.cu cuda/elementwise.cu cuda/kernel_times.cu $(EMU_SRCS)
 FUZZ_OBJS     := $(FUZZ_LIB_SRCS:%=$(FUZZ_DIR)/%.o)

@@ -14,6 +14,7 @@
 #include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
+#include <zlib.h>
 
 #include <chrono>
 #include <filesystem>
@@ -24,6 +25,7 @@
 #include "core/stb_warnings.h"
 #include "data/cifar.h"
 #include "data/idx.h"
+#include "data/image_decode.h"
 #include "fixtures.h"
 #include "io/archive.h"
 
@@ -123,6 +125,20 @@ std::vector<uint8_t> dc_overflow_jpeg() {
         0xFF, 0xD9};
     j.insert(j.end(), rest.begin(), rest.end());
     return j;
+}
+
+// The PNG with an empty IDAT chunk (length 0, "IDAT", its CRC) put before its first IDAT.
+std::vector<uint8_t> empty_idat_first(const std::vector<uint8_t>& png) {
+    const std::string text(png.begin(), png.end());
+    const size_t idat = text.find("IDAT");
+    REQUIRE((idat != std::string::npos && idat >= 4));
+    const uint8_t type[4] = {'I', 'D', 'A', 'T'};
+    const uLong crc = crc32(crc32(0, nullptr, 0), type, 4);
+    const std::vector<uint8_t> chunk = {0, 0, 0, 0, 'I', 'D', 'A', 'T', uint8_t(crc >> 24), uint8_t(crc >> 16),
+                                        uint8_t(crc >> 8), uint8_t(crc)};
+    std::vector<uint8_t> out = png;
+    out.insert(out.begin() + ptrdiff_t(idat) - 4, chunk.begin(), chunk.end());
+    return out;
 }
 
 // A pax extended header record "<len> <key>=<value>\n", <len> counting itself.
@@ -566,6 +582,17 @@ TEST_CASE("load_cifar10 reads image folders from an archive or a directory", "[d
         REQUIRE_THROWS_WITH(kiln::load_cifar10(dir.file("tree"), false),
                             Contains("test/cat/dht.jpg") && Contains("Huffman"));
     }
+    SECTION("a PNG with an empty IDAT chunk before its data decodes as without it") {
+        // stb_image 2.27 would copy 0 bytes to a null buffer there (make fuzz, UBSan)
+        const std::vector<uint8_t> png = encode_png(flat_rgb(5), 32, 32), odd = empty_idat_first(png);
+        int w = 0, h = 0;
+        std::string why;
+        const kiln::ImagePixels px = kiln::decode_rgb_image(odd.data(), odd.size(), w, h, why);
+        REQUIRE(px);
+        REQUIRE((w == 32 && h == 32));
+        const std::vector<uint8_t> want = flat_rgb(5);
+        CHECK(std::equal(want.begin(), want.end(), px.get()));
+    }
     SECTION("a PNG chunk longer than the file is refused before stb_image allocates for it") {
         std::vector<uint8_t> png = encode_png(flat_rgb(5), 32, 32);
         const std::string text(png.begin(), png.end());
@@ -776,4 +803,5 @@ TEST_CASE("fuzz seeds: IDX, gzip and tar, CIFAR-10 archives, images", "[.][fuzz-
     seed("image", "flat.jpg", flat_jpeg());
     seed("image", "flat.png", encode_png(flat_rgb(90), 32, 32));
     seed("image", "dc-overflow.jpg", dc_overflow_jpeg());  // nothings/stb#1533
+    seed("image", "empty-idat.png", empty_idat_first(encode_png(flat_rgb(90), 32, 32)));
 }

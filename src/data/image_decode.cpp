@@ -4,6 +4,9 @@
 
 #include <algorithm>
 #include <climits>
+#include <string>
+#include <utility>
+#include <vector>
 
 #include "core/stb_warnings.h"
 
@@ -98,21 +101,52 @@ std::string jpeg_tables_problem(const uint8_t* p, size_t n) {
     return "";
 }
 
-// stb_image trusts a PNG chunk's length when it gathers the image data (IDAT): it grows its buffer
-// to the length claimed before it reads, so a file of 100 bytes can have it allocate 2 GiB (found
-// by make fuzz). A chunk longer than what follows it in the file is invalid PNG: this walks the
-// chunks (4-byte big-endian length, 4-byte type, the data, a 4-byte CRC) up to IEND and refuses
-// the file before stb sees it.
-bool png_chunks_fit(const uint8_t* p, size_t n) {
-    static const uint8_t kSignature[8] = {0x89, 'P', 'N', 'G', '\r', '\n', 0x1A, '\n'};
-    if (n < 8 || !std::equal(kSignature, kSignature + 8, p)) return true;  // not a PNG: nothing to check
+// A PNG is its 8-byte signature, then chunks: a 4-byte big-endian length, a 4-byte type, the
+// data, a 4-byte CRC, up to IEND. Two things stb_image 2.27 gets wrong (both found by make fuzz):
+//  - it trusts a chunk's length when it gathers the image data (IDAT): it grows its buffer to the
+//    length claimed before it reads, so a file of 100 bytes can have it allocate 2 GiB. A chunk
+//    longer than what follows it is invalid PNG: such a file is refused before stb sees it;
+//  - an empty IDAT chunk before any image data has it copy 0 bytes to a null buffer (undefined
+//    behaviour). An empty IDAT chunk is valid and carries nothing, so it is left out instead.
+constexpr uint8_t kPngSignature[8] = {0x89, 'P', 'N', 'G', '\r', '\n', 0x1A, '\n'};
+
+bool is_png(const uint8_t* p, size_t n) { return n >= 8 && std::equal(kPngSignature, kPngSignature + 8, p); }
+
+// Calls f(offset, length, type) for each chunk up to and with IEND; false if one is longer than
+// the rest of the file.
+template <typename F> bool for_each_png_chunk(const uint8_t* p, size_t n, F f) {
     for (size_t i = 8; i + 8 <= n;) {
         const uint64_t length = uint64_t(p[i]) << 24 | uint64_t(p[i + 1]) << 16 | uint64_t(p[i + 2]) << 8 | p[i + 3];
         if (length > n - i - 8) return false;
-        if (std::equal(p + i + 4, p + i + 8, "IEND")) break;
+        const std::string type(p + i + 4, p + i + 8);
+        f(i, size_t(length), type);
+        if (type == "IEND") break;
         i += 8 + size_t(length) + 4;
     }
     return true;
+}
+
+bool png_chunks_fit(const uint8_t* p, size_t n) {
+    return !is_png(p, n) || for_each_png_chunk(p, n, [](size_t, size_t, const std::string&) {});
+}
+
+// The file without its empty IDAT chunks, or an empty vector when it has none (a PNG whose
+// chunks fit).
+std::vector<uint8_t> png_without_empty_idat(const uint8_t* p, size_t n) {
+    std::vector<std::pair<size_t, size_t>> drop;  // [begin, end) of each empty IDAT chunk
+    if (!is_png(p, n)) return {};
+    for_each_png_chunk(p, n, [&](size_t at, size_t length, const std::string& type) {
+        if (type == "IDAT" && length == 0) drop.emplace_back(at, std::min(n, at + 12));
+    });
+    if (drop.empty()) return {};
+    std::vector<uint8_t> out;
+    size_t from = 0;
+    for (const auto& [begin, end] : drop) {
+        out.insert(out.end(), p + from, p + begin);
+        from = end;
+    }
+    out.insert(out.end(), p + from, p + n);
+    return out;
 }
 
 void free_pixels(void* p) { stbi_image_free(p); }
@@ -130,6 +164,8 @@ ImagePixels decode_rgb_image(const uint8_t* bytes, size_t size, int& w, int& h, 
     else if (const std::string jpeg = jpeg_tables_problem(bytes, size); !jpeg.empty()) why = "it is a corrupt JPEG (" + jpeg + ")";
     else if (!png_chunks_fit(bytes, size)) why = "it is a corrupt PNG (a chunk is longer than the rest of the file)";
     if (!why.empty()) return none;
+    const std::vector<uint8_t> cleaned = png_without_empty_idat(bytes, size);
+    if (!cleaned.empty()) bytes = cleaned.data(), size = cleaned.size();
     int comp = 0;
     if (stbi_info_from_memory(bytes, int(size), &w, &h, &comp) && int64_t(w) * int64_t(h) > kMaxPixels) {
         why = "its header says " + std::to_string(w) + "x" + std::to_string(h) + " pixels, more than the " +

@@ -4,13 +4,17 @@
 //   ImagePixels px = decode_rgb_image(bytes, size, w, h, why);   // H×W×3, or null and why
 //
 // stb_image is compiled into image_decode.cpp alone, with flags of its own (Makefile), because
-// three of its faults are known and the file works around them:
+// five of its faults are known and the file works around them:
 //   - its JPEG decoder trusts a Huffman table's code counts: a table of more than 256 codes
 //     makes it write past its tables. Such a table is invalid JPEG, so decode_rgb_image walks
 //     the file's markers first and refuses it.
+//   - it decodes a scan whose Huffman or quantization table the file never defined with what
+//     its memory held (a symbol index out of its table). Also invalid JPEG: refused the same way.
 //   - its PNG decoder trusts a chunk's length: it allocates what the chunk claims before it
 //     reads, gigabytes for a file of a few bytes. decode_rgb_image walks the chunks first and
 //     refuses one longer than the file.
+//   - an empty IDAT chunk before the image data has it copy 0 bytes to a null pointer. Such a
+//     chunk is valid and empty: decode_rgb_image hands stb the file without it.
 //   - a crafted JPEG overflows a signed int in stbi__jpeg_decode_block (dc · dequant[0];
 //     nothings/stb#1533, still open), undefined behaviour that the sanitizer build (make
 //     test SAN=1) and the fuzzers stop on. image_decode.cpp is compiled with -fwrapv (the
