@@ -13,15 +13,16 @@
 // chapter 14's GPT per line, on random tokens.
 #include <cmath>
 #include <cstdio>
+#include <fstream>
 #include <string>
 #include <vector>
 
 #include "core/allocator.h"     // defines: parse_bytes, format_bytes
+#include "core/error.h"         // defines: KILN_USAGE_CHECK
 #include "dist/cost_model.h"    // defines: reduce_scatter_s, nvlink4, infiniband_ndr
-#include "io/svg.h"             // defines: Svg, Plot
 #include "train/cli.h"          // defines: Cli
 #include "train/gpt_recipe.h"   // defines: baby_gpt_config, measure_gpt_step
-#include "train/memory_plan.h"  // defines: plan_memory, largest_batch, named_transformer
+#include "train/memory_plan.h"  // defines: plan_memory, largest_batch, named_transformer, stages_svg
 
 using namespace kiln;
 
@@ -222,27 +223,13 @@ void print_measured() {
 // --figure: one GPU's memory against the number of GPUs (1 to 1024), one line per stage, for the
 // model and options of the command line.
 void draw_figure(const Cli& cli, const Flags& f) {
-    MemoryPlanOptions o = options_of(cli, f);
-    const char* colours[4] = {"#7f7f7f", "#1f77b4", "#2ca02c", "#d62728"};
-    std::vector<double> xs;
-    std::vector<double> lines[4];
-    double top = 0.0;
-    for (int64_t n = 1; n <= 1024; n *= 2) {
-        xs.push_back(std::log2(double(n)));
-        for (int stage = 0; stage <= 3; stage++) {
-            o.gpus = n, o.zero_stage = stage;
-            lines[stage].push_back(gb(plan_memory(o).total()));
-            top = std::max(top, lines[stage].back());
-        }
-    }
-    Svg svg(640, 400);
-    Plot plot(svg, {80, 40, 520, 300}, {0, 10}, {0, top * 1.05});
-    plot.axes("log2 of the number of GPUs", "one GPU's memory (GB)");
-    for (int stage = 0; stage <= 3; stage++) svg.polyline(plot.points(xs, lines[stage]), colours[stage], 2);
-    plot.legend({{"stage 0", colours[0]}, {"stage 1", colours[1]}, {"stage 2", colours[2]}, {"stage 3", colours[3]}});
-    svg.text({320, 24}, f.model + ", " + dtype_name(o.precision) + " mixed Adam, micro-batch " + std::to_string(o.batch), 14,
-             Anchor::Middle);
-    svg.save(f.figure);
+    const MemoryPlanOptions o = options_of(cli, f);
+    const std::string title = f.model + ", " + dtype_name(o.precision) + (o.precision == DType::F32 ? "" : " mixed") +
+                              " " + f.optimizer + ", micro-batch " + std::to_string(o.batch);
+    std::ofstream out(f.figure);
+    KILN_USAGE_CHECK(out, "cannot write --figure ", f.figure, ": does its folder exist?");
+    out << stages_svg(o, 1024, {}, title);
+    KILN_USAGE_CHECK(out.good(), "writing --figure ", f.figure, " failed");
     std::printf("wrote %s\n", f.figure.c_str());
 }
 

@@ -6,6 +6,7 @@
 
 #include "core/allocator.h"
 #include "core/error.h"
+#include "io/svg.h"
 
 namespace kiln {
 
@@ -198,6 +199,41 @@ MemoryPlanOptions gpt_plan_options(const GPTConfig& c, int64_t batch) {
     o.dropout = false;
     o.recompute = c.recompute ? Recompute::Full : Recompute::None;
     return o;
+}
+
+std::string stages_svg(MemoryPlanOptions o, int64_t max_gpus, const std::vector<MeasuredStage>& measured,
+                       const std::string& title) {
+    KILN_CHECK(max_gpus >= 2 && (max_gpus & (max_gpus - 1)) == 0, "stages_svg: max_gpus ", max_gpus,
+               " should be a power of two, at least 2");
+    const char* colours[4] = {"#7f7f7f", "#1f77b4", "#2ca02c", "#d62728"};
+    std::vector<double> xs, lines[4];
+    int64_t top = 0;
+    for (int64_t n = 1; n <= max_gpus; n *= 2) {
+        xs.push_back(std::log2(double(n)));
+        for (int stage = 0; stage <= 3; stage++) {
+            o.gpus = n, o.zero_stage = stage;
+            lines[stage].push_back(double(plan_memory(o).total()));
+            top = std::max(top, plan_memory(o).total());
+        }
+    }
+    for (const MeasuredStage& m : measured) top = std::max(top, m.bytes);
+    const bool gib = top >= (int64_t(1) << 30);
+    const double unit = gib ? 1e9 : double(1 << 20);
+    for (auto& line : lines)
+        for (double& y : line) y /= unit;
+    Svg svg(640, 400);
+    Plot plot(svg, {80, 40, 520, 300}, {0, std::log2(double(max_gpus))}, {0, double(top) / unit * 1.05});
+    plot.axes("log2 of the number of GPUs", gib ? "one GPU's memory (GB)" : "one GPU's memory (MiB)");
+    for (int stage = 0; stage <= 3; stage++) svg.polyline(plot.points(xs, lines[stage]), colours[stage], 2);
+    for (const MeasuredStage& m : measured) {
+        KILN_CHECK(m.stage >= 0 && m.stage <= 3 && m.gpus >= 1, "stages_svg: a measured step of stage ", m.stage,
+                   " on ", m.gpus, " GPUs");
+        const Point c = plot.at(std::log2(double(m.gpus)), double(m.bytes) / unit);
+        svg.rect({c.x - 5, c.y - 5, 10, 10}, colours[m.stage]);
+    }
+    plot.legend({{"stage 0", colours[0]}, {"stage 1", colours[1]}, {"stage 2", colours[2]}, {"stage 3", colours[3]}});
+    svg.text({320, 24}, title, 14, Anchor::Middle);
+    return svg.str();
 }
 
 // Doubling to the first batch that does not fit, then bisection: the total grows with b.

@@ -161,6 +161,19 @@ int64_t communication_bytes(const MemoryPlanOptions& options);
 // shard ⌈Ψ/N⌉ from stage 1 on (each GPU's host process updates its own shard). 0 without offload.
 int64_t offload_bytes_each_way(const MemoryPlanOptions& options);
 
+// A measured step to draw on stages_svg's lines: the GPUs it ran on, its ZeRO stage, one GPU's bytes.
+struct MeasuredStage {
+    int64_t gpus = 1;
+    int stage = 0;
+    int64_t bytes = 0;
+};
+
+// An SVG document: one GPU's planned memory (plan_memory(options).total(), GB, or MiB when it
+// stays under a GiB) against log2 of the GPU count from 1 to max_gpus (a power of two), one line
+// per ZeRO stage, and each measured step a square of its stage's colour.
+std::string stages_svg(MemoryPlanOptions options, int64_t max_gpus, const std::vector<MeasuredStage>& measured,
+                       const std::string& title);
+
 // The plan's options for a training step of kiln's GPT (chapter 14, nn/gpt.h) of config `c` on
 // `batch` windows of c.block_size tokens, as train_step runs it: f32, AdamW (two moments), its
 // attention, no dropout, full recomputation when c.recompute (each block keeps its input), one
