@@ -25,9 +25,15 @@
 //                        the CIFAR net with every conv by im2col (as KILN_CONV=im2col) and with
 //                        its big 3×3 layers by Winograd (chapter 03), in turn, 5 times: the
 //                        medians, and of the 5 ratios (with their _min and _max)
+//   gpt_params, gpt_train_cpu
+//                        chapter 14's baby GPT (nanoGPT's: 4 layers, 4 heads, 128 channels,
+//                        context 64), batch 12, lesson-14's AdamW and clipping, on random ids of
+//                        Moby-Dick's 83 characters: training tokens a second (compare:
+//                        bench/torch_gpt.py --bench)
+//   build/bench/bench_train gpt        only the gpt_* figures
 //   build/bench/bench_train surgery    only the cifar_net_l06_* figures
 //   build/bench/bench_train f32 SUFFIX
-//                        every chapter model in f32 only, named MODEL_train_cpu SUFFIX: bench/run.sh
+//                        every chapter model (the GPT too) in f32 only, named MODEL_train_cpu SUFFIX: bench/run.sh
 //                        runs it as "f32 _busy" while another program keeps one core busy (a
 //                        learner's machine is rarely idle) and, on a CPU with AVX-512, as
 //                        "f32 _avx2" with KILN_CPU=avx2 (what a learner's AVX2 CPU would run)
@@ -49,6 +55,7 @@
 
 #include "core/cuda_memory.h"
 #include "nn/conv.h"
+#include "nn/gpt.h"
 #include "nn/layers.h"
 #include "nn/models.h"
 #include "nn/surgery.h"
@@ -56,6 +63,8 @@
 #include "ops/cpu/winograd.h"
 #include "optim/grad_scaler.h"
 #include "optim/optimizer.h"
+#include "train/gpt_recipe.h"
+#include "train/loop.h"
 #include "train/memory_model.h"
 
 using namespace kiln;
@@ -260,6 +269,26 @@ static void print_in_turn(const std::string& a_name, const std::string& b_name, 
     std::fflush(stdout);
 }
 
+// "bench gpt_train_cpu<suffix>: X tok/s": chapter 14's baby GPT trained as lesson-14 trains it,
+// on random ids (the data pipeline is not what is measured), 5 rounds of 10 steps after 3.
+static void bench_gpt(const std::string& suffix = "") {
+    const int64_t B = 12, V = 83;  // Moby-Dick's characters
+    const GPTConfig c = baby_gpt_config(V);
+    auto model = make_gpt(c, 1);
+    const GPTRecipe recipe;
+    auto opt = gpt_optimizer(*model, recipe);
+    Rng rng(0);
+    Tensor x = Tensor::empty({B, c.block_size}, DType::I32), y = x.clone();
+    for (Tensor* t : {&x, &y})
+        for (int64_t i = 0; i < t->numel(); i++) t->data<int32_t>()[i] = int32_t(rng.next_below(uint64_t(V)));
+    BumpAllocator arena("bench arena", Device::CPU);
+    const StepOptions options{&arena, recipe.clip};
+    if (suffix.empty()) std::printf("bench gpt_params: %lld parameters\n", (long long)model->num_parameters());
+    const double rate = median_rate(B * c.block_size, 10, 5, [&] { train_step(*model, *opt, x, y, options); });
+    std::printf("bench gpt_train_cpu%s: %.0f tok/s\n", suffix.c_str(), rate);
+    std::fflush(stdout);
+}
+
 // Lesson 06's CIFAR net, and the same net after structured pruning has removed half the output
 // channels of every conv (here the first half is kept: which half does not change the speed).
 static void bench_surgery() {
@@ -312,12 +341,17 @@ int main(int argc, char** argv) {
         bench_cuda(argc > 2 && std::string(argv[2]) == "quick");
         return 0;
     }
+    if (argc > 1 && std::string(argv[1]) == "gpt") {
+        bench_gpt();
+        return 0;
+    }
     if (argc > 1 && std::string(argv[1]) == "surgery") {
         bench_surgery();
         return 0;
     }
     if (argc > 2 && std::string(argv[1]) == "f32") {
         for (const ChapterModel& m : chapter_models()) bench_f32(m, argv[2]);
+        bench_gpt(argv[2]);
         return 0;
     }
     for (const ChapterModel& m : chapter_models())  // cifar_net_l06's: bench_surgery, beside its halved twin's
@@ -327,6 +361,7 @@ int main(int argc, char** argv) {
     bench_precisions(chapter_model("lenet"));
     bench_precisions(chapter_model("cifar_net"));
     bench_f32(chapter_model("mobilenet_v2"));
+    bench_gpt();
     bench_winograd();
     bench_surgery();
     return 0;

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # run.sh — `make bench`: runs every benchmark binary in BUILD/bench (each prints lines
 # "bench <name>: <value> <unit>"), then the PyTorch references of the chapter models
-# (bench/torch_train.py: the MLP, the CIFAR nets, MobileNetV2; bench/torch_lenet.py: LeNet) in
-# the same run at the same thread count, and the ratios kiln / PyTorch ("..._vs_torch"). Then
+# (bench/torch_train.py: the MLP, the CIFAR nets, MobileNetV2; bench/torch_lenet.py: LeNet;
+# bench/torch_gpt.py: chapter 14's GPT, in tokens a second) in the same run at the same thread
+# count, and the ratios kiln / PyTorch ("..._vs_torch"). Then
 # every chapter model again, kiln's and PyTorch's, in f32:
 #   _avx2   on a CPU with AVX-512, both held to AVX2 (kiln by KILN_CPU=avx2, PyTorch's oneDNN
 #           and OpenBLAS by their own variables): what a learner's AVX2 CPU would compare,
@@ -22,7 +23,7 @@ done
 
 # PyTorch on the same machine, same threads (Debian's python3-torch).
 py=/usr/bin/python3   # Debian's python, where python3-torch is installed
-models="mlp lenet cifar_net_l06 cifar_net mobilenet_v2"  # as bench_train names them
+models="mlp lenet cifar_net_l06 cifar_net mobilenet_v2 gpt"  # as bench_train names them
 # torch MODEL: PyTorch's training line for the chapter model MODEL (batch sizes as bench_train's).
 torch() {
     case $1 in
@@ -31,6 +32,7 @@ torch() {
         cifar_net_l06) "$py" bench/torch_train.py cifar_net:32,64,128 "$threads" 128 10 ;;
         cifar_net) "$py" bench/torch_train.py cifar_net "$threads" 256 20 ;;
         mobilenet_v2) "$py" bench/torch_train.py mobilenet_v2 "$threads" 128 20 ;;
+        gpt) "$py" bench/torch_gpt.py --bench 5 --threads "$threads" ;;
     esac
 }
 # figure NAME: the value of the line "bench NAME: <value> <unit>" in $out (empty if none).
@@ -52,7 +54,7 @@ ratio() {
 # then kiln's against it (MODEL_train_cpu SUFFIX _vs_torch). A PyTorch model whose parameters
 # are not as many as kiln's (MODEL_params) is not the same network: its ratio is not printed.
 references() {
-    local m line params kiln_params
+    local m line params kiln_params rate
     for m in $models; do
         if ! line=$(torch "$m"); then
             echo "bench: PyTorch's $m did not run (its error above): no ratio" >&2
@@ -64,7 +66,8 @@ references() {
             echo "bench: PyTorch's $m has ${params:-no count of} parameters, kiln's ${kiln_params:-no count of}: not the same network" >&2
             continue
         fi
-        echo "bench torch_${m}_train_cpu$1: $(grep -oE '[0-9.]+ train img/s' <<< "$line" | cut -d' ' -f1) img/s" | tee -a "$out"
+        rate=$(grep -oE '[0-9.]+ train [a-z]+/s' <<< "$line")  # "1234.5 train img/s" (the GPT's: tok/s)
+        echo "bench torch_${m}_train_cpu$1: ${rate%% *} ${rate##* }" | tee -a "$out"
     done
     for m in $models; do
         ratio "${m}_train_cpu$1_vs_torch" "${m}_train_cpu$1" "torch_${m}_train_cpu$1"

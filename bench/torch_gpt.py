@@ -161,7 +161,8 @@ def load_text(path, limit):
     if limit > 0:
         text = text[:limit]
     chars = sorted(set(text))
-    ids = torch.tensor([{c: i for i, c in enumerate(chars)}[c] for c in text], dtype=torch.long)
+    stoi = {c: i for i, c in enumerate(chars)}
+    ids = torch.tensor([stoi[c] for c in text], dtype=torch.long)
     n = int(len(ids) * 0.9)
     return chars, ids[:n], ids[n:]
 
@@ -253,7 +254,7 @@ def bench(a):
         n += 1
     rate = n * a.batch_size * a.block_size / (time.time() - t)
     params = sum(p.numel() for p in model.parameters())
-    print(f"pytorch {torch.__version__} threads={torch.get_num_threads()} gpt: {rate:.0f} train tokens/s "
+    print(f"pytorch {torch.__version__} threads={torch.get_num_threads()} gpt: {rate:.0f} train tok/s "
           f"(batch {a.batch_size}, context {a.block_size}, {params} parameters)")
 
 
