@@ -147,7 +147,7 @@ TEST_CASE("remove bakes the mask in and makes weight a plain parameter", "[lesso
     REQUIRE(buffer_names(fc).empty());
     REQUIRE_FALSE(prune::is_pruned(fc));
     REQUIRE(values(fc.weight.value) == std::vector<float>{3, 0, 2, -5, 0, 4});
-    REQUIRE_FALSE(fc.weight.pruned.defined());
+    REQUIRE(fc.weight.transforms.empty());
     REQUIRE(values(fc.call(tensor_of({1, 3}, {1, 2, 3}))) == std::vector<float>{9, 7});
     REQUIRE_THROWS_WITH(prune::l1_unstructured(fc, "scale", 1), Contains("no parameter \"scale\""));
 }
@@ -416,7 +416,7 @@ TEST_CASE("a pruned layer on CUDA computes what it does on the CPU", "[lesson10]
     prune::l1_unstructured(moved, "weight", 2);
     moved.to(Device::CUDA);  // ... or before the move: mask and masked weight go along
     REQUIRE(moved.weight.mask.device() == Device::CUDA);
-    REQUIRE(moved.weight.pruned.device() == Device::CUDA);
+    REQUIRE(moved.weight.used().device() == Device::CUDA);
     require_identical(moved.call(x.to(Device::CUDA)), cpu.call(x));
 }
 

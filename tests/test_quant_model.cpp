@@ -25,6 +25,7 @@
 #include "nn/models.h"
 #include "nn/norm.h"
 #include "nn/pool.h"
+#include "nn/prune.h"
 #include "ops/cnn.h"
 #include "ops/quant.h"
 #include "quant/fold.h"
@@ -548,6 +549,53 @@ TEST_CASE("FakeQuantize: the grid of its observed range, and the straight-throug
     require_identical(dx2, test::tensor_of({1, 2}, {0, 8}));  // −50 was clipped: no gradient
 }
 
+// Pruning and quantization-aware training on one weight, each a transform of its own (nn/module.h):
+// the layer computes with fake_quantize(weight_orig ⊙ mask) — the pruned entries stay 0 (the
+// symmetric grid has 0 on it), the others on the i8 grid of the masked weight's channel scales —
+// and after finish() with weight_orig ⊙ mask again.
+TEST_CASE("a pruned weight trains fake-quantized: the transforms compose", "[lesson11][lesson10][qat][prune][cpu]") {
+    Rng rng(17);
+    auto model = lenet(rng);
+    const Tensor x = Tensor::normal({4, 1, 28, 28}, 0, 1, rng);
+    Calibrator cal(*model, QuantConfig{});
+    cal.run(x);
+    const QuantizedNet plan = convert(*model, cal);
+    Conv2d& conv1 = static_cast<Conv2d&>(model->module_at("conv1"));
+    prune::l1_unstructured(conv1, "weight", 0.5);
+    Parameter& w = conv1.weight;
+    const Tensor masked = w.used().to(Device::CPU).clone();  // value ⊙ mask
+    const int64_t C = w.value.size(0), K = w.value.numel() / C;
+    {
+        QuantAwareTraining qat(*model, plan);
+        REQUIRE(w.transforms.size() == 2);
+        CHECK(w.transforms[0].kind == "prune");
+        CHECK(w.transforms[1].kind == "fake_quant");
+        model->train();
+        model->call(x);  // the pre-hook remakes both, in order
+        const Tensor used = w.used().to(Device::CPU), mask = w.mask.to(Device::CPU);
+        int64_t zeros = 0;
+        for (int64_t c = 0; c < C; c++) {
+            float amax = 0;  // the channel's scale from the masked weight, not from weight_orig
+            for (int64_t k = 0; k < K; k++) amax = std::max(amax, std::fabs(masked.data<float>()[c * K + k]));
+            const float scale = amax / 127.5f;
+            for (int64_t k = 0; k < K; k++) {
+                const int64_t i = c * K + k;
+                const float steps = used.data<float>()[i] / scale;
+                CHECK(std::fabs(steps - std::nearbyint(steps)) < 1e-3);
+                CHECK(std::fabs(used.data<float>()[i] - masked.data<float>()[i]) <= 0.5f * scale * 1.0001f);
+                if (mask.data<float>()[i] == 0.0f) {
+                    CHECK(used.data<float>()[i] == 0.0f);
+                    zeros++;
+                }
+            }
+        }
+        CHECK(zeros == w.value.numel() / 2);
+    }
+    REQUIRE(w.transforms.size() == 1);  // pruning's stays
+    model->call(x);
+    require_identical(w.used().to(Device::CPU), masked);
+}
+
 // QuantAwareTraining wraps the range points and hooks the weights; a training step runs; finish()
 // gives back the same tree with the trained weights.
 TEST_CASE("QuantAwareTraining: in, a step of training, and out again", "[lesson11][qat][cpu]") {
@@ -584,7 +632,7 @@ TEST_CASE("QuantAwareTraining: in, a step of training, and out again", "[lesson1
         REQUIRE(conv1 != nullptr);
         // The layer computed with its weight on the i8 grid: each value a multiple of its channel's scale.
         const Tensor used = conv1->weight.used().to(Device::CPU), w = conv1->weight.value.to(Device::CPU);
-        CHECK(conv1->weight.pruned.defined());
+        CHECK(conv1->weight.has_transform("fake_quant"));
         float amax = 0;
         for (int64_t i = 0; i < 25; i++) amax = std::max(amax, std::fabs(w.data<float>()[i]));
         const float scale = amax / 127.5f;
@@ -607,6 +655,6 @@ TEST_CASE("QuantAwareTraining: in, a step of training, and out again", "[lesson1
     for (auto& [name, p] : model->named_parameters()) names_after.push_back(name);
     CHECK(names_after == names_before);
     Conv2d& conv1 = static_cast<Conv2d&>(model->module_at("conv1"));
-    CHECK_FALSE(conv1.weight.pruned.defined());
+    CHECK(conv1.weight.transforms.empty());
     CHECK(conv1.weight.value.to(Device::CPU).data<float>()[0] == w_before.data<float>()[0] + 1.0f);
 }

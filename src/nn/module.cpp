@@ -2,6 +2,8 @@
 // walks over the tree (train, zero_grad, to, counting).
 #include "nn/module.h"
 
+#include <algorithm>
+
 #include "ops/ops.h"
 
 namespace kiln {
@@ -133,6 +135,41 @@ void HookHandle::remove() {
     drop(hooks->backward_pre);
     drop(hooks->backward);
     if (hooks->empty()) hooks.reset();  // back to the hook-free path
+}
+
+// ---- weight transforms ---------------------------------------------------------------------
+void Parameter::add_transform(Module& layer, std::string kind, TransformFn apply) {
+    KILN_CHECK(!has_transform(kind), name, ": it already has a \"", kind, "\" transform");
+    Tensor out = Tensor::empty(value.shape(), DType::F32, value.device(), Category::Parameter);
+    transforms.push_back({std::move(kind), std::move(apply), std::move(out)});
+    if (!transform_hook.empty()) return;
+    Parameter* self = this;  // a layer's member: lives as long as the layer and its hooks
+    transform_hook.push_back(layer.register_forward_pre_hook([self](Module&, const Tensor&) {
+        self->refresh_transforms();
+    }));
+}
+
+void Parameter::remove_transform(const std::string& kind) {
+    auto it = std::find_if(transforms.begin(), transforms.end(), [&](const WeightTransform& t) { return t.kind == kind; });
+    KILN_CHECK(it != transforms.end(), name, ": no \"", kind, "\" transform to remove");
+    transforms.erase(it);
+    if (!transforms.empty()) return refresh_transforms();
+    for (HookHandle& h : transform_hook) h.remove();
+    transform_hook.clear();
+}
+
+bool Parameter::has_transform(const std::string& kind) const {
+    for (const WeightTransform& t : transforms)
+        if (t.kind == kind) return true;
+    return false;
+}
+
+void Parameter::refresh_transforms() {
+    const Tensor* in = &value;
+    for (WeightTransform& t : transforms) {
+        t.apply(*in, t.out);
+        in = &t.out;
+    }
 }
 
 // ---- the tree ------------------------------------------------------------------------------
@@ -286,8 +323,8 @@ void Module::to(Device device) {
         }
     }
     for (auto& [name, t] : named_buffers()) *t = t->to(device);
-    for (Parameter* p : parameters())  // a pruned parameter's value ⊙ mask (nn/prune.h)
-        if (p->pruned.defined()) p->pruned = p->pruned.to(device);
+    for (Parameter* p : parameters())  // the weight transforms' results (pruning's, QAT's)
+        for (WeightTransform& t : p->transforms) t.out = t.out.to(device);
 }
 
 // ---- slabs ---------------------------------------------------------------------------------

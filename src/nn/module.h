@@ -127,6 +127,18 @@ private:
     uint64_t id_;
 };
 
+// A weight transform: what a layer computes with, made from its parameter before each forward —
+// pruning's masked weight, out = in ⊙ mask (nn/prune.h, chapter 10), and quantization-aware
+// training's rounded one, out = fake_quantize(in) (quant/qat.h, chapter 11). A parameter's
+// transforms compose in the order they were added, each reading the one before's result: a
+// pruned, then fake-quantized weight is fake_quantize(value ⊙ mask).
+using TransformFn = std::function<void(const Tensor& in, Tensor& out)>;  // out = f(in), in's shape
+struct WeightTransform {
+    std::string kind;  // who added it: "prune", "fake_quant"
+    TransformFn apply;
+    Tensor out;        // its result: Category::Parameter, allocated once, lives from step to step
+};
+
 // A learnable tensor and the gradient of the loss with respect to it (same shape).
 struct Parameter {
     std::string name;  // its full name in the model's tree ("fc1.weight"); "weight" on its own
@@ -135,15 +147,28 @@ struct Parameter {
 
     // Pruning (nn/prune.h, chapter 10) sets the rest; they stay empty otherwise. A pruned
     // parameter is listed as "<name>_orig", its mask (0s and 1s, value's shape) as the buffer
-    // "<name>_mask", and the layer computes with pruned = value ⊙ mask, remade by a forward
-    // pre-hook before every forward; a backward hook then multiplies grad by the mask.
-    // Quantization-aware training (quant/qat.h, chapter 11) uses `pruned` too, without a mask:
-    // the weight rounded to 8 bits, remade by its own pre-hook.
-    Tensor mask = {}, pruned = {};
+    // "<name>_mask", and it has a "prune" transform (value ⊙ mask); a backward hook multiplies
+    // grad by the mask.
+    Tensor mask = {};
     std::vector<HookHandle> prune_hooks = {};
 
-    // What a layer computes with: value, or pruned when set (value ⊙ mask, or the rounded weight).
-    const Tensor& used() const { return pruned.defined() ? pruned : value; }
+    // The transforms, in order, and the forward pre-hook on their layer that remakes them all
+    // before each of its forwards (there while there is a transform).
+    std::vector<WeightTransform> transforms = {};
+    std::vector<HookHandle> transform_hook = {};
+
+    // What a layer computes with: value, or the last transform's result.
+    const Tensor& used() const { return transforms.empty() ? value : transforms.back().out; }
+    // Appends a transform of kind `kind`, its result allocated like value; the first one also
+    // registers the pre-hook on `layer` (the module that owns this parameter). The result is
+    // made by the next refresh_transforms() (the pre-hook's).
+    void add_transform(Module& layer, std::string kind, TransformFn apply);
+    // Removes the transform of kind `kind` (an error if there is none) and remakes the rest; the
+    // last one out takes the pre-hook with it.
+    void remove_transform(const std::string& kind);
+    bool has_transform(const std::string& kind) const;
+    // transforms[0].out = f0(value), transforms[1].out = f1(transforms[0].out), ...
+    void refresh_transforms();
 };
 
 class Module {

@@ -68,27 +68,25 @@ static std::vector<float> current_weight(const Parameter& p) {
 }
 
 // Installs `mask` (value's shape, 0s and 1s) on m's parameter `name`. The first time:
-//   "name" -> "name_orig", buffer "name_mask", p.pruned = value ⊙ mask, and the two hooks.
+//   "name" -> "name_orig", buffer "name_mask", the "prune" transform W = W_orig ⊙ mask
+//   (Parameter::add_transform: remade before every forward), and the backward hook.
 static void apply_mask(Module& m, const std::string& name, const std::vector<float>& mask) {
     Parameter& p = find(m, name);
     Tensor host = Tensor::empty(p.value.shape());
     std::copy(mask.begin(), mask.end(), host.data<float>());
     if (p.mask.defined()) {  // pruned before: the same tensors, a new mask
         p.mask.copy_from(host);
-        mul_into(p.value, p.mask, p.pruned);
+        p.refresh_transforms();
         return;
     }
     const Device device = p.value.device();
     p.mask = Tensor::empty(p.value.shape(), DType::F32, device, Category::Parameter);
     p.mask.copy_from(host);
-    p.pruned = Tensor::empty(p.value.shape(), DType::F32, device, Category::Parameter);
-    mul_into(p.value, p.mask, p.pruned);
+    Parameter* q = &p;  // a layer's member: lives as long as the layer and its hooks
+    p.add_transform(m, "prune", [q](const Tensor& w, Tensor& out) { mul_into(w, q->mask, out); });  // W = W_orig ⊙ mask
+    p.refresh_transforms();
     m.rename_parameter(name, name + "_orig");
     m.add_buffer(name + "_mask", p.mask);
-    Parameter* q = &p;  // a layer's member: lives as long as the layer and its hooks
-    p.prune_hooks.push_back(m.register_forward_pre_hook([q](Module&, const Tensor&) {
-        mul_into(q->value, q->mask, q->pruned);  // W = W_orig ⊙ mask
-    }));
     p.prune_hooks.push_back(m.register_backward_hook([q](Module&, const Tensor&, Tensor&) {
         mul_into(q->grad, q->mask, q->grad);  // dL/dW_orig = dL/dW ⊙ mask
     }));
@@ -214,8 +212,8 @@ void remove(Module& m, const std::string& name) {
     p->prune_hooks.clear();
     m.remove_buffer(name + "_mask");
     m.rename_parameter(name + "_orig", name);
+    p->remove_transform("prune");
     p->mask = Tensor();
-    p->pruned = Tensor();
 }
 
 // ---- global -------------------------------------------------------------------------------

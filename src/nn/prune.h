@@ -10,9 +10,10 @@
 //
 //   before:  parameter "weight"  ──────────────────────────────> the layer computes with it
 //   after:   parameter "weight_orig" (all values, learned) ─┐
-//            buffer    "weight_mask" (0 or 1 per entry)  ───┴─ ⊙ ─> weight.pruned, remade by a
-//                                                                   forward pre-hook before
-//                                                                   every forward
+//            buffer    "weight_mask" (0 or 1 per entry)  ───┴─ ⊙ ─> the "prune" weight transform
+//                                                                   (nn/module.h), remade before
+//                                                                   every forward; the layer reads
+//                                                                   it as weight.used()
 //   backward: dL/d weight_orig = dL/dW ⊙ mask   (a backward hook): pruned entries get no
 //             gradient, so they stay pruned however long training goes on.
 //

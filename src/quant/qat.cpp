@@ -36,18 +36,26 @@ Tensor FakeQuantize::backward(const Tensor& dy) {
 // ==== putting it in and taking it out ======================================================================
 namespace {
 
-// The weight rounded to i8 per output channel and back, scale_c = max |w_c| / 127.5, into
-// p.pruned (allocated once, outside any step's arena: it lives from step to step).
-void fake_quantize_weight(Parameter& p) {
+// The "fake_quant" weight transform of p: w (p's value, or a transform's result before this one,
+// e.g. pruning's value ⊙ mask) rounded to i8 per output channel and back, scale_c = max |w_c| /
+// 127.5, into `out` (the transform's own tensor, outside any step's arena: it lives from step to
+// step).
+void fake_quantize_weight(const Parameter& p, const Tensor& w, Tensor& out) {
     PerChannelMinMaxObserver obs(0, kWeightQmin, kWeightQmax, true);
     obs.set_name(p.name);
-    obs.observe(p.value);
+    obs.observe(w);
     const std::vector<QParams> qp = obs.qparams_per_channel();
     const int64_t C = int64_t(qp.size());
     Tensor scale = Tensor::empty({C}), zero = Tensor::zeros({C}, DType::I32);
     for (int64_t c = 0; c < C; c++) scale.data<float>()[c] = qp[c].scale;
-    const Device d = p.value.device();
-    p.pruned.copy_from(fake_quantize(p.value, scale.to(d), zero.to(d), 0, kWeightQmin, kWeightQmax));
+    const Device d = w.device();
+    out.copy_from(fake_quantize(w, scale.to(d), zero.to(d), 0, kWeightQmin, kWeightQmax));
+}
+
+// The weight of a Conv2d or Linear, pruned ("weight_orig" then) or not.
+Parameter* weight_of(Module& m) {
+    Parameter* w = m.own_parameter("weight");
+    return w ? w : m.own_parameter("weight_orig");
 }
 
 // The module at `path` replaced by a Sequential of it and a FakeQuantize (after it, or before it
@@ -82,11 +90,11 @@ QuantAwareTraining::QuantAwareTraining(Module& model, const QuantizedNet& plan, 
     }
     for (auto& [name, m] : model.named_modules()) {
         if (!dynamic_cast<Conv2d*>(m) && !dynamic_cast<Linear*>(m)) continue;
-        Parameter* w = m->own_parameter("weight");
-        KILN_CHECK(w != nullptr && !w->mask.defined(), name, ": its weight is pruned (or renamed); bake the mask in "
-                   "with prune::remove before quantization-aware training");
-        w->pruned = Tensor::empty(w->value.shape(), DType::F32, w->value.device(), Category::Parameter);
-        weight_hooks_.emplace_back(w, m->register_forward_pre_hook([w](Module&, const Tensor&) { fake_quantize_weight(*w); }));
+        Parameter* w = weight_of(*m);
+        KILN_CHECK(w != nullptr, name, ": it has no parameter \"weight\" (nor a pruned \"weight_orig\")");
+        // After pruning's transform, if any: the layer computes with fake_quantize(value ⊙ mask).
+        w->add_transform(*m, "fake_quant", [w](const Tensor& in, Tensor& out) { fake_quantize_weight(*w, in, out); });
+        weights_.push_back(w);
     }
     model.pack();
 }
@@ -94,10 +102,7 @@ QuantAwareTraining::QuantAwareTraining(Module& model, const QuantizedNet& plan, 
 void QuantAwareTraining::finish() {
     if (finished_) return;
     finished_ = true;
-    for (auto& [p, hook] : weight_hooks_) {
-        hook.remove();
-        p->pruned = Tensor();
-    }
+    for (Parameter* p : weights_) p->remove_transform("fake_quant");
     for (size_t i = 0; i < quantizers_.size(); i++)
         if (quantizers_[i]->observed()) ranges_[range_layers_[i]] = quantizers_[i]->qparams();
     for (auto it = wrapped_.rbegin(); it != wrapped_.rend(); ++it) {

@@ -11,9 +11,10 @@
 // Fake quantization (ops/quant.h fake_quantize) is y = dequantize(quantize(x)) in f32: the value
 // the int8 network would see, as a float. Two kinds, as PyTorch's prepare_qat puts them:
 //   weights      every Conv2d and Linear computes with its weight rounded to 8 bits per output
-//                channel (symmetric, the scale from the channel's current max |w|), remade by a
-//                forward pre-hook each step into Parameter::pruned, which the layer reads through
-//                used(); the f32 weight stays the one the optimizer updates
+//                channel (symmetric, the scale from the channel's current max |w|): the weight's
+//                "fake_quant" transform (Parameter::add_transform, nn/module.h), remade before
+//                each forward, which the layer reads through used(); the f32 weight stays the
+//                one the optimizer updates. After pruning's transform it rounds value ⊙ mask.
 //   activations  a FakeQuantize after every layer whose output gets a range of its own in the
 //                int8 network (QStep::range_layer), and one before the first layer for the input:
 //                the layer at that path becomes a Sequential {"layer", "fake_quant"}
@@ -51,8 +52,8 @@ private:
 
 // Puts fake quantization into `model` where `plan` (the model's int8 network, from convert) has
 // its ranges, packs the model for training, and takes it all out again when it goes (or at
-// finish()). The model must stay alive while this does. A pruned weight is refused: bake the mask
-// in first (prune::remove).
+// finish()). The model must stay alive while this does. A pruned weight trains pruned and
+// rounded: fake_quantize(weight_orig ⊙ mask).
 class QuantAwareTraining {
 public:
     QuantAwareTraining(Module& model, const QuantizedNet& plan, QuantConfig config = {});
@@ -73,7 +74,7 @@ private:
     std::vector<std::string> wrapped_;  // paths now holding {"layer", "fake_quant"} (or the reverse)
     std::vector<std::string> range_layers_;  // the layer each wrapped path's fake quantizer stands for
     std::vector<FakeQuantize*> quantizers_;  // and the fake quantizer (owned by the model until finish)
-    std::vector<std::pair<Parameter*, HookHandle>> weight_hooks_;
+    std::vector<Parameter*> weights_;  // each with a "fake_quant" transform until finish()
     bool finished_ = false;
 };
 
