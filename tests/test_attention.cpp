@@ -13,7 +13,7 @@
 //
 // ---- f16 and bf16 (chapter 09's bound) ---------------------------------------------------------
 // With q, k, v rounded to T first, both runs start from the same numbers. An output element
-// o_id = Σ_j Pd_ij v_jd is bounded as test_lowp_ops.cpp bounds a sum, with S = Σ_j Pd_ij |v_jd|:
+// o_id = Σ_j Pd_ij v_jd is bounded as lowp_check.h bounds a sum, with S = Σ_j Pd_ij |v_jd|:
 //   |o_T − o_f32| ≤ (r·u + 2·n·2^-24)·S + tiny
 // r = 1 for flash (o rounded once), 2 for the textbook version (P is stored in T, then o is
 // rounded), n = Tk terms. A gradient is a sum of products with more stages: for dq_id =

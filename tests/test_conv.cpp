@@ -1,6 +1,7 @@
 // test_conv.cpp — Conv2d (chapter 03) against a direct 7-loop convolution, finite differences,
 // the bounded workspace, thread-count determinism and error messages; the Winograd path
-// (ops/cpu/winograd.cpp) against the same reference, and its choice of shapes.
+// (ops/cpu/winograd.cpp) against the same reference, and its choice of shapes; f16 and bf16
+// against f32 within the bound of lowp_check.h, every strategy, CPU (AMX emulated too) and CUDA.
 //
 // Run: make build/tests/kiln_tests && build/tests/kiln_tests '[conv]'
 #include <algorithm>
@@ -11,10 +12,13 @@
 #include <omp.h>
 
 #include "gradcheck.h"
+#include "lowp_check.h"
 #include "nn/conv.h"
-#include "ops/kernels/all.h"
+#include "ops/cnn.h"
+#include "ops/cpu/gemm.h"
 #include "ops/cpu/short_rows.h"
 #include "ops/cpu/winograd.h"
+#include "ops/kernels/all.h"
 
 using namespace kiln;
 
@@ -563,4 +567,98 @@ TEST_CASE("conv2d_backward's db: the bits of its stated order, f32, f16 and bf16
             CHECK(std::memcmp(got.data<float>() + o, want.data<float>(), sizeof(float)) == 0);
         }
     }
+}
+
+// ---- f16 and bf16 (chapter 09): within the bound of f32 (lowp_check.h) ----------------------------
+namespace {
+
+using namespace test::lowp;
+
+struct ConvCase {
+    const char* what;
+    int64_t N, C, H, W, O, K, stride, padding, groups;
+    bool bias;
+};
+
+// Each forward strategy: CPU Im2col, Pointwise, Depthwise; CUDA implicit GEMM (Og < 64) and im2col
+// (Og ≥ 64). Backward: the CPU's three paths and CUDA's one.
+const ConvCase kConvCases[] = {
+    // what                                         N  C  H  W   O  K  s  pad G  bias
+    {"3x3 pad 1: CPU im2col, CUDA implicit GEMM", 2, 3, 6, 5, 5, 3, 1, 1, 1, true},
+    {"3x3 stride 2, O = 64: im2col on both", 2, 2, 5, 6, 64, 3, 2, 1, 1, true},
+    {"1x1: CPU pointwise", 3, 4, 3, 4, 6, 1, 1, 0, 1, false},
+    {"depthwise 3x3: CPU direct loops", 2, 4, 5, 5, 4, 3, 1, 1, 4, true},
+};
+
+OpCheck conv_check(const ConvCase& k, const LowType& t) {
+    Rng rng(5);
+    const Tensor x = values_in(t, {k.N, k.C, k.H, k.W}, -1, 1, rng);
+    const Tensor w = values_in(t, {k.O, k.C / k.groups, k.K, k.K}, -1, 1, rng);
+    const Tensor b = k.bias ? values_in(t, {k.O}, -1, 1, rng) : Tensor();
+    Conv2dArgs a;
+    a.stride = k.stride, a.padding = k.padding, a.groups = k.groups;
+    const Tensor y0 = conv2d(x, w, b, a);
+    const Tensor dy = values_in(t, y0.shape(), -1, 1, rng);
+
+    // y, dw, db, dx of the op in dtype on device
+    auto run = [=](Device device, DType dt) {
+        auto in = [&](const Tensor& v) { return v.defined() ? v.to(dt).to(device) : Tensor(); };
+        const Tensor xd = in(x), wd = in(w), dyd = in(dy);
+        Tensor dw = Tensor::zeros(w.shape(), dt, device), db = k.bias ? Tensor::zeros({k.O}, dt, device) : Tensor();
+        const Tensor y = conv2d(xd, wd, in(b), a);
+        const Tensor dx = conv2d_backward(xd, wd, dyd, dw, db, true, a);
+        std::vector<Tensor> out{host_f32(y), host_f32(dw), host_f32(dx)};
+        if (k.bias) out.push_back(host_f32(db));
+        return out;
+    };
+    // Σ|terms|: the f32 op on absolute values
+    Tensor S_dw = Tensor::zeros(w.shape()), S_db = k.bias ? Tensor::zeros({k.O}) : Tensor();
+    const Tensor S_y = conv2d(abs_of(x), abs_of(w), k.bias ? abs_of(b) : Tensor(), a);
+    const Tensor S_dx = conv2d_backward(abs_of(x), abs_of(w), abs_of(dy), S_dw, S_db, true, a);
+    const double PQ = double(y0.size(2) * y0.size(3)), Kc = double(k.C / k.groups * k.K * k.K);
+    const bool cpu_pointwise = k.K == 1 && k.groups == 1;
+    std::vector<Bound> bounds{
+        {S_y, Kc + 1, 1, 1},
+        {S_dw, double(k.N) * PQ, cpu_pointwise ? double(k.N) : 1.0, 1},
+        {S_dx, double(k.O / k.groups * k.K * k.K), 2, 2},
+    };
+    if (k.bias) bounds.push_back({S_db, double(k.N) * PQ, 1, 1});
+    return {run, bounds};
+}
+
+void conv_checks(Device device) {
+    for (const ConvCase& k : kConvCases) {
+        SECTION(k.what) { check_op(device, [&](const LowType& t) { return conv_check(k, t); }); }
+    }
+}
+
+}  // namespace
+
+TEST_CASE("f16 and bf16 conv2d on the CPU, every strategy, forward and backward, within the bound of f32",
+          "[lowp][lesson09][cpu][conv]") {
+    conv_checks(Device::CPU);
+}
+
+TEST_CASE("f16 and bf16 conv2d on CUDA, both strategies, forward and backward, within the bound of f32 and the CPU",
+          "[lowp][lesson09][cuda][conv]") {
+    conv_checks(Device::CUDA);
+}
+
+TEST_CASE("bf16 conv2d on AMX tiles (emulated), every strategy, forward and backward, within the bound of f32",
+          "[lowp][lesson09][cpu][conv][amx]") {
+    const test::AmxEmulation emulated;
+    REQUIRE(std::string(cpu::gemm_path<bf16>(cpu_level())) == "amx-bf16-emulated");
+    for (const ConvCase& k : kConvCases) {
+        SECTION(k.what) { check_against_f32(conv_check(k, kBF16), Device::CPU, kBF16); }
+    }
+}
+
+TEST_CASE("lowp conv2d: a mixed pair names the tensor", "[lowp][lesson09][cpu][conv]") {
+    using Catch::Matchers::Contains;
+    const Tensor x = Tensor::zeros({2, 3, 6, 6}, DType::F16), w = Tensor::zeros({4, 3, 3, 3});
+    REQUIRE_THROWS_WITH(conv2d(x, w, Tensor(), {}), Contains("conv2d") && Contains("'w' is f32") &&
+                                                        Contains("'x' is f16") && Contains(".to(DType::"));
+    Tensor dw = Tensor::zeros({4, 3, 3, 3}, DType::BF16), db;
+    REQUIRE_THROWS_WITH(conv2d_backward(x, w.to(DType::F16), Tensor::zeros({2, 4, 4, 4}, DType::F16), dw, db, true, {}),
+                        Contains("conv2d_backward") && Contains("'dw' is bf16"));
 }

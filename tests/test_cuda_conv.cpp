@@ -243,7 +243,7 @@ TEST_CASE("cuda Conv2d refuses tensors on another device, saying to move the mod
 // for these shapes (and no workspace: col is null here), against cpu::conv2d_* (its own direct
 // depthwise loops). In f32 the forward and dx add in the CPU's order (bias, then the taps in
 // (kh, kw) order); dw sums in double on the GPU: within kRelTol. f16 and bf16 against the f32 CPU
-// on the same values, within the rounding bound of test_lowp_ops.cpp's header:
+// on the same values, within the rounding bound of lowp_check.h's header:
 //   |got − want| ≤ (u + 2·n·2^-24)·S + tiny      S = Σ|terms| (the f32 op on absolute values),
 // n the terms of the sum, u and tiny of T; each result is rounded to T once (r = 1, dx included).
 namespace {

@@ -2,8 +2,8 @@
 // cuda/elementwise.cu; the layer in nn/misc.h; chapter 06), every backend in one file: the exact
 // erf form by hand, the CPU kernels against the formulas in double, finite differences, and the
 // CUDA kernels (on the emulator without a GPU, under two schedules) against the CPU within 2e-6
-// absolute (the device's erff/expf against the CPU's 1e-6-accurate approximations). The f16 and
-// bf16 cases are in test_lowp_ops.cpp, beside the other ops' low-precision bounds.
+// absolute (the device's erff/expf against the CPU's 1e-6-accurate approximations); in f16 and
+// bf16 against f32, within the bound of lowp_check.h, on both.
 //
 //   make test T='[gelu]'
 #include <algorithm>
@@ -17,7 +17,9 @@
 #include "core/tensor.h"
 #include "fixtures.h"
 #include "gradcheck.h"
+#include "lowp_check.h"
 #include "nn/misc.h"
+#include "ops/cnn.h"
 #include "ops/kernels/all.h"
 
 using namespace kiln;
@@ -79,4 +81,32 @@ TEST_CASE("cuda GELU matches the CPU", "[cuda][gelu][lesson06]") {
             require_close(gpu_gelu.backward(dy.to(Device::CUDA)), dx, 0.0, 2e-6);
         });
     }
+}
+
+// ---- f16 and bf16 (chapter 09): within the bound of f32 (lowp_check.h) ----------------------------
+namespace {
+
+using namespace test::lowp;
+
+// GELU: one f32 expression per element, rounded once.
+OpCheck gelu_check(const LowType& t) {
+    Rng rng(11);
+    const Tensor x = values_in(t, {3, 70}, -4, 4, rng), dy = values_in(t, {3, 70}, -1, 1, rng);
+    auto run = [=](Device device, DType dt) {
+        const Tensor xd = x.to(dt).to(device);
+        return std::vector<Tensor>{host_f32(gelu(xd)), host_f32(gelu_backward(xd, dy.to(dt).to(device)))};
+    };
+    const std::vector<Tensor> ref = run(Device::CPU, DType::F32);
+    const double gap = 2e-6;  // the CPU's erf and exp against the device's (test_cuda_layers.cpp)
+    return {run, {{abs_of(ref[0]), 2, 1, 1, gap}, {abs_of(ref[1]), 2, 1, 1, gap}}};
+}
+
+}  // namespace
+
+TEST_CASE("f16 and bf16 GELU on the CPU within the bound of f32", "[lowp][lesson09][cpu][gelu]") {
+    check_op(Device::CPU, gelu_check);
+}
+
+TEST_CASE("f16 and bf16 GELU on CUDA within the bound of f32 and the CPU", "[lowp][lesson09][cuda][gelu]") {
+    check_op(Device::CUDA, gelu_check);
 }

@@ -2,7 +2,8 @@
 // statistics, eval mode, a double-precision reference, finite differences, threads, errors.
 // LayerNorm: a case computed by hand (forward and backward), finite differences, threads, errors;
 // and on CUDA (cuda/norm.cu): the CPU's results on edge shapes, the same bits under two schedules,
-// finite differences on the device. The f16/bf16 cases are in test_lowp_ops.cpp.
+// finite differences on the device. Both in f16 and bf16 (chapter 09) against f32, within the
+// bound of lowp_check.h, on the CPU and CUDA.
 //
 // Run: make build/tests/kiln_tests && build/tests/kiln_tests '[batchnorm]'   (or '[layernorm]')
 #include <cmath>
@@ -15,6 +16,7 @@
 #include "core/rng.h"
 #include "fixtures.h"
 #include "gradcheck.h"
+#include "lowp_check.h"
 #include "nn/norm.h"
 #include "ops/cnn.h"
 
@@ -306,4 +308,124 @@ TEST_CASE("cuda layer norm gradients match finite differences", "[cuda][layernor
     ln.weight.value = Tensor::uniform({6}, 0.5f, 1.5f, rng);
     ln.to(Device::CUDA);
     check_module_gradients(ln, Tensor::normal({3, 2, 6}, 0.0f, 1.5f, rng).to(Device::CUDA), 4);
+}
+
+// ---- f16 and bf16 (chapter 09): within the bound of f32 (lowp_check.h) ----------------------------
+namespace {
+
+using namespace test::lowp;
+
+// x, y, dy, dx in T; gamma, beta, the statistics, dgamma and dbeta f32 in both runs. The
+// statistics are sums of the same values in f32 or double on both sides (r = 0, n = the M values
+// of a channel); y and dx are one f32 expression of them, rounded once (S = |y|, n = 2: the
+// reference's last two operations and the T side's); dgamma = Σ dy·x̂ and dbeta = Σ dy over M.
+struct NormInputs {
+    Tensor x, gamma, beta, dy;
+};
+
+NormInputs norm_inputs(const LowType& t, const Shape& xs, int64_t features, uint64_t seed) {
+    Rng rng(seed);
+    // x off-centre (mean about 1, std about 1.2); gamma and beta stay f32 in every run
+    return {values_in(t, xs, -1, 3, rng), Tensor::uniform({features}, 0.5f, 1.5f, rng),
+            Tensor::uniform({features}, -0.5f, 0.5f, rng), values_in(t, xs, -1, 1, rng)};
+}
+
+// Σ|dy| and Σ|dy·x̂| per feature, for dbeta's and dgamma's bounds: the f32 backward on |dy| with
+// x̂ replaced by |x̂| is not an op, so the two sums are taken here, with (x, mean, invstd) laid
+// out as `feature_of(i)` and `group_of(i)` say.
+struct ParamSums {
+    Tensor dbeta, dgamma;
+};
+ParamSums param_sums(const Tensor& x, const Tensor& dy, const Tensor& mean, const Tensor& invstd, int64_t features,
+                     const std::function<int64_t(int64_t)>& feature_of, const std::function<int64_t(int64_t)>& group_of) {
+    ParamSums s{Tensor::zeros({features}), Tensor::zeros({features})};
+    const float *xv = x.data<float>(), *g = dy.data<float>(), *m = mean.data<float>(), *is = invstd.data<float>();
+    for (int64_t i = 0; i < x.numel(); i++) {
+        const int64_t f = feature_of(i), r = group_of(i);
+        s.dbeta.data<float>()[f] += std::fabs(g[i]);
+        s.dgamma.data<float>()[f] += std::fabs(g[i] * (xv[i] - m[r]) * is[r]);
+    }
+    return s;
+}
+
+OpCheck batchnorm_check(const LowType& t) {
+    const int64_t N = 3, C = 4, H = 3, W = 5, S = H * W;
+    const NormInputs in = norm_inputs(t, {N, C, H, W}, C, 9);
+    auto run = [=](Device device, DType dt) {
+        auto f32 = [&](const Tensor& v) { return v.to(device); };
+        Tensor rm = Tensor::zeros({C}, DType::F32, device), rv = Tensor::ones({C}, DType::F32, device);
+        Tensor mean, invstd;
+        const Tensor xd = in.x.to(dt).to(device);
+        const Tensor y = batchnorm_train(xd, f32(in.gamma), f32(in.beta), rm, rv, 1e-5f, 0.1f, &mean, &invstd);
+        const Tensor ye = batchnorm_eval(xd, f32(in.gamma), f32(in.beta), rm, rv, 1e-5f);
+        Tensor dgamma = Tensor::zeros({C}, DType::F32, device), dbeta = Tensor::zeros({C}, DType::F32, device);
+        const Tensor dx = batchnorm_backward(in.dy.to(dt).to(device), xd, f32(in.gamma), mean, invstd, dgamma, dbeta);
+        return std::vector<Tensor>{host_f32(y),  host_f32(mean),   host_f32(invstd), host_f32(rm),   host_f32(rv),
+                                   host_f32(ye), host_f32(dx), host_f32(dgamma), host_f32(dbeta)};
+    };
+    const std::vector<Tensor> ref = run(Device::CPU, DType::F32);
+    const ParamSums ps = param_sums(
+        in.x, in.dy, ref[1], ref[2], C, [&](int64_t i) { return i / S % C; }, [&](int64_t i) { return i / S % C; });
+    const double M = double(N * S), gap = 1e-5;  // test_cuda_layers.cpp's relative tolerance for batch norm
+    auto b = [&](const Tensor& s, double n, double r) { return Bound{s, n, r, r, gap * max_abs(s)}; };
+    return {run,
+            {b(abs_of(ref[0]), 2, 1), b(abs_of(ref[1]), M, 0), b(abs_of(ref[2]), M, 0), b(abs_of(ref[3]), M, 0),
+             b(abs_of(ref[4]), M, 0), b(abs_of(ref[5]), 2, 1), b(abs_of(ref[6]), 2, 1), b(ps.dgamma, M, 0),
+             b(ps.dbeta, M, 0)}};
+}
+
+OpCheck layernorm_check(const LowType& t) {
+    const int64_t R = 6, D = 20;
+    const NormInputs in = norm_inputs(t, {2, 3, D}, D, 10);
+    auto run = [=](Device device, DType dt) {
+        Tensor mean, invstd;
+        const Tensor xd = in.x.to(dt).to(device), gamma = in.gamma.to(device);
+        const Tensor y = layernorm(xd, gamma, in.beta.to(device), 1e-5f, &mean, &invstd);
+        Tensor dgamma = Tensor::zeros({D}, DType::F32, device), dbeta = Tensor::zeros({D}, DType::F32, device);
+        const Tensor dx = layernorm_backward(in.dy.to(dt).to(device), xd, gamma, mean, invstd, dgamma, dbeta);
+        return std::vector<Tensor>{host_f32(y),  host_f32(mean),   host_f32(invstd),
+                                   host_f32(dx), host_f32(dgamma), host_f32(dbeta)};
+    };
+    const std::vector<Tensor> ref = run(Device::CPU, DType::F32);
+    const ParamSums ps = param_sums(
+        in.x, in.dy, ref[1], ref[2], D, [&](int64_t i) { return i % D; }, [&](int64_t i) { return i / D; });
+    const double gap = 1e-5;  // as for batch norm
+    auto b = [&](const Tensor& s, double n, double r) { return Bound{s, n, r, r, gap * max_abs(s)}; };
+    // dx = invstd·(g − Σg/D − x̂·Σg·x̂/D): sums of D terms
+    return {run,
+            {b(abs_of(ref[0]), 2, 1), b(abs_of(ref[1]), double(D), 0), b(abs_of(ref[2]), double(D), 0),
+             b(abs_of(ref[3]), double(D) + 2, 1), b(ps.dgamma, double(R), 0), b(ps.dbeta, double(R), 0)}};
+}
+
+void norm_checks(Device device) {
+    check_op(device, batchnorm_check);
+    check_op(device, layernorm_check);
+}
+
+}  // namespace
+
+TEST_CASE("f16 and bf16 batch and layer norm on the CPU, statistics in f32, within the bound of f32",
+          "[lowp][lesson09][cpu][batchnorm][layernorm]") {
+    norm_checks(Device::CPU);
+}
+
+TEST_CASE("f16 and bf16 batch and layer norm on CUDA, statistics in f32, within the bound of f32 and the CPU",
+          "[lowp][lesson09][cuda][batchnorm][layernorm]") {
+    norm_checks(Device::CUDA);
+}
+
+TEST_CASE("lowp norms: a parameter in f16 or bf16 is an error; f32 parameters with f16 activations run",
+          "[lowp][lesson09][cpu][batchnorm][layernorm]") {
+    using Catch::Matchers::Contains;
+    const Tensor x = Tensor::zeros({2, 3, 6, 6}, DType::F16);
+    Tensor mean = Tensor::zeros({3}), var = Tensor::ones({3}), save_mean, save_invstd;
+    REQUIRE_THROWS_WITH(batchnorm_train(x, Tensor::ones({3}, DType::F16), Tensor::zeros({3}), mean, var, 1e-5f, 0.1f,
+                                        &save_mean, &save_invstd),
+                        Contains("batchnorm_train") && Contains("'gamma' is f16") && Contains("should be f32") &&
+                            Contains("(here f16)"));
+    REQUIRE_THROWS_WITH(layernorm(x, Tensor::ones({6}), Tensor::zeros({6}, DType::BF16), 1e-5f, &save_mean,
+                                  &save_invstd),
+                        Contains("layernorm") && Contains("'beta' is bf16") && Contains("should be f32"));
+    // f32 parameters with f16 activations are the contract: this one runs
+    REQUIRE(batchnorm_eval(x, Tensor::ones({3}), Tensor::zeros({3}), mean, var, 1e-5f).dtype() == DType::F16);
 }

@@ -1,5 +1,6 @@
 // test_pool.cpp — MaxPool2d, AvgPool2d, GlobalAvgPool (chapter 03): hand-computed cases,
-// finite differences, errors.
+// finite differences, errors; f16 and bf16 against f32 within the bound of lowp_check.h, CPU
+// and CUDA.
 //
 // Run: make build/tests/kiln_tests && build/tests/kiln_tests '[pool]'
 #include <algorithm>
@@ -11,7 +12,9 @@
 
 #include "core/rng.h"
 #include "gradcheck.h"
+#include "lowp_check.h"
 #include "nn/pool.h"
+#include "ops/cnn.h"
 #include "ops/kernels/all.h"
 
 using namespace kiln;
@@ -198,4 +201,76 @@ TEST_CASE("Pooling errors name the layer and the shapes", "[pool][cpu][lesson03]
     REQUIRE_THROWS_WITH(AvgPool2d(2, 2, 2, "pool2"), Contains("pool2") && Contains("padding"));
     GlobalAvgPool gap("gap");
     REQUIRE_THROWS_WITH(gap.forward(Tensor::zeros({4, 8})), Contains("gap") && Contains("[4, 8]"));
+}
+
+// ---- f16 and bf16 (chapter 09): within the bound of f32 (lowp_check.h) ----------------------------
+namespace {
+
+using namespace test::lowp;
+
+// Max pooling: y is one of the window's values (exact); dx adds the dy of the windows whose
+// maximum it is: at most ⌈K/s⌉² = 4 of them for 3×3 windows at stride 2.
+OpCheck maxpool_check(const Pool2dArgs& a, const LowType& t) {
+    Rng rng(6);
+    const Tensor x = values_in(t, {2, 3, 7, 6}, -1, 1, rng);
+    const Shape ys = pool2d_output_shape(x.shape(), a);
+    const Tensor dy = values_in(t, ys, -1, 1, rng);
+    auto run = [=](Device device, DType dt) {
+        Tensor argmax;
+        const Tensor y = maxpool2d(x.to(dt).to(device), a, &argmax);
+        const Tensor dx = maxpool2d_backward(dy.to(dt).to(device), argmax, x.shape(), a);
+        return std::vector<Tensor>{host_f32(y), host_f32(dx), host_f32(argmax.to(Device::CPU))};
+    };
+    Tensor argmax;
+    const Tensor y = maxpool2d(x, a, &argmax);
+    const Tensor S_dx = maxpool2d_backward(abs_of(dy), argmax, x.shape(), a);
+    // argmax: the same position in every type (r = 0, n = 0: exactly equal)
+    return {run, {{abs_of(y), 1, 1, 1}, {S_dx, 4, 1, 1}, {Tensor::zeros(ys), 0, 0, 0}}};
+}
+
+// Average pooling: y = (Σ of K² values)·(1/K²); dx adds dy/K² over at most 4 windows.
+OpCheck avgpool_check(const Pool2dArgs& a, const LowType& t) {
+    Rng rng(7);
+    const Tensor x = values_in(t, {2, 3, 7, 6}, -1, 1, rng);
+    const Tensor dy = values_in(t, pool2d_output_shape(x.shape(), a), -1, 1, rng);
+    auto run = [=](Device device, DType dt) {
+        const Tensor y = avgpool2d(x.to(dt).to(device), a);
+        const Tensor dx = avgpool2d_backward(dy.to(dt).to(device), x.shape(), a);
+        return std::vector<Tensor>{host_f32(y), host_f32(dx)};
+    };
+    const double K2 = double(a.kernel * a.kernel);
+    return {run,
+            {{avgpool2d(abs_of(x), a), K2 + 1, 1, 1}, {avgpool2d_backward(abs_of(dy), x.shape(), a), 4 + 1, 1, 1}}};
+}
+
+// Global average: y = Σ of H·W values / (H·W); dx = dy / (H·W).
+OpCheck global_avgpool_check(const LowType& t) {
+    Rng rng(8);
+    const Tensor x = values_in(t, {2, 5, 6, 7}, -1, 1, rng);
+    const Tensor dy = values_in(t, {2, 5}, -1, 1, rng);
+    auto run = [=](Device device, DType dt) {
+        return std::vector<Tensor>{host_f32(global_avgpool(x.to(dt).to(device))),
+                                   host_f32(global_avgpool_backward(dy.to(dt).to(device), x.shape()))};
+    };
+    return {run, {{global_avgpool(abs_of(x)), 6 * 7 + 1, 1, 1}, {global_avgpool_backward(abs_of(dy), x.shape()), 1, 1, 1}}};
+}
+
+void pool_checks(Device device) {
+    const Pool2dArgs two_by_two{2, 2, 0}, overlapping{3, 2, 1};
+    for (const Pool2dArgs& a : {two_by_two, overlapping}) {
+        INFO("kernel " << a.kernel << " stride " << a.stride << " padding " << a.padding);
+        check_op(device, [&](const LowType& t) { return maxpool_check(a, t); });
+        check_op(device, [&](const LowType& t) { return avgpool_check(a, t); });
+    }
+    check_op(device, global_avgpool_check);
+}
+
+}  // namespace
+
+TEST_CASE("f16 and bf16 pooling on the CPU within the bound of f32", "[lowp][lesson09][cpu][pool]") {
+    pool_checks(Device::CPU);
+}
+
+TEST_CASE("f16 and bf16 pooling on CUDA within the bound of f32 and the CPU", "[lowp][lesson09][cuda][pool]") {
+    pool_checks(Device::CUDA);
 }

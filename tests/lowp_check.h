@@ -1,0 +1,76 @@
+// lowp_check.h — an op in f16 and bf16 (chapter 09) checked against the same op in f32, within a
+// bound derived from the arithmetic, on the CPU and on the CUDA kernels (the emulator without a
+// GPU); and the CPU against CUDA in f16. Each op's cases live in its own test file, tagged [lowp]
+// and with the op's tag: test_conv.cpp, test_pool.cpp, test_norm.cpp, test_gelu.cpp and
+// test_cnn_ops.cpp (dropout).
+//
+// ---- The inputs -----------------------------------------------------------------------------
+// Random f32 values rounded to T first, so that the f16 (or bf16) op and the f32 op start from
+// exactly the same numbers: every difference comes from the arithmetic, none from the inputs.
+//
+// ---- The bound, derived ----------------------------------------------------------------------
+// Let y be an output element and S = Σ|terms| the sum of the absolute values of what it adds
+// (for a convolution Σ|w·x| + |b|: the same op run in f32 on |x|, |w|, |b|; for an op that is
+// not a sum — GELU, a norm's normalized value — S = |y|). Each side's error against exact
+// arithmetic is:
+//   f32 accumulation of n terms          ≤ n·2^-24 · S   (each of the n additions rounds to f32)
+//   rounding the result to T, r times    ≤ r·u · S       (u = 2^-11 for f16, 2^-8 for bf16; |y| ≤ S)
+// The T op pays both, the f32 reference the first only, in another order perhaps, so
+//   |y_T − y_f32| ≤ (r·u + 2·n·2^-24) · S + tiny
+// with tiny = half the smallest subnormal of T (2^-25 for f16; 2^-134 for bf16), the absolute
+// error of rounding a result that falls below T's normal range. r is 1 for every result except:
+//   conv dx                  2   the GEMM's dcol is stored in T, then col2im adds (cpu/conv.cpp)
+//   conv dw, CPU pointwise   N   added image by image into dw of T (cpu/conv.cpp)
+// and 0 for the norms' f32 statistics and parameter gradients (never rounded to T).
+// CPU against CUDA, both in f16: each is within its bound of the exact value, so the two are
+// within (r_cpu + r_cuda)·u·S + 2·n·2^-24·S of each other, plus, for the ops whose f32 results
+// already differ between the devices beyond summation order (the device's erff and expf in GELU,
+// double sums in another order in the norms), the tolerance test_cuda_layers.cpp allows them.
+//
+#pragma once
+#include <functional>
+#include <vector>
+
+#include "core/rng.h"
+#include "core/tensor.h"
+#include "fixtures.h"
+
+namespace kiln::test::lowp {
+
+constexpr double kF32Unit = 0x1p-24;  // f32's unit roundoff
+
+using LowType = LowFormat;  // unit roundoff u, half the smallest subnormal
+extern const LowType kF16, kBF16;
+
+// Uniform values in [lo, hi), rounded to T and held as f32 on the CPU.
+Tensor values_in(const LowType& t, const Shape& shape, float lo, float hi, Rng& rng);
+Tensor host_f32(const Tensor& t);
+Tensor abs_of(const Tensor& t);
+// The largest |value| of a tensor: the scale of a relative tolerance over the whole tensor.
+double max_abs(const Tensor& t);
+
+// One result of an op: how to bound it (see the header).
+struct Bound {
+    Tensor S;        // Σ|terms| per element, f32 on the CPU
+    double n;        // terms summed in f32
+    double r_cpu;    // roundings to T on the CPU
+    double r_cuda;   // and on CUDA
+    double gap = 0;  // CPU against CUDA: how far their f32 results may differ besides (absolute)
+};
+
+// An op to check: run(device, dtype) converts the inputs (f32 values representable in T) to
+// dtype on device, runs the op and returns its results as f32 tensors on the CPU.
+struct OpCheck {
+    std::function<std::vector<Tensor>(Device, DType)> run;
+    std::vector<Bound> bounds;
+};
+
+// Every element: |got − want| ≤ rel·S + tiny.
+void require_within(const Tensor& got, const Tensor& want, const Tensor& S, double rel, double tiny);
+void check_against_f32(const OpCheck& op, Device device, const LowType& t);
+void check_cpu_against_cuda(const OpCheck& op);
+// The op built by make(t) for each type against f32 on the device; on CUDA (under each of the
+// emulator's schedules) also against the CPU in f16.
+void check_op(Device device, const std::function<OpCheck(const LowType&)>& make);
+
+}  // namespace kiln::test::lowp
