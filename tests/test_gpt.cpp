@@ -332,7 +332,7 @@ TEST_CASE("GPT checkpoint: saved with its vocabulary, loaded without the text, i
           "[gpt][checkpoint][lesson14][cpu]") {
     test::TempDir tmp;
     TinyRun run = tiny_run("Call me Ishmael.");
-    save_gpt_checkpoint(tmp.file("run"), *run.model, *run.opt, run.vocabulary, 1);
+    save_gpt_checkpoint(tmp.file("run"), *run.model, *run.opt, run.vocabulary, GPTProgress{1, 3});
     REQUIRE(std::filesystem::exists(tmp.file("run/last.safetensors")));
     CHECK(CharTokenizer::load(tmp.file("run/vocab.json")) == run.vocabulary);
 
@@ -354,7 +354,7 @@ TEST_CASE("GPT checkpoint: a missing vocab.json, another text's, or a file of an
     test::TempDir tmp;
     TinyRun run = tiny_run("Call me Ishmael.");
     const std::string dir = tmp.file("run"), path = dir + "/last.safetensors", vocab = dir + "/vocab.json";
-    save_gpt_checkpoint(dir, *run.model, *run.opt, run.vocabulary, 1);
+    save_gpt_checkpoint(dir, *run.model, *run.opt, run.vocabulary, GPTProgress{1, 3});
 
     std::filesystem::remove(vocab);
     CHECK_THROWS_WITH(load_gpt_checkpoint(path), Catch::Contains("no vocabulary '" + vocab + "'"));
@@ -380,11 +380,13 @@ TEST_CASE("GPT --resume: the weights, AdamW and the step come back; another text
     test::TempDir tmp;
     TinyRun run = tiny_run("Call me Ishmael.");
     const std::string path = tmp.file("run/last.safetensors");
-    save_gpt_checkpoint(tmp.file("run"), *run.model, *run.opt, run.vocabulary, 1);
+    save_gpt_checkpoint(tmp.file("run"), *run.model, *run.opt, run.vocabulary, GPTProgress{1, 3});
 
     TinyRun fresh = tiny_run("Call me Ishmael.");
     for (Parameter* p : fresh.model->parameters()) fill_(p->value, 0.5f);
-    CHECK(resume_gpt(path, *fresh.model, *fresh.opt, fresh.vocabulary) == 1);
+    const GPTProgress at = resume_gpt(path, *fresh.model, *fresh.opt, fresh.vocabulary);
+    CHECK(at.step == 1);
+    CHECK(at.seed == 3);  // the batches' seed: the checkpoint's run's
     test::require_identical(fresh.model->values_view(), run.model->values_view());
     CHECK(fresh.opt->steps() == run.opt->steps());
 

@@ -262,7 +262,7 @@ TEST_CASE("every trainer honours each shared flag its --help lists and refuses t
 
 // lesson-14's --save as a learner runs it: DIR/last.safetensors and DIR/vocab.json at every
 // --eval-interval and at the end; --resume of the mid-run checkpoint ends where the straight run
-// ends, bit for bit; --from samples from the last one, without the text, what the trainer wrote.
+// ends, bit for bit, whatever its --seed; --from samples from the last one, without the text, what the trainer wrote.
 TEST_CASE("lesson-14 --save keeps the GPT and its vocabulary; --resume goes on bit for bit; --from samples without the text",
           "[flags][lesson14][checkpoint][cpu]") {
     const std::string bin = trainer_path("lesson-14");
@@ -281,10 +281,11 @@ TEST_CASE("lesson-14 --save keeps the GPT and its vocabulary; --resume goes on b
     fs::create_directories(resumed);
     fs::copy_file(straight + "/prev.safetensors", resumed + "/step3.safetensors");
     fs::copy_file(straight + "/vocab.json", resumed + "/vocab.json");
-    const Run second = run(lesson14 + resumed + " --resume " + resumed + "/step3.safetensors");
+    // another --seed: the batches go on with the checkpoint's
+    const Run second = run(lesson14 + resumed + " --resume " + resumed + "/step3.safetensors --seed 7");
     INFO(second.output);
     REQUIRE(second.status == 0);
-    CHECK_THAT(second.output, Contains("resumed from") && Contains("3 steps done"));
+    CHECK_THAT(second.output, Contains("resumed from") && Contains("3 steps done") && Contains("--seed 1 (not 7)"));
     const bool same_bytes = read_file(resumed + "/last.safetensors") == read_file(straight + "/last.safetensors");
     CHECK(same_bytes);
 

@@ -161,14 +161,21 @@ int main(int argc, char** argv) try {
         return 0;
     }
 
-    // --resume: the weights, AdamW's moments and the step; batch k is a function of (seed, k), so
-    // the run goes on with the batches it would have drawn
-    const int64_t first = flags.resume.empty() ? 0 : resume_gpt(flags.resume, *model, *opt, text.tokenizer);
-    if (!flags.resume.empty()) std::printf("resumed from %s: %lld steps done\n", flags.resume.c_str(), (long long)first);
+    // --resume: the weights, AdamW's moments, the step and the batches' seed; batch k is a function
+    // of (seed, k), so the run goes on with the batches it would have drawn
+    const GPTProgress at = flags.resume.empty() ? GPTProgress{0, flags.seed}
+                                                : resume_gpt(flags.resume, *model, *opt, text.tokenizer);
+    const int64_t first = at.step;
+    if (!flags.resume.empty()) {
+        std::printf("resumed from %s: %lld steps done\n", flags.resume.c_str(), (long long)first);
+        if (at.seed != flags.seed)
+            std::printf("the batches go on as the checkpoint's run drew them, with its --seed %llu (not %llu)\n",
+                        (unsigned long long)at.seed, (unsigned long long)flags.seed);
+    }
     const auto save = [&](int64_t steps_done) {
-        if (!flags.save.empty()) save_gpt_checkpoint(flags.save, *model, *opt, text.tokenizer, steps_done);
+        if (!flags.save.empty()) save_gpt_checkpoint(flags.save, *model, *opt, text.tokenizer, GPTProgress{steps_done, at.seed});
     };
-    TextWindows batches(text.train, o.gpt.block_size, flags.batch_size, flags.seed, "the training split");
+    TextWindows batches(text.train, o.gpt.block_size, flags.batch_size, at.seed, "the training split");
     BumpAllocator arena("step arena", device);
     std::optional<GradScaler> scaler;
     if (flags.amp == DType::F16) scaler.emplace();

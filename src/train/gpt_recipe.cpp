@@ -104,6 +104,7 @@ const ShapeEntry kShape[] = {{"train.gpt.n_layer", "--n-layer", &GPTConfig::n_la
                              {"train.gpt.n_embd", "--n-embd", &GPTConfig::n_embd},
                              {"train.gpt.block_size", "--block-size", &GPTConfig::block_size}};
 constexpr const char* kVocabulary = "train.gpt.vocabulary";
+constexpr const char* kSeed = "train.gpt.seed";
 
 // The model's random streams (dropout's), named by their modules: a resumed run draws on.
 std::vector<std::pair<std::string, Rng*>> random_streams(GPT& model) {
@@ -123,10 +124,11 @@ CharTokenizer recorded_vocabulary(const std::string& path, const StateDict& stat
 }  // namespace
 
 void save_gpt_checkpoint(const std::string& save_dir, GPT& model, Optimizer& optimizer, const CharTokenizer& vocabulary,
-                         int64_t step) {
+                         const GPTProgress& at) {
     TrainingRun run{model, optimizer, nullptr, nullptr, random_streams(model)};
-    StateDict state = checkpoint_state(run, ResumePoint{0, 0, step});
+    StateDict state = checkpoint_state(run, ResumePoint{0, 0, at.step});
     for (const ShapeEntry& e : kShape) state.set(e.key, model.config.*e.field);
+    state.set_u64(kSeed, at.seed);
     state.set(kVocabulary, vocabulary.to_json());
     std::error_code error;
     std::filesystem::create_directories(save_dir, error);
@@ -158,7 +160,7 @@ LoadedGPT load_gpt_checkpoint(const std::string& path, AttentionKind attention) 
     });
 }
 
-int64_t resume_gpt(const std::string& path, GPT& model, Optimizer& optimizer, const CharTokenizer& corpus) {
+GPTProgress resume_gpt(const std::string& path, GPT& model, Optimizer& optimizer, const CharTokenizer& corpus) {
     const StateDict state = read_safetensors(path);
     const std::string diff = corpus.difference(recorded_vocabulary(path, state), "this run's text", "the checkpoint's");
     KILN_CHECK(diff.empty(), "--resume ", path, ": the text's characters are not the vocabulary the checkpoint was "
@@ -169,7 +171,8 @@ int64_t resume_gpt(const std::string& path, GPT& model, Optimizer& optimizer, co
                    saved, ": resume with the flags it was trained with");
     }
     TrainingRun run{model, optimizer, nullptr, nullptr, random_streams(model)};
-    return load_checkpoint(path, run).step;
+    const int64_t step = load_checkpoint(path, run).step;
+    return GPTProgress{step, state.get_u64(kSeed)};
 }
 
 }  // namespace kiln

@@ -63,11 +63,18 @@ int64_t measure_gpt_step(const GPTConfig& c, int64_t B, int64_t T, Device device
                          const GPTOptimizerFactory& make_optimizer = {});
 
 // ---- checkpoints -------------------------------------------------------------------------------
-// save_dir/last.safetensors after `step` steps (the one before kept as prev.safetensors), with
-// "train.gpt.n_layer", "n_head", "n_embd", "block_size" and "train.gpt.vocabulary" (the
-// tokenizer's JSON) besides chapter 07's entries, and save_dir/vocab.json.
+// Where a run is: the steps done, and the seed its batches are drawn from (data/text.h's
+// TextWindows: batch k is a function of the seed and k alone).
+struct GPTProgress {
+    int64_t step = 0;
+    uint64_t seed = 1;
+};
+
+// save_dir/last.safetensors at `at` (the one before kept as prev.safetensors), with
+// "train.gpt.n_layer", "n_head", "n_embd", "block_size", "train.gpt.seed" and
+// "train.gpt.vocabulary" (the tokenizer's JSON) besides chapter 07's entries, and save_dir/vocab.json.
 void save_gpt_checkpoint(const std::string& save_dir, GPT& model, Optimizer& optimizer, const CharTokenizer& vocabulary,
-                         int64_t step);
+                         const GPTProgress& at);
 
 // The vocabulary of a checkpoint: the vocab.json beside it, checked against the one the file
 // records. Missing, unreadable, or another text's (a vocab.json copied from another run) is an
@@ -86,7 +93,8 @@ LoadedGPT load_gpt_checkpoint(const std::string& path, AttentionKind attention =
 
 // --resume: loads the checkpoint into a model and optimizer built from the same flags, after
 // checking that the text's vocabulary (`corpus`) is the checkpoint's and the model's shape its
-// (an error naming the flag: --n-head 4, the checkpoint's 2); returns the steps done.
-int64_t resume_gpt(const std::string& path, GPT& model, Optimizer& optimizer, const CharTokenizer& corpus);
+// (an error naming the flag: --n-head 4, the checkpoint's 2); returns where its run was, whose
+// seed the batches go on with (whatever this run's --seed).
+GPTProgress resume_gpt(const std::string& path, GPT& model, Optimizer& optimizer, const CharTokenizer& corpus);
 
 }  // namespace kiln
