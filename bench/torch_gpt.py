@@ -21,7 +21,8 @@ python3-torch 1.13) it does not exist, and the twin writes attention out as nano
 does: the T x T scores masked, softmax, times V (the textbook version).
 
 Usage: /usr/bin/python3 bench/torch_gpt.py [--iters N] [--seed S] [--threads N] [--data DIR] ...
-       (the flags are lesson-14's, same names and defaults; --help lists them)
+       (lesson-14's flags for the model's shape and the recipe, same names and defaults; no
+       dropout, recomputation, mixed precision or sampling; --help lists them)
        /usr/bin/python3 bench/torch_gpt.py --bench SECONDS [--threads N]
            `make bench`'s line: training tokens per second of the baby GPT on random ids (the
            data pipeline is not what is measured) and its parameters, for bench/run.sh to set
