@@ -16,7 +16,7 @@ kiln's batches (window b of batch k starts at rng.at(k*B + b) mod (n - T)). Its 
 then kiln's to float rounding; what differs is only the order of the additions.
 
 Attention: with PyTorch >= 2.0, F.scaled_dot_product_attention(is_causal=True), as nanoGPT (on a
-CPU, PyTorch 2.x picks a fused FlashAttention-style kernel there); before 2.0 (Debian's
+CPU, recent 2.x releases can pick a fused FlashAttention-style kernel there); before 2.0 (Debian's
 python3-torch 1.13) it does not exist, and the twin writes attention out as nanoGPT's fallback
 does: the T x T scores masked, softmax, times V (the textbook version).
 
