@@ -17,8 +17,9 @@
 
 #include <catch2/catch.hpp>
 
+#include "nn/layers.h"  // CrossEntropyLoss, for forward_backward
+
 #ifndef KILN_CUDA
-#include "nn/layers.h"
 #include "kiln_cuda.h"  // the emulator's schedule switch (g++ build only)
 #endif
 
