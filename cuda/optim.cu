@@ -13,15 +13,18 @@
 // twice), so the tests compare with a tolerance of a few ulps. (sqrtf and / are correctly
 // rounded on the GPU unless nvcc is given --use_fast_math, which kiln's Makefile does not.)
 //
-// The segments' table — the starts and each array's pointers — is copied to device memory once
-// per call (one cudaMemcpy of 8·(count + 1) bytes plus 8 per pointer).
+// The segments' table — the starts and each array's pointers — travels as a kernel argument
+// (SegmentTable, at most 1.6 KB of the 4 KB a launch may carry; the GPU keeps it in its constant
+// bank): no copy to device memory, so no cudaMemcpy that would make the host wait for the step's
+// kernels before it can queue the update. A table holds kMaxSegments parameters; a larger group
+// takes one launch per kMaxSegments of them.
 //
 // Launch shape: block = 256 threads, grid = min(ceil(n / 256), 1024); n == 0 launches nothing.
 //
 //   make test T='[cuda][optim]'
+#include <algorithm>
+#include <array>
 #include <cstdint>
-#include <memory>
-#include <vector>
 
 #include "common.cuh"
 #include "ops/kernels/optim.h"
@@ -30,53 +33,53 @@ namespace kiln::cuda {
 
 namespace {
 
-// A group's segments in device memory: start[0..count] (start[t] = sizes[0] + ... + sizes[t−1])
-// and, for each array given, its `count` pointers (a null array stays null). An empty group
-// (total() == 0) allocates nothing.
-class Segments {
-public:
-    template <typename... Arrays>
-    Segments(const int64_t* sizes, int64_t count, Arrays... arrays) : table_(size_t(count) + 1, 0) {
-        for (int64_t t = 0; t < count; t++) table_[t + 1] = table_[t] + sizes[t];
-        total_ = table_[count];
-        (add(arrays, count), ...);
-        if (total_ == 0) return;
-        ws_ = std::make_unique<detail::Workspace>(table_.size() * sizeof(int64_t));
-        KILN_CUDA_CHECK(cudaMemcpy(ws_->as<int64_t>(), table_.data(), table_.size() * sizeof(int64_t),
-                                   cudaMemcpyHostToDevice));
-    }
-    int64_t total() const { return total_; }
-    const int64_t* start() const { return ws_->as<int64_t>(); }
-    // The device copy of the a-th array's pointers, or null.
-    template <typename T>
-    T* const* array(size_t a) const {
-        return offsets_[a] < 0 ? nullptr : reinterpret_cast<T* const*>(ws_->as<int64_t>() + offsets_[a]);
-    }
+// The most segments one launch's table holds.
+constexpr int kMaxSegments = 32;
 
-private:
-    template <typename T>
-    void add(T* const* array, int64_t count) {
-        offsets_.push_back(array ? int64_t(table_.size()) : -1);
-        if (array)
-            for (int64_t t = 0; t < count; t++) table_.push_back(int64_t(reinterpret_cast<uintptr_t>(array[t])));
-    }
-
-    std::vector<int64_t> table_;    // the starts, then each array's pointers
-    std::vector<int64_t> offsets_;  // where each array's pointers begin in the table
-    int64_t total_ = 0;
-    std::unique_ptr<detail::Workspace> ws_;
+// Up to kMaxSegments segments of a group, passed by value to the kernel: start[t] = sizes[0] +
+// ... + sizes[t−1] (start[count] = n, the elements of the launch) and, per array, each segment's
+// pointer (null where the array is not given: no momentum buffer, no AMSGrad maximum).
+template <int Arrays>
+struct SegmentTable {
+    int64_t start[kMaxSegments + 1];
+    void* ptr[Arrays][kMaxSegments];
+    int count;
 };
 
-// The segment that element e of the group falls in: the last t with start[t] ≤ e (an empty
-// segment starts where the next one does, so it is passed over).
-__device__ __forceinline__ int64_t segment_of(const int64_t* start, int64_t count, int64_t e) {
-    int64_t lo = 0, hi = count - 1;
+// Calls launch(table) for each run of up to kMaxSegments segments of the group (sizes[count],
+// arrays[a][count]) that holds at least one element.
+template <int Arrays, typename Launch>
+void for_each_table(const int64_t* sizes, int64_t count, const std::array<const void* const*, Arrays>& arrays,
+                    Launch launch) {
+    for (int64_t first = 0; first < count; first += kMaxSegments) {
+        SegmentTable<Arrays> table{};
+        table.count = int(std::min<int64_t>(kMaxSegments, count - first));
+        for (int t = 0; t < table.count; t++) {
+            table.start[t + 1] = table.start[t] + sizes[first + t];
+            for (int a = 0; a < Arrays; a++)
+                table.ptr[a][t] = arrays[size_t(a)] ? const_cast<void*>(arrays[size_t(a)][first + t]) : nullptr;
+        }
+        if (table.start[table.count] > 0) launch(table);
+    }
+}
+
+// Element e's segment: the last t with start[t] ≤ e (an empty segment starts where the next one
+// does, so it is passed over).
+template <int Arrays>
+__device__ __forceinline__ int segment_of(const SegmentTable<Arrays>& table, int64_t e) {
+    int lo = 0, hi = table.count - 1;
     while (lo < hi) {
-        const int64_t mid = (lo + hi + 1) / 2;
-        if (start[mid] <= e) lo = mid;
+        const int mid = (lo + hi + 1) / 2;
+        if (table.start[mid] <= e) lo = mid;
         else hi = mid - 1;
     }
     return lo;
+}
+
+// Array a's pointer for segment t, as T*.
+template <typename T, int Arrays>
+__device__ __forceinline__ T* array_at(const SegmentTable<Arrays>& table, int a, int t) {
+    return static_cast<T*>(table.ptr[a][t]);
 }
 
 }  // namespace
@@ -86,16 +89,16 @@ __device__ __forceinline__ int64_t segment_of(const int64_t* start, int64_t coun
 //   if momentum ≠ 0:  buf = first ? g : momentum·buf + (1 − dampening)·g
 //                     g   = nesterov ? g + momentum·buf : buf
 //   p −= lr·g
-__global__ void sgd_update_kernel(float* const* ps, const float* const* grads, float* const* bufs,
-                                  const int64_t* start, int64_t count, float lr, float momentum, float dampening,
+__global__ void sgd_update_kernel(SegmentTable<3> table, float lr, float momentum, float dampening,
                                   float weight_decay, bool nesterov, bool first_step) {
-    const int64_t n = start[count];
+    const int64_t n = table.start[table.count];
     for (int64_t e = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; e < n; e += int64_t(gridDim.x) * blockDim.x) {
-        const int64_t t = segment_of(start, count, e), i = e - start[t];
-        float* p = ps[t];
-        float g = grads[t][i] + weight_decay * p[i];
+        const int t = segment_of(table, e);
+        const int64_t i = e - table.start[t];
+        float* p = array_at<float>(table, 0, t);
+        float g = array_at<const float>(table, 1, t)[i] + weight_decay * p[i];
         if (momentum != 0.0f) {
-            float* buf = bufs[t];
+            float* buf = array_at<float>(table, 2, t);
             buf[i] = first_step ? g : momentum * buf[i] + (1.0f - dampening) * g;
             g = nesterov ? g + momentum * buf[i] : buf[i];
         }
@@ -105,13 +108,15 @@ __global__ void sgd_update_kernel(float* const* ps, const float* const* grads, f
 
 void sgd_update(float* const* p, const float* const* grad, float* const* buf, const int64_t* sizes, int64_t count,
                 const SgdParams& s) {
-    const Segments seg(sizes, count, p, grad, buf);
-    if (seg.total() == 0) return;
-    const dim3 grid(detail::blocks_for(seg.total())), block(detail::kBlock);
-    KILN_LAUNCH(sgd_update_kernel, grid, block, 0)(seg.array<float>(0), seg.array<const float>(1),
-                                                   seg.array<float>(2), seg.start(), count, s.lr, s.momentum,
-                                                   s.dampening, s.weight_decay, s.nesterov, s.first_step);
-    KILN_CHECK_LAUNCH(sgd_update_kernel, grid, block);
+    const std::array<const void* const*, 3> arrays = {reinterpret_cast<const void* const*>(p),
+                                                      reinterpret_cast<const void* const*>(grad),
+                                                      reinterpret_cast<const void* const*>(buf)};
+    for_each_table<3>(sizes, count, arrays, [&](const SegmentTable<3>& table) {
+        const dim3 grid(detail::blocks_for(table.start[table.count])), block(detail::kBlock);
+        KILN_LAUNCH(sgd_update_kernel, grid, block, 0)(table, s.lr, s.momentum, s.dampening, s.weight_decay,
+                                                       s.nesterov, s.first_step);
+        KILN_CHECK_LAUNCH(sgd_update_kernel, grid, block);
+    });
 }
 
 // PyTorch's Adam / AdamW, per parameter i (step_size = lr / (1 − β1^t), bc2_sqrt = sqrt(1 − β2^t),
@@ -119,33 +124,36 @@ void sgd_update(float* const* p, const float* const* grad, float* const* buf, co
 //   AdamW: p = decay·p     Adam: g = grad + wd·p
 //   m = β1·m + (1 − β1)·g;   v = β2·v + (1 − β2)·g²;   v_max = max(v_max, v)   (AMSGrad: v_max ≠ null)
 //   p −= step_size · m / (sqrt(v or v_max) / bc2_sqrt + eps)
-__global__ void adam_update_kernel(float* const* ps, const float* const* grads, float* const* ms, float* const* vs,
-                                   float* const* v_maxs, const int64_t* start, int64_t count, AdamParams a,
-                                   float step_size, float bc2_sqrt, float decay) {
-    const int64_t n = start[count];
+__global__ void adam_update_kernel(SegmentTable<5> table, AdamParams a, float step_size, float bc2_sqrt,
+                                   float decay) {
+    const int64_t n = table.start[table.count];
     for (int64_t e = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; e < n; e += int64_t(gridDim.x) * blockDim.x) {
-        const int64_t t = segment_of(start, count, e), i = e - start[t];
-        float *p = ps[t], *m = ms[t], *v = vs[t];
-        float g = grads[t][i];
+        const int t = segment_of(table, e);
+        const int64_t i = e - table.start[t];
+        float *p = array_at<float>(table, 0, t), *m = array_at<float>(table, 2, t), *v = array_at<float>(table, 3, t);
+        float* v_max = array_at<float>(table, 4, t);
+        float g = array_at<const float>(table, 1, t)[i];
         if (a.decoupled) p[i] *= decay;
         else g += a.weight_decay * p[i];
         m[i] = a.beta1 * m[i] + (1.0f - a.beta1) * g;
         v[i] = a.beta2 * v[i] + (1.0f - a.beta2) * g * g;
-        const float v_used = v_maxs ? (v_maxs[t][i] = fmaxf(v_maxs[t][i], v[i])) : v[i];
+        const float v_used = v_max ? (v_max[i] = fmaxf(v_max[i], v[i])) : v[i];
         p[i] -= step_size * m[i] / (sqrtf(v_used) / bc2_sqrt + a.eps);
     }
 }
 
 void adam_update(float* const* p, const float* const* grad, float* const* m, float* const* v, float* const* v_max,
                  const int64_t* sizes, int64_t count, const AdamParams& a) {
-    const Segments seg(sizes, count, p, grad, m, v, v_max);
-    if (seg.total() == 0) return;
-    const dim3 grid(detail::blocks_for(seg.total())), block(detail::kBlock);
-    KILN_LAUNCH(adam_update_kernel, grid, block, 0)(seg.array<float>(0), seg.array<const float>(1),
-                                                    seg.array<float>(2), seg.array<float>(3), seg.array<float>(4),
-                                                    seg.start(), count, a, float(a.step_size()),
-                                                    float(a.bias_correction2_sqrt()), float(a.decay()));
-    KILN_CHECK_LAUNCH(adam_update_kernel, grid, block);
+    const std::array<const void* const*, 5> arrays = {
+        reinterpret_cast<const void* const*>(p), reinterpret_cast<const void* const*>(grad),
+        reinterpret_cast<const void* const*>(m), reinterpret_cast<const void* const*>(v),
+        reinterpret_cast<const void* const*>(v_max)};
+    for_each_table<5>(sizes, count, arrays, [&](const SegmentTable<5>& table) {
+        const dim3 grid(detail::blocks_for(table.start[table.count])), block(detail::kBlock);
+        KILN_LAUNCH(adam_update_kernel, grid, block, 0)(table, a, float(a.step_size()),
+                                                        float(a.bias_correction2_sqrt()), float(a.decay()));
+        KILN_CHECK_LAUNCH(adam_update_kernel, grid, block);
+    });
 }
 
 // GradScaler's unscale_ (cpu::unscale_and_check is the twin), per element i:
@@ -155,28 +163,29 @@ void adam_update(float* const* p, const float* const* grad, float* const* m, flo
 // back after it. Any thread that meets a non-finite value sets it with atomicOr: a healthy step
 // has none, so the usual cost is one read and one write per element; an integer OR gives the
 // same flag whatever the order of the threads.
-__global__ void unscale_and_check_kernel(float* const* gs, const int64_t* start, int64_t count, float inv_scale,
-                                         int* found_inf) {
-    const int64_t n = start[count];
+__global__ void unscale_and_check_kernel(SegmentTable<1> table, float inv_scale, int* found_inf) {
+    const int64_t n = table.start[table.count];
     for (int64_t e = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; e < n; e += int64_t(gridDim.x) * blockDim.x) {
-        const int64_t t = segment_of(start, count, e);
-        float* g = gs[t] + (e - start[t]);
+        const int t = segment_of(table, e);
+        float* g = array_at<float>(table, 0, t) + (e - table.start[t]);
         const float v = *g;
         if (!isfinite(v)) atomicOr(found_inf, 1);
         *g = v * inv_scale;
     }
 }
 
-// One launch for all the tensors, on one flag: zeroed once, read back once.
+// One flag for all the tensors: zeroed once, read back once (one launch per kMaxSegments of them).
 bool unscale_and_check(float* const* grads, const int64_t* sizes, int64_t count, float inv_scale) {
-    const Segments seg(sizes, count, grads);
-    if (seg.total() == 0) return false;
     detail::Workspace flag(sizeof(int));
     KILN_CUDA_CHECK(cudaMemset(flag.as<int>(), 0, sizeof(int)));
-    const dim3 grid(detail::blocks_for(seg.total())), block(detail::kBlock);
-    KILN_LAUNCH(unscale_and_check_kernel, grid, block, 0)(seg.array<float>(0), seg.start(), count, inv_scale,
-                                                          flag.as<int>());
-    KILN_CHECK_LAUNCH(unscale_and_check_kernel, grid, block);
+    bool any = false;
+    for_each_table<1>(sizes, count, {reinterpret_cast<const void* const*>(grads)}, [&](const SegmentTable<1>& table) {
+        const dim3 grid(detail::blocks_for(table.start[table.count])), block(detail::kBlock);
+        KILN_LAUNCH(unscale_and_check_kernel, grid, block, 0)(table, inv_scale, flag.as<int>());
+        KILN_CHECK_LAUNCH(unscale_and_check_kernel, grid, block);
+        any = true;
+    });
+    if (!any) return false;
     int found_inf = 0;
     KILN_CUDA_CHECK(cudaMemcpy(&found_inf, flag.as<int>(), sizeof(int), cudaMemcpyDeviceToHost));
     return found_inf != 0;

@@ -286,7 +286,10 @@ TEST_CASE("a parameter group's update gives every parameter the bits of its own 
     for (Device device : {Device::CPU, Device::CUDA}) {
         INFO("on " << device_name(device));
         std::vector<Tensor> p, g, zeros;
-        for (int64_t n : {int64_t(7), int64_t(40000), int64_t(3)}) {
+        // 38 parameters, some empty: on CUDA more than one launch's table (cuda/optim.cu: 32)
+        std::vector<int64_t> sizes = {7, 40000, 3};
+        for (int64_t i = 0; i < 35; i++) sizes.push_back(i % 5 * 3);
+        for (int64_t n : sizes) {
             p.push_back(Tensor::uniform({n}, -1, 1, rng).to(device));
             g.push_back(Tensor::uniform({n}, -1, 1, rng).to(device));
             zeros.push_back(Tensor::zeros({n}, DType::F32, device));
@@ -361,6 +364,16 @@ TEST_CASE("an optimizer step launches one update kernel per parameter group", "[
     std::vector<Tensor> grads;
     for (Parameter& p : ps) grads.push_back(p.grad);
     CHECK(launches_of([&] { unscale_and_check_(grads, 0.5f); }) == "unscale_and_check_kernel ×1");
+    // A group's table travels as the launch's argument, 32 parameters at most: 40 take two launches.
+    std::vector<Parameter> many;
+    for (int i = 0; i < 40; i++) many.push_back(param("q" + std::to_string(i), {0.5f, -1.0f}, Device::CUDA));
+    std::vector<Parameter*> all;
+    for (Parameter& q : many) {
+        q.grad = vec({0.1f, -0.2f}, Device::CUDA);
+        all.push_back(&q);
+    }
+    SGD big({{all, 0.1f, 0.0f}}, SGD::Options{});
+    CHECK(launches_of([&] { big.step(); }) == "sgd_update_kernel ×2");
 }
 
 TEST_CASE("cuda sum_squares matches the CPU", "[optim][cuda][reduce]") {
