@@ -130,20 +130,21 @@ std::string device_array_name(const std::string& symbol) {
 // scope): their names carry no kernel's tag. Those are all checked at every launch: any kernel
 // may use them, and kiln has few (none in its own kernels).
 std::vector<StaticShared> find_arrays(const SymbolTable& t, const void* kernel) {
-    std::vector<StaticShared> arrays;
+    std::vector<StaticShared> arrays, outside;  // the kernel's own; those declared outside any kernel
     if (!t.has_thread_idx) return arrays;  // a stripped program, or threadIdx not in the executable
     const auto fn = t.functions.find(reinterpret_cast<std::uintptr_t>(kernel) - t.load_bias);
     const bool named = fn != t.functions.end() && fn->second.name.compare(0, 2, "_Z") == 0;
     const std::string prefix = named ? "_ZZ" + fn->second.name.substr(2) + "E" : std::string();
-    for (const Symbol& s : t.function_statics) {
+    for (const Symbol& s : t.function_statics) {  // (in the symbol table's order, which the linker chooses)
         const auto at = static_cast<std::ptrdiff_t>(s.value - t.thread_idx);
         if (s.name.find(kKernelTag) == std::string::npos) {
-            arrays.push_back({at, s.size, device_array_name(s.name)});
+            outside.push_back({at, s.size, device_array_name(s.name)});
         } else if (named && s.name.compare(0, prefix.size(), prefix) == 0) {
             if (fn->second.file >= 0 && s.file >= 0 && s.file != fn->second.file) continue;  // another file's
             arrays.push_back({at, s.size, declared_name(s.name.substr(prefix.size()))});
         }
     }
+    arrays.insert(arrays.end(), outside.begin(), outside.end());
     return arrays;
 }
 
