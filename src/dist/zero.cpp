@@ -61,13 +61,31 @@ ZeroOptimizer::ZeroOptimizer(Module& model, std::vector<ParamGroup> groups, Comm
     inner_ = make(std::move(inner_groups));
 }
 
-void ZeroOptimizer::step() {
+// This rank's piece of a slab.
+Tensor ZeroOptimizer::piece_of(const Tensor& slab) const {
     const int r = comm_.rank();
-    const int64_t lo = pieces_[size_t(r)], hi = pieces_[size_t(r) + 1];
-    comm_.reduce_scatter(grads_, pieces_);  // 1. this rank's piece := Σ_ranks
-    Tensor mine = range_of(grads_, lo, hi - lo);
-    scale_(mine, 1.0f / float(comm_.size()));  //    the mean over ranks
-    auto& inner = inner_->param_groups();       // 2. the schedule's lr, then the update
+    return range_of(slab, pieces_[size_t(r)], pieces_[size_t(r) + 1] - pieces_[size_t(r)]);
+}
+
+void ZeroOptimizer::reduce_gradients() {
+    comm_.reduce_scatter(grads_, pieces_);  // this rank's piece := Σ_ranks
+    Tensor mine = piece_of(grads_);
+    scale_(mine, 1.0f / float(comm_.size()));  // the mean over ranks
+}
+
+float ZeroOptimizer::clip_gradients(const std::vector<Parameter*>& params, float max_norm) {
+    KILN_CHECK(params == model_.parameters(), "ZeRO-1 clips the model's whole gradient slab: pass model.parameters() ",
+               "(", params.size(), " parameters given, the model has ", model_.parameters().size(), ")");
+    reduce_gradients();
+    reduced_ = true;
+    const double squares = comm_.sum(sum_squares(piece_of(grads_)));  // Σ over every rank's piece
+    return clip_to_norm({piece_of(grads_)}, squares, max_norm);
+}
+
+void ZeroOptimizer::step() {
+    if (!reduced_) reduce_gradients();  // 1. (done already if clip_gradients ran)
+    reduced_ = false;
+    auto& inner = inner_->param_groups();  // 2. the schedule's lr, then the update
     for (size_t g = 0; g < inner.size(); g++) {
         inner[g].lr = groups_[outer_group_[g]].lr;
         inner[g].weight_decay = groups_[outer_group_[g]].weight_decay;

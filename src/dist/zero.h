@@ -17,11 +17,12 @@
 //   ZeroOptimizer zero(model, decay_groups(model, lr, wd), comm, sgd);
 //   train_step(model, zero, x, y, step_options);    // no DataParallel: ZeRO reduces the gradients
 //
-// Differences from plain data parallel: the reduction happens in step(), not during backward
-// (no overlap here), so anything that reads the gradients between backward and step — gradient
-// clipping, a GradScaler's inf check — would see one rank's gradients: the lesson-12 trainer
-// refuses --clip and --amp f16 with --zero 1. After step() the gradient slab outside this
-// rank's piece holds nothing meaningful (zero_grad clears it before the next backward). The
+// Differences from plain data parallel: the reduction happens in the optimizer, not during
+// backward (no overlap here), so anything that reads the gradients between backward and step
+// sees one rank's gradients only. Gradient clipping is therefore the optimizer's own
+// (clip_gradients below: the global norm from every rank's piece); a GradScaler's inf check is
+// not, so the trainers refuse --amp f16 with --zero 1. After step() the gradient slab outside
+// this rank's piece holds nothing meaningful (zero_grad clears it before the next backward). The
 // buffers (batch norm's running statistics) are broadcast from rank 0 after every step.
 //
 // Checkpoints: save_state gathers the pieces into the full state, laid out and named exactly as
@@ -48,7 +49,16 @@ public:
     // parameters and buffers (broadcast_model).
     ZeroOptimizer(Module& model, std::vector<ParamGroup> groups, Communicator& comm, const Factory& make);
 
-    void step() override;  // steps 1-3 above, then the buffers from rank 0
+    void step() override;  // steps 1-3 above (1 unless clip_gradients did it), then the buffers from rank 0
+
+    // Gradient clipping by the global norm (chapter 07's clip_grad_norm) of the gradients summed
+    // over the ranks, which only the pieces hold (PyTorch's FSDP.clip_grad_norm_ does the same):
+    //   step 1 above, now (the coming step() does not do it again)
+    //   total² = Σ_ranks Σ_{i in piece r} g_i²     each rank its piece's squares, one all-reduce of a number
+    //   this rank's piece ×= max_norm / (total + 1e-6), when that is < 1
+    // Returns total, the same on every rank (so every rank clips alike, and skips alike a step
+    // whose norm is inf or NaN). params must be the model's parameters: the slab is clipped whole.
+    float clip_gradients(const std::vector<Parameter*>& params, float max_norm) override;
     // The state of this rank's piece of the i-th parameter (empty if the piece is elsewhere).
     std::vector<Tensor> state_of(size_t i) const override;
     void save_state(StateDict& state, const std::string& prefix) const override;  // collective
@@ -61,6 +71,12 @@ public:
     const Optimizer& rule() const override { return *inner_; }  // the optimizer it runs on its piece
 
 private:
+    void reduce_gradients();  // step 1: this rank's piece of the slab := the mean over the ranks
+    // clip_gradients has done step 1 for the coming step(). (A step skipped after it, for a
+    // norm that is inf or NaN, leaves it set: the next clip_gradients reduces the next gradients.)
+    bool reduced_ = false;
+    Tensor piece_of(const Tensor& slab) const;  // this rank's elements of a slab
+
     // This rank's part of one parameter: elements [offset, offset + length) of it, as the
     // parameter `shard` (1-D views into the value and gradient slabs) the inner optimizer updates.
     struct Piece {

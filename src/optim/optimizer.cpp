@@ -136,15 +136,27 @@ std::vector<ParamGroup> decay_groups(Module& model, float lr, float weight_decay
 }
 
 float clip_grad_norm(const std::vector<Parameter*>& params, float max_norm) {
-    KILN_CHECK(max_norm > 0.0f, "clip_grad_norm: max_norm must be > 0, got ", max_norm);
     double squares = 0.0;
-    for (const Parameter* p : params) squares += sum_squares(p->grad);
+    std::vector<Tensor> grads;
+    for (const Parameter* p : params) {
+        squares += sum_squares(p->grad);
+        grads.push_back(p->grad);
+    }
+    return clip_to_norm(grads, squares, max_norm);
+}
+
+float clip_to_norm(const std::vector<Tensor>& grads, double squares, float max_norm) {
+    KILN_CHECK(max_norm > 0.0f, "clip_grad_norm: max_norm must be > 0, got ", max_norm);
     const double total = std::sqrt(squares);
     if (!std::isfinite(total)) return float(total);  // inf or NaN: nothing to scale by
     const double coef = double(max_norm) / (total + 1e-6);
     if (coef < 1.0)
-        for (Parameter* p : params) scale_(p->grad, float(coef));
+        for (Tensor g : grads) scale_(g, float(coef));  // (a Tensor is a handle: g shares the gradient's bytes)
     return float(total);
+}
+
+float Optimizer::clip_gradients(const std::vector<Parameter*>& params, float max_norm) {
+    return clip_grad_norm(params, max_norm);
 }
 
 }  // namespace kiln

@@ -55,6 +55,11 @@ public:
         (void)model;
         return {};
     }
+    // Clips the gradients this optimizer's update will read to a global norm of max_norm and
+    // returns their norm before clipping: clip_grad_norm (below) over params, the model's. A
+    // sharded optimizer overrides it: under ZeRO-1 (dist/zero.h) the gradients are summed over
+    // the ranks only inside the optimizer, so only it can see their norm. train_step calls it.
+    virtual float clip_gradients(const std::vector<Parameter*>& params, float max_norm);
 
     // The state a resumed run needs (step count, buffers), under "<prefix>." keys.
     virtual void save_state(StateDict& state, const std::string& prefix) const;
@@ -123,5 +128,10 @@ private:
 // (train_step reports it, the training loop stops with an error, a GradScaler would skip the
 // step). PyTorch's default instead makes every grad NaN.
 float clip_grad_norm(const std::vector<Parameter*>& params, float max_norm);
+
+// clip_grad_norm's second half, for gradients whose squares the caller has summed itself (ZeRO-1
+// sums them over the ranks): total = sqrt(squares); each of grads scaled by
+// max_norm / (total + 1e-6) when that is < 1 (nothing scaled when total is inf or NaN). Returns total.
+float clip_to_norm(const std::vector<Tensor>& grads, double squares, float max_norm);
 
 }  // namespace kiln

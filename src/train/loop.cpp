@@ -35,7 +35,7 @@ void scaled_update(Module& model, Optimizer& optimizer, const StepOptions& opt, 
     ContextScope phase(Phase::Optimizer);
     scaler.unscale_(model);
     r.grads_finite = !scaler.found_inf();
-    if (r.grads_finite && opt.clip_norm > 0.0f) r.grad_norm = clip_grad_norm(model.parameters(), opt.clip_norm);
+    if (r.grads_finite && opt.clip_norm > 0.0f) r.grad_norm = optimizer.clip_gradients(model.parameters(), opt.clip_norm);
     r.stepped = scaler.step(optimizer, model);
     scaler.update();
 }
@@ -102,7 +102,7 @@ StepResult train_step(Module& model, Optimizer& optimizer, const Tensor& x, cons
         return r;
     }
     if (r.loss_finite && opt.clip_norm > 0.0f) {
-        r.grad_norm = clip_grad_norm(model.parameters(), opt.clip_norm);
+        r.grad_norm = optimizer.clip_gradients(model.parameters(), opt.clip_norm);
         r.grads_finite = std::isfinite(r.grad_norm);
     }
     if (r.finite()) {

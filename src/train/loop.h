@@ -4,7 +4,8 @@
 //   1. logits = model.call(x)               activations come from the arena (if given)
 //   2. loss   = cross_entropy(logits, y)    and dL/dlogits
 //   3. model.call_backward(dL/dlogits)      fills every parameter's grad
-//      clip_grad_norm(grads, clip_norm)    if asked (chapter 07)
+//      optimizer.clip_gradients(clip_norm) if asked (chapter 07: clip_grad_norm; the optimizer's
+//                                          own, since a sharded one holds the summed gradients)
 //   4. optimizer.step()                     p -= lr · (update from grad), if everything is finite
 //   5. arena.reset()                        this step's activations are gone, in O(1)
 //

@@ -1,6 +1,6 @@
 // test_data_parallel.cpp — chapter 12 on 2 ranks (mpirun -np 2): the collectives, data
 // parallel training against one process with the whole batch, buckets against one all-reduce,
-// ZeRO-1 against plain data parallel, checkpoints, and a rank that never joins.
+// ZeRO-1 against plain data parallel (its clipping too), checkpoints, and a rank that never joins.
 //
 // Run: make build/tests/kiln_mpi_tests && mpirun -np 2 build/tests/kiln_mpi_tests '[ddp]'
 // (as root add --allow-run-as-root --oversubscribe; make test runs them all)
@@ -239,6 +239,80 @@ TEST_CASE("ZeRO-1 resumes exactly from its gathered state", "[lesson12][cpu][mpi
     resumed.load_state(saved, "optimizer");
     for (int s = 3; s < 6; s++) train_step(*again, resumed, batches[size_t(s)].x, batches[size_t(s)].y, {});
     REQUIRE(values_of(*again) == values_of(*model));
+}
+
+namespace {
+
+// LeNet (Adam over decay_groups) trained with its gradients clipped to a global norm of max_norm:
+// alone (one process, batch 64), or on this rank's 32 of each 64 with plain data parallel or ZeRO-1.
+enum class Sync { Alone, DataParallel, Zero1 };
+struct Clipped : Trained {
+    std::vector<float> norms;  // each step's norm before clipping (StepResult::grad_norm)
+};
+Clipped train_clipped(const ImageSet& set, Sync sync, int steps, float max_norm) {
+    auto make = [](std::vector<ParamGroup> groups) -> std::unique_ptr<Optimizer> {
+        return std::make_unique<Adam>(std::move(groups), Adam::Options{});
+    };
+    Rng rng(11);
+    auto model = lenet(rng);
+    std::unique_ptr<DataParallel> dp;
+    std::unique_ptr<Optimizer> opt;
+    if (sync == Sync::Zero1) {
+        opt = std::make_unique<ZeroOptimizer>(*model, decay_groups(*model, 0.01f, 5e-4f), world(), make);
+    } else {
+        opt = make(decay_groups(*model, 0.01f, 5e-4f));
+        if (sync == Sync::DataParallel) dp = std::make_unique<DataParallel>(*model, world());
+    }
+    const bool alone = sync == Sync::Alone;
+    DataLoader loader(set, loader_options(alone ? 64 : 32, alone ? 0 : world().rank(), alone ? 1 : 2));
+    StepOptions clip;
+    clip.clip_norm = max_norm;
+    Clipped t;
+    Batch b;
+    for (int s = 0; s < steps && loader.next(b); s++) {
+        const StepResult r = train_step(*model, *opt, b.x, b.y, clip);
+        t.losses.push_back(alone ? r.loss : world().sum(r.loss) / world().size());
+        t.norms.push_back(r.grad_norm);
+    }
+    t.params = values_of(*model);
+    return t;
+}
+
+}  // namespace
+
+// ZeRO-1's gradients are summed over the ranks only inside the optimizer, in pieces: its
+// clip_gradients takes the norm from every rank's piece (one all-reduce of a number). Against
+// plain data parallel, which clips the whole summed gradient on every rank with clip_grad_norm:
+// the same norms and the same parameters, bit for bit (the two sum the same squares in double,
+// in another grouping, and differ there by rounding far below what the float they give sees);
+// against one process with the whole batch, the same within data parallel's rounding (the test
+// above). A norm from this rank's piece alone would be about 1/√2 of it, and clip unlike.
+TEST_CASE("ZeRO-1 clips by the global norm over the ranks' pieces, as clip_grad_norm does on the summed gradients",
+          "[lesson12][lesson14][cpu][mpi][zero][clip]") {
+    const ImageSet set = random_images(64 * 6);
+    const float max_norm = 0.05f;  // below every step's norm: each step clips
+    const Clipped zero = train_clipped(set, Sync::Zero1, 6, max_norm);
+    const Clipped ddp = train_clipped(set, Sync::DataParallel, 6, max_norm);
+    const Clipped alone = train_clipped(set, Sync::Alone, 6, max_norm);
+    REQUIRE(zero.norms.size() == 6);
+    for (size_t s = 0; s < 6; s++) {
+        INFO("step " << s << ": norm " << zero.norms[s] << " under ZeRO-1, " << ddp.norms[s] << " data parallel, "
+                     << alone.norms[s] << " alone");
+        CHECK(zero.norms[s] > max_norm);
+        CHECK(zero.norms[s] == ddp.norms[s]);
+        CHECK(zero.norms[s] == Approx(alone.norms[s]).epsilon(1e-5));
+        CHECK(zero.losses[s] == Approx(alone.losses[s]).epsilon(1e-6));
+    }
+    REQUIRE(zero.params == ddp.params);
+
+    Rng rng(11);  // the model's parameters only: anything else is refused by name
+    auto model = lenet(rng);
+    ZeroOptimizer opt(*model, decay_groups(*model, 0.01f, 0.0f), world(), [](std::vector<ParamGroup> g) {
+        return std::unique_ptr<Optimizer>(std::make_unique<Adam>(std::move(g), Adam::Options{}));
+    });
+    std::vector<Parameter*> some = model->parameters();
+    some.pop_back();
+    REQUIRE_THROWS_WITH(opt.clip_gradients(some, 1.0f), Contains("pass model.parameters()"));
 }
 
 TEST_CASE("a rank that never joins an all-reduce is an error after the timeout, not a hang", "[lesson12][cpu][mpi][comm]") {
