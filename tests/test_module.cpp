@@ -214,6 +214,26 @@ TEST_CASE("pack puts parameters and gradients in two slabs; grads_view is the fl
     require_in_slabs(net);
 }
 
+// What ZeRO-2 (dist/zero2.h) does to the model: the gradient slab goes, the value slab stays.
+TEST_CASE("drop_grad_slab lets the gradients go and keeps the value slab", "[module][cpu][lesson15]") {
+    Rng rng(1);
+    Sequential net("net");
+    net.add("fc1", std::make_unique<Linear>(6, 5, rng));
+    net.add("fc2", std::make_unique<Linear>(5, 3, rng));
+    net.pack();
+    const Tensor values = net.values_view();
+    net.drop_grad_slab();
+    REQUIRE(!net.packed());
+    for (Parameter* p : net.parameters()) REQUIRE_FALSE(p->grad.defined());
+    REQUIRE(net.values_view().raw() == values.raw());  // the parameters stay where they were
+    REQUIRE_THROWS_WITH(net.grads_view(), Contains("pack()"));
+    REQUIRE_THROWS_WITH(net.drop_grad_slab(), Contains("not packed"));
+    net.zero_grad();  // passes the undefined grads by
+    net.pack();       // and pack() brings a zero slab back
+    require_in_slabs(net);
+    REQUIRE(sum_squares(net.grads_view()) == 0.0);
+}
+
 TEST_CASE("the chapter models come packed; to() and loading a checkpoint keep the slabs", "[module][cuda][lesson04]") {
     Rng rng(1);
     auto net = lenet(rng);

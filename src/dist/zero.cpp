@@ -67,19 +67,21 @@ Tensor ZeroOptimizer::piece_of(const Tensor& slab) const {
     return range_of(slab, pieces_[size_t(r)], pieces_[size_t(r) + 1] - pieces_[size_t(r)]);
 }
 
+void ZeroOptimizer::sum_gradients() { comm_.reduce_scatter(grads_, pieces_); }  // this rank's piece := Σ_ranks
+
 void ZeroOptimizer::reduce_gradients() {
-    comm_.reduce_scatter(grads_, pieces_);  // this rank's piece := Σ_ranks
-    Tensor mine = piece_of(grads_);
+    sum_gradients();
+    Tensor mine = gradient_piece();
     scale_(mine, 1.0f / float(comm_.size()));  // the mean over ranks
 }
 
 float ZeroOptimizer::clip_gradients(const std::vector<Parameter*>& params, float max_norm) {
-    KILN_CHECK(params == model_.parameters(), "ZeRO-1 clips the model's whole gradient slab: pass model.parameters() ",
+    KILN_CHECK(params == model_.parameters(), "ZeRO clips the model's whole gradient: pass model.parameters() ",
                "(", params.size(), " parameters given, the model has ", model_.parameters().size(), ")");
     reduce_gradients();
     reduced_ = true;
-    const double squares = comm_.sum(sum_squares(piece_of(grads_)));  // Σ over every rank's piece
-    return clip_to_norm({piece_of(grads_)}, squares, max_norm);
+    const double squares = comm_.sum(sum_squares(gradient_piece()));  // Σ over every rank's piece
+    return clip_to_norm({gradient_piece()}, squares, max_norm);
 }
 
 void ZeroOptimizer::step() {
@@ -101,14 +103,14 @@ std::vector<int64_t> ZeroOptimizer::state_elements(Module& model) const {
 }
 
 std::vector<int64_t> zero_state_elements(Module& model, int rank, int world) {
-    KILN_CHECK(model.packed() && world >= 1 && rank >= 0 && rank < world, model.name(), ": ZeRO-1's pieces of rank ",
-               rank, " of ", world, " need a packed model and 0 <= rank < world");
-    const Tensor grads = flat(model.grads_view());
-    const std::vector<int64_t> pieces = even_pieces(grads.numel(), world, kPieceAlign);
+    KILN_CHECK(world >= 1 && rank >= 0 && rank < world, model.name(), ": ZeRO-1's pieces of rank ", rank, " of ",
+               world, " need 0 <= rank < world");
+    const Tensor values = flat(model.values_view());  // laid out as the gradient slab
+    const std::vector<int64_t> pieces = even_pieces(values.numel(), world, kPieceAlign);
     const int64_t lo = pieces[size_t(rank)], hi = pieces[size_t(rank) + 1];
     std::vector<int64_t> elements;
     for (Parameter* p : model.parameters()) {
-        const int64_t at = offset_in_slab(p->grad, grads), n = p->grad.numel();
+        const int64_t at = offset_in_slab(p->value, values), n = p->value.numel();
         elements.push_back(std::max<int64_t>(0, std::min(at + n, hi) - std::max(at, lo)));
     }
     return elements;

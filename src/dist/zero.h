@@ -11,7 +11,8 @@
 // Reduce-scatter + all-gather move the same bytes as one all-reduce (the ring all-reduce is
 // exactly these two), so the memory saving is free in communication:
 //     optimizer state per rank   = k · 4 bytes · P / p      (k = 1 SGD with momentum, 2 Adam)
-// Stages 2 and 3 would shard the gradients and the parameters too; kiln stops at stage 1.
+// Stage 2 shards the gradients too (dist/zero2.h: Zero2Optimizer, this class with the
+// reduce-scatter moved into backward).
 //
 //   auto sgd = [&](std::vector<ParamGroup> g) { return std::make_unique<SGD>(std::move(g), options); };
 //   ZeroOptimizer zero(model, decay_groups(model, lr, wd), comm, sgd);
@@ -70,8 +71,13 @@ public:
     std::vector<int64_t> state_elements(Module& model) const override;
     const Optimizer& rule() const override { return *inner_; }  // the optimizer it runs on its piece
 
-private:
-    void reduce_gradients();  // step 1: this rank's piece of the slab := the mean over the ranks
+protected:
+    // Step 1: this rank's piece of the gradient := the mean over the ranks (sum_gradients, then ÷ p).
+    void reduce_gradients();
+    // ZeRO-1 reduce-scatters the gradient slab; ZeRO-2 (zero2.h) summed its piece during backward.
+    virtual void sum_gradients();
+    // This rank's piece of the gradient (slab elements [lo, hi)): what step 1 leaves, the update reads.
+    virtual Tensor gradient_piece() const { return piece_of(grads_); }
     // clip_gradients has done step 1 for the coming step(). (A step skipped after it, for a
     // norm that is inf or NaN, leaves it set: the next clip_gradients reduces the next gradients.)
     bool reduced_ = false;

@@ -304,7 +304,8 @@ void Module::train(bool on) {
 
 void Module::zero_grad() {
     if (packed()) return fill_(grad_slab_, 0.0f);
-    for (Parameter* p : parameters()) fill_(p->grad, 0.0f);
+    for (Parameter* p : parameters())
+        if (p->grad.defined()) fill_(p->grad, 0.0f);  // undefined: after drop_grad_slab()
 }
 
 void Module::to(Device device) {
@@ -319,7 +320,7 @@ void Module::to(Device device) {
     } else {
         for (Parameter* p : parameters()) {
             p->value = p->value.to(device);
-            p->grad = p->grad.to(device);
+            if (p->grad.defined()) p->grad = p->grad.to(device);
         }
     }
     for (auto& [name, t] : named_buffers()) *t = t->to(device);
@@ -342,7 +343,7 @@ void Module::pack() {
     Slab grads = make_slab(shapes, DType::F32, device, Category::Gradient);
     for (size_t i = 0; i < params.size(); i++) {
         values.views[i].copy_from(params[i]->value);
-        grads.views[i].copy_from(params[i]->grad);
+        if (params[i]->grad.defined()) grads.views[i].copy_from(params[i]->grad);  // else 0: after drop_grad_slab()
         params[i]->value = values.views[i];
         params[i]->grad = grads.views[i];
     }
@@ -364,8 +365,16 @@ Tensor Module::grads_view() {
 }
 
 Tensor Module::values_view() {
-    KILN_CHECK(packed(), name(), ": values_view() needs the parameters in one slab: call pack() first");
+    bool in_slab = value_slab_.defined();
+    for (Parameter* p : parameters()) in_slab = in_slab && p->value.shares_storage(value_slab_);
+    KILN_CHECK(in_slab, name(), ": values_view() needs the parameters in one slab: call pack() first");
     return value_slab_;
+}
+
+void Module::drop_grad_slab() {
+    KILN_CHECK(packed(), name(), ": drop_grad_slab() of a model that is not packed");
+    for (Parameter* p : parameters()) p->grad = Tensor();
+    grad_slab_ = Tensor();
 }
 
 void check_on_device(const Tensor& t, Device device, const std::string& layer, const char* what) {

@@ -279,8 +279,14 @@ public:
     // The gradient slab as one flat 1-D tensor (zero padding included); the model must be packed.
     Tensor grads_view();
     // The parameter slab likewise, laid out as the gradient slab (the same offsets): data
-    // parallel training broadcasts it, ZeRO-1 all-gathers it (chapter 12).
+    // parallel training broadcasts it, ZeRO-1 all-gathers it (chapter 12). It needs the values
+    // packed only: it outlives drop_grad_slab().
     Tensor values_view();
+    // Lets the gradient slab go (ZeRO-2, dist/zero2.h, keeps only its rank's piece of it): every
+    // parameter's grad becomes undefined, and whoever called this gives each one storage before a
+    // backward writes it. From then on packed() is false and zero_grad() passes the undefined
+    // grads by; pack() again brings the slab back.
+    void drop_grad_slab();
 
 protected:
     // Declares a parameter of this module under its local name: p.value = value and p.grad a

@@ -57,7 +57,7 @@ double gpt_eval_loss(GPT& model, const std::vector<int32_t>& tokens, int64_t blo
 // (device_memory_stats), less what was in use before the model was built. What chapter 08's
 // prediction (train/memory_model.h, MemoryPrediction::allocator_peaks) is checked against.
 // make_optimizer, when given, makes the step's optimizer instead of gpt_optimizer (chapter 15
-// measures a ZeRO-1 rank's step with it).
+// measures ZeRO ranks' steps with it).
 using GPTOptimizerFactory = std::function<std::unique_ptr<Optimizer>(GPT& model, const GPTRecipe& recipe)>;
 int64_t measure_gpt_step(const GPTConfig& c, int64_t B, int64_t T, Device device,
                          const GPTOptimizerFactory& make_optimizer = {});

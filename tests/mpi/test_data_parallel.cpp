@@ -1,6 +1,7 @@
 // test_data_parallel.cpp — chapter 12 on 2 ranks (mpirun -np 2): the collectives, data
 // parallel training against one process with the whole batch, buckets against one all-reduce,
-// ZeRO-1 against plain data parallel (its clipping too), checkpoints, and a rank that never joins.
+// ZeRO-1 (its clipping too) and ZeRO-2 against plain data parallel, checkpoints, and a rank that
+// never joins.
 //
 // Run: make build/tests/kiln_mpi_tests && mpirun -np 2 build/tests/kiln_mpi_tests '[ddp]'
 // (as root add --allow-run-as-root --oversubscribe; make test runs them all)
@@ -18,6 +19,7 @@
 #include "data/loader.h"
 #include "dist/data_parallel.h"
 #include "dist/zero.h"
+#include "dist/zero2.h"
 #include "nn/models.h"
 #include "ops/ops.h"
 #include "optim/adam.h"
@@ -163,11 +165,16 @@ TEST_CASE("buckets overlapped with backward give exactly the one all-reduce's re
     for (size_t k = 1; k < dp.buckets().size(); k++) REQUIRE(dp.buckets()[k].end == dp.buckets()[k - 1].begin);
 }
 
-TEST_CASE("ZeRO-1 takes the same steps as plain data parallel, with half the optimizer state", "[lesson12][cpu][mpi][zero]") {
+// ZeRO-2 (dist/zero2.h) also reduces each bucket into its rank's piece during backward and keeps no
+// gradient slab: the same sums and updates, so the same bits too.
+TEST_CASE("ZeRO-1 and ZeRO-2 take the same steps as plain data parallel, with half the optimizer state",
+          "[lesson12][cpu][mpi][zero]") {
     const ImageSet set = random_images(32 * 2 * 4);
     const int rank = world().rank();
-    for (bool adam : {false, true}) {
-        DYNAMIC_SECTION((adam ? "Adam" : "SGD with momentum")) {
+    for (const std::pair<int, bool>& run : std::vector<std::pair<int, bool>>{{1, false}, {1, true}, {2, false}, {2, true}}) {
+        const int stage = run.first;
+        const bool adam = run.second;
+        DYNAMIC_SECTION("ZeRO-" << stage << (adam ? " Adam" : " SGD with momentum")) {
             auto make = [adam](std::vector<ParamGroup> groups) -> std::unique_ptr<Optimizer> {
                 if (adam) return std::make_unique<Adam>(std::move(groups), Adam::Options{});
                 return std::make_unique<SGD>(std::move(groups), group_momentum());
@@ -176,13 +183,24 @@ TEST_CASE("ZeRO-1 takes the same steps as plain data parallel, with half the opt
             auto plain = lenet(rng_a), sharded = lenet(rng_b);
             auto full = make(decay_groups(*plain, 0.01f, 5e-4f));
             DataParallel dp(*plain, world());
-            ZeroOptimizer zero(*sharded, decay_groups(*sharded, 0.01f, 5e-4f), world(), make);
+            Zero2Options small;
+            small.bucket_bytes = 16 << 10;  // 16 KiB: LeNet's 44,426 parameters make several buckets
+            std::unique_ptr<ZeroOptimizer> sharding;
+            if (stage == 1)
+                sharding = std::make_unique<ZeroOptimizer>(*sharded, decay_groups(*sharded, 0.01f, 5e-4f), world(), make);
+            else
+                sharding = std::make_unique<Zero2Optimizer>(*sharded, decay_groups(*sharded, 0.01f, 5e-4f), world(), make, small);
+            ZeroOptimizer& zero = *sharding;
+            REQUIRE(sharded->packed() == (stage == 1));  // ZeRO-2 let the gradient slab go
             DataLoader la(set, loader_options(32, rank, 2)), lb(set, loader_options(32, rank, 2));
             Batch a, b;
             while (la.next(a) && lb.next(b)) {
                 train_step(*plain, *full, a.x, a.y, {});
                 train_step(*sharded, zero, b.x, b.y, {});
+                if (stage == 2)  // every bucket's buffer went back after its reduce-scatter
+                    for (Parameter* p : sharded->parameters()) REQUIRE_FALSE(p->grad.defined());
             }
+            if (stage == 2) REQUIRE(static_cast<Zero2Optimizer&>(zero).buckets().size() > 2);
             REQUIRE(values_of(*sharded) == values_of(*plain));  // the same floats, bit for bit
 
             // this rank keeps the state of its piece of the slab only: about half
@@ -244,8 +262,9 @@ TEST_CASE("ZeRO-1 resumes exactly from its gathered state", "[lesson12][cpu][mpi
 namespace {
 
 // LeNet (Adam over decay_groups) trained with its gradients clipped to a global norm of max_norm:
-// alone (one process, batch 64), or on this rank's 32 of each 64 with plain data parallel or ZeRO-1.
-enum class Sync { Alone, DataParallel, Zero1 };
+// alone (one process, batch 64), or on this rank's 32 of each 64 with plain data parallel, ZeRO-1
+// or ZeRO-2 (buckets of 16 KiB).
+enum class Sync { Alone, DataParallel, Zero1, Zero2 };
 struct Clipped : Trained {
     std::vector<float> norms;  // each step's norm before clipping (StepResult::grad_norm)
 };
@@ -259,6 +278,10 @@ Clipped train_clipped(const ImageSet& set, Sync sync, int steps, float max_norm)
     std::unique_ptr<Optimizer> opt;
     if (sync == Sync::Zero1) {
         opt = std::make_unique<ZeroOptimizer>(*model, decay_groups(*model, 0.01f, 5e-4f), world(), make);
+    } else if (sync == Sync::Zero2) {
+        Zero2Options small;
+        small.bucket_bytes = 16 << 10;
+        opt = std::make_unique<Zero2Optimizer>(*model, decay_groups(*model, 0.01f, 5e-4f), world(), make, small);
     } else {
         opt = make(decay_groups(*model, 0.01f, 5e-4f));
         if (sync == Sync::DataParallel) dp = std::make_unique<DataParallel>(*model, world());
@@ -286,8 +309,9 @@ Clipped train_clipped(const ImageSet& set, Sync sync, int steps, float max_norm)
 // the same norms and the same parameters, bit for bit (the two sum the same squares in double,
 // in another grouping, and differ there by rounding far below what the float they give sees);
 // against one process with the whole batch, the same within data parallel's rounding (the test
-// above). A norm from this rank's piece alone would be about 1/√2 of it, and clip unlike.
-TEST_CASE("ZeRO-1 clips by the global norm over the ranks' pieces, as clip_grad_norm does on the summed gradients",
+// above). A norm from this rank's piece alone would be about 1/√2 of it, and clip unlike. ZeRO-2
+// clips its piece, reduced during backward, the same way.
+TEST_CASE("ZeRO-1 and ZeRO-2 clip by the global norm over the ranks' pieces, as clip_grad_norm does on the summed gradients",
           "[lesson12][lesson14][cpu][mpi][zero][clip]") {
     const ImageSet set = random_images(64 * 6);
     const float max_norm = 0.05f;  // below every step's norm: each step clips
@@ -304,6 +328,9 @@ TEST_CASE("ZeRO-1 clips by the global norm over the ranks' pieces, as clip_grad_
         CHECK(zero.losses[s] == Approx(alone.losses[s]).epsilon(1e-6));
     }
     REQUIRE(zero.params == ddp.params);
+    const Clipped zero2 = train_clipped(set, Sync::Zero2, 6, max_norm);
+    CHECK(zero2.norms == ddp.norms);
+    REQUIRE(zero2.params == ddp.params);
 
     Rng rng(11);  // the model's parameters only: anything else is refused by name
     auto model = lenet(rng);
@@ -342,7 +369,7 @@ TEST_CASE("rank 0 writes the checkpoints, and a data parallel run resumes from t
     const int rank = comm.rank();
     const ImageSet set = random_images(32 * 2 * 3);  // 3 steps an epoch
     const std::string dir = "/tmp/kiln-mpi-test-" + std::to_string(comm.gather_all(int64_t(getpid()))[0]);
-    for (int zero : {0, 1}) {
+    for (int zero : {0, 1, 2}) {
         DYNAMIC_SECTION("ZeRO-" << zero) {
             // two epochs with --save; then the same run resumed from the first epoch's checkpoint
             auto run = [&](const std::string& save, const std::string& resume) {
@@ -353,7 +380,9 @@ TEST_CASE("rank 0 writes the checkpoints, and a data parallel run resumes from t
                 };
                 std::unique_ptr<Optimizer> optimizer;
                 std::unique_ptr<DataParallel> dp;
-                if (zero) {
+                if (zero == 2) {
+                    optimizer = std::make_unique<Zero2Optimizer>(*model, decay_groups(*model, 0.05f, 5e-4f), comm, make);
+                } else if (zero == 1) {
                     optimizer = std::make_unique<ZeroOptimizer>(*model, decay_groups(*model, 0.05f, 5e-4f), comm, make);
                 } else {
                     optimizer = make(decay_groups(*model, 0.05f, 5e-4f));
