@@ -100,12 +100,15 @@ ifeq ($(GPUCHECK),1)
 endif
 
 # MPI (chapter 12): only src/mpi/ includes <mpi.h>; it becomes its own library, libkiln_mpi.a,
-# linked into the programs that use MPI (lesson 12 and the tests in tests/mpi/) and no others.
+# linked into the programs that use MPI (lessons 12 and 14, and the tests in tests/mpi/) and no
+# others. `make lesson-12` runs its trainer under mpirun; lesson-14 is one process unless started
+# by mpirun (its --zero: lessons/14-attention/README.md).
 # (Its headers as system headers, without the C++ bindings kiln does not use: they do not compile
 # warning-free.)
 MPI_CFLAGS := $(patsubst -I%,-isystem %,$(shell mpicxx --showme:compile 2>/dev/null)) -DOMPI_SKIP_MPICXX
 MPI_LIBS   := $(filter-out -lmpi_cxx,$(shell mpicxx --showme:link 2>/dev/null))
-MPI_LESSONS := 12
+MPI_LESSONS := 12 14
+MPIRUN_LESSONS := 12
 # How make test and make lesson-12 start MPI programs: 2 ranks; as root Open MPI wants --allow-run-as-root, and on a
 # machine reporting fewer cores than ranks, --oversubscribe.
 MPIRUN     ?= mpirun --allow-run-as-root --oversubscribe -np 2
@@ -283,7 +286,7 @@ endif
 # NAME runs `ARGS...`:
 #   bin/kiln-gpu   the tests (`kiln-gpu tests '[cuda]'`: tests/main.cpp renamed, the test files
 #                  as they are), the trainers that take --device cuda (lesson-04 ... lesson-11 and
-#                  lesson-13; lesson 12 links Open MPI and stays on its own) and bench_train
+#                  lesson-13; lessons 12 and 14 link Open MPI and stay out) and bench_train
 #   lab/kiln-lab   the kernel lab's pages: gemm, conv, ... (with cuBLAS and cuDNN on a GPU)
 # (Inline functions and class types stay shared: two programs that define one of the same name
 # must define it alike, as C++'s one-definition rule asks; an anonymous namespace keeps a
@@ -291,7 +294,7 @@ endif
 # multi_name: lessons/04-cuda-kernels/train.cpp -> lesson_04, bench/bench_train.cpp -> bench_train,
 # cuda/lab/gemm.cu -> gemm
 multi_name = $(if $(filter lessons/%,$(1)),lesson_$(call lesson_num,$(1)),$(if $(filter tests/main.cpp,$(1)),tests,$(basename $(basename $(notdir $(1))))))
-KILN_GPU_SRCS := tests/main.cpp $(filter-out lessons/01-% lessons/02-% lessons/03-% lessons/12-%,$(LESSONS)) \
+KILN_GPU_SRCS := tests/main.cpp $(filter-out lessons/01-% lessons/02-% lessons/03-% $(MPI_LESSONS:%=lessons/%-%),$(LESSONS)) \
                  bench/bench_train.cpp
 KILN_LAB_SRCS := $(LAB_SRCS)
 multi_obj  = $(BUILD)/multi/$(call multi_name,$(1)).o
@@ -353,7 +356,7 @@ define LESSON_RUN_RULE
 lesson-$(1):
 	$(if $(filter $(1),$(NO_DATA_LESSONS)),,@bash data/fetch.sh $(call lesson_data,$(1)))
 	@$$(MAKE) --no-print-directory $(BUILD)/bin/lesson-$(1)
-	$(if $(filter $(1),$(MPI_LESSONS)),$(MPIRUN) )$(BUILD)/bin/lesson-$(1) $$(ARGS)
+	$(if $(filter $(1),$(MPIRUN_LESSONS)),$(MPIRUN) )$(BUILD)/bin/lesson-$(1) $$(ARGS)
 endef
 $(foreach n,$(LESSON_NUMS),$(eval $(call LESSON_RUN_RULE,$(n))))
 

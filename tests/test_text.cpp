@@ -133,6 +133,31 @@ TEST_CASE("windows: y is x shifted by one token, offsets uniform over [0, n − 
                           Contains("--block-size"));
 }
 
+// Data parallel training (lesson-14 under mpirun): rank r of p takes windows [r·B/p, (r+1)·B/p)
+// of batch k, so the ranks' shares, in rank order, are the batch one process draws.
+TEST_CASE("windows: the ranks' shares of batch k, in rank order, are the whole batch", "[text][lesson14][cpu]") {
+    std::vector<int32_t> tokens(50);
+    for (int i = 0; i < 50; i++) tokens[size_t(i)] = i;
+    const TextWindows w(tokens, 8, 6, 7, "the training split");
+    Tensor x, y;
+    w.batch(5, x, y);
+    for (int world : {2, 3}) {
+        for (int r = 0; r < world; r++) {
+            INFO("rank " << r << " of " << world);
+            Tensor xr, yr;
+            w.batch(5, xr, yr, Device::CPU, r, world);
+            const int64_t n = 6 / world;
+            REQUIRE(xr.shape() == Shape{n, 8});
+            for (int64_t b = 0; b < n; b++)
+                for (int64_t t = 0; t < 8; t++) {
+                    CHECK(xr.get({b, t}) == x.get({r * n + b, t}));
+                    CHECK(yr.get({b, t}) == y.get({r * n + b, t}));
+                }
+        }
+    }
+    CHECK_THROWS_WITH(w.batch(5, x, y, Device::CPU, 0, 4), Contains("rank 0 of 4") && Contains("batch of 6 windows"));
+}
+
 TEST_CASE("ordered windows cover a split at offsets 0, T, 2T, ...", "[text][lesson14][cpu]") {
     std::vector<int32_t> tokens(21);
     for (int i = 0; i < 21; i++) tokens[size_t(i)] = i;

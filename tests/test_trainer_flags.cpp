@@ -305,6 +305,72 @@ TEST_CASE("lesson-14 --save keeps the GPT and its vocabulary; --resume goes on b
     CHECK_THAT(shaped.output, Contains("--n-head shapes a model") && Contains("--from takes the checkpoint's model"));
 }
 
+// Each "step N: loss X" line of a lesson-14 run: the losses, in order.
+std::vector<double> step_losses(const std::string& output) {
+    std::vector<double> losses;
+    std::istringstream lines(output);
+    for (std::string line; std::getline(lines, line);) {
+        const size_t at = line.find(": loss ");
+        if (line.rfind("step ", 0) == 0 && at != std::string::npos) losses.push_back(std::stod(line.substr(at + 7)));
+    }
+    return losses;
+}
+
+// lesson-14 started by mpirun (chapter 12's data parallel training; lessons/14-attention/README.md):
+// 2 ranks × 2 windows with --zero 1 print one process × 4 windows' losses (within rounding: the
+// MPI test '[lesson14]' compares the two exactly), once — rank 0 speaks — and rank 0 writes the
+// checkpoint, with AdamW's whole moments (every rank helped gather them), from which one process
+// resumes. A batch the ranks cannot share, and --amp f16 with --zero 1, are refused by rank 0 alone.
+TEST_CASE("lesson-14 under mpirun: --zero 1 on 2 ranks trains as one process does; rank 0 prints and saves",
+          "[flags][lesson14][checkpoint][cpu]") {
+    const std::string bin = trainer_path("lesson-14"), mpirun = "mpirun --allow-run-as-root --oversubscribe -np 2 ";
+    TempDir tmp;
+    const std::string text = tmp.file("text"), alone = tmp.file("alone"), ranks = tmp.file("ranks");
+    write_tiny_text(text);
+    const std::string lesson14 = bin + " --data " + text + " --iters 4 --eval-interval 2 --eval-windows 1 --block-size 8"
+                                 " --n-layer 1 --n-head 2 --n-embd 8 --batch-size 4 --threads 1 --log-interval 1 --sample 0";
+    const Run one = run(lesson14 + " --save " + alone);
+    const Run two = run(mpirun + lesson14 + " --save " + ranks + " --zero 1");
+    INFO(one.output << "\n---- on 2 ranks:\n" << two.output);
+    REQUIRE(one.status == 0);
+    REQUIRE(two.status == 0);
+    CHECK_THAT(two.output, Contains("2 ranks × 2 windows, ZeRO-1"));
+    const std::vector<double> a = step_losses(one.output), b = step_losses(two.output);
+    REQUIRE(a.size() == 4);
+    REQUIRE(b.size() == 4);  // rank 0's lines only
+    for (size_t s = 0; s < 4; s++) CHECK(b[s] == Approx(a[s]).margin(2e-4));  // printed to 4 decimals
+    CHECK(two.output.find("result:") == two.output.rfind("result:"));
+
+    const StateDict saved = read_safetensors(ranks + "/last.safetensors"), whole = read_safetensors(alone + "/last.safetensors");
+    REQUIRE(fs::exists(ranks + "/vocab.json"));
+    CHECK(saved.get_int("train.step") == 4);
+    size_t moments = 0;
+    for (const auto& [key, t] : whole.tensors) {
+        INFO(key);
+        REQUIRE(saved.tensors.count(key) == 1);
+        CHECK(saved.tensors.at(key).shape() == t.shape());
+        moments += key.find(".exp_avg") != std::string::npos;
+    }
+    CHECK(moments > 0);
+    const Run resumed = run(lesson14 + " --iters 5 --resume " + ranks + "/last.safetensors");
+    INFO(resumed.output);
+    CHECK(resumed.status == 0);
+    CHECK_THAT(resumed.output, Contains("4 steps done") && Contains("step 4: loss"));
+
+    for (const char* bad : {" --batch-size 3", " --zero 1 --amp f16"}) {
+        const Run refused = run(mpirun + lesson14 + bad);
+        INFO(refused.output);
+        CHECK(refused.status != 0);
+        size_t lines = 0;
+        for (size_t at = refused.output.find("lesson-14:"); at != std::string::npos; at = refused.output.find("lesson-14:", at + 1))
+            lines++;
+        CHECK(lines == 1);
+        CHECK_THAT(refused.output, (Contains("--batch-size 3 must split into 2 equal shares") ||
+                                    Contains("--zero 1 reduces the gradients inside the optimizer")) &&
+                                       !Contains("MPI_ABORT"));
+    }
+}
+
 // Chapter 10's --save as a learner runs it: DIR/pruned.safetensors after every round (PyTorch's
 // weight_orig and weight_mask), the round before as pruned-prev.safetensors, the CSR model as
 // sparse.safetensors; --resume of the first round's file ends where the straight run ends, bit

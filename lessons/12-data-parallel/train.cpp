@@ -20,7 +20,6 @@
 //   the same SGD step from the same g on every rank       (ZeRO-1: reduce-scatter, update
 //                                                           the own piece, all-gather)
 #include <omp.h>
-#include <sched.h>
 
 #include <chrono>
 #include <cstdio>
@@ -29,12 +28,12 @@
 #include <functional>
 #include <memory>
 #include <string>
-#include <thread>
 
 #include "core/allocator.h"       // defines: BumpAllocator, device_memory_stats, format_bytes
 #include "dist/cost_model.h"      // defines: scaling_table (the α–β model of all-reduce)
 #include "dist/data_parallel.h"   // defines: DataParallel, CommStats
 #include "dist/zero.h"            // defines: ZeroOptimizer
+#include "mpi/launch.h"           // defines: run_ranks, start_ranks
 #include "mpi/mpi_comm.h"         // defines: MpiCommunicator
 #ifdef KILN_CUDA
 #include "mpi/nccl_comm.h"        // defines: make_nccl_communicator
@@ -60,30 +59,6 @@ struct Flags {
     float timeout = 300;           // seconds a collective waits for the other ranks
     int measure = 0;               // > 0: time this many steps, print the figures, and stop
 };
-
-// Every rank must run the same flags: a different --batch-size on one rank would make the ranks
-// call different numbers of collectives. The command lines are compared by hash.
-void check_same_command_line(Communicator& comm, const Cli& cli) {
-    std::string line;
-    for (const std::string& a : cli.arguments()) line += a + '\n';
-    const auto hashes = comm.gather_all(int64_t(std::hash<std::string>{}(line) >> 1));
-    for (int r = 1; r < comm.size(); r++)
-        KILN_CHECK(hashes[size_t(r)] == hashes[0], "rank ", r, " was started with other flags than rank 0: start every ",
-                   "rank with the same command line (mpirun -np N build/bin/lesson-12 FLAGS)");
-}
-
-// OpenMP threads per rank: the machine's cores shared out among the ranks on it (mpirun tells
-// each rank how many run here), and no more than the cores this rank may run on (mpirun binds
-// each of 1 or 2 ranks to one core unless told --bind-to none); at least one. Two ranks × two
-// threads on two cores would make each rank's threads wait at every barrier for a partner
-// that is not running.
-int threads_per_rank(int world_size) {
-    const char* local = std::getenv("OMPI_COMM_WORLD_LOCAL_SIZE");
-    const int here = local ? std::max(1, std::atoi(local)) : world_size;
-    cpu_set_t mine;
-    const int allowed = sched_getaffinity(0, sizeof mine, &mine) == 0 ? CPU_COUNT(&mine) : 1;
-    return std::max(1, std::min(allowed, int(std::thread::hardware_concurrency()) / here));
-}
 
 std::unique_ptr<Communicator> nccl_or_none(const Flags& f, MpiCommunicator& mpi) {
     if (f.backend == "mpi") return nullptr;
@@ -176,11 +151,7 @@ int run(int argc, char** argv, MpiCommunicator& mpi) {
         KILN_USAGE_CHECK(flags.save.empty(), "--save: --measure N times N steps and stops, with nothing to save");
     }
 
-    check_same_command_line(mpi, cli);
-    flags.rank = mpi.rank();
-    flags.world_size = mpi.size();
-    if (mpi.rank() != 0) std::freopen("/dev/null", "w", stdout);  // rank 0 speaks for all
-    if (flags.threads == 0) flags.threads = threads_per_rank(mpi.size());
+    start_ranks(mpi, cli, flags);  // the same flags everywhere, the cores shared out, rank 0 speaks
     KILN_USAGE_CHECK(!(f.zero == 1 && flags.amp == DType::F16), "--zero 1 reduces the gradients inside the optimizer "
                      "step, after a GradScaler would have checked them for inf/NaN on one rank only: use --amp bf16 (no "
                      "scaler) or --zero 0");
@@ -252,18 +223,4 @@ int run(int argc, char** argv, MpiCommunicator& mpi) {
 
 }  // namespace
 
-int main(int argc, char** argv) {
-    MpiCommunicator mpi(&argc, &argv);  // first: MPI takes its own arguments out of argv
-    try {
-        return run(argc, argv, mpi);
-    } catch (const UsageError& e) {
-        // A command line that cannot run fails the same way on every rank (each has the same
-        // flags): rank 0 says so, and every rank ends normally.
-        if (mpi.rank() == 0) std::fprintf(stderr, "lesson-12: %s\n", e.what());
-        return 1;
-    } catch (const std::exception& e) {
-        std::fprintf(stderr, "lesson-12 (rank %d of %d): %s\n", mpi.rank(), mpi.size(), e.what());
-        if (mpi.size() > 1) mpi.abort(1);  // the other ranks would wait for this one
-        return 1;
-    }
-}
+int main(int argc, char** argv) { return run_ranks("lesson-12", argc, argv, run); }

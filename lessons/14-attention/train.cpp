@@ -7,10 +7,18 @@
 //   make lesson-14 ARGS='--attention textbook --memory'   # the memory of a step, per module
 //   make lesson-14 ARGS='--save runs/lesson-14'           # a checkpoint and vocab.json, every 500 steps
 //   make lesson-14 ARGS='--from runs/lesson-14/last.safetensors --sample 1000'   # write, without the text
+//   mpirun -np 2 build/bin/lesson-14 --zero 1        # 2 ranks × 6 windows, AdamW's moments sharded
 //
 // The recipe is nanoGPT's (train/gpt_recipe.h): AdamW (0.9, 0.99), weight decay 0.1 on the
 // weights, warm-up then cosine, clipping at 1.0; the batches are random windows of the first 90%
 // of the text (data/text.h), the validation loss is over the last 10%, in order.
+//
+// Started by mpirun, it is chapter 12's data parallel training: every rank holds the model and
+// trains on its --batch-size / p windows of each batch; the gradients are averaged over the
+// ranks after backward (--zero 0, dist/data_parallel.h) or inside the optimizer, which keeps
+// AdamW's moments of its piece of the parameters only (--zero 1, ZeRO-1: dist/zero.h, which also
+// clips by the global norm). Every rank evaluates the same model; rank 0 prints, writes the
+// checkpoints (every rank helps gather them) and samples.
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -18,12 +26,14 @@
 
 #include "core/allocator.h"         // defines: BumpAllocator, format_bytes, memory_summary
 #include "data/text.h"              // defines: load_text, TextWindows, decode_utf8
+#include "dist/data_parallel.h"     // defines: DataParallel
+#include "dist/zero.h"              // defines: ZeroOptimizer
+#include "mpi/launch.h"             // defines: run_ranks, start_ranks
 #include "nn/gpt.h"                 // defines: GPT, make_gpt, generate
 #include "optim/grad_scaler.h"      // defines: GradScaler
 #include "train/cli.h"              // defines: Cli, CommonFlags
 #include "train/fit.h"              // defines: TrainOptions, check_save_dir
-#include "train/gpt_recipe.h"       // defines: GPTRecipe, gpt_lr, gpt_optimizer, gpt_eval_loss, save_gpt_checkpoint
-#include "train/loop.h"             // defines: train_step
+#include "train/gpt_recipe.h"       // defines: GPTRecipe, gpt_optimizer, gpt_adamw, gpt_train_step, gpt_eval_loss, save_gpt_checkpoint
 #include "train/memory_model.h"     // defines: predict_memory, memory_prediction_table
 #include "train/progress.h"         // defines: seconds_since, peak_memory
 
@@ -38,6 +48,7 @@ struct Lesson14Flags {
     int64_t eval_interval = 500, eval_windows = 200, log_interval = 100, sample = 500, top_k = 0;
     float temperature = 0.8f;
     bool no_kv_cache = false, memory = false;
+    int zero = 0;  // under mpirun: 0 data parallel, 1 ZeRO-1
 };
 
 // The flags this trainer shares with the others but has no use for, refused with the reason.
@@ -49,11 +60,32 @@ void refuse_shared(Cli& cli) {
     cli.refuse("--mem-report", "lesson-14 prints chapter 08's per-module table with --memory");
 }
 
-// Prints chapter 08's predicted step, per module: where the memory of a training step goes.
-void print_memory(GPT& model, const CommonFlags& flags, const Lesson14Flags& o, Device device) {
-    const Shape batch{flags.batch_size, o.gpt.block_size};
-    MemoryModelOptions m{batch, OptimizerKind::Adam, device, true, DType::F32, {}, batch};
+// Prints chapter 08's predicted step, per module: where the memory of a training step goes — of
+// this rank's share of the batch, and under ZeRO-1 with this rank's piece of AdamW's moments.
+void print_memory(GPT& model, const Optimizer& optimizer, const CommonFlags& flags, const Lesson14Flags& o,
+                  Device device) {
+    const Shape batch{flags.batch_size / flags.world_size, o.gpt.block_size};
+    MemoryModelOptions m = memory_model_options(model, optimizer, batch, device, true, DType::F32);
+    m.labels = batch;
+    if (flags.world_size > 1) std::printf("rank 0 of %d:\n", flags.world_size);
     std::printf("%s", memory_prediction_table(predict_memory(model, m)).c_str());
+}
+
+// The ranks' flags that cannot work together, refused before anything is built (a --batch-size
+// the ranks cannot share equally is refused with the shared flags: train/cli.h).
+void check_ranks(const CommonFlags& flags, const Lesson14Flags& o, Device device) {
+    KILN_USAGE_CHECK(flags.world_size == 1 || device == Device::CPU, "lesson-14 trains several ranks on CPUs (MPI moves CPU memory); "
+                     "chapter 12's lesson-12 --backend nccl trains on GPUs");
+    KILN_USAGE_CHECK(!(o.zero == 1 && flags.amp == DType::F16), "--zero 1 reduces the gradients inside the optimizer "
+                     "step, after a GradScaler would have checked them for inf/NaN on one rank only: use --amp bf16 (no "
+                     "scaler) or --zero 0");
+}
+
+// The recipe's AdamW: whole on every rank, or sharded over them (--zero 1).
+std::unique_ptr<Optimizer> make_optimizer(GPT& model, const GPTRecipe& recipe, int zero, Communicator& comm) {
+    if (zero == 1)
+        return std::make_unique<ZeroOptimizer>(model, decay_groups(model, recipe.lr, recipe.weight_decay), comm, gpt_adamw);
+    return gpt_optimizer(model, recipe);
 }
 
 // --sample N: N characters after the prompt, drawn with the temperature, top-k and KV cache of
@@ -92,9 +124,7 @@ int sample_from(const std::string& path, const CommonFlags& flags, const Lesson1
     return 0;
 }
 
-}  // namespace
-
-int main(int argc, char** argv) try {
+int run(int argc, char** argv, MpiCommunicator& mpi) {
     CommonFlags flags;
     flags.batch_size = 12;
     flags.lr = 1e-3f;
@@ -128,9 +158,13 @@ int main(int argc, char** argv) try {
     cli.add("--memory", &o.memory, "print chapter 08's predicted training step, per module, and stop");
     cli.add("--from", &o.from, "sample from a checkpoint of --save (its weights, and the vocab.json beside it), "
             "without the text and without training");
+    cli.add("--zero", &o.zero, "under mpirun: 0, data parallel (every rank keeps AdamW's moments), or 1, ZeRO-1 "
+            "(each rank those of its piece of the parameters)", Cli::between(0, 1));
     cli.parse(argc, argv);
+    start_ranks(mpi, cli, flags);  // the same flags on every rank, the cores shared out, rank 0 speaks
     Device device = flags.apply();
     if (!o.from.empty()) return sample_from(o.from, flags, o, device, cli);
+    check_ranks(flags, o, device);
     for (const char* f : {"--batch-size", "--lr", "--seed", "--data", "--limit", "--amp", "--accumulate", "--save",
                           "--resume", "--overwrite"})
         flags.use(f);
@@ -143,7 +177,9 @@ int main(int argc, char** argv) try {
     o.recipe.decay_iters = o.recipe.iters;
     auto model = make_gpt(o.gpt, flags.seed);
     model->to(device);
-    auto opt = gpt_optimizer(*model, o.recipe);
+    auto opt = make_optimizer(*model, o.recipe, o.zero, mpi);
+    std::unique_ptr<DataParallel> ddp;  // --zero 0 on several ranks: the gradients averaged after backward
+    if (mpi.size() > 1 && o.zero == 0) ddp = std::make_unique<DataParallel>(*model, mpi);
     flags.apply_memory_limit(device);
     TrainOptions saving;  // --save into another run's folder is refused without --overwrite
     saving.save_dir = flags.save, saving.resume = flags.resume, saving.overwrite = flags.overwrite;
@@ -155,8 +191,12 @@ int main(int argc, char** argv) try {
                 o.gpt.recompute ? ", recompute" : "", (long long)flags.batch_size, (long long)o.recipe.iters,
                 (long long)text.train.size(), flags.amp == DType::F32 ? "f32" : ("amp " + std::string(dtype_name(flags.amp))).c_str(),
                 device_name(device));
+    if (mpi.size() > 1)
+        std::printf("%d ranks × %lld windows, %s\n", mpi.size(), (long long)(flags.batch_size / mpi.size()),
+                    o.zero ? "ZeRO-1 (AdamW's moments sharded, gradients reduced and clipped in the optimizer)"
+                           : "data parallel (gradients all-reduced during backward)");
     if (o.memory) {  // chapter 08's table of the step, and stop
-        print_memory(*model, flags, o, device);
+        print_memory(*model, *opt, flags, o, device);
         flags.check_used();
         return 0;
     }
@@ -173,7 +213,8 @@ int main(int argc, char** argv) try {
                         (unsigned long long)at.seed, (unsigned long long)flags.seed);
     }
     const auto save = [&](int64_t steps_done) {
-        if (!flags.save.empty()) save_gpt_checkpoint(flags.save, *model, *opt, text.tokenizer, GPTProgress{steps_done, at.seed});
+        if (!flags.save.empty())
+            save_gpt_checkpoint(flags.save, *model, *opt, text.tokenizer, GPTProgress{steps_done, at.seed}, mpi.rank() == 0);
     };
     TextWindows batches(text.train, o.gpt.block_size, flags.batch_size, at.seed, "the training split");
     BumpAllocator arena("step arena", device);
@@ -181,18 +222,15 @@ int main(int argc, char** argv) try {
     if (flags.amp == DType::F16) scaler.emplace();
     const StepOptions step{&arena, o.recipe.clip, flags.accumulate, scaler ? &*scaler : nullptr, flags.amp};
     model->train();
-    Tensor x, y;
     auto last = std::chrono::steady_clock::now();  // when step last_it ended
     int64_t last_it = first - 1;
     for (int64_t it = first; it < o.recipe.iters; it++) {
-        const float lr = gpt_lr(o.recipe, it);
-        for (ParamGroup& g : opt->param_groups()) g.lr = lr;
-        batches.batch(it, x, y, device);
-        const StepResult r = train_step(*model, *opt, x, y, step);
+        StepResult r = gpt_train_step(*model, *opt, batches, it, o.recipe, step, device, mpi.rank(), mpi.size());
+        if (mpi.size() > 1) r.loss = float(mpi.sum(r.loss) / mpi.size());  // the whole batch's: the mean of the shares'
         KILN_CHECK(r.finite() || scaler, "training diverged at step ", it, ": loss ", r.loss, " (try a lower --lr)");
         if (it % o.log_interval == 0 || it == o.recipe.iters - 1) {
             const double ms = 1000.0 * seconds_since(last) / double(it - last_it);  // the steps since the last line
-            std::printf("step %lld: loss %.4f, lr %.2e, %.0f ms/step\n", (long long)it, r.loss, lr, ms);
+            std::printf("step %lld: loss %.4f, lr %.2e, %.0f ms/step\n", (long long)it, r.loss, opt->lr(), ms);
             std::fflush(stdout);
             last = std::chrono::steady_clock::now(), last_it = it;
         }
@@ -207,14 +245,15 @@ int main(int argc, char** argv) try {
     const double train_seconds = seconds_since(start);
     if (first < o.recipe.iters) save(o.recipe.iters);
     const double val = gpt_eval_loss(*model, text.val, o.gpt.block_size, 64, 0, device);
-    std::printf("%s", memory_summary(device).c_str());  // each allocator's peak, and the limit if any
+    std::printf("%s", memory_summary(device).c_str());  // each allocator's peak (rank 0's), and the limit if any
     std::printf("result: val_loss=%.4f bits_per_char=%.3f time=%.1fs peak_mem=%s\n", val, val / std::log(2.0),
                 train_seconds, format_bytes(peak_memory(device)).c_str());
 
-    if (o.sample > 0) print_sample(*model, text.tokenizer, o, flags.seed);
+    if (o.sample > 0 && mpi.rank() == 0) print_sample(*model, text.tokenizer, o, flags.seed);
     flags.check_used();
     return 0;
-} catch (const std::exception& e) {
-    std::fprintf(stderr, "lesson-14: %s\n", e.what());
-    return 1;
 }
+
+}  // namespace
+
+int main(int argc, char** argv) { return run_ranks("lesson-14", argc, argv, run); }

@@ -253,9 +253,12 @@ void fill_windows(const std::vector<int32_t>& tokens, int64_t T, const std::vect
 
 }  // namespace
 
-void TextWindows::batch(int64_t k, Tensor& x, Tensor& y, Device device) const {
-    std::vector<int64_t> starts(static_cast<size_t>(B_));
-    for (int64_t b = 0; b < B_; b++) starts[size_t(b)] = offset(k, b);
+void TextWindows::batch(int64_t k, Tensor& x, Tensor& y, Device device, int rank, int world) const {
+    KILN_CHECK(world >= 1 && rank >= 0 && rank < world && B_ % world == 0, "TextWindows: rank ", rank, " of ", world,
+               " cannot take an equal share of a batch of ", B_, " windows: use a --batch-size that the ranks divide");
+    const int64_t n = B_ / world, first = rank * n;
+    std::vector<int64_t> starts(static_cast<size_t>(n));
+    for (int64_t b = 0; b < n; b++) starts[size_t(b)] = offset(k, first + b);
     fill_windows(tokens_, T_, starts, x, y, device);
 }
 

@@ -84,15 +84,18 @@ TextData load_text(const std::string& path, int64_t limit = 0, double val_fracti
 // (uniform over [0, n − T − 1], as torch.randint(len(data) − T, (B,)) draws them), and gives
 //   x[b, t] = tokens[offset + t]        y[b, t] = tokens[offset + t + 1]       t < T
 // so every position of every window is a prediction of the next character. Batch k is a pure
-// function of (seed, k): a run resumed at step k draws what it would have drawn.
+// function of (seed, k): a run resumed at step k draws what it would have drawn. Under data
+// parallel training (chapter 12) rank r of p takes windows [r·B/p, (r+1)·B/p) of it: the ranks'
+// shares together are the batch one process would draw.
 class TextWindows {
 public:
     // `tokens` is read, not copied: it must outlive the windows (a TextData's split).
     // A sequence shorter than T + 1 tokens holds no window: an error naming `what` and its length.
     TextWindows(const std::vector<int32_t>& tokens, int64_t block_size, int64_t batch_size, uint64_t seed,
                 const std::string& what);
-    // x, y: i32 [B, T] (Category::Data) on `device`.
-    void batch(int64_t k, Tensor& x, Tensor& y, Device device = Device::CPU) const;
+    // x, y: i32 [B, T] (Category::Data) on `device`; or, of a world of several ranks, rank's
+    // share [B/world, T] (world must divide B).
+    void batch(int64_t k, Tensor& x, Tensor& y, Device device = Device::CPU, int rank = 0, int world = 1) const;
     int64_t offset(int64_t k, int64_t b) const;
     int64_t block_size() const { return T_; }
     int64_t batch_size() const { return B_; }

@@ -45,6 +45,19 @@ std::unique_ptr<AdamW> gpt_optimizer(GPT& model, const GPTRecipe& r) {
     return std::make_unique<AdamW>(decay_groups(model, r.lr, r.weight_decay), gpt_adam_options());
 }
 
+StepResult gpt_train_step(GPT& model, Optimizer& optimizer, const TextWindows& batches, int64_t it,
+                          const GPTRecipe& recipe, const StepOptions& step, Device device, int rank, int world) {
+    const float lr = gpt_lr(recipe, it);
+    for (ParamGroup& g : optimizer.param_groups()) g.lr = lr;
+    Tensor x, y;
+    batches.batch(it, x, y, device, rank, world);
+    return train_step(model, optimizer, x, y, step);
+}
+
+std::unique_ptr<Optimizer> gpt_adamw(std::vector<ParamGroup> groups) {
+    return std::make_unique<AdamW>(std::move(groups), gpt_adam_options());
+}
+
 double gpt_eval_loss(GPT& model, const std::vector<int32_t>& tokens, int64_t block_size, int64_t batch,
                      int64_t max_windows, Device device) {
     const int64_t all = ordered_window_count(tokens, block_size);
@@ -124,9 +137,10 @@ CharTokenizer recorded_vocabulary(const std::string& path, const StateDict& stat
 }  // namespace
 
 void save_gpt_checkpoint(const std::string& save_dir, GPT& model, Optimizer& optimizer, const CharTokenizer& vocabulary,
-                         const GPTProgress& at) {
+                         const GPTProgress& at, bool main_process) {
     TrainingRun run{model, optimizer, nullptr, nullptr, random_streams(model)};
-    StateDict state = checkpoint_state(run, ResumePoint{0, 0, at.step});
+    StateDict state = checkpoint_state(run, ResumePoint{0, 0, at.step});  // every rank: a collective under ZeRO-1
+    if (!main_process) return;
     for (const ShapeEntry& e : kShape) state.set(e.key, model.config.*e.field);
     state.set_u64(kSeed, at.seed);
     state.set(kVocabulary, vocabulary.to_json());

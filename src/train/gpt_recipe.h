@@ -19,6 +19,7 @@
 #include "data/text.h"
 #include "nn/gpt.h"
 #include "optim/adam.h"
+#include "train/loop.h"
 
 namespace kiln {
 
@@ -43,6 +44,18 @@ float gpt_lr(const GPTRecipe& recipe, int64_t it);
 // (gpt_adam_options).
 std::unique_ptr<AdamW> gpt_optimizer(GPT& model, const GPTRecipe& recipe);
 Adam::Options gpt_adam_options();
+// The same AdamW over given groups: what a ZeroOptimizer (dist/zero.h) runs on each rank's piece,
+//   ZeroOptimizer zero(model, decay_groups(model, recipe.lr, recipe.weight_decay), comm, gpt_adamw);
+std::unique_ptr<Optimizer> gpt_adamw(std::vector<ParamGroup> groups);
+
+// Step `it` of lesson-14's training: gpt_lr(recipe, it) into every group, batch `it` of `batches`
+// on `device`, and train_step with `step` (the recipe's clip among its options). Under data
+// parallel training (chapter 12: the model under a DataParallel, or the optimizer a
+// ZeroOptimizer) rank `rank` of `world` trains on its share of the batch (TextWindows::batch):
+// the loss returned is its share's (the whole batch's is the mean over the ranks), the gradient
+// norm the summed gradients'. Every rank calls it for every step.
+StepResult gpt_train_step(GPT& model, Optimizer& optimizer, const TextWindows& batches, int64_t it,
+                          const GPTRecipe& recipe, const StepOptions& step, Device device, int rank = 0, int world = 1);
 
 // The mean cross-entropy, in nats per character, of the model's next-token predictions over the
 // ordered windows of `tokens` (data/text.h: offsets 0, T, 2T, ...), the first max_windows of them
@@ -73,8 +86,10 @@ struct GPTProgress {
 // save_dir/last.safetensors at `at` (the one before kept as prev.safetensors), with
 // "train.gpt.n_layer", "n_head", "n_embd", "block_size", "train.gpt.seed" and
 // "train.gpt.vocabulary" (the tokenizer's JSON) besides chapter 07's entries, and save_dir/vocab.json.
+// Under data parallel training every rank calls it (a ZeroOptimizer gathers its pieces of AdamW's
+// moments here) and only the main process (rank 0) writes.
 void save_gpt_checkpoint(const std::string& save_dir, GPT& model, Optimizer& optimizer, const CharTokenizer& vocabulary,
-                         const GPTProgress& at);
+                         const GPTProgress& at, bool main_process = true);
 
 // The vocabulary of a checkpoint: the vocab.json beside it, checked against the one the file
 // records. Missing, unreadable, or another text's (a vocab.json copied from another run) is an

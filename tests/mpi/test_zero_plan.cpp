@@ -42,10 +42,7 @@ std::unique_ptr<Optimizer> data_parallel(GPT& model, const GPTRecipe& r) {
 
 // ZeRO-1 over the recipe's AdamW.
 std::unique_ptr<Optimizer> zero1(GPT& model, const GPTRecipe& r) {
-    const auto adamw = [](std::vector<ParamGroup> groups) -> std::unique_ptr<Optimizer> {
-        return std::make_unique<AdamW>(std::move(groups), gpt_adam_options());
-    };
-    return std::make_unique<ZeroOptimizer>(model, decay_groups(model, r.lr, r.weight_decay), world(), adamw);
+    return std::make_unique<ZeroOptimizer>(model, decay_groups(model, r.lr, r.weight_decay), world(), gpt_adamw);
 }
 
 // ZeRO-2 over the recipe's AdamW, in buckets of 256 KiB (the baby GPT's slab is 3.3 MB; DDP's
