@@ -157,6 +157,8 @@ std::vector<uint8_t> idx_labels(const std::vector<uint8_t>& labels, uint32_t mag
 
 std::vector<uint8_t> bytes_of(const std::string& s) { return std::vector<uint8_t>(s.begin(), s.end()); }
 
+Tensor cuda_copy(const Tensor& t) { return t.to(Device::CUDA); }
+
 void under_schedules(const std::function<void()>& f) {
 #ifndef KILN_CUDA
     for (emu::Schedule s : {emu::Schedule::InOrder, emu::Schedule::Reverse, emu::Schedule::Shuffle}) {
@@ -188,6 +190,23 @@ void require_close(const Tensor& got_any, const Tensor& want_any, double tol, do
     if (bad)
         msg << bad << " of " << want.numel() << " values differ by more than " << allowed << "; the first at " << first
             << ": got " << g[first] << ", want " << w[first];
+    INFO(msg.str());
+    REQUIRE(bad == 0);
+}
+
+void require_near(const Tensor& got_any, const Tensor& want_any, double rel, double abs) {
+    const Tensor got = got_any.to(Device::CPU), want = want_any.to(Device::CPU);
+    REQUIRE(got.shape() == want.shape());
+    const float* g = got.data<float>();
+    const float* w = want.data<float>();
+    int64_t bad = 0, first = -1;
+    for (int64_t i = 0; i < want.numel(); i++) {
+        const bool ok = (std::isnan(w[i]) && std::isnan(g[i])) ||
+                        std::fabs(double(g[i]) - double(w[i])) <= abs + rel * std::fabs(double(w[i]));
+        if (!ok && bad++ == 0) first = i;
+    }
+    std::ostringstream msg;
+    if (bad) msg << bad << " mismatches; the first at " << first << ": got " << g[first] << ", want " << w[first];
     INFO(msg.str());
     REQUIRE(bad == 0);
 }

@@ -59,6 +59,10 @@ std::vector<uint8_t> bytes_of(const std::string& s);
 // A CPU f32 tensor of `shape` holding `values` (row-major), moved to `device`.
 Tensor tensor_of(const Shape& shape, const std::vector<float>& values, Device device = Device::CPU);
 
+// A copy of t on the cuda device (the emulator's memory without a GPU), for comparing a device
+// result with the CPU's.
+Tensor cuda_copy(const Tensor& t);
+
 // Runs f under each schedule the kernel emulator offers for a test: the threads of a block in
 // order, in reverse, then shuffled (a seeded random order, new at every barrier) between
 // barriers. A kernel missing a __syncthreads() reads shared memory before or after another
@@ -78,6 +82,9 @@ void under_schedules(const std::function<void()>& f);
 //                      unspecified, and a GPU's arithmetic returns its own canonical NaN
 //                      (gpu_nans below) where the CPU passes its operand's along
 void require_close(const Tensor& got, const Tensor& want, double tol, double abs = 0.0);
+// require_near       f32, |got − want| ≤ abs + rel · |want| element by element (rel = abs = 0: the
+//                    same values); NaN matches NaN. For results whose error scales with each value.
+void require_near(const Tensor& got, const Tensor& want, double rel = 0.0, double abs = 0.0);
 void require_identical(const Tensor& got, const Tensor& want);
 void require_identical_values(const Tensor& got, const Tensor& want);
 // What require_identical_values found wrong ("" when nothing): the number of mismatches and the

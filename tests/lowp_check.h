@@ -2,7 +2,7 @@
 // bound derived from the arithmetic, on the CPU and on the CUDA kernels (the emulator without a
 // GPU); and the CPU against CUDA in f16. Each op's cases live in its own test file, tagged [lowp]
 // and with the op's tag: test_conv.cpp, test_pool.cpp, test_norm.cpp, test_gelu.cpp and
-// test_cnn_ops.cpp (dropout).
+// test_dropout.cpp.
 //
 // ---- The inputs -----------------------------------------------------------------------------
 // Random f32 values rounded to T first, so that the f16 (or bf16) op and the f32 op start from
@@ -25,7 +25,7 @@
 // CPU against CUDA, both in f16: each is within its bound of the exact value, so the two are
 // within (r_cpu + r_cuda)·u·S + 2·n·2^-24·S of each other, plus, for the ops whose f32 results
 // already differ between the devices beyond summation order (the device's erff and expf in GELU,
-// double sums in another order in the norms), the tolerance test_cuda_layers.cpp allows them.
+// double sums in another order in the norms), the tolerance their f32 CUDA cases allow them.
 //
 #pragma once
 #include <functional>

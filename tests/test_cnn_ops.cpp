@@ -1,12 +1,11 @@
 // test_cnn_ops.cpp — the argument checks of the Tensor-level CNN ops (ops/cnn.h): a wrong shape,
 // a wrong dtype (and mixed f32/f16: test_conv.cpp and test_norm.cpp have more) and a wrong
 // device each fail with a message that names the op and the tensor. (The results themselves are
-// tested through the layers: test_conv.cpp, test_pool.cpp, test_norm.cpp, test_misc_layers.cpp
-// and their CUDA twins.) And dropout in f16 and bf16 against f32 (lowp_check.h).
+// tested through the layers, each op's CPU, CUDA, f16 and bf16 cases in its own file:
+// test_conv.cpp, test_pool.cpp, test_norm.cpp, test_gelu.cpp, test_dropout.cpp.)
 #include <catch2/catch.hpp>
 
 #include "core/tensor.h"
-#include "lowp_check.h"
 #include "ops/cnn.h"
 
 using namespace kiln;
@@ -68,35 +67,4 @@ TEST_CASE("cnn ops: tensors on two devices name the op, both tensors and both de
     REQUIRE_THROWS_WITH(batchnorm_eval(x, gamma, beta, mean, var, 1e-5f),
                         Contains("batchnorm_eval") && Contains("'gamma' is on cpu"));
     REQUIRE_THROWS_WITH(gelu_backward(x, Tensor::zeros(x.shape())), Contains("gelu_backward") && Contains("'dy'"));
-}
-
-// ---- f16 and bf16 (chapter 09): within the bound of f32 (lowp_check.h) ----------------------------
-namespace {
-
-using namespace test::lowp;
-
-// Dropout: one f32 expression per element, rounded once.
-OpCheck dropout_check(const LowType& t) {
-    Rng rng(12);
-    const Tensor x = values_in(t, {5, 41}, -1, 1, rng), dy = values_in(t, {5, 41}, -1, 1, rng);
-    const float p = 0.3f;
-    auto run = [=](Device device, DType dt) {
-        Tensor mask;
-        const Tensor y = dropout(x.to(dt).to(device), p, 77, 1000, &mask);
-        const Tensor dx = dropout_backward(dy.to(dt).to(device), mask, p);
-        return std::vector<Tensor>{host_f32(y), host_f32(dx), host_f32(mask.to(Device::CPU))};
-    };
-    const std::vector<Tensor> ref = run(Device::CPU, DType::F32);
-    // the mask: the same in every type (r = 0, n = 0: exactly equal)
-    return {run, {{abs_of(ref[0]), 1, 1, 1}, {abs_of(ref[1]), 1, 1, 1}, {Tensor::zeros(x.shape()), 0, 0, 0}}};
-}
-
-}  // namespace
-
-TEST_CASE("f16 and bf16 dropout on the CPU within the bound of f32", "[lowp][lesson09][cpu][dropout]") {
-    check_op(Device::CPU, dropout_check);
-}
-
-TEST_CASE("f16 and bf16 dropout on CUDA within the bound of f32 and the CPU", "[lowp][lesson09][cuda][dropout]") {
-    check_op(Device::CUDA, dropout_check);
 }

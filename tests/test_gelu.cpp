@@ -1,9 +1,9 @@
 // test_gelu.cpp — GELU (ops/cnn.h gelu, gelu_backward; the kernels in ops/cpu/elementwise.cpp and
 // cuda/elementwise.cu; the layer in nn/misc.h; chapter 06), every backend in one file: the exact
 // erf form by hand, the CPU kernels against the formulas in double, finite differences, and the
-// CUDA kernels (on the emulator without a GPU, under two schedules) against the CPU within 2e-6
-// absolute (the device's erff/expf against the CPU's 1e-6-accurate approximations); in f16 and
-// bf16 against f32, within the bound of lowp_check.h, on both.
+// CUDA kernels (on the emulator without a GPU, under three schedules) against the CPU within 2e-6
+// absolute (the device's erff/expf against the CPU's 1e-6-accurate approximations) and against
+// finite differences; in f16 and bf16 against f32, within the bound of lowp_check.h, on both.
 //
 //   make test T='[gelu]'
 #include <algorithm>
@@ -83,6 +83,12 @@ TEST_CASE("cuda GELU matches the CPU", "[cuda][gelu][lesson06]") {
     }
 }
 
+TEST_CASE("cuda GELU gradient matches finite differences", "[cuda][gelu][lesson06][gradcheck]") {
+    Rng rng(12);
+    GELU gelu;
+    check_module_gradients(gelu, Tensor::normal({3, 7}, 0.0f, 2.0f, rng).to(Device::CUDA));
+}
+
 // ---- f16 and bf16 (chapter 09): within the bound of f32 (lowp_check.h) ----------------------------
 namespace {
 
@@ -97,7 +103,7 @@ OpCheck gelu_check(const LowType& t) {
         return std::vector<Tensor>{host_f32(gelu(xd)), host_f32(gelu_backward(xd, dy.to(dt).to(device)))};
     };
     const std::vector<Tensor> ref = run(Device::CPU, DType::F32);
-    const double gap = 2e-6;  // the CPU's erf and exp against the device's (test_cuda_layers.cpp)
+    const double gap = 2e-6;  // the CPU's erf and exp against the device's ("cuda GELU matches the CPU")
     return {run, {{abs_of(ref[0]), 2, 1, 1, gap}, {abs_of(ref[1]), 2, 1, 1, gap}}};
 }
 

@@ -1,7 +1,9 @@
 // test_gemm.cpp — kiln::cpu::gemm against the textbook triple loop (gemm_reference), for odd
 // shapes, every transpose combination, padded rows, general alpha/beta; plus determinism:
 // the same bits whatever the number of OpenMP threads; each micro-kernel the CPU can run; a
-// small product read in place and a packed A (PackedA) giving gemm's own bits.
+// small product read in place and a packed A (PackedA) giving gemm's own bits. The CUDA GEMMs
+// (chapter 04: the engine's version 6, its 128×128 tiles, the split along K, the lab's versions 1
+// to 3, alpha = 0 or K = 0, matmul on the device) against cpu::gemm: make test T='[cuda][gemm]'.
 //
 //   ./kiln_tests '[gemm]'
 #include <omp.h>
@@ -15,10 +17,15 @@
 #include <string>
 #include <vector>
 
+#include "core/rng.h"
+#include "core/tensor.h"
 #include "fixtures.h"
+#include "gemm_versions.h"
+#include "ops/kernels/all.h"
 #include "ops/cpu/gemm.h"
 #include "ops/cpu/gemm_blocks.h"
 #include "ops/cpu/gemm_tile.h"
+#include "ops/ops.h"
 
 using kiln::cpu::gemm;
 using kiln::cpu::gemm_reference;
@@ -391,4 +398,154 @@ TEST_CASE("gemm with a packed A in f16 and bf16 gives the bits of gemm on A itse
     };
     run(kiln::f16{});
     run(kiln::bf16{});
+}
+
+// ---- on CUDA (chapter 04; cuda/gemm.cu and the lab's versions; on the emulator without a GPU,
+// under three schedules) ---------------------------------------------------------------------------
+// Every transpose, beta 0 and 1, sizes that are not multiples of the tile, against cpu::gemm.
+using namespace kiln;
+using test::cuda_copy;
+using test::require_near;
+using test::under_schedules;
+
+namespace {
+
+using GemmFn = void (*)(bool, bool, int64_t, int64_t, int64_t, float, const float*, int64_t, const float*, int64_t,
+                        float, float*, int64_t);
+
+// One GEMM on device copies, compared with cpu::gemm on the same inputs. The leading
+// dimensions are padded (lda = K + 3, ...) so that a kernel mixing up a size and a stride fails.
+void check_gemm(GemmFn gpu_gemm, bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, float beta,
+                Rng& rng) {
+    INFO("M = " << M << ", N = " << N << ", K = " << K << ", trans_a = " << ta << ", trans_b = " << tb
+                << ", alpha = " << alpha << ", beta = " << beta);
+    const int64_t a_rows = ta ? K : M, a_cols = ta ? M : K, b_rows = tb ? N : K, b_cols = tb ? K : N;
+    const int64_t lda = a_cols + 3, ldb = b_cols + 1, ldc = N + 2;
+    Tensor A = Tensor::uniform({a_rows, lda}, -1.0f, 1.0f, rng), B = Tensor::uniform({b_rows, ldb}, -1.0f, 1.0f, rng);
+    Tensor C = Tensor::uniform({M, ldc}, -1.0f, 1.0f, rng);
+    if (beta == 0.0f)  // beta = 0 must not read C
+        for (int64_t i = 0; i < C.numel(); i++) C.data<float>()[i] = std::numeric_limits<float>::quiet_NaN();
+    Tensor dA = cuda_copy(A), dB = cuda_copy(B), dC = cuda_copy(C);
+    cpu::gemm(ta, tb, M, N, K, alpha, A.data<float>(), lda, B.data<float>(), ldb, beta, C.data<float>(), ldc);
+    gpu_gemm(ta, tb, M, N, K, alpha, dA.data<float>(), lda, dB.data<float>(), ldb, beta, dC.data<float>(), ldc);
+    Tensor got = dC.to(Device::CPU);
+    // Padding columns stay untouched (NaN for beta = 0): compare everything, NaN matching NaN.
+    // Tolerance: the GPU adds the K products in another order than the CPU (tiles, fma), so each
+    // element may differ by a few ulps of Σ|a·b| ≤ K for values in [-1, 1].
+    require_near(got, C, 1e-5, 2e-6 * double(K + 1));
+}
+
+}  // namespace
+
+TEST_CASE("cuda gemm (version 6, the engine's) matches the CPU", "[cuda][lesson04][gemm]") {
+    Rng rng(17);
+    // Edges of the 64×64 tile, K not a multiple of BK = 16, a single element, a tall thin matrix;
+    // K a multiple of 4 (A's rows as float4s) and not (one by one).
+    const int64_t shapes[][3] = {{1, 1, 1}, {3, 5, 7}, {17, 33, 65}, {64, 64, 16}, {65, 63, 17}, {130, 129, 20},
+                                 {64, 512, 100}, {300, 2, 3}};
+    under_schedules([&] {
+        for (auto [M, N, K] : shapes)
+            for (bool ta : {false, true})
+                for (bool tb : {false, true})
+                    for (float beta : {0.0f, 1.0f}) check_gemm(cuda::gemm, ta, tb, M, N, K, 0.75f, beta, rng);
+    });
+}
+
+TEST_CASE("cuda gemm's 128×128 tiles (big matrices) match the CPU", "[cuda][lesson04][gemm]") {
+    Rng rng(19);
+    // Two 128×128 tiles per SM select the big configuration (289 tiles here: the emulator's SMs
+    // are its OpenMP threads); 2049 and 2050 leave partial tiles.
+    under_schedules([&] {
+        for (bool ta : {false, true})
+            for (bool tb : {false, true}) check_gemm(cuda::gemm, ta, tb, 2049, 2050, 9, 1.0f, ta ? 1.0f : 0.0f, rng);
+    });
+}
+
+TEST_CASE("cuda gemm split along K (convolution weight gradients) matches the CPU", "[cuda][lesson05][gemm]") {
+    Rng rng(21);
+    // One 64×64 tile of C and a long K, as LeNet's weight gradients (Og × Kc = 6 × 25, 16 × 150,
+    // K = L the chunk's output pixels): fewer tiles than two per SM, so K is split (S ≥ 2 on the
+    // emulator too, whose SMs are its OpenMP threads). K not a multiple of the 32-wide slices
+    // leaves a short last slice. Tolerance (check_gemm's): each slice sums K/S products, then S
+    // partials are added: an error bound of (K/S + S)·u·Σ|a·b| ≤ K·u·Σ|a·b|, as for one sum.
+    const int64_t shapes[][3] = {{6, 25, 3000}, {16, 64, 1000}, {33, 50, 777}};
+    for (auto [M, N, K] : shapes) {
+        INFO("M = " << M << ", N = " << N << ", K = " << K);
+        REQUIRE(cuda::gemm_split_k_slices(M, N, K) >= 2);
+        under_schedules([&] {
+            for (bool ta : {false, true})
+                for (bool tb : {false, true})
+                    for (float beta : {0.0f, 1.0f}) check_gemm(cuda::gemm_split_k<float>, ta, tb, M, N, K, 0.75f, beta, rng);
+        });
+    }
+    // Enough tiles to fill the device already: no split.
+    REQUIRE(cuda::gemm_split_k_slices(64 * 100, 64 * 100, 100000) == 1);
+    // The same bytes on every run: the partials are added in a fixed order, without atomics.
+    Tensor A = Tensor::uniform({6, 3000}, -1.0f, 1.0f, rng), B = Tensor::uniform({25, 3000}, -1.0f, 1.0f, rng);
+    Tensor C1 = Tensor::zeros({6, 25}).to(Device::CUDA), C2 = Tensor::zeros({6, 25}).to(Device::CUDA);
+    const Tensor dA = cuda_copy(A), dB = cuda_copy(B);
+    for (Tensor* C : {&C1, &C2})
+        cuda::gemm_split_k(false, true, 6, 25, 3000, 1.0f, dA.data<float>(), 3000, dB.data<float>(), 3000, 0.0f,
+                           C->data<float>(), 25);
+    test::require_identical(C1, C2);
+}
+
+TEST_CASE("cuda gemm versions 1 to 3 (naive, shared-memory tiles, register tiles) match the CPU",
+          "[cuda][lesson04][gemm]") {
+    Rng rng(23);
+    const int64_t shapes[][3] = {{1, 1, 1}, {16, 16, 16}, {17, 33, 65}, {40, 7, 31}, {130, 129, 20}};
+    under_schedules([&] {
+        for (GemmFn f : {cuda::lab::gemm_naive<float>, cuda::lab::gemm_smem<float>,
+                         cuda::lab::gemm_register_tiled<float>})
+            for (auto [M, N, K] : shapes)
+                for (bool ta : {false, true})
+                    for (bool tb : {false, true})
+                        for (float beta : {0.0f, 1.0f}) check_gemm(f, ta, tb, M, N, K, 1.5f, beta, rng);
+    });
+}
+
+TEST_CASE("cuda gemm version 6 gives version 3's bits: each C value sums its products in k order",
+          "[cuda][lesson04][gemm]") {
+    // Warp tiling and double buffering move data, not arithmetic: both add op(A)[m, k]·op(B)[k, n]
+    // to one float accumulator for k = 0, 1, ..., K − 1, so switching the engine changed no bit.
+    Rng rng(29);
+    const int64_t shapes[][3] = {{17, 33, 65}, {64, 512, 100}, {300, 260, 48}};
+    for (auto [M, N, K] : shapes)
+        for (bool ta : {false, true})
+            for (bool tb : {false, true}) {
+                INFO("M = " << M << ", N = " << N << ", K = " << K << ", trans_a " << ta << ", trans_b " << tb);
+                const Tensor A = cuda_copy(Tensor::uniform({ta ? K : M, ta ? M : K}, -1.0f, 1.0f, rng));
+                const Tensor B = cuda_copy(Tensor::uniform({tb ? N : K, tb ? K : N}, -1.0f, 1.0f, rng));
+                Tensor C6 = Tensor::zeros({M, N}).to(Device::CUDA), C3 = Tensor::zeros({M, N}).to(Device::CUDA);
+                cuda::gemm(ta, tb, M, N, K, 1.0f, A.data<float>(), ta ? M : K, B.data<float>(), tb ? K : N, 0.0f,
+                           C6.data<float>(), N);
+                cuda::lab::gemm_register_tiled(ta, tb, M, N, K, 1.0f, A.data<float>(), ta ? M : K, B.data<float>(),
+                                               tb ? K : N, 0.0f, C3.data<float>(), N);
+                test::require_identical(C6, C3);
+            }
+}
+
+TEST_CASE("cuda gemm: alpha = 0 or K = 0 gives beta·C and reads neither A nor B", "[cuda][lesson04][gemm]") {
+    //   C = [1 2 3],  beta = 2  ->  [2 4 6];   beta = 0  ->  [0 0 0] even where C was NaN
+    Tensor C = Tensor::zeros({1, 3});
+    for (int i = 0; i < 3; i++) C.set({0, i}, i + 1);
+    Tensor nan = Tensor::full({1, 1}, std::nan("")).to(Device::CUDA);  // A and B: NaN if read
+    for (int64_t K : {int64_t(0), int64_t(1)}) {
+        Tensor dC = cuda_copy(C);
+        const float alpha = K == 0 ? 1.0f : 0.0f;
+        cuda::gemm(false, false, 1, 3, K, alpha, nan.data<float>(), 1, nan.data<float>(), 3, 2.0f, dC.data<float>(), 3);
+        Tensor got = dC.to(Device::CPU);
+        for (int i = 0; i < 3; i++) REQUIRE(got.get({0, i}) == 2.0 * (i + 1));
+        Tensor dn = Tensor::full({1, 3}, std::nan("")).to(Device::CUDA);
+        cuda::gemm(false, false, 1, 3, K, alpha, nan.data<float>(), 1, nan.data<float>(), 3, 0.0f, dn.data<float>(), 3);
+        for (int i = 0; i < 3; i++) REQUIRE(dn.to(Device::CPU).get({0, i}) == 0.0);
+    }
+    cuda::gemm<float>(false, false, 0, 5, 5, 1.0f, nullptr, 5, nullptr, 5, 0.0f, nullptr, 5);  // M = 0: no launch
+}
+
+TEST_CASE("cuda matmul through the ops layer, as Linear uses it", "[cuda][lesson04][gemm]") {
+    Rng rng(29);
+    Tensor x = Tensor::uniform({64, 784}, -1.0f, 1.0f, rng), w = Tensor::uniform({10, 784}, -1.0f, 1.0f, rng);
+    Tensor want = matmul(x, w, false, true);
+    under_schedules([&] { require_near(matmul(cuda_copy(x), cuda_copy(w), false, true), want, 1e-5, 2e-6 * 785); });
 }

@@ -1,13 +1,16 @@
 // test_norm.cpp — BatchNorm1d / BatchNorm2d (chapter 06): a case computed by hand, the running
-// statistics, eval mode, a double-precision reference, finite differences, threads, errors.
+// statistics, eval mode, a double-precision reference, finite differences, threads, errors; on
+// CUDA (cuda/norm.cu): the CPU's results on edge shapes (M = 2, M > 256 threads, |mean| ≫ std),
+// the same bits on every run, finite differences on the device, the devices' error.
 // LayerNorm: a case computed by hand (forward and backward), finite differences, threads, errors;
-// and on CUDA (cuda/norm.cu): the CPU's results on edge shapes, the same bits under two schedules,
-// finite differences on the device. Both in f16 and bf16 (chapter 09) against f32, within the
-// bound of lowp_check.h, on the CPU and CUDA.
+// and on CUDA: the CPU's results on edge shapes, the same bits under every schedule, finite
+// differences on the device. Both in f16 and bf16 (chapter 09) against f32, within the bound of
+// lowp_check.h, on the CPU and CUDA.
 //
 // Run: make build/tests/kiln_tests && build/tests/kiln_tests '[batchnorm]'   (or '[layernorm]')
 #include <cmath>
 #include <cstring>
+#include <memory>
 #include <vector>
 
 #include <catch2/catch.hpp>
@@ -21,6 +24,7 @@
 #include "ops/cnn.h"
 
 using namespace kiln;
+using test::cuda_copy;
 using test::require_close;
 using test::require_identical;
 using test::under_schedules;
@@ -185,6 +189,104 @@ TEST_CASE("BatchNorm errors name the layer and the shapes", "[batchnorm][cpu][le
     CHECK_NOTHROW(bn1.forward(Tensor::zeros({1, 3})));  // eval needs no batch statistics
 }
 
+// ---- BatchNorm on CUDA (cuda/norm.cu; on the emulator without a GPU, under three schedules) ------
+// Per-channel sums in another order than the CPU's, both in double: y, dx and the parameters'
+// gradients within 1e-5 of the CPU's (relative to the largest |value|), the eval forward and the
+// running statistics within 1e-6.
+namespace {
+
+// BatchNorm2d for [N, C, H, W], else BatchNorm1d, with random weight and bias (not the 1 and 0
+// they start with) drawn from seed: the same seed, the same layer.
+std::unique_ptr<BatchNorm> make_bn(const Shape& s, uint64_t seed) {
+    Rng rng(seed);
+    std::unique_ptr<BatchNorm> bn;
+    if (s.ndim == 4) bn = std::make_unique<BatchNorm2d>(s[1]);
+    else bn = std::make_unique<BatchNorm1d>(s[1]);
+    bn->weight.value.copy_from(Tensor::uniform({s[1]}, 0.5f, 2.0f, rng));
+    bn->bias.value.copy_from(Tensor::uniform({s[1]}, -1.0f, 1.0f, rng));
+    return bn;
+}
+
+}  // namespace
+
+TEST_CASE("cuda batch norm matches the CPU in training and evaluation", "[cuda][batchnorm][lesson06]") {
+    struct Case {
+        const char* what;
+        Shape shape;
+        float offset;  // added to every x: |mean| ≫ std tests the two-pass variance
+    };
+    const Case cases[] = {
+        {"BatchNorm1d, M = 2 (the smallest batch that trains)", {2, 3}, 0.0f},
+        {"BatchNorm1d on [N, C, L]", {3, 4, 5}, 0.0f},
+        {"BatchNorm2d, batch 1, odd sizes", {1, 3, 5, 7}, 0.0f},
+        {"BatchNorm2d, M = 600 > 256 threads", {6, 2, 10, 10}, 0.0f},
+        {"BatchNorm2d, |mean| = 1000 ≫ std = 0.6", {4, 2, 6, 6}, 1000.0f},
+    };
+    Rng rng(5);
+    for (const Case& c : cases) {
+        INFO(c.what << ": x " << c.shape.str());
+        Tensor x = Tensor::uniform(c.shape, -1.0f, 1.0f, rng);
+        for (int64_t i = 0; i < x.numel(); i++) x.data<float>()[i] += c.offset;
+        const Tensor dy = Tensor::uniform(c.shape, -1.0f, 1.0f, rng);
+        const uint64_t seed = rng.next_u64();
+        std::unique_ptr<BatchNorm> cpu_bn = make_bn(c.shape, seed);
+        const Tensor y = cpu_bn->forward(x);
+        const Tensor dx = cpu_bn->backward(dy);
+        cpu_bn->eval();
+        const Tensor y_eval = cpu_bn->forward(x);
+        under_schedules([&] {
+            std::unique_ptr<BatchNorm> gpu_bn = make_bn(c.shape, seed);
+            gpu_bn->to(Device::CUDA);
+            require_close(gpu_bn->forward(cuda_copy(x)), y, 1e-5);
+            require_close(gpu_bn->running_mean, cpu_bn->running_mean, 1e-6);
+            require_close(gpu_bn->running_var, cpu_bn->running_var, 1e-6);
+            require_close(gpu_bn->backward(cuda_copy(dy)), dx, 1e-5);
+            require_close(gpu_bn->weight.grad, cpu_bn->weight.grad, 1e-5);
+            require_close(gpu_bn->bias.grad, cpu_bn->bias.grad, 1e-5);
+            gpu_bn->eval();
+            require_close(gpu_bn->forward(cuda_copy(x)), y_eval, 1e-6);
+        });
+    }
+}
+
+TEST_CASE("cuda batch norm gives the same bits on every run", "[cuda][batchnorm][lesson06]") {
+    // No atomics: each channel's sums are one block's fixed tree, whatever order threads run in.
+    Rng rng(6);
+    const Tensor x = cuda_copy(Tensor::normal({5, 3, 9, 9}, 0.5f, 2.0f, rng));
+    const Tensor dy = cuda_copy(Tensor::normal({5, 3, 9, 9}, 0.0f, 1.0f, rng));
+    std::vector<Tensor> outs;
+    under_schedules([&] {
+        BatchNorm2d bn(3);
+        bn.to(Device::CUDA);
+        outs.push_back(bn.forward(x));
+        outs.push_back(bn.backward(dy));
+        outs.push_back(bn.weight.grad);
+    });
+    for (size_t i = 3; i < outs.size(); i++) require_identical(outs[i], outs[i - 3]);
+}
+
+TEST_CASE("cuda batch norm gradients match finite differences", "[cuda][batchnorm][lesson06][gradcheck]") {
+    Rng rng(12);
+    SECTION("BatchNorm2d, training") {
+        std::unique_ptr<BatchNorm> bn = make_bn({2, 3, 3, 3}, 1);
+        bn->to(Device::CUDA);
+        check_module_gradients(*bn, cuda_copy(Tensor::normal({2, 3, 3, 3}, 0.5f, 2.0f, rng)));
+    }
+    SECTION("BatchNorm1d, training") {
+        std::unique_ptr<BatchNorm> bn = make_bn({5, 4}, 2);
+        bn->to(Device::CUDA);
+        check_module_gradients(*bn, cuda_copy(Tensor::normal({5, 4}, 0.0f, 1.0f, rng)));
+    }
+}
+
+TEST_CASE("cuda batch norm names the layer and both devices when they are apart", "[cuda][batchnorm][lesson06]") {
+    using Catch::Matchers::Contains;
+    BatchNorm2d bn(2, "bn1");  // still on the CPU
+    REQUIRE_THROWS_WITH(bn.forward(cuda_copy(Tensor::ones({2, 2, 3, 3}))),
+                        Contains("bn1") && Contains("weight is on cpu but the input is on cuda") &&
+                            Contains("model.to(Device::CUDA)"));
+}
+
 // ---- LayerNorm ------------------------------------------------------------------------------------
 // LayerNorm(4) on x [2, 4], weight w = (1, 2, 0.5, −1), bias b = (0, 1, 0, 0.5):
 //
@@ -265,7 +367,7 @@ TEST_CASE("LayerNorm errors name the layer and the shapes", "[layernorm][cpu][le
                         Contains("layernorm") && Contains("'gamma'") && Contains("[4]"));
 }
 
-// ---- LayerNorm on CUDA (cuda/norm.cu; on the emulator without a GPU, under two schedules) --------
+// ---- LayerNorm on CUDA (cuda/norm.cu; on the emulator without a GPU, under three schedules) ------
 // Row sums in another order than the CPU's, both in double: y and dx within 1e-5 of the CPU's.
 TEST_CASE("cuda layer norm matches the CPU and gives the same bits on every run", "[cuda][layernorm][lesson06]") {
     const Shape shapes[] = {
@@ -366,7 +468,7 @@ OpCheck batchnorm_check(const LowType& t) {
     const std::vector<Tensor> ref = run(Device::CPU, DType::F32);
     const ParamSums ps = param_sums(
         in.x, in.dy, ref[1], ref[2], C, [&](int64_t i) { return i / S % C; }, [&](int64_t i) { return i / S % C; });
-    const double M = double(N * S), gap = 1e-5;  // test_cuda_layers.cpp's relative tolerance for batch norm
+    const double M = double(N * S), gap = 1e-5;  // the CUDA batch-norm cases' relative tolerance
     auto b = [&](const Tensor& s, double n, double r) { return Bound{s, n, r, r, gap * max_abs(s)}; };
     return {run,
             {b(abs_of(ref[0]), 2, 1), b(abs_of(ref[1]), M, 0), b(abs_of(ref[2]), M, 0), b(abs_of(ref[3]), M, 0),

@@ -1,6 +1,6 @@
 // test_optim.cpp — the optimizers of chapter 07 (and chapter 02's SGD): each against
 // torch.optim on a tiny problem (a reference implementation), the fused CUDA
-// update against its CPU twin, weight-decay groups, gradient clipping by a hand-computed case,
+// updates (SGD, Adam) against their CPU twins, weight-decay groups, gradient clipping by a hand-computed case,
 // save/load continuing bit for bit, the memory each optimizer keeps, and the argument checks.
 //
 //   make test T='[optim]'        make test T='[optim][cuda]'   (the CUDA kernels, on the emulator)
@@ -241,6 +241,38 @@ double max_abs_diff(const std::vector<Tensor>& a, const std::vector<Tensor>& b) 
     for (size_t t = 0; t < a.size(); t++)
         if (a[t].defined()) worst = std::max(worst, max_abs_diff(a[t], b[t]));
     return worst;
+}
+
+TEST_CASE("cuda sgd_update matches the CPU", "[optim][cuda][lesson04]") {
+    Rng rng(37);
+    const int64_t count = int64_t(kSegmentSizes.size());
+    struct Case { float momentum, dampening, wd; bool nesterov; };
+    for (Case k : {Case{0, 0, 0, false}, Case{0.9f, 0, 0, false}, Case{0.9f, 0.1f, 1e-4f, false},
+                   Case{0.9f, 0, 5e-4f, true}}) {
+        INFO("momentum " << k.momentum << ", dampening " << k.dampening << ", wd " << k.wd << ", nesterov "
+                         << k.nesterov);
+        const std::vector<Tensor> p = segments(&rng), g1 = segments(&rng), g2 = segments(&rng);
+        under_schedules([&] {
+            std::vector<Tensor> hp = to_device(p, Device::CPU), hbuf = segments(nullptr);
+            std::vector<Tensor> cp = to_device(p, Device::CUDA), cbuf = segments(nullptr, Device::CUDA);
+            for (auto& t : hp) t = t.defined() ? t.clone() : t;
+            int step = 0;
+            for (const std::vector<Tensor>* g : {&g1, &g2}) {  // the first step, then one with a momentum buffer
+                const SgdParams s{0.05f, k.momentum, k.dampening, k.wd, k.nesterov, step == 0};
+                std::vector<Tensor> hg = to_device(*g, Device::CPU), cg = to_device(*g, Device::CUDA);
+                cpu::sgd_update(data_of(hp).data(), data_of(hg).data(), data_of(hbuf).data(), kSegmentSizes.data(),
+                                count, s);
+                cuda::sgd_update(data_of(cp).data(), data_of(cg).data(), data_of(cbuf).data(), kSegmentSizes.data(),
+                                 count, s);
+                step++;
+            }
+            for (size_t t = 0; t < kSegmentSizes.size(); t++) {
+                if (kSegmentSizes[t] == 0) continue;
+                test::require_near(cp[t], hp[t], 1e-6, 1e-7);
+                test::require_near(cbuf[t], hbuf[t], 1e-6, 1e-7);
+            }
+        });
+    }
 }
 
 TEST_CASE("cuda adam_update matches the CPU", "[optim][cuda]") {

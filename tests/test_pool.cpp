@@ -1,16 +1,19 @@
 // test_pool.cpp — MaxPool2d, AvgPool2d, GlobalAvgPool (chapter 03): hand-computed cases,
-// finite differences, errors; f16 and bf16 against f32 within the bound of lowp_check.h, CPU
-// and CUDA.
+// finite differences, errors; on CUDA (chapter 05) against the CPU, NaN included, finite
+// differences on the device; f16 and bf16 against f32 within the bound of lowp_check.h, CPU and
+// CUDA.
 //
 // Run: make build/tests/kiln_tests && build/tests/kiln_tests '[pool]'
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <limits>
 #include <vector>
 
 #include <catch2/catch.hpp>
 
 #include "core/rng.h"
+#include "fixtures.h"
 #include "gradcheck.h"
 #include "lowp_check.h"
 #include "nn/pool.h"
@@ -18,6 +21,13 @@
 #include "ops/kernels/all.h"
 
 using namespace kiln;
+using test::cuda_copy;
+using test::gpu_nans;
+using test::identical_values_mismatch;
+using test::require_close;
+using test::require_identical;
+using test::require_identical_values;
+using test::under_schedules;
 
 namespace {
 
@@ -201,6 +211,137 @@ TEST_CASE("Pooling errors name the layer and the shapes", "[pool][cpu][lesson03]
     REQUIRE_THROWS_WITH(AvgPool2d(2, 2, 2, "pool2"), Contains("pool2") && Contains("padding"));
     GlobalAvgPool gap("gap");
     REQUIRE_THROWS_WITH(gap.forward(Tensor::zeros({4, 8})), Contains("gap") && Contains("[4, 8]"));
+}
+
+// ---- on CUDA (cuda/pool.cu; on the emulator without a GPU, under three schedules) -----------------
+// Small random shapes that hit the edges (batch 1, odd sizes, padding, stride ≠ kernel), against
+// the layers on the CPU. Tolerances (fixtures.h require_close: relative to the largest |value|):
+// max pooling bit for bit (the same scan, the same argmax) and the average-pooling forward too;
+// 1e-6 for the average-pooling backward and the global average (a GPU may fuse dy·(1/K²) into the
+// add; the global sum is a tree instead of 8 lanes).
+namespace {
+
+// Values from {−1, −0.75, ..., 1}: many ties inside every pooling window.
+Tensor with_ties(const Shape& s, Rng& rng) {
+    Tensor t = Tensor::uniform(s, -1.0f, 1.0f, rng);
+    for (int64_t i = 0; i < t.numel(); i++) t.data<float>()[i] = std::round(t.data<float>()[i] * 4.0f) / 4.0f;
+    return t;
+}
+
+struct PoolCase {
+    const char* what;
+    int64_t N, C, H, W, K, stride, padding;
+};
+
+const PoolCase kPoolCases[] = {
+    {"a single value", 1, 1, 1, 1, 1, 1, 0},
+    {"LeNet's 2x2 stride 2 (the CPU's special case)", 2, 3, 8, 8, 2, 2, 0},
+    {"odd sizes: the last row and column are in no window", 1, 2, 7, 9, 2, 2, 0},
+    {"overlapping windows with padding", 2, 2, 9, 7, 3, 2, 1},
+    {"stride 1: an input in up to 9 windows", 1, 3, 6, 5, 3, 1, 1},
+    {"stride != kernel, padding K/2", 3, 1, 5, 6, 4, 3, 2},
+};
+
+}  // namespace
+
+// NaN is part of pooling's contract, its bits are not (PyTorch 2.x: max pooling propagates a NaN
+// in the window, as does an average; which NaN is unspecified). A GPU's arithmetic returns its own
+// NaN where the CPU passes the input's along, so the forward results are compared as values: NaN
+// where the CPU has NaN, the same bits everywhere else (on the emulator after gpu_nans, which
+// gives its NaNs a GPU's bits, so that this run checks what a GPU run must pass).
+TEST_CASE("cuda max and average pooling match the CPU bit for bit, NaN as NaN", "[cuda][pool][lesson05]") {
+    Rng rng(3);
+    for (const PoolCase& c : kPoolCases) {
+        INFO(c.what << ": x [" << c.N << ", " << c.C << ", " << c.H << ", " << c.W << "], K " << c.K << ", stride "
+                    << c.stride << ", padding " << c.padding);
+        Tensor x = with_ties({c.N, c.C, c.H, c.W}, rng);
+        x.data<float>()[x.numel() / 2] = NAN;  // NaN wins its windows, as on the CPU
+        MaxPool2d cpu_max(c.K, c.stride, c.padding), gpu_max(c.K, c.stride, c.padding);
+        AvgPool2d cpu_avg(c.K, c.stride, c.padding), gpu_avg(c.K, c.stride, c.padding);
+        const Tensor y_max = cpu_max.forward(x), y_avg = cpu_avg.forward(x);
+        const Tensor dy = Tensor::uniform(y_max.shape(), -1.0f, 1.0f, rng);
+        const Tensor dx_max = cpu_max.backward(dy), dx_avg = cpu_avg.backward(dy);
+        under_schedules([&] {
+            require_identical_values(gpu_nans(gpu_max.forward(cuda_copy(x))), y_max);
+            require_identical(gpu_max.backward(cuda_copy(dy)), dx_max);  // the same argmax, gathered
+            require_identical_values(gpu_nans(gpu_avg.forward(cuda_copy(x))), y_avg);
+            require_close(gpu_avg.backward(cuda_copy(dy)), dx_avg, 1e-6);
+        });
+    }
+}
+
+TEST_CASE("pooling's NaN contract: a NaN matches any NaN, everything else its bits", "[cpu][pool][lesson05]") {
+    // [1, NaN (the CPU's 0x7fc00000), -0, NaN] against the GPU's NaN 0x7fffffff in the same places
+    Tensor want = Tensor::empty({4}), got = Tensor::empty({4});
+    const uint32_t want_bits[] = {0x3f800000u, 0x7fc00000u, 0x80000000u, 0xffc00000u};
+    std::memcpy(want.raw(), want_bits, sizeof want_bits);
+    got.copy_from(gpu_nans(want));
+    CHECK(got.data<float>()[1] != got.data<float>()[1]);
+    CHECK(identical_values_mismatch(got, want).empty());
+    // a NaN where the CPU has a number, a number where it has NaN, +0 for -0: each a mismatch
+    for (int i : {0, 1, 2}) {
+        Tensor bad = got.clone();
+        const uint32_t swapped[] = {0x7fffffffu, 0x3f800000u, 0x00000000u};
+        std::memcpy(static_cast<uint8_t*>(bad.raw()) + 4 * i, &swapped[i], 4);
+        INFO("element " << i);
+        CHECK(!identical_values_mismatch(bad, want).empty());
+    }
+}
+
+TEST_CASE("cuda max pooling keeps the first maximum of a window on ties", "[cuda][pool][lesson05]") {
+    // One 3x3 window, stride 1, over a plane of equal values: the maximum is the first (0, 0),
+    // so backward sends dy there and nowhere else.
+    //   x = [2 2 2]     y = [2]      dx = [5 0 0]
+    //       [2 2 2]     dy = [5]          [0 0 0]
+    //       [2 2 2]                       [0 0 0]
+    MaxPool2d pool(3, 1);
+    const Tensor y = pool.forward(cuda_copy(Tensor::full({1, 1, 3, 3}, 2.0)));
+    require_identical(y, Tensor::full({1, 1, 1, 1}, 2.0));
+    Tensor want = Tensor::zeros({1, 1, 3, 3});
+    want.data<float>()[0] = 5.0f;
+    require_identical(pool.backward(cuda_copy(Tensor::full({1, 1, 1, 1}, 5.0))), want);
+}
+
+TEST_CASE("cuda global average pooling matches the CPU", "[cuda][pool][lesson05]") {
+    Rng rng(4);
+    // One warp per plane: S = 1; S = 49 and 300 > 32 lanes: lanes take several values; 256
+    // planes of 3×3 (the CIFAR net's last layer): 32 blocks of 8 warps.
+    for (const Shape& s : {Shape{1, 1, 1, 1}, Shape{3, 5, 7, 7}, Shape{2, 2, 15, 20}, Shape{4, 64, 3, 3}}) {
+        INFO("x " << s.str());
+        const Tensor x = Tensor::uniform(s, -2.0f, 3.0f, rng);
+        GlobalAvgPool cpu_pool, gpu_pool;
+        const Tensor y = cpu_pool.forward(x);
+        const Tensor dy = Tensor::uniform(y.shape(), -1.0f, 1.0f, rng);
+        const Tensor dx = cpu_pool.backward(dy);
+        under_schedules([&] {
+            require_close(gpu_pool.forward(cuda_copy(x)), y, 1e-6);
+            require_close(gpu_pool.backward(cuda_copy(dy)), dx, 1e-6);
+        });
+    }
+}
+
+TEST_CASE("cuda pooling gradients match finite differences", "[cuda][pool][gradcheck][lesson05]") {
+    Rng rng(12);
+    SECTION("MaxPool2d 3x3, stride 2, padding 1") {
+        MaxPool2d pool(3, 2, 1);
+        check_module_gradients(pool, cuda_copy(spread({2, 2, 5, 5}, 12)));
+    }
+    SECTION("AvgPool2d 3x3, stride 2, padding 1") {
+        AvgPool2d pool(3, 2, 1);
+        check_module_gradients(pool, cuda_copy(Tensor::normal({1, 2, 5, 6}, 0.0f, 1.0f, rng)));
+    }
+    SECTION("GlobalAvgPool") {
+        GlobalAvgPool pool;
+        check_module_gradients(pool, cuda_copy(Tensor::normal({2, 3, 3, 3}, 0.0f, 1.0f, rng)));
+    }
+}
+
+TEST_CASE("cuda pooling names the layer and both devices when they are apart", "[cuda][pool][lesson05]") {
+    using Catch::Matchers::Contains;
+    MaxPool2d pool(2, 2, 0, "pool1");
+    pool.forward(cuda_copy(Tensor::ones({1, 1, 4, 4})));
+    REQUIRE_THROWS_WITH(pool.backward(Tensor::ones({1, 1, 2, 2})),
+                        Contains("pool1") && Contains("dy is on cpu but the input is on cuda"));
 }
 
 // ---- f16 and bf16 (chapter 09): within the bound of f32 (lowp_check.h) ----------------------------

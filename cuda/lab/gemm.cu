@@ -267,7 +267,7 @@ bool run_problem(int chosen, int64_t M, int64_t N, int64_t K, const std::vector<
     DeviceArray<float> A(a), B(b), C(want.size());
     const auto launch = [&](int version, int block) { gemm(version, M, N, K, A.get(), B.get(), C.get(), block); };
     // The GPU adds the K products in another order than the CPU (tiles, FMA): a few ulps of
-    // Σ|a·b| ≤ K for values in [-1, 1], as in tests/test_cuda_ops.cpp.
+    // Σ|a·b| ≤ K for values in [-1, 1], as in tests/test_gemm.cpp.
     const bool ok = validate_versions(
         versions, chosen, [&](int version, int block) {
             C.poison();
