@@ -25,6 +25,7 @@
 // `make test T='[wmma]'` the 16-bit versions; the kernel lab (cuda/lab/gemm.cu, `make lab`) runs
 // every version, and on a GPU (`make CUDA=1 lab`) times them against cuBLAS.
 #include "common.cuh"
+#include "gemm_launch.cuh"
 #include "gemm_tiles.cuh"
 #include "tensor_tiles.cuh"
 #include "gemm_versions.h"
@@ -156,8 +157,6 @@ bool gemm_trivial(int64_t M, int64_t N, int64_t K, float alpha, float beta, T* C
     return true;
 }
 
-unsigned grid_rows(int64_t tiles) { return unsigned(std::min<int64_t>(tiles, 65535)); }
-
 // Version 6 on grid (ceil(N/BN), ceil(M/BM), slices) with C's type CT (T, or float for
 // split-K's partial sums).
 template <class S, bool TA, bool TB, typename T, typename CT>
@@ -226,15 +225,6 @@ void mma_tiles(int64_t M, int64_t N, int64_t K, float alpha, const T* A, int64_t
 // 16-wide block; below that (a matrix-vector product, K < 16) most of each 16×8×16 step would
 // multiply padding, and version 6 does the few products instead.
 bool tensor_cores_fit(int64_t M, int64_t N, int64_t K) { return M >= 16 && N >= 16 && K >= 16; }
-
-template <typename T>
-using GemmFn = void (*)(int64_t, int64_t, int64_t, float, const T*, int64_t, const T*, int64_t, float, T*, int64_t);
-
-// One instantiation per (trans_a, trans_b), picked at run time.
-template <typename T>
-GemmFn<T> pick(GemmFn<T> nn, GemmFn<T> nt, GemmFn<T> tn, GemmFn<T> tt, bool trans_a, bool trans_b) {
-    return trans_a ? (trans_b ? tt : tn) : (trans_b ? nt : nn);
-}
 
 // Version 8's launch: 128×128×32 tiles of 8 warps, kStages stages; rows that do not allow
 // 16-byte chunks go to version 7.

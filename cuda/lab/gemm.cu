@@ -52,6 +52,7 @@
 
 #include "common.h"
 #include "common.cuh"
+#include "gemm_launch.cuh"
 #include "gemm_versions.h"
 #include "ops/cpu/gemm.h"
 #include "ops/kernels/all.h"
@@ -129,11 +130,7 @@ __global__ void __launch_bounds__((BM / TM) * (BN / TN))
                 const float4 v = *reinterpret_cast<const float4*>(&Bs[k][tx * TN + j]);
                 b[j] = v.x, b[j + 1] = v.y, b[j + 2] = v.z, b[j + 3] = v.w;
             }
-            KILN_UNROLL
-            for (int i = 0; i < TM; i++) {
-                KILN_UNROLL
-                for (int j = 0; j < TN; j++) acc[i][j] += a[i] * b[j];
-            }
+            cuda::detail::outer_product_add(acc, a, b);
         }
         __syncthreads();
     }

@@ -45,6 +45,7 @@
 #include <type_traits>
 
 #include "common.cuh"
+#include "gemm_launch.cuh"
 #include "gemm_versions.h"
 #include "ops/kernels/gemm.h"
 
@@ -206,11 +207,7 @@ __global__ void __launch_bounds__((BM / TM) * (BN / TN))
                     const float4 v = *reinterpret_cast<const float4*>(&Bs[k][g * 4 * kThreadsX + tx * 4]);
                     b[4 * g] = v.x, b[4 * g + 1] = v.y, b[4 * g + 2] = v.z, b[4 * g + 3] = v.w;
                 }
-                KILN_UNROLL
-                for (int i = 0; i < TM; i++) {
-                    KILN_UNROLL
-                    for (int j = 0; j < TN; j++) acc[i][j] += a[i] * b[j];
-                }
+                detail::outer_product_add(acc, a, b);
             }
             __syncthreads();
         }
@@ -272,8 +269,6 @@ namespace {
 // does these without a GEMM kernel.
 bool no_product(int64_t M, int64_t N, int64_t K, float alpha) { return M == 0 || N == 0 || alpha == 0.0f || K == 0; }
 
-unsigned grid_rows(int64_t tiles) { return unsigned(std::min<int64_t>(tiles, 65535)); }
-
 template <bool TA, bool TB, typename T>
 void naive(int64_t M, int64_t N, int64_t K, float alpha, const T* A, int64_t lda, const T* B, int64_t ldb,
            float beta, T* C, int64_t ldc) {
@@ -317,15 +312,6 @@ void tensor_cores(int64_t M, int64_t N, int64_t K, float alpha, const T* A, int6
     const dim3 grid(unsigned((N + kBN - 1) / kBN), grid_rows((M + kBM - 1) / kBM)), block(kThreads);
     KILN_LAUNCH(gemm_wmma, grid, block, 0)(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
     KILN_CHECK_LAUNCH(gemm_wmma, grid, block);
-}
-
-template <typename T>
-using GemmFn = void (*)(int64_t, int64_t, int64_t, float, const T*, int64_t, const T*, int64_t, float, T*, int64_t);
-
-// One instantiation per (trans_a, trans_b), picked at run time.
-template <typename T>
-GemmFn<T> pick(GemmFn<T> nn, GemmFn<T> nt, GemmFn<T> tn, GemmFn<T> tt, bool trans_a, bool trans_b) {
-    return trans_a ? (trans_b ? tt : tn) : (trans_b ? nt : nn);
 }
 
 }  // namespace
