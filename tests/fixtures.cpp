@@ -211,6 +211,10 @@ void require_near(const Tensor& got_any, const Tensor& want_any, double rel, dou
     REQUIRE(bad == 0);
 }
 
+bool same_bits(const Tensor& a, const Tensor& b) {
+    return a.shape() == b.shape() && a.dtype() == b.dtype() && std::memcmp(a.raw(), b.raw(), a.nbytes()) == 0;
+}
+
 Tensor tensor_of(const Shape& shape, const std::vector<float>& values, Device device) {
     REQUIRE(int64_t(values.size()) == shape.numel());
     Tensor t = Tensor::empty(shape);

@@ -90,6 +90,9 @@ void require_identical_values(const Tensor& got, const Tensor& want);
 // What require_identical_values found wrong ("" when nothing): the number of mismatches and the
 // first one, with both bit patterns.
 std::string identical_values_mismatch(const Tensor& got, const Tensor& want);
+// Whether two CPU tensors hold the same bytes in the same shape and type (for CHECK and CHECK_FALSE;
+// require_identical when a mismatch should stop the test and say where).
+bool same_bits(const Tensor& a, const Tensor& b);
 
 // A copy of t (f32, f16 or bf16) with every NaN replaced by the NaN an NVIDIA GPU's arithmetic
 // makes (f32 0x7fffffff, f16 and bf16 0x7fff): the emulator keeps the x86 CPU's NaN bits, so a

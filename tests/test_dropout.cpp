@@ -7,7 +7,6 @@
 // against f32, within the bound of lowp_check.h, on both.
 //
 //   make test T='[dropout]'
-#include <cstring>
 #include <vector>
 
 #include <catch2/catch.hpp>
@@ -24,13 +23,8 @@
 using namespace kiln;
 using test::cuda_copy;
 using test::require_identical;
+using test::same_bits;
 using test::under_schedules;
-
-namespace {
-bool same_bits(const Tensor& a, const Tensor& b) {
-    return a.shape() == b.shape() && std::memcmp(a.raw(), b.raw(), a.nbytes()) == 0;
-}
-}  // namespace
 
 TEST_CASE("Dropout: inverted scaling, rate, eval identity, reproducible masks", "[dropout][layers][cpu][lesson06]") {
     const float p = 0.3f;

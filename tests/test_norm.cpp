@@ -9,7 +9,6 @@
 //
 // Run: make build/tests/kiln_tests && build/tests/kiln_tests '[batchnorm]'   (or '[layernorm]')
 #include <cmath>
-#include <cstring>
 #include <memory>
 #include <vector>
 
@@ -27,22 +26,9 @@ using namespace kiln;
 using test::cuda_copy;
 using test::require_close;
 using test::require_identical;
+using test::same_bits;
+using test::tensor_of;
 using test::under_schedules;
-
-namespace {
-
-Tensor from(const Shape& s, const std::vector<float>& v) {
-    Tensor t = Tensor::empty(s);
-    REQUIRE(int64_t(v.size()) == t.numel());
-    std::copy(v.begin(), v.end(), t.data<float>());
-    return t;
-}
-
-bool same_bits(const Tensor& a, const Tensor& b) {
-    return a.shape() == b.shape() && std::memcmp(a.raw(), b.raw(), a.nbytes()) == 0;
-}
-
-}  // namespace
 
 // BatchNorm1d(2) on x [4, 2]:
 //
@@ -56,7 +42,7 @@ bool same_bits(const Tensor& a, const Tensor& b) {
 // running_var  = 0.9 · 1 + 0.1 · (20/3, 200)  = (1.5666667, 20.9)
 TEST_CASE("BatchNorm1d train and eval on a [4, 2] batch computed by hand", "[batchnorm][cpu][lesson06]") {
     BatchNorm1d bn(2);
-    const Tensor x = from({4, 2}, {1, 10, 3, 10, 5, 20, 7, 40});
+    const Tensor x = tensor_of({4, 2}, {1, 10, 3, 10, 5, 20, 7, 40});
     Tensor y = bn.forward(x);
     const double s0 = std::sqrt(5.0 + 1e-5), s1 = std::sqrt(150.0 + 1e-5);
     const double want[8] = {-3 / s0, -10 / s1, -1 / s0, -10 / s1, 1 / s0, 0, 3 / s0, 20 / s1};
@@ -300,15 +286,15 @@ TEST_CASE("cuda batch norm names the layer and both devices when they are apart"
 //          dx_d = (g_d − 1/4 − x̂_d · (−2/σ0) / 4) / σ0          row 1: g = 0, so dx = 0
 TEST_CASE("LayerNorm forward and backward on a [2, 4] batch computed by hand", "[layernorm][cpu][lesson06]") {
     LayerNorm ln(4);
-    ln.weight.value = from({4}, {1, 2, 0.5f, -1});
-    ln.bias.value = from({4}, {0, 1, 0, 0.5f});
-    const Tensor x = from({2, 4}, {1, 2, 3, 6, -1, -1, 1, 1});
+    ln.weight.value = tensor_of({4}, {1, 2, 0.5f, -1});
+    ln.bias.value = tensor_of({4}, {0, 1, 0, 0.5f});
+    const Tensor x = tensor_of({2, 4}, {1, 2, 3, 6, -1, -1, 1, 1});
     const Tensor y = ln.forward(x);
     const double s0 = std::sqrt(3.5 + 1e-5), s1 = std::sqrt(1.0 + 1e-5);
     const double want_y[8] = {-2 / s0, 1 - 2 / s0, 0, 0.5 - 3 / s0, -1 / s1, 1 - 2 / s1, 0.5 / s1, 0.5 - 1 / s1};
     for (int i = 0; i < 8; i++) CHECK(y.data<float>()[i] == Approx(want_y[i]).margin(1e-6));
 
-    const Tensor dx = ln.backward(from({2, 4}, {1, 0, 0, 0, 0, 0, 0, 0}));
+    const Tensor dx = ln.backward(tensor_of({2, 4}, {1, 0, 0, 0, 0, 0, 0, 0}));
     const double xhat0[4] = {-2 / s0, -1 / s0, 0, 3 / s0}, g0[4] = {1, 0, 0, 0};
     for (int d = 0; d < 4; d++) {
         CHECK(dx.data<float>()[d] == Approx((g0[d] - 0.25 - xhat0[d] * (-2 / s0) / 4) / s0).margin(1e-6));

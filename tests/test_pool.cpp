@@ -27,16 +27,10 @@ using test::identical_values_mismatch;
 using test::require_close;
 using test::require_identical;
 using test::require_identical_values;
+using test::tensor_of;
 using test::under_schedules;
 
 namespace {
-
-Tensor from(const Shape& s, const std::vector<float>& v) {
-    Tensor t = Tensor::empty(s);
-    REQUIRE(int64_t(v.size()) == t.numel());
-    std::copy(v.begin(), v.end(), t.data<float>());
-    return t;
-}
 
 std::vector<float> values(const Tensor& t) { return std::vector<float>(t.data<float>(), t.data<float>() + t.numel()); }
 
@@ -66,8 +60,8 @@ Tensor spread(const Shape& s, uint64_t seed) {
 // backward of max with dy = [[1, 2], [3, 4]]: dx is 0 except dx[4] = 1, dx[6] = 2, dx[13] = 3, dx[11] = 4.
 // backward of avg: each dy / 4 over its 2×2 window.
 TEST_CASE("MaxPool2d and AvgPool2d on a 4x4 plane computed by hand", "[pool][cpu][lesson03]") {
-    const Tensor x = from({1, 1, 4, 4}, {1, 2, 5, 3, 4, 0, 6, 1, 9, 8, 2, 7, 3, 10, 4, 5});
-    const Tensor dy = from({1, 1, 2, 2}, {1, 2, 3, 4});
+    const Tensor x = tensor_of({1, 1, 4, 4}, {1, 2, 5, 3, 4, 0, 6, 1, 9, 8, 2, 7, 3, 10, 4, 5});
+    const Tensor dy = tensor_of({1, 1, 2, 2}, {1, 2, 3, 4});
 
     SECTION("max: the kernel's values and argmax") {
         Pool2dParams p;
@@ -101,13 +95,13 @@ TEST_CASE("MaxPool2d and AvgPool2d on a 4x4 plane computed by hand", "[pool][cpu
 //     p  3  4  p
 //     p  p  p  p
 TEST_CASE("Pooling with padding: -inf for max, counted zeros for avg", "[pool][cpu][lesson03]") {
-    const Tensor x = from({1, 1, 2, 2}, {1, 2, 3, 4});
+    const Tensor x = tensor_of({1, 1, 2, 2}, {1, 2, 3, 4});
     MaxPool2d maxpool(2, 2, 1);
     CHECK(values(maxpool.forward(x)) == std::vector<float>{1, 2, 3, 4});
     AvgPool2d avgpool(2, 2, 1);
     CHECK(values(avgpool.forward(x)) == std::vector<float>{0.25f, 0.5f, 0.75f, 1.0f});
     // negative values: the max must not be the padding's 0
-    const Tensor neg = from({1, 1, 2, 2}, {-1, -2, -3, -4});
+    const Tensor neg = tensor_of({1, 1, 2, 2}, {-1, -2, -3, -4});
     CHECK(values(maxpool.forward(neg)) == std::vector<float>{-1, -2, -3, -4});
 }
 
@@ -157,19 +151,19 @@ TEST_CASE("MaxPool2d 2x2 fast path: ties, NaN, odd sizes", "[pool][cpu][lesson03
 }
 
 TEST_CASE("MaxPool2d sums the gradients of overlapping windows", "[pool][cpu][lesson03]") {
-    const Tensor x = from({1, 1, 3, 3}, {1, 2, 3, 4, 9, 5, 6, 7, 8});
+    const Tensor x = tensor_of({1, 1, 3, 3}, {1, 2, 3, 4, 9, 5, 6, 7, 8});
     MaxPool2d pool(2, 1);
     CHECK(values(pool.forward(x)) == std::vector<float>{9, 9, 9, 9});
-    CHECK(values(pool.backward(from({1, 1, 2, 2}, {1, 2, 3, 4}))) == std::vector<float>{0, 0, 0, 0, 10, 0, 0, 0, 0});
+    CHECK(values(pool.backward(tensor_of({1, 1, 2, 2}, {1, 2, 3, 4}))) == std::vector<float>{0, 0, 0, 0, 10, 0, 0, 0, 0});
 }
 
 TEST_CASE("GlobalAvgPool averages each plane", "[pool][cpu][lesson06]") {
-    const Tensor x = from({2, 2, 1, 3}, {1, 2, 3, 4, 5, 6, -1, 0, 4, 7, 8, 9});
+    const Tensor x = tensor_of({2, 2, 1, 3}, {1, 2, 3, 4, 5, 6, -1, 0, 4, 7, 8, 9});
     GlobalAvgPool gap;
     Tensor y = gap.forward(x);
     CHECK(y.shape() == Shape{2, 2});
     CHECK(values(y) == std::vector<float>{2, 5, 1, 8});
-    CHECK(values(gap.backward(from({2, 2}, {3, 6, 0, -3}))) ==
+    CHECK(values(gap.backward(tensor_of({2, 2}, {3, 6, 0, -3}))) ==
           std::vector<float>{1, 1, 1, 2, 2, 2, 0, 0, 0, -1, -1, -1});
 }
 
