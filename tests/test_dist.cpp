@@ -87,6 +87,13 @@ TEST_CASE("buckets: reverse layer order, about the cap each, the whole slab cove
     REQUIRE(each.size() == 4);
     REQUIRE(each[3].begin == 0);
     REQUIRE(each[2].begin == 320);
+
+    // ZeRO-3's units: a bucket also closes before a unit's first parameter (p1: units {p0} {p1 p2 p3})
+    const auto units = plan_buckets(ps, ranges, 1000, int64_t(1) << 40, {true, true, false, false});
+    REQUIRE(units.size() == 2);
+    REQUIRE(units[0].begin == 320);
+    REQUIRE(units[0].params == std::vector<Parameter*>{ps[3], ps[2], ps[1]});
+    REQUIRE(units[1].params == std::vector<Parameter*>{ps[0]});
 }
 
 TEST_CASE("2 ranks' batches hold the one-process batch's images, augmented the same", "[lesson12][cpu][dist][loader]") {

@@ -214,8 +214,9 @@ TEST_CASE("pack puts parameters and gradients in two slabs; grads_view is the fl
     require_in_slabs(net);
 }
 
-// What ZeRO-2 (dist/zero2.h) does to the model: the gradient slab goes, the value slab stays.
-TEST_CASE("drop_grad_slab lets the gradients go and keeps the value slab", "[module][cpu][lesson15]") {
+// What ZeRO-2 (dist/zero2.h) does to the model: the gradient slab goes, the value slab stays; and
+// what ZeRO-3 (dist/zero3.h) does: the value slab goes too.
+TEST_CASE("drop_grad_slab lets the gradients go and keeps the value slab; drop_value_slab then lets the values go", "[module][cpu][lesson15]") {
     Rng rng(1);
     Sequential net("net");
     net.add("fc1", std::make_unique<Linear>(6, 5, rng));
@@ -232,6 +233,13 @@ TEST_CASE("drop_grad_slab lets the gradients go and keeps the value slab", "[mod
     net.pack();       // and pack() brings a zero slab back
     require_in_slabs(net);
     REQUIRE(sum_squares(net.grads_view()) == 0.0);
+
+    // ZeRO-3 lets the values go too, the gradients first
+    REQUIRE_THROWS_WITH(net.drop_value_slab(), Contains("drop_grad_slab"));
+    net.drop_grad_slab();
+    net.drop_value_slab();
+    for (Parameter* p : net.parameters()) REQUIRE_FALSE(p->value.defined());
+    REQUIRE_THROWS_WITH(net.values_view(), Contains("pack()"));
 }
 
 TEST_CASE("the chapter models come packed; to() and loading a checkpoint keep the slabs", "[module][cuda][lesson04]") {

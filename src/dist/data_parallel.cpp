@@ -12,7 +12,7 @@ namespace kiln {
 
 std::vector<GradBucket> plan_buckets(const std::vector<Parameter*>& params,
                                      const std::vector<std::pair<int64_t, int64_t>>& ranges, int64_t total,
-                                     int64_t bucket_elements) {
+                                     int64_t bucket_elements, const std::vector<bool>& starts_unit) {
     KILN_CHECK(params.size() == ranges.size() && !params.empty() && bucket_elements > 0, "plan_buckets: ",
                params.size(), " parameters, ", ranges.size(), " ranges, bucket of ", bucket_elements,
                " elements: want as many ranges as parameters, at least one, and a positive bucket size");
@@ -21,7 +21,7 @@ std::vector<GradBucket> plan_buckets(const std::vector<Parameter*>& params,
     for (size_t i = params.size(); i-- > 0;) {
         b.params.push_back(params[i]);
         b.begin = ranges[i].first;
-        const bool full = b.end - b.begin >= bucket_elements;
+        const bool full = b.end - b.begin >= bucket_elements || (!starts_unit.empty() && starts_unit.at(i));
         if (full || i == 0) {
             if (i == 0) b.begin = 0;  // the first bucket reaches the slab's start
             buckets.push_back(b);

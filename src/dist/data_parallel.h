@@ -47,11 +47,12 @@ struct GradBucket {
 
 // The buckets for parameters whose gradients lie at [ranges[i].first, ranges[i].second) of a
 // slab of `total` elements, in slab (forward) order. From the last parameter back, a bucket is
-// closed once it holds bucket_elements or more; together the buckets cover [0, total) with no
+// closed once it holds bucket_elements or more, or at a parameter i with starts_unit[i] (when
+// given: ZeRO-3's layers, each its own bucket); together the buckets cover [0, total) with no
 // gap, bucket 0 at the end of the slab.
 std::vector<GradBucket> plan_buckets(const std::vector<Parameter*>& params,
                                      const std::vector<std::pair<int64_t, int64_t>>& ranges, int64_t total,
-                                     int64_t bucket_elements);
+                                     int64_t bucket_elements, const std::vector<bool>& starts_unit = {});
 
 struct DataParallelOptions {
     int64_t bucket_bytes = 25 << 20;  // DDP's bucket_cap_mb = 25

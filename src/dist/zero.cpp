@@ -94,7 +94,7 @@ void ZeroOptimizer::step() {
     }
     inner_->step();
     steps_++;
-    comm_.all_gather(values_, pieces_);  // 3. every piece to every rank
+    gather_parameters();  // 3. every piece to every rank
     broadcast_buffers(model_, comm_);
 }
 

@@ -78,6 +78,8 @@ protected:
     virtual void sum_gradients();
     // This rank's piece of the gradient (slab elements [lo, hi)): what step 1 leaves, the update reads.
     virtual Tensor gradient_piece() const { return piece_of(grads_); }
+    // Step 3: every rank's updated piece to every rank (ZeRO-3 gathers each layer when it runs).
+    virtual void gather_parameters() { comm_.all_gather(values_, pieces_); }
     // clip_gradients has done step 1 for the coming step(). (A step skipped after it, for a
     // norm that is inf or NaN, leaves it set: the next clip_gradients reduces the next gradients.)
     bool reduced_ = false;

@@ -36,7 +36,7 @@ Zero2Optimizer::Zero2Optimizer(Module& model, std::vector<ParamGroup> groups, Co
         owned[dot == std::string::npos ? std::string() : name.substr(0, dot)].push_back(params_.size());
         params_.push_back(p);
     }
-    buckets_ = plan_buckets(params_, ranges, values_.numel(), std::max<int64_t>(1, opt_.bucket_bytes / 4));
+    buckets_ = plan_buckets(params_, ranges, values_.numel(), std::max<int64_t>(1, opt_.bucket_bytes / 4), opt_.starts_unit);
     bucket_of_.resize(params_.size());
     for (size_t b = 0; b < buckets_.size(); b++)
         for (Parameter* p : buckets_[b].params)

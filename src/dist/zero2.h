@@ -42,6 +42,7 @@ namespace kiln {
 struct Zero2Options {
     int64_t bucket_bytes = 25 << 20;  // DDP's 25 MiB; a small model wants smaller buckets to save anything
     std::vector<const Parameter*> written_early;  // tied weights (above)
+    std::vector<bool> starts_unit;  // per model parameter (when given): a bucket closes before it (ZeRO-3)
 };
 
 class Zero2Optimizer : public ZeroOptimizer {
@@ -60,15 +61,16 @@ protected:
     void sum_gradients() override {}  // backward did it, bucket by bucket
     Tensor gradient_piece() const override { return piece_; }
 
+    std::vector<int64_t> at_;            // per model parameter: its offset in the (dropped) slab
+    std::vector<Parameter*> params_;     // the model's parameters, in slab order
+
 private:
     Zero2Options opt_;
     Tensor piece_;                       // Σ_ranks g over this rank's slab elements [lo, hi)
     std::vector<GradBucket> buckets_;    // bucket 0 first in backward
     std::vector<Tensor> buffers_;        // per bucket: its buffer while backward fills it
     std::vector<int> waiting_;           // per bucket: parameters whose layer has not finished
-    std::vector<int64_t> at_;            // per model parameter: its offset in the (dropped) slab
     std::vector<size_t> bucket_of_;      // per model parameter: its bucket
-    std::vector<Parameter*> params_;     // the model's parameters, in slab order
     size_t reduced_ = 0;                 // buckets reduced this backward (in order 0, 1, …)
     bool accumulate_ = false;            // add to piece_ (a second micro-batch) rather than copy
     std::vector<HookHandle> hooks_;

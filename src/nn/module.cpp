@@ -377,6 +377,13 @@ void Module::drop_grad_slab() {
     grad_slab_ = Tensor();
 }
 
+void Module::drop_value_slab() {
+    KILN_CHECK(!grad_slab_.defined() && value_slab_.defined(), name(), ": drop_value_slab() needs the value slab, ",
+               "and the gradient slab dropped first (drop_grad_slab)");
+    for (Parameter* p : parameters()) p->value = Tensor();
+    value_slab_ = Tensor();
+}
+
 void check_on_device(const Tensor& t, Device device, const std::string& layer, const char* what) {
     const char* to = device == Device::CUDA ? "Device::CUDA" : "Device::CPU";
     KILN_CHECK(t.device() == device, layer, ": ", what, " is on ", device_name(t.device()), " but the input is on ",

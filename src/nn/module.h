@@ -287,6 +287,9 @@ public:
     // backward writes it. From then on packed() is false and zero_grad() passes the undefined
     // grads by; pack() again brings the slab back.
     void drop_grad_slab();
+    // ZeRO-3 (dist/zero3.h) likewise lets the parameter slab go: every value becomes undefined
+    // until the caller gathers it (grads first: drop_grad_slab()). values_view() fails from then on.
+    void drop_value_slab();
 
 protected:
     // Declares a parameter of this module under its local name: p.value = value and p.grad a

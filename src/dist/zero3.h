@@ -1,0 +1,87 @@
+// zero3.h — ZeRO stage 3 (Rajbhandari et al., 2020; PyTorch's FSDP): the parameters sharded too.
+//
+// ZeRO-2 (zero2.h) still keeps every parameter on every rank. ZeRO-3 keeps only this rank's piece
+// of the parameter slab, and gathers a layer's whole weights just while it runs:
+//
+//   before a unit's forward      all-gather its parameters into a buffer; its weights are views in it
+//   after its forward            let the buffer go (the weights are undefined again)
+//   before its backward          all-gather them again
+//   after its backward           let them go; its gradients were reduce-scattered as in ZeRO-2 (a
+//                                unit is one bucket)
+//   step()                       the piece ÷ p, the update of this rank's piece — nothing to gather
+//
+//   memory per rank:   parameters 4·P / p   gradients 4·P / p   optimizer state 4·k·P / p
+//                      + one unit's gathered parameters (two around a unit's forward) and its gradients
+//
+// The units are layers given by the caller (the GPT's blocks: gpt_units). Parameters in no unit
+// (the GPT's embeddings, whose token embedding lm_head also reads, and the final layer norm) are
+// the root: kept gathered on every rank, all-gathered after each step as in ZeRO-1 — 4·(V + T + 2)·C
+// bytes for the GPT. There is no prefetch (FSDP gathers the next unit while this one computes): the
+// MPI communicator's collectives are blocking, so communication is not overlapped here.
+//
+// The same bits as plain data parallel: the gathered weights are the same floats, the gradients
+// the same sums, the update the same. Anything that reads a unit's weights outside its forward
+// and backward (a checkpoint of the model, an evaluation without the hooks) sees undefined
+// tensors: checkpoints are sharded (save_shard: each rank writes its own piece).
+#pragma once
+#include <cstdint>
+#include <vector>
+
+#include "dist/zero2.h"
+
+namespace kiln {
+
+class GPT;
+
+struct Zero3Options {
+    std::vector<Module*> units;                    // each gathered only while it runs (the GPT's blocks)
+    std::vector<const Parameter*> written_early;  // tied weights, as for ZeRO-2
+};
+
+// The GPT's blocks as units, its tied token embedding written early.
+Zero3Options gpt_zero3_options(GPT& model);
+
+class Zero3Optimizer : public Zero2Optimizer {
+public:
+    // The model must be packed; both its slabs are dropped (this rank's pieces are kept here).
+    Zero3Optimizer(Module& model, std::vector<ParamGroup> groups, Communicator& comm, const Factory& make,
+                   Zero3Options options);
+    ~Zero3Optimizer() override;  // takes its hooks off the model
+    Zero3Optimizer(const Zero3Optimizer&) = delete;
+    Zero3Optimizer& operator=(const Zero3Optimizer&) = delete;
+
+    // The whole parameter slab, gathered from every rank's piece (a collective): for tests and
+    // for writing a whole model. Laid out as Module::values_view was.
+    Tensor gathered_values();
+    // A sharded checkpoint: this rank's piece of the parameters and its optimizer state, with the
+    // rank and world it belongs to. load_shard checks them and gathers the root's parameters.
+    void save_shard(StateDict& state, const std::string& prefix) const;
+    void load_shard(const StateDict& state, const std::string& prefix);
+    // The gathered state (ZeroOptimizer::save_state) is refused: it would need every unit's
+    // weights at once. save_shard instead.
+    void save_state(StateDict& state, const std::string& prefix) const override;
+    std::vector<int64_t> state_elements(Module& model) const override;
+
+protected:
+    void gather_parameters() override;  // after a step: the root's parameters only
+
+private:
+    struct Unit {
+        int64_t begin = 0, end = 0;    // its slab range
+        std::vector<size_t> params;    // its parameters (indices into params_)
+        Tensor buffer;                 // its gathered parameters while it runs
+    };
+    std::vector<Unit> units_;
+    std::vector<size_t> root_;         // parameters in no unit: kept gathered
+    std::vector<Shape> shapes_;        // per parameter
+    int64_t slab_elements_ = 0;
+    Tensor values_piece_;              // this rank's piece of the parameter slab
+    std::vector<HookHandle> unit_hooks_;
+
+    void gather(Unit& u);
+    void release(Unit& u);
+    // buffer := slab elements [begin, begin + buffer.numel()) from every rank's piece.
+    void gather_into(Tensor buffer, int64_t begin) const;
+};
+
+}  // namespace kiln
