@@ -44,6 +44,14 @@
 //                        network, its batch and its chapters; scripts/gpu-check.sh sets them beside
 //                        PyTorch's twins (bench/torch_train_gpu.py) in a table. quick: 1 step at
 //                        a batch of 2 (the check's dry run, on the emulator)
+//   build/bench/bench_train attention-cuda [quick]
+//                        chapter 14's causal self-attention alone on the CUDA device, kiln's
+//                        FlashAttention-2 and textbook kernels, f32 and bf16, GPT-2 small's heads
+//                        (12 of 64 channels), batch 8, contexts 256, 512, 1024: "bench
+//                        attention_KIND_DTYPE_T256_fwd: X ms" (a forward) and "..._fwdbwd" (forward +
+//                        backward); scripts/gpu-check.sh sets them beside PyTorch's
+//                        scaled_dot_product_attention (bench/torch_attention_gpu.py). quick: batch
+//                        1, 2 heads, context 64, one call (the dry run)
 // Threads: OMP_NUM_THREADS (make bench sets 2). The figure is the median of 5 timed rounds.
 #include <algorithm>
 #include <chrono>
@@ -59,6 +67,7 @@
 #include "nn/layers.h"
 #include "nn/models.h"
 #include "nn/surgery.h"
+#include "ops/attention.h"
 #include "ops/autocast.h"
 #include "ops/cpu/winograd.h"
 #include "optim/grad_scaler.h"
@@ -193,6 +202,38 @@ static void bench_cuda(bool quick) {
             std::fflush(stdout);
         }
     }
+}
+
+// Chapter 14's attention op alone on the CUDA device (the header above): the median of 3 rounds
+// of 3 calls after one, in ms a call; quick: one call.
+static void bench_attention_cuda(bool quick) {
+    const int64_t B = quick ? 1 : 8, H = quick ? 2 : 12, D = 64, C = H * D;
+    const std::vector<int64_t> contexts = quick ? std::vector<int64_t>{64} : std::vector<int64_t>{256, 512, 1024};
+    std::printf("attention: batch %lld, %lld heads of %lld channels, causal, no dropout\n", (long long)B, (long long)H,
+                (long long)D);
+    for (DType dtype : {DType::F32, DType::BF16})
+        for (int64_t T : contexts) {
+            Rng rng(T);
+            const Tensor qkv = Tensor::normal({B, T, 3 * C}, 0, 1, rng).to(dtype).to(Device::CUDA);
+            const Tensor dy = Tensor::normal({B, T, C}, 0, 1, rng).to(dtype).to(Device::CUDA);
+            for (AttentionKind kind : {AttentionKind::Flash, AttentionKind::Textbook}) {
+                const auto forward = [&] {
+                    Tensor saved;
+                    return std::make_pair(causal_self_attention(qkv, H, kind, {}, &saved), saved);
+                };
+                const auto both = [&] {
+                    const auto [y, saved] = forward();
+                    causal_self_attention_backward(qkv, y, saved, dy, H, kind, {});
+                };
+                const int calls = quick ? 1 : 3, rounds = quick ? 1 : 3, warmup = quick ? 0 : 1;
+                const std::string name = std::string("attention_") + attention_kind_name(kind) + "_" + dtype_name(dtype) +
+                                         "_T" + std::to_string(T);
+                const double fwd = 1e3 / median_rate(1, calls, rounds, [&] { forward(); }, Device::CUDA, warmup);
+                const double fwdbwd = 1e3 / median_rate(1, calls, rounds, both, Device::CUDA, warmup);
+                std::printf("bench %s_fwd: %.3f ms\nbench %s_fwdbwd: %.3f ms\n", name.c_str(), fwd, name.c_str(), fwdbwd);
+                std::fflush(stdout);
+            }
+        }
 }
 
 static const ChapterModel& chapter_model(const std::string& name) {
@@ -339,6 +380,10 @@ static void bench_winograd() {
 int main(int argc, char** argv) {
     if (argc > 1 && std::string(argv[1]) == "cuda") {
         bench_cuda(argc > 2 && std::string(argv[2]) == "quick");
+        return 0;
+    }
+    if (argc > 1 && std::string(argv[1]) == "attention-cuda") {
+        bench_attention_cuda(argc > 2 && std::string(argv[2]) == "quick");
         return 0;
     }
     if (argc > 1 && std::string(argv[1]) == "gpt") {

@@ -12,8 +12,9 @@
 # gzipped, at the same paths as in BUILD_DIR (bin/kiln-gpu.gz, lab/kiln-lab.gz, bin/lesson-12.gz:
 # gpu-check.sh unpacks them before its first step); data/mnist/ (the four gzip IDX
 # files) and data/cifar10/cifar10-jpg.tar.gz (the binaries read data/ from the folder they run
-# in); bench/torch_train_gpu.py and the scripts it imports (PyTorch's twins); MANIFEST.txt (what
-# was built, from which commit, with which CUDA, and each file's size); lab-traffic-emulator.txt
+# in); bench/torch_train_gpu.py, bench/torch_attention_gpu.py and the scripts they import
+# (PyTorch's twins); MANIFEST.txt (what was built, from which commit, with which CUDA, and each
+# file's size); lab-traffic-emulator.txt
 # (the emulator's memory counts of every lab launch at its own sizes, with an H200's 132 SMs so
 # that the GEMMs pick the tiles and split-K the slices the GPU will: gpu-check.sh sets Nsight
 # Compute's counts of the same launches beside them).
@@ -70,7 +71,7 @@ for page in ${LAB_PAGES:-}; do
         fail "build/lab/$page failed on the emulator: run it to see why"
 done
 cp scripts/gpu-check.sh "$DIR/"
-cp bench/torch_train_gpu.py bench/torch_train.py bench/torch_lenet.py "$DIR/bench/"
+cp bench/torch_train_gpu.py bench/torch_train.py bench/torch_lenet.py bench/torch_attention_gpu.py "$DIR/bench/"
 
 {
     echo "kiln $(git rev-parse --short HEAD)$(git diff --quiet HEAD || echo ' (with uncommitted changes)'), built $(date -u '+%Y-%m-%d %H:%M UTC') with $(${NVCC:-/usr/local/cuda/bin/nvcc} --version | grep -o 'release [0-9.]*' | sed 's/release/CUDA/')"

@@ -43,6 +43,11 @@
 #   train-kiln  bench_train cuda: each chapter model's training img/s on the GPU, f32 and bf16
 #   train-torch bench/torch_train_gpu.py: the same models in PyTorch on the same GPU, f32 with
 #               TF32 off and bf16 autocast; the summary's table sets the two side by side
+#   attention-kiln, attention-torch
+#               chapter 14's causal attention alone (bench_train attention-cuda, then
+#               bench/torch_attention_gpu.py): kiln's FlashAttention-2 and textbook kernels and
+#               PyTorch's scaled_dot_product_attention, forward + backward, f32 and bf16, contexts
+#               256-1024; the summary's table gives kiln's share of PyTorch's speed
 #   time-NN     --time-report 3 of each trainer 04-09, and of lesson 06 at the capstone's widths
 #               (64/256/256, batch 256): each kernel's time in one training step, from CUDA events
 #   ncu         Nsight Compute's Speed of Light for the kernels of one training step of the
@@ -352,6 +357,19 @@ else
     step train-torch 90 "$PYTHON" bench/torch_train_gpu.py --device "$TORCH_DEVICE" "${TORCH_ARGS[@]}"
 fi
 
+# Chapter 14's attention alone, kiln's two kernels, then PyTorch's at the same shapes (its
+# script reads kiln's figures and prints the two side by side); PyTorch missing: as train-torch.
+quick=()
+[[ $DRY == 1 ]] && quick=(quick)  # a dry run: context 64, one call
+step attention-kiln 20 "$KILN" bench_train attention-cuda "${quick[@]}"
+torch_result=$(for i in "${!NAMES[@]}"; do [[ ${NAMES[$i]} == train-torch ]] && echo "${RESULTS[$i]}"; done)
+if [[ $torch_result == ABSENT* ]]; then
+    record attention-torch "$torch_result"
+else
+    step attention-torch 30 "$PYTHON" bench/torch_attention_gpu.py --device "$TORCH_DEVICE" "${quick[@]/#/--}" \
+        --kiln "$STEPS/attention-kiln.log"
+fi
+
 # A training step's time by kernel, from CUDA events: every trainer 04-09, and the capstone's
 # widths (the model furthest behind PyTorch in the GPU's first report).
 for n in 04 05 06 07 08 09; do
@@ -555,6 +573,7 @@ done
     done
     echo "--- training throughput, img/s (random inputs of the real shapes; torch: f32 with TF32 off, bf16 autocast)"
     throughput_table
+    grep -h '^attention' "$STEPS/attention-torch.log" 2>/dev/null | sed '1s/^/--- chapter 14: /'
     echo "--- the slowest kernels of one training step (--time-report, CUDA events): launches, ms, share of kernel time"
     for n in 04 05 06 07 08 09 wide; do
         [[ -s $STEPS/time-$n.log ]] || continue
