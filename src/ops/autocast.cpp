@@ -8,37 +8,19 @@
 
 namespace kiln {
 
-// The table (autocast.h explains each row).
-CastPolicy default_cast_policy(AmpOp op) {
-    switch (op) {
-        case AmpOp::Conv2d:
-        case AmpOp::Linear:
-        case AmpOp::Attention: return CastPolicy::LowPrecision;
-        case AmpOp::CrossEntropy:
-        case AmpOp::LayerNorm:
-        case AmpOp::Softmax: return CastPolicy::F32;
-        case AmpOp::Add: return CastPolicy::Widest;
-        case AmpOp::BatchNorm:
-        case AmpOp::Pool:
-        case AmpOp::Activation:
-        case AmpOp::Dropout: return CastPolicy::Input;
-    }
-    return CastPolicy::Input;
-}
-
 namespace {
-// An overridden row's policy, or -1: the table's.
-int overrides[kNumAmpOps] = {-1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1};
+// An overridden row's policy + 1, or 0: the table's (default_cast_policy, autocast.h).
+int overrides[kNumAmpOps] = {};
 thread_local AutocastScope* current = nullptr;
 }  // namespace
 
 CastPolicy cast_policy(AmpOp op) {
     const int o = overrides[int(op)];
-    return o < 0 ? default_cast_policy(op) : CastPolicy(o);
+    return o == 0 ? default_cast_policy(op) : CastPolicy(o - 1);
 }
 
 CastPolicyOverride::CastPolicyOverride(AmpOp op, CastPolicy policy) : op_(op), previous_(overrides[int(op)]) {
-    overrides[int(op)] = int(policy);
+    overrides[int(op)] = int(policy) + 1;
 }
 
 CastPolicyOverride::~CastPolicyOverride() { overrides[int(op_)] = previous_; }

@@ -6,8 +6,8 @@
 // weight, made once per scope (a training step opens one scope around all its micro-batches) and
 // counted in the memory report under its own category, "weight copy".
 //
-// The policy table — default_cast_policy() in autocast.cpp is the one place it is written
-// (PyTorch's is aten/src/ATen/autocast_mode.h); each row names the ops that read it:
+// The policy table — default_cast_policy() below is the one place it is written (PyTorch's is
+// aten/src/ATen/autocast_mode.h); each row names the ops that read it:
 //
 //   LowPrecision  Conv2d: conv2d,           GEMMs: the f16/bf16 tensor-core and AMX math,
 //                 conv2d_backward           accumulated in f32 inside the kernels
@@ -53,12 +53,33 @@
 
 namespace kiln {
 
-// The ops whose type autocast decides, grouped as the table groups them.
+// The ops whose type autocast decides, grouped as the table groups them. An op with a policy of
+// its own adds its row here and in default_cast_policy, nowhere else in the engine (and a check of
+// the row in tests/test_autocast.cpp); an op that shares a row, or runs in its inputs' type,
+// adds nothing.
 enum class AmpOp { Conv2d, Linear, CrossEntropy, LayerNorm, Add, BatchNorm, Pool, Activation, Dropout, Attention, Softmax };
-constexpr int kNumAmpOps = 11;
+constexpr int kNumAmpOps = int(AmpOp::Softmax) + 1;  // Softmax: the last row
 enum class CastPolicy { LowPrecision, F32, Widest, Input };
-CastPolicy cast_policy(AmpOp op);          // the row in force: the table's, or an override's
-CastPolicy default_cast_policy(AmpOp op);  // the table as written
+
+// The table as written (the comment above explains each row).
+constexpr CastPolicy default_cast_policy(AmpOp op) {
+    switch (op) {
+        case AmpOp::Conv2d:
+        case AmpOp::Linear:
+        case AmpOp::Attention: return CastPolicy::LowPrecision;
+        case AmpOp::CrossEntropy:
+        case AmpOp::LayerNorm:
+        case AmpOp::Softmax: return CastPolicy::F32;
+        case AmpOp::Add: return CastPolicy::Widest;
+        case AmpOp::BatchNorm:
+        case AmpOp::Pool:
+        case AmpOp::Activation:
+        case AmpOp::Dropout: return CastPolicy::Input;
+    }
+    return CastPolicy::Input;
+}
+
+CastPolicy cast_policy(AmpOp op);  // the row in force: the table's, or an override's
 
 // Runs one row differently until the override ends (tests and experiments: each op reads its
 // row where it dispatches, so a changed row changes what runs).
