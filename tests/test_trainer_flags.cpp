@@ -260,6 +260,12 @@ TEST_CASE("every trainer honours each shared flag its --help lists and refuses t
     }
 }
 
+// The text a lesson-14 run sampled: what follows its "sample (...):" line ("" without one).
+std::string sample_text(const std::string& output) {
+    const size_t at = output.find("sample (");
+    return at == std::string::npos ? "" : output.substr(output.find('\n', at) + 1);
+}
+
 // lesson-14's --save as a learner runs it: DIR/last.safetensors and DIR/vocab.json at every
 // --eval-interval and at the end; --resume of the mid-run checkpoint ends where the straight run
 // ends, bit for bit, whatever its --seed; --from samples from the last one, without the text, what the trainer wrote.
@@ -289,17 +295,13 @@ TEST_CASE("lesson-14 --save keeps the GPT and its vocabulary; --resume goes on b
     const bool same_bytes = read_file(resumed + "/last.safetensors") == read_file(straight + "/last.safetensors");
     CHECK(same_bytes);
 
-    const auto sample = [](const std::string& output) {  // the text after the "sample (...):" line
-        const size_t at = output.find("sample (");
-        return at == std::string::npos ? "" : output.substr(output.find('\n', at) + 1);
-    };
     fs::remove_all(text);
     const Run sampled = run(bin + " --from " + straight + "/last.safetensors --sample 40 --threads 1");
     INFO(sampled.output);
     REQUIRE(sampled.status == 0);
     CHECK_THAT(sampled.output, Contains("trained 4 steps"));
-    CHECK(sample(sampled.output).size() > 40);
-    CHECK(sample(sampled.output) == sample(first.output));
+    CHECK(sample_text(sampled.output).size() > 40);
+    CHECK(sample_text(sampled.output) == sample_text(first.output));
     const Run shaped = run(bin + " --from " + straight + "/last.safetensors --n-head 4");
     CHECK(shaped.status != 0);
     CHECK_THAT(shaped.output, Contains("--n-head shapes a model") && Contains("--from takes the checkpoint's model"));
@@ -369,6 +371,49 @@ TEST_CASE("lesson-14 under mpirun: --zero 1 on 2 ranks trains as one process doe
                                     Contains("--zero 1 reduces the gradients inside the optimizer")) &&
                                        !Contains("MPI_ABORT"));
     }
+}
+
+// ZeRO-2 and ZeRO-3 (chapter 15, dist/zero2.h and zero3.h) under lesson-14's mpirun: the same
+// sums and updates as ZeRO-1, so the same printed losses, validation loss and sample (ZeRO-3
+// gathers the model whole after training to sample it). ZeRO-2's checkpoint (rank 0's, AdamW's
+// moments gathered) resumes in one process; ZeRO-3 refuses --save, and --zero 2 --memory points
+// to chapter 15's planner.
+TEST_CASE("lesson-14 under mpirun: --zero 2 and 3 print --zero 1's losses and sample; --zero 2 saves, --zero 3 refuses to",
+          "[flags][lesson14][lesson15][checkpoint][cpu]") {
+    const std::string bin = trainer_path("lesson-14"), mpirun = "mpirun --allow-run-as-root --oversubscribe -np 2 ";
+    TempDir tmp;
+    const std::string text = tmp.file("text"), saved = tmp.file("zero2");
+    write_tiny_text(text);
+    const std::string lesson14 = mpirun + bin + " --data " + text + " --iters 4 --eval-interval 2 --eval-windows 1"
+                                 " --block-size 8 --n-layer 2 --n-head 2 --n-embd 8 --batch-size 4 --threads 1"
+                                 " --log-interval 1 --sample 30";
+    const Run one = run(lesson14 + " --zero 1"), two = run(lesson14 + " --zero 2 --save " + saved),
+              three = run(lesson14 + " --zero 3");
+    INFO(one.output << "\n---- --zero 2:\n" << two.output << "\n---- --zero 3:\n" << three.output);
+    REQUIRE(one.status == 0);
+    REQUIRE(two.status == 0);
+    REQUIRE(three.status == 0);
+    CHECK_THAT(three.output, Contains("2 ranks × 2 windows, ZeRO-3"));
+    const auto result = [](const std::string& output) { return output.substr(output.find("result: val_loss"), 36); };
+    for (const Run* r : {&two, &three}) {
+        CHECK(step_losses(r->output).size() == 4);
+        CHECK(step_losses(r->output) == step_losses(one.output));
+        CHECK(result(r->output) == result(one.output));
+        CHECK(sample_text(r->output).size() > 20);
+        CHECK(sample_text(r->output) == sample_text(one.output));
+    }
+    const Run resumed = run(bin + " --data " + text + " --iters 5 --block-size 8 --n-layer 2 --n-head 2 --n-embd 8 "
+                            "--batch-size 4 --threads 1 --sample 0 --resume " + saved + "/last.safetensors");
+    INFO(resumed.output);
+    CHECK(resumed.status == 0);
+    CHECK_THAT(resumed.output, Contains("4 steps done") && Contains("step 4: loss"));
+
+    const Run refused = run(lesson14 + " --zero 3 --save " + tmp.file("zero3")), memory = run(lesson14 + " --zero 2 --memory");
+    INFO(refused.output << "\n---- --memory:\n" << memory.output);
+    CHECK(refused.status != 0);
+    CHECK_THAT(refused.output, Contains("--zero 3 keeps no whole parameter") && !Contains("MPI_ABORT"));
+    CHECK(memory.status != 0);
+    CHECK_THAT(memory.output, Contains("lesson-15 --plan --model baby-gpt --zero 2 --gpus 2"));
 }
 
 // Chapter 10's --save as a learner runs it: DIR/pruned.safetensors after every round (PyTorch's

@@ -8,6 +8,7 @@
 //   make lesson-14 ARGS='--save runs/lesson-14'           # a checkpoint and vocab.json, every 500 steps
 //   make lesson-14 ARGS='--from runs/lesson-14/last.safetensors --sample 1000'   # write, without the text
 //   mpirun -np 2 build/bin/lesson-14 --zero 1        # 2 ranks × 6 windows, AdamW's moments sharded
+//   mpirun -np 2 build/bin/lesson-14 --zero 3        # and the gradients and parameters (chapter 15)
 //
 // The recipe is nanoGPT's (train/gpt_recipe.h): AdamW (0.9, 0.99), weight decay 0.1 on the
 // weights, warm-up then cosine, clipping at 1.0; the batches are random windows of the first 90%
@@ -17,8 +18,12 @@
 // trains on its --batch-size / p windows of each batch; the gradients are averaged over the
 // ranks after backward (--zero 0, dist/data_parallel.h) or inside the optimizer, which keeps
 // AdamW's moments of its piece of the parameters only (--zero 1, ZeRO-1: dist/zero.h, which also
-// clips by the global norm). Every rank evaluates the same model; rank 0 prints, writes the
-// checkpoints (every rank helps gather them) and samples.
+// clips by the global norm), and of the gradients too (--zero 2: dist/zero2.h, each bucket
+// reduce-scattered into its piece during backward) and of the parameters too (--zero 3:
+// dist/zero3.h, each block gathered only while it runs; no --save, --resume or --memory, and the
+// model gathered whole after training for the last evaluation and the sample). Every rank
+// evaluates the same model; rank 0 prints, writes the checkpoints (every rank helps gather them)
+// and samples.
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -27,7 +32,7 @@
 #include "core/allocator.h"         // defines: BumpAllocator, format_bytes, memory_summary
 #include "data/text.h"              // defines: load_text, TextWindows, decode_utf8
 #include "dist/data_parallel.h"     // defines: DataParallel
-#include "dist/zero.h"              // defines: ZeroOptimizer
+#include "dist/zero3.h"             // defines: ZeroOptimizer, Zero3Optimizer, gpt_zero_optimizer
 #include "mpi/launch.h"             // defines: run_ranks, start_ranks
 #include "nn/gpt.h"                 // defines: GPT, make_gpt, generate
 #include "optim/grad_scaler.h"      // defines: GradScaler
@@ -48,7 +53,7 @@ struct Lesson14Flags {
     int64_t eval_interval = 500, eval_windows = 200, log_interval = 100, sample = 500, top_k = 0;
     float temperature = 0.8f;
     bool no_kv_cache = false, memory = false;
-    int zero = 0;  // under mpirun: 0 data parallel, 1 ZeRO-1
+    int zero = 0;  // under mpirun: 0 data parallel, 1-3 ZeRO's stage
 };
 
 // The flags this trainer shares with the others but has no use for, refused with the reason.
@@ -76,16 +81,31 @@ void print_memory(GPT& model, const Optimizer& optimizer, const CommonFlags& fla
 void check_ranks(const CommonFlags& flags, const Lesson14Flags& o, Device device) {
     KILN_USAGE_CHECK(flags.world_size == 1 || device == Device::CPU, "lesson-14 trains several ranks on CPUs (MPI moves CPU memory); "
                      "chapter 12's lesson-12 --backend nccl trains on GPUs");
-    KILN_USAGE_CHECK(!(o.zero == 1 && flags.amp == DType::F16), "--zero 1 reduces the gradients inside the optimizer "
-                     "step, after a GradScaler would have checked them for inf/NaN on one rank only: use --amp bf16 (no "
-                     "scaler) or --zero 0");
+    KILN_USAGE_CHECK(!(o.zero >= 1 && flags.amp == DType::F16), "--zero ", o.zero, " reduces the gradients inside "
+                     "the optimizer step, after a GradScaler would have checked them for inf/NaN on one rank only: use "
+                     "--amp bf16 (no scaler) or --zero 0");
+    KILN_USAGE_CHECK(!(o.zero >= 2 && o.memory), "--memory is chapter 08's prediction, which shards no gradient: for "
+                     "--zero ", o.zero, " ask chapter 15's planner (lesson-15 --plan --model baby-gpt --zero ", o.zero,
+                     " --gpus ", flags.world_size, ")");
+    KILN_USAGE_CHECK(!(o.zero == 3 && (!flags.save.empty() || !flags.resume.empty())), "--zero 3 keeps no whole "
+                     "parameter on any rank, and --save writes one whole model: use --zero 2 to save and resume (ZeRO-3's "
+                     "checkpoints are sharded, one file a rank: Zero3Optimizer::save_shard)");
 }
 
-// The recipe's AdamW: whole on every rank, or sharded over them (--zero 1).
+// The recipe's AdamW: whole on every rank, or sharded over them (--zero 1, 2, 3).
 std::unique_ptr<Optimizer> make_optimizer(GPT& model, const GPTRecipe& recipe, int zero, Communicator& comm) {
-    if (zero == 1)
-        return std::make_unique<ZeroOptimizer>(model, decay_groups(model, recipe.lr, recipe.weight_decay), comm, gpt_adamw);
+    if (zero >= 1) return gpt_zero_optimizer(model, recipe, zero, comm);
     return gpt_optimizer(model, recipe);
+}
+
+// What each rank keeps of the model's state under --zero N, for the run's first lines.
+const char* sharding(int zero) {
+    switch (zero) {
+        case 1: return "ZeRO-1 (AdamW's moments sharded, gradients reduced and clipped in the optimizer)";
+        case 2: return "ZeRO-2 (AdamW's moments and the gradients sharded, reduced bucket by bucket during backward)";
+        case 3: return "ZeRO-3 (AdamW's moments, the gradients and the parameters sharded, each block gathered while it runs)";
+        default: return "data parallel (gradients all-reduced during backward)";
+    }
 }
 
 // --sample N: N characters after the prompt, drawn with the temperature, top-k and KV cache of
@@ -158,8 +178,9 @@ int run(int argc, char** argv, MpiCommunicator& mpi) {
     cli.add("--memory", &o.memory, "print chapter 08's predicted training step, per module, and stop");
     cli.add("--from", &o.from, "sample from a checkpoint of --save (its weights, and the vocab.json beside it), "
             "without the text and without training");
-    cli.add("--zero", &o.zero, "under mpirun: 0, data parallel (every rank keeps AdamW's moments), or 1, ZeRO-1 "
-            "(each rank those of its piece of the parameters)", Cli::between(0, 1));
+    cli.add("--zero", &o.zero, "under mpirun: 0, data parallel (every rank keeps AdamW's moments), 1, ZeRO-1 "
+            "(each rank those of its piece of the parameters), 2, ZeRO-2 (and that piece's gradients), 3, ZeRO-3 "
+            "(and that piece's parameters)", Cli::between(0, 3));
     cli.parse(argc, argv);
     start_ranks(mpi, cli, flags);  // the same flags on every rank, the cores shared out, rank 0 speaks
     Device device = flags.apply();
@@ -193,8 +214,7 @@ int run(int argc, char** argv, MpiCommunicator& mpi) {
                 device_name(device));
     if (mpi.size() > 1)
         std::printf("%d ranks × %lld windows, %s\n", mpi.size(), (long long)(flags.batch_size / mpi.size()),
-                    o.zero ? "ZeRO-1 (AdamW's moments sharded, gradients reduced and clipped in the optimizer)"
-                           : "data parallel (gradients all-reduced during backward)");
+                    sharding(o.zero));
     if (o.memory) {  // chapter 08's table of the step, and stop
         print_memory(*model, *opt, flags, o, device);
         flags.check_used();
@@ -243,6 +263,7 @@ int run(int argc, char** argv, MpiCommunicator& mpi) {
         }
     }
     const double train_seconds = seconds_since(start);
+    if (o.zero == 3) static_cast<Zero3Optimizer&>(*opt).gather_model();  // whole for the evaluation and the sample
     if (first < o.recipe.iters) save(o.recipe.iters);
     const double val = gpt_eval_loss(*model, text.val, o.gpt.block_size, 64, 0, device);
     std::printf("%s", memory_summary(device).c_str());  // each allocator's peak (rank 0's), and the limit if any

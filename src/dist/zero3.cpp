@@ -6,6 +6,7 @@
 #include "core/allocator.h"
 #include "core/error.h"
 #include "nn/gpt.h"
+#include "train/gpt_recipe.h"
 
 namespace kiln {
 
@@ -47,6 +48,21 @@ Zero3Options gpt_zero3_options(GPT& model) {
     for (const Module::Child& c : blocks.children()) o.units.push_back(c.module.get());
     o.written_early = {&model.transformer().wte().weight};
     return o;
+}
+
+Zero2Options gpt_zero2_options(GPT& model, int64_t bucket_bytes) {
+    Zero2Options o;
+    o.bucket_bytes = bucket_bytes;
+    o.written_early = {&model.transformer().wte().weight};
+    return o;
+}
+
+std::unique_ptr<ZeroOptimizer> gpt_zero_optimizer(GPT& model, const GPTRecipe& recipe, int stage, Communicator& comm) {
+    std::vector<ParamGroup> groups = decay_groups(model, recipe.lr, recipe.weight_decay);
+    if (stage == 1) return std::make_unique<ZeroOptimizer>(model, std::move(groups), comm, gpt_adamw);
+    if (stage == 2) return std::make_unique<Zero2Optimizer>(model, std::move(groups), comm, gpt_adamw, gpt_zero2_options(model));
+    KILN_CHECK(stage == 3, "gpt_zero_optimizer: ZeRO stage ", stage, ": want 1, 2 or 3 (stage 0 is DataParallel)");
+    return std::make_unique<Zero3Optimizer>(model, std::move(groups), comm, gpt_adamw, gpt_zero3_options(model));
 }
 
 Zero3Optimizer::Zero3Optimizer(Module& model, std::vector<ParamGroup> groups, Communicator& comm, const Factory& make,
@@ -131,6 +147,18 @@ void Zero3Optimizer::release(Unit& u) {
 
 void Zero3Optimizer::gather_parameters() {
     for (size_t i : root_) gather_into(params_[i]->value.view(0, {params_[i]->value.numel()}), at_[i]);
+}
+
+void Zero3Optimizer::step() {
+    KILN_CHECK(!whole_.defined(), "ZeRO-3: a step after gather_model(), which ends training (its hooks are gone)");
+    Zero2Optimizer::step();
+}
+
+void Zero3Optimizer::gather_model() {
+    whole_ = gathered_values();
+    for (size_t i = 0; i < params_.size(); i++) params_[i]->value = whole_.view(size_t(at_[i]) * sizeof(float), shapes_[i]);
+    for (HookHandle& h : unit_hooks_) h.remove();
+    unit_hooks_.clear();
 }
 
 Tensor Zero3Optimizer::gathered_values() {

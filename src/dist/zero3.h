@@ -32,6 +32,7 @@
 namespace kiln {
 
 class GPT;
+struct GPTRecipe;
 
 struct Zero3Options {
     std::vector<Module*> units;                    // each gathered only while it runs (the GPT's blocks)
@@ -40,6 +41,9 @@ struct Zero3Options {
 
 // The GPT's blocks as units, its tied token embedding written early.
 Zero3Options gpt_zero3_options(GPT& model);
+// ZeRO-2 for the GPT: buckets of bucket_bytes (the baby GPT's slab is 3.3 MB: DDP's 25 MiB would
+// make one bucket, the whole gradient at once), its tied token embedding written early.
+Zero2Options gpt_zero2_options(GPT& model, int64_t bucket_bytes = 256 << 10);
 
 class Zero3Optimizer : public Zero2Optimizer {
 public:
@@ -50,9 +54,15 @@ public:
     Zero3Optimizer(const Zero3Optimizer&) = delete;
     Zero3Optimizer& operator=(const Zero3Optimizer&) = delete;
 
+    void step() override;  // refused after gather_model()
     // The whole parameter slab, gathered from every rank's piece (a collective): for tests and
     // for writing a whole model. Laid out as Module::values_view was.
     Tensor gathered_values();
+    // The end of training (a collective): every parameter whole on every rank, a view into the
+    // gathered slab, and the units' hooks taken off — so that anything may read the model
+    // (evaluation, sampling: forward_cached runs a block's layers without the block's hooks).
+    // No step() after it.
+    void gather_model();
     // A sharded checkpoint: this rank's piece of the parameters and its optimizer state, with the
     // rank and world it belongs to. load_shard checks them and gathers the root's parameters.
     void save_shard(StateDict& state, const std::string& prefix) const;
@@ -76,6 +86,7 @@ private:
     std::vector<Shape> shapes_;        // per parameter
     int64_t slab_elements_ = 0;
     Tensor values_piece_;              // this rank's piece of the parameter slab
+    Tensor whole_;                     // after gather_model(): the gathered slab
     std::vector<HookHandle> unit_hooks_;
 
     void gather(Unit& u);
@@ -83,5 +94,9 @@ private:
     // buffer := slab elements [begin, begin + buffer.numel()) from every rank's piece.
     void gather_into(Tensor buffer, int64_t begin) const;
 };
+
+// The recipe's AdamW (gpt_adamw) over decay_groups, sharded by ZeRO stage 1, 2 or 3 over comm's ranks,
+// with the options above: what lesson-14 --zero and chapter 15's measurements run.
+std::unique_ptr<ZeroOptimizer> gpt_zero_optimizer(GPT& model, const GPTRecipe& recipe, int stage, Communicator& comm);
 
 }  // namespace kiln

@@ -40,12 +40,6 @@ std::vector<std::pair<Tensor, Tensor>> token_batches(const GPTConfig& c, int64_t
     return batches;
 }
 
-ZeroOptimizer::Factory adamw() {
-    return [](std::vector<ParamGroup> groups) -> std::unique_ptr<Optimizer> {
-        return std::make_unique<AdamW>(std::move(groups), gpt_adam_options());
-    };
-}
-
 std::vector<float> floats_of(const Tensor& t) { return std::vector<float>(t.data<float>(), t.data<float>() + t.numel()); }
 
 // `steps` steps of the recipe's AdamW, at its schedule's learning rate from step `from` on, with
@@ -74,14 +68,12 @@ std::vector<float> train_gpt(const GPTConfig& c, int stage, int64_t bucket_bytes
         dp = std::make_unique<DataParallel>(*model, world());
         opt = gpt_optimizer(*model, r);
     } else if (stage == 3) {
-        Zero3Optimizer zero(*model, decay_groups(*model, r.lr, r.weight_decay), world(), adamw(), gpt_zero3_options(*model));
-        train_steps(*model, zero, 0, 3);
-        return floats_of(zero.gathered_values());
+        auto zero = gpt_zero_optimizer(*model, r, 3, world());
+        train_steps(*model, *zero, 0, 3);
+        return floats_of(static_cast<Zero3Optimizer&>(*zero).gathered_values());
     } else {
-        Zero2Options o;
-        o.bucket_bytes = bucket_bytes;
-        o.written_early = {&model->transformer().wte().weight};
-        opt = std::make_unique<Zero2Optimizer>(*model, decay_groups(*model, r.lr, r.weight_decay), world(), adamw(), o);
+        opt = std::make_unique<Zero2Optimizer>(*model, decay_groups(*model, r.lr, r.weight_decay), world(), gpt_adamw,
+                                               gpt_zero2_options(*model, bucket_bytes));
     }
     train_steps(*model, *opt, 0, 3);
     return floats_of(model->values_view());
@@ -112,7 +104,7 @@ TEST_CASE("ZeRO-3 resumes from each rank's shard exactly", "[lesson15][cpu][mpi]
     const std::string file = "/tmp/kiln-zero3-" + std::to_string(world().gather_all(int64_t(getpid()))[0]) + "-rank" +
                              std::to_string(world().rank()) + ".safetensors";
     auto model = make_gpt(c, 1);
-    Zero3Optimizer zero(*model, decay_groups(*model, r.lr, r.weight_decay), world(), adamw(), gpt_zero3_options(*model));
+    Zero3Optimizer zero(*model, decay_groups(*model, r.lr, r.weight_decay), world(), gpt_adamw, gpt_zero3_options(*model));
     train_steps(*model, zero, 0, 3);
     StateDict shard;
     zero.save_shard(shard, "optimizer");
@@ -121,7 +113,7 @@ TEST_CASE("ZeRO-3 resumes from each rank's shard exactly", "[lesson15][cpu][mpi]
     const std::vector<float> straight = floats_of(zero.gathered_values());
 
     auto again = make_gpt(c, 99);  // other initial values: everything comes from the shard
-    Zero3Optimizer resumed(*again, decay_groups(*again, r.lr, r.weight_decay), world(), adamw(), gpt_zero3_options(*again));
+    Zero3Optimizer resumed(*again, decay_groups(*again, r.lr, r.weight_decay), world(), gpt_adamw, gpt_zero3_options(*again));
     resumed.load_shard(read_safetensors(file), "optimizer");
     std::filesystem::remove(file);
     REQUIRE(resumed.steps() == 3);
@@ -140,7 +132,7 @@ TEST_CASE("ZeRO-2 refuses a tied weight it was not told of", "[lesson15][cpu][mp
     const GPTRecipe r;
     Zero2Options o;
     o.bucket_bytes = 64 << 10;
-    Zero2Optimizer zero(*model, decay_groups(*model, r.lr, r.weight_decay), world(), adamw(), o);
+    Zero2Optimizer zero(*model, decay_groups(*model, r.lr, r.weight_decay), world(), gpt_adamw, o);
     auto [x, y] = token_batches(model->config, 2, 1).front();
     CHECK_THROWS_WITH(train_step(*model, zero, x, y, {}), Catch::Contains("undefined tensor"));
 }

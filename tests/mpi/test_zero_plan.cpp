@@ -12,8 +12,6 @@
 #include <catch2/catch.hpp>
 
 #include "dist/data_parallel.h"
-#include "dist/zero.h"
-#include "dist/zero2.h"
 #include "dist/zero3.h"
 #include "optim/adam.h"
 #include "train/gpt_recipe.h"
@@ -41,32 +39,10 @@ std::unique_ptr<Optimizer> data_parallel(GPT& model, const GPTRecipe& r) {
     return std::make_unique<DataParallelAdamW>(model, r);
 }
 
-// ZeRO-1 over the recipe's AdamW.
-std::unique_ptr<Optimizer> zero1(GPT& model, const GPTRecipe& r) {
-    return std::make_unique<ZeroOptimizer>(model, decay_groups(model, r.lr, r.weight_decay), world(), gpt_adamw);
-}
-
-// ZeRO-2 over the recipe's AdamW, in buckets of 256 KiB (the baby GPT's slab is 3.3 MB; DDP's
-// 25 MiB would make it one bucket, the whole gradient at once). The token embedding is tied to
-// lm_head, which writes its gradient first.
-std::unique_ptr<Optimizer> zero2(GPT& model, const GPTRecipe& r) {
-    const auto adamw = [](std::vector<ParamGroup> groups) -> std::unique_ptr<Optimizer> {
-        return std::make_unique<AdamW>(std::move(groups), gpt_adam_options());
-    };
-    Zero2Options o;
-    o.bucket_bytes = 256 << 10;
-    o.written_early = {&model.transformer().wte().weight};
-    return std::make_unique<Zero2Optimizer>(model, decay_groups(model, r.lr, r.weight_decay), world(), adamw, o);
-}
-
-// ZeRO-3 over the recipe's AdamW, the blocks as units.
-std::unique_ptr<Optimizer> zero3(GPT& model, const GPTRecipe& r) {
-    const auto adamw = [](std::vector<ParamGroup> groups) -> std::unique_ptr<Optimizer> {
-        return std::make_unique<AdamW>(std::move(groups), gpt_adam_options());
-    };
-    return std::make_unique<Zero3Optimizer>(model, decay_groups(model, r.lr, r.weight_decay), world(), adamw,
-                                            gpt_zero3_options(model));
-}
+// ZeRO-1, 2 (buckets of 256 KiB) and 3 (the blocks as units) over the recipe's AdamW.
+std::unique_ptr<Optimizer> zero1(GPT& model, const GPTRecipe& r) { return gpt_zero_optimizer(model, r, 1, world()); }
+std::unique_ptr<Optimizer> zero2(GPT& model, const GPTRecipe& r) { return gpt_zero_optimizer(model, r, 2, world()); }
+std::unique_ptr<Optimizer> zero3(GPT& model, const GPTRecipe& r) { return gpt_zero_optimizer(model, r, 3, world()); }
 
 // Each rank's steady step of the baby GPT (batch 12): alone (stage 0 on 1 GPU), data parallel
 // (stage 0 on world().size() GPUs), ZeRO-1 (stage 1), ZeRO-2 (stage 2) and ZeRO-3 (stage 3).
