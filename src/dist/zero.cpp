@@ -167,6 +167,27 @@ void ZeroOptimizer::load_state(const StateDict& state, const std::string& prefix
     inner_->load_state(pieces, prefix);
 }
 
+// Each rank its own pieces as they are: the parameters' and the inner optimizer's state (under "<prefix>.shard").
+void ZeroOptimizer::save_shard(StateDict& state, const std::string& prefix) const {
+    Optimizer::save_state(state, prefix);
+    state.set(prefix + ".shard.rank", int64_t(comm_.rank()));
+    state.set(prefix + ".shard.world", int64_t(comm_.size()));
+    state.put(prefix + ".shard.values", values_piece());
+    inner_->save_state(state, prefix + ".shard");
+}
+
+void ZeroOptimizer::load_shard(const StateDict& state, const std::string& prefix) {
+    const int64_t rank = state.get_int(prefix + ".shard.rank"), world = state.get_int(prefix + ".shard.world");
+    KILN_CHECK(rank == comm_.rank() && world == comm_.size(), "ZeRO: this is rank ", rank, " of ", world,
+               "'s shard, read by rank ", comm_.rank(), " of ", comm_.size(),
+               ": each rank reads its own file, and the world must be the one that saved them");
+    Optimizer::load_state(state, prefix);
+    Tensor values = values_piece();
+    state.get_into(prefix + ".shard.values", values);
+    inner_->load_state(state, prefix + ".shard");
+    gather_parameters();
+}
+
 std::string zero_memory_table(int64_t parameters, int state_slabs, const std::vector<int>& ranks) {
     KILN_CHECK(parameters >= 0 && state_slabs >= 0, "zero_memory_table: ", parameters, " parameters, ", state_slabs,
                " state slabs: want both ≥ 0");

@@ -64,6 +64,12 @@ public:
     std::vector<Tensor> state_of(size_t i) const override;
     void save_state(StateDict& state, const std::string& prefix) const override;  // collective
     void load_state(const StateDict& state, const std::string& prefix) override;
+    // A sharded checkpoint, one file a rank and nothing gathered (ZeRO-3 keeps no whole parameter
+    // to gather; stages 1 and 2 may use it too): this rank's piece of the parameter slab and its
+    // optimizer state, with its rank and world. load_shard checks them, puts the pieces back and
+    // gathers the parameters (step 3). The model's buffers are not in it (the GPT has none).
+    void save_shard(StateDict& state, const std::string& prefix) const;
+    void load_shard(const StateDict& state, const std::string& prefix);
 
     const std::vector<int64_t>& pieces() const { return pieces_; }  // p + 1 offsets into the slab
     // For each of the model's parameters, in order: how many of its elements this rank updates
@@ -80,6 +86,8 @@ protected:
     virtual Tensor gradient_piece() const { return piece_of(grads_); }
     // Step 3: every rank's updated piece to every rank (ZeRO-3 gathers each layer when it runs).
     virtual void gather_parameters() { comm_.all_gather(values_, pieces_); }
+    // This rank's piece of the parameter slab (ZeRO-3 keeps it apart: the slab is gone).
+    virtual Tensor values_piece() const { return piece_of(values_); }
     // clip_gradients has done step 1 for the coming step(). (A step skipped after it, for a
     // norm that is inf or NaN, leaves it set: the next clip_gradients reduces the next gradients.)
     bool reduced_ = false;

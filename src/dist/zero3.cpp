@@ -167,25 +167,6 @@ Tensor Zero3Optimizer::gathered_values() {
     return all;
 }
 
-void Zero3Optimizer::save_shard(StateDict& state, const std::string& prefix) const {
-    Optimizer::save_state(state, prefix);
-    state.set(prefix + ".shard.rank", int64_t(comm_.rank()));
-    state.set(prefix + ".shard.world", int64_t(comm_.size()));
-    state.put(prefix + ".shard.values", values_piece_);
-    inner_->save_state(state, prefix + ".shard");
-}
-
-void Zero3Optimizer::load_shard(const StateDict& state, const std::string& prefix) {
-    const int64_t rank = state.get_int(prefix + ".shard.rank"), world = state.get_int(prefix + ".shard.world");
-    KILN_CHECK(rank == comm_.rank() && world == comm_.size(), "ZeRO-3: this is rank ", rank, " of ", world,
-               "'s shard, read by rank ", comm_.rank(), " of ", comm_.size(),
-               ": each rank reads its own file, and the world must be the one that saved them");
-    Optimizer::load_state(state, prefix);
-    state.get_into(prefix + ".shard.values", values_piece_);
-    inner_->load_state(state, prefix + ".shard");
-    gather_parameters();
-}
-
 void Zero3Optimizer::save_state(StateDict&, const std::string&) const {
     KILN_FAIL("ZeRO-3 keeps no whole parameter, so it saves no gathered optimizer state: use save_shard, one file a rank");
 }

@@ -22,7 +22,7 @@
 // The same bits as plain data parallel: the gathered weights are the same floats, the gradients
 // the same sums, the update the same. Anything that reads a unit's weights outside its forward
 // and backward (a checkpoint of the model, an evaluation without the hooks) sees undefined
-// tensors: checkpoints are sharded (save_shard: each rank writes its own piece).
+// tensors: checkpoints are sharded (ZeroOptimizer::save_shard: each rank writes its own piece).
 #pragma once
 #include <cstdint>
 #include <vector>
@@ -63,10 +63,6 @@ public:
     // (evaluation, sampling: forward_cached runs a block's layers without the block's hooks).
     // No step() after it.
     void gather_model();
-    // A sharded checkpoint: this rank's piece of the parameters and its optimizer state, with the
-    // rank and world it belongs to. load_shard checks them and gathers the root's parameters.
-    void save_shard(StateDict& state, const std::string& prefix) const;
-    void load_shard(const StateDict& state, const std::string& prefix);
     // The gathered state (ZeroOptimizer::save_state) is refused: it would need every unit's
     // weights at once. save_shard instead.
     void save_state(StateDict& state, const std::string& prefix) const override;
@@ -74,6 +70,7 @@ public:
 
 protected:
     void gather_parameters() override;  // after a step: the root's parameters only
+    Tensor values_piece() const override { return values_piece_; }
 
 private:
     struct Unit {

@@ -1,7 +1,7 @@
 // test_zero_gpt.cpp — ZeRO-2 (dist/zero2.h) and ZeRO-3 (dist/zero3.h) on chapter 14's GPT, 2 ranks
 // (mpirun -np 2): the same parameters as plain data parallel, bit for bit, with the tied token
-// embedding's gradient written first by lm_head and last by the embedding; ZeRO-3 resumed from
-// each rank's own shard.
+// embedding's gradient written first by lm_head and last by the embedding; ZeRO-1, 2 and 3
+// resumed from each rank's own shard.
 //
 // Run: make build/tests/kiln_mpi_tests && mpirun -np 2 build/tests/kiln_mpi_tests '[zero2],[zero3]'
 // (as root add --allow-run-as-root --oversubscribe; make test runs them all)
@@ -95,34 +95,43 @@ TEST_CASE("ZeRO-2 and ZeRO-3 train chapter 14's GPT to data parallel's parameter
     }
 }
 
+// The parameters a ZeRO optimizer's model holds: the slab (stages 1, 2), or gathered (stage 3).
+std::vector<float> values_under(ZeroOptimizer& zero, GPT& model, int stage) {
+    return floats_of(stage == 3 ? static_cast<Zero3Optimizer&>(zero).gathered_values() : model.values_view());
+}
+
 // Each rank writes its own shard (its piece of the parameters and of AdamW's moments); a new run
 // of the same world reads its rank's file and takes the straight run's next steps, bit for bit.
-TEST_CASE("ZeRO-3 resumes from each rank's shard exactly", "[lesson15][cpu][mpi][zero][zero3][checkpoint]") {
+TEST_CASE("ZeRO-1, 2 and 3 resume from each rank's shard exactly", "[lesson15][cpu][mpi][zero][zero3][checkpoint]") {
     const GPTRecipe r;
     GPTConfig c = baby_gpt_config(83);
     c.n_layer = 2;
-    const std::string file = "/tmp/kiln-zero3-" + std::to_string(world().gather_all(int64_t(getpid()))[0]) + "-rank" +
-                             std::to_string(world().rank()) + ".safetensors";
-    auto model = make_gpt(c, 1);
-    Zero3Optimizer zero(*model, decay_groups(*model, r.lr, r.weight_decay), world(), gpt_adamw, gpt_zero3_options(*model));
-    train_steps(*model, zero, 0, 3);
-    StateDict shard;
-    zero.save_shard(shard, "optimizer");
-    write_safetensors(file, shard);
-    train_steps(*model, zero, 3, 3);
-    const std::vector<float> straight = floats_of(zero.gathered_values());
+    const std::string file = "/tmp/kiln-zero-shard-" + std::to_string(world().gather_all(int64_t(getpid()))[0]) +
+                             "-rank" + std::to_string(world().rank()) + ".safetensors";
+    for (int stage : {1, 2, 3}) {
+        DYNAMIC_SECTION("ZeRO-" << stage) {
+            auto model = make_gpt(c, 1);
+            auto zero = gpt_zero_optimizer(*model, r, stage, world());
+            train_steps(*model, *zero, 0, 3);
+            StateDict shard;
+            zero->save_shard(shard, "optimizer");
+            write_safetensors(file, shard);
+            train_steps(*model, *zero, 3, 3);
+            const std::vector<float> straight = values_under(*zero, *model, stage);
 
-    auto again = make_gpt(c, 99);  // other initial values: everything comes from the shard
-    Zero3Optimizer resumed(*again, decay_groups(*again, r.lr, r.weight_decay), world(), gpt_adamw, gpt_zero3_options(*again));
-    resumed.load_shard(read_safetensors(file), "optimizer");
-    std::filesystem::remove(file);
-    REQUIRE(resumed.steps() == 3);
-    train_steps(*again, resumed, 3, 3);
-    REQUIRE(floats_of(resumed.gathered_values()) == straight);
+            auto again = make_gpt(c, 99);  // other initial values: everything comes from the shard
+            auto resumed = gpt_zero_optimizer(*again, r, stage, world());
+            resumed->load_shard(read_safetensors(file), "optimizer");
+            std::filesystem::remove(file);
+            REQUIRE(resumed->steps() == 3);
+            train_steps(*again, *resumed, 3, 3);
+            REQUIRE(values_under(*resumed, *again, stage) == straight);
 
-    StateDict other = shard;  // another rank's file is refused by name
-    other.set("optimizer.shard.rank", int64_t(1 - world().rank()));
-    REQUIRE_THROWS_WITH(resumed.load_shard(other, "optimizer"), Catch::Contains("each rank reads its own file"));
+            StateDict other = shard;  // another rank's file is refused by name
+            other.set("optimizer.shard.rank", int64_t(1 - world().rank()));
+            REQUIRE_THROWS_WITH(resumed->load_shard(other, "optimizer"), Catch::Contains("each rank reads its own file"));
+        }
+    }
 }
 
 // lm_head writes the tied embedding's gradient before the embedding's own backward: without its
