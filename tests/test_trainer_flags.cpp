@@ -322,7 +322,8 @@ std::vector<double> step_losses(const std::string& output) {
 // 2 ranks × 2 windows with --zero 1 print one process × 4 windows' losses (within rounding: the
 // MPI test '[lesson14]' compares the two exactly), once — rank 0 speaks — and rank 0 writes the
 // checkpoint, with AdamW's whole moments (every rank helped gather them), from which one process
-// resumes. A batch the ranks cannot share, and --amp f16 with --zero 1, are refused by rank 0 alone.
+// resumes, and 2 ranks again, bit for bit. A batch the ranks cannot share, and --amp f16 with
+// --zero 1, are refused by rank 0 alone.
 TEST_CASE("lesson-14 under mpirun: --zero 1 on 2 ranks trains as one process does; rank 0 prints and saves",
           "[flags][lesson14][checkpoint][cpu]") {
     const std::string bin = trainer_path("lesson-14"), mpirun = "mpirun --allow-run-as-root --oversubscribe -np 2 ";
@@ -358,6 +359,17 @@ TEST_CASE("lesson-14 under mpirun: --zero 1 on 2 ranks trains as one process doe
     INFO(resumed.output);
     CHECK(resumed.status == 0);
     CHECK_THAT(resumed.output, Contains("4 steps done") && Contains("step 4: loss"));
+    // on 2 ranks again, from the mid-run checkpoint: each rank takes its pieces of the moments back,
+    // and the run ends where the straight one ended, bit for bit
+    const std::string again = tmp.file("again");
+    fs::create_directories(again);
+    fs::copy_file(ranks + "/prev.safetensors", again + "/step3.safetensors");
+    const Run second = run(mpirun + lesson14 + " --save " + again + " --zero 1 --resume " + again + "/step3.safetensors");
+    INFO(second.output);
+    CHECK(second.status == 0);
+    CHECK_THAT(second.output, Contains("3 steps done"));
+    const bool same_bytes = read_file(again + "/last.safetensors") == read_file(ranks + "/last.safetensors");
+    CHECK(same_bytes);
 
     for (const char* bad : {" --batch-size 3", " --zero 1 --amp f16"}) {
         const Run refused = run(mpirun + lesson14 + bad);
