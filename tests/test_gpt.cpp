@@ -17,6 +17,7 @@
 #include "gradcheck.h"
 #include "nn/gpt.h"
 #include "core/allocator.h"
+#include "ops/autocast.h"
 #include "ops/ops.h"
 #include "optim/adam.h"
 #include "train/checkpoint.h"
@@ -204,6 +205,22 @@ TEST_CASE("GPT: generation with the KV cache computes the full forward's logits,
     without.kv_cache = false;
     Rng r1(1), r2(1);
     CHECK(generate(*model, start, 8, with, r1) == generate(*model, start, 8, without, r2));
+}
+
+TEST_CASE("GPT: generation with the KV cache under bf16 autocast: caches in bf16, the full forward's tokens",
+          "[gpt][kvcache][autocast][lesson14][cpu]") {
+    // The caches hold what cached_attention computes in: under a bf16 scope, bf16 (half the bytes).
+    auto model = make_gpt(tiny_config(), 31);
+    AutocastScope amp(DType::BF16);
+    CHECK(cached_attention_type(DType::F32) == DType::BF16);
+    const std::vector<int32_t> start = {1, 2, 3};
+    SampleOptions with, without;
+    with.top_k = without.top_k = 1;
+    without.kv_cache = false;
+    Rng r1(1), r2(1);
+    int64_t cache_bytes = 0;
+    CHECK(generate(*model, start, 8, with, r1, &cache_bytes) == generate(*model, start, 8, without, r2));
+    CHECK(cache_bytes == 2 * 2 * 12 * 8 * 2);  // 2 layers × (k, v) × block_size 12 × C 8 × 2 bytes
 }
 
 TEST_CASE("sample_token: temperature and top-k as nanoGPT's", "[gpt][lesson14][cpu]") {

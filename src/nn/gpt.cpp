@@ -5,7 +5,6 @@
 #include <cmath>
 #include <limits>
 
-#include "ops/autocast.h"
 #include "ops/ops.h"
 
 namespace kiln {
@@ -359,8 +358,9 @@ std::vector<int32_t> generate(GPT& model, const std::vector<int32_t>& prompt, in
     };
     Tensor logits;
     if (o.kv_cache) {
-        // the cache's type: what c_attn computes in (f32, or the autocast type it runs under)
-        const DType t = autocast_target(AmpOp::Linear, DType::F32);
+        // the caches' type: what cached_attention computes in on the model's f32 activations (f32,
+        // or the type autocast gives it)
+        const DType t = cached_attention_type(DType::F32);
         for (int64_t l = 0; l < c.n_layer; l++) {
             cache.k.push_back(Tensor::zeros({1, c.block_size, c.n_embd}, t, device, Category::Activation));
             cache.v.push_back(Tensor::zeros({1, c.block_size, c.n_embd}, t, device, Category::Activation));

@@ -158,6 +158,8 @@ Tensor causal_self_attention_backward(const Tensor& qkv_in, const Tensor& y_in, 
     return dqkv;
 }
 
+DType cached_attention_type(DType qkv_type) { return autocast_target(AmpOp::Attention, qkv_type); }
+
 Tensor cached_attention(const Tensor& qkv_in, Tensor& k_cache, Tensor& v_cache, int64_t start, int64_t heads) {
     const Tensor qkv = AmpCast(AmpOp::Attention, qkv_in.dtype()).input(qkv_in);
     check_args("cached_attention", {{qkv, "qkv"}, {k_cache, "k_cache"}, {v_cache, "v_cache"}});

@@ -55,5 +55,8 @@ Tensor causal_self_attention_backward(const Tensor& qkv, const Tensor& y, const 
 // causal_self_attention gives those positions, by FlashAttention's forward (no dropout:
 // generation is evaluation).
 Tensor cached_attention(const Tensor& qkv, Tensor& k_cache, Tensor& v_cache, int64_t start, int64_t heads);
+// The type cached_attention computes in, and so the type of its caches, for qkv of type
+// `qkv_type`: under autocast its row's (chapter 09), else qkv's own.
+DType cached_attention_type(DType qkv_type);
 
 }  // namespace kiln
