@@ -95,22 +95,8 @@ __device__ V block_reduce(V v, V* sh, Op op) {
     return v;
 }
 
-// Device scratch memory for one call (partial sums, per-row losses), from the CUDA pool
-// allocator with Category::Workspace: it shows in memory reports, counts against --mem-limit,
-// and after the first step it is a cached block, not a cudaMalloc.
-class Workspace {
-public:
-    explicit Workspace(size_t bytes)
-        : ptr_(pool_allocator(Device::CUDA).allocate(bytes, Category::Workspace)) {}
-    ~Workspace() { pool_allocator(Device::CUDA).deallocate(ptr_); }
-    Workspace(const Workspace&) = delete;
-    Workspace& operator=(const Workspace&) = delete;
-    template <typename T>
-    T* as() const { return static_cast<T*>(ptr_); }
-
-private:
-    void* ptr_;
-};
+// Device scratch memory for one call (partial sums, per-row losses): core/allocator.h.
+using ::kiln::Workspace;
 
 // ---- tensor cores: one warp's share of a 64×64 tile (GEMM version 5, conv.cu) --------------------
 // wmma's element type for kiln's 16-bit types: the same 16 bits under CUDA's name.

@@ -23,15 +23,16 @@
 // Then cuda::sum_on_device (reduce.cu: two passes, no atomics) adds the N row losses in a
 // fixed order, so the loss is the same on every run; the launcher divides by N.
 //
-// One wait per call: the labels are checked by the kernel (a row whose label is outside [0, C)
-// is skipped and recorded: bad = max over such rows of N − n, so N − bad is the first), and the
-// sum, the correct count and bad come back to the host in one copy (LossReadback). The host
-// never copies the labels to check them, and count_correct's argmax needs no copy of its own.
-// (A NaN logit makes the loss NaN, which stops training; the count then may differ from
+// No wait: the labels are checked by the kernel (a row whose label is outside [0, C) is skipped
+// and recorded: bad = max over such rows of N − n, so N − bad is the first), and the sum, the
+// correct count and bad stay in the caller's LossTotals on the device until the host reads them —
+// the op at once (ops.cpp: one 32-byte copy), a training loop after many steps (train/loss_log.h).
+// The host never copies the labels to check them, and count_correct's argmax needs no copy of its
+// own. (A NaN logit makes the loss NaN, which stops training; the count then may differ from
 // argmax_rows', whose loop never lets a NaN win after column 0.)
 //
-// Launch shape: softmax_cross_entropy_kernel<<<min(N, 65535), 128>>>, then sum's two launches,
-// then one 24-byte copy to the host.
+// Launch shape: a 32-byte memset, softmax_cross_entropy_kernel<<<min(N, 65535), 128>>>, then
+// sum's two launches.
 //
 //   make test T='[cuda][loss]'
 #include <cmath>
@@ -44,21 +45,15 @@ namespace kiln::cuda {
 
 constexpr int kLossBlock = 128;  // a power of two ≥ 64, as block_reduce needs
 
-// What the host reads after the kernel and the sum, in one copy (zeroed before the kernel).
-struct LossReadback {
-    double total;                  // Σ_n loss_n
-    unsigned long long correct;    // rows whose first maximum is their label
-    unsigned long long bad;        // max over rows with a label outside [0, C) of N − n; 0: none
-};
-
 // loss_n = log Σ_c exp(z_c) − z_y = (m + log Σ_c exp(z_c − m)) − z_y,   m = max_c z_c
 // dz_c   = (exp(z_c − m) / Σ exp(z − m) − [c = y]) / N
 template <typename T>
 __global__ void softmax_cross_entropy_kernel(const T* z, const int32_t* y, T* dz, float* row_loss,
-                                             LossReadback* out, int64_t N, int64_t C, float smoothing) {
+                                             LossTotals* out, int64_t N, int64_t C, float smoothing) {
     __shared__ float sh[kLossBlock];
     __shared__ long long shi[kLossBlock];
     const int64_t t = threadIdx.x, B = blockDim.x;
+    if (blockIdx.x == 0 && t == 0) out->classes = static_cast<unsigned long long>(C);
     for (int64_t n = blockIdx.x; n < N; n += gridDim.x) {
         const int32_t label = y[n];
         if (label < 0 || label >= C) {  // the same for the whole block: no thread reaches a barrier alone
@@ -105,29 +100,17 @@ __global__ void softmax_cross_entropy_kernel(const T* z, const int32_t* y, T* dz
 }
 
 template <typename T>
-float softmax_cross_entropy(const T* z, const int32_t* y, T* dz, int64_t N, int64_t C, int64_t* correct,
-                           float smoothing) {
-    if (correct) *correct = 0;
-    if (N == 0) return 0.0f;
-    detail::Workspace ws(sizeof(LossReadback) + size_t(N) * sizeof(float));
-    LossReadback* out = ws.as<LossReadback>();
-    float* row_loss = reinterpret_cast<float*>(out + 1);
+void softmax_cross_entropy(const T* z, const int32_t* y, T* dz, int64_t N, int64_t C, float smoothing,
+                           LossTotals* out) {
     KILN_CUDA_CHECK(cudaMemsetAsync(out, 0, sizeof *out, 0));
+    if (N == 0) return;
+    detail::Workspace ws(size_t(N) * sizeof(float));
+    float* row_loss = ws.as<float>();
     constexpr auto softmax_cross_entropy_kernel_t = softmax_cross_entropy_kernel<T>;
     const dim3 grid(unsigned(std::min<int64_t>(N, 65535))), block(kLossBlock);
     KILN_LAUNCH(softmax_cross_entropy_kernel_t, grid, block, 0)(z, y, dz, row_loss, out, N, C, smoothing);
     KILN_CHECK_LAUNCH(softmax_cross_entropy_kernel_t, grid, block);
     sum_on_device(row_loss, N, &out->total);
-    LossReadback host{};
-    KILN_CUDA_CHECK(cudaMemcpy(&host, out, sizeof host, cudaMemcpyDeviceToHost));  // the one wait
-    if (host.bad != 0) {
-        const int64_t row = N - int64_t(host.bad);
-        int32_t label = 0;
-        KILN_CUDA_CHECK(cudaMemcpy(&label, y + row, sizeof label, cudaMemcpyDeviceToHost));
-        KILN_FAIL("softmax_cross_entropy: label ", label, " at row ", row, " is outside [0, ", C, ") classes");
-    }
-    if (correct) *correct = int64_t(host.correct);
-    return float(host.total / double(N));
 }
 
 KILN_INSTANTIATE_FLOAT(softmax_cross_entropy);

@@ -211,6 +211,11 @@ struct DeviceAllocation {
 };
 DeviceAllocation device_allocation(const void* p);
 
+// How many copies from device to host memory (cudaMemcpy and cudaMemcpyAsync) the program has
+// made: on a GPU each synchronous one is a wait for every kernel queued before it (a training
+// loop's loss read back, train/loss_log.h). Tests count them; the GPU has no such counter.
+std::uint64_t copies_to_host();
+
 // The emulator's explanation of the latest failed CUDA call or launch on this host thread
 // (which kernel, block and thread, what went wrong); empty after a call that succeeded
 // without error ever having been set.

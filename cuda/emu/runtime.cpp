@@ -51,6 +51,7 @@ std::size_t& allocated_bytes() {
     static std::size_t n = 0;
     return n;
 }
+std::atomic<std::uint64_t> device_to_host_copies{0};
 
 }  // namespace
 
@@ -116,6 +117,7 @@ cudaError_t copy(const char* call, void* dst, const void* src, std::size_t count
     case cudaMemcpyDeviceToHost:
         bad = check_side(call, "source", src, count, true);
         if (bad.empty()) bad = check_side(call, "destination", dst, count, false);
+        device_to_host_copies++;
         break;
     case cudaMemcpyDeviceToDevice:
         bad = check_side(call, "destination", dst, count, true);
@@ -151,6 +153,8 @@ cudaError_t set_error(cudaError_t code, std::string detail) {
 }
 
 std::string last_error_detail() { return last_detail; }
+
+std::uint64_t copies_to_host() { return device_to_host_copies.load(); }
 
 }  // namespace kiln::emu
 

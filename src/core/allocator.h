@@ -163,6 +163,25 @@ private:
 PoolAllocator& pool_allocator(Device device);
 Allocator& current_allocator(Device device);
 
+// Scratch memory for one call (a kernel's partial sums, the loss's totals), from the device's
+// pool with Category::Workspace: the pool's figures and --mem-limit count it, and after the
+// first step it is a cached block, not a cudaMalloc. Not a tensor: the memory report's rows,
+// which follow tensors, do not show it.
+class Workspace {
+public:
+    explicit Workspace(size_t bytes, Device device = Device::CUDA)
+        : device_(device), ptr_(pool_allocator(device).allocate(bytes, Category::Workspace)) {}
+    ~Workspace() { pool_allocator(device_).deallocate(ptr_); }
+    Workspace(const Workspace&) = delete;
+    Workspace& operator=(const Workspace&) = delete;
+    template <typename T>
+    T* as() const { return static_cast<T*>(ptr_); }
+
+private:
+    Device device_;
+    void* ptr_;
+};
+
 class AllocatorScope {
 public:
     explicit AllocatorScope(Allocator& a);

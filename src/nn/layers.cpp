@@ -135,10 +135,19 @@ Tensor Sequential::backward(const Tensor& dy) {
 }
 
 // ---- CrossEntropyLoss ----------------------------------------------------------------------
+// Labels [B, T] (a sequence's next tokens) as [B·T], the rows of logits [B·T, V].
+static Tensor label_rows(const Tensor& labels) {
+    return labels.defined() && labels.ndim() > 1 ? labels.reshape({-1}) : labels;
+}
+
 float CrossEntropyLoss::forward(const Tensor& logits, const Tensor& labels, int64_t* correct) {
     logits_dtype_ = logits.dtype();
-    const Tensor y = labels.defined() && labels.ndim() > 1 ? labels.reshape({-1}) : labels;  // [B, T] -> [B·T]
-    return softmax_cross_entropy(logits, y, &dz_, correct, label_smoothing_);
+    return softmax_cross_entropy(logits, label_rows(labels), &dz_, correct, label_smoothing_);
+}
+
+void CrossEntropyLoss::forward_into(const Tensor& logits, const Tensor& labels, LossTotals* totals) {
+    logits_dtype_ = logits.dtype();
+    softmax_cross_entropy_into(logits, label_rows(labels), &dz_, label_smoothing_, totals);
 }
 
 Tensor CrossEntropyLoss::backward(float scale) {

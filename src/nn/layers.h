@@ -9,6 +9,8 @@
 
 namespace kiln {
 
+struct LossTotals;  // ops/kernels/loss.h
+
 // y = x · Wᵀ + b          x: [N, in]   W: [out, in]   b: [out]   y: [N, out]
 // backward:  dW += dyᵀ · x     db += Σ_n dy[n, :]     dx = dy · W
 // Like PyTorch's, x may be [..., in] (a transformer's [B, T, C]): its rows are every dimension
@@ -131,6 +133,9 @@ public:
     // The loss is computed in the type autocast gives it (f32 under autocast, chapter 09: the op
     // casts); correct (if not null): the rows predicted right (softmax_cross_entropy, ops.h).
     float forward(const Tensor& logits, const Tensor& labels, int64_t* correct = nullptr);  // keeps dz for backward
+    // The same, its loss and count left in `totals` on the logits' device, not read (ops.h:
+    // softmax_cross_entropy_into; train/loss_log.h).
+    void forward_into(const Tensor& logits, const Tensor& labels, LossTotals* totals);
     // scale · dL/dlogits, in the logits' type (and releases it). scale: a micro-batch's share of
     // the batch (train/loop.h) times a GradScaler's loss scale (optim/grad_scaler.h); applied in
     // f32, before the gradient is rounded to an f16 logits' type.

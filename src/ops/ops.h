@@ -13,6 +13,8 @@
 
 namespace kiln {
 
+struct LossTotals;  // ops/kernels/loss.h
+
 // ---- elementwise -------------------------------------------------------------------------
 void fill_(Tensor& x, float value);
 Tensor add(const Tensor& a, const Tensor& b);              // a + b, same shapes
@@ -66,7 +68,18 @@ float max(const Tensor& x);
 //   loss = 1/N Σ_n [ log Σ_c exp(z[n,c]) − (1 − ε)·z[n,y_n] − (ε/C)·Σ_c z[n,c] ]
 //   dz   = (softmax(z) − (1 − ε)·onehot(y) − ε/C) / N
 // A net is then never pushed to make one logit infinitely larger than the others (chapter 13).
+// On a GPU the call waits once, for the 32-byte copy of the loss, the count and any bad label.
 float softmax_cross_entropy(const Tensor& logits, const Tensor& labels, Tensor* dlogits = nullptr,
                             int64_t* correct = nullptr, float smoothing = 0.0f);
+
+// The same without the wait, for a training loop that reads many steps' losses at once
+// (train/loss_log.h): the kernel's totals (ops/kernels/loss.h) go to `totals`, sizeof(LossTotals)
+// bytes of the logits' device memory, and nothing is read back; loss_from_totals reads them.
+void softmax_cross_entropy_into(const Tensor& logits, const Tensor& labels, Tensor* dlogits, float smoothing,
+                                LossTotals* totals);
+// The mean loss of N rows from totals brought back to the host, *correct (if not null) their
+// correct count; a bad label the kernel recorded is a kiln::Error naming its row — and its value,
+// when the labels (on any device) are still at hand.
+float loss_from_totals(const LossTotals& totals, int64_t N, int64_t* correct, const Tensor* labels = nullptr);
 
 }  // namespace kiln

@@ -11,6 +11,7 @@
 #include "ops/ops.h"
 #include "train/evaluate.h"
 #include "train/grad_hist.h"
+#include "train/loss_log.h"
 #include "train/memory_trace.h"
 #include "train/progress.h"
 
@@ -61,13 +62,15 @@ void print_grad_hist(Module& model, float loss_scale, const RunInfo& run) {
 }
 
 std::pair<float, int64_t> forward_backward(Module& model, const Tensor& x, const Tensor& y, float scale,
-                                           BumpAllocator* arena, float label_smoothing) {
+                                           BumpAllocator* arena, float label_smoothing, LossTotals* totals) {
     std::optional<AllocatorScope> scope;
     if (arena) scope.emplace(*arena);  // this micro-batch's activations come from the arena
     CrossEntropyLoss criterion(label_smoothing);
     Tensor logits = model.call(x);
     int64_t correct = 0;
-    const float loss = criterion.forward(logits, y, &correct);  // one read-back on a GPU for both
+    float loss = NAN;
+    if (totals) criterion.forward_into(logits, y, totals);  // left on the device: no wait
+    else loss = criterion.forward(logits, y, &correct);      // one read-back on a GPU for both
     model.call_backward(criterion.backward(scale));
     return {loss, correct};
 }  // every tensor of the micro-batch is gone here
@@ -76,7 +79,11 @@ StepResult train_step(Module& model, Optimizer& optimizer, const Tensor& x, cons
     const int64_t B = x.size(0), K = opt.accumulate;
     KILN_CHECK(K >= 1 && K <= B, "train_step: ", K, " micro-batches (--accumulate) for a batch of ", B,
                " images: use between 1 and the batch size, one that divides --batch-size");
+    KILN_CHECK(!opt.loss_log || (!opt.scaler && opt.clip_norm == 0.0f),
+               "train_step: a LossLog leaves the loss on the device, and a GradScaler or clipping reads the step back: "
+               "use a LossLog without them");
     StepResult r;
+    r.loss_logged = opt.loss_log != nullptr;
     model.input_needs_grad = false;  // the input is data: no dL/dx to compute (module.h)
     model.zero_grad();               // one fill when the model is packed
     if (opt.scaler) r.loss_scale = opt.scaler->loss_scale();
@@ -87,14 +94,21 @@ StepResult train_step(Module& model, Optimizer& optimizer, const Tensor& x, cons
         const int64_t n = B / K + (i < B % K);  // near-equal parts: B/K each when K divides B
         const float share = float(n) / float(B);
         const float grad_scale = opt.scaler ? share * r.loss_scale : share;  // × S with a GradScaler
-        const auto [loss_i, correct_i] =
-            forward_backward(model, rows(x, first, n), rows(y, first, n), grad_scale, opt.arena, opt.label_smoothing);
+        LossTotals* totals = opt.loss_log ? opt.loss_log->slot(n, share) : nullptr;
+        const auto [loss_i, correct_i] = forward_backward(model, rows(x, first, n), rows(y, first, n), grad_scale,
+                                                          opt.arena, opt.label_smoothing, totals);
         loss += double(share) * loss_i;
         r.correct += correct_i;
         first += n;
         if (opt.arena) opt.arena->reset();  // the next micro-batch (or the next step) starts afresh
     }
     amp.reset();  // the copies go before the optimizer changes the weights they were made from
+    if (r.loss_logged) {  // the loss is on the device, not known here: the step is taken (loss_log.h)
+        ContextScope phase(Phase::Optimizer);
+        optimizer.step();
+        r.stepped = true;
+        return r;
+    }
     r.loss = float(loss);
     r.loss_finite = std::isfinite(r.loss);
     if (opt.scaler) {
@@ -124,13 +138,33 @@ EpochResult train_epoch(Module& model, Optimizer& optimizer, DataLoader& loader,
         ContextScope phase(Phase::Data);
         return loader.next(batch);
     };
+    // On a GPU, without a scaler or clipping, the losses wait on the device (loss_log.h).
+    std::optional<LossLog> log;
+    if (loader.options().device == Device::CUDA && !opt.scaler && opt.clip_norm == 0.0f && opt.loss_read_every > 1)
+        log.emplace(Device::CUDA, opt.loss_read_every * opt.accumulate);
+    // What the loop does with a step's loss once it is known: stop if it is not finite, show it.
+    const auto account = [&](int64_t at, float loss, int64_t correct, int64_t images) {
+        KILN_CHECK(std::isfinite(loss), "training diverged: the loss is ", loss, " at epoch ", epoch + 1, ", step ",
+                   at + 1, ". Try a smaller --lr (now ", optimizer.lr(), ") or check the input data");
+        bar.step(images, loss, correct);
+        correct_total += correct;
+    };
+    const auto read_log = [&] {
+        for (const LossLog::Step& s : log->read()) account(s.index, s.loss, s.correct, s.batch_size);
+    };
     while (next()) {
-        const StepResult r = train_step(model, optimizer, batch.x, batch.y,
-                                        StepOptions{opt.arena, opt.clip_norm, opt.accumulate, opt.scaler, opt.amp, opt.label_smoothing});
+        StepOptions step_opt{opt.arena, opt.clip_norm, opt.accumulate, opt.scaler, opt.amp, opt.label_smoothing};
+        if (log) {
+            if (log->full(opt.accumulate)) read_log();  // the one wait per loss_read_every steps
+            step_opt.loss_log = &*log;
+        }
+        const StepResult r = train_step(model, optimizer, batch.x, batch.y, step_opt);
         if (opt.memory) opt.memory->step_ends();
-        KILN_CHECK(r.finite() || opt.scaler, "training diverged: the ", r.loss_finite ? "gradient norm" : "loss",
-                   " is ", r.loss_finite ? r.grad_norm : r.loss, " at epoch ", epoch + 1, ", step ", step + 1,
-                   ". Try a smaller --lr (now ", optimizer.lr(), ") or check the input data");
+        if (log) log->end_step(batch.size());
+        if (!opt.scaler && !r.loss_logged) account(step, r.loss, r.correct, batch.size());  // the loss first
+        KILN_CHECK(r.grads_finite || opt.scaler, "training diverged: the gradient norm is ", r.grad_norm, " at epoch ",
+                   epoch + 1, ", step ", step + 1, ". Try a smaller --lr (now ", optimizer.lr(),
+                   ") or check the input data");
         KILN_CHECK(r.stepped || !opt.scaler || opt.scaler->loss_scale() >= kMinLossScale,
                    "training diverged: at epoch ", epoch + 1, ", step ", step + 1, " the GradScaler skipped the step ",
                    "again (", r.loss_finite ? "a gradient is inf or NaN" : "the loss itself is inf or NaN",
@@ -142,11 +176,14 @@ EpochResult train_epoch(Module& model, Optimizer& optimizer, DataLoader& loader,
         if (opt.scheduler && opt.per_batch && r.stepped) opt.scheduler->step();
         skipped += !r.stepped;
         if (opt.scaler) bar.show_scaler(opt.scaler->loss_scale(), skipped);
-        bar.step(batch.size(), r.loss, r.correct);
-        correct_total += r.correct;
+        if (opt.scaler) {  // a skipped step's loss is shown as it is (Progress leaves out a non-finite one)
+            bar.step(batch.size(), r.loss, r.correct);
+            correct_total += r.correct;
+        }
         seen += batch.size();
         step++;
     }
+    if (log) read_log();
     EpochResult r;
     r.images_per_second = bar.images_per_second();
     r.loss = bar.finish();

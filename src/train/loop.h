@@ -32,6 +32,11 @@
 // (OneCycleLR) and the optimizer stepped (a step a GradScaler skipped does not advance the
 // schedule: grad_scaler.h says why), and the progress bar.
 //
+// On a GPU the loss is read back once per TrainOptions::loss_read_every steps, not every step
+// (train/loss_log.h says why that pays): the steps' losses wait on the device in a LossLog, and
+// the checks and the progress bar below see them when it is read. Not with a GradScaler or
+// clipping, which read the gradients back every step anyway (their inf/NaN check, their norm).
+//
 // When training diverges, train_epoch stops with an error naming the epoch and the step: without
 // a GradScaler at the first inf or NaN loss (or gradient norm, when clipping); with one, once a
 // skipped step takes the scale below kMinLossScale. A scale below 1 scales the gradients down,
@@ -54,6 +59,8 @@
 namespace kiln {
 
 class MemoryRecording;  // train/memory_trace.h: --mem-report and --mem-trace
+class LossLog;          // train/loss_log.h
+struct LossTotals;      // ops/kernels/loss.h
 
 // The smallest loss scale train_epoch goes on with after a skipped step (see above).
 constexpr float kMinLossScale = 1.0f;
@@ -67,6 +74,9 @@ struct StepOptions {
     DType amp = DType::F32;          // f16/bf16: forward and backward under an AutocastScope
                                      // (ops/autocast.h, --amp); f32: none
     float label_smoothing = 0.0f;    // the loss's ε (CrossEntropyLoss; chapter 13)
+    LossLog* loss_log = nullptr;     // the loss left on the device, in this log (train/loss_log.h):
+                                     // StepResult::loss is then unknown (loss_logged); neither a
+                                     // scaler nor clipping with it. null: the loss is read at once
 };
 
 // What a step did. A non-finite loss or gradient norm is reported, not thrown: the optimizer
@@ -81,15 +91,19 @@ struct StepResult {
     bool grads_finite = true;  // known only when clipping (the norm is computed then) or scaling
     bool stepped = false;      // the optimizer updated the parameters
     float loss_scale = 1;      // what dL/dlogits was multiplied by (the GradScaler's scale)
+    bool loss_logged = false;  // the loss and correct are in StepOptions::loss_log, not here (and
+                               // the step was taken: its loss is not known yet)
     bool finite() const { return loss_finite && grads_finite; }
 };
 
 // Forward, softmax cross-entropy and backward of one (micro-)batch, its activations from the
 // arena if given, its loss gradient scaled by `scale` (its share of the whole batch; 1 for the
 // whole batch, which is then not touched): adds to the parameters' grads, returns its mean loss
-// and its correct count. train_step runs it once per micro-batch; --find-batch-size probes with it.
+// and its correct count — or, given `totals`, leaves both there (on the device; train/loss_log.h)
+// and returns NaN and 0. train_step runs it once per micro-batch; --find-batch-size probes with it.
 std::pair<float, int64_t> forward_backward(Module& model, const Tensor& x, const Tensor& y, float scale,
-                                           BumpAllocator* arena, float label_smoothing = 0.0f);
+                                           BumpAllocator* arena, float label_smoothing = 0.0f,
+                                           LossTotals* totals = nullptr);
 
 // --grad-hist: the gradients the optimizer was given (unscaled, clipped if asked), against f16's
 // range as they are and at the scale the step used (train/grad_hist.h), all of them and then
@@ -134,6 +148,8 @@ struct TrainOptions {
                                        // leave writing it, and run.json, to rank 0
     bool overwrite = false;            // fit: save_dir may hold another run's checkpoints, which this
                                        // run replaces (--overwrite); else that is refused
+    int loss_read_every = 32;          // on a GPU, without a scaler or clipping: the losses read back
+                                       // once per this many steps (train/loss_log.h); 1: every step
 };
 
 // Trains one epoch (epoch counts from 0, of opt.epochs) with a progress bar. Throws kiln::Error

@@ -5,7 +5,6 @@
 #include <cmath>
 #include <vector>
 
-#include "core/error.h"
 #include "core/parallel.h"
 #include "ops/kernels/loss.h"
 #include "ops/kernels/reduce.h"  // argmax_rows
@@ -22,17 +21,17 @@ static constexpr int64_t kParallelMin = 1 << 14;
 // Each row's loss is kept apart and the rows are added in order: the same bits on any thread count.
 // The labels are checked first: one outside [0, C) would read outside its row.
 template <typename T>
-float softmax_cross_entropy(const T* z, const int32_t* y, T* dz, int64_t N, int64_t C, int64_t* correct,
-                            float smoothing) {
+void softmax_cross_entropy(const T* z, const int32_t* y, T* dz, int64_t N, int64_t C, float smoothing,
+                           LossTotals* out) {
+    *out = LossTotals{0.0, 0, 0, static_cast<unsigned long long>(C)};
     for (int64_t n = 0; n < N; n++)
-        KILN_CHECK(y[n] >= 0 && y[n] < C, "softmax_cross_entropy: label ", y[n], " at row ", n, " is outside [0, ", C,
-                   ") classes");
-    if (correct) {
-        std::vector<int32_t> predicted(static_cast<size_t>(N));
-        argmax_rows(z, predicted.data(), N, C);
-        *correct = 0;
-        for (int64_t n = 0; n < N; n++) *correct += predicted[size_t(n)] == y[n];
-    }
+        if (y[n] < 0 || y[n] >= C) {
+            out->bad = static_cast<unsigned long long>(N - n);
+            return;
+        }
+    std::vector<int32_t> predicted(static_cast<size_t>(N));
+    argmax_rows(z, predicted.data(), N, C);
+    for (int64_t n = 0; n < N; n++) out->correct += predicted[size_t(n)] == y[n];
     std::vector<double> row_loss(static_cast<size_t>(N));
     parallel_for(N, grain_of(kParallelMin, C), [&](int64_t n0, int64_t n1) {
         for (int64_t n = n0; n < n1; n++) {
@@ -61,9 +60,7 @@ float softmax_cross_entropy(const T* z, const int32_t* y, T* dz, int64_t N, int6
             }
         }
     });
-    double total = 0.0;
-    for (double l : row_loss) total += l;
-    return float(total / double(N));
+    for (double l : row_loss) out->total += l;
 }
 
 KILN_INSTANTIATE_FLOAT(softmax_cross_entropy);
