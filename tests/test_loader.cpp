@@ -1,5 +1,7 @@
-// test_loader.cpp — batching, seeded shuffling, drop_last, normalization, --limit.
+// test_loader.cpp — batching, seeded shuffling, drop_last, normalization, --limit, and batches
+// built on the GPU (on_device).
 #include <catch2/catch.hpp>
+#include <cstring>
 #include <mutex>
 #include <set>
 #include <thread>
@@ -205,4 +207,71 @@ TEST_CASE("the loader takes the next batch's memory in next(), on the calling th
     for (const std::thread::id& id : after_next) CHECK(id == std::this_thread::get_id());
     CHECK(after_next.size() == 4);
     for (const std::thread::id& id : takers) CHECK(id == std::this_thread::get_id());
+}
+
+// on_device (chapter 13): the GPU makes each batch from the bytes it holds and the host's plan —
+// the same floats as the CPU's batch, bit for bit, for every kind of window (reflected and
+// zero-padded crops, shifts, flips, centre crops, the alternating flip), every epoch, the short
+// last batch, and a data-parallel rank's share.
+TEST_CASE("batches built on the GPU are the CPU's, bit for bit", "[loader][cuda][lesson13]") {
+    ImageSet s;
+    s.n = 23; s.c = 3; s.h = 9; s.w = 7;
+    for (int64_t i = 0; i < s.n * s.c * s.h * s.w; i++) s.pixels.push_back(uint8_t((i * 37 + i / 11) % 256));
+    for (int64_t i = 0; i < s.n; i++) s.labels.push_back(int32_t(i % 10));
+    struct Case {
+        const char* name;
+        Transforms transforms;
+        bool alternating_flip;
+        int rank, world_size;
+    };
+    const std::vector<Case> cases = {
+        {"airbench: alternating flip, reflected crop", {std::make_shared<RandomCrop>(7, 2, Padding::Reflect)}, true, 0, 1},
+        {"zero-padded crop, random flip", {std::make_shared<RandomCrop>(6, 3), std::make_shared<RandomHorizontalFlip>()}, false, 0, 1},
+        {"shift, mirror, centre crop", {std::make_shared<Translate>(-1, 2, Padding::Reflect),
+                                        std::make_shared<RandomHorizontalFlip>(1.0f), std::make_shared<CenterCrop>(5)},
+         false, 0, 1},
+        {"zero-padded shift", {std::make_shared<Translate>(3, -4, Padding::Zeros)}, true, 0, 1},
+        {"no transform: Normalize alone", {}, false, 0, 1},
+        {"rank 1 of 2", {std::make_shared<RandomCrop>(7, 2, Padding::Reflect)}, true, 1, 2},
+    };
+    for (const Case& c : cases) {
+        INFO(c.name);
+        LoaderOptions o{5, true, false, 9, {0.4f, 0.5f, 0.6f}, {0.2f, 0.25f, 0.3f}, Device::CUDA};
+        o.transforms = c.transforms;
+        o.alternating_flip = c.alternating_flip;
+        o.rank = c.rank, o.world_size = c.world_size;
+        DataLoader on_cpu(s, o);
+        o.on_device = true;
+        DataLoader on_gpu(s, o);
+        for (int64_t epoch : {0, 1, 2}) {
+            on_cpu.start_epoch(epoch);
+            on_gpu.start_epoch(epoch);
+            Batch a, b;
+            int64_t batches = 0;
+            while (on_cpu.next(a)) {
+                REQUIRE(on_gpu.next(b));
+                REQUIRE(b.x.device() == Device::CUDA);
+                REQUIRE(b.x.shape() == a.x.shape());
+                const Tensor xa = a.x.to(Device::CPU), xb = b.x.to(Device::CPU);
+                const Tensor ya = a.y.to(Device::CPU), yb = b.y.to(Device::CPU);
+                REQUIRE(std::memcmp(xa.raw(), xb.raw(), xa.nbytes()) == 0);
+                REQUIRE(std::memcmp(ya.raw(), yb.raw(), ya.nbytes()) == 0);
+                batches++;
+            }
+            REQUIRE_FALSE(on_gpu.next(b));
+            REQUIRE(batches == on_cpu.num_batches());
+        }
+    }
+}
+
+TEST_CASE("on_device refuses what it cannot build, and the CPU device", "[loader][cuda][lesson13]") {
+    ImageSet s = tiny_set();
+    LoaderOptions o{4, true, false, 1, {}, {}, Device::CUDA};
+    o.on_device = true;
+    o.transforms = {std::make_shared<Resize>(2, 2)};
+    REQUIRE_THROWS_WITH(DataLoader(s, o), Catch::Contains("transform 1 of 1 is none of them (a Resize?)") &&
+                                              Catch::Contains("on_device = false"));
+    o.transforms = {};
+    o.device = Device::CPU;
+    REQUIRE_THROWS_WITH(DataLoader(s, o), Catch::Contains("set device to cuda"));
 }

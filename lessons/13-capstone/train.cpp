@@ -31,6 +31,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -48,6 +49,7 @@
 #include "train/evaluate.h"     // defines: evaluate, evaluate_views
 #include "train/fit.h"          // defines: step_options, save_epoch, resume_from, only_measure, report, print_time_report
 #include "train/loop.h"         // defines: train_step, StepOptions, print_grad_hist
+#include "train/loss_log.h"     // defines: LossLog
 #include "train/memory_trace.h" // defines: memory_recording
 #include "train/time_report.h"  // defines: StepTimer
 
@@ -152,6 +154,7 @@ int main(int argc, char** argv) try {
                                 device};
     train_options.alternating_flip = true;
     train_options.transforms = {std::make_shared<RandomCrop>(32, 2, Padding::Reflect)};
+    train_options.on_device = device == Device::CUDA;  // the images go up once; a kernel makes each batch
     DataLoader train(train_set, train_options), test(test_set, test_options(f, {}, device));
     KILN_USAGE_CHECK(train.num_batches() > 0, "lesson-13: ", train_set.n, " training images make no batch of ",
                      flags.batch_size, "; lower --batch-size");
@@ -211,6 +214,19 @@ int main(int argc, char** argv) try {
         train.start_epoch(epoch);
         double loss = 0;
         int64_t correct = 0, seen = 0;
+        // On a GPU the losses wait there and are read 32 steps at a time (train/loss_log.h).
+        std::optional<LossLog> log;
+        const int64_t epoch_first = step;
+        if (device == Device::CUDA && !scaler) log.emplace(device, 32 * step_options.accumulate);
+        const auto add = [&](int64_t at, float step_loss, int64_t step_correct, int64_t images) {
+            KILN_CHECK(std::isfinite(step_loss) || scaler, "lesson-13: the loss stopped being finite at step ", at);
+            loss += double(step_loss) * double(images);
+            correct += step_correct;
+            seen += images;
+        };
+        const auto read_log = [&] {
+            for (const LossLog::Step& s : log->read()) add(epoch_first + s.index, s.loss, s.correct, s.batch_size);
+        };
         Batch b;
         const auto next = [&] {
             if (timer) timer->step_begins();
@@ -220,9 +236,13 @@ int main(int argc, char** argv) try {
             return more;
         };
         while (next()) {
+            if (log && log->full(step_options.accumulate)) read_log();  // the one wait per 32 steps
+            step_options.loss_log = log ? &*log : nullptr;
             const StepResult r = train_step(*net, sgd, b.x, b.y, step_options);
             if (memory) memory->step_ends();
-            KILN_CHECK(r.finite() || scaler, "lesson-13: the loss or the gradients stopped being finite at step ", step);
+            if (log) log->end_step(b.size());
+            else add(step, r.loss, r.correct, b.size());
+            KILN_CHECK(r.grads_finite || scaler, "lesson-13: the gradients stopped being finite at step ", step);
             if (flags.grad_hist && epoch == first && seen == 0) print_grad_hist(*net, r.loss_scale, RunInfo{});
             if (r.stepped) {  // a step the GradScaler skipped (--amp f16) moves neither the schedule nor the average
                 schedule.step();
@@ -233,10 +253,8 @@ int main(int argc, char** argv) try {
             }
             if (timer) timer->step_ends();
             if (timer && timer->steps_timed() == flags.time_report) return print_times();
-            loss += double(r.loss) * double(b.size());
-            correct += r.correct;
-            seen += b.size();
         }
+        if (log) read_log();
         const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
         train_seconds += secs;
         std::printf("epoch %2d  loss %.4f  train %.2f%%  %.0f s (%.0f img/s)", epoch + 1, loss / double(seen),

@@ -2,6 +2,7 @@
 #include "data/loader.h"
 
 #include <algorithm>
+#include <cmath>
 #include <condition_variable>
 #include <functional>
 #include <mutex>
@@ -24,7 +25,54 @@ DataLoader::DataLoader(const ImageSet& set, LoaderOptions options) : set_(set), 
                " of a world of ", opt_.world_size, ": the rank must be in [0, world size)");
     out_shape_ = {set_.c, set_.h, set_.w};
     for (auto& t : opt_.transforms) out_shape_ = t->output_shape(out_shape_);
+    if (opt_.on_device) upload_set();
     start_epoch(0);
+}
+
+namespace {
+
+// Normalize: x = (pixel / 255 − mean[c]) / std[c]  =  pixel · scale[c] + shift[c], one fma.
+struct Normalize {
+    std::vector<float> scale, shift;
+};
+Normalize normalize_of(const LoaderOptions& o, int64_t channels) {
+    Normalize n{std::vector<float>(size_t(channels), 1.0f / 255.0f), std::vector<float>(size_t(channels), 0.0f)};
+    for (int64_t c = 0; c < channels && !o.mean.empty(); c++) {
+        n.scale[size_t(c)] = 1.0f / (255.0f * o.std[size_t(c)]);
+        n.shift[size_t(c)] = -o.mean[size_t(c)] / o.std[size_t(c)];
+    }
+    return n;
+}
+
+}  // namespace
+
+// on_device: the windows' sizes and Normalize for the kernel, then the set's bytes, once.
+void DataLoader::upload_set() {
+    const int64_t windows = int64_t(opt_.alternating_flip) + int64_t(opt_.transforms.size());
+    KILN_CHECK(opt_.device == Device::CUDA, "DataLoader: on_device builds batches on a GPU: set device to cuda");
+    KILN_CHECK(set_.c <= kMaxAugmentChannels && windows <= kMaxWindows, "DataLoader: on_device takes images of at most ",
+               kMaxAugmentChannels, " channels through at most ", kMaxWindows, " windows, got ", set_.c, " and ",
+               windows, ": build the batches on the CPU (on_device = false)");
+    const Normalize n = normalize_of(opt_, set_.c);
+    AugmentGeometry& g = geometry_;
+    g.channels = int32_t(set_.c);
+    g.windows = int32_t(windows);
+    std::copy(n.scale.begin(), n.scale.end(), g.scale);
+    std::copy(n.shift.begin(), n.shift.end(), g.shift);
+    ImageShape s{set_.c, set_.h, set_.w};
+    g.h[0] = int32_t(s.h), g.w[0] = int32_t(s.w);
+    int k = 0;
+    if (opt_.alternating_flip) ++k, g.h[k] = g.h[0], g.w[k] = g.w[0];
+    for (size_t t = 0; t < opt_.transforms.size(); t++) {
+        ImageWindow unused;
+        KILN_CHECK(opt_.transforms[t]->window(s, 0, &unused), "DataLoader: on_device builds batches with crops, ",
+                   "shifts and flips, and transform ", t + 1, " of ", opt_.transforms.size(),
+                   " is none of them (a Resize?): build the batches on the CPU (on_device = false)");
+        s = opt_.transforms[t]->output_shape(s);
+        ++k, g.h[k] = int32_t(s.h), g.w[k] = int32_t(s.w);
+    }
+    device_pixels_ = Tensor::empty({int64_t(set_.pixels.size())}, DType::U8, Device::CUDA, Category::Data);
+    cuda::copy_to_device(device_pixels_.raw(), set_.pixels.data(), set_.pixels.size());
 }
 
 // One background thread running one job at a time: submit() hands it a job and returns its
@@ -127,47 +175,81 @@ Batch DataLoader::empty_batch(int64_t count) const {
             Tensor::empty({count}, DType::I32, Device::CPU, Category::Data)};
 }
 
+DataLoader::ImagePlan DataLoader::plan_of(int64_t position) const {
+    const Rng augment(splitmix64(opt_.seed) + 1);    // the augmentations' stream, apart from the order's
+    const Rng flip_half(splitmix64(opt_.seed) + 2);  // alternating_flip: image i starts mirrored if bit 0 is set
+    const int64_t source = order_[size_t(position)];
+    // the image's position in the one-process order of the epoch (the same with any world size)
+    const int64_t global = position * opt_.world_size + opt_.rank;
+    return {source, opt_.alternating_flip && ((flip_half.at(uint64_t(source)) ^ uint64_t(epoch_)) & 1),
+            augment.at(uint64_t(epoch_) * uint64_t(set_.n) + uint64_t(global))};
+}
+
 void DataLoader::fill_batch(Batch& batch, int64_t start, bool parallel) const {
     const int64_t C = set_.c, HW = set_.h * set_.w, count = batch.size();
     const ImageShape o = out_shape_;
     float* xp = batch.x.data<float>();
     int32_t* yp = batch.y.data<int32_t>();
-    // Normalize: x = (pixel / 255 − mean[c]) / std[c]  =  pixel · a[c] + b[c]
-    std::vector<float> a(size_t(C), 1.0f / 255.0f), b(size_t(C), 0.0f);
-    for (int64_t c = 0; c < C && !opt_.mean.empty(); c++) {
-        a[size_t(c)] = 1.0f / (255.0f * opt_.std[size_t(c)]);
-        b[size_t(c)] = -opt_.mean[size_t(c)] / opt_.std[size_t(c)];
-    }
-    Rng augment(splitmix64(opt_.seed) + 1);  // the augmentations' stream, apart from the order's
-    const Rng flip_half(splitmix64(opt_.seed) + 2);  // alternating_flip: image i starts mirrored if bit 0 is set
+    const Normalize n = normalize_of(opt_, C);
     bool chained = !opt_.transforms.empty();
     parallel_for(count, parallel ? grain_of(1 << 16, C * HW) : count, [&](int64_t i0, int64_t i1) {
         for (int64_t i = i0; i < i1; i++) {
-            int64_t src = order_[size_t(start + i)];
-            const uint8_t* px = set_.pixels.data() + src * C * HW;
+            const ImagePlan plan = plan_of(start + i);
+            const uint8_t* px = set_.pixels.data() + plan.source * C * HW;
             std::vector<float> cur(chained ? size_t(C * HW) : 0), next;
             float* first = chained ? cur.data() : xp + i * C * HW;
             for (int64_t c = 0; c < C; c++)
-                for (int64_t k = 0; k < HW; k++) first[c * HW + k] = float(px[c * HW + k]) * a[size_t(c)] + b[size_t(c)];
+                for (int64_t k = 0; k < HW; k++)
+                    first[c * HW + k] = std::fma(float(px[c * HW + k]), n.scale[size_t(c)], n.shift[size_t(c)]);
             ImageShape s{C, set_.h, set_.w};
-            if (opt_.alternating_flip && ((flip_half.at(uint64_t(src)) ^ uint64_t(epoch_)) & 1))
+            if (plan.mirrored)
                 for (int64_t row = 0; row < C * set_.h; row++) std::reverse(first + row * set_.w, first + (row + 1) * set_.w);
-            // the image's position in the one-process order of the epoch (the same with any world size)
-            const int64_t global = (start + i) * opt_.world_size + opt_.rank;
-            uint64_t bits = augment.at(uint64_t(epoch_) * uint64_t(set_.n) + uint64_t(global));
             for (size_t t = 0; t < opt_.transforms.size(); t++) {
                 ImageShape so = opt_.transforms[t]->output_shape(s);
                 bool last = t + 1 == opt_.transforms.size();
                 next.resize(last ? 0 : size_t(so.c * so.h * so.w));
                 float* dst = last ? xp + i * o.c * o.h * o.w : next.data();
-                opt_.transforms[t]->apply(cur.data(), s, dst, splitmix64(bits + t));
+                opt_.transforms[t]->apply(cur.data(), s, dst, splitmix64(plan.bits + t));
                 cur.swap(next);
                 s = so;
             }
-            yp[i] = set_.labels[size_t(src)];
+            yp[i] = set_.labels[size_t(plan.source)];
         }
     });
 }
+
+// on_device: the plan of each image (its source, its windows) and its label go up through the
+// page-locked staging, then one kernel makes the batch from the bytes already on the GPU.
+void DataLoader::device_batch(int64_t start, int64_t count, Batch& batch) {
+    const int64_t S = geometry_.windows;
+    std::vector<ImageWindow> windows(size_t(std::max<int64_t>(1, count * S)));
+    std::vector<int32_t> source(static_cast<size_t>(count)), labels(static_cast<size_t>(count));
+    for (int64_t i = 0; i < count; i++) {
+        const ImagePlan plan = plan_of(start + i);
+        source[size_t(i)] = int32_t(plan.source);
+        labels[size_t(i)] = set_.labels[size_t(plan.source)];
+        ImageWindow* w = windows.data() + i * S;
+        if (opt_.alternating_flip) *w++ = ImageWindow{0, 0, plan.mirrored, 0};
+        ImageShape s{set_.c, set_.h, set_.w};
+        for (size_t t = 0; t < opt_.transforms.size(); t++) {
+            opt_.transforms[t]->window(s, splitmix64(plan.bits + t), w++);
+            s = opt_.transforms[t]->output_shape(s);
+        }
+    }
+    const size_t window_bytes = windows.size() * sizeof(ImageWindow), index_bytes = size_t(count) * sizeof(int32_t);
+    Tensor plan = Tensor::empty({int64_t(window_bytes + index_bytes)}, DType::U8, Device::CUDA, Category::Data);
+    batch.x = Tensor::empty({count, out_shape_.c, out_shape_.h, out_shape_.w}, DType::F32, Device::CUDA, Category::Data);
+    batch.y = Tensor::empty({count}, DType::I32, Device::CUDA, Category::Data);
+    if (!staging_) staging_ = std::make_unique<cuda::PinnedStaging>();
+    staging_->begin(window_bytes + 2 * index_bytes);
+    auto* device_windows = static_cast<ImageWindow*>(plan.raw());
+    auto* device_source = reinterpret_cast<int32_t*>(static_cast<char*>(plan.raw()) + window_bytes);
+    staging_->copy_to_device(device_windows, windows.data(), window_bytes);
+    staging_->copy_to_device(device_source, source.data(), index_bytes);
+    staging_->copy_to_device(batch.y.raw(), labels.data(), index_bytes);
+    cuda::augment_images(device_pixels_.data<uint8_t>(), device_source, device_windows, geometry_, count,
+                         batch.x.data<float>());
+}  // `plan` goes back to the pool; the kernel queued before it reads it first (one stream)
 
 bool DataLoader::next(Batch& batch) {
     auto count_at = [this](int64_t start) {
@@ -176,6 +258,11 @@ bool DataLoader::next(Batch& batch) {
     };
     int64_t B = count_at(pos_);
     if (B == 0) return false;
+    if (opt_.on_device) {  // no CPU batch, no prefetch: the GPU makes it
+        device_batch(pos_, B, batch);
+        pos_ += B;
+        return true;
+    }
     Batch host;
     if (pending_.valid() && pending_start_ == pos_) host = pending_.get();
     else host = make_batch(pos_, B, true);

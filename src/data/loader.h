@@ -14,7 +14,7 @@
 // and the position, so a run can be repeated exactly (and resumed: position(), seek()).
 //
 // With prefetch on (the default) the loader prepares the next batch on a background thread
-// while the current one trains. Its memory (Category::Data, from the CPU pool) is taken when the
+// while the current one trains; with on_device the GPU makes each batch instead. Its memory (Category::Data, from the CPU pool) is taken when the
 // current batch is handed out, so a step's memory in use does not depend on the thread's pace.
 #pragma once
 #include <future>
@@ -25,6 +25,7 @@
 #include "core/tensor.h"
 #include "data/image_set.h"
 #include "data/transforms.h"
+#include "ops/kernels/augment.h"
 
 namespace kiln {
 
@@ -55,6 +56,13 @@ struct LoaderOptions {
     // B on each of p ranks then holds the same images as one batch of p·B in the one-process
     // order, and every image is augmented as it would be there (by its position in that order).
     int rank = 0, world_size = 1;
+    // Build each batch on the GPU (device CUDA; chapter 13, as airbench does): the set's bytes go
+    // up once (N·C·H·W bytes of Category::Data, kept while the loader lives), and per batch only
+    // the plan does — which image, its crop, shift and flips, its label: 8 bytes an image and 16
+    // a window — and one kernel (ops/kernels/augment.h) makes the f32 batch from them: the CPU's
+    // batch, bit for bit, without the CPU's work or the upload of 4 bytes a pixel. Every
+    // transform must be a window (a crop, a shift or a flip: Transform::window); Resize is refused.
+    bool on_device = false;
 };
 
 class DataLoader {
@@ -75,10 +83,20 @@ public:
     ImageShape image_shape() const { return out_shape_; }  // after the transforms
 
 private:
+    // Where image `position` of this epoch's order (this rank's share) comes from, and how it is
+    // augmented: the stored image, whether the alternating flip mirrors it, the transforms' bits.
+    struct ImagePlan {
+        int64_t source;
+        bool mirrored;
+        uint64_t bits;
+    };
+    ImagePlan plan_of(int64_t position) const;
     Batch make_batch(int64_t start, int64_t count, bool parallel) const;  // on the CPU
     Batch empty_batch(int64_t count) const;                                 // its tensors, not yet filled
     void fill_batch(Batch& batch, int64_t start, bool parallel) const;      // images start, start + 1, ...
     void drop_prefetch();
+    void upload_set();                                          // on_device: the bytes, once
+    void device_batch(int64_t start, int64_t count, Batch& batch);  // on_device: one kernel
 
     const ImageSet& set_;
     LoaderOptions opt_;
@@ -93,6 +111,8 @@ private:
     class Prefetcher;
     std::unique_ptr<Prefetcher> prefetcher_;
     std::unique_ptr<cuda::PinnedStaging> staging_;  // Device::CUDA: batches go up without a wait
+    Tensor device_pixels_;                           // on_device: the set's bytes on the GPU
+    AugmentGeometry geometry_;                       // on_device: the windows' sizes, Normalize
 };
 
 // n images spread evenly over the set — image ⌊i·N/n⌋ for i < n — (all of them if n ≤ 0 or

@@ -1,4 +1,4 @@
-// transforms.cpp — crop, flip, resize.
+// transforms.cpp — crop, shift, flip (each a window: apply_window), resize.
 #include "data/transforms.h"
 
 #include <algorithm>
@@ -9,29 +9,28 @@
 
 namespace kiln {
 
-// ---- RandomCrop ----------------------------------------------------------------------------
-// The h×w window of the image whose top-left corner is (top, left) in image coordinates (either
-// may be negative, or the window may pass the far edge): out[c, y, x] = in[c, top + y, left + x],
-// outside the image 0 or the reflection (Padding).
-static void copy_window(const float* in, ImageShape s, int64_t top, int64_t left, int64_t h, int64_t w,
-                        Padding mode, float* out) {
+// ---- windows: crops, shifts and flips -----------------------------------------------------------
+//   out[c, y, x] = in[c, top + y, left + x'],   x' = flip ? w_out − 1 − x : x
+// outside the image 0 or the reflection (cuda/augment.cu runs the same on the GPU).
+void apply_window(const float* in, ImageShape from, const ImageWindow& w, ImageShape to, float* out) {
     const auto reflect = [](int64_t i, int64_t n) { return i < 0 ? -i : i >= n ? 2 * n - 2 - i : i; };
-    for (int64_t c = 0; c < s.c; c++)
-        for (int64_t y = 0; y < h; y++) {
-            int64_t sy = top + y;
-            float* row = out + (c * h + y) * w;
-            for (int64_t x = 0; x < w; x++) {
-                int64_t sx = left + x;
-                if (mode == Padding::Reflect) {
-                    row[x] = in[(c * s.h + reflect(sy, s.h)) * s.w + reflect(sx, s.w)];
+    for (int64_t c = 0; c < to.c; c++)
+        for (int64_t y = 0; y < to.h; y++) {
+            const int64_t sy = w.top + y;
+            float* row = out + (c * to.h + y) * to.w;
+            for (int64_t x = 0; x < to.w; x++) {
+                const int64_t sx = w.left + (w.flip ? to.w - 1 - x : x);
+                if (w.reflect) {
+                    row[x] = in[(c * from.h + reflect(sy, from.h)) * from.w + reflect(sx, from.w)];
                 } else {
-                    bool inside = sy >= 0 && sy < s.h && sx >= 0 && sx < s.w;
-                    row[x] = inside ? in[(c * s.h + sy) * s.w + sx] : 0.0f;
+                    const bool inside = sy >= 0 && sy < from.h && sx >= 0 && sx < from.w;
+                    row[x] = inside ? in[(c * from.h + sy) * from.w + sx] : 0.0f;
                 }
             }
         }
 }
 
+// ---- RandomCrop ----------------------------------------------------------------------------
 RandomCrop::RandomCrop(int64_t size, int64_t padding, Padding mode) : size_(size), padding_(padding), mode_(mode) {
     KILN_CHECK(size > 0 && padding >= 0, "RandomCrop(", size, ", ", padding, "): size > 0 and padding ≥ 0");
 }
@@ -44,11 +43,19 @@ ImageShape RandomCrop::output_shape(ImageShape in) const {
     return {in.c, size_, size_};
 }
 
-void RandomCrop::apply(const float* in, ImageShape s, float* out, uint64_t bits) const {
+bool RandomCrop::window(ImageShape s, uint64_t bits, ImageWindow* w) const {
     // the window's top-left corner in padded coordinates: [0, H + 2p − size]
-    int64_t top = int64_t(splitmix64(bits) % uint64_t(s.h + 2 * padding_ - size_ + 1)) - padding_;
-    int64_t left = int64_t(splitmix64(bits + 1) % uint64_t(s.w + 2 * padding_ - size_ + 1)) - padding_;
-    copy_window(in, s, top, left, size_, size_, mode_, out);
+    w->top = int32_t(int64_t(splitmix64(bits) % uint64_t(s.h + 2 * padding_ - size_ + 1)) - padding_);
+    w->left = int32_t(int64_t(splitmix64(bits + 1) % uint64_t(s.w + 2 * padding_ - size_ + 1)) - padding_);
+    w->flip = 0;
+    w->reflect = mode_ == Padding::Reflect;
+    return true;
+}
+
+void RandomCrop::apply(const float* in, ImageShape s, float* out, uint64_t bits) const {
+    ImageWindow w;
+    window(s, bits, &w);
+    apply_window(in, s, w, output_shape(s), out);
 }
 
 // ---- Translate -------------------------------------------------------------------------------
@@ -60,8 +67,15 @@ ImageShape Translate::output_shape(ImageShape in) const {
     return in;
 }
 
-void Translate::apply(const float* in, ImageShape s, float* out, uint64_t) const {
-    copy_window(in, s, dy_, dx_, s.h, s.w, mode_, out);
+bool Translate::window(ImageShape, uint64_t, ImageWindow* w) const {
+    *w = ImageWindow{int32_t(dy_), int32_t(dx_), 0, mode_ == Padding::Reflect};
+    return true;
+}
+
+void Translate::apply(const float* in, ImageShape s, float* out, uint64_t bits) const {
+    ImageWindow w;
+    window(s, bits, &w);
+    apply_window(in, s, w, output_shape(s), out);
 }
 
 // ---- RandomHorizontalFlip --------------------------------------------------------------------
@@ -69,13 +83,15 @@ RandomHorizontalFlip::RandomHorizontalFlip(float p) : p_(p) {
     KILN_CHECK(p >= 0 && p <= 1, "RandomHorizontalFlip(", p, "): p must be in [0, 1]");
 }
 
+bool RandomHorizontalFlip::window(ImageShape, uint64_t bits, ImageWindow* w) const {
+    *w = ImageWindow{0, 0, Rng::to_unit(splitmix64(bits + 2)) < p_, 0};
+    return true;
+}
+
 void RandomHorizontalFlip::apply(const float* in, ImageShape s, float* out, uint64_t bits) const {
-    bool flip = Rng::to_unit(splitmix64(bits + 2)) < p_;
-    for (int64_t row = 0; row < s.c * s.h; row++) {
-        const float* src = in + row * s.w;
-        float* dst = out + row * s.w;
-        for (int64_t x = 0; x < s.w; x++) dst[x] = flip ? src[s.w - 1 - x] : src[x];
-    }
+    ImageWindow w;
+    window(s, bits, &w);
+    apply_window(in, s, w, s, out);
 }
 
 // ---- Resize ----------------------------------------------------------------------------------
@@ -117,11 +133,15 @@ ImageShape CenterCrop::output_shape(ImageShape in) const {
     return {in.c, size_, size_};
 }
 
-void CenterCrop::apply(const float* in, ImageShape s, float* out, uint64_t) const {
-    int64_t top = (s.h - size_) / 2, left = (s.w - size_) / 2;
-    for (int64_t c = 0; c < s.c; c++)
-        for (int64_t y = 0; y < size_; y++)
-            std::copy_n(in + (c * s.h + top + y) * s.w + left, size_, out + (c * size_ + y) * size_);
+bool CenterCrop::window(ImageShape s, uint64_t, ImageWindow* w) const {
+    *w = ImageWindow{int32_t((s.h - size_) / 2), int32_t((s.w - size_) / 2), 0, 0};
+    return true;
+}
+
+void CenterCrop::apply(const float* in, ImageShape s, float* out, uint64_t bits) const {
+    ImageWindow w;
+    window(s, bits, &w);
+    apply_window(in, s, w, output_shape(s), out);
 }
 
 }  // namespace kiln

@@ -9,6 +9,8 @@
 #include <memory>
 #include <vector>
 
+#include "ops/kernels/augment.h"  // ImageWindow
+
 namespace kiln {
 
 struct ImageShape { int64_t c, h, w; };
@@ -19,7 +21,14 @@ public:
     virtual ImageShape output_shape(ImageShape in) const = 0;
     // in: [C, H, W] of shape `in`; out: output_shape(in). They never overlap.
     virtual void apply(const float* in, ImageShape s, float* out, uint64_t bits) const = 0;
+    // The transform as one window onto its input (ops/kernels/augment.h), for the same `bits`:
+    // crops, shifts and flips are; Resize is not (false). What lets the loader build a batch on
+    // the GPU (LoaderOptions::on_device).
+    virtual bool window(ImageShape, uint64_t, ImageWindow*) const { return false; }
 };
+
+// out (shape `to`) = the window w onto in (shape `from`): what every crop, shift and flip runs.
+void apply_window(const float* in, ImageShape from, const ImageWindow& w, ImageShape to, float* out);
 
 // What a window reads outside the image: zeros (the mean after Normalize), or the image mirrored
 // at its edge without repeating the edge (PyTorch's "reflect": row −1 reads row 1, row H reads H−2).
@@ -32,6 +41,7 @@ public:
     RandomCrop(int64_t size, int64_t padding, Padding mode = Padding::Zeros);
     ImageShape output_shape(ImageShape in) const override;
     void apply(const float* in, ImageShape s, float* out, uint64_t bits) const override;
+    bool window(ImageShape in, uint64_t bits, ImageWindow* w) const override;
 
 private:
     int64_t size_, padding_;
@@ -45,6 +55,7 @@ public:
     Translate(int64_t dy, int64_t dx, Padding mode = Padding::Reflect);
     ImageShape output_shape(ImageShape in) const override;
     void apply(const float* in, ImageShape s, float* out, uint64_t bits) const override;
+    bool window(ImageShape in, uint64_t bits, ImageWindow* w) const override;
 
 private:
     int64_t dy_, dx_;
@@ -57,6 +68,7 @@ public:
     explicit RandomHorizontalFlip(float p = 0.5f);
     ImageShape output_shape(ImageShape in) const override { return in; }
     void apply(const float* in, ImageShape s, float* out, uint64_t bits) const override;
+    bool window(ImageShape in, uint64_t bits, ImageWindow* w) const override;
 
 private:
     float p_;
@@ -80,6 +92,7 @@ public:
     explicit CenterCrop(int64_t size);
     ImageShape output_shape(ImageShape in) const override;
     void apply(const float* in, ImageShape s, float* out, uint64_t bits) const override;
+    bool window(ImageShape in, uint64_t bits, ImageWindow* w) const override;
 
 private:
     int64_t size_;
