@@ -180,6 +180,8 @@ static const std::vector<GpuModel>& gpu_models() {
          "CIFAR net 48/96/192", "07", 40},
         {{"cifar_net", [] { Rng r(1); return cifar_net(r); }, {256, 3, 32, 32}, 0, nesterov},
          "CIFAR net 64/256/256 (the capstone's widths)", "12 13", 20},
+        {{"mobilenet_v2", [] { Rng r(1); return mobilenet_v2(r, 10, 1.0f); }, {128, 3, 32, 32}, 0, nesterov},
+         "MobileNetV2 (width 1.0: depthwise convolutions)", "13", 20},
     };
     return models;
 }

@@ -10,6 +10,7 @@ scripts/gpu-check.sh runs it after kiln's and prints the two side by side with t
   cifar_net_l06   chapter 06's CIFAR net, widths 32/64/128, batch 128, Nesterov 0.9, weight decay 5e-4
   cifar_net_l07   chapter 07's, 48/96/192, batch 128, the same SGD
   cifar_net       64/256/256 (the capstone's widths), batch 256, the same SGD
+  mobilenet_v2    chapter 13's MobileNetV2 (bench/torch_train.py), width 1.0, batch 128, the same SGD
 
 Usage: python3 bench/torch_train_gpu.py [--device cuda|cpu] [--seconds S] [MODEL ...]
 --device cpu runs the same code on the CPU (the GPU check's dry run, where no GPU is). Each model
@@ -22,7 +23,7 @@ Works with PyTorch 1.13 (Debian's python3-torch) and 2.x.
 import sys, time, torch, torch.nn.functional as F
 
 from torch_lenet import LeNet                     # bench/torch_lenet.py
-from torch_train import mlp, cifar_net, tf32_off  # bench/torch_train.py
+from torch_train import mlp, cifar_net, mobilenet_v2, tf32_off  # bench/torch_train.py
 
 MOMENTUM, NESTEROV = dict(momentum=0.9), dict(momentum=0.9, nesterov=True, weight_decay=5e-4)
 MODELS = {  # name: (network, batch, input shape, SGD settings), as bench_train.cpp's gpu_models
@@ -32,6 +33,7 @@ MODELS = {  # name: (network, batch, input shape, SGD settings), as bench_train.
     'cifar_net_l06': (lambda: cifar_net(32, 64, 128), 128, (3, 32, 32), NESTEROV),
     'cifar_net_l07': (lambda: cifar_net(48, 96, 192), 128, (3, 32, 32), NESTEROV),
     'cifar_net': (lambda: cifar_net(), 256, (3, 32, 32), NESTEROV),
+    'mobilenet_v2': (lambda: mobilenet_v2(), 128, (3, 32, 32), NESTEROV),
 }
 
 

@@ -22,19 +22,32 @@ namespace kiln::cuda {
 using detail::blocks_for;
 using detail::kBlock;
 
+// a[i] for an i known only at run time, as a chain of selects: indexing a kernel argument's array
+// with it would copy the whole argument to local memory (ptxas: a 96-byte stack frame).
+template <typename T, int N>
+__device__ inline T select_at(const T (&a)[N], int32_t i) {
+    T v = a[0];
+    KILN_UNROLL
+    for (int32_t k = 1; k < N; k++)
+        if (i == k) v = a[k];
+    return v;
+}
+
 // An index outside [0, n) mirrored at the edge without repeating it (PyTorch's "reflect").
 __device__ inline int32_t reflect_index(int32_t i, int32_t n) { return i < 0 ? -i : i >= n ? 2 * n - 2 - i : i; }
 
 __global__ void augment_images_kernel(const uint8_t* pixels, const int32_t* source, const ImageWindow* window,
                                       AugmentGeometry g, int64_t B, float* out) {
-    const int32_t S = g.windows, C = g.channels, H = g.h[S], W = g.w[S];
+    const int32_t S = g.windows, C = g.channels, H = select_at(g.h, S), W = select_at(g.w, S);
     const int64_t per_image = int64_t(C) * H * W, n = B * per_image;
     for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
         const int64_t b = i / per_image;
         const int32_t c = int32_t(i % per_image / (int64_t(H) * W));
         int32_t y = int32_t(i % (int64_t(H) * W) / W), x = int32_t(i % W);
         bool zero = false;
-        for (int32_t k = S - 1; k >= 0 && !zero; k--) {
+        KILN_UNROLL
+        for (int32_t k = kMaxWindows - 1; k >= 0; k--) {  // unrolled: g.h[k], g.w[k] with constant k
+            if (k >= S || zero) continue;
             const ImageWindow w = window[b * S + k];
             y = w.top + y;
             x = w.left + (w.flip ? g.w[k + 1] - 1 - x : x);
@@ -46,7 +59,7 @@ __global__ void augment_images_kernel(const uint8_t* pixels, const int32_t* sour
             }
         }
         const int64_t at = ((int64_t(source[b]) * C + c) * g.h[0] + y) * g.w[0] + x;
-        out[i] = zero ? 0.0f : fmaf(float(pixels[at]), g.scale[c], g.shift[c]);
+        out[i] = zero ? 0.0f : fmaf(float(pixels[at]), select_at(g.scale, c), select_at(g.shift, c));
     }
 }
 

@@ -466,3 +466,46 @@ TEST_CASE("lesson 13: the capstone net trains on CUDA as on the CPU (groups, smo
         worst = std::max(worst, double(std::fabs(cpu.head.data<float>()[i] - cuda.head.data<float>()[i])));
     CHECK(worst < 1e-4);
 }
+
+// MobileNetV2 on a GPU (lesson-13-mobilenet --device cuda): the depthwise kernels, ReLU6, the
+// 1×1 convolutions, batch norm and the residual adds on the device. The first step's loss and
+// every gradient against the CPU's, then two more steps whose loss falls. Width 0.25 (all 17
+// blocks, a quarter of the channels) and 4 images keep the emulator quick. Only the first step is
+// compared: the bias of each block's last batch norm has a gradient that is 0 in exact arithmetic
+// (the next batch norm takes any per-channel shift away), so each device moves it by its own
+// rounding (1e-9), and at 4 images a batch norm those differences grow to 1% of the gradient by
+// the second step — the two devices then train equally well but differently.
+TEST_CASE("lesson 13: MobileNetV2 trains on CUDA as on the CPU", "[lesson13][cuda][trainer][models]") {
+    Rng data(11);
+    const Tensor x = Tensor::normal({4, 3, 32, 32}, 0.0f, 1.0f, data);
+    const Tensor y = tensor_of({4}, {1, 7, 3, 9}).to(DType::I32);
+    struct Run {
+        std::vector<float> losses;
+        Tensor first_grads;  // the first step's gradient slab, on the CPU
+    };
+    const auto train = [&](Device device) {
+        Rng rng(4);
+        auto model = mobilenet_v2(rng, 10, 0.25f);
+        model->to(device);
+        SGD sgd(model->parameters(), 0.05f, SGD::Options{}.with_momentum(0.9f));
+        Run run;
+        for (int i = 0; i < 3; i++) {
+            const StepResult r = train_step(*model, sgd, x.to(device), y.to(device), StepOptions{});
+            REQUIRE(r.stepped);
+            run.losses.push_back(r.loss);
+            if (i == 0) run.first_grads = model->grads_view().to(Device::CPU).clone();  // on the CPU: a copy
+        }
+        return run;
+    };
+    const Run cpu = train(Device::CPU), cuda = train(Device::CUDA);
+    CHECK(cuda.losses[0] == Approx(cpu.losses[0]).epsilon(1e-6));
+    REQUIRE(cuda.first_grads.numel() == cpu.first_grads.numel());
+    double diff = 0, norm = 0;  // ‖g_cuda − g_cpu‖ / ‖g_cpu‖ over all 158 parameters
+    for (int64_t i = 0; i < cpu.first_grads.numel(); i++) {
+        const double a = cpu.first_grads.data<float>()[i], b = cuda.first_grads.data<float>()[i];
+        diff += (a - b) * (a - b), norm += a * a;
+    }
+    CHECK(std::sqrt(diff / norm) < 1e-4);
+    CHECK(cuda.losses[2] < cuda.losses[0]);  // it learns the four images on the device too
+    CHECK(cpu.losses[2] < cpu.losses[0]);
+}
