@@ -230,10 +230,10 @@ void DataLoader::device_batch(int64_t start, int64_t count, Batch& batch) {
         labels[size_t(i)] = set_.labels[size_t(plan.source)];
         ImageWindow* w = windows.data() + i * S;
         if (opt_.alternating_flip) *w++ = ImageWindow{0, 0, plan.mirrored, 0};
-        ImageShape s{set_.c, set_.h, set_.w};
+        const int first = opt_.alternating_flip;  // geometry_'s sizes: before transform t, [first + t]
         for (size_t t = 0; t < opt_.transforms.size(); t++) {
+            const ImageShape s{set_.c, geometry_.h[first + int(t)], geometry_.w[first + int(t)]};
             opt_.transforms[t]->window(s, splitmix64(plan.bits + t), w++);
-            s = opt_.transforms[t]->output_shape(s);
         }
     }
     const size_t window_bytes = windows.size() * sizeof(ImageWindow), index_bytes = size_t(count) * sizeof(int32_t);

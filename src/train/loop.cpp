@@ -175,8 +175,8 @@ EpochResult train_epoch(Module& model, Optimizer& optimizer, DataLoader& loader,
         // Only after an update: a schedule counts the optimizer's steps (optim/grad_scaler.h).
         if (opt.scheduler && opt.per_batch && r.stepped) opt.scheduler->step();
         skipped += !r.stepped;
-        if (opt.scaler) bar.show_scaler(opt.scaler->loss_scale(), skipped);
         if (opt.scaler) {  // a skipped step's loss is shown as it is (Progress leaves out a non-finite one)
+            bar.show_scaler(opt.scaler->loss_scale(), skipped);
             bar.step(batch.size(), r.loss, r.correct);
             correct_total += r.correct;
         }
