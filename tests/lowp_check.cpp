@@ -38,6 +38,20 @@ void require_within(const Tensor& got_t, const Tensor& want_t, const Tensor& S_t
     REQUIRE(bad == 0);
 }
 
+void require_rounded_once(const Tensor& got, const Tensor& want_t, const LowType& t, int64_t R, const Tensor& S_t) {
+    REQUIRE(got.dtype() == t.dtype);
+    // The bound of each element as one tensor: u·|want| + 2(R + 2)·eps_f32·S.
+    Tensor bound = abs_of(want_t);
+    const Tensor S = S_t.defined() ? host_f32(S_t) : Tensor();
+    float* b = bound.data<float>();
+    for (int64_t i = 0; i < bound.numel(); i++) {
+        const double exact = t.u * double(b[i]) + (S.defined() ? 4.0 * double(R + 2) * kF32Unit * S.data<float>()[i] : 0.0);
+        b[i] = float(exact);
+        if (double(b[i]) > exact) b[i] = std::nextafter(b[i], 0.0f);  // held in f32, never looser
+    }
+    require_within(got, want_t, bound, 1.0, t.tiny);
+}
+
 void check_against_f32(const OpCheck& op, Device device, const LowType& t) {
     const std::vector<Tensor> want = op.run(device, DType::F32), got = op.run(device, t.dtype);
     REQUIRE(got.size() == op.bounds.size());

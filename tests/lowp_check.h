@@ -1,8 +1,9 @@
 // lowp_check.h — an op in f16 and bf16 (chapter 09) checked against the same op in f32, within a
 // bound derived from the arithmetic, on the CPU and on the CUDA kernels (the emulator without a
 // GPU); and the CPU against CUDA in f16. Each op's cases live in its own test file, tagged [lowp]
-// and with the op's tag: test_conv.cpp, test_pool.cpp, test_norm.cpp, test_gelu.cpp and
-// test_dropout.cpp.
+// (or [dtype]) and with the op's tag: test_conv.cpp, test_pool.cpp, test_norm.cpp, test_gelu.cpp,
+// test_dropout.cpp, and with the sharper bound of a kernel that rounds once (require_rounded_once
+// below) test_gemm.cpp and test_ops.cpp.
 //
 // ---- The inputs -----------------------------------------------------------------------------
 // Random f32 values rounded to T first, so that the f16 (or bf16) op and the f32 op start from
@@ -67,6 +68,16 @@ struct OpCheck {
 
 // Every element: |got − want| ≤ rel·S + tiny.
 void require_within(const Tensor& got, const Tensor& want, const Tensor& S, double rel, double tiny);
+
+// ---- A kernel that sums in f32 and rounds once -------------------------------------------------
+// got, a T result (any device), against want, the f32 op on the same values (CPU). When the T
+// kernel sums its R terms in f32, in another order than the reference perhaps (tiles, blocks),
+// and rounds the result to T once, the bound above sharpens to
+//   |got − want| ≤ u·|want| + tiny + 2(R + 2)·eps_f32·S
+// (eps_f32 = 2^-23): the one rounding of the output relative to the result itself, and two f32
+// sums of R terms in any order, each within R·eps_f32·S of the exact one, plus the roundings of
+// alpha and beta. R = 0 with S undefined: an elementwise op, no sums. Also REQUIREs got's dtype.
+void require_rounded_once(const Tensor& got, const Tensor& want, const LowType& t, int64_t R, const Tensor& S);
 void check_against_f32(const OpCheck& op, Device device, const LowType& t);
 void check_cpu_against_cuda(const OpCheck& op);
 // The op built by make(t) for each type against f32 on the device; on CUDA (under each of the

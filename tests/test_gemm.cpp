@@ -4,10 +4,13 @@
 // small product read in place and a packed A (PackedA) giving gemm's own bits. The CUDA GEMMs
 // (chapter 04: the engine's version 6, its 128×128 tiles, the split along K, the lab's versions 1
 // to 3, alpha = 0 or K = 0, matmul on the device) against cpu::gemm: make test T='[cuda][gemm]'.
+// In f16 and bf16 (chapter 09), on the CPU and on CUDA, against the f32 GEMM on the same values
+// within the bound of one rounding (lowp_check.h): make test T='[gemm][dtype]'.
 //
-//   ./kiln_tests '[gemm]'
+//   make test T='[gemm]'   (every backend and type)
 #include <omp.h>
 
+#include <array>
 #include <catch2/catch.hpp>
 #include <cmath>
 #include <cstdint>
@@ -21,6 +24,7 @@
 #include "core/tensor.h"
 #include "fixtures.h"
 #include "gemm_versions.h"
+#include "lowp_check.h"
 #include "ops/kernels/all.h"
 #include "ops/cpu/gemm.h"
 #include "ops/cpu/gemm_blocks.h"
@@ -543,9 +547,90 @@ TEST_CASE("cuda gemm: alpha = 0 or K = 0 gives beta·C and reads neither A nor B
     cuda::gemm<float>(false, false, 0, 5, 5, 1.0f, nullptr, 5, nullptr, 5, 0.0f, nullptr, 5);  // M = 0: no launch
 }
 
+TEST_CASE("matmul shapes and errors", "[ops][gemm][cpu][lesson02]") {
+    Tensor a = test::tensor_of({2, 3}, {1, 2, 3, 4, 5, 6});  // [[1 2 3] [4 5 6]]
+    Tensor c = matmul(a, a, false, true);          // a·aᵀ = [[14 32] [32 77]]
+    REQUIRE((c.get({0, 0}) == 14 && c.get({0, 1}) == 32 && c.get({1, 1}) == 77));
+    Tensor d = matmul(a, a, true, false);          // aᵀ·a is 3×3
+    REQUIRE(d.shape() == Shape({3, 3}));
+    REQUIRE(d.get({2, 2}) == 45);
+    REQUIRE_THROWS_WITH(matmul(a, a), Catch::Contains("inner sizes differ"));
+}
+
 TEST_CASE("cuda matmul through the ops layer, as Linear uses it", "[cuda][lesson04][gemm]") {
     Rng rng(29);
     Tensor x = Tensor::uniform({64, 784}, -1.0f, 1.0f, rng), w = Tensor::uniform({10, 784}, -1.0f, 1.0f, rng);
     Tensor want = matmul(x, w, false, true);
     under_schedules([&] { require_near(matmul(cuda_copy(x), cuda_copy(w), false, true), want, 1e-5, 2e-6 * 785); });
+}
+
+// ---- in f16 and bf16 (chapter 09), on the CPU and on CUDA ---------------------------------------------
+// The inputs are drawn in f32 and rounded to T; "want" is the f32 GEMM (CPU) on exactly those values.
+// The T kernels sum in f32 and round C to T once: lowp_check.h's require_rounded_once, with R = K
+// and S = |alpha|·|op(a)|·|op(b)| + |beta|·|c| (a second f32 GEMM on the absolute values).
+namespace {
+
+using test::lowp::kBF16;
+using test::lowp::kF16;
+using test::lowp::LowType;
+
+// c = alpha·op(a)·op(b) + beta·c in T on `device`, against the f32 GEMM (CPU) of the same values.
+void check_gemm_lowp(const LowType& f, Device device, bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha,
+                     float beta, Rng& rng) {
+    INFO(dtype_name(f.dtype) << " on " << device_name(device) << ": M = " << M << ", N = " << N << ", K = " << K
+                             << ", trans_a = " << ta << ", trans_b = " << tb << ", beta = " << beta);
+    const auto random = [&](const Shape& shape) { return Tensor::uniform(shape, -1.0f, 1.0f, rng).to(f.dtype); };
+    const Tensor a = random(ta ? Shape{K, M} : Shape{M, K});
+    const Tensor b = random(tb ? Shape{N, K} : Shape{K, N});
+    const Tensor c = random({M, N});
+    Tensor got = c.clone().to(device);  // c itself stays for the reference
+    matmul_into(a.to(device), ta, b.to(device), tb, got, alpha, beta);
+
+    const Tensor a32 = a.to(DType::F32), b32 = b.to(DType::F32);
+    Tensor want = c.to(DType::F32);
+    matmul_into(a32, ta, b32, tb, want, alpha, beta);
+    Tensor S = test::lowp::abs_of(c);  // |alpha|·|op(a)|·|op(b)| + |beta|·|c|
+    matmul_into(test::lowp::abs_of(a32), ta, test::lowp::abs_of(b32), tb, S, std::fabs(alpha), std::fabs(beta));
+    REQUIRE(got.device() == device);
+    test::lowp::require_rounded_once(got, want, f, K, S);
+}
+
+// All four transposes, beta 0 and 0.5, for each shape and both types.
+void check_gemm_lowp_shapes(Device device, std::initializer_list<std::array<int64_t, 3>> shapes, Rng& rng) {
+    for (const LowType& f : {kF16, kBF16})
+        for (auto [M, N, K] : shapes)
+            for (bool ta : {false, true})
+                for (bool tb : {false, true})
+                    for (float beta : {0.0f, 0.5f}) check_gemm_lowp(f, device, ta, tb, M, N, K, 1.25f, beta, rng);
+}
+
+}  // namespace
+
+// Sizes that are multiples of no tile: 7×13 with K = 29, 67×45 with K = 300 (two of the CPU's
+// KC-blocks: the partial sums stay in f32 between them).
+TEST_CASE("f16 and bf16 GEMM on the CPU: f32 sums, one rounding", "[dtype][cpu][gemm][lesson09]") {
+    Rng rng(101);
+    check_gemm_lowp_shapes(Device::CPU, {{1, 1, 1}, {7, 13, 29}, {67, 45, 300}, {130, 70, 64}}, rng);
+}
+
+TEST_CASE("f16 and bf16 GEMM on CUDA: f32 sums, one rounding", "[dtype][cuda][gemm][lesson09]") {
+    Rng rng(103);
+    under_schedules([&] { check_gemm_lowp_shapes(Device::CUDA, {{1, 1, 1}, {17, 33, 65}, {65, 63, 17}, {70, 40, 300}}, rng); });
+}
+
+TEST_CASE("f16 and bf16 GEMM on CUDA with the 128×128 tiles", "[dtype][cuda][gemm][lesson09]") {
+    Rng rng(107);
+    // ≥ 256 tiles of 128×128 picks the big configuration; 2049 and 2050 leave partial tiles.
+    under_schedules([&] {
+        check_gemm_lowp(kF16, Device::CUDA, false, true, 2049, 2050, 5, 1.0f, 0.0f, rng);
+        check_gemm_lowp(kBF16, Device::CUDA, true, false, 2049, 2050, 5, 1.0f, 0.5f, rng);
+    });
+}
+
+TEST_CASE("f16 GEMM sums in f32: 4096 ones do not stop at 2048", "[dtype][cpu][cuda][gemm][lesson09]") {
+    // In f16, 2048 + 1 rounds back to 2048: a kernel that summed in f16 would return 2048.
+    const int64_t K = 4096;
+    const Tensor a = Tensor::ones({1, K}, DType::F16), b = Tensor::ones({K, 1}, DType::F16);
+    REQUIRE(matmul(a, b).get({0, 0}) == 4096.0);
+    under_schedules([&] { REQUIRE(matmul(a.to(Device::CUDA), b.to(Device::CUDA)).to(Device::CPU).get({0, 0}) == 4096.0); });
 }

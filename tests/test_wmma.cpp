@@ -14,7 +14,7 @@
 // The GEMM and convolution tests draw inputs in f32 and round them to T (f16 or bf16); the
 // rounded values are exact in f32, so the reference is the f32 CPU op on the same values. The
 // tensor cores multiply exactly in f32 and sum in f32 in another order, and the result is
-// rounded to T once, so (as in test_dtypes.cpp)
+// rounded to T once, so (as in lowp_check.h)
 //
 //     |got − want| ≤ u_T·|want| + tiny_T  +  2(R + 2)·eps_f32·S
 //
