@@ -29,6 +29,9 @@
 // double sums in another order in the norms), the tolerance their f32 CUDA cases allow them.
 //
 #pragma once
+#include <omp.h>
+
+#include <catch2/catch.hpp>
 #include <functional>
 #include <vector>
 
@@ -83,5 +86,50 @@ void check_cpu_against_cuda(const OpCheck& op);
 // The op built by make(t) for each type against f32 on the device; on CUDA (under each of the
 // emulator's schedules) also against the CPU in f16.
 void check_op(Device device, const std::function<OpCheck(const LowType&)>& make);
+
+// ---- The CPU kernels that run their f32 loop in blocks (ops/cpu/f32_blocks.h) -----------------
+// Such a kernel widens a block of T to f32, runs the f32 loop, and rounds each result to T once:
+// its T result must be, bit for bit, the f32 kernel's result on the widened inputs, rounded. The
+// cases: test_ops.cpp (elementwise), test_norm.cpp (batch and layer norm), test_pool.cpp
+// (pooling backward).
+template <typename T>
+std::vector<float> widen_each(const std::vector<T>& v) {
+    std::vector<float> w(v.size());
+    for (size_t i = 0; i < v.size(); ++i) w[i] = float(v[i]);
+    return w;
+}
+
+// op(a, b, y) run on T and on float: y in T must hold, bit for bit, the float y rounded element
+// by element with dtype.h's T(float).
+template <typename T, typename Op>
+void check_bits_rounded_once(const char* name, const std::vector<T>& a, const std::vector<T>& b, Op op) {
+    INFO(name << " on " << a.size() << " elements");
+    std::vector<T> y(a.size());
+    std::vector<float> y32(a.size());
+    op(a, b, y);
+    op(widen_each(a), widen_each(b), y32);
+    REQUIRE(y.size() == y32.size());
+    size_t wrong = 0, first = 0;
+    for (size_t i = 0; i < y.size(); ++i)
+        if (y[i].bits != T(y32[i]).bits && wrong++ == 0) first = i;
+    INFO(wrong << " wrong results, the first at index " << first);
+    CHECK(wrong == 0);
+}
+
+// Each check at every runnable level (the portable and the vector conversions) on 1 and 2 threads.
+template <typename F>
+void on_each_level_and_thread_count(F check) {
+    const int saved = omp_get_max_threads();
+    for (int threads : {1, 2}) {
+        omp_set_num_threads(threads);
+        INFO(threads << " thread(s)");
+        under_each_level([&] {
+            INFO("level " << cpu_level_name(cpu_level()));
+            check();
+            return 0;
+        });
+    }
+    omp_set_num_threads(saved);
+}
 
 }  // namespace kiln::test::lowp

@@ -1,7 +1,7 @@
 // test_amx.cpp — the model of AMX's tiles (ops/cpu/amx_tiles.h) on hand-computed cases and on
 // the faults the CPU would raise, and the bf16 GEMM on AMX tiles (ops/cpu/gemm_amx.h) through
 // it: the same bits whatever the threads, a packed A giving gemm's own bits. (Its results
-// against the FMA path: tests/test_convert_simd.cpp.)
+// against the FMA path: tests/test_gemm.cpp.)
 //
 //   ./kiln_tests '[amx]'
 #include <omp.h>

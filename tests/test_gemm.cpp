@@ -5,7 +5,10 @@
 // (chapter 04: the engine's version 6, its 128×128 tiles, the split along K, the lab's versions 1
 // to 3, alpha = 0 or K = 0, matmul on the device) against cpu::gemm: make test T='[cuda][gemm]'.
 // In f16 and bf16 (chapter 09), on the CPU and on CUDA, against the f32 GEMM on the same values
-// within the bound of one rounding (lowp_check.h): make test T='[gemm][dtype]'.
+// within the bound of one rounding (lowp_check.h): make test T='[gemm][dtype]'; and on each CPU
+// path (chapter 09): the same bits on the portable and the vector paths, every layout of the bf16
+// pairs the same bits, and the paths that sum in their own order (vdpbf16ps, AMX tiles, emulated
+// and real) within the f32 sums' bound of the FMA path: make test T='[gemm][lowp]'.
 //
 //   make test T='[gemm]'   (every backend and type)
 #include <omp.h>
@@ -15,9 +18,11 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <functional>
 #include <limits>
 #include <random>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "core/rng.h"
@@ -633,4 +638,182 @@ TEST_CASE("f16 GEMM sums in f32: 4096 ones do not stop at 2048", "[dtype][cpu][c
     const Tensor a = Tensor::ones({1, K}, DType::F16), b = Tensor::ones({K, 1}, DType::F16);
     REQUIRE(matmul(a, b).get({0, 0}) == 4096.0);
     under_schedules([&] { REQUIRE(matmul(a.to(Device::CUDA), b.to(Device::CUDA)).to(Device::CPU).get({0, 0}) == 4096.0); });
+}
+
+// ---- f16 and bf16 on each CPU path: the same bits on every path that fuses, within the f32 sums'
+// bound where a path sums in its own order (vdpbf16ps, AMX tiles) --------------------------------------
+namespace {
+
+using test::random_lowp;
+
+template <typename T>
+std::vector<uint16_t> bits_of_all(const std::vector<T>& v) {
+    std::vector<uint16_t> b(v.size());
+    for (size_t i = 0; i < v.size(); ++i) b[i] = v[i].bits;
+    return b;
+}
+
+// C = alpha·op(A)·op(B) + beta·C in T, for one shape, under the current cap.
+template <typename T>
+std::vector<uint16_t> lowp_gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float beta) {
+    const auto A = random_lowp<T>(size_t(M * K), 1), B = random_lowp<T>(size_t(K * N), 2);
+    auto C = random_lowp<T>(size_t(M * N), 3);
+    cpu::gemm<T>(ta, tb, M, N, K, 0.75f, A.data(), ta ? M : K, B.data(), tb ? K : N, beta, C.data(), N);
+    return bits_of_all(C);
+}
+
+template <typename T>
+void check_gemm_paths_agree() {
+    // Edge tiles (M, N not multiples of 6 or 16; K across two KC-blocks), every transpose,
+    // beta 0, 1 and general (C's store widens, fuses and narrows). The levels each pick their
+    // micro-kernel too: those that fuse give the same sums (fixtures.h).
+    // (A level whose bf16 product is vdpbf16ps's or AMX's sums is left out: their own tests are below.)
+    std::vector<CpuLevel> levels;
+    for (CpuLevel level : test::fused_gemm_levels())
+        if (!std::is_same_v<T, bf16> || !(cpu::bf16_pair_kernel(level) || cpu::amx_kernel(level))) levels.push_back(level);
+    for (bool ta : {false, true})
+        for (bool tb : {false, true})
+            for (float beta : {0.0f, 1.0f, -0.5f}) {
+                INFO("ta " << ta << " tb " << tb << " beta " << beta);
+                const auto r = test::under_levels(levels, [&] { return lowp_gemm<T>(ta, tb, 37, 45, 301, beta); });
+                for (size_t i = 1; i < r.size(); ++i) CHECK(r[i] == r[0]);
+            }
+    const auto big = test::under_levels(levels, [] { return lowp_gemm<T>(false, true, 130, 200, 96, 0.0f); });
+    for (size_t i = 1; i < big.size(); ++i) CHECK(big[i] == big[0]);
+}
+
+}  // namespace
+
+TEST_CASE("f16 gemm gives the same bits on the portable and the vector path", "[cpu][lowp][lesson09][gemm]") {
+    check_gemm_paths_agree<f16>();
+}
+
+TEST_CASE("bf16 gemm gives the same bits on the portable and the vector path", "[cpu][lowp][lesson09][gemm]") {
+    check_gemm_paths_agree<bf16>();
+}
+
+namespace {
+
+// Runs a bf16 path whose sums round in their own order (`other`: vdpbf16ps, AMX) and the FMA path
+// (the avx2 level) on the same products, and checks C within their difference's bound:
+// vdpbf16ps and tdpbf16ps sum (a_hi·b_hi + a_lo·b_lo) + acc, exact products and two roundings per
+// pair, as the FMA path does but in another order. Both then round C to bf16 once, so they may
+// differ by 1 bf16 ulp (2^-7 of |C| at most), plus the two f32 sums' error, each within
+// (K + 2)·2^-24 · Σ|a·b| (the bound of test_gemm.cpp).
+// Shapes: edge tiles, odd K (a zero in the last pair), several KC-blocks, every transpose; an
+// even K (600) takes the 32-bit transposing copy of a transposed B, an odd one the pair loop.
+void check_within_fma_bound(const std::function<void(const std::function<void()>&)>& on_other_path) {
+    const int64_t shapes[][3] = {{37, 45, 301}, {6, 64, 2}, {13, 130, 1}, {64, 200, 513}, {7, 5, 3}, {20, 70, 600}};
+    for (const auto& sh : shapes)
+        for (bool ta : {false, true})
+            for (bool tb : {false, true})
+                for (float beta : {0.0f, 1.0f}) {
+                    const int64_t M = sh[0], N = sh[1], K = sh[2];
+                    INFO("M " << M << " N " << N << " K " << K << " ta " << ta << " tb " << tb << " beta " << beta);
+                    const auto A = random_lowp<bf16>(size_t(M * K), 1), B = random_lowp<bf16>(size_t(K * N), 2);
+                    const auto C0 = random_lowp<bf16>(size_t(M * N), 3);
+                    auto other = C0, fma = C0;
+                    const auto run = [&](std::vector<bf16>& C) {
+                        cpu::gemm<bf16>(ta, tb, M, N, K, 0.75f, A.data(), ta ? M : K, B.data(), tb ? K : N, beta,
+                                        C.data(), N);
+                    };
+                    on_other_path([&] { run(other); });
+                    const CpuLevel before = set_cpu_level_cap(CpuLevel::Avx2);
+                    run(fma);
+                    set_cpu_level_cap(before);
+                    int64_t bad = 0;
+                    for (int64_t i = 0; i < M; ++i)
+                        for (int64_t j = 0; j < N; ++j) {
+                            double bound = std::fabs(beta * float(C0[size_t(i * N + j)]));
+                            for (int64_t k = 0; k < K; ++k)
+                                bound += 0.75 * std::fabs(float(A[size_t(ta ? k * M + i : i * K + k)]) *
+                                                          float(B[size_t(tb ? j * K + k : k * N + j)]));
+                            const double p = float(other[size_t(i * N + j)]), f = float(fma[size_t(i * N + j)]);
+                            const double tol = std::ldexp(std::max(std::fabs(p), std::fabs(f)), -7) +
+                                               2.0 * (K + 2) * std::ldexp(bound, -24);
+                            if (!(std::fabs(p - f) <= tol) && bad++ < 3)
+                                UNSCOPED_INFO("C[" << i << "," << j << "]: other path " << p << ", fma " << f
+                                                   << ", tolerance " << tol);
+                        }
+                    CHECK(bad == 0);
+                }
+}
+
+}  // namespace
+
+TEST_CASE("bf16 gemm on the vdpbf16ps kernel stays within the f32 sums' bound of the FMA path",
+          "[cpu][lowp][lesson09][gemm]") {
+    if (!cpu::bf16_pair_kernel(detected_cpu_level())) {
+        test::skip("this CPU has no AVX512-BF16 kernel that runs faster than its f32 one: the bf16-pair path is not checked");
+        return;
+    }
+    check_within_fma_bound([](const std::function<void()>& run) {
+        const CpuLevel before = set_cpu_level_cap(CpuLevel::Avx512);
+        run();
+        set_cpu_level_cap(before);
+    });
+}
+
+TEST_CASE("bf16 pairs: every layout of A and B, with even or odd leading dimensions, gives the same bits",
+          "[cpu][lowp][lesson09][gemm]") {
+    // The pairs' panels hold the same words however A and B lie (gemm.cpp, "bf16 pairs"), packed
+    // by different copies: A's rows as 32-bit words (even lda) or pair by pair (odd lda, or Aᵀ);
+    // B's rows interleaved 16 columns a vector, Bᵀ's columns as words (even ldb) or through rows
+    // an even number of elements apart (odd ldb, odd K). So the products agree bit for bit.
+    // M = 20: three full panels and a partial one; N = 70: a partial panel, not a multiple of 16;
+    // K = 301 (a zero in the last pair) and 600 (three KC-blocks).
+    if (!cpu::bf16_pair_kernel(detected_cpu_level())) {
+        test::skip("this CPU has no AVX512-BF16 kernel that runs faster than its f32 one: the bf16-pair path is not checked");
+        return;
+    }
+    const int64_t M = 20, N = 70;
+    for (int64_t K : {301, 600}) {
+        const auto a = random_lowp<bf16>(size_t(M * K), 11), b = random_lowp<bf16>(size_t(K * N), 12);
+        // op(X) (rows × cols, row-major in x) stored transposed or not, ld = its row length + pad.
+        const auto store = [](const std::vector<bf16>& x, int64_t rows, int64_t cols, bool trans, int64_t pad) {
+            const int64_t ld = (trans ? rows : cols) + pad;
+            std::vector<bf16> out(size_t((trans ? cols : rows) * ld));
+            for (int64_t i = 0; i < rows; ++i)
+                for (int64_t j = 0; j < cols; ++j) out[size_t(trans ? j * ld + i : i * ld + j)] = x[size_t(i * cols + j)];
+            return std::make_pair(out, ld);
+        };
+        std::vector<bf16> first;
+        for (bool ta : {false, true})
+            for (bool tb : {false, true})
+                for (int64_t pad : {0, 1}) {
+                    INFO("K " << K << " ta " << ta << " tb " << tb << " pad " << pad);
+                    const auto [A, lda] = store(a, M, K, ta, pad);
+                    const auto [B, ldb] = store(b, K, N, tb, pad);
+                    std::vector<bf16> C(size_t(M * N));
+                    const CpuLevel before = set_cpu_level_cap(CpuLevel::Avx512);
+                    CHECK(std::string(cpu::gemm_path<bf16>(CpuLevel::Avx512)) == "avx512-bf16");
+                    cpu::gemm<bf16>(ta, tb, M, N, K, 1.0f, A.data(), lda, B.data(), ldb, 0.0f, C.data(), N);
+                    set_cpu_level_cap(before);
+                    if (first.empty()) first = C;
+                    CHECK(std::memcmp(C.data(), first.data(), C.size() * sizeof(bf16)) == 0);
+                }
+    }
+}
+
+TEST_CASE("bf16 gemm on AMX tiles, emulated and (where the CPU has them) real, stays within the bound of the FMA path",
+          "[cpu][lowp][lesson09][gemm][amx]") {
+    {
+        INFO("the emulated tiles (amx_tiles.h)");
+        check_within_fma_bound([](const std::function<void()>& run) {
+            const test::AmxEmulation emulated;
+            CHECK(std::string(cpu::gemm_path<bf16>(cpu_level())) == "amx-bf16-emulated");
+            run();
+        });
+    }
+    if (!cpu::amx_kernel(detected_cpu_level())) {
+        test::skip("this CPU runs no AMX kernel (none, no permission, or not faster): only the emulated tiles are checked");
+        return;
+    }
+    INFO("the CPU's tiles");
+    check_within_fma_bound([](const std::function<void()>& run) {
+        const CpuLevel before = set_cpu_level_cap(CpuLevel::Amx);
+        CHECK(std::string(cpu::gemm_path<bf16>(CpuLevel::Amx)) == "amx-bf16");
+        run();
+        set_cpu_level_cap(before);
+    });
 }

@@ -5,11 +5,13 @@
 // LayerNorm: a case computed by hand (forward and backward), finite differences, threads, errors;
 // and on CUDA: the CPU's results on edge shapes, the same bits under every schedule, finite
 // differences on the device. Both in f16 and bf16 (chapter 09) against f32, within the bound of
-// lowp_check.h, on the CPU and CUDA.
+// lowp_check.h, on the CPU and CUDA; and the CPU kernels' f16/bf16 blocks, bit for bit the f32
+// kernel's result rounded once, on every CPU level and thread count.
 //
 // Run: make build/tests/kiln_tests && build/tests/kiln_tests '[batchnorm]'   (or '[layernorm]')
 #include <cmath>
 #include <memory>
+#include <random>
 #include <vector>
 
 #include <catch2/catch.hpp>
@@ -21,6 +23,7 @@
 #include "lowp_check.h"
 #include "nn/norm.h"
 #include "ops/cnn.h"
+#include "ops/kernels/all.h"
 
 using namespace kiln;
 using test::cuda_copy;
@@ -516,4 +519,78 @@ TEST_CASE("lowp norms: a parameter in f16 or bf16 is an error; f32 parameters wi
                         Contains("layernorm") && Contains("'beta' is bf16") && Contains("should be f32"));
     // f32 parameters with f16 activations are the contract: this one runs
     REQUIRE(batchnorm_eval(x, Tensor::ones({3}), Tensor::zeros({3}), mean, var, 1e-5f).dtype() == DType::F16);
+}
+
+// ---- f16 and bf16 on the CPU's f32 blocks (ops/cpu/f32_blocks.h), on every level and thread count:
+// the f32 kernel's result rounded once, bit for bit (lowp_check.h) ---------------------------------------
+namespace {
+
+using test::lowp::check_bits_rounded_once;
+using test::lowp::on_each_level_and_thread_count;
+
+// Rows of S values in {-2, -1.5, ..., 2}, each row's value at s and at S - 1 - s opposite (0 in
+// the middle): every row sums to exactly 0, and the norms' sums below (of x, x², dy, dy·x,
+// γ·dy·x̂ with γ in quarters and x̂ = 2x) are exact in any order, fused or not. So f32 and T
+// compute the same statistics, and the T kernel's y must be the f32 kernel's y rounded once.
+template <typename T>
+std::vector<T> opposite_pairs(int64_t rows, int64_t S, uint32_t seed) {
+    std::mt19937 rng(seed);
+    std::uniform_int_distribution<int> half(-4, 4);
+    std::vector<T> v(size_t(rows * S), T(0.0f));
+    for (int64_t r = 0; r < rows; r++)
+        for (int64_t s = 0; s < S / 2; s++) {
+            const float x = 0.5f * float(half(rng));
+            v[size_t(r * S + s)] = T(x);
+            v[size_t(r * S + S - 1 - s)] = T(-x);
+        }
+    return v;
+}
+
+// Batch norm and layer norm: y in T is the f32 kernel's y rounded once.
+template <typename T>
+void check_norm_blocks() {
+    // S = 5: rows shorter than a block; S = 4100: a row of a whole block and 4 more.
+    for (int64_t S : {int64_t(5), int64_t(4100)}) {
+        BatchNormParams p;
+        p.N = 3, p.C = 4, p.S = S;
+        const std::vector<T> x = opposite_pairs<T>(p.N * p.C, S, 21), dy = opposite_pairs<T>(p.N * p.C, S, 22);
+        const std::vector<float> gamma = {0.5f, 1.25f, -0.75f, 2.0f}, beta = {0.1f, -0.2f, 0.0f, 0.3f};
+        check_bits_rounded_once("batchnorm_forward_train", x, dy, [&](const auto& x, const auto&, auto& y) {
+            std::vector<float> rm(4), rv(4, 1.0f), sm(4), si(4);
+            cpu::batchnorm_forward_train(x.data(), gamma.data(), beta.data(), y.data(), rm.data(), rv.data(),
+                                         sm.data(), si.data(), p);
+        });
+        check_bits_rounded_once("batchnorm_forward_eval", x, dy, [&](const auto& x, const auto&, auto& y) {
+            const std::vector<float> rm = {0.1f, -0.3f, 0.0f, 0.5f}, rv = {0.9f, 1.1f, 2.0f, 0.5f};
+            cpu::batchnorm_forward_eval(x.data(), gamma.data(), beta.data(), rm.data(), rv.data(), y.data(), p);
+        });
+        check_bits_rounded_once("batchnorm_backward", x, dy, [&](const auto& x, const auto& dy, auto& dx) {
+            const std::vector<float> sm(4, 0.0f), si = {1.1f, 0.9f, 0.7f, 1.3f};
+            std::vector<float> dg(4), db(4);
+            cpu::batchnorm_backward(dy.data(), x.data(), gamma.data(), beta.data(), sm.data(), si.data(), dx.data(),
+                                    dg.data(), db.data(), p);
+        });
+        // layer norm: R = N·C rows of D = S
+        const int64_t R = p.N * p.C, D = S;
+        const size_t rows = static_cast<size_t>(R), cols = static_cast<size_t>(D);
+        std::vector<float> lg(cols), lb(cols);
+        for (size_t d = 0; d < cols; d++) lg[d] = 1.0f + 0.25f * float(d % 4), lb[d] = 0.01f * float(d % 7);
+        check_bits_rounded_once("layernorm_forward", x, dy, [&](const auto& x, const auto&, auto& y) {
+            std::vector<float> mean(rows), invstd(rows);
+            cpu::layernorm_forward(x.data(), lg.data(), lb.data(), y.data(), mean.data(), invstd.data(), R, D, 1e-5f);
+        });
+        check_bits_rounded_once("layernorm_backward", x, dy, [&](const auto& x, const auto& dy, auto& dx) {
+            std::vector<float> mean(rows, 0.0f), invstd(rows, 2.0f), dg(cols), db(cols);
+            cpu::layernorm_backward(dy.data(), x.data(), lg.data(), mean.data(), invstd.data(), dx.data(), dg.data(),
+                                    db.data(), R, D);
+        });
+    }
+}
+
+}  // namespace
+
+TEST_CASE("f16 and bf16 batch norm and layer norm give the f32 kernel's result rounded once",
+          "[cpu][lowp][lesson09][batchnorm][layernorm]") {
+    on_each_level_and_thread_count(check_norm_blocks<f16>);
+    on_each_level_and_thread_count(check_norm_blocks<bf16>);
 }

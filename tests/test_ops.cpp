@@ -18,12 +18,14 @@
 #include <cmath>
 #include <cstring>
 #include <functional>
+#include <iterator>
 #include <limits>
 #include <vector>
 
 #include "core/rng.h"
 #include "fixtures.h"
 #include "lowp_check.h"
+#include "ops/kernels/all.h"
 #include "ops/ops.h"
 
 using namespace kiln;
@@ -204,6 +206,90 @@ TEST_CASE("f16 and bf16 elementwise and row ops on CUDA match f32, rounded once"
           "[dtype][cuda][elementwise][reduce][lesson09]") {
     Rng rng(113);
     under_schedules([&] { check_elementwise_lowp(Device::CUDA, rng); });
+}
+
+// f16 and bf16 on the CPU's f32 blocks (ops/cpu/f32_blocks.h), on every level and thread count:
+// the f32 kernel's result rounded once, bit for bit (lowp_check.h).
+namespace {
+
+using test::random_lowp;
+using test::lowp::check_bits_rounded_once;
+using test::lowp::on_each_level_and_thread_count;
+
+// n values of T: uniform in [-2, 2], and every 37th (from `first` on) one of the cases where
+// rounding and NaN handling differ: ±0, ±inf, a NaN, subnormals (of f16: 3e-6, 7e-8; of bf16:
+// 1e-39), values near f16's and bf16's largest.
+// a and b take different `first`, so no index holds a NaN in both: which of two NaNs a + b
+// returns (its sign) IEEE 754 leaves to the machine.
+template <typename T>
+std::vector<T> with_specials(size_t n, uint32_t seed, size_t first) {
+    const float specials[] = {0.0f, -0.0f, INFINITY, -INFINITY, NAN, 3e-6f, -7e-8f, 1e-39f, 6.5e4f, -3.3e38f};
+    std::vector<T> v = random_lowp<T>(n, seed);
+    for (size_t i = first, k = 0; i < n; i += 37, k++) v[i] = T(specials[k % std::size(specials)]);
+    return v;
+}
+
+template <typename T>
+void check_elementwise_blocks() {
+    // 1 and 7: one short block; 4095 and 4097 either side of a block (4096); 37865 = 9 blocks and
+    // 1001 more: past the parallel threshold (2^15), not a multiple of 8.
+    for (size_t n : {size_t(1), size_t(7), size_t(4095), size_t(4097), size_t(37865)}) {
+        const std::vector<T> a = with_specials<T>(n, 11, 0), b = with_specials<T>(n, 12, 18);
+        const int64_t m = int64_t(n);
+        check_bits_rounded_once("add", a, b, [m](const auto& a, const auto& b, auto& y) {
+            cpu::add(a.data(), b.data(), y.data(), m);
+        });
+        check_bits_rounded_once("mul", a, b, [m](const auto& a, const auto& b, auto& y) {
+            cpu::mul(a.data(), b.data(), y.data(), m);
+        });
+        check_bits_rounded_once("mul into a", a, b, [m](const auto& a, const auto& b, auto& y) {
+            y = a;
+            cpu::mul(y.data(), b.data(), y.data(), m);
+        });
+        check_bits_rounded_once("axpy", a, b, [m](const auto& a, const auto& b, auto& y) {
+            y = b;
+            cpu::axpy(-0.75f, a.data(), y.data(), m);
+        });
+        check_bits_rounded_once("scale", a, b, [m](const auto& a, const auto&, auto& y) {
+            y = a;
+            cpu::scale(y.data(), m, 1.7f);
+        });
+        for (float cap : {INFINITY, 6.0f}) {
+            check_bits_rounded_once("relu_forward", a, b, [m, cap](const auto& a, const auto&, auto& y) {
+                cpu::relu_forward(a.data(), y.data(), m, cap);
+            });
+            check_bits_rounded_once("relu_backward", a, b, [m, cap](const auto& a, const auto& b, auto& y) {
+                cpu::relu_backward(a.data(), b.data(), y.data(), m, cap);
+            });
+        }
+        check_bits_rounded_once("gelu_forward", a, b, [m](const auto& a, const auto&, auto& y) {
+            cpu::gelu_forward(a.data(), y.data(), m);
+        });
+        check_bits_rounded_once("gelu_backward", a, b, [m](const auto& a, const auto& b, auto& y) {
+            cpu::gelu_backward(a.data(), b.data(), y.data(), m);
+        });
+        std::vector<uint8_t> mask(n);
+        check_bits_rounded_once("dropout_forward", a, b, [m, &mask](const auto& a, const auto&, auto& y) {
+            cpu::dropout_forward(a.data(), y.data(), mask.data(), m, 0.3f, 0x5eedu, 1000);
+        });
+        check_bits_rounded_once("dropout_backward", a, b, [m, &mask](const auto&, const auto& b, auto& y) {
+            cpu::dropout_backward(b.data(), mask.data(), y.data(), m, 0.3f);
+        });
+    }
+    // relu_backward copies dy's bits where the gradient flows: a NaN keeps its payload (in f32
+    // and back, an f16 NaN would become the one quiet NaN 0x7e00).
+    std::vector<T> y(4097, T(1.0f)), dy(4097, T(2.0f)), dx(4097);
+    dy[4096].bits = 0x7f81;  // f16 and bf16: a signalling NaN with a payload
+    cpu::relu_backward(y.data(), dy.data(), dx.data(), 4097, INFINITY);
+    CHECK(dx[4096].bits == 0x7f81);
+}
+
+}  // namespace
+
+TEST_CASE("f16 and bf16 elementwise kernels in f32 blocks give the f32 kernel's result rounded once, bit for bit",
+          "[cpu][lowp][lesson09][elementwise][relu][gelu][dropout]") {
+    on_each_level_and_thread_count(check_elementwise_blocks<f16>);
+    on_each_level_and_thread_count(check_elementwise_blocks<bf16>);
 }
 
 // ---- reductions -------------------------------------------------------------------------------------------

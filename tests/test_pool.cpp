@@ -1,7 +1,8 @@
 // test_pool.cpp — MaxPool2d, AvgPool2d, GlobalAvgPool (chapter 03): hand-computed cases,
 // finite differences, errors; on CUDA (chapter 05) against the CPU, NaN included, finite
 // differences on the device; f16 and bf16 against f32 within the bound of lowp_check.h, CPU and
-// CUDA.
+// CUDA; the CPU's f16/bf16 pooling backward, bit for bit the f32 kernel's result rounded once, on
+// every CPU level and thread count.
 //
 // Run: make build/tests/kiln_tests && build/tests/kiln_tests '[pool]'
 #include <algorithm>
@@ -408,4 +409,38 @@ TEST_CASE("f16 and bf16 pooling on the CPU within the bound of f32", "[lowp][les
 
 TEST_CASE("f16 and bf16 pooling on CUDA within the bound of f32 and the CPU", "[lowp][lesson09][cuda][pool]") {
     pool_checks(Device::CUDA);
+}
+
+// ---- f16 and bf16 on the CPU's f32 blocks (ops/cpu/f32_blocks.h), on every level and thread count:
+// the f32 kernel's result rounded once, bit for bit (lowp_check.h) ---------------------------------------
+namespace {
+
+using test::random_lowp;
+using test::lowp::check_bits_rounded_once;
+using test::lowp::on_each_level_and_thread_count;
+
+// The pooling backwards, overlapping 3×3 windows, stride 2, summed in an F32Plane: dx in T is the
+// f32 kernel's dx rounded once.
+template <typename T>
+void check_pool_backward_blocks() {
+    Pool2dParams p;
+    p.N = 2, p.C = 3, p.H = 13, p.W = 11, p.KH = 3, p.KW = 3, p.stride = 2, p.padding = 1;
+    const size_t nx = size_t(p.N * p.C * p.H * p.W);
+    const std::vector<T> x = random_lowp<T>(nx, 31), dy = random_lowp<T>(nx, 32);  // dy: the first N·C·P·Q
+    std::vector<int32_t> argmax(size_t(p.N * p.C * p.P() * p.Q()));
+    std::vector<T> y(argmax.size());
+    cpu::maxpool2d_forward(x.data(), y.data(), argmax.data(), p);
+    check_bits_rounded_once("maxpool2d_backward", x, dy, [&](const auto&, const auto& dy, auto& dx) {
+        cpu::maxpool2d_backward(dy.data(), argmax.data(), dx.data(), p);
+    });
+    check_bits_rounded_once("avgpool2d_backward", x, dy, [&](const auto&, const auto& dy, auto& dx) {
+        cpu::avgpool2d_backward(dy.data(), dx.data(), p);
+    });
+}
+
+}  // namespace
+
+TEST_CASE("f16 and bf16 pooling backward gives the f32 kernel's result rounded once", "[cpu][lowp][lesson09][pool]") {
+    on_each_level_and_thread_count(check_pool_backward_blocks<f16>);
+    on_each_level_and_thread_count(check_pool_backward_blocks<bf16>);
 }

@@ -11,7 +11,7 @@
 //                     a NaN kept quiet instead
 // Each converts 8 or 16 elements in a few instructions where the portable code takes a branchy
 // integer routine per element.
-// Every kernel gives dtype.h's bits for every input (tests/test_convert_simd.cpp checks all
+// Every kernel gives dtype.h's bits for every input (tests/test_convert.cpp checks all
 // 65536 f16 and bf16 patterns, and f32 inputs of every exponent, ties, subnormals, ±0, ±inf,
 // NaNs and millions of random ones), so which one ran never changes a result.
 //
