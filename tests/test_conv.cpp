@@ -3,7 +3,9 @@
 // (ops/cpu/winograd.cpp) against the same reference, and its choice of shapes; the CUDA
 // convolution (chapter 05: every pass and strategy, the layer, finite differences, the direct
 // depthwise kernels) against the CPU; f16 and bf16 against f32 within the bound of lowp_check.h,
-// every strategy, CPU (AMX emulated too) and CUDA.
+// every strategy, CPU (AMX emulated too) and CUDA; on the tensor cores (chapter 09: the
+// implicit GEMM's wmma variant, the engine's passes, conv2d's choice of them), f16 and bf16 against
+// the f32 CPU within the bound of one rounding.
 //
 // Run: make build/tests/kiln_tests && build/tests/kiln_tests '[conv]'
 //      make test T='[conv][cuda]'        make test T='[depthwise]'
@@ -20,6 +22,7 @@
 #include "core/rng.h"
 #include "core/tensor.h"
 #include "fixtures.h"
+#include "gemm_versions.h"
 #include "gradcheck.h"
 #include "lowp_check.h"
 #include "nn/conv.h"
@@ -28,6 +31,9 @@
 #include "ops/cpu/short_rows.h"
 #include "ops/cpu/winograd.h"
 #include "ops/kernels/all.h"
+#ifndef KILN_CUDA
+#include "kiln_cuda.h"  // the emulator's counter of wmma operations
+#endif
 
 using namespace kiln;
 using test::require_identical;
@@ -1070,3 +1076,126 @@ TEST_CASE("lowp conv2d: a mixed pair names the tensor", "[lowp][lesson09][cpu][c
     REQUIRE_THROWS_WITH(conv2d_backward(x, w.to(DType::F16), Tensor::zeros({2, 4, 4, 4}, DType::F16), dw, db, true, {}),
                         Contains("conv2d_backward") && Contains("'dw' is bf16"));
 }
+
+// ---- on the tensor cores (chapter 09): the implicit-GEMM convolution's wmma variant and the engine's
+// conv2d passes (tensor cores where the product has 16 rows, columns and k) in f16 and bf16 against
+// the CPU's f32 convolution on the same values, within the bound of one rounding (lowp_check.h's
+// require_rounded_once, R = the terms of one output); and conv2d's choice of them (the emulator
+// counts wmma operations: not in the GPU build) ------------------------------------------------------------
+namespace {
+
+using test::lowp::abs_of;
+using test::lowp::kBF16;
+using test::lowp::kF16;
+using test::lowp::LowType;
+using test::lowp::require_rounded_once;
+
+Tensor random(const Shape& shape, Rng& rng, DType dtype) { return Tensor::uniform(shape, -1.0f, 1.0f, rng).to(dtype); }
+
+// y = conv(x, w) + b (b: a bias, or none) by cuda::conv2d_forward_implicit_gemm_wmma in T,
+// against the CPU's f32 convolution of the same values.
+template <typename T>
+void check_conv_wmma(const LowType& f, const Conv2dArgs& args, Shape x_shape, int64_t O, int64_t KK, bool bias,
+                     Rng& rng) {
+    INFO(dtype_name(f.dtype) << ": x " << x_shape[0] << "×" << x_shape[1] << "×" << x_shape[2] << "×" << x_shape[3]
+                             << ", O = " << O << ", K = " << KK << ", stride " << args.stride << ", padding "
+                             << args.padding << ", dilation " << args.dilation << ", groups " << args.groups
+                             << (bias ? ", bias" : ", no bias"));
+    const Tensor x = random(x_shape, rng, f.dtype), w = random({O, x_shape[1] / args.groups, KK, KK}, rng, f.dtype);
+    const Tensor b = bias ? random({O}, rng, f.dtype) : Tensor();
+    const Tensor want = conv2d(x.to(DType::F32), w.to(DType::F32), bias ? b.to(DType::F32) : Tensor(), args);
+    const Tensor S = conv2d(abs_of(x), abs_of(w), bias ? abs_of(b) : Tensor(), args);
+    Conv2dParams p;
+    p.N = x_shape[0], p.C = x_shape[1], p.H = x_shape[2], p.W = x_shape[3], p.O = O, p.KH = p.KW = KK;
+    p.stride = args.stride, p.padding = args.padding, p.dilation = args.dilation, p.groups = args.groups;
+    const Tensor dx = x.to(Device::CUDA), dw = w.to(Device::CUDA), db = bias ? b.to(Device::CUDA) : Tensor();
+    Tensor y = Tensor::empty(want.shape(), f.dtype, Device::CUDA);
+    cuda::conv2d_forward_implicit_gemm_wmma(dx.data<T>(), dw.data<T>(), bias ? db.data<T>() : nullptr, y.data<T>(), p);
+    require_rounded_once(y, want, f, p.Cg() * KK * KK + (bias ? 1 : 0), S);
+}
+
+// The engine's conv2d and conv2d_backward on CUDA in T (the implicit GEMMs: on the tensor cores
+// where the product has 16 rows, columns and k, else the CUDA cores), forward, dx, dw and db,
+// against the CPU's f32 passes on the same values. dw and db accumulate onto random starting values.
+template <typename T>
+void check_conv_passes(const LowType& f, const Conv2dArgs& args, Shape x_shape, int64_t O, int64_t KK, Rng& rng) {
+    INFO(dtype_name(f.dtype) << ": x " << x_shape[0] << "×" << x_shape[1] << "×" << x_shape[2] << "×" << x_shape[3]
+                             << ", O = " << O << ", K = " << KK << ", stride " << args.stride << ", groups "
+                             << args.groups);
+    const int64_t Cg = x_shape[1] / args.groups;
+    const Tensor x = random(x_shape, rng, f.dtype), w = random({O, Cg, KK, KK}, rng, f.dtype);
+    const Tensor b = random({O}, rng, f.dtype);
+    const Tensor y_want = conv2d(x.to(DType::F32), w.to(DType::F32), b.to(DType::F32), args);
+    const Tensor dy = random(y_want.shape(), rng, f.dtype), dw0 = random(w.shape(), rng, f.dtype);
+    const Tensor db0 = random({O}, rng, f.dtype);
+    const int64_t NPQ = y_want.size(0) * y_want.size(2) * y_want.size(3);
+
+    Tensor dw = dw0.to(Device::CUDA).clone(), db = db0.to(Device::CUDA).clone();
+    const Tensor y = conv2d(x.to(Device::CUDA), w.to(Device::CUDA), b.to(Device::CUDA), args);
+    const Tensor dx = conv2d_backward(x.to(Device::CUDA), w.to(Device::CUDA), dy.to(Device::CUDA), dw, db, true, args);
+
+    Tensor dw_want = dw0.to(DType::F32).clone(), db_want = db0.to(DType::F32).clone();
+    const Tensor dx_want = conv2d_backward(x.to(DType::F32), w.to(DType::F32), dy.to(DType::F32), dw_want, db_want,
+                                           true, args);
+    Tensor dw_S = abs_of(dw0), db_S = abs_of(db0);  // Σ|terms| of each result, the same passes on |values|
+    const Tensor y_S = conv2d(abs_of(x), abs_of(w), abs_of(b), args);
+    const Tensor dx_S = conv2d_backward(abs_of(x), abs_of(w), abs_of(dy), dw_S, db_S, true, args);
+    require_rounded_once(y, y_want, f, Cg * KK * KK + 1, y_S);
+    require_rounded_once(dx, dx_want, f, O / args.groups * KK * KK, dx_S);
+    require_rounded_once(dw, dw_want, f, NPQ + 1, dw_S);
+    require_rounded_once(db, db_want, f, NPQ + 1, db_S);
+}
+
+}  // namespace
+
+TEST_CASE("the engine's conv2d passes in f16 and bf16 (tensor cores where they fit) match the CPU",
+          "[wmma][mma][conv][cuda][lesson09]") {
+    Rng rng(929);
+    Conv2dArgs plain;  // 3×3, padding 1
+    plain.padding = 1;
+    Conv2dArgs strided;  // stride 2, dilation 2, two groups
+    strided.stride = 2, strided.dilation = 2, strided.padding = 1, strided.groups = 2;
+    under_schedules([&] {
+        // forward 20×84×72 and dw 20×72×84 on the tensor cores; dx (8 rows) on the CUDA cores
+        check_conv_passes<f16>(kF16, plain, {2, 8, 6, 7}, 20, 3, rng);
+        check_conv_passes<bf16>(kBF16, plain, {2, 8, 6, 7}, 20, 3, rng);
+        // every pass on the tensor cores: forward 16×128×288, dx 32×128×144, dw 16×288×128
+        check_conv_passes<bf16>(kBF16, plain, {2, 32, 8, 8}, 16, 3, rng);
+        check_conv_passes<f16>(kF16, strided, {3, 40, 9, 9}, 36, 3, rng);
+    });
+}
+
+TEST_CASE("wmma implicit-GEMM convolution matches the CPU for f16 and bf16", "[conv][wmma][cuda][lesson09]") {
+    Rng rng(917);
+    Conv2dArgs plain;  // 3×3, padding 1: Kc = 8·9 = 72 (three K steps, the last partial), O = 20
+    plain.padding = 1;
+    Conv2dArgs strided;  // stride 2, dilation 2, two groups of 16 output channels and Kc = 4·9 = 36
+    strided.stride = 2, strided.dilation = 2, strided.groups = 2;
+    under_schedules([&] {
+        check_conv_wmma<f16>(kF16, plain, {2, 8, 6, 7}, 20, 3, true, rng);
+        check_conv_wmma<bf16>(kBF16, plain, {2, 8, 6, 7}, 20, 3, true, rng);
+        check_conv_wmma<f16>(kF16, strided, {3, 8, 9, 9}, 32, 3, false, rng);
+        check_conv_wmma<bf16>(kBF16, strided, {3, 8, 9, 9}, 32, 3, true, rng);
+    });
+}
+
+#ifndef KILN_CUDA
+TEST_CASE("wmma: an f16 and bf16 conv2d on CUDA takes the tensor cores when the shapes allow",
+          "[conv][wmma][cuda][lesson09]") {
+    Rng rng(919);
+    // The CIFAR net's block-1 shape, scaled down: 24 → 32 channels (Og = 32 < 64: the implicit
+    // GEMM; ≥ 16 with Kc = 24·9 ≥ 16: its wmma variant), 3×3, padding 1.
+    Conv2dArgs args;
+    args.padding = 1;
+    for (const LowType& f : {kF16, kBF16}) {
+        INFO(dtype_name(f.dtype));
+        const Tensor x = random({2, 24, 6, 6}, rng, f.dtype), w = random({32, 24, 3, 3}, rng, f.dtype);
+        const Tensor b = random({32}, rng, f.dtype);
+        const uint64_t before = kiln::emu::warp_calls_run();
+        const Tensor y = conv2d(x.to(Device::CUDA), w.to(Device::CUDA), b.to(Device::CUDA), args);
+        CHECK(kiln::emu::warp_calls_run() > before);  // the engine's conv2d reached the tensor cores
+        const Tensor S = conv2d(abs_of(x), abs_of(w), abs_of(b), args);
+        require_rounded_once(y, conv2d(x.to(DType::F32), w.to(DType::F32), b.to(DType::F32), args), f, 24 * 9 + 1, S);
+    }
+}
+#endif  // KILN_CUDA

@@ -6,7 +6,8 @@
 // shuffled schedule a missing barrier, the poison a read of memory nobody wrote (static and
 // dynamic shared memory, a __device__ function's __shared__ array, cudaMalloc), the race detector
 // two threads writing one shared word (static, dynamic or a __device__ function's) and two blocks
-// writing one global word.
+// writing one global word. The wmma fragments (chapter 09): one mma with every layout, exact, and
+// their misuse failing the launch with a message naming the call.
 //
 // Every kernel runs under the three schedules (in order, reversed, shuffled) where it matters.
 // These test the emulator itself, so the GPU build (make CUDA=1, KILN_CUDA defined) leaves
@@ -19,6 +20,7 @@
 #include <cstdint>
 #include <numeric>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "emu/symbols.h"
@@ -843,6 +845,189 @@ TEST_CASE("emu: kiln's GEMM and sum kernels pass the race detector", "[emu][cuda
                                       kiln::matmul(a, b));
         CHECK(kiln::sum(a.to(kiln::Device::CUDA)) == kiln::sum(a));
     });
+}
+
+// ---- the wmma fragment API (cuda/emu/wmma.h, chapter 09) ------------------------------------------------
+// The fragment tests multiply small integers: every product and sum is an integer far below 2^11,
+// exact in f16, bf16 and f32, so the result must equal the integer product exactly, whatever order
+// the sums take. The misuse tests check that the emulator fails a launch where a GPU would compute
+// garbage or fault, with a message naming the call.
+namespace wmma = nvcuda::wmma;
+
+namespace {
+
+// One warp: d = a·b + c for one M×N×K tile, a and b read with layouts LA and LB (ldm = their
+// column count when row-major, row count when column-major), c read with layout lc (or, when
+// c is null, every element 0.5 by fill_fragment), d stored with layout ld; every element of
+// the accumulator is then doubled through x[] (elementwise, whatever the lane mapping).
+template <int M, int N, int K, typename T, typename LA, typename LB>
+__global__ void mma_tile(const T* a, const T* b, const float* c, float* d, wmma::layout_t lc, wmma::layout_t ld) {
+    constexpr bool a_row = std::is_same_v<LA, wmma::row_major>, b_row = std::is_same_v<LB, wmma::row_major>;
+    wmma::fragment<wmma::matrix_a, M, N, K, T, LA> fa;
+    wmma::fragment<wmma::matrix_b, M, N, K, T, LB> fb;
+    wmma::fragment<wmma::accumulator, M, N, K, float> acc;
+    wmma::load_matrix_sync(fa, a, a_row ? K : M);
+    wmma::load_matrix_sync(fb, b, b_row ? N : K);
+    if (c) wmma::load_matrix_sync(acc, c, lc == wmma::mem_row_major ? N : M, lc);
+    else wmma::fill_fragment(acc, 0.5f);
+    wmma::mma_sync(acc, fa, fb, acc);
+    for (int e = 0; e < acc.num_elements; e++) acc.x[e] *= 2.0f;
+    wmma::store_matrix_sync(d, acc, ld == wmma::mem_row_major ? N : M, ld);
+}
+
+// Small integers: a[i][k] = (i + 2k) mod 7 − 3, b[k][j] = (3k + j) mod 5 − 2, c[i][j] = i − j.
+// Stored row- or column-major as asked, in T (exact), on the device.
+template <typename T>
+struct Tile {
+    int rows, cols;
+    std::vector<float> logical;  // row-major
+    T* device = nullptr;
+    Tile(int r, int c, int (*value)(int, int), bool row_major) : rows(r), cols(c), logical(size_t(r * c)) {
+        std::vector<T> stored(logical.size());
+        for (int i = 0; i < r; i++)
+            for (int j = 0; j < c; j++) {
+                logical[size_t(i * c + j)] = float(value(i, j));
+                stored[size_t(row_major ? i * c + j : j * r + i)] = T(float(value(i, j)));
+            }
+        KILN_CUDA_CHECK(cudaMalloc(&device, stored.size() * sizeof(T)));
+        KILN_CUDA_CHECK(cudaMemcpy(device, stored.data(), stored.size() * sizeof(T), cudaMemcpyHostToDevice));
+    }
+    ~Tile() { cudaFree(device); }
+    Tile(const Tile&) = delete;
+    Tile& operator=(const Tile&) = delete;
+    float at(int i, int j) const { return logical[size_t(i * cols + j)]; }
+};
+
+int a_value(int i, int k) { return (i + 2 * k) % 7 - 3; }
+int b_value(int k, int j) { return (3 * k + j) % 5 - 2; }
+int c_value(int i, int j) { return i - j; }
+
+// Runs mma_tile for one shape and layout combination and checks every element of d exactly.
+template <int M, int N, int K, typename T, typename LA, typename LB>
+void check_mma_tile(bool with_c, wmma::layout_t lc, wmma::layout_t ld) {
+    constexpr bool a_row = std::is_same_v<LA, wmma::row_major>, b_row = std::is_same_v<LB, wmma::row_major>;
+    INFO(M << "×" << N << "×" << K << ", a " << (a_row ? "row" : "col") << "-major, b " << (b_row ? "row" : "col")
+           << "-major, c " << (with_c ? (lc == wmma::mem_row_major ? "row-major" : "col-major") : "filled")
+           << ", d " << (ld == wmma::mem_row_major ? "row" : "col") << "-major");
+    const Tile<T> a(M, K, a_value, a_row), b(K, N, b_value, b_row);
+    const Tile<float> c(M, N, c_value, lc == wmma::mem_row_major);
+    float* d = nullptr;
+    KILN_CUDA_CHECK(cudaMalloc(&d, M * N * sizeof(float)));
+    constexpr auto kernel = mma_tile<M, N, K, T, LA, LB>;
+    KILN_LAUNCH(kernel, 1, 32, 0)(a.device, b.device, with_c ? c.device : nullptr, d, lc, ld);
+    KILN_CHECK_LAUNCH(kernel, 1, 32);
+    std::vector<float> got(M * N);
+    KILN_CUDA_CHECK(cudaMemcpy(got.data(), d, got.size() * sizeof(float), cudaMemcpyDeviceToHost));
+    cudaFree(d);
+    int bad = 0;
+    for (int i = 0; i < M; i++)
+        for (int j = 0; j < N; j++) {
+            float want = with_c ? c.at(i, j) : 0.5f;
+            for (int k = 0; k < K; k++) want += a.at(i, k) * b.at(k, j);
+            want *= 2.0f;
+            const float g = got[size_t(ld == wmma::mem_row_major ? i * N + j : j * M + i)];
+            if (g != want && bad++ == 0) FAIL_CHECK("d[" << i << "][" << j << "] = " << g << ", want " << want);
+        }
+    REQUIRE(bad == 0);
+}
+
+template <typename T, typename LA, typename LB>
+void check_layouts() {
+    for (auto lc : {wmma::mem_row_major, wmma::mem_col_major})
+        for (auto ld : {wmma::mem_row_major, wmma::mem_col_major}) check_mma_tile<16, 16, 16, T, LA, LB>(true, lc, ld);
+    check_mma_tile<16, 16, 16, T, LA, LB>(false, wmma::mem_row_major, wmma::mem_row_major);
+    check_mma_tile<32, 8, 16, T, LA, LB>(true, wmma::mem_col_major, wmma::mem_row_major);
+    check_mma_tile<8, 32, 16, T, LA, LB>(true, wmma::mem_row_major, wmma::mem_col_major);
+}
+
+// Misuse, one kernel with a switch: which lane skips the load of a (-1: none), and an offset
+// (elements) and ldm for a.
+__global__ void misused(const __half* a, const __half* b, float* d, int skipping_lane, int offset, unsigned lda,
+                        unsigned ldd) {
+    wmma::fragment<wmma::matrix_a, 16, 16, 16, __half, wmma::row_major> fa;
+    wmma::fragment<wmma::matrix_b, 16, 16, 16, __half, wmma::row_major> fb;
+    wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc;
+    wmma::fill_fragment(acc, 0.0f);
+    if (int(threadIdx.x) != skipping_lane) wmma::load_matrix_sync(fa, a + offset, lda);
+    wmma::load_matrix_sync(fb, b, 16);
+    wmma::mma_sync(acc, fa, fb, acc);
+    wmma::store_matrix_sync(d, acc, ldd, wmma::mem_row_major);
+}
+
+// Lane 3 returns before the load the others wait in.
+__global__ void lane_returns_early(const __half* a) {
+    if (threadIdx.x == 3) return;
+    wmma::fragment<wmma::matrix_a, 16, 16, 16, __half, wmma::row_major> fa;
+    wmma::load_matrix_sync(fa, a, 16);
+}
+
+// Each lane passes its own pointer: lanes disagree on the arguments.
+__global__ void lanes_disagree(const __half* a) {
+    wmma::fragment<wmma::matrix_a, 16, 16, 16, __half, wmma::row_major> fa;
+    wmma::load_matrix_sync(fa, a + 16 * (threadIdx.x % 2), 16);
+}
+
+std::string failure_of_misused(unsigned threads, int skipping_lane, int offset, unsigned lda, unsigned ldd) {
+    __half *a = nullptr, *b = nullptr;
+    float* d = nullptr;
+    KILN_CUDA_CHECK(cudaMalloc(&a, 512 * sizeof(__half)));
+    KILN_CUDA_CHECK(cudaMalloc(&b, 256 * sizeof(__half)));
+    KILN_CUDA_CHECK(cudaMalloc(&d, 512 * sizeof(float)));
+    KILN_LAUNCH(misused, 1, threads, 0)(a, b, d, skipping_lane, offset, lda, ldd);
+    std::string message;
+    try {
+        KILN_CHECK_LAUNCH(misused, 1, threads);
+    } catch (const kiln::Error& e) {
+        message = e.what();
+    }
+    cudaFree(a), cudaFree(b), cudaFree(d);
+    return message;
+}
+
+}  // namespace
+
+TEST_CASE("wmma fragments on the emulator: one mma with every layout, exact", "[emu][wmma][cuda][lesson09]") {
+    using wmma::col_major;
+    using wmma::row_major;
+    check_layouts<__half, row_major, row_major>();
+    check_layouts<__half, col_major, row_major>();
+    check_layouts<__half, row_major, col_major>();
+    check_layouts<__nv_bfloat16, col_major, col_major>();
+    check_layouts<__nv_bfloat16, row_major, col_major>();
+    // x[] spreads the tile over the lanes: 256 elements of a 16×16 fragment, 8 per lane.
+    CHECK(wmma::fragment<wmma::accumulator, 16, 16, 16, float>::num_elements * 32 == 256);
+    CHECK(wmma::fragment<wmma::matrix_a, 32, 8, 16, __half, row_major>::num_elements * 32 == 32 * 16);
+}
+
+TEST_CASE("wmma misuse fails the launch with a message naming the call", "[emu][wmma][cuda][lesson09]") {
+    using Catch::Contains;
+    // The well-formed launch works (and so the failures below come from the misuse alone).
+    CHECK(failure_of_misused(32, -1, 0, 16, 16).empty());
+    // Lane 5 skips load_matrix_sync: it reaches the next call while the others wait in this one.
+    CHECK_THAT(failure_of_misused(32, 5, 0, 16, 16),
+               Contains("kernel misused") && Contains("wmma::load_matrix_sync") && Contains("thread (5, 0, 0)") &&
+                   Contains("disagree"));
+    // Pointers off the 32-byte grid: 1 element, and 8 elements (16 bytes).
+    for (int offset : {1, 8})
+        CHECK_THAT(failure_of_misused(32, -1, offset, 16, 16),
+                   Contains("wmma::load_matrix_sync") && Contains("256-bit (32-byte) aligned"));
+    // ldm not a multiple of 16 bytes: 12 halves, 6 floats.
+    CHECK_THAT(failure_of_misused(32, -1, 0, 12, 16),
+               Contains("wmma::load_matrix_sync") && Contains("ldm = 12 must be a multiple of 8"));
+    CHECK_THAT(failure_of_misused(32, -1, 0, 16, 6),
+               Contains("wmma::store_matrix_sync") && Contains("ldm = 6 must be a multiple of 4"));
+    // A warp of 16 threads.
+    CHECK_THAT(failure_of_misused(16, -1, 0, 16, 16), Contains("wmma::") && Contains("all 32 lanes"));
+    // A lane that has returned, and lanes passing different pointers.
+    __half* a = nullptr;
+    KILN_CUDA_CHECK(cudaMalloc(&a, 512 * sizeof(__half)));
+    KILN_LAUNCH(lane_returns_early, 1, 32, 0)(a);
+    CHECK_THROWS_WITH([&] { KILN_CHECK_LAUNCH(lane_returns_early, 1, 32); }(),
+                      Contains("wmma::load_matrix_sync") && Contains("thread (3, 0, 0) has already exited"));
+    KILN_LAUNCH(lanes_disagree, 1, 32, 0)(a);
+    CHECK_THROWS_WITH([&] { KILN_CHECK_LAUNCH(lanes_disagree, 1, 32); }(),
+                      Contains("wmma::load_matrix_sync") && Contains("disagree") && Contains("same fragment type"));
+    cudaFree(a);
 }
 
 #endif  // KILN_CUDA

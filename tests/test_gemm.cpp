@@ -8,7 +8,9 @@
 // within the bound of one rounding (lowp_check.h): make test T='[gemm][dtype]'; and on each CPU
 // path (chapter 09): the same bits on the portable and the vector paths, every layout of the bf16
 // pairs the same bits, and the paths that sum in their own order (vdpbf16ps, AMX tiles, emulated
-// and real) within the f32 sums' bound of the FMA path: make test T='[gemm][lowp]'.
+// and real) within the f32 sums' bound of the FMA path: make test T='[gemm][lowp]'. On the tensor
+// cores (chapter 09: the lab's wmma version 5, the engine's mma.sync version 7 and cp.async version 8,
+// and matmul's choice of them), in f16 and bf16 against the f32 CPU: make test T='[gemm][wmma]'.
 //
 //   make test T='[gemm]'   (every backend and type)
 #include <omp.h>
@@ -35,6 +37,11 @@
 #include "ops/cpu/gemm_blocks.h"
 #include "ops/cpu/gemm_tile.h"
 #include "ops/ops.h"
+#ifndef KILN_CUDA
+#include "kiln_cuda.h"  // the emulator: its wmma, launches and counters
+#else
+#include <cuda_runtime.h>
+#endif
 
 using kiln::cpu::gemm;
 using kiln::cpu::gemm_reference;
@@ -817,3 +824,157 @@ TEST_CASE("bf16 gemm on AMX tiles, emulated and (where the CPU has them) real, s
         set_cpu_level_cap(before);
     });
 }
+
+// ---- on the tensor cores (chapter 09): the lab's wmma GEMM (version 5), the engine's mma.sync GEMM
+// (version 7) and its cp.async pipeline (version 8), in f16 and bf16 against cpu::gemm in f32 on the
+// same values, within the bound of one rounding (lowp_check.h's require_rounded_once, R = K); and
+// matmul's choice of them (the emulator counts wmma operations: not in the GPU build) ---------------------
+namespace {
+
+using test::lowp::abs_of;
+using test::lowp::require_rounded_once;
+
+Tensor random(const Shape& shape, Rng& rng, DType dtype) { return Tensor::uniform(shape, -1.0f, 1.0f, rng).to(dtype); }
+
+// The device's multiprocessors (on the emulator: its OpenMP threads), which decide the GEMM's tiles.
+int64_t multiprocessors() {
+    cudaDeviceProp prop{};
+    int device = 0;
+    REQUIRE(cudaGetDevice(&device) == cudaSuccess);
+    REQUIRE(cudaGetDeviceProperties(&prop, device) == cudaSuccess);
+    return prop.multiProcessorCount;
+}
+
+// c = alpha·op(a)·op(b) + beta·c by `gemm` (a cuda GEMM in T) against cpu::gemm in f32. The
+// leading dimensions are padded: by 3, 1 and 2 (so that a size used as a stride fails, and rows
+// are not 16-byte aligned: the one-by-one loads), or, with `aligned`, up to the next multiple of
+// 8 (rows 16-byte aligned: the vector loads where the dimension allows them).
+template <typename T>
+using GemmFn16 = void (*)(bool, bool, int64_t, int64_t, int64_t, float, const T*, int64_t, const T*, int64_t, float, T*,
+                        int64_t);
+
+template <typename T>
+void check_gemm_16bit(GemmFn16<T> gemm, const LowType& f, bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha,
+                      float beta, Rng& rng, bool aligned = false) {
+    INFO(dtype_name(f.dtype) << ": M = " << M << ", N = " << N << ", K = " << K << ", trans_a = " << ta
+                             << ", trans_b = " << tb << ", beta = " << beta << (aligned ? ", aligned rows" : ""));
+    const auto pad = [&](int64_t cols, int64_t by) { return aligned ? (cols + 7) / 8 * 8 : cols + by; };
+    const int64_t a_cols = ta ? M : K, b_cols = tb ? K : N, lda = pad(a_cols, 3), ldb = pad(b_cols, 1),
+                  ldc = pad(N, 2);
+    const Tensor a = random({ta ? K : M, lda}, rng, f.dtype), b = random({tb ? N : K, ldb}, rng, f.dtype);
+    const Tensor c = random({M, ldc}, rng, f.dtype);
+    Tensor got = c.to(Device::CUDA);
+    const Tensor da = a.to(Device::CUDA), db = b.to(Device::CUDA);
+    gemm(ta, tb, M, N, K, alpha, da.data<T>(), lda, db.data<T>(), ldb, beta, got.data<T>(), ldc);
+
+    const Tensor a32 = a.to(DType::F32), b32 = b.to(DType::F32);
+    Tensor want = c.to(DType::F32).clone(), S = abs_of(c);
+    cpu::gemm(ta, tb, M, N, K, alpha, a32.data<float>(), lda, b32.data<float>(), ldb, beta, want.data<float>(), ldc);
+    const Tensor a_abs = abs_of(a32), b_abs = abs_of(b32);
+    cpu::gemm(ta, tb, M, N, K, std::fabs(alpha), a_abs.data<float>(), lda, b_abs.data<float>(), ldb,
+              std::fabs(beta), S.data<float>(), ldc);
+    require_rounded_once(got, want, f, K, S);  // the padding columns too: beta·c there, as the CPU
+}
+
+// Version 8 with a fixed number of stages, as a GemmFn.
+template <int kStages, typename T>
+void gemm_async(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const T* A, int64_t lda, const T* B,
+                int64_t ldb, float beta, T* C, int64_t ldc) {
+    cuda::lab::gemm_tensor_cores_async(kStages, ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+}
+
+template <typename T>
+void check_gemm_wmma(const LowType& f, bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, float beta,
+                     Rng& rng) {
+    check_gemm_16bit<T>(cuda::lab::gemm_wmma<T>, f, ta, tb, M, N, K, alpha, beta, rng);
+}
+
+}  // namespace
+
+TEST_CASE("wmma gemm (version 5) matches the CPU for f16 and bf16", "[gemm][wmma][cuda][lesson09]") {
+    Rng rng(911);
+    // A single element (one fragment, almost all padding), edges of no tile with K < 16 and
+    // K = 33 (a partial 32-wide step), and two full 64×64 tiles with three K steps.
+    const int64_t shapes[][3] = {{1, 1, 1}, {17, 33, 5}, {65, 31, 33}, {64, 128, 96}};
+    under_schedules([&] {
+        for (auto [M, N, K] : shapes)
+            for (bool ta : {false, true})
+                for (bool tb : {false, true})
+                    for (float beta : {0.0f, 0.5f}) {
+                        check_gemm_wmma<f16>(kF16, ta, tb, M, N, K, 1.25f, beta, rng);
+                        check_gemm_wmma<bf16>(kBF16, ta, tb, M, N, K, -0.75f, beta, rng);
+                    }
+    });
+}
+
+TEST_CASE("mma.sync gemm (version 7, the engine's) matches the CPU for f16 and bf16",
+          "[gemm][wmma][mma][cuda][lesson09]") {
+    Rng rng(923);
+    // The smallest product the engine sends to the tensor cores (16³), edges of no tile with a
+    // partial 32-wide k step, several 64×64 tiles, and a product big enough for the 128×128 tiles
+    // (at least two per SM: the emulator counts its OpenMP threads as SMs).
+    const int64_t shapes[][3] = {{16, 16, 16}, {17, 33, 40}, {65, 31, 33}, {64, 128, 96}, {130, 70, 100}};
+    const int64_t big = 128 * int64_t(std::ceil(std::sqrt(2.0 * multiprocessors())));
+    under_schedules([&] {
+        for (auto [M, N, K] : shapes)
+            for (bool ta : {false, true})
+                for (bool tb : {false, true})
+                    for (bool aligned : {false, true}) {
+                        check_gemm_16bit<f16>(cuda::gemm<f16>, kF16, ta, tb, M, N, K, 1.25f, aligned ? 0.0f : 0.5f,
+                                              rng, aligned);
+                        check_gemm_16bit<bf16>(cuda::gemm<bf16>, kBF16, ta, tb, M, N, K, -0.75f,
+                                               aligned ? 0.5f : 0.0f, rng, aligned);
+                    }
+    });
+    for (bool ta : {false, true})
+        for (bool tb : {false, true})
+            check_gemm_16bit<bf16>(cuda::gemm<bf16>, kBF16, ta, tb, big, big + 8, 40, 1.0f, 0.0f, rng, true);
+}
+
+TEST_CASE("cp.async gemm (version 8, 3 and 4 stages) matches the CPU for f16 and bf16",
+          "[gemm][wmma][mma][cuda][lesson09]") {
+    Rng rng(931);
+    // K of 1 to 5 steps of 32 (fewer steps than stages, and more), edges of the 128×128 tile;
+    // unaligned rows fall back to version 7 (the `aligned` false runs).
+    const int64_t shapes[][3] = {{16, 16, 16}, {130, 136, 72}, {64, 200, 160}};
+    under_schedules([&] {
+        for (auto [M, N, K] : shapes)
+            for (bool ta : {false, true})
+                for (bool tb : {false, true})
+                    for (bool aligned : {false, true}) {
+                        check_gemm_16bit<f16>(gemm_async<3, f16>, kF16, ta, tb, M, N, K, 1.25f, 0.5f, rng, aligned);
+                        check_gemm_16bit<bf16>(gemm_async<4, bf16>, kBF16, ta, tb, M, N, K, -0.75f, 0.0f, rng, aligned);
+                    }
+    });
+}
+
+#ifndef KILN_CUDA
+TEST_CASE("wmma: f16 and bf16 matmul on CUDA take the tensor cores when the shapes allow",
+          "[gemm][wmma][cuda][lesson09]") {
+    Rng rng(913);
+    // Linear's product y = x·wᵀ, 40×24 from K = 48: every dimension ≥ 16, the wmma rule.
+    for (const LowType& f : {kF16, kBF16}) {
+        INFO(dtype_name(f.dtype));
+        const Tensor x = random({40, 48}, rng, f.dtype), w = random({24, 48}, rng, f.dtype);
+        const Tensor dx = x.to(Device::CUDA), dw = w.to(Device::CUDA);
+        under_schedules([&] {
+            const uint64_t before = kiln::emu::warp_calls_run();
+            const Tensor y = matmul(dx, dw, false, true);
+            CHECK(kiln::emu::warp_calls_run() > before);  // wmma operations ran
+            Tensor S = Tensor::zeros({40, 24});
+            const Tensor x_abs = abs_of(x), w_abs = abs_of(w);
+            cpu::gemm(false, true, 40, 24, 48, 1.0f, x_abs.data<float>(), 48, w_abs.data<float>(), 48, 0.0f,
+                      S.data<float>(), 24);
+            require_rounded_once(y, matmul(x.to(DType::F32), w.to(DType::F32), false, true), f, 48, S);
+
+            // Below the rule (K = 8), and in f32, cuda::gemm stays on gemm_tiled: no wmma at all.
+            // (The generator runs on the host; its tensors are copied to the device.)
+            const uint64_t after = kiln::emu::warp_calls_run();
+            matmul(random({40, 8}, rng, f.dtype).to(Device::CUDA), random({24, 8}, rng, f.dtype).to(Device::CUDA),
+                   false, true);
+            matmul(dx.to(DType::F32), dw.to(DType::F32), false, true);
+            CHECK(kiln::emu::warp_calls_run() == after);
+        });
+    }
+}
+#endif  // KILN_CUDA
