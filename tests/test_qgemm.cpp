@@ -1,11 +1,19 @@
-// test_qgemm.cpp — the int8 CPU kernels (chapter 11): every qgemm_u8s8 path this CPU can run
+// test_qgemm.cpp — the int8 kernels (chapter 11), CPU and CUDA: every qgemm_u8s8 path this CPU can run
 // against the triple loop qgemm_u8s8_reference, and qconv2d (groups 1 and depthwise) / qlinear
 // against a direct integer convolution written here. Integer sums are exact, so every comparison
 // is equality: no tolerance. Then the other kernels of a MobileNetV2's int8 form: depthwise
 // qconv2d also by hand, qglobal_avgpool against its definition, and qadd within 1 of its formula
-// in double (the one tolerance: both round once). The Tensor-level ops: test_quant_model.cpp.
+// in double (the one tolerance: both round once). Beside each kernel's CPU cases, its CUDA
+// kernel (cuda/quant.cu: dp4a qgemm_u8s8, requantize_rows and qlinear, qconv2d and its depthwise
+// form, qmaxpool2d and lookup_u8, qglobal_avgpool, qadd) against the CPU's bit for bit, on random
+// data and on the edges: odd sizes, K not a multiple of 4 (the dp4a words' padding), row strides
+// wider than the rows, padding, stride and dilation, the extreme values (A = 255, B = −128, up to
+// the largest K of the contract), per-channel requantization with a fused ReLU (lo = z_y). Without
+// a GPU they run on the emulator under each thread schedule (quant_check.h). The Tensor-level ops,
+// quantize and fake quantization: test_quant_model.cpp.
 //
-//   ./kiln_tests '[qgemm]'        ./kiln_tests '[quant][cpu]'
+//   make test T='[qgemm]'   make test T='[qconv]'   make test T='[qpool]'   make test T='[qadd]'
+//   (each op: CPU and CUDA)   make test T='[quant][cpu]'   make test T='[quant][cuda]'
 //
 // The paths this CPU lacks are named in a WARN: on an AVX2-only CPU the VNNI paths are
 // compiled but not run here; on a CPU with AVX-VNNI or AVX512-VNNI the same cases run them.
@@ -24,9 +32,12 @@
 #include "fixtures.h"
 #include "ops/cpu/qgemm.h"
 #include "ops/kernels/all.h"
+#include "quant_check.h"
 
 using namespace kiln;
 using namespace kiln::cpu;
+using namespace kiln::test::quant;  // quant_check.h
+using test::under_schedules;
 
 namespace {
 
@@ -86,7 +97,7 @@ void check_against_reference(QgemmPath path, const GemmShape& s, const std::vect
 }  // namespace
 
 TEST_CASE("qgemm_u8s8: every path equals the reference exactly, on any shape and stride",
-          "[lesson11][cpu][qgemm]") {
+          "[lesson11][cpu][qgemm][quant]") {
     // 1×1×1; odd sizes; K not a multiple of 4, 16, 32 or 64; more columns than one panel; K past
     // one KC-block (1024 k for u8, 512 for i16); large enough to split over threads.
     const GemmShape shapes[] = {{1, 1, 1},   {1, 1, 5},    {3, 5, 7},     {7, 17, 33},    {13, 31, 67},
@@ -103,7 +114,7 @@ TEST_CASE("qgemm_u8s8: every path equals the reference exactly, on any shape and
 }
 
 TEST_CASE("qgemm_u8s8: the extreme values, where a 16-bit pair sum would saturate",
-          "[lesson11][cpu][qgemm]") {
+          "[lesson11][cpu][qgemm][quant]") {
     // A = a_max and B = −128 or 127 everywhere: C = K·a·b exactly. On avx2-maddubs a_max = 127:
     // pair sums 2·127·(−128) = −32512 and 2·127·127 = 32258, both inside int16.
     const GemmShape s{11, 19, 1031};  // K·255·128 = 33 652 | 480 < 2^31
@@ -119,7 +130,7 @@ TEST_CASE("qgemm_u8s8: the extreme values, where a 16-bit pair sum would saturat
         }
 }
 
-TEST_CASE("qgemm_u8s8: one to two threads give the same integers", "[lesson11][cpu][qgemm]") {
+TEST_CASE("qgemm_u8s8: one to two threads give the same integers", "[lesson11][cpu][qgemm][quant]") {
     const GemmShape s{300, 40, 200};  // 2.4 M multiply-adds: the rows are split over the threads
     std::mt19937 rng(12);
     const auto A = random_u8(s.M * s.K, kActQmax, rng);
@@ -135,7 +146,7 @@ TEST_CASE("qgemm_u8s8: one to two threads give the same integers", "[lesson11][c
 }
 
 TEST_CASE("qgemm_s8u8: the weight first, B [K, N], every path equals the reference exactly",
-          "[lesson11][cpu][qgemm]") {
+          "[lesson11][cpu][qgemm][quant]") {
     // As qgemm_u8s8's shapes, with M the output channels (few: 1 to 257 of them) and N the pixels
     // (e.g. 1×1 convs: M = 144, K = 24, N = 1024), and the largest values at both ends.
     const GemmShape shapes[] = {{1, 1, 1},    {1, 1, 5},     {3, 5, 7},      {17, 7, 33},     {31, 13, 67},
@@ -169,7 +180,7 @@ TEST_CASE("qgemm_s8u8: the weight first, B [K, N], every path equals the referen
         }
 }
 
-TEST_CASE("qgemm_s8u8 refuses bad sizes and paths with a message naming B", "[lesson11][cpu][qgemm]") {
+TEST_CASE("qgemm_s8u8 refuses bad sizes and paths with a message naming B", "[lesson11][cpu][qgemm][quant]") {
     std::vector<int8_t> A(64, 1);
     std::vector<uint8_t> B(64, 1);
     std::vector<int32_t> C(64);
@@ -183,7 +194,7 @@ TEST_CASE("qgemm_s8u8 refuses bad sizes and paths with a message naming B", "[le
 }
 
 TEST_CASE("qgemm_path: VNNI where the CPU has it, maddubs only for a_max ≤ 127, KILN_CPU caps it",
-          "[lesson11][cpu][qgemm]") {
+          "[lesson11][cpu][qgemm][quant]") {
     const CpuFeatures& f = cpu_features();
     const CpuLevel level = cpu_level();  // capped by KILN_CPU
     INFO(cpu_features_line() << ": " << qgemm_path_name(qgemm_path(255)) << " for u8, "
@@ -204,7 +215,7 @@ TEST_CASE("qgemm_path: VNNI where the CPU has it, maddubs only for a_max ≤ 127
     CHECK(qgemm_available_paths().front() == QgemmPath::Portable);
 }
 
-TEST_CASE("qgemm_u8s8: bad arguments are explained", "[lesson11][cpu][qgemm]") {
+TEST_CASE("qgemm_u8s8: bad arguments are explained", "[lesson11][cpu][qgemm][quant]") {
     const std::vector<uint8_t> A(12, 1);
     const std::vector<int8_t> B(12, 1);
     std::vector<int32_t> C(16);
@@ -223,6 +234,62 @@ TEST_CASE("qgemm_u8s8: bad arguments are explained", "[lesson11][cpu][qgemm]") {
         if (!qgemm_path_available(p))
             CHECK_THROWS_WITH(qgemm_u8s8_on(p, 3, 3, 4, A.data(), 4, B.data(), 4, C.data(), 3, 255),
                               Catch::Contains(std::string("cannot run the ") + qgemm_path_name(p)));
+}
+
+// ---- on CUDA (the dp4a kernels of cuda/quant.cu; on the emulator without a GPU, under each schedule)
+namespace {
+
+// C = A·Bᵀ on both devices, A u8 [M, K] (row stride lda), B i8 [N, K] (ldb), C int32 [M, N] (ldc);
+// C's padding columns must stay as they were.
+void check_qgemm(int64_t M, int64_t N, int64_t K, int64_t lda, int64_t ldb, int64_t ldc,
+                 const std::vector<uint8_t>& A, const std::vector<int8_t>& B) {
+    INFO("M=" << M << " N=" << N << " K=" << K << " lda=" << lda << " ldb=" << ldb << " ldc=" << ldc);
+    std::vector<int32_t> want(static_cast<size_t>(M * ldc), -7);
+    cpu::qgemm_u8s8(M, N, K, A.data(), lda, B.data(), ldb, want.data(), ldc, 255);
+    DeviceArray<uint8_t> A_d(A);
+    DeviceArray<int8_t> B_d(B);
+    under_every_schedule([&] {
+        DeviceArray<int32_t> C_d(std::vector<int32_t>(static_cast<size_t>(M * ldc), -7));
+        cuda::qgemm_u8s8(M, N, K, A_d.get(), lda, B_d.get(), ldb, C_d.get(), ldc, 255);
+        require_same_bits(C_d.host(), want);
+    });
+}
+
+}  // namespace
+
+TEST_CASE("cuda qgemm_u8s8 (dp4a) matches the CPU exactly", "[lesson11][cuda][quant][qgemm]") {
+    Rng rng(7);
+    struct Shape3 {
+        int64_t M, N, K;
+    };
+    // Partial tiles (1, 63, 65, 130 against 64×64), K from 0 to past two 32-value steps and not a
+    // multiple of 4 (1, 3, 5, 31, 33, 67), and one case per stride wider than its row.
+    for (Shape3 s : {Shape3{1, 1, 1}, Shape3{7, 5, 3}, Shape3{65, 63, 67}, Shape3{130, 70, 33},
+                     Shape3{64, 64, 32}, Shape3{3, 129, 31}, Shape3{20, 10, 0}, Shape3{33, 17, 5}}) {
+        for (int64_t extra : {int64_t(0), int64_t(3)}) {
+            const int64_t lda = s.K + extra, ldb = s.K + 2 * extra, ldc = s.N + extra;
+            check_qgemm(s.M, s.N, s.K, lda, ldb, ldc, random_ints<uint8_t>(s.M * lda, 0, 255, rng),
+                        random_ints<int8_t>(s.N * ldb, -128, 127, rng));
+        }
+    }
+}
+
+TEST_CASE("cuda qgemm_u8s8 is exact at the extremes, up to the contract's largest K", "[lesson11][cuda][quant][qgemm]") {
+    // A = 255, B = −128 everywhere: every product is −32640, and the flip's two sums are at their
+    // largest: Σ (a − 128)·b = −16256·K and 128·Σ b = −16384·K. K = 65792 is the largest K for which
+    // K·255·128 < 2^31 (ops/kernels/quant.h): C = −2,147,450,880, 32,768 from int32's minimum.
+    for (int64_t K : {int64_t(5), int64_t(1001), int64_t(65792)}) {
+        const int64_t M = 3, N = 2;
+        check_qgemm(M, N, K, K, K, N, std::vector<uint8_t>(static_cast<size_t>(M * K), 255),
+                    std::vector<int8_t>(static_cast<size_t>(N * K), -128));
+    }
+    // And the other corners: a = 0 (−128 after the flip) against b = 127 and b = −128.
+    Rng rng(8);
+    std::vector<uint8_t> A = random_ints<uint8_t>(9 * 13, 0, 1, rng);
+    for (uint8_t& a : A) a = a ? 255 : 0;
+    std::vector<int8_t> B = random_ints<int8_t>(11 * 13, 0, 1, rng);
+    for (int8_t& b : B) b = b ? 127 : -128;
+    check_qgemm(9, 11, 13, 13, 13, 11, A, B);
 }
 
 // ==== the int8 layers ===============================================================================
@@ -304,7 +371,7 @@ std::vector<uint8_t> run_qconv2d(const std::vector<uint8_t>& x, const std::vecto
 }  // namespace
 
 TEST_CASE("qconv2d equals the direct integer convolution, with padding, stride and dilation",
-          "[lesson11][cpu][qgemm]") {
+          "[lesson11][cpu][qgemm][quant][qconv]") {
     // LeNet's two convolutions, the CIFAR net's 2×2 stem and a padded 3×3, stride 2,
     // dilation 2, 1×1 (the image itself as B on a 16×16 plane; on 7×7 planes, and with stride 2,
     // through im2col), a 2×9 window; N = 5 > 2 threads (images spread), N = 1 (the product split);
@@ -335,7 +402,7 @@ TEST_CASE("qconv2d equals the direct integer convolution, with padding, stride a
         }
 }
 
-TEST_CASE("qconv2d's workspace depends on the sizes only, and groups are refused", "[lesson11][cpu][qgemm]") {
+TEST_CASE("qconv2d's workspace depends on the sizes only, and groups are refused", "[lesson11][cpu][qgemm][quant][qconv]") {
     const Conv2dParams p = conv(40, 3, 8, 8, 4, 3, 3, 1, 0, 1);
     int64_t one = 0, two = 0;
     with_threads(1, [&] { one = qconv2d_work_bytes(p); });
@@ -349,7 +416,80 @@ TEST_CASE("qconv2d's workspace depends on the sizes only, and groups are refused
                       Catch::Contains("groups=2"));
 }
 
-TEST_CASE("qlinear equals Σ w·x requantized, at the chapter's sizes", "[lesson11][cpu][qgemm]") {
+// If you rewrote dp4a_conv_dot in cuda/quant.cu, this is the test that tells you whether it is right:
+//   make test T='[qconv]'
+TEST_CASE("cuda qconv2d (dp4a_conv_dot) matches the CPU exactly", "[lesson11][cuda][quant][qconv]") {
+    Rng rng(11);
+    auto params = [](int64_t N, int64_t C, int64_t H, int64_t W, int64_t O, int64_t KH, int64_t KW, int64_t stride,
+                     int64_t padding, int64_t dilation) {
+        Conv2dParams p;
+        p.N = N, p.C = C, p.H = H, p.W = W, p.O = O, p.KH = KH, p.KW = KW;
+        p.stride = stride, p.padding = padding, p.dilation = dilation;
+        return p;
+    };
+    // LeNet's first layer (K = 25, O = 6 < 8 filters a thread); odd sizes, O = 17 (a partial group
+    // of 8), K = 4 (1×1), stride 2 and 3, padding past the kernel's reach, dilation 2.
+    for (const Conv2dParams& p : {params(2, 1, 28, 28, 6, 5, 5, 1, 2, 1), params(2, 3, 9, 11, 17, 3, 3, 2, 1, 1),
+                                  params(1, 5, 7, 6, 9, 3, 2, 1, 2, 2), params(3, 4, 5, 5, 16, 1, 1, 1, 0, 1),
+                                  params(1, 2, 8, 7, 3, 3, 3, 3, 0, 1), params(2, 6, 6, 6, 8, 3, 3, 1, 1, 1)}) {
+        const int64_t K = p.C * p.KH * p.KW, ny = p.N * p.O * p.P() * p.Q();
+        INFO("N=" << p.N << " C=" << p.C << " H=" << p.H << " W=" << p.W << " O=" << p.O << " K=" << p.KH << "x"
+                  << p.KW << " stride=" << p.stride << " padding=" << p.padding << " dilation=" << p.dilation);
+        const std::vector<uint8_t> x = random_ints<uint8_t>(p.N * p.C * p.H * p.W, 0, 255, rng);
+        const std::vector<int8_t> w = random_ints<int8_t>(p.O * K, -128, 127, rng);
+        DeviceArray<uint8_t> x_d(x);
+        DeviceArray<int8_t> w_d(w);
+        for (int32_t z_x : {0, 255, int32_t(rng.next_below(256))}) {
+            const bool relu = z_x != 0;
+            INFO("z_x = " << z_x << ", relu fused: " << relu);
+            Output out(p.O, acc_spread(K), relu, rng, w);
+            std::vector<uint8_t> want(static_cast<size_t>(ny)), work(static_cast<size_t>(cpu::qconv2d_work_bytes(p)));
+            cpu::qconv2d(x.data(), w.data(), want.data(), p, z_x, 255, out.on_host(), work.data());
+            under_every_schedule([&] {
+                DeviceArray<uint8_t> got(ny), work_d(cuda::qconv2d_work_bytes(p));
+                cuda::qconv2d(x_d.get(), w_d.get(), got.get(), p, z_x, 255, out.on_device(), work_d.get());
+                require_same_bits(got.host(), want);
+            });
+            require_varied(want);
+        }
+    }
+}
+
+TEST_CASE("cuda qconv2d is exact at the extremes: x = 255, w = -128, padding at 0 and 255", "[lesson11][cuda][quant][qconv]") {
+    Conv2dParams p;
+    p.N = 1, p.C = 7, p.H = 5, p.W = 6, p.O = 9, p.KH = 3, p.KW = 3, p.padding = 1;
+    const int64_t K = p.C * p.KH * p.KW, ny = p.N * p.O * p.P() * p.Q();
+    const std::vector<uint8_t> x(static_cast<size_t>(p.N * p.C * p.H * p.W), 255);
+    const std::vector<int8_t> w(static_cast<size_t>(p.O * K), -128);
+    DeviceArray<uint8_t> x_d(x);
+    DeviceArray<int8_t> w_d(w);
+    Rng rng(12);
+    // The padding reads 0 (border pixels see fewer 255s) or 255 (every pixel sees the same sum).
+    for (int32_t z_x : {0, 255}) {
+        INFO("z_x = " << z_x);
+        Output out(p.O, 32640.0 * double(K), false, rng);
+        std::vector<uint8_t> want(static_cast<size_t>(ny)), work(static_cast<size_t>(cpu::qconv2d_work_bytes(p)));
+        cpu::qconv2d(x.data(), w.data(), want.data(), p, z_x, 255, out.on_host(), work.data());
+        DeviceArray<uint8_t> got(ny), work_d(cuda::qconv2d_work_bytes(p));
+        cuda::qconv2d(x_d.get(), w_d.get(), got.get(), p, z_x, 255, out.on_device(), work_d.get());
+        require_same_bits(got.host(), want);
+        require_varied(want);  // the channels' biases differ
+    }
+}
+
+TEST_CASE("cuda qconv2d names what it does not take", "[lesson11][cuda][quant][qconv]") {
+    Conv2dParams p;
+    p.C = 4, p.H = 5, p.W = 5, p.O = 4, p.KH = 3, p.KW = 3;
+    p.groups = 2;
+    const QOutput out;
+    REQUIRE_THROWS_WITH(cuda::qconv2d(nullptr, nullptr, nullptr, p, 0, 255, out, nullptr),
+                        Catch::Contains("cuda::qconv2d: groups=2") && Catch::Contains("groups=1"));
+    p.groups = 1;
+    REQUIRE_THROWS_WITH(cuda::qconv2d(nullptr, nullptr, nullptr, p, 300, 255, out, nullptr),
+                        Catch::Contains("x_zero_point=300") && Catch::Contains("QParams"));
+}
+
+TEST_CASE("qlinear equals Σ w·x requantized, at the chapter's sizes", "[lesson11][cpu][qgemm][quant]") {
     const GemmShape shapes[] = {{64, 50, 320}, {1000, 10, 50}, {3, 7, 1}, {129, 33, 513}};  // {N, O, K}
     std::mt19937 rng(14);
     for (const GemmShape& s : shapes)
@@ -372,9 +512,52 @@ TEST_CASE("qlinear equals Σ w·x requantized, at the chapter's sizes", "[lesson
         }
 }
 
+TEST_CASE("cuda requantize_rows and qlinear match the CPU, ReLU fused or not", "[lesson11][cuda][quant][qgemm]") {
+    Rng rng(9);
+    for (bool relu : {false, true}) {
+        INFO("relu fused: " << relu);
+        {  // requantize_rows on accumulators of every size, multipliers above 1 and tiny
+            const int64_t M = 13, O = 11;
+            const std::vector<int32_t> acc = random_ints<int32_t>(M * O, -(1 << 24), 1 << 24, rng);
+            Output out(O, double(1 << 22), relu, rng);
+            out.requant[0] = make_requant(1.75);  // M ≥ 1: a negative shift
+            out.requant[1] = make_requant(3e-9);
+            out.requant_d = DeviceArray<Requant>(out.requant);
+            std::vector<uint8_t> want(static_cast<size_t>(M * O));
+            cpu::requantize_rows(acc.data(), want.data(), M, O, out.on_host());
+            DeviceArray<int32_t> acc_d(acc);
+            under_schedules([&] {
+                DeviceArray<uint8_t> got(M * O);
+                cuda::requantize_rows(acc_d.get(), got.get(), M, O, out.on_device());
+                require_same_bits(got.host(), want);
+            });
+            require_varied(want);
+        }
+        {  // qlinear: the accumulators (work) and y
+            const int64_t N = 17, K = 150, O = 10;
+            const std::vector<uint8_t> x = random_ints<uint8_t>(N * K, 0, 255, rng);
+            const std::vector<int8_t> w = random_ints<int8_t>(O * K, -128, 127, rng);
+            Output out(O, acc_spread(K), relu, rng, w);
+            std::vector<uint8_t> want(static_cast<size_t>(N * O));
+            std::vector<int32_t> work(static_cast<size_t>(N * O));
+            cpu::qlinear(x.data(), w.data(), want.data(), N, K, O, 255, out.on_host(), work.data());
+            DeviceArray<uint8_t> x_d(x);
+            DeviceArray<int8_t> w_d(w);
+            under_every_schedule([&] {
+                DeviceArray<uint8_t> got(N * O);
+                DeviceArray<int32_t> work_d(N * O);
+                cuda::qlinear(x_d.get(), w_d.get(), got.get(), N, K, O, 255, out.on_device(), work_d.get());
+                require_same_bits(work_d.host(), work);
+                require_same_bits(got.host(), want);
+            });
+            require_varied(want);
+        }
+    }
+}
+
 // ==== depthwise convolution, global average pooling, the sum of two u8 tensors ========================
 TEST_CASE("qconv2d depthwise by hand: a box filter and a two-tap one, padding read as z_x, stride 1 and 2",
-          "[lesson11][cpu][quant][depthwise]") {
+          "[lesson11][cpu][quant][depthwise][qconv]") {
     // x [1, 2, 3, 3]: channel 0 holds 1..9, channel 1 holds 9..1; padding 1 reads z_x = 10.
     // w [2, 1, 3, 3]: channel 0 all ones (y = its window's sum: a corner sees five 10s, an edge
     // three), channel 1 is 2 at the centre and −1 at the top left (y = 2·x[p, q] − x[p − 1, q − 1]).
@@ -396,7 +579,7 @@ TEST_CASE("qconv2d depthwise by hand: a box filter and a two-tap one, padding re
 }
 
 TEST_CASE("qconv2d depthwise equals the direct integer convolution, stride 1 and 2, padding, dilation",
-          "[lesson11][cpu][quant][depthwise]") {
+          "[lesson11][cpu][quant][depthwise][qconv]") {
     // MobileNetV2's 3×3 at stride 1 and 2 with padding 1, a 5×5, dilation 2, no padding at an odd
     // size, 96 small planes (spread over the threads); no workspace.
     const Conv2dParams shapes[] = {depthwise(2, 5, 7, 9, 3, 1, 1, 1), depthwise(3, 8, 10, 10, 3, 2, 1, 1),
@@ -420,9 +603,53 @@ TEST_CASE("qconv2d depthwise equals the direct integer convolution, stride 1 and
         }
 }
 
+namespace {
+
+// A depthwise convolution: groups = O = C, w [C, 1, K, K].
+Conv2dParams depthwise_params(int64_t N, int64_t C, int64_t H, int64_t W, int64_t K, int64_t stride, int64_t padding,
+                              int64_t dilation) {
+    Conv2dParams p;
+    p.N = N, p.C = C, p.H = H, p.W = W, p.O = C, p.KH = K, p.KW = K;
+    p.stride = stride, p.padding = padding, p.dilation = dilation, p.groups = C;
+    return p;
+}
+
+}  // namespace
+
+TEST_CASE("cuda qconv2d depthwise matches the CPU exactly", "[lesson11][cuda][quant][qconv][depthwise]") {
+    Rng rng(14);
+    // MobileNetV2's 3×3 at stride 1 and 2 with padding 1, a 5×5, dilation 2, no padding at an odd size.
+    for (const Conv2dParams& p : {depthwise_params(2, 5, 7, 9, 3, 1, 1, 1), depthwise_params(3, 8, 10, 10, 3, 2, 1, 1),
+                                  depthwise_params(1, 3, 6, 5, 5, 1, 2, 1), depthwise_params(2, 4, 9, 9, 3, 1, 2, 2),
+                                  depthwise_params(2, 6, 8, 7, 3, 2, 0, 1)}) {
+        const int64_t K = p.KH * p.KW, ny = p.N * p.O * p.P() * p.Q();
+        INFO("N=" << p.N << " C=" << p.C << " H=" << p.H << " W=" << p.W << " K=" << p.KH << "x" << p.KW
+                  << " stride=" << p.stride << " padding=" << p.padding << " dilation=" << p.dilation);
+        const std::vector<uint8_t> x = random_ints<uint8_t>(p.N * p.C * p.H * p.W, 0, 255, rng);
+        const std::vector<int8_t> w = random_ints<int8_t>(p.C * K, -128, 127, rng);
+        DeviceArray<uint8_t> x_d(x);
+        DeviceArray<int8_t> w_d(w);
+        REQUIRE(cpu::qconv2d_work_bytes(p) == 0);
+        REQUIRE(cuda::qconv2d_work_bytes(p) == 0);
+        for (int32_t z_x : {0, 255, int32_t(rng.next_below(256))}) {
+            const bool relu = z_x != 0;
+            INFO("z_x = " << z_x << ", relu fused: " << relu);
+            Output out(p.O, acc_spread(K), relu, rng, w);
+            std::vector<uint8_t> want(static_cast<size_t>(ny));
+            cpu::qconv2d(x.data(), w.data(), want.data(), p, z_x, 255, out.on_host(), nullptr);
+            under_schedules([&] {
+                DeviceArray<uint8_t> got(ny);
+                cuda::qconv2d(x_d.get(), w_d.get(), got.get(), p, z_x, 255, out.on_device(), nullptr);
+                require_same_bits(got.host(), want);
+            });
+            require_varied(want);
+        }
+    }
+}
+
 // Every window's max against the definition: the 2×2 stride-2 planes (their own loop) with even
 // and odd sides, and windows with padding and overlap (the general loop).
-TEST_CASE("qmaxpool2d: each window's largest value, 2×2 and the general windows", "[lesson11][cpu][quant]") {
+TEST_CASE("qmaxpool2d: each window's largest value, 2×2 and the general windows", "[lesson11][cpu][quant][qpool]") {
     std::mt19937 rng(21);
     struct Window {
         int64_t k, stride, padding, H, W;
@@ -451,7 +678,40 @@ TEST_CASE("qmaxpool2d: each window's largest value, 2×2 and the general windows
     }
 }
 
-TEST_CASE("qglobal_avgpool: the mean rounded half up, by hand and against the definition", "[lesson11][cpu][quant]") {
+TEST_CASE("cuda qmaxpool2d and lookup_u8 match the CPU", "[lesson11][cuda][quant][qpool]") {
+    Rng rng(13);
+    Pool2dParams p;
+    p.N = 2, p.C = 3, p.H = 9, p.W = 7;
+    struct Window {
+        int64_t k, stride, padding;
+    };
+    for (Window win : {Window{2, 2, 0}, Window{3, 2, 1}, Window{3, 1, 1}}) {
+        p.KH = p.KW = win.k, p.stride = win.stride, p.padding = win.padding;
+        INFO("kernel " << win.k << " stride " << win.stride << " padding " << win.padding);
+        const std::vector<uint8_t> x = random_ints<uint8_t>(p.N * p.C * p.H * p.W, 0, 255, rng);
+        std::vector<uint8_t> want(static_cast<size_t>(p.N * p.C * p.P() * p.Q()));
+        cpu::qmaxpool2d(x.data(), want.data(), p);
+        DeviceArray<uint8_t> x_d(x), got(int64_t(want.size()));
+        under_schedules([&] {
+            cuda::qmaxpool2d(x_d.get(), got.get(), p);
+            require_same_bits(got.host(), want);
+        });
+    }
+    for (int64_t C : {int64_t(1), int64_t(5)}) {  // one table, or one per channel
+        const int64_t outer = 3, inner = 41, n = outer * C * inner;
+        const std::vector<uint8_t> x = random_ints<uint8_t>(n, 0, 255, rng), table = random_ints<uint8_t>(C * 256, 0, 255, rng);
+        std::vector<uint8_t> want(static_cast<size_t>(n));
+        cpu::lookup_u8(x.data(), want.data(), outer, C, inner, table.data());
+        DeviceArray<uint8_t> x_d(x), table_d(table), got(n);
+        under_schedules([&] {
+            cuda::lookup_u8(x_d.get(), got.get(), outer, C, inner, table_d.get());
+            require_same_bits(got.host(), want);
+        });
+        require_varied(want);
+    }
+}
+
+TEST_CASE("qglobal_avgpool: the mean rounded half up, by hand and against the definition", "[lesson11][cpu][quant][qpool]") {
     // [1, 3, 2, 2]: 10/4 = 2.5 → 3, 1019/4 = 254.75 → 255, 2/4 = 0.5 → 1 (ties go up);
     // [1, 2, 1, 3]: 4/3 → 1, 5/3 → 2 (an odd plane has no ties).
     std::vector<uint8_t> y(3);
@@ -475,6 +735,27 @@ TEST_CASE("qglobal_avgpool: the mean rounded half up, by hand and against the de
         qglobal_avgpool(x.data(), got.data(), NC, S);
         INFO("S=" << S);
         CHECK(got == want);
+    }
+}
+
+TEST_CASE("cuda qglobal_avgpool matches the CPU", "[lesson11][cuda][quant][qpool]") {
+    Rng rng(15);
+    // Planes of 1, 16 (4×4), 49 (7×7) and 1000 values, and the largest sums (all 255).
+    for (int64_t S : {int64_t(1), int64_t(16), int64_t(49), int64_t(1000)}) {
+        for (bool full : {false, true}) {
+            const int64_t NC = 2 * 37;
+            INFO("S=" << S << (full ? ", all 255" : ""));
+            const std::vector<uint8_t> x = full ? std::vector<uint8_t>(static_cast<size_t>(NC * S), 255)
+                                                : random_ints<uint8_t>(NC * S, 0, 255, rng);
+            std::vector<uint8_t> want(static_cast<size_t>(NC));
+            cpu::qglobal_avgpool(x.data(), want.data(), NC, S);
+            DeviceArray<uint8_t> x_d(x);
+            under_schedules([&] {
+                DeviceArray<uint8_t> got(NC);
+                cuda::qglobal_avgpool(x_d.get(), got.get(), NC, S);
+                require_same_bits(got.host(), want);
+            });
+        }
     }
 }
 
@@ -509,5 +790,32 @@ TEST_CASE("qadd is within 1 of its formula in double on every pair of u8 values,
         }
         INFO(equal << " of 65536 equal");
         CHECK(off == 0);
+    }
+}
+
+TEST_CASE("cuda qadd matches the CPU bit for bit on every pair of u8 values", "[lesson11][cuda][quant][qadd]") {
+    // s_a = s_b, s_a = 10·s_b, s_b = 10·s_a, a fused ReLU's range, the largest scale ratio allowed.
+    struct Ranges {
+        QParams a, b, y;
+    };
+    const Ranges cases[] = {{{0.05f, 128}, {0.05f, 100}, {0.1f, 110}},
+                            {{0.5f, 0}, {0.05f, 200}, {0.6f, 40}},
+                            {{0.02f, 30}, {0.2f, 128}, {0.25f, 128}},
+                            {{0.1f, 10}, {0.1f, 10}, {0.2f, 30, 30, 255}},
+                            {{1.0f, 5}, {1.0f / 4096, 128}, {1.0f, 0}}};
+    std::vector<uint8_t> a(65536), b(65536);  // every pair once: a = i mod 256, b = i / 256
+    for (size_t i = 0; i < a.size(); i++) a[i] = uint8_t(i % 256), b[i] = uint8_t(i / 256);
+    DeviceArray<uint8_t> a_d(a), b_d(b);
+    for (const Ranges& r : cases) {
+        INFO("s_a " << r.a.scale << ", s_b " << r.b.scale << ", s_y " << r.y.scale);
+        const QAddParams q = qadd_params(r.a, r.b, r.y);
+        std::vector<uint8_t> want(a.size());
+        cpu::qadd(a.data(), b.data(), want.data(), int64_t(a.size()), q);
+        under_schedules([&] {
+            DeviceArray<uint8_t> got(int64_t(a.size()));
+            cuda::qadd(a_d.get(), b_d.get(), got.get(), int64_t(a.size()), q);
+            require_same_bits(got.host(), want);
+        });
+        require_varied(want);
     }
 }

@@ -2,8 +2,10 @@
 // Tensor-level ops' checks (ops/quant.h) and depthwise qconv2d against f32's conv2d, batch-norm
 // folding (quant/fold.h), and the int8 network (quant/qmodel.h): conversion, its accuracy against
 // f32, its file, its errors.
-// The int8 kernels themselves are tested against integer references in test_qgemm.cpp (CPU) and
-// test_cuda_quant.cpp (CUDA); the observers in test_observer.cpp.
+// On CUDA (cuda/quant.cu, on the emulator without a GPU): quantize/dequantize, fake quantization
+// and the Tensor-level int8 ops give the CPU's bits, beside their CPU cases (quant_check.h).
+// The int8 kernels themselves are tested against integer references, CPU and CUDA, in
+// test_qgemm.cpp; the observers in test_observer.cpp.
 //
 // Run: make build/tests/kiln_tests && build/tests/kiln_tests '[lesson11]'
 #include <algorithm>
@@ -32,12 +34,15 @@
 #include "quant/qat.h"
 #include "quant/qmodel.h"
 #include "ops/qparams.h"
+#include "quant_check.h"
 #include "train/checkpoint.h"
 
 using namespace kiln;
 using Catch::Matchers::Contains;
 using test::require_close;
 using test::require_identical;
+using test::under_schedules;
+using namespace kiln::test::quant;  // quant_check.h
 
 namespace {
 
@@ -187,7 +192,7 @@ TEST_CASE("requantization in fixed point is round(acc · M), half up", "[lesson1
     CHECK(requantize_value(-100, make_requant(0.5), 10, 10, 255) == 10);  // a fused ReLU's clamp
 }
 
-TEST_CASE("quantize and dequantize ops: round trip within half a step, and their errors", "[lesson11][quant][cpu]") {
+TEST_CASE("quantize and dequantize ops: round trip within half a step, and their errors", "[lesson11][quant][quantize][cpu]") {
     Rng rng(2);
     const Tensor x = Tensor::uniform({3, 5}, -1.0f, 2.0f, rng);
     const QParams qp = choose_qparams_affine(-1.0f, 2.0f, 0, 255);
@@ -201,6 +206,67 @@ TEST_CASE("quantize and dequantize ops: round trip within half a step, and their
     const Tensor s = Tensor::ones({4}), z = Tensor::zeros({4}, DType::I32);
     CHECK_THROWS_WITH(quantize_per_channel(x, s, z, 0, -128, 127, DType::I8), Contains("scale"));
     CHECK_THROWS_WITH(quantize_per_channel(x, s, z, 2, -128, 127, DType::I8), Contains("past the last dimension"));
+}
+
+// On CUDA (cuda/quant.cu; on the emulator without a GPU, under each schedule): the CPU's bits.
+namespace {
+
+// x [outer, C, inner] quantized to Q and back on both devices, with channel c's scale[c] and
+// zero_point[c]; per tensor (C = 1) through quantize/dequantize, which take them by value.
+template <typename Q>
+void check_round_trip(const std::vector<float>& x, int64_t outer, int64_t C, int64_t inner,
+                      const std::vector<float>& scale, const std::vector<int32_t>& zero_point, int32_t qmin,
+                      int32_t qmax) {
+    const int64_t n = outer * C * inner;
+    const bool per_tensor = C == 1;
+    INFO((per_tensor ? "per tensor" : "per channel") << ", qmin " << qmin << ", qmax " << qmax);
+    std::vector<Q> q(static_cast<size_t>(n));
+    std::vector<float> back(static_cast<size_t>(n));
+    if (per_tensor) {
+        cpu::quantize(x.data(), q.data(), n, scale[0], zero_point[0], qmin, qmax);
+        cpu::dequantize(q.data(), back.data(), n, scale[0], zero_point[0]);
+    } else {
+        cpu::quantize_per_channel(x.data(), q.data(), outer, C, inner, scale.data(), zero_point.data(), qmin, qmax);
+        cpu::dequantize_per_channel(q.data(), back.data(), outer, C, inner, scale.data(), zero_point.data());
+    }
+    DeviceArray<float> x_d(x), scale_d(scale);
+    DeviceArray<int32_t> zero_point_d(zero_point);
+    under_schedules([&] {
+        DeviceArray<Q> q_d(n);
+        DeviceArray<float> back_d(n);
+        if (per_tensor) {
+            cuda::quantize(x_d.get(), q_d.get(), n, scale[0], zero_point[0], qmin, qmax);
+            cuda::dequantize(q_d.get(), back_d.get(), n, scale[0], zero_point[0]);
+        } else {
+            cuda::quantize_per_channel(x_d.get(), q_d.get(), outer, C, inner, scale_d.get(), zero_point_d.get(), qmin,
+                                       qmax);
+            cuda::dequantize_per_channel(q_d.get(), back_d.get(), outer, C, inner, scale_d.get(), zero_point_d.get());
+        }
+        require_same_bits(q_d.host(), q);
+        require_same_bits(back_d.host(), back);
+    });
+}
+
+}  // namespace
+
+TEST_CASE("cuda quantize and dequantize match the CPU bit for bit", "[lesson11][cuda][quant][quantize]") {
+    Rng rng(3);
+    const int64_t outer = 3, C = 5, inner = 37, n = outer * C * inner;
+    std::vector<float> x = random_floats(n, -3.0f, 3.0f, rng);
+    const std::vector<float> scale = random_floats(C, 0.005f, 0.05f, rng);
+    // Ties (x = (k + 0.5)·scale rounds to even), out-of-range values, infinities and a NaN (qmin).
+    x[0] = 2.5f * scale[0];
+    x[1] = -3.5f * scale[0];
+    x[2] = 1e9f;
+    x[3] = -std::numeric_limits<float>::infinity();
+    x[4] = std::numeric_limits<float>::quiet_NaN();
+    // Per tensor: u8 with a reduced range, i8.
+    check_round_trip<uint8_t>(x, 1, 1, n, {0.02f}, {37}, kActQmin, kActQmaxReduced);
+    check_round_trip<int8_t>(x, 1, 1, n, {0.03f}, {0}, kWeightQmin, kWeightQmax);
+    // Per channel: u8 affine along dim 1, i8 symmetric along dim 0 (a conv weight [O, C·KH·KW]).
+    check_round_trip<uint8_t>(x, outer, C, inner, scale, random_ints<int32_t>(C, 0, 255, rng), kActQmin, kActQmax);
+    check_round_trip<int8_t>(x, 1, C, outer * inner, scale, std::vector<int32_t>(static_cast<size_t>(C), 0),
+                             kWeightQmin, kWeightQmax);
 }
 
 // ---- the int8 ops of a MobileNetV2: depthwise qconv2d, qadd, qglobal_avgpool ---------------------------
@@ -285,6 +351,35 @@ TEST_CASE("qconv2d, qadd and qglobal_avgpool refuse bad input with a message nam
     CHECK_THROWS_WITH(qglobal_avgpool(Tensor::zeros({1, 4, 5, 5})), Contains("qglobal_avgpool: 'x' should be u8"));
     CHECK_THROWS_WITH(qglobal_avgpool(a), Contains("qglobal_avgpool: 'x' should be [N, C, H, W]"));
     CHECK_THROWS_WITH(qglobal_avgpool(Tensor::zeros({1, 4, 0, 5}, DType::U8)), Contains("H·W > 0"));
+}
+
+TEST_CASE("the Tensor-level depthwise qconv2d, qadd and qglobal_avgpool on cuda give the CPU's bytes",
+          "[lesson11][cuda][quant][qconv][qadd][qpool]") {
+    Rng rng(16);
+    const int64_t N = 2, C = 6;
+    // A CPU tensor of `shape` holding v's bytes.
+    auto tensor = [](const Shape& shape, DType dtype, const auto& v) {
+        Tensor t = Tensor::empty(shape, dtype);
+        std::memcpy(t.raw(), v.data(), t.nbytes());
+        return t;
+    };
+    const Tensor x = tensor({N, C, 7, 5}, DType::U8, random_ints<uint8_t>(N * C * 35, 0, 255, rng));
+    const Tensor x2 = tensor({N, C, 7, 5}, DType::U8, random_ints<uint8_t>(N * C * 35, 0, 255, rng));
+    const std::vector<int8_t> wv = random_ints<int8_t>(C * 9, -128, 127, rng);
+    const Tensor w = tensor({C, 1, 3, 3}, DType::I8, wv);
+    Output o(C, acc_spread(9), true, rng, wv);
+    const Tensor bias = tensor({C}, DType::I32, o.bias), requant = tensor({C, 2}, DType::I32, o.requant);
+    const QLayerOutput out{bias, requant, o.zero_point, o.lo, o.hi};
+    const QLayerOutput out_d{bias.to(Device::CUDA), requant.to(Device::CUDA), o.zero_point, o.lo, o.hi};
+    const Tensor x_d = x.to(Device::CUDA);
+    for (int64_t stride : {int64_t(1), int64_t(2)}) {
+        const Tensor y = qconv2d(x, w, out, stride, 1, 1, C, 128, 255);
+        require_identical(qconv2d(x_d, w.to(Device::CUDA), out_d, stride, 1, 1, C, 128, 255), y);
+    }
+    const QParams qa{0.04f, 120}, qb{0.03f, 70}, qy{0.06f, 100};
+    require_identical(qadd(x_d, qa, x2.to(Device::CUDA), qb, qy), qadd(x, qa, x2, qb, qy));
+    require_identical(qglobal_avgpool(x_d), qglobal_avgpool(x));
+    REQUIRE_THROWS_WITH(qadd(x, qa, x_d, qb, qy), Catch::Contains("qadd: tensors on different devices"));
 }
 
 // ---- batch norm folding ------------------------------------------------------------------------------
@@ -547,6 +642,32 @@ TEST_CASE("FakeQuantize: the grid of its observed range, and the straight-throug
     fq.call(test::tensor_of({1, 2}, {-50.0f, 0.0f}));  // widens the range by 1% of the way: −1.49
     const Tensor dx2 = fq.call_backward(test::tensor_of({1, 2}, {7, 8}));
     require_identical(dx2, test::tensor_of({1, 2}, {0, 8}));  // −50 was clipped: no gradient
+}
+
+TEST_CASE("cuda fake quantization, forward and straight-through backward, matches the CPU", "[lesson11][cuda][quant][qat]") {
+    Rng rng(5);
+    const int64_t outer = 4, C = 3, inner = 29, n = outer * C * inner;
+    std::vector<float> x = random_floats(n, -2.0f, 2.0f, rng);
+    const std::vector<float> dy = random_floats(n, -1.0f, 1.0f, rng);
+    const std::vector<float> scale = {0.01f, 0.004f, 0.02f};
+    const std::vector<int32_t> zp = {128, 0, 77};
+    x[0] = 1.3f;  // channel 0: rint(130) + 128 = 258 > 255, outside: dx = 0
+    x[1] = 0.0f;  // channel 0: 128, inside: dx = dy
+    DeviceArray<float> x_d(x), dy_d(dy), scale_d(scale);
+    DeviceArray<int32_t> zp_d(zp);
+    std::vector<float> y(static_cast<size_t>(n)), dx(static_cast<size_t>(n));
+    cpu::fake_quantize_forward(x.data(), y.data(), outer, C, inner, scale.data(), zp.data(), 0, 255);
+    cpu::fake_quantize_backward(x.data(), dy.data(), dx.data(), outer, C, inner, scale.data(), zp.data(), 0, 255);
+    under_schedules([&] {
+        DeviceArray<float> y_d(n), dx_d(n);
+        cuda::fake_quantize_forward(x_d.get(), y_d.get(), outer, C, inner, scale_d.get(), zp_d.get(), 0, 255);
+        cuda::fake_quantize_backward(x_d.get(), dy_d.get(), dx_d.get(), outer, C, inner, scale_d.get(), zp_d.get(),
+                                     0, 255);
+        require_same_bits(y_d.host(), y);
+        require_same_bits(dx_d.host(), dx);
+    });
+    REQUIRE(dx[0] == 0.0f);  // the clamp passes no gradient ...
+    REQUIRE(dx[1] == dy[1]);  // ... the rounding passes it through
 }
 
 // Pruning and quantization-aware training on one weight, each a transform of its own (nn/module.h):
