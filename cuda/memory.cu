@@ -72,6 +72,11 @@ void copy_to_host(void* dst, const void* src, size_t bytes) {
     KILN_CUDA_CHECK(cudaMemcpy(dst, src, bytes, cudaMemcpyDeviceToHost));
 }
 
+void copy_to_device_async(void* dst, const void* src, size_t bytes) {
+    if (bytes == 0) return;
+    KILN_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, 0));
+}
+
 void copy_device_to_device(void* dst, const void* src, size_t bytes) {
     if (bytes == 0) return;
     KILN_CUDA_CHECK(cudaMemcpy(dst, src, bytes, cudaMemcpyDeviceToDevice));
@@ -80,6 +85,27 @@ void copy_device_to_device(void* dst, const void* src, size_t bytes) {
 void memset_device(void* dst, int value, size_t bytes) {
     if (bytes == 0) return;
     KILN_CUDA_CHECK(cudaMemset(dst, value, bytes));
+}
+
+void* malloc_host(size_t bytes) {
+    void* p = nullptr;
+    const cudaError_t e = cudaMallocHost(&p, bytes == 0 ? 1 : bytes);
+    if (e == cudaErrorMemoryAllocation) {
+        (void)cudaGetLastError();
+        return nullptr;
+    }
+    KILN_CUDA_CHECK(e);
+    return p;
+}
+
+void free_host(void* ptr) {
+    if (!ptr) return;
+    const cudaError_t e = cudaFreeHost(ptr);
+    if (e == cudaErrorCudartUnloading) {
+        (void)cudaGetLastError();
+        return;
+    }
+    KILN_CUDA_CHECK(e);
 }
 
 void memory_info(size_t* free_bytes, size_t* total_bytes) {

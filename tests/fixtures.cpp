@@ -1,6 +1,7 @@
 // fixtures.cpp — see fixtures.h.
 #include "fixtures.h"
 
+#include "core/rng.h"
 #include "ops/cpu/gemm_tile.h"
 
 #include <zlib.h>
@@ -213,6 +214,13 @@ void require_near(const Tensor& got_any, const Tensor& want_any, double rel, dou
 
 bool same_bits(const Tensor& a, const Tensor& b) {
     return a.shape() == b.shape() && a.dtype() == b.dtype() && std::memcmp(a.raw(), b.raw(), a.nbytes()) == 0;
+}
+
+Tensor random_ids(int64_t B, int64_t T, int64_t V, uint64_t seed) {
+    Rng rng(seed);
+    Tensor ids = Tensor::empty({B, T}, DType::I32);
+    for (int64_t i = 0; i < B * T; i++) ids.data<int32_t>()[i] = int32_t(rng.next_below(uint64_t(V)));
+    return ids;
 }
 
 Tensor tensor_of(const Shape& shape, const std::vector<float>& values, Device device) {

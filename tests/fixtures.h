@@ -94,6 +94,9 @@ std::string identical_values_mismatch(const Tensor& got, const Tensor& want);
 // require_identical when a mismatch should stop the test and say where).
 bool same_bits(const Tensor& a, const Tensor& b);
 
+// Token ids i32 [B, T] on the CPU, uniform over a vocabulary of V (chapter 14's GPT's inputs).
+Tensor random_ids(int64_t B, int64_t T, int64_t V, uint64_t seed);
+
 // A copy of t (f32, f16 or bf16) with every NaN replaced by the NaN an NVIDIA GPU's arithmetic
 // makes (f32 0x7fffffff, f16 and bf16 0x7fff): the emulator keeps the x86 CPU's NaN bits, so a
 // test that compares with gpu_nans(result) checks on the emulator the contract a GPU run needs.

@@ -36,13 +36,7 @@ GPTConfig tiny_config(AttentionKind kind = AttentionKind::Flash, float dropout =
     return c;
 }
 
-// Token ids i32 [B, T], uniform over the vocabulary.
-Tensor random_ids(int64_t B, int64_t T, int64_t V, uint64_t seed) {
-    Rng rng(seed);
-    Tensor ids = Tensor::empty({B, T}, DType::I32);
-    for (int64_t i = 0; i < B * T; i++) ids.data<int32_t>()[i] = int32_t(rng.next_below(uint64_t(V)));
-    return ids;
-}
+using test::random_ids;
 
 // L = Σ logits · r, in double.
 double loss_of(GPT& model, const Tensor& ids, const Tensor& r) {

@@ -173,10 +173,14 @@ TEST_CASE("memory plan: temporary buffers, fragmentation, offload and the larges
     o.fragmentation = 0.5;  // and half of everything else
     CHECK(plan_memory(o).fragmentation == 4 * 96 + (16000 + 2048 + 128 + 416 + 160 + 512) / 2);
     o.fragmentation = 0.0;
-    // Offload: Adam's m and v to the host, nothing of them (nor their rounding) on the GPU.
+    // Offload: Adam's m and v to the host, nothing of them (nor their rounding) on the GPU; the
+    // host also holds the f32 weights its update writes and the gradients copied down: 4 · 4000.
     o.offload = true;
     MemoryPlan off = plan_memory(o);
-    CHECK((off.optimizer_state == 0 && off.host == 8000 && off.fragmentation == 2 * 96));
+    CHECK((off.optimizer_state == 0 && off.host == 16000 && off.fragmentation == 2 * 96));
+    o.precision = DType::BF16;  // mixed: masters, m, v in f32 and the gradients in 16 bits, 14 bytes each
+    CHECK(plan_memory(o).host == 14000);
+    o.precision = DType::F32;
     o.offload = false;
     // Full recomputation keeps each layer's input, e·sbh = 128, and makes one layer again in
     // backward, all but its output (the next layer's input, kept).

@@ -318,6 +318,40 @@ std::vector<double> step_losses(const std::string& output) {
     return losses;
 }
 
+// lesson-14 --device cuda --offload (chapter 15, optim/offload.h): AdamW's state on the host, the
+// update on the CPU. On kiln's emulator the run is the GPU-resident run's bit for bit: the same
+// output (but the offload lines and the timings) and the same checkpoint file. --offload on the
+// CPU, with --zero 1 and with --memory is refused by name.
+TEST_CASE("lesson-14 --device cuda --offload trains and saves as the run without it, bit for bit; refused where "
+          "it cannot run",
+          "[flags][lesson14][lesson15][offload][cuda]") {
+    const std::string bin = trainer_path("lesson-14");
+    TempDir tmp;
+    const std::string text = tmp.file("text"), resident = tmp.file("resident"), offloaded = tmp.file("offloaded");
+    write_tiny_text(text);
+    const std::string lesson14 = bin + " --device cuda --data " + text + " --iters 3 --eval-interval 2 --eval-windows 1"
+                                 " --log-interval 1 --block-size 8 --n-layer 1 --n-head 2 --n-embd 8 --batch-size 4"
+                                 " --threads 1 --sample 20 --save ";
+    const Run a = run(lesson14 + resident), b = run(lesson14 + offloaded + " --offload");
+    INFO(a.output << "\n----\n" << b.output);
+    REQUIRE(a.status == 0);
+    REQUIRE(b.status == 0);
+    CHECK_THAT(b.output, Contains("offload: AdamW's moments and the f32 master weights on the host") &&
+                             Contains("host, pinned (offload)"));
+    CHECK(step_losses(a.output).size() == 3);
+    CHECK(step_losses(a.output) == step_losses(b.output));
+    CHECK(sample_text(a.output) == sample_text(b.output));
+    const bool same_bytes = read_file(resident + "/last.safetensors") == read_file(offloaded + "/last.safetensors");
+    CHECK(same_bytes);
+
+    const Run cpu = run(bin + " --data " + text + " --iters 1 --offload");
+    CHECK(cpu.status != 0);
+    CHECK_THAT(cpu.output, Contains("--offload moves AdamW's state") && Contains("it needs --device cuda"));
+    const Run memory = run(bin + " --device cuda --data " + text + " --iters 1 --offload --memory");
+    CHECK(memory.status != 0);
+    CHECK_THAT(memory.output, Contains("lesson-15 --plan --model baby-gpt --offload"));
+}
+
 // lesson-14 started by mpirun (chapter 12's data parallel training; lessons/14-attention/README.md):
 // 2 ranks × 2 windows with --zero 1 print one process × 4 windows' losses (within rounding: the
 // MPI test '[lesson14]' compares the two exactly), once — rank 0 speaks — and rank 0 writes the

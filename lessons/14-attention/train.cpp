@@ -9,6 +9,7 @@
 //   make lesson-14 ARGS='--from runs/lesson-14/last.safetensors --sample 1000'   # write, without the text
 //   mpirun -np 2 build/bin/lesson-14 --zero 1        # 2 ranks × 6 windows, AdamW's moments sharded
 //   mpirun -np 2 build/bin/lesson-14 --zero 3        # and the gradients and parameters (chapter 15)
+//   make lesson-14 ARGS='--device cuda --offload'     # AdamW's state on the host, the update on the CPU (chapter 15)
 //
 // The recipe is nanoGPT's (train/gpt_recipe.h): AdamW (0.9, 0.99), weight decay 0.1 on the
 // weights, warm-up then cosine, clipping at 1.0; the batches are random windows of the first 90%
@@ -36,6 +37,7 @@
 #include "mpi/launch.h"             // defines: run_ranks, start_ranks
 #include "nn/gpt.h"                 // defines: GPT, make_gpt, generate
 #include "optim/grad_scaler.h"      // defines: GradScaler
+#include "optim/offload.h"          // defines: OffloadedOptimizer, offload_optimizer
 #include "train/cli.h"              // defines: Cli, CommonFlags
 #include "train/fit.h"              // defines: TrainOptions, check_save_dir
 #include "train/gpt_recipe.h"       // defines: GPTRecipe, gpt_optimizer, gpt_adamw, gpt_train_step, gpt_eval_loss, save_gpt_checkpoint
@@ -53,6 +55,7 @@ struct Lesson14Flags {
     int64_t eval_interval = 500, eval_windows = 200, log_interval = 100, sample = 500, top_k = 0;
     float temperature = 0.8f;
     bool no_kv_cache = false, memory = false;
+    bool offload = false;  // --offload: AdamW's state and the f32 master weights in the host's pinned memory
     int zero = 0;  // under mpirun: 0 data parallel, 1-3 ZeRO's stage
 };
 
@@ -90,11 +93,20 @@ void check_ranks(const CommonFlags& flags, const Lesson14Flags& o, Device device
     KILN_USAGE_CHECK(!(o.zero == 3 && (!flags.save.empty() || !flags.resume.empty())), "--zero 3 keeps no whole "
                      "parameter on any rank, and --save writes one whole model: use --zero 2 to save and resume (ZeRO-3's "
                      "checkpoints are sharded, one file a rank: Zero3Optimizer::save_shard)");
+    KILN_USAGE_CHECK(!o.offload || device == Device::CUDA, "--offload moves AdamW's state from a GPU's memory to the "
+                     "host's: it needs --device cuda (on the CPU the state is in the host's memory already)");
+    KILN_USAGE_CHECK(!(o.offload && o.zero >= 1), "--offload with --zero ", o.zero, " is not built (each rank would update "
+                     "its shard on its host): use one or the other");
+    KILN_USAGE_CHECK(!(o.offload && o.memory), "--memory is chapter 08's prediction, which keeps AdamW's state on the "
+                     "device: for --offload ask chapter 15's planner (lesson-15 --plan --model baby-gpt --offload)");
 }
 
-// The recipe's AdamW: whole on every rank, or sharded over them (--zero 1, 2, 3).
-std::unique_ptr<Optimizer> make_optimizer(GPT& model, const GPTRecipe& recipe, int zero, Communicator& comm) {
+// The recipe's AdamW: whole on every rank, or sharded over them (--zero 1, 2, 3), or with its
+// state on the host (--offload, chapter 15: optim/offload.h).
+std::unique_ptr<Optimizer> make_optimizer(GPT& model, const GPTRecipe& recipe, int zero, bool offload,
+                                          Communicator& comm) {
     if (zero >= 1) return gpt_zero_optimizer(model, recipe, zero, comm);
+    if (offload) return offload_optimizer(gpt_optimizer(model, recipe));
     return gpt_optimizer(model, recipe);
 }
 
@@ -181,6 +193,8 @@ int run(int argc, char** argv, MpiCommunicator& mpi) {
     cli.add("--zero", &o.zero, "under mpirun: 0, data parallel (every rank keeps AdamW's moments), 1, ZeRO-1 "
             "(each rank those of its piece of the parameters), 2, ZeRO-2 (and that piece's gradients), 3, ZeRO-3 "
             "(and that piece's parameters)", Cli::between(0, 3));
+    cli.add("--offload", &o.offload, "with --device cuda: AdamW's moments and the f32 master weights in the host's "
+            "pinned memory, the update on the CPU (chapter 15)");
     cli.parse(argc, argv);
     start_ranks(mpi, cli, flags);  // the same flags on every rank, the cores shared out, rank 0 speaks
     Device device = flags.apply();
@@ -198,7 +212,7 @@ int run(int argc, char** argv, MpiCommunicator& mpi) {
     o.recipe.decay_iters = o.recipe.iters;
     auto model = make_gpt(o.gpt, flags.seed);
     model->to(device);
-    auto opt = make_optimizer(*model, o.recipe, o.zero, mpi);
+    auto opt = make_optimizer(*model, o.recipe, o.zero, o.offload, mpi);
     std::unique_ptr<DataParallel> ddp;  // --zero 0 on several ranks: the gradients averaged after backward
     if (mpi.size() > 1 && o.zero == 0) ddp = std::make_unique<DataParallel>(*model, mpi);
     flags.apply_memory_limit(device);
@@ -215,6 +229,9 @@ int run(int argc, char** argv, MpiCommunicator& mpi) {
     if (mpi.size() > 1)
         std::printf("%d ranks × %lld windows, %s\n", mpi.size(), (long long)(flags.batch_size / mpi.size()),
                     sharding(o.zero));
+    if (o.offload)
+        std::printf("offload: AdamW's moments and the f32 master weights on the host; %s over PCIe each way a step\n",
+                    format_bytes(static_cast<const OffloadedOptimizer&>(*opt).bytes_each_way()).c_str());
     if (o.memory) {  // chapter 08's table of the step, and stop
         print_memory(*model, *opt, flags, o, device);
         flags.check_used();
@@ -267,6 +284,9 @@ int run(int argc, char** argv, MpiCommunicator& mpi) {
     if (first < o.recipe.iters) save(o.recipe.iters);
     const double val = gpt_eval_loss(*model, text.val, o.gpt.block_size, 64, 0, device);
     std::printf("%s", memory_summary(device).c_str());  // each allocator's peak (rank 0's), and the limit if any
+    if (o.offload)
+        std::printf("host, pinned (offload): %s\n",
+                    format_bytes(static_cast<const OffloadedOptimizer&>(*opt).host_stats().allocated).c_str());
     std::printf("result: val_loss=%.4f bits_per_char=%.3f time=%.1fs peak_mem=%s\n", val, val / std::log(2.0),
                 train_seconds, format_bytes(peak_memory(device)).c_str());
 

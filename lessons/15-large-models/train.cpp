@@ -7,10 +7,12 @@
 //   make lesson-15 ARGS='--plan --parameters 7500000000 --precision f16 --zero 1 --gpus 64'
 //   make lesson-15 ARGS='--fits'      # GPT-2 and LLaMA on 80 and 141 GB GPUs: stage and batch
 //   make lesson-15 ARGS='--measure'   # chapter 14's GPT: planned against measured
+//   make lesson-15 ARGS='--measure-offload'   # its step on cuda, the optimizer on the GPU and offloaded
 //   make lesson-15 ARGS='--figure lessons/15-large-models/figures/stages.svg'
 //
 // Nothing here trains: the planner is arithmetic, and --measure runs two training steps of
-// chapter 14's GPT per line, on random tokens.
+// chapter 14's GPT per line, on random tokens (--measure-offload on the CUDA device: kiln's
+// emulator without a GPU, the GPU with make CUDA=1).
 #include <cmath>
 #include <cstdio>
 #include <fstream>
@@ -18,18 +20,19 @@
 #include <vector>
 
 #include "core/allocator.h"     // defines: parse_bytes, format_bytes
+#include "core/cuda_memory.h"   // defines: is_emulated
 #include "core/error.h"         // defines: KILN_USAGE_CHECK
 #include "dist/cost_model.h"    // defines: reduce_scatter_s, nvlink4, infiniband_ndr
 #include "train/cli.h"          // defines: Cli
 #include "train/gpt_recipe.h"   // defines: baby_gpt_config, measure_gpt_step
-#include "train/memory_plan.h"  // defines: plan_memory, largest_batch, named_transformer, stages_svg
+#include "train/memory_plan.h"  // defines: plan_memory, largest_batch, named_transformer, stages_svg, measure_gpt_offload
 
 using namespace kiln;
 
 namespace {
 
 struct Flags {
-    bool plan = false, fits = false, measure = false, dropout = false, offload = false;
+    bool plan = false, fits = false, measure = false, measure_offload = false, dropout = false, offload = false;
     std::string model = "gpt2", arch = "gpt2", optimizer = "adam", recompute = "none", attention = "flash";
     std::string gpu_memory = "80GB", figure;
     DType precision = DType::BF16;
@@ -101,6 +104,8 @@ void print_row(const char* what, int64_t bytes, const char* note = "") {
 // PCIe 5.0 x16, each direction: 32 GT/s × 16 lanes × 128/130 (its line code) / 8 bits = 63.0 GB/s,
 // the specification's rate (an H100's or H200's host link); a real copy reaches less.
 constexpr double kPcie5x16BytesPerS = 32e9 * 16 * 128.0 / 130.0 / 8;
+// PCIe 4.0 x16: 16 GT/s, the same line code: 31.5 GB/s (an A100's host link).
+constexpr double kPcie4x16BytesPerS = 16e9 * 16 * 128.0 / 130.0 / 8;
 
 // The step's collectives (communication_bytes) and, with offload, its PCIe traffic, in bytes
 // and as the α–β model's least time: a ring inside one node of 8 on NVLink 4, beyond on
@@ -117,8 +122,9 @@ void print_communication(const MemoryPlanOptions& o) {
     }
     if (o.offload) {
         const int64_t each_way = offload_bytes_each_way(o);
-        std::printf("over PCIe each way a step: %s bytes; at least %.1f ms at 63.0 GB/s (PCIe 5.0 x16)\n",
-                    grouped(each_way).c_str(), 1e3 * double(each_way) / kPcie5x16BytesPerS);
+        std::printf("over PCIe each way a step: %s bytes; at least %.1f ms at 31.5 GB/s (PCIe 4.0 x16), %.1f ms at "
+                    "63.0 GB/s (PCIe 5.0 x16)\n", grouped(each_way).c_str(), 1e3 * double(each_way) / kPcie4x16BytesPerS,
+                    1e3 * double(each_way) / kPcie5x16BytesPerS);
     }
 }
 
@@ -220,6 +226,36 @@ void print_measured() {
             }
 }
 
+// --measure-offload: chapter 14's baby GPT (textbook attention), one steady step on the CUDA device
+// with AdamW on the GPU and offloaded (optim/offload.h): the plan's device bytes against the
+// allocators' peaks, what offload saves, the host's pinned bytes, and the PCIe bytes a step with
+// their least time at each bus's rate (computed, not measured).
+void print_measured_offload() {
+    GPTConfig c = baby_gpt_config(65);
+    c.attention = AttentionKind::Textbook;
+    const int64_t B = 12;
+    const OffloadMeasured m = measure_gpt_offload(c, B);
+    std::printf("chapter 14's GPT (L %lld, h %lld, s %lld, b %lld, textbook), f32 AdamW, one steady training step on %s\n",
+                (long long)c.n_layer, (long long)c.n_embd, (long long)c.block_size, (long long)B,
+                cuda::is_emulated() ? "cuda (kiln's emulator: its allocators' accounting)" : "a GPU");
+    std::printf("%-26s %12s %12s %7s\n", "device bytes", "planned", "measured", "error");
+    const auto row = [](const char* what, int64_t planned, int64_t measured) {
+        std::printf("%-26s %12s %12s %+6.2f%%\n", what, grouped(planned).c_str(), grouped(measured).c_str(),
+                    100.0 * double(planned - measured) / double(measured));
+    };
+    row("AdamW on the GPU", m.resident.total(), m.resident_bytes);
+    row("AdamW offloaded", m.offloaded.total(), m.offloaded_bytes);
+    row("saved", m.resident.total() - m.offloaded.total(), m.resident_bytes - m.offloaded_bytes);
+    row("host, pinned (offloaded)", m.offloaded.host, m.host_bytes);
+    MemoryPlanOptions o = gpt_plan_options(c, B);
+    o.offload = true;
+    const int64_t each_way = offload_bytes_each_way(o);
+    std::printf("over PCIe each way a step: %s bytes; at least %.3f ms at PCIe 4.0 x16 (31.5 GB/s), %.3f ms at "
+                "PCIe 5.0 x16 (63.0 GB/s): computed from the rates, not measured\n",
+                grouped(each_way).c_str(), 1e3 * double(each_way) / kPcie4x16BytesPerS,
+                1e3 * double(each_way) / kPcie5x16BytesPerS);
+}
+
 // --figure: one GPU's memory against the number of GPUs (1 to 1024), one line per stage, for the
 // model and options of the command line.
 void draw_figure(const Cli& cli, const Flags& f) {
@@ -241,6 +277,8 @@ int main(int argc, char** argv) try {
     cli.add("--plan", &f.plan, "print one plan: one GPU's memory by category");
     cli.add("--fits", &f.fits, "print which ZeRO stage and micro-batch fit GPT-2's and LLaMA's sizes on 80 and 141 GB");
     cli.add("--measure", &f.measure, "print the plan against kiln's measured step for chapter 14's GPT");
+    cli.add("--measure-offload", &f.measure_offload, "print the baby GPT's step on the CUDA device, AdamW on the GPU "
+            "and offloaded to the host: planned against measured");
     cli.add("--figure", &f.figure, "draw one GPU's memory against the GPU count, each stage, into this SVG file");
     std::vector<std::string> names;
     for (const NamedTransformer& m : named_transformers()) names.push_back(m.name);
@@ -268,10 +306,11 @@ int main(int argc, char** argv) try {
             Cli::between(0.0, 0.99));
     cli.parse(argc, argv);
 
-    const bool all = !f.plan && !f.fits && !f.measure && f.figure.empty();
+    const bool all = !f.plan && !f.fits && !f.measure && !f.measure_offload && f.figure.empty();
     if (f.plan) print_plan(options_of(cli, f), f);
     if (f.fits || all) print_fits(cli, f);
     if (f.measure || all) print_measured();
+    if (f.measure_offload) print_measured_offload();
     if (!f.figure.empty()) draw_figure(cli, f);
     return 0;
 } catch (const std::exception& e) {

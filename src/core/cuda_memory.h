@@ -15,6 +15,15 @@ void copy_to_device(void* dst, const void* src, size_t bytes);
 void copy_to_host(void* dst, const void* src, size_t bytes);
 void copy_device_to_device(void* dst, const void* src, size_t bytes);
 void memset_device(void* dst, int value, size_t bytes);
+// Page-locked host memory (cudaMallocHost / cudaFreeHost): the GPU's copy engines read and write
+// it directly, so a copy from or to it runs at the bus's speed and an async copy does not wait
+// for the host. nullptr when the host has no room. The emulator answers with aligned host memory.
+void* malloc_host(size_t bytes);
+void free_host(void* ptr);
+// A host-to-device copy queued on the default stream (cudaMemcpyAsync): from pinned memory it
+// returns at once, and the kernels launched after it run after it. The source must stay unchanged
+// until the stream has run it (a later blocking copy, or synchronize(), waits for it).
+void copy_to_device_async(void* dst, const void* src, size_t bytes);
 // Free and total memory of the device (cudaMemGetInfo); the emulator reports the host's.
 void memory_info(size_t* free_bytes, size_t* total_bytes);
 bool is_emulated();  // true when kernels run on the CPU emulator

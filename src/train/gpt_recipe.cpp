@@ -78,7 +78,8 @@ double gpt_eval_loss(GPT& model, const std::vector<int32_t>& tokens, int64_t blo
     return total / double(windows);
 }
 
-int64_t measure_gpt_step(const GPTConfig& c, int64_t B, int64_t T, Device device, const GPTOptimizerFactory& make_optimizer) {
+int64_t measure_gpt_step(const GPTConfig& c, int64_t B, int64_t T, Device device, const GPTOptimizerFactory& make_optimizer,
+                         const std::function<void(const Optimizer&)>& after) {
     PoolAllocator& pool = pool_allocator(device);
     pool.empty_cache();
     const int64_t before = pool.stats().allocated;
@@ -100,6 +101,7 @@ int64_t measure_gpt_step(const GPTConfig& c, int64_t B, int64_t T, Device device
         if (i == 1) pool.reset_peak(), arena.reset_peak();  // the steady step
         KILN_CHECK(train_step(*model, *opt, x, y, step).stepped, "measure_gpt_step: the step was not taken");
     }
+    if (after) after(*opt);
     return device_memory_stats(device).peak_allocated - before;
 }
 

@@ -70,10 +70,12 @@ double gpt_eval_loss(GPT& model, const std::vector<int32_t>& tokens, int64_t blo
 // (device_memory_stats), less what was in use before the model was built. What chapter 08's
 // prediction (train/memory_model.h, MemoryPrediction::allocator_peaks) is checked against.
 // make_optimizer, when given, makes the step's optimizer instead of gpt_optimizer (chapter 15
-// measures ZeRO ranks' steps with it).
+// measures ZeRO ranks' steps with it, and offload's); after, when given, sees the optimizer after
+// the measured step (offload's host bytes).
 using GPTOptimizerFactory = std::function<std::unique_ptr<Optimizer>(GPT& model, const GPTRecipe& recipe)>;
 int64_t measure_gpt_step(const GPTConfig& c, int64_t B, int64_t T, Device device,
-                         const GPTOptimizerFactory& make_optimizer = {});
+                         const GPTOptimizerFactory& make_optimizer = {},
+                         const std::function<void(const Optimizer&)>& after = {});
 
 // ---- checkpoints -------------------------------------------------------------------------------
 // Where a run is: the steps done, and the seed its batches are drawn from (data/text.h's

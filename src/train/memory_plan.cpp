@@ -7,6 +7,8 @@
 #include "core/allocator.h"
 #include "core/error.h"
 #include "io/svg.h"
+#include "optim/offload.h"
+#include "train/gpt_recipe.h"
 
 namespace kiln {
 
@@ -158,7 +160,10 @@ MemoryPlan plan_memory(const MemoryPlanOptions& o) {
     MemoryPlan plan;
     plan.parameters = params * e;
     plan.gradients = grads * e;
-    (o.offload ? plan.host : plan.optimizer_state) = state * 4 * state_slabs;
+    // Offloaded, the host holds the optimizer's slabs, the f32 master weights (in f32 training too:
+    // the host's update writes them) and the gradients copied down, e bytes each.
+    if (o.offload) plan.host = state * (4 * state_slabs + (mixed(o.precision) ? 0 : 4) + e);
+    else plan.optimizer_state = state * 4 * state_slabs;
     if (o.shape.layers > 0) {
         const TransformerShape& t = o.shape;
         plan.activations = t.layers * layer_activation_bytes(t, o.batch, o.precision, o.recompute, o.attention, o.dropout) +
@@ -254,6 +259,20 @@ int64_t largest_batch(MemoryPlanOptions o, int64_t gpu_bytes) {
         (fits(mid) ? lo : hi) = mid;
     }
     return lo;
+}
+
+OffloadMeasured measure_gpt_offload(const GPTConfig& c, int64_t batch) {
+    OffloadMeasured m;
+    MemoryPlanOptions o = gpt_plan_options(c, batch);
+    m.resident = plan_memory(o);
+    o.offload = true;
+    m.offloaded = plan_memory(o);
+    m.offloaded_bytes = measure_gpt_step(
+        c, batch, c.block_size, Device::CUDA,
+        [](GPT& model, const GPTRecipe& recipe) { return offload_optimizer(gpt_optimizer(model, recipe)); },
+        [&](const Optimizer& opt) { m.host_bytes = static_cast<const OffloadedOptimizer&>(opt).host_stats().allocated; });
+    m.resident_bytes = measure_gpt_step(c, batch, c.block_size, Device::CUDA);
+    return m;
 }
 
 }  // namespace kiln

@@ -42,8 +42,11 @@
 //                         it out (PoolAllocator::round_size: 512 bytes, 2 MiB above 1 MiB, as
 //                         PyTorch's CUDA caching allocator), plus an allowance the user names, a
 //                         fraction of everything else
-// With offload (ZeRO-Offload's idea) the optimizer state and the f32 master weights live in the
-// host's memory: the GPU holds none of them, `host` counts them.
+// With offload (ZeRO-Offload's idea, optim/offload.h) the optimizer state and the f32 master
+// weights live in the host's memory, with the gradients the GPU copies down each step: the GPU
+// holds none of the first two, and `host` counts all three, (4 + K + e)Ψ in f32 (the host keeps
+// a copy of the weights for its update) and (K + e)Ψ mixed (K includes the masters): 16Ψ and 14Ψ
+// for Adam. Stage 1 and above shard it (each GPU's host process updates its shard).
 //
 //   MemoryPlanOptions o;
 //   o.parameters = 7'500'000'000; o.precision = DType::BF16; o.optimizer = OptimizerKind::Adam;
@@ -180,6 +183,16 @@ std::string stages_svg(MemoryPlanOptions options, int64_t max_gpus, const std::v
 // process. Throws for dropout > 0, which kiln's GPT draws again in backward and the plan does not
 // count.
 MemoryPlanOptions gpt_plan_options(const GPTConfig& c, int64_t batch);
+
+// Offload (optim/offload.h) measured against the plan: one steady training step of kiln's GPT of
+// config `c` on `batch` windows on the CUDA device (kiln's emulator in a build without a GPU), with
+// the recipe's AdamW on the GPU and offloaded to the host (measure_gpt_step, train/gpt_recipe.h):
+// both plans, the device bytes of both steps, and the host's pinned bytes.
+struct OffloadMeasured {
+    MemoryPlan resident, offloaded;  // planned
+    int64_t resident_bytes = 0, offloaded_bytes = 0, host_bytes = 0;  // measured
+};
+OffloadMeasured measure_gpt_offload(const GPTConfig& c, int64_t batch);
 
 // The largest micro-batch whose plan's total fits in gpu_bytes (0: not even one sequence).
 int64_t largest_batch(MemoryPlanOptions options, int64_t gpu_bytes);
