@@ -2,7 +2,8 @@
 // a wrong dtype (and mixed f32/f16: test_conv.cpp and test_norm.cpp have more) and a wrong
 // device each fail with a message that names the op and the tensor. (The results themselves are
 // tested through the layers, each op's CPU, CUDA, f16 and bf16 cases in its own file:
-// test_conv.cpp, test_pool.cpp, test_norm.cpp, test_gelu.cpp, test_dropout.cpp.)
+// test_conv.cpp, test_pool.cpp, test_norm.cpp, test_gelu.cpp, test_dropout.cpp.) Each case is
+// tagged with every op it checks, so make test T='[conv]' (or [pool], [gelu], ...) runs it too.
 #include <catch2/catch.hpp>
 
 #include "core/tensor.h"
@@ -11,7 +12,8 @@
 using namespace kiln;
 using Catch::Matchers::Contains;
 
-TEST_CASE("cnn ops: a wrong shape names the op and the tensor", "[ops][cnn][cpu][lesson03]") {
+TEST_CASE("cnn ops: a wrong shape names the op and the tensor",
+          "[ops][cnn][conv][pool][batchnorm][gelu][dropout][cpu][lesson03]") {
     const Tensor x = Tensor::zeros({2, 3, 8, 8}), w = Tensor::zeros({4, 3, 3, 3});
     REQUIRE_THROWS_WITH(conv2d(Tensor::zeros({3, 8, 8}), w, Tensor(), {}), Contains("conv2d") && Contains("'x'"));
     REQUIRE_THROWS_WITH(conv2d(x, Tensor::zeros({4, 2, 3, 3}), Tensor(), {}),
@@ -39,7 +41,7 @@ TEST_CASE("cnn ops: a wrong shape names the op and the tensor", "[ops][cnn][cpu]
 }
 
 TEST_CASE("cnn ops: a wrong dtype names the op and the tensor; f16 with f32 is a mixed pair",
-          "[ops][cnn][cpu][lesson03]") {
+          "[ops][cnn][conv][pool][gelu][dropout][cpu][lesson03]") {
     const Tensor x = Tensor::zeros({2, 3, 8, 8}), w = Tensor::zeros({4, 3, 3, 3});
     REQUIRE_THROWS_WITH(conv2d(x, Tensor::zeros({4, 3, 3, 3}, DType::I32), Tensor(), {}),
                         Contains("conv2d") && Contains("'w'") && Contains("f32, f16 and bf16 are supported"));
@@ -58,7 +60,7 @@ TEST_CASE("cnn ops: a wrong dtype names the op and the tensor; f16 with f32 is a
 }
 
 TEST_CASE("cnn ops: tensors on two devices name the op, both tensors and both devices",
-          "[ops][cnn][cuda][lesson05]") {
+          "[ops][cnn][conv][batchnorm][gelu][cuda][lesson05]") {
     const Tensor x = Tensor::zeros({2, 3, 8, 8}, DType::F32, Device::CUDA), w = Tensor::zeros({4, 3, 3, 3});
     REQUIRE_THROWS_WITH(conv2d(x, w, Tensor(), {}), Contains("conv2d") && Contains("'w' is on cpu") &&
                                                         Contains("'x' is on cuda") && Contains(".to(Device::CUDA)"));
