@@ -306,6 +306,29 @@ LowFormat low_format(DType t) {
 
 static std::atomic<int> g_skipped{0};
 
+void check_autocast_class(CastPolicy op_class, const std::function<AmpRun(DType in)>& run) {
+    AutocastScope amp(DType::F16);
+    for (DType in : {DType::F32, DType::F16}) {
+        INFO("input " << dtype_name(in));
+        const DType want = autocast_target(op_class, in, in);
+        const AmpRun got = run(in);
+        CHECK(got.y == want);
+        CHECK(got.dx == want);
+    }
+    {
+        CastPolicyOverride f32(op_class, CastPolicy::F32);
+        const AmpRun got = run(DType::F16);
+        CHECK(got.y == DType::F32);
+        CHECK(got.dx == DType::F32);
+    }
+    {
+        CastPolicyOverride low(op_class, CastPolicy::LowPrecision);
+        const AmpRun got = run(DType::F32);
+        CHECK(got.y == DType::F16);
+        CHECK(got.dx == DType::F16);
+    }
+}
+
 void skip(const std::string& why) {
     g_skipped.fetch_add(1);
     WARN("SKIPPED: " << why);

@@ -13,6 +13,7 @@
 #include "core/cpu_features.h"
 #include "core/tensor.h"
 #include "nn/module.h"
+#include "ops/autocast.h"
 
 namespace kiln::test {
 
@@ -111,6 +112,18 @@ struct LowFormat {
     double tiny;
 };
 LowFormat low_format(DType t);
+
+// The types an op's output and its dx come out in, run forward and backward on an input of type
+// `in` (chapter 09's autocast checks).
+struct AmpRun {
+    DType y, dx;
+};
+
+// An op runs in its autocast class's type (ops/autocast.h), under an f16 scope: on f32 and f16
+// inputs, the class's type; with the class overridden to F32, f32 on f16 inputs; overridden to
+// LowPrecision, f16 on f32 inputs. An op that named another class, or none, fails here. Each op's
+// own test file checks it (the autocast tests check each class through some of its ops).
+void check_autocast_class(CastPolicy op_class, const std::function<AmpRun(DType in)>& run);
 
 // A check this machine cannot run (a CPU without the instructions it needs): printed as
 // "SKIPPED: <why>" and counted, so that the run's last line says "N skipped" (tests/main.cpp,

@@ -91,24 +91,26 @@ Tensor labels(int64_t n, Rng& rng) {
 }  // namespace
 
 TEST_CASE("autocast: the policy table and the types it gives", "[autocast][lesson09][cpu]") {
-    CHECK(cast_policy(AmpOp::Conv2d) == CastPolicy::LowPrecision);
-    CHECK(cast_policy(AmpOp::Linear) == CastPolicy::LowPrecision);
-    CHECK(cast_policy(AmpOp::CrossEntropy) == CastPolicy::F32);
-    CHECK(cast_policy(AmpOp::LayerNorm) == CastPolicy::F32);
-    CHECK(cast_policy(AmpOp::BatchNorm) == CastPolicy::Input);
-    CHECK(cast_policy(AmpOp::Add) == CastPolicy::Widest);
+    for (CastPolicy c : {CastPolicy::LowPrecision, CastPolicy::F32, CastPolicy::Widest, CastPolicy::Input})
+        CHECK(cast_policy(c) == c);  // each class runs under its own policy unless overridden
+    {
+        CastPolicyOverride f32(CastPolicy::Input, CastPolicy::F32);
+        CHECK(cast_policy(CastPolicy::Input) == CastPolicy::F32);
+        CHECK(cast_policy(CastPolicy::Widest) == CastPolicy::Widest);
+    }
+    CHECK(cast_policy(CastPolicy::Input) == CastPolicy::Input);
     // No scope: every op keeps its input's type; Add promotes mixed types anyway.
     CHECK(autocast_dtype() == DType::F32);
-    CHECK(autocast_target(AmpOp::Linear, DType::F32) == DType::F32);
-    CHECK(autocast_target(AmpOp::Add, DType::F16, DType::F32) == DType::F32);
-    CHECK(autocast_target(AmpOp::Add, DType::BF16, DType::BF16) == DType::BF16);
+    CHECK(autocast_target(CastPolicy::LowPrecision, DType::F32) == DType::F32);
+    CHECK(autocast_target(CastPolicy::Widest, DType::F16, DType::F32) == DType::F32);
+    CHECK(autocast_target(CastPolicy::Widest, DType::BF16, DType::BF16) == DType::BF16);
     {
         AutocastScope amp(DType::BF16);
         CHECK(autocast_dtype() == DType::BF16);
-        CHECK(autocast_target(AmpOp::Conv2d, DType::F32) == DType::BF16);
-        CHECK(autocast_target(AmpOp::CrossEntropy, DType::BF16) == DType::F32);
-        CHECK(autocast_target(AmpOp::Activation, DType::BF16) == DType::BF16);
-        CHECK(autocast_target(AmpOp::Add, DType::F16, DType::BF16) == DType::F32);
+        CHECK(autocast_target(CastPolicy::LowPrecision, DType::F32) == DType::BF16);
+        CHECK(autocast_target(CastPolicy::F32, DType::BF16) == DType::F32);
+        CHECK(autocast_target(CastPolicy::Input, DType::BF16) == DType::BF16);
+        CHECK(autocast_target(CastPolicy::Widest, DType::F16, DType::BF16) == DType::F32);
         {
             AutocastScope inner(DType::F16);  // scopes nest; the inner one ends first
             CHECK(autocast_dtype() == DType::F16);
@@ -125,10 +127,10 @@ TEST_CASE("autocast: a weight's copy is made once per scope, counted as 'weight 
     Tensor w = Tensor::uniform({64, 32}, -1, 1, rng, Device::CPU, Category::Parameter);
     const auto copies_in_use = [] { return device_memory_stats(Device::CPU).in_use[int(Category::WeightCopy)]; };
     const int64_t before = copies_in_use();
-    CHECK(AmpCast(AmpOp::Conv2d, DType::F32).weight(w).raw() == w.raw());  // no scope: the parameter itself
+    CHECK(AmpCast(CastPolicy::LowPrecision, DType::F32).weight(w).raw() == w.raw());  // no scope: the parameter itself
     {
         AutocastScope amp(DType::F16);
-        const AmpCast conv(AmpOp::Conv2d, DType::F32);
+        const AmpCast conv(CastPolicy::LowPrecision, DType::F32);
         const Tensor a = conv.weight(w);
         const Tensor b = conv.weight(w);
         CHECK(a.raw() == b.raw());  // the same copy, not a second one
@@ -143,12 +145,10 @@ TEST_CASE("autocast: a weight's copy is made once per scope, counted as 'weight 
 
 namespace {
 
-// One op of a row of the table, run forward and backward on an input of type `in`: the types
-// its output and its dx come out in.
-struct RowRun {
-    DType y, dx;
-};
-using RowOp = RowRun (*)(DType in);
+// One op of a class, run forward and backward on an input of type `in`: the types its output
+// and its dx come out in.
+using test::AmpRun;
+using AmpOp = AmpRun (*)(DType in);
 
 Tensor input(const Shape& s, DType t) {
     Rng rng(7);
@@ -159,68 +159,54 @@ Tensor param(const Shape& s) {
     return Tensor::uniform(s, -0.5f, 0.5f, rng, Device::CPU, Category::Parameter);
 }
 
-RowRun run_conv2d(DType in) {
+AmpRun run_conv2d(DType in) {
     Tensor x = input({2, 3, 6, 6}, in), w = param({4, 3, 3, 3}), b = param({4}), saved;
     Tensor y = conv2d(x, w, b, Conv2dArgs{}, &saved);
     Tensor dw = Tensor::zeros(w.shape()), db = Tensor::zeros(b.shape());
     return {y.dtype(), conv2d_backward(saved, w, Tensor::ones(y.shape(), y.dtype()), dw, db, true, Conv2dArgs{}).dtype()};
 }
-RowRun run_linear(DType in) {
+AmpRun run_linear(DType in) {
     Tensor x = input({4, 6}, in), w = param({5, 6}), b = param({5}), saved;
     Tensor y = linear(x, w, b, &saved);
     Tensor dw = Tensor::zeros(w.shape()), db = Tensor::zeros(b.shape());
     return {y.dtype(), linear_backward(saved, w, Tensor::ones(y.shape(), y.dtype()), dw, db, true).dtype()};
 }
-RowRun run_cross_entropy(DType in) {
+AmpRun run_cross_entropy(DType in) {
     Tensor z = input({4, 10}, in), dz;
     Tensor labels = Tensor::zeros({4}, DType::I32);
     softmax_cross_entropy(z, labels, &dz);
     return {dz.dtype(), dz.dtype()};
 }
-RowRun run_layernorm(DType in) {
-    Tensor x = input({4, 8}, in), g = Tensor::ones({8}), b = Tensor::zeros({8}), mean, invstd, saved;
-    Tensor y = layernorm(x, g, b, 1e-5f, &mean, &invstd, &saved);
-    Tensor dg = Tensor::zeros({8}), db = Tensor::zeros({8});
-    return {y.dtype(), layernorm_backward(Tensor::ones(y.shape(), y.dtype()), saved, g, mean, invstd, dg, db).dtype()};
-}
-RowRun run_add(DType in) {
+AmpRun run_add(DType in) {
     Tensor y = add(input({4}, in), input({4}, in));
     return {y.dtype(), y.dtype()};
 }
-RowRun run_batchnorm(DType in) {
-    Tensor x = input({4, 3, 2, 2}, in), g = Tensor::ones({3}), b = Tensor::zeros({3});
-    Tensor rm = Tensor::zeros({3}), rv = Tensor::ones({3}), mean, invstd, saved;
-    Tensor y = batchnorm_train(x, g, b, rm, rv, 1e-5f, 0.1f, &mean, &invstd, &saved);
-    CHECK(batchnorm_eval(x, g, b, rm, rv, 1e-5f).dtype() == y.dtype());
-    Tensor dg = Tensor::zeros({3}), db = Tensor::zeros({3});
-    return {y.dtype(), batchnorm_backward(Tensor::ones(y.shape(), y.dtype()), saved, g, mean, invstd, dg, db).dtype()};
-}
-RowRun run_maxpool(DType in) {
+AmpRun run_maxpool(DType in) {
     Tensor x = input({2, 2, 4, 4}, in), argmax;
     Tensor y = maxpool2d(x, Pool2dArgs{2, 2, 0}, &argmax);
     CHECK(avgpool2d(x, Pool2dArgs{2, 2, 0}).dtype() == y.dtype());
     CHECK(global_avgpool(x).dtype() == y.dtype());
     return {y.dtype(), maxpool2d_backward(input(y.shape(), in), argmax, x.shape(), Pool2dArgs{2, 2, 0}).dtype()};
 }
-RowRun run_avgpool_backward(DType in) {
+AmpRun run_avgpool_backward(DType in) {
     const Tensor dx = avgpool2d_backward(input({2, 2, 2, 2}, in), Shape{2, 2, 4, 4}, Pool2dArgs{2, 2, 0});
     return {dx.dtype(), global_avgpool_backward(input({2, 2}, in), Shape{2, 2, 4, 4}).dtype()};
 }
-RowRun run_relu(DType in) {
+AmpRun run_relu(DType in) {
     Tensor y = relu(input({8}, in));
     return {y.dtype(), relu_backward(y, input({8}, in)).dtype()};
 }
-RowRun run_gelu(DType in) {
+AmpRun run_gelu(DType in) {
     Tensor saved;
     Tensor y = gelu(input({8}, in), &saved);
     return {y.dtype(), gelu_backward(saved, input({8}, in)).dtype()};
 }
-RowRun run_dropout(DType in) {
+AmpRun run_dropout(DType in) {
     Tensor mask;
     Tensor y = dropout(input({8}, in), 0.5f, 1, 0, &mask);
     return {y.dtype(), dropout_backward(input({8}, in), mask, 0.5f).dtype()};
 }
-RowRun run_attention(DType in) {
+AmpRun run_attention(DType in) {
     Tensor qkv = input({1, 3, 12}, in), saved, saved_flash;
     Tensor y = causal_self_attention(qkv, 2, AttentionKind::Textbook, {}, &saved);
     Tensor dqkv = causal_self_attention_backward(qkv, y, saved, input(y.shape(), in), 2, AttentionKind::Textbook, {});
@@ -232,60 +218,33 @@ RowRun run_attention(DType in) {
     CHECK(cached_attention(input({1, 1, 12}, in), k, v, 2, 2).dtype() == y.dtype());
     return {y.dtype(), dqkv.dtype()};
 }
-RowRun run_softmax(DType in) {
+AmpRun run_softmax(DType in) {
     Tensor y = softmax(input({2, 5}, in));
     return {y.dtype(), softmax_backward(y, input({2, 5}, in)).dtype()};
 }
 
 }  // namespace
 
-// Each op reads its row where it dispatches: turned to F32, the row runs its ops in f32 on f16
-// inputs; turned to LowPrecision, in the scope's f16 on f32 inputs; as the table has it, in the
-// table's type. An op that ignored its row would keep its input's type and fail here.
-TEST_CASE("autocast: every row of the table is what its ops run in", "[autocast][lesson09][cpu]") {
-    const std::vector<std::pair<AmpOp, std::vector<RowOp>>> rows = {
-        {AmpOp::Conv2d, {run_conv2d}},
-        {AmpOp::Linear, {run_linear}},
-        {AmpOp::CrossEntropy, {run_cross_entropy}},
-        {AmpOp::LayerNorm, {run_layernorm}},
-        {AmpOp::Add, {run_add}},
-        {AmpOp::BatchNorm, {run_batchnorm}},
-        {AmpOp::Pool, {run_maxpool, run_avgpool_backward}},
-        {AmpOp::Activation, {run_relu, run_gelu}},
-        {AmpOp::Dropout, {run_dropout}},
-        {AmpOp::Attention, {run_attention}},
-        {AmpOp::Softmax, {run_softmax}},
+// Each op reads its class's policy where it dispatches (test::check_autocast_class: the class's
+// type, then the class overridden to F32 and to LowPrecision). Here some ops of every class; each
+// op's own test file checks it too (batch norm and layer norm: test_norm.cpp).
+TEST_CASE("autocast: every class is what its ops run in", "[autocast][lesson09][cpu]") {
+    const std::vector<std::pair<CastPolicy, std::vector<AmpOp>>> classes = {
+        {CastPolicy::LowPrecision, {run_conv2d, run_linear, run_attention}},
+        {CastPolicy::F32, {run_cross_entropy, run_softmax}},
+        {CastPolicy::Widest, {run_add}},
+        {CastPolicy::Input, {run_maxpool, run_avgpool_backward, run_relu, run_gelu, run_dropout}},
     };
-    REQUIRE(rows.size() == size_t(kNumAmpOps));
-    AutocastScope amp(DType::F16);
-    for (const auto& [row, ops] : rows) {
-        INFO("row " << int(row));
-        for (RowOp run : ops) {
-            for (DType in : {DType::F32, DType::F16}) {
-                const DType want = autocast_target(row, in, in);  // the table as written
-                const RowRun got = run(in);
-                CHECK(got.y == want);
-                CHECK(got.dx == want);
-            }
-            {
-                CastPolicyOverride f32(row, CastPolicy::F32);
-                const RowRun got = run(DType::F16);
-                CHECK(got.y == DType::F32);
-                CHECK(got.dx == DType::F32);
-            }
-            {
-                CastPolicyOverride low(row, CastPolicy::LowPrecision);
-                const RowRun got = run(DType::F32);
-                CHECK(got.y == DType::F16);
-                CHECK(got.dx == DType::F16);
-            }
-        }
+    for (const auto& [op_class, ops] : classes) {
+        INFO("class " << int(op_class));
+        for (AmpOp run : ops) test::check_autocast_class(op_class, run);
     }
 }
 
-// Chapter 09's exercise 4: batch norm's row at F32 changes what runs — BN and the layers after
-// it up to the next convolution compute in f32, and a layer's dx goes back in its input's type.
-TEST_CASE("autocast: batch norm's row at f32 runs the CIFAR net's batch norms in f32", "[autocast][lesson09][cpu]") {
+// Chapter 09's exercise 4: the Input class at F32 changes what runs — batch norm and the layers
+// after it up to the next convolution compute in f32, and a layer's dx goes back in its input's
+// type.
+TEST_CASE("autocast: the Input class at f32 runs the CIFAR net's batch norms in f32", "[autocast][lesson09][cpu]") {
     Rng rng(4);
     Tensor x = Tensor::normal({4, 3, 32, 32}, 0, 1, rng);
     Rng init(1);
@@ -295,8 +254,8 @@ TEST_CASE("autocast: batch norm's row at f32 runs the CIFAR net's batch norms in
     DType bn_out = DType::F16;
     net->module_at("block1a.bn").register_forward_hook([&](Module&, const Tensor&, Tensor& y) { bn_out = y.dtype(); });
     net->call(x);
-    CHECK(bn_out == DType::F16);  // the table's row: the input's type
-    CastPolicyOverride f32(AmpOp::BatchNorm, CastPolicy::F32);
+    CHECK(bn_out == DType::F16);  // batch norm's class, Input: the input's type
+    CastPolicyOverride f32(CastPolicy::Input, CastPolicy::F32);
     Tensor logits = net->call(x);
     CHECK(bn_out == DType::F32);
     CHECK(logits.dtype() == DType::F16);  // the head is a Linear: low precision again

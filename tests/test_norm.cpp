@@ -6,7 +6,8 @@
 // and on CUDA: the CPU's results on edge shapes, the same bits under every schedule, finite
 // differences on the device. Both in f16 and bf16 (chapter 09) against f32, within the bound of
 // lowp_check.h, on the CPU and CUDA; and the CPU kernels' f16/bf16 blocks, bit for bit the f32
-// kernel's result rounded once, on every CPU level and thread count.
+// kernel's result rounded once, on every CPU level and thread count; and the autocast class each
+// runs in.
 //
 // Run: make build/tests/kiln_tests && build/tests/kiln_tests '[batchnorm]'   (or '[layernorm]')
 #include <cmath>
@@ -593,4 +594,36 @@ TEST_CASE("f16 and bf16 batch norm and layer norm give the f32 kernel's result r
           "[cpu][lowp][lesson09][batchnorm][layernorm]") {
     on_each_level_and_thread_count(check_norm_blocks<f16>);
     on_each_level_and_thread_count(check_norm_blocks<bf16>);
+}
+
+namespace {
+
+test::AmpRun run_batchnorm(DType in) {
+    Rng rng(7);
+    Tensor x = Tensor::uniform({4, 3, 2, 2}, -1, 1, rng).to(in), g = Tensor::ones({3}), b = Tensor::zeros({3});
+    Tensor rm = Tensor::zeros({3}), rv = Tensor::ones({3}), mean, invstd, saved;
+    Tensor y = batchnorm_train(x, g, b, rm, rv, 1e-5f, 0.1f, &mean, &invstd, &saved);
+    CHECK(batchnorm_eval(x, g, b, rm, rv, 1e-5f).dtype() == y.dtype());
+    Tensor dg = Tensor::zeros({3}), db = Tensor::zeros({3});
+    return {y.dtype(), batchnorm_backward(Tensor::ones(y.shape(), y.dtype()), saved, g, mean, invstd, dg, db).dtype()};
+}
+
+test::AmpRun run_layernorm(DType in) {
+    Rng rng(7);
+    Tensor x = Tensor::uniform({4, 8}, -1, 1, rng).to(in), g = Tensor::ones({8}), b = Tensor::zeros({8});
+    Tensor mean, invstd, saved;
+    Tensor y = layernorm(x, g, b, 1e-5f, &mean, &invstd, &saved);
+    Tensor dg = Tensor::zeros({8}), db = Tensor::zeros({8});
+    return {y.dtype(), layernorm_backward(Tensor::ones(y.shape(), y.dtype()), saved, g, mean, invstd, dg, db).dtype()};
+}
+
+}  // namespace
+
+// Chapter 09: batch norm is elementwise per channel, exact in the low type with its statistics in
+// f32 inside the kernel (class Input); layer norm's row sums lose in f16 what 2^-11 cannot hold
+// (class F32).
+TEST_CASE("batch norm runs in autocast's Input class, layer norm in its F32 class",
+          "[autocast][lesson09][cpu][batchnorm][layernorm]") {
+    test::check_autocast_class(CastPolicy::Input, run_batchnorm);
+    test::check_autocast_class(CastPolicy::F32, run_layernorm);
 }

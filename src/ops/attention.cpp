@@ -53,7 +53,7 @@ void embedding_backward(const Tensor& ids, const Tensor& dy, Tensor& dweight) {
 
 // ---- softmax -----------------------------------------------------------------------------------
 Tensor softmax(const Tensor& x_in) {
-    const Tensor x = AmpCast(AmpOp::Softmax, x_in.dtype()).input(x_in);
+    const Tensor x = AmpCast(CastPolicy::F32, x_in.dtype()).input(x_in);
     check_args("softmax", {{x, "x"}});
     KILN_CHECK(x.ndim() >= 1 && x.size(-1) > 0, "softmax: needs [..., C] with C > 0, got ", x.desc());
     Tensor y = Tensor::empty(x.shape(), x.dtype(), x.device(), Category::Activation);
@@ -66,7 +66,7 @@ Tensor softmax(const Tensor& x_in) {
 }
 
 Tensor softmax_backward(const Tensor& y_in, const Tensor& dy_in) {
-    const AmpCast amp(AmpOp::Softmax, y_in.dtype());
+    const AmpCast amp(CastPolicy::F32, y_in.dtype());
     const Tensor y = amp.input(y_in), dy = amp.input(dy_in);
     check_args("softmax_backward", {{y, "y"}, {dy, "dy"}});
     check_shape(dy, y.shape(), "softmax_backward", "dy");
@@ -105,7 +105,7 @@ AttentionParams packed_params(const char* op, const Tensor& qkv, int64_t heads, 
 
 Tensor causal_self_attention(const Tensor& qkv_in, int64_t heads, AttentionKind kind, const AttentionDropout& drop,
                              Tensor* saved) {
-    const Tensor qkv = AmpCast(AmpOp::Attention, qkv_in.dtype()).input(qkv_in);
+    const Tensor qkv = AmpCast(CastPolicy::LowPrecision, qkv_in.dtype()).input(qkv_in);
     check_args("causal_self_attention", {{qkv, "qkv"}});
     KILN_CHECK(saved != nullptr, "causal_self_attention: `saved` must be given (backward needs it)");
     const AttentionParams p = packed_params("causal_self_attention", qkv, heads, drop);
@@ -129,7 +129,7 @@ Tensor causal_self_attention(const Tensor& qkv_in, int64_t heads, AttentionKind 
 Tensor causal_self_attention_backward(const Tensor& qkv_in, const Tensor& y_in, const Tensor& saved,
                                       const Tensor& dy_in, int64_t heads, AttentionKind kind,
                                       const AttentionDropout& drop) {
-    const AmpCast amp(AmpOp::Attention, qkv_in.dtype());
+    const AmpCast amp(CastPolicy::LowPrecision, qkv_in.dtype());
     const Tensor qkv = amp.input(qkv_in), y = amp.input(y_in), dy = amp.input(dy_in);
     check_args("causal_self_attention_backward", {{qkv, "qkv"}, {y, "y"}, {dy, "dy"}});
     const AttentionParams p = packed_params("causal_self_attention_backward", qkv, heads, drop);
@@ -158,10 +158,10 @@ Tensor causal_self_attention_backward(const Tensor& qkv_in, const Tensor& y_in, 
     return dqkv;
 }
 
-DType cached_attention_type(DType qkv_type) { return autocast_target(AmpOp::Attention, qkv_type); }
+DType cached_attention_type(DType qkv_type) { return autocast_target(CastPolicy::LowPrecision, qkv_type); }
 
 Tensor cached_attention(const Tensor& qkv_in, Tensor& k_cache, Tensor& v_cache, int64_t start, int64_t heads) {
-    const Tensor qkv = AmpCast(AmpOp::Attention, qkv_in.dtype()).input(qkv_in);
+    const Tensor qkv = AmpCast(CastPolicy::LowPrecision, qkv_in.dtype()).input(qkv_in);
     check_args("cached_attention", {{qkv, "qkv"}, {k_cache, "k_cache"}, {v_cache, "v_cache"}});
     KILN_CHECK(qkv.ndim() == 3 && qkv.size(2) % 3 == 0 && k_cache.ndim() == 3 && k_cache.shape() == v_cache.shape() &&
                    k_cache.size(0) == qkv.size(0) && 3 * k_cache.size(2) == qkv.size(2),

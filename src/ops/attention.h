@@ -4,8 +4,8 @@
 // current allocator and runs the kernel (ops/kernels/attention.h has the formulas) of the
 // tensors' device. The layers of nn/gpt.h call these.
 //
-// Under autocast (ops/autocast.h): attention runs in the low type (its row is LowPrecision, as
-// PyTorch's scaled_dot_product_attention is), softmax in f32; the embedding has no row and runs in
+// Under autocast (ops/autocast.h): attention runs in the low type (its class is LowPrecision, as
+// PyTorch's scaled_dot_product_attention is), softmax in f32; the embedding names no class and runs in
 // its weight's type, as PyTorch's does.
 #pragma once
 #include <cstdint>
@@ -56,7 +56,7 @@ Tensor causal_self_attention_backward(const Tensor& qkv, const Tensor& y, const 
 // generation is evaluation).
 Tensor cached_attention(const Tensor& qkv, Tensor& k_cache, Tensor& v_cache, int64_t start, int64_t heads);
 // The type cached_attention computes in, and so the type of its caches, for qkv of type
-// `qkv_type`: under autocast its row's (chapter 09), else qkv's own.
+// `qkv_type`: under autocast its class's (chapter 09), else qkv's own.
 DType cached_attention_type(DType qkv_type);
 
 }  // namespace kiln

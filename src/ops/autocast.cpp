@@ -1,4 +1,4 @@
-// autocast.cpp — the policy table, the autocast scope and the casts ops make (see autocast.h).
+// autocast.cpp — the policy overrides, the autocast scope and the casts ops make (see autocast.h).
 #include "ops/autocast.h"
 
 #include <unordered_map>
@@ -9,21 +9,23 @@
 namespace kiln {
 
 namespace {
-// An overridden row's policy + 1, or 0: the table's (default_cast_policy, autocast.h).
-int overrides[kNumAmpOps] = {};
+// An overridden class's policy + 1, or 0: the class's own.
+constexpr int kNumClasses = int(CastPolicy::Input) + 1;
+int overrides[kNumClasses] = {};
 thread_local AutocastScope* current = nullptr;
 }  // namespace
 
-CastPolicy cast_policy(AmpOp op) {
-    const int o = overrides[int(op)];
-    return o == 0 ? default_cast_policy(op) : CastPolicy(o - 1);
+CastPolicy cast_policy(CastPolicy op_class) {
+    const int o = overrides[int(op_class)];
+    return o == 0 ? op_class : CastPolicy(o - 1);
 }
 
-CastPolicyOverride::CastPolicyOverride(AmpOp op, CastPolicy policy) : op_(op), previous_(overrides[int(op)]) {
-    overrides[int(op)] = int(policy) + 1;
+CastPolicyOverride::CastPolicyOverride(CastPolicy op_class, CastPolicy policy)
+    : class_(op_class), previous_(overrides[int(op_class)]) {
+    overrides[int(op_class)] = int(policy) + 1;
 }
 
-CastPolicyOverride::~CastPolicyOverride() { overrides[int(op_)] = previous_; }
+CastPolicyOverride::~CastPolicyOverride() { overrides[int(class_)] = previous_; }
 
 // Each weight's copy, by the address of the weight's bytes: a weight's value does not change
 // inside a scope (the optimizer steps outside it). The weight itself is kept with its copy, so
@@ -45,8 +47,8 @@ AutocastScope::~AutocastScope() { current = previous_; }
 
 DType autocast_dtype() { return current ? current->low_ : DType::F32; }
 
-DType autocast_target(AmpOp op, DType in, DType other) {
-    const CastPolicy policy = cast_policy(op);
+DType autocast_target(CastPolicy op_class, DType in, DType other) {
+    const CastPolicy policy = cast_policy(op_class);
     if (policy == CastPolicy::Widest) return in == other ? in : DType::F32;  // f16 + bf16 too: f32 holds both
     if (!current) return in;
     switch (policy) {
@@ -56,8 +58,8 @@ DType autocast_target(AmpOp op, DType in, DType other) {
     }
 }
 
-AmpCast::AmpCast(AmpOp op, DType in, DType other)
-    : dtype_(autocast_target(op, in, other)), casts_(current || cast_policy(op) == CastPolicy::Widest) {}
+AmpCast::AmpCast(CastPolicy op_class, DType in, DType other)
+    : dtype_(autocast_target(op_class, in, other)), casts_(current || cast_policy(op_class) == CastPolicy::Widest) {}
 
 Tensor AmpCast::input(const Tensor& x) const { return casts_ && x.defined() ? x.to(dtype_) : x; }
 
@@ -71,7 +73,7 @@ Tensor AmpCast::weight(const Tensor& p) const {
         entry.copy = Tensor::empty(p.shape(), dtype_, p.device(), Category::WeightCopy);
         convert_into(p, entry.copy);
     }
-    // The same bytes seen as another shape, or a row overridden mid-scope: a copy not kept.
+    // The same bytes seen as another shape, or a class overridden mid-scope: a copy not kept.
     if (entry.copy.shape() != p.shape() || entry.copy.dtype() != dtype_) return p.to(dtype_);
     return entry.copy;
 }

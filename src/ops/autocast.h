@@ -6,35 +6,28 @@
 // weight, made once per scope (a training step opens one scope around all its micro-batches) and
 // counted in the memory report under its own category, "weight copy".
 //
-// The policy table — default_cast_policy() below is the one place it is written (PyTorch's is
-// aten/src/ATen/autocast_mode.h); each row names the ops that read it:
+// The policy table: four classes of ops, each with a policy. An op joins a class where it
+// dispatches, by naming it — `AmpCast amp(CastPolicy::F32, x.dtype())` — so a new op edits
+// nothing here (PyTorch's autocast lists its ops per class the same way, in
+// aten/src/ATen/autocast_mode.cpp). Each op's header says its class; today's members:
 //
-//   LowPrecision  Conv2d: conv2d,           GEMMs: the f16/bf16 tensor-core and AMX math,
-//                 conv2d_backward           accumulated in f32 inside the kernels
-//                 Linear: linear,
-//                 linear_backward
-//                 Attention:                (attention's softmax is inside its kernels, in
-//                 causal_self_attention     f32, as in PyTorch's scaled_dot_product_attention)
-//                 (+ backward),
-//                 cached_attention
-//   F32           CrossEntropy:             exp overflows f16 above 11.09 and a sum of
-//                 softmax_cross_entropy     many terms loses what u = 2^-11 cannot hold:
-//                 LayerNorm: layernorm,     these run on f32 inputs
-//                 layernorm_backward
-//                 Softmax: softmax
-//                 (+ backward)
-//   Widest        Add: add (a residual's    mixed inputs are promoted to the wider type
-//                 sum)                      (PyTorch's type promotion, scope or not)
-//   Input         BatchNorm: batchnorm_*    elementwise or a window's max/mean: as exact in
-//                 Pool: maxpool2d, avgpool2d, the low type as the low type itself; batch norm
-//                 global_avgpool (+ backward) keeps its statistics and affine parameters in
-//                 Activation: relu, gelu    f32 inside the kernel (ops/cnn.h)
-//                 (+ backward)
-//                 Dropout: dropout (+ backward)
+//   LowPrecision  conv2d, linear,           GEMMs: the f16/bf16 tensor-core and AMX math,
+//                 causal_self_attention,    accumulated in f32 inside the kernels
+//                 cached_attention          (attention's softmax is inside its kernels, in
+//                 (+ backward)              f32, as in PyTorch's scaled_dot_product_attention)
+//   F32           softmax_cross_entropy,    exp overflows f16 above 11.09 and a sum of
+//                 layernorm, softmax        many terms loses what u = 2^-11 cannot hold:
+//                 (+ backward)              these run on f32 inputs
+//   Widest        add (a residual's sum)    mixed inputs are promoted to the wider type
+//                                           (PyTorch's type promotion, scope or not)
+//   Input         batchnorm_*, maxpool2d,   elementwise or a window's max/mean: as exact in
+//                 avgpool2d, global_avgpool, the low type as the low type itself; batch norm
+//                 relu, gelu, dropout       keeps its statistics and affine parameters in
+//                 (+ backward)              f32 inside the kernel
 //
 // An op that writes into its input (relu_, fill_, axpy_, scale_) runs in that tensor's own type
-// whatever the table says: a cast would not be in place (PyTorch's autocast leaves in-place ops
-// alone too). The other ops (matmul, sum, argmax_rows, ...) have no row: they run in their
+// whatever its class says: a cast would not be in place (PyTorch's autocast leaves in-place ops
+// alone too). The other ops (matmul, sum, argmax_rows, ...) name no class: they run in their
 // inputs' type.
 //
 // Gradients keep the type of what they are the gradient of: a backward op returns dx in the type
@@ -44,7 +37,7 @@
 // optim/grad_scaler.h) and then added, widened, to the f32 parameter's grad (GradInto below):
 // the optimizer updates f32 weights from f32 gradients.
 //
-// With no scope open the ops' casts return their arguments (but Add's promotion): one
+// With no scope open the ops' casts return their arguments (but Widest's promotion): one
 // thread-local load.
 #pragma once
 #include <memory>
@@ -53,45 +46,27 @@
 
 namespace kiln {
 
-// The ops whose type autocast decides, grouped as the table groups them. An op with a policy of
-// its own adds its row here and in default_cast_policy, nowhere else in the engine (and a check of
-// the row in tests/test_autocast.cpp); an op that shares a row, or runs in its inputs' type,
-// adds nothing.
-enum class AmpOp { Conv2d, Linear, CrossEntropy, LayerNorm, Add, BatchNorm, Pool, Activation, Dropout, Attention, Softmax };
-constexpr int kNumAmpOps = int(AmpOp::Softmax) + 1;  // Softmax: the last row
+// The classes, each named by the policy it has unless overridden (below).
+//   LowPrecision: the scope's low type; F32: f32; Widest: the wider of two inputs' types;
+//   Input: the input's own type.
 enum class CastPolicy { LowPrecision, F32, Widest, Input };
 
-// The table as written (the comment above explains each row).
-constexpr CastPolicy default_cast_policy(AmpOp op) {
-    switch (op) {
-        case AmpOp::Conv2d:
-        case AmpOp::Linear:
-        case AmpOp::Attention: return CastPolicy::LowPrecision;
-        case AmpOp::CrossEntropy:
-        case AmpOp::LayerNorm:
-        case AmpOp::Softmax: return CastPolicy::F32;
-        case AmpOp::Add: return CastPolicy::Widest;
-        case AmpOp::BatchNorm:
-        case AmpOp::Pool:
-        case AmpOp::Activation:
-        case AmpOp::Dropout: return CastPolicy::Input;
-    }
-    return CastPolicy::Input;
-}
+// The policy a class's ops run under: its own, or an override's.
+CastPolicy cast_policy(CastPolicy op_class);
 
-CastPolicy cast_policy(AmpOp op);  // the row in force: the table's, or an override's
-
-// Runs one row differently until the override ends (tests and experiments: each op reads its
-// row where it dispatches, so a changed row changes what runs).
+// Runs every op of one class under another policy until the override ends (chapter 09's
+// exercise 4 and the tests: each op reads its class's policy where it dispatches, so the
+// override changes what runs). CastPolicyOverride(CastPolicy::Input, CastPolicy::F32) runs batch
+// norm, pooling, the activations and dropout in f32.
 class CastPolicyOverride {
 public:
-    CastPolicyOverride(AmpOp op, CastPolicy policy);
+    CastPolicyOverride(CastPolicy op_class, CastPolicy policy);
     ~CastPolicyOverride();
     CastPolicyOverride(const CastPolicyOverride&) = delete;
     CastPolicyOverride& operator=(const CastPolicyOverride&) = delete;
 
 private:
-    AmpOp op_;
+    CastPolicy class_;
     int previous_;
 };
 
@@ -114,21 +89,22 @@ private:
 // The open scope's low type; DType::F32 when none is open (autocast off).
 DType autocast_dtype();
 
-// The type `op` runs in for an input of type `in` (for Add: `in` and `other`, the wider).
-DType autocast_target(AmpOp op, DType in, DType other = DType::F32);
+// The type an op of class `op_class` runs in for an input of type `in` (for Widest: `in` and
+// `other`, the wider).
+DType autocast_target(CastPolicy op_class, DType in, DType other = DType::F32);
 
 // ---- autocast where an op dispatches -----------------------------------------------------------
-// Each op with a row in the table starts with
-//     const AmpCast amp(AmpOp::Conv2d, x_in.dtype());   // the type conv2d runs in
+// Each op whose type autocast decides starts with
+//     const AmpCast amp(CastPolicy::LowPrecision, x_in.dtype());   // conv2d's class
 //     const Tensor x = amp.input(x_in), w = amp.weight(w_in);
 // then checks and dispatches in amp.dtype().
-// Outside a scope nothing is cast but Add's mixed pair: any other mixed pair reaches the op's
+// Outside a scope nothing is cast but a Widest op's mixed pair: any other mixed pair reaches the op's
 // checks, which name it.
 class AmpCast {
 public:
-    AmpCast(AmpOp op, DType in, DType other = DType::F32);
+    AmpCast(CastPolicy op_class, DType in, DType other = DType::F32);
     DType dtype() const { return dtype_; }
-    bool casts() const { return casts_; }  // a scope is open, or the row is Add's
+    bool casts() const { return casts_; }  // a scope is open, or the class is Widest
     // An activation as the op reads it: x itself when it has that type (or is undefined) or
     // nothing is cast, else a converted copy.
     Tensor input(const Tensor& x) const;

@@ -74,7 +74,7 @@ int64_t conv2d_backward_scratch(const Conv2dParams& p, Device device) {
 }
 
 Tensor conv2d(const Tensor& x_in, const Tensor& w_in, const Tensor& b_in, const Conv2dArgs& a, Tensor* saved_x) {
-    const AmpCast amp(AmpOp::Conv2d, x_in.dtype());
+    const AmpCast amp(CastPolicy::LowPrecision, x_in.dtype());
     const Tensor x = amp.input(x_in), w = amp.weight(w_in), b = amp.weight(b_in);
     const Device d = check_args("conv2d", {{x, "x"}, {w, "w"}});
     if (b.defined()) check_args("conv2d", {{x, "x"}, {b, "b"}});
@@ -95,7 +95,7 @@ Tensor conv2d(const Tensor& x_in, const Tensor& w_in, const Tensor& b_in, const 
 Tensor conv2d_backward(const Tensor& x_in, const Tensor& w_in, const Tensor& dy_in, Tensor& dw_grad, Tensor& db_grad,
                        bool need_dx, const Conv2dArgs& a) {
     const char* op = "conv2d_backward";
-    const AmpCast amp(AmpOp::Conv2d, x_in.dtype());
+    const AmpCast amp(CastPolicy::LowPrecision, x_in.dtype());
     const Tensor x = amp.input(x_in), w = amp.weight(w_in), dy = amp.input(dy_in);
     // dw and db in the forward's type; under autocast, low copies added to the f32 grads after
     GradInto gw(dw_grad, amp), gb(db_grad, amp);
@@ -148,7 +148,7 @@ Shape pool2d_output_shape(const Shape& x_shape, const Pool2dArgs& a) {
 }
 
 Tensor maxpool2d(const Tensor& x_in, const Pool2dArgs& a, Tensor* argmax) {
-    const Tensor x = AmpCast(AmpOp::Pool, x_in.dtype()).input(x_in);
+    const Tensor x = AmpCast(CastPolicy::Input, x_in.dtype()).input(x_in);
     const Device d = check_args("maxpool2d", {{x, "x"}});
     const Pool2dParams p = pool_params(x.shape(), a, "maxpool2d");
     Tensor y = Tensor::empty(pooled_shape(p), x.dtype(), d, Category::Activation);
@@ -162,7 +162,7 @@ Tensor maxpool2d(const Tensor& x_in, const Pool2dArgs& a, Tensor* argmax) {
 
 Tensor maxpool2d_backward(const Tensor& dy_in, const Tensor& argmax, const Shape& x_shape, const Pool2dArgs& a) {
     const char* op = "maxpool2d_backward";
-    const Tensor dy = AmpCast(AmpOp::Pool, dy_in.dtype()).input(dy_in);
+    const Tensor dy = AmpCast(CastPolicy::Input, dy_in.dtype()).input(dy_in);
     const Device d = check_args(op, {{dy, "dy"}});
     const Pool2dParams p = pool_params(x_shape, a, op);
     check_shape(dy, pooled_shape(p), op, "dy");
@@ -178,7 +178,7 @@ Tensor maxpool2d_backward(const Tensor& dy_in, const Tensor& argmax, const Shape
 }
 
 Tensor avgpool2d(const Tensor& x_in, const Pool2dArgs& a) {
-    const Tensor x = AmpCast(AmpOp::Pool, x_in.dtype()).input(x_in);
+    const Tensor x = AmpCast(CastPolicy::Input, x_in.dtype()).input(x_in);
     const Device d = check_args("avgpool2d", {{x, "x"}});
     const Pool2dParams p = pool_params(x.shape(), a, "avgpool2d");
     Tensor y = Tensor::empty(pooled_shape(p), x.dtype(), d, Category::Activation);
@@ -191,7 +191,7 @@ Tensor avgpool2d(const Tensor& x_in, const Pool2dArgs& a) {
 
 Tensor avgpool2d_backward(const Tensor& dy_in, const Shape& x_shape, const Pool2dArgs& a) {
     const char* op = "avgpool2d_backward";
-    const Tensor dy = AmpCast(AmpOp::Pool, dy_in.dtype()).input(dy_in);
+    const Tensor dy = AmpCast(CastPolicy::Input, dy_in.dtype()).input(dy_in);
     const Device d = check_args(op, {{dy, "dy"}});
     const Pool2dParams p = pool_params(x_shape, a, op);
     check_shape(dy, pooled_shape(p), op, "dy");
@@ -204,7 +204,7 @@ Tensor avgpool2d_backward(const Tensor& dy_in, const Shape& x_shape, const Pool2
 }
 
 Tensor global_avgpool(const Tensor& x_in) {
-    const Tensor x = AmpCast(AmpOp::Pool, x_in.dtype()).input(x_in);
+    const Tensor x = AmpCast(CastPolicy::Input, x_in.dtype()).input(x_in);
     const Device d = check_args("global_avgpool", {{x, "x"}});
     KILN_CHECK(x.ndim() == 4 && x.size(2) * x.size(3) > 0,
                "global_avgpool: 'x' should be [N, C, H, W] with H·W > 0 but is ", x.desc());
@@ -219,7 +219,7 @@ Tensor global_avgpool(const Tensor& x_in) {
 
 Tensor global_avgpool_backward(const Tensor& dy_in, const Shape& x_shape) {
     const char* op = "global_avgpool_backward";
-    const Tensor dy = AmpCast(AmpOp::Pool, dy_in.dtype()).input(dy_in);
+    const Tensor dy = AmpCast(CastPolicy::Input, dy_in.dtype()).input(dy_in);
     const Device d = check_args(op, {{dy, "dy"}});
     KILN_CHECK(x_shape.ndim == 4 && x_shape[2] * x_shape[3] > 0, op,
                ": the input shape should be [N, C, H, W] with H·W > 0 but is ", x_shape.str());
@@ -255,7 +255,7 @@ Tensor batchnorm_train(const Tensor& x_in, const Tensor& gamma, const Tensor& be
                        Tensor& running_var, float eps, float momentum, Tensor* save_mean, Tensor* save_invstd,
                        Tensor* saved_x, bool gelu) {
     const char* op = "batchnorm_train";
-    const Tensor x = AmpCast(AmpOp::BatchNorm, x_in.dtype()).input(x_in);
+    const Tensor x = AmpCast(CastPolicy::Input, x_in.dtype()).input(x_in);
     const Device d = check_args(op, {{x, "x"}});
     check_f32_args(op, {x, "x"},
                    {{gamma, "gamma"}, {beta, "beta"}, {running_mean, "running_mean"}, {running_var, "running_var"}});
@@ -281,7 +281,7 @@ Tensor batchnorm_train(const Tensor& x_in, const Tensor& gamma, const Tensor& be
 Tensor batchnorm_eval(const Tensor& x_in, const Tensor& gamma, const Tensor& beta, const Tensor& running_mean,
                       const Tensor& running_var, float eps, bool gelu) {
     const char* op = "batchnorm_eval";
-    const Tensor x = AmpCast(AmpOp::BatchNorm, x_in.dtype()).input(x_in);
+    const Tensor x = AmpCast(CastPolicy::Input, x_in.dtype()).input(x_in);
     const Device d = check_args(op, {{x, "x"}});
     check_f32_args(op, {x, "x"},
                    {{gamma, "gamma"}, {beta, "beta"}, {running_mean, "running_mean"}, {running_var, "running_var"}});
@@ -300,7 +300,7 @@ Tensor batchnorm_eval(const Tensor& x_in, const Tensor& gamma, const Tensor& bet
 Tensor batchnorm_backward(const Tensor& dy_in, const Tensor& x_in, const Tensor& gamma, const Tensor& save_mean,
                           const Tensor& save_invstd, Tensor& dgamma, Tensor& dbeta, const Tensor* gelu_beta) {
     const char* op = "batchnorm_backward";
-    const AmpCast amp(AmpOp::BatchNorm, x_in.dtype());
+    const AmpCast amp(CastPolicy::Input, x_in.dtype());
     const Tensor x = amp.input(x_in), dy = amp.input(dy_in);
     const Device d = check_args(op, {{dy, "dy"}, {x, "x"}});
     const Tensor beta = gelu_beta ? *gelu_beta : Tensor();
@@ -352,7 +352,7 @@ Rows layernorm_rows(const Tensor& x, std::initializer_list<Arg> per_column, cons
 Tensor layernorm(const Tensor& x_in, const Tensor& gamma, const Tensor& beta, float eps, Tensor* save_mean,
                  Tensor* save_invstd, Tensor* saved_x) {
     const char* op = "layernorm";
-    const Tensor x = AmpCast(AmpOp::LayerNorm, x_in.dtype()).input(x_in);
+    const Tensor x = AmpCast(CastPolicy::F32, x_in.dtype()).input(x_in);
     const Device d = check_args(op, {{x, "x"}});
     check_f32_args(op, {x, "x"}, {{gamma, "gamma"}, {beta, "beta"}});
     const Rows rows = layernorm_rows(x, {{gamma, "gamma"}, {beta, "beta"}}, op);
@@ -371,7 +371,7 @@ Tensor layernorm(const Tensor& x_in, const Tensor& gamma, const Tensor& beta, fl
 Tensor layernorm_backward(const Tensor& dy_in, const Tensor& x_in, const Tensor& gamma, const Tensor& save_mean,
                           const Tensor& save_invstd, Tensor& dgamma, Tensor& dbeta) {
     const char* op = "layernorm_backward";
-    const AmpCast amp(AmpOp::LayerNorm, x_in.dtype());
+    const AmpCast amp(CastPolicy::F32, x_in.dtype());
     const Tensor x = amp.input(x_in), dy = amp.input(dy_in);
     const Device d = check_args(op, {{dy, "dy"}, {x, "x"}});
     check_f32_args(op, {x, "x"},
@@ -393,7 +393,7 @@ Tensor layernorm_backward(const Tensor& dy_in, const Tensor& x_in, const Tensor&
 
 // ---- GELU and dropout ----------------------------------------------------------------------------------
 Tensor gelu(const Tensor& x_in, Tensor* saved_x) {
-    const Tensor x = AmpCast(AmpOp::Activation, x_in.dtype()).input(x_in);
+    const Tensor x = AmpCast(CastPolicy::Input, x_in.dtype()).input(x_in);
     const Device d = check_args("gelu", {{x, "x"}});
     Tensor y = Tensor::empty(x.shape(), x.dtype(), d, Category::Activation);
     dispatch(d, x.dtype(), [&](auto be, auto tag) {
@@ -405,7 +405,7 @@ Tensor gelu(const Tensor& x_in, Tensor* saved_x) {
 }
 
 Tensor gelu_backward(const Tensor& x_in, const Tensor& dy_in) {
-    const AmpCast amp(AmpOp::Activation, x_in.dtype());
+    const AmpCast amp(CastPolicy::Input, x_in.dtype());
     const Tensor x = amp.input(x_in), dy = amp.input(dy_in);
     const Device d = check_args("gelu_backward", {{x, "x"}, {dy, "dy"}});
     check_shape(dy, x.shape(), "gelu_backward", "dy");
@@ -418,7 +418,7 @@ Tensor gelu_backward(const Tensor& x_in, const Tensor& dy_in) {
 }
 
 Tensor dropout(const Tensor& x_in, float p, uint64_t seed_hash, uint64_t first, Tensor* mask) {
-    const Tensor x = AmpCast(AmpOp::Dropout, x_in.dtype()).input(x_in);
+    const Tensor x = AmpCast(CastPolicy::Input, x_in.dtype()).input(x_in);
     const Device d = check_args("dropout", {{x, "x"}});
     KILN_CHECK(p >= 0.0f && p <= 1.0f, "dropout: drop probability ", p, " is outside [0, 1]");
     Tensor y = Tensor::empty(x.shape(), x.dtype(), d, Category::Activation);
@@ -432,7 +432,7 @@ Tensor dropout(const Tensor& x_in, float p, uint64_t seed_hash, uint64_t first, 
 
 Tensor dropout_backward(const Tensor& dy_in, const Tensor& mask, float p) {
     const char* op = "dropout_backward";
-    const Tensor dy = AmpCast(AmpOp::Dropout, dy_in.dtype()).input(dy_in);
+    const Tensor dy = AmpCast(CastPolicy::Input, dy_in.dtype()).input(dy_in);
     const Device d = check_args(op, {{dy, "dy"}});
     check_shape(mask, dy.shape(), op, "mask");
     check_dtype(mask, DType::U8, op, "mask");

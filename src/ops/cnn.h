@@ -1,6 +1,6 @@
 // cnn.h — the operations of convolutional networks on tensors: convolution, pooling, batch and
 // layer normalization, GELU, dropout (chapters 03, 05, 06). Like ops.h, each casts its inputs to
-// the type autocast's table gives it (ops/autocast.h: its row is named below), checks its
+// the type autocast's table gives it (ops/autocast.h: its class is named below), checks its
 // arguments once (shapes, dtypes, devices: the error names the op and the tensor), takes its
 // outputs from the current allocator (Category::Activation; convolution's workspace:
 // Category::Workspace) and runs the kernel (ops/kernels/: conv.h, pool.h, norm.h,
@@ -53,7 +53,7 @@ ConvWorkspace conv2d_workspace(const Conv2dParams& p, Device device, bool forwar
 int64_t conv2d_backward_scratch(const Conv2dParams& p, Device device);
 
 // y = conv(x, w) + b (the formula: ops/params.h).  x [N, C, H, W]  w [O, C/G, KH, KW]
-// b [O] or undefined  →  y [N, O, P, Q]. Autocast's Conv2d row. *saved_x (if not null) gets x as
+// b [O] or undefined  →  y [N, O, P, Q]. Autocast class LowPrecision. *saved_x (if not null) gets x as
 // the kernel read it (under autocast its low copy), for conv2d_backward.
 Tensor conv2d(const Tensor& x, const Tensor& w, const Tensor& b, const Conv2dArgs& a, Tensor* saved_x = nullptr);
 // dw += Σ_n dy_n ⋆ x_n and db += Σ_{n,p,q} dy (db may be undefined: no bias), computed in x's
@@ -62,7 +62,7 @@ Tensor conv2d(const Tensor& x, const Tensor& w, const Tensor& b, const Conv2dArg
 Tensor conv2d_backward(const Tensor& x, const Tensor& w, const Tensor& dy, Tensor& dw, Tensor& db, bool need_dx,
                        const Conv2dArgs& a);
 
-// ---- pooling (autocast's Pool row) -------------------------------------------------------
+// ---- pooling (autocast class Input) ---------------------------------------------------------
 // Square K×K windows; x [N, C, H, W] → [N, C, P, Q].
 struct Pool2dArgs {
     int64_t kernel = 1, stride = 1, padding = 0;
@@ -82,7 +82,7 @@ Tensor avgpool2d_backward(const Tensor& dy, const Shape& x_shape, const Pool2dAr
 Tensor global_avgpool(const Tensor& x);
 Tensor global_avgpool_backward(const Tensor& dy, const Shape& x_shape);
 
-// ---- batch normalization (autocast's BatchNorm row) --------------------------------------
+// ---- batch normalization (autocast class Input) -------------------------------------------
 // x [N, C, ...] normalized per channel C over the other dimensions (ops/kernels/norm.h has the
 // formulas). gamma, beta, running statistics: f32 [C], whatever x's dtype.
 // Training: batch statistics; updates running_mean and running_var; fills *save_mean and
@@ -99,7 +99,7 @@ Tensor batchnorm_eval(const Tensor& x, const Tensor& gamma, const Tensor& beta, 
 Tensor batchnorm_backward(const Tensor& dy, const Tensor& x, const Tensor& gamma, const Tensor& save_mean,
                           const Tensor& save_invstd, Tensor& dgamma, Tensor& dbeta, const Tensor* gelu_beta = nullptr);
 
-// ---- layer normalization (autocast's LayerNorm row) -----------------------------------------
+// ---- layer normalization (autocast class F32) -------------------------------------------------
 // x [..., D] normalized over its last dimension, one row of D values at a time (nn/norm.h has
 // the formulas); gamma, beta: f32 [D]. Fills *save_mean and *save_invstd (f32 [R], one per
 // row: R is the product of x's other dimensions) and, if not null, *saved_x (x as the kernel
@@ -110,7 +110,7 @@ Tensor layernorm(const Tensor& x, const Tensor& gamma, const Tensor& beta, float
 Tensor layernorm_backward(const Tensor& dy, const Tensor& x, const Tensor& gamma, const Tensor& save_mean,
                           const Tensor& save_invstd, Tensor& dgamma, Tensor& dbeta);
 
-// ---- GELU and dropout (elementwise: autocast's Activation and Dropout rows) -----------------
+// ---- GELU and dropout (elementwise: autocast class Input) ----------------------------------
 Tensor gelu(const Tensor& x, Tensor* saved_x = nullptr);  // x · Φ(x); *saved_x: x as read, for the backward
 Tensor gelu_backward(const Tensor& x, const Tensor& dy);  // dy · (Φ(x) + x · φ(x))
 // Inverted dropout with drop probability p; element i's coin is the counter-based stream's

@@ -1,5 +1,5 @@
-// ops.cpp — argument checks and the dispatch for every operation in ops.h: an op with a row in
-// autocast's table (ops/autocast.h) first casts its inputs to the type the row gives, then each
+// ops.cpp — argument checks and the dispatch for every operation in ops.h: an op in a class of
+// autocast's table (ops/autocast.h) first casts its inputs to the type its class gives, then each
 // op checks its tensors once (check_args) and calls its kernel through dispatch
 // (core/backend.h), which picks the backend by the tensors' device and the kernel's
 // instantiation by their dtype (float, f16 or bf16).
@@ -32,7 +32,7 @@ void fill_(Tensor& x, float value) {
 }
 
 Tensor add(const Tensor& a_in, const Tensor& b_in) {
-    const AmpCast amp(AmpOp::Add, a_in.dtype(), b_in.dtype());  // mixed types: the wider
+    const AmpCast amp(CastPolicy::Widest, a_in.dtype(), b_in.dtype());  // mixed types: the wider
     const Tensor a = amp.input(a_in), b = amp.input(b_in);
     check_args("add", {{a, "a"}, {b, "b"}});
     check_same_shape(a, b, "add");
@@ -77,7 +77,7 @@ static void check_cap(float cap, const char* op) {
 }
 
 Tensor relu(const Tensor& x_in, float cap) {
-    const Tensor x = AmpCast(AmpOp::Activation, x_in.dtype()).input(x_in);
+    const Tensor x = AmpCast(CastPolicy::Input, x_in.dtype()).input(x_in);
     check_args("relu", {{x, "x"}});
     check_cap(cap, "relu");
     Tensor y = Tensor::empty(x.shape(), x.dtype(), x.device(), Category::Activation);
@@ -99,7 +99,7 @@ void relu_(Tensor& x, float cap) {
 }
 
 Tensor relu_backward(const Tensor& y_in, const Tensor& dy_in, float cap) {
-    const AmpCast amp(AmpOp::Activation, y_in.dtype());
+    const AmpCast amp(CastPolicy::Input, y_in.dtype());
     const Tensor y = amp.input(y_in), dy = amp.input(dy_in);
     check_args("relu_backward", {{y, "y"}, {dy, "dy"}});
     check_same_shape(y, dy, "relu_backward");
@@ -141,9 +141,9 @@ Tensor matmul(const Tensor& a, const Tensor& b, bool trans_a, bool trans_b) {
     return c;
 }
 
-// y = x · wᵀ + b, in autocast's type for Linear: matmul, then the bias on each row.
+// y = x · wᵀ + b, in autocast's type for class LowPrecision: matmul, then the bias on each row.
 Tensor linear(const Tensor& x_in, const Tensor& w_in, const Tensor& b_in, Tensor* saved_x) {
-    const AmpCast amp(AmpOp::Linear, x_in.dtype());
+    const AmpCast amp(CastPolicy::LowPrecision, x_in.dtype());
     const Tensor x = amp.input(x_in), w = amp.weight(w_in);
     Tensor y = matmul(x, w, false, true);  // [N, in] · [in, out]
     if (b_in.defined()) add_bias_(y, amp.weight(b_in));
@@ -154,7 +154,7 @@ Tensor linear(const Tensor& x_in, const Tensor& w_in, const Tensor& b_in, Tensor
 // dW += dyᵀ · x and db += Σ_n dy in the forward's type (into the f32 grads through GradInto),
 // then x is let go before dx = dy · W is made: Linear's cache is spent first.
 Tensor linear_backward(Tensor x, const Tensor& w_in, const Tensor& dy_in, Tensor& dw, Tensor& db, bool need_dx) {
-    const AmpCast amp(AmpOp::Linear, x.dtype());
+    const AmpCast amp(CastPolicy::LowPrecision, x.dtype());
     x = amp.input(x);
     const Tensor w = amp.weight(w_in), dy = amp.input(dy_in);
     GradInto gw(dw, amp), gb(db, amp);
@@ -242,7 +242,7 @@ float max(const Tensor& x) {
 // ---- loss ------------------------------------------------------------------------------------
 void softmax_cross_entropy_into(const Tensor& logits_in, const Tensor& labels, Tensor* dlogits, float smoothing,
                                 LossTotals* totals) {
-    const Tensor logits = AmpCast(AmpOp::CrossEntropy, logits_in.dtype()).input(logits_in);
+    const Tensor logits = AmpCast(CastPolicy::F32, logits_in.dtype()).input(logits_in);
     check_args("softmax_cross_entropy", {{logits, "logits"}});
     KILN_CHECK(smoothing >= 0.0f && smoothing < 1.0f, "softmax_cross_entropy: label smoothing must be in [0, 1), got ",
                smoothing);

@@ -37,7 +37,7 @@ Tensor relu_backward(const Tensor& y, const Tensor& dy, float cap = kNoCap);  //
 void matmul_into(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, Tensor& c,
                  float alpha = 1.0f, float beta = 0.0f);
 Tensor matmul(const Tensor& a, const Tensor& b, bool trans_a = false, bool trans_b = false);
-// A Linear layer's op (autocast's Linear row): y [N, out] = x [N, in] · wᵀ + b, w [out, in], b [out] or
+// A Linear layer's op (autocast class LowPrecision): y [N, out] = x [N, in] · wᵀ + b, w [out, in], b [out] or
 // undefined. *saved_x (if not null) gets x as the GEMM read it, for linear_backward.
 Tensor linear(const Tensor& x, const Tensor& w, const Tensor& b, Tensor* saved_x = nullptr);
 // dw += dyᵀ · x, db += Σ_n dy (db undefined: no bias); then, when need_dx, returns dx = dy · w
