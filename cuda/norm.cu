@@ -1,5 +1,5 @@
 // norm.cu — the CUDA twins of src/ops/cpu/norm.cpp: batch normalization (training, evaluation,
-// backward) and layer normalization, declared once for both in ops/kernels/norm.h; pointers are
+// backward) and layer normalization, declared once for both in ops/norm.h; pointers are
 // device memory. Templates on the element type T of x, y, dy, dx (gamma, beta and
 // the statistics are float; sums in float or double); T = float, f16 or bf16.
 //
@@ -52,7 +52,7 @@
 
 #include "common.cuh"
 #include "gelu.cuh"
-#include "ops/kernels/norm.h"
+#include "ops/norm.h"
 
 namespace kiln::cuda {
 

@@ -4,10 +4,10 @@
 #
 #   core < io < ops < nn < optim < quant < data < train < dist < mpi
 #
-# The kernels stand beside ops, below the ops themselves: src/ops/kernels/, src/ops/cpu/ and the
-# CUDA kernels in cuda/ (with its emulator, cuda/emu/) include only core/, the kernel headers
-# (ops/kernels/, ops/cpu/), the sizes the kernels take (ops/params.h, ops/qparams.h) and cuda/'s
-# own files. The kernel lab (cuda/lab/), the lessons, tests and benchmarks stand above it all.
+# The kernels stand beside ops: src/ops/kernels/, src/ops/cpu/ and the CUDA kernels in cuda/
+# (with its emulator, cuda/emu/) include only core/, the kernel headers (ops/kernels/, ops/cpu/),
+# a family's header in src/ops/ (ops/norm.h: the family's kernel contract, KILN_KERNEL, with its
+# ops), the sizes the kernels take (ops/params.h, ops/qparams.h) and cuda/'s own files. The kernel lab (cuda/lab/), the lessons, tests and benchmarks stand above it all.
 #
 # Reads every #include "..." of src/ and cuda/; prints each one that breaks the order and exits
 # 1 if any does. `make test` runs it first (well under a second).
@@ -24,6 +24,7 @@ for i in "${!order[@]}"; do rank[${order[$i]}]=$i; done
 kernel_ok() {
     case $1 in
         core/* | ops/kernels/* | ops/cpu/* | ops/params.h | ops/qparams.h) return 0 ;;
+        ops/*.h) grep -qE '^KILN_(CPU_|CUDA_)?KERNEL\(' "src/$1" 2>/dev/null ;;  # a family's header
         */*) [[ ${1%%/*} == emu ]] ;;  # cuda/'s emulator, named from cuda/
         *) return 0 ;;                  # a file of the kernel's own folder (common.cuh)
     esac
@@ -40,7 +41,7 @@ while IFS= read -r hit; do
     case $file in
         src/ops/kernels/* | src/ops/cpu/* | cuda/*)
             if ! kernel_ok "$inc"; then
-                echo "check-includes: $where: a kernel includes only core/, ops/kernels/, ops/cpu/, ops/params.h, ops/qparams.h and cuda/'s own files (the kernels stand below the ops)"
+                echo "check-includes: $where: a kernel includes only core/, ops/kernels/, ops/cpu/, a family's header in ops/ (its KILN_KERNEL contract), ops/params.h, ops/qparams.h and cuda/'s own files"
                 bad=$((bad + 1))
             fi
             continue ;;

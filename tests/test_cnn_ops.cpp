@@ -8,6 +8,7 @@
 
 #include "core/tensor.h"
 #include "ops/cnn.h"
+#include "ops/norm.h"
 
 using namespace kiln;
 using Catch::Matchers::Contains;

@@ -23,8 +23,8 @@
 #include "gradcheck.h"
 #include "lowp_check.h"
 #include "nn/norm.h"
-#include "ops/cnn.h"
 #include "ops/kernels/all.h"
+#include "ops/norm.h"
 
 using namespace kiln;
 using test::cuda_copy;

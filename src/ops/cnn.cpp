@@ -4,7 +4,7 @@
 // fill the kernel's params struct from the shapes, take the outputs from the current allocator,
 // then call the kernel through dispatch (core/backend.h), which picks the backend by the device
 // and the instantiation by the element type T (float, f16 or bf16). Every tensor of an op has
-// x's dtype, except the norms' parameters and statistics, which are f32 (check_f32_args).
+// x's dtype.
 #include "ops/cnn.h"
 
 #include <algorithm>
@@ -13,7 +13,6 @@
 #include "ops/check.h"
 #include "ops/kernels/conv.h"
 #include "ops/kernels/elementwise.h"
-#include "ops/kernels/norm.h"
 #include "ops/kernels/pool.h"
 
 namespace kiln {
@@ -229,164 +228,6 @@ Tensor global_avgpool_backward(const Tensor& dy_in, const Shape& x_shape) {
     dispatch(d, dy.dtype(), [&](auto be, auto tag) {
         using T = decltype(tag);
         kernel::global_avgpool_backward(be, dy.data<T>(), dx.data<T>(), NC, S);
-    });
-    return dx;
-}
-
-// ---- batch normalization -----------------------------------------------------------------------------
-namespace {
-
-// x [N, C, ...] as [N, C, S]; each per-channel tensor must be [C].
-BatchNormParams batchnorm_params(const Tensor& x, std::initializer_list<Arg> per_channel, float eps,
-                                 const char* op) {
-    KILN_CHECK(x.ndim() >= 2, op, ": 'x' should be [N, C, ...] but is ", x.desc());
-    BatchNormParams p;
-    p.N = x.size(0), p.C = x.size(1), p.S = 1;
-    for (int d = 2; d < x.ndim(); d++) p.S *= x.size(d);
-    p.eps = eps;
-    KILN_CHECK(p.N > 0 && p.C > 0 && p.S > 0, op, ": 'x' is empty: ", x.desc());
-    for (const Arg& a : per_channel) check_shape(a.t, Shape{p.C}, op, a.name);
-    return p;
-}
-
-}  // namespace
-
-Tensor batchnorm_train(const Tensor& x_in, const Tensor& gamma, const Tensor& beta, Tensor& running_mean,
-                       Tensor& running_var, float eps, float momentum, Tensor* save_mean, Tensor* save_invstd,
-                       Tensor* saved_x, bool gelu) {
-    const char* op = "batchnorm_train";
-    const Tensor x = AmpCast(CastPolicy::Input, x_in.dtype()).input(x_in);
-    const Device d = check_args(op, {{x, "x"}});
-    check_f32_args(op, {x, "x"},
-                   {{gamma, "gamma"}, {beta, "beta"}, {running_mean, "running_mean"}, {running_var, "running_var"}});
-    BatchNormParams p = batchnorm_params(
-        x, {{gamma, "gamma"}, {beta, "beta"}, {running_mean, "running_mean"}, {running_var, "running_var"}}, eps, op);
-    p.momentum = momentum;
-    p.gelu = gelu;
-    KILN_CHECK(p.N * p.S > 1, op, ": training needs more than one value per channel, got 'x' ", x.desc(),
-               " (use a batch of at least 2, or eval())");
-    Tensor y = Tensor::empty(x.shape(), x.dtype(), d, Category::Activation);
-    *save_mean = Tensor::empty({p.C}, DType::F32, d, Category::Activation);
-    *save_invstd = Tensor::empty({p.C}, DType::F32, d, Category::Activation);
-    dispatch(d, x.dtype(), [&](auto be, auto tag) {
-        using T = decltype(tag);
-        kernel::batchnorm_forward_train(be, x.data<T>(), gamma.data<float>(), beta.data<float>(), y.data<T>(),
-                                        running_mean.data<float>(), running_var.data<float>(), save_mean->data<float>(),
-                                        save_invstd->data<float>(), p);
-    });
-    if (saved_x) *saved_x = x;
-    return y;
-}
-
-Tensor batchnorm_eval(const Tensor& x_in, const Tensor& gamma, const Tensor& beta, const Tensor& running_mean,
-                      const Tensor& running_var, float eps, bool gelu) {
-    const char* op = "batchnorm_eval";
-    const Tensor x = AmpCast(CastPolicy::Input, x_in.dtype()).input(x_in);
-    const Device d = check_args(op, {{x, "x"}});
-    check_f32_args(op, {x, "x"},
-                   {{gamma, "gamma"}, {beta, "beta"}, {running_mean, "running_mean"}, {running_var, "running_var"}});
-    BatchNormParams p = batchnorm_params(
-        x, {{gamma, "gamma"}, {beta, "beta"}, {running_mean, "running_mean"}, {running_var, "running_var"}}, eps, op);
-    p.gelu = gelu;
-    Tensor y = Tensor::empty(x.shape(), x.dtype(), d, Category::Activation);
-    dispatch(d, x.dtype(), [&](auto be, auto tag) {
-        using T = decltype(tag);
-        kernel::batchnorm_forward_eval(be, x.data<T>(), gamma.data<float>(), beta.data<float>(),
-                                       running_mean.data<float>(), running_var.data<float>(), y.data<T>(), p);
-    });
-    return y;
-}
-
-Tensor batchnorm_backward(const Tensor& dy_in, const Tensor& x_in, const Tensor& gamma, const Tensor& save_mean,
-                          const Tensor& save_invstd, Tensor& dgamma, Tensor& dbeta, const Tensor* gelu_beta) {
-    const char* op = "batchnorm_backward";
-    const AmpCast amp(CastPolicy::Input, x_in.dtype());
-    const Tensor x = amp.input(x_in), dy = amp.input(dy_in);
-    const Device d = check_args(op, {{dy, "dy"}, {x, "x"}});
-    const Tensor beta = gelu_beta ? *gelu_beta : Tensor();
-    check_f32_args(op, {x, "x"},
-                   {{gamma, "gamma"}, {save_mean, "save_mean"}, {save_invstd, "save_invstd"}, {dgamma, "dgamma"},
-                    {dbeta, "dbeta"}});
-    check_shape(dy, x.shape(), op, "dy");
-    BatchNormParams p = batchnorm_params(x,
-                                         {{gamma, "gamma"},
-                                          {save_mean, "save_mean"},
-                                          {save_invstd, "save_invstd"},
-                                          {dgamma, "dgamma"},
-                                          {dbeta, "dbeta"}},
-                                         0.0f, op);
-    if (gelu_beta) {
-        check_f32_args(op, {x, "x"}, {{beta, "beta"}});
-        check_shape(beta, Shape{p.C}, op, "beta");
-        p.gelu = true;
-    }
-    Tensor dx = Tensor::empty(x.shape(), x.dtype(), d, Category::Activation);
-    dispatch(d, x.dtype(), [&](auto be, auto tag) {
-        using T = decltype(tag);
-        kernel::batchnorm_backward(be, dy.data<T>(), x.data<T>(), gamma.data<float>(),
-                                   gelu_beta ? beta.data<float>() : nullptr, save_mean.data<float>(),
-                                   save_invstd.data<float>(), dx.data<T>(), dgamma.data<float>(), dbeta.data<float>(),
-                                   p);
-    });
-    return dx;
-}
-
-// ---- layer normalization -------------------------------------------------------------------------------
-namespace {
-
-// x [..., D] as R rows of D values; the per-column tensors (gamma and its kin) must be [D].
-struct Rows {
-    int64_t R, D;
-};
-
-Rows layernorm_rows(const Tensor& x, std::initializer_list<Arg> per_column, const char* op) {
-    KILN_CHECK(x.ndim() >= 1 && x.size(x.ndim() - 1) > 0, op, ": 'x' should be [..., D] with D > 0 but is ",
-               x.desc());
-    const Rows rows{x.numel() / x.size(x.ndim() - 1), x.size(x.ndim() - 1)};
-    for (const Arg& a : per_column) check_shape(a.t, Shape{rows.D}, op, a.name);
-    return rows;
-}
-
-}  // namespace
-
-Tensor layernorm(const Tensor& x_in, const Tensor& gamma, const Tensor& beta, float eps, Tensor* save_mean,
-                 Tensor* save_invstd, Tensor* saved_x) {
-    const char* op = "layernorm";
-    const Tensor x = AmpCast(CastPolicy::F32, x_in.dtype()).input(x_in);
-    const Device d = check_args(op, {{x, "x"}});
-    check_f32_args(op, {x, "x"}, {{gamma, "gamma"}, {beta, "beta"}});
-    const Rows rows = layernorm_rows(x, {{gamma, "gamma"}, {beta, "beta"}}, op);
-    Tensor y = Tensor::empty(x.shape(), x.dtype(), d, Category::Activation);
-    *save_mean = Tensor::empty(Shape{rows.R}, DType::F32, d, Category::Activation);
-    *save_invstd = Tensor::empty(Shape{rows.R}, DType::F32, d, Category::Activation);
-    dispatch(d, x.dtype(), [&](auto be, auto tag) {
-        using T = decltype(tag);
-        kernel::layernorm_forward(be, x.data<T>(), gamma.data<float>(), beta.data<float>(), y.data<T>(),
-                                  save_mean->data<float>(), save_invstd->data<float>(), rows.R, rows.D, eps);
-    });
-    if (saved_x) *saved_x = x;
-    return y;
-}
-
-Tensor layernorm_backward(const Tensor& dy_in, const Tensor& x_in, const Tensor& gamma, const Tensor& save_mean,
-                          const Tensor& save_invstd, Tensor& dgamma, Tensor& dbeta) {
-    const char* op = "layernorm_backward";
-    const AmpCast amp(CastPolicy::F32, x_in.dtype());
-    const Tensor x = amp.input(x_in), dy = amp.input(dy_in);
-    const Device d = check_args(op, {{dy, "dy"}, {x, "x"}});
-    check_f32_args(op, {x, "x"},
-                   {{gamma, "gamma"}, {save_mean, "save_mean"}, {save_invstd, "save_invstd"}, {dgamma, "dgamma"},
-                    {dbeta, "dbeta"}});
-    check_shape(dy, x.shape(), op, "dy");
-    const Rows rows = layernorm_rows(x, {{gamma, "gamma"}, {dgamma, "dgamma"}, {dbeta, "dbeta"}}, op);
-    check_shape(save_mean, Shape{rows.R}, op, "save_mean");
-    check_shape(save_invstd, Shape{rows.R}, op, "save_invstd");
-    Tensor dx = Tensor::empty(x.shape(), x.dtype(), d, Category::Activation);
-    dispatch(d, x.dtype(), [&](auto be, auto tag) {
-        using T = decltype(tag);
-        kernel::layernorm_backward(be, dy.data<T>(), x.data<T>(), gamma.data<float>(), save_mean.data<float>(),
-                                   save_invstd.data<float>(), dx.data<T>(), dgamma.data<float>(), dbeta.data<float>(),
-                                   rows.R, rows.D);
     });
     return dx;
 }

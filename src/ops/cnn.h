@@ -1,16 +1,14 @@
-// cnn.h — the operations of convolutional networks on tensors: convolution, pooling, batch and
-// layer normalization, GELU, dropout (chapters 03, 05, 06). Like ops.h, each casts its inputs to
+// cnn.h — the operations of convolutional networks on tensors: convolution, pooling, GELU,
+// dropout (chapters 03, 05, 06; the normalizations are in ops/norm.h). Like ops.h, each casts its inputs to
 // the type autocast's table gives it (ops/autocast.h: its class is named below), checks its
 // arguments once (shapes, dtypes, devices: the error names the op and the tensor), takes its
 // outputs from the current allocator (Category::Activation; convolution's workspace:
-// Category::Workspace) and runs the kernel (ops/kernels/: conv.h, pool.h, norm.h,
-// elementwise.h) of the tensors' device. The layers of src/nn/ call these.
+// Category::Workspace) and runs the kernel (ops/kernels/: conv.h, pool.h, elementwise.h)
+// of the tensors' device. The layers of src/nn/ call these.
 //
 // Element types: f32, f16 and bf16 (the kernels are templates on it). Every tensor an op takes
 // or returns has x's dtype (after autocast's cast) — a mixed pair is an error naming the
-// tensor — except the norms'
-// parameters and statistics (gamma, beta, running and saved statistics, dgamma, dbeta), which
-// are f32 whatever x is; argmax stays i32 and dropout's mask u8. Sums are taken in f32 (or
+// tensor — except argmax, which stays i32, and dropout's mask, u8. Sums are taken in f32 (or
 // double), each result rounded to x's type once (ops/kernels/; cpu/conv.cpp says where a
 // convolution rounds more than once). Letters as in ops/params.h.
 #pragma once
@@ -81,34 +79,6 @@ Tensor avgpool2d_backward(const Tensor& dy, const Shape& x_shape, const Pool2dAr
 // [N, C, H, W] → [N, C]: the mean of each plane; backward spreads dy / (H·W) over it.
 Tensor global_avgpool(const Tensor& x);
 Tensor global_avgpool_backward(const Tensor& dy, const Shape& x_shape);
-
-// ---- batch normalization (autocast class Input) -------------------------------------------
-// x [N, C, ...] normalized per channel C over the other dimensions (ops/kernels/norm.h has the
-// formulas). gamma, beta, running statistics: f32 [C], whatever x's dtype.
-// Training: batch statistics; updates running_mean and running_var; fills *save_mean and
-// *save_invstd ([C]) and, if not null, *saved_x (x as the kernel read it) for the backward pass.
-// gelu: return GELU(y), GELU fused after the normalization (nn/fuse.h), in the same kernel.
-Tensor batchnorm_train(const Tensor& x, const Tensor& gamma, const Tensor& beta, Tensor& running_mean,
-                       Tensor& running_var, float eps, float momentum, Tensor* save_mean, Tensor* save_invstd,
-                       Tensor* saved_x = nullptr, bool gelu = false);
-// Evaluation: the running statistics.
-Tensor batchnorm_eval(const Tensor& x, const Tensor& gamma, const Tensor& beta, const Tensor& running_mean,
-                      const Tensor& running_var, float eps, bool gelu = false);
-// Returns dx; dgamma and dbeta accumulate. gelu_beta: the forward ran with gelu, dy is the
-// gradient of GELU(y), and y is recomputed from x, the statistics, gamma and this beta.
-Tensor batchnorm_backward(const Tensor& dy, const Tensor& x, const Tensor& gamma, const Tensor& save_mean,
-                          const Tensor& save_invstd, Tensor& dgamma, Tensor& dbeta, const Tensor* gelu_beta = nullptr);
-
-// ---- layer normalization (autocast class F32) -------------------------------------------------
-// x [..., D] normalized over its last dimension, one row of D values at a time (nn/norm.h has
-// the formulas); gamma, beta: f32 [D]. Fills *save_mean and *save_invstd (f32 [R], one per
-// row: R is the product of x's other dimensions) and, if not null, *saved_x (x as the kernel
-// read it: f32 under autocast) for the backward pass.
-Tensor layernorm(const Tensor& x, const Tensor& gamma, const Tensor& beta, float eps, Tensor* save_mean,
-                 Tensor* save_invstd, Tensor* saved_x = nullptr);
-// Returns dx; dgamma and dbeta accumulate.
-Tensor layernorm_backward(const Tensor& dy, const Tensor& x, const Tensor& gamma, const Tensor& save_mean,
-                          const Tensor& save_invstd, Tensor& dgamma, Tensor& dbeta);
 
 // ---- GELU and dropout (elementwise: autocast class Input) ----------------------------------
 Tensor gelu(const Tensor& x, Tensor* saved_x = nullptr);  // x · Φ(x); *saved_x: x as read, for the backward

@@ -1,5 +1,5 @@
 // norm.cpp — batch normalization on the CPU (chapter 06) and layer normalization; their contracts
-// are in ops/kernels/norm.h.
+// are in ops/norm.h.
 //
 // Letters as in ops/params.h: x [N, C, S], S = H·W (1 for BatchNorm1d), M = N·S values per channel.
 // Layer norm: x [R, D], R rows of D values.
@@ -24,7 +24,7 @@
 #include "core/parallel.h"
 #include "ops/cpu/f32_blocks.h"
 #include "ops/cpu/gelu.h"
-#include "ops/kernels/norm.h"
+#include "ops/norm.h"
 
 namespace kiln::cpu {
 namespace {
@@ -148,7 +148,7 @@ void batchnorm_forward_eval(const T* x, const float* gamma, const float* beta, c
 }
 
 // pass 1: Σ dy and Σ dy·(x − mean);   pass 2: dx = gamma·invstd·(dy − Σdy/M − (x − mean)·invstd²·Σdy(x−mean)/M)
-// (the formula of ops/kernels/norm.h with x̂ = (x − mean)·invstd written out).
+// (the formula of ops/norm.h with x̂ = (x − mean)·invstd written out).
 // With p.gelu, dy is dz: each channel's y = (x − mean)·g + beta (the forward's rows, g = gamma·invstd
 // its scale) and dy = dz · GELU'(y) are written to a buffer of the channel's M values first, by the
 // loops the separate layers run, so the sums read the same T values those layers stored.
