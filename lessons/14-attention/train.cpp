@@ -21,8 +21,9 @@
 // AdamW's moments of its piece of the parameters only (--zero 1, ZeRO-1: dist/zero.h, which also
 // clips by the global norm), and of the gradients too (--zero 2: dist/zero2.h, each bucket
 // reduce-scattered into its piece during backward) and of the parameters too (--zero 3:
-// dist/zero3.h, each block gathered only while it runs; no --save, --resume or --memory, and the
-// model gathered whole after training for the last evaluation and the sample). Every rank
+// dist/zero3.h, each block gathered only while it runs; --save writes one file a rank, which --resume
+// reads on as many ranks; no --memory; the model gathered whole after training for the last
+// evaluation and the sample). Every rank
 // evaluates the same model; rank 0 prints, writes the checkpoints (every rank helps gather them)
 // and samples.
 #include <chrono>
@@ -33,7 +34,7 @@
 #include "core/allocator.h"         // defines: BumpAllocator, format_bytes, memory_summary
 #include "data/text.h"              // defines: load_text, TextWindows, decode_utf8
 #include "dist/data_parallel.h"     // defines: DataParallel
-#include "dist/zero3.h"             // defines: ZeroOptimizer, Zero3Optimizer, gpt_zero_optimizer
+#include "dist/zero3.h"             // defines: ZeroOptimizer, Zero3Optimizer, gpt_zero_optimizer, save_gpt_shard, resume_gpt_shard
 #include "mpi/launch.h"             // defines: run_ranks, start_ranks
 #include "nn/gpt.h"                 // defines: GPT, make_gpt, generate
 #include "optim/grad_scaler.h"      // defines: GradScaler
@@ -90,9 +91,6 @@ void check_ranks(const CommonFlags& flags, const Lesson14Flags& o, Device device
     KILN_USAGE_CHECK(!(o.zero >= 2 && o.memory), "--memory is chapter 08's prediction, which shards no gradient: for "
                      "--zero ", o.zero, " ask chapter 15's planner (lesson-15 --plan --model baby-gpt --zero ", o.zero,
                      " --gpus ", flags.world_size, ")");
-    KILN_USAGE_CHECK(!(o.zero == 3 && (!flags.save.empty() || !flags.resume.empty())), "--zero 3 keeps no whole "
-                     "parameter on any rank, and --save writes one whole model: use --zero 2 to save and resume (ZeRO-3's "
-                     "checkpoints are sharded, one file a rank: Zero3Optimizer::save_shard)");
     KILN_USAGE_CHECK(!o.offload || device == Device::CUDA, "--offload moves AdamW's state from a GPU's memory to the "
                      "host's: it needs --device cuda (on the CPU the state is in the host's memory already)");
     KILN_USAGE_CHECK(!(o.offload && o.zero >= 1), "--offload with --zero ", o.zero, " is not built (each rank would update "
@@ -240,8 +238,11 @@ int run(int argc, char** argv, MpiCommunicator& mpi) {
 
     // --resume: the weights, AdamW's moments, the step and the batches' seed; batch k is a function
     // of (seed, k), so the run goes on with the batches it would have drawn
+    // (--zero 3: each rank its own shard, dist/zero3.h's gpt_shard_path)
     const GPTProgress at = flags.resume.empty() ? GPTProgress{0, flags.seed}
-                                                : resume_gpt(flags.resume, *model, *opt, text.tokenizer);
+                           : o.zero == 3 ? resume_gpt_shard(flags.resume, *model, static_cast<ZeroOptimizer&>(*opt),
+                                                            text.tokenizer, mpi.rank(), mpi.size())
+                                         : resume_gpt(flags.resume, *model, *opt, text.tokenizer);
     const int64_t first = at.step;
     if (!flags.resume.empty()) {
         std::printf("resumed from %s: %lld steps done\n", flags.resume.c_str(), (long long)first);
@@ -250,8 +251,12 @@ int run(int argc, char** argv, MpiCommunicator& mpi) {
                         (unsigned long long)at.seed, (unsigned long long)flags.seed);
     }
     const auto save = [&](int64_t steps_done) {
-        if (!flags.save.empty())
-            save_gpt_checkpoint(flags.save, *model, *opt, text.tokenizer, GPTProgress{steps_done, at.seed}, mpi.rank() == 0);
+        if (flags.save.empty()) return;
+        const GPTProgress done{steps_done, at.seed};
+        if (o.zero == 3)  // one file a rank, nothing gathered
+            save_gpt_shard(flags.save, *model, static_cast<ZeroOptimizer&>(*opt), text.tokenizer, done, mpi.rank(), mpi.size());
+        else
+            save_gpt_checkpoint(flags.save, *model, *opt, text.tokenizer, done, mpi.rank() == 0);
     };
     TextWindows batches(text.train, o.gpt.block_size, flags.batch_size, at.seed, "the training split");
     BumpAllocator arena("step arena", device);
@@ -280,8 +285,8 @@ int run(int argc, char** argv, MpiCommunicator& mpi) {
         }
     }
     const double train_seconds = seconds_since(start);
-    if (o.zero == 3) static_cast<Zero3Optimizer&>(*opt).gather_model();  // whole for the evaluation and the sample
     if (first < o.recipe.iters) save(o.recipe.iters);
+    if (o.zero == 3) static_cast<Zero3Optimizer&>(*opt).gather_model();  // whole for the evaluation and the sample
     const double val = gpt_eval_loss(*model, text.val, o.gpt.block_size, 64, 0, device);
     std::printf("%s", memory_summary(device).c_str());  // each allocator's peak (rank 0's), and the limit if any
     if (o.offload)

@@ -2,9 +2,13 @@
 #include "dist/zero3.h"
 
 #include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
 
 #include "core/allocator.h"
 #include "core/error.h"
+#include "io/safetensors.h"
 #include "nn/gpt.h"
 #include "train/gpt_recipe.h"
 
@@ -177,6 +181,65 @@ std::vector<int64_t> Zero3Optimizer::state_elements(Module&) const {
     for (size_t i = 0; i < params_.size(); i++)
         elements.push_back(std::max<int64_t>(0, std::min(at_[i] + shapes_[i].numel(), hi) - std::max(at_[i], lo)));
     return elements;
+}
+
+// ---- sharded GPT checkpoints ------------------------------------------------------------------
+std::string gpt_shard_path(const std::string& path, int rank, int world) {
+    const std::filesystem::path p(path);
+    const std::string name = p.stem().string() + ".rank" + std::to_string(rank) + "-of-" + std::to_string(world) +
+                             p.extension().string();
+    return (p.parent_path() / name).string();
+}
+
+void save_gpt_shard(const std::string& save_dir, GPT& model, ZeroOptimizer& optimizer, const CharTokenizer& vocabulary,
+                    const GPTProgress& at, int rank, int world) {
+    StateDict state;
+    state.share_cpu_tensors = true;  // written before anything changes
+    record_gpt_run(state, model, vocabulary, at.seed);
+    state.set("train.step", at.step);
+    optimizer.save_shard(state, "optimizer");
+    std::error_code error;
+    std::filesystem::create_directories(save_dir, error);
+    KILN_CHECK(!error, "--save ", save_dir, ": cannot create the folder (", error.message(), ")");
+    if (rank == 0) vocabulary.save(save_dir + "/vocab.json");
+    const std::string last = gpt_shard_path(save_dir + "/last.safetensors", rank, world);
+    write_safetensors(last, state, gpt_shard_path(save_dir + "/prev.safetensors", rank, world));
+    if (rank == 0) std::printf("saved %s (one file a rank, %d ranks)\n", last.c_str(), world);
+}
+
+namespace {
+
+// The world of a sharded checkpoint beside `path` (its rank 0's file "<stem>.rank0-of-<p>..."),
+// 0 when there is none.
+int shard_world_beside(const std::string& path) {
+    const std::filesystem::path p(path);
+    const std::string head = p.stem().string() + ".rank0-of-";
+    std::error_code error;
+    const std::filesystem::path dir = p.parent_path().empty() ? "." : p.parent_path();
+    for (std::filesystem::directory_iterator it(dir, error), end; !error && it != end; it.increment(error)) {
+        const std::string name = it->path().filename().string();
+        if (name.compare(0, head.size(), head) == 0) return std::atoi(name.c_str() + head.size());
+    }
+    return 0;
+}
+
+}  // namespace
+
+GPTProgress resume_gpt_shard(const std::string& path, GPT& model, ZeroOptimizer& optimizer, const CharTokenizer& corpus,
+                             int rank, int world) {
+    const std::string mine = gpt_shard_path(path, rank, world);
+    if (!std::filesystem::exists(mine)) {
+        const int saved = shard_world_beside(path);
+        KILN_CHECK(saved == 0, "--resume ", path, " with --zero 3 on ", world, " rank(s): rank ", rank, " reads ", mine,
+                   ", which does not exist; the folder holds a checkpoint of ", saved, " ranks (",
+                   gpt_shard_path(path, 0, saved), "): resume with mpirun -np ", saved);
+        KILN_FAIL("--resume ", path, " with --zero 3: rank ", rank, " reads its shard ", mine, ", which does not exist ",
+                  "(--zero 3 --save writes one file a rank; a whole checkpoint resumes with --zero 0, 1 or 2)");
+    }
+    const StateDict state = read_safetensors(mine);
+    const uint64_t seed = resume_gpt_run(mine, state, model, corpus);
+    optimizer.load_shard(state, "optimizer");
+    return GPTProgress{state.get_int("train.step", 0, INT64_MAX), seed};
 }
 
 }  // namespace kiln

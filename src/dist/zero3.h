@@ -28,11 +28,9 @@
 #include <vector>
 
 #include "dist/zero2.h"
+#include "train/gpt_recipe.h"
 
 namespace kiln {
-
-class GPT;
-struct GPTRecipe;
 
 struct Zero3Options {
     std::vector<Module*> units;                    // each gathered only while it runs (the GPT's blocks)
@@ -95,5 +93,24 @@ private:
 // The recipe's AdamW (gpt_adamw) over decay_groups, sharded by ZeRO stage 1, 2 or 3 over comm's ranks,
 // with the options above: what lesson-14 --zero and chapter 15's measurements run.
 std::unique_ptr<ZeroOptimizer> gpt_zero_optimizer(GPT& model, const GPTRecipe& recipe, int stage, Communicator& comm);
+
+// ---- lesson-14 --zero 3 --save and --resume: a sharded GPT checkpoint, one file a rank ----------
+// The file of rank r of p for a checkpoint named `path`: "DIR/last.safetensors" ->
+// "DIR/last.rank<r>-of-<p>.safetensors". The world is in the name, so a run of another size finds
+// no file of its own and says which world wrote the folder.
+std::string gpt_shard_path(const std::string& path, int rank, int world);
+// Every rank writes save_dir/last.rank<r>-of-<p>.safetensors (the one before kept as
+// prev.rank<r>-of-<p>.safetensors): its shard (ZeroOptimizer::save_shard: its piece of the
+// parameter slab and of AdamW's moments, the step count and lrs, its rank and world), the run as
+// every lesson-14 checkpoint records it (record_gpt_run: shape, batches' seed, vocabulary, dropout
+// streams) and "train.step"; rank 0 also writes save_dir/vocab.json. Nothing is gathered.
+void save_gpt_shard(const std::string& save_dir, GPT& model, ZeroOptimizer& optimizer, const CharTokenizer& vocabulary,
+                    const GPTProgress& at, int rank, int world);
+// --resume PATH under --zero 3: rank r of p reads gpt_shard_path(PATH, r, p) into a freshly built
+// model and optimizer (a collective: load_shard gathers the root's parameters). A missing file is
+// refused naming it and, when the folder holds rank 0's file of another world, that world ("resume
+// with mpirun -np N"); the run's record is checked as resume_gpt checks it.
+GPTProgress resume_gpt_shard(const std::string& path, GPT& model, ZeroOptimizer& optimizer, const CharTokenizer& corpus,
+                             int rank, int world);
 
 }  // namespace kiln

@@ -121,6 +121,20 @@ void save_checkpoint(const std::string& path, TrainingRun& run, const ResumePoin
     write_safetensors(path, checkpoint_state(run, at));
 }
 
+void save_streams(StateDict& state, const std::vector<std::pair<std::string, Rng*>>& rngs) {
+    for (const auto& [name, rng] : rngs) {
+        state.set_u64("train.rng." + name + ".seed", rng->seed_hash());
+        state.set_u64("train.rng." + name + ".counter", rng->counter());
+    }
+}
+
+void load_streams(const StateDict& state, const std::vector<std::pair<std::string, Rng*>>& rngs) {
+    for (const auto& [name, rng] : rngs) {
+        const uint64_t seed = state.get_u64("train.rng." + name + ".seed");
+        rng->set_state(seed, state.get_u64("train.rng." + name + ".counter"));
+    }
+}
+
 StateDict checkpoint_state(TrainingRun& run, const ResumePoint& at) {
     // Written out before anything changes, so CPU tensors are shared, not copied; a model on a
     // GPU is copied to host memory, never to device memory.
@@ -142,10 +156,7 @@ StateDict checkpoint_state(TrainingRun& run, const ResumePoint& at) {
         // a share of each epoch per rank (chapter 12): only when there are several
         if (run.loader->options().world_size > 1) s.set(kWorldSize, int64_t(run.loader->options().world_size));
     }
-    for (const auto& [name, rng] : run.rngs) {
-        s.set_u64("train.rng." + name + ".seed", rng->seed_hash());
-        s.set_u64("train.rng." + name + ".counter", rng->counter());
-    }
+    save_streams(s, run.rngs);
     if (run.schedule.epochs > 0) {
         s.set(kScheduleEpochs, run.schedule.epochs);
         s.set(kScheduleLrs, join(lr_texts(run.schedule.epoch_start_lrs)));
@@ -202,10 +213,7 @@ ResumePoint load_checkpoint(const std::string& path, TrainingRun& run) {
                    "GradScaler, --amp f16) and this run has none. Resume with the --amp it was trained with");
         const ResumePoint at = resume_point(s, run);
         if (run.loader) restore_loader(s, *run.loader, at);
-        for (const auto& [name, rng] : run.rngs) {  // the streams go on as they were, whatever this run's seed
-            const uint64_t seed = s.get_u64("train.rng." + name + ".seed");
-            rng->set_state(seed, s.get_u64("train.rng." + name + ".counter"));
-        }
+        load_streams(s, run.rngs);
         return at;
     });
 }

@@ -95,6 +95,12 @@ void save_checkpoint(const std::string& path, TrainingRun& run, const ResumePoin
 // every rank — and rank 0 alone writes it.
 StateDict checkpoint_state(TrainingRun& run, const ResumePoint& at);
 
+// The random streams' seeds and counters, under "train.rng.<name>.seed" and ".counter": what
+// checkpoint_state writes of run.rngs and load_checkpoint puts back (the streams go on as they
+// were, whatever this run's seed).
+void save_streams(StateDict& state, const std::vector<std::pair<std::string, Rng*>>& rngs);
+void load_streams(const StateDict& state, const std::vector<std::pair<std::string, Rng*>>& rngs);
+
 // Reads a checkpoint into a freshly built run (same model, optimizer and flags), puts the
 // loader at `at.epoch`, `at.position` and returns `at`. The run continues exactly: the loader
 // takes the checkpoint's seed (the data order and augmentations go on as they were, whatever

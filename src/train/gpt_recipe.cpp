@@ -140,12 +140,10 @@ CharTokenizer recorded_vocabulary(const std::string& path, const StateDict& stat
 
 void save_gpt_checkpoint(const std::string& save_dir, GPT& model, Optimizer& optimizer, const CharTokenizer& vocabulary,
                          const GPTProgress& at, bool main_process) {
-    TrainingRun run{model, optimizer, nullptr, nullptr, random_streams(model)};
+    TrainingRun run{model, optimizer};
     StateDict state = checkpoint_state(run, ResumePoint{0, 0, at.step});  // every rank: a collective under ZeRO-1
     if (!main_process) return;
-    for (const ShapeEntry& e : kShape) state.set(e.key, model.config.*e.field);
-    state.set_u64(kSeed, at.seed);
-    state.set(kVocabulary, vocabulary.to_json());
+    record_gpt_run(state, model, vocabulary, at.seed);
     std::error_code error;
     std::filesystem::create_directories(save_dir, error);
     KILN_CHECK(!error, "--save ", save_dir, ": cannot create the folder (", error.message(), ")");
@@ -176,8 +174,14 @@ LoadedGPT load_gpt_checkpoint(const std::string& path, AttentionKind attention) 
     });
 }
 
-GPTProgress resume_gpt(const std::string& path, GPT& model, Optimizer& optimizer, const CharTokenizer& corpus) {
-    const StateDict state = read_safetensors(path);
+void record_gpt_run(StateDict& state, GPT& model, const CharTokenizer& vocabulary, uint64_t seed) {
+    for (const ShapeEntry& e : kShape) state.set(e.key, model.config.*e.field);
+    state.set_u64(kSeed, seed);
+    state.set(kVocabulary, vocabulary.to_json());
+    save_streams(state, random_streams(model));
+}
+
+uint64_t resume_gpt_run(const std::string& path, const StateDict& state, GPT& model, const CharTokenizer& corpus) {
     const std::string diff = corpus.difference(recorded_vocabulary(path, state), "this run's text", "the checkpoint's");
     KILN_CHECK(diff.empty(), "--resume ", path, ": the text's characters are not the vocabulary the checkpoint was "
                "trained with (", diff, "): resume with the --data and --limit of its run");
@@ -186,9 +190,16 @@ GPTProgress resume_gpt(const std::string& path, GPT& model, Optimizer& optimizer
         KILN_CHECK(saved == now, "--resume ", path, ": this run's model has ", e.flag, " ", now, ", the checkpoint's ",
                    saved, ": resume with the flags it was trained with");
     }
-    TrainingRun run{model, optimizer, nullptr, nullptr, random_streams(model)};
+    with_hint((" (in checkpoint '" + path + "')").c_str(), [&] { load_streams(state, random_streams(model)); });
+    return state.get_u64(kSeed);
+}
+
+GPTProgress resume_gpt(const std::string& path, GPT& model, Optimizer& optimizer, const CharTokenizer& corpus) {
+    const StateDict state = read_safetensors(path);
+    const uint64_t seed = resume_gpt_run(path, state, model, corpus);
+    TrainingRun run{model, optimizer};
     const int64_t step = load_checkpoint(path, run).step;
-    return GPTProgress{step, state.get_u64(kSeed)};
+    return GPTProgress{step, seed};
 }
 
 }  // namespace kiln

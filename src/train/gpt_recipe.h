@@ -93,6 +93,16 @@ struct GPTProgress {
 void save_gpt_checkpoint(const std::string& save_dir, GPT& model, Optimizer& optimizer, const CharTokenizer& vocabulary,
                          const GPTProgress& at, bool main_process = true);
 
+// What every lesson-14 checkpoint records of its run besides the weights, the optimizer and the
+// step: the GPT's shape, the batches' seed and the vocabulary (the keys above), and its dropout
+// streams (the model's named modules'). save_gpt_checkpoint writes it into the whole checkpoint,
+// save_gpt_shard (dist/zero3.h) into every rank's shard.
+void record_gpt_run(StateDict& state, GPT& model, const CharTokenizer& vocabulary, uint64_t seed);
+// A checkpoint's record against this run: its vocabulary against the text's, its shape against the
+// model's, each refused naming `path` and the flag to give; the dropout streams put back where they
+// were. Returns the batches' seed.
+uint64_t resume_gpt_run(const std::string& path, const StateDict& state, GPT& model, const CharTokenizer& corpus);
+
 // The vocabulary of a checkpoint: the vocab.json beside it, checked against the one the file
 // records. Missing, unreadable, or another text's (a vocab.json copied from another run) is an
 // error naming both files and where the two vocabularies differ.
