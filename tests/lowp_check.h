@@ -3,7 +3,7 @@
 // GPU); and the CPU against CUDA in f16. Each op's cases live in its own test file, tagged [lowp]
 // (or [dtype]) and with the op's tag: test_conv.cpp, test_pool.cpp, test_norm.cpp, test_gelu.cpp,
 // test_dropout.cpp, and with the sharper bound of a kernel that rounds once (require_rounded_once
-// below) test_gemm.cpp and test_ops.cpp.
+// below) test_gemm.cpp, test_ops.cpp and test_conv.cpp's tensor-core cases.
 //
 // ---- The inputs -----------------------------------------------------------------------------
 // Random f32 values rounded to T first, so that the f16 (or bf16) op and the f32 op start from
