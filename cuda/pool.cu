@@ -1,5 +1,5 @@
 // pool.cu — the CUDA twins of src/ops/cpu/pool.cpp: max, average and global average pooling,
-// forward and backward. Declared once for both in ops/kernels/pool.h; pointers are device
+// forward and backward. Declared once for both in ops/pool.h; pointers are device
 // memory. Templates on the element type T = float, f16 or bf16 (compared and summed in float or
 // double, each result rounded to T once).
 //
@@ -40,7 +40,7 @@
 #include <cmath>
 
 #include "common.cuh"
-#include "ops/kernels/pool.h"
+#include "ops/pool.h"
 
 namespace kiln::cuda {
 

@@ -16,6 +16,7 @@
 #include "ops/attention.h"
 #include "ops/autocast.h"
 #include "ops/cnn.h"
+#include "ops/pool.h"
 #include "ops/ops.h"
 #include "train/loop.h"
 
@@ -148,7 +149,7 @@ namespace {
 // One op of a class, run forward and backward on an input of type `in`: the types its output
 // and its dx come out in.
 using test::AmpRun;
-using AmpOp = AmpRun (*)(DType in);
+using OpRun = AmpRun (*)(DType in);
 
 Tensor input(const Shape& s, DType t) {
     Rng rng(7);
@@ -229,7 +230,7 @@ AmpRun run_softmax(DType in) {
 // type, then the class overridden to F32 and to LowPrecision). Here some ops of every class; each
 // op's own test file checks it too (batch norm and layer norm: test_norm.cpp).
 TEST_CASE("autocast: every class is what its ops run in", "[autocast][lesson09][cpu]") {
-    const std::vector<std::pair<CastPolicy, std::vector<AmpOp>>> classes = {
+    const std::vector<std::pair<CastPolicy, std::vector<OpRun>>> classes = {
         {CastPolicy::LowPrecision, {run_conv2d, run_linear, run_attention}},
         {CastPolicy::F32, {run_cross_entropy, run_softmax}},
         {CastPolicy::Widest, {run_add}},
@@ -237,7 +238,7 @@ TEST_CASE("autocast: every class is what its ops run in", "[autocast][lesson09][
     };
     for (const auto& [op_class, ops] : classes) {
         INFO("class " << int(op_class));
-        for (AmpOp run : ops) test::check_autocast_class(op_class, run);
+        for (OpRun run : ops) test::check_autocast_class(op_class, run);
     }
 }
 

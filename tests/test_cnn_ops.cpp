@@ -9,6 +9,7 @@
 #include "core/tensor.h"
 #include "ops/cnn.h"
 #include "ops/norm.h"
+#include "ops/pool.h"
 
 using namespace kiln;
 using Catch::Matchers::Contains;

@@ -13,7 +13,6 @@
 #include "ops/check.h"
 #include "ops/kernels/conv.h"
 #include "ops/kernels/elementwise.h"
-#include "ops/kernels/pool.h"
 
 namespace kiln {
 
@@ -119,116 +118,6 @@ Tensor conv2d_backward(const Tensor& x_in, const Tensor& w_in, const Tensor& dy_
     col = Tensor();  // the workspace goes back to the pool before the low gradients are widened
     gw.add_to_grad();
     gb.add_to_grad();
-    return dx;
-}
-
-// ---- pooling -----------------------------------------------------------------------------------------
-namespace {
-
-// The kernel's sizes for an input shape [N, C, H, W], checked: a window must fit the input.
-Pool2dParams pool_params(const Shape& s, const Pool2dArgs& a, const char* op) {
-    KILN_CHECK(s.ndim == 4, op, ": 'x' should be [N, C, H, W] but is ", s.str());
-    KILN_CHECK(a.kernel > 0 && a.stride > 0 && a.padding >= 0, op, ": kernel ", a.kernel, " and stride ", a.stride,
-               " must be ≥ 1, padding ", a.padding, " ≥ 0");
-    Pool2dParams p;
-    p.N = s[0], p.C = s[1], p.H = s[2], p.W = s[3];
-    p.KH = p.KW = a.kernel, p.stride = a.stride, p.padding = a.padding;
-    KILN_CHECK(p.H + 2 * a.padding >= a.kernel && p.W + 2 * a.padding >= a.kernel, op, ": a ", a.kernel, "x",
-               a.kernel, " window does not fit the input ", s.str(), " with padding ", a.padding);
-    return p;
-}
-
-Shape pooled_shape(const Pool2dParams& p) { return Shape{p.N, p.C, p.P(), p.Q()}; }
-
-}  // namespace
-
-Shape pool2d_output_shape(const Shape& x_shape, const Pool2dArgs& a) {
-    return pooled_shape(pool_params(x_shape, a, "pool2d_output_shape"));
-}
-
-Tensor maxpool2d(const Tensor& x_in, const Pool2dArgs& a, Tensor* argmax) {
-    const Tensor x = AmpCast(CastPolicy::Input, x_in.dtype()).input(x_in);
-    const Device d = check_args("maxpool2d", {{x, "x"}});
-    const Pool2dParams p = pool_params(x.shape(), a, "maxpool2d");
-    Tensor y = Tensor::empty(pooled_shape(p), x.dtype(), d, Category::Activation);
-    *argmax = Tensor::empty(y.shape(), DType::I32, d, Category::Activation);
-    dispatch(d, x.dtype(), [&](auto be, auto tag) {
-        using T = decltype(tag);
-        kernel::maxpool2d_forward(be, x.data<T>(), y.data<T>(), argmax->data<int32_t>(), p);
-    });
-    return y;
-}
-
-Tensor maxpool2d_backward(const Tensor& dy_in, const Tensor& argmax, const Shape& x_shape, const Pool2dArgs& a) {
-    const char* op = "maxpool2d_backward";
-    const Tensor dy = AmpCast(CastPolicy::Input, dy_in.dtype()).input(dy_in);
-    const Device d = check_args(op, {{dy, "dy"}});
-    const Pool2dParams p = pool_params(x_shape, a, op);
-    check_shape(dy, pooled_shape(p), op, "dy");
-    check_shape(argmax, pooled_shape(p), op, "argmax");
-    check_dtype(argmax, DType::I32, op, "argmax");
-    check_same_device(dy, argmax, op);
-    Tensor dx = Tensor::empty(x_shape, dy.dtype(), d, Category::Activation);
-    dispatch(d, dy.dtype(), [&](auto be, auto tag) {
-        using T = decltype(tag);
-        kernel::maxpool2d_backward(be, dy.data<T>(), argmax.data<int32_t>(), dx.data<T>(), p);
-    });
-    return dx;
-}
-
-Tensor avgpool2d(const Tensor& x_in, const Pool2dArgs& a) {
-    const Tensor x = AmpCast(CastPolicy::Input, x_in.dtype()).input(x_in);
-    const Device d = check_args("avgpool2d", {{x, "x"}});
-    const Pool2dParams p = pool_params(x.shape(), a, "avgpool2d");
-    Tensor y = Tensor::empty(pooled_shape(p), x.dtype(), d, Category::Activation);
-    dispatch(d, x.dtype(), [&](auto be, auto tag) {
-        using T = decltype(tag);
-        kernel::avgpool2d_forward(be, x.data<T>(), y.data<T>(), p);
-    });
-    return y;
-}
-
-Tensor avgpool2d_backward(const Tensor& dy_in, const Shape& x_shape, const Pool2dArgs& a) {
-    const char* op = "avgpool2d_backward";
-    const Tensor dy = AmpCast(CastPolicy::Input, dy_in.dtype()).input(dy_in);
-    const Device d = check_args(op, {{dy, "dy"}});
-    const Pool2dParams p = pool_params(x_shape, a, op);
-    check_shape(dy, pooled_shape(p), op, "dy");
-    Tensor dx = Tensor::empty(x_shape, dy.dtype(), d, Category::Activation);
-    dispatch(d, dy.dtype(), [&](auto be, auto tag) {
-        using T = decltype(tag);
-        kernel::avgpool2d_backward(be, dy.data<T>(), dx.data<T>(), p);
-    });
-    return dx;
-}
-
-Tensor global_avgpool(const Tensor& x_in) {
-    const Tensor x = AmpCast(CastPolicy::Input, x_in.dtype()).input(x_in);
-    const Device d = check_args("global_avgpool", {{x, "x"}});
-    KILN_CHECK(x.ndim() == 4 && x.size(2) * x.size(3) > 0,
-               "global_avgpool: 'x' should be [N, C, H, W] with H·W > 0 but is ", x.desc());
-    const int64_t NC = x.size(0) * x.size(1), S = x.size(2) * x.size(3);
-    Tensor y = Tensor::empty({x.size(0), x.size(1)}, x.dtype(), d, Category::Activation);
-    dispatch(d, x.dtype(), [&](auto be, auto tag) {
-        using T = decltype(tag);
-        kernel::global_avgpool_forward(be, x.data<T>(), y.data<T>(), NC, S);
-    });
-    return y;
-}
-
-Tensor global_avgpool_backward(const Tensor& dy_in, const Shape& x_shape) {
-    const char* op = "global_avgpool_backward";
-    const Tensor dy = AmpCast(CastPolicy::Input, dy_in.dtype()).input(dy_in);
-    const Device d = check_args(op, {{dy, "dy"}});
-    KILN_CHECK(x_shape.ndim == 4 && x_shape[2] * x_shape[3] > 0, op,
-               ": the input shape should be [N, C, H, W] with H·W > 0 but is ", x_shape.str());
-    check_shape(dy, Shape{x_shape[0], x_shape[1]}, op, "dy");
-    const int64_t NC = x_shape[0] * x_shape[1], S = x_shape[2] * x_shape[3];
-    Tensor dx = Tensor::empty(x_shape, dy.dtype(), d, Category::Activation);
-    dispatch(d, dy.dtype(), [&](auto be, auto tag) {
-        using T = decltype(tag);
-        kernel::global_avgpool_backward(be, dy.data<T>(), dx.data<T>(), NC, S);
-    });
     return dx;
 }
 

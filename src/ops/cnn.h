@@ -1,10 +1,10 @@
-// cnn.h — the operations of convolutional networks on tensors: convolution, pooling, GELU,
-// dropout (chapters 03, 05, 06; the normalizations are in ops/norm.h). Like ops.h, each casts its inputs to
-// the type autocast's table gives it (ops/autocast.h: its class is named below), checks its
-// arguments once (shapes, dtypes, devices: the error names the op and the tensor), takes its
-// outputs from the current allocator (Category::Activation; convolution's workspace:
-// Category::Workspace) and runs the kernel (ops/kernels/: conv.h, pool.h, elementwise.h)
-// of the tensors' device. The layers of src/nn/ call these.
+// cnn.h — the operations of convolutional networks on tensors: convolution, GELU, dropout
+// (chapters 03, 05, 06; pooling is in ops/pool.h, the normalizations in ops/norm.h). Like
+// ops.h, each casts its inputs to the type its autocast class gives it (ops/autocast.h: the
+// class is named below), checks its arguments once (shapes, dtypes, devices: the error names the
+// op and the tensor), takes its outputs from the current allocator (Category::Activation;
+// convolution's workspace: Category::Workspace) and runs the kernel (ops/kernels/: conv.h,
+// elementwise.h) of the tensors' device. The layers of src/nn/ call these.
 //
 // Element types: f32, f16 and bf16 (the kernels are templates on it). Every tensor an op takes
 // or returns has x's dtype (after autocast's cast) — a mixed pair is an error naming the
@@ -59,26 +59,6 @@ Tensor conv2d(const Tensor& x, const Tensor& w, const Tensor& b, const Conv2dArg
 // dx = conv_transpose(dy, w) [N, C, H, W] in x's type, else an undefined tensor.
 Tensor conv2d_backward(const Tensor& x, const Tensor& w, const Tensor& dy, Tensor& dw, Tensor& db, bool need_dx,
                        const Conv2dArgs& a);
-
-// ---- pooling (autocast class Input) ---------------------------------------------------------
-// Square K×K windows; x [N, C, H, W] → [N, C, P, Q].
-struct Pool2dArgs {
-    int64_t kernel = 1, stride = 1, padding = 0;
-};
-
-// [N, C, P, Q] for an input [N, C, H, W] (checks that a window fits).
-Shape pool2d_output_shape(const Shape& x_shape, const Pool2dArgs& a);
-
-// y = max over each window; *argmax (i32 [N, C, P, Q]) gets where each maximum came from.
-Tensor maxpool2d(const Tensor& x, const Pool2dArgs& a, Tensor* argmax);
-// dx [N, C, H, W] (x_shape): dy scattered to the argmax positions.
-Tensor maxpool2d_backward(const Tensor& dy, const Tensor& argmax, const Shape& x_shape, const Pool2dArgs& a);
-// y = mean over each window (padding counts as 0 and is counted).
-Tensor avgpool2d(const Tensor& x, const Pool2dArgs& a);
-Tensor avgpool2d_backward(const Tensor& dy, const Shape& x_shape, const Pool2dArgs& a);
-// [N, C, H, W] → [N, C]: the mean of each plane; backward spreads dy / (H·W) over it.
-Tensor global_avgpool(const Tensor& x);
-Tensor global_avgpool_backward(const Tensor& dy, const Shape& x_shape);
 
 // ---- GELU and dropout (elementwise: autocast class Input) ----------------------------------
 Tensor gelu(const Tensor& x, Tensor* saved_x = nullptr);  // x · Φ(x); *saved_x: x as read, for the backward

@@ -27,7 +27,7 @@
 #include "ops/cpu/convert_simd.h"
 #include "ops/cpu/f32_blocks.h"
 #include "ops/cpu/short_rows.h"
-#include "ops/kernels/pool.h"
+#include "ops/pool.h"
 
 namespace kiln::cpu {
 namespace {
