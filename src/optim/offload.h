@@ -64,7 +64,8 @@ public:
     // Takes over an SGD, Adam or AdamW whose parameters are on the GPU (Device::CUDA): the same
     // groups, options and state (moved to the host if it has stepped); the weights' host copies
     // are taken now. Refuses parameters on the CPU (nothing to offload: drop --offload) and any
-    // other optimizer (a ZeRO optimizer, which shards instead, included) by name.
+    // other optimizer (a ZeRO optimizer, which shards instead, included) by name. A scheduler is
+    // attached to this optimizer, not to the one given (which is gone after this).
     explicit OffloadedOptimizer(std::unique_ptr<Optimizer> device_optimizer);
     void step() override;
     std::vector<Tensor> state_of(size_t i) const override { return host_->state_of(i); }
