@@ -1,16 +1,19 @@
 // test_offload.cpp — the optimizer's state on the host (optim/offload.h, chapter 15): training
-// steps with it are the GPU-resident optimizer's bit for bit (losses, weights, moments, the
-// checkpoint's state), the GPU keeps none of it while the host's pinned memory does, the measured
+// steps with it are the GPU-resident optimizer's bit for bit on kiln's emulator (losses, weights,
+// moments, the checkpoint's state; to 1e-5 on a GPU, whose compiler may fuse multiply-adds), the GPU keeps none of it while the host's pinned memory does, the measured
 // step's device bytes equal chapter 15's plan with offload, and the bad uses are refused.
 //
 //   make test T='[offload]'
 #include <catch2/catch.hpp>
 
+#include <algorithm>
+#include <cmath>
 #include <functional>
 #include <memory>
 #include <vector>
 
 #include "core/allocator.h"
+#include "core/cuda_memory.h"
 #include "fixtures.h"
 #include "nn/gpt.h"
 #include "optim/adam.h"
@@ -34,8 +37,27 @@ GPTConfig small_gpt() {
 
 using test::random_ids;
 
-// The same bytes, wherever the two tensors live.
-bool same_bits(const Tensor& a, const Tensor& b) { return test::same_bits(a.to(Device::CPU), b.to(Device::CPU)); }
+// On kiln's emulator the GPU's kernels and the CPU's round alike: the same bytes, wherever the two
+// tensors live. On a GPU nvcc may fuse a·b + c into one rounding where the CPU's kernel rounds
+// twice (cuda/optim.cu), so there the values agree to 1e-5 of the largest.
+bool same_values(const Tensor& a, const Tensor& b) {
+    const Tensor x = a.to(Device::CPU), y = b.to(Device::CPU);
+    if (cuda::is_emulated()) return test::same_bits(x, y);
+    if (x.shape() != y.shape() || x.dtype() != DType::F32 || y.dtype() != DType::F32) return false;
+    float largest = 0.0f, diff = 0.0f;
+    for (int64_t i = 0; i < x.numel(); i++) {
+        largest = std::max({largest, std::fabs(x.data<float>()[i]), std::fabs(y.data<float>()[i])});
+        diff = std::max(diff, std::fabs(x.data<float>()[i] - y.data<float>()[i]));
+    }
+    return diff <= 1e-5f * largest;
+}
+
+bool same_losses(const std::vector<float>& a, const std::vector<float>& b) {
+    if (cuda::is_emulated() || a.size() != b.size()) return a == b;
+    for (size_t i = 0; i < a.size(); i++)
+        if (std::fabs(a[i] - b[i]) > 1e-5f * std::fabs(a[i])) return false;
+    return true;
+}
 
 struct Run {
     std::vector<float> losses;
@@ -82,13 +104,13 @@ TEST_CASE("offload: steps with the optimizer's state on the host are the GPU's, 
                           Case{"SGD", sgd, DType::F32}}) {
         INFO(k.name << ", " << dtype_name(k.amp));
         const Run gpu = train(k.make, false, k.amp, 2), off = train(k.make, true, k.amp, 2);
-        CHECK(gpu.losses == off.losses);
+        CHECK(same_losses(gpu.losses, off.losses));
         const std::vector<Parameter*> a = gpu.model->parameters(), b = off.model->parameters();
         REQUIRE(a.size() == b.size());
         for (size_t i = 0; i < a.size(); i++) {
             INFO(a[i]->name);
             CHECK(b[i]->value.device() == Device::CUDA);
-            CHECK(same_bits(a[i]->value, b[i]->value));
+            CHECK(same_values(a[i]->value, b[i]->value));
         }
         size_t n = 0;  // the state: on the GPU for one, on the host for the other, the same bits
         for (const ParamGroup& g : gpu.optimizer->param_groups()) n += g.params.size();
@@ -99,7 +121,7 @@ TEST_CASE("offload: steps with the optimizer's state on the host are the GPU's, 
             for (size_t j = 0; j < s.size(); j++) {
                 CHECK(s[j].device() == Device::CUDA);
                 CHECK(t[j].device() == Device::CPU);
-                CHECK(same_bits(s[j], t[j]));
+                CHECK(same_values(s[j], t[j]));
             }
         }
         StateDict sa, sb;  // the same keys and values: a checkpoint resumes with or without offload
@@ -110,7 +132,7 @@ TEST_CASE("offload: steps with the optimizer's state on the host are the GPU's, 
         for (const auto& [key, tensor] : sa.tensors) {
             INFO(key);
             REQUIRE(sb.tensors.count(key) == 1);
-            CHECK(same_bits(tensor, sb.tensors.at(key)));
+            CHECK(same_values(tensor, sb.tensors.at(key)));
         }
     }
 }
@@ -135,11 +157,12 @@ TEST_CASE("offload: resumed from a checkpoint's state, an offloaded optimizer go
     BumpAllocator arena("step", Device::CUDA);
     const Tensor x = random_ids(3, c.block_size, c.vocab_size, 11).to(Device::CUDA);
     const Tensor y = random_ids(3, c.block_size, c.vocab_size, 21).to(Device::CUDA);
-    CHECK(train_step(*model, *optimizer, x, y, StepOptions{&arena, 1.0f}).loss == straight.losses[1]);
+    const float loss = train_step(*model, *optimizer, x, y, StepOptions{&arena, 1.0f}).loss;
+    CHECK(same_losses({loss}, {straight.losses[1]}));
     const std::vector<Parameter*> want = straight.model->parameters();
     for (size_t i = 0; i < to.size(); i++) {
         INFO(to[i]->name);
-        CHECK(same_bits(to[i]->value, want[i]->value));
+        CHECK(same_values(to[i]->value, want[i]->value));
     }
 }
 
