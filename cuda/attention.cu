@@ -88,7 +88,7 @@ __global__ void check_ids_kernel(const int32_t* ids, int64_t N, int64_t V, unsig
 void check_ids(const int32_t* ids, int64_t N, int64_t V, const char* op) {
     detail::Workspace ws(sizeof(unsigned long long));
     unsigned long long* bad = ws.as<unsigned long long>();
-    KILN_CUDA_CHECK(cudaMemsetAsync(bad, 0, sizeof *bad, 0));
+    KILN_CUDA_CHECK(cudaMemsetAsync(bad, 0, sizeof *bad, cuda_detail::launch_stream()));
     const dim3 grid(blocks_for(N)), block(kBlock);
     KILN_LAUNCH(check_ids_kernel, grid, block, 0)(ids, N, V, bad);
     KILN_CHECK_LAUNCH(check_ids_kernel, grid, block);

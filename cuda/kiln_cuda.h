@@ -5,7 +5,9 @@
 //                             fibers on a CPU thread, blocks in parallel on OpenMP threads
 //
 // What a .cu file uses from here:
-//   KILN_LAUNCH(kernel, grid, block, shared_bytes)(args...);   kernel<<<grid, block, shared_bytes>>>(args...)
+//   KILN_LAUNCH(kernel, grid, block, shared_bytes)(args...);   kernel<<<grid, block, shared_bytes, s>>>(args...)
+//                                             on kiln's launch stream s (below: the legacy stream,
+//                                             or the capturing one during a CUDA Graph capture)
 //   KILN_LAUNCH_STREAM(kernel, grid, block, shared_bytes, stream)(args...);
 //   KILN_CHECK_LAUNCH(kernel, grid, block);   after every launch: throws kiln::Error naming the
 //                                             kernel, its shapes, the CUDA error and what to try;
@@ -47,7 +49,25 @@ inline std::atomic<bool>& kernel_timing() {
 }
 void kernel_timing_start(const char* kernel, cudaStream_t stream);  // cuda/kernel_times.cu
 void kernel_timing_stop();
+// ---- the stream every KILN_LAUNCH goes to, and the launches counted -----------------------------
+// kiln launches its kernels, device-to-device copies and fills on the legacy default stream
+// (nullptr), which orders them with every synchronous copy — except while a CUDA Graph is being
+// captured (cuda/graph.cu, --cuda-graph): then on the capturing stream, which records them
+// instead of running them (the legacy stream cannot capture).
+inline std::atomic<cudaStream_t>& launch_stream_slot() {
+    static std::atomic<cudaStream_t> s{nullptr};
+    return s;
+}
+inline cudaStream_t launch_stream() { return launch_stream_slot().load(std::memory_order_relaxed); }
+// The kernel launches the host has made (KILN_LAUNCH), captured ones included: per training step
+// what --time-report prints as the launch count (a replayed graph launches none of its kernels
+// from the host). One relaxed atomic add per launch.
+inline std::atomic<int64_t>& host_launches() {
+    static std::atomic<int64_t> n{0};
+    return n;
+}
 inline void launch_begins(const char* kernel, cudaStream_t stream) {
+    host_launches().fetch_add(1, std::memory_order_relaxed);
     if (kernel_timing().load(std::memory_order_relaxed)) kernel_timing_start(kernel, stream);
 }
 inline void launch_ends() {
@@ -63,8 +83,9 @@ inline void launch_ends() {
 #include <cuda_runtime.h>
 #include <mma.h>  // nvcuda::wmma, the tensor cores' warp-level matrix API
 
-#define KILN_LAUNCH(kernel, grid, block, shared_bytes) \
-    ::kiln::cuda_detail::launch_begins(#kernel, nullptr), kernel<<<(grid), (block), (shared_bytes)>>>
+#define KILN_LAUNCH(kernel, grid, block, shared_bytes)                           \
+    ::kiln::cuda_detail::launch_begins(#kernel, ::kiln::cuda_detail::launch_stream()), \
+        kernel<<<(grid), (block), (shared_bytes), ::kiln::cuda_detail::launch_stream()>>>
 #define KILN_LAUNCH_STREAM(kernel, grid, block, shared_bytes, stream) \
     ::kiln::cuda_detail::launch_begins(#kernel, (stream)), kernel<<<(grid), (block), (shared_bytes), (stream)>>>
 // One unsigned char array under one name for every kernel, so templates and kernels in one file
@@ -83,9 +104,10 @@ inline std::string emulator_detail() { return {}; }
 #include "emu/wmma.h"  // the emulator's nvcuda::wmma
 #include "emu/mma.h"   // the emulator's ldmatrix and mma.sync (PTX)
 
-#define KILN_LAUNCH(kernel, grid, block, shared_bytes)            \
-    ::kiln::cuda_detail::launch_begins(#kernel, nullptr), \
-        ::kiln::emu::make_launch(#kernel, kernel, (grid), (block), (shared_bytes))
+#define KILN_LAUNCH(kernel, grid, block, shared_bytes)                           \
+    ::kiln::cuda_detail::launch_begins(#kernel, ::kiln::cuda_detail::launch_stream()), \
+        ::kiln::emu::make_launch(#kernel, kernel, (grid), (block), (shared_bytes),     \
+                                 ::kiln::cuda_detail::launch_stream())
 #define KILN_LAUNCH_STREAM(kernel, grid, block, shared_bytes, stream) \
     ::kiln::cuda_detail::launch_begins(#kernel, (stream)),           \
         ::kiln::emu::make_launch(#kernel, kernel, (grid), (block), (shared_bytes), (stream))
@@ -143,6 +165,17 @@ inline const char* async_fault_hint(cudaError_t e) {
                                                     : "";
 }
 
+// A call refused because a CUDA Graph was being captured (--cuda-graph): what a captured step may
+// not do.
+inline const char* capture_hint(cudaError_t e) {
+    const bool capture = e == cudaErrorStreamCaptureUnsupported || e == cudaErrorStreamCaptureImplicit ||
+                         e == cudaErrorStreamCaptureInvalidated;
+    return capture ? ". A CUDA Graph was being captured (--cuda-graph): a captured step must not read a value back "
+                     "to the host, wait for the GPU or allocate device memory; run without --cuda-graph, or leave "
+                     "out the option that reads back (a GradScaler, clipping)"
+                   : "";
+}
+
 inline std::string dim_str(dim3 d) {
     std::ostringstream os;
     os << "(" << d.x << ", " << d.y << ", " << d.z << ")";
@@ -173,7 +206,7 @@ inline std::string launch_failure(const char* kernel, dim3 grid, dim3 block, cud
     std::ostringstream os;
     os << "kernel " << kernel << " <<<grid " << dim_str(grid) << ", block " << dim_str(block)
        << ">>> failed: " << cudaGetErrorString(e) << " (" << cudaGetErrorName(e) << ")"
-       << emulator_detail() << ". Try: " << launch_hint(e) << async_fault_hint(e);
+       << emulator_detail() << ". Try: " << launch_hint(e) << async_fault_hint(e) << capture_hint(e);
     return os.str();
 }
 
@@ -186,7 +219,8 @@ inline std::string launch_failure(const char* kernel, dim3 grid, dim3 block, cud
             KILN_FAIL(#call, " failed: ", cudaGetErrorString(kiln_cuda_err_), " (",          \
                       cudaGetErrorName(kiln_cuda_err_), ")",                                 \
                       ::kiln::cuda_detail::emulator_detail(),                                \
-                      ::kiln::cuda_detail::async_fault_hint(kiln_cuda_err_));                \
+                      ::kiln::cuda_detail::async_fault_hint(kiln_cuda_err_),                 \
+                      ::kiln::cuda_detail::capture_hint(kiln_cuda_err_));                    \
     } while (0)
 
 #define KILN_CHECK_LAUNCH(kernel, grid, block)                                                  \

@@ -102,7 +102,7 @@ __global__ void softmax_cross_entropy_kernel(const T* z, const int32_t* y, T* dz
 template <typename T>
 void softmax_cross_entropy(const T* z, const int32_t* y, T* dz, int64_t N, int64_t C, float smoothing,
                            LossTotals* out) {
-    KILN_CUDA_CHECK(cudaMemsetAsync(out, 0, sizeof *out, 0));
+    KILN_CUDA_CHECK(cudaMemsetAsync(out, 0, sizeof *out, cuda_detail::launch_stream()));
     if (N == 0) return;
     detail::Workspace ws(size_t(N) * sizeof(float));
     float* row_loss = ws.as<float>();

@@ -79,12 +79,14 @@ void copy_to_device_async(void* dst, const void* src, size_t bytes) {
 
 void copy_device_to_device(void* dst, const void* src, size_t bytes) {
     if (bytes == 0) return;
-    KILN_CUDA_CHECK(cudaMemcpy(dst, src, bytes, cudaMemcpyDeviceToDevice));
+    // queued like a kernel (on the capturing stream during a CUDA Graph capture); a device-to-
+    // device cudaMemcpy does not wait for the host either
+    KILN_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, cuda_detail::launch_stream()));
 }
 
 void memset_device(void* dst, int value, size_t bytes) {
     if (bytes == 0) return;
-    KILN_CUDA_CHECK(cudaMemset(dst, value, bytes));
+    KILN_CUDA_CHECK(cudaMemsetAsync(dst, value, bytes, cuda_detail::launch_stream()));
 }
 
 void* malloc_host(size_t bytes) {
@@ -152,6 +154,9 @@ void PinnedStaging::copy_to_device(void* dst, const void* src, size_t bytes) {
     KILN_CUDA_CHECK(cudaEventRecord(static_cast<cudaEvent_t>(done_), 0));
     used_ += bytes;
 }
+
+bool capturing() { return cuda_detail::launch_stream() != nullptr; }
+int64_t kernel_launches() { return cuda_detail::host_launches().load(); }
 
 void read_sync_launches_env() { cuda_detail::read_sync_launches_env(); }
 int64_t launch_syncs() { return cuda_detail::launch_syncs().load(); }

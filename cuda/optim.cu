@@ -177,7 +177,7 @@ __global__ void unscale_and_check_kernel(SegmentTable<1> table, float inv_scale,
 // One flag for all the tensors: zeroed once, read back once (one launch per kMaxSegments of them).
 bool unscale_and_check(float* const* grads, const int64_t* sizes, int64_t count, float inv_scale) {
     detail::Workspace flag(sizeof(int));
-    KILN_CUDA_CHECK(cudaMemset(flag.as<int>(), 0, sizeof(int)));
+    KILN_CUDA_CHECK(cudaMemsetAsync(flag.as<int>(), 0, sizeof(int), cuda_detail::launch_stream()));
     bool any = false;
     for_each_table<1>(sizes, count, {reinterpret_cast<const void* const*>(grads)}, [&](const SegmentTable<1>& table) {
         const dim3 grid(detail::blocks_for(table.start[table.count])), block(detail::kBlock);

@@ -50,6 +50,9 @@
 #               256-1024; the summary's table gives kiln's share of PyTorch's speed
 #   time-NN     --time-report 3 of each trainer 04-09, and of lesson 06 at the capstone's widths
 #               (64/256/256, batch 256): each kernel's time in one training step, from CUDA events
+#   time-05-graph
+#               lesson 05's step launched kernel by kernel and as one CUDA Graph (--cuda-graph),
+#               200 steps each (after --time-report 200's table): ms/step, img/s, launches per step
 #   ncu         Nsight Compute's Speed of Light for the kernels of one training step of the
 #               64/256/256 net (its first 200; the summary lists the slowest); ABSENT without ncu
 #   lab         each lab page: every version validated against the CPU, then timed as a share of
@@ -284,12 +287,14 @@ if [[ $DRY == 1 ]]; then
     LESSON_ARGS[10]+=" --rounds 1 --finetune-epochs 1"
     LESSON_ARGS[11]+=" --calib-batches 2"
     TIME_ARGS="--time-report 1"
+    GRAPH_ARGS="--time-report 2"
     WIDE_ARGS="--width1 64 --width2 256 --width3 256 --batch-size 8"
 else
     for n in 04 05 06 07 08 09 11 12; do LESSON_ARGS[$n]="--epochs 1"; done
     LESSON_ARGS[10]="--epochs 1 --rounds 1 --finetune-epochs 1"
     FULL_ARGS=""
     TIME_ARGS="--time-report 3"
+    GRAPH_ARGS="--time-report 200"
     WIDE_ARGS="--width1 64 --width2 256 --width3 256 --batch-size 256"
 fi
 
@@ -376,6 +381,10 @@ for n in 04 05 06 07 08 09; do
     # shellcheck disable=SC2086
     step "time-$n" 30 "$KILN" "lesson-$n" --device cuda $TIME_ARGS ${LESSON_ARGS[$n]/--epochs 1/}
 done
+# Lesson 05's LeNet step launched kernel by kernel and as one CUDA Graph (--cuda-graph), in one run:
+# after the time report, 200 steps each way, their ms/step, img/s and the host's launches per step
+# shellcheck disable=SC2086
+step time-05-graph 30 "$KILN" lesson-05 --device cuda $GRAPH_ARGS ${LESSON_ARGS[05]/--epochs 1/} --cuda-graph
 # shellcheck disable=SC2086
 step time-wide 30 "$KILN" lesson-06 --device cuda $TIME_ARGS ${LESSON_ARGS[06]/--epochs 1/} $WIDE_ARGS
 # the same step with each batch norm and its GELU as one layer (lesson 06's --fuse): 12 launches fewer
@@ -574,6 +583,10 @@ done
     echo "--- training throughput, img/s (random inputs of the real shapes; torch: f32 with TF32 off, bf16 autocast)"
     throughput_table
     grep -h '^attention' "$STEPS/attention-torch.log" 2>/dev/null | sed '1s/^/--- chapter 14: /'
+    if [[ -s $STEPS/time-05-graph.log ]]; then
+        echo "--- lesson 05, kernel by kernel against one CUDA Graph per step (--cuda-graph)"
+        grep -h -A2 '^launches per step' "$STEPS/time-05-graph.log"
+    fi
     echo "--- the slowest kernels of one training step (--time-report, CUDA events): launches, ms, share of kernel time"
     for n in 04 05 06 07 08 09 wide; do
         [[ -s $STEPS/time-$n.log ]] || continue

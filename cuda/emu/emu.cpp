@@ -983,8 +983,15 @@ std::string check_global_writes(LaunchState& L, std::uint64_t b) {
 
 }  // namespace
 
+namespace {
+std::atomic<std::uint64_t> kernels_launched{0};
+}  // namespace
+
+std::uint64_t kernels_run() { return kernels_launched.load(); }
+
 void launch(const char* name, const void* kernel, dim3 grid, dim3 block, std::size_t shared_bytes,
             ThreadFn run_thread, const void* args, const WritableArgs& writable) {
+    kernels_launched++;
     cudaError_t code = cudaSuccess;
     const std::string bad = check_shape(grid, block, shared_bytes, kernel, &code);
     if (!bad.empty()) {

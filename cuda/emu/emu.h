@@ -32,6 +32,8 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <functional>
+#include <memory>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -216,6 +218,22 @@ DeviceAllocation device_allocation(const void* p);
 // loop's loss read back, train/loss_log.h). Tests count them; the GPU has no such counter.
 std::uint64_t copies_to_host();
 
+// How many kernels the emulator has run (each kernel of a replayed graph counts) and how many
+// graphs it has launched (cudaGraphLaunch): what a profiler's timeline (nsys) shows on a GPU.
+// With a captured training step, a step is one graph launch that runs the step's kernels.
+std::uint64_t kernels_run();
+std::uint64_t graph_launches();
+
+// --- stream capture (runtime.cpp) ------------------------------------------------------------
+// Whether any stream is capturing into a CUDA Graph now.
+bool capture_running();
+// While `stream` captures: records `node` (run at every cudaGraphLaunch of the graph) and returns
+// true; otherwise false, and the caller runs its operation now.
+bool capture_node(cudaStream_t stream, const char* name, std::function<void()> node);
+// A call a GPU refuses while a capture runs: invalidates every running capture (its
+// cudaStreamEndCapture fails) and fails with `code` and a message naming `call` and `why`.
+cudaError_t refuse_during_capture(cudaError_t code, const std::string& call, const char* why);
+
 // The emulator's explanation of the latest failed CUDA call or launch on this host thread
 // (which kernel, block and thread, what went wrong); empty after a call that succeeded
 // without error ever having been set.
@@ -261,12 +279,22 @@ public:
     void operator()(Args&&... args) const {
         static_assert(sizeof...(Args) == sizeof...(Params),
                       "kernel launched with a different number of arguments than it takes");
-        const Frame frame{kernel_, std::tuple<std::decay_t<Params>...>(std::forward<Args>(args)...)};
-        WritableArgs writable;
-        if (racecheck()) collect_all_writable(frame.params, writable, std::index_sequence_for<Params...>{});
-        launch(name_, reinterpret_cast<const void*>(kernel_), grid_, block_, shared_,
-               &run_thread, &frame, writable);
+        if (capture_running()) {  // a capturing stream records the launch; the legacy stream refuses it
+            auto frame = std::make_shared<const Frame>(
+                Frame{kernel_, std::tuple<std::decay_t<Params>...>(std::forward<Args>(args)...)});
+            const Launch self = *this;
+            if (capture_node(stream_, name_, [self, frame] { self.run(*frame); })) return;
+            if (!stream_) {
+                refuse_during_capture(cudaErrorStreamCaptureImplicit, std::string("kernel ") + name_,
+                                      "a launch on the legacy stream would wait for the capturing stream");
+                return;
+            }
+            run(*frame);
+            return;
+        }
+        run(Frame{kernel_, std::tuple<std::decay_t<Params>...>(std::forward<Args>(args)...)});
     }
+    void with_stream(cudaStream_t stream) { stream_ = stream; }
 
 private:
     struct Frame {
@@ -277,6 +305,11 @@ private:
     static void collect_all_writable(const Tuple& params, WritableArgs& out, std::index_sequence<I...>) {
         (collect_writable(std::get<I>(params), static_cast<int>(I), out), ...);
     }
+    void run(const Frame& frame) const {
+        WritableArgs writable;
+        if (racecheck()) collect_all_writable(frame.params, writable, std::index_sequence_for<Params...>{});
+        launch(name_, reinterpret_cast<const void*>(kernel_), grid_, block_, shared_, &run_thread, &frame, writable);
+    }
     static void run_thread(const void* p) {
         const Frame& f = *static_cast<const Frame*>(p);
         std::apply(f.kernel, f.params);  // the kernel takes its parameters by value: a copy each
@@ -286,12 +319,15 @@ private:
     void (*kernel_)(Params...);
     dim3 grid_, block_;
     std::size_t shared_;
+    cudaStream_t stream_ = nullptr;  // the legacy default stream
 };
 
 template <typename... Params>
 Launch<Params...> make_launch(const char* name, void (*kernel)(Params...), dim3 grid, dim3 block,
-                              std::size_t shared_bytes, cudaStream_t /*stream*/ = nullptr) {
-    return Launch<Params...>(name, kernel, grid, block, shared_bytes);
+                              std::size_t shared_bytes, cudaStream_t stream = nullptr) {
+    Launch<Params...> l(name, kernel, grid, block, shared_bytes);
+    l.with_stream(stream);
+    return l;
 }
 
 // --- collectives (implemented in emu.cpp) --------------------------------------------------------

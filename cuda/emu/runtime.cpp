@@ -7,7 +7,12 @@
 // destination is not device memory fails here too, with a message saying which pointer.
 //
 // Launches and copies are synchronous; streams and events exist so that code written for a GPU
-// runs unchanged (an event records the host clock). Errors are per host thread, like CUDA's:
+// runs unchanged (an event records the host clock). Stream capture (cudaStreamBeginCapture) is
+// real: while a stream captures, the kernels, copies and fills queued on it are recorded, not
+// run, and cudaGraphLaunch runs the recorded list again; a call a GPU refuses during a capture
+// (an allocation, a synchronous copy, a wait) is refused here with CUDA's code and a message
+// naming the call, and the capture is invalidated (its cudaStreamEndCapture fails), as CUDA's
+// default capture mode (cudaStreamCaptureModeGlobal) does. Errors are per host thread, like CUDA's:
 // cudaGetLastError returns the latest and resets it. Unlike a GPU's, a failed kernel does not
 // poison the context: later calls work.
 #include <omp.h>
@@ -17,15 +22,31 @@
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <map>
+#include <set>
 #include <mutex>
 #include <sstream>
 
 #include "emu.h"
 #include "traffic.h"
 
+// One recorded operation of a captured stream: a kernel launch, a copy or a fill, run again at
+// every cudaGraphLaunch. `name` is for messages.
+struct CaptureNode {
+    std::string name;
+    std::function<void()> run;
+};
 struct CUstream_st {
-    int unused = 0;
+    bool capturing = false;
+    std::string invalidated;         // why the capture can no longer succeed ("" while it can)
+    std::vector<CaptureNode> nodes;  // what the capture recorded, in order
+};
+struct CUgraph_st {
+    std::vector<CaptureNode> nodes;
+};
+struct CUgraphExec_st {
+    std::vector<CaptureNode> nodes;
 };
 struct CUevent_st {
     std::chrono::steady_clock::time_point time;
@@ -52,8 +73,49 @@ std::size_t& allocated_bytes() {
     return n;
 }
 std::atomic<std::uint64_t> device_to_host_copies{0};
+std::atomic<std::uint64_t> graphs_launched{0};
+
+// --- stream capture ---------------------------------------------------------------------------
+// The streams capturing now. In CUDA's default (global) capture mode a call that is unsafe during a
+// capture fails whichever thread makes it, so one set serves the whole program.
+std::mutex& capture_mutex() {
+    static std::mutex m;
+    return m;
+}
+std::set<cudaStream_t>& capturing_streams() {
+    static std::set<cudaStream_t> s;
+    return s;
+}
+std::atomic<int> captures_running{0};
 
 }  // namespace
+
+bool capture_running() { return captures_running.load(std::memory_order_relaxed) > 0; }
+
+// Refuses `call` because a capture is running: every capturing stream's capture is invalidated
+// (its cudaStreamEndCapture fails), and the call fails with `code` and a message saying why.
+cudaError_t refuse_during_capture(cudaError_t code, const std::string& call, const char* why) {
+    std::string streams;
+    {
+        std::lock_guard<std::mutex> lock(capture_mutex());
+        for (cudaStream_t s : capturing_streams()) {
+            if (s->invalidated.empty()) s->invalidated = call;
+            std::ostringstream os;
+            os << (streams.empty() ? "" : ", ") << static_cast<const void*>(s);
+            streams += os.str();
+        }
+    }
+    return set_error(code, call + " while stream " + streams + " is being captured into a CUDA Graph: " + why +
+                               "; the capture is invalidated (cudaStreamEndCapture will fail)");
+}
+
+bool capture_node(cudaStream_t stream, const char* name, std::function<void()> node) {
+    if (!capture_running()) return false;
+    std::lock_guard<std::mutex> lock(capture_mutex());
+    if (!stream || !capturing_streams().count(stream)) return false;
+    stream->nodes.push_back({name, std::move(node)});
+    return true;
+}
 
 std::vector<traffic::Span> traffic::device_allocations() {
     std::lock_guard<std::mutex> lock(memory_mutex());
@@ -105,7 +167,9 @@ std::string check_side(const char* call, const char* side, const void* p, std::s
     return {};
 }
 
-cudaError_t copy(const char* call, void* dst, const void* src, std::size_t count, cudaMemcpyKind kind) {
+// Checks a copy's pointers against its kind, then (perform) copies.
+cudaError_t copy(const char* call, void* dst, const void* src, std::size_t count, cudaMemcpyKind kind,
+                 bool perform = true) {
     if (count == 0) return cudaSuccess;
     if (!dst || !src) return set_error(cudaErrorInvalidValue, std::string(call) + ": a null pointer");
     std::string bad;
@@ -117,7 +181,7 @@ cudaError_t copy(const char* call, void* dst, const void* src, std::size_t count
     case cudaMemcpyDeviceToHost:
         bad = check_side(call, "source", src, count, true);
         if (bad.empty()) bad = check_side(call, "destination", dst, count, false);
-        device_to_host_copies++;
+        if (perform) device_to_host_copies++;
         break;
     case cudaMemcpyDeviceToDevice:
         bad = check_side(call, "destination", dst, count, true);
@@ -128,16 +192,43 @@ cudaError_t copy(const char* call, void* dst, const void* src, std::size_t count
     default: return set_error(cudaErrorInvalidMemcpyDirection, std::string(call) + ": unknown copy kind");
     }
     if (!bad.empty()) return set_error(cudaErrorInvalidValue, bad);
-    std::memmove(dst, src, count);
+    if (perform) std::memmove(dst, src, count);
     return cudaSuccess;
 }
 
-cudaError_t fill(const char* call, void* p, int value, std::size_t count) {
+cudaError_t fill(const char* call, void* p, int value, std::size_t count, bool perform = true) {
     if (count == 0) return cudaSuccess;
     const std::string bad = check_side(call, "destination", p, count, true);
     if (!bad.empty()) return set_error(cudaErrorInvalidValue, bad);
-    std::memset(p, value, count);
+    if (perform) std::memset(p, value, count);
     return cudaSuccess;
+}
+
+const char* kind_name(cudaMemcpyKind kind) {
+    switch (kind) {
+    case cudaMemcpyHostToDevice: return "host to device";
+    case cudaMemcpyDeviceToHost: return "device to host";
+    case cudaMemcpyDeviceToDevice: return "device to device";
+    default: return "host to host";
+    }
+}
+
+// A copy or a fill, given as `check` (its arguments' checks) and `run` (both: run(true) performs
+// it), on `stream`. While a capture runs: queued on the capturing stream, it is recorded (checked
+// now, run at each cudaGraphLaunch); a synchronous call, or one on the legacy stream (null), is
+// refused as CUDA refuses it — the legacy stream waits for every blocking stream, a capturing one
+// included, a dependency no graph can hold. Otherwise it runs now.
+cudaError_t on_stream(const std::string& call, bool synchronous, cudaStream_t stream,
+                      const std::function<cudaError_t(bool perform)>& op) {
+    if (!capture_running()) return op(true);
+    if (!synchronous && stream) {
+        if (const cudaError_t e = op(false); e != cudaSuccess) return e;
+        if (capture_node(stream, call.c_str(), [op] { op(true); })) return cudaSuccess;
+    }
+    return refuse_during_capture(
+        cudaErrorStreamCaptureImplicit, call,
+        synchronous ? "a synchronous call is ordered on the legacy stream, which would wait for the capturing stream"
+                    : "work queued on the legacy stream would wait for the capturing stream");
 }
 
 std::size_t host_memory() {
@@ -155,6 +246,7 @@ cudaError_t set_error(cudaError_t code, std::string detail) {
 std::string last_error_detail() { return last_detail; }
 
 std::uint64_t copies_to_host() { return device_to_host_copies.load(); }
+std::uint64_t graph_launches() { return graphs_launched.load(); }
 
 }  // namespace kiln::emu
 
@@ -192,6 +284,10 @@ cudaError_t cudaPeekAtLastError() { return kiln::emu::last_error; }
     X(cudaErrorMisalignedAddress, "misaligned address")                               \
     X(cudaErrorLaunchFailure, "unspecified launch failure")                           \
     X(cudaErrorNotSupported, "operation not supported")                               \
+    X(cudaErrorIllegalState, "operation not permitted in the current state")                     \
+    X(cudaErrorStreamCaptureUnsupported, "operation not permitted when stream is capturing")    \
+    X(cudaErrorStreamCaptureInvalidated, "operation failed due to a previous error during capture") \
+    X(cudaErrorStreamCaptureImplicit, "operation would make the legacy stream depend on a capturing blocking stream") \
     X(cudaErrorUnknown, "unknown error")
 
 const char* cudaGetErrorString(cudaError_t error) {
@@ -212,6 +308,11 @@ const char* cudaGetErrorName(cudaError_t error) {
 cudaError_t cudaMalloc(void** ptr, size_t size) {
     if (!ptr) return set_error(cudaErrorInvalidValue, "cudaMalloc: the result pointer is null");
     *ptr = nullptr;
+    if (kiln::emu::capture_running())
+        return kiln::emu::refuse_during_capture(
+            cudaErrorStreamCaptureUnsupported, "cudaMalloc (" + std::to_string(size) + " bytes)",
+            "a graph does not allocate again when it is launched, so memory a captured step uses must exist before "
+            "the capture");
     if (size == 0) return cudaSuccess;
     void* p = nullptr;
     if (posix_memalign(&p, 256, size) != 0)
@@ -228,6 +329,9 @@ cudaError_t cudaMalloc(void** ptr, size_t size) {
 
 cudaError_t cudaFree(void* ptr) {
     if (!ptr) return cudaSuccess;
+    if (kiln::emu::capture_running())
+        return kiln::emu::refuse_during_capture(cudaErrorStreamCaptureUnsupported, "cudaFree",
+                                                "cudaFree waits for the device, which a capture cannot record");
     {
         std::lock_guard<std::mutex> lock(kiln::emu::memory_mutex());
         auto it = kiln::emu::allocations().find(reinterpret_cast<std::uintptr_t>(ptr));
@@ -254,15 +358,32 @@ cudaError_t cudaFreeHost(void* ptr) {
     return cudaSuccess;
 }
 
+namespace kiln::emu {
+namespace {
+cudaError_t copy_on(const char* call, bool synchronous, void* dst, const void* src, size_t count,
+                    cudaMemcpyKind kind, cudaStream_t stream) {
+    const std::string what = std::string(call) + " (" + kind_name(kind) + ", " + std::to_string(count) + " bytes)";
+    return on_stream(what, synchronous, stream,
+                     [=](bool perform) { return copy(call, dst, src, count, kind, perform); });
+}
+cudaError_t fill_on(const char* call, bool synchronous, void* p, int value, size_t count, cudaStream_t stream) {
+    const std::string what = std::string(call) + " (" + std::to_string(count) + " bytes)";
+    return on_stream(what, synchronous, stream, [=](bool perform) { return fill(call, p, value, count, perform); });
+}
+}  // namespace
+}  // namespace kiln::emu
+
 cudaError_t cudaMemcpy(void* dst, const void* src, size_t count, cudaMemcpyKind kind) {
-    return kiln::emu::copy("cudaMemcpy", dst, src, count, kind);
+    return kiln::emu::copy_on("cudaMemcpy", true, dst, src, count, kind, nullptr);
 }
-cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t count, cudaMemcpyKind kind, cudaStream_t) {
-    return kiln::emu::copy("cudaMemcpyAsync", dst, src, count, kind);
+cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t count, cudaMemcpyKind kind, cudaStream_t stream) {
+    return kiln::emu::copy_on("cudaMemcpyAsync", false, dst, src, count, kind, stream);
 }
-cudaError_t cudaMemset(void* p, int value, size_t count) { return kiln::emu::fill("cudaMemset", p, value, count); }
-cudaError_t cudaMemsetAsync(void* p, int value, size_t count, cudaStream_t) {
-    return kiln::emu::fill("cudaMemsetAsync", p, value, count);
+cudaError_t cudaMemset(void* p, int value, size_t count) {
+    return kiln::emu::fill_on("cudaMemset", true, p, value, count, nullptr);
+}
+cudaError_t cudaMemsetAsync(void* p, int value, size_t count, cudaStream_t stream) {
+    return kiln::emu::fill_on("cudaMemsetAsync", false, p, value, count, stream);
 }
 
 // __constant__ and __device__ variables are ordinary globals in the emulator.
@@ -299,6 +420,9 @@ cudaError_t cudaGetDevice(int* device) {
     return cudaSuccess;
 }
 cudaError_t cudaDeviceSynchronize() {
+    if (kiln::emu::capture_running())
+        return kiln::emu::refuse_during_capture(cudaErrorStreamCaptureUnsupported, "cudaDeviceSynchronize",
+                                                "the host cannot wait for work that is recorded, not run");
     // Launches finish before they return; like a GPU, report a kernel's failure here too.
     return kiln::emu::last_error == cudaErrorLaunchFailure ? cudaErrorLaunchFailure : cudaSuccess;
 }
@@ -368,10 +492,17 @@ cudaError_t cudaStreamCreate(cudaStream_t* stream) {
 }
 cudaError_t cudaStreamCreateWithFlags(cudaStream_t* stream, unsigned) { return cudaStreamCreate(stream); }
 cudaError_t cudaStreamDestroy(cudaStream_t stream) {
+    if (stream && stream->capturing)
+        return set_error(cudaErrorIllegalState, "cudaStreamDestroy: the stream is capturing (end the capture first)");
     delete stream;
     return cudaSuccess;
 }
-cudaError_t cudaStreamSynchronize(cudaStream_t) { return cudaSuccess; }
+cudaError_t cudaStreamSynchronize(cudaStream_t) {
+    if (kiln::emu::capture_running())
+        return kiln::emu::refuse_during_capture(cudaErrorStreamCaptureUnsupported, "cudaStreamSynchronize",
+                                                "the host cannot wait for work that is recorded, not run");
+    return cudaSuccess;
+}
 cudaError_t cudaStreamQuery(cudaStream_t) { return cudaSuccess; }
 
 cudaError_t cudaEventCreate(cudaEvent_t* event) {
@@ -391,6 +522,9 @@ cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t) {
     return cudaSuccess;
 }
 cudaError_t cudaEventSynchronize(cudaEvent_t event) {
+    if (kiln::emu::capture_running())
+        return kiln::emu::refuse_during_capture(cudaErrorStreamCaptureUnsupported, "cudaEventSynchronize",
+                                                "the host cannot wait for work that is recorded, not run");
     return event ? cudaSuccess : set_error(cudaErrorInvalidResourceHandle, "cudaEventSynchronize: null event");
 }
 cudaError_t cudaEventQuery(cudaEvent_t event) {
@@ -401,5 +535,79 @@ cudaError_t cudaEventElapsedTime(float* ms, cudaEvent_t start, cudaEvent_t end) 
     if (!start->recorded || !end->recorded)
         return set_error(cudaErrorInvalidResourceHandle, "cudaEventElapsedTime: an event was never recorded");
     *ms = std::chrono::duration<float, std::milli>(end->time - start->time).count();
+    return cudaSuccess;
+}
+
+// --- stream capture and graphs: record a stream's work, launch it again -----------------------------
+cudaError_t cudaStreamBeginCapture(cudaStream_t stream, cudaStreamCaptureMode) {
+    if (!stream)
+        return set_error(cudaErrorStreamCaptureUnsupported,
+                         "cudaStreamBeginCapture: the legacy default stream cannot capture; create a stream");
+    std::lock_guard<std::mutex> lock(kiln::emu::capture_mutex());
+    if (stream->capturing)
+        return set_error(cudaErrorIllegalState, "cudaStreamBeginCapture: the stream is capturing already");
+    stream->capturing = true;
+    stream->invalidated.clear();
+    stream->nodes.clear();
+    kiln::emu::capturing_streams().insert(stream);
+    kiln::emu::captures_running++;
+    return cudaSuccess;
+}
+
+cudaError_t cudaStreamEndCapture(cudaStream_t stream, cudaGraph_t* graph) {
+    if (!graph) return set_error(cudaErrorInvalidValue, "cudaStreamEndCapture: null pointer");
+    *graph = nullptr;
+    std::lock_guard<std::mutex> lock(kiln::emu::capture_mutex());
+    if (!stream || !stream->capturing)
+        return set_error(cudaErrorIllegalState, "cudaStreamEndCapture: the stream is not capturing");
+    stream->capturing = false;
+    kiln::emu::capturing_streams().erase(stream);
+    kiln::emu::captures_running--;
+    std::vector<CaptureNode> nodes = std::move(stream->nodes);
+    stream->nodes.clear();
+    if (!stream->invalidated.empty())
+        return set_error(cudaErrorStreamCaptureInvalidated,
+                         "cudaStreamEndCapture: the capture was invalidated by " + stream->invalidated);
+    *graph = new CUgraph_st{std::move(nodes)};
+    return cudaSuccess;
+}
+
+cudaError_t cudaStreamIsCapturing(cudaStream_t stream, cudaStreamCaptureStatus* status) {
+    if (!status) return set_error(cudaErrorInvalidValue, "cudaStreamIsCapturing: null pointer");
+    std::lock_guard<std::mutex> lock(kiln::emu::capture_mutex());
+    *status = !stream || !stream->capturing  ? cudaStreamCaptureStatusNone
+              : stream->invalidated.empty() ? cudaStreamCaptureStatusActive
+                                            : cudaStreamCaptureStatusInvalidated;
+    return cudaSuccess;
+}
+
+cudaError_t cudaGraphInstantiate(cudaGraphExec_t* exec, cudaGraph_t graph, unsigned long long) {
+    if (!exec || !graph) return set_error(cudaErrorInvalidValue, "cudaGraphInstantiate: null argument");
+    *exec = new CUgraphExec_st{graph->nodes};
+    return cudaSuccess;
+}
+
+cudaError_t cudaGraphDestroy(cudaGraph_t graph) {
+    delete graph;
+    return cudaSuccess;
+}
+cudaError_t cudaGraphExecDestroy(cudaGraphExec_t exec) {
+    delete exec;
+    return cudaSuccess;
+}
+
+// Runs the recorded operations in order, as the one stream they were captured from ran them; a
+// kernel's failure stops the graph and is returned (a GPU would report it at the next wait).
+cudaError_t cudaGraphLaunch(cudaGraphExec_t exec, cudaStream_t stream) {
+    if (!exec) return set_error(cudaErrorInvalidResourceHandle, "cudaGraphLaunch: null graph");
+    if (kiln::emu::capture_running())
+        return kiln::emu::refuse_during_capture(cudaErrorStreamCaptureUnsupported, "cudaGraphLaunch",
+                                                "the emulator does not capture graph launches");
+    (void)stream;
+    kiln::emu::graphs_launched++;
+    for (const CaptureNode& node : exec->nodes) {
+        node.run();
+        if (const cudaError_t e = cudaPeekAtLastError(); e != cudaSuccess) return e;
+    }
     return cudaSuccess;
 }

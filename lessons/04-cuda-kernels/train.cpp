@@ -3,6 +3,7 @@
 //   make lesson-04                          # 4 epochs on --device cuda: the GPU, or the emulator
 //   make lesson-04 ARGS='--device cpu'      # the same run on the CPU kernels, to compare
 //   make lesson-04 ARGS='--limit 2000 --epochs 1'   # a quick look
+//   make lesson-04 ARGS='--cuda-graph'      # each step one CUDA Graph launch (train/step_graph.h)
 //
 // Nothing here is CUDA-specific: the tensors live on Device::CUDA, so every op in the step
 // (src/ops/ops.cpp) calls its kiln::cuda:: kernel instead of its kiln::cpu:: twin, and the
@@ -30,6 +31,8 @@ int main(int argc, char** argv) try {
     flags.lr = 0.05f;
     Cli cli("lesson-04", "Trains lesson 02's MLP on MNIST with the CUDA kernels (a GPU, or the emulator).");
     flags.add_to(cli);
+    cli.add("--cuda-graph", &flags.cuda_graph,
+            "launch each training step as one captured CUDA Graph (--device cuda; the README's \"launch overhead\")");
     cli.parse(argc, argv);
     Device device = flags.apply();
     auto start = std::chrono::steady_clock::now();

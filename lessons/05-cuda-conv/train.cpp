@@ -4,6 +4,7 @@
 //   make lesson-05                          # 12 epochs on --device cuda, ≥ 99.0% test accuracy
 //   make lesson-05 ARGS='--device cpu'      # the same run on the CPU kernels, to compare
 //   make lesson-05 ARGS='--limit 2000 --epochs 1'   # a quick look
+//   make lesson-05 ARGS='--cuda-graph'      # each step one CUDA Graph launch (train/step_graph.h)
 //
 // The trainer is lesson 03's with one default changed: --device cuda. Conv2d, MaxPool2d and
 // the rest dispatch on the tensors' device, so the same model runs each convolution by the
@@ -33,6 +34,8 @@ int main(int argc, char** argv) try {
     float momentum = 0.9f;
     Cli cli("lesson-05", "Trains lesson 03's LeNet on MNIST with the CUDA kernels (a GPU, or the emulator).");
     flags.add_to(cli);
+    cli.add("--cuda-graph", &flags.cuda_graph,
+            "launch each training step as one captured CUDA Graph (--device cuda; the README's \"launch overhead\")");
     cli.add("--momentum", &momentum, "SGD momentum", Cli::between(0, 1));
     cli.parse(argc, argv);
     Device device = flags.apply();

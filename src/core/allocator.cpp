@@ -209,7 +209,17 @@ static std::string oom_message(const std::string& who, Device device, size_t req
     return os.str();
 }
 
+// A CUDA Graph records addresses, not allocations: memory a captured step uses must have been
+// taken before the capture (train/step_graph.h warms its pool up with one uncaptured step).
+static void refuse_during_capture(const std::string& allocator, Device device, const char* what, size_t bytes) {
+    KILN_CHECK(device != Device::CUDA || !cuda::capturing(), "allocator '", allocator, "' would ", what, " ", bytes,
+               " bytes of device memory while a CUDA Graph is being captured (--cuda-graph): the captured step "
+               "needs memory its uncaptured warm-up step did not, so its shapes or its allocations differ from "
+               "step to step; run without --cuda-graph");
+}
+
 void* Allocator::system_alloc(size_t bytes, Category c, size_t request) {
+    refuse_during_capture(name_, device_, "take", bytes);
     int64_t limit = memory_limit(device_);
     int64_t reserved = Registry::get().reserved[int(device_)];
     if (limit > 0 && reserved + int64_t(bytes) > limit)
@@ -223,13 +233,22 @@ void* Allocator::system_alloc(size_t bytes, Category c, size_t request) {
 }
 
 void Allocator::system_free(void* ptr, size_t bytes) {
+    refuse_during_capture(name_, device_, "give back", bytes);
     if (device_ == Device::CPU) std::free(ptr);
     else cuda::free_device(ptr);
     note_reserve(-int64_t(bytes));
 }
 
 // ---- which allocator new tensors use --------------------------------------------------------
+static thread_local PoolAllocator* t_pool[2] = {nullptr, nullptr};  // PoolScope's
+
+PoolScope::PoolScope(PoolAllocator& pool) : previous_(t_pool[int(pool.device())]), device_(pool.device()) {
+    t_pool[int(device_)] = &pool;
+}
+PoolScope::~PoolScope() { t_pool[int(device_)] = previous_; }
+
 PoolAllocator& pool_allocator(Device device) {
+    if (PoolAllocator* scoped = t_pool[int(device)]) return *scoped;
     // Created on first use and never destroyed: tensors in static storage may outlive main().
     static PoolAllocator* pools[2] = {nullptr, nullptr};
     static std::once_flag once[2];

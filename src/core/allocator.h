@@ -182,6 +182,23 @@ private:
     void* ptr_;
 };
 
+// Redirects pool_allocator(device) on this thread — every tensor outside an AllocatorScope, and
+// every Workspace — to `pool` until it ends: a captured CUDA Graph's private pool
+// (train/step_graph.h), whose blocks no code outside the graph's steps is handed, so the
+// addresses the graph recorded stay its own between its launches (PyTorch's graphs keep a private
+// pool for the same reason).
+class PoolScope {
+public:
+    explicit PoolScope(PoolAllocator& pool);
+    ~PoolScope();
+    PoolScope(const PoolScope&) = delete;
+    PoolScope& operator=(const PoolScope&) = delete;
+
+private:
+    PoolAllocator* previous_;
+    Device device_;
+};
+
 class AllocatorScope {
 public:
     explicit AllocatorScope(Allocator& a);

@@ -4,6 +4,7 @@
 #pragma once
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -72,6 +73,42 @@ std::vector<KernelTime> take_kernel_times();
 // profiler API profiles (ncu --profile-from-start off, nsys --capture-range=cudaProfilerApi).
 // Nothing on the emulator.
 void set_profiler_capture(bool on);
+
+// ---- CUDA Graphs (cuda/graph.cu; the trainers' --cuda-graph, train/step_graph.h) ----------------
+// A launch costs the host a few microseconds, and the GPU idles between two kernels when they are
+// shorter than that. A CUDA Graph records a sequence of kernels, copies and fills once, by stream
+// capture, and cudaGraphLaunch then hands the whole sequence to the GPU in one call. What the
+// recording holds is fixed: the kernels' arguments (pointers and sizes) as they were captured.
+//   cuda::Graph g;
+//   g.capture([&] { work(); });   // work()'s launches are recorded, not run
+//   g.launch();                    // runs them; again and again
+// During capture kiln's launches, device-to-device copies and fills go to the capturing stream
+// (cuda_detail::launch_stream); anything that reads back to the host, waits for the device, or
+// takes memory from it fails with CUDA's error and a message naming the call (kiln_cuda.h
+// capture_hint), and the capture is abandoned.
+class Graph {
+public:
+    Graph() = default;
+    ~Graph();
+    Graph(const Graph&) = delete;
+    Graph& operator=(const Graph&) = delete;
+    // Records what `work` launches (replacing an earlier recording). If `work` throws or the
+    // capture fails, the capture is ended, nothing is kept and the error is thrown.
+    void capture(const std::function<void()>& work);
+    void launch();  // runs the recording on the legacy default stream, after the work queued there
+    bool empty() const { return exec_ == nullptr; }
+    void reset();   // drops the recording
+
+private:
+    void* stream_ = nullptr;  // cudaStream_t: the capturing stream
+    void* graph_ = nullptr;   // cudaGraph_t
+    void* exec_ = nullptr;    // cudaGraphExec_t
+};
+bool capturing();  // whether a Graph is capturing now (on any thread)
+// Host-side counts since the program started: kernel launches (KILN_LAUNCH, captured ones
+// included) and graph launches (Graph::launch). --time-report prints them per step.
+int64_t kernel_launches();
+int64_t graph_launches();
 
 // "note: no GPU build — CUDA kernels run on kiln's emulator (slow, exact)" on the emulator,
 // nullptr on a GPU build; a trainer run with --device cuda prints it once (first call only).

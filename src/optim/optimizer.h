@@ -41,6 +41,9 @@ public:
     float lr() const { return groups_.front().lr; }  // the first group's
     void set_lr(float lr);                             // every group's
     int64_t steps() const { return steps_; }
+    // A step taken by launching a captured CUDA Graph of step() (train/step_graph.h): its kernels
+    // ran, the host's code did not, so the count is advanced here.
+    void count_replayed_step() { steps_++; }
     // The state kept for the i-th parameter (groups in order; views of the state slabs): SGD's
     // momentum buffer, Adam's moments; none before the first step. The memory report counts it
     // for the module that owns the parameter.

@@ -126,6 +126,7 @@ struct CommonFlags {
     bool grad_hist = false;        // print the first step's gradient exponents against f16's range
     int time_report = 0;           // > 0: time this many steps (after the first two) by layer, print, stop
     std::string time_svg;          // with time_report: its figure, to this file
+    bool cuda_graph = false;       // --cuda-graph (lessons 04 and 05 add it): TrainOptions::cuda_graph
     // Data parallel training (lesson 12; set by the trainer, not flags): this process is rank
     // `rank` of world_size. --batch-size stays the whole batch: each rank's training loader takes
     // batch_size / world_size images of its share of the epoch; only rank 0 writes files.

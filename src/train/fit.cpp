@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <filesystem>
+#include <functional>
 #include <optional>
 
 #include "data/cifar.h"
@@ -16,6 +17,7 @@
 #include "train/memory_trace.h"
 #include "train/progress.h"
 #include "train/run_log.h"
+#include "train/step_graph.h"
 
 namespace kiln {
 
@@ -140,6 +142,17 @@ double fit(Module& model, Optimizer& optimizer, DataLoader& train, DataLoader& t
     return test_acc;
 }
 
+// --cuda-graph with what a captured step cannot do (train/step_graph.h), refused before training.
+static void check_cuda_graph(const CommonFlags& flags) {
+    if (!flags.cuda_graph) return;
+    KILN_USAGE_CHECK(flags.device == "cuda", "--cuda-graph captures CUDA kernels: use it with --device cuda");
+    KILN_USAGE_CHECK(flags.amp == DType::F32, "--cuda-graph with --amp ", dtype_name(flags.amp),
+                     ": only f32 steps are captured; leave out one of them");
+    KILN_USAGE_CHECK(!flags.mem_report && flags.mem_trace.empty(),
+                     "--cuda-graph with --mem-report or --mem-trace: the recording watches uncaptured steps; "
+                     "leave out one of them");
+}
+
 FlagTraining train_options(const CommonFlags& flags, Module& model, const Optimizer& optimizer,
                            const DataLoader& train, BumpAllocator* arena) {
     for (const char* flag : {"--epochs", "--lr", "--resume", "--overwrite", "--accumulate"}) flags.use(flag);
@@ -155,6 +168,8 @@ FlagTraining train_options(const CommonFlags& flags, Module& model, const Optimi
     t.memory = memory_recording(flags, model, optimizer, arena, train);
     t.options.memory = t.memory.get();
     t.scaler = set_precision(flags, t.options);
+    t.options.cuda_graph = flags.cuda_graph;
+    check_cuda_graph(flags);
     return t;
 }
 
@@ -189,24 +204,82 @@ void print_time_report(const TimeReport& r, int64_t steps_per_epoch, const Commo
     std::printf("wrote %s\n", flags.time_svg.c_str());
 }
 
+// What one step costs the host in launches, and the step's time, over n steps of the loader's
+// batch size taken by `step` (after the device has finished what came before; until the device
+// has finished them). Stops early at the epoch's end or a smaller batch.
+struct StepsTimed {
+    int steps = 0;
+    double ms_per_step = 0, kernel_launches = 0, graph_launches = 0;  // per step
+};
+static StepsTimed time_steps(DataLoader& train, LossLog& log, int n, const std::function<void(const Batch&)>& step) {
+    Batch batch;
+    cuda::synchronize();
+    const int64_t k0 = cuda::kernel_launches(), g0 = cuda::graph_launches();
+    const auto t0 = std::chrono::steady_clock::now();
+    StepsTimed r;
+    while (r.steps < n && train.next(batch) && batch.size() == train.options().batch_size) {
+        if (log.full()) (void)log.read();
+        step(batch);
+        log.end_step(batch.size());
+        r.steps++;
+    }
+    (void)log.read();
+    cuda::synchronize();
+    const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+    const double k = r.steps > 0 ? 1.0 / r.steps : 0.0;
+    r.ms_per_step = ms * k;
+    r.kernel_launches = double(cuda::kernel_launches() - k0) * k;
+    r.graph_launches = double(cuda::graph_launches() - g0) * k;
+    return r;
+}
+
+// --time-report N --cuda-graph: after the table (whose steps wait for the device at every layer),
+// N steps as training takes them (the loss left on the device), then N through a StepGraph (its
+// two uncaptured steps and its capture first, untimed): the time per step and the host's
+// launches per step of each.
+static void print_graph_steps(Module& model, Optimizer& optimizer, DataLoader& train, const StepOptions& options,
+                              int n) {
+    LossLog log(Device::CUDA, 32 * options.accumulate);
+    StepOptions o = options;
+    o.loss_log = &log;
+    const StepsTimed plain = time_steps(train, log, n, [&](const Batch& b) { train_step(model, optimizer, b.x, b.y, o); });
+    StepGraph graph;
+    const auto graph_step = [&](const Batch& b) { graph.step(model, optimizer, b.x, b.y, o); };
+    (void)time_steps(train, log, 3, graph_step);  // uncaptured twice, then captured
+    const StepsTimed graphed = time_steps(train, log, n, graph_step);
+    std::printf("launches per step, and time per step without the layers' waits (host clock, %s, batch %lld):\n",
+                cuda::is_emulated() ? "the emulator" : "the GPU", (long long)train.options().batch_size);
+    const auto row = [&](const char* how, const StepsTimed& s) {
+        const double images_per_s = s.ms_per_step > 0 ? 1e3 * double(train.options().batch_size) / s.ms_per_step : 0;
+        std::printf("  %-30s %4d steps %9.3f ms/step %10.0f img/s %6.1f kernel launches %4.1f graph launches\n", how,
+                    s.steps, s.ms_per_step, images_per_s, s.kernel_launches, s.graph_launches);
+    };
+    row("launched kernel by kernel", plain);
+    row("one CUDA Graph (--cuda-graph)", graphed);
+}
+
 // --time-report N: training steps of the first epoch, the first two untimed (StepTimer's skip),
 // until N are timed or the epoch ends; then the table and, with --time-svg, the figure.
 static void print_step_times(Module& model, Optimizer& optimizer, DataLoader& train, const CommonFlags& flags,
                              BumpAllocator* arena) {
+    check_cuda_graph(flags);
     std::unique_ptr<GradScaler> scaler;
     const StepOptions options = step_options(flags, arena, scaler);
-    StepTimer timer(model, train.options().device);
     model.train();
     train.start_epoch(0);
-    Batch batch;
-    while (timer.steps_timed() < flags.time_report) {
-        timer.step_begins();
-        if (!train.next(batch)) break;
-        timer.batch_loaded();
-        train_step(model, optimizer, batch.x, batch.y, options);
-        timer.step_ends();
+    {
+        StepTimer timer(model, train.options().device);  // its hooks wait for the device: gone before a capture
+        Batch batch;
+        while (timer.steps_timed() < flags.time_report) {
+            timer.step_begins();
+            if (!train.next(batch)) break;
+            timer.batch_loaded();
+            train_step(model, optimizer, batch.x, batch.y, options);
+            timer.step_ends();
+        }
+        print_time_report(timer.report(), train.num_batches(), flags);
     }
-    print_time_report(timer.report(), train.num_batches(), flags);
+    if (flags.cuda_graph) print_graph_steps(model, optimizer, train, options, flags.time_report);
 }
 
 bool only_measure(Module& model, Optimizer& optimizer, DataLoader& train, const CommonFlags& flags,

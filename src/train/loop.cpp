@@ -14,6 +14,7 @@
 #include "train/loss_log.h"
 #include "train/memory_trace.h"
 #include "train/progress.h"
+#include "train/step_graph.h"
 
 namespace kiln {
 
@@ -142,6 +143,15 @@ EpochResult train_epoch(Module& model, Optimizer& optimizer, DataLoader& loader,
     std::optional<LossLog> log;
     if (loader.options().device == Device::CUDA && !opt.scaler && opt.clip_norm == 0.0f && opt.loss_read_every > 1)
         log.emplace(Device::CUDA, opt.loss_read_every * opt.accumulate);
+    std::optional<StepGraph> graph;
+    if (opt.cuda_graph) {
+        KILN_CHECK(loader.options().device == Device::CUDA, "--cuda-graph captures CUDA kernels: use --device cuda");
+        KILN_CHECK(!opt.memory, "--cuda-graph with --mem-report or --mem-trace: the recording watches uncaptured "
+                                "steps; run them without --cuda-graph");
+        KILN_CHECK(log, "--cuda-graph: the losses must stay on the device (loss_read_every > 1, no GradScaler, no "
+                        "clipping); run without --cuda-graph");
+        graph.emplace();
+    }
     // What the loop does with a step's loss once it is known: stop if it is not finite, show it.
     const auto account = [&](int64_t at, float loss, int64_t correct, int64_t images) {
         KILN_CHECK(std::isfinite(loss), "training diverged: the loss is ", loss, " at epoch ", epoch + 1, ", step ",
@@ -158,7 +168,8 @@ EpochResult train_epoch(Module& model, Optimizer& optimizer, DataLoader& loader,
             if (log->full(opt.accumulate)) read_log();  // the one wait per loss_read_every steps
             step_opt.loss_log = &*log;
         }
-        const StepResult r = train_step(model, optimizer, batch.x, batch.y, step_opt);
+        const StepResult r = graph ? graph->step(model, optimizer, batch.x, batch.y, step_opt)
+                                   : train_step(model, optimizer, batch.x, batch.y, step_opt);
         if (opt.memory) opt.memory->step_ends();
         if (log) log->end_step(batch.size());
         if (!opt.scaler && !r.loss_logged) account(step, r.loss, r.correct, batch.size());  // the loss first

@@ -37,6 +37,10 @@
 // the checks and the progress bar below see them when it is read. Not with a GradScaler or
 // clipping, which read the gradients back every step anyway (their inf/NaN check, their norm).
 //
+// With TrainOptions::cuda_graph (--cuda-graph) the epoch's steps go through a StepGraph
+// (train/step_graph.h): the first two uncaptured, then the step captured once and launched as one
+// CUDA Graph per step; a batch of another shape (the epoch's last) runs uncaptured.
+//
 // When training diverges, train_epoch stops with an error naming the epoch and the step: without
 // a GradScaler at the first inf or NaN loss (or gradient norm, when clipping); with one, once a
 // skipped step takes the scale below kMinLossScale. A scale below 1 scales the gradients down,
@@ -150,6 +154,8 @@ struct TrainOptions {
                                        // run replaces (--overwrite); else that is refused
     int loss_read_every = 32;          // on a GPU, without a scaler or clipping: the losses read back
                                        // once per this many steps (train/loss_log.h); 1: every step
+    bool cuda_graph = false;           // train_epoch: each step of the first step's shapes launched
+                                       // as one captured CUDA Graph (train/step_graph.h, --cuda-graph)
 };
 
 // Trains one epoch (epoch counts from 0, of opt.epochs) with a progress bar. Throws kiln::Error

@@ -21,6 +21,18 @@ LossTotals* LossLog::slot(int64_t rows, float share) {
     return static_cast<LossTotals*>(totals_.raw()) + used_++;
 }
 
+void LossLog::copy_slots_from(const LossLog& captured) {
+    const int n = captured.used_;
+    KILN_CHECK(n >= 1 && used_ + n <= capacity_, "LossLog: ", n, " slots copied into a log with ", capacity_ - used_,
+               " free: read() the log before the next step");
+    KILN_CHECK(totals_.device() == captured.totals_.device(), "LossLog: copy_slots_from a log on another device");
+    LossTotals* first = static_cast<LossTotals*>(totals_.raw()) + used_;
+    for (int i = 0; i < n; i++) slot(captured.parts_[size_t(i)].rows, captured.parts_[size_t(i)].share);
+    const size_t bytes = size_t(n) * sizeof(LossTotals);
+    if (totals_.device() == Device::CUDA) cuda::copy_device_to_device(first, captured.totals_.raw(), bytes);
+    else std::copy_n(static_cast<const LossTotals*>(captured.totals_.raw()), n, first);
+}
+
 void LossLog::end_step(int64_t batch_size) {
     const int64_t first = steps_.empty() ? 0 : steps_.back().first_part + steps_.back().parts;
     KILN_CHECK(int64_t(parts_.size()) > first, "LossLog: end_step() of a step that logged no loss");

@@ -44,6 +44,11 @@ public:
     // Whether a step of `micro_batches` more would not fit: read() first.
     bool full(int micro_batches = 1) const { return used_ + micro_batches > capacity_; }
     int64_t steps_waiting() const { return int64_t(steps_.size()); }
+    // Takes a slot for each micro-batch `captured` holds (every slot it handed out: one step's),
+    // with the same rows and share, and copies their totals into them on the device (one copy):
+    // how a step replayed from a CUDA Graph, whose loss kernels write into the graph's own log,
+    // joins the training loop's log (train/step_graph.h). end_step() follows, as after a step.
+    void copy_slots_from(const LossLog& captured);
 
     struct Step {
         int64_t index;       // counts the log's steps from 0 (train_epoch: the epoch's step − 1)
