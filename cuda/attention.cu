@@ -57,6 +57,7 @@
 #include <cmath>
 
 #include "common.cuh"
+#include "core/cuda_memory.h"  // copy_to_host
 #include "ops/kernels/attention.h"
 
 namespace kiln::cuda {
@@ -93,11 +94,11 @@ void check_ids(const int32_t* ids, int64_t N, int64_t V, const char* op) {
     KILN_LAUNCH(check_ids_kernel, grid, block, 0)(ids, N, V, bad);
     KILN_CHECK_LAUNCH(check_ids_kernel, grid, block);
     unsigned long long host = 0;
-    KILN_CUDA_CHECK(cudaMemcpy(&host, bad, sizeof host, cudaMemcpyDeviceToHost));
+    copy_to_host(&host, bad, sizeof host);
     if (host != 0) {
         const int64_t n = N - int64_t(host);
         int32_t id = 0;
-        KILN_CUDA_CHECK(cudaMemcpy(&id, ids + n, sizeof id, cudaMemcpyDeviceToHost));
+        copy_to_host(&id, ids + n, sizeof id);
         KILN_FAIL(op, ": token id ", id, " at position ", n, " is outside the vocabulary [0, ", V,
                   ") (ids from another tokenizer?)");
     }

@@ -2,12 +2,14 @@
 // stream capture and launched again in one call.
 //
 // Capture needs a stream of its own: the legacy default stream, where kiln launches everything
-// else, cannot capture. The capturing stream is created blocking (cudaStreamCreate, no
-// cudaStreamNonBlocking flag), so what runs on it is ordered after the legacy stream's work, as
-// kiln's launches always are. While it captures, KILN_LAUNCH and memory.cu's device-side copies
-// and fills go to it (cuda_detail::launch_stream). The mode is cudaStreamCaptureModeGlobal,
-// CUDA's default: a call that cannot be captured (an allocation, a synchronous copy, a wait), on
-// any thread, fails and invalidates the capture instead of silently running outside the graph.
+// else, cannot capture. While it captures, KILN_LAUNCH and memory.cu's device-side copies and
+// fills go to it (cuda_detail::launch_stream); nothing runs on it, so its order with other work
+// does not matter — the graph is launched on the legacy stream, after the work queued there.
+// It is created non-blocking (cudaStreamNonBlocking): the legacy stream does not wait for it, so
+// the data loader's thread may go on copying batches on the legacy stream during a capture. The
+// mode is cudaStreamCaptureModeThreadLocal: on the capturing thread a call that cannot be
+// captured (an allocation, a synchronous copy, a wait) fails and invalidates the capture instead
+// of silently running outside the graph; the loader's thread is not affected.
 #include "core/cuda_memory.h"
 #include "kiln_cuda.h"
 
@@ -31,11 +33,11 @@ void Graph::capture(const std::function<void()>& work) {
     KILN_CHECK(!capturing(), "cuda::Graph::capture: another capture is running (captures do not nest)");
     if (!stream_) {
         cudaStream_t s = nullptr;
-        KILN_CUDA_CHECK(cudaStreamCreate(&s));  // blocking: after the legacy stream's work
+        KILN_CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
         stream_ = s;
     }
     cudaStream_t s = static_cast<cudaStream_t>(stream_);
-    KILN_CUDA_CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal));
+    KILN_CUDA_CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
     cuda_detail::launch_stream_slot().store(s);
     std::exception_ptr failed;
     try {

@@ -62,13 +62,23 @@ void free_device(void* ptr) {
     KILN_CUDA_CHECK(e);
 }
 
+// Host memory read or written, or the host waiting for the device, during a CUDA Graph capture:
+// refused naming the call (nothing runs during a capture, so there is nothing to read yet).
+static void refuse_if_capturing(const char* what, size_t bytes) {
+    KILN_CHECK(!capturing(), what, " (", bytes, " bytes) while a CUDA Graph is being captured (--cuda-graph): a captured "
+               "step must not read a value back to the host (a loss, a GradScaler's inf/NaN check, a norm), copy "
+               "from host memory or wait for the device; run without --cuda-graph, or leave out the option that does");
+}
+
 void copy_to_device(void* dst, const void* src, size_t bytes) {
     if (bytes == 0) return;
+    refuse_if_capturing("a copy from host memory to the device", bytes);
     KILN_CUDA_CHECK(cudaMemcpy(dst, src, bytes, cudaMemcpyHostToDevice));
 }
 
 void copy_to_host(void* dst, const void* src, size_t bytes) {
     if (bytes == 0) return;
+    refuse_if_capturing("a read back to the host", bytes);
     KILN_CUDA_CHECK(cudaMemcpy(dst, src, bytes, cudaMemcpyDeviceToHost));
 }
 
@@ -117,7 +127,10 @@ void memory_info(size_t* free_bytes, size_t* total_bytes) {
     if (total_bytes) *total_bytes = t;
 }
 
-void synchronize() { KILN_CUDA_CHECK(cudaDeviceSynchronize()); }
+void synchronize() {
+    refuse_if_capturing("a wait for the device (synchronize)", 0);
+    KILN_CUDA_CHECK(cudaDeviceSynchronize());
+}
 
 PinnedStaging::~PinnedStaging() {
     if (done_) {

@@ -27,6 +27,7 @@
 #include <cstdint>
 
 #include "common.cuh"
+#include "core/cuda_memory.h"  // copy_to_host
 #include "ops/kernels/optim.h"
 
 namespace kiln::cuda {
@@ -187,7 +188,7 @@ bool unscale_and_check(float* const* grads, const int64_t* sizes, int64_t count,
     });
     if (!any) return false;
     int found_inf = 0;
-    KILN_CUDA_CHECK(cudaMemcpy(&found_inf, flag.as<int>(), sizeof(int), cudaMemcpyDeviceToHost));
+    copy_to_host(&found_inf, flag.as<int>(), sizeof(int));
     return found_inf != 0;
 }
 

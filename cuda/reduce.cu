@@ -26,6 +26,7 @@
 #include <cmath>
 
 #include "common.cuh"
+#include "core/cuda_memory.h"  // copy_to_host
 #include "ops/kernels/reduce.h"
 
 namespace kiln::cuda {
@@ -91,7 +92,7 @@ static double two_pass_sum(void (*pass1)(const T*, int64_t, double, double*), co
     detail::Workspace ws(sizeof(double));
     two_pass_sum_on_device(pass1, x, n, ws.as<double>());
     double total = 0.0;
-    KILN_CUDA_CHECK(cudaMemcpy(&total, ws.as<double>(), sizeof total, cudaMemcpyDeviceToHost));
+    copy_to_host(&total, ws.as<double>(), sizeof total);
     return total;
 }
 
@@ -124,7 +125,7 @@ float max(const T* x, int64_t n) {
     KILN_LAUNCH(max_pass2, grid2, block, 0)(partial, int64_t(P), -INFINITY, partial + P);
     KILN_CHECK_LAUNCH(max_pass2, grid2, block);
     float m = 0.0f;
-    KILN_CUDA_CHECK(cudaMemcpy(&m, partial + P, sizeof m, cudaMemcpyDeviceToHost));
+    copy_to_host(&m, partial + P, sizeof m);
     return m;
 }
 

@@ -564,3 +564,40 @@ TEST_CASE("lesson-12 under mpirun: a bad flag is reported once, by rank 0, witho
     CHECK(lines == 1);
     CHECK_THAT(r.output, Contains("lesson-12: flag --limit: -5 is not allowed") && !Contains("MPI_ABORT"));
 }
+
+// The line of `output` that starts with `prefix`, without what follows `until` in it.
+static std::string line_of(const std::string& output, const std::string& prefix, const std::string& until) {
+    const size_t at = output.find(prefix);
+    if (at == std::string::npos) return "";
+    const std::string line = output.substr(at, output.find('\n', at) - at);
+    return line.substr(0, line.find(until));
+}
+
+TEST_CASE("lesson-04 and lesson-05 --cuda-graph train as without it, and refuse the CPU and --amp",
+          "[flags][trainer][graph][cuda]") {
+    TempDir tmp;
+    const std::string mnist = tmp.file("mnist");
+    write_tiny_mnist(mnist);
+    for (const std::string name : {"lesson-04", "lesson-05"}) {
+        SECTION(name) {
+            const std::string cmd = trainer_path(name) + " --data " + mnist + " --epochs 1 --batch-size 8";
+            const Run plain = run(cmd + " --device cuda --save " + tmp.file(name + "-plain"));
+            const Run graph = run(cmd + " --device cuda --cuda-graph --save " + tmp.file(name + "-graph"));
+            INFO(plain.output << "\n---\n" << graph.output);
+            REQUIRE(plain.status == 0);
+            REQUIRE(graph.status == 0);
+            const std::string acc = line_of(plain.output, "result: test_acc=", " time=");
+            CHECK(!acc.empty());
+            CHECK(line_of(graph.output, "result: test_acc=", " time=") == acc);
+            const std::string loss = line_of(plain.output, "epoch 1: ", "\n");
+            CHECK(line_of(graph.output, "epoch 1: ", "\n") == loss);
+
+            const Run cpu = run(cmd + " --device cpu --cuda-graph");
+            CHECK(cpu.status != 0);
+            CHECK_THAT(cpu.output, Catch::Contains("--cuda-graph captures CUDA kernels: use it with --device cuda"));
+            const Run amp = run(cmd + " --device cuda --cuda-graph --amp bf16");
+            CHECK(amp.status != 0);
+            CHECK_THAT(amp.output, Catch::Contains("--cuda-graph with --amp bf16"));
+        }
+    }
+}

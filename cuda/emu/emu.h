@@ -225,8 +225,12 @@ std::uint64_t kernels_run();
 std::uint64_t graph_launches();
 
 // --- stream capture (runtime.cpp) ------------------------------------------------------------
-// Whether any stream is capturing into a CUDA Graph now.
+// Whether any stream is capturing into a CUDA Graph now; whether a capture forbids an unsafe call
+// (an allocation, a synchronous copy, a wait) on this thread (CUDA's capture modes); whether a
+// blocking stream captures, which forbids work on the legacy stream (runtime.cpp says more).
 bool capture_running();
+bool capture_forbids_here();
+bool legacy_stream_blocked();
 // While `stream` captures: records `node` (run at every cudaGraphLaunch of the graph) and returns
 // true; otherwise false, and the caller runs its operation now.
 bool capture_node(cudaStream_t stream, const char* name, std::function<void()> node);
@@ -279,12 +283,12 @@ public:
     void operator()(Args&&... args) const {
         static_assert(sizeof...(Args) == sizeof...(Params),
                       "kernel launched with a different number of arguments than it takes");
-        if (capture_running()) {  // a capturing stream records the launch; the legacy stream refuses it
+        if (capture_running()) {  // a capturing stream records the launch; the legacy stream may refuse it
             auto frame = std::make_shared<const Frame>(
                 Frame{kernel_, std::tuple<std::decay_t<Params>...>(std::forward<Args>(args)...)});
             const Launch self = *this;
             if (capture_node(stream_, name_, [self, frame] { self.run(*frame); })) return;
-            if (!stream_) {
+            if (!stream_ && legacy_stream_blocked()) {
                 refuse_during_capture(cudaErrorStreamCaptureImplicit, std::string("kernel ") + name_,
                                       "a launch on the legacy stream would wait for the capturing stream");
                 return;

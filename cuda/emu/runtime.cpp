@@ -25,6 +25,7 @@
 #include <functional>
 #include <map>
 #include <set>
+#include <thread>
 #include <mutex>
 #include <sstream>
 
@@ -38,7 +39,10 @@ struct CaptureNode {
     std::function<void()> run;
 };
 struct CUstream_st {
+    bool blocking = true;            // false: cudaStreamNonBlocking (no implicit order with the legacy stream)
     bool capturing = false;
+    cudaStreamCaptureMode mode = cudaStreamCaptureModeGlobal;
+    std::thread::id owner;           // the thread that began the capture
     std::string invalidated;         // why the capture can no longer succeed ("" while it can)
     std::vector<CaptureNode> nodes;  // what the capture recorded, in order
 };
@@ -76,8 +80,11 @@ std::atomic<std::uint64_t> device_to_host_copies{0};
 std::atomic<std::uint64_t> graphs_launched{0};
 
 // --- stream capture ---------------------------------------------------------------------------
-// The streams capturing now. In CUDA's default (global) capture mode a call that is unsafe during a
-// capture fails whichever thread makes it, so one set serves the whole program.
+// The streams capturing now. A call that is unsafe during a capture (an allocation, a synchronous
+// copy, a wait) fails on any thread while a capture in CUDA's global mode runs, on the capturing
+// thread only in thread-local mode, never in relaxed mode. Work on the legacy stream, synchronous
+// or not, fails while a blocking stream (created without cudaStreamNonBlocking) captures: the
+// legacy stream would have to wait for it.
 std::mutex& capture_mutex() {
     static std::mutex m;
     return m;
@@ -92,13 +99,39 @@ std::atomic<int> captures_running{0};
 
 bool capture_running() { return captures_running.load(std::memory_order_relaxed) > 0; }
 
-// Refuses `call` because a capture is running: every capturing stream's capture is invalidated
-// (its cudaStreamEndCapture fails), and the call fails with `code` and a message saying why.
+namespace {
+// Whether the capture on `s` forbids an unsafe call made on this thread now (the modes above).
+bool forbids_here(cudaStream_t s) {
+    return s->mode == cudaStreamCaptureModeGlobal ||
+           (s->mode == cudaStreamCaptureModeThreadLocal && s->owner == std::this_thread::get_id());
+}
+}  // namespace
+
+bool capture_forbids_here() {
+    if (!capture_running()) return false;
+    std::lock_guard<std::mutex> lock(capture_mutex());
+    for (cudaStream_t s : capturing_streams())
+        if (forbids_here(s)) return true;
+    return false;
+}
+
+bool legacy_stream_blocked() {
+    if (!capture_running()) return false;
+    std::lock_guard<std::mutex> lock(capture_mutex());
+    for (cudaStream_t s : capturing_streams())
+        if (s->blocking) return true;
+    return false;
+}
+
+// Refuses `call`: the captures it breaks are invalidated (their cudaStreamEndCapture fails) —
+// those that forbid it on this thread, and with cudaErrorStreamCaptureImplicit the blocking ones
+// — and the call fails with `code` and a message saying why.
 cudaError_t refuse_during_capture(cudaError_t code, const std::string& call, const char* why) {
     std::string streams;
     {
         std::lock_guard<std::mutex> lock(capture_mutex());
         for (cudaStream_t s : capturing_streams()) {
+            if (!forbids_here(s) && !(code == cudaErrorStreamCaptureImplicit && s->blocking)) continue;
             if (s->invalidated.empty()) s->invalidated = call;
             std::ostringstream os;
             os << (streams.empty() ? "" : ", ") << static_cast<const void*>(s);
@@ -225,10 +258,13 @@ cudaError_t on_stream(const std::string& call, bool synchronous, cudaStream_t st
         if (const cudaError_t e = op(false); e != cudaSuccess) return e;
         if (capture_node(stream, call.c_str(), [op] { op(true); })) return cudaSuccess;
     }
-    return refuse_during_capture(
-        cudaErrorStreamCaptureImplicit, call,
-        synchronous ? "a synchronous call is ordered on the legacy stream, which would wait for the capturing stream"
-                    : "work queued on the legacy stream would wait for the capturing stream");
+    if (legacy_stream_blocked() && (synchronous || !stream))
+        return refuse_during_capture(cudaErrorStreamCaptureImplicit, call,
+                                     "work on the legacy stream would wait for the capturing stream");
+    if (synchronous && capture_forbids_here())
+        return refuse_during_capture(cudaErrorStreamCaptureUnsupported, call,
+                                     "a synchronous copy waits for the device, which a capture cannot record");
+    return op(true);
 }
 
 std::size_t host_memory() {
@@ -308,7 +344,7 @@ const char* cudaGetErrorName(cudaError_t error) {
 cudaError_t cudaMalloc(void** ptr, size_t size) {
     if (!ptr) return set_error(cudaErrorInvalidValue, "cudaMalloc: the result pointer is null");
     *ptr = nullptr;
-    if (kiln::emu::capture_running())
+    if (kiln::emu::capture_forbids_here())
         return kiln::emu::refuse_during_capture(
             cudaErrorStreamCaptureUnsupported, "cudaMalloc (" + std::to_string(size) + " bytes)",
             "a graph does not allocate again when it is launched, so memory a captured step uses must exist before "
@@ -329,7 +365,7 @@ cudaError_t cudaMalloc(void** ptr, size_t size) {
 
 cudaError_t cudaFree(void* ptr) {
     if (!ptr) return cudaSuccess;
-    if (kiln::emu::capture_running())
+    if (kiln::emu::capture_forbids_here())
         return kiln::emu::refuse_during_capture(cudaErrorStreamCaptureUnsupported, "cudaFree",
                                                 "cudaFree waits for the device, which a capture cannot record");
     {
@@ -420,7 +456,7 @@ cudaError_t cudaGetDevice(int* device) {
     return cudaSuccess;
 }
 cudaError_t cudaDeviceSynchronize() {
-    if (kiln::emu::capture_running())
+    if (kiln::emu::capture_forbids_here())
         return kiln::emu::refuse_during_capture(cudaErrorStreamCaptureUnsupported, "cudaDeviceSynchronize",
                                                 "the host cannot wait for work that is recorded, not run");
     // Launches finish before they return; like a GPU, report a kernel's failure here too.
@@ -490,7 +526,11 @@ cudaError_t cudaStreamCreate(cudaStream_t* stream) {
     *stream = new CUstream_st;
     return cudaSuccess;
 }
-cudaError_t cudaStreamCreateWithFlags(cudaStream_t* stream, unsigned) { return cudaStreamCreate(stream); }
+cudaError_t cudaStreamCreateWithFlags(cudaStream_t* stream, unsigned flags) {
+    if (const cudaError_t e = cudaStreamCreate(stream); e != cudaSuccess) return e;
+    (*stream)->blocking = !(flags & cudaStreamNonBlocking);
+    return cudaSuccess;
+}
 cudaError_t cudaStreamDestroy(cudaStream_t stream) {
     if (stream && stream->capturing)
         return set_error(cudaErrorIllegalState, "cudaStreamDestroy: the stream is capturing (end the capture first)");
@@ -498,7 +538,7 @@ cudaError_t cudaStreamDestroy(cudaStream_t stream) {
     return cudaSuccess;
 }
 cudaError_t cudaStreamSynchronize(cudaStream_t) {
-    if (kiln::emu::capture_running())
+    if (kiln::emu::capture_forbids_here())
         return kiln::emu::refuse_during_capture(cudaErrorStreamCaptureUnsupported, "cudaStreamSynchronize",
                                                 "the host cannot wait for work that is recorded, not run");
     return cudaSuccess;
@@ -522,7 +562,7 @@ cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t) {
     return cudaSuccess;
 }
 cudaError_t cudaEventSynchronize(cudaEvent_t event) {
-    if (kiln::emu::capture_running())
+    if (kiln::emu::capture_forbids_here())
         return kiln::emu::refuse_during_capture(cudaErrorStreamCaptureUnsupported, "cudaEventSynchronize",
                                                 "the host cannot wait for work that is recorded, not run");
     return event ? cudaSuccess : set_error(cudaErrorInvalidResourceHandle, "cudaEventSynchronize: null event");
@@ -539,7 +579,7 @@ cudaError_t cudaEventElapsedTime(float* ms, cudaEvent_t start, cudaEvent_t end) 
 }
 
 // --- stream capture and graphs: record a stream's work, launch it again -----------------------------
-cudaError_t cudaStreamBeginCapture(cudaStream_t stream, cudaStreamCaptureMode) {
+cudaError_t cudaStreamBeginCapture(cudaStream_t stream, cudaStreamCaptureMode mode) {
     if (!stream)
         return set_error(cudaErrorStreamCaptureUnsupported,
                          "cudaStreamBeginCapture: the legacy default stream cannot capture; create a stream");
@@ -547,6 +587,8 @@ cudaError_t cudaStreamBeginCapture(cudaStream_t stream, cudaStreamCaptureMode) {
     if (stream->capturing)
         return set_error(cudaErrorIllegalState, "cudaStreamBeginCapture: the stream is capturing already");
     stream->capturing = true;
+    stream->mode = mode;
+    stream->owner = std::this_thread::get_id();
     stream->invalidated.clear();
     stream->nodes.clear();
     kiln::emu::capturing_streams().insert(stream);
