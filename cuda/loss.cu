@@ -38,7 +38,7 @@
 #include <cmath>
 
 #include "common.cuh"
-#include "ops/kernels/loss.h"
+#include "ops/loss.h"
 #include "ops/kernels/reduce.h"  // sum_on_device
 
 namespace kiln::cuda {

@@ -17,6 +17,7 @@
 #include "ops/autocast.h"
 #include "ops/cnn.h"
 #include "ops/pool.h"
+#include "ops/loss.h"
 #include "ops/ops.h"
 #include "train/loop.h"
 

@@ -1,6 +1,6 @@
 // test_capstone_parts.cpp — the pieces chapter 13's fast CIFAR-10 trainer adds: the symmetric
 // eigen-solver, dirac and patch-whitening initialization (nn/init.h), Lookahead weight
-// averaging (optim/lookahead.h), label smoothing (ops.h softmax_cross_entropy; its CUDA twin
+// averaging (optim/lookahead.h), label smoothing (ops/loss.h softmax_cross_entropy; its CUDA twin
 // is checked against the CPU in test_ops.cpp), reflected shifts and alternating flips of the
 // data (data/transforms.h, data/loader.h), test-time views (train/evaluate.h) and Scale
 // (nn/misc.h). Hand-computed cases first, then the properties each promises.
@@ -19,6 +19,7 @@
 #include "nn/conv.h"
 #include "nn/init.h"
 #include "nn/norm.h"
+#include "ops/loss.h"
 #include "ops/ops.h"
 #include "nn/layers.h"
 #include "nn/misc.h"

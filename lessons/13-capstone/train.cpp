@@ -18,7 +18,7 @@
 //     from 5000 training images and never trained; its bias trains for 3 epochs, then freezes;
 //   - every 3×3 conv starts as the identity on its first channels (dirac_init);
 //   - batch norm: running = 0.6·running + 0.4·batch, eps 1e-12, the scale γ fixed at 1; its shift β learns 64× faster;
-//   - label smoothing 0.2 (softmax_cross_entropy, ops.h);
+//   - label smoothing 0.2 (softmax_cross_entropy, ops/loss.h);
 //   - Nesterov SGD, momentum 0.85, lr 0.2 → 1 → 0.07 of its peak, linearly (peak at 23% of the steps);
 //   - alternating flips and ±2-pixel shifts with reflected edges (data/loader.h, transforms.h);
 //   - Lookahead weight averaging every 5 steps (optim/lookahead.h);

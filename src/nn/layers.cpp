@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "ops/loss.h"
 #include "ops/ops.h"
 
 namespace kiln {

@@ -9,7 +9,7 @@
 
 namespace kiln {
 
-struct LossTotals;  // ops/kernels/loss.h
+struct LossTotals;  // ops/loss.h
 
 // y = x · Wᵀ + b          x: [N, in]   W: [out, in]   b: [out]   y: [N, out]
 // backward:  dW += dyᵀ · x     db += Σ_n dy[n, :]     dx = dy · W
@@ -124,14 +124,14 @@ public:
 
 // Softmax cross-entropy, averaged over the batch.
 //   loss = 1/N Σ_n [ log Σ_c exp(z[n,c]) − z[n, y_n] ]      dz = (softmax(z) − onehot(y)) / N
-// With label_smoothing ε the target is (1 − ε)·onehot(y) + ε/C (ops.h, softmax_cross_entropy).
+// With label_smoothing ε the target is (1 − ε)·onehot(y) + ε/C (ops/loss.h, softmax_cross_entropy).
 // Labels [N], or [B, T] for logits [B·T, C] (a GPT's targets, one per position: flattened as
 // nanoGPT's targets.view(-1), the order of the logits' rows).
 class CrossEntropyLoss {
 public:
     explicit CrossEntropyLoss(float label_smoothing = 0.0f) : label_smoothing_(label_smoothing) {}
     // The loss is computed in the type autocast gives it (f32 under autocast, chapter 09: the op
-    // casts); correct (if not null): the rows predicted right (softmax_cross_entropy, ops.h).
+    // casts); correct (if not null): the rows predicted right (softmax_cross_entropy, ops/loss.h).
     float forward(const Tensor& logits, const Tensor& labels, int64_t* correct = nullptr);  // keeps dz for backward
     // The same, its loss and count left in `totals` on the logits' device, not read (ops.h:
     // softmax_cross_entropy_into; train/loss_log.h).

@@ -9,7 +9,7 @@
 // The policy table: four classes of ops, each with a policy. An op joins a class where it
 // dispatches, by naming it — `AmpCast amp(CastPolicy::F32, x.dtype())` — so a new op edits
 // nothing here (PyTorch's autocast lists its ops per class the same way, in
-// aten/src/ATen/autocast_mode.cpp). Each op's header says its class; today's members:
+// aten/src/ATen/autocast_mode.cpp). Today's members (grep CastPolicy:: in src/ops to see each op's):
 //
 //   LowPrecision  conv2d, linear,           GEMMs: the f16/bf16 tensor-core and AMX math,
 //                 causal_self_attention,    accumulated in f32 inside the kernels

@@ -7,13 +7,10 @@
 
 #include <initializer_list>
 
-#include "core/allocator.h"  // Workspace
-#include "core/cuda_memory.h"
 #include "ops/autocast.h"
 #include "ops/check.h"
 #include "ops/kernels/elementwise.h"
 #include "ops/kernels/gemm.h"
-#include "ops/kernels/loss.h"
 #include "ops/kernels/reduce.h"
 
 namespace kiln {
@@ -237,58 +234,6 @@ float max(const Tensor& x) {
         using T = decltype(tag);
         return kernel::max(be, x.data<T>(), x.numel());
     });
-}
-
-// ---- loss ------------------------------------------------------------------------------------
-void softmax_cross_entropy_into(const Tensor& logits_in, const Tensor& labels, Tensor* dlogits, float smoothing,
-                                LossTotals* totals) {
-    const Tensor logits = AmpCast(CastPolicy::F32, logits_in.dtype()).input(logits_in);
-    check_args("softmax_cross_entropy", {{logits, "logits"}});
-    KILN_CHECK(smoothing >= 0.0f && smoothing < 1.0f, "softmax_cross_entropy: label smoothing must be in [0, 1), got ",
-               smoothing);
-    check_dtype(labels, DType::I32, "softmax_cross_entropy", "labels");
-    check_same_device(logits, labels, "softmax_cross_entropy");
-    KILN_CHECK(logits.ndim() == 2 && labels.ndim() == 1 && labels.size(0) == logits.size(0) && logits.size(0) > 0,
-               "softmax_cross_entropy: logits should be [N, C] and labels [N], got ", logits.desc(), " and ",
-               labels.desc());
-    const int64_t N = logits.size(0), C = logits.size(1);
-    if (dlogits) {
-        if (!dlogits->defined() || dlogits->shape() != logits.shape() || dlogits->dtype() != logits.dtype() ||
-            dlogits->device() != logits.device())
-            *dlogits = Tensor::empty(logits.shape(), logits.dtype(), logits.device(), Category::Activation);
-    }
-    // The kernel checks the labels (a label outside [0, C) would read outside its row) and counts
-    // the rows predicted right; on the GPU all of it stays there until the host reads `totals`.
-    dispatch(logits.device(), logits.dtype(), [&](auto be, auto tag) {
-        using T = decltype(tag);
-        T* dz = dlogits ? dlogits->data<T>() : nullptr;
-        kernel::softmax_cross_entropy(be, logits.data<T>(), labels.data<int32_t>(), dz, N, C, smoothing, totals);
-    });
-}
-
-float loss_from_totals(const LossTotals& totals, int64_t N, int64_t* correct, const Tensor* labels) {
-    const unsigned long long C = totals.classes;
-    if (totals.bad != 0) {
-        const int64_t row = N - int64_t(totals.bad);
-        KILN_CHECK(labels, "softmax_cross_entropy: the label at row ", row, " is outside [0, ", C, ") classes");
-        KILN_FAIL("softmax_cross_entropy: label ", labels->to(Device::CPU).data<int32_t>()[row], " at row ", row,
-                  " is outside [0, ", C, ") classes");
-    }
-    if (correct) *correct = int64_t(totals.correct);
-    return float(totals.total / double(N));
-}
-
-float softmax_cross_entropy(const Tensor& logits, const Tensor& labels, Tensor* dlogits, int64_t* correct,
-                            float smoothing) {
-    LossTotals host{};
-    if (logits.device() == Device::CUDA) {
-        const Workspace totals(sizeof host);  // scratch, as the kernels' own (core/allocator.h)
-        softmax_cross_entropy_into(logits, labels, dlogits, smoothing, totals.as<LossTotals>());
-        cuda::copy_to_host(&host, totals.as<LossTotals>(), sizeof host);  // the one wait
-    } else {
-        softmax_cross_entropy_into(logits, labels, dlogits, smoothing, &host);
-    }
-    return loss_from_totals(host, labels.numel(), correct, &labels);
 }
 
 }  // namespace kiln

@@ -13,8 +13,6 @@
 
 namespace kiln {
 
-struct LossTotals;  // ops/kernels/loss.h
-
 // ---- elementwise -------------------------------------------------------------------------
 void fill_(Tensor& x, float value);
 Tensor add(const Tensor& a, const Tensor& b);              // a + b, same shapes
@@ -53,33 +51,5 @@ double sum(const Tensor& x);
 double sum_squares(const Tensor& x);  // Σ x² (gradient clipping's norm)
 double mean(const Tensor& x);
 float max(const Tensor& x);
-
-// ---- loss ------------------------------------------------------------------------------------
-// Mean softmax cross-entropy of logits[N,C] (f32, f16 or bf16) against labels[N] (i32, each in
-// [0, C)), computed in f32 (double on the CPU) whatever the logits' dtype; the loss is a float.
-// If dlogits is given it is filled with the gradient: (softmax − onehot) / N, computed in f32
-// and rounded once to the logits' dtype — a gradient has its tensor's dtype (as in PyTorch),
-// so it feeds the backward GEMM of the layer that made the logits in that layer's type. In f16,
-// entries below 2^-24 flush to 0 there: chapter 09's loss scaling is what keeps them.
-// A dlogits of another shape, dtype or device is replaced.
-// correct (if not null): how many rows' argmax_rows is their label; on the GPU it comes back with
-// the loss in one copy, with no copy of the labels to check them (cuda/loss.cu).
-// smoothing: PyTorch's label_smoothing ε in [0, 1): the target is (1 − ε)·onehot(y) + ε/C, so
-//   loss = 1/N Σ_n [ log Σ_c exp(z[n,c]) − (1 − ε)·z[n,y_n] − (ε/C)·Σ_c z[n,c] ]
-//   dz   = (softmax(z) − (1 − ε)·onehot(y) − ε/C) / N
-// A net is then never pushed to make one logit infinitely larger than the others (chapter 13).
-// On a GPU the call waits once, for the 32-byte copy of the loss, the count and any bad label.
-float softmax_cross_entropy(const Tensor& logits, const Tensor& labels, Tensor* dlogits = nullptr,
-                            int64_t* correct = nullptr, float smoothing = 0.0f);
-
-// The same without the wait, for a training loop that reads many steps' losses at once
-// (train/loss_log.h): the kernel's totals (ops/kernels/loss.h) go to `totals`, sizeof(LossTotals)
-// bytes of the logits' device memory, and nothing is read back; loss_from_totals reads them.
-void softmax_cross_entropy_into(const Tensor& logits, const Tensor& labels, Tensor* dlogits, float smoothing,
-                                LossTotals* totals);
-// The mean loss of N rows from totals brought back to the host, *correct (if not null) their
-// correct count; a bad label the kernel recorded is a kiln::Error naming its row — and its value,
-// when the labels (on any device) are still at hand.
-float loss_from_totals(const LossTotals& totals, int64_t N, int64_t* correct, const Tensor* labels = nullptr);
 
 }  // namespace kiln

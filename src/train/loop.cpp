@@ -8,6 +8,7 @@
 
 #include "nn/layers.h"
 #include "ops/autocast.h"
+#include "ops/loss.h"
 #include "ops/ops.h"
 #include "train/evaluate.h"
 #include "train/grad_hist.h"

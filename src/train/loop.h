@@ -64,7 +64,7 @@ namespace kiln {
 
 class MemoryRecording;  // train/memory_trace.h: --mem-report and --mem-trace
 class LossLog;          // train/loss_log.h
-struct LossTotals;      // ops/kernels/loss.h
+struct LossTotals;      // ops/loss.h
 
 // The smallest loss scale train_epoch goes on with after a skipped step (see above).
 constexpr float kMinLossScale = 1.0f;

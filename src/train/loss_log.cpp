@@ -5,7 +5,7 @@
 
 #include "core/cuda_memory.h"
 #include "core/error.h"
-#include "ops/ops.h"  // loss_from_totals
+#include "ops/loss.h"  // loss_from_totals
 
 namespace kiln {
 

@@ -26,7 +26,7 @@
 #include <vector>
 
 #include "core/tensor.h"
-#include "ops/kernels/loss.h"  // LossTotals
+#include "ops/loss.h"  // LossTotals
 
 namespace kiln {
 

@@ -6,7 +6,7 @@
 #include <vector>
 
 #include "core/parallel.h"
-#include "ops/kernels/loss.h"
+#include "ops/loss.h"
 #include "ops/kernels/reduce.h"  // argmax_rows
 
 namespace kiln::cpu {

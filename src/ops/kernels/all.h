@@ -1,5 +1,5 @@
 // all.h — every kernel family (this folder, and the families whose kernels and ops share one
-// header in src/ops/: norm.h, pool.h) and the conversions (core/convert.h): what the
+// header in src/ops/: loss.h, norm.h, pool.h) and the conversions (core/convert.h): what the
 // tests, the benchmarks and the kernel lab include to call cpu:: and cuda:: kernels directly.
 // The engine's own files include only the families they use.
 #pragma once
@@ -8,10 +8,10 @@
 #include "ops/kernels/conv.h"
 #include "ops/kernels/elementwise.h"
 #include "ops/kernels/gemm.h"
-#include "ops/kernels/loss.h"
 #include "ops/kernels/optim.h"
 #include "ops/kernels/quant.h"
 #include "ops/kernels/reduce.h"
 #include "ops/kernels/sparse.h"
+#include "ops/loss.h"
 #include "ops/norm.h"
 #include "ops/pool.h"
