@@ -9,8 +9,13 @@
 # a family's header in src/ops/ (ops/norm.h: the family's kernel contract, KILN_KERNEL, with its
 # ops), the sizes the kernels take (ops/params.h, ops/qparams.h) and cuda/'s own files. The kernel lab (cuda/lab/), the lessons, tests and benchmarks stand above it all.
 #
-# Reads every #include "..." of src/ and cuda/; prints each one that breaks the order and exits
-# 1 if any does. `make test` runs it first (well under a second).
+# The ops of the family headers (src/ops/<family>.h) are compiled once, in src/ops/ops.cpp, which
+# alone defines KILN_DEFINE_OPS before including them; a file that defined it too would compile
+# them a second time.
+#
+# Reads every #include "..." of src/ and cuda/ and every #define KILN_DEFINE_OPS of the sources;
+# prints each one that breaks a rule and exits 1 if any does. `make test` runs it first (well
+# under a second).
 #
 #   Usage: scripts/check-includes.sh [ROOT]      (default: the repository holding this script)
 set -u
@@ -59,8 +64,15 @@ while IFS= read -r hit; do
 done < <(grep -rn --include='*.h' --include='*.cpp' --include='*.cu' --include='*.cuh' \
               -E '^[[:space:]]*#[[:space:]]*include[[:space:]]*"' src cuda --exclude-dir=lab)
 
+while IFS= read -r hit; do
+    [[ ${hit%%:*} == src/ops/ops.cpp ]] && continue
+    echo "check-includes: $hit: only src/ops/ops.cpp defines KILN_DEFINE_OPS (it compiles the ops of every family header, once)"
+    bad=$((bad + 1))
+done < <(grep -rn --include='*.h' --include='*.cpp' --include='*.cu' --include='*.cuh' \
+              -E '^[[:space:]]*#[[:space:]]*define[[:space:]]+KILN_DEFINE_OPS\b' src cuda tests bench lessons fuzz)
+
 if (( bad )); then
-    echo "check-includes: $bad include(s) out of order"
+    echo "check-includes: $bad include(s) out of order or definition(s) of KILN_DEFINE_OPS outside src/ops/ops.cpp"
     exit 1
 fi
 echo "check-includes: ok (src/ and cuda/ in the order ${order[*]}, kernels beside ops)"

@@ -133,7 +133,7 @@ public:
     // The loss is computed in the type autocast gives it (f32 under autocast, chapter 09: the op
     // casts); correct (if not null): the rows predicted right (softmax_cross_entropy, ops/loss.h).
     float forward(const Tensor& logits, const Tensor& labels, int64_t* correct = nullptr);  // keeps dz for backward
-    // The same, its loss and count left in `totals` on the logits' device, not read (ops.h:
+    // The same, its loss and count left in `totals` on the logits' device, not read (ops/loss.h:
     // softmax_cross_entropy_into; train/loss_log.h).
     void forward_into(const Tensor& logits, const Tensor& labels, LossTotals* totals);
     // scale · dL/dlogits, in the logits' type (and releases it). scale: a micro-batch's share of

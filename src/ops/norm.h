@@ -84,10 +84,47 @@ KILN_KERNEL(layernorm_backward,
 
 // ==== the ops on tensors ===================================================================
 // ---- batch normalization (autocast class Input) -------------------------------------------
+// x [N, C, ...] normalized per channel C over the other dimensions (the kernels above have the
+// formulas). gamma, beta, running statistics: f32 [C], whatever x's dtype.
+// Training: batch statistics; updates running_mean and running_var; fills *save_mean and
+// *save_invstd ([C]) and, if not null, *saved_x (x as the kernel read it) for the backward pass.
+// gelu: return GELU(y), GELU fused after the normalization (nn/fuse.h), in the same kernel.
+Tensor batchnorm_train(const Tensor& x, const Tensor& gamma, const Tensor& beta, Tensor& running_mean,
+                       Tensor& running_var, float eps, float momentum, Tensor* save_mean, Tensor* save_invstd,
+                       Tensor* saved_x = nullptr, bool gelu = false);
+
+// Evaluation: the running statistics.
+Tensor batchnorm_eval(const Tensor& x, const Tensor& gamma, const Tensor& beta, const Tensor& running_mean,
+                      const Tensor& running_var, float eps, bool gelu = false);
+
+// Returns dx; dgamma and dbeta accumulate. gelu_beta: the forward ran with gelu, dy is the
+// gradient of GELU(y), and y is recomputed from x, the statistics, gamma and this beta.
+Tensor batchnorm_backward(const Tensor& dy, const Tensor& x, const Tensor& gamma, const Tensor& save_mean,
+                          const Tensor& save_invstd, Tensor& dgamma, Tensor& dbeta, const Tensor* gelu_beta = nullptr);
+
+// ---- layer normalization (autocast class F32) ---------------------------------------------
+// x [..., D] normalized over its last dimension, one row of D values at a time (the kernels
+// above have the formulas); gamma, beta: f32 [D]. Fills *save_mean and *save_invstd (f32 [R], one
+// per row: R is the product of x's other dimensions) and, if not null, *saved_x (x as the kernel
+// read it: f32 under autocast) for the backward pass.
+Tensor layernorm(const Tensor& x, const Tensor& gamma, const Tensor& beta, float eps, Tensor* save_mean,
+                 Tensor* save_invstd, Tensor* saved_x = nullptr);
+
+// Returns dx; dgamma and dbeta accumulate.
+Tensor layernorm_backward(const Tensor& dy, const Tensor& x, const Tensor& gamma, const Tensor& save_mean,
+                          const Tensor& save_invstd, Tensor& dgamma, Tensor& dbeta);
+
+}  // namespace kiln
+
+
+#ifdef KILN_DEFINE_OPS  // compiled once, in src/ops/ops.cpp (see there)
+namespace kiln {
+
+// ---- batch normalization ----------------------------------------------------------------
 namespace detail {
 
 // x [N, C, ...] as [N, C, S]; each per-channel tensor must be [C].
-inline BatchNormParams batchnorm_params(const Tensor& x, std::initializer_list<Arg> per_channel, float eps,
+BatchNormParams batchnorm_params(const Tensor& x, std::initializer_list<Arg> per_channel, float eps,
                                  const char* op) {
     KILN_CHECK(x.ndim() >= 2, op, ": 'x' should be [N, C, ...] but is ", x.desc());
     BatchNormParams p;
@@ -101,14 +138,9 @@ inline BatchNormParams batchnorm_params(const Tensor& x, std::initializer_list<A
 
 }  // namespace detail
 
-// x [N, C, ...] normalized per channel C over the other dimensions (the kernels above have the
-// formulas). gamma, beta, running statistics: f32 [C], whatever x's dtype.
-// Training: batch statistics; updates running_mean and running_var; fills *save_mean and
-// *save_invstd ([C]) and, if not null, *saved_x (x as the kernel read it) for the backward pass.
-// gelu: return GELU(y), GELU fused after the normalization (nn/fuse.h), in the same kernel.
-inline Tensor batchnorm_train(const Tensor& x_in, const Tensor& gamma, const Tensor& beta, Tensor& running_mean,
+Tensor batchnorm_train(const Tensor& x_in, const Tensor& gamma, const Tensor& beta, Tensor& running_mean,
                        Tensor& running_var, float eps, float momentum, Tensor* save_mean, Tensor* save_invstd,
-                       Tensor* saved_x = nullptr, bool gelu = false) {
+                       Tensor* saved_x, bool gelu) {
     const char* op = "batchnorm_train";
     const Tensor x = AmpCast(CastPolicy::Input, x_in.dtype()).input(x_in);
     const Device d = check_args(op, {{x, "x"}});
@@ -133,9 +165,8 @@ inline Tensor batchnorm_train(const Tensor& x_in, const Tensor& gamma, const Ten
     return y;
 }
 
-// Evaluation: the running statistics.
-inline Tensor batchnorm_eval(const Tensor& x_in, const Tensor& gamma, const Tensor& beta, const Tensor& running_mean,
-                             const Tensor& running_var, float eps, bool gelu = false) {
+Tensor batchnorm_eval(const Tensor& x_in, const Tensor& gamma, const Tensor& beta, const Tensor& running_mean,
+                      const Tensor& running_var, float eps, bool gelu) {
     const char* op = "batchnorm_eval";
     const Tensor x = AmpCast(CastPolicy::Input, x_in.dtype()).input(x_in);
     const Device d = check_args(op, {{x, "x"}});
@@ -153,11 +184,9 @@ inline Tensor batchnorm_eval(const Tensor& x_in, const Tensor& gamma, const Tens
     return y;
 }
 
-// Returns dx; dgamma and dbeta accumulate. gelu_beta: the forward ran with gelu, dy is the
-// gradient of GELU(y), and y is recomputed from x, the statistics, gamma and this beta.
-inline Tensor batchnorm_backward(const Tensor& dy_in, const Tensor& x_in, const Tensor& gamma,
-                                 const Tensor& save_mean, const Tensor& save_invstd, Tensor& dgamma, Tensor& dbeta,
-                                 const Tensor* gelu_beta = nullptr) {
+Tensor batchnorm_backward(const Tensor& dy_in, const Tensor& x_in, const Tensor& gamma,
+                          const Tensor& save_mean, const Tensor& save_invstd, Tensor& dgamma, Tensor& dbeta,
+                          const Tensor* gelu_beta) {
     const char* op = "batchnorm_backward";
     const AmpCast amp(CastPolicy::Input, x_in.dtype());
     const Tensor x = amp.input(x_in), dy = amp.input(dy_in);
@@ -190,7 +219,7 @@ inline Tensor batchnorm_backward(const Tensor& dy_in, const Tensor& x_in, const 
     return dx;
 }
 
-// ---- layer normalization (autocast class F32) ---------------------------------------------
+// ---- layer normalization ----------------------------------------------------------------
 namespace detail {
 
 // x [..., D] as R rows of D values; the per-column tensors (gamma and its kin) must be [D].
@@ -198,7 +227,7 @@ struct Rows {
     int64_t R, D;
 };
 
-inline Rows layernorm_rows(const Tensor& x, std::initializer_list<Arg> per_column, const char* op) {
+Rows layernorm_rows(const Tensor& x, std::initializer_list<Arg> per_column, const char* op) {
     KILN_CHECK(x.ndim() >= 1 && x.size(x.ndim() - 1) > 0, op, ": 'x' should be [..., D] with D > 0 but is ",
                x.desc());
     const Rows rows{x.numel() / x.size(x.ndim() - 1), x.size(x.ndim() - 1)};
@@ -208,12 +237,8 @@ inline Rows layernorm_rows(const Tensor& x, std::initializer_list<Arg> per_colum
 
 }  // namespace detail
 
-// x [..., D] normalized over its last dimension, one row of D values at a time (the kernels
-// above have the formulas); gamma, beta: f32 [D]. Fills *save_mean and *save_invstd (f32 [R], one
-// per row: R is the product of x's other dimensions) and, if not null, *saved_x (x as the kernel
-// read it: f32 under autocast) for the backward pass.
-inline Tensor layernorm(const Tensor& x_in, const Tensor& gamma, const Tensor& beta, float eps, Tensor* save_mean,
-                        Tensor* save_invstd, Tensor* saved_x = nullptr) {
+Tensor layernorm(const Tensor& x_in, const Tensor& gamma, const Tensor& beta, float eps, Tensor* save_mean,
+                 Tensor* save_invstd, Tensor* saved_x) {
     const char* op = "layernorm";
     const Tensor x = AmpCast(CastPolicy::F32, x_in.dtype()).input(x_in);
     const Device d = check_args(op, {{x, "x"}});
@@ -231,9 +256,8 @@ inline Tensor layernorm(const Tensor& x_in, const Tensor& gamma, const Tensor& b
     return y;
 }
 
-// Returns dx; dgamma and dbeta accumulate.
-inline Tensor layernorm_backward(const Tensor& dy_in, const Tensor& x_in, const Tensor& gamma,
-                                 const Tensor& save_mean, const Tensor& save_invstd, Tensor& dgamma, Tensor& dbeta) {
+Tensor layernorm_backward(const Tensor& dy_in, const Tensor& x_in, const Tensor& gamma,
+                          const Tensor& save_mean, const Tensor& save_invstd, Tensor& dgamma, Tensor& dbeta) {
     const char* op = "layernorm_backward";
     const AmpCast amp(CastPolicy::F32, x_in.dtype());
     const Tensor x = amp.input(x_in), dy = amp.input(dy_in);
@@ -256,3 +280,4 @@ inline Tensor layernorm_backward(const Tensor& dy_in, const Tensor& x_in, const 
 }
 
 }  // namespace kiln
+#endif  // KILN_DEFINE_OPS

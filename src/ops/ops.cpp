@@ -1,4 +1,12 @@
-// ops.cpp — argument checks and the dispatch for every operation in ops.h: an op in a class of
+// ops.cpp — where the ops of every family header (src/ops/<family>.h) are compiled, once: each
+// header defines its ops under KILN_DEFINE_OPS, which only this file defines (the stb-style
+// "implementation macro"), so the files that call an op compile a declaration only.
+#define KILN_DEFINE_OPS
+#include "ops/loss.h"
+#include "ops/norm.h"
+#include "ops/pool.h"
+
+// Then the ops of ops.h, whose families are not yet in headers of their own: an op in a class of
 // autocast's table (ops/autocast.h) first casts its inputs to the type its class gives, then each
 // op checks its tensors once (check_args) and calls its kernel through dispatch
 // (core/backend.h), which picks the backend by the tensors' device and the kernel's

@@ -1,6 +1,7 @@
 // pool.h — pooling (chapters 03 and 05): the kernels' contract, declared once for both backends
 // (core/backend.h; src/ops/cpu/pool.cpp ↔ cuda/pool.cu), then the ops on tensors that check
-// their arguments and dispatch to those kernels. The layers (nn/pool.h) call the ops.
+// their arguments and dispatch to those kernels: declared here, defined at the end of this file
+// and compiled once, in src/ops/ops.cpp (KILN_DEFINE_OPS). The layers (nn/pool.h) call the ops.
 //
 // T is float, f16 or bf16; sums in float, each result rounded to T once; no atomics, so every
 // result is the same on every run and, on the CPU, any thread count. Sizes in Pool2dParams
@@ -55,10 +56,35 @@ struct Pool2dArgs {
     int64_t kernel = 1, stride = 1, padding = 0;
 };
 
+// [N, C, P, Q] for an input [N, C, H, W] (checks that a window fits).
+Shape pool2d_output_shape(const Shape& x_shape, const Pool2dArgs& a);
+
+// y = max over each window; *argmax (i32 [N, C, P, Q]) gets where each maximum came from.
+Tensor maxpool2d(const Tensor& x, const Pool2dArgs& a, Tensor* argmax);
+
+// dx [N, C, H, W] (x_shape): dy scattered to the argmax positions.
+Tensor maxpool2d_backward(const Tensor& dy, const Tensor& argmax, const Shape& x_shape, const Pool2dArgs& a);
+
+// y = mean over each window (padding counts as 0 and is counted).
+Tensor avgpool2d(const Tensor& x, const Pool2dArgs& a);
+
+Tensor avgpool2d_backward(const Tensor& dy, const Shape& x_shape, const Pool2dArgs& a);
+
+// [N, C, H, W] → [N, C]: the mean of each plane; backward spreads dy / (H·W) over it.
+Tensor global_avgpool(const Tensor& x);
+
+Tensor global_avgpool_backward(const Tensor& dy, const Shape& x_shape);
+
+}  // namespace kiln
+
+
+#ifdef KILN_DEFINE_OPS  // compiled once, in src/ops/ops.cpp (see there)
+namespace kiln {
+
 namespace detail {
 
 // The kernel's sizes for an input shape [N, C, H, W], checked: a window must fit the input.
-inline Pool2dParams pool_params(const Shape& s, const Pool2dArgs& a, const char* op) {
+Pool2dParams pool_params(const Shape& s, const Pool2dArgs& a, const char* op) {
     KILN_CHECK(s.ndim == 4, op, ": 'x' should be [N, C, H, W] but is ", s.str());
     KILN_CHECK(a.kernel > 0 && a.stride > 0 && a.padding >= 0, op, ": kernel ", a.kernel, " and stride ", a.stride,
                " must be ≥ 1, padding ", a.padding, " ≥ 0");
@@ -70,17 +96,15 @@ inline Pool2dParams pool_params(const Shape& s, const Pool2dArgs& a, const char*
     return p;
 }
 
-inline Shape pooled_shape(const Pool2dParams& p) { return Shape{p.N, p.C, p.P(), p.Q()}; }
+Shape pooled_shape(const Pool2dParams& p) { return Shape{p.N, p.C, p.P(), p.Q()}; }
 
 }  // namespace detail
 
-// [N, C, P, Q] for an input [N, C, H, W] (checks that a window fits).
-inline Shape pool2d_output_shape(const Shape& x_shape, const Pool2dArgs& a) {
+Shape pool2d_output_shape(const Shape& x_shape, const Pool2dArgs& a) {
     return detail::pooled_shape(detail::pool_params(x_shape, a, "pool2d_output_shape"));
 }
 
-// y = max over each window; *argmax (i32 [N, C, P, Q]) gets where each maximum came from.
-inline Tensor maxpool2d(const Tensor& x_in, const Pool2dArgs& a, Tensor* argmax) {
+Tensor maxpool2d(const Tensor& x_in, const Pool2dArgs& a, Tensor* argmax) {
     const Tensor x = AmpCast(CastPolicy::Input, x_in.dtype()).input(x_in);
     const Device d = check_args("maxpool2d", {{x, "x"}});
     const Pool2dParams p = detail::pool_params(x.shape(), a, "maxpool2d");
@@ -93,9 +117,7 @@ inline Tensor maxpool2d(const Tensor& x_in, const Pool2dArgs& a, Tensor* argmax)
     return y;
 }
 
-// dx [N, C, H, W] (x_shape): dy scattered to the argmax positions.
-inline Tensor maxpool2d_backward(const Tensor& dy_in, const Tensor& argmax, const Shape& x_shape,
-                                 const Pool2dArgs& a) {
+Tensor maxpool2d_backward(const Tensor& dy_in, const Tensor& argmax, const Shape& x_shape, const Pool2dArgs& a) {
     const char* op = "maxpool2d_backward";
     const Tensor dy = AmpCast(CastPolicy::Input, dy_in.dtype()).input(dy_in);
     const Device d = check_args(op, {{dy, "dy"}});
@@ -112,8 +134,7 @@ inline Tensor maxpool2d_backward(const Tensor& dy_in, const Tensor& argmax, cons
     return dx;
 }
 
-// y = mean over each window (padding counts as 0 and is counted).
-inline Tensor avgpool2d(const Tensor& x_in, const Pool2dArgs& a) {
+Tensor avgpool2d(const Tensor& x_in, const Pool2dArgs& a) {
     const Tensor x = AmpCast(CastPolicy::Input, x_in.dtype()).input(x_in);
     const Device d = check_args("avgpool2d", {{x, "x"}});
     const Pool2dParams p = detail::pool_params(x.shape(), a, "avgpool2d");
@@ -125,7 +146,7 @@ inline Tensor avgpool2d(const Tensor& x_in, const Pool2dArgs& a) {
     return y;
 }
 
-inline Tensor avgpool2d_backward(const Tensor& dy_in, const Shape& x_shape, const Pool2dArgs& a) {
+Tensor avgpool2d_backward(const Tensor& dy_in, const Shape& x_shape, const Pool2dArgs& a) {
     const char* op = "avgpool2d_backward";
     const Tensor dy = AmpCast(CastPolicy::Input, dy_in.dtype()).input(dy_in);
     const Device d = check_args(op, {{dy, "dy"}});
@@ -139,8 +160,7 @@ inline Tensor avgpool2d_backward(const Tensor& dy_in, const Shape& x_shape, cons
     return dx;
 }
 
-// [N, C, H, W] → [N, C]: the mean of each plane; backward spreads dy / (H·W) over it.
-inline Tensor global_avgpool(const Tensor& x_in) {
+Tensor global_avgpool(const Tensor& x_in) {
     const Tensor x = AmpCast(CastPolicy::Input, x_in.dtype()).input(x_in);
     const Device d = check_args("global_avgpool", {{x, "x"}});
     KILN_CHECK(x.ndim() == 4 && x.size(2) * x.size(3) > 0,
@@ -154,7 +174,7 @@ inline Tensor global_avgpool(const Tensor& x_in) {
     return y;
 }
 
-inline Tensor global_avgpool_backward(const Tensor& dy_in, const Shape& x_shape) {
+Tensor global_avgpool_backward(const Tensor& dy_in, const Shape& x_shape) {
     const char* op = "global_avgpool_backward";
     const Tensor dy = AmpCast(CastPolicy::Input, dy_in.dtype()).input(dy_in);
     const Device d = check_args(op, {{dy, "dy"}});
@@ -171,3 +191,4 @@ inline Tensor global_avgpool_backward(const Tensor& dy_in, const Shape& x_shape)
 }
 
 }  // namespace kiln
+#endif  // KILN_DEFINE_OPS
