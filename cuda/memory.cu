@@ -1,4 +1,5 @@
-// memory.cu — device memory for the engine: the CUDA runtime calls behind src/core/cuda_memory.h.
+// memory.cu — device memory for the engine: the CUDA runtime calls behind src/core/cuda_memory.h
+// (and src/core/cuda_stream.h's second stream and events).
 //
 // The allocators (src/core/allocator.cpp) take their device slabs and blocks from
 // malloc_device and give them back with free_device; Tensor::to / copy_from / zeros use the
@@ -18,6 +19,7 @@
 #include <mutex>
 
 #include "core/cuda_memory.h"
+#include "core/cuda_stream.h"
 #include "kiln_cuda.h"
 
 namespace kiln::cuda {
@@ -166,6 +168,56 @@ void PinnedStaging::copy_to_device(void* dst, const void* src, size_t bytes) {
     KILN_CUDA_CHECK(cudaMemcpyAsync(dst, staged, bytes, cudaMemcpyHostToDevice, 0));
     KILN_CUDA_CHECK(cudaEventRecord(static_cast<cudaEvent_t>(done_), 0));
     used_ += bytes;
+}
+
+Event::Event() {
+    cudaEvent_t e = nullptr;
+    KILN_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+    event_ = e;
+}
+
+Event::~Event() { (void)cudaEventDestroy(static_cast<cudaEvent_t>(event_)); }
+
+void Event::record() { KILN_CUDA_CHECK(cudaEventRecord(static_cast<cudaEvent_t>(event_), cuda_detail::launch_stream())); }
+
+void Event::synchronize() const {
+    refuse_if_capturing("a wait for an event", 0);
+    KILN_CUDA_CHECK(cudaEventSynchronize(static_cast<cudaEvent_t>(event_)));
+}
+
+CopyStream::CopyStream() {
+    cudaStream_t s = nullptr;
+    KILN_CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+    stream_ = s;
+}
+
+CopyStream::~CopyStream() {
+    (void)cudaStreamSynchronize(static_cast<cudaStream_t>(stream_));  // no copy may outlive its memory
+    (void)cudaStreamDestroy(static_cast<cudaStream_t>(stream_));
+}
+
+void CopyStream::wait(const Event& e) {
+    KILN_CUDA_CHECK(cudaStreamWaitEvent(static_cast<cudaStream_t>(stream_), static_cast<cudaEvent_t>(e.handle()), 0));
+}
+
+void CopyStream::record(Event& e) {
+    KILN_CUDA_CHECK(cudaEventRecord(static_cast<cudaEvent_t>(e.handle()), static_cast<cudaStream_t>(stream_)));
+}
+
+void CopyStream::copy_to_host(void* dst, const void* src, size_t bytes) {
+    if (bytes == 0) return;
+    KILN_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, static_cast<cudaStream_t>(stream_)));
+}
+
+void CopyStream::copy_to_device(void* dst, const void* src, size_t bytes) {
+    if (bytes == 0) return;
+    KILN_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, static_cast<cudaStream_t>(stream_)));
+}
+
+void CopyStream::synchronize() { KILN_CUDA_CHECK(cudaStreamSynchronize(static_cast<cudaStream_t>(stream_))); }
+
+void launch_stream_wait(const Event& e) {
+    KILN_CUDA_CHECK(cudaStreamWaitEvent(cuda_detail::launch_stream(), static_cast<cudaEvent_t>(e.handle()), 0));
 }
 
 bool capturing() { return cuda_detail::launch_stream() != nullptr; }

@@ -319,31 +319,41 @@ std::vector<double> step_losses(const std::string& output) {
 }
 
 // lesson-14 --device cuda --offload (chapter 15, optim/offload.h): AdamW's state on the host, the
-// update on the CPU. On kiln's emulator the run is the GPU-resident run's bit for bit: the same
-// output (but the offload lines and the timings) and the same checkpoint file. --offload on the
-// CPU and with --memory is refused by name. (Tagged [cpu]: it runs the CPU build's lesson-14 on the
+// update on the CPU, overlapped with the GPU's work (the default) or after it (--offload-schedule
+// serial). On kiln's emulator both runs are the GPU-resident run's bit for bit: the same output (but
+// the offload lines and the timings) and the same checkpoint file. --offload on the CPU and with
+// --memory, and --offload-schedule without --offload, are refused by name. (Tagged [cpu]: it runs the CPU build's lesson-14 on the
 // emulator; the GPU check's kiln-gpu holds no lesson-14, which links Open MPI.)
 TEST_CASE("lesson-14 --device cuda --offload trains and saves as the run without it, bit for bit; refused where "
           "it cannot run",
           "[flags][lesson14][lesson15][offload][cpu]") {
     const std::string bin = trainer_path("lesson-14");
     TempDir tmp;
-    const std::string text = tmp.file("text"), resident = tmp.file("resident"), offloaded = tmp.file("offloaded");
+    const std::string text = tmp.file("text"), resident = tmp.file("resident"), offloaded = tmp.file("offloaded"),
+                      serial = tmp.file("serial");
     write_tiny_text(text);
     const std::string lesson14 = bin + " --device cuda --data " + text + " --iters 3 --eval-interval 2 --eval-windows 1"
                                  " --log-interval 1 --block-size 8 --n-layer 1 --n-head 2 --n-embd 8 --batch-size 4"
                                  " --threads 1 --sample 20 --save ";
-    const Run a = run(lesson14 + resident), b = run(lesson14 + offloaded + " --offload");
-    INFO(a.output << "\n----\n" << b.output);
+    const Run a = run(lesson14 + resident), b = run(lesson14 + offloaded + " --offload"),
+              c = run(lesson14 + serial + " --offload --offload-schedule serial");
+    INFO(a.output << "\n----\n" << b.output << "\n----\n" << c.output);
     REQUIRE(a.status == 0);
     REQUIRE(b.status == 0);
+    REQUIRE(c.status == 0);
     CHECK_THAT(b.output, Contains("offload: AdamW's moments and the f32 master weights on the host") &&
-                             Contains("host, pinned (offload)"));
+                             Contains("the overlapped schedule") && Contains("host, pinned (offload)"));
+    CHECK_THAT(c.output, Contains("the serial schedule"));
     CHECK(step_losses(a.output).size() == 3);
-    CHECK(step_losses(a.output) == step_losses(b.output));
-    CHECK(sample_text(a.output) == sample_text(b.output));
-    const bool same_bytes = read_file(resident + "/last.safetensors") == read_file(offloaded + "/last.safetensors");
+    for (const Run* offload : {&b, &c}) {
+        CHECK(step_losses(a.output) == step_losses(offload->output));
+        CHECK(sample_text(a.output) == sample_text(offload->output));
+    }
+    const auto want = read_file(resident + "/last.safetensors");
+    const bool same_bytes = want == read_file(offloaded + "/last.safetensors"),
+               same_serial = want == read_file(serial + "/last.safetensors");
     CHECK(same_bytes);
+    CHECK(same_serial);
 
     const Run cpu = run(bin + " --data " + text + " --iters 1 --offload");
     CHECK(cpu.status != 0);
@@ -351,6 +361,9 @@ TEST_CASE("lesson-14 --device cuda --offload trains and saves as the run without
     const Run memory = run(bin + " --device cuda --data " + text + " --iters 1 --offload --memory");
     CHECK(memory.status != 0);
     CHECK_THAT(memory.output, Contains("lesson-15 --plan --model baby-gpt --offload"));
+    const Run schedule = run(bin + " --device cuda --data " + text + " --iters 1 --offload-schedule serial");
+    CHECK(schedule.status != 0);
+    CHECK_THAT(schedule.output, Contains("--offload-schedule serial schedules the offloaded optimizer: add --offload"));
 }
 
 // lesson-14 started by mpirun (chapter 12's data parallel training; lessons/14-attention/README.md):

@@ -6,10 +6,14 @@
 // check their pointers the way a GPU would reject them: a cudaMemcpyHostToDevice whose
 // destination is not device memory fails here too, with a message saying which pointer.
 //
-// Launches and copies are synchronous; streams and events exist so that code written for a GPU
-// runs unchanged (an event records the host clock). Stream capture (cudaStreamBeginCapture) is
-// real: while a stream captures, the kernels, copies and fills queued on it are recorded, not
-// run, and cudaGraphLaunch runs the recorded list again; a call a GPU refuses during a capture
+// Launches, and copies on the legacy stream or a blocking stream, run before they return; an event
+// records the host clock. A stream created with cudaStreamNonBlocking is deferred: its copies,
+// fills and event records are queued and run only when something waits for them (an event wait,
+// a synchronize, a graph launched on that stream), the latest a GPU could run them, so that a
+// missing cudaStreamWaitEvent reads what the copy has not written yet. (A kernel launched on such
+// a stream still runs at once, ahead of the copies queued there: kiln launches none there.) Stream capture
+// (cudaStreamBeginCapture) is real: while a stream captures, the kernels, copies and fills queued
+// on it are recorded, not run, and cudaGraphLaunch runs the recorded list again; a call a GPU refuses during a capture
 // (an allocation, a synchronous copy, a wait) is refused here with CUDA's code and a message
 // naming the call, and the capture is invalidated (its cudaStreamEndCapture fails), as CUDA's
 // default capture mode (cudaStreamCaptureModeGlobal) does. Errors are per host thread, like CUDA's:
@@ -22,6 +26,7 @@
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
+#include <deque>
 #include <functional>
 #include <map>
 #include <set>
@@ -38,8 +43,16 @@ struct CaptureNode {
     std::string name;
     std::function<void()> run;
 };
+// One operation queued on a deferred (non-blocking) stream: a copy or a fill (run), or the
+// record-th record of an event (event).
+struct QueuedOp {
+    std::function<void()> run;
+    cudaEvent_t event = nullptr;
+    std::uint64_t record = 0;
+};
 struct CUstream_st {
     bool blocking = true;            // false: cudaStreamNonBlocking (no implicit order with the legacy stream)
+    std::deque<QueuedOp> queued;     // a non-blocking stream's work not run yet, in order
     bool capturing = false;
     cudaStreamCaptureMode mode = cudaStreamCaptureModeGlobal;
     std::thread::id owner;           // the thread that began the capture
@@ -55,6 +68,8 @@ struct CUgraphExec_st {
 struct CUevent_st {
     std::chrono::steady_clock::time_point time;
     bool recorded = false;
+    std::uint64_t records = 0;        // cudaEventRecord calls so far; a wait is for the latest
+    cudaStream_t pending = nullptr;   // the deferred stream whose queue holds the latest record, if not run
 };
 
 namespace kiln::emu {
@@ -149,6 +164,56 @@ bool capture_node(cudaStream_t stream, const char* name, std::function<void()> n
     stream->nodes.push_back({name, std::move(node)});
     return true;
 }
+
+// --- deferred streams ----------------------------------------------------------------------------
+// A non-blocking stream runs nothing when its work is queued: the queue runs, in order, up to what
+// a caller waits for. One lock for every queue and every event's record state.
+namespace {
+std::mutex& queue_mutex() {
+    static std::mutex m;
+    return m;
+}
+std::set<cudaStream_t>& deferred_streams() {  // every live non-blocking stream
+    static std::set<cudaStream_t> s;
+    return s;
+}
+bool captures(cudaStream_t s) {
+    if (!capture_running()) return false;
+    std::lock_guard<std::mutex> lock(capture_mutex());
+    return s->capturing;
+}
+bool defers(cudaStream_t s) { return s && !s->blocking && !captures(s); }
+
+void mark_recorded(cudaEvent_t e, std::uint64_t record) {
+    e->time = std::chrono::steady_clock::now();
+    e->recorded = true;
+    if (e->records == record) e->pending = nullptr;
+}
+
+// Runs `s`'s queue up to and including the record-th record of `e` (everything when e is null).
+// The caller holds queue_mutex.
+void run_until_locked(cudaStream_t s, cudaEvent_t e, std::uint64_t record) {
+    while (!s->queued.empty()) {
+        QueuedOp op = std::move(s->queued.front());
+        s->queued.pop_front();
+        if (op.run) op.run();
+        if (op.event) mark_recorded(op.event, op.record);
+        if (e && op.event == e && op.record == record) return;
+    }
+}
+
+// Runs what the latest record of `e` waits for. The caller holds queue_mutex.
+void run_to_event_locked(cudaEvent_t e) {
+    if (e->pending) run_until_locked(e->pending, e, e->records);
+}
+
+// Everything queued on `stream` (a synchronize, a query, a graph launched on it).
+void run_queued(cudaStream_t stream) {
+    if (!stream) return;
+    std::lock_guard<std::mutex> lock(queue_mutex());
+    if (deferred_streams().count(stream)) run_until_locked(stream, nullptr, 0);
+}
+}  // namespace
 
 std::vector<traffic::Span> traffic::device_allocations() {
     std::lock_guard<std::mutex> lock(memory_mutex());
@@ -247,12 +312,19 @@ const char* kind_name(cudaMemcpyKind kind) {
 }
 
 // A copy or a fill, given as `check` (its arguments' checks) and `run` (both: run(true) performs
-// it), on `stream`. While a capture runs: queued on the capturing stream, it is recorded (checked
-// now, run at each cudaGraphLaunch); a synchronous call, or one on the legacy stream (null), is
+// it), on `stream`. Queued on a deferred (non-blocking) stream: checked now, run later. While a
+// capture runs: queued on the capturing stream, it is recorded (checked now, run at each
+// cudaGraphLaunch); a synchronous call, or one on the legacy stream (null), is
 // refused as CUDA refuses it — the legacy stream waits for every blocking stream, a capturing one
 // included, a dependency no graph can hold. Otherwise it runs now.
 cudaError_t on_stream(const std::string& call, bool synchronous, cudaStream_t stream,
                       const std::function<cudaError_t(bool perform)>& op) {
+    if (!synchronous && defers(stream)) {  // checked now, run when something waits for the stream
+        if (const cudaError_t e = op(false); e != cudaSuccess) return e;
+        std::lock_guard<std::mutex> lock(queue_mutex());
+        stream->queued.push_back(QueuedOp{[op] { op(true); }, nullptr, 0});
+        return cudaSuccess;
+    }
     if (!capture_running()) return op(true);
     if (!synchronous && stream) {
         if (const cudaError_t e = op(false); e != cudaSuccess) return e;
@@ -459,6 +531,10 @@ cudaError_t cudaDeviceSynchronize() {
     if (kiln::emu::capture_forbids_here())
         return kiln::emu::refuse_during_capture(cudaErrorStreamCaptureUnsupported, "cudaDeviceSynchronize",
                                                 "the host cannot wait for work that is recorded, not run");
+    {
+        std::lock_guard<std::mutex> lock(kiln::emu::queue_mutex());
+        for (cudaStream_t s : kiln::emu::deferred_streams()) kiln::emu::run_until_locked(s, nullptr, 0);
+    }
     // Launches finish before they return; like a GPU, report a kernel's failure here too.
     return kiln::emu::last_error == cudaErrorLaunchFailure ? cudaErrorLaunchFailure : cudaSuccess;
 }
@@ -520,7 +596,9 @@ cudaError_t cudaDeviceGetAttribute(int* value, cudaDeviceAttr attr, int device) 
     return cudaSuccess;
 }
 
-// --- streams and events: everything has already happened ------------------------------------------
+// --- streams and events ------------------------------------------------------------------------------
+// A blocking stream's work has already happened; a non-blocking stream's waits in its queue until a
+// synchronize, an event wait or a launch on it runs the queue up to what is waited for.
 cudaError_t cudaStreamCreate(cudaStream_t* stream) {
     if (!stream) return set_error(cudaErrorInvalidValue, "cudaStreamCreate: null pointer");
     *stream = new CUstream_st;
@@ -529,21 +607,42 @@ cudaError_t cudaStreamCreate(cudaStream_t* stream) {
 cudaError_t cudaStreamCreateWithFlags(cudaStream_t* stream, unsigned flags) {
     if (const cudaError_t e = cudaStreamCreate(stream); e != cudaSuccess) return e;
     (*stream)->blocking = !(flags & cudaStreamNonBlocking);
+    if (!(*stream)->blocking) {
+        std::lock_guard<std::mutex> lock(kiln::emu::queue_mutex());
+        kiln::emu::deferred_streams().insert(*stream);
+    }
     return cudaSuccess;
 }
 cudaError_t cudaStreamDestroy(cudaStream_t stream) {
     if (stream && stream->capturing)
         return set_error(cudaErrorIllegalState, "cudaStreamDestroy: the stream is capturing (end the capture first)");
+    if (stream) {  // a GPU finishes a destroyed stream's work
+        std::lock_guard<std::mutex> lock(kiln::emu::queue_mutex());
+        kiln::emu::run_until_locked(stream, nullptr, 0);
+        kiln::emu::deferred_streams().erase(stream);
+    }
     delete stream;
     return cudaSuccess;
 }
-cudaError_t cudaStreamSynchronize(cudaStream_t) {
+cudaError_t cudaStreamSynchronize(cudaStream_t stream) {
     if (kiln::emu::capture_forbids_here())
         return kiln::emu::refuse_during_capture(cudaErrorStreamCaptureUnsupported, "cudaStreamSynchronize",
                                                 "the host cannot wait for work that is recorded, not run");
+    kiln::emu::run_queued(stream);
     return cudaSuccess;
 }
-cudaError_t cudaStreamQuery(cudaStream_t) { return cudaSuccess; }
+cudaError_t cudaStreamQuery(cudaStream_t stream) {
+    kiln::emu::run_queued(stream);  // asked, the emulator finishes it
+    return cudaSuccess;
+}
+// The stream's later work waits for the event: here, whatever the event's latest record waits for
+// on another (deferred) stream runs now.
+cudaError_t cudaStreamWaitEvent(cudaStream_t stream, cudaEvent_t event, unsigned) {
+    if (!event) return set_error(cudaErrorInvalidResourceHandle, "cudaStreamWaitEvent: null event");
+    std::lock_guard<std::mutex> lock(kiln::emu::queue_mutex());
+    if (event->pending && event->pending != stream) kiln::emu::run_to_event_locked(event);
+    return cudaSuccess;
+}
 
 cudaError_t cudaEventCreate(cudaEvent_t* event) {
     if (!event) return set_error(cudaErrorInvalidValue, "cudaEventCreate: null pointer");
@@ -552,26 +651,51 @@ cudaError_t cudaEventCreate(cudaEvent_t* event) {
 }
 cudaError_t cudaEventCreateWithFlags(cudaEvent_t* event, unsigned) { return cudaEventCreate(event); }
 cudaError_t cudaEventDestroy(cudaEvent_t event) {
+    if (event) {  // no queue may keep a record of it
+        std::lock_guard<std::mutex> lock(kiln::emu::queue_mutex());
+        for (cudaStream_t s : kiln::emu::deferred_streams()) {
+            std::uint64_t last = 0;
+            for (const QueuedOp& op : s->queued)
+                if (op.event == event) last = op.record;
+            if (last) kiln::emu::run_until_locked(s, event, last);
+        }
+    }
     delete event;
     return cudaSuccess;
 }
-cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t) {
+cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t stream) {
     if (!event) return set_error(cudaErrorInvalidResourceHandle, "cudaEventRecord: null event");
-    event->time = std::chrono::steady_clock::now();
-    event->recorded = true;
+    const bool deferred = kiln::emu::defers(stream);
+    std::lock_guard<std::mutex> lock(kiln::emu::queue_mutex());
+    const std::uint64_t record = ++event->records;
+    if (deferred) {
+        event->pending = stream;
+        stream->queued.push_back(QueuedOp{{}, event, record});
+    } else {
+        kiln::emu::mark_recorded(event, record);
+    }
     return cudaSuccess;
 }
 cudaError_t cudaEventSynchronize(cudaEvent_t event) {
     if (kiln::emu::capture_forbids_here())
         return kiln::emu::refuse_during_capture(cudaErrorStreamCaptureUnsupported, "cudaEventSynchronize",
                                                 "the host cannot wait for work that is recorded, not run");
-    return event ? cudaSuccess : set_error(cudaErrorInvalidResourceHandle, "cudaEventSynchronize: null event");
+    if (!event) return set_error(cudaErrorInvalidResourceHandle, "cudaEventSynchronize: null event");
+    std::lock_guard<std::mutex> lock(kiln::emu::queue_mutex());
+    kiln::emu::run_to_event_locked(event);
+    return cudaSuccess;
 }
 cudaError_t cudaEventQuery(cudaEvent_t event) {
-    return event ? cudaSuccess : set_error(cudaErrorInvalidResourceHandle, "cudaEventQuery: null event");
+    if (!event) return set_error(cudaErrorInvalidResourceHandle, "cudaEventQuery: null event");
+    std::lock_guard<std::mutex> lock(kiln::emu::queue_mutex());
+    kiln::emu::run_to_event_locked(event);  // asked, the emulator finishes it
+    return cudaSuccess;
 }
 cudaError_t cudaEventElapsedTime(float* ms, cudaEvent_t start, cudaEvent_t end) {
     if (!ms || !start || !end) return set_error(cudaErrorInvalidValue, "cudaEventElapsedTime: null argument");
+    std::lock_guard<std::mutex> lock(kiln::emu::queue_mutex());
+    kiln::emu::run_to_event_locked(start);
+    kiln::emu::run_to_event_locked(end);
     if (!start->recorded || !end->recorded)
         return set_error(cudaErrorInvalidResourceHandle, "cudaEventElapsedTime: an event was never recorded");
     *ms = std::chrono::duration<float, std::milli>(end->time - start->time).count();
@@ -645,7 +769,7 @@ cudaError_t cudaGraphLaunch(cudaGraphExec_t exec, cudaStream_t stream) {
     if (kiln::emu::capture_running())
         return kiln::emu::refuse_during_capture(cudaErrorStreamCaptureUnsupported, "cudaGraphLaunch",
                                                 "the emulator does not capture graph launches");
-    (void)stream;
+    kiln::emu::run_queued(stream);
     kiln::emu::graphs_launched++;
     for (const CaptureNode& node : exec->nodes) {
         node.run();

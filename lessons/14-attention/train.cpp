@@ -9,7 +9,8 @@
 //   make lesson-14 ARGS='--from runs/lesson-14/last.safetensors --sample 1000'   # write, without the text
 //   mpirun -np 2 build/bin/lesson-14 --zero 1        # 2 ranks × 6 windows, AdamW's moments sharded
 //   mpirun -np 2 build/bin/lesson-14 --zero 3        # and the gradients and parameters (chapter 15)
-//   make lesson-14 ARGS='--device cuda --offload'     # AdamW's state on the host, the update on the CPU (chapter 15)
+//   make lesson-14 ARGS='--device cuda --offload'     # AdamW's state on the host, the update on the CPU (chapter 15),
+//                                                     # overlapped with the GPU's work (--offload-schedule serial: after it)
 //
 // The recipe is nanoGPT's (train/gpt_recipe.h): AdamW (0.9, 0.99), weight decay 0.1 on the
 // weights, warm-up then cosine, clipping at 1.0; the batches are random windows of the first 90%
@@ -57,6 +58,7 @@ struct Lesson14Flags {
     float temperature = 0.8f;
     bool no_kv_cache = false, memory = false;
     bool offload = false;  // --offload: AdamW's state and the f32 master weights in the host's pinned memory
+    std::string offload_schedule = "overlapped";  // --offload-schedule: overlapped with the GPU's work, or serial
     int zero = 0;  // under mpirun: 0 data parallel, 1-3 ZeRO's stage
 };
 
@@ -97,15 +99,21 @@ void check_ranks(const CommonFlags& flags, const Lesson14Flags& o, Device device
                      "its shard on its host): use one or the other");
     KILN_USAGE_CHECK(!(o.offload && o.memory), "--memory is chapter 08's prediction, which keeps AdamW's state on the "
                      "device: for --offload ask chapter 15's planner (lesson-15 --plan --model baby-gpt --offload)");
+    KILN_USAGE_CHECK(o.offload || o.offload_schedule == "overlapped", "--offload-schedule ", o.offload_schedule,
+                     " schedules the offloaded optimizer: add --offload");
 }
 
 // The recipe's AdamW: whole on every rank, or sharded over them (--zero 1, 2, 3), or with its
-// state on the host (--offload, chapter 15: optim/offload.h).
-std::unique_ptr<Optimizer> make_optimizer(GPT& model, const GPTRecipe& recipe, int zero, bool offload,
-                                          Communicator& comm) {
-    if (zero >= 1) return gpt_zero_optimizer(model, recipe, zero, comm);
-    if (offload) return offload_optimizer(gpt_optimizer(model, recipe));
-    return gpt_optimizer(model, recipe);
+// state on the host (--offload, chapter 15: optim/offload.h), its update overlapped with the GPU's
+// work or after it (--offload-schedule).
+std::unique_ptr<Optimizer> make_optimizer(GPT& model, const Lesson14Flags& o, Communicator& comm) {
+    if (o.zero >= 1) return gpt_zero_optimizer(model, o.recipe, o.zero, comm);
+    if (o.offload) {
+        OffloadOptions options;
+        options.schedule = o.offload_schedule == "serial" ? OffloadSchedule::Serial : OffloadSchedule::Overlapped;
+        return offload_optimizer(gpt_optimizer(model, o.recipe), model, options);
+    }
+    return gpt_optimizer(model, o.recipe);
 }
 
 // What each rank keeps of the model's state under --zero N, for the run's first lines.
@@ -193,6 +201,9 @@ int run(int argc, char** argv, MpiCommunicator& mpi) {
             "(and that piece's parameters)", Cli::between(0, 3));
     cli.add("--offload", &o.offload, "with --device cuda: AdamW's moments and the f32 master weights in the host's "
             "pinned memory, the update on the CPU (chapter 15)");
+    cli.add("--offload-schedule", &o.offload_schedule, "with --offload: overlapped (the copies and the CPU's update "
+            "run beside backward and the next forward, bucket by bucket) or serial (after backward, the GPU waiting)",
+            {"overlapped", "serial"});
     cli.parse(argc, argv);
     start_ranks(mpi, cli, flags);  // the same flags on every rank, the cores shared out, rank 0 speaks
     Device device = flags.apply();
@@ -210,7 +221,7 @@ int run(int argc, char** argv, MpiCommunicator& mpi) {
     o.recipe.decay_iters = o.recipe.iters;
     auto model = make_gpt(o.gpt, flags.seed);
     model->to(device);
-    auto opt = make_optimizer(*model, o.recipe, o.zero, o.offload, mpi);
+    auto opt = make_optimizer(*model, o, mpi);
     std::unique_ptr<DataParallel> ddp;  // --zero 0 on several ranks: the gradients averaged after backward
     if (mpi.size() > 1 && o.zero == 0) ddp = std::make_unique<DataParallel>(*model, mpi);
     flags.apply_memory_limit(device);
@@ -228,8 +239,10 @@ int run(int argc, char** argv, MpiCommunicator& mpi) {
         std::printf("%d ranks × %lld windows, %s\n", mpi.size(), (long long)(flags.batch_size / mpi.size()),
                     sharding(o.zero));
     if (o.offload)
-        std::printf("offload: AdamW's moments and the f32 master weights on the host; %s over PCIe each way a step\n",
-                    format_bytes(static_cast<const OffloadedOptimizer&>(*opt).bytes_each_way()).c_str());
+        std::printf("offload: AdamW's moments and the f32 master weights on the host; %s over PCIe each way a step; "
+                    "the %s schedule\n",
+                    format_bytes(static_cast<const OffloadedOptimizer&>(*opt).bytes_each_way()).c_str(),
+                    offload_schedule_name(static_cast<const OffloadedOptimizer&>(*opt).schedule()));
     if (o.memory) {  // chapter 08's table of the step, and stop
         print_memory(*model, *opt, flags, o, device);
         flags.check_used();
@@ -284,6 +297,7 @@ int run(int argc, char** argv, MpiCommunicator& mpi) {
             last = std::chrono::steady_clock::now(), last_it = it;
         }
     }
+    opt->synchronize();  // the last step's weights in place (an overlapped offload may still be copying them)
     const double train_seconds = seconds_since(start);
     if (first < o.recipe.iters) save(o.recipe.iters);
     if (o.zero == 3) static_cast<Zero3Optimizer&>(*opt).gather_model();  // whole for the evaluation and the sample

@@ -227,14 +227,15 @@ void print_measured() {
 }
 
 // --measure-offload: chapter 14's baby GPT (textbook attention), one steady step on the CUDA device
-// with AdamW on the GPU and offloaded (optim/offload.h): the plan's device bytes against the
+// with AdamW on the GPU and offloaded (optim/offload.h; serial and overlapped schedules, which hold
+// the same device bytes): the plan's device bytes against the
 // allocators' peaks, what offload saves, the host's pinned bytes, and the PCIe bytes a step with
 // their least time at each bus's rate (computed, not measured).
 void print_measured_offload() {
     GPTConfig c = baby_gpt_config(65);
     c.attention = AttentionKind::Textbook;
     const int64_t B = 12;
-    const OffloadMeasured m = measure_gpt_offload(c, B);
+    const OffloadMeasured m = measure_gpt_offload(c, B, true);
     std::printf("chapter 14's GPT (L %lld, h %lld, s %lld, b %lld, textbook), f32 AdamW, one steady training step on %s\n",
                 (long long)c.n_layer, (long long)c.n_embd, (long long)c.block_size, (long long)B,
                 cuda::is_emulated() ? "cuda (kiln's emulator: its allocators' accounting)" : "a GPU");
@@ -244,7 +245,8 @@ void print_measured_offload() {
                     100.0 * double(planned - measured) / double(measured));
     };
     row("AdamW on the GPU", m.resident.total(), m.resident_bytes);
-    row("AdamW offloaded", m.offloaded.total(), m.offloaded_bytes);
+    row("AdamW offloaded, serial", m.offloaded.total(), m.offloaded_bytes);
+    row("AdamW offloaded, overlap", m.offloaded.total(), m.overlapped_bytes);
     row("saved", m.resident.total() - m.offloaded.total(), m.resident_bytes - m.offloaded_bytes);
     row("host, pinned (offloaded)", m.offloaded.host, m.host_bytes);
     MemoryPlanOptions o = gpt_plan_options(c, B);

@@ -15,8 +15,8 @@
 //   gradient slab  [ conv1 | conv2 | fc1 ............ | fc2 | fc3 ]
 //   buckets          └──── bucket 1 ─────┘└────── bucket 0 ──────┘      (bucket 0 ready first)
 //
-// A backward hook on each layer marks its parameters' gradients ready; when a bucket's are all
-// ready its all-reduce starts (non-blocking) while backward goes on with the layers below. A
+// A backward hook on each layer marks its parameters' gradients ready (nn/grad_buckets.h's
+// BucketReadiness, shared with chapter 15's offload); when a bucket's are all ready its all-reduce starts (non-blocking) while backward goes on with the layers below. A
 // hook on the whole model, after backward, starts what is left, waits for every bucket and
 // divides by p. With overlap off, that last hook does one all-reduce of the whole slab instead.
 //
@@ -30,29 +30,14 @@
 // costs K all-reduces per step, where PyTorch's no_sync() would do one.
 #pragma once
 #include <cstdint>
-#include <unordered_map>
+#include <memory>
 #include <vector>
 
 #include "dist/comm.h"
+#include "nn/grad_buckets.h"
 #include "nn/module.h"
 
 namespace kiln {
-
-// A bucket: the elements [begin, end) of the gradient slab, the gradients of a run of
-// consecutive parameters (padding between them included).
-struct GradBucket {
-    int64_t begin = 0, end = 0;
-    std::vector<Parameter*> params;
-};
-
-// The buckets for parameters whose gradients lie at [ranges[i].first, ranges[i].second) of a
-// slab of `total` elements, in slab (forward) order. From the last parameter back, a bucket is
-// closed once it holds bucket_elements or more, or at a parameter i with starts_unit[i] (when
-// given: ZeRO-3's layers, each its own bucket); together the buckets cover [0, total) with no
-// gap, bucket 0 at the end of the slab.
-std::vector<GradBucket> plan_buckets(const std::vector<Parameter*>& params,
-                                     const std::vector<std::pair<int64_t, int64_t>>& ranges, int64_t total,
-                                     int64_t bucket_elements, const std::vector<bool>& starts_unit = {});
 
 struct DataParallelOptions {
     int64_t bucket_bytes = 25 << 20;  // DDP's bucket_cap_mb = 25
@@ -86,14 +71,12 @@ private:
     DataParallelOptions opt_;
     Tensor slab_;                       // the gradient slab, 1-D
     std::vector<GradBucket> buckets_;
-    std::unordered_map<const Parameter*, size_t> bucket_of_;
-    std::vector<int> waiting_;          // per bucket: parameters not yet ready this backward
+    std::unique_ptr<BucketReadiness> readiness_;  // with overlap: which buckets backward has finished
     std::vector<CommRequest> requests_; // per bucket: its all-reduce, once started
     size_t started_ = 0;                // buckets started this backward (in order 0, 1, …)
     std::vector<HookHandle> hooks_;
     CommStats stats_;
 
-    void param_ready(Parameter* p);
     void start_ready_buckets();
     void start(size_t bucket);
     void finish_backward();             // the last hook: start the rest, wait, average
@@ -105,9 +88,5 @@ void broadcast_model(Module& model, Communicator& comm);
 // Rank 0's buffers (batch norm's running statistics) to every rank: before each training
 // forward (DataParallel) or after each step (ZeRO-1).
 void broadcast_buffers(Module& model, Communicator& comm);
-
-// The element offset of a tensor that is a view into an f32 slab (a parameter's grad in the
-// gradient slab, its value in the value slab).
-int64_t offset_in_slab(const Tensor& view, const Tensor& slab);
 
 }  // namespace kiln

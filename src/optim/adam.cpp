@@ -44,22 +44,28 @@ void Adam::create_moments() {
 }
 
 void Adam::step() {
+    update(std::vector<bool>(num_params(), true));
+    steps_++;
+}
+
+void Adam::update(const std::vector<bool>& which) {
     if (exp_avg_.empty()) create_moments();
     size_t i = 0;  // the parameter's index over all groups: its moments
     for (ParamGroup& group : groups_) {
         const AdamParams a{group.lr, opt_.beta1, opt_.beta2, opt_.eps, group.weight_decay, decoupled_, steps_ + 1};
         std::vector<Tensor> w, g, m, v, v_max;
         for (Parameter* param : group.params) {
-            w.push_back(param->value);
-            g.push_back(param->grad);
-            m.push_back(exp_avg_[i]);
-            v.push_back(exp_avg_sq_[i]);
-            if (opt_.amsgrad) v_max.push_back(max_exp_avg_sq_[i]);
+            if (which.at(i)) {
+                w.push_back(param->value);
+                g.push_back(param->grad);
+                m.push_back(exp_avg_[i]);
+                v.push_back(exp_avg_sq_[i]);
+                if (opt_.amsgrad) v_max.push_back(max_exp_avg_sq_[i]);
+            }
             i++;
         }
-        adam_update(w, g, m, v, v_max, a);
+        if (!w.empty()) adam_update(w, g, m, v, v_max, a);
     }
-    steps_++;
 }
 
 void Adam::save_state(StateDict& state, const std::string& prefix) const {

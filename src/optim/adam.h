@@ -49,6 +49,7 @@ public:
     // Groups bring their own lr and weight_decay; options.weight_decay must be 0 (else refused).
     Adam(std::vector<ParamGroup> groups, Options options);
     void step() override;
+    void update(const std::vector<bool>& which) override;
     std::vector<Tensor> state_of(size_t i) const override {  // m, v (and v_max with AMSGrad)
         std::vector<Tensor> state;
         for (const std::vector<Tensor>* moments : {&exp_avg_, &exp_avg_sq_, &max_exp_avg_sq_})

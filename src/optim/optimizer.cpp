@@ -28,6 +28,18 @@ void Optimizer::zero_grad() {
         for (Parameter* p : g.params) fill_(p->grad, 0.0f);
 }
 
+void Optimizer::update(const std::vector<bool>& which) {
+    (void)which;
+    KILN_FAIL("this optimizer updates all its parameters in one step(): only SGD, Adam and AdamW update a part of "
+              "them (what an offloaded optimizer does as backward finishes each bucket)");
+}
+
+size_t Optimizer::num_params() const {
+    size_t n = 0;
+    for (const ParamGroup& g : groups_) n += g.params.size();
+    return n;
+}
+
 std::vector<Tensor> state_slab(const Optimizer& optimizer) {
     std::vector<Shape> shapes;
     Device device = Device::CPU;
@@ -87,21 +99,29 @@ void SGD::check_options() const {
 }
 
 void SGD::step() {
-    const bool first = buf_.empty();
-    if (first && opt_.momentum != 0.0f) buf_ = state_slab(*this);
+    update(std::vector<bool>(num_params(), true));
+    steps_++;
+}
+
+// The first step (no buffer yet, or one made by this step's earlier part) sets buf = g.
+void SGD::update(const std::vector<bool>& which) {
+    const bool first = buf_.empty() || steps_ == 0;
+    if (buf_.empty() && opt_.momentum != 0.0f) buf_ = state_slab(*this);
     size_t i = 0;  // the parameter's index over all groups: its buffer
     for (ParamGroup& group : groups_) {
         std::vector<Tensor> w, g, buf;
         for (Parameter* param : group.params) {
-            w.push_back(param->value);
-            g.push_back(param->grad);
-            if (!buf_.empty()) buf.push_back(buf_[i]);
+            if (which.at(i)) {
+                w.push_back(param->value);
+                g.push_back(param->grad);
+                if (!buf_.empty()) buf.push_back(buf_[i]);
+            }
             i++;
         }
-        sgd_update(w, g, buf,
-                   SgdParams{group.lr, opt_.momentum, opt_.dampening, group.weight_decay, opt_.nesterov, first});
+        if (!w.empty())
+            sgd_update(w, g, buf,
+                       SgdParams{group.lr, opt_.momentum, opt_.dampening, group.weight_decay, opt_.nesterov, first});
     }
-    steps_++;
 }
 
 // Keys: <prefix>.steps, <prefix>.group<g>.lr, <prefix>.<parameter name>.momentum_buffer
@@ -135,24 +155,31 @@ std::vector<ParamGroup> decay_groups(Module& model, float lr, float weight_decay
     return groups;
 }
 
-float clip_grad_norm(const std::vector<Parameter*>& params, float max_norm) {
+double grad_squares(const std::vector<Parameter*>& params) {
     double squares = 0.0;
+    for (const Parameter* p : params) squares += sum_squares(p->grad);
+    return squares;
+}
+
+float clip_grad_norm(const std::vector<Parameter*>& params, float max_norm) {
     std::vector<Tensor> grads;
-    for (const Parameter* p : params) {
-        squares += sum_squares(p->grad);
-        grads.push_back(p->grad);
-    }
-    return clip_to_norm(grads, squares, max_norm);
+    for (const Parameter* p : params) grads.push_back(p->grad);
+    return clip_to_norm(grads, grad_squares(params), max_norm);
+}
+
+float clip_factor(double squares, float max_norm) {
+    KILN_CHECK(max_norm > 0.0f, "clip_grad_norm: max_norm must be > 0, got ", max_norm);
+    const double total = std::sqrt(squares);
+    if (!std::isfinite(total)) return 1.0f;  // inf or NaN: nothing to scale by
+    const double coef = double(max_norm) / (total + 1e-6);
+    return coef < 1.0 ? float(coef) : 1.0f;
 }
 
 float clip_to_norm(const std::vector<Tensor>& grads, double squares, float max_norm) {
-    KILN_CHECK(max_norm > 0.0f, "clip_grad_norm: max_norm must be > 0, got ", max_norm);
-    const double total = std::sqrt(squares);
-    if (!std::isfinite(total)) return float(total);  // inf or NaN: nothing to scale by
-    const double coef = double(max_norm) / (total + 1e-6);
-    if (coef < 1.0)
-        for (Tensor g : grads) scale_(g, float(coef));  // (a Tensor is a handle: g shares the gradient's bytes)
-    return float(total);
+    const float factor = clip_factor(squares, max_norm);
+    if (factor < 1.0f)
+        for (Tensor g : grads) scale_(g, factor);  // (a Tensor is a handle: g shares the gradient's bytes)
+    return float(std::sqrt(squares));
 }
 
 float Optimizer::clip_gradients(const std::vector<Parameter*>& params, float max_norm) {

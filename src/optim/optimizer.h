@@ -9,6 +9,14 @@
 
 namespace kiln {
 
+// What follows a backward, as train_step knows it before the batch's last backward starts (see
+// Optimizer::before_last_backward).
+enum class AfterBackward {
+    Step,  // step(), on the gradients backward leaves: every loss was finite, no clipping, no GradScaler
+    Clip,  // clip_gradients (one factor for every gradient; an inf/NaN norm skips the step), then step()
+    Other, // something may rewrite the gradients or skip the step first (a GradScaler, a non-finite loss)
+};
+
 // Parameters that share a learning rate and a weight decay (PyTorch's param_groups), e.g.
 // the weights with weight decay, and the biases and batch-norm parameters without.
 struct ParamGroup {
@@ -44,6 +52,23 @@ public:
     // A step taken by launching a captured CUDA Graph of step() (train/step_graph.h): its kernels
     // ran, the host's code did not, so the count is advanced here.
     void count_replayed_step() { steps_++; }
+
+    // ---- a step in parts, overlapped with backward (chapter 15: optim/offload.h) ----------
+    // update(which) applies this step's rule (step count steps() + 1) to the parameters i (groups
+    // in order) with which[i], as step() would; step() is update(every parameter), then the count.
+    // A caller that updates in parts calls count_step() once all parts are done. SGD, Adam and
+    // AdamW have it; any other optimizer refuses, naming itself.
+    virtual void update(const std::vector<bool>& which);
+    void count_step() { steps_++; }
+    size_t num_params() const;  // over every group
+    // train_step says, just before the batch's last backward, what follows it: an optimizer that
+    // updates while backward is still running (OffloadedOptimizer) starts a bucket's update as
+    // soon as backward has finished it only when `next` is Step. Nothing is done by default.
+    virtual void before_last_backward(AfterBackward next) { (void)next; }
+    // Waits until the model's parameters hold the last step's update: an optimizer that leaves its
+    // step running (OffloadedOptimizer: copies in flight, a host thread) finishes it here. Whoever
+    // reads the weights other than through a forward (a checkpoint, a test) calls it first.
+    virtual void synchronize() {}
     // The state kept for the i-th parameter (groups in order; views of the state slabs): SGD's
     // momentum buffer, Adam's moments; none before the first step. The memory report counts it
     // for the module that owns the parameter.
@@ -109,6 +134,7 @@ public:
     // Groups bring their own lr and weight_decay; options.weight_decay must be 0 (else refused).
     SGD(std::vector<ParamGroup> groups, Options options);
     void step() override;
+    void update(const std::vector<bool>& which) override;
     std::vector<Tensor> state_of(size_t i) const override {
         return i < buf_.size() ? std::vector<Tensor>{buf_[i]} : std::vector<Tensor>{};
     }
@@ -136,5 +162,10 @@ float clip_grad_norm(const std::vector<Parameter*>& params, float max_norm);
 // sums them over the ranks): total = sqrt(squares); each of grads scaled by
 // max_norm / (total + 1e-6) when that is < 1 (nothing scaled when total is inf or NaN). Returns total.
 float clip_to_norm(const std::vector<Tensor>& grads, double squares, float max_norm);
+// Its parts: Σ_params Σ_i g_i² (in double, in a fixed order), and the factor the gradients are
+// scaled by, max_norm / (sqrt(squares) + 1e-6) when that is < 1, else 1 (also when the norm is inf
+// or NaN); clip_to_norm multiplies by it in f32, as anyone who repeats it must.
+double grad_squares(const std::vector<Parameter*>& params);
+float clip_factor(double squares, float max_norm);
 
 }  // namespace kiln

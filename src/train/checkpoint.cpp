@@ -140,6 +140,7 @@ StateDict checkpoint_state(TrainingRun& run, const ResumePoint& at) {
     // GPU is copied to host memory, never to device memory.
     StateDict s;
     s.share_cpu_tensors = true;
+    run.optimizer.synchronize();  // the last step's weights are all in place (an offloaded step may still run)
     save_model(s, run.model);
     run.optimizer.save_state(s, "optimizer");
     if (run.scheduler) run.scheduler->save_state(s, "scheduler");

@@ -43,6 +43,14 @@ void scaled_update(Module& model, Optimizer& optimizer, const StepOptions& opt, 
     scaler.update();
 }
 
+// What follows the batch's last backward, for an optimizer that updates during it
+// (Optimizer::before_last_backward): the step is certain only when every loss is finite and nothing
+// reads all the gradients first.
+AfterBackward after_backward(const StepOptions& opt, bool losses_finite) {
+    if (opt.scaler || !losses_finite) return AfterBackward::Other;
+    return opt.clip_norm > 0.0f ? AfterBackward::Clip : AfterBackward::Step;
+}
+
 }  // namespace
 
 // --grad-hist: the gradients the optimizer was given (unscaled, clipped if asked), against f16's
@@ -64,7 +72,8 @@ void print_grad_hist(Module& model, float loss_scale, const RunInfo& run) {
 }
 
 std::pair<float, int64_t> forward_backward(Module& model, const Tensor& x, const Tensor& y, float scale,
-                                           BumpAllocator* arena, float label_smoothing, LossTotals* totals) {
+                                           BumpAllocator* arena, float label_smoothing, LossTotals* totals,
+                                           const std::function<void(float loss)>& before_backward) {
     std::optional<AllocatorScope> scope;
     if (arena) scope.emplace(*arena);  // this micro-batch's activations come from the arena
     CrossEntropyLoss criterion(label_smoothing);
@@ -73,6 +82,7 @@ std::pair<float, int64_t> forward_backward(Module& model, const Tensor& x, const
     float loss = NAN;
     if (totals) criterion.forward_into(logits, y, totals);  // left on the device: no wait
     else loss = criterion.forward(logits, y, &correct);      // one read-back on a GPU for both
+    if (before_backward) before_backward(loss);
     model.call_backward(criterion.backward(scale));
     return {loss, correct};
 }  // every tensor of the micro-batch is gone here
@@ -97,8 +107,13 @@ StepResult train_step(Module& model, Optimizer& optimizer, const Tensor& x, cons
         const float share = float(n) / float(B);
         const float grad_scale = opt.scaler ? share * r.loss_scale : share;  // × S with a GradScaler
         LossTotals* totals = opt.loss_log ? opt.loss_log->slot(n, share) : nullptr;
-        const auto [loss_i, correct_i] = forward_backward(model, rows(x, first, n), rows(y, first, n), grad_scale,
-                                                          opt.arena, opt.label_smoothing, totals);
+        const auto announce = [&](float loss_i) {  // the last backward: say what follows it
+            const bool finite = r.loss_logged || std::isfinite(float(loss + double(share) * loss_i));
+            optimizer.before_last_backward(after_backward(opt, finite));
+        };
+        const auto [loss_i, correct_i] =
+            forward_backward(model, rows(x, first, n), rows(y, first, n), grad_scale, opt.arena, opt.label_smoothing,
+                             totals, i == K - 1 ? std::function<void(float)>(announce) : std::function<void(float)>());
         loss += double(share) * loss_i;
         r.correct += correct_i;
         first += n;

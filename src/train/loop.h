@@ -49,6 +49,7 @@
 // skipping every step in silence; kiln's GradScaler follows PyTorch's rule, and the training
 // loop is where kiln stops.
 #pragma once
+#include <functional>
 #include <string>
 #include <utility>
 
@@ -104,10 +105,14 @@ struct StepResult {
 // arena if given, its loss gradient scaled by `scale` (its share of the whole batch; 1 for the
 // whole batch, which is then not touched): adds to the parameters' grads, returns its mean loss
 // and its correct count — or, given `totals`, leaves both there (on the device; train/loss_log.h)
-// and returns NaN and 0. train_step runs it once per micro-batch; --find-batch-size probes with it.
+// and returns NaN and 0. before_backward, when given, is called with the loss (NaN with totals)
+// between forward and backward. train_step runs it once per micro-batch (and before the last
+// backward tells the optimizer what follows: Optimizer::before_last_backward); --find-batch-size
+// probes with it.
 std::pair<float, int64_t> forward_backward(Module& model, const Tensor& x, const Tensor& y, float scale,
                                            BumpAllocator* arena, float label_smoothing = 0.0f,
-                                           LossTotals* totals = nullptr);
+                                           LossTotals* totals = nullptr,
+                                           const std::function<void(float loss)>& before_backward = {});
 
 // --grad-hist: the gradients the optimizer was given (unscaled, clipped if asked), against f16's
 // range as they are and at the scale the step used (train/grad_hist.h), all of them and then

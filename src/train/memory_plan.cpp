@@ -261,7 +261,7 @@ int64_t largest_batch(MemoryPlanOptions o, int64_t gpu_bytes) {
     return lo;
 }
 
-OffloadMeasured measure_gpt_offload(const GPTConfig& c, int64_t batch) {
+OffloadMeasured measure_gpt_offload(const GPTConfig& c, int64_t batch, bool overlapped_too) {
     OffloadMeasured m;
     MemoryPlanOptions o = gpt_plan_options(c, batch);
     m.resident = plan_memory(o);
@@ -271,6 +271,10 @@ OffloadMeasured measure_gpt_offload(const GPTConfig& c, int64_t batch) {
         c, batch, c.block_size, Device::CUDA,
         [](GPT& model, const GPTRecipe& recipe) { return offload_optimizer(gpt_optimizer(model, recipe)); },
         [&](const Optimizer& opt) { m.host_bytes = static_cast<const OffloadedOptimizer&>(opt).host_stats().allocated; });
+    if (overlapped_too)
+        m.overlapped_bytes = measure_gpt_step(c, batch, c.block_size, Device::CUDA, [](GPT& model, const GPTRecipe& recipe) {
+            return offload_optimizer(gpt_optimizer(model, recipe), model);
+        });
     m.resident_bytes = measure_gpt_step(c, batch, c.block_size, Device::CUDA);
     return m;
 }

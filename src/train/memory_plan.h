@@ -187,12 +187,14 @@ MemoryPlanOptions gpt_plan_options(const GPTConfig& c, int64_t batch);
 // Offload (optim/offload.h) measured against the plan: one steady training step of kiln's GPT of
 // config `c` on `batch` windows on the CUDA device (kiln's emulator in a build without a GPU), with
 // the recipe's AdamW on the GPU and offloaded to the host (measure_gpt_step, train/gpt_recipe.h):
-// both plans, the device bytes of both steps, and the host's pinned bytes.
+// both plans, the device bytes of both steps, and the host's pinned bytes. Offloaded with the serial
+// schedule; with overlapped_too, the overlapped schedule's step is measured as well (same plan).
 struct OffloadMeasured {
     MemoryPlan resident, offloaded;  // planned
     int64_t resident_bytes = 0, offloaded_bytes = 0, host_bytes = 0;  // measured
+    int64_t overlapped_bytes = 0;    // measured with overlapped_too
 };
-OffloadMeasured measure_gpt_offload(const GPTConfig& c, int64_t batch);
+OffloadMeasured measure_gpt_offload(const GPTConfig& c, int64_t batch, bool overlapped_too = false);
 
 // The largest micro-batch whose plan's total fits in gpu_bytes (0: not even one sequence).
 int64_t largest_batch(MemoryPlanOptions options, int64_t gpu_bytes);
