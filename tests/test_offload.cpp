@@ -79,7 +79,7 @@ struct Run {
 };
 
 enum class Mode { Resident, Serial, Overlapped };
-constexpr int64_t kBucketBytes = 4096;  // the small GPT's ~7,000 parameters in 8 buckets
+constexpr int64_t kBucketBytes = 4096;  // the small GPT's ~7,000 parameters in 7 buckets of about 1,024
 
 struct RunOptions {
     float clip = 1.0f;                                  // 0: none (the overlapped schedule's Step case)
