@@ -223,6 +223,17 @@ Tensor random_ids(int64_t B, int64_t T, int64_t V, uint64_t seed) {
     return ids;
 }
 
+ImageSet random_images(int64_t n, uint32_t seed) {
+    ImageSet set;
+    set.n = n, set.c = 1, set.h = 28, set.w = 28;
+    std::mt19937 gen(seed);
+    set.pixels.resize(size_t(n * 28 * 28));
+    for (auto& p : set.pixels) p = uint8_t(gen() & 0xFF);
+    for (int64_t i = 0; i < n; i++) set.labels.push_back(int32_t(gen() % 10));
+    for (int c = 0; c < 10; c++) set.classes.push_back(std::to_string(c));
+    return set;
+}
+
 Tensor tensor_of(const Shape& shape, const std::vector<float>& values, Device device) {
     REQUIRE(int64_t(values.size()) == shape.numel());
     Tensor t = Tensor::empty(shape);

@@ -12,6 +12,7 @@
 
 #include "core/cpu_features.h"
 #include "core/tensor.h"
+#include "data/image_set.h"
 #include "nn/module.h"
 #include "ops/autocast.h"
 
@@ -97,6 +98,10 @@ bool same_bits(const Tensor& a, const Tensor& b);
 
 // Token ids i32 [B, T] on the CPU, uniform over a vocabulary of V (chapter 14's GPT's inputs).
 Tensor random_ids(int64_t B, int64_t T, int64_t V, uint64_t seed);
+
+// n random 1×28×28 images (bytes uniform over 0..255) with labels uniform over 10 classes named
+// "0".."9": an MNIST-shaped set for training-loop tests.
+ImageSet random_images(int64_t n, uint32_t seed);
 
 // A copy of t (f32, f16 or bf16) with every NaN replaced by the NaN an NVIDIA GPU's arithmetic
 // makes (f32 0x7fffffff, f16 and bf16 0x7fff): the emulator keeps the x86 CPU's NaN bits, so a

@@ -10,7 +10,6 @@
 
 #include <cstring>
 #include <memory>
-#include <random>
 #include <thread>
 #include <vector>
 
@@ -23,6 +22,8 @@
 #include "optim/scheduler.h"
 #include "train/loop.h"
 #include "train/step_graph.h"
+
+#include "fixtures.h"
 #ifndef KILN_CUDA
 #include "emu/emu.h"  // kernels_run, graph_launches: the emulator's counts
 #endif
@@ -30,18 +31,6 @@
 using namespace kiln;
 
 namespace {
-
-// n random 28×28 images in 10 classes.
-ImageSet random_images(int64_t n, uint32_t seed) {
-    ImageSet set;
-    set.n = n, set.c = 1, set.h = 28, set.w = 28;
-    std::mt19937 gen(seed);
-    set.pixels.resize(size_t(n * 28 * 28));
-    for (auto& p : set.pixels) p = uint8_t(gen() & 0xFF);
-    for (int64_t i = 0; i < n; i++) set.labels.push_back(int32_t(gen() % 10));
-    for (int c = 0; c < 10; c++) set.classes.push_back(std::to_string(c));
-    return set;
-}
 
 // Lesson 05's model and optimizer: LeNet on the device, SGD with momentum 0.9.
 struct LeNetRun {
@@ -93,7 +82,7 @@ Counts counts_now() {
 TEST_CASE("lesson 05: an epoch through a CUDA Graph is the uncaptured epoch, bit for bit",
           "[cuda][graph][lesson05][trainer]") {
     // 10 steps of 8 images, then a last step of 3 (another shape: uncaptured).
-    const ImageSet set = random_images(10 * 8 + 3, 5);
+    const ImageSet set = test::random_images(10 * 8 + 3, 5);
     const bool schedule = GENERATE(false, true);  // the lr halved every 3 steps: captured again
     INFO((schedule ? "with" : "without") << " a per-step schedule");
     LeNetRun plain, graphed;
@@ -136,7 +125,7 @@ TEST_CASE("lesson 05: an epoch through a CUDA Graph is the uncaptured epoch, bit
 
 TEST_CASE("StepGraph refuses what a captured step cannot do", "[cuda][graph]") {
     LeNetRun r;
-    const ImageSet set = random_images(4 * 8, 6);
+    const ImageSet set = test::random_images(4 * 8, 6);
     DataLoader loader(set, on_cuda(8));
     TrainOptions opt;
     opt.cuda_graph = true;

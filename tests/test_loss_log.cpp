@@ -10,7 +10,6 @@
 #include <cstring>
 #include <memory>
 #include <limits>
-#include <random>
 #include <vector>
 
 #include "data/loader.h"
@@ -19,6 +18,8 @@
 #include "optim/optimizer.h"
 #include "train/loop.h"
 #include "train/loss_log.h"
+
+#include "fixtures.h"
 #ifndef KILN_CUDA
 #include "emu/emu.h"  // copies_to_host: the emulator counts the host's reads
 #endif
@@ -26,18 +27,6 @@
 using namespace kiln;
 
 namespace {
-
-// n random 28×28 images in 10 classes: something an MLP can fit a little in one epoch.
-ImageSet random_images(int64_t n, uint32_t seed) {
-    ImageSet set;
-    set.n = n, set.c = 1, set.h = 28, set.w = 28;
-    std::mt19937 gen(seed);
-    set.pixels.resize(size_t(n * 28 * 28));
-    for (auto& p : set.pixels) p = uint8_t(gen() & 0xFF);
-    for (int64_t i = 0; i < n; i++) set.labels.push_back(int32_t(gen() % 10));
-    for (int c = 0; c < 10; c++) set.classes.push_back(std::to_string(c));
-    return set;
-}
 
 struct Run {
     Rng rng{1};
@@ -52,7 +41,7 @@ LoaderOptions on_cuda(int64_t batch) { return {batch, true, false, 1, {0.5f}, {0
 
 TEST_CASE("an epoch on CUDA reads its losses once per 32 steps, and learns what reading each step does",
           "[lossread][cuda][trainer][lesson04]") {
-    const ImageSet set = random_images(40 * 8, 7);  // 40 steps of 8 images
+    const ImageSet set = test::random_images(40 * 8, 7);  // 40 steps of 8 images
     const int accumulate = GENERATE(1, 2);
     INFO("--accumulate " << accumulate);
     EpochResult each, logged;
@@ -87,7 +76,7 @@ TEST_CASE("an epoch on CUDA reads its losses once per 32 steps, and learns what 
 }
 
 TEST_CASE("a loss that is not finite, found when the log is read, stops training at its step", "[lossread][cuda][trainer]") {
-    const ImageSet set = random_images(5 * 8, 3);
+    const ImageSet set = test::random_images(5 * 8, 3);
     Run run;
     DataLoader loader(set, on_cuda(8));
     SGD wild(run.model->parameters(), 1e30f);  // the first update sends the weights to inf
@@ -117,7 +106,7 @@ TEST_CASE("a label outside the classes, found when the log is read, is named by 
 }
 
 TEST_CASE("LossLog gives train_step's loss, and refuses what would read the step back", "[lossread][cuda][trainer]") {
-    const ImageSet set = random_images(16, 5);
+    const ImageSet set = test::random_images(16, 5);
     DataLoader loader(set, on_cuda(16));
     loader.start_epoch(0);
     Batch batch;

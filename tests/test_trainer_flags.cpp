@@ -132,6 +132,21 @@ void write_tiny_text(const std::string& dir) {
     for (int i = 0; i < 40; i++) f << "Call me Ishmael.\nSome years ago, never mind how long.\n";
 }
 
+// lesson-14 on a tiny text (written into tmp/text by the first call): a GPT of `layers` layers,
+// 2 heads, width 8, windows of 8 tokens, batches of 4, one thread, trained `iters` steps with a
+// validation loss every 2 (one window). The caller appends the flags the test is about.
+std::string tiny_lesson14(const TempDir& tmp, int iters, int layers) {
+    const std::string text = tmp.file("text");
+    if (!fs::exists(text)) write_tiny_text(text);
+    return trainer_path("lesson-14") + " --data " + text + " --iters " + std::to_string(iters) +
+           " --eval-interval 2 --eval-windows 1 --block-size 8 --n-layer " + std::to_string(layers) +
+           " --n-head 2 --n-embd 8 --batch-size 4 --threads 1";
+}
+
+// Whether the files at paths a and b hold the same bytes (a function, so that a failing CHECK prints
+// its paths rather than megabytes of both).
+bool same_file(const std::string& a, const std::string& b) { return read_file(a) == read_file(b); }
+
 enum class Data { mnist, cifar, text };
 
 struct Trainer {
@@ -273,10 +288,8 @@ TEST_CASE("lesson-14 --save keeps the GPT and its vocabulary; --resume goes on b
           "[flags][lesson14][checkpoint][cpu]") {
     const std::string bin = trainer_path("lesson-14");
     TempDir tmp;
+    const std::string lesson14 = tiny_lesson14(tmp, 4, 1) + " --sample 40 --save ";
     const std::string text = tmp.file("text"), straight = tmp.file("straight"), resumed = tmp.file("resumed");
-    write_tiny_text(text);
-    const std::string lesson14 = bin + " --data " + text + " --iters 4 --eval-interval 2 --eval-windows 1 --block-size 8"
-                                 " --n-layer 1 --n-head 2 --n-embd 8 --batch-size 4 --threads 1 --sample 40 --save ";
     const Run first = run(lesson14 + straight);
     INFO(first.output);
     REQUIRE(first.status == 0);
@@ -292,8 +305,7 @@ TEST_CASE("lesson-14 --save keeps the GPT and its vocabulary; --resume goes on b
     INFO(second.output);
     REQUIRE(second.status == 0);
     CHECK_THAT(second.output, Contains("resumed from") && Contains("3 steps done") && Contains("--seed 1 (not 7)"));
-    const bool same_bytes = read_file(resumed + "/last.safetensors") == read_file(straight + "/last.safetensors");
-    CHECK(same_bytes);
+    CHECK(same_file(resumed + "/last.safetensors", straight + "/last.safetensors"));
 
     fs::remove_all(text);
     const Run sampled = run(bin + " --from " + straight + "/last.safetensors --sample 40 --threads 1");
@@ -329,12 +341,9 @@ TEST_CASE("lesson-14 --device cuda --offload trains and saves as the run without
           "[flags][lesson14][lesson15][offload][cpu]") {
     const std::string bin = trainer_path("lesson-14");
     TempDir tmp;
+    const std::string lesson14 = tiny_lesson14(tmp, 3, 1) + " --device cuda --log-interval 1 --sample 20 --save ";
     const std::string text = tmp.file("text"), resident = tmp.file("resident"), offloaded = tmp.file("offloaded"),
                       serial = tmp.file("serial");
-    write_tiny_text(text);
-    const std::string lesson14 = bin + " --device cuda --data " + text + " --iters 3 --eval-interval 2 --eval-windows 1"
-                                 " --log-interval 1 --block-size 8 --n-layer 1 --n-head 2 --n-embd 8 --batch-size 4"
-                                 " --threads 1 --sample 20 --save ";
     const Run a = run(lesson14 + resident), b = run(lesson14 + offloaded + " --offload"),
               c = run(lesson14 + serial + " --offload --offload-schedule serial");
     INFO(a.output << "\n----\n" << b.output << "\n----\n" << c.output);
@@ -349,11 +358,8 @@ TEST_CASE("lesson-14 --device cuda --offload trains and saves as the run without
         CHECK(step_losses(a.output) == step_losses(offload->output));
         CHECK(sample_text(a.output) == sample_text(offload->output));
     }
-    const auto want = read_file(resident + "/last.safetensors");
-    const bool same_bytes = want == read_file(offloaded + "/last.safetensors"),
-               same_serial = want == read_file(serial + "/last.safetensors");
-    CHECK(same_bytes);
-    CHECK(same_serial);
+    CHECK(same_file(resident + "/last.safetensors", offloaded + "/last.safetensors"));
+    CHECK(same_file(resident + "/last.safetensors", serial + "/last.safetensors"));
 
     const Run cpu = run(bin + " --data " + text + " --iters 1 --offload");
     CHECK(cpu.status != 0);
@@ -374,12 +380,10 @@ TEST_CASE("lesson-14 --device cuda --offload trains and saves as the run without
 // --zero 1, are refused by rank 0 alone.
 TEST_CASE("lesson-14 under mpirun: --zero 1 on 2 ranks trains as one process does; rank 0 prints and saves",
           "[flags][lesson14][checkpoint][cpu]") {
-    const std::string bin = trainer_path("lesson-14"), mpirun = "mpirun --allow-run-as-root --oversubscribe -np 2 ";
+    const std::string mpirun = "mpirun --allow-run-as-root --oversubscribe -np 2 ";
     TempDir tmp;
-    const std::string text = tmp.file("text"), alone = tmp.file("alone"), ranks = tmp.file("ranks");
-    write_tiny_text(text);
-    const std::string lesson14 = bin + " --data " + text + " --iters 4 --eval-interval 2 --eval-windows 1 --block-size 8"
-                                 " --n-layer 1 --n-head 2 --n-embd 8 --batch-size 4 --threads 1 --log-interval 1 --sample 0";
+    const std::string lesson14 = tiny_lesson14(tmp, 4, 1) + " --log-interval 1 --sample 0";
+    const std::string alone = tmp.file("alone"), ranks = tmp.file("ranks");
     const Run one = run(lesson14 + " --save " + alone);
     const Run two = run(mpirun + lesson14 + " --save " + ranks + " --zero 1");
     INFO(one.output << "\n---- on 2 ranks:\n" << two.output);
@@ -416,8 +420,7 @@ TEST_CASE("lesson-14 under mpirun: --zero 1 on 2 ranks trains as one process doe
     INFO(second.output);
     CHECK(second.status == 0);
     CHECK_THAT(second.output, Contains("3 steps done"));
-    const bool same_bytes = read_file(again + "/last.safetensors") == read_file(ranks + "/last.safetensors");
-    CHECK(same_bytes);
+    CHECK(same_file(again + "/last.safetensors", ranks + "/last.safetensors"));
 
     for (const char* bad : {" --batch-size 3", " --zero 1 --amp f16"}) {
         const Run refused = run(mpirun + lesson14 + bad);
@@ -441,11 +444,8 @@ TEST_CASE("lesson-14 under mpirun: --zero 2 and 3 print --zero 1's losses and sa
           "[flags][lesson14][lesson15][checkpoint][cpu]") {
     const std::string bin = trainer_path("lesson-14"), mpirun = "mpirun --allow-run-as-root --oversubscribe -np 2 ";
     TempDir tmp;
+    const std::string lesson14 = mpirun + tiny_lesson14(tmp, 4, 2) + " --log-interval 1 --sample 30";
     const std::string text = tmp.file("text"), saved = tmp.file("zero2");
-    write_tiny_text(text);
-    const std::string lesson14 = mpirun + bin + " --data " + text + " --iters 4 --eval-interval 2 --eval-windows 1"
-                                 " --block-size 8 --n-layer 2 --n-head 2 --n-embd 8 --batch-size 4 --threads 1"
-                                 " --log-interval 1 --sample 30";
     const Run one = run(lesson14 + " --zero 1"), two = run(lesson14 + " --zero 2 --save " + saved),
               three = run(lesson14 + " --zero 3");
     INFO(one.output << "\n---- --zero 2:\n" << two.output << "\n---- --zero 3:\n" << three.output);
@@ -481,13 +481,10 @@ TEST_CASE("lesson-14 under mpirun: --zero 2 and 3 print --zero 1's losses and sa
 TEST_CASE("lesson-14 under mpirun: --zero 3 --save writes a shard a rank; --resume on 2 ranks goes on bit for bit; "
           "another world is refused",
           "[flags][lesson14][lesson15][checkpoint][zero3][cpu]") {
-    const std::string bin = trainer_path("lesson-14"), mpirun = "mpirun --allow-run-as-root --oversubscribe -np 2 ";
+    const std::string mpirun = "mpirun --allow-run-as-root --oversubscribe -np 2 ";
     TempDir tmp;
-    const std::string text = tmp.file("text"), straight = tmp.file("straight"), resumed = tmp.file("resumed");
-    write_tiny_text(text);
-    const std::string lesson14 = bin + " --data " + text + " --iters 4 --eval-interval 2 --eval-windows 1 --block-size 8"
-                                 " --n-layer 2 --n-head 2 --n-embd 8 --batch-size 4 --threads 1 --log-interval 1"
-                                 " --sample 0 --zero 3 --save ";
+    const std::string lesson14 = tiny_lesson14(tmp, 4, 2) + " --log-interval 1 --sample 0 --zero 3 --save ";
+    const std::string straight = tmp.file("straight"), resumed = tmp.file("resumed");
     const Run first = run(mpirun + lesson14 + straight);
     INFO(first.output);
     REQUIRE(first.status == 0);
@@ -512,8 +509,7 @@ TEST_CASE("lesson-14 under mpirun: --zero 3 --save writes a shard a rank; --resu
     CHECK(rest == std::vector<double>(all.begin() + 3, all.end()));
     for (int r = 0; r < 2; r++) {
         const std::string name = "/last.rank" + std::to_string(r) + "-of-2.safetensors";
-        const bool same_bytes = read_file(resumed + name) == read_file(straight + name);
-        CHECK(same_bytes);
+        CHECK(same_file(resumed + name, straight + name));
     }
 
     const Run alone = run(lesson14 + tmp.file("alone") + " --resume " + resumed + "/step3.safetensors");
@@ -556,8 +552,7 @@ TEST_CASE("lesson-10 --save keeps each round's pruned model and the CSR one; --r
     CHECK_THAT(second.output, Contains("1 of 2 rounds done") && !Contains("round 1/2"));
     for (const char* file : {"/pruned.safetensors", "/sparse.safetensors"}) {
         INFO(file);
-        const bool same_bytes = read_file(resumed + file) == read_file(straight + file);  // (megabytes: no expansion)
-        CHECK(same_bytes);
+        CHECK(same_file(resumed + file, straight + file));
     }
     const auto accuracy = [](const std::string& output) {  // "result: test_acc=NN.NN%"
         const size_t at = output.rfind("result: ");
