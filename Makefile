@@ -26,7 +26,11 @@
 
 # Every build runs on all the cores, make run's first one included; a -j on the command line
 # (make -j1) wins. Goals given together run together too: `make clean all` is two commands.
+# Only the make you type adds the -j: a make that a recipe starts ($(MAKE), MAKELEVEL 1 and up)
+# shares its parent's job slots, or runs one job at a time under make -j1.
+ifeq ($(MAKELEVEL),0)
 MAKEFLAGS += -j$(shell nproc)
+endif
 
 CXX      ?= g++
 NVCC     ?= /usr/local/cuda/bin/nvcc

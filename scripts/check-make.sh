@@ -15,11 +15,21 @@
 #                             (scripts/gpu-check-prepare.sh)
 #   make EXERCISE=1           compiles without -Werror (g++ and nvcc), for a half-written exercise
 #   make CUDA=1 kernel-report runs scripts/kernel-report.sh on the CUDA build's ptxas reports
+#   make -j1 run              builds on one core: a make that a recipe starts (make run's build,
+#                             MAKELEVEL 1) adds no -j of its own
 # Prints one line per check and fails if any check fails. .ci/run runs it.
 set -u
 cd "$(dirname "$0")/.." || exit 1
 failed=0
 fail() { echo "check-make: FAIL $*"; failed=$((failed + 1)); }
+
+# The make a recipe starts: with -j, GNU make hands it the job slots (--jobserver-auth); under
+# make -j1 it gets none, and must not take all the cores itself.
+if MAKELEVEL=1 make -pq --no-print-directory check-make-no-goal 2>/dev/null | grep -q '^MAKEFLAGS = .*-j'; then
+    fail "a make started by a recipe adds a -j of its own, so make -j1 run would build on every core"
+else
+    echo "check-make: make -j1 run builds on one core (a recipe's make adds no -j)"
+fi
 
 for train in lessons/[0-9][0-9]-*/train.cpp; do
     nn=$(basename "$(dirname "$train")" | cut -c1-2)
