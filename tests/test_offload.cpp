@@ -255,8 +255,10 @@ TEST_CASE("offload: resumed from a checkpoint's state, an offloaded optimizer go
 
 // The overlapped schedule as it ran. Without clipping (a step is certain before backward): the test
 // holds backward at the first layer (the embedding's backward pre-hook) until bucket 0 — the last
-// layers, finished first — has been updated; the serial schedule never gets there. The steps stay
-// the resident optimizer's, bit for bit.
+// layers, finished first — has been updated; the serial schedule never gets there. Each bucket's
+// copy down is queued only after the backward of every layer that owns one of its parameters (the
+// emulator cannot show a copy that runs before its kernels: they finish before they return). The
+// steps stay the resident optimizer's, bit for bit.
 TEST_CASE("offload, overlapped: without clipping a bucket's update runs while backward is still before the first "
           "layer, and the steps are the GPU's bit for bit",
           "[offload][optim][cuda][lesson15]") {
@@ -265,7 +267,12 @@ TEST_CASE("offload, overlapped: without clipping a bucket's update runs while ba
     RunOptions o;
     o.clip = 0.0f;
     o.observer = [&](const OffloadEvent& e) { schedule.note(e); };
+    std::map<std::string, std::vector<Parameter*>> owned;
     o.before_optimizer = [&](GPT& model) {
+        owned = parameters_by_owner(model);
+        for (auto& [path, params] : owned)
+            model.module_at(path).register_backward_hook(
+                [&, path = path](Module&, const Tensor&, Tensor&) { schedule.note("backward ends " + path); });
         model.module_at("transformer.wte").register_backward_pre_hook([&](Module&, const Tensor&) {
             if (held) return;  // the first step
             held = true;
@@ -281,6 +288,23 @@ TEST_CASE("offload, overlapped: without clipping a bucket's update runs while ba
     const auto at = [&](const std::string& line) { return std::find(lines.begin(), lines.end(), line) - lines.begin(); };
     CHECK(at("update begins 0") < at("backward of transformer.wte ends"));
     CHECK(at("grads down 0") < at("update begins 0"));
+    const std::vector<GradBucket>& buckets = static_cast<const OffloadedOptimizer&>(*overlapped.optimizer).buckets();
+    std::map<std::string, int> backwards;  // per layer: its backward passes so far
+    std::vector<int> downs(buckets.size(), 0);
+    for (const std::string& line : lines) {
+        if (line.rfind("backward ends ", 0) == 0) backwards[line.substr(14)]++;
+        if (line.rfind("grads down ", 0) != 0) continue;
+        const size_t b = std::stoul(line.substr(11));
+        REQUIRE(b < buckets.size());
+        downs[b]++;  // this step's copy: every owner of b's parameters has run backward this step
+        for (auto& [path, params] : owned)
+            for (const Parameter* p : params)
+                if (std::find(buckets[b].params.begin(), buckets[b].params.end(), p) != buckets[b].params.end()) {
+                    INFO(line << " (step " << downs[b] << ") before the backward of " << path);
+                    CHECK(backwards[path] >= downs[b]);
+                }
+    }
+    CHECK(std::count(downs.begin(), downs.end(), 2) == int(buckets.size()));  // each bucket once a step
     check_same_run(resident_run(adamw, DType::F32, 0.0f), overlapped);
 }
 
