@@ -1,6 +1,6 @@
 // elementwise.cu — the CUDA twins of src/ops/cpu/elementwise.cpp: fill, add, mul, axpy, scale, ReLU
 // forward and backward (with ReLU6's upper bound), GELU, dropout and the dtype conversions
-// (declared once for both in ops/kernels/elementwise.h and core/convert.h). Each is the CPU
+// (declared once for both in ops/elementwise.h and core/convert.h). Each is the CPU
 // loop body run by one thread per element, a template on the element type T (float, f16, bf16):
 // read as float, compute in float, round once on the store.
 //
@@ -24,7 +24,7 @@
 #include "core/convert.h"
 #include "core/rng.h"
 #include "gelu.cuh"
-#include "ops/kernels/elementwise.h"
+#include "ops/elementwise.h"
 
 namespace kiln::cuda {
 
@@ -92,7 +92,7 @@ __global__ void convert_kernel(const From* x, To* y, int64_t n) {
         y[i] = cast<To>(x[i]);
 }
 
-// ---- launchers: the names and arguments of ops/kernels/elementwise.h ------------------------
+// ---- launchers: the names and arguments of ops/elementwise.h ---------------------------------
 // Launches kernel<<<blocks_for(n), 256>>>(args...); n == 0 launches nothing. The kernel is
 // named by a constexpr variable (fill_kernel_t = fill_kernel<T>): the launch macros need a
 // name without template brackets.

@@ -26,7 +26,7 @@
 // No wait: the labels are checked by the kernel (a row whose label is outside [0, C) is skipped
 // and recorded: bad = max over such rows of N − n, so N − bad is the first), and the sum, the
 // correct count and bad stay in the caller's LossTotals on the device until the host reads them —
-// the op at once (ops.cpp: one 32-byte copy), a training loop after many steps (train/loss_log.h).
+// the op at once (ops/loss.h: one 32-byte copy), a training loop after many steps (train/loss_log.h).
 // The host never copies the labels to check them, and count_correct's argmax needs no copy of its
 // own. (A NaN logit makes the loss NaN, which stops training; the count then may differ from
 // argmax_rows', whose loop never lets a NaN win after column 0.)

@@ -16,6 +16,7 @@
 #include "ops/attention.h"
 #include "ops/autocast.h"
 #include "ops/cnn.h"
+#include "ops/elementwise.h"
 #include "ops/pool.h"
 #include "ops/loss.h"
 #include "ops/ops.h"

@@ -1,5 +1,5 @@
 // test_capstone_models.cpp — chapter 13's bigger networks and the activation one of them brings:
-// ReLU6 (nn/layers.h; the ops relu, relu_ and relu_backward with cap = 6, ops/ops.h) by hand, by
+// ReLU6 (nn/layers.h; the ops relu, relu_ and relu_backward with cap = 6, ops/elementwise.h) by hand, by
 // finite differences, on the CUDA emulator against the CPU, and in the memory model; then
 // MobileNetV2 and ResNet-50 for 32×32 inputs (nn/models.h): shapes, parameter counts, where the
 // residual connections are, a training step; the capstone's fast net trained on CUDA as on the CPU.

@@ -8,6 +8,7 @@
 
 #include "core/tensor.h"
 #include "ops/cnn.h"
+#include "ops/elementwise.h"
 #include "ops/norm.h"
 #include "ops/pool.h"
 

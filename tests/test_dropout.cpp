@@ -1,4 +1,4 @@
-// test_dropout.cpp — Dropout (ops/cnn.h dropout, dropout_backward; the kernels in
+// test_dropout.cpp — Dropout (ops/elementwise.h dropout, dropout_backward; the kernels in
 // ops/cpu/elementwise.cpp and cuda/elementwise.cu; the layer in nn/misc.h; chapter 06), every
 // backend in one file: inverted scaling, the rate, eval as the identity, reproducible masks that do
 // not depend on the thread count, finite differences with a fixed mask; on CUDA (the emulator
@@ -17,7 +17,7 @@
 #include "gradcheck.h"
 #include "lowp_check.h"
 #include "nn/misc.h"
-#include "ops/cnn.h"
+#include "ops/elementwise.h"
 #include "ops/kernels/all.h"
 
 using namespace kiln;

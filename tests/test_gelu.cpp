@@ -1,4 +1,4 @@
-// test_gelu.cpp — GELU (ops/cnn.h gelu, gelu_backward; the kernels in ops/cpu/elementwise.cpp and
+// test_gelu.cpp — GELU (ops/elementwise.h gelu, gelu_backward; the kernels in ops/cpu/elementwise.cpp and
 // cuda/elementwise.cu; the layer in nn/misc.h; chapter 06), every backend in one file: the exact
 // erf form by hand, the CPU kernels against the formulas in double, finite differences, and the
 // CUDA kernels (on the emulator without a GPU, under three schedules) against the CPU within 2e-6
@@ -19,7 +19,7 @@
 #include "gradcheck.h"
 #include "lowp_check.h"
 #include "nn/misc.h"
-#include "ops/cnn.h"
+#include "ops/elementwise.h"
 #include "ops/kernels/all.h"
 
 using namespace kiln;

@@ -6,7 +6,7 @@
 //   make lesson-04 ARGS='--cuda-graph'      # each step one CUDA Graph launch (train/step_graph.h)
 //
 // Nothing here is CUDA-specific: the tensors live on Device::CUDA, so every op in the step
-// (src/ops/ops.cpp) calls its kiln::cuda:: kernel instead of its kiln::cpu:: twin, and the
+// (src/ops/<family>.h) calls its kiln::cuda:: kernel instead of its kiln::cpu:: twin, and the
 // allocator takes device memory (src/core/allocator.cpp -> cuda/memory.cu).
 //
 // The network (N = batch size), as in lesson 02:

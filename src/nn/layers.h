@@ -35,7 +35,7 @@ private:
 // The ReLU family: y = min(max(x, 0), cap);  dx = dy · [0 < y < cap]   (an undefined dy, when no
 // one needs dx, gives an undefined dx). ReLU is cap = +∞ (then dx = dy · [y > 0]), ReLU6 cap = 6.
 // Both are this class with their cap; the ops are relu, relu_ and relu_backward with that cap
-// (ops/ops.h). They are two types, not one, so that code asking "is this a ReLU?" (quantization
+// (ops/elementwise.h). They are two types, not one, so that code asking "is this a ReLU?" (quantization
 // fusing a ReLU into the conv before it, model surgery) is not told yes for a ReLU6.
 //
 // In place (ReLU::InPlace, PyTorch's nn.ReLU(inplace=True)): y is written over x's bytes, so

@@ -1,10 +1,9 @@
 // misc.cpp — Dropout, Identity, GELU, Residual: the layers' checks (which name the layer), the caches, and
-// the calls to the ops dropout and gelu (ops/cnn.h; kernels in ops/cpu/norm.cpp and cuda/norm.cu)
-// and add (ops/ops.h).
+// the calls to the ops dropout, gelu and add (ops/elementwise.h; kernels in ops/cpu/elementwise.cpp
+// and cuda/elementwise.cu).
 #include "nn/misc.h"
 
-#include "ops/cnn.h"
-#include "ops/ops.h"
+#include "ops/elementwise.h"
 
 namespace kiln {
 // ---- Dropout ---------------------------------------------------------------------------------

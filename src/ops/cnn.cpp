@@ -12,7 +12,6 @@
 #include "ops/autocast.h"
 #include "ops/check.h"
 #include "ops/kernels/conv.h"
-#include "ops/kernels/elementwise.h"
 
 namespace kiln {
 
@@ -118,60 +117,6 @@ Tensor conv2d_backward(const Tensor& x_in, const Tensor& w_in, const Tensor& dy_
     col = Tensor();  // the workspace goes back to the pool before the low gradients are widened
     gw.add_to_grad();
     gb.add_to_grad();
-    return dx;
-}
-
-// ---- GELU and dropout ----------------------------------------------------------------------------------
-Tensor gelu(const Tensor& x_in, Tensor* saved_x) {
-    const Tensor x = AmpCast(CastPolicy::Input, x_in.dtype()).input(x_in);
-    const Device d = check_args("gelu", {{x, "x"}});
-    Tensor y = Tensor::empty(x.shape(), x.dtype(), d, Category::Activation);
-    dispatch(d, x.dtype(), [&](auto be, auto tag) {
-        using T = decltype(tag);
-        kernel::gelu_forward(be, x.data<T>(), y.data<T>(), x.numel());
-    });
-    if (saved_x) *saved_x = x;
-    return y;
-}
-
-Tensor gelu_backward(const Tensor& x_in, const Tensor& dy_in) {
-    const AmpCast amp(CastPolicy::Input, x_in.dtype());
-    const Tensor x = amp.input(x_in), dy = amp.input(dy_in);
-    const Device d = check_args("gelu_backward", {{x, "x"}, {dy, "dy"}});
-    check_shape(dy, x.shape(), "gelu_backward", "dy");
-    Tensor dx = Tensor::empty(x.shape(), x.dtype(), d, Category::Activation);
-    dispatch(d, x.dtype(), [&](auto be, auto tag) {
-        using T = decltype(tag);
-        kernel::gelu_backward(be, x.data<T>(), dy.data<T>(), dx.data<T>(), x.numel());
-    });
-    return dx;
-}
-
-Tensor dropout(const Tensor& x_in, float p, uint64_t seed_hash, uint64_t first, Tensor* mask) {
-    const Tensor x = AmpCast(CastPolicy::Input, x_in.dtype()).input(x_in);
-    const Device d = check_args("dropout", {{x, "x"}});
-    KILN_CHECK(p >= 0.0f && p <= 1.0f, "dropout: drop probability ", p, " is outside [0, 1]");
-    Tensor y = Tensor::empty(x.shape(), x.dtype(), d, Category::Activation);
-    *mask = Tensor::empty(x.shape(), DType::U8, d, Category::Activation);
-    dispatch(d, x.dtype(), [&](auto be, auto tag) {
-        using T = decltype(tag);
-        kernel::dropout_forward(be, x.data<T>(), y.data<T>(), mask->data<uint8_t>(), x.numel(), p, seed_hash, first);
-    });
-    return y;
-}
-
-Tensor dropout_backward(const Tensor& dy_in, const Tensor& mask, float p) {
-    const char* op = "dropout_backward";
-    const Tensor dy = AmpCast(CastPolicy::Input, dy_in.dtype()).input(dy_in);
-    const Device d = check_args(op, {{dy, "dy"}});
-    check_shape(mask, dy.shape(), op, "mask");
-    check_dtype(mask, DType::U8, op, "mask");
-    check_same_device(dy, mask, op);
-    Tensor dx = Tensor::empty(dy.shape(), dy.dtype(), d, Category::Activation);
-    dispatch(d, dy.dtype(), [&](auto be, auto tag) {
-        using T = decltype(tag);
-        kernel::dropout_backward(be, dy.data<T>(), mask.data<uint8_t>(), dx.data<T>(), dy.numel(), p);
-    });
     return dx;
 }
 

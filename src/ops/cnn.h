@@ -1,14 +1,14 @@
-// cnn.h — the operations of convolutional networks on tensors: convolution, GELU, dropout
-// (chapters 03, 05, 06; pooling is in ops/pool.h, the normalizations in ops/norm.h). Like
+// cnn.h — the convolution on tensors (chapters 03 and 05; GELU and dropout are in
+// ops/elementwise.h, pooling in ops/pool.h, the normalizations in ops/norm.h). Like
 // ops.h, each casts its inputs to the type its autocast class gives it (ops/autocast.h: the
 // class is named below), checks its arguments once (shapes, dtypes, devices: the error names the
 // op and the tensor), takes its outputs from the current allocator (Category::Activation;
-// convolution's workspace: Category::Workspace) and runs the kernel (ops/kernels/: conv.h,
-// elementwise.h) of the tensors' device. The layers of src/nn/ call these.
+// convolution's workspace: Category::Workspace) and runs the kernel (ops/kernels/conv.h) of the
+// tensors' device. The layers of src/nn/ call these.
 //
 // Element types: f32, f16 and bf16 (the kernels are templates on it). Every tensor an op takes
 // or returns has x's dtype (after autocast's cast) — a mixed pair is an error naming the
-// tensor — except argmax, which stays i32, and dropout's mask, u8. Sums are taken in f32 (or
+// tensor. Sums are taken in f32 (or
 // double), each result rounded to x's type once (ops/kernels/; cpu/conv.cpp says where a
 // convolution rounds more than once). Letters as in ops/params.h.
 #pragma once
@@ -59,13 +59,5 @@ Tensor conv2d(const Tensor& x, const Tensor& w, const Tensor& b, const Conv2dArg
 // dx = conv_transpose(dy, w) [N, C, H, W] in x's type, else an undefined tensor.
 Tensor conv2d_backward(const Tensor& x, const Tensor& w, const Tensor& dy, Tensor& dw, Tensor& db, bool need_dx,
                        const Conv2dArgs& a);
-
-// ---- GELU and dropout (elementwise: autocast class Input) ----------------------------------
-Tensor gelu(const Tensor& x, Tensor* saved_x = nullptr);  // x · Φ(x); *saved_x: x as read, for the backward
-Tensor gelu_backward(const Tensor& x, const Tensor& dy);  // dy · (Φ(x) + x · φ(x))
-// Inverted dropout with drop probability p; element i's coin is the counter-based stream's
-// value first + i (core/rng.h). *mask (u8, x's shape) keeps which elements were kept.
-Tensor dropout(const Tensor& x, float p, uint64_t seed_hash, uint64_t first, Tensor* mask);
-Tensor dropout_backward(const Tensor& dy, const Tensor& mask, float p);
 
 }  // namespace kiln

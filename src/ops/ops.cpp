@@ -2,6 +2,7 @@
 // header defines its ops under KILN_DEFINE_OPS, which only this file defines (the stb-style
 // "implementation macro"), so the files that call an op compile a declaration only.
 #define KILN_DEFINE_OPS
+#include "ops/elementwise.h"
 #include "ops/loss.h"
 #include "ops/norm.h"
 #include "ops/pool.h"
@@ -17,105 +18,10 @@
 
 #include "ops/autocast.h"
 #include "ops/check.h"
-#include "ops/kernels/elementwise.h"
 #include "ops/kernels/gemm.h"
 #include "ops/kernels/reduce.h"
 
 namespace kiln {
-
-static void check_same_shape(const Tensor& a, const Tensor& b, const char* op) {
-    KILN_CHECK(a.shape() == b.shape(), op, ": shapes differ: ", a.desc(), " and ", b.desc());
-}
-
-// ---- elementwise -------------------------------------------------------------------------
-void fill_(Tensor& x, float value) {
-    check_args("fill_", {{x, "x"}});
-    dispatch(x.device(), x.dtype(), [&](auto be, auto tag) {
-        using T = decltype(tag);
-        kernel::fill(be, x.data<T>(), x.numel(), value);
-    });
-}
-
-Tensor add(const Tensor& a_in, const Tensor& b_in) {
-    const AmpCast amp(CastPolicy::Widest, a_in.dtype(), b_in.dtype());  // mixed types: the wider
-    const Tensor a = amp.input(a_in), b = amp.input(b_in);
-    check_args("add", {{a, "a"}, {b, "b"}});
-    check_same_shape(a, b, "add");
-    Tensor y = Tensor::empty(a.shape(), a.dtype(), a.device(), Category::Activation);
-    dispatch(a.device(), a.dtype(), [&](auto be, auto tag) {
-        using T = decltype(tag);
-        kernel::add(be, a.data<T>(), b.data<T>(), y.data<T>(), a.numel());
-    });
-    return y;
-}
-
-void mul_into(const Tensor& a, const Tensor& b, Tensor& y) {
-    check_args("mul_into", {{a, "a"}, {b, "b"}, {y, "y"}});
-    check_same_shape(a, b, "mul_into");
-    check_same_shape(a, y, "mul_into");
-    dispatch(a.device(), a.dtype(), [&](auto be, auto tag) {
-        using T = decltype(tag);
-        kernel::mul(be, a.data<T>(), b.data<T>(), y.data<T>(), a.numel());
-    });
-}
-
-void axpy_(Tensor& y, float alpha, const Tensor& x) {
-    check_args("axpy_", {{y, "y"}, {x, "x"}});
-    check_same_shape(y, x, "axpy_");
-    dispatch(y.device(), y.dtype(), [&](auto be, auto tag) {
-        using T = decltype(tag);
-        kernel::axpy(be, alpha, x.data<T>(), y.data<T>(), x.numel());
-    });
-}
-
-void scale_(Tensor& x, float s) {
-    check_args("scale_", {{x, "x"}});
-    dispatch(x.device(), x.dtype(), [&](auto be, auto tag) {
-        using T = decltype(tag);
-        kernel::scale(be, x.data<T>(), x.numel(), s);
-    });
-}
-
-// cap: +∞ (ReLU) or a positive bound (ReLU6's 6); 0, a negative or a NaN bound is a mistake.
-static void check_cap(float cap, const char* op) {
-    KILN_CHECK(cap > 0.0f, op, ": the upper bound cap must be positive (kNoCap for plain ReLU), got ", cap);
-}
-
-Tensor relu(const Tensor& x_in, float cap) {
-    const Tensor x = AmpCast(CastPolicy::Input, x_in.dtype()).input(x_in);
-    check_args("relu", {{x, "x"}});
-    check_cap(cap, "relu");
-    Tensor y = Tensor::empty(x.shape(), x.dtype(), x.device(), Category::Activation);
-    dispatch(x.device(), x.dtype(), [&](auto be, auto tag) {
-        using T = decltype(tag);
-        kernel::relu_forward(be, x.data<T>(), y.data<T>(), x.numel(), cap);
-    });
-    return y;
-}
-
-// The same kernel with its output over its input: each element is read before it is written.
-void relu_(Tensor& x, float cap) {
-    check_args("relu_", {{x, "x"}});
-    check_cap(cap, "relu_");
-    dispatch(x.device(), x.dtype(), [&](auto be, auto tag) {
-        using T = decltype(tag);
-        kernel::relu_forward(be, x.data<T>(), x.data<T>(), x.numel(), cap);
-    });
-}
-
-Tensor relu_backward(const Tensor& y_in, const Tensor& dy_in, float cap) {
-    const AmpCast amp(CastPolicy::Input, y_in.dtype());
-    const Tensor y = amp.input(y_in), dy = amp.input(dy_in);
-    check_args("relu_backward", {{y, "y"}, {dy, "dy"}});
-    check_same_shape(y, dy, "relu_backward");
-    check_cap(cap, "relu_backward");
-    Tensor dx = Tensor::empty(y.shape(), y.dtype(), y.device(), Category::Activation);
-    dispatch(y.device(), y.dtype(), [&](auto be, auto tag) {
-        using T = decltype(tag);
-        kernel::relu_backward(be, y.data<T>(), dy.data<T>(), dx.data<T>(), y.numel(), cap);
-    });
-    return dx;
-}
 
 // ---- matrices ------------------------------------------------------------------------------
 void matmul_into(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, Tensor& c, float alpha, float beta) {

@@ -7,28 +7,10 @@
 // one dtype; outputs get it too). They compute and sum in f32 (the reductions in double) and
 // round each result once. Scalars (value, alpha, beta) are float.
 #pragma once
-#include <limits>
-
 #include "core/tensor.h"
+#include "ops/elementwise.h"  // fill_, add, relu, ...: the elementwise family
 
 namespace kiln {
-
-// ---- elementwise -------------------------------------------------------------------------
-void fill_(Tensor& x, float value);
-Tensor add(const Tensor& a, const Tensor& b);              // a + b, same shapes
-void mul_into(const Tensor& a, const Tensor& b, Tensor& y);  // y = a ⊙ b, same shapes (y may be a)
-void axpy_(Tensor& y, float alpha, const Tensor& x);       // y += alpha·x
-void scale_(Tensor& x, float s);                           // x *= s
-// ReLU with an optional upper bound cap (> 0): y = min(max(x, 0), cap). The default, kNoCap (+∞),
-// is plain ReLU; cap = 6 is ReLU6 (PyTorch's nn.ReLU6, hardtanh(0, 6)). A NaN x gives NaN on the CPU
-// and 0 on CUDA (fmaxf), as ReLU always has.
-// Backward reads the output y, not x: the gradient flows where 0 < y < cap, which for a non-NaN x
-// is 0 < x < cap — PyTorch's hardtanh_backward, strict at both ends (dx = 0 at x = 0 and x = 6).
-// With no cap the upper test is dropped, so an infinite y lets dy through, as PyTorch's ReLU does.
-inline constexpr float kNoCap = std::numeric_limits<float>::infinity();
-Tensor relu(const Tensor& x, float cap = kNoCap);          // min(max(x, 0), cap)
-void relu_(Tensor& x, float cap = kNoCap);                 // x := min(max(x, 0), cap), in place
-Tensor relu_backward(const Tensor& y, const Tensor& dy, float cap = kNoCap);  // dy · [0 < y < cap], y = relu's output
 
 // ---- matrices ------------------------------------------------------------------------------
 // c = alpha · op(a) · op(b) + beta · c; all 2-D, one dtype; op transposes when asked.

@@ -1,6 +1,6 @@
 // elementwise.cpp — CPU kernels that touch each element once: fill, add, mul, axpy, scale, ReLU
 // (and ReLU6: the same kernels with an upper bound), GELU, dropout and the dtype conversions
-// (their contracts: ops/kernels/elementwise.h and core/convert.h). Each is one parallel loop
+// (their contracts: ops/elementwise.h and core/convert.h). Each is one parallel loop
 // (core/parallel.h) that g++ vectorizes; memory bandwidth is the limit.
 // The kernels for tensors are templates on the element type T (float, f16, bf16): read as
 // float, compute, round once. (The optimizers' fused updates are in optim.cpp.)
@@ -15,7 +15,7 @@
 #include "ops/cpu/convert_simd.h"
 #include "ops/cpu/f32_blocks.h"
 #include "ops/cpu/gelu.h"
-#include "ops/kernels/elementwise.h"
+#include "ops/elementwise.h"
 
 namespace kiln::cpu {
 

@@ -1,17 +1,17 @@
 // all.h — every kernel family (this folder, and the families whose kernels and ops share one
-// header in src/ops/: loss.h, norm.h, pool.h) and the conversions (core/convert.h): what the
-// tests, the benchmarks and the kernel lab include to call cpu:: and cuda:: kernels directly.
-// The engine's own files include only the families they use.
+// header in src/ops/: the ops/*.h below) and the conversions (core/convert.h): what the tests,
+// the benchmarks and the kernel lab include to call cpu:: and cuda:: kernels directly. The
+// engine's own files include only the families they use.
 #pragma once
 #include "core/convert.h"
 #include "ops/kernels/attention.h"
 #include "ops/kernels/conv.h"
-#include "ops/kernels/elementwise.h"
 #include "ops/kernels/gemm.h"
 #include "ops/kernels/optim.h"
 #include "ops/kernels/quant.h"
 #include "ops/kernels/reduce.h"
 #include "ops/kernels/sparse.h"
+#include "ops/elementwise.h"
 #include "ops/loss.h"
 #include "ops/norm.h"
 #include "ops/pool.h"
