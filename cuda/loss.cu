@@ -39,7 +39,7 @@
 
 #include "common.cuh"
 #include "ops/loss.h"
-#include "ops/kernels/reduce.h"  // sum_on_device
+#include "ops/reduce.h"  // sum_on_device
 
 namespace kiln::cuda {
 

@@ -27,7 +27,7 @@
 
 #include "common.cuh"
 #include "core/cuda_memory.h"  // copy_to_host
-#include "ops/kernels/reduce.h"
+#include "ops/reduce.h"
 
 namespace kiln::cuda {
 
@@ -110,7 +110,7 @@ double sum_squares(const T* x, int64_t n) {
     return two_pass_sum(reduce_kernel<T, double, detail::SumOp, Square>, x, n);
 }
 
-// max_i x[i] (−inf for n == 0; ops.cpp refuses empty tensors). fmaxf ignores NaN, as the
+// max_i x[i] (−inf for n == 0; the op max, ops/reduce.h, refuses empty tensors). fmaxf ignores NaN, as the
 // CPU's std::max(m, x) does when m is a number.
 template <typename T>
 float max(const T* x, int64_t n) {

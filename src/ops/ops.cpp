@@ -6,6 +6,7 @@
 #include "ops/loss.h"
 #include "ops/norm.h"
 #include "ops/pool.h"
+#include "ops/reduce.h"
 
 // Then the ops of ops.h, whose families are not yet in headers of their own: an op in a class of
 // autocast's table (ops/autocast.h) first casts its inputs to the type its class gives, then each
@@ -19,7 +20,6 @@
 #include "ops/autocast.h"
 #include "ops/check.h"
 #include "ops/kernels/gemm.h"
-#include "ops/kernels/reduce.h"
 
 namespace kiln {
 
@@ -75,79 +75,6 @@ Tensor linear_backward(Tensor x, const Tensor& w_in, const Tensor& dy_in, Tensor
     gb.add_to_grad();
     x = Tensor();
     return need_dx ? matmul(dy, w) : Tensor();                  // dx = dy · W  [N, out] · [out, in]
-}
-
-void add_bias_(Tensor& y, const Tensor& bias) {
-    check_args("add_bias_", {{y, "y"}, {bias, "bias"}});
-    KILN_CHECK(y.ndim() == 2 && bias.ndim() == 1 && bias.size(0) == y.size(1),
-               "add_bias_: y should be [N, C] and bias [C], got ", y.desc(), " and ", bias.desc());
-    dispatch(y.device(), y.dtype(), [&](auto be, auto tag) {
-        using T = decltype(tag);
-        kernel::add_bias(be, y.data<T>(), bias.data<T>(), y.size(0), y.size(1));
-    });
-}
-
-void sum_rows_into(const Tensor& dy, Tensor& db, float beta) {
-    check_args("sum_rows_into", {{dy, "dy"}, {db, "db"}});
-    KILN_CHECK(dy.ndim() == 2 && db.ndim() == 1 && db.size(0) == dy.size(1),
-               "sum_rows_into: dy should be [N, C] and db [C], got ", dy.desc(), " and ", db.desc());
-    dispatch(dy.device(), dy.dtype(), [&](auto be, auto tag) {
-        using T = decltype(tag);
-        kernel::sum_rows(be, dy.data<T>(), db.data<T>(), dy.size(0), dy.size(1), beta);
-    });
-}
-
-Tensor argmax_rows(const Tensor& x) {
-    check_args("argmax_rows", {{x, "x"}});
-    KILN_CHECK(x.ndim() == 2 && x.size(1) > 0, "argmax_rows: needs [N, C] with C > 0, got ", x.desc());
-    Tensor out = Tensor::empty({x.size(0)}, DType::I32, x.device(), Category::Activation);
-    dispatch(x.device(), x.dtype(), [&](auto be, auto tag) {
-        using T = decltype(tag);
-        kernel::argmax_rows(be, x.data<T>(), out.data<int32_t>(), x.size(0), x.size(1));
-    });
-    return out;
-}
-
-int64_t count_equal(const Tensor& a, const Tensor& b) {
-    check_dtype(a, DType::I32, "count_equal", "a");
-    check_dtype(b, DType::I32, "count_equal", "b");
-    check_shape(b, a.shape(), "count_equal", "b");
-    const Tensor ha = a.to(Device::CPU), hb = b.to(Device::CPU);
-    const int32_t *pa = ha.data<int32_t>(), *pb = hb.data<int32_t>();
-    int64_t equal = 0;
-    for (int64_t i = 0; i < ha.numel(); i++) equal += pa[i] == pb[i];
-    return equal;
-}
-
-// ---- reductions ------------------------------------------------------------------------------
-double sum(const Tensor& x) {
-    check_args("sum", {{x, "x"}});
-    return dispatch(x.device(), x.dtype(), [&](auto be, auto tag) {
-        using T = decltype(tag);
-        return kernel::sum(be, x.data<T>(), x.numel());
-    });
-}
-
-double sum_squares(const Tensor& x) {
-    check_args("sum_squares", {{x, "x"}});
-    return dispatch(x.device(), x.dtype(), [&](auto be, auto tag) {
-        using T = decltype(tag);
-        return kernel::sum_squares(be, x.data<T>(), x.numel());
-    });
-}
-
-double mean(const Tensor& x) {
-    KILN_CHECK(x.numel() > 0, "mean of an empty tensor ", x.desc());
-    return sum(x) / double(x.numel());
-}
-
-float max(const Tensor& x) {
-    check_args("max", {{x, "x"}});
-    KILN_CHECK(x.numel() > 0, "max of an empty tensor ", x.desc());
-    return dispatch(x.device(), x.dtype(), [&](auto be, auto tag) {
-        using T = decltype(tag);
-        return kernel::max(be, x.data<T>(), x.numel());
-    });
 }
 
 }  // namespace kiln

@@ -9,10 +9,11 @@
 #pragma once
 #include "core/tensor.h"
 #include "ops/elementwise.h"  // fill_, add, relu, ...: the elementwise family
+#include "ops/reduce.h"       // add_bias_, sum, argmax_rows, ...: the reduce family
 
 namespace kiln {
 
-// ---- matrices ------------------------------------------------------------------------------
+// ---- matrices (the reduce family's add_bias_ and sum_rows_into: ops/reduce.h) ----------------
 // c = alpha · op(a) · op(b) + beta · c; all 2-D, one dtype; op transposes when asked.
 void matmul_into(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, Tensor& c,
                  float alpha = 1.0f, float beta = 0.0f);
@@ -23,15 +24,5 @@ Tensor linear(const Tensor& x, const Tensor& w, const Tensor& b, Tensor* saved_x
 // dw += dyᵀ · x, db += Σ_n dy (db undefined: no bias); then, when need_dx, returns dx = dy · w
 // in x's type, else an undefined tensor. x is linear's *saved_x; it is let go before dx is made.
 Tensor linear_backward(Tensor x, const Tensor& w, const Tensor& dy, Tensor& dw, Tensor& db, bool need_dx);
-void add_bias_(Tensor& y, const Tensor& bias);             // y[N,C] += bias[C] on each row
-void sum_rows_into(const Tensor& dy, Tensor& db, float beta = 0.0f);  // db[C] = Σ_n dy[n,:] + beta·db
-Tensor argmax_rows(const Tensor& x);                       // x[N,C] -> i32[N]
-int64_t count_equal(const Tensor& a, const Tensor& b);     // i32[N], i32[N]: #{n : a[n] = b[n]}, on the CPU
-
-// ---- reductions (deterministic on any thread count) ----------------------------------------
-double sum(const Tensor& x);
-double sum_squares(const Tensor& x);  // Σ x² (gradient clipping's norm)
-double mean(const Tensor& x);
-float max(const Tensor& x);
 
 }  // namespace kiln

@@ -7,7 +7,7 @@
 
 #include "core/parallel.h"
 #include "ops/loss.h"
-#include "ops/kernels/reduce.h"  // argmax_rows
+#include "ops/reduce.h"  // argmax_rows
 
 namespace kiln::cpu {
 

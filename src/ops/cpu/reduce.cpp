@@ -12,7 +12,7 @@
 #include <vector>
 
 #include "core/parallel.h"
-#include "ops/kernels/reduce.h"
+#include "ops/reduce.h"
 
 namespace kiln::cpu {
 
