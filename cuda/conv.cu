@@ -130,7 +130,7 @@
 #include "gemm_tiles.cuh"
 #include "gemm_versions.h"
 #include "ops/kernels/conv.h"
-#include "ops/kernels/gemm.h"
+#include "ops/gemm.h"
 #include "tensor_tiles.cuh"
 
 namespace kiln::cuda {

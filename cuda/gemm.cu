@@ -29,7 +29,7 @@
 #include "gemm_tiles.cuh"
 #include "tensor_tiles.cuh"
 #include "gemm_versions.h"
-#include "ops/kernels/gemm.h"
+#include "ops/gemm.h"
 
 namespace kiln::cuda {
 

@@ -1,5 +1,5 @@
 // gemm_versions.h — the teaching versions of the engine's GEMM (cuda::gemm, cuda/gemm.cu), side by
-// side. All take cuda::gemm's arguments (src/ops/kernels/gemm.h; device pointers, row-major, any
+// side. All take cuda::gemm's arguments (src/ops/gemm.h; device pointers, row-major, any
 // transposes) and compute the same C; the engine runs version 6 (f32) and version 7 (f16, bf16).
 //
 //   version 1  gemm_naive            one thread per C element, each reading a row of op(A) and a

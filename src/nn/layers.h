@@ -28,7 +28,7 @@ public:
     int64_t in_features, out_features;
 
 private:
-    Tensor x_;        // the input as the op read it (ops/ops.h linear), [rows, in], kept for dW
+    Tensor x_;        // the input as the op read it (ops/gemm.h linear), [rows, in], kept for dW
     Shape in_shape_;  // the input's own shape: dx goes back in it
 };
 

@@ -47,7 +47,7 @@
 #include "common.cuh"
 #include "gemm_launch.cuh"
 #include "gemm_versions.h"
-#include "ops/kernels/gemm.h"
+#include "ops/gemm.h"
 
 namespace kiln::cuda {
 

@@ -26,7 +26,7 @@
 #include "core/error.h"
 #include "core/parallel.h"
 #include "ops/kernels/attention.h"
-#include "ops/kernels/gemm.h"
+#include "ops/gemm.h"
 
 namespace kiln::cpu {
 namespace {

@@ -4,7 +4,7 @@
 //   C[M,N] = alpha * op(A)[M,K] · op(B)[K,N] + beta * C[M,N]          all row-major
 //
 // gemm's contract (the arguments, beta = 0, alpha = 0, the element types) is in
-// ops/kernels/gemm.h, which declares it for both backends; this file is how the CPU computes it.
+// ops/gemm.h, which declares it for both backends; this file is how the CPU computes it.
 //
 // How the layers use it (X: batch×in, W: out×in, Y: batch×out):
 //   forward   Y  = X · Wᵀ    gemm(false, true,  batch, out, in,    1, X, in,  W, in,  0, Y, out)
@@ -48,7 +48,7 @@
 
 #include "core/cpu_features.h"
 #include "core/dtype.h"
-#include "ops/kernels/gemm.h"  // gemm: cache-blocked, packed, SIMD micro-kernel, OpenMP over blocks of C
+#include "ops/gemm.h"  // gemm: cache-blocked, packed, SIMD micro-kernel, OpenMP over blocks of C
 
 namespace kiln::cpu {
 
