@@ -1,5 +1,5 @@
 // conv.cu — 2-D convolution on the GPU: the twins of cpu::conv2d_forward, conv2d_backward_data
-// and conv2d_backward_weight (src/ops/kernels/conv.h, cpu/conv.cpp): same Conv2dParams, same
+// and conv2d_backward_weight (src/ops/conv.h, cpu/conv.cpp): same Conv2dParams, same
 // workspace contract, same results up to the order of the sums; every pointer device memory.
 // Kernels and launchers are templates on the element type T, instantiated for float, f16 and
 // bf16: x, w, b, y, dy, dx, dw, db and the workspace hold T, every sum is taken in float (or
@@ -129,7 +129,7 @@
 #include "common.cuh"
 #include "gemm_tiles.cuh"
 #include "gemm_versions.h"
-#include "ops/kernels/conv.h"
+#include "ops/conv.h"
 #include "ops/gemm.h"
 #include "tensor_tiles.cuh"
 

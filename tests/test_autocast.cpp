@@ -15,7 +15,7 @@
 #include "nn/models.h"
 #include "ops/attention.h"
 #include "ops/autocast.h"
-#include "ops/cnn.h"
+#include "ops/conv.h"
 #include "ops/elementwise.h"
 #include "ops/pool.h"
 #include "ops/loss.h"

@@ -1,13 +1,14 @@
-// test_cnn_ops.cpp — the argument checks of the Tensor-level CNN ops (ops/cnn.h): a wrong shape,
-// a wrong dtype (and mixed f32/f16: test_conv.cpp and test_norm.cpp have more) and a wrong
-// device each fail with a message that names the op and the tensor. (The results themselves are
+// test_cnn_ops.cpp — the argument checks of the Tensor-level CNN ops (ops/conv.h, elementwise.h,
+// norm.h, pool.h): a wrong shape, a wrong dtype (and mixed f32/f16: test_conv.cpp and
+// test_norm.cpp have more) and a wrong device each fail with a message that names the op and the
+// tensor. (The results themselves are
 // tested through the layers, each op's CPU, CUDA, f16 and bf16 cases in its own file:
 // test_conv.cpp, test_pool.cpp, test_norm.cpp, test_gelu.cpp, test_dropout.cpp.) Each case is
 // tagged with every op it checks, so make test T='[conv]' (or [pool], [gelu], ...) runs it too.
 #include <catch2/catch.hpp>
 
 #include "core/tensor.h"
-#include "ops/cnn.h"
+#include "ops/conv.h"
 #include "ops/elementwise.h"
 #include "ops/norm.h"
 #include "ops/pool.h"

@@ -26,7 +26,7 @@
 #include "gradcheck.h"
 #include "lowp_check.h"
 #include "nn/conv.h"
-#include "ops/cnn.h"
+#include "ops/conv.h"
 #include "ops/cpu/gemm.h"
 #include "ops/cpu/short_rows.h"
 #include "ops/cpu/winograd.h"

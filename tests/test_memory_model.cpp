@@ -281,7 +281,7 @@ TEST_CASE("memory model: the CIFAR net (32/64/128) at batch 64 and 256, with and
 }
 
 // On a GPU a convolution's weight gradient is a split-K GEMM whose partial sums (S·Og·Kc floats
-// from the pool, ops/cnn.h conv2d_backward_scratch) depend on the SM count: on an H200 (132 SMs)
+// from the pool, ops/conv.h conv2d_backward_scratch) depend on the SM count: on an H200 (132 SMs)
 // LeNet's conv2 at batch 64 takes 16 slices, 320,000 bytes the prediction must count. The
 // emulator reports its OpenMP threads as SMs; here it also plays a GPU of 8 SMs and an H200.
 TEST_CASE("memory model: LeNet on the CUDA device, within 2%, whatever its SM count", "[memmodel][cuda][lesson08]") {

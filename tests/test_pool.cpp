@@ -18,7 +18,6 @@
 #include "gradcheck.h"
 #include "lowp_check.h"
 #include "nn/pool.h"
-#include "ops/cnn.h"
 #include "ops/kernels/all.h"
 
 using namespace kiln;

@@ -28,7 +28,7 @@
 #include "nn/norm.h"
 #include "nn/pool.h"
 #include "nn/prune.h"
-#include "ops/cnn.h"
+#include "ops/conv.h"
 #include "ops/quant.h"
 #include "quant/fold.h"
 #include "quant/qat.h"

@@ -4,7 +4,7 @@
 //
 // ---- Declaring a kernel once -------------------------------------------------------------------
 // Every kernel has a CPU version (src/ops/cpu/F.cpp) and a CUDA twin (cuda/F.cu) with the same
-// name and arguments. Its signature is written once, in its family's header (src/ops/kernels/),
+// name and arguments. Its signature is written once, in its family's header (src/ops/<family>.h),
 // with the formula above it:
 //
 //     // y = x · Φ(x)

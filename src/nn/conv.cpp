@@ -1,5 +1,5 @@
 // conv.cpp — Conv2d: its parameters, the layer's checks (which name the layer), the cache, and
-// the calls to the ops conv2d and conv2d_backward (ops/cnn.h), which size the workspace and run
+// the calls to the ops conv2d and conv2d_backward (ops/conv.h), which size the workspace and run
 // the kernels of the input's device: src/ops/cpu/conv.cpp (which explains im2col, the direct
 // paths and the threads) or cuda/conv.cu (im2col + GEMM and the implicit GEMM).
 #include "nn/conv.h"

@@ -1,4 +1,4 @@
-// conv.h — the 2-D convolution layer (chapter 03). It calls the op conv2d (ops/cnn.h), whose
+// conv.h — the 2-D convolution layer (chapter 03). It calls the op conv2d (ops/conv.h), whose
 // kernels are in src/ops/cpu/conv.cpp and, on the CUDA device, cuda/conv.cu (chapter 05).
 //
 // Letters: N = batch, C = input channels, H, W = input size, O = output channels,
@@ -9,7 +9,7 @@
 
 #include "core/rng.h"
 #include "nn/module.h"
-#include "ops/cnn.h"  // kDefaultConvWorkspace
+#include "ops/conv.h"  // kDefaultConvWorkspace
 
 namespace kiln {
 
@@ -46,14 +46,14 @@ public:
 
     // x [N, C, H, W] -> y [N, O, P, Q]: 4·N·O·P·Q bytes; parameters 4·(O·C/G·KH·KW + O) bytes
     // (+ as much gradient); keeps x; dx [N, C, H, W]. The im2col workspace of a pass, from the
-    // pool (ops/cnn.h conv2d_workspace): on the CPU's im2col path
+    // pool (ops/conv.h conv2d_workspace): on the CPU's im2col path
     //   4 · images · (C·KH·KW + O)·P·Q bytes,   images = clamp(workspace_limit / that per image, 1, N)
     // in forward and again in backward (dw recomputes the columns; dx shares them). On a GPU, in
-    // backward after dx, dw's split-K partial sums for a moment (ops/cnn.h conv2d_backward_scratch).
+    // backward after dx, dw's split-K partial sums for a moment (ops/conv.h conv2d_backward_scratch).
     LayerMemory memory(const Shape& in, Device device) const override;
 
 private:
-    Tensor x_;  // the input as the op read it (ops/cnn.h conv2d), kept for dw
+    Tensor x_;  // the input as the op read it (ops/conv.h conv2d), kept for dw
 };
 
 // Sets workspace_limit on every Conv2d in the model: im2col's columns for as many images as fit

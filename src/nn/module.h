@@ -101,7 +101,7 @@ struct LayerMemory {
     int64_t forward_workspace = 0;   // bytes from the pool held during forward, after y (im2col)
     int64_t backward_workspace = 0;  // bytes from the pool held during backward, before dx
     int64_t backward_scratch = 0;    // bytes from the pool taken after dx and given back at once
-                                     // (a GPU's split-K partial sums: ops/cnn.h)
+                                     // (a GPU's split-K partial sums: ops/conv.h)
     bool releases_before_dx = false; // backward lets its cache go before it allocates dx (Linear)
 };
 

@@ -1,6 +1,6 @@
 // params.h — the sizes of a convolution, a pooling and a batch norm, as the kernels of both
-// backends take them (ops/kernels/conv.h, pool.h, norm.h), and the one list of convolution
-// strategies. The Tensor-level ops (ops/cnn.h) fill these from the tensors' shapes.
+// backends take them (ops/conv.h, pool.h, norm.h), and the one list of convolution
+// strategies. The Tensor-level ops (in the same headers) fill these from the tensors' shapes.
 //
 // Letters, used in every shape comment of the CNN kernels:
 //   N = batch, C = input channels, H, W = input height and width,

@@ -186,7 +186,7 @@ public:
 
 private:
     // A tensor of `bytes`: inside forward_backward's scope from the arena when there is one
-    // (all but the workspace, which ops/cnn.cpp takes from the pool even there), everything else
+    // (all but the workspace, which ops/conv.h's conv2d takes from the pool even there), everything else
     // from the pool; `cached`: the pool may hand it a cached block.
     Buf alloc(int64_t bytes, Category c, bool cached) {
         const bool in_arena = opt_.arena && in_scope_ && c != Category::Workspace;

@@ -83,7 +83,7 @@
 #include "ops/cpu/gemm.h"
 #include "ops/cpu/short_rows.h"
 #include "ops/cpu/winograd.h"
-#include "ops/kernels/conv.h"
+#include "ops/conv.h"
 
 namespace kiln::cpu {
 

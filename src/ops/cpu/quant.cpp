@@ -14,7 +14,7 @@
 #include "ops/cpu/short_rows.h"
 #include "ops/cpu/conv_tasks.h"
 #include "ops/cpu/qgemm.h"
-#include "ops/kernels/conv.h"  // im2col
+#include "ops/conv.h"  // im2col
 #include "ops/kernels/quant.h"
 
 #if defined(__x86_64__) || defined(__i386__)

@@ -50,7 +50,7 @@ int64_t winograd_elems_per_image(const Conv2dParams& p);
 // more than fit), so that dw's sum is cut into the same groups whatever the workspace.
 int64_t winograd_chunk_images(const Conv2dParams& p, int64_t fit);
 
-// The three passes, with conv2d_forward's contract (ops/kernels/conv.h): ws holds ws_images ≥ 1 images
+// The three passes, with conv2d_forward's contract (ops/conv.h): ws holds ws_images ≥ 1 images
 // of winograd_elems_per_image(p) floats.
 //   forward          y  = conv(x, w) + b        (b may be null)
 //   backward_data    dx = conv_transpose(dy, w)

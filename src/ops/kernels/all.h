@@ -5,10 +5,10 @@
 #pragma once
 #include "core/convert.h"
 #include "ops/kernels/attention.h"
-#include "ops/kernels/conv.h"
 #include "ops/kernels/optim.h"
 #include "ops/kernels/quant.h"
 #include "ops/kernels/sparse.h"
+#include "ops/conv.h"
 #include "ops/elementwise.h"
 #include "ops/gemm.h"
 #include "ops/loss.h"
