@@ -64,15 +64,21 @@ while IFS= read -r hit; do
 done < <(grep -rn --include='*.h' --include='*.cpp' --include='*.cu' --include='*.cuh' \
               -E '^[[:space:]]*#[[:space:]]*include[[:space:]]*"' src cuda --exclude-dir=lab)
 
-while IFS= read -r hit; do
-    [[ ${hit%%:*} == src/ops/ops.cpp ]] && continue
-    echo "check-includes: $hit: only src/ops/ops.cpp defines KILN_DEFINE_OPS (it compiles the ops of every family header, once)"
-    bad=$((bad + 1))
-done < <(grep -rn --include='*.h' --include='*.cpp' --include='*.cu' --include='*.cuh' \
-              -E '^[[:space:]]*#[[:space:]]*define[[:space:]]+KILN_DEFINE_OPS\b' src cuda tests bench lessons fuzz)
+# Each implementation macro is defined by its one file: KILN_DEFINE_OPS by src/ops/ops.cpp (the ops
+# of every family header), KILN_DEFINE_LAYERS by src/nn/nn.cpp (the members of the layers written
+# in one header, nn/norm.h and nn/pool.h).
+for rule in KILN_DEFINE_OPS:src/ops/ops.cpp KILN_DEFINE_LAYERS:src/nn/nn.cpp; do
+    macro=${rule%%:*} home=${rule#*:}
+    while IFS= read -r hit; do
+        [[ ${hit%%:*} == "$home" ]] && continue
+        echo "check-includes: $hit: only $home defines $macro (it compiles what that macro guards, once)"
+        bad=$((bad + 1))
+    done < <(grep -rn --include='*.h' --include='*.cpp' --include='*.cu' --include='*.cuh' \
+                  -E "^[[:space:]]*#[[:space:]]*define[[:space:]]+$macro\\b" src cuda tests bench lessons fuzz)
+done
 
 if (( bad )); then
-    echo "check-includes: $bad include(s) out of order or definition(s) of KILN_DEFINE_OPS outside src/ops/ops.cpp"
+    echo "check-includes: $bad include(s) out of order or definition(s) of KILN_DEFINE_OPS or KILN_DEFINE_LAYERS outside their file"
     exit 1
 fi
 echo "check-includes: ok (src/ and cuda/ in the order ${order[*]}, kernels beside ops)"

@@ -2,7 +2,8 @@
 // [N, C, H, W] and BatchNorm1d for [N, C] (or [N, C, L]); and layer normalization, LayerNorm,
 // over the last dimension. Each layer checks its input (the error names the layer), calls the ops
 // of ops/norm.h, which run the kernels of the input's device (src/ops/cpu/norm.cpp or
-// cuda/norm.cu), and keeps its cache for backward.
+// cuda/norm.cu), and keeps its cache for backward. The classes, then their members, defined under
+// KILN_DEFINE_LAYERS and compiled once, in src/nn/nn.cpp.
 //
 // Letters: N = batch, C = channels, S = H·W (1 for [N, C]), M = N·S values per channel;
 // D = LayerNorm's normalized size, R = the rows of D values it normalizes.
@@ -66,8 +67,9 @@ public:
     explicit BatchNorm1d(int64_t features, std::string name = "bn") : BatchNorm(features, 2, 3, std::move(name)) {}
 };
 
+#ifdef KILN_DEFINE_LAYERS  // compiled once, in src/nn/nn.cpp (see there)
 // ---- BatchNorm: the layer's checks (which name the layer), the cache, the ops ---------------
-inline BatchNorm::BatchNorm(int64_t channels, int min_rank, int max_rank, std::string name)
+BatchNorm::BatchNorm(int64_t channels, int min_rank, int max_rank, std::string name)
     : Module(std::move(name)), num_features(channels), min_rank_(min_rank), max_rank_(max_rank) {
     KILN_CHECK(channels > 0, this->name(), ": BatchNorm needs at least one channel, got ", channels);
     add_parameter("weight", weight, Tensor::ones({channels}, DType::F32, Device::CPU, Category::Parameter));
@@ -79,7 +81,7 @@ inline BatchNorm::BatchNorm(int64_t channels, int min_rank, int max_rank, std::s
     add_buffer("running_var", running_var);
 }
 
-inline Tensor BatchNorm::forward(const Tensor& x) {
+Tensor BatchNorm::forward(const Tensor& x) {
     check_defined(x, name().c_str(), "input");
     const char* want = min_rank_ == 4 ? "[N, C, H, W]" : "[N, C] or [N, C, L]";
     KILN_CHECK(x.ndim() >= min_rank_ && x.ndim() <= max_rank_ && x.size(1) == num_features, name(),
@@ -104,7 +106,7 @@ inline Tensor BatchNorm::forward(const Tensor& x) {
     return y;
 }
 
-inline Tensor BatchNorm::backward(const Tensor& dy) {
+Tensor BatchNorm::backward(const Tensor& dy) {
     KILN_CHECK(x_.defined(), name(), ": backward without a training-mode forward");
     KILN_CHECK(dy.shape() == x_.shape(), name(), ": dy should be ", x_.shape().str(), " (the forward output) but is ",
                dy.desc());
@@ -119,7 +121,7 @@ inline Tensor BatchNorm::backward(const Tensor& dy) {
 }
 
 // y, x kept, mean and 1/σ per channel kept; weight, bias, running_mean, running_var.
-inline LayerMemory BatchNorm::memory(const Shape& in, Device) const {
+LayerMemory BatchNorm::memory(const Shape& in, Device) const {
     KILN_CHECK(in.ndim >= min_rank_ && in.ndim <= max_rank_ && in[1] == num_features, name(), ": expected input ",
                min_rank_ == 4 ? "[N, C, H, W]" : "[N, C] or [N, C, L]", " with C = ", num_features, ", got ", in.str());
     LayerMemory m;
@@ -130,6 +132,7 @@ inline LayerMemory BatchNorm::memory(const Shape& in, Device) const {
     m.saved = {TensorSpec{Shape{num_features}}, TensorSpec{Shape{num_features}}};
     return m;
 }
+#endif  // KILN_DEFINE_LAYERS
 
 // LayerNorm (PyTorch's nn.LayerNorm(D), elementwise_affine): each row of D values — x [..., D],
 // every dimension but the last is a row — is normalized over its own values; there are no
@@ -159,15 +162,16 @@ private:
     Tensor x_, save_mean_, save_invstd_;  // the cache for backward (x_ as the op read it: f32 under autocast)
 };
 
+#ifdef KILN_DEFINE_LAYERS  // compiled once, in src/nn/nn.cpp (see there)
 // ---- LayerNorm ------------------------------------------------------------------------------
-inline LayerNorm::LayerNorm(int64_t D, std::string name, float eps_)
+LayerNorm::LayerNorm(int64_t D, std::string name, float eps_)
     : Module(std::move(name)), normalized_size(D), eps(eps_) {
     KILN_CHECK(D > 0, this->name(), ": LayerNorm needs a normalized size of at least 1, got ", D);
     add_parameter("weight", weight, Tensor::ones({D}, DType::F32, Device::CPU, Category::Parameter));
     add_parameter("bias", bias, Tensor::zeros({D}, DType::F32, Device::CPU, Category::Parameter));
 }
 
-inline Tensor LayerNorm::forward(const Tensor& x) {
+Tensor LayerNorm::forward(const Tensor& x) {
     check_defined(x, name().c_str(), "input");
     KILN_CHECK(x.ndim() >= 1 && x.size(x.ndim() - 1) == normalized_size, name(), ": expected input [..., ",
                normalized_size, "], got ", x.desc());
@@ -182,7 +186,7 @@ inline Tensor LayerNorm::forward(const Tensor& x) {
     return y;
 }
 
-inline Tensor LayerNorm::backward(const Tensor& dy) {
+Tensor LayerNorm::backward(const Tensor& dy) {
     KILN_CHECK(x_.defined(), name(), ": backward without a training-mode forward");
     KILN_CHECK(dy.shape() == x_.shape(), name(), ": dy should be ", x_.shape().str(), " (the forward output) but is ",
                dy.desc());
@@ -193,7 +197,7 @@ inline Tensor LayerNorm::backward(const Tensor& dy) {
 }
 
 // y, x kept, mean and 1/σ per row kept (R = the elements / D); weight and bias.
-inline LayerMemory LayerNorm::memory(const Shape& in, Device) const {
+LayerMemory LayerNorm::memory(const Shape& in, Device) const {
     KILN_CHECK(in.ndim >= 1 && in[in.ndim - 1] == normalized_size, name(), ": expected input [..., ",
                normalized_size, "], got ", in.str());
     const int64_t rows = in.numel() / normalized_size;
@@ -204,5 +208,6 @@ inline LayerMemory LayerNorm::memory(const Shape& in, Device) const {
     m.saved = {TensorSpec{Shape{rows}}, TensorSpec{Shape{rows}}};
     return m;
 }
+#endif  // KILN_DEFINE_LAYERS
 
 }  // namespace kiln

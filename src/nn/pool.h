@@ -1,6 +1,7 @@
 // pool.h — pooling layers (chapter 03): MaxPool2d, AvgPool2d, GlobalAvgPool.
 // They call the ops of ops/pool.h, whose kernels (src/ops/cpu/pool.cpp, cuda/pool.cu) the
-// input's device picks.
+// input's device picks. The classes, then their members, defined under KILN_DEFINE_LAYERS and
+// compiled once, in src/nn/nn.cpp.
 //
 // Letters: N = batch, C = channels, H, W = input size, K = window size, P, Q = output size,
 //   P = (H + 2·padding − K) / stride + 1,   Q likewise.
@@ -62,30 +63,31 @@ private:
     Device in_device_ = Device::CPU;  // where the forward ran: dy must be there too
 };
 
+#ifdef KILN_DEFINE_LAYERS  // compiled once, in src/nn/nn.cpp (see there)
 // ---- the layers' checks (which name the layer), the caches, the ops of ops/pool.h ----------
 namespace pool_layer {
 
-inline void check_pool_args(const std::string& layer, int64_t kernel, int64_t stride, int64_t padding) {
+void check_pool_args(const std::string& layer, int64_t kernel, int64_t stride, int64_t padding) {
     KILN_CHECK(kernel > 0 && stride > 0 && padding >= 0, layer, ": kernel ", kernel, " and stride ", stride,
                " must be ≥ 1, padding ", padding, " ≥ 0");
     KILN_CHECK(2 * padding <= kernel, layer, ": padding ", padding, " must be at most half the kernel ", kernel,
                " (otherwise a window could lie wholly in the padding)");
 }
 
-inline void check_input(const Tensor& x, const std::string& layer) {
+void check_input(const Tensor& x, const std::string& layer) {
     check_defined(x, layer.c_str(), "input");
     KILN_CHECK(x.ndim() == 4, layer, ": expected input [N, C, H, W], got ", x.desc());
 }
 
 // The window must fit the input: checked here too, so that the error names the layer.
-inline Pool2dArgs args_of(const Shape& s, int64_t kernel, int64_t stride, int64_t padding, const std::string& layer) {
+Pool2dArgs args_of(const Shape& s, int64_t kernel, int64_t stride, int64_t padding, const std::string& layer) {
     KILN_CHECK(s[2] + 2 * padding >= kernel && s[3] + 2 * padding >= kernel, layer, ": a ", kernel, "x", kernel,
                " window does not fit the input ", s.str(), " with padding ", padding);
     return Pool2dArgs{kernel, stride, padding};
 }
 
 // dy: the forward output's shape, on the device the forward ran on.
-inline void check_dy(const Tensor& dy, const Shape& want, Device device, const std::string& layer) {
+void check_dy(const Tensor& dy, const Shape& want, Device device, const std::string& layer) {
     KILN_CHECK(dy.shape() == want, layer, ": dy should be ", want.str(), " (the forward output) but is ", dy.desc());
     check_on_device(dy, device, layer, "dy");
 }
@@ -93,12 +95,12 @@ inline void check_dy(const Tensor& dy, const Shape& want, Device device, const s
 }  // namespace pool_layer
 
 // ---- MaxPool2d -------------------------------------------------------------------------------
-inline MaxPool2d::MaxPool2d(int64_t k, int64_t s, int64_t pad, std::string name)
+MaxPool2d::MaxPool2d(int64_t k, int64_t s, int64_t pad, std::string name)
     : Module(std::move(name)), kernel(k), stride(s == 0 ? k : s), padding(pad) {
     pool_layer::check_pool_args(this->name(), kernel, stride, padding);
 }
 
-inline Tensor MaxPool2d::forward(const Tensor& x) {
+Tensor MaxPool2d::forward(const Tensor& x) {
     pool_layer::check_input(x, name());
     Tensor argmax;
     Tensor y = maxpool2d(x, pool_layer::args_of(x.shape(), kernel, stride, padding, name()), &argmax);
@@ -109,7 +111,7 @@ inline Tensor MaxPool2d::forward(const Tensor& x) {
     return y;
 }
 
-inline Tensor MaxPool2d::backward(const Tensor& dy) {
+Tensor MaxPool2d::backward(const Tensor& dy) {
     KILN_CHECK(argmax_.defined(), name(), ": backward without a training-mode forward");
     pool_layer::check_dy(dy, argmax_.shape(), argmax_.device(), name());
     Tensor dx =
@@ -119,7 +121,7 @@ inline Tensor MaxPool2d::backward(const Tensor& dy) {
 }
 
 // y and its argmax (i32, kept).
-inline LayerMemory MaxPool2d::memory(const Shape& in, Device) const {
+LayerMemory MaxPool2d::memory(const Shape& in, Device) const {
     KILN_CHECK(in.ndim == 4, name(), ": expected input [N, C, H, W], got ", in.str());
     LayerMemory m;
     m.output = pool2d_output_shape(in, pool_layer::args_of(in, kernel, stride, padding, name()));
@@ -128,12 +130,12 @@ inline LayerMemory MaxPool2d::memory(const Shape& in, Device) const {
 }
 
 // ---- AvgPool2d -------------------------------------------------------------------------------
-inline AvgPool2d::AvgPool2d(int64_t k, int64_t s, int64_t pad, std::string name)
+AvgPool2d::AvgPool2d(int64_t k, int64_t s, int64_t pad, std::string name)
     : Module(std::move(name)), kernel(k), stride(s == 0 ? k : s), padding(pad) {
     pool_layer::check_pool_args(this->name(), kernel, stride, padding);
 }
 
-inline Tensor AvgPool2d::forward(const Tensor& x) {
+Tensor AvgPool2d::forward(const Tensor& x) {
     pool_layer::check_input(x, name());
     Tensor y = avgpool2d(x, pool_layer::args_of(x.shape(), kernel, stride, padding, name()));
     if (keeps_cache()) {
@@ -143,7 +145,7 @@ inline Tensor AvgPool2d::forward(const Tensor& x) {
     return y;
 }
 
-inline Tensor AvgPool2d::backward(const Tensor& dy) {
+Tensor AvgPool2d::backward(const Tensor& dy) {
     KILN_CHECK(in_shape_.ndim == 4, name(), ": backward without a training-mode forward");
     const Pool2dArgs a = pool_layer::args_of(in_shape_, kernel, stride, padding, name());
     pool_layer::check_dy(dy, pool2d_output_shape(in_shape_, a), in_device_, name());
@@ -153,7 +155,7 @@ inline Tensor AvgPool2d::backward(const Tensor& dy) {
 }
 
 // y only.
-inline LayerMemory AvgPool2d::memory(const Shape& in, Device) const {
+LayerMemory AvgPool2d::memory(const Shape& in, Device) const {
     KILN_CHECK(in.ndim == 4, name(), ": expected input [N, C, H, W], got ", in.str());
     LayerMemory m;
     m.output = pool2d_output_shape(in, pool_layer::args_of(in, kernel, stride, padding, name()));
@@ -161,7 +163,7 @@ inline LayerMemory AvgPool2d::memory(const Shape& in, Device) const {
 }
 
 // ---- GlobalAvgPool ---------------------------------------------------------------------------
-inline Tensor GlobalAvgPool::forward(const Tensor& x) {
+Tensor GlobalAvgPool::forward(const Tensor& x) {
     pool_layer::check_input(x, name());
     KILN_CHECK(x.size(2) * x.size(3) > 0, name(), ": empty planes in ", x.desc());
     Tensor y = global_avgpool(x);
@@ -172,7 +174,7 @@ inline Tensor GlobalAvgPool::forward(const Tensor& x) {
     return y;
 }
 
-inline Tensor GlobalAvgPool::backward(const Tensor& dy) {
+Tensor GlobalAvgPool::backward(const Tensor& dy) {
     KILN_CHECK(in_shape_.ndim == 4, name(), ": backward without a training-mode forward");
     pool_layer::check_dy(dy, Shape{in_shape_[0], in_shape_[1]}, in_device_, name());
     Tensor dx = global_avgpool_backward(dy, in_shape_);
@@ -181,11 +183,12 @@ inline Tensor GlobalAvgPool::backward(const Tensor& dy) {
 }
 
 // y [N, C] only.
-inline LayerMemory GlobalAvgPool::memory(const Shape& in, Device) const {
+LayerMemory GlobalAvgPool::memory(const Shape& in, Device) const {
     KILN_CHECK(in.ndim == 4, name(), ": expected input [N, C, H, W], got ", in.str());
     LayerMemory m;
     m.output = Shape{in[0], in[1]};
     return m;
 }
+#endif  // KILN_DEFINE_LAYERS
 
 }  // namespace kiln
