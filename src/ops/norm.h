@@ -123,9 +123,10 @@ namespace kiln {
 // ---- batch normalization ----------------------------------------------------------------
 namespace detail {
 
-// x [N, C, ...] as [N, C, S]; each per-channel tensor must be [C].
+// x [N, C, ...] as [N, C, S]; each per-channel tensor must be f32 [C] (check_f32_args).
 BatchNormParams batchnorm_params(const Tensor& x, std::initializer_list<Arg> per_channel, float eps,
                                  const char* op) {
+    check_f32_args(op, {x, "x"}, per_channel);
     KILN_CHECK(x.ndim() >= 2, op, ": 'x' should be [N, C, ...] but is ", x.desc());
     BatchNormParams p;
     p.N = x.size(0), p.C = x.size(1), p.S = 1;
@@ -144,8 +145,6 @@ Tensor batchnorm_train(const Tensor& x_in, const Tensor& gamma, const Tensor& be
     const char* op = "batchnorm_train";
     const Tensor x = AmpCast(CastPolicy::Input, x_in.dtype()).input(x_in);
     const Device d = check_args(op, {{x, "x"}});
-    check_f32_args(op, {x, "x"},
-                   {{gamma, "gamma"}, {beta, "beta"}, {running_mean, "running_mean"}, {running_var, "running_var"}});
     BatchNormParams p = detail::batchnorm_params(
         x, {{gamma, "gamma"}, {beta, "beta"}, {running_mean, "running_mean"}, {running_var, "running_var"}}, eps, op);
     p.momentum = momentum;
@@ -170,8 +169,6 @@ Tensor batchnorm_eval(const Tensor& x_in, const Tensor& gamma, const Tensor& bet
     const char* op = "batchnorm_eval";
     const Tensor x = AmpCast(CastPolicy::Input, x_in.dtype()).input(x_in);
     const Device d = check_args(op, {{x, "x"}});
-    check_f32_args(op, {x, "x"},
-                   {{gamma, "gamma"}, {beta, "beta"}, {running_mean, "running_mean"}, {running_var, "running_var"}});
     BatchNormParams p = detail::batchnorm_params(
         x, {{gamma, "gamma"}, {beta, "beta"}, {running_mean, "running_mean"}, {running_var, "running_var"}}, eps, op);
     p.gelu = gelu;
@@ -192,20 +189,14 @@ Tensor batchnorm_backward(const Tensor& dy_in, const Tensor& x_in, const Tensor&
     const Tensor x = amp.input(x_in), dy = amp.input(dy_in);
     const Device d = check_args(op, {{dy, "dy"}, {x, "x"}});
     const Tensor beta = gelu_beta ? *gelu_beta : Tensor();
-    check_f32_args(op, {x, "x"},
-                   {{gamma, "gamma"}, {save_mean, "save_mean"}, {save_invstd, "save_invstd"}, {dgamma, "dgamma"},
-                    {dbeta, "dbeta"}});
     check_shape(dy, x.shape(), op, "dy");
-    BatchNormParams p = detail::batchnorm_params(x,
-                                                 {{gamma, "gamma"},
-                                          {save_mean, "save_mean"},
-                                          {save_invstd, "save_invstd"},
-                                          {dgamma, "dgamma"},
-                                          {dbeta, "dbeta"}},
-                                         0.0f, op);
+    BatchNormParams p = detail::batchnorm_params(
+        x,
+        {{gamma, "gamma"}, {save_mean, "save_mean"}, {save_invstd, "save_invstd"}, {dgamma, "dgamma"},
+         {dbeta, "dbeta"}},
+        0.0f, op);
     if (gelu_beta) {
-        check_f32_args(op, {x, "x"}, {{beta, "beta"}});
-        check_shape(beta, Shape{p.C}, op, "beta");
+        detail::batchnorm_params(x, {{beta, "beta"}}, 0.0f, op);
         p.gelu = true;
     }
     Tensor dx = Tensor::empty(x.shape(), x.dtype(), d, Category::Activation);
