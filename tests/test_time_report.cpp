@@ -88,10 +88,23 @@ std::vector<double> numbers_in_row(const std::string& report, const std::string&
 
 TEST_CASE("the step timer charges each layer its own forward and backward, after the untimed first step",
           "[time][cpu][lesson13]") {
-    auto net = two_sleepers();
-    StepTimer timer(*net, Device::CPU, /*skip=*/1);
-    for (int i = 0; i < 4; ++i) step(timer, *net);
-    const TimeReport& r = timer.report();
+    // The upper bounds below catch a layer charged another's time. A loaded machine can oversleep
+    // past them now and then (a dozen jobs on two cores: 10 ms late), so the run is repeated, up to
+    // 3 times, until they hold; a layer charged another's time fails all three.
+    const auto within_upper_bounds = [](const TimeReport& r) {
+        return r.layers.size() == 2 && r.layers[0].forward < 3 * 8 * kUnitSeconds &&
+               r.layers[1].forward < 3 * 4 * kUnitSeconds && r.layers[1].backward < 3 * 4 * kUnitSeconds &&
+               r.data < 3 * 6 * kUnitSeconds;
+    };
+    TimeReport r;
+    for (int attempt = 1; attempt <= 3; ++attempt) {
+        auto net = two_sleepers();
+        StepTimer timer(*net, Device::CPU, /*skip=*/1);
+        for (int i = 0; i < 4; ++i) step(timer, *net);
+        r = timer.report();
+        if (within_upper_bounds(r)) break;
+        WARN("attempt " << attempt << ": a sleep overslept past an upper bound; measuring again");
+    }
     REQUIRE(r.steps == 3);  // the first of 4 not timed
     REQUIRE(r.layers.size() == 2);  // the layers, not the Sequential
     CHECK(r.layers[0].name == "a");
