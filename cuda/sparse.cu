@@ -1,6 +1,6 @@
 // sparse.cu — the CUDA twin of src/ops/cpu/sparse.cpp: y = x · Wᵀ + b with W in compressed
-// sparse rows (ops/sparse.h), chapter 10. Same name and arguments as cpu::csr_linear
-// (ops/kernels/sparse.h); pointers are device memory. f32 only.
+// sparse rows (ops/sparse.h), chapter 10. Same name and arguments as cpu::csr_linear (both
+// declared once there); pointers are device memory. f32 only.
 //
 //   y[n, o] = Σ_{k in row o} values[k] · x[n, col_index[k]]  (+ b[o])
 //
@@ -23,7 +23,7 @@
 // Build and run: part of the engine (make, or make CUDA=1); tested against the CPU by
 //   make test T='[sparse][cuda]'
 #include "common.cuh"
-#include "ops/kernels/sparse.h"
+#include "ops/sparse.h"
 
 namespace kiln::cuda {
 

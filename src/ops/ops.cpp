@@ -9,3 +9,4 @@
 #include "ops/norm.h"
 #include "ops/pool.h"
 #include "ops/reduce.h"
+#include "ops/sparse.h"

@@ -43,7 +43,7 @@
 #include <memory>
 
 #include "core/parallel.h"
-#include "ops/kernels/sparse.h"
+#include "ops/sparse.h"
 
 namespace kiln::cpu {
 namespace {

@@ -4,14 +4,14 @@
 // engine's own files include only the families they use.
 #pragma once
 #include "core/convert.h"
-#include "ops/kernels/attention.h"
-#include "ops/kernels/optim.h"
-#include "ops/kernels/quant.h"
-#include "ops/kernels/sparse.h"
 #include "ops/conv.h"
 #include "ops/elementwise.h"
 #include "ops/gemm.h"
+#include "ops/kernels/attention.h"
+#include "ops/kernels/optim.h"
+#include "ops/kernels/quant.h"
 #include "ops/loss.h"
 #include "ops/norm.h"
 #include "ops/pool.h"
 #include "ops/reduce.h"
+#include "ops/sparse.h"
