@@ -28,7 +28,7 @@
 
 #include "common.cuh"
 #include "core/cuda_memory.h"  // copy_to_host
-#include "ops/kernels/optim.h"
+#include "ops/optim.h"
 
 namespace kiln::cuda {
 

@@ -7,6 +7,7 @@
 #include "ops/gemm.h"
 #include "ops/loss.h"
 #include "ops/norm.h"
+#include "ops/optim.h"
 #include "ops/pool.h"
 #include "ops/reduce.h"
 #include "ops/sparse.h"

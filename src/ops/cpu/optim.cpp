@@ -9,7 +9,7 @@
 #include <vector>
 
 #include "core/parallel.h"
-#include "ops/kernels/optim.h"
+#include "ops/optim.h"
 
 // Below this many elements a parallel region costs more than it saves.
 static constexpr int64_t kParallelMin = 1 << 15;
