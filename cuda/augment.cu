@@ -1,4 +1,4 @@
-// augment.cu — a batch of training images made on the GPU (ops/kernels/augment.h), the twin of
+// augment.cu — a batch of training images made on the GPU (ops/augment.h), the twin of
 // the DataLoader's CPU loop (src/data/loader.cpp: fill_batch, with transforms.cpp's
 // apply_window): the same bits, so a run may build its batches on either side.
 //
@@ -15,7 +15,7 @@
 //
 //   make test T='[loader][cuda]'
 #include "common.cuh"
-#include "ops/kernels/augment.h"
+#include "ops/augment.h"
 
 namespace kiln::cuda {
 

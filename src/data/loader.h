@@ -25,7 +25,7 @@
 #include "core/tensor.h"
 #include "data/image_set.h"
 #include "data/transforms.h"
-#include "ops/kernels/augment.h"
+#include "ops/augment.h"
 
 namespace kiln {
 
@@ -59,7 +59,7 @@ struct LoaderOptions {
     // Build each batch on the GPU (device CUDA; chapter 13, as airbench does): the set's bytes go
     // up once (N·C·H·W bytes of Category::Data, kept while the loader lives), and per batch only
     // the plan does — which image, its crop, shift and flips, its label: 8 bytes an image and 16
-    // a window — and one kernel (ops/kernels/augment.h) makes the f32 batch from them: the CPU's
+    // a window — and one kernel (ops/augment.h) makes the f32 batch from them: the CPU's
     // batch, bit for bit, without the CPU's work or the upload of 4 bytes a pixel. Every
     // transform must be a window (a crop, a shift or a flip: Transform::window); Resize is refused.
     bool on_device = false;

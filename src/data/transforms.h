@@ -9,7 +9,7 @@
 #include <memory>
 #include <vector>
 
-#include "ops/kernels/augment.h"  // ImageWindow
+#include "ops/augment.h"  // ImageWindow
 
 namespace kiln {
 
@@ -21,7 +21,7 @@ public:
     virtual ImageShape output_shape(ImageShape in) const = 0;
     // in: [C, H, W] of shape `in`; out: output_shape(in). They never overlap.
     virtual void apply(const float* in, ImageShape s, float* out, uint64_t bits) const = 0;
-    // The transform as one window onto its input (ops/kernels/augment.h), for the same `bits`:
+    // The transform as one window onto its input (ops/augment.h), for the same `bits`:
     // crops, shifts and flips are; Resize is not (false). What lets the loader build a batch on
     // the GPU (LoaderOptions::on_device).
     virtual bool window(ImageShape, uint64_t, ImageWindow*) const { return false; }

@@ -4,6 +4,7 @@
 // engine's own files include only the families they use.
 #pragma once
 #include "core/convert.h"
+#include "ops/augment.h"
 #include "ops/conv.h"
 #include "ops/elementwise.h"
 #include "ops/gemm.h"

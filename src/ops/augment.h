@@ -1,7 +1,10 @@
-// augment.h — a batch of training images built on the GPU (chapter 13: the data on the device,
-// as airbench does): the images' bytes uploaded once, and per batch one kernel that picks each
-// image, normalizes it and cuts, shifts and mirrors it — what the DataLoader does on the CPU
-// (data/loader.h), with the same bits. cuda/augment.cu; the CPU's version is the loader itself.
+// augment.h — the augment family: a batch of training images built on the GPU (chapter 13: the
+// data on the device, as airbench does): the images' bytes uploaded once, and per batch one
+// kernel that picks each image, normalizes it and cuts, shifts and mirrors it — what the
+// DataLoader does on the CPU (data/loader.h), with the same bits. The kernel's contract only:
+// cuda/augment.cu; the CPU's version is the loader itself (data/loader.cpp, data/transforms.cpp),
+// and the loader calls the kernel directly, so the family has no op on tensors, no autocast class
+// and nothing under KILN_DEFINE_OPS.
 #pragma once
 #include <cstdint>
 
