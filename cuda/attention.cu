@@ -1,6 +1,6 @@
 // attention.cu — the CUDA twins of src/ops/cpu/attention.cpp: the embedding lookup and its
 // scatter-add, the softmax of rows, and causal self-attention, textbook and FlashAttention-2,
-// declared once for both in ops/kernels/attention.h (the formulas are there); pointers are device
+// declared once for both in ops/attention.h (the formulas are there); pointers are device
 // memory. Templates on the element type T (float, f16, bf16); everything is computed in float.
 //
 // Letters as in the header: B sequences, H heads, D head size, Tq query and Tk key positions,
@@ -58,7 +58,7 @@
 
 #include "common.cuh"
 #include "core/cuda_memory.h"  // copy_to_host
-#include "ops/kernels/attention.h"
+#include "ops/attention.h"
 
 namespace kiln::cuda {
 

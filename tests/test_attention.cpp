@@ -33,7 +33,6 @@
 #include "core/rng.h"
 #include "fixtures.h"
 #include "ops/attention.h"
-#include "ops/kernels/attention.h"
 
 using namespace kiln;
 using Catch::Contains;

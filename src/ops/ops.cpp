@@ -2,6 +2,7 @@
 // header defines its ops under KILN_DEFINE_OPS, which only this file defines (the stb-style
 // "implementation macro"), so the files that call an op compile a declaration only.
 #define KILN_DEFINE_OPS
+#include "ops/attention.h"
 #include "ops/conv.h"
 #include "ops/elementwise.h"
 #include "ops/gemm.h"

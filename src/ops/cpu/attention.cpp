@@ -1,4 +1,4 @@
-// attention.cpp — chapter 14's kernels on the CPU (contracts and formulas: ops/kernels/attention.h):
+// attention.cpp — chapter 14's kernels on the CPU (contracts and formulas: ops/attention.h):
 // the embedding lookup and its scatter-add, the softmax of rows, and causal self-attention, the
 // textbook version and FlashAttention-2's.
 //
@@ -25,7 +25,7 @@
 
 #include "core/error.h"
 #include "core/parallel.h"
-#include "ops/kernels/attention.h"
+#include "ops/attention.h"
 #include "ops/gemm.h"
 
 namespace kiln::cpu {

@@ -4,11 +4,11 @@
 // engine's own files include only the families they use.
 #pragma once
 #include "core/convert.h"
+#include "ops/attention.h"
 #include "ops/augment.h"
 #include "ops/conv.h"
 #include "ops/elementwise.h"
 #include "ops/gemm.h"
-#include "ops/kernels/attention.h"
 #include "ops/kernels/quant.h"
 #include "ops/loss.h"
 #include "ops/norm.h"
