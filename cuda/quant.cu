@@ -2,13 +2,13 @@
 // int8 matrix product on __dp4a, requantization, the int8 Linear and convolution (groups 1 and
 // depthwise), u8 max and global average pooling, table lookups, the sum of two u8 tensors, and
 // fake quantization for quantization-aware training. Same names and arguments as the CPU's
-// (declared once for both in ops/kernels/quant.h); every pointer is device memory, QOutput's too.
+// (declared once for both in ops/quant.h); every pointer is device memory, QOutput's too.
 //
 // Every result is the CPU's, bit for bit:
 //   - the integer kernels add exact int32 products, and integer addition gives the same sum in
-//     any order (no overflow while K < 65793, ops/kernels/quant.h's bound), so no tiling changes a bit;
+//     any order (no overflow while K < 65793, ops/quant.h's bound), so no tiling changes a bit;
 //   - quantize, dequantize, fake quantization, requantization and qadd call the CPU's own
-//     arithmetic (ops/qparams.h, ops/kernels/quant.h's qadd_value, KILN_HOST_DEVICE): one correctly
+//     arithmetic (ops/qparams.h, ops/quant.h's qadd_value, KILN_HOST_DEVICE): one correctly
 //     rounded float division (1/scale, as the CPU takes it per channel; nvcc divides exactly
 //     unless -use_fast_math), one multiply, rintf, integer shifts — operations that round the
 //     same way on both.
@@ -45,7 +45,7 @@
 // Build and run: part of the engine (make, or make CUDA=1); tested against the CPU by
 //   make test T='[quant][cuda]'
 #include "common.cuh"
-#include "ops/kernels/quant.h"
+#include "ops/quant.h"
 
 namespace kiln::cuda {
 
@@ -426,7 +426,7 @@ void lookup_u8(const uint8_t* x, uint8_t* y, int64_t outer, int64_t C, int64_t i
 }
 
 // ==== the sum of two u8 tensors ==============================================================================
-// y[i] = qadd_value(a[i], b[i], q)   (ops/kernels/quant.h: the fixed-point formula, shared with the CPU)
+// y[i] = qadd_value(a[i], b[i], q)   (ops/quant.h: the fixed-point formula, shared with the CPU)
 __global__ void qadd_kernel(const uint8_t* a, const uint8_t* b, uint8_t* y, int64_t n, QAddParams q) {
     for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
         y[i] = qadd_value(a[i], b[i], q);

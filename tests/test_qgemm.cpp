@@ -277,7 +277,7 @@ TEST_CASE("cuda qgemm_u8s8 (dp4a) matches the CPU exactly", "[lesson11][cuda][qu
 TEST_CASE("cuda qgemm_u8s8 is exact at the extremes, up to the contract's largest K", "[lesson11][cuda][quant][qgemm]") {
     // A = 255, B = −128 everywhere: every product is −32640, and the flip's two sums are at their
     // largest: Σ (a − 128)·b = −16256·K and 128·Σ b = −16384·K. K = 65792 is the largest K for which
-    // K·255·128 < 2^31 (ops/kernels/quant.h): C = −2,147,450,880, 32,768 from int32's minimum.
+    // K·255·128 < 2^31 (ops/quant.h): C = −2,147,450,880, 32,768 from int32's minimum.
     for (int64_t K : {int64_t(5), int64_t(1001), int64_t(65792)}) {
         const int64_t M = 3, N = 2;
         check_qgemm(M, N, K, K, K, N, std::vector<uint8_t>(static_cast<size_t>(M * K), 255),

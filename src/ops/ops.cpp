@@ -10,5 +10,6 @@
 #include "ops/norm.h"
 #include "ops/optim.h"
 #include "ops/pool.h"
+#include "ops/quant.h"
 #include "ops/reduce.h"
 #include "ops/sparse.h"

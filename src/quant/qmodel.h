@@ -55,7 +55,7 @@ struct QuantConfig {
     Observer activations = Observer::Histogram;
     // Activations in [0, 127] instead of [0, 255]: one bit of resolution less, for CPUs whose
     // int8 products are summed in pairs into 16 bits (AVX2's vpmaddubsw): 2·255·127 overflows
-    // them, 2·127·127 does not (ops/kernels/quant.h). PyTorch's fbgemm does the same.
+    // them, 2·127·127 does not (ops/quant.h). PyTorch's fbgemm does the same.
     bool reduce_range = false;
     int32_t act_qmax() const { return reduce_range ? kActQmaxReduced : kActQmax; }
 };

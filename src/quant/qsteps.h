@@ -45,7 +45,7 @@ public:
 };
 
 // A convolution or a Linear: i8 weight [O, ...] with one scale per output channel, the bias as
-// int32 in units of s_x·s_w[o], and what requantizes the sums (ops/kernels/quant.h's QOutput). A fused
+// int32 in units of s_x·s_w[o], and what requantizes the sums (ops/quant.h's QOutput). A fused
 // ReLU clamps at the output's zero point, and at its cap (ReLU6: 6) when it has one.
 class WeightedStep : public QStep {
 public:

@@ -1,5 +1,5 @@
 // qgemm.cpp — the int8 matrix products on the CPU (chapter 11), u8 × i8 → int32. The contract
-// is in ops/kernels/quant.h, the paths' names and how one is picked in qgemm.h.
+// is in ops/quant.h, the paths' names and how one is picked in qgemm.h.
 //
 //   qgemm_u8s8: C[m, n] = Σ_k A[m, k] · B[n, k]   A u8 [M, K], B i8 [N, K] (a Linear's weight)
 //   qgemm_s8u8: C[m, n] = Σ_k A[m, k] · B[k, n]   A i8 [M, K] (a conv's weight [O, C·KH·KW]),
@@ -51,7 +51,7 @@
 //                 (no 16-bit intermediate, no saturation: the full u8 range, in one instruction).
 //   avx512-vnni   the same on zmm: 16 lanes, NR = 32.
 // Every path gives the same C: integer sums are exact whatever their order (while they fit
-// in int32, which ops/kernels/quant.h's bound on K guarantees).
+// in int32, which ops/quant.h's bound on K guarantees).
 //
 // ---- Blocking ----------------------------------------------------------------------------------
 // B (a Linear's weight for qgemm_u8s8, one image's pixels for qgemm_s8u8) is packed whole, once
@@ -85,7 +85,7 @@
 #include "core/cpu_features.h"
 #include "core/error.h"
 #include "core/parallel.h"
-#include "ops/kernels/quant.h"
+#include "ops/quant.h"
 
 #if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>

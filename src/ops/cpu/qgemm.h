@@ -1,4 +1,4 @@
-// qgemm.h — the paths of the int8 matrix products qgemm_u8s8 and qgemm_s8u8 (ops/kernels/quant.h has
+// qgemm.h — the paths of the int8 matrix products qgemm_u8s8 and qgemm_s8u8 (ops/quant.h has
 // their contracts), for tests, benchmarks and logs (chapter 11). qgemm.cpp explains each one.
 //
 // Each picks its path on every call from what the CPU reports (core/cpu_features.h),
@@ -32,7 +32,7 @@ std::vector<QgemmPath> qgemm_available_paths();
 void qgemm_u8s8_on(QgemmPath path, int64_t M, int64_t N, int64_t K, const uint8_t* A, int64_t lda,
                    const int8_t* B, int64_t ldb, int32_t* C, int64_t ldc, int32_t a_max);
 
-// qgemm_s8u8 (ops/kernels/quant.h) on a given path, as qgemm_u8s8_on; b_max bounds B, its u8 operand.
+// qgemm_s8u8 (ops/quant.h) on a given path, as qgemm_u8s8_on; b_max bounds B, its u8 operand.
 void qgemm_s8u8_on(QgemmPath path, int64_t M, int64_t N, int64_t K, const int8_t* A, int64_t lda,
                    const uint8_t* B, int64_t ldb, int32_t* C, int64_t ldc, int32_t b_max);
 

@@ -1,4 +1,4 @@
-// quant.cpp — the CPU kernels of chapter 11 (declared, with their formulas, in ops/kernels/quant.h):
+// quant.cpp — the CPU kernels of chapter 11 (declared, with their formulas, in ops/quant.h):
 // quantize and dequantize, requantization, the int8 Linear and convolution (groups 1 and
 // depthwise), u8 max and global average pooling, table lookups, the sum of two u8 tensors, and
 // fake quantization for quantization-aware training. The int8 matrix product itself, with its
@@ -15,7 +15,7 @@
 #include "ops/cpu/conv_tasks.h"
 #include "ops/cpu/qgemm.h"
 #include "ops/conv.h"  // im2col
-#include "ops/kernels/quant.h"
+#include "ops/quant.h"
 
 #if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
@@ -25,7 +25,7 @@
 
 namespace kiln {
 
-// ==== qadd's fixed-point numbers (ops/kernels/quant.h has the formula) ====================================
+// ==== qadd's fixed-point numbers (ops/quant.h has the formula) ====================================
 QAddParams qadd_params(const QParams& a, const QParams& b, const QParams& out) {
     const char* op = "qadd";
     for (const QParams* qp : {&a, &b, &out})
