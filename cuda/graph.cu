@@ -20,7 +20,10 @@ namespace {
 std::atomic<int64_t> graphs_launched{0};
 }  // namespace
 
-Graph::~Graph() { reset(); }
+Graph::~Graph() {
+    reset();
+    if (stream_) (void)cudaStreamDestroy(static_cast<cudaStream_t>(stream_));
+}
 
 void Graph::reset() {
     if (exec_) (void)cudaGraphExecDestroy(static_cast<cudaGraphExec_t>(exec_));
