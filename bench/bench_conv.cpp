@@ -20,7 +20,7 @@
 #include <vector>
 
 #include "nn/conv.h"
-#include "ops/kernels/all.h"
+#include "ops/all.h"
 #include "ops/cpu/winograd.h"
 
 using namespace kiln;

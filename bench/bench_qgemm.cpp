@@ -40,7 +40,7 @@
 #include "core/allocator.h"
 #include "core/cpu_features.h"
 #include "nn/models.h"
-#include "ops/kernels/all.h"
+#include "ops/all.h"
 #include "ops/quant.h"
 #include "quant/fold.h"
 #include "quant/qmodel.h"

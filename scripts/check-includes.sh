@@ -4,8 +4,8 @@
 #
 #   core < io < ops < nn < optim < quant < data < train < dist < mpi
 #
-# The kernels stand beside ops: src/ops/kernels/, src/ops/cpu/ and the CUDA kernels in cuda/
-# (with its emulator, cuda/emu/) include only core/, the kernel headers (ops/kernels/, ops/cpu/),
+# The kernels stand beside ops: src/ops/cpu/ and the CUDA kernels in cuda/ (with its emulator,
+# cuda/emu/) include only core/, the CPU kernels' own headers (ops/cpu/),
 # a family's header in src/ops/ (ops/norm.h: the family's kernel contract, KILN_KERNEL, with its
 # ops), the sizes the kernels take (ops/params.h, ops/qparams.h) and cuda/'s own files. The kernel lab (cuda/lab/), the lessons, tests and benchmarks stand above it all.
 #
@@ -28,7 +28,7 @@ for i in "${!order[@]}"; do rank[${order[$i]}]=$i; done
 # The headers a kernel may include, as patterns on the included path.
 kernel_ok() {
     case $1 in
-        core/* | ops/kernels/* | ops/cpu/* | ops/params.h | ops/qparams.h) return 0 ;;
+        core/* | ops/cpu/* | ops/params.h | ops/qparams.h) return 0 ;;
         ops/*.h) grep -qE '^KILN_(CPU_|CUDA_)?KERNEL\(' "src/$1" 2>/dev/null ;;  # a family's header
         */*) [[ ${1%%/*} == emu ]] ;;  # cuda/'s emulator, named from cuda/
         *) return 0 ;;                  # a file of the kernel's own folder (common.cuh)
@@ -44,9 +44,9 @@ while IFS= read -r hit; do
     inc=${inc%%\"*}
     where="$file:$line: includes \"$inc\""
     case $file in
-        src/ops/kernels/* | src/ops/cpu/* | cuda/*)
+        src/ops/cpu/* | cuda/*)
             if ! kernel_ok "$inc"; then
-                echo "check-includes: $where: a kernel includes only core/, ops/kernels/, ops/cpu/, a family's header in ops/ (its KILN_KERNEL contract), ops/params.h, ops/qparams.h and cuda/'s own files"
+                echo "check-includes: $where: a kernel includes only core/, ops/cpu/, a family's header in ops/ (its KILN_KERNEL contract), ops/params.h, ops/qparams.h and cuda/'s own files"
                 bad=$((bad + 1))
             fi
             continue ;;

@@ -20,7 +20,7 @@
 #include "core/rng.h"
 #include "core/tensor.h"
 #include "fixtures.h"
-#include "ops/kernels/all.h"
+#include "ops/all.h"
 #ifndef KILN_CUDA
 #include "kiln_cuda.h"  // the emulator's schedule switch
 #endif

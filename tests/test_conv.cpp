@@ -30,7 +30,7 @@
 #include "ops/cpu/gemm.h"
 #include "ops/cpu/short_rows.h"
 #include "ops/cpu/winograd.h"
-#include "ops/kernels/all.h"
+#include "ops/all.h"
 #ifndef KILN_CUDA
 #include "kiln_cuda.h"  // the emulator's counter of wmma operations
 #endif

@@ -20,7 +20,7 @@
 #include "lowp_check.h"
 #include "nn/misc.h"
 #include "ops/elementwise.h"
-#include "ops/kernels/all.h"
+#include "ops/all.h"
 
 using namespace kiln;
 using test::require_close;

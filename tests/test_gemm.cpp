@@ -32,7 +32,7 @@
 #include "fixtures.h"
 #include "gemm_versions.h"
 #include "lowp_check.h"
-#include "ops/kernels/all.h"
+#include "ops/all.h"
 #include "ops/cpu/gemm.h"
 #include "ops/cpu/gemm_blocks.h"
 #include "ops/cpu/gemm_tile.h"

@@ -23,7 +23,7 @@
 #include "gradcheck.h"
 #include "lowp_check.h"
 #include "nn/norm.h"
-#include "ops/kernels/all.h"
+#include "ops/all.h"
 #include "ops/norm.h"
 
 using namespace kiln;

@@ -25,7 +25,7 @@
 #include "core/rng.h"
 #include "fixtures.h"
 #include "lowp_check.h"
-#include "ops/kernels/all.h"
+#include "ops/all.h"
 #include "ops/ops.h"
 
 using namespace kiln;

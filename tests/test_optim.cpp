@@ -19,7 +19,7 @@
 #include "core/rng.h"
 #include "fixtures.h"
 #include "nn/models.h"
-#include "ops/kernels/all.h"
+#include "ops/all.h"
 #include "ops/ops.h"
 #include "ops/optim.h"
 #include "optim/adam.h"

@@ -18,7 +18,7 @@
 #include "gradcheck.h"
 #include "lowp_check.h"
 #include "nn/pool.h"
-#include "ops/kernels/all.h"
+#include "ops/all.h"
 
 using namespace kiln;
 using test::cuda_copy;

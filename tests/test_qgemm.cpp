@@ -31,7 +31,7 @@
 #include "core/error.h"
 #include "fixtures.h"
 #include "ops/cpu/qgemm.h"
-#include "ops/kernels/all.h"
+#include "ops/all.h"
 #include "quant_check.h"
 
 using namespace kiln;

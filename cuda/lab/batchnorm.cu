@@ -32,7 +32,7 @@
 #include <string>
 
 #include "common.h"
-#include "ops/kernels/all.h"
+#include "ops/all.h"
 
 namespace kiln::lab {
 

@@ -9,7 +9,7 @@
 //                       emulator's times would measure the CPU)
 //   make CUDA=1 lab     nvcc, cuBLAS and cuDNN: validates at the real sizes, then times each
 //                       version and prints it as a share of the library's (the reference)
-// The engine's kernels come from libkiln.a, declared in ops/kernels/ and gemm_versions.h;
+// The engine's kernels come from libkiln.a, declared in the family headers of src/ops/ (ops/all.h) and gemm_versions.h;
 // the lab never copies them. cuBLAS and cuDNN are linked into the lab binaries only.
 #pragma once
 #include <algorithm>

@@ -47,7 +47,7 @@
 
 #include "common.h"
 #include "nn/conv.h"
-#include "ops/kernels/all.h"
+#include "ops/all.h"
 
 namespace kiln::lab {
 

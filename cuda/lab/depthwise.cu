@@ -41,7 +41,7 @@
 
 #include "common.cuh"  // KILN_UNROLL
 #include "common.h"
-#include "ops/kernels/all.h"
+#include "ops/all.h"
 
 namespace kiln::lab {
 

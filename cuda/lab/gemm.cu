@@ -55,7 +55,7 @@
 #include "gemm_launch.cuh"
 #include "gemm_versions.h"
 #include "ops/cpu/gemm.h"
-#include "ops/kernels/all.h"
+#include "ops/all.h"
 
 namespace kiln::lab {
 

@@ -34,7 +34,7 @@
 #include <cstdint>
 
 #include "common.h"
-#include "ops/kernels/all.h"
+#include "ops/all.h"
 
 namespace kiln::lab {
 
