@@ -264,6 +264,39 @@ TEST_CASE("batches built on the GPU are the CPU's, bit for bit", "[loader][cuda]
     }
 }
 
+// Chapter 13's test-time views: several loaders of one set, each with its windows, read one copy
+// of its bytes on the GPU (LoaderOptions::device_set) — and still make the CPU's batches.
+TEST_CASE("loaders of one set share its bytes on the GPU", "[loader][cuda][lesson13]") {
+    ImageSet s;
+    s.n = 11; s.c = 3; s.h = 6; s.w = 5;
+    for (int64_t i = 0; i < s.n * s.c * s.h * s.w; i++) s.pixels.push_back(uint8_t((i * 53 + i / 7) % 256));
+    for (int64_t i = 0; i < s.n; i++) s.labels.push_back(int32_t(i % 10));
+    LoaderOptions o{4, false, false, 3, {0.4f, 0.5f, 0.6f}, {0.2f, 0.25f, 0.3f}, Device::CUDA};
+    o.on_device = true;
+    DataLoader plain(s, o);
+    o.transforms = {std::make_shared<Translate>(1, 1, Padding::Reflect), std::make_shared<RandomHorizontalFlip>(1.0f)};
+    o.device_set = plain.device_set();
+    DataLoader view(s, o);
+    REQUIRE(view.device_set().raw() == plain.device_set().raw());  // no second upload
+    o.on_device = false, o.device_set = {};
+    DataLoader on_cpu(s, o);
+    Batch a, b;
+    int64_t batches = 0;
+    while (on_cpu.next(a)) {
+        REQUIRE(view.next(b));
+        const Tensor xa = a.x.to(Device::CPU), xb = b.x.to(Device::CPU);
+        REQUIRE(std::memcmp(xa.raw(), xb.raw(), xa.nbytes()) == 0);
+        batches++;
+    }
+    REQUIRE(batches == 3);
+    // another set's bytes (a different size) are refused, naming what was expected
+    ImageSet other = s;
+    other.n = 10, other.pixels.resize(size_t(10 * 3 * 6 * 5)), other.labels.resize(10);
+    o.on_device = true, o.device_set = plain.device_set();
+    REQUIRE_THROWS_WITH(DataLoader(other, o), Catch::Contains("device_set must be the bytes of this set") &&
+                                                  Catch::Contains("900 u8 on cuda") && Catch::Contains("got 990"));
+}
+
 TEST_CASE("on_device refuses what it cannot build, and the CPU device", "[loader][cuda][lesson13]") {
     ImageSet s = tiny_set();
     LoaderOptions o{4, true, false, 1, {}, {}, Device::CUDA};

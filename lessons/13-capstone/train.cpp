@@ -74,9 +74,13 @@ struct Flags {
 
 const float kMean[] = {0.4914f, 0.4822f, 0.4465f}, kStd[] = {0.2470f, 0.2435f, 0.2616f};
 
-LoaderOptions test_options(const Flags& f, Transforms views, Device device) {
+// The test set's loaders: on a GPU the images go up once (`shared`: the plain loader's copy, which
+// every view reads) and a kernel makes each view's batch, as the training batches are made.
+LoaderOptions test_options(const Flags& f, Transforms views, Device device, const Tensor& shared = {}) {
     LoaderOptions o{500, false, false, f.common.seed, {kMean, kMean + 3}, {kStd, kStd + 3}, device};
     o.transforms = std::move(views);
+    o.on_device = device == Device::CUDA;
+    o.device_set = shared;
     return o;
 }
 
@@ -95,18 +99,20 @@ Tensor whitening_sample(const ImageSet& train, const Flags& f) {
 // The test images through the views of --tta, with airbench's weights: the image and its mirror
 // ½ together, each 1-pixel shift (up-left, down-right) and its mirror ½ together. Without the
 // step arena: an arena frees nothing until its reset, and six views of a batch would all stay.
-// `plain` is the test set's loader as it is; the views get loaders of their own.
+// `plain` is the test set's loader as it is; the views get loaders of their own (on a GPU they
+// read the set's bytes that `plain` uploaded).
 double test_accuracy(const Flags& f, Module& net, const ImageSet& test, DataLoader& plain, Device device) {
     if (f.tta == 0) return evaluate(net, plain);
     const auto flip = std::make_shared<RandomHorizontalFlip>(1.0f);
+    const Tensor& bytes = plain.device_set();
     std::vector<std::unique_ptr<DataLoader>> views;
-    views.push_back(std::make_unique<DataLoader>(test, test_options(f, {flip}, device)));
+    views.push_back(std::make_unique<DataLoader>(test, test_options(f, {flip}, device, bytes)));
     std::vector<float> weights{0.5f, 0.5f};
     if (f.tta >= 2) {
         for (int64_t d : {-1, 1}) {
             const auto shift = std::make_shared<Translate>(d, d, Padding::Reflect);
-            views.push_back(std::make_unique<DataLoader>(test, test_options(f, {shift}, device)));
-            views.push_back(std::make_unique<DataLoader>(test, test_options(f, {shift, flip}, device)));
+            views.push_back(std::make_unique<DataLoader>(test, test_options(f, {shift}, device, bytes)));
+            views.push_back(std::make_unique<DataLoader>(test, test_options(f, {shift, flip}, device, bytes)));
         }
         weights = {0.25f, 0.25f, 0.125f, 0.125f, 0.125f, 0.125f};
     }

@@ -46,7 +46,8 @@ Normalize normalize_of(const LoaderOptions& o, int64_t channels) {
 
 }  // namespace
 
-// on_device: the windows' sizes and Normalize for the kernel, then the set's bytes, once.
+// on_device: the windows' sizes and Normalize for the kernel, then the set's bytes, once (or
+// another loader's, LoaderOptions::device_set).
 void DataLoader::upload_set() {
     const int64_t windows = int64_t(opt_.alternating_flip) + int64_t(opt_.transforms.size());
     KILN_CHECK(opt_.device == Device::CUDA, "DataLoader: on_device builds batches on a GPU: set device to cuda");
@@ -70,6 +71,16 @@ void DataLoader::upload_set() {
                    " is none of them (a Resize?): build the batches on the CPU (on_device = false)");
         s = opt_.transforms[t]->output_shape(s);
         ++k, g.h[k] = int32_t(s.h), g.w[k] = int32_t(s.w);
+    }
+    const Tensor& shared = opt_.device_set;
+    if (shared.defined()) {  // another loader's copy of this set
+        KILN_CHECK(shared.device() == Device::CUDA && shared.dtype() == DType::U8 &&
+                       shared.numel() == int64_t(set_.pixels.size()),
+                   "DataLoader: device_set must be the bytes of this set on the GPU (", set_.pixels.size(),
+                   " u8 on cuda), got ", shared.numel(), " ", dtype_name(shared.dtype()), " on ",
+                   device_name(shared.device()), ": pass device_set() of a loader of the same set");
+        device_pixels_ = shared;
+        return;
     }
     device_pixels_ = Tensor::empty({int64_t(set_.pixels.size())}, DType::U8, Device::CUDA, Category::Data);
     cuda::copy_to_device(device_pixels_.raw(), set_.pixels.data(), set_.pixels.size());

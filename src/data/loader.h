@@ -63,6 +63,10 @@ struct LoaderOptions {
     // batch, bit for bit, without the CPU's work or the upload of 4 bytes a pixel. Every
     // transform must be a window (a crop, a shift or a flip: Transform::window); Resize is refused.
     bool on_device = false;
+    // on_device: the set's bytes already on the GPU — another loader's device_set() for the same
+    // ImageSet — shared instead of uploaded again (the test-time views of chapter 13: six loaders,
+    // one copy of the test set). Empty: this loader uploads its own.
+    Tensor device_set = {};
 };
 
 class DataLoader {
@@ -81,6 +85,7 @@ public:
     const ImageSet& set() const { return set_; }
     const LoaderOptions& options() const { return opt_; }
     ImageShape image_shape() const { return out_shape_; }  // after the transforms
+    const Tensor& device_set() const { return device_pixels_; }  // on_device: the set's bytes on the GPU
 
 private:
     // Where image `position` of this epoch's order (this rank's share) comes from, and how it is
