@@ -90,8 +90,10 @@ __device__ __forceinline__ T* array_at(const SegmentTable<Arrays>& table, int a,
 //   if momentum ≠ 0:  buf = first ? g : momentum·buf + (1 − dampening)·g
 //                     g   = nesterov ? g + momentum·buf : buf
 //   p −= lr·g
-__global__ void sgd_update_kernel(SegmentTable<3> table, float lr, float momentum, float dampening,
-                                  float weight_decay, bool nesterov, bool first_step) {
+// lr_at: a capturable optimizer's lr in device memory (read when the kernel runs), or null.
+__global__ void sgd_update_kernel(SegmentTable<3> table, float lr, const float* lr_at, float momentum,
+                                  float dampening, float weight_decay, bool nesterov, bool first_step) {
+    if (lr_at) lr = *lr_at;
     const int64_t n = table.start[table.count];
     for (int64_t e = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; e < n; e += int64_t(gridDim.x) * blockDim.x) {
         const int t = segment_of(table, e);
@@ -114,19 +116,20 @@ void sgd_update(float* const* p, const float* const* grad, float* const* buf, co
                                                       reinterpret_cast<const void* const*>(buf)};
     for_each_table<3>(sizes, count, arrays, [&](const SegmentTable<3>& table) {
         const dim3 grid(detail::blocks_for(table.start[table.count])), block(detail::kBlock);
-        KILN_LAUNCH(sgd_update_kernel, grid, block, 0)(table, s.lr, s.momentum, s.dampening, s.weight_decay,
-                                                       s.nesterov, s.first_step);
+        KILN_LAUNCH(sgd_update_kernel, grid, block, 0)(table, s.lr, s.scalars, s.momentum, s.dampening,
+                                                       s.weight_decay, s.nesterov, s.first_step);
         KILN_CHECK_LAUNCH(sgd_update_kernel, grid, block);
     });
 }
 
 // PyTorch's Adam / AdamW, per parameter i (step_size = lr / (1 − β1^t), bc2_sqrt = sqrt(1 − β2^t),
-// decay = 1 − lr·wd, computed once on the host):
+// decay = 1 − lr·wd, computed once on the host, or read from a.scalars when the kernel runs):
 //   AdamW: p = decay·p     Adam: g = grad + wd·p
 //   m = β1·m + (1 − β1)·g;   v = β2·v + (1 − β2)·g²;   v_max = max(v_max, v)   (AMSGrad: v_max ≠ null)
 //   p −= step_size · m / (sqrt(v or v_max) / bc2_sqrt + eps)
 __global__ void adam_update_kernel(SegmentTable<5> table, AdamParams a, float step_size, float bc2_sqrt,
                                    float decay) {
+    if (a.scalars) step_size = a.scalars[0], bc2_sqrt = a.scalars[1], decay = a.scalars[2];
     const int64_t n = table.start[table.count];
     for (int64_t e = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; e < n; e += int64_t(gridDim.x) * blockDim.x) {
         const int t = segment_of(table, e);

@@ -30,6 +30,10 @@ struct SgdParams {
     float lr, momentum, dampening, weight_decay;
     bool nesterov;
     bool first_step;  // buf := g (the buffers start as the first gradient)
+    // A capturable optimizer's (optim/optimizer.h): where the kernel reads lr when it runs — one
+    // float in memory of the parameters' device, rewritten before each step — in place of `lr`
+    // above, which a captured CUDA Graph would replay unchanged. Null: `lr`.
+    const float* scalars = nullptr;
 };
 
 // One step of PyTorch's Adam or AdamW (the rule, and what each buffer is: src/optim/adam.h):
@@ -45,6 +49,10 @@ struct AdamParams {
     double step_size() const { return double(lr) / (1.0 - std::pow(double(beta1), double(step))); }
     double bias_correction2_sqrt() const { return std::sqrt(1.0 - std::pow(double(beta2), double(step))); }
     double decay() const { return 1.0 - double(lr) * double(weight_decay); }
+    // A capturable optimizer's: where the kernel reads {step_size, bias_correction2_sqrt, decay}
+    // (as floats) when it runs, in place of the three above (which depend on lr and t, both of
+    // which a captured graph would replay unchanged). Null: computed from the fields.
+    const float* scalars = nullptr;
 };
 
 // The updates take a whole parameter group at once, PyTorch's foreach way: `count` segments, one

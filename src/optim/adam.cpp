@@ -48,11 +48,23 @@ void Adam::step() {
     steps_++;
 }
 
+AdamParams Adam::params_of(const ParamGroup& group, int64_t t) const {
+    return AdamParams{group.lr, opt_.beta1, opt_.beta2, opt_.eps, group.weight_decay, decoupled_, t};
+}
+
+void Adam::step_scalars(const ParamGroup& group, int64_t t, float* out) const {
+    const AdamParams a = params_of(group, t);
+    out[0] = float(a.step_size()), out[1] = float(a.bias_correction2_sqrt()), out[2] = float(a.decay());
+}
+
 void Adam::update(const std::vector<bool>& which) {
     if (exp_avg_.empty()) create_moments();
+    write_scalars_unless_capturing(steps_ + 1);
     size_t i = 0;  // the parameter's index over all groups: its moments
-    for (ParamGroup& group : groups_) {
-        const AdamParams a{group.lr, opt_.beta1, opt_.beta2, opt_.eps, group.weight_decay, decoupled_, steps_ + 1};
+    for (size_t k = 0; k < groups_.size(); k++) {
+        const ParamGroup& group = groups_[k];
+        AdamParams a = params_of(group, steps_ + 1);
+        a.scalars = scalars_of(k);
         std::vector<Tensor> w, g, m, v, v_max;
         for (Parameter* param : group.params) {
             if (which.at(i)) {

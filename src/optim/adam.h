@@ -14,6 +14,8 @@
 
 namespace kiln {
 
+struct AdamParams;  // ops/optim.h
+
 // Adam (torch.optim.Adam). At step t = 1, 2, ..., for each parameter p with gradient g, m and v
 // starting at 0:
 //   g     = g + weight_decay · p                  (L2 penalty, added to the gradient)
@@ -50,6 +52,7 @@ public:
     Adam(std::vector<ParamGroup> groups, Options options);
     void step() override;
     void update(const std::vector<bool>& which) override;
+    bool can_capture() const override { return true; }
     std::vector<Tensor> state_of(size_t i) const override {  // m, v (and v_max with AMSGrad)
         std::vector<Tensor> state;
         for (const std::vector<Tensor>* moments : {&exp_avg_, &exp_avg_sq_, &max_exp_avg_sq_})
@@ -65,6 +68,8 @@ public:
 
 protected:
     Adam(std::vector<ParamGroup> groups, Options options, bool decoupled);
+    // step size lr / (1 − β1^t), sqrt(1 − β2^t), AdamW's 1 − lr·wd: AdamParams' three, as floats
+    void step_scalars(const ParamGroup& group, int64_t t, float* out) const override;
 
 private:
     Options opt_;
@@ -74,6 +79,7 @@ private:
     std::vector<Tensor> exp_avg_, exp_avg_sq_, max_exp_avg_sq_;
 
     const char* name() const { return decoupled_ ? "AdamW" : "Adam"; }
+    AdamParams params_of(const ParamGroup& group, int64_t t) const;
     void create_moments();  // zeros, on the parameters' device
 };
 

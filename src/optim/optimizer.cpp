@@ -4,6 +4,7 @@
 
 #include <cfloat>
 #include <cmath>
+#include <cstring>
 
 #include "ops/ops.h"
 #include "ops/optim.h"
@@ -49,6 +50,41 @@ std::vector<Tensor> state_slab(const Optimizer& optimizer) {
             device = p->value.device();
         }
     return make_slab(shapes, DType::F32, device, Category::OptimizerState).views;
+}
+
+void Optimizer::step_scalars(const ParamGroup& group, int64_t t, float* out) const {
+    (void)group, (void)t, (void)out;
+    KILN_FAIL("optimizer: this one has no scalars in device memory (can_capture() is false)");
+}
+
+void Optimizer::make_capturable() {
+    KILN_CHECK(can_capture(), "optimizer: this one cannot be captured in a CUDA Graph: only SGD, Adam and AdamW read "
+               "their step's scalars (lr, bias corrections) from device memory");
+    if (capturable()) return;
+    const Device device = groups_.front().params.front()->value.device();
+    scalars_ = Tensor::empty({int64_t(groups_.size()) * kScalars}, DType::F32, device, Category::OptimizerState);
+    if (device == Device::CUDA) staging_ = std::make_shared<cuda::PinnedStaging>();
+}
+
+void Optimizer::write_scalars(int64_t t) {
+    KILN_CHECK(capturable(), "optimizer: write_scalars before make_capturable");
+    std::vector<float> host(groups_.size() * kScalars, 0.0f);
+    for (size_t g = 0; g < groups_.size(); g++) step_scalars(groups_[g], t, host.data() + g * kScalars);
+    const size_t bytes = host.size() * sizeof(float);
+    if (!staging_) {
+        std::memcpy(scalars_.raw(), host.data(), bytes);
+        return;
+    }
+    staging_->begin(bytes);
+    staging_->copy_to_device(scalars_.raw(), host.data(), bytes);
+}
+
+void Optimizer::write_scalars_unless_capturing(int64_t t) {
+    if (capturable() && !cuda::capturing()) write_scalars(t);
+}
+
+const float* Optimizer::scalars_of(size_t group) const {
+    return capturable() ? static_cast<const float*>(scalars_.raw()) + group * kScalars : nullptr;
 }
 
 void Optimizer::set_lr(float learning_rate) {
@@ -107,8 +143,10 @@ void SGD::step() {
 void SGD::update(const std::vector<bool>& which) {
     const bool first = buf_.empty() || steps_ == 0;
     if (buf_.empty() && opt_.momentum != 0.0f) buf_ = state_slab(*this);
+    write_scalars_unless_capturing(steps_ + 1);
     size_t i = 0;  // the parameter's index over all groups: its buffer
-    for (ParamGroup& group : groups_) {
+    for (size_t k = 0; k < groups_.size(); k++) {
+        const ParamGroup& group = groups_[k];
         std::vector<Tensor> w, g, buf;
         for (Parameter* param : group.params) {
             if (which.at(i)) {
@@ -120,8 +158,14 @@ void SGD::update(const std::vector<bool>& which) {
         }
         if (!w.empty())
             sgd_update(w, g, buf,
-                       SgdParams{group.lr, opt_.momentum, opt_.dampening, group.weight_decay, opt_.nesterov, first});
+                       SgdParams{group.lr, opt_.momentum, opt_.dampening, group.weight_decay, opt_.nesterov, first,
+                                 scalars_of(k)});
     }
+}
+
+void SGD::step_scalars(const ParamGroup& group, int64_t t, float* out) const {
+    (void)t;
+    out[0] = group.lr;
 }
 
 // Keys: <prefix>.steps, <prefix>.group<g>.lr, <prefix>.<parameter name>.momentum_buffer

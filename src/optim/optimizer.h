@@ -1,9 +1,11 @@
 // optimizer.h — updates parameters from their gradients. Chapter 02 uses SGD with momentum;
 // chapter 07 adds the rest (Adam, AdamW, schedulers).
 #pragma once
+#include <memory>
 #include <string>
 #include <vector>
 
+#include "core/cuda_memory.h"
 #include "core/state.h"
 #include "nn/module.h"
 
@@ -53,6 +55,20 @@ public:
     // ran, the host's code did not, so the count is advanced here.
     void count_replayed_step() { steps_++; }
 
+    // ---- capturable: the step's scalars in device memory (train/step_graph.h) ---------------
+    // A captured graph replays its kernels' arguments as they were at the capture — the lr, and
+    // Adam's bias corrections, which change with the step count t. Once make_capturable() has
+    // run, the update kernels read each group's scalars (SGD: lr; Adam: lr / (1 − β1^t),
+    // sqrt(1 − β2^t), 1 − lr·wd) from a small array on the parameters' device instead (PyTorch's
+    // capturable=True keeps lr and the step there for the same reason). An uncaptured step
+    // writes them itself; whoever launches a captured step writes them first: write_scalars(t),
+    // one host-to-device copy that does not wait for the device (cuda::PinnedStaging). The same
+    // floats, read from memory: the same bits. SGD, Adam and AdamW can; can_capture() says.
+    virtual bool can_capture() const { return false; }
+    void make_capturable();  // refused, naming why, when !can_capture()
+    bool capturable() const { return scalars_.defined(); }
+    void write_scalars(int64_t t);  // each group's scalars for step t
+
     // ---- a step in parts, overlapped with backward (chapter 15: optim/offload.h) ----------
     // update(which) applies this step's rule (step count steps() + 1) to the parameters i (groups
     // in order) with which[i], as step() would; step() is update(every parameter), then the count.
@@ -101,6 +117,19 @@ protected:
 
     std::vector<ParamGroup> groups_;
     int64_t steps_ = 0;
+
+    // capturable: group g's scalars for step t, into out[0 .. kScalars) (the rule's kernel reads
+    // them: ops/optim.h SgdParams::scalars, AdamParams::scalars); null before make_capturable().
+    static constexpr int kScalars = 4;
+    virtual void step_scalars(const ParamGroup& group, int64_t t, float* out) const;
+    const float* scalars_of(size_t group) const;
+    // Before an update: a capturable optimizer's scalars for step t, unless a graph is being
+    // captured (then the launch writes them).
+    void write_scalars_unless_capturing(int64_t t);
+
+private:
+    Tensor scalars_;  // [groups × kScalars] f32, Category::OptimizerState
+    std::shared_ptr<cuda::PinnedStaging> staging_;  // on CUDA: the copies up
 };
 
 // One zeroed f32 tensor per parameter of the optimizer (groups in order), shaped like it and
@@ -135,12 +164,16 @@ public:
     SGD(std::vector<ParamGroup> groups, Options options);
     void step() override;
     void update(const std::vector<bool>& which) override;
+    bool can_capture() const override { return true; }
     std::vector<Tensor> state_of(size_t i) const override {
         return i < buf_.size() ? std::vector<Tensor>{buf_[i]} : std::vector<Tensor>{};
     }
     void save_state(StateDict& state, const std::string& prefix) const override;
     void load_state(const StateDict& state, const std::string& prefix) override;
     const Options& options() const { return opt_; }
+
+protected:
+    void step_scalars(const ParamGroup& group, int64_t t, float* out) const override;  // lr
 
 private:
     Options opt_;

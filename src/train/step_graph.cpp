@@ -13,21 +13,16 @@ std::string StepGraph::refusal(const StepOptions& opt, const Optimizer& optimize
     if (opt.clip_norm > 0.0f) return "clipping reads the gradients' norm back every step";
     if (opt.amp != DType::F32) return "mixed precision (--amp) is not captured: only f32 steps are";
     if (!opt.loss_log) return "the loss must stay on the device (a LossLog: TrainOptions::loss_read_every > 1)";
-    if (!dynamic_cast<const SGD*>(&optimizer))
-        return "only SGD's step is captured: this optimizer keeps host-side state that changes every step "
-               "(Adam's step count)";
+    if (!optimizer.can_capture())
+        return "only SGD's, Adam's and AdamW's steps are captured: they read their learning rate and bias "
+               "corrections from device memory, which this optimizer does not";
     return "";
-}
-
-std::vector<float> StepGraph::lrs(const Optimizer& optimizer) const {
-    std::vector<float> out;
-    for (const ParamGroup& g : optimizer.param_groups()) out.push_back(g.lr);
-    return out;
 }
 
 // Records one step on the graph's inputs, in the graph's arena and pool, its losses into the
 // graph's log. Nothing runs: the inputs hold a batch only when the graph is launched. The
-// optimizer's host code ran once, and counted the step that the next launch takes.
+// optimizer's host code ran once, and counted the step that the next launch takes; its kernels
+// read their scalars from the optimizer's device array, written before each launch.
 void StepGraph::capture(Module& model, Optimizer& optimizer, const StepOptions& opt) {
     graph_.reset();
     log_.emplace(Device::CUDA, opt.accumulate);
@@ -38,7 +33,6 @@ void StepGraph::capture(Module& model, Optimizer& optimizer, const StepOptions& 
         PoolScope private_pool(pool_);
         graph_.capture([&] { train_step(model, optimizer, x_, y_, o); });
     }
-    captured_lrs_ = lrs(optimizer);
     captures_++;
 }
 
@@ -49,6 +43,7 @@ StepResult StepGraph::step(Module& model, Optimizer& optimizer, const Tensor& x,
     KILN_CHECK(x.device() == Device::CUDA, "--cuda-graph: the batch is on ", device_name(x.device()),
                "; CUDA Graphs need --device cuda");
     if (steps_ == 0) {  // as without a graph: the gradients and the optimizer's state are made here
+        optimizer.make_capturable();  // from here on its kernels read lr (and t's scalars) from memory
         x_shape_ = x.shape(), y_shape_ = y.shape();
         steps_++;
         return train_step(model, optimizer, x, y, opt);
@@ -63,9 +58,9 @@ StepResult StepGraph::step(Module& model, Optimizer& optimizer, const Tensor& x,
         PoolScope private_pool(pool_);
         return train_step(model, optimizer, x, y, o);
     }
-    const bool recapture = graph_.empty() || lrs(optimizer) != captured_lrs_;
-    if (recapture) capture(model, optimizer, opt);  // counts the step the launch below takes
+    if (graph_.empty()) capture(model, optimizer, opt);  // counts the step the launch below takes
     else optimizer.count_replayed_step();
+    optimizer.write_scalars(optimizer.steps());  // this step's lr, as the schedule has set it
     x_.copy_from(x);
     y_.copy_from(y);
     graph_.launch();

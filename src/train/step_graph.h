@@ -25,19 +25,16 @@
 //                     loss kernel writes into the graph's own log, copied into the training
 //                     loop's log after each launch. A GradScaler (its inf/NaN check) and
 //                     clipping (its norm) read the step back: refused with --cuda-graph.
-//   constant scalars  a kernel's arguments are recorded with the graph, the learning rate among
-//                     them. The graph is captured again when the optimizer's learning rate has
-//                     changed since the capture (each group's lr compared before every launch):
-//                     chapters 04 and 05 decay it once (MultiStepLR), so that is one capture more
-//                     in a run; a schedule that changes it every step (OneCycleLR) captures every
-//                     step and gains nothing. (The alternative, the optimizer's kernels reading the
-//                     lr from device memory as PyTorch's capturable optimizers do, would change
-//                     every optimizer kernel for that case.) Only SGD is captured: its update has
-//                     no host-side state after its first step; Adam's step count (bias correction)
-//                     is a host value, refused with --cuda-graph.
-// Per captured step the host makes 1 graph launch, 2 copies (the batch into the graph's inputs)
-// and one 32-byte copy per micro-batch (its loss totals into the loop's log), instead of the
-// step's kernel launches.
+//   constant scalars  a kernel's arguments are recorded with the graph, and the learning rate
+//                     (which a schedule changes) and Adam's bias corrections (which change with
+//                     the step count) would be replayed as captured. So the optimizer is made
+//                     capturable (optim/optimizer.h, as PyTorch's capturable=True): its kernels
+//                     read those scalars from a small device array, which each launch's host side
+//                     rewrites first (one copy of 16 bytes per group, without a wait). One capture
+//                     serves any schedule. SGD, Adam and AdamW can; other optimizers are refused.
+// Per captured step the host makes 1 graph launch, 3 copies (the optimizer's scalars up, the batch
+// into the graph's inputs) and one 32-byte copy per micro-batch (its loss totals into the loop's
+// log), instead of the step's kernel launches.
 #pragma once
 #include <cstdint>
 #include <optional>
@@ -54,7 +51,7 @@ class StepGraph {
 public:
     StepGraph();
     // Why `opt` (and the optimizer) cannot be captured, or "" when they can: CUDA tensors, a
-    // LossLog, no GradScaler, no clipping, f32 (no --amp), SGD.
+    // LossLog, no GradScaler, no clipping, f32 (no --amp), SGD, Adam or AdamW.
     static std::string refusal(const StepOptions& opt, const Optimizer& optimizer);
 
     // One step on (x, y), as train_step(model, optimizer, x, y, opt) takes it, bit for bit: the
@@ -62,12 +59,11 @@ public:
     // opt.loss_log receives the loss as with train_step.
     StepResult step(Module& model, Optimizer& optimizer, const Tensor& x, const Tensor& y, const StepOptions& opt);
 
-    int64_t captures() const { return captures_; }  // 1, plus one per change of the lr
+    int64_t captures() const { return captures_; }  // 1 once a step has been captured
     int64_t launches() const { return launches_; }  // steps taken by the graph
 
 private:
     void capture(Module& model, Optimizer& optimizer, const StepOptions& opt);
-    std::vector<float> lrs(const Optimizer& optimizer) const;
 
     PoolAllocator pool_;   // the captured step's temporaries
     BumpAllocator arena_;  // its activations
@@ -75,7 +71,6 @@ private:
     Tensor x_, y_;                // its inputs: each batch is copied here
     Shape x_shape_, y_shape_;     // the first step's, the captured ones
     cuda::Graph graph_;
-    std::vector<float> captured_lrs_;
     int64_t steps_ = 0, captures_ = 0, launches_ = 0;
 };
 

@@ -42,7 +42,8 @@ void for_each_segment(const int64_t* sizes, int64_t count, Body body) {
 // after each store through p.
 void sgd_update(float* const* params, const float* const* grads, float* const* bufs, const int64_t* sizes,
                 int64_t count, const SgdParams& s) {
-    const float lr = s.lr, momentum = s.momentum, dampening = s.dampening, weight_decay = s.weight_decay;
+    const float lr = s.scalars ? s.scalars[0] : s.lr;
+    const float momentum = s.momentum, dampening = s.dampening, weight_decay = s.weight_decay;
     const bool nesterov = s.nesterov, first_step = s.first_step;
     for_each_segment(sizes, count, [&](int64_t t, int64_t i0, int64_t i1) {
         float* p = params[t];
@@ -68,8 +69,9 @@ void sgd_update(float* const* params, const float* const* grads, float* const* b
 void adam_update(float* const* params, const float* const* grads, float* const* ms, float* const* vs,
                  float* const* v_maxs, const int64_t* sizes, int64_t count, const AdamParams& a) {
     const float beta1 = a.beta1, beta2 = a.beta2, eps = a.eps, wd = a.weight_decay;
-    const float step_size = float(a.step_size()), bc2_sqrt = float(a.bias_correction2_sqrt()),
-                decay = float(a.decay());
+    const float step_size = a.scalars ? a.scalars[0] : float(a.step_size());
+    const float bc2_sqrt = a.scalars ? a.scalars[1] : float(a.bias_correction2_sqrt());
+    const float decay = a.scalars ? a.scalars[2] : float(a.decay());
     const bool decoupled = a.decoupled;
     for_each_segment(sizes, count, [&](int64_t t, int64_t i0, int64_t i1) {
         float *p = params[t], *m = ms[t], *v = vs[t], *v_max = v_maxs ? v_maxs[t] : nullptr;
