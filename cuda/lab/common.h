@@ -313,7 +313,8 @@ void time_versions(const std::vector<Version>& versions, int chosen, Run run, co
 
 #ifdef KILN_CUDA
 // The reference of the convolution pages: cuDNN's passes of p in f32 (groups as p says), FMA
-// math only (no TF32 tensor cores), each with the fastest algorithm cuDNN's Find reports. Each
+// math only (no TF32 tensor cores), each with the fastest algorithm cuDNN's Find reports, on
+// NCHW tensors — or NHWC ones (format CUDNN_TENSOR_NHWC: x, y and w [O, KH, KW, C]). Each
 // runs once into its output, validates that with check("cudnn_algoN") (ok becomes the check's
 // result), then returns its time in milliseconds.
 //   forward          y = conv(x, w) + b (b may be null: cudnnAddTensor adds it)
@@ -321,20 +322,19 @@ void time_versions(const std::vector<Version>& versions, int chosen, Run run, co
 //   backward_filter  dw = Σ_n dy_n ⋆ x_n  (overwritten: cuDNN's beta 0)
 class CudnnConv {
 public:
-    explicit CudnnConv(const Conv2dParams& p) {
+    explicit CudnnConv(const Conv2dParams& p, cudnnTensorFormat_t format = CUDNN_TENSOR_NCHW) {
         CUDNN_CHECK(cudnnCreate(&handle_));
         CUDNN_CHECK(cudnnCreateTensorDescriptor(&x_));
         CUDNN_CHECK(cudnnCreateTensorDescriptor(&y_));
         CUDNN_CHECK(cudnnCreateTensorDescriptor(&b_));
         CUDNN_CHECK(cudnnCreateFilterDescriptor(&w_));
         CUDNN_CHECK(cudnnCreateConvolutionDescriptor(&conv_));
-        CUDNN_CHECK(cudnnSetTensor4dDescriptor(x_, CUDNN_TENSOR_NCHW, CUDNN_DATA_FLOAT, int(p.N), int(p.C), int(p.H),
-                                               int(p.W)));
-        CUDNN_CHECK(cudnnSetTensor4dDescriptor(y_, CUDNN_TENSOR_NCHW, CUDNN_DATA_FLOAT, int(p.N), int(p.O), int(p.P()),
+        CUDNN_CHECK(cudnnSetTensor4dDescriptor(x_, format, CUDNN_DATA_FLOAT, int(p.N), int(p.C), int(p.H), int(p.W)));
+        CUDNN_CHECK(cudnnSetTensor4dDescriptor(y_, format, CUDNN_DATA_FLOAT, int(p.N), int(p.O), int(p.P()),
                                                int(p.Q())));
         CUDNN_CHECK(cudnnSetTensor4dDescriptor(b_, CUDNN_TENSOR_NCHW, CUDNN_DATA_FLOAT, 1, int(p.O), 1, 1));
-        CUDNN_CHECK(cudnnSetFilter4dDescriptor(w_, CUDNN_DATA_FLOAT, CUDNN_TENSOR_NCHW, int(p.O), int(p.Cg()),
-                                               int(p.KH), int(p.KW)));
+        CUDNN_CHECK(cudnnSetFilter4dDescriptor(w_, CUDNN_DATA_FLOAT, format, int(p.O), int(p.Cg()), int(p.KH),
+                                               int(p.KW)));
         CUDNN_CHECK(cudnnSetConvolution2dDescriptor(conv_, int(p.padding), int(p.padding), int(p.stride),
                                                     int(p.stride), int(p.dilation), int(p.dilation),
                                                     CUDNN_CROSS_CORRELATION, CUDNN_DATA_FLOAT));
