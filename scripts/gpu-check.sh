@@ -413,7 +413,7 @@ if [[ -n $MISSING ]]; then
     record lab "ABSENT: ${MISSING}not found on this machine"
 else
     # shellcheck disable=SC2016  # $p and $status belong to the inner shell
-    step lab 60 bash -c 'lab=$1; shift; status=0; for p; do echo "=== $p"; "$lab" "$p" || status=1; done; exit $status' \
+    step lab 90 bash -c 'lab=$1; shift; status=0; for p; do echo "=== $p"; "$lab" "$p" || status=1; done; exit $status' \
         lab "$LAB" "${LAB_PAGES[@]}"
 fi
 
