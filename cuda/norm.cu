@@ -52,6 +52,7 @@
 
 #include "common.cuh"
 #include "gelu.cuh"
+#include "max_window.cuh"
 #include "ops/norm.h"
 
 namespace kiln::cuda {
@@ -78,16 +79,82 @@ unsigned channel_blocks(int64_t C) { return unsigned(std::min<int64_t>(C, 65535)
 
 }  // namespace
 
+// ---- max pooling 2×2 fused in front --------------------------------------------------------------
+// The forward's input then comes from the unpooled x [N, C, H, W]: pass 1 takes value i of the
+// batch norm's input [N, C, P, Q] as the max of its window, stores it to pooled (the batch norm's
+// x, which passes 2 and 3 read back: each thread its own values) and the winner's place to window.
+template <typename T> struct PoolIn {
+    const T* x = nullptr;  // null: no pooling, the batch norm's input is as given
+    T* pooled = nullptr;
+    uint8_t* window = nullptr;
+    MaxPool2x2 size;
+
+    // Where the window of pooled value i (plane i / S, place i mod S) starts in x.
+    __device__ int64_t corner(int64_t i, int64_t S) const {
+        const int64_t Q = size.W / 2, s = i % S;
+        return i / S * size.H * size.W + 2 * (s / Q) * size.W + 2 * (s % Q);
+    }
+    // Value i as the pooled tensor stores it (for the batch norm's sums: what max pooling wrote).
+    __device__ float take(int64_t i, int64_t S) const {
+        int k;
+        const T m = T(max2x2(x + corner(i, S), size.W, k));
+        pooled[i] = m;
+        window[i] = uint8_t(k);
+        return float(m);
+    }
+    // Value i for evaluation: the same, nothing stored.
+    __device__ float peek(int64_t i, int64_t S) const {
+        int k;
+        return as_stored<T>(max2x2(x + corner(i, S), size.W, k));
+    }
+};
+
+// The backward's output then is the unpooled dx [N, C, H, W]: batch norm's gradient d of pooled
+// value i goes to its window's winner as max pooling's backward adds it (0 + d: its gather starts
+// from 0), the other three places get 0.
+template <typename T> struct PoolOut {
+    T* dx = nullptr;  // null: no pooling, batch norm's dx is the output
+    const uint8_t* window = nullptr;
+    MaxPool2x2 size;
+
+    __device__ void put(int64_t i, int64_t S, T d) const {
+        const int64_t Q = size.W / 2, s = i % S;
+        T* at = dx + i / S * size.H * size.W + 2 * (s / Q) * size.W + 2 * (s % Q);
+        const T v = T(__fadd_rn(0.0f, float(d))), zero = T(0.0f);
+        const int k = window[i];
+        at[0] = k == 0 ? v : zero;
+        at[1] = k == 1 ? v : zero;
+        at[size.W] = k == 2 ? v : zero;
+        at[size.W + 1] = k == 3 ? v : zero;
+    }
+    // 0 where no window reaches in channel c's planes: an odd H's last row, an odd W's last column
+    // (the thread's share, t, t + B, ... of the N·L places, L per plane).
+    __device__ void zero_outside_windows(int64_t N, int64_t C, int64_t c) const {
+        const int64_t H = size.H, W = size.W, H2 = H / 2 * 2, W2 = W / 2 * 2;
+        const int64_t last_row = (H - H2) * W, L = last_row + H2 * (W - W2);
+        for (int64_t j = threadIdx.x; j < N * L; j += blockDim.x) {
+            const int64_t n = j / L, r = j % L;
+            const int64_t ih = r < last_row ? H2 : (r - last_row) / (W - W2);
+            const int64_t iw = r < last_row ? r : W2 + (r - last_row) % (W - W2);
+            dx[(n * C + c) * H * W + ih * W + iw] = T(0.0f);
+        }
+    }
+};
+
+// ---- batch norm ----------------------------------------------------------------------------------
 template <typename T>
 __global__ void batchnorm_forward_train_kernel(const T* x, const float* gamma, const float* beta, T* y,
                                                float* running_mean, float* running_var, float* save_mean,
-                                               float* save_invstd, BatchNormParams p) {
+                                               float* save_invstd, BatchNormParams p, PoolIn<T> pool) {
     __shared__ double sh[kBlock];
     const int64_t M = p.N * p.S;
     for (int64_t c = blockIdx.x; c < p.C; c += gridDim.x) {  // the same count for every thread
-        // pass 1: mean
+        // pass 1: mean (with pooling in front, of each window's max, stored on the way)
         double s1 = 0.0;
-        for (int64_t m = threadIdx.x; m < M; m += blockDim.x) s1 += float(x[channel_at(p, c, m)]);
+        for (int64_t m = threadIdx.x; m < M; m += blockDim.x) {
+            const int64_t i = channel_at(p, c, m);
+            s1 += pool.x ? pool.take(i, p.S) : float(x[i]);
+        }
         const double mean_d = detail::block_reduce(s1, sh, detail::SumOp{}) / double(M);
         const float mean = float(mean_d);
         // pass 2: biased variance around it
@@ -115,23 +182,26 @@ __global__ void batchnorm_forward_train_kernel(const T* x, const float* gamma, c
 }
 
 // y = (x − running_mean[c]) · gamma[c] / sqrt(running_var[c] + eps) + beta[c],   c = i / S mod C
+// (with pooling in front, x the window's max)
 template <typename T>
 __global__ void batchnorm_forward_eval_kernel(const T* x, const float* gamma, const float* beta,
                                               const float* running_mean, const float* running_var, T* y,
-                                              BatchNormParams p) {
+                                              BatchNormParams p, PoolIn<T> pool) {
     const int64_t total = p.N * p.C * p.S;
     for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < total; i += int64_t(gridDim.x) * blockDim.x) {
         const int64_t c = i / p.S % p.C;
         const float scale = gamma[c] / sqrtf(running_var[c] + p.eps);
-        y[i] = bn_output<T>((float(x[i]) - running_mean[c]) * scale + beta[c], p.gelu);
+        const float v = pool.x ? pool.peek(i, p.S) : float(x[i]);
+        y[i] = bn_output<T>((v - running_mean[c]) * scale + beta[c], p.gelu);
     }
 }
 
 // With p.gelu, dy holds dz and batch norm's dy is dz · GELU'(y), y = (x − mean)·g + beta recomputed.
+// With pooling in front, dx goes to the unpooled gradient (PoolOut).
 template <typename T>
 __global__ void batchnorm_backward_kernel(const T* dy, const T* x, const float* gamma, const float* beta,
                                           const float* save_mean, const float* save_invstd, T* dx, float* dgamma,
-                                          float* dbeta, BatchNormParams p) {
+                                          float* dbeta, BatchNormParams p, PoolOut<T> pool) {
     __shared__ double sh[kBlock];
     const int64_t M = p.N * p.S;
     for (int64_t c = blockIdx.x; c < p.C; c += gridDim.x) {
@@ -157,8 +227,13 @@ __global__ void batchnorm_backward_kernel(const T* dy, const T* x, const float* 
         const float k_x = float(sum_dy_xhat * double(invstd) / double(M));  // Σ(dy·x̂)·invstd / M
         for (int64_t m = threadIdx.x; m < M; m += blockDim.x) {
             const int64_t i = channel_at(p, c, m);
-            dx[i] = T(g * (dy_at(i) - k_dy - (float(x[i]) - mean) * k_x));
+            const T d = T(g * (dy_at(i) - k_dy - (float(x[i]) - mean) * k_x));
+            if (pool.dx)
+                pool.put(i, p.S, d);
+            else
+                dx[i] = d;
         }
+        if (pool.dx) pool.zero_outside_windows(p.N, p.C, c);
         if (threadIdx.x == 0) {
             dgamma[c] += float(sum_dy_xhat);
             dbeta[c] += float(sum_dy);
@@ -172,7 +247,7 @@ void batchnorm_forward_train(const T* x, const float* gamma, const float* beta, 
     if (p.C == 0) return;
     const dim3 grid(channel_blocks(p.C)), block(kBlock);
     KILN_LAUNCH(batchnorm_forward_train_kernel<T>, grid, block, 0)(x, gamma, beta, y, running_mean, running_var,
-                                                                save_mean, save_invstd, p);
+                                                                save_mean, save_invstd, p, PoolIn<T>{});
     KILN_CHECK_LAUNCH(batchnorm_forward_train_kernel<T>, grid, block);
 }
 
@@ -182,7 +257,8 @@ void batchnorm_forward_eval(const T* x, const float* gamma, const float* beta, c
     const int64_t total = p.N * p.C * p.S;
     if (total == 0) return;
     const dim3 grid(blocks_for(total)), block(kBlock);
-    KILN_LAUNCH(batchnorm_forward_eval_kernel<T>, grid, block, 0)(x, gamma, beta, running_mean, running_var, y, p);
+    KILN_LAUNCH(batchnorm_forward_eval_kernel<T>, grid, block, 0)(x, gamma, beta, running_mean, running_var, y, p,
+                                                               PoolIn<T>{});
     KILN_CHECK_LAUNCH(batchnorm_forward_eval_kernel<T>, grid, block);
 }
 
@@ -192,7 +268,44 @@ void batchnorm_backward(const T* dy, const T* x, const float* gamma, const float
     if (p.C == 0) return;
     const dim3 grid(channel_blocks(p.C)), block(kBlock);
     KILN_LAUNCH(batchnorm_backward_kernel<T>, grid, block, 0)(dy, x, gamma, beta, save_mean, save_invstd, dx, dgamma,
-                                                           dbeta, p);
+                                                           dbeta, p, PoolOut<T>{});
+    KILN_CHECK_LAUNCH(batchnorm_backward_kernel<T>, grid, block);
+}
+
+// The same kernels with pooling in front: one launch each way, as batch norm alone.
+template <typename T>
+void maxpool2x2_batchnorm_forward_train(const T* x, const float* gamma, const float* beta, T* pooled,
+                                        uint8_t* window, T* y, float* running_mean, float* running_var,
+                                        float* save_mean, float* save_invstd, const BatchNormParams& p,
+                                        const MaxPool2x2& pool) {
+    if (p.C == 0) return;
+    const dim3 grid(channel_blocks(p.C)), block(kBlock);
+    KILN_LAUNCH(batchnorm_forward_train_kernel<T>, grid, block, 0)(pooled, gamma, beta, y, running_mean, running_var,
+                                                                save_mean, save_invstd, p,
+                                                                PoolIn<T>{x, pooled, window, pool});
+    KILN_CHECK_LAUNCH(batchnorm_forward_train_kernel<T>, grid, block);
+}
+
+template <typename T>
+void maxpool2x2_batchnorm_forward_eval(const T* x, const float* gamma, const float* beta, const float* running_mean,
+                                       const float* running_var, T* y, const BatchNormParams& p,
+                                       const MaxPool2x2& pool) {
+    const int64_t total = p.N * p.C * p.S;
+    if (total == 0) return;
+    const dim3 grid(blocks_for(total)), block(kBlock);
+    KILN_LAUNCH(batchnorm_forward_eval_kernel<T>, grid, block, 0)(nullptr, gamma, beta, running_mean, running_var, y,
+                                                               p, PoolIn<T>{x, nullptr, nullptr, pool});
+    KILN_CHECK_LAUNCH(batchnorm_forward_eval_kernel<T>, grid, block);
+}
+
+template <typename T>
+void maxpool2x2_batchnorm_backward(const T* dy, const T* pooled, const uint8_t* window, const float* gamma,
+                                   const float* beta, const float* save_mean, const float* save_invstd, T* dx,
+                                   float* dgamma, float* dbeta, const BatchNormParams& p, const MaxPool2x2& pool) {
+    if (p.C == 0) return;
+    const dim3 grid(channel_blocks(p.C)), block(kBlock);
+    KILN_LAUNCH(batchnorm_backward_kernel<T>, grid, block, 0)(dy, pooled, gamma, beta, save_mean, save_invstd, nullptr,
+                                                           dgamma, dbeta, p, PoolOut<T>{dx, window, pool});
     KILN_CHECK_LAUNCH(batchnorm_backward_kernel<T>, grid, block);
 }
 

@@ -40,6 +40,7 @@
 #include <cmath>
 
 #include "common.cuh"
+#include "max_window.cuh"
 #include "ops/pool.h"
 
 namespace kiln::cuda {
@@ -89,7 +90,7 @@ __global__ void maxpool2d_forward_kernel(const T* x, T* y, int32_t* argmax, Pool
         for (int64_t ih = h0; ih < h1; ih++)
             for (int64_t iw = w0; iw < w1; iw++) {
                 const float v = float(xp[ih * p.W + iw]);
-                if (at < 0 || v > m || (isnan(v) && !isnan(m))) {  // v > NaN is false: a NaN stays
+                if (at < 0 || takes_max(v, m)) {  // the first value, a larger one, or a NaN (max_window.cuh)
                     m = v;
                     at = ih * p.W + iw;
                 }

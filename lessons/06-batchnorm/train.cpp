@@ -4,8 +4,8 @@
 //   make lesson-06 ARGS='--no-bn'         # the same net without batch norm, to compare
 //   make lesson-06 ARGS='--limit 5000 --epochs 2'   # a quick look
 //   make lesson-06 ARGS='--recompute --accumulate 2'  # less memory (chapter 08)
-//   make lesson-06 ARGS='--fuse'          # each BN and its GELU as one layer: the same bits,
-//                                         # fewer launches and one activation fewer per pair
+//   make lesson-06 ARGS='--fuse'          # each BN with its GELU (and the max-pool before it) as
+//                                         # one layer: the same bits, fewer launches, less kept
 //
 // The network (src/nn/models.cpp, cifar_net), widths 32/64/128 by default:
 //   x [N,3,32,32] -> conv 2×2 3→24, GELU -> 3 × block(conv 3×3, max-pool 2, BN, GELU,
@@ -16,7 +16,7 @@
 #include <optional>
 
 #include "core/allocator.h"       // defines: BumpAllocator, memory_summary
-#include "nn/fuse.h"              // defines: fuse_batchnorm_gelu
+#include "nn/fuse.h"              // defines: fuse_batchnorm_gelu, fuse_maxpool_batchnorm
 #include "nn/models.h"            // defines: cifar_net (Conv2d, BatchNorm2d, GELU, MaxPool2d, Linear)
 #include "optim/optimizer.h"      // defines: SGD
 #include "train/cli.h"            // defines: Cli, CommonFlags
@@ -37,7 +37,7 @@ int main(int argc, char** argv) try {
     flags.add_to(cli);
     cli.add("--no-bn", &no_bn, "leave the batch-norm layers out (the convolutions get biases)");
     cli.add("--recompute", &recompute, "keep only each block's input, recompute the block in backward (less memory, more time; no step arena)");
-    cli.add("--fuse", &fuse, "run each batch norm and the GELU after it as one layer (nn/fuse.h): one kernel each way, one activation fewer kept, the same bits");
+    cli.add("--fuse", &fuse, "run each batch norm, the GELU after it and a 2x2 max-pool before it as one layer (nn/fuse.h): one kernel each way, less kept, the same bits");
     cli.add("--weight-decay", &weight_decay, "L2 weight decay", Cli::at_least(0));
     cli.add("--width1", &widths.w1, "channels of block 1", Cli::at_least(1));
     cli.add("--width2", &widths.w2, "channels of block 2", Cli::at_least(1));
@@ -58,7 +58,10 @@ int main(int argc, char** argv) try {
     Rng rng(flags.seed);
     std::unique_ptr<Sequential> net = cifar_net(rng, widths, !no_bn, recompute);
     Sequential& model = *net;
-    if (fuse) fuse_batchnorm_gelu(model);
+    if (fuse) {
+        fuse_maxpool_batchnorm(model);
+        fuse_batchnorm_gelu(model);
+    }
     model.to(device);
     SGD sgd(model.parameters(), flags.lr,
             SGD::Options{}.with_momentum(0.9f).with_weight_decay(weight_decay).with_nesterov());
@@ -66,7 +69,7 @@ int main(int argc, char** argv) try {
     // --find-batch-size or --time-report N: measure, print, stop (train/fit.h)
     if (only_measure(model, sgd, cifar.train, flags, arena ? &*arena : nullptr)) return 0;
     std::printf("lesson-06: %s%s, widths %lld/%lld/%lld, %lld parameters, %lld training images, device %s\n",
-                model.name().c_str(), fuse ? " (batch norm and GELU fused)" : "", (long long)widths.w1,
+                model.name().c_str(), fuse ? " (max-pool, batch norm and GELU fused)" : "", (long long)widths.w1,
                 (long long)widths.w2, (long long)widths.w3,
                 (long long)model.num_parameters(), (long long)cifar.train_set.n, device_name(device));
 

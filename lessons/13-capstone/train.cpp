@@ -8,7 +8,7 @@
 //   make lesson-13 ARGS='--time-report 5 --time-svg time.svg'   # an epoch's time by layer, then stop
 //   make lesson-13 ARGS='--save runs/13'        # a checkpoint after every epoch; --resume runs/13/last.safetensors
 //   make lesson-13 ARGS='--device cuda --amp bf16'  # on a GPU: the model and the batches there (README, "What a GPU changes")
-//   make lesson-13 ARGS='--device cuda --fuse'  # each BN and its GELU as one layer (chapter 06's --fuse): the same bits
+//   make lesson-13 ARGS='--device cuda --fuse'  # each BN, its GELU, the pool before it as one layer (chapter 06's --fuse): the same bits
 //
 // The network is chapter 06's cifar_net at airbench's widths (src/train/airbench.h):
 //   x [N,3,32,32] -> conv 2×2 3→24 (+bias), GELU -> 3 × block(conv 3×3, max-pool 2, BN, GELU,
@@ -39,7 +39,7 @@
 #include "data/cifar.h"         // defines: load_cifar10
 #include "data/loader.h"        // defines: DataLoader, LoaderOptions (alternating_flip)
 #include "data/transforms.h"    // defines: RandomCrop, Translate, RandomHorizontalFlip, Padding
-#include "nn/fuse.h"            // defines: fuse_batchnorm_gelu
+#include "nn/fuse.h"            // defines: fuse_batchnorm_gelu, fuse_maxpool_batchnorm
 #include "optim/lookahead.h"    // defines: Lookahead
 #include "optim/optimizer.h"    // defines: SGD, ParamGroup
 #include "optim/scheduler.h"    // defines: LinearLR, SequentialLR
@@ -140,7 +140,7 @@ int main(int argc, char** argv) try {
     cli.add("--no-lookahead", &f.no_lookahead, "no Lookahead weight averaging");
     cli.add("--no-whitening", &f.no_whitening, "the first conv keeps its random initialization and trains");
     cli.add("--no-dirac", &f.no_dirac, "the 3×3 convs keep their random initialization");
-    cli.add("--fuse", &f.fuse, "run each batch norm and the GELU after it as one layer (nn/fuse.h): one kernel each way, one activation fewer kept, the same bits");
+    cli.add("--fuse", &f.fuse, "run each batch norm, the GELU after it and a 2x2 max-pool before it as one layer (nn/fuse.h): one kernel each way, less kept, the same bits");
     cli.add("--tta", &f.tta, "test-time views: 0 the images alone, 1 with mirrors, 2 with mirrors and 1-pixel shifts", Cli::between(0, 2));
     cli.add("--eval-each-epoch", &f.eval_each_epoch, "score the test images (alone) after every epoch");
     cli.parse(argc, argv);
@@ -172,7 +172,10 @@ int main(int argc, char** argv) try {
         if (!f.no_whitening) sample = whitening_sample(train_set, f);
         net = airbench_net(rng, f.no_whitening ? nullptr : &sample, !f.no_dirac);
     }
-    if (f.fuse) fuse_batchnorm_gelu(*net);
+    if (f.fuse) {
+        fuse_maxpool_batchnorm(*net);
+        fuse_batchnorm_gelu(*net);
+    }
     net->to(device);  // initialized on the CPU (whitening_init, dirac_init), then moved
     SGD sgd(airbench_groups(*net, flags.lr, f.weight_decay, f.bias_scale, !f.no_whitening),
             SGD::Options{}.with_momentum(f.momentum).with_nesterov());

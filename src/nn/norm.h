@@ -45,14 +45,25 @@ public:
     // one kernel each way, and its backward takes dz. It keeps what it kept before (x and the
     // statistics) and recomputes y, so the GELU layer it replaces no longer keeps y.
     bool gelu = false;
+    // Max pooling 2×2 (stride 2) fused in front of the normalization (nn/fuse.h sets it, for a
+    // BatchNorm2d after a MaxPool2d(2)): the layer takes the pool's input [N, C, H, W] and
+    // normalizes its pool [N, C, H/2, W/2], one kernel each way, and its backward returns the
+    // pool input's gradient. It keeps the pool (its own input, as before) and each window's
+    // winner as one byte: the MaxPool2d it replaces kept an i32 index per value.
+    bool pool2x2 = false;
 
 protected:
     // ranks: the input ranks this layer accepts (4 for 2d; 2 or 3 for 1d).
     BatchNorm(int64_t channels, int min_rank, int max_rank, std::string name);
 
 private:
+    // x [N, C, ...] as the layer's checks want it (with pool2x2 the pool's input [N, C, H, W]).
+    void check_input(const Tensor& x) const;
+
     int min_rank_, max_rank_;
-    Tensor x_, save_mean_, save_invstd_;  // the cache for backward
+    Tensor x_, save_mean_, save_invstd_;  // the cache for backward (with pool2x2, x_ is the pool)
+    Tensor window_;                        // with pool2x2: each window's winner, u8 [N, C, H/2, W/2]
+    Shape in_shape_;                       // with pool2x2: the pool's input shape
 };
 
 // x [N, C, H, W]
@@ -81,25 +92,47 @@ BatchNorm::BatchNorm(int64_t channels, int min_rank, int max_rank, std::string n
     add_buffer("running_var", running_var);
 }
 
-Tensor BatchNorm::forward(const Tensor& x) {
+void BatchNorm::check_input(const Tensor& x) const {
     check_defined(x, name().c_str(), "input");
+    if (pool2x2) {
+        KILN_CHECK(x.ndim() == 4 && x.size(1) == num_features && x.size(2) >= 2 && x.size(3) >= 2, name(),
+                   ": with max pooling 2x2 fused in front, expected input [N, C, H, W] with C = ", num_features,
+                   " and H, W ≥ 2, got ", x.desc());
+        return;
+    }
     const char* want = min_rank_ == 4 ? "[N, C, H, W]" : "[N, C] or [N, C, L]";
     KILN_CHECK(x.ndim() >= min_rank_ && x.ndim() <= max_rank_ && x.size(1) == num_features, name(),
                ": expected input ", want, " with C = ", num_features, ", got ", x.desc());
+}
+
+Tensor BatchNorm::forward(const Tensor& x) {
+    check_input(x);
     const Device d = x.device();
     check_on_device(weight.value, d, name(), "weight");
     check_on_device(bias.value, d, name(), "bias");
     check_on_device(running_mean, d, name(), "running_mean");
     check_on_device(running_var, d, name(), "running_var");
-    if (!training()) return batchnorm_eval(x, weight.used(), bias.used(), running_mean, running_var, eps, gelu);
+    if (!training()) {
+        return pool2x2 ? maxpool2x2_batchnorm_eval(x, weight.used(), bias.used(), running_mean, running_var, eps, gelu)
+                       : batchnorm_eval(x, weight.used(), bias.used(), running_mean, running_var, eps, gelu);
+    }
     int64_t values_per_channel = x.size(0);
-    for (int i = 2; i < x.ndim(); i++) values_per_channel *= x.size(i);
+    for (int i = 2; i < x.ndim(); i++) values_per_channel *= pool2x2 ? x.size(i) / 2 : x.size(i);
     KILN_CHECK(values_per_channel > 1, name(), ": training needs more than one value per channel, got input ",
-               x.desc(), " (use a batch of at least 2, or eval())");
+               x.desc(), pool2x2 ? " (pooled 2x2)" : "", " (use a batch of at least 2, or eval())");
     Tensor mean, invstd;  // this batch's per-channel statistics, [C]
-    Tensor y = batchnorm_train(x, weight.used(), bias.used(), running_mean, running_var, eps, momentum, &mean, &invstd,
-                               keeps_cache() ? &x_ : nullptr, gelu);
+    Tensor y, pooled, window;
+    if (pool2x2) {
+        y = maxpool2x2_batchnorm_train(x, weight.used(), bias.used(), running_mean, running_var, eps, momentum, &mean,
+                                       &invstd, &pooled, &window, gelu);
+    } else {
+        y = batchnorm_train(x, weight.used(), bias.used(), running_mean, running_var, eps, momentum, &mean, &invstd,
+                            &pooled, gelu);
+    }
     if (keeps_cache()) {  // under a NoGradScope: batch statistics all the same, but no cache
+        x_ = pooled;
+        window_ = window;
+        in_shape_ = x.shape();
         save_mean_ = mean;
         save_invstd_ = invstd;
     }
@@ -114,22 +147,36 @@ Tensor BatchNorm::backward(const Tensor& dy) {
     check_on_device(dy, d, name(), "dy");
     check_on_device(weight.grad, d, name(), "weight.grad");
     check_on_device(bias.grad, d, name(), "bias.grad");
-    Tensor dx = batchnorm_backward(dy, x_, weight.used(), save_mean_, save_invstd_, weight.grad, bias.grad,
-                                   gelu ? &bias.used() : nullptr);  // with GELU fused, beta recomputes y
-    x_ = save_mean_ = save_invstd_ = Tensor();
+    const Tensor* beta = gelu ? &bias.used() : nullptr;  // with GELU fused, beta recomputes y
+    Tensor dx = window_.defined() ? maxpool2x2_batchnorm_backward(dy, x_, window_, in_shape_, weight.used(), save_mean_,
+                                                                  save_invstd_, weight.grad, bias.grad, beta)
+                                  : batchnorm_backward(dy, x_, weight.used(), save_mean_, save_invstd_, weight.grad,
+                                                       bias.grad, beta);
+    x_ = save_mean_ = save_invstd_ = window_ = Tensor();
     return dx;
 }
 
-// y, x kept, mean and 1/σ per channel kept; weight, bias, running_mean, running_var.
+// y, x kept, mean and 1/σ per channel kept; weight, bias, running_mean, running_var. With pool2x2
+// y is the pool's shape, and the pool and its windows' winners (u8) are kept in x's place.
 LayerMemory BatchNorm::memory(const Shape& in, Device) const {
-    KILN_CHECK(in.ndim >= min_rank_ && in.ndim <= max_rank_ && in[1] == num_features, name(), ": expected input ",
-               min_rank_ == 4 ? "[N, C, H, W]" : "[N, C] or [N, C, L]", " with C = ", num_features, ", got ", in.str());
     LayerMemory m;
-    m.output = in;
+    if (pool2x2) {
+        KILN_CHECK(in.ndim == 4 && in[1] == num_features && in[2] >= 2 && in[3] >= 2, name(),
+                   ": with max pooling 2x2 fused in front, expected input [N, C, H, W] with C = ", num_features,
+                   " and H, W ≥ 2, got ", in.str());
+        m.output = Shape{in[0], in[1], in[2] / 2, in[3] / 2};
+        m.saved = {TensorSpec{m.output}, TensorSpec{m.output, DType::U8}};
+    } else {
+        KILN_CHECK(in.ndim >= min_rank_ && in.ndim <= max_rank_ && in[1] == num_features, name(), ": expected input ",
+                   min_rank_ == 4 ? "[N, C, H, W]" : "[N, C] or [N, C, L]", " with C = ", num_features, ", got ",
+                   in.str());
+        m.output = in;
+        m.keeps_input = true;
+    }
     m.parameters = {Shape{num_features}, Shape{num_features}};
     m.buffers = {Shape{num_features}, Shape{num_features}};
-    m.keeps_input = true;
-    m.saved = {TensorSpec{Shape{num_features}}, TensorSpec{Shape{num_features}}};
+    m.saved.push_back(TensorSpec{Shape{num_features}});
+    m.saved.push_back(TensorSpec{Shape{num_features}});
     return m;
 }
 #endif  // KILN_DEFINE_LAYERS

@@ -68,4 +68,14 @@ struct BatchNormParams {
     bool gelu = false;
 };
 
+// Max-pooling 2×2 (stride 2, no padding) fused in front of a batch norm (nn/fuse.h): the batch
+// norm's input is the pool of x [N, C, H, W], and its BatchNormParams describe that pooled
+// tensor [N, C, P, Q] (S = P·Q) with P = H / 2, Q = W / 2 rounded down (an odd H's last row, an
+// odd W's last column lies in no window, as in PyTorch). Each window's winner is kept as one
+// byte, its place k = 2·dh + dw (0 to 3) at (2p + dh, 2q + dw), not as an i32 index: 3 bytes less
+// per pooled value, and all the backward needs.
+struct MaxPool2x2 {
+    int64_t H = 0, W = 0;  // x's plane; H = 0: no pooling in front
+};
+
 }  // namespace kiln

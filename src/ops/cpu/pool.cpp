@@ -19,14 +19,12 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
-#include <type_traits>
 #include <vector>
 
 #include "core/error.h"
 #include "core/parallel.h"
-#include "ops/cpu/convert_simd.h"
 #include "ops/cpu/f32_blocks.h"
-#include "ops/cpu/short_rows.h"
+#include "ops/cpu/max2x2.h"
 #include "ops/pool.h"
 
 namespace kiln::cpu {
@@ -52,46 +50,7 @@ inline void window(int64_t o, int64_t stride, int64_t pad, int64_t k, int64_t n,
 }  // namespace
 
 // ---- max --------------------------------------------------------------------------------------
-namespace {
-
-// One step of the running maximum: take v if it is larger, or a NaN (which then stays,
-// since v > NaN is false). Ties keep the earlier value.
-inline void take_max(float v, int32_t at_v, float& m, int32_t& at) {
-    const bool take = v > m || (v != v && m == m);
-    m = take ? v : m;
-    at = take ? at_v : at;
-}
-
-// The 2×2, stride 2, no padding case — LeNet's and the CIFAR net's pooling. Why a special
-// case: the general loop below clips every window and tests for "no value yet" per element,
-// which made pooling a fifth of LeNet's training step; here every window is four loads at
-// known offsets and three branch-free steps of take_max, 16 windows per instruction. (Odd H or W: the last row or column
-// is in no window, as in PyTorch.)
-//   y[p][q] = max(x[2p][2q], x[2p][2q+1], x[2p+1][2q], x[2p+1][2q+1])   first one on ties
-template <typename T>
-void maxpool2x2_plane(const T* xp, T* yp, int32_t* ap, int64_t W, int64_t P, int64_t Q) {
-    for (int64_t op = 0; op < P; op++) {
-        const T* r0 = xp + 2 * op * W;
-        const T* r1 = r0 + W;
-        const int32_t base = int32_t(2 * op * W);
-        for_blocks(0, Q, [&](int64_t q0, int64_t n) {
-#pragma omp simd  // branch-free: the compiler turns take_max into vector compares and blends
-            for (int64_t oq = q0; oq < q0 + n; oq++) {
-                const int32_t i = base + int32_t(2 * oq);
-                float m = float(r0[2 * oq]);
-                int32_t at = i;
-                take_max(float(r0[2 * oq + 1]), i + 1, m, at);
-                take_max(float(r1[2 * oq]), i + int32_t(W), m, at);
-                take_max(float(r1[2 * oq + 1]), i + int32_t(W) + 1, m, at);
-                yp[op * Q + oq] = T(m);
-                ap[op * Q + oq] = at;
-            }
-        });
-    }
-}
-
-}  // namespace
-
+// The 2×2, stride 2, no padding case (LeNet's and the CIFAR nets' pooling) is max2x2.h's.
 template <typename T>
 void maxpool2d_forward(const T* x, T* y, int32_t* argmax, const Pool2dParams& p) {
     check_params(p, "maxpool2d_forward");
@@ -99,21 +58,14 @@ void maxpool2d_forward(const T* x, T* y, int32_t* argmax, const Pool2dParams& p)
     KILN_CHECK(H * W <= std::numeric_limits<int32_t>::max(), "maxpool2d_forward: plane too large for i32 argmax");
     const bool two_by_two = p.KH == 2 && p.KW == 2 && p.stride == 2 && p.padding == 0;
     parallel_for(p.N * p.C, grain_of(kParallelMin, H * W), [&](int64_t nc0, int64_t nc1) {
-        std::vector<float> xf, yf;  // f16/bf16 planes widened (below)
+        std::vector<float> xf, yf;  // f16/bf16 planes widened (max2x2.h)
         for (int64_t nc = nc0; nc < nc1; nc++) {
             const T* xp = x + nc * H * W;
             T* yp = y + nc * P * Q;
             int32_t* ap = argmax + nc * P * Q;
-            if (two_by_two) {
-                if constexpr (std::is_same_v<T, float>) {
-                    maxpool2x2_plane(xp, yp, ap, W, P, Q);
-                } else {
-                    // f16/bf16: the plane pooled in f32 (convert_simd.h; 3 times faster in bf16 on a
-                    // Zen 3), exact both ways: each max is one of the inputs.
-                    xf.resize(size_t(H * W)), yf.resize(size_t(P * Q));
-                    maxpool2x2_plane(widened(xp, H * W, xf.data()), yf.data(), ap, W, P, Q);
-                    narrow_into(yf.data(), P * Q, yp);
-                }
+            if (two_by_two) {  // the window's place k at (2p + k / 2, 2q + k mod 2)
+                const auto index = [W](int32_t corner, int32_t k) { return corner + (k >> 1) * int32_t(W) + (k & 1); };
+                maxpool2x2_plane(xp, yp, ap, H, W, index, xf, yf);
                 continue;
             }
             for (int64_t op = 0; op < P; op++) {
