@@ -26,6 +26,15 @@
 //         pass 1  Σ dy and Σ dy·(x − mean)   (two block reductions, in double)
 //         pass 2  dx = gamma·invstd · (dy − Σdy/M − (x − mean) · invstd² · Σdy·(x − mean) / M)
 //       then thread 0: dgamma[c] += Σ dy·x̂ = invstd · Σ dy·(x − mean),   dbeta[c] += Σ dy
+//   maxpool2x2_batchnorm_*   max pooling 2×2 fused in front (ops/norm.h): the same kernels, one
+//       launch each way. Forward: pass 1 reads value i of the batch norm's input as the max of its
+//       window of the unpooled x (max_window.cuh: max pooling's rule), stores it to the pool (which
+//       passes 2 and 3 read back: each thread its own values) and the winner's place, a byte, to
+//       window. Backward: pass 2 runs over the channel's N·H·W places of the unpooled dx, one per
+//       thread (consecutive threads, consecutive places: coalesced stores; the four threads of a
+//       window all read its dy, x and winner, so no lane skips a load): the winner gets batch
+//       norm's dx as max pooling's backward adds it, 0 + dx; the others 0. Evaluation: one thread
+//       per pooled value, the window's max, then the formula above.
 //   layernorm_forward        one block of 256 per row of D values (grid-stride over the R rows),
 //       the batch-norm forward's three passes over the row: mean, biased variance, then
 //         y = (x − mean) · invstd · gamma[d] + beta[d]
@@ -60,7 +69,7 @@ namespace kiln::cuda {
 using detail::blocks_for;
 using detail::kBlock;
 
-// ---- batch norm --------------------------------------------------------------------------------
+// ---- batch norm (and max pooling in front): helpers ----------------------------------------------
 namespace {
 
 // Where value m of channel c lives in x [N, C, S].
@@ -109,34 +118,27 @@ template <typename T> struct PoolIn {
     }
 };
 
-// The backward's output then is the unpooled dx [N, C, H, W]: batch norm's gradient d of pooled
-// value i goes to its window's winner as max pooling's backward adds it (0 + d: its gather starts
-// from 0), the other three places get 0.
+// The backward's output then is the unpooled dx [N, C, H, W], written one place per thread.
 template <typename T> struct PoolOut {
     T* dx = nullptr;  // null: no pooling, batch norm's dx is the output
     const uint8_t* window = nullptr;
     MaxPool2x2 size;
 
-    __device__ void put(int64_t i, int64_t S, T d) const {
-        const int64_t Q = size.W / 2, s = i % S;
-        T* at = dx + i / S * size.H * size.W + 2 * (s / Q) * size.W + 2 * (s % Q);
-        const T v = T(__fadd_rn(0.0f, float(d))), zero = T(0.0f);
-        const int k = window[i];
-        at[0] = k == 0 ? v : zero;
-        at[1] = k == 1 ? v : zero;
-        at[size.W] = k == 2 ? v : zero;
-        at[size.W + 1] = k == 3 ? v : zero;
-    }
-    // 0 where no window reaches in channel c's planes: an odd H's last row, an odd W's last column
-    // (the thread's share, t, t + B, ... of the N·L places, L per plane).
-    __device__ void zero_outside_windows(int64_t N, int64_t C, int64_t c) const {
-        const int64_t H = size.H, W = size.W, H2 = H / 2 * 2, W2 = W / 2 * 2;
-        const int64_t last_row = (H - H2) * W, L = last_row + H2 * (W - W2);
-        for (int64_t j = threadIdx.x; j < N * L; j += blockDim.x) {
-            const int64_t n = j / L, r = j % L;
-            const int64_t ih = r < last_row ? H2 : (r - last_row) / (W - W2);
-            const int64_t iw = r < last_row ? r : W2 + (r - last_row) % (W - W2);
-            dx[(n * C + c) * H * W + ih * W + iw] = T(0.0f);
+    // Channel c's places of dx, thread t taking t, t + B, ... of its N·H·W, so that consecutive
+    // threads store consecutive places (coalesced): the winner of a window gets batch norm's
+    // gradient d(i) of its pooled value i as max pooling's backward adds it (0 + d: its gather
+    // starts from 0), every other place 0 — a window's three others, an odd H's last row, an odd
+    // W's last column.
+    template <typename D> __device__ void scatter(const BatchNormParams& p, int64_t c, D d) const {
+        const int64_t H = size.H, W = size.W, P = H / 2, Q = W / 2;
+        for (int64_t m = threadIdx.x; m < p.N * H * W; m += blockDim.x) {
+            const int64_t plane = m / (H * W) * p.C + c, ih = m / W % H, iw = m % W;
+            // Every lane reads its window's d and winner, the last row and column the window
+            // before theirs: no lane skips the loads, so a warp's loads stay whole requests.
+            const int64_t i = plane * p.S + (ih / 2 < P ? ih / 2 : P - 1) * Q + (iw / 2 < Q ? iw / 2 : Q - 1);
+            const T d_i = d(i);
+            const bool winner = ih < 2 * P && iw < 2 * Q && window[i] == 2 * (ih % 2) + iw % 2;
+            dx[plane * H * W + ih * W + iw] = winner ? T(__fadd_rn(0.0f, float(d_i))) : T(0.0f);
         }
     }
 };
@@ -225,15 +227,15 @@ __global__ void batchnorm_backward_kernel(const T* dy, const T* x, const float* 
         // pass 2: dx = g · (dy − k_dy − (x − mean) · k_x)
         const float k_dy = float(sum_dy / double(M));                       // Σdy / M
         const float k_x = float(sum_dy_xhat * double(invstd) / double(M));  // Σ(dy·x̂)·invstd / M
-        for (int64_t m = threadIdx.x; m < M; m += blockDim.x) {
-            const int64_t i = channel_at(p, c, m);
-            const T d = T(g * (dy_at(i) - k_dy - (float(x[i]) - mean) * k_x));
-            if (pool.dx)
-                pool.put(i, p.S, d);
-            else
-                dx[i] = d;
+        const auto dx_at = [&](int64_t i) { return T(g * (dy_at(i) - k_dy - (float(x[i]) - mean) * k_x)); };
+        if (pool.dx) {
+            pool.scatter(p, c, dx_at);
+        } else {
+            for (int64_t m = threadIdx.x; m < M; m += blockDim.x) {
+                const int64_t i = channel_at(p, c, m);
+                dx[i] = dx_at(i);
+            }
         }
-        if (pool.dx) pool.zero_outside_windows(p.N, p.C, c);
         if (threadIdx.x == 0) {
             dgamma[c] += float(sum_dy_xhat);
             dbeta[c] += float(sum_dy);
