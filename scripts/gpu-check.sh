@@ -95,7 +95,7 @@ if [[ $DRY == 1 ]]; then
     SANITIZER=${SANITIZER:-}                # none on the emulator, unless one is named
     NCU=${NCU:-}
     TORCH_DEVICE=cpu TORCH_ARGS=(--seconds 0.1 mlp lenet)
-    LAB_PAGES=(gemm reduce)
+    LAB_PAGES=(gemm reduce poolnorm)
 elif [[ -f $here/MANIFEST.txt ]]; then
     root=$here                              # gpu-check/, as make gpu-check-prepare fills it
 elif [[ -f $here/../gpu-check/MANIFEST.txt ]]; then
@@ -114,7 +114,7 @@ if [[ $DRY != 1 ]]; then
     SANITIZER=${SANITIZER:-$(command -v compute-sanitizer || echo "$CUDA_HOME/bin/compute-sanitizer")}
     NCU=${NCU:-$(command -v ncu || echo "$CUDA_HOME/bin/ncu")}
     TORCH_DEVICE=cuda TORCH_ARGS=(--seconds 1)
-    LAB_PAGES=(gemm conv reduce batchnorm depthwise)
+    LAB_PAGES=(gemm conv reduce batchnorm depthwise poolnorm)
 fi
 KILN=$BUILD/bin/kiln-gpu LAB=$BUILD/lab/kiln-lab LESSON12=$BUILD/bin/lesson-12
 TESTS=("$KILN" tests)
@@ -387,7 +387,8 @@ done
 step time-05-graph 30 "$KILN" lesson-05 --device cuda $GRAPH_ARGS ${LESSON_ARGS[05]/--epochs 1/} --cuda-graph
 # shellcheck disable=SC2086
 step time-wide 30 "$KILN" lesson-06 --device cuda $TIME_ARGS ${LESSON_ARGS[06]/--epochs 1/} $WIDE_ARGS
-# the same step with each batch norm and its GELU as one layer (lesson 06's --fuse): 12 launches fewer
+# the same step with each batch norm, its GELU and the max-pool before it as one layer (lesson 06's
+# --fuse): 18 launches fewer (6 BN+GELU pairs, 3 pools); the lab's poolnorm page times the pool's part
 # shellcheck disable=SC2086
 step time-wide-fused 30 "$KILN" lesson-06 --device cuda $TIME_ARGS ${LESSON_ARGS[06]/--epochs 1/} $WIDE_ARGS --fuse
 
