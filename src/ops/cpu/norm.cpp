@@ -10,6 +10,10 @@
 // (256 × 32 × 32 floats = 1 MiB) stays in L2 between the passes, so memory sees it about once.
 // Why two passes for the variance and not one (Σx², Σx)? var = E[x²] − E[x]² subtracts two
 // nearly equal numbers when |mean| ≫ std, and loses every digit; Σ(x − mean)² does not.
+// With a 2×2 max-pool fused in front (maxpool2x2_batchnorm_*), the thread first pools its
+// channel's N planes (max2x2.h, max pooling's own loop) into the kept pool, then runs the same
+// passes over it while it is in cache; its backward writes each row of batch norm's dx to a row
+// of its own and from there, through the windows' winner bytes, into the plane of dx.
 //
 // ---- Determinism ---------------------------------------------------------------------------
 // A channel's sums are taken by one thread, in a fixed pattern (8 float lanes along each row

@@ -11,7 +11,8 @@
 //
 // Max pooling saves, for each output, where its maximum came from (argmax, an index into its
 // input plane): backward is then a scatter, dx[argmax] += dy, with no comparison repeated.
-// It costs one i32 per output — the memory chapter counts it.
+// It costs one i32 per output — the memory chapter counts it. (Batch norm with the 2×2 pool
+// fused in front keeps a byte per output instead: which of the window's four won, ops/norm.h.)
 //
 // f16 and bf16: values are compared and summed in float and rounded once when stored; where
 // backward windows overlap, a dx element's terms are summed in a float plane first (F32Plane,
