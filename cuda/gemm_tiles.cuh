@@ -135,13 +135,19 @@ struct OperandLoader {
     static constexpr int kPer = kOuter * S::BK / kWidth / S::kThreads;    // chunks per thread
     static_assert(kWidth == 4 || (kWidth == 8 && sizeof(T) == 2), "float chunks of 4, 16-bit chunks of 8");
     static_assert(kPer * S::kThreads * kWidth == kOuter * S::BK, "the tile's chunks divide among the threads");
+    // The tile's own origin: X points at its first row (A) or column (B), outer counts from there,
+    // and extent is what is left of M or N from there on. The block's offset lives in X, not in
+    // a field of its own: one 64-bit value fewer for the compiler to keep through the loop, which
+    // at gemm_warp_tiled's 128-register cap decides whether the 128×128 tiles spill.
     const T* X;
-    int64_t ld, extent, k_end, outer0;  // extent: M (A) or N (B); k_end: the end of this block's k
+    int64_t ld, extent, k_end;  // k_end: the end of this block's k
     bool vec;
     Chunk r[kPer];
 
-    __device__ OperandLoader(const T* X_, int64_t ld_, int64_t extent_, int64_t k_end_, int64_t outer0_, bool vec_)
-        : X(X_), ld(ld_), extent(extent_), k_end(k_end_), outer0(outer0_), vec(vec_) {}
+    // The block's tile starts at row (A) or column (B) outer0 of the matrix X, which has `extent`
+    // of them.
+    __device__ OperandLoader(const T* X_, int64_t ld_, int64_t extent_, int64_t k_end_, int64_t outer0, bool vec_)
+        : X(kKContig ? X_ + outer0 * ld_ : X_ + outer0), ld(ld_), extent(extent_ - outer0), k_end(k_end_), vec(vec_) {}
 
     // Where this thread's chunk c lies in the tile: its first value's (outer, k).
     __device__ static void place(int c, int& outer, int& k) {
@@ -149,7 +155,7 @@ struct OperandLoader {
         const int along = e % kAcross * kWidth, other = e / kAcross;
         outer = kKContig ? other : along, k = kKContig ? along : other;
     }
-    // Value i of a chunk at (outer, k) is inside the matrix.
+    // Value i of a chunk at (outer, k) of the tile is inside the matrix.
     __device__ bool inside(int64_t outer, int64_t k, int i) const {
         return kKContig ? outer < extent && k + i < k_end : outer + i < extent && k < k_end;
     }
@@ -158,9 +164,9 @@ struct OperandLoader {
     __device__ void fetch(int64_t k0) {
         KILN_UNROLL
         for (int c = 0; c < kPer; c++) {
-            int o, kk;
-            place(c, o, kk);
-            const int64_t outer = outer0 + o, k = k0 + kk;
+            int outer, kk;
+            place(c, outer, kk);
+            const int64_t k = k0 + kk;
             const T* p = address(outer, k);
             if constexpr (kWidth == 4) {
                 float4 v = make_float4(0.0f, 0.0f, 0.0f, 0.0f);

@@ -222,7 +222,8 @@ __device__ __forceinline__ void cp_async_wait() {
 
 // A loader's tile for step k0 by cp.async, for rows that allow 16-byte chunks (vec): this thread's
 // chunks, where fetch would read them, copied straight into the stage (zeros outside the matrix:
-// an outside chunk's address is clamped to the matrix's start, which cp.async then does not read).
+// an outside chunk's address is clamped to the tile's start, inside the matrix, which cp.async then
+// does not read).
 template <class Loader>
 __device__ __forceinline__ void copy_async(const Loader& loader, int64_t k0, uint16_t* stage) {
     using S = typename Loader::Shape;
@@ -230,8 +231,8 @@ __device__ __forceinline__ void copy_async(const Loader& loader, int64_t k0, uin
     for (int c = 0; c < Loader::kPer; c++) {
         int o, k;
         Loader::place(c, o, k);
-        const bool inside = loader.inside(loader.outer0 + o, k0 + k, 0);
-        const void* p = inside ? loader.address(loader.outer0 + o, k0 + k) : loader.X;
+        const bool inside = loader.inside(o, k0 + k, 0);
+        const void* p = inside ? loader.address(o, k0 + k) : loader.X;
         cp_async16(&stage[Loader::kIsA ? S::a_index(o, k) : S::b_index(k, o)], p, inside);
     }
 }
