@@ -233,42 +233,55 @@ __global__ void bias_grad_kernel(const T* dy, ConvDims d, T* db) {
 }
 
 // ---- the implicit GEMM ------------------------------------------------------------------------------
+// The rows first, first + s, first + 2s, ... of a reduction index k = (a·KH + kh)·KW + kw, as
+// (a, kh, kw) (a is the channel c for x's rows, the filter o for dy's): s is decomposed once,
+// s = (sa·KH + skh)·KW + skw, and each move adds it with two carries (skw < KW, skh < KH), instead
+// of dividing k by KH·KW and KW for every row (a 64-bit division is a ~70-instruction subroutine
+// on a GPU, a 32-bit one about 20 instructions).
+struct TapCursor {
+    int a, kh, kw;     // the current row
+    int sa, skh, skw;  // the step, decomposed
+    __device__ TapCursor(int first, int s, int KH, int KW) {
+        const int KK = KH * KW;
+        a = first / KK, kh = first % KK / KW, kw = first % KW;
+        sa = s / KK, skh = s % KK / KW, skw = s % KW;
+    }
+    __device__ void next(int KH, int KW) {
+        kw += skw, kh += skh, a += sa;
+        if (kw >= KW) kw -= KW, kh++;
+        if (kh >= KH) kh -= KH, a++;
+    }
+};
+
 // One column j = (n·P + p)·Q + q of the virtual column matrix of group g, gathered by one thread:
 // its row kg = (c·KH + kh)·KW + kw is x[n, g·Cg + c, ih, iw] with ih = p·stride − padding +
 // kh·dilation, iw = q·stride − padding + kw·dilation (0 on padding, and for a column or row past
 // the end). The thread reads the rows kg = first, first + s, first + 2s, ... in that order (s:
-// the threads of a block over the tile's width), so it keeps (c, kh, kw) of its next row and
-// steps it by s = (sc·KH + skh)·KW + skw with two carries, instead of dividing kg by KH·KW and
-// KW for every element (a 64-bit division is a ~70-instruction subroutine on a GPU). Indices
+// the threads of a block over the tile's width), so a TapCursor steps (c, kh, kw). Indices
 // within one image group are 32-bit (the launchers check Cg·H·W < 2^31).
 template <typename T>
 struct ImplicitColumn {
     const T* xn;       // image n, the group's first channel
     int ih0, iw0;      // the window's top-left corner in x
     bool ok;           // j < N·P·Q
-    int c, kh, kw;     // the next row to gather
-    int sc, skh, skw;  // the step s between this thread's rows, decomposed once
+    TapCursor row;     // the next row to gather: (c, kh, kw)
 
-    __device__ ImplicitColumn(const T* x, const ConvDims& d, int64_t j, int64_t g, int first, int s) {
+    __device__ ImplicitColumn(const T* x, const ConvDims& d, int64_t j, int64_t g, int first, int s)
+        : row(first, s, int(d.KH), int(d.KW)) {
         const int64_t PQ = d.P * d.Q;
         ok = j < d.N * PQ;
         const int64_t n = ok ? j / PQ : 0;
         ih0 = int(j % PQ / d.Q * d.stride - d.padding);
         iw0 = int(j % d.Q * d.stride - d.padding);
         xn = x + (n * d.C + g * d.Cg) * d.H * d.W;
-        const int KW = int(d.KW), KK = int(d.KH * d.KW);
-        c = first / KK, kh = first % KK / KW, kw = first % KW;
-        sc = s / KK, skh = s % KK / KW, skw = s % KW;
     }
     // x at the next row (0 past Kc or on padding), then the cursor moves s rows on.
     __device__ float next(const ConvDims& d) {
-        const int H = int(d.H), W = int(d.W);
-        const int ih = ih0 + kh * int(d.dilation), iw = iw0 + kw * int(d.dilation);
+        const int H = int(d.H), W = int(d.W), c = row.a;
+        const int ih = ih0 + row.kh * int(d.dilation), iw = iw0 + row.kw * int(d.dilation);
         const bool inside = ok && c < d.Cg && ih >= 0 && ih < H && iw >= 0 && iw < W;
         const float v = inside ? float(xn[(c * H + ih) * W + iw]) : 0.0f;
-        kw += skw, kh += skh, c += sc;
-        if (kw >= d.KW) kw -= int(d.KW), kh++;  // skw < KW and skh < KH: one carry each
-        if (kh >= d.KH) kh -= int(d.KH), c++;
+        row.next(int(d.KH), int(d.KW));
         return v;
     }
 };
@@ -401,10 +414,100 @@ __global__ void __launch_bounds__(detail::wmma_tile::kThreads)
 // dx's sum is a gather (each thread sums what reaches its own dx element), so no two threads
 // write one place; dw's long K is split into slices summed in order by a second pass
 // (gemm_sum_slices_kernel, as cuda::gemm_split_k), so no atomics anywhere. Each loader gives every
-// thread fixed columns (or rows) of the tile and steps the other index with carries, as
-// ImplicitColumn does; consecutive threads take the index that is contiguous in memory (q or
-// iw), so a warp's gathers are coalesced. Loaders write through put_a / put_b, which know the
-// stage's layout: float [k][m] for the CUDA cores, 16-bit [m][k] or [k][m] for the tensor cores.
+// thread fixed columns (or rows) of the tile; consecutive threads take the index that is
+// contiguous in memory (q or iw), so a warp's gathers are coalesced. The gathered index that
+// runs over (c, kh, kw) or (o, kh, kw) is looked up in an offset table (ConvTap, below) instead
+// of being stepped and multiplied out per element. Loaders write through put_a / put_b, which
+// know the stage's layout: float [k][m] for the CUDA cores, 16-bit [m][k] or [k][m] for the
+// tensor cores.
+//
+// ---- offset tables ----------------------------------------------------------------------------------
+// A gathered element is x[n, c, ih0 + kh·dil, iw0 + kw·dil] (forward, dw) or dy[n, o, p, q] with
+// p·s = th − kh·dil (dx): its address is the column's part (n, ih0, iw0 or th, tw: fixed for a
+// thread) plus the row's part ((c, kh, kw) or (o, kh, kw): the same for every column). So the
+// row's part is worked out once per row, into a 16-byte ConvTap that every thread of the block
+// reads from shared memory, and an element costs one table read, two adds, two unsigned compares
+// and its load. Where each table lives:
+//   forward, dx   rows advance BK per step: TapRing, the rows of this step and the next, 2·BK
+//                 entries (256 B for BK = 8, 1 KiB for BK = 32); threads 0..BK−1 write the next
+//                 step's row each step, stepping (a, kh, kw) with a TapCursor: no division at all
+//   dw            the BN columns are the block's for the whole loop: BN entries (1–2 KiB), one
+//                 division per thread once per block
+// Shared memory, not a table over all of K in global or constant memory: it needs no workspace,
+// no extra launch and no host copy per call (constant memory is one per module, not per launch),
+// its size does not grow with C·KH·KW (2,304 rows of 16 B = 36 KiB for a 256-channel 3×3 layer),
+// and a warp's 32 lanes reading one entry is one broadcast.
+// In NCHW the gathered elements of one thread are not contiguous (rows are other channels or
+// taps; a row's neighbouring columns are other threads'), so the gathers stay scalar loads; the
+// vector loads are where a matrix is stored as the tile reads it: forward's w (GemmLoaderA).
+struct alignas(16) ConvTap {
+    int offset;  // the row's part of the element's index
+    int dh, dw;  // forward, dw: kh·dil, kw·dil;  dx: ⌊kh·dil / s⌋, ⌊kw·dil / s⌋
+    int key;     // dx: (kh·dil mod s) | (kw·dil mod s) << 16;  −1 (dx) or dh = kPastEnd (x): past the end
+};
+constexpr int kPastEnd = -(1 << 30);  // no ih0 + kPastEnd is inside an image
+
+// x's row (c, kh, kw): x[n, c, ih0 + dh, iw0 + dw] = xn[ih0·W + iw0 + offset] with
+//   offset = (c·H + kh·dil)·W + kw·dil,  dh = kh·dil,  dw = kw·dil     (c ≥ Cg: past the end)
+__device__ inline ConvTap x_tap(const ConvDims& d, int c, int kh, int kw) {
+    const int dh = kh * int(d.dilation), dw = kw * int(d.dilation);
+    if (c >= d.Cg) return {0, kPastEnd, 0, 0};
+    return {(c * int(d.H) + dh) * int(d.W) + dw, dh, dw, 0};
+}
+__device__ inline ConvTap x_tap(const ConvDims& d, const TapCursor& t) { return x_tap(d, t.a, t.kh, t.kw); }
+
+// dy's row (o, kh, kw) for dx's column (n, ih, iw), th = ih + pad = a·s + rh, tw = b·s + rw:
+// p·s = th − kh·dil is a whole multiple of s exactly when kh·dil mod s = rh, and then
+// p = a − ⌊kh·dil / s⌋ (q likewise), so
+//   dy[n, o, p, q] = dyn[a·Q + b + offset],  offset = o·P·Q − dh·Q − dw,  p = a − dh,  q = b − dw
+// when key = rh | rw << 16 and 0 ≤ p < P, 0 ≤ q < Q: no division per element.   (o ≥ Og: key −1)
+__device__ inline ConvTap dy_tap(const ConvDims& d, const TapCursor& t) {
+    const int h = t.kh * int(d.dilation), w = t.kw * int(d.dilation);
+    if (t.a >= d.Og) return {0, 0, 0, -1};
+    const int s = int(d.stride), dh = h / s, dw = w / s;
+    return {(t.a * int(d.P) - dh) * int(d.Q) - dw, dh, dw, h % s | w % s << 16};
+}
+
+// The table of the BK rows of one step, for the loaders whose rows move on by BK per step
+// (forward's x rows, dx's dy rows): two slots in shared memory, this step's and the next one's.
+// fetch(step t) reads slot t mod 2, then threads 0..BK−1 write the rows of step t + 1 into the
+// other slot. The tile's loop (two_stages) has one barrier between two fetches, which orders
+// both: the slot written in fetch(t) is read in fetch(t + 1), past one barrier; the slot it
+// overwrites was last read in fetch(t − 1), before another. The kernel waits at a barrier after
+// the constructor has filled slot 0 (step 0), before the loop.
+template <int BK, bool kDy>
+struct TapRing {
+    ConvTap (*slots)[BK];
+    int slot;
+    TapCursor row;  // thread t < BK: row t of the next step to write
+    __device__ TapRing(ConvTap (*slots_)[BK], const ConvDims& d)
+        : slots(slots_), slot(0), row(int(threadIdx.x), BK, int(d.KH), int(d.KW)) {
+        write(d, 0);
+    }
+    __device__ void write(const ConvDims& d, int into) {
+        if (int(threadIdx.x) < BK) {
+            slots[into][threadIdx.x] = kDy ? dy_tap(d, row) : x_tap(d, row);
+            row.next(int(d.KH), int(d.KW));
+        }
+    }
+    __device__ const ConvTap* current() const { return slots[slot]; }
+    __device__ void advance(const ConvDims& d) { write(d, slot ^ 1), slot ^= 1; }
+};
+
+// A thread's window of x for one column (forward) or one k row (dw): image n, corner (ih0, iw0).
+template <typename T>
+struct XWindow {
+    const T* xn;   // x[n, g·Cg]
+    int ih0, iw0;  // the corner
+    bool ok;       // the column (or row) is inside the product
+    //   x[n, g·Cg + c, ih0 + kh·dil, iw0 + kw·dil] for the tap's (c, kh, kw), 0 outside. The tap
+    //   is a copy: all of it is read (one 16-byte load), whatever the test decides.
+    __device__ float at(const ConvTap t, int H, int W) const {
+        const int ih = ih0 + t.dh, iw = iw0 + t.dw;
+        const bool inside = ok && unsigned(ih) < unsigned(H) && unsigned(iw) < unsigned(W);
+        return inside ? float(xn[ih0 * W + iw0 + t.offset]) : 0.0f;
+    }
+};
 
 template <class S, typename T>
 __device__ __forceinline__ void put_a(float (*As)[S::kLdA], int m, int k, float v) { As[k][m] = v; }
@@ -416,18 +519,29 @@ template <class S, typename T>
 __device__ __forceinline__ void put_b(uint16_t* Bs, int k, int n, float v) { Bs[S::b_index(k, n)] = detail::bits_of(T(v)); }
 
 // forward's B: column n = (img, p, q) of the virtual column matrix; this thread owns column
-// tid % BN of the tile and its rows tid / BN, + kThreads/BN, ... (ImplicitColumn walks them).
+// tid % BN of the tile (its window decoded once) and its rows tid / BN, + kThreads/BN, ... of
+// each step, looked up in the step's table.
 template <class S, typename T>
 struct ConvColumns {
     static constexpr int kStep = S::kThreads / S::BN, kPer = S::BK / kStep;
     static_assert(S::kThreads % S::BN == 0 && S::BK % kStep == 0, "whole columns per thread");
-    ImplicitColumn<T> column;
+    XWindow<T> window;
+    TapRing<S::BK, false> rows;
     float r[kPer];
-    __device__ ConvColumns(const T* x, const ConvDims& d, int64_t g, int64_t j0)
-        : column(x, d, j0 + int(threadIdx.x) % S::BN, g, int(threadIdx.x) / S::BN, kStep) {}
+    __device__ ConvColumns(const T* x, const ConvDims& d, int64_t g, int64_t j0, ConvTap (*taps)[S::BK])
+        : rows(taps, d) {
+        const int64_t PQ = d.P * d.Q, j = j0 + int(threadIdx.x) % S::BN;
+        window.ok = j < d.N * PQ;
+        const int64_t n = window.ok ? j / PQ : 0;
+        window.ih0 = int(j % PQ / d.Q * d.stride - d.padding);
+        window.iw0 = int(j % d.Q * d.stride - d.padding);
+        window.xn = x + (n * d.C + g * d.Cg) * d.H * d.W;
+    }
     __device__ void fetch(const ConvDims& d, int64_t) {
+        const ConvTap* taps = rows.current();
         KILN_UNROLL
-        for (int i = 0; i < kPer; i++) r[i] = column.next(d);
+        for (int i = 0; i < kPer; i++) r[i] = window.at(taps[int(threadIdx.x) / S::BN + i * kStep], int(d.H), int(d.W));
+        rows.advance(d);
     }
     template <typename Stage>
     __device__ void stash(Stage Bs) const {
@@ -471,43 +585,36 @@ struct ConvWeightsT {
 
 // dx's B: B[(o, kh, kw)][(img, ih, iw)] = dy[img, g·Og + o, p, q] for p·s = ih + pad − kh·dil and
 // q·s = iw + pad − kw·dil when those are whole and in range, else 0. This thread owns column
-// tid % BN (its (img, ih, iw) decoded once) and steps (o, kh, kw) like ImplicitColumn.
+// tid % BN (its (img, ih, iw) decoded once, as a, b and their remainders: see dy_tap) and its rows
+// of each step, looked up in the step's table.
 template <class S, typename T>
 struct ConvGradColumns {
     static constexpr int kStep = S::kThreads / S::BN, kPer = S::BK / kStep;
     static_assert(S::kThreads % S::BN == 0 && S::BK % kStep == 0, "whole columns per thread");
-    const T* dyn;      // dy[img, g·Og]
-    int th0, tw0;      // ih + pad and iw + pad
-    bool ok;           // the column is inside N·H·W
-    int o, kh, kw;     // the next row
-    int so, skh, skw;  // the step, decomposed
+    const T* dyn;  // dy[img, g·Og]
+    int a, b;      // ⌊(ih + pad) / s⌋, ⌊(iw + pad) / s⌋
+    int key;       // (ih + pad) mod s | (iw + pad) mod s << 16; −2 past the end of N·H·W
+    TapRing<S::BK, true> rows;
     float r[kPer];
-    __device__ ConvGradColumns(const T* dy, const ConvDims& d, int64_t g, int64_t j0) {
+    __device__ ConvGradColumns(const T* dy, const ConvDims& d, int64_t g, int64_t j0, ConvTap (*taps)[S::BK])
+        : rows(taps, d) {
         const int64_t HW = d.H * d.W, j = j0 + int(threadIdx.x) % S::BN;
-        ok = j < d.N * HW;
+        const bool ok = j < d.N * HW;
         const int64_t img = ok ? j / HW : 0;
-        th0 = int(j % HW / d.W + d.padding), tw0 = int(j % d.W + d.padding);
+        const int s = int(d.stride), th = int(j % HW / d.W + d.padding), tw = int(j % d.W + d.padding);
+        a = th / s, b = tw / s, key = ok ? th % s | tw % s << 16 : -2;
         dyn = dy + (img * d.O + g * d.Og) * d.P * d.Q;
-        const int KW = int(d.KW), KK = int(d.KH * d.KW), first = int(threadIdx.x) / S::BN;
-        o = first / KK, kh = first % KK / KW, kw = first % KW;
-        so = kStep / KK, skh = kStep % KK / KW, skw = kStep % KW;
     }
     __device__ void fetch(const ConvDims& d, int64_t) {
-        const int s = int(d.stride), dil = int(d.dilation), P = int(d.P), Q = int(d.Q);
+        const ConvTap* taps = rows.current();
+        const unsigned P = unsigned(d.P), Q = unsigned(d.Q);
         KILN_UNROLL
         for (int i = 0; i < kPer; i++) {
-            const int tp = th0 - kh * dil, tq = tw0 - kw * dil;  // p·s and q·s
-            float v = 0.0f;
-            if (ok && o < d.Og && tp >= 0 && tq >= 0) {
-                const bool whole = s == 1 || (tp % s == 0 && tq % s == 0);
-                const int p = s == 1 ? tp : tp / s, q = s == 1 ? tq : tq / s;
-                if (whole && p < P && q < Q) v = float(dyn[(int64_t(o) * P + p) * Q + q]);
-            }
-            r[i] = v;
-            kw += skw, kh += skh, o += so;
-            if (kw >= d.KW) kw -= int(d.KW), kh++;
-            if (kh >= d.KH) kh -= int(d.KH), o++;
+            const ConvTap t = taps[int(threadIdx.x) / S::BN + i * kStep];  // all 16 bytes, as one load
+            const bool inside = t.key == key && unsigned(a - t.dh) < P && unsigned(b - t.dw) < Q;
+            r[i] = inside ? float(dyn[a * int(Q) + b + t.offset]) : 0.0f;
         }
+        rows.advance(d);
     }
     template <typename Stage>
     __device__ void stash(Stage Bs) const {
@@ -552,42 +659,31 @@ struct ConvGradRows {
 
 // dw's B: B[(img, p, q)][(c, kh, kw)] = x[img, g·Cg + c, p·s − pad + kh·dil, q·s − pad + kw·dil];
 // this thread owns k row tid % BK (its (img, p, q) cursor moves BK on per step) and the columns
-// n = tid / BK, + kThreads/BK, ..., whose (c, kh, kw) it steps through with carries.
+// n = tid / BK, + kThreads/BK, ..., whose (c, kh, kw) are the block's table of its BN columns.
 template <class S, typename T>
 struct ConvPatches {
     static constexpr int kStep = S::kThreads / S::BK, kPer = S::BN / kStep;
     static_assert(S::kThreads % S::BK == 0 && S::BN % kStep == 0, "whole k rows per thread");
+    static_assert(S::kThreads >= S::BN, "one thread per column of the table");
     const T* xg;       // x[0, g·Cg]
     int64_t k, k_end;  // this thread's next k = (img·P + p)·Q + q
     int img, p, q, simg, sp, sq;
-    int c0, kh0, kw0;  // the first column's (c, kh, kw)
-    int sc, skh, skw;  // the step between columns, decomposed
-    int64_t n0;
+    const ConvTap* columns;  // the block's BN columns: the constructor writes them (one each)
     float r[kPer];
-    __device__ ConvPatches(const T* x, const ConvDims& d, int64_t g, int64_t n0_, int64_t k_begin, int64_t k_end_)
-        : xg(x + g * d.Cg * d.H * d.W), k(k_begin + int(threadIdx.x) % S::BK), k_end(k_end_), n0(n0_) {
-        const int Q = int(d.Q), PQ = int(d.P * d.Q), KW = int(d.KW), KK = int(d.KH * d.KW);
+    __device__ ConvPatches(const T* x, const ConvDims& d, int64_t g, int64_t n0, int64_t k_begin, int64_t k_end_,
+                           ConvTap* table)
+        : xg(x + g * d.Cg * d.H * d.W), k(k_begin + int(threadIdx.x) % S::BK), k_end(k_end_), columns(table) {
+        const int Q = int(d.Q), PQ = int(d.P * d.Q);
         img = int(k / PQ), p = int(k % PQ) / Q, q = int(k % Q);
         simg = S::BK / PQ, sp = S::BK % PQ / Q, sq = S::BK % Q;
-        const int first = int(n0) + int(threadIdx.x) / S::BK;
-        c0 = first / KK, kh0 = first % KK / KW, kw0 = first % KW;
-        sc = kStep / KK, skh = kStep % KK / KW, skw = kStep % KW;
+        if (int(threadIdx.x) < S::BN)
+            table[threadIdx.x] = x_tap(d, TapCursor(int(n0) + int(threadIdx.x), 1, int(d.KH), int(d.KW)));
     }
     __device__ void fetch(const ConvDims& d, int64_t) {
-        const int H = int(d.H), W = int(d.W), dil = int(d.dilation);
-        const int ih0 = p * int(d.stride) - int(d.padding), iw0 = q * int(d.stride) - int(d.padding);
-        const T* xn = xg + int64_t(img) * d.C * H * W;
-        const bool k_ok = k < k_end;
-        int c = c0, kh = kh0, kw = kw0;
+        const XWindow<T> window{xg + int64_t(img) * d.C * d.H * d.W, p * int(d.stride) - int(d.padding),
+                                q * int(d.stride) - int(d.padding), k < k_end};
         KILN_UNROLL
-        for (int i = 0; i < kPer; i++) {
-            const int ih = ih0 + kh * dil, iw = iw0 + kw * dil;
-            const bool inside = k_ok && c < d.Cg && ih >= 0 && ih < H && iw >= 0 && iw < W;
-            r[i] = inside ? float(xn[(int64_t(c) * H + ih) * W + iw]) : 0.0f;
-            kw += skw, kh += skh, c += sc;
-            if (kw >= d.KW) kw -= int(d.KW), kh++;
-            if (kh >= d.KH) kh -= int(d.KH), c++;
-        }
+        for (int i = 0; i < kPer; i++) r[i] = window.at(columns[int(threadIdx.x) / S::BK + i * kStep], int(d.H), int(d.W));
         k += S::BK, q += sq, p += sp, img += simg;
         if (q >= d.Q) q -= int(d.Q), p++;
         if (p >= d.P) p -= int(d.P), img++;
@@ -659,33 +755,47 @@ struct ConvTile {
     }
 };
 
+// The blocks per SM the forward and dx kernels' launch bounds ask the compiler to make room for:
+// on the CUDA cores 512 threads (two blocks of 256, four of 128), so at most 128 registers a
+// thread and 25% occupancy, as gemm_warp_tiled asks. The tensor cores' tiles hold more
+// accumulators and fragments per thread, and dw's loaders two running cursors (its rows and
+// the (n, p, q) of its k): at 128 registers they spill, so those are left to the compiler
+// (make CUDA=1 kernel-report shows each). 0 asks for nothing (nvcc then writes no .minnctapersm:
+// the same as leaving the argument out; 1 would not be, it moves ptxas's choices).
+template <class S, bool kTensor>
+constexpr int kMinBlocks = kTensor ? 0 : 512 / S::kThreads;
+
 // Block (bx, by, g): y's group g, output channels o0 = by·BM.., columns j0 = bx·BN.. .
 template <class S, typename T, bool kTensor>
-__global__ void __launch_bounds__(S::kThreads)
+__global__ void __launch_bounds__(S::kThreads, kMinBlocks<S, kTensor>)
     conv2d_forward_tiled_kernel(const T* x, const T* w, const T* b, T* y, ConvDims d, bool vec_w) {
     using Tile = ConvTile<S, T, kTensor>;
     __shared__ typename Tile::Stages stages;
     const int64_t g = blockIdx.z, o0 = int64_t(blockIdx.y) * S::BM, j0 = int64_t(blockIdx.x) * S::BN;
     using LoadW = std::conditional_t<kTensor, detail::MmaGemmLoaderA<S, false, T>, detail::GemmLoaderA<S, false, T>>;
     LoadW la(w + g * d.Og * d.Kc, d.Kc, d.Og, d.Kc, o0, vec_w);
-    ConvColumns<S, T> columns(x, d, g, j0);
+    __shared__ ConvTap taps[2][S::BK];
+    ConvColumns<S, T> columns(x, d, g, j0, taps);
     WithDims<ConvColumns<S, T>> lb{columns, d};
     ConvForwardOut<T> out{y, b, d, g, o0, j0};
+    __syncthreads();  // step 0's table is complete
     Tile::run(la, lb, 0, d.Kc, stages, out);
 }
 
 // Block (bx, by, g): dx's group g, channels c0 = by·BM.., columns j0 = bx·BN.. of N·H·W.
 template <class S, typename T, bool kTensor>
-__global__ void __launch_bounds__(S::kThreads)
+__global__ void __launch_bounds__(S::kThreads, kMinBlocks<S, kTensor>)
     conv2d_backward_data_tiled_kernel(const T* dy, const T* w, T* dx, ConvDims d) {
     using Tile = ConvTile<S, T, kTensor>;
     __shared__ typename Tile::Stages stages;
     const int64_t g = blockIdx.z, c0 = int64_t(blockIdx.y) * S::BM, j0 = int64_t(blockIdx.x) * S::BN;
     ConvWeightsT<S, T> weights(w, d, g, c0);
-    ConvGradColumns<S, T> columns(dy, d, g, j0);
+    __shared__ ConvTap taps[2][S::BK];
+    ConvGradColumns<S, T> columns(dy, d, g, j0, taps);
     WithDims<ConvWeightsT<S, T>> la{weights, d};
     WithDims<ConvGradColumns<S, T>> lb{columns, d};
     ConvDataOut<T> out{dx, d, g, c0, j0};
+    __syncthreads();  // step 0's table is complete
     Tile::run(la, lb, 0, d.Og * d.KH * d.KW, stages, out);
 }
 
@@ -702,12 +812,14 @@ __global__ void __launch_bounds__(S::kThreads)
     const int64_t o0 = int64_t(blockIdx.y) * S::BM, n0 = int64_t(blockIdx.x) * S::BN, NPQ = d.N * d.P * d.Q;
     const int64_t k_begin = slice * k_slice, k_end = NPQ < k_begin + k_slice ? NPQ : k_begin + k_slice;
     ConvGradRows<S, T> rows(dy, d, g, o0, k_begin, k_end);
-    ConvPatches<S, T> patches(x, d, g, n0, k_begin, k_end);
+    __shared__ ConvTap columns[S::BN];
+    ConvPatches<S, T> patches(x, d, g, n0, k_begin, k_end, columns);
     WithDims<ConvGradRows<S, T>> la{rows, d};
     WithDims<ConvPatches<S, T>> lb{patches, d};
     const bool partial = slices > 1;
     detail::GemmEpilogue<CT> out{out_base + slice * d.O * d.Kc + g * d.Og * d.Kc, d.Kc, d.Og, d.Kc, o0, n0, 1.0f,
                                  partial ? 0.0f : 1.0f, false};
+    __syncthreads();  // the columns' table is complete
     Tile::run(la, lb, k_begin, k_end, stages, out);
 }
 
@@ -978,12 +1090,15 @@ void with_tile(int64_t M, int64_t N, int64_t K, int64_t groups, Launch launch) {
     launch(detail::FmaSmall{}, std::false_type{});
 }
 
-// What every tiled pass checks: its grid and 32-bit indices within one image and group.
+// What every tiled pass checks: its grid and 32-bit indices within one image and group, and a
+// stride whose remainders fit dx's 16-bit halves of ConvTap::key.
 void check_tiled(const ConvDims& d, int64_t groups, int64_t M, int64_t columns, const char* op) {
     KILN_CHECK(groups <= 65535 && (M + 15) / 16 <= 65535 && (columns + 15) / 16 <= 0x7fffffff &&
-                   d.C * std::max(d.H * d.W, d.P * d.Q) <= 0x7fffffff && d.O * d.P * d.Q <= 0x7fffffff,
+                   d.C * std::max(d.H * d.W, d.P * d.Q) <= 0x7fffffff && d.O * d.P * d.Q <= 0x7fffffff &&
+                   d.stride <= 0xffff,
                op, ": groups=", groups, ", ", M, " rows, ", columns, " columns, C·H·W=", d.C * d.H * d.W,
-               " or O·P·Q=", d.O * d.P * d.Q, " exceed the grid's or 32-bit indices' limits of the tiled kernels");
+               ", O·P·Q=", d.O * d.P * d.Q, " or stride=", d.stride,
+               " exceed the grid's, 32-bit indices' or offset tables' limits of the tiled kernels");
 }
 
 template <typename T>
