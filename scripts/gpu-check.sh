@@ -95,7 +95,7 @@ if [[ $DRY == 1 ]]; then
     SANITIZER=${SANITIZER:-}                # none on the emulator, unless one is named
     NCU=${NCU:-}
     TORCH_DEVICE=cpu TORCH_ARGS=(--seconds 0.1 mlp lenet)
-    LAB_PAGES=(gemm reduce poolnorm)
+    LAB_PAGES=(gemm reduce poolnorm layout)
 elif [[ -f $here/MANIFEST.txt ]]; then
     root=$here                              # gpu-check/, as make gpu-check-prepare fills it
 elif [[ -f $here/../gpu-check/MANIFEST.txt ]]; then
@@ -114,7 +114,7 @@ if [[ $DRY != 1 ]]; then
     SANITIZER=${SANITIZER:-$(command -v compute-sanitizer || echo "$CUDA_HOME/bin/compute-sanitizer")}
     NCU=${NCU:-$(command -v ncu || echo "$CUDA_HOME/bin/ncu")}
     TORCH_DEVICE=cuda TORCH_ARGS=(--seconds 1)
-    LAB_PAGES=(gemm conv reduce batchnorm depthwise poolnorm)
+    LAB_PAGES=(gemm conv reduce batchnorm depthwise poolnorm layout)
 fi
 KILN=$BUILD/bin/kiln-gpu LAB=$BUILD/lab/kiln-lab LESSON12=$BUILD/bin/lesson-12
 TESTS=("$KILN" tests)
