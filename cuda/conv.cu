@@ -127,6 +127,7 @@
 #include <type_traits>
 
 #include "common.cuh"
+#include "core/cuda_memory.h"
 #include "gemm_tiles.cuh"
 #include "gemm_versions.h"
 #include "ops/conv.h"
@@ -401,7 +402,7 @@ __global__ void __launch_bounds__(detail::wmma_tile::kThreads)
 // The three passes are three matrix products whose operands are gathered from the tensors as the
 // tiles are loaded (no column matrix in memory), each computed by the engine's block tile:
 // detail::fma_tile on the CUDA cores (gemm_tiles.cuh: warp tiling, two stages) for every type,
-// detail::mma_tile on the tensor cores (tensor_tiles.cuh) for f16 and bf16. Per group g:
+// detail::mma_tile on the tensor cores (tensor_tiles.cuh) for f16 and bf16 (and f32 as TF32). Per group g:
 //
 //   forward  y[o, (n,p,q)]       = Σ_{(c,kh,kw)} w[o, (c,kh,kw)] · x[n, c, p·s − pad + kh·dil, q·s − pad + kw·dil]
 //            M = Og, N = N·P·Q, K = Kc = Cg·KH·KW        A: w as stored; B: ConvColumns
@@ -418,8 +419,8 @@ __global__ void __launch_bounds__(detail::wmma_tile::kThreads)
 // contiguous in memory (q or iw), so a warp's gathers are coalesced. The gathered index that
 // runs over (c, kh, kw) or (o, kh, kw) is looked up in an offset table (ConvTap, below) instead
 // of being stepped and multiplied out per element. Loaders write through put_a / put_b, which
-// know the stage's layout: float [k][m] for the CUDA cores, 16-bit [m][k] or [k][m] for the
-// tensor cores.
+// know the stage's layout: float [k][m] for the CUDA cores, 16-bit (or TF32's tf32-rounded float)
+// [m][k] or [k][m] for the tensor cores.
 //
 // ---- offset tables ----------------------------------------------------------------------------------
 // A gathered element is x[n, c, ih0 + kh·dil, iw0 + kw·dil] (forward, dw) or dy[n, o, p, q] with
@@ -514,9 +515,13 @@ __device__ __forceinline__ void put_a(float (*As)[S::kLdA], int m, int k, float 
 template <class S, typename T>
 __device__ __forceinline__ void put_a(uint16_t* As, int m, int k, float v) { As[S::a_index(m, k)] = detail::bits_of(T(v)); }
 template <class S, typename T>
+__device__ __forceinline__ void put_a(float* As, int m, int k, float v) { As[S::a_index(m, k)] = detail::tf32_round(v); }
+template <class S, typename T>
 __device__ __forceinline__ void put_b(float (*Bs)[S::kLdB], int k, int n, float v) { Bs[k][n] = v; }
 template <class S, typename T>
 __device__ __forceinline__ void put_b(uint16_t* Bs, int k, int n, float v) { Bs[S::b_index(k, n)] = detail::bits_of(T(v)); }
+template <class S, typename T>
+__device__ __forceinline__ void put_b(float* Bs, int k, int n, float v) { Bs[S::b_index(k, n)] = detail::tf32_round(v); }
 
 // forward's B: column n = (img, p, q) of the virtual column matrix; this thread owns column
 // tid % BN of the tile (its window decoded once) and its rows tid / BN, + kThreads/BN, ... of
@@ -744,7 +749,8 @@ struct ConvDataOut {
     }
 };
 
-// The block tile on the CUDA cores (kTensor false) or the tensor cores (true; T = f16, bf16).
+// The block tile on the CUDA cores (kTensor false) or the tensor cores (true; T = f16, bf16, or
+// float as TF32).
 template <class S, typename T, bool kTensor>
 struct ConvTile {
     using Stages = std::conditional_t<kTensor, detail::MmaStages<S>, detail::FmaStages<S>>;
@@ -1054,13 +1060,9 @@ void conv2d_backward_weight_depthwise(const T* x, const T* dy, T* dw, T* db, con
 // ---- the engine's implicit GEMMs: shapes and launches --------------------------------------------------
 // The tile shapes: 128×128 when there are two such tiles per SM, else 64×64; 16×128 when the
 // product has at most 16 rows (LeNet's first layers), where taller tiles would be mostly
-// padding. The tensor cores take f16 and bf16 when the product has at least 16 rows, columns
-// and k (one mma block each way); below that, the CUDA cores.
+// padding. The tensor cores take f16 and bf16, and f32 with TF32 on (set_tf32), when the product
+// has at least 16 rows, columns and k (one mma block each way); below that, the CUDA cores.
 using FmaNarrow = detail::FmaShape<16, 128, 32, 1, 4, 1, 1>;
-template <bool A_KC, bool B_KC>
-using MmaBig = detail::MmaShape<128, 128, 32, 2, 4, A_KC, B_KC>;
-template <bool A_KC, bool B_KC>
-using MmaSmall = detail::MmaShape<64, 64, 32, 2, 2, A_KC, B_KC>;
 
 enum class TileShape { Narrow, Small, Big };
 
@@ -1072,18 +1074,16 @@ TileShape tile_shape(int64_t M, int64_t N, int64_t groups) {
 
 template <typename T>
 bool tensor_cores_take(int64_t M, int64_t N, int64_t K) {
-    return !std::is_same_v<T, float> && M >= 16 && N >= 16 && K >= 16;
+    return (!std::is_same_v<T, float> || tf32_on()) && M >= 16 && N >= 16 && K >= 16;
 }
 
 // Calls launch(shape, tensor) with the shape (a type) and whether it is the tensor cores'.
 template <typename T, bool A_KC, bool B_KC, typename Launch>
 void with_tile(int64_t M, int64_t N, int64_t K, int64_t groups, Launch launch) {
     const TileShape shape = tile_shape(M, N, groups);
-    if constexpr (!std::is_same_v<T, float>) {
-        if (tensor_cores_take<T>(M, N, K)) {
-            if (shape == TileShape::Big) return launch(MmaBig<A_KC, B_KC>{}, std::true_type{});
-            return launch(MmaSmall<A_KC, B_KC>{}, std::true_type{});
-        }
+    if (tensor_cores_take<T>(M, N, K)) {
+        if (shape == TileShape::Big) return launch(detail::MmaBig<T, A_KC, B_KC>{}, std::true_type{});
+        return launch(detail::MmaSmall<T, A_KC, B_KC>{}, std::true_type{});
     }
     if (shape == TileShape::Narrow) return launch(FmaNarrow{}, std::false_type{});
     if (shape == TileShape::Big) return launch(detail::FmaBig{}, std::false_type{});
@@ -1110,7 +1110,7 @@ void conv2d_forward_tiled(const T* x, const T* w, const T* b, T* y, const Conv2d
         using S = decltype(shape);
         constexpr auto conv_forward = conv2d_forward_tiled_kernel<S, T, decltype(tensor)::value>;
         bool vec_w = false;  // the weights' rows as 16-byte vectors
-        if constexpr (decltype(tensor)::value) vec_w = detail::vector_chunks8(w, d.Kc, d.Kc);
+        if constexpr (decltype(tensor)::value) vec_w = detail::vector_chunks16(w, d.Kc, d.Kc);
         else vec_w = detail::vector_chunks(w, d.Kc, d.Kc);
         const dim3 grid(unsigned((NPQ + S::BN - 1) / S::BN), unsigned((d.Og + S::BM - 1) / S::BM), unsigned(p.groups));
         const dim3 block(S::kThreads);

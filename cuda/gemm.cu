@@ -14,6 +14,8 @@
 //              128×128 or 64×64 tiles by size. Split-K (gemm_split_k) runs it on slices of K.
 //   version 7  gemm_tensor_cores   T = f16 or bf16 when M, N and K are all ≥ 16: version 6's loop
 //              with the products on the tensor cores (mma.sync, fed by ldmatrix), sums in float.
+//              T = float as well when TF32 is on (set_tf32, the trainers' --tf32; off by default):
+//              operands rounded to tf32 (10 mantissa bits), mma.sync.m16n8k8.tf32, sums in float.
 //   version 8  gemm_tensor_cores_async   version 7 with a deeper pipeline of asynchronous copies
 //              (sm_80+); the lab's (cuda::lab::gemm_tensor_cores_async), not the engine's yet.
 //
@@ -25,6 +27,7 @@
 // `make test T='[wmma]'` the 16-bit versions; the kernel lab (cuda/lab/gemm.cu, `make lab`) runs
 // every version, and on a GPU (`make CUDA=1 lab`) times them against cuBLAS.
 #include "common.cuh"
+#include "core/cuda_memory.h"
 #include "gemm_launch.cuh"
 #include "gemm_tiles.cuh"
 #include "tensor_tiles.cuh"
@@ -205,11 +208,11 @@ void split_k(int64_t M, int64_t N, int64_t K, float alpha, const T* A, int64_t l
 }
 
 // Version 7 with 128×128 tiles (8 warps of 64×32) when they fill the GPU twice over, else 64×64
-// (4 warps of 32×32); BK 32.
+// (4 warps of 32×32); BK 32 (16 for TF32).
 template <bool TA, bool TB, typename T>
 void mma_tiles(int64_t M, int64_t N, int64_t K, float alpha, const T* A, int64_t lda, const T* B, int64_t ldb,
                float beta, T* C, int64_t ldc) {
-    const bool vec_a = detail::vector_chunks8(A, lda, TA ? M : K), vec_b = detail::vector_chunks8(B, ldb, TB ? K : N);
+    const bool vec_a = detail::vector_chunks16(A, lda, TA ? M : K), vec_b = detail::vector_chunks16(B, ldb, TB ? K : N);
     const auto launch = [&](auto shape) {
         using S = decltype(shape);
         constexpr auto gemm_mma = gemm_tensor_cores<S, TA, TB, T>;
@@ -217,23 +220,26 @@ void mma_tiles(int64_t M, int64_t N, int64_t K, float alpha, const T* A, int64_t
         KILN_LAUNCH(gemm_mma, grid, block, 0)(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, vec_a, vec_b);
         KILN_CHECK_LAUNCH(gemm_mma, grid, block);
     };
-    if (big_tiles_fill(M, N)) launch(detail::MmaShape<128, 128, 32, 2, 4, !TA, TB>{});
-    else launch(detail::MmaShape<64, 64, 32, 2, 2, !TA, TB>{});
+    if (big_tiles_fill(M, N)) launch(detail::MmaBig<T, !TA, TB>{});
+    else launch(detail::MmaSmall<T, !TA, TB>{});
 }
 
-// The engine's rule for f16 and bf16: the tensor cores when every dimension fills at least one
-// 16-wide block; below that (a matrix-vector product, K < 16) most of each 16×8×16 step would
-// multiply padding, and version 6 does the few products instead.
-bool tensor_cores_fit(int64_t M, int64_t N, int64_t K) { return M >= 16 && N >= 16 && K >= 16; }
+// The engine's rule for f16 and bf16, and for f32 with TF32 on: the tensor cores when every
+// dimension fills at least one 16-wide block; below that (a matrix-vector product, K < 16) most
+// of each mma step would multiply padding, and version 6 does the few products instead.
+template <typename T>
+bool tensor_cores_fit(int64_t M, int64_t N, int64_t K) {
+    return (!std::is_same_v<T, float> || tf32_on()) && M >= 16 && N >= 16 && K >= 16;
+}
 
 // Version 8's launch: 128×128×32 tiles of 8 warps, kStages stages; rows that do not allow
 // 16-byte chunks go to version 7.
 template <int kStages, bool TA, bool TB, typename T>
 void async_tiles(int64_t M, int64_t N, int64_t K, float alpha, const T* A, int64_t lda, const T* B, int64_t ldb,
                  float beta, T* C, int64_t ldc) {
-    if (!detail::vector_chunks8(A, lda, TA ? M : K) || !detail::vector_chunks8(B, ldb, TB ? K : N))
+    if (!detail::vector_chunks16(A, lda, TA ? M : K) || !detail::vector_chunks16(B, ldb, TB ? K : N))
         return mma_tiles<TA, TB>(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
-    using S = detail::MmaShape<128, 128, 32, 2, 4, !TA, TB>;
+    using S = detail::MmaBig<T, !TA, TB>;
     constexpr auto gemm_mma_async = gemm_tensor_cores_async<S, kStages, TA, TB, T>;
     const int bytes = int(kStages * (S::kAElems + S::kBElems) * sizeof(uint16_t));
     KILN_CUDA_CHECK(cudaFuncSetAttribute(gemm_mma_async, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes));
@@ -248,11 +254,9 @@ template <typename T>
 void gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const T* A, int64_t lda,
           const T* B, int64_t ldb, float beta, T* C, int64_t ldc) {
     if (gemm_trivial(M, N, K, alpha, beta, C, ldc)) return;
-    if constexpr (!std::is_same_v<T, float>) {
-        if (tensor_cores_fit(M, N, K))
-            return pick<T>(mma_tiles<false, false>, mma_tiles<false, true>, mma_tiles<true, false>,
-                           mma_tiles<true, true>, trans_a, trans_b)(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
-    }
+    if (tensor_cores_fit<T>(M, N, K))
+        return pick<T>(mma_tiles<false, false>, mma_tiles<false, true>, mma_tiles<true, false>, mma_tiles<true, true>,
+                       trans_a, trans_b)(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
     pick<T>(warp_tiled<false, false>, warp_tiled<false, true>, warp_tiled<true, false>, warp_tiled<true, true>,
             trans_a, trans_b)(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
 }
@@ -271,7 +275,9 @@ int64_t gemm_split_k_slices(int64_t M, int64_t N, int64_t K) {
 template <typename T>
 void gemm_split_k(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const T* A,
                   int64_t lda, const T* B, int64_t ldb, float beta, T* C, int64_t ldc) {
-    const int64_t S = std::is_same_v<T, float> && M > 0 && N > 0 ? gemm_split_k_slices(M, N, K) : 1;
+    // (TF32 runs the tensor cores' tiles, which do not split K: gemm takes the product whole.)
+    const bool split = std::is_same_v<T, float> && M > 0 && N > 0 && !tensor_cores_fit<T>(M, N, K);
+    const int64_t S = split ? gemm_split_k_slices(M, N, K) : 1;
     if (S == 1 || alpha == 0.0f) return gemm(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
     if constexpr (std::is_same_v<T, float>) {
         // Slices of whole BK = 32 steps, so every slice but the last runs full tiles; S is
@@ -300,6 +306,9 @@ void gemm_tensor_cores_async(int stages, bool trans_a, bool trans_b, int64_t M, 
 }
 
 }  // namespace lab
+
+void set_tf32(bool on) { cuda_detail::tf32().store(on); }
+bool tf32_on() { return cuda_detail::tf32().load(std::memory_order_relaxed); }
 
 KILN_INSTANTIATE_FLOAT(gemm);
 KILN_INSTANTIATE_FLOAT(gemm_split_k);

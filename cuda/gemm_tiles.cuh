@@ -97,6 +97,24 @@ __device__ __forceinline__ void write4(T* p, float4 v) {
 __device__ __forceinline__ float& at(float4& v, int i) { return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w; }
 __device__ __forceinline__ float at(const float4& v, int i) { return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w; }
 
+// ---- TF32: the tensor cores' f32 operands (tensor_tiles.cuh) ---------------------------------------------------------------------------------------
+// cvt.rna.tf32.f32: v rounded to 10 mantissa bits (nearest, ties away from zero), as an f32 whose
+// low 13 bits are zero.
+__device__ __forceinline__ float tf32_round(float v) {
+    uint32_t r;
+#if defined(__CUDACC__)
+    asm("cvt.rna.tf32.f32 %0, %1;\n" : "=r"(r) : "f"(v));
+#else
+    r = emu::ptx::cvt_rna_tf32(v);
+#endif
+    float out;
+    memcpy(&out, &r, sizeof out);
+    return out;
+}
+__device__ __forceinline__ float4 tf32_round(float4 v) {
+    return make_float4(tf32_round(v.x), tf32_round(v.y), tf32_round(v.z), tf32_round(v.w));
+}
+
 // True when 4-element chunks along a matrix's contiguous dimension can be loaded as one vector:
 // the rows start aligned (ld and the pointer) and the dimension is a whole number of chunks, so
 // a chunk is either inside the matrix or wholly outside it. Host code.
@@ -209,13 +227,22 @@ struct OperandLoader {
             }
         }
     }
-    // The tensor cores' stage: 16-bit values at S::a_index(m, k) or S::b_index(k, n).
+    // The tensor cores' stage, at S::a_index(m, k) or S::b_index(k, n): 16-bit values, or floats
+    // rounded to tf32 (tf32_round).
     __device__ void stash(uint16_t* stage) const {
         KILN_UNROLL
         for (int c = 0; c < kPer; c++) {
             int o, k;
             place(c, o, k);
             *reinterpret_cast<uint4*>(&stage[kIsA ? S::a_index(o, k) : S::b_index(k, o)]) = r[c];
+        }
+    }
+    __device__ void stash(float* stage) const {
+        KILN_UNROLL
+        for (int c = 0; c < kPer; c++) {
+            int o, k;
+            place(c, o, k);
+            *reinterpret_cast<float4*>(&stage[kIsA ? S::a_index(o, k) : S::b_index(k, o)]) = tf32_round(r[c]);
         }
     }
 };

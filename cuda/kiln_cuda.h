@@ -49,6 +49,13 @@ inline std::atomic<bool>& kernel_timing() {
 }
 void kernel_timing_start(const char* kernel, cudaStream_t stream);  // cuda/kernel_times.cu
 void kernel_timing_stop();
+// ---- TF32 for f32 products (src/core/cuda_memory.h set_tf32; the trainers' --tf32) --------------
+// On: the f32 GEMM and implicit-GEMM convolutions run on the tensor cores with operands rounded to
+// tf32 (cuda/tensor_tiles.cuh). Off (the default): f32 on the CUDA cores, every bit as before.
+inline std::atomic<bool>& tf32() {
+    static std::atomic<bool> on{false};
+    return on;
+}
 // ---- the stream every KILN_LAUNCH goes to, and the launches counted -----------------------------
 // kiln launches its kernels, device-to-device copies and fills on the legacy default stream
 // (nullptr), which orders them with every synchronous copy — except while a CUDA Graph is being

@@ -1,5 +1,5 @@
-// tensor_tiles.cuh — the block tile of gemm_tiles.cuh on the tensor cores, for T = f16 and bf16:
-// the same loop (loaders fetch a step's tiles into registers while the previous step is
+// tensor_tiles.cuh — the block tile of gemm_tiles.cuh on the tensor cores, for T = f16 and bf16,
+// and for T = float as TF32 (cuda::set_tf32, off by default): the same loop (loaders fetch a step's tiles into registers while the previous step is
 // multiplied, two stages of shared memory, one barrier per step), but the products are the
 // tensor cores' mma.sync instructions, fed from shared memory by ldmatrix. Sums in f32.
 //
@@ -17,13 +17,26 @@
 // each 8×8 matrix on the way, so the loaders keep each matrix's own contiguous dimension and the
 // global loads stay 16-byte vectors: A_KC / B_KC in MmaShape say which way each tile lies.
 //
+// TF32 (T = float): the tiles stay f32 in shared memory (4 bytes a value, BK 16 for the same 64
+// bytes of k per row), each value rounded once, by cvt.rna.tf32.f32, as it is stored there
+// (tf32_round): without it the tensor cores would truncate (see cuda/emu/mma.h). Per k8 step:
+//   mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32    D[16×8] = A[16×8]·B[8×8] + C
+// with the same C/D places as m16n8k16's, so the accumulators and the epilogue are shared. Its
+// fragments are read by plain 32-bit shared loads, not ldmatrix: ldmatrix's .trans moves 16-bit
+// values, so it cannot transpose the k-major tiles (the convolutions' columns, dx's and dw's
+// operands), and plain loads serve every layout with one code path. They are conflict-free when
+// the 8 groups' × 4 threads' addresses fall in 32 different banks: a fragment load reads
+// (outer g, k t) for g < 8, t < 4, i.e. word g·ld + t of a k-contiguous tile (ld = BK + 4 = 20:
+// 20g mod 32 steps by 4 banks or more) or t·ld + g of a k-major one (ld = BM + 8 or BN + 8 ≡ 8
+// mod 32: 8t + g) — hence the padding by layout (kPadKc, kPadOuter).
+//
 // ---- the tile ---------------------------------------------------------------------------------------
 // kThreads = 32·WARPS_M·WARPS_N; warp w owns the WM×WN patch at (w / WARPS_N, w % WARPS_N), as
 // MI × NI blocks of 16×8 (MI = WM/16, NI = WN/8), each one mma's D: acc[MI][NI][4] floats.
 // Per k16 step of a stage: MI ldmatrix for A, NI/2 for B, MI·NI mma.
-// Shared memory rows are padded by 8 values (16 bytes): the 8 row addresses of one ldmatrix
-// matrix then fall in 8 different 16-byte bank groups (rows of 80 or 272 bytes: 5 or 17 groups
-// apart), so each ldmatrix is conflict-free.
+// 16-bit shared memory rows are padded by 8 values (16 bytes): the 8 row addresses of one
+// ldmatrix matrix then fall in 8 different 16-byte bank groups (rows of 80 or 272 bytes: 5 or 17
+// groups apart), so each ldmatrix is conflict-free.
 //
 // Loaders: as gemm_tiles.cuh's; their stash writes 16-bit values through S::a_index(m, k) /
 // S::b_index(k, n). Epilogue: as gemm_tiles.cuh's, store(m, n, v) with two values: columns n, n + 1 of
@@ -87,25 +100,53 @@ __device__ __forceinline__ void mma_16816(float (&d)[4], const uint32_t (&a)[4],
 #endif
 }
 
+// ---- TF32 (tf32_round: gemm_tiles.cuh) ----------------------------------------------------------------
+// d += a·b on the tensor cores: A 16×8, B 8×8 in tf32 (f32 bits, rounded by tf32_round), d 16×8 floats.
+__device__ __forceinline__ void mma_1688_tf32(float (&d)[4], const uint32_t (&a)[4], const uint32_t (&b)[2]) {
+#if defined(__CUDACC__)
+    asm volatile("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
+                 "{%8, %9}, {%0, %1, %2, %3};\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+#else
+    emu::ptx::mma_m16n8k8_tf32(d, a, b);
+#endif
+}
+
 // ---- the tile's shape and its shared memory ------------------------------------------------------
-template <int BM_, int BN_, int BK_, int WARPS_M, int WARPS_N, bool A_KC_, bool B_KC_>
+// E: a shared-memory value, uint16_t (f16 or bf16 bits) or float (tf32-rounded f32).
+template <int BM_, int BN_, int BK_, int WARPS_M, int WARPS_N, bool A_KC_, bool B_KC_, typename E = uint16_t>
 struct MmaShape {
+    using Elem = E;
     static constexpr int BM = BM_, BN = BN_, BK = BK_;
     static constexpr int kWarpsM = WARPS_M, kWarpsN = WARPS_N, kThreads = 32 * WARPS_M * WARPS_N;
     static constexpr int WM = BM / WARPS_M, WN = BN / WARPS_N, MI = WM / 16, NI = WN / 8;
     static constexpr bool A_KC = A_KC_, B_KC = B_KC_;  // A as [m][k], B as [n][k] (else k-major)
-    static constexpr int kLdA = A_KC ? BK + 8 : BM + 8, kLdB = B_KC ? BK + 8 : BN + 8;
+    // Padding (see the header): 16 bytes for ldmatrix's rows; for f32, 4 values on a k-contiguous
+    // tile and 8 on a k-major one, for conflict-free fragment loads.
+    static constexpr int kPadKc = sizeof(E) == 2 ? 8 : 4, kPadOuter = 8;
+    static constexpr int kLdA = A_KC ? BK + kPadKc : BM + kPadOuter, kLdB = B_KC ? BK + kPadKc : BN + kPadOuter;
     static constexpr int kAElems = (A_KC ? BM : BK) * kLdA, kBElems = (B_KC ? BN : BK) * kLdB;
     static_assert(BK % 16 == 0 && WM % 16 == 0 && WN % 16 == 0, "whole mma blocks, B fragments in pairs");
     __device__ static int a_index(int m, int k) { return A_KC ? m * kLdA + k : k * kLdA + m; }
     __device__ static int b_index(int k, int n) { return B_KC ? n * kLdB + k : k * kLdB + n; }
 };
 
-// Two stages of each tile, as 16-bit patterns (f16 or bf16 alike).
+// The engine's two shapes for element type T: 128×128 (8 warps of 64×32) or 64×64 (4 warps of
+// 32×32), BK 64 bytes of k (32 16-bit values, 16 floats: two f32 stages stay under the 48 KiB of
+// static shared memory).
+template <typename T>
+using MmaElem = std::conditional_t<sizeof(T) == 4, float, uint16_t>;
+template <typename T, bool A_KC, bool B_KC>
+using MmaBig = MmaShape<128, 128, 64 / int(sizeof(T)), 2, 4, A_KC, B_KC, MmaElem<T>>;
+template <typename T, bool A_KC, bool B_KC>
+using MmaSmall = MmaShape<64, 64, 64 / int(sizeof(T)), 2, 2, A_KC, B_KC, MmaElem<T>>;
+
+// Two stages of each tile: 16-bit patterns (f16 or bf16 alike), or tf32-rounded floats.
 template <class S>
 struct alignas(16) MmaStages {
-    uint16_t As[2][S::kAElems];
-    uint16_t Bs[2][S::kBElems];
+    typename S::Elem As[2][S::kAElems];
+    typename S::Elem Bs[2][S::kBElems];
 };
 
 // ---- one warp's products ----------------------------------------------------------------------------
@@ -148,7 +189,13 @@ struct MmaWarp {
     }
 
     //   acc[mi][ni] += A[rows of mi, k] · B[k, columns of ni]      k over the stage, 16 at a time
-    __device__ void multiply(const uint16_t* As, const uint16_t* Bs, float (&acc)[S::MI][S::NI][4]) const {
+    //   (TF32: 8 at a time, multiply_tf32)
+    __device__ void multiply(const typename S::Elem* As, const typename S::Elem* Bs,
+                             float (&acc)[S::MI][S::NI][4]) const {
+        if constexpr (std::is_same_v<T, float>) multiply_tf32(As, Bs, acc);
+        else multiply_16bit(As, Bs, acc);
+    }
+    __device__ void multiply_16bit(const uint16_t* As, const uint16_t* Bs, float (&acc)[S::MI][S::NI][4]) const {
         KILN_UNROLL
         for (int kk = 0; kk < S::BK; kk += 16) {
             uint32_t a[S::MI][4], b[S::NI][2];
@@ -164,6 +211,38 @@ struct MmaWarp {
             for (int mi = 0; mi < S::MI; mi++) {
                 KILN_UNROLL
                 for (int ni = 0; ni < S::NI; ni++) mma_16816<T>(acc[mi][ni], a[mi], b[ni]);
+            }
+        }
+    }
+
+    // The m16n8k8 fragments (cuda/emu/mma.h) by 32-bit shared loads, g = lane / 4, t = lane % 4:
+    //   a[mi] = A[m + g, k + t], A[m + g + 8, k + t], A[m + g, k + t + 4], A[m + g + 8, k + t + 4]
+    //   b[ni] = B[k + t, n + g], B[k + t + 4, n + g]          m = wm0 + 16·mi, n = wn0 + 8·ni
+    __device__ void multiply_tf32(const float* As, const float* Bs, float (&acc)[S::MI][S::NI][4]) const {
+        const int g = lane / 4, t = lane % 4;
+        const auto bits = [](float v) {
+            uint32_t r;
+            memcpy(&r, &v, sizeof r);
+            return r;
+        };
+        KILN_UNROLL
+        for (int kk = 0; kk < S::BK; kk += 8) {
+            uint32_t a[S::MI][4], b[S::NI][2];
+            KILN_UNROLL
+            for (int mi = 0; mi < S::MI; mi++) {
+                const int m = wm0 + mi * 16 + g;
+                a[mi][0] = bits(As[S::a_index(m, kk + t)]), a[mi][1] = bits(As[S::a_index(m + 8, kk + t)]);
+                a[mi][2] = bits(As[S::a_index(m, kk + t + 4)]), a[mi][3] = bits(As[S::a_index(m + 8, kk + t + 4)]);
+            }
+            KILN_UNROLL
+            for (int ni = 0; ni < S::NI; ni++) {
+                const int n = wn0 + ni * 8 + g;
+                b[ni][0] = bits(Bs[S::b_index(kk + t, n)]), b[ni][1] = bits(Bs[S::b_index(kk + t + 4, n)]);
+            }
+            KILN_UNROLL
+            for (int mi = 0; mi < S::MI; mi++) {
+                KILN_UNROLL
+                for (int ni = 0; ni < S::NI; ni++) mma_1688_tf32(acc[mi][ni], a[mi], b[ni]);
             }
         }
     }
@@ -185,12 +264,12 @@ __device__ void mma_tile(LoadA& la, LoadB& lb, int64_t k_begin, int64_t k_end, M
 }
 
 // ---- the GEMM's loaders for the tensor cores -------------------------------------------------------
-// gemm_tiles.cuh's OperandLoader with chunks of 8 values (16 bytes), kept in shared memory along
-// the stored matrix's contiguous dimension: A_KC = !TA, B_KC = TB.
+// gemm_tiles.cuh's OperandLoader with chunks of 16 bytes (8 16-bit values, 4 floats), kept in
+// shared memory along the stored matrix's contiguous dimension: A_KC = !TA, B_KC = TB.
 template <class S, bool TA, typename T>
-using MmaGemmLoaderA = OperandLoader<S, true, !TA, T, 8>;
+using MmaGemmLoaderA = OperandLoader<S, true, !TA, T, 16 / int(sizeof(T))>;
 template <class S, bool TB, typename T>
-using MmaGemmLoaderB = OperandLoader<S, false, TB, T, 8>;
+using MmaGemmLoaderB = OperandLoader<S, false, TB, T, 16 / int(sizeof(T))>;
 
 // ---- asynchronous copies (sm_80+): global → shared without registers ---------------------------------
 //   cp.async.cg.shared.global [s], [g], 16, src_bytes    copies 16 bytes (src_bytes 16) or writes 16
@@ -237,10 +316,12 @@ __device__ __forceinline__ void copy_async(const Loader& loader, int64_t k0, uin
     }
 }
 
-// 8-element chunks along a matrix's contiguous dimension as 16-byte vectors (host code).
+// 16-byte chunks (8 16-bit values, or 4 floats: vector_chunks) along a matrix's contiguous
+// dimension as vectors (host code).
 template <typename T>
-inline bool vector_chunks8(const T* p, int64_t ld, int64_t contiguous_extent) {
-    static_assert(sizeof(T) == 2, "16-bit elements: 8 to a chunk");
+inline bool vector_chunks16(const T* p, int64_t ld, int64_t contiguous_extent) {
+    if constexpr (sizeof(T) == 4) return vector_chunks(p, ld, contiguous_extent);
+    static_assert(sizeof(T) == 2 || sizeof(T) == 4, "16-bit elements: 8 to a chunk; floats: 4");
     return ld % 8 == 0 && contiguous_extent % 8 == 0 && reinterpret_cast<uintptr_t>(p) % 16 == 0;
 }
 

@@ -158,6 +158,12 @@ std::vector<uint8_t> idx_labels(const std::vector<uint8_t>& labels, uint32_t mag
 
 std::vector<uint8_t> bytes_of(const std::string& s) { return std::vector<uint8_t>(s.begin(), s.end()); }
 
+float tf32_reference(float x) {
+    int e;
+    const double f = std::frexp(double(x), &e);
+    return float(std::ldexp(std::round(std::ldexp(f, 11)), e - 11));
+}
+
 Tensor cuda_copy(const Tensor& t) { return t.to(Device::CUDA); }
 
 void under_schedules(const std::function<void()>& f) {

@@ -64,6 +64,10 @@ Tensor tensor_of(const Shape& shape, const std::vector<float>& values, Device de
 // A copy of t on the cuda device (the emulator's memory without a GPU), for comparing a device
 // result with the CPU's.
 Tensor cuda_copy(const Tensor& t);
+// cvt.rna.tf32.f32's value computed another way than core/dtype.h's f32_to_tf32, for normal x:
+// x = f·2^e with |f| in [0.5, 1); f·2^11 rounded half away from zero (std::round) keeps 11
+// significant bits (tf32's 10 and the implicit one).
+float tf32_reference(float x);
 
 // Runs f under each schedule the kernel emulator offers for a test: the threads of a block in
 // order, in reverse, then shuffled (a seeded random order, new at every barrier) between

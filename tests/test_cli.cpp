@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "core/allocator.h"
+#include "core/cuda_memory.h"
 #include "core/error.h"
 #include "train/cli.h"
 
@@ -163,4 +164,24 @@ TEST_CASE("an out-of-memory error suggests the ways to fit that this trainer tak
     bare.refuse("--accumulate", "not here");
     parse(bare, {"--amp", "bf16"});
     CHECK(g.memory_hints().empty());  // only flags it takes, and not one already given
+}
+
+TEST_CASE("--tf32 turns TF32 on for --device cuda, is refused on the CPU, and is off without it",
+          "[cli][cuda][tf32]") {
+    const auto apply = [](std::vector<std::string> args) {
+        CommonFlags f;
+        Cli cli("lesson-test", "a test");
+        f.add_to(cli);
+        parse(cli, args);
+        f.apply();
+    };
+    CHECK_THROWS_WITH(apply({"--tf32"}), Contains("--tf32 runs f32 matrix products on a GPU's tensor cores: use it "
+                                                  "with --device cuda"));
+    CHECK(!cuda::tf32_on());
+    apply({"--tf32", "--device", "cuda"});
+    CHECK(cuda::tf32_on());
+    apply({"--tf32", "--device", "cuda", "--amp", "bf16"});  // allowed: only what stays f32 changes
+    CHECK(cuda::tf32_on());
+    apply({"--device", "cuda"});  // a later run without the flag: off again
+    CHECK(!cuda::tf32_on());
 }

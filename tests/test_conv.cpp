@@ -19,6 +19,7 @@
 #include <catch2/catch.hpp>
 #include <omp.h>
 
+#include "core/cuda_memory.h"
 #include "core/rng.h"
 #include "core/tensor.h"
 #include "fixtures.h"
@@ -1199,3 +1200,134 @@ TEST_CASE("wmma: an f16 and bf16 conv2d on CUDA takes the tensor cores when the 
     }
 }
 #endif  // KILN_CUDA
+
+// ---- TF32 (cuda::set_tf32, the trainers' --tf32): the three passes on the tensor cores ---------------
+// With TF32 on, each pass's GEMM operands are rounded to tf32 (cvt.rna: nearest, ties away from
+// zero, 10 mantissa bits) and their products, exact in f32, summed in f32. The reference: the
+// direct loops in double on the rounded operands (the bias and dy's sum for db are not GEMM
+// operands: unrounded). Tolerance per element: K additions in f32 each rounded once, plus the
+// bias, dw's accumulation onto dw0 and split-K's slices, at most (K + 8)·2⁻²⁴·S, S the same sum
+// of |products| (test_tf32.cpp's argument). The un-rounded operands' result lies far outside it.
+namespace {
+
+float rna_tf32(float x) { return test::tf32_reference(x); }
+std::vector<float> values_of(const Tensor& t, float (*f)(float)) {
+    const Tensor c = t.to(Device::CPU);
+    std::vector<float> v(c.data<float>(), c.data<float>() + c.numel());
+    for (float& x : v) x = f(x);
+    return v;
+}
+float same(float x) { return x; }
+float magnitude(float x) { return std::fabs(rna_tf32(x)); }
+
+// |got − want| ≤ (K + 8)·2⁻²⁴·S elementwise; returns how many elements of `plain` lie outside.
+int64_t check_tf32_pass(const char* pass, const Tensor& got, const std::vector<float>& want,
+                        const std::vector<float>& S, const std::vector<float>& plain, int64_t K) {
+    const std::vector<float> g = values_of(got, same);
+    REQUIRE(g.size() == want.size());
+    int64_t plain_outside = 0;
+    for (size_t i = 0; i < g.size(); i++) {
+        const double tol = double(K + 8) * std::ldexp(double(S[i]), -24);
+        INFO(pass << "[" << i << "] = " << g[i] << ", want " << want[i] << " ± " << tol);
+        REQUIRE(std::fabs(double(g[i]) - want[i]) <= tol);
+        plain_outside += std::fabs(double(plain[i]) - want[i]) > tol;
+    }
+    return plain_outside;
+}
+
+struct ScopedTf32 {
+    ScopedTf32() { cuda::set_tf32(true); }
+    ~ScopedTf32() { cuda::set_tf32(false); }
+};
+
+}  // namespace
+
+TEST_CASE("cuda conv2d with TF32: forward, dx and dw from rna-rounded operands with f32 sums",
+          "[conv][cuda][tf32][lesson09]") {
+    const Case cases[] = {
+        // what                                        N   C  H  W   O KH KW  stride pad dil groups bias
+        {"3x3, padding 1: every pass on 64x64 tiles", 8, 16, 9, 8, 20, 3, 3, {1, 1, 1, 1, true}},
+        {"stride 2, groups 2, 3x2 kernel", 2, 32, 9, 8, 34, 3, 2, {2, 0, 1, 2, true}},
+        {"O = 130: the forward on 128x128 tiles", 2, 16, 12, 12, 130, 3, 3, {1, 1, 1, 1, false}},
+    };
+    Rng rng(71);
+    for (const Case& k : cases) {
+        SECTION(k.what) {
+#ifndef KILN_CUDA
+            // 8 SMs: the first case's dw sum is split in slices; 1: the last one's forward fills 128x128 tiles
+            kiln::emu::ScopedMultiprocessors sms(k.N == 8 ? 8 : 1);
+#endif
+            Conv2dParams p;
+            p.N = k.N, p.C = k.C, p.H = k.H, p.W = k.W, p.O = k.O, p.KH = k.KH, p.KW = k.KW;
+            p.stride = k.opt.stride, p.padding = k.opt.padding, p.dilation = k.opt.dilation, p.groups = k.opt.groups;
+            const int64_t P = p.P(), Q = p.Q(), Cg = k.C / p.groups, Og = k.O / p.groups;
+            const Tensor x = Tensor::uniform({k.N, k.C, k.H, k.W}, -1, 1, rng);
+            const Tensor w = Tensor::uniform({k.O, Cg, k.KH, k.KW}, -1, 1, rng);
+            const Tensor b = Tensor::uniform({k.O}, -1, 1, rng), dy = Tensor::uniform({k.N, k.O, P, Q}, -1, 1, rng);
+            const float* bias = k.opt.bias ? b.data<float>() : nullptr;
+
+            // The references: rounded operands (want), |rounded| (S), the operands as they are (plain).
+            const std::vector<float> xr = values_of(x, rna_tf32), wr = values_of(w, rna_tf32), dyr = values_of(dy, rna_tf32);
+            const std::vector<float> xa = values_of(x, magnitude), wa = values_of(w, magnitude), dya = values_of(dy, magnitude);
+            std::vector<float> y(size_t(k.N * k.O * P * Q)), y_s(y.size()), y_plain(y.size());
+            std::vector<float> dx(size_t(x.numel())), dx_s(dx.size()), dx_plain(dx.size());
+            std::vector<float> dw(size_t(w.numel())), dw_s(dw.size()), dw_plain(dw.size()), db(size_t(k.O));
+            std::vector<float> b_abs(size_t(k.O));
+            for (int64_t o = 0; o < k.O; o++) b_abs[size_t(o)] = std::fabs(b.data<float>()[o]);
+            naive_forward(k, xr.data(), wr.data(), bias, y.data(), P, Q);
+            naive_forward(k, xa.data(), wa.data(), bias ? b_abs.data() : nullptr, y_s.data(), P, Q);
+            naive_forward(k, x.data<float>(), w.data<float>(), bias, y_plain.data(), P, Q);
+            naive_backward(k, xr.data(), wr.data(), dyr.data(), dx.data(), dw.data(), db.data(), P, Q);
+            naive_backward(k, xa.data(), wa.data(), dya.data(), dx_s.data(), dw_s.data(), db.data(), P, Q);
+            naive_backward(k, x.data<float>(), w.data<float>(), dy.data<float>(), dx_plain.data(), dw_plain.data(),
+                           db.data(), P, Q);
+
+            const Tensor gx = x.to(Device::CUDA), gw = w.to(Device::CUDA), gb = b.to(Device::CUDA), gdy = dy.to(Device::CUDA);
+            Tensor gy = Tensor::empty({k.N, k.O, P, Q}, DType::F32, Device::CUDA), gdx = Tensor::empty(x.shape(), DType::F32, Device::CUDA);
+            Tensor gdw = Tensor::zeros(w.shape()).to(Device::CUDA);
+            int64_t plain_outside = 0;
+            {
+                ScopedTf32 tf32;
+#ifndef KILN_CUDA
+                const uint64_t before = kiln::emu::warp_calls_run();
+#endif
+                cuda::conv2d_forward<float>(gx.data<float>(), gw.data<float>(), k.opt.bias ? gb.data<float>() : nullptr,
+                                            gy.data<float>(), p, nullptr, 0);
+                cuda::conv2d_backward_data<float>(gdy.data<float>(), gw.data<float>(), gdx.data<float>(), p, nullptr, 0);
+                cuda::conv2d_backward_weight<float>(gx.data<float>(), gdy.data<float>(), gdw.data<float>(), nullptr, p,
+                                                    nullptr, 0);
+#ifndef KILN_CUDA
+                CHECK(kiln::emu::warp_calls_run() > before);
+#endif
+            }
+            plain_outside += check_tf32_pass("y", gy, y, y_s, y_plain, Cg * k.KH * k.KW);
+            plain_outside += check_tf32_pass("dx", gdx, dx, dx_s, dx_plain, Og * k.KH * k.KW);
+            plain_outside += check_tf32_pass("dw", gdw, dw, dw_s, dw_plain, k.N * P * Q);
+            CHECK(plain_outside > 0);
+            if (k.N == 8) CHECK(cuda::conv2d_backward_weight_scratch(p) > 0);  // dw's slices were exercised
+        }
+    }
+}
+
+TEST_CASE("cuda conv2d with TF32 off: the CUDA cores' bits, no tensor core at work", "[conv][cuda][tf32][lesson09]") {
+    cuda::set_tf32(true);  // on, then off again: the switch must leave nothing behind
+    cuda::set_tf32(false);
+    Rng rng(73);
+    Conv2dParams p;
+    p.N = 2, p.C = 16, p.H = 9, p.W = 8, p.O = 20, p.KH = 3, p.KW = 3, p.padding = 1;
+    const Tensor x = Tensor::uniform({p.N, p.C, p.H, p.W}, -1, 1, rng).to(Device::CUDA);
+    const Tensor w = Tensor::uniform({p.O, p.C, 3, 3}, -1, 1, rng).to(Device::CUDA);
+    Tensor y = Tensor::empty({p.N, p.O, p.P(), p.Q()}, DType::F32, Device::CUDA), y_im2col = y.clone();
+    Tensor col = Tensor::empty({p.N * cuda::conv2d_col_elems_per_image(p)}, DType::F32, Device::CUDA);
+#ifndef KILN_CUDA
+    const uint64_t before = kiln::emu::warp_calls_run();
+#endif
+    cuda::conv2d_forward<float>(x.data<float>(), w.data<float>(), nullptr, y.data<float>(), p, nullptr, 0);
+#ifndef KILN_CUDA
+    CHECK(kiln::emu::warp_calls_run() == before);
+#endif
+    // the im2col strategy's GEMM (version 6) adds each output's products in the same k order
+    cuda::conv2d_forward_im2col<float>(x.data<float>(), w.data<float>(), nullptr, y_im2col.data<float>(), p,
+                                       col.data<float>(), p.N);
+    require_identical(y, y_im2col);
+}

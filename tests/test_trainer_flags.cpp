@@ -170,7 +170,7 @@ std::string flag_with_value(const std::string& flag, const Trainer& t, const std
 }
 
 // The flags a run of each kind exercises; the training run takes every other listed one.
-const std::set<std::string> kOwnRuns = {"--resume", "--find-batch-size", "--time-report", "--time-svg"};
+const std::set<std::string> kOwnRuns = {"--resume", "--find-batch-size", "--time-report", "--time-svg", "--tf32"};
 
 }  // namespace
 
@@ -270,6 +270,18 @@ TEST_CASE("every trainer honours each shared flag its --help lists and refuses t
                 INFO(small.output);
                 CHECK(small.status != 0);
                 CHECK_THAT(small.output, Contains("--mem-limit 1KiB is below what the model needs"));
+            }
+            // 6. TF32: a CUDA trainer trains with it and says so; on the CPU it is refused before training
+            if (takes("--tf32")) {
+                const Run tf32 = run(base + " --tf32");
+                INFO(tf32.output);
+                if (t.device == "cuda") {
+                    CHECK(tf32.status == 0);
+                    CHECK_THAT(tf32.output, Contains("tf32: f32 matrix products (linear, conv) on the tensor cores"));
+                } else {
+                    CHECK(tf32.status != 0);
+                    CHECK_THAT(tf32.output, Contains("--tf32 runs f32 matrix products on a GPU's tensor cores"));
+                }
             }
         }
     }

@@ -35,6 +35,9 @@
 //              version 6's loop on the tensor cores: mma.sync.m16n8k16 fed by ldmatrix from
 //              padded (conflict-free) shared memory, 16-byte global loads, f32 sums; against
 //              cublas_f16 and cublas_bf16 (cublasGemmEx, f32 compute)
+//   version 7  mma_tf32      the same tile for f32 with TF32 on (cuda::set_tf32): each value rounded
+//              to tf32 (cvt.rna) on its way into shared memory, mma.sync.m16n8k8.tf32, plain 32-bit
+//              fragment loads; against cublas_tf32 (cublasSgemm with CUBLAS_TF32_TENSOR_OP_MATH)
 //   version 8  mma_async     (cuda/gemm.cu) version 7 with the tiles copied global → shared by
 //              cp.async, 3 or 4 stages ahead, no registers in between ("_b3", "_b4": the number
 //              of stages, not a block size); f16 and bf16
@@ -52,6 +55,7 @@
 
 #include "common.h"
 #include "common.cuh"
+#include "core/cuda_memory.h"
 #include "gemm_launch.cuh"
 #include "gemm_versions.h"
 #include "ops/cpu/gemm.h"
@@ -187,6 +191,27 @@ const std::vector<Version> kVersions = {{0, "uncoalesced", {64, 256, 1024}},
 const std::vector<Version> kTensorCoreVersions = {{5, "wmma_f16", {0}}, {7, "mma_f16", {0}},
                                                   {8, "mma_async_f16", {3, 4}}};  // f16 in and out
 const std::vector<Version> kBf16Versions = {{7, "mma_bf16", {0}}, {8, "mma_async_bf16", {3, 4}}};  // bf16
+const std::vector<Version> kTf32Versions = {{7, "mma_tf32", {0}}};  // f32 in and out, TF32 products
+
+// ---- version 7 on f32 with TF32: against the CPU's f32 GEMM of the operands rounded to tf32 --------
+// The rounded products are exact in f32, so the f32 versions' tolerance for another summation
+// order holds (2e-6·(K + 1)); the un-rounded product would miss it by up to 2^-10·Σ|a·b|.
+struct Tf32Problem {
+    DeviceArray<float> A, B, C;
+    std::vector<float> want;
+    Tf32Problem(const std::vector<float>& a, const std::vector<float>& b, int64_t M, int64_t N, int64_t K)
+        : A(a), B(b), C(size_t(M * N)), want(size_t(M * N)) {
+        std::vector<float> ar(a), br(b);
+        for (float& v : ar) v = f32_to_tf32(v);
+        for (float& v : br) v = f32_to_tf32(v);
+        cpu::gemm(false, false, M, N, K, 1.0f, ar.data(), K, br.data(), N, 0.0f, want.data(), N);
+    }
+    void run(int64_t M, int64_t N, int64_t K) {
+        cuda::set_tf32(true);
+        cuda::gemm(false, false, M, N, K, 1.0f, A.get(), K, B.get(), N, 0.0f, C.get(), N);
+        cuda::set_tf32(false);
+    }
+};
 
 // ---- versions 5 and 7: f16 and bf16 on the tensor cores, against the CPU's f32 GEMM -----------------
 // The inputs are a and b rounded to T (exact in f32, so the CPU computes on what the GPU sees).
@@ -273,7 +298,14 @@ bool run_problem(int chosen, int64_t M, int64_t N, int64_t K, const std::vector<
         [&](const std::string& label) { return validate_result(C.get(), want, label, 2e-6 * double(K + 1), 1e-5); });
     const bool half_ok = validate_half_versions(f16_versions, chosen, half, M, N, K);
     const bool brain_ok = validate_half_versions(bf16_versions, chosen, brain, M, N, K);
-    if (!ok || !half_ok || !brain_ok || !kTiming) return ok && half_ok && brain_ok;
+    Tf32Problem tf32(a, b, M, N, K);
+    const bool tf32_ok = validate_versions(
+        kTf32Versions, chosen, [&](int, int) {
+            tf32.C.poison();
+            tf32.run(M, N, K);
+        },
+        [&](const std::string& label) { return validate_result(tf32.C.get(), tf32.want, label, 2e-6 * double(K + 1), 1e-5); });
+    if (!ok || !half_ok || !brain_ok || !tf32_ok || !kTiming) return ok && half_ok && brain_ok && tf32_ok;
 #ifdef KILN_CUDA
     // Row-major C = A·B is column-major Cᵀ = Bᵀ·Aᵀ: cuBLAS gets B first, with M and N swapped.
     cublasHandle_t handle;
@@ -293,6 +325,11 @@ bool run_problem(int chosen, int64_t M, int64_t N, int64_t K, const std::vector<
     };
     const double cublas_f16_ms = cublas_16(half.B.get(), half.A.get(), half.C.get(), CUDA_R_16F);
     const double cublas_bf16_ms = cublas_16(brain.B.get(), brain.A.get(), brain.C.get(), CUDA_R_16BF);
+    CUBLAS_CHECK(cublasSetMathMode(handle, CUBLAS_TF32_TENSOR_OP_MATH));  // f32 on the tensor cores as TF32
+    const double cublas_tf32_ms = time_ms([&] {
+        CUBLAS_CHECK(cublasSgemm(handle, CUBLAS_OP_N, CUBLAS_OP_N, int(N), int(M), int(K), &one, B.get(), int(N),
+                                 A.get(), int(K), &zero, C.get(), int(N)));
+    });
     CUBLAS_CHECK(cublasDestroy(handle));
     const std::string problem = M == N && N == K ? "gemm_" + std::to_string(M)
                                                  : "gemm_" + std::to_string(M) + "x" + std::to_string(N) + "x" +
@@ -303,6 +340,8 @@ bool run_problem(int chosen, int64_t M, int64_t N, int64_t K, const std::vector<
                   gflop, "GFLOP/s", cublas_f16_ms, "cublas_f16");
     time_versions(bf16_versions, chosen, [&](int v, int stages) { gemm_half(v, stages, brain, M, N, K); }, problem,
                   gflop, "GFLOP/s", cublas_bf16_ms, "cublas_bf16");
+    time_versions(kTf32Versions, chosen, [&](int, int) { tf32.run(M, N, K); }, problem, gflop, "GFLOP/s",
+                  cublas_tf32_ms, "cublas_tf32");
 #endif
     return true;
 }

@@ -69,6 +69,13 @@ struct KernelTime {
 void set_kernel_timing(bool on);
 bool kernel_timing_on();
 std::vector<KernelTime> take_kernel_times();
+// TF32 (cuda/gemm.cu; the trainers' --tf32): while on, the f32 matrix products of cuda::gemm and of
+// the implicit-GEMM convolutions (forward, dx, dw) run on the tensor cores with each operand rounded
+// to tf32 (8 exponent bits, 10 mantissa bits: a relative error up to 2^-11 per operand) and f32
+// sums. Off by default, as PyTorch 2.x's torch.backends.cuda.matmul.allow_tf32 (lesson 09's README
+// compares). f16 and bf16 products, and the CPU, are unaffected.
+void set_tf32(bool on);
+bool tf32_on();
 // cudaProfilerStart (on) and cudaProfilerStop: what a profiler run with its capture range on the
 // profiler API profiles (ncu --profile-from-start off, nsys --capture-range=cudaProfilerApi).
 // Nothing on the emulator.

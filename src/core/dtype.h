@@ -120,6 +120,20 @@ KILN_HOST_DEVICE inline uint16_t f32_to_bf16(float x) {
 
 KILN_HOST_DEVICE inline float bf16_to_f32(uint16_t b) { return float_of(uint32_t(b) << 16); }
 
+// ---- f32 -> tf32 (the tensor cores' f32 operands: cuda/tensor_tiles.cuh, the trainers' --tf32) ----
+// PTX's cvt.rna.tf32.f32: keep the top 19 bits (sign, 8 exponent, 10 mantissa), rounding the
+// dropped 13 to nearest, ties away from zero. In sign-magnitude bits that is: add half of the
+// kept unit (0x1000), clear the 13 — a carry out of the mantissa moves into the exponent
+// (1.99999988 -> 2, the largest finite values -> inf). Infinities are tf32 already; a NaN stays a
+// NaN (its quiet bit set: clearing its low bits alone could leave infinity's). The result is an
+// f32 whose low 13 bits are zero.
+KILN_HOST_DEVICE inline float f32_to_tf32(float x) {
+    const uint32_t u = bits_of(x), magnitude = u & 0x7fffffffu;
+    if (magnitude > 0x7f800000u) return float_of((u & 0xffffe000u) | 0x00400000u);
+    if (magnitude == 0x7f800000u) return x;
+    return float_of((u + 0x1000u) & 0xffffe000u);
+}
+
 // ---- the 16-bit float types ------------------------------------------------------------------
 // T(x) rounds a float to T, float(t) widens exactly. Both explicit, so that no f16 is ever
 // silently computed with as a float (or a float silently rounded).

@@ -224,6 +224,7 @@ void CommonFlags::add_to(Cli& cli) {
     cli.add("--mem-trace-steps", &mem_trace_steps, "training steps that --mem-trace records", Cli::at_least(1));
     cli.add("--amp", &amp, "mixed precision: f16 (with a GradScaler: loss scaling) or bf16; f32 is off",
             {DType::F16, DType::BF16, DType::F32});
+    cli.add("--tf32", &tf32, "with --device cuda: f32 matrix products (linear, conv) on the tensor cores, operands rounded to tf32 (10 mantissa bits, f32 sums); off: true f32. With --amp only what stays f32 changes");
     cli.add("--grad-hist", &grad_hist, "print the first step's gradient values by binary exponent against f16's range (what underflows without loss scaling, what overflows at the scale)");
     cli.add("--time-report", &time_report, "time N training steps after the first two, layer by layer, print an epoch's time budget, and stop", Cli::at_least(0));
     cli.add("--time-svg", &time_svg, "with --time-report: also draw it, to this .svg file");
@@ -231,6 +232,19 @@ void CommonFlags::add_to(Cli& cli) {
     cli.add("--overwrite", &overwrite, "let this run replace the checkpoints another run left in the folder it saves to (refused without it)");
     for (const std::string& name : cli.flag_names())
         if (std::find(before.begin(), before.end(), name) == before.end()) shared_.push_back(name);
+}
+
+// --tf32 sets cuda::set_tf32 for the run (and clears it without the flag, so that one process's
+// runs do not inherit it). It changes only f32 products: with --amp the 16-bit ones are unaffected.
+void CommonFlags::apply_tf32(Device d) const {
+    use("--tf32");
+    KILN_USAGE_CHECK(!tf32 || d == Device::CUDA, "--tf32 runs f32 matrix products on a GPU's tensor cores: use it "
+                     "with --device cuda (the CPU computes in true f32)");
+    cuda::set_tf32(tf32);
+    if (!tf32) return;
+    std::printf("tf32: f32 matrix products (linear, conv) on the tensor cores, operands rounded to 10 mantissa bits%s\n",
+                amp == DType::F32 ? "" : amp == DType::BF16 ? " (--amp bf16: the bf16 products are unaffected)"
+                                                             : " (--amp f16: the f16 products are unaffected)");
 }
 
 Device CommonFlags::apply() const {
@@ -248,6 +262,7 @@ Device CommonFlags::apply() const {
     set_out_of_memory_hints(memory_hints());
     Device d = device == "cuda" ? Device::CUDA : Device::CPU;
     if (d == Device::CUDA) cuda::print_emulator_note_once();  // says so when there is no GPU build
+    apply_tf32(d);
     if (!mem_trace.empty()) check_trace_path(mem_trace);  // fail now, not after loading the data
     const bool given_steps = cli && cli->given("--mem-trace-steps");
     KILN_USAGE_CHECK(!given_steps || !mem_trace.empty(), "--mem-trace-steps counts the steps --mem-trace records; "

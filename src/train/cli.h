@@ -127,6 +127,7 @@ struct CommonFlags {
     int time_report = 0;           // > 0: time this many steps (after the first two) by layer, print, stop
     std::string time_svg;          // with time_report: its figure, to this file
     bool cuda_graph = false;       // --cuda-graph (lessons 04 and 05 add it): TrainOptions::cuda_graph
+    bool tf32 = false;             // --tf32: f32 products on the tensor cores as TF32 (cuda::set_tf32; --device cuda)
     // Data parallel training (lesson 12; set by the trainer, not flags): this process is rank
     // `rank` of world_size. --batch-size stays the whole batch: each rank's training loader takes
     // batch_size / world_size images of its share of the epoch; only rank 0 writes files.
@@ -162,6 +163,7 @@ struct CommonFlags {
     const std::vector<std::string>& shared_flags() const { return shared_; }
 
 private:
+    void apply_tf32(Device d) const;
     std::vector<std::string> shared_;
     mutable std::set<std::string> used_;
 };
