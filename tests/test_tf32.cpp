@@ -32,17 +32,6 @@ using test::under_schedules;
 
 namespace {
 
-uint32_t bits(float v) {
-    uint32_t b;
-    std::memcpy(&b, &v, sizeof b);
-    return b;
-}
-float from_bits(uint32_t b) {
-    float v;
-    std::memcpy(&v, &b, sizeof v);
-    return v;
-}
-
 // TF32 on for a scope (and off after it, as every other test expects).
 struct ScopedTf32 {
     explicit ScopedTf32(bool on) { cuda::set_tf32(on); }
@@ -128,13 +117,13 @@ TEST_CASE("the emulator's cvt.rna.tf32.f32: nearest, ties away from zero, 10 man
     };
     for (const auto& k : cases) {
         INFO(k.what << ": " << std::hex << k.in);
-        CHECK(cvt_rna_tf32(from_bits(k.in)) == k.out);
+        CHECK(cvt_rna_tf32(float_of(k.in)) == k.out);
     }
     // NaNs stay NaNs, even one whose set bits are all among the 13 cleared (it must not become inf)
     for (uint32_t nan : {0x7fc00000u, 0x7f800001u, 0xff800fffu, 0x7fbfffffu}) {
         INFO(std::hex << nan);
-        CHECK(std::isnan(from_bits(cvt_rna_tf32(from_bits(nan)))));
-        CHECK((cvt_rna_tf32(from_bits(nan)) & 0x1fffu) == 0);
+        CHECK(std::isnan(float_of(cvt_rna_tf32(float_of(nan)))));
+        CHECK((cvt_rna_tf32(float_of(nan)) & 0x1fffu) == 0);
     }
     // every result has its low 13 bits clear and is the nearest tf32, ties away (the rna reference)
     Rng rng(5);
@@ -142,7 +131,7 @@ TEST_CASE("the emulator's cvt.rna.tf32.f32: nearest, ties away from zero, 10 man
     for (int64_t i = 0; i < r.numel(); i++) {
         const float x = r.data<float>()[i];
         INFO(x);
-        REQUIRE(double(from_bits(cvt_rna_tf32(x))) == rna(x));
+        REQUIRE(double(float_of(cvt_rna_tf32(x))) == rna(x));
     }
 }
 
@@ -154,9 +143,9 @@ namespace {
 // c, d = C[g][2t], C[g][2t+1], C[g+8][2t], C[g+8][2t+1].
 __global__ void mma_tf32_places(const float* A, const float* B, const float* C, float* D) {
     const int l = int(threadIdx.x), g = l / 4, t = l % 4;
-    const uint32_t a[4] = {bits(A[g * 8 + t]), bits(A[(g + 8) * 8 + t]), bits(A[g * 8 + t + 4]),
-                           bits(A[(g + 8) * 8 + t + 4])};
-    const uint32_t b[2] = {bits(B[t * 8 + g]), bits(B[(t + 4) * 8 + g])};
+    const uint32_t a[4] = {bits_of(A[g * 8 + t]), bits_of(A[(g + 8) * 8 + t]), bits_of(A[g * 8 + t + 4]),
+                           bits_of(A[(g + 8) * 8 + t + 4])};
+    const uint32_t b[2] = {bits_of(B[t * 8 + g]), bits_of(B[(t + 4) * 8 + g])};
     float d[4] = {C[g * 8 + 2 * t], C[g * 8 + 2 * t + 1], C[(g + 8) * 8 + 2 * t], C[(g + 8) * 8 + 2 * t + 1]};
     emu::ptx::mma_m16n8k8_tf32(d, a, b);
     D[g * 8 + 2 * t] = d[0], D[g * 8 + 2 * t + 1] = d[1], D[(g + 8) * 8 + 2 * t] = d[2], D[(g + 8) * 8 + 2 * t + 1] = d[3];
@@ -201,7 +190,7 @@ TEST_CASE("the emulator's tensor cores truncate an operand that was not rounded 
     const float x = 1.0f + 3.0f / 4096.0f;
     const std::vector<float> ones(8 * 8, 1.0f), zeros(16 * 8, 0.0f);
     CHECK(mma_tf32_once(std::vector<float>(16 * 8, x), ones, zeros)[0] == 8.0f);
-    const float rounded = from_bits(emu::ptx::cvt_rna_tf32(x));
+    const float rounded = float_of(emu::ptx::cvt_rna_tf32(x));
     CHECK(rounded == 1.0f + 1.0f / 1024.0f);
     CHECK(mma_tf32_once(std::vector<float>(16 * 8, rounded), ones, zeros)[0] == 8.0f + 8.0f / 1024.0f);
 }

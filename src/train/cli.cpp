@@ -224,7 +224,7 @@ void CommonFlags::add_to(Cli& cli) {
     cli.add("--mem-trace-steps", &mem_trace_steps, "training steps that --mem-trace records", Cli::at_least(1));
     cli.add("--amp", &amp, "mixed precision: f16 (with a GradScaler: loss scaling) or bf16; f32 is off",
             {DType::F16, DType::BF16, DType::F32});
-    cli.add("--tf32", &tf32, "with --device cuda: f32 matrix products (linear, conv) on the tensor cores, operands rounded to tf32 (10 mantissa bits, f32 sums); off: true f32. With --amp only what stays f32 changes");
+    cli.add("--tf32", &tf32, "f32 matrix products (linear, conv) on a GPU's tensor cores, operands rounded to tf32 (10 mantissa bits, f32 sums); refused on the CPU; off: true f32. With --amp only what stays f32 changes");
     cli.add("--grad-hist", &grad_hist, "print the first step's gradient values by binary exponent against f16's range (what underflows without loss scaling, what overflows at the scale)");
     cli.add("--time-report", &time_report, "time N training steps after the first two, layer by layer, print an epoch's time budget, and stop", Cli::at_least(0));
     cli.add("--time-svg", &time_svg, "with --time-report: also draw it, to this .svg file");
