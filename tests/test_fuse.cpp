@@ -42,8 +42,9 @@ struct PairData {
     Tensor x, dz, gamma, beta;
 };
 
-// A BatchNorm2d(3) with the data's gamma and beta, on `device`.
-std::unique_ptr<BatchNorm2d> make_bn(const PairData& d, Device device) {
+// A BatchNorm2d(3) with the data's gamma and beta, on `device` (d: PairData or PoolPairData).
+template <typename Data>
+std::unique_ptr<BatchNorm2d> make_bn(const Data& d, Device device) {
     auto bn = std::make_unique<BatchNorm2d>(3);
     bn->weight.value.copy_from(d.gamma);
     bn->bias.value.copy_from(d.beta);
@@ -203,14 +204,6 @@ struct PoolPairData {
     }
     Tensor x, dz, gamma, beta;
 };
-
-std::unique_ptr<BatchNorm2d> make_bn(const PoolPairData& d, Device device) {
-    auto bn = std::make_unique<BatchNorm2d>(3);
-    bn->weight.value.copy_from(d.gamma);
-    bn->bias.value.copy_from(d.beta);
-    bn->to(device);
-    return bn;
-}
 
 // MaxPool2d(2) → BatchNorm2d (→ GELU) run one after the other, and the BatchNorm2d with the pool
 // fused in front (and the GELU after); `same` compares two tensors.
